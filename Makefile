@@ -1,0 +1,60 @@
+# slimckpt: every target installs what it needs into .venv on first use (see `make install`).
+# PYTHON picks the interpreter that builds .venv. When that interpreter already has torch
+# (a GPU cluster's image, say), .venv sees it through --system-site-packages and it is kept;
+# otherwise a CPU build of torch is pinned on machines without CUDA.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.slimckpt-installed
+CPU_TORCH ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: help install test test-fast quickstart bench clean
+
+help:
+	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
+	@echo "make test         the whole test suite (installs .venv first)"
+	@echo "make test-fast    unit tests only (no torchrun, no Ray)"
+	@echo "make bench        merge/save benchmarks vs verl 0.9.1, written to BENCHMARKS.md"
+	@echo "make install      create .venv and install slimckpt with its test extras"
+
+$(STAMP): pyproject.toml
+	@set -e; \
+	if [ ! -x "$(PY)" ]; then \
+	  if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
+	    echo "[slimckpt] $(PYTHON) already has torch: .venv reuses it (--system-site-packages)"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else \
+	    $(PYTHON) -m venv $(VENV); \
+	  fi; \
+	fi; \
+	$(PY) -m pip install -q --upgrade pip; \
+	if $(PY) -c "import torch" >/dev/null 2>&1; then \
+	  echo "[slimckpt] keeping torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then \
+	  echo "[slimckpt] CUDA machine without torch: installing the torch verl's gpu extra asks for"; \
+	  $(PY) -m pip install -q -e '.[gpu,test]'; \
+	else \
+	  echo "[slimckpt] no CUDA: pinning $(CPU_TORCH) (CPU build)"; \
+	  $(PY) -m pip install -q "$(CPU_TORCH)"; \
+	fi; \
+	$(PY) -m pip install -q -e '.[test]'; \
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+quickstart: $(STAMP)
+	$(PY) scripts/quickstart.py
+
+bench: $(STAMP)
+	$(PY) scripts/bench.py
+
+clean:
+	rm -rf runs bench_work .pytest_cache

@@ -1,0 +1,10 @@
+"""slimckpt: bounded-memory, crash-safe FSDP checkpointing for verl.
+
+Importing this package is cheap and changes nothing in verl. verl's plugin loader imports
+`slimckpt.plugin`, which applies the patches listed in `slimckpt.verl_patches`.
+"""
+
+__version__ = "0.1.0"
+
+# The verl releases whose internals every patch in `slimckpt.verl_patches` was written against.
+SUPPORTED_VERL = "==0.9.1"

@@ -1,0 +1,126 @@
+"""Host memory as we report it: anonymous RSS (`RssAnon` in /proc/<pid>/status), sampled.
+
+Anonymous RSS is what a save or merge really costs a host: pages read through mmap are file
+backed, the kernel can drop them, and they are not what kills jobs with the OOM killer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+
+def rss_anon_bytes(pid: int | str = "self") -> int:
+    """RssAnon of a process in bytes; 0 when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return 0
+
+
+@dataclass
+class RssPeak:
+    baseline: int = 0
+    peak: int = 0
+    samples: int = 0
+
+    @property
+    def extra(self) -> int:
+        """Peak above what the process held when sampling started."""
+        return max(0, self.peak - self.baseline)
+
+
+class RssSampler:
+    """Samples one process's RssAnon on a background thread (default: this process).
+
+    Used as a context manager around a save; `result` holds baseline and peak. A thread can miss
+    a spike shorter than its interval while C code holds the GIL, so benchmarks sample from a
+    separate process (`scripts/bench.py`); plateaus, which is what checkpoint buffers are, are seen.
+    """
+
+    def __init__(self, pid: int | str = "self", interval_s: float = 0.005) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.result = RssPeak()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        value = rss_anon_bytes(self.pid)
+        self.result.samples += 1
+        if value > self.result.peak:
+            self.result.peak = value
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> "RssSampler":
+        self.result = RssPeak(baseline=rss_anon_bytes(self.pid))
+        self.result.peak = self.result.baseline
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="slimckpt-rss", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+
+
+def sample_tree(root_pid: int, interval_s: float = 0.01, stop: threading.Event | None = None) -> dict[int, int]:
+    """Peak RssAnon of `root_pid` and each of its descendants until they all exit (or `stop`).
+
+    Returns {pid: peak bytes}. Used by benchmarks to measure torchrun ranks from outside.
+    """
+    import psutil
+
+    peaks: dict[int, int] = {}
+    try:
+        root = psutil.Process(root_pid)
+    except psutil.NoSuchProcess:
+        return peaks
+    while not (stop is not None and stop.is_set()):
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        for proc in procs:
+            value = rss_anon_bytes(proc.pid)
+            if value > peaks.get(proc.pid, 0):
+                peaks[proc.pid] = value
+        if not root.is_running() or root.status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(interval_s)
+    return peaks
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+def gib(n: int | float) -> float:
+    return n / 2**30
+
+
+def mib(n: int | float) -> float:
+    return n / 2**20
+
+
+def dir_bytes(path: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, name))
+            except OSError:
+                pass
+    return total
