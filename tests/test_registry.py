@@ -1,0 +1,177 @@
+"""The patch registry: version guard, apply/revert, lazy application, and the frozen set of verl
+targets (an upstream rename must fail here, not silently switch a patch off)."""
+
+import sys
+import textwrap
+import types
+
+import pytest
+
+from slimckpt import SUPPORTED_VERL
+from slimckpt.registry import Patch, Registry, UnsupportedVerlVersion, check_verl_version, resolve
+from slimckpt.verl_patches import PATCHES
+
+from .conftest import run_python
+
+# Every verl attribute slimckpt replaces. Adding or renaming a patch means updating this set on
+# purpose; a verl upgrade that moves one of these fails test_every_target_exists_in_installed_verl.
+EXPECTED_TARGETS = {
+    "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint",
+}
+
+
+def test_patch_targets_are_frozen():
+    assert {p.target for p in PATCHES} == EXPECTED_TARGETS
+
+
+def test_patch_names_are_unique_and_features_known():
+    names = [p.name for p in PATCHES]
+    assert len(names) == len(set(names))
+    assert {p.feature for p in PATCHES} <= {"checkpoint", "merge", "cpu"}
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_every_target_exists_in_installed_verl(patch):
+    owner, attr, value = resolve(patch.target)
+    assert value is not None and getattr(owner, attr) is value
+
+
+def test_version_guard_names_both_versions():
+    assert check_verl_version(installed="0.9.1") == "0.9.1"
+    with pytest.raises(UnsupportedVerlVersion) as info:
+        check_verl_version(installed="0.10.0")
+    msg = str(info.value)
+    assert "0.10.0" in msg and SUPPORTED_VERL in msg and "SLIMCKPT_DISABLE=1" in msg
+
+
+def test_version_guard_explicit_override(monkeypatch):
+    monkeypatch.setenv("SLIMCKPT_ALLOW_UNTESTED_VERL", "0.9.2")
+    assert check_verl_version(installed="0.9.2") == "0.9.2"
+    with pytest.raises(UnsupportedVerlVersion):
+        check_verl_version(installed="0.9.3")
+
+
+def _fake_module(name: str):
+    module = types.ModuleType(name)
+
+    class Thing:
+        def hello(self):
+            return "original"
+
+    module.Thing = Thing
+    sys.modules[name] = module
+    return module
+
+
+def test_apply_and_revert_restore_the_original(caplog):
+    module = _fake_module("slimckpt_fake_target_a")
+    reg = Registry()
+    reg.register(Patch("fake.hello", "slimckpt_fake_target_a:Thing.hello", "test",
+                       make=lambda orig: lambda self: "patched+" + orig(self), why="test"))
+    original = module.Thing.hello
+    reg.apply("fake.hello")
+    assert module.Thing().hello() == "patched+original"
+    assert reg.applied() == ["fake.hello"]
+    reg.apply("fake.hello")  # idempotent
+    assert module.Thing().hello() == "patched+original"
+    reg.revert("fake.hello")
+    assert module.Thing.hello is original
+    assert reg.applied() == []
+
+
+def test_apply_refuses_unsupported_verl_version():
+    _fake_module("slimckpt_fake_target_b")
+    reg = Registry()
+    reg.register(Patch("fake.b", "slimckpt_fake_target_b:Thing.hello", "test", make=lambda o: o, why="t",
+                       verl_versions="==0.0.1"))
+    with pytest.raises(UnsupportedVerlVersion):
+        reg.apply("fake.b")
+    assert reg.applied() == []
+
+
+def test_register_rejects_duplicates_and_bad_targets():
+    reg = Registry()
+    reg.register(Patch("x", "m:a", "f", make=lambda o: o, why="t"))
+    with pytest.raises(ValueError):
+        reg.register(Patch("x", "m:a", "f", make=lambda o: o, why="t"))
+    with pytest.raises(ValueError):
+        reg.register(Patch("y", "no_colon", "f", make=lambda o: o, why="t"))
+
+
+def test_apply_on_import_waits_for_the_module(tmp_path, monkeypatch):
+    pkg = tmp_path / "slimckpt_lazy_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "heavy.py").write_text(textwrap.dedent("""
+        def answer():
+            return 1
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry()
+    reg.register(Patch("lazy", "slimckpt_lazy_pkg.heavy:answer", "test", make=lambda o: lambda: o() + 41, why="t"))
+    reg.apply_on_import("lazy")
+    assert "slimckpt_lazy_pkg.heavy" not in sys.modules
+    assert not reg.is_applied("lazy")
+    import slimckpt_lazy_pkg.heavy as heavy  # noqa: E402
+
+    assert heavy.answer() == 42
+    assert reg.is_applied("lazy")
+    reg.revert_all()
+    assert heavy.answer() == 1
+
+
+def test_plain_verl_is_untouched_without_a_recipe():
+    """With slimckpt installed but no recipe and no SLIMCKPT_* switch, verl's classes are verl's."""
+    res = run_python(textwrap.dedent("""
+        import verl
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
+        from slimckpt.registry import REGISTRY
+        print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
+        print("APPLIED", REGISTRY.applied())
+    """), env={"SLIMCKPT_MEASURE": "", "SLIMCKPT_CPU": ""})
+    assert res.returncode == 0, res.stderr
+    assert "MODULE fsdp_checkpoint_manager.py" in res.stdout
+    assert "APPLIED []" in res.stdout
+
+
+def test_disable_switch_applies_nothing():
+    res = run_python(textwrap.dedent("""
+        import verl
+        from slimckpt.registry import REGISTRY
+        print("PATCHES", len(REGISTRY.patches()), "APPLIED", REGISTRY.applied())
+    """), env={"SLIMCKPT_DISABLE": "1", "SLIMCKPT_MEASURE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert "PATCHES 0 APPLIED []" in res.stdout
+
+
+def test_recipe_config_switches_on_checkpoint_patches_with_a_log_line():
+    res = run_python(textwrap.dedent("""
+        import verl
+        from slimckpt.config import SlimCheckpointConfig
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
+        cfg = SlimCheckpointConfig(recipe="quickstart", save_contents=["model"], load_contents=["model"])
+        print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
+    """))
+    assert res.returncode == 0, res.stderr
+    assert "MODULE checkpoint_hooks.py" in res.stdout
+    assert "patched verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint" in res.stderr
+
+
+def test_recipe_config_fails_loudly_on_unsupported_verl():
+    res = run_python(textwrap.dedent("""
+        import slimckpt.registry as r
+        r.installed_verl_version = lambda: "0.12.0"
+        from slimckpt.config import SlimCheckpointConfig
+        SlimCheckpointConfig(recipe="quickstart")
+    """))
+    assert res.returncode != 0
+    assert "verl 0.12.0 is installed" in res.stderr and SUPPORTED_VERL in res.stderr
+
+
+def test_recipe_config_rejects_unknown_recipe_and_conflicting_export():
+    from slimckpt.config import SlimCheckpointConfig
+
+    with pytest.raises(ValueError, match="not a slimckpt recipe"):
+        SlimCheckpointConfig(recipe="turbo")
+    with pytest.raises(ValueError, match="hf_model"):
+        SlimCheckpointConfig(recipe="intermediate", save_contents=["model", "hf_model"], export_hf=True)
