@@ -1,0 +1,216 @@
+#!/usr/bin/env python
+"""slimckpt benchmarks, measured side by side with verl 0.9.1 in the same run.
+
+  make bench                               # all sizes, 3 repeats, writes BENCHMARKS.md + docs/*.png
+  python scripts/bench.py --sizes 0.25b --repeats 1 --out /tmp/b.md   # a quick look
+
+Merge: FSDP2 checkpoints (world size 2, made by verl's own FSDPCheckpointManager) of Llama models
+of about 0.25B, 0.5B and 1B parameters, merged to HF safetensors by `python -m verl.model_merger`
+(verl's code, slimckpt disabled) and by `slimckpt merge`. For each: peak anonymous RSS of the
+merging process (sampled from outside every 10 ms), wall time (median of --repeats runs, page
+cache of the inputs dropped before every run), and the I/O floor: bytes read and written at the
+disk bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slimckpt.diskspeed import measure_disk_speed
+from slimckpt.measure import evict_from_page_cache, median, run_measured
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Llama shapes (vocab 32000, untied embeddings) chosen for about 0.25B, 0.5B and 1B parameters.
+SIZES = {
+    "0.25b": dict(layers=16, hidden=1024, intermediate=2816, heads=16, vocab=32000),
+    "0.5b": dict(layers=16, hidden=1536, intermediate=4096, heads=16, vocab=32000),
+    "1b": dict(layers=16, hidden=2048, intermediate=5632, heads=16, vocab=32000),
+}
+
+
+def param_count(s: dict) -> int:
+    h, i, v, n = s["hidden"], s["intermediate"], s["vocab"], s["layers"]
+    per_layer = 4 * h * h + 3 * h * i + 2 * h
+    return 2 * v * h + n * per_layer + h
+
+
+@dataclass
+class MergeRow:
+    size: str
+    params: int
+    tool: str
+    peak_rss_anon: int
+    wall_s: float
+    walls: list
+    read_bytes: int
+    written_bytes: int
+    io_floor_s: float
+
+
+def make_checkpoint(size: str, work: Path, world_size: int) -> Path:
+    out = work / f"ckpt_{size}_ws{world_size}"
+    done = out / "DONE"
+    if done.exists():
+        return out / "actor"
+    shutil.rmtree(out, ignore_errors=True)
+    s = SIZES[size]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
+           "-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(out / "actor"), "--model", "llama",
+           "--layers", str(s["layers"]), "--hidden", str(s["hidden"]), "--intermediate", str(s["intermediate"]),
+           "--heads", str(s["heads"]), "--vocab", str(s["vocab"]), "--save-contents", "model"]
+    print(f"[bench] building the {size} checkpoint: {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done.write_text("ok")
+    return out / "actor"
+
+
+def shard_files(ckpt: Path) -> list[str]:
+    return sorted(str(p) for p in ckpt.glob("model_world_size_*_rank_*.pt"))
+
+
+def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]]:
+    return {
+        "verl 0.9.1": ([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+                        "--local_dir", str(ckpt), "--target_dir", str(target)], {"SLIMCKPT_DISABLE": "1"}),
+        "slimckpt": ([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt),
+                      "--target_dir", str(target), "--overwrite"], {}),
+    }
+
+
+def bench_merge(size: str, work: Path, repeats: int, disk) -> list[MergeRow]:
+    ckpt = make_checkpoint(size, work, world_size=2)
+    inputs = shard_files(ckpt)
+    read_bytes = sum(os.path.getsize(p) for p in inputs)
+    rows = []
+    for tool, (cmd, env) in merge_commands(ckpt, work / "merged").items():
+        walls, peaks, written = [], [], 0
+        for i in range(repeats):
+            target = work / "merged"
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.rmtree(str(target) + ".partial", ignore_errors=True)
+            evict_from_page_cache(inputs)
+            res = run_measured(cmd, env={**env, "OMP_NUM_THREADS": "2"})
+            # verl's merger exits 1 after writing when the checkpoint has no tokenizer; judge by output.
+            files = list(target.glob("*.safetensors"))
+            if not files:
+                raise SystemExit(f"[bench] {tool} produced no safetensors (exit {res.returncode}):\n{res.output[-3000:]}")
+            written = sum(f.stat().st_size for f in files)
+            walls.append(res.wall_s)
+            peaks.append(res.max_peak)
+            print(f"[bench] merge {size} {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, "
+                  f"peak RssAnon {res.max_peak / 2**20:.0f} MiB", flush=True)
+        rows.append(MergeRow(size, param_count(SIZES[size]), tool, max(peaks), median(walls), walls,
+                             read_bytes, written, disk.io_floor_s(read_bytes, written)))
+    shutil.rmtree(work / "merged", ignore_errors=True)
+    return rows
+
+
+def plot_merge(rows: list[MergeRow], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for tool in dict.fromkeys(r.tool for r in rows):
+        pts = sorted((r.params / 1e9, r.peak_rss_anon / 2**30) for r in rows if r.tool == tool)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=tool)
+    ax.set_xlabel("model parameters (billions)")
+    ax.set_ylabel("peak anonymous RSS (GiB)")
+    ax.set_title("Merging an FSDP2 checkpoint (world size 2) to HF safetensors")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def merge_table(rows: list[MergeRow]) -> str:
+    lines = ["| model | params | tool | peak RssAnon | wall (median) | I/O floor | wall / floor | RSS vs verl | speed-up vs verl |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for size in dict.fromkeys(r.size for r in rows):
+        group = [r for r in rows if r.size == size]
+        base = next(r for r in group if r.tool.startswith("verl"))
+        for r in group:
+            lines.append(
+                f"| {size} | {r.params / 1e9:.2f}B | {r.tool} | {r.peak_rss_anon / 2**20:,.0f} MiB | {r.wall_s:.1f} s "
+                f"| {r.io_floor_s:.1f} s | {r.wall_s / r.io_floor_s:.2f}x | {base.peak_rss_anon / r.peak_rss_anon:.1f}x lower "
+                f"| {base.wall_s / r.wall_s:.2f}x |"
+            )
+    return "\n".join(lines)
+
+
+def machine_line(disk) -> str:
+    import torch
+
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, torch {torch.__version__}; "
+            f"disk measured in this run: write {disk.write_bytes_per_s / 1e9:.2f} GB/s (fsync'ed), "
+            f"read {disk.read_bytes_per_s / 1e9:.2f} GB/s (cold)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="0.25b,0.5b,1b", help="comma-separated, from: " + ", ".join(SIZES))
+    parser.add_argument("--repeats", type=int, default=3, help="runs per tool and size; the wall time is their median")
+    parser.add_argument("--work", default=str(REPO / "bench_work"), help="scratch dir for checkpoints (kept between runs)")
+    parser.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="markdown report to write")
+    parser.add_argument("--plot", default=str(REPO / "docs" / "merge_peak_memory.png"), help="PNG plot to write")
+    parser.add_argument("--json", default=None, help="also write raw results here")
+    args = parser.parse_args(argv)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        parser.error(f"unknown size(s) {unknown}; choose from {list(SIZES)}")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    disk = measure_disk_speed(str(work))
+    print(f"[bench] {machine_line(disk)}", flush=True)
+    rows: list[MergeRow] = []
+    for size in sizes:
+        rows += bench_merge(size, work, args.repeats, disk)
+    plot_merge(rows, Path(args.plot))
+    report = render_report(rows, disk, args, time.time() - started)
+    Path(args.out).write_text(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    print(report)
+    return 0
+
+
+def render_report(rows: list[MergeRow], disk, args, seconds: float) -> str:
+    plot_rel = os.path.relpath(args.plot, os.path.dirname(os.path.abspath(args.out)))
+    return f"""# Benchmarks
+
+Produced by `make bench` (`python scripts/bench.py --sizes {args.sizes} --repeats {args.repeats}`) on
+{time.strftime('%Y-%m-%d')}, in {seconds / 60:.1f} minutes. Machine: {machine_line(disk)}.
+verl 0.9.1 and slimckpt are measured in the same run, on the same checkpoint files.
+
+## Merge: FSDP2 checkpoint (world size 2) to Hugging Face safetensors (bf16)
+
+Checkpoints are written by verl's own `FSDPCheckpointManager` (model shards, fp32). verl:
+`python -m verl.model_merger merge --backend fsdp` with `SLIMCKPT_DISABLE=1`; slimckpt: `slimckpt merge`.
+Peak RssAnon is the merging process's peak anonymous RSS, sampled from outside every 10 ms
+(largest over the runs). Wall is the median of {args.repeats} runs with the input pages evicted from
+the page cache before each run. I/O floor = bytes read / read bandwidth + bytes written / write
+bandwidth, with the bandwidths measured at the start of this run.
+
+{merge_table(rows)}
+
+![peak memory vs model size]({plot_rel})
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
