@@ -1,0 +1,48 @@
+"""The measuring tools every number in BENCHMARKS.md and the quickstart table comes from."""
+
+import sys
+
+from slimckpt.diskspeed import DiskSpeed, measure_disk_speed
+from slimckpt.measure import median, run_measured
+from slimckpt.memory import RssSampler, rss_anon_bytes
+
+
+def test_run_measured_sees_a_child_allocation():
+    code = "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.5)"
+    res = run_measured([sys.executable, "-c", code])
+    assert res.returncode == 0
+    assert res.max_peak >= 300 * 2**20
+    assert res.max_peak < 600 * 2**20
+    assert res.wall_s >= 0.5
+
+
+def test_run_measured_sees_each_process_of_a_tree():
+    inner = "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.8)"
+    outer = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {inner!r}])"
+    res = run_measured([sys.executable, "-c", outer])
+    assert len(res.peaks) >= 2
+    assert res.max_peak >= 200 * 2**20
+
+
+def test_in_process_sampler_sees_a_plateau():
+    with RssSampler(interval_s=0.002) as sampler:
+        block = bytearray(128 * 2**20)
+        block[::4096] = b"y" * len(block[::4096])
+        import time
+
+        time.sleep(0.05)
+    assert sampler.result.extra >= 120 * 2**20
+    del block
+    assert rss_anon_bytes() > 0
+
+
+def test_disk_speed_and_io_floor(tmp_path):
+    speed = measure_disk_speed(str(tmp_path), size_bytes=64 * 2**20)
+    assert speed.write_bytes_per_s > 0 and speed.read_bytes_per_s > 0
+    assert not list(tmp_path.iterdir())
+    floor = DiskSpeed(write_bytes_per_s=1e9, read_bytes_per_s=2e9, size_bytes=0).io_floor_s(4e9, 1e9)
+    assert floor == 3.0
+
+
+def test_median():
+    assert median([3.0, 1.0, 2.0]) == 2.0
