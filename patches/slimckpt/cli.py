@@ -1,0 +1,56 @@
+"""The `slimckpt` command: one subcommand per module.
+
+A subcommand module exposes `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`.
+To add one, add its module to SUBCOMMANDS; it is imported only when chosen (so `slimckpt --help`
+stays fast and one broken subcommand does not take the others down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+
+SUBCOMMANDS: dict[str, str] = {
+    "merge": "slimckpt.merge",
+}
+
+
+def _help_line(module_name: str) -> str:
+    try:
+        return importlib.import_module(module_name).HELP
+    except Exception as exc:  # noqa: BLE001 - show the command anyway
+        return f"(unavailable: {exc})"
+
+
+def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
+    parser = argparse.ArgumentParser(prog="slimckpt", description="Bounded-memory FSDP checkpoint tools for verl.")
+    parser.add_argument("--version", action="version", version=f"slimckpt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    chosen = chosen if chosen in SUBCOMMANDS else None
+    for name, module_name in SUBCOMMANDS.items():
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+        else:
+            sub.add_parser(name, help=_help_line(module_name) if chosen is None else "", add_help=False)
+    return parser, chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, chosen = build_parser(argv)
+    args = parser.parse_args(argv)
+    if chosen is None or not hasattr(args, "_run"):
+        parser.print_help()
+        return 2
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""manifest.json and the atomic commit of an output directory; `verify` re-checks one.
+
+An output dir is committed or it does not exist: everything is written into `<target>.partial/`,
+each file fsync'ed, `manifest.json` (sizes and checksums of every other file) written last, and
+the directory renamed to `<target>` in one `rename(2)`. A dir with a manifest whose files match
+it is complete; anything named `*.partial` is not.
+
+Imports nothing of slimckpt's and no torch: used by the merger, and by `slimckpt verify`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+PARTIAL_SUFFIX = ".partial"
+READ_CHUNK = 16 << 20
+
+try:
+    import xxhash
+
+    DEFAULT_ALGO = "xxh3_128"
+except ImportError:  # pragma: no cover - xxhash is a dependency; keep working without it
+    xxhash = None
+    DEFAULT_ALGO = "blake2b"
+
+
+class CommitError(RuntimeError):
+    """An output directory cannot be created or committed; the message names the path and the fix."""
+
+
+def new_hasher(algo: str = DEFAULT_ALGO):
+    if algo == "xxh3_128":
+        if xxhash is None:
+            raise CommitError("this manifest uses xxh3_128 checksums: pip install xxhash")
+        return xxhash.xxh3_128()
+    if algo in ("blake2b", "sha256"):
+        return hashlib.new(algo)
+    raise CommitError(f"unknown checksum algorithm {algo!r} (known: xxh3_128, blake2b, sha256)")
+
+
+def file_checksum(path: str, algo: str = DEFAULT_ALGO, begin: int = 0, end: int | None = None,
+                  hasher=None) -> str:
+    """Checksum of bytes [begin, end) of a file, read in bounded chunks."""
+    h = hasher or new_hasher(algo)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(begin)
+        left = (os.fstat(f.fileno()).st_size if end is None else end) - begin
+        buf = bytearray(min(READ_CHUNK, max(left, 1)))
+        view = memoryview(buf)
+        while left > 0:
+            n = f.readinto(view[: min(len(buf), left)])
+            if not n:
+                raise CommitError(f"{path}: file ended {left} bytes early while checksumming")
+            h.update(view[:n])
+            left -= n
+    return h.hexdigest()
+
+
+@dataclass
+class FileEntry:
+    size: int
+    checksum: str
+
+
+@dataclass
+class Manifest:
+    kind: str  # e.g. "hf_export"
+    files: dict[str, FileEntry]
+    checksum_algo: str = DEFAULT_ALGO
+    tool: str = "slimckpt"
+    tool_version: str = ""
+    format_version: int = FORMAT_VERSION
+    info: dict = field(default_factory=dict)  # source checkpoint, dtype, ... (free-form, JSON)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["files"] = {k: asdict(v) for k, v in sorted(self.files.items())}
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        d = json.loads(text)
+        if not isinstance(d, dict) or "files" not in d:
+            raise CommitError("not a slimckpt manifest (no 'files')")
+        if d.get("format_version", 0) > FORMAT_VERSION:
+            raise CommitError(f"manifest format {d['format_version']} is newer than this slimckpt "
+                              f"understands ({FORMAT_VERSION}): upgrade slimckpt")
+        files = {k: FileEntry(int(v["size"]), str(v["checksum"])) for k, v in d["files"].items()}
+        return cls(kind=d.get("kind", ""), files=files, checksum_algo=d.get("checksum_algo", DEFAULT_ALGO),
+                   tool=d.get("tool", ""), tool_version=d.get("tool_version", ""),
+                   format_version=d.get("format_version", FORMAT_VERSION), info=d.get("info", {}))
+
+
+def list_files(root: str) -> list[str]:
+    """Relative paths of every regular file under root except the manifest, sorted."""
+    out = []
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            if rel != MANIFEST_NAME:
+                out.append(rel.replace(os.sep, "/"))
+    return sorted(out)
+
+
+def build_entries(root: str, known: dict[str, str] | None = None, algo: str = DEFAULT_ALGO) -> dict[str, FileEntry]:
+    """FileEntry for every file under root; `known` checksums (computed while writing) are reused."""
+    known = known or {}
+    entries = {}
+    for rel in list_files(root):
+        path = os.path.join(root, rel)
+        checksum = known.get(rel) or file_checksum(path, algo)
+        entries[rel] = FileEntry(os.path.getsize(path), checksum)
+    return entries
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str) -> None:
+    for dirpath, dirs, names in os.walk(root):
+        for name in names:
+            fsync_path(os.path.join(dirpath, name))
+        fsync_path(dirpath)
+
+
+def write_manifest(root: str, manifest: Manifest) -> str:
+    path = os.path.join(root, MANIFEST_NAME)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(manifest.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(root)
+    return path
+
+
+def read_manifest(root: str) -> Manifest:
+    with open(os.path.join(root, MANIFEST_NAME), encoding="utf-8") as f:
+        return Manifest.from_json(f.read())
+
+
+def partial_path(target: str) -> str:
+    return os.path.abspath(target).rstrip(os.sep) + PARTIAL_SUFFIX
+
+
+def _dir_is_empty(path: str) -> bool:
+    with os.scandir(path) as it:
+        return next(it, None) is None
+
+
+def check_target(target: str, overwrite: bool, overwrite_hint: str = "--overwrite") -> None:
+    """Refuse a target we must not replace; raises CommitError before any work is done."""
+    target = os.path.abspath(target)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise CommitError(f"{target} exists and is not a directory; choose another --target_dir")
+    if os.path.isdir(target) and not _dir_is_empty(target) and not overwrite:
+        raise CommitError(f"{target} is not empty; pass {overwrite_hint} to replace it, or choose another --target_dir")
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise CommitError(f"{parent} does not exist; create it or choose another --target_dir")
+
+
+def prepare_partial(target: str) -> str:
+    """Create a fresh `<target>.partial/` (a stale one, ours by its name, is removed first)."""
+    partial = partial_path(target)
+    try:
+        if os.path.lexists(partial):
+            shutil.rmtree(partial) if os.path.isdir(partial) and not os.path.islink(partial) else os.remove(partial)
+        os.makedirs(partial)
+    except OSError as exc:
+        raise CommitError(describe_os_error(exc, partial)) from None
+    return partial
+
+
+def commit(partial: str, target: str, overwrite: bool = False) -> None:
+    """Rename the finished `partial` dir to `target` (replacing an empty dir, or any with overwrite)."""
+    target = os.path.abspath(target)
+    fsync_tree(partial)
+    old = None
+    try:
+        if os.path.isdir(target) and not _dir_is_empty(target):
+            if not overwrite:
+                raise CommitError(f"{target} became non-empty while merging; nothing was replaced, "
+                                  f"the result is in {partial}")
+            old = f"{target}.old-{os.getpid()}"
+            os.rename(target, old)
+        # rename(2) replaces an empty directory atomically
+        os.rename(partial, target)
+    except OSError as exc:
+        if old is not None and not os.path.exists(target):
+            os.rename(old, target)
+        raise CommitError(describe_os_error(exc, target)) from None
+    fsync_path(os.path.dirname(target))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def discard_partial(partial: str) -> bool:
+    try:
+        shutil.rmtree(partial)
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class BadFile:
+    name: str
+    reason: str
+
+
+def verify(root: str, checksums: bool = True) -> list[BadFile]:
+    """Re-check a committed dir against its manifest; returns the bad files (empty: all good).
+
+    Reports missing or resized files, checksum mismatches (when `checksums`), files present but not
+    in the manifest, and a missing or unreadable manifest (as name MANIFEST_NAME).
+    """
+    try:
+        manifest = read_manifest(root)
+    except FileNotFoundError:
+        return [BadFile(MANIFEST_NAME, "missing: the directory was never committed (or is not a slimckpt output)")]
+    except (OSError, ValueError, KeyError, TypeError, CommitError) as exc:
+        return [BadFile(MANIFEST_NAME, f"unreadable: {exc}")]
+    bad = []
+    for rel, entry in sorted(manifest.files.items()):
+        path = os.path.join(root, rel)
+        if not os.path.isfile(path):
+            bad.append(BadFile(rel, "missing"))
+            continue
+        size = os.path.getsize(path)
+        if size != entry.size:
+            bad.append(BadFile(rel, f"size {size}, manifest says {entry.size}"))
+            continue
+        if checksums:
+            got = file_checksum(path, manifest.checksum_algo)
+            if got != entry.checksum:
+                bad.append(BadFile(rel, f"{manifest.checksum_algo} {got}, manifest says {entry.checksum}"))
+    for rel in sorted(set(list_files(root)) - set(manifest.files)):
+        bad.append(BadFile(rel, "not in the manifest"))
+    return bad
+
+
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def describe_os_error(exc: OSError, path: str, need_bytes: int | None = None) -> str:
+    """One line naming the path and what to do about it."""
+    where = exc.filename or path
+    if exc.errno in DISK_FULL:
+        need = f" (this output needs {need_bytes / 1e9:.2f} GB)" if need_bytes else ""
+        return (f"{where}: no space left ({os.strerror(exc.errno)}){need}; free space or choose a "
+                f"--target_dir on another filesystem")
+    if exc.errno in NOT_WRITABLE:
+        return f"{where}: not writable ({os.strerror(exc.errno)}); choose a writable --target_dir"
+    return f"{where}: {exc.strerror or exc}"
+
+
+def iter_bad(bad: Iterable[BadFile]) -> list[str]:
+    return [f"{b.name}: {b.reason}" for b in bad]

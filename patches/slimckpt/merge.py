@@ -1,0 +1,644 @@
+"""Streaming merge of a verl FSDP checkpoint into a Hugging Face model dir: plan -> write -> commit.
+
+verl's `python -m verl.model_merger merge --backend fsdp` loads every rank's .pt, casts to bf16,
+`torch.cat`s each tensor and `save_pretrained`s: about 1.5x the fp32 shards in RAM. Here the rank
+files are memory-mapped, the safetensors layout is planned up front (`layout`), and each shard's
+rows are cast in bounded chunks and written straight to their final offset (`writer`), by one or
+more processes (`--workers`, or ranks of `torchrun ... --distributed_merge`). The directory is
+committed atomically with a manifest (`manifest`).
+
+The output equals verl's tensor for tensor: names (tied embeddings dropped by verl's own
+`drop_tied_target_keys`, `_keys_to_ignore_on_save`, transformers' save-time renamings), dtypes
+(bf16 unless --dtype), shapes and values (the same torch cast). config.json and
+generation_config.json are written by the same transformers calls save_pretrained makes, the
+tokenizer/processor by verl's loaders; a single-file output is byte-identical to verl's.
+Differences: no tokenizer is a warning (verl exits 1 after writing); a multi-file split follows
+the checkpoint's key order (verl iterates a Python set, so its split varies run to run).
+LoRA checkpoints, and models whose save needs tensor conversions (transformers 5's fused MoE
+experts), go to verl's own merger, with a log line saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import __version__, layout
+from .log import get_logger
+from .manifest import (
+    DEFAULT_ALGO,
+    MANIFEST_NAME,
+    CommitError,
+    Manifest,
+    build_entries,
+    check_target,
+    commit,
+    discard_partial,
+    partial_path,
+    prepare_partial,
+    write_manifest,
+)
+
+log = get_logger("slimckpt.merge")
+
+DTYPE_NAMES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
+OVERWRITE_ENV = "SLIMCKPT_MERGE_OVERWRITE"
+
+
+class MergeError(RuntimeError):
+    """Any failure a user can act on; str() is the one-line message."""
+
+
+class NeedsVerlMerger(Exception):
+    """This checkpoint is outside what the streaming merge reproduces exactly."""
+
+
+@dataclass
+class MergeOptions:
+    local_dir: str
+    target_dir: str
+    dtype: str = "bf16"
+    max_shard_size: int | str | None = None  # None: transformers' save_pretrained default
+    workers: int = 1
+    distributed: bool = False
+    overwrite: bool = False
+    trust_remote_code: bool = False
+    progress: bool = True
+    chunk_bytes: int = 64 << 20
+    overwrite_hint: str = "--overwrite"
+
+
+@dataclass
+class MergeResult:
+    target_dir: str
+    files: list[str] = field(default_factory=list)
+    weight_bytes: int = 0
+    seconds: float = 0.0
+    used_verl_merger: bool = False
+    tokenizer_saved: bool = False
+
+
+def default_max_shard_size() -> int | str:
+    """What `save_pretrained` uses when verl calls it without max_shard_size ("50GB" in transformers 5)."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    return inspect.signature(PreTrainedModel.save_pretrained).parameters["max_shard_size"].default
+
+
+# ------------------------------------------------------------------------------------------------
+# The Hugging Face side: what save_pretrained + verl's save_hf_model_and_tokenizer would do
+# ------------------------------------------------------------------------------------------------
+class HfSide:
+    """A meta-device model of the checkpoint's config: names, config files, tokenizer, like verl."""
+
+    def __init__(self, local_dir: str, dtype: str, trust_remote_code: bool) -> None:
+        import torch
+        from accelerate import init_empty_weights
+        from verl.model_merger.base_model_merger import ModelMergerConfig
+        from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+        from .sources import HF_SUBDIR, CheckpointError
+
+        self.hf_dir = os.path.join(local_dir, HF_SUBDIR)
+        if not os.path.isfile(os.path.join(self.hf_dir, "config.json")):
+            raise CheckpointError(f"{os.path.join(self.hf_dir, 'config.json')} is missing; verl writes it on rank 0 "
+                                  f"with every checkpoint: copy the checkpoint's huggingface/ dir along")
+        self.trust_remote_code = trust_remote_code
+        config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=local_dir, target_dir=None,
+                                   hf_model_config_path=self.hf_dir, trust_remote_code=trust_remote_code)
+        self.verl = FSDPModelMerger(config)  # verl's own helpers: auto class, generation config
+        if not getattr(self.verl.model_config, "architectures", None):
+            raise CheckpointError(f"{os.path.join(self.hf_dir, 'config.json')} names no \"architectures\"; add the "
+                                  f"model class, e.g. \"architectures\": [\"LlamaForCausalLM\"]")
+        self.torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        auto_cls = self.verl.get_transformers_auto_model_class()
+        with init_empty_weights():
+            model = auto_cls.from_config(self.verl.model_config, dtype=self.torch_dtype,
+                                         trust_remote_code=trust_remote_code)
+        self.model = self.verl.patch_model_generation_config(model)
+
+    def output_names(self, names: list[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+        """{output name: checkpoint name}, in the order save_pretrained would see the state dict."""
+        import torch
+        from transformers.core_model_loading import revert_weight_conversion
+        from verl.utils.transformers_compat import drop_tied_target_keys
+
+        keep: dict[str, object] = {n: None for n in names}
+        drop_tied_target_keys(keep, self.model, self.verl.model_config)
+        for key in self.model._keys_to_ignore_on_save or ():
+            keep.pop(key, None)
+        meta = {n: torch.empty(shapes[n], dtype=self.torch_dtype, device="meta") for n in keep}
+        reverted = revert_weight_conversion(self.model, dict(meta))
+        by_id = {id(t): n for n, t in meta.items()}
+        mapping = {}
+        for new, t in reverted.items():
+            old = by_id.get(id(t))
+            if old is None or tuple(t.shape) != shapes[old]:
+                raise NeedsVerlMerger(f"transformers converts tensors of {type(self.model).__name__} on save "
+                                      f"(e.g. {new!r})")
+            mapping[new] = old
+        if len(mapping) != len(meta):
+            raise NeedsVerlMerger(f"transformers merges tensors of {type(self.model).__name__} on save")
+        return mapping
+
+    def total_parameters(self) -> int:
+        return self.model.num_parameters()
+
+    def save_configs(self, out_dir: str) -> None:
+        """config.json and generation_config.json exactly as save_pretrained writes them."""
+        model = self.model
+        model.config.dtype = str(model.dtype).split(".")[1]
+        model.config.architectures = [model.__class__.__name__.removeprefix("FSDP")]
+        if model._auto_class is not None:
+            from transformers.dynamic_module_utils import custom_object_save
+
+            custom_object_save(model, out_dir, config=model.config)
+        model.config.save_pretrained(out_dir)
+        if model.can_generate():
+            model.generation_config.save_pretrained(out_dir)
+
+    def save_tokenizer(self, out_dir: str) -> bool:
+        """Processor and tokenizer through verl's loaders; False (with a warning) when there is none."""
+        import warnings
+
+        from verl.utils import hf_processor, hf_tokenizer
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            processor = hf_processor(self.hf_dir, trust_remote_code=self.trust_remote_code)
+        try:
+            tokenizer = hf_tokenizer(self.hf_dir, trust_remote_code=self.trust_remote_code)
+        except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/TypeError here
+            tokenizer = None
+            log.warning("no tokenizer in %s (%s): the merged model has none; copy one in before serving it "
+                        "(verl's merger exits 1 here, after writing the weights)", self.hf_dir,
+                        str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__)
+        if processor is not None:
+            processor.save_pretrained(out_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)
+        return tokenizer is not None
+
+
+# ------------------------------------------------------------------------------------------------
+# Planning
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class MergePlan:
+    plan: layout.Plan
+    name_map: dict[str, str]  # output name -> checkpoint name
+    total_parameters: int
+    world_size: int
+    fsdp_version: int | None
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(f.size for f in self.plan.files)
+
+
+def make_plan(ckpt, hf: HfSide, dtype: str, max_shard_size) -> MergePlan:
+    shapes = {n: t.shape for n, t in ckpt.tensors.items()}
+    name_map = hf.output_names(list(ckpt.tensors), shapes)
+    st_dtype = DTYPE_NAMES[dtype]
+    specs = [layout.TensorSpec(new, st_dtype, shapes[old]) for new, old in name_map.items()]
+    plan = layout.plan_files(specs, max_shard_size)
+    return MergePlan(plan, name_map, hf.total_parameters(), ckpt.world_size, ckpt.fsdp_version)
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing: in this process, in spawned workers, or in torchrun ranks
+# ------------------------------------------------------------------------------------------------
+def _write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
+                  chunk_bytes: int, progress: Callable[[int], None]) -> dict[str, str]:
+    """Write `shares` here, one after the other; returns checksums of files written whole."""
+    from .sources import open_checkpoint
+    from .writer import OUT_DTYPES, ShareWriter
+
+    ckpt = open_checkpoint(local_dir)
+    sources = {new: ckpt.tensors[old] for new, old in mp.name_map.items()}
+    checksums: dict[str, str] = {}
+    for share in shares:
+        w = ShareWriter(partial, mp.plan, sources, OUT_DTYPES[dtype], chunk_bytes, progress)
+        w.write_share(share)
+        checksums.update(w.checksums)
+    ckpt.close()
+    return checksums
+
+
+def _worker_entry(args: tuple, queue) -> None:
+    local_dir, partial, mp, share, dtype, chunk_bytes, wid = args
+    pending = [0]
+
+    def progress(n: int) -> None:
+        pending[0] += n
+        if pending[0] >= 16 << 20:
+            queue.put(("progress", wid, pending[0]))
+            pending[0] = 0
+
+    try:
+        checksums = _write_shares(local_dir, partial, mp, [share], dtype, chunk_bytes, progress)
+        queue.put(("progress", wid, pending[0]))
+        queue.put(("done", wid, checksums))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which exits nonzero
+        queue.put(("error", wid, f"{exc}" if _is_user_error(exc) else f"{type(exc).__name__}: {exc}"))
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    from .sources import CheckpointError
+    from .writer import OutputError
+
+    return isinstance(exc, (CheckpointError, OutputError, CommitError, MergeError))
+
+
+def _run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
+                 chunk_bytes: int, progress: Callable[[int], None]) -> dict[str, str]:
+    """One spawned process per share (a fresh interpreter: no forked OpenMP or torch threads)."""
+    if len(shares) == 1:
+        return _write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress)
+    import multiprocessing as mproc
+    import queue as queue_mod
+
+    ctx = mproc.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i), q),
+                         name=f"slimckpt-merge-{i}", daemon=True) for i, share in enumerate(shares)]
+    for p in procs:
+        p.start()
+    checksums: dict[str, str] = {}
+    done: set[int] = set()
+    error = None
+    try:
+        while len(done) < len(procs) and error is None:
+            try:
+                kind, wid, payload = q.get(timeout=1.0)
+            except queue_mod.Empty:
+                dead = [i for i, p in enumerate(procs) if i not in done and not p.is_alive()
+                        and p.exitcode not in (0, None)]
+                if dead:
+                    error = f"merge worker {dead[0]} died (exit code {procs[dead[0]].exitcode}); see its output above"
+                continue
+            if kind == "progress":
+                progress(payload)
+            elif kind == "done":
+                checksums.update(payload)
+                done.add(wid)
+            else:
+                error = payload
+    finally:
+        if error is not None:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+        for p in procs:
+            p.join()
+    if error is not None:
+        raise MergeError(error)
+    return checksums
+
+
+def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str], opts: MergeOptions,
+            tokenizer_saved: bool) -> list[str]:
+    from verl.model_merger.output_validation import validate_hf_model_output
+
+    try:
+        validate_hf_model_output(partial)
+    except RuntimeError as exc:
+        raise MergeError(str(exc)) from None
+    entries = build_entries(partial, known=checksums)
+    manifest = Manifest(kind="hf_export", files=entries, tool_version=__version__, checksum_algo=DEFAULT_ALGO, info={
+        "source": {"local_dir": os.path.abspath(opts.local_dir), "format": "verl_fsdp",
+                   "fsdp_version": mp.fsdp_version, "world_size": mp.world_size},
+        "dtype": opts.dtype,
+        "max_shard_size": layout.parse_size(opts.max_shard_size),
+        "weight_files": [f.name for f in mp.plan.files],
+        "total_size": mp.plan.total_size,
+        "tokenizer": tokenizer_saved,
+    })
+    write_manifest(partial, manifest)
+    commit(partial, target, overwrite=opts.overwrite)
+    return sorted(entries) + [MANIFEST_NAME]
+
+
+class _Bar:
+    def __init__(self, total: int, enabled: bool, desc: str) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+                            file=sys.stderr, dynamic_ncols=True)
+
+    def __call__(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _ignore_sigxfsz() -> None:
+    # past RLIMIT_FSIZE the kernel sends SIGXFSZ, which kills by default; EFBIG is reported instead
+    try:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    except (ValueError, AttributeError):  # not the main thread, or no such signal
+        pass
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry points
+# ------------------------------------------------------------------------------------------------
+def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -> MergeResult:
+    """Merge `opts.local_dir` into `opts.target_dir`; raises MergeError with a one-line message."""
+    from .sources import CheckpointError
+    from .writer import OutputError
+
+    if opts.dtype not in DTYPE_NAMES:
+        raise MergeError(f"--dtype {opts.dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
+    if opts.workers < 1:
+        raise MergeError(f"--workers {opts.workers}: need at least 1")
+    if opts.max_shard_size is None:
+        opts.max_shard_size = default_max_shard_size()
+    try:
+        layout.parse_size(opts.max_shard_size)
+    except layout.LayoutError as exc:
+        raise MergeError(f"--max_shard_size: {exc}") from None
+    _ignore_sigxfsz()
+    try:
+        if opts.distributed:
+            return merge_distributed(opts, verl_fallback)
+        return _merge_local(opts, verl_fallback)
+    except (CheckpointError, OutputError, CommitError, layout.LayoutError) as exc:
+        raise MergeError(str(exc)) from None
+
+
+def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -> MergeResult:
+    from .sources import open_checkpoint
+
+    t0 = time.perf_counter()
+    target = os.path.abspath(opts.target_dir)
+    check_target(target, opts.overwrite, opts.overwrite_hint)
+    ckpt = open_checkpoint(opts.local_dir)
+    try:
+        mp = plan_or_fallback(ckpt, opts)
+    finally:
+        ckpt.close()
+    if mp is None:
+        return run_verl_merger(opts, verl_fallback, t0)
+    return _write_and_commit(opts, mp, t0)
+
+
+def plan_or_fallback(ckpt, opts: MergeOptions) -> MergePlan | None:
+    """The merge plan, or None when verl's own merger has to do this checkpoint (logged)."""
+    if ckpt.has_lora():
+        _log_fallback(opts, "the checkpoint holds LoRA weights (keys with 'lora_')")
+        return None
+    hf = HfSide(ckpt.local_dir, opts.dtype, opts.trust_remote_code)
+    try:
+        return make_plan(ckpt, hf, opts.dtype, opts.max_shard_size)
+    except NeedsVerlMerger as exc:
+        _log_fallback(opts, str(exc))
+        return None
+
+
+def _log_fallback(opts: MergeOptions, why: str) -> None:
+    log.warning("slimckpt streaming merge does not handle this checkpoint: %s; running verl's own "
+                "FSDPModelMerger instead (loads all shards into memory, not atomic)", why)
+    if opts.dtype != "bf16":
+        raise MergeError(f"--dtype {opts.dtype}: verl's merger, which this checkpoint needs, only writes bf16; "
+                         f"drop --dtype")
+
+
+def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None, t0: float) -> MergeResult:
+    if verl_fallback is None:
+        from verl.model_merger.base_model_merger import ModelMergerConfig
+        from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+        from .sources import HF_SUBDIR
+
+        os.makedirs(opts.target_dir, exist_ok=True)
+        config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=opts.local_dir,
+                                   target_dir=opts.target_dir, trust_remote_code=opts.trust_remote_code,
+                                   hf_model_config_path=os.path.join(opts.local_dir, HF_SUBDIR))
+        merger = FSDPModelMerger(config)
+        original = getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)
+        verl_fallback = lambda: original(merger)  # noqa: E731
+    verl_fallback()
+    return MergeResult(os.path.abspath(opts.target_dir), used_verl_merger=True, seconds=time.perf_counter() - t0)
+
+
+def _write_and_commit(opts: MergeOptions, mp: MergePlan, t0: float) -> MergeResult:
+    from .writer import create_files
+
+    target = os.path.abspath(opts.target_dir)
+    log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
+             opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
+             len(mp.plan.files), opts.workers)
+    partial = prepare_partial(target)
+    ok = False
+    try:
+        hf = HfSide(opts.local_dir, opts.dtype, opts.trust_remote_code)
+        hf.save_configs(partial)
+        tokenizer_saved = hf.save_tokenizer(partial)
+        create_files(partial, mp.plan)
+        index = mp.plan.index_json(mp.total_parameters)
+        if index is not None:
+            with open(os.path.join(partial, layout.INDEX_NAME), "w", encoding="utf-8") as f:
+                f.write(index)
+        shares = layout.partition(mp.plan, opts.workers)
+        bar = _Bar(mp.plan.total_size, opts.progress, "slimckpt merge")
+        try:
+            checksums = _run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar)
+        finally:
+            bar.close()
+        files = _finish(partial, target, mp, checksums, opts, tokenizer_saved)
+        ok = True
+    finally:
+        if not ok:
+            discard_partial(partial)
+    seconds = time.perf_counter() - t0
+    log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
+    return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
+
+
+def _message(exc: BaseException) -> str:
+    return str(exc) if _is_user_error(exc) or isinstance(exc, layout.LayoutError) else f"{type(exc).__name__}: {exc}"
+
+
+def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -> MergeResult:
+    """One rank of `torchrun ... slimckpt merge --distributed_merge`: ranks share the writing.
+
+    Rank 0 plans, writes config/tokenizer/headers into `<target>.partial`, and broadcasts the
+    plan; every rank writes its share (`--workers` processes each) into the shared files; rank 0
+    commits once all have reported. Ranks on several nodes need one filesystem for the target.
+    Every rank gets the same outcome: a failure anywhere is raised on all of them.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    own_group = False
+    if not dist.is_initialized():
+        if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
+            raise MergeError("--distributed_merge: start it with torchrun (RANK/MASTER_ADDR are unset), "
+                             "or drop the flag and use --workers N on one node")
+        dist.init_process_group("gloo", timeout=timedelta(hours=4))
+        own_group = True
+    try:
+        return _merge_ranks(opts, verl_fallback, dist)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _bcast(dist, obj):
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
+    from .sources import open_checkpoint
+    from .writer import checksum_files, create_files
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t0 = time.perf_counter()
+    target = os.path.abspath(opts.target_dir)
+    state: tuple = ("error", "rank 0 did not plan")
+    partial = None
+    if rank == 0:
+        try:
+            check_target(target, opts.overwrite, opts.overwrite_hint)
+            ckpt = open_checkpoint(opts.local_dir)
+            try:
+                mp = plan_or_fallback(ckpt, opts)
+            finally:
+                ckpt.close()
+            if mp is None:
+                state = ("fallback",)
+            else:
+                log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d rank(s) x "
+                         "%d worker(s))", opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
+                         len(mp.plan.files), world, opts.workers)
+                partial = prepare_partial(target)
+                hf = HfSide(opts.local_dir, opts.dtype, opts.trust_remote_code)
+                hf.save_configs(partial)
+                tokenizer_saved = hf.save_tokenizer(partial)
+                create_files(partial, mp.plan)
+                index = mp.plan.index_json(mp.total_parameters)
+                if index is not None:
+                    with open(os.path.join(partial, layout.INDEX_NAME), "w", encoding="utf-8") as f:
+                        f.write(index)
+                state = ("ok", mp, partial, tokenizer_saved)
+        except Exception as exc:  # noqa: BLE001 - every rank must hear about it
+            state = ("error", _message(exc))
+            if partial:
+                discard_partial(partial)
+    state = _bcast(dist, state)
+    if state[0] == "error":
+        raise MergeError(state[1])
+    if state[0] == "fallback":
+        result = run_verl_merger(opts, verl_fallback, t0) if rank == 0 else MergeResult(target, used_verl_merger=True)
+        dist.barrier()
+        return result
+    _, mp, partial, tokenizer_saved = state
+
+    # every rank writes its shares
+    shares = layout.partition(mp.plan, world * opts.workers)[rank * opts.workers:(rank + 1) * opts.workers]
+    mine = sum(mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[1]
+               - mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[0] for sh in shares for s in sh)
+    bar = _Bar(mine, opts.progress and rank == 0, f"slimckpt merge (rank 0 of {world})")
+    try:
+        status: tuple = ("ok", _run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar))
+    except Exception as exc:  # noqa: BLE001
+        status = ("error", _message(exc))
+    finally:
+        bar.close()
+    statuses: list = [None] * world
+    dist.all_gather_object(statuses, status)
+    failed = [(r, s[1]) for r, s in enumerate(statuses) if s[0] == "error"]
+    if not failed:
+        # files no single writer wrote whole are read back, spread over the ranks
+        checksums: dict[str, str] = {}
+        for s in statuses:
+            checksums.update(s[1])
+        missing = sorted(f.name for f in mp.plan.files if f.name not in checksums)
+        try:
+            status = ("ok", checksum_files(partial, missing[rank::world]))
+        except Exception as exc:  # noqa: BLE001
+            status = ("error", _message(exc))
+        dist.all_gather_object(statuses, status)
+        failed = [(r, s[1]) for r, s in enumerate(statuses) if s[0] == "error"]
+        for s in statuses:
+            if s[0] == "ok":
+                checksums.update(s[1])
+    final: tuple = ("error", "")
+    if rank == 0:
+        if failed:
+            discard_partial(partial)
+            final = ("error", f"rank {failed[0][0]}: {failed[0][1]}")
+        else:
+            try:
+                final = ("ok", _finish(partial, target, mp, checksums, opts, tokenizer_saved))
+            except Exception as exc:  # noqa: BLE001
+                discard_partial(partial)
+                final = ("error", _message(exc))
+    final = _bcast(dist, final)
+    if final[0] == "error":
+        raise MergeError(final[1])
+    seconds = time.perf_counter() - t0
+    if rank == 0:
+        log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
+    return MergeResult(target, final[1], mp.weight_bytes, seconds, False, tokenizer_saved)
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI: `slimckpt merge ...` (wired in slimckpt.cli)
+# ------------------------------------------------------------------------------------------------
+HELP = "merge a verl FSDP checkpoint into a Hugging Face model dir, streaming (bounded memory)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--local_dir", required=True,
+                   help="verl checkpoint dir holding model_world_size_*_rank_*.pt (…/global_step_N/actor)")
+    p.add_argument("--target_dir", required=True, help="output dir; must not exist, be empty, or --overwrite")
+    p.add_argument("--dtype", choices=list(DTYPE_NAMES), default="bf16",
+                   help="output dtype (verl's merger always writes bf16)")
+    p.add_argument("--max_shard_size", default=None,
+                   help="split weights into files of at most this size, e.g. 5GB (default: transformers' "
+                        "save_pretrained default, 50GB in transformers 5, as verl's merger gets)")
+    p.add_argument("--workers", type=int, default=1, help="writer processes on this node (default 1)")
+    p.add_argument("--distributed_merge", action="store_true",
+                   help="run as one of the ranks started by torchrun (one node or many sharing a filesystem)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --target_dir")
+    p.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
+                   help="allow custom model code from the checkpoint's huggingface/ dir")
+    p.add_argument("--chunk_mb", type=int, default=64, help="cast/write chunk size in MiB (default 64)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = MergeOptions(local_dir=args.local_dir, target_dir=args.target_dir, dtype=args.dtype,
+                        max_shard_size=args.max_shard_size, workers=args.workers,
+                        distributed=args.distributed_merge, overwrite=args.overwrite,
+                        trust_remote_code=args.trust_remote_code, progress=not args.no_progress,
+                        chunk_bytes=max(1, args.chunk_mb) << 20)
+    try:
+        result = merge(opts)
+    except MergeError as exc:
+        print(f"slimckpt merge: error: {exc}", file=sys.stderr)
+        return 1
+    if result.target_dir and not opts.distributed or os.environ.get("RANK", "0") == "0":
+        print(f"merged into {result.target_dir} ({result.weight_bytes / 1e9:.2f} GB weights, "
+              f"{result.seconds:.1f} s)" + (" by verl's merger" if result.used_verl_merger else ""))
+    return 0
+
+
+__all__ = ["MergeOptions", "MergeResult", "MergeError", "merge", "partial_path", "add_arguments", "run", "HELP"]

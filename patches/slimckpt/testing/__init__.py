@@ -1,0 +1,1 @@
+"""Builders of real verl checkpoints for tests and benchmarks (no pytest dependency)."""

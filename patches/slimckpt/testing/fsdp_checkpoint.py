@@ -1,0 +1,219 @@
+"""Write a real verl FSDP checkpoint of a randomly initialised model, on CPU.
+
+    torchrun --nproc_per_node 2 -m slimckpt.testing.fsdp_checkpoint --out /tmp/ckpt/actor \
+        --model llama --layers 2 --hidden 64 [--mesh 1d|2d] [--fsdp-version 2|1]
+
+The model comes from a transformers config built here (fixed seed, fp32 master weights as verl
+keeps them), is wrapped like verl wraps it (FSDP2: `fully_shard` on every decoder layer, then the
+root; FSDP1: `FullyShardedDataParallel` with the device mesh and a per-layer wrap policy), and
+is saved by verl's own `FSDPCheckpointManager.save_checkpoint` with save_contents
+model+optimizer+extra: exactly the files verl writes (`model_world_size_{W}_rank_{r}.pt`,
+`optim_...`, `extra_state_...`, `fsdp_config.json`, `huggingface/`).
+
+Size knobs (--layers/--hidden/--intermediate/--vocab/--heads) make the ~0.25B/0.5B/1B models
+the benchmarks use; --size-preset picks those. `--steps N` runs N AdamW steps first so the
+optimizer file holds real state (costs 3x the model in memory; benchmarks use --steps 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+# sizes the merge/save benchmarks use: (layers, hidden, intermediate, vocab, heads, kv_heads)
+PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
+    "tiny": (2, 64, 128, 256, 4, 2),
+    "0.25b": (12, 1024, 2816, 32000, 16, 8),  # ~0.24B params
+    "0.5b": (16, 1536, 4096, 32000, 16, 8),  # ~0.5B params
+    "1b": (16, 2048, 5632, 32000, 32, 8),  # ~1.0B params
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m slimckpt.testing.fsdp_checkpoint",
+        description="Save a verl FSDP checkpoint of a random model on CPU (run under torchrun).",
+    )
+    p.add_argument("--out", required=True, help="checkpoint dir to write (verl's <step>/actor)")
+    p.add_argument("--model", choices=["llama", "qwen2-tied", "qwen2"], default="llama",
+                   help="llama (untied lm_head) or qwen2 with tie_word_embeddings=True")
+    p.add_argument("--size-preset", choices=sorted(PRESETS), default=None,
+                   help="fills layers/hidden/intermediate/vocab/heads; explicit flags still win")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--intermediate", type=int, default=None)
+    p.add_argument("--vocab", type=int, default=None)
+    p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--kv-heads", type=int, default=None)
+    p.add_argument("--mesh", choices=["1d", "2d"], default="1d",
+                   help="1d: ('fsdp',); 2d: ('ddp','fsdp') hybrid sharding as verl builds with fsdp_size")
+    p.add_argument("--fsdp-size", type=int, default=2, help="inner (fsdp) mesh size for --mesh 2d")
+    p.add_argument("--fsdp-version", type=int, choices=[1, 2], default=2)
+    p.add_argument("--shard-placement", choices=["dim0", "divisible"], default="dim0",
+                   help="FSDP2 only: 'divisible' shards each param on its first dim divisible by the "
+                        "fsdp size (verl.utils.fsdp_utils.get_shard_placement_fn)")
+    p.add_argument("--steps", type=int, default=1, help="AdamW steps before saving (0: empty optimizer state)")
+    p.add_argument("--lora-rank", type=int, default=0, help="wrap with a peft LoRA adapter of this rank")
+    p.add_argument("--no-tokenizer", action="store_true", help="save no tokenizer in huggingface/")
+    p.add_argument("--no-generation-config", action="store_true",
+                   help="save no generation_config.json in huggingface/")
+    p.add_argument("--save-contents", default="model,optimizer,extra",
+                   help="verl checkpoint.save_contents, comma separated (add hf_model for verl's own HF export)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    preset = PRESETS[args.size_preset or "tiny"]
+    for name, value in zip(("layers", "hidden", "intermediate", "vocab", "heads", "kv_heads"), preset):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def build_config(args: argparse.Namespace):
+    common = dict(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        max_position_embeddings=256, attn_implementation="sdpa",
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    if args.model == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(tie_word_embeddings=False, architectures=["LlamaForCausalLM"], **common)
+    from transformers import Qwen2Config
+
+    return Qwen2Config(tie_word_embeddings=args.model == "qwen2-tied", architectures=["Qwen2ForCausalLM"], **common)
+
+
+def build_tokenizer(vocab: int):
+    """A word-level tokenizer made here (nothing downloaded), with ids below the model's vocab."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    words = [f"w{i}" for i in range(max(0, min(vocab, 512) - len(specials)))]
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+
+
+def _decoder_layer_classes(model) -> set[type]:
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    return {type(m) for m in model.modules() if type(m).__name__ in names}
+
+
+def wrap_fsdp2(model, mesh, placement: str, fsdp_size: int):
+    from torch.distributed.fsdp import fully_shard
+
+    kwargs = {"mesh": mesh}
+    if placement == "divisible":
+        from verl.utils.fsdp_utils import get_shard_placement_fn
+
+        kwargs["shard_placement_fn"] = get_shard_placement_fn(fsdp_size)
+    layer_classes = _decoder_layer_classes(model)
+    for module in [m for m in model.modules() if type(m) in layer_classes]:
+        fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def wrap_fsdp1(model, mesh):
+    import functools
+
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=_decoder_layer_classes(model))
+    strategy = ShardingStrategy.HYBRID_SHARD if mesh.ndim == 2 else ShardingStrategy.FULL_SHARD
+    # verl passes sync_module_states=True and a GPU device_id; on CPU both are left out (every rank
+    # builds the same weights from the same seed, so there is nothing to sync).
+    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, device_mesh=mesh,
+                use_orig_params=True, device_id=torch.device("cpu"))
+
+
+def train_steps(model, optimizer, vocab: int, steps: int, seed: int) -> None:
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    for _ in range(steps):
+        ids = torch.randint(0, vocab, (2, 16), generator=g)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.mesh == "2d":
+        if world % args.fsdp_size or world == args.fsdp_size:
+            raise SystemExit(f"--mesh 2d needs a world size that is a multiple of --fsdp-size {args.fsdp_size} "
+                             f"and larger than it; got {world}")
+        mesh = init_device_mesh("cpu", (world // args.fsdp_size, args.fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+        fsdp_size = args.fsdp_size
+    else:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+        fsdp_size = world
+
+    torch.manual_seed(args.seed)
+    config = build_config(args)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    gen_dir = None
+    if not args.no_generation_config:
+        # verl saves generation_config.json only when config.name_or_path points at one
+        gen_dir = tempfile.mkdtemp(prefix="slimckpt-gen-")
+        GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, do_sample=True,
+                         temperature=0.7, top_p=0.9).save_pretrained(gen_dir)
+        model.config.name_or_path = gen_dir
+    if args.lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank,
+                                                 target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    if args.fsdp_version == 2:
+        model = wrap_fsdp2(model, mesh, args.shard_placement, fsdp_size)
+    else:
+        model = wrap_fsdp1(model, mesh)
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    if args.steps:
+        train_steps(model, optimizer, args.vocab, args.steps, args.seed)
+        scheduler.step()
+
+    tokenizer = None if args.no_tokenizer else build_tokenizer(args.vocab)
+    ckpt_cfg = OmegaConf.create({"save_contents": args.save_contents.split(","),
+                                 "load_contents": ["model", "optimizer", "extra"]})
+    manager = FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                    processing_class=tokenizer, checkpoint_config=ckpt_cfg)
+    manager.save_checkpoint(local_path=args.out, global_step=args.steps)
+    if rank == 0:
+        print(json.dumps({"out": os.path.abspath(args.out), "world_size": world, "params": n_params,
+                          "fsdp_version": args.fsdp_version, "mesh": args.mesh}))
+    dist.barrier()
+    dist.destroy_process_group()
+    if gen_dir:
+        import shutil
+
+        shutil.rmtree(gen_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
