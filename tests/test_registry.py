@@ -17,6 +17,15 @@ from .conftest import run_python
 # purpose; a verl upgrade that moves one of these fails test_every_target_exists_in_installed_verl.
 EXPECTED_TARGETS = {
     "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint",
+    # feature "cpu" (slimckpt.cpu, SLIMCKPT_CPU=1)
+    "verl.plugin.platform.platform_manager:_detect_platform_name",
+    "verl.utils.distributed:initialize_global_process_group_ray",
+    "verl.workers.engine_workers:initialize_global_process_group_ray",
+    "verl.utils.distributed:initialize_global_process_group",
+    "verl.utils.model:load_valuehead_model",
+    "verl.workers.engine.fsdp.transformer_impl:CPUOffloadPolicy",
+    "verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop",
+    "verl.workers.rollout.llm_server:LLMServerClient.generate",
 }
 
 

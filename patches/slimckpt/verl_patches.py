@@ -19,6 +19,41 @@ def _save_checkpoint(original):
     return wrap_save_checkpoint(original)
 
 
+def _cpu(fix: str):
+    """Feature "cpu" (SLIMCKPT_CPU=1): `make` for the named builder in slimckpt.cpu.fixes/sample_keys."""
+
+    def make(original):
+        import importlib
+
+        module, _, name = fix.rpartition(".")
+        return getattr(importlib.import_module(f"slimckpt.cpu.{module}"), name)(original)
+
+    return make
+
+
+def _cpu_patches() -> list[Patch]:
+    agent_loop = "verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop"
+    return [
+        Patch("cpu.platform", "verl.plugin.platform.platform_manager:_detect_platform_name", "cpu",
+              _cpu("fixes.detect_platform_patch"),
+              why="select slimckpt's 'cpu' platform; registers it, the hf rollout and cpu FSDP engines"),
+        Patch("cpu.process_group", "verl.utils.distributed:initialize_global_process_group_ray", "cpu",
+              _cpu("fixes.process_group_ray_patch"), why="plain 'gloo' instead of 'cpu:gloo,cpu:gloo'"),
+        Patch("cpu.process_group.workers", "verl.workers.engine_workers:initialize_global_process_group_ray",
+              "cpu", _cpu("fixes.process_group_ray_patch"), why="same, where engine_workers imported it"),
+        Patch("cpu.process_group.torchrun", "verl.utils.distributed:initialize_global_process_group", "cpu",
+              _cpu("fixes.process_group_torchrun_patch"), why="same, for verl's torchrun entry points"),
+        Patch("cpu.valuehead", "verl.utils.model:load_valuehead_model", "cpu", _cpu("fixes.valuehead_patch"),
+              why="critic loader without its hard-coded flash_attention_2"),
+        Patch("cpu.offload_policy", "verl.workers.engine.fsdp.transformer_impl:CPUOffloadPolicy", "cpu",
+              _cpu("fixes.offload_policy_patch"), why="ref model's offload policy without pinned memory"),
+        Patch("cpu.sample_key", agent_loop, "cpu", _cpu("sample_keys.wrap_run_agent_loop"),
+              why="remember each trajectory's (step, index, n) for seeded hf sampling"),
+        Patch("cpu.sample_key.client", "verl.workers.rollout.llm_server:LLMServerClient.generate", "cpu",
+              _cpu("sample_keys.wrap_client_generate"), why="send that key to the hf rollout server"),
+    ]
+
+
 PATCHES: list[Patch] = [
     Patch(
         name="checkpoint.save",
@@ -27,6 +62,7 @@ PATCHES: list[Patch] = [
         make=_save_checkpoint,
         why="measure every save and route recipe saves through slimckpt",
     ),
+    *_cpu_patches(),
 ]
 
 

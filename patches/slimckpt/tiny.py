@@ -1,0 +1,202 @@
+"""Tiny models, tokenizer, RL data and reward for CPU runs of verl, built locally and deterministically.
+
+Nothing is downloaded. `python -m slimckpt.tiny --out DIR` writes:
+
+  DIR/model/      a Hugging Face model dir (config.json, model.safetensors, generation_config.json,
+                  tokenizer files): a 2-layer Llama, or a 2-layer Qwen2 with tied embeddings
+  DIR/data/train.parquet, DIR/data/val.parquet
+                  verl RL data for single-digit addition ("3+4=" -> "7"): columns `prompt` (chat
+                  messages), `data_source`, `reward_model` {style, ground_truth}, `extra_info` {index, ...}
+
+The reward is `compute_score` in this module; verl loads it with
+  reward.custom_reward_function.path=pkg://slimckpt.tiny reward.custom_reward_function.name=compute_score
+
+The same seed gives the same bytes. Importing this module is cheap (no torch): verl's reward workers
+import it only for `compute_score`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_SOURCE = "slimckpt/tiny_add"
+MODELS = ("llama", "qwen2-tied")
+
+# ChatML, as Qwen's templates: verl picks its Qwen token builder for model_type qwen2, which needs
+# `<|im_end|>` and a one-token "\n"; Llama's generic builder accepts the same template.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+PAD, EOS, BOS, UNK = "<|endoftext|>", "<|im_end|>", "<|im_start|>", "<unk>"
+SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
+ROLE_TOKENS = ["system", "user", "assistant"]
+CHARACTERS = list("0123456789+-=\n ")
+_LEADING_INT = re.compile(r"\s*(\d+)")
+VOCAB_SIZE = 32  # model vocab; the tokenizer uses the first len(vocabulary()) ids
+
+
+@dataclass(frozen=True)
+class TinyAssets:
+    model_dir: Path
+    train_file: Path
+    val_file: Path
+
+
+def vocabulary() -> list[str]:
+    return SPECIAL_TOKENS + ROLE_TOKENS + CHARACTERS
+
+
+def build_tokenizer():
+    """A character-level tokenizer with ChatML special tokens, as a PreTrainedTokenizerFast."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(vocabulary())}
+    assert len(vocab) <= VOCAB_SIZE
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    # One token per character; special and role tokens are matched whole before this split.
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        additional_special_tokens=[],
+        model_max_length=128,
+        padding_side="left",
+    )
+    tokenizer.add_tokens(ROLE_TOKENS)  # already in the vocab: keeps their ids, matches them whole
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _model_config(model: str):
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        pad_token_id=vocabulary().index(PAD),
+        bos_token_id=vocabulary().index(BOS),
+        eos_token_id=vocabulary().index(EOS),
+    )
+    if model == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(tie_word_embeddings=False, **common)
+    if model == "qwen2-tied":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(tie_word_embeddings=True, **common)
+    raise ValueError(f"unknown tiny model {model!r}; use one of {MODELS}")
+
+
+def build_model(out_dir: Path, model: str = "llama", seed: int = 0) -> Path:
+    """Write a randomly initialised tiny model (weights from `seed`) plus the tokenizer into out_dir."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    config = _model_config(model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    net.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        do_sample=True,
+    )
+    net.save_pretrained(out_dir, safe_serialization=True)
+    build_tokenizer().save_pretrained(out_dir)
+    return out_dir
+
+
+def addition_rows(n: int, seed: int, split: str, max_operand: int = 4) -> list[dict]:
+    """n rows of "a+b=" (0 <= a, b <= max_operand) in verl's RL dataset format."""
+    rng = random.Random(f"{seed}-{split}")
+    rows = []
+    for index in range(n):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "extra_info": {"index": index, "split": split, "question": f"{a}+{b}="},
+            }
+        )
+    return rows
+
+
+def write_parquet(rows: list[dict], path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".parquet.partial")
+    # No statistics or created_by drift: same rows, same bytes.
+    pq.write_table(pa.Table.from_pylist(rows), tmp, compression="snappy", write_statistics=False)
+    tmp.replace(path)
+    return path
+
+
+def build_data(out_dir: Path, seed: int = 0, n_train: int = 256, n_val: int = 32) -> tuple[Path, Path]:
+    train = write_parquet(addition_rows(n_train, seed, "train"), out_dir / "train.parquet")
+    val = write_parquet(addition_rows(n_val, seed, "val"), out_dir / "val.parquet")
+    return train, val
+
+
+def build_all(out: Path, model: str = "llama", seed: int = 0) -> TinyAssets:
+    model_dir = build_model(out / "model", model=model, seed=seed)
+    train, val = build_data(out / "data", seed=seed)
+    (out / "tiny.json").write_text(json.dumps({"model": model, "seed": seed}, sort_keys=True) + "\n")
+    return TinyAssets(model_dir, train, val)
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, **_) -> float:
+    """1.0 for exactly the sum; 0.5 for the sum followed by other text; else 0.0.
+
+    The half credit gives a randomly initialised tiny model a signal within a few steps: its first
+    token is a digit often enough, its stop token rarely.
+    """
+    match = _LEADING_INT.match(solution_str)
+    if match is None or match.group(1) != str(ground_truth).strip():
+        return 0.0
+    return 1.0 if not solution_str[match.end():].strip() else 0.5
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m slimckpt.tiny",
+        description="Build a tiny model, tokenizer and addition RL dataset locally (nothing is downloaded).",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="output directory (model/ and data/ go here)")
+    parser.add_argument("--model", choices=MODELS, default="llama", help="architecture (default: llama)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for weights and data (default: 0)")
+    args = parser.parse_args(argv)
+    assets = build_all(args.out.resolve(), model=args.model, seed=args.seed)
+    print(f"model_path={assets.model_dir}")
+    print(f"train_file={assets.train_file}")
+    print(f"val_file={assets.val_file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

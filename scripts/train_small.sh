@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# train_small.sh: verl's own trainer (python -m verl.trainer.main_ppo) on a small model.
+#
+# Usage:
+#   bash scripts/train_small.sh [algo=grpo|ppo] [--dry-run] [hydra overrides for verl...]
+#   bash scripts/train_small.sh +recipe=quickstart trainer.total_training_steps=3
+#   ALGO=ppo bash scripts/train_small.sh +recipe=quickstart actor_rollout_ref.actor.use_kl_loss=true
+#   bash scripts/train_small.sh --dry-run +recipe=quickstart     # compose + validate only (slimckpt.dryrun)
+#
+# Default: on this machine's CPU (no GPU needed), a tiny model built locally by `python -m slimckpt.tiny`
+# into $TINY_ASSETS (built on first use), FSDP2 over gloo with $NPROC ranks, slimckpt's `hf` rollout;
+# groups +size=tiny +cluster=cpu +algo=$ALGO (overrides/), SLIMCKPT_CPU=1.
+# With MODEL_PATH set and an NVIDIA GPU visible: that Hugging Face model on the GPUs with vLLM
+# (same addition data unless TRAIN_FILES/VAL_FILES are set). MODEL_PATH without a GPU: that model on
+# the CPU like the tiny one (only sensible for very small models).
+# Every argument except algo=... and --dry-run goes to verl unchanged, after the defaults below, so
+# it overrides them. Checkpoints go to runs/small/<algo>/checkpoints unless trainer.default_local_dir is given.
+#
+# Environment:
+#   ALGO         grpo (default) | ppo; an algo=... argument wins
+#   NPROC        ranks (CPU) or GPUs per node (GPU); default 2 on CPU, all visible GPUs otherwise
+#   TINY_MODEL   llama (default) | qwen2-tied     TINY_ASSETS  cache dir (default runs/tiny_assets/<model>)
+#   MODEL_PATH   a Hugging Face model dir or id instead of the tiny model
+#   TRAIN_FILES / VAL_FILES   parquet files in verl's RL format (default: the tiny addition data)
+#   PYTHON       interpreter (default .venv/bin/python if present, else python3)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
+fi
+
+ALGO="${ALGO:-grpo}"
+DRY_RUN=0
+PASS=()
+for arg in "$@"; do
+  case "$arg" in
+    algo=*) ALGO="${arg#algo=}" ;;
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    *) PASS+=("$arg") ;;
+  esac
+done
+case "$ALGO" in
+  ppo|grpo) ;;
+  *) echo "train_small.sh: algo=$ALGO is not supported; use algo=ppo or algo=grpo" >&2; exit 2 ;;
+esac
+
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
+
+TINY_MODEL="${TINY_MODEL:-llama}"
+TINY_ASSETS="${TINY_ASSETS:-$REPO/runs/tiny_assets/$TINY_MODEL}"
+need_tiny_data=1
+[[ -n "${TRAIN_FILES:-}" && -n "${VAL_FILES:-}" ]] && need_tiny_data=0
+if [[ -z "${MODEL_PATH:-}" || $need_tiny_data == 1 ]]; then
+  if [[ ! -f "$TINY_ASSETS/tiny.json" ]]; then
+    echo "[train_small] building tiny model and data into $TINY_ASSETS" >&2
+    "$PYTHON" -m slimckpt.tiny --out "$TINY_ASSETS" --model "$TINY_MODEL" >&2
+  fi
+fi
+MODEL="${MODEL_PATH:-$TINY_ASSETS/model}"
+TRAIN="${TRAIN_FILES:-$TINY_ASSETS/data/train.parquet}"
+VAL="${VAL_FILES:-$TINY_ASSETS/data/val.parquet}"
+
+COMMON=(
+  "+algo=$ALGO"
+  "actor_rollout_ref.model.path=$MODEL"
+  "data.train_files=$TRAIN"
+  "data.val_files=$VAL"
+  "trainer.experiment_name=small_$ALGO"
+  "trainer.default_local_dir=$REPO/runs/small/$ALGO/checkpoints"
+)
+
+if [[ -n "${MODEL_PATH:-}" ]] && has_gpu; then
+  unset SLIMCKPT_CPU
+  NPROC="${NPROC:-$(nvidia-smi -L | grep -c '^GPU')}"
+  MODE=(
+    "trainer.n_gpus_per_node=$NPROC"
+    "trainer.nnodes=1"
+    "trainer.logger=[console]"
+    "actor_rollout_ref.rollout.name=vllm"
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1"
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"
+    "data.train_batch_size=16"
+    "data.max_prompt_length=256"
+    "data.max_response_length=64"
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16"
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4"
+    "critic.ppo_micro_batch_size_per_gpu=4"
+    "critic.model.path=$MODEL"
+    "reward.custom_reward_function.path=pkg://slimckpt.tiny"
+    "reward.custom_reward_function.name=compute_score"
+  )
+else
+  export SLIMCKPT_CPU=1
+  NPROC="${NPROC:-2}"
+  MODE=("+size=tiny" "+cluster=cpu" "trainer.n_gpus_per_node=$NPROC")
+  # verl's Ray workers and the rollout server each get one thread: more only contend on small hosts.
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
+fi
+
+ARGS=("${MODE[@]}" "${COMMON[@]}" "${PASS[@]+"${PASS[@]}"}")
+if [[ $DRY_RUN == 1 ]]; then
+  exec "$PYTHON" -m slimckpt.dryrun "${ARGS[@]}"
+fi
+echo "[train_small] $PYTHON -m verl.trainer.main_ppo ${ARGS[*]}" >&2
+exec "$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}"
