@@ -25,7 +25,11 @@ def _rank_files(local_path: str, rank: int) -> list[str]:
     if not os.path.isdir(local_path):
         return []
     marker = f"_rank_{rank}."
-    return [os.path.join(local_path, n) for n in os.listdir(local_path) if marker in n]
+    files = [os.path.join(local_path, n) for n in os.listdir(local_path) if marker in n]
+    dcp_dir = os.path.join(local_path, "dcp")  # the incremental tier's DCP files: __{rank}_{i}.distcp
+    if os.path.isdir(dcp_dir):
+        files += [os.path.join(dcp_dir, n) for n in os.listdir(dcp_dir) if n.startswith(f"__{rank}_")]
+    return files
 
 
 def _bytes_of(paths: list[str]) -> int:
@@ -102,4 +106,8 @@ def _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to
     config = manager.checkpoint_config
     if not isinstance(config, SlimCheckpointConfig):
         return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+    if config.incremental_save:
+        from .resume_state import save_resume_state
+
+        return save_resume_state(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)

@@ -8,7 +8,9 @@ built and verl runs unpatched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+import functools
+from dataclasses import dataclass, fields
 
 from verl.trainer.config.config import CheckpointConfig
 
@@ -26,6 +28,14 @@ class SlimCheckpointConfig(CheckpointConfig):
         shards with the streaming exporter (bounded memory) instead of verl's `hf_model` gather.
     export_dtype: dtype of the export (bf16 | fp16 | fp32), bf16 as verl's hf_model save.
     max_shard_size: largest safetensors file of the export, as Hugging Face's ("5GB").
+    incremental_save: write resume state (model, optimizer, extra) as a reshardable DCP
+        checkpoint, streamed tensor by tensor (slimckpt.resume_state), committed by a manifest.
+    bucket_mb: host bytes (MiB) a streaming save may copy ahead from the accelerator per write
+        thread; a save's extra host memory is about write_threads x (bucket_mb + largest tensor).
+    write_threads: file-writing threads per rank (DCP FileSystemWriter thread_count).
+    host_memory_budget_gb: with async_save, the most host memory (GiB) a rank may hold staged
+        state in; a rank whose state is larger saves synchronously (streaming) and logs it.
+    verify: record a CRC32 of every file at save and check them before a load.
     """
 
     recipe: str = "quickstart"
@@ -33,6 +43,11 @@ class SlimCheckpointConfig(CheckpointConfig):
     export_hf: bool = False
     export_dtype: str = "bf16"
     max_shard_size: str = "5GB"
+    incremental_save: bool = False
+    bucket_mb: int = 64
+    write_threads: int = 1
+    host_memory_budget_gb: float = 16.0
+    verify: bool = False
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)
@@ -51,5 +66,40 @@ class SlimCheckpointConfig(CheckpointConfig):
             )
         if self.export_dtype not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"checkpoint.export_dtype={self.export_dtype!r}: use bf16, fp16 or fp32")
+        if self.async_save and not self.incremental_save:
+            raise ValueError(
+                "checkpoint.async_save=true needs checkpoint.incremental_save=true: verl's FSDP manager has no "
+                "async save and its trainer then never writes latest_checkpointed_iteration.txt (verl #7952)"
+            )
+        if self.bucket_mb < 1 or self.write_threads < 1 or self.host_memory_budget_gb < 0:
+            raise ValueError(
+                f"checkpoint.bucket_mb={self.bucket_mb}, write_threads={self.write_threads}, "
+                f"host_memory_budget_gb={self.host_memory_budget_gb}: use bucket_mb>=1, write_threads>=1, budget>=0"
+            )
         register_all()
         REGISTRY.apply_feature("checkpoint")
+
+
+def _reject_unknown_fields(cls):
+    """A misspelled key under `checkpoint:` fails naming the key, a close match and the valid ones
+    (the dataclass's own TypeError names only the key)."""
+    generated = cls.__init__
+
+    @functools.wraps(generated)
+    def __init__(self, *args, **kwargs):
+        valid = [f.name for f in fields(cls) if f.init and not f.name.startswith("_")]
+        unknown = sorted(k for k in kwargs if k not in valid and not k.startswith("_"))
+        if unknown:
+            hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, valid, 1)) else repr(k)
+                     for k in unknown]
+            raise TypeError(
+                f"checkpoint: unknown field {', '.join(hints)} for slimckpt.config.SlimCheckpointConfig; "
+                f"valid fields: {', '.join(valid)}"
+            )
+        generated(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+_reject_unknown_fields(SlimCheckpointConfig)

@@ -62,6 +62,25 @@ PATCHES: list[Patch] = [
         make=_save_checkpoint,
         why="measure every save and route recipe saves through slimckpt",
     ),
+    Patch(
+        name="checkpoint.load",
+        target=f"{CKPT_MANAGER}.load_checkpoint",
+        feature="checkpoint",
+        make=lambda original: __import__("slimckpt.resume_state", fromlist=["x"]).wrap_load_checkpoint(original),
+        why="load the incremental tier's DCP resume state (any world size); verl's own format otherwise",
+    ),
+    *[
+        Patch(
+            name=f"checkpoint.tracker.{kind}",
+            target=target,
+            feature="checkpoint",
+            make=lambda original: __import__("slimckpt.resume_tracker", fromlist=["x"]).wrap_trainer_save_checkpoint(
+                original),
+            why="with async incremental saves, move latest_checkpointed_iteration.txt only to committed steps",
+        )
+        for kind, target in (("v1", "verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint"),
+                             ("legacy", "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint"))
+    ],
     *_cpu_patches(),
 ]
 

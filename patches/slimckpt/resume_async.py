@@ -1,0 +1,161 @@
+"""Async mode of the incremental tier: stage into host memory, write on a background thread.
+
+The training step is blocked only while the rank's tensors are copied into a host staging pool
+(pinned on GPU). The pool is allocated at the first async save and reused by every later one, so
+it is held for the whole run: its size is the rank's model+optimizer shard bytes, and a rank
+whose shard would exceed `host_memory_budget_gb` does not stage at all: it streams synchronously
+(bounded memory) and logs that it did.
+
+One writer per FSDPCheckpointManager, one write in flight: a new save (or a load) first waits for
+the previous write and its commit; a failure there is raised by that next call. At interpreter
+exit pending writes are finished (atexit); a process killed mid-write leaves a step without its
+manifest, which loads refuse and the tracker never names.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from .log import get_logger
+
+log = get_logger("slimckpt.resume")
+
+_WRITERS: "weakref.WeakSet[AsyncResumeWriter]" = weakref.WeakSet()
+_LOCK = threading.Lock()
+
+
+def _tensors(obj: Any):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of this rank's tensors in a state dict (local shards of DTensors)."""
+    return sum(_local(t).numel() * _local(t).element_size() for t in _tensors(state))
+
+
+def _signature(state: Any) -> tuple:
+    return tuple((tuple(_local(t).shape), _local(t).dtype, type(t).__name__) for t in _tensors(state))
+
+
+class StagingPool:
+    """Host copies of a state dict's tensors, allocated once and refilled at every save."""
+
+    def __init__(self) -> None:
+        self._buffers: Any = None
+        self._signature: tuple | None = None
+        self.nbytes = 0
+
+    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        on_device = any(_local(t).device.type != "cpu" for t in _tensors(state))
+        pin = on_device and torch.cuda.is_available()
+        signature = _signature(state)
+        if signature != self._signature:
+            self._buffers = None  # free the old pool before allocating the new one
+            self._buffers = _create_cpu_state_dict(state, pin_memory=pin)
+            self._signature = signature
+            self.nbytes = state_bytes(self._buffers)
+        staged = _copy_state_dict(state, self._buffers, non_blocking=pin)
+        if pin:
+            torch.cuda.synchronize()
+        # _create_cpu_state_dict leaves 0-dim DTensors as they are: such a tensor would still be
+        # the live one, so copy it here rather than write a value training may change
+        live = {id(t) for t in _tensors(state)}
+        for t in _tensors(staged):
+            if id(t) in live or _local(t).device.type != "cpu":
+                raise RuntimeError("slimckpt: a tensor could not be staged to host memory")
+        return staged
+
+
+class AsyncResumeWriter:
+    """The background write of one manager's saves."""
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slimckpt-ckpt-write")
+        self._future: Future | None = None
+        self._step: int | None = None
+        self._path: str | None = None
+        self.pool = StagingPool()
+
+    @property
+    def pending(self) -> bool:
+        return self._future is not None
+
+    def stage(self, state: dict[str, Any], config: Any, step: int) -> dict[str, Any] | None:
+        """The staged copy, or None when this rank's state is over the host-memory budget."""
+        need = state_bytes(state)
+        budget = float(getattr(config, "host_memory_budget_gb", 0.0)) * 2**30
+        if need > budget:
+            log.warning(
+                "async_save step %s: this rank's state is %.2f GiB, over host_memory_budget_gb=%.2f; "
+                "streaming it synchronously instead (raise the budget to save in the background)",
+                step, need / 2**30, budget / 2**30,
+            )
+            return None
+        started = time.perf_counter()
+        staged = self.pool.stage(state)
+        log.debug("staged step %s: %.1f MiB in %.2f s", step, need / 2**20, time.perf_counter() - started)
+        return staged
+
+    def submit(self, step: int, path: str, write: Callable[[], None]) -> None:
+        if self._future is not None:
+            raise RuntimeError("slimckpt: a background checkpoint write is already in flight")
+        self._step, self._path = step, path
+        self._future = self._executor.submit(write)
+
+    def wait(self) -> None:
+        """Block until the write in flight is committed; re-raise its failure."""
+        future, self._future = self._future, None
+        if future is None:
+            return
+        try:
+            future.result()
+        except BaseException as exc:
+            raise RuntimeError(
+                f"slimckpt: the background write of step {self._step} to {self._path} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def writer_for(manager) -> AsyncResumeWriter:
+    with _LOCK:
+        writer = getattr(manager, "_slimckpt_writer", None)
+        if writer is None:
+            writer = AsyncResumeWriter()
+            manager._slimckpt_writer = writer
+            _WRITERS.add(writer)
+        return writer
+
+
+def finish_all() -> None:
+    """Finish every pending write of this process; log (not raise) failures."""
+    for writer in list(_WRITERS):
+        if writer.pending:
+            log.info("waiting for the background checkpoint write of step %s to finish", writer._step)
+            try:
+                writer.wait()
+            except Exception as exc:  # noqa: BLE001 - exiting: report, the step stays uncommitted
+                log.error("%s; that step stays uncommitted and will not be loaded", exc)
+
+
+atexit.register(finish_all)

@@ -1,0 +1,422 @@
+"""Resume state of the incremental tier: model, optimizer and extra state (lr scheduler, RNG) of a
+verl FSDPCheckpointManager, written with bounded host memory, reshardable, committed atomically.
+
+Layout of a role directory (`<root>/global_step_N/actor`):
+
+    dcp/                       torch.distributed.checkpoint (DCP): `__{rank}_0.distcp` per rank and
+                               `.metadata` (global shapes and where each chunk lives). Model and
+                               optimizer are keyed by parameter name, not by rank, so a load at any
+                               world size reads the rows it needs (resharding).
+    slimckpt_extra_world_size_{W}_rank_{r}.pt   lr scheduler + RNG of rank r, as verl's extra_state
+    huggingface/, fsdp_config.json              written by verl's own save code, unchanged
+    slimckpt_resume.json       the manifest, written LAST (see resume_manifest): no manifest, no load
+
+Flow (plan -> stage -> write -> commit): DCP plans which rank writes which chunk; sync mode streams
+tensor by tensor to disk (host memory: write_threads x (bucket_mb + one tensor) on GPU, one tensor
+on CPU); async mode stages the rank's tensors into a reused host pool (within
+host_memory_budget_gb) and writes on a background thread (resume_async). Then every rank reports
+its files, rank 0 writes the manifest and only then applies retention.
+
+Everything else verl's save does (huggingface/ config + tokenizer + generation config on rank 0,
+fsdp_config.json, LoRA meta, `hf_model` if asked) is done by calling verl's own save with the shard
+contents removed, so it stays exactly verl's. A gather-free HF export (`export_hf`) plugs in
+after the shards are written and before the commit: see `_after_shards`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .log import get_logger
+from .resume_manifest import (
+    FAILED_PREFIX,
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    UncommittedCheckpoint,
+    check_files,
+    describe_files,
+    failure_markers,
+    has_manifest,
+    protected_dirs,
+    read_manifest,
+    remove_manifest,
+    split_retention,
+    write_manifest,
+)
+
+log = get_logger("slimckpt.resume")
+
+DCP_DIR = "dcp"
+EXTRA_PREFIX = "slimckpt_extra_"
+EXTRA_NAME = EXTRA_PREFIX + "world_size_{world}_rank_{rank}.pt"
+SHARD_CONTENTS = ("model", "optimizer", "extra")
+
+
+# --------------------------------------------------------------------------- format detection
+
+
+def is_resume_state(local_path: str | None) -> bool:
+    """True when `local_path` was written by this tier (committed or not)."""
+    if not local_path:
+        return False
+    return has_manifest(local_path) or os.path.isdir(os.path.join(local_path, DCP_DIR))
+
+
+def wants_incremental(config: Any) -> bool:
+    from .config import SlimCheckpointConfig
+
+    return isinstance(config, SlimCheckpointConfig) and bool(config.incremental_save)
+
+
+# --------------------------------------------------------------------------- process group
+
+
+def checkpoint_group(manager) -> dist.ProcessGroup:
+    """A gloo group of the manager's ranks for DCP's coordination and our commit: object
+    collectives stay off the accelerator, and a background write never shares a group (and so a
+    collective order) with training. One per manager, so actor and critic never interleave."""
+    group = getattr(manager, "_slimckpt_group", None)
+    if group is None:
+        group = dist.new_group(backend="gloo")
+        manager._slimckpt_group = group
+    return group
+
+
+# --------------------------------------------------------------------------- state dicts
+
+
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # sharded, on the tensors' own device: DCP copies each to host only while writing it
+    return StateDictOptions(full_state_dict=False, cpu_offload=False)
+
+
+def build_state_dict(manager, model: bool, optimizer: bool) -> dict[str, Any]:
+    """{"model": ..., "optim": ...} keyed by parameter name; FSDP2 gives views of the live shards
+    (no copy). FSDP1 builds its sharded state dict on the device."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if model:
+            state["model"] = get_model_state_dict(manager.model, options=_options())
+        if optimizer:
+            state["optim"] = get_optimizer_state_dict(manager.model, manager.optimizer, options=_options())
+    return state
+
+
+def storage_writer(path: str, config: Any):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(
+        path,
+        single_file_per_rank=True,
+        sync_files=True,
+        thread_count=int(getattr(config, "write_threads", 1)),
+        per_thread_copy_ahead=int(getattr(config, "bucket_mb", 64)) * 2**20,
+        overwrite=True,
+    )
+
+
+@contextlib.contextmanager
+def save_contents(manager, contents: list[str]) -> Iterator[None]:
+    """Run verl's save with only `contents` (its should_save_* read this list)."""
+    saved = manager.checkpoint_save_contents
+    manager.checkpoint_save_contents = list(contents)
+    try:
+        yield
+    finally:
+        manager.checkpoint_save_contents = saved
+
+
+# --------------------------------------------------------------------------- files of a rank
+
+
+def _extra_path(local_path: str, world: int, rank: int) -> str:
+    return os.path.join(local_path, EXTRA_NAME.format(world=world, rank=rank))
+
+
+def save_extra(manager, local_path: str) -> str:
+    """lr scheduler + RNG of this rank, as verl's extra_state (fsynced, renamed into place)."""
+    path = _extra_path(local_path, manager.world_size, manager.rank)
+    state = {
+        "lr_scheduler": manager.lr_scheduler.state_dict() if manager.lr_scheduler is not None else None,
+        "rng": manager.get_rng_state(),
+    }
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def rank_files(local_path: str, rank: int, world: int) -> list[str]:
+    """Files of the resume state this rank wrote, relative to `local_path`."""
+    out = []
+    dcp_dir = os.path.join(local_path, DCP_DIR)
+    if os.path.isdir(dcp_dir):
+        out += sorted(f"{DCP_DIR}/{n}" for n in os.listdir(dcp_dir)
+                      if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
+        if rank == 0 and os.path.exists(os.path.join(dcp_dir, ".metadata")):
+            out.append(f"{DCP_DIR}/.metadata")
+    extra = os.path.basename(_extra_path(local_path, world, rank))
+    if os.path.exists(os.path.join(local_path, extra)):
+        out.append(extra)
+    if rank == 0 and os.path.exists(os.path.join(local_path, "fsdp_config.json")):
+        out.append("fsdp_config.json")
+    return out
+
+
+def _clear_stale(local_path: str) -> None:
+    """Before (re)writing a step: uncommit it first, then drop what an earlier attempt left."""
+    remove_manifest(local_path)
+    shutil.rmtree(os.path.join(local_path, DCP_DIR), ignore_errors=True)
+    for name in os.listdir(local_path):
+        if name.startswith(EXTRA_PREFIX) or name.startswith(FAILED_PREFIX):
+            os.remove(os.path.join(local_path, name))
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def make_room(manager, max_keep: int | None) -> None:
+    """verl's ensure_checkpoint_capacity (keep max_keep-1 before a save), never deleting the step
+    the tracker names."""
+    if not (isinstance(max_keep, int) and max_keep > 1):
+        return
+    paths = list(manager.previous_saved_paths)
+    keep, delete = split_retention(paths, max_keep - 1, protected_dirs(paths))
+    if delete:
+        manager.remove_previous_save_local_path(delete)
+    manager.previous_saved_paths = keep
+
+
+def register_committed(manager, local_path: str, max_keep: int | None) -> None:
+    """verl's register_checkpoint, run only after the commit and never deleting the tracker's step."""
+    new = os.path.abspath(local_path)
+    paths = [p for p in manager.previous_saved_paths if os.path.abspath(p) != new] + [local_path]
+    keep, delete = split_retention(paths, max_keep if isinstance(max_keep, int) else None, protected_dirs(paths))
+    if delete:
+        manager.remove_previous_save_local_path(delete)
+    manager.previous_saved_paths = keep
+
+
+# --------------------------------------------------------------------------- commit
+
+
+def commit(manager, local_path: str, global_step: int, contents: list[str], config: Any,
+           group: dist.ProcessGroup, max_keep: int | None, timings: dict[str, float]) -> None:
+    """Every rank lists (and with `verify` checksums) its files; rank 0 writes the manifest, then
+    applies retention. Collective over `group`; the caller has finished all writes."""
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    mine = describe_files(local_path, rank_files(local_path, rank, world), bool(getattr(config, "verify", False)))
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object([e.to_json() for e in mine], gathered, dst=dist.get_global_rank(group, 0), group=group)
+    if rank != 0:
+        return
+    files = [FileEntry(e["path"], e["bytes"], e.get("crc32")) for part in gathered or [] for e in part]
+    fsdp_version = None
+    with contextlib.suppress(Exception):
+        from verl.utils.fsdp_utils import fsdp_version as _fsdp_version
+
+        fsdp_version = int(_fsdp_version(manager.model))
+    write_manifest(local_path, Manifest(
+        global_step=int(global_step), world_size=world, contents=list(contents), files=files,
+        fsdp_version=fsdp_version, extra={"timings_s": timings, "bytes": sum(f.bytes for f in files)},
+    ))
+    register_committed(manager, local_path, max_keep)
+    log.info("committed step %s at %s: %d files, %.1f MiB (%s)", global_step, local_path, len(files),
+             sum(f.bytes for f in files) / 2**20, ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+
+
+def _after_shards(manager, local_path: str, config: Any) -> None:
+    """Seam for the gather-free HF export (every rank writes its own rows of the final safetensors
+    files, planned by slimckpt.layout): it runs here, after the shards are on disk and before the
+    manifest, so a committed step always has its export. Not part of this tier yet."""
+
+
+# --------------------------------------------------------------------------- save
+
+
+def save_resume_state(original, manager, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                      max_ckpt_to_keep: int | None = None) -> None:
+    """Drop-in for FSDPCheckpointManager.save_checkpoint with an incremental SlimCheckpointConfig.
+
+    `original` is verl's unpatched save; it still writes everything but the shards."""
+    from verl.utils.fs import local_mkdir_safe
+
+    from . import resume_async
+
+    config = manager.checkpoint_config
+    if manager.should_save_lora_only and manager._has_lora():
+        log.warning("save_lora_only with a LoRA model: the incremental tier saves full state only; using verl's save")
+        return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+
+    writer = resume_async.writer_for(manager)
+    writer.wait()  # a save starts only once the previous one is committed
+    start = time.perf_counter()
+    group = checkpoint_group(manager)
+    manager.previous_global_step = global_step
+    local_path = local_mkdir_safe(local_path)
+    if manager.rank == 0:
+        make_room(manager, max_ckpt_to_keep)
+        _clear_stale(local_path)
+    dist.barrier(group=group)
+
+    contents = [c for c in manager.checkpoint_save_contents if c in SHARD_CONTENTS]
+    # verl's own save for huggingface/, fsdp_config.json, LoRA meta and hf_model; retention later
+    with save_contents(manager, [c for c in manager.checkpoint_save_contents if c not in SHARD_CONTENTS]):
+        original(manager, local_path, hdfs_path, global_step, None)
+
+    if manager.should_save_extra:
+        save_extra(manager, local_path)
+    state = build_state_dict(manager, model=manager.should_save_model, optimizer=manager.should_save_optimizer)
+    dcp_dir = os.path.join(local_path, DCP_DIR)
+    timings = {"prepare": time.perf_counter() - start}
+
+    staged = writer.stage(state, config, step=global_step) if getattr(config, "async_save", False) else None
+    if staged is not None:
+        timings["stage"] = time.perf_counter() - start - timings["prepare"]
+        del state
+        writer.submit(global_step, local_path, functools.partial(
+            _write_and_commit, manager, staged, local_path, dcp_dir, global_step, contents, config, group,
+            max_ckpt_to_keep, timings))
+        return
+    _write_and_commit(manager, state, local_path, dcp_dir, global_step, contents, config, group,
+                      max_ckpt_to_keep, timings)
+
+
+def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: str, global_step: int,
+                      contents: list[str], config: Any, group: dist.ProcessGroup, max_keep: int | None,
+                      timings: dict[str, float]) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    start = time.perf_counter()
+    try:
+        if state:
+            dcp.save(state, storage_writer=storage_writer(dcp_dir, config), process_group=group)
+        timings["write"] = time.perf_counter() - start
+        _after_shards(manager, local_path, config)
+        commit(manager, local_path, global_step, contents, config, group, max_keep, timings)
+    except BaseException as exc:
+        from .resume_manifest import write_failure
+
+        with contextlib.suppress(Exception):
+            write_failure(local_path, manager.rank, f"step {global_step}: {type(exc).__name__}: {exc}")
+        raise
+
+
+# --------------------------------------------------------------------------- load
+
+
+def _check_committed(local_path: str, manifest: Manifest, config: Any, group: dist.ProcessGroup) -> None:
+    """Rank 0 checks sizes (and CRC32 with verify) of every listed file; all ranks raise the same."""
+    error = [None]
+    if dist.get_rank(group) == 0:
+        try:
+            check_files(local_path, manifest.files, checksums=bool(getattr(config, "verify", False)))
+        except UncommittedCheckpoint as exc:
+            error[0] = str(exc)
+    dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
+    if error[0]:
+        raise UncommittedCheckpoint(error[0])
+
+
+def load_resume_state(manager, local_path: str) -> None:
+    """Load model, optimizer and extra state written by save_resume_state, at any world size."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    config = manager.checkpoint_config
+    group = checkpoint_group(manager)
+    manifest = read_manifest(local_path)  # every rank raises the same one-line error if uncommitted
+    for marker in failure_markers(local_path):
+        raise UncommittedCheckpoint(f"slimckpt: {marker} says this step's save failed; resume from an earlier step")
+    _check_committed(local_path, manifest, config, group)
+
+    missing = [c for c in ("model", "optimizer", "extra")
+               if c in manager.checkpoint_load_contents and c not in manifest.contents]
+    if missing:
+        raise ValueError(
+            f"slimckpt: checkpoint.load_contents asks for {missing} but {local_path} was saved with "
+            f"{manifest.contents}; drop them from load_contents"
+        )
+    state = build_state_dict(manager, model=manager.should_load_model, optimizer=manager.should_load_optimizer)
+    if state:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        dcp.load(state, storage_reader=FileSystemReader(os.path.join(local_path, DCP_DIR)), process_group=group)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if "model" in state:
+                set_model_state_dict(manager.model, state["model"], options=_options())
+            if "optim" in state:
+                set_optimizer_state_dict(manager.model, manager.optimizer, state["optim"], options=_options())
+    if manager.should_load_extra:
+        load_extra(manager, local_path, manifest.world_size)
+    if manager.rank == 0:
+        how = "" if manifest.world_size == manager.world_size else \
+            f" (saved at world size {manifest.world_size}, resharded to {manager.world_size})"
+        log.info("loaded step %s from %s%s", manifest.global_step, local_path, how)
+    dist.barrier(group=group)
+
+
+def load_extra(manager, local_path: str, saved_world: int) -> None:
+    """lr scheduler and RNG. At another world size rank r takes saved rank r % saved_world's: the
+    scheduler is the same on every rank; per-rank RNG streams cannot be mapped exactly."""
+    source = manager.rank if manager.rank < saved_world else manager.rank % saved_world
+    path = _extra_path(local_path, saved_world, source)
+    extra = torch.load(path, weights_only=False)
+    if extra.get("rng") is not None:
+        manager.load_rng_state(extra["rng"])
+    if extra.get("lr_scheduler") is not None and manager.lr_scheduler is not None:
+        manager.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+
+
+# --------------------------------------------------------------------------- the load patch
+
+
+def wrap_load_checkpoint(original):
+    """FSDPCheckpointManager.load_checkpoint: this tier's format when the directory has it, verl's
+    own otherwise, so resume_mode=auto works across both."""
+
+    @functools.wraps(original)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        if local_path is not None and is_resume_state(local_path):
+            from . import resume_async
+
+            resume_async.writer_for(self).wait()
+            return load_resume_state(self, local_path)
+        return original(self, local_path, hdfs_path, del_local_after_load)
+
+    return load_checkpoint
+
+
+def finish_pending() -> None:
+    """Wait for every background write of this process (scripts call it before destroying the
+    process group; atexit calls it too)."""
+    from . import resume_async
+
+    resume_async.finish_all()
+
+
+__all__ = [
+    "DCP_DIR", "MANIFEST_NAME", "UncommittedCheckpoint", "build_state_dict", "finish_pending",
+    "is_resume_state", "load_resume_state", "save_resume_state", "wrap_load_checkpoint",
+]

@@ -1,0 +1,326 @@
+"""Multi-process scenarios for the incremental tier, run by tests/test_resume_state.py under torchrun
+(gloo, CPU, FSDP2, a tiny Llama) through verl's real FSDPCheckpointManager:
+
+    torchrun --nproc_per_node 2 tests/resume_scenarios.py resume --dir D [--async]
+    torchrun --nproc_per_node 1 tests/resume_scenarios.py reshard --dir D     (after `resume` at 2)
+    torchrun --nproc_per_node 2 tests/resume_scenarios.py tracker --dir D
+    torchrun --nproc_per_node 2 tests/resume_scenarios.py refuse --dir D
+
+Each writes D/<scenario>[_async]_result.json on rank 0; the test asserts on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+VOCAB, STEPS_BEFORE, STEPS_AFTER, SAVE_STEP = 64, 3, 3, 3
+
+
+def tiny_args():
+    return SimpleNamespace(model="llama", vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
+
+
+class Run:
+    """Model, optimizer, scheduler and verl's checkpoint manager on this process group."""
+
+    def __init__(self, seed: int, ckpt_config) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from transformers import AutoModelForCausalLM
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+        from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp2
+
+        torch.manual_seed(seed)
+        world = dist.get_world_size()
+        model = AutoModelForCausalLM.from_config(build_config(tiny_args()))
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+        self.model = wrap_fsdp2(model, mesh, "dim0", world)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, weight_decay=0.01)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 4))
+        self.manager = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler,
+                                             processing_class=build_tokenizer(VOCAB), checkpoint_config=ckpt_config)
+
+    def step(self) -> float:
+        # data from the global RNG, so the RNG state in extra matters for an exact resume
+        ids = torch.randint(0, VOCAB, (2, 12))
+        loss = self.model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    def full_state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {
+            "model": get_model_state_dict(self.model, options=opts),
+            "optim": get_optimizer_state_dict(self.model, self.optimizer, options=opts),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+
+def slim_config(**kw):
+    from slimckpt.config import SlimCheckpointConfig
+
+    return SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False, **kw)
+
+
+def _tensors_equal(a, b, path="") -> list[str]:
+    """Paths where two nested state dicts differ (bitwise for tensors)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and \
+            a.shape == b.shape and torch.equal(a, b)
+        return [] if same else [path]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(set(a) ^ set(b))[:4]}"]
+        return [d for k in a for d in _tensors_equal(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: len"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _tensors_equal(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def write_result(args, name: str, result: dict) -> None:
+    if dist.get_rank() == 0:
+        with open(os.path.join(args.dir, f"{name}_result.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def scenario_resume(args) -> None:
+    """Train, save at step 3 (sync or async), keep training; then a fresh model loads step 3 and
+    trains the same steps: losses must be bitwise equal. Also: verl's own format still loads."""
+    from slimckpt.resume_state import finish_pending
+
+    config = slim_config(async_save=args.async_save, host_memory_budget_gb=1.0)
+    path = os.path.join(args.dir, f"global_step_{SAVE_STEP}", "actor")
+    if args.async_save:
+        # hold the background write back until training has changed every parameter in place:
+        # only a real staged copy still holds the step-3 values then
+        from slimckpt import resume_state
+
+        real_writer = resume_state.storage_writer
+
+        def late_writer(*a, **k):
+            time.sleep(1.5)
+            return real_writer(*a, **k)
+
+        resume_state.storage_writer = late_writer
+    run = Run(seed=0, ckpt_config=config)
+    for _ in range(STEPS_BEFORE):
+        run.step()
+    t0 = time.perf_counter()
+    run.manager.save_checkpoint(path, global_step=SAVE_STEP, max_ckpt_to_keep=2)
+    blocking = time.perf_counter() - t0
+    if dist.get_rank() == 0:
+        torch.save(run.full_state(), os.path.join(args.dir, "full_state_at_save.pt"))
+    else:
+        run.full_state()  # collective
+    reference = [run.step() for _ in range(STEPS_AFTER)]  # with async, the write runs meanwhile
+    committed_during_training = os.path.exists(os.path.join(path, "slimckpt_resume.json"))
+    finish_pending()
+    dist.barrier()
+
+    torch.manual_seed(1234)  # a different RNG state: the load must restore the saved one
+    resumed = Run(seed=1, ckpt_config=slim_config())
+    resumed.manager.load_checkpoint(path)
+    after = [resumed.step() for _ in range(STEPS_AFTER)]
+
+    # verl's own format through the same patched manager
+    from verl.trainer.config import CheckpointConfig
+
+    verl_path = os.path.join(args.dir, "verl_format", "actor")
+    plain = Run(seed=0, ckpt_config=CheckpointConfig())
+    plain.step()
+    plain.manager.save_checkpoint(verl_path, global_step=1)
+    plain_ref = [plain.step() for _ in range(2)]
+    plain2 = Run(seed=1, ckpt_config=CheckpointConfig())
+    plain2.manager.load_checkpoint(verl_path)
+    plain_after = [plain2.step() for _ in range(2)]
+
+    files = sorted(os.listdir(path))
+    write_result(args, "resume_async" if args.async_save else "resume", {
+        "reference": reference, "resumed": after, "blocking_s": blocking, "files": files,
+        "committed_during_training": committed_during_training,
+        "dcp_files": sorted(os.listdir(os.path.join(path, "dcp"))),
+        "verl_format_files": sorted(os.listdir(verl_path)), "verl_reference": plain_ref, "verl_resumed": plain_after,
+    })
+
+
+def scenario_reshard(args) -> None:
+    """Load the world-size-2 step-3 state at this world size; compare with the full state dumped
+    at save time; train two more steps."""
+    path = os.path.join(args.dir, f"global_step_{SAVE_STEP}", "actor")
+    run = Run(seed=7, ckpt_config=slim_config())
+    run.manager.load_checkpoint(path)
+    saved = torch.load(os.path.join(args.dir, "full_state_at_save.pt"), weights_only=False)
+    loaded = run.full_state()
+    diffs = _tensors_equal(saved["model"], loaded["model"], "model") + \
+        _tensors_equal(saved["optim"], loaded["optim"], "optim") + \
+        _tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")
+    losses = [run.step() for _ in range(2)]
+    write_result(args, f"reshard_ws{dist.get_world_size()}", {"diffs": diffs[:20], "losses": losses,
+                                                             "n_model": len(saved["model"])})
+
+
+def scenario_tracker(args) -> None:
+    """A verl-like trainer whose actor saves asynchronously, each background write made slow:
+    a watcher thread checks all along that the tracker never names a step without its manifest."""
+    from omegaconf import OmegaConf
+
+    from slimckpt import resume_state
+    from slimckpt.resume_manifest import MANIFEST_NAME, read_tracker
+    from slimckpt.resume_state import finish_pending
+    from slimckpt.resume_tracker import wrap_trainer_save_checkpoint
+
+    delay = 1.0
+    real_after_shards = resume_state._after_shards
+
+    def slow_after_shards(*a, **k):  # the background write now takes >= delay seconds
+        time.sleep(delay)
+        return real_after_shards(*a, **k)
+
+    resume_state._after_shards = slow_after_shards
+    root = args.dir
+    run = Run(seed=0, ckpt_config=slim_config(async_save=True, host_memory_budget_gb=1.0))
+    total = 3
+
+    class FakeTrainer:
+        """What verl's _save_checkpoint does with actor async_save=true: save, data.pt, no tracker."""
+
+        config = OmegaConf.create({
+            "actor_rollout_ref": {"actor": {"checkpoint": {
+                "_target_": "slimckpt.config.SlimCheckpointConfig", "incremental_save": True, "async_save": True}}},
+            "critic": {"checkpoint": {}},
+            "trainer": {"default_local_dir": root},
+        })
+        use_critic = False
+        total_training_steps = total
+        global_steps = 0
+
+        def _save_checkpoint(self):
+            step_dir = os.path.join(root, f"global_step_{self.global_steps}")
+            run.manager.save_checkpoint(os.path.join(step_dir, "actor"), global_step=self.global_steps,
+                                        max_ckpt_to_keep=1)
+            if dist.get_rank() == 0:
+                torch.save({"step": self.global_steps}, os.path.join(step_dir, "data.pt"))
+
+    violations: list[str] = []
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def check() -> None:
+        while not stop.is_set():
+            step = read_tracker(root)
+            if step is not None:
+                if not seen or seen[-1] != step:
+                    seen.append(step)
+                if not os.path.exists(os.path.join(root, f"global_step_{step}", "actor", MANIFEST_NAME)):
+                    violations.append(f"tracker names step {step} without a manifest")
+            time.sleep(0.01)
+
+    trainer = FakeTrainer()
+    save = FakeTrainer._save_checkpoint
+    if dist.get_rank() == 0:  # the driver: only it runs the tracker logic
+        save = wrap_trainer_save_checkpoint(FakeTrainer._save_checkpoint)
+        checker = threading.Thread(target=check, daemon=True)
+        checker.start()
+    right_after: list[int | None] = []
+    blocking: list[float] = []
+    for step in range(1, total + 1):
+        run.step()
+        trainer.global_steps = step
+        t0 = time.perf_counter()
+        save(trainer)
+        blocking.append(time.perf_counter() - t0)
+        right_after.append(read_tracker(root))
+    finish_pending()
+    dist.barrier()
+    stop.set()
+    kept = sorted(n for n in os.listdir(root) if n.startswith("global_step_"))
+    actor_dirs = sorted(n for n in kept if os.path.isdir(os.path.join(root, n, "actor")))
+    write_result(args, "tracker", {"violations": violations, "seen": seen, "tracker_right_after_save": right_after,
+                                   "final": read_tracker(root), "blocking_s": blocking, "delay_s": delay,
+                                   "actor_dirs": actor_dirs})
+
+
+def scenario_refuse(args) -> None:
+    """A save that dies before its commit leaves a directory that every load refuses."""
+    from slimckpt import resume_state
+    from slimckpt.resume_manifest import UncommittedCheckpoint
+
+    outcomes: dict[str, str] = {}
+    run = Run(seed=0, ckpt_config=slim_config())
+    run.step()
+
+    # 1. the process "dies" between the shard write and the manifest
+    real_commit = resume_state.commit
+
+    def crash(*a, **k):
+        raise KeyboardInterrupt("simulated crash before the manifest")
+
+    resume_state.commit = crash
+    half = os.path.join(args.dir, "global_step_1", "actor")
+    try:
+        run.manager.save_checkpoint(half, global_step=1)
+    except KeyboardInterrupt:
+        outcomes["save"] = "crashed"
+    resume_state.commit = real_commit
+    dist.barrier()
+    outcomes["half_files"] = ",".join(sorted(os.listdir(half)))
+    fresh = Run(seed=1, ckpt_config=slim_config())
+    try:
+        fresh.manager.load_checkpoint(half)
+        outcomes["half"] = "LOADED"
+    except UncommittedCheckpoint as exc:
+        outcomes["half"] = str(exc)
+
+    # 2. a committed step whose shard was truncated afterwards
+    good = os.path.join(args.dir, "global_step_2", "actor")
+    run.manager.save_checkpoint(good, global_step=2)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        victim = os.path.join(good, "dcp", "__1_0.distcp")
+        os.truncate(victim, os.path.getsize(victim) // 2)
+    dist.barrier()
+    try:
+        fresh.manager.load_checkpoint(good)
+        outcomes["truncated"] = "LOADED"
+    except UncommittedCheckpoint as exc:
+        outcomes["truncated"] = str(exc)
+    write_result(args, "refuse", outcomes)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("scenario", choices=["resume", "reshard", "tracker", "refuse"])
+    p.add_argument("--dir", required=True)
+    p.add_argument("--async", dest="async_save", action="store_true")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    try:
+        globals()[f"scenario_{args.scenario}"](args)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The incremental tier's resume state: commit record, retention guard, tracker, config checks
+(fast), and save/load through verl's real FSDPCheckpointManager under torchrun (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slimckpt import resume_manifest as rm
+
+from .conftest import REPO
+
+SCENARIOS = REPO / "tests" / "resume_scenarios.py"
+
+
+# --------------------------------------------------------------------------- manifest (pure)
+
+
+def _role_dir(tmp_path: Path, step: int, role: str = "actor") -> Path:
+    d = tmp_path / f"global_step_{step}" / role
+    (d / "dcp").mkdir(parents=True)
+    (d / "dcp" / "__0_0.distcp").write_bytes(b"x" * 100)
+    (d / "dcp" / ".metadata").write_bytes(b"m" * 10)
+    return d
+
+
+def _commit(d: Path, step: int, checksums: bool = True) -> rm.Manifest:
+    files = rm.describe_files(str(d), ["dcp/__0_0.distcp", "dcp/.metadata"], checksums=checksums)
+    manifest = rm.Manifest(global_step=step, world_size=1, contents=["model"], files=files)
+    rm.write_manifest(str(d), manifest)
+    return manifest
+
+
+def test_uncommitted_dir_is_refused_with_one_line(tmp_path):
+    d = _role_dir(tmp_path, 5)
+    with pytest.raises(rm.UncommittedCheckpoint) as info:
+        rm.read_manifest(str(d))
+    msg = str(info.value)
+    assert "\n" not in msg and str(d) in msg and rm.MANIFEST_NAME in msg and "resume_from_path" in msg
+
+
+def test_manifest_round_trip_and_file_checks(tmp_path):
+    d = _role_dir(tmp_path, 5)
+    written = _commit(d, 5)
+    read = rm.read_manifest(str(d))
+    assert read.files == written.files and read.global_step == 5 and read.files[0].crc32 is not None
+    rm.check_files(str(d), read.files, checksums=True)
+
+    # same size, different bytes: only the checksum sees it
+    (d / "dcp" / "__0_0.distcp").write_bytes(b"y" * 100)
+    rm.check_files(str(d), read.files, checksums=False)
+    with pytest.raises(rm.UncommittedCheckpoint, match="CRC32"):
+        rm.check_files(str(d), read.files, checksums=True)
+    (d / "dcp" / "__0_0.distcp").write_bytes(b"y" * 99)
+    with pytest.raises(rm.UncommittedCheckpoint, match="99 bytes"):
+        rm.check_files(str(d), read.files, checksums=False)
+    os.remove(d / "dcp" / "__0_0.distcp")
+    with pytest.raises(rm.UncommittedCheckpoint, match="missing"):
+        rm.check_files(str(d), read.files, checksums=False)
+
+
+def test_remove_manifest_uncommits(tmp_path):
+    d = _role_dir(tmp_path, 1)
+    _commit(d, 1)
+    assert rm.has_manifest(str(d))
+    rm.remove_manifest(str(d))
+    assert not rm.has_manifest(str(d))
+    assert not [n for n in os.listdir(d) if ".tmp." in n]
+
+
+def test_other_format_is_refused(tmp_path):
+    d = _role_dir(tmp_path, 1)
+    (d / rm.MANIFEST_NAME).write_text(json.dumps({"format": "something-else/9"}))
+    with pytest.raises(rm.UncommittedCheckpoint, match="something-else/9"):
+        rm.read_manifest(str(d))
+
+
+def test_tracker_is_atomic_and_never_moves_back(tmp_path):
+    assert rm.read_tracker(str(tmp_path)) is None
+    assert rm.write_tracker(str(tmp_path), 3)
+    assert not rm.write_tracker(str(tmp_path), 2)
+    assert rm.read_tracker(str(tmp_path)) == 3
+    # verl reads it with int(f.read().decode())
+    assert int((tmp_path / rm.TRACKER_NAME).read_bytes().decode()) == 3
+    assert sorted(os.listdir(tmp_path)) == [rm.TRACKER_NAME]
+
+
+def test_step_of_parses_verl_layout(tmp_path):
+    assert rm.step_of(str(tmp_path / "global_step_12" / "actor")) == (str(tmp_path), 12)
+    assert rm.step_of(str(tmp_path / "somewhere" / "actor")) is None
+
+
+def test_retention_keeps_the_newest_and_the_tracker_step(tmp_path):
+    paths = [str(tmp_path / f"global_step_{s}" / "actor") for s in (1, 2, 3)]
+    keep, delete = rm.split_retention(paths, 1, protect=set())
+    assert keep == paths[2:] and delete == paths[:2]
+    # the tracker names step 2: it survives until the tracker moves on
+    rm.write_tracker(str(tmp_path), 2)
+    protect = rm.protected_dirs(paths)
+    assert protect == {os.path.abspath(paths[1])}
+    keep, delete = rm.split_retention(paths, 1, protect)
+    assert keep == paths[1:] and delete == paths[:1]
+    assert rm.split_retention(paths, None, set()) == (paths, [])
+    assert rm.split_retention(paths, 0, set()) == (paths, [])
+
+
+# --------------------------------------------------------------------------- tracker watcher
+
+
+def test_commit_watcher_moves_tracker_only_after_every_manifest(tmp_path):
+    from slimckpt.resume_tracker import CommitWatcher
+
+    root = str(tmp_path)
+    actor = _role_dir(tmp_path, 4, "actor")
+    critic = _role_dir(tmp_path, 4, "critic")
+    watcher = CommitWatcher(root)
+    watcher.after_save(4, ["actor", "critic"])
+    _commit(actor, 4)
+    (tmp_path / "global_step_4" / "data.pt").write_bytes(b"d")
+    with pytest.raises(RuntimeError, match="not committed within"):
+        watcher.wait(timeout=0.6)  # the critic has no manifest yet
+    assert rm.read_tracker(root) is None
+    _commit(critic, 4)
+    watcher.wait(timeout=10)
+    assert rm.read_tracker(root) == 4
+
+
+def test_commit_watcher_stops_on_a_failed_write(tmp_path):
+    from slimckpt.resume_tracker import CommitWatcher
+
+    actor = _role_dir(tmp_path, 2, "actor")
+    watcher = CommitWatcher(str(tmp_path))
+    watcher.after_save(2, ["actor"])
+    rm.write_failure(str(actor), 1, "step 2: OSError: disk full")
+    with pytest.raises(RuntimeError, match="failed"):
+        watcher.wait(timeout=10)
+    assert rm.read_tracker(str(tmp_path)) is None
+
+
+def test_watched_roles_follow_the_configs():
+    from omegaconf import OmegaConf
+
+    from slimckpt.resume_tracker import watched_roles
+
+    def trainer(actor: dict, critic: dict, use_critic: bool = True):
+        config = OmegaConf.create({"actor_rollout_ref": {"actor": {"checkpoint": actor}},
+                                   "critic": {"checkpoint": critic}})
+        return type("T", (), {"config": config, "use_critic": use_critic})()
+
+    slim = {"_target_": "slimckpt.config.SlimCheckpointConfig", "incremental_save": True}
+    verl = {"_target_": "verl.trainer.config.CheckpointConfig"}
+    assert watched_roles(trainer({**slim, "async_save": False}, slim)) is None
+    assert watched_roles(trainer({**slim, "async_save": True}, {**slim, "async_save": True})) == ["actor", "critic"]
+    assert watched_roles(trainer({**slim, "async_save": True}, verl)) == ["actor"]
+    assert watched_roles(trainer({**slim, "async_save": True}, slim, use_critic=False)) == ["actor"]
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.checkpoint.async_save=true"):
+        watched_roles(trainer(verl, {**slim, "async_save": True}))
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_misspelled_field_names_the_field_and_the_valid_ones():
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = OmegaConf.create({"_target_": "slimckpt.config.SlimCheckpointConfig", "recipe": "incremental",
+                            "bukcet_mb": 3})
+    with pytest.raises(Exception) as info:
+        omega_conf_to_dataclass(cfg)
+    msg = str(info.value)
+    assert "'bukcet_mb'" in msg and "did you mean 'bucket_mb'" in msg and "host_memory_budget_gb" in msg
+
+
+def test_async_without_incremental_is_rejected():
+    from slimckpt.config import SlimCheckpointConfig
+
+    with pytest.raises(ValueError, match="incremental_save=true"):
+        SlimCheckpointConfig(recipe="incremental", async_save=True)
+    with pytest.raises(ValueError, match="bucket_mb"):
+        SlimCheckpointConfig(recipe="incremental", incremental_save=True, bucket_mb=0)
+    ok = SlimCheckpointConfig(recipe="incremental", incremental_save=True, async_save=True)
+    assert ok.host_memory_budget_gb > 0
+
+
+# --------------------------------------------------------------------------- torchrun (slow)
+
+
+def _torchrun(nproc: int, *args: str, timeout: int = 240) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(SCENARIOS), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+@pytest.mark.slow
+def test_resume_is_bitwise_and_reshards_to_one_rank(tmp_path):
+    """Save at step 3 through verl's FSDPCheckpointManager (2 ranks, sync), continue; a fresh model
+    that loads step 3 trains to bitwise-equal losses; the same state loads at world size 1 equal
+    tensor for tensor (model, Adam moments, step, scheduler). verl's own format still round-trips."""
+    _torchrun(2, "resume", "--dir", str(tmp_path))
+    r = json.loads((tmp_path / "resume_result.json").read_text())
+    assert r["reference"] == r["resumed"], r
+    assert r["verl_reference"] == r["verl_resumed"]
+    assert rm.MANIFEST_NAME in r["files"] and "fsdp_config.json" in r["files"] and "huggingface" in r["files"]
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(r["dcp_files"])
+    assert "model_world_size_2_rank_0.pt" in r["verl_format_files"]
+
+    _torchrun(1, "reshard", "--dir", str(tmp_path))
+    w = json.loads((tmp_path / "reshard_ws1_result.json").read_text())
+    assert w["diffs"] == [] and w["n_model"] > 0, w
+
+
+@pytest.mark.slow
+def test_async_save_stages_and_resumes_bitwise(tmp_path):
+    """async_save: the save returns after staging; the write is held back until training has
+    changed every parameter; the committed step still resumes to bitwise-equal losses."""
+    _torchrun(2, "resume", "--dir", str(tmp_path), "--async")
+    r = json.loads((tmp_path / "resume_async_result.json").read_text())
+    assert not r["committed_during_training"], "the held-back write should still be running"
+    assert r["blocking_s"] < 1.5, r["blocking_s"]
+    assert r["reference"] == r["resumed"], r
+
+
+@pytest.mark.slow
+def test_async_tracker_never_names_an_uncommitted_step(tmp_path):
+    _torchrun(2, "tracker", "--dir", str(tmp_path))
+    r = json.loads((tmp_path / "tracker_result.json").read_text())
+    assert r["violations"] == [] and r["seen"], r
+    assert r["tracker_right_after_save"][0] is None  # step 1 was still being written
+    assert r["final"] == 3  # the last step is committed before the trainer returns
+    # max_ckpt_to_keep=1, but the step the tracker named at the last commit is kept
+    assert r["actor_dirs"] == ["global_step_2", "global_step_3"], r
+
+
+@pytest.mark.slow
+def test_half_written_or_damaged_step_refuses_to_load(tmp_path):
+    _torchrun(2, "refuse", "--dir", str(tmp_path))
+    r = json.loads((tmp_path / "refuse_result.json").read_text())
+    assert r["save"] == "crashed" and "dcp" in r["half_files"] and rm.MANIFEST_NAME not in r["half_files"]
+    assert r["half"].startswith("slimckpt:") and "never finished" in r["half"] and "\n" not in r["half"]
+    assert "__1_0.distcp" in r["truncated"] and "damaged" in r["truncated"]
