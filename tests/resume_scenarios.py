@@ -25,8 +25,11 @@ import torch.distributed as dist
 VOCAB, STEPS_BEFORE, STEPS_AFTER, SAVE_STEP = 64, 3, 3, 3
 
 
+MODEL = "llama"  # --model qwen2-tied: tied embeddings (lm_head.weight is embed_tokens.weight)
+
+
 def tiny_args():
-    return SimpleNamespace(model="llama", vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
+    return SimpleNamespace(model=MODEL, vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
 
 
 class Run:
@@ -155,9 +158,11 @@ def scenario_resume(args) -> None:
     plain_after = [plain2.step() for _ in range(2)]
 
     files = sorted(os.listdir(path))
+    with open(os.path.join(path, "slimckpt_resume.json")) as f:
+        aliases = json.load(f)["extra"]["aliases"]
     write_result(args, "resume_async" if args.async_save else "resume", {
         "reference": reference, "resumed": after, "blocking_s": blocking, "files": files,
-        "committed_during_training": committed_during_training,
+        "committed_during_training": committed_during_training, "aliases": aliases,
         "dcp_files": sorted(os.listdir(os.path.join(path, "dcp"))),
         "verl_format_files": sorted(os.listdir(verl_path)), "verl_reference": plain_ref, "verl_resumed": plain_after,
     })
@@ -312,7 +317,10 @@ def main() -> int:
     p.add_argument("scenario", choices=["resume", "reshard", "tracker", "refuse"])
     p.add_argument("--dir", required=True)
     p.add_argument("--async", dest="async_save", action="store_true")
+    p.add_argument("--model", choices=["llama", "qwen2-tied"], default="llama")
     args = p.parse_args()
+    global MODEL
+    MODEL = args.model
     dist.init_process_group("gloo")
     try:
         globals()[f"scenario_{args.scenario}"](args)

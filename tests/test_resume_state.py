@@ -208,6 +208,7 @@ def test_resume_is_bitwise_and_reshards_to_one_rank(tmp_path):
     r = json.loads((tmp_path / "resume_result.json").read_text())
     assert r["reference"] == r["resumed"], r
     assert r["verl_reference"] == r["verl_resumed"]
+    assert r["aliases"] == {}
     assert rm.MANIFEST_NAME in r["files"] and "fsdp_config.json" in r["files"] and "huggingface" in r["files"]
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(r["dcp_files"])
     assert "model_world_size_2_rank_0.pt" in r["verl_format_files"]
@@ -219,10 +220,12 @@ def test_resume_is_bitwise_and_reshards_to_one_rank(tmp_path):
 
 @pytest.mark.slow
 def test_async_save_stages_and_resumes_bitwise(tmp_path):
-    """async_save: the save returns after staging; the write is held back until training has
-    changed every parameter; the committed step still resumes to bitwise-equal losses."""
-    _torchrun(2, "resume", "--dir", str(tmp_path), "--async")
+    """async_save (tied-embedding model): the save returns after staging; the write is held back
+    until training has changed every parameter; the committed step still resumes to bitwise-equal
+    losses."""
+    _torchrun(2, "resume", "--dir", str(tmp_path), "--async", "--model", "qwen2-tied")
     r = json.loads((tmp_path / "resume_async_result.json").read_text())
+    assert r["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}  # the tied tensor written once
     assert not r["committed_during_training"], "the held-back write should still be running"
     assert r["blocking_s"] < 1.5, r["blocking_s"]
     assert r["reference"] == r["resumed"], r

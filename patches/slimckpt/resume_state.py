@@ -118,6 +118,32 @@ def build_state_dict(manager, model: bool, optimizer: bool) -> dict[str, Any]:
     return state
 
 
+def _view_key(t: Any) -> tuple | None:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    if not isinstance(local, torch.Tensor) or local.device.type == "meta" or local.numel() == 0:
+        return None
+    return (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape), local.stride(),
+            local.dtype)
+
+
+def split_aliases(model_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Drop keys that view the same memory as an earlier key (tied embeddings: lm_head.weight is
+    embed_tokens.weight). DCP would write such a tensor once per name; it is written once and the
+    alias is recorded in the manifest."""
+    first: dict[tuple, str] = {}
+    kept: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+    for name, value in model_state.items():
+        key = _view_key(value)
+        if key is not None and key in first:
+            aliases[name] = first[key]
+            continue
+        if key is not None:
+            first[key] = name
+        kept[name] = value
+    return kept, aliases
+
+
 def storage_writer(path: str, config: Any):
     from torch.distributed.checkpoint import FileSystemWriter
 
@@ -220,7 +246,8 @@ def register_committed(manager, local_path: str, max_keep: int | None) -> None:
 
 
 def commit(manager, local_path: str, global_step: int, contents: list[str], config: Any,
-           group: dist.ProcessGroup, max_keep: int | None, timings: dict[str, float]) -> None:
+           group: dist.ProcessGroup, max_keep: int | None, timings: dict[str, float],
+           aliases: dict[str, str] | None = None) -> None:
     """Every rank lists (and with `verify` checksums) its files; rank 0 writes the manifest, then
     applies retention. Collective over `group`; the caller has finished all writes."""
     rank = dist.get_rank(group)
@@ -238,7 +265,8 @@ def commit(manager, local_path: str, global_step: int, contents: list[str], conf
         fsdp_version = int(_fsdp_version(manager.model))
     write_manifest(local_path, Manifest(
         global_step=int(global_step), world_size=world, contents=list(contents), files=files,
-        fsdp_version=fsdp_version, extra={"timings_s": timings, "bytes": sum(f.bytes for f in files)},
+        fsdp_version=fsdp_version,
+        extra={"timings_s": timings, "bytes": sum(f.bytes for f in files), "aliases": dict(aliases or {})},
     ))
     register_committed(manager, local_path, max_keep)
     log.info("committed step %s at %s: %d files, %.1f MiB (%s)", global_step, local_path, len(files),
@@ -287,6 +315,9 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     if manager.should_save_extra:
         save_extra(manager, local_path)
     state = build_state_dict(manager, model=manager.should_save_model, optimizer=manager.should_save_optimizer)
+    aliases: dict[str, str] = {}
+    if "model" in state:
+        state["model"], aliases = split_aliases(state["model"])
     dcp_dir = os.path.join(local_path, DCP_DIR)
     timings = {"prepare": time.perf_counter() - start}
 
@@ -296,15 +327,15 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
         del state
         writer.submit(global_step, local_path, functools.partial(
             _write_and_commit, manager, staged, local_path, dcp_dir, global_step, contents, config, group,
-            max_ckpt_to_keep, timings))
+            max_ckpt_to_keep, timings, aliases))
         return
     _write_and_commit(manager, state, local_path, dcp_dir, global_step, contents, config, group,
-                      max_ckpt_to_keep, timings)
+                      max_ckpt_to_keep, timings, aliases)
 
 
 def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: str, global_step: int,
                       contents: list[str], config: Any, group: dist.ProcessGroup, max_keep: int | None,
-                      timings: dict[str, float]) -> None:
+                      timings: dict[str, float], aliases: dict[str, str]) -> None:
     import torch.distributed.checkpoint as dcp
 
     start = time.perf_counter()
@@ -313,7 +344,7 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
             dcp.save(state, storage_writer=storage_writer(dcp_dir, config), process_group=group)
         timings["write"] = time.perf_counter() - start
         _after_shards(manager, local_path, config)
-        commit(manager, local_path, global_step, contents, config, group, max_keep, timings)
+        commit(manager, local_path, global_step, contents, config, group, max_keep, timings, aliases)
     except BaseException as exc:
         from .resume_manifest import write_failure
 
@@ -358,10 +389,16 @@ def load_resume_state(manager, local_path: str) -> None:
             f"{manifest.contents}; drop them from load_contents"
         )
     state = build_state_dict(manager, model=manager.should_load_model, optimizer=manager.should_load_optimizer)
+    aliases = dict(manifest.extra.get("aliases") or {})
     if state:
         from torch.distributed.checkpoint import FileSystemReader
 
+        if "model" in state:
+            state["model"] = {k: v for k, v in state["model"].items() if k not in aliases}
         dcp.load(state, storage_reader=FileSystemReader(os.path.join(local_path, DCP_DIR)), process_group=group)
+        if "model" in state:
+            for alias, target in aliases.items():
+                state["model"][alias] = state["model"][target]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if "model" in state:
