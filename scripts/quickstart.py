@@ -66,7 +66,8 @@ def summarize(name: str, run_dir: Path, ckpt: Path, metrics: Path, seconds: floa
     if not records:
         raise SystemExit(f"[quickstart] no save metrics in {metrics}: did the run save a checkpoint?")
     steps = sorted({r["global_step"] for r in records})
-    step_dirs = [ckpt / f"global_step_{s}" for s in steps if (ckpt / f"global_step_{s}").is_dir()]
+    # verl's retention deletes a step's actor/ (and critic/) dir but leaves its data.pt behind.
+    step_dirs = [ckpt / f"global_step_{s}" for s in steps if (ckpt / f"global_step_{s}" / "actor").is_dir()]
     sizes = [sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) for d in step_dirs]
     actor = [r for r in records if r["role"] == "actor"]
     per_step_seconds = [max(r["seconds"] for r in actor if r["global_step"] == s) for s in steps]
@@ -92,7 +93,7 @@ def table(rows: list[dict]) -> str:
     body = [
         ["actor save_contents", *[",".join(r["save_contents"]) for r in rows]],
         ["bytes on disk per checkpoint (median)", *[f"{r['checkpoint_bytes'] / 2**20:.2f} MiB" for r in rows]],
-        ["checkpoints kept at the end", *[str(r["checkpoints_kept"]) for r in rows]],
+        ["checkpoints kept at the end (actor/)", *[str(r["checkpoints_kept"]) for r in rows]],
         ["actor save seconds (median, slowest rank)", *[f"{r['save_seconds']:.2f} s" for r in rows]],
         *[[f"peak extra host RSS of the save, rank {k}",
            *[f"{r['peak_rss_extra_per_rank'].get(k, 0) / 2**20:.1f} MiB" for r in rows]] for k in ranks],
