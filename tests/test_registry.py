@@ -29,6 +29,8 @@ EXPECTED_TARGETS = {
     "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.load_checkpoint",
     "verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint",
     "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint",
+    # feature "merge" (slimckpt.merge)
+    "verl.model_merger.fsdp_model_merger:FSDPModelMerger.merge_and_save",
 }
 
 

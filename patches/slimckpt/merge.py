@@ -430,7 +430,12 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
         merger = FSDPModelMerger(config)
         original = getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)
         verl_fallback = lambda: original(merger)  # noqa: E731
-    verl_fallback()
+    try:
+        verl_fallback()
+    except Exception as exc:  # noqa: BLE001 - verl's own failure, reported on one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise MergeError(f"verl's FSDPModelMerger (which this checkpoint needs) failed: {type(exc).__name__}: "
+                         f"{first}") from exc
     return MergeResult(os.path.abspath(opts.target_dir), used_verl_merger=True, seconds=time.perf_counter() - t0)
 
 
@@ -600,6 +605,54 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
 
 
 # ------------------------------------------------------------------------------------------------
+# The redirect: verl's `python -m verl.model_merger merge --backend fsdp` (patch "merge.fsdp")
+# ------------------------------------------------------------------------------------------------
+WORKERS_ENV = "SLIMCKPT_MERGE_WORKERS"
+
+
+def wrap_merge_and_save(original: Callable) -> Callable:
+    """FSDPModelMerger.merge_and_save -> the streaming merge for `merge`; verl's own for `test`.
+
+    Every flag of verl's parser still parses. --use_cpu_initialization changes nothing here (no
+    model is materialised); --hf_upload_path uploads the committed dir with verl's own uploader;
+    --tie-word-embedding/--is-value-model are Megatron-only in verl and ignored by its FSDP
+    merger too. Under torchrun (WORLD_SIZE > 1) the ranks share the work (--distributed_merge).
+    Env: SLIMCKPT_MERGE_WORKERS=N writer processes; SLIMCKPT_MERGE_OVERWRITE=1 replaces a non-empty
+    target (verl's parser has no such flag); SLIMCKPT_DISABLE=1 runs verl's merger untouched.
+    """
+    import functools
+
+    @functools.wraps(original)
+    def merge_and_save(self) -> None:
+        cfg = self.config
+        if cfg.operation != "merge":
+            log.info("slimckpt: 'verl.model_merger %s' runs verl's own FSDPModelMerger (only 'merge' is "
+                     "streamed by slimckpt)", cfg.operation)
+            return original(self)
+        if cfg.use_cpu_initialization:
+            log.info("slimckpt: --use_cpu_initialization has no effect on the streaming merge (no model is "
+                     "materialised on any device)")
+        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+        opts = MergeOptions(local_dir=cfg.local_dir, target_dir=cfg.target_dir,
+                            trust_remote_code=cfg.trust_remote_code,
+                            overwrite=os.environ.get(OVERWRITE_ENV) == "1", overwrite_hint=f"{OVERWRITE_ENV}=1",
+                            workers=int(os.environ.get(WORKERS_ENV, "1")), distributed=distributed,
+                            progress=sys.stderr.isatty() or os.environ.get("SLIMCKPT_PROGRESS") == "1")
+        log.info("slimckpt: 'python -m verl.model_merger merge --backend fsdp' runs slimckpt's streaming merge "
+                 "(SLIMCKPT_DISABLE=1 runs verl's own)")
+        try:
+            result = merge(opts, verl_fallback=lambda: original(self))
+        except MergeError as exc:
+            raise SystemExit(f"slimckpt merge: error: {exc}") from None
+        if cfg.hf_upload and not result.used_verl_merger and os.environ.get("RANK", "0") == "0":
+            log.info("slimckpt: uploading %s to the Hugging Face Hub as %s (verl's uploader)",
+                     result.target_dir, cfg.hf_upload_path)
+            self.upload_to_huggingface()
+
+    return merge_and_save
+
+
+# ------------------------------------------------------------------------------------------------
 # CLI: `slimckpt merge ...` (wired in slimckpt.cli)
 # ------------------------------------------------------------------------------------------------
 HELP = "merge a verl FSDP checkpoint into a Hugging Face model dir, streaming (bounded memory)"
@@ -641,4 +694,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["MergeOptions", "MergeResult", "MergeError", "merge", "partial_path", "add_arguments", "run", "HELP"]
+__all__ = ["MergeOptions", "MergeResult", "MergeError", "merge", "merge_distributed", "partial_path",
+           "wrap_merge_and_save", "add_arguments", "run", "HELP"]

@@ -82,6 +82,14 @@ PATCHES: list[Patch] = [
                              ("legacy", "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint"))
     ],
     *_cpu_patches(),
+    Patch(
+        name="merge.fsdp",
+        target="verl.model_merger.fsdp_model_merger:FSDPModelMerger.merge_and_save",
+        feature="merge",
+        make=lambda original: __import__("slimckpt.merge", fromlist=["x"]).wrap_merge_and_save(original),
+        why="`python -m verl.model_merger merge --backend fsdp` streams shards to safetensors (bounded memory, "
+            "atomic commit)",
+    ),
 ]
 
 

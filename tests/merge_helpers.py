@@ -1,0 +1,139 @@
+"""Shared by tests/test_merge_*.py: checkpoints to merge, verl's merger as the reference, readers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE_TIMEOUT = 240
+
+
+def tiny_llama_config(**overrides):
+    from transformers import LlamaConfig
+
+    kw = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, architectures=["LlamaForCausalLM"],
+              bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    kw.update(overrides)
+    return LlamaConfig(**kw)
+
+
+def synthetic_checkpoint(root: Path, world_size: int = 1, config=None, extra: dict | None = None,
+                         per_rank_edit=None) -> Path:
+    """A checkpoint dir verl's merger accepts, made without torchrun: every rank holds the whole
+    state dict as plain tensors (what FSDP stores for anything it does not shard)."""
+    from transformers import AutoModelForCausalLM
+
+    config = config or tiny_llama_config()
+    torch.manual_seed(0)
+    sd = AutoModelForCausalLM.from_config(config).state_dict()
+    sd = {k: v.detach().clone() for k, v in sd.items()}
+    sd.update(extra or {})
+    root.mkdir(parents=True, exist_ok=True)
+    for r in range(world_size):
+        rank_sd = {k: v.clone() for k, v in sd.items()}
+        if per_rank_edit:
+            per_rank_edit(r, rank_sd)
+        torch.save(rank_sd, root / f"model_world_size_{world_size}_rank_{r}.pt")
+    (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world_size}))
+    config.save_pretrained(root / "huggingface")
+    return root
+
+
+def fsdp_checkpoint(tmp_path_factory, name: str, nproc: int, *args: str) -> Path:
+    """A real verl checkpoint from slimckpt.testing.fsdp_checkpoint under torchrun, built once per session."""
+    base = tmp_path_factory.getbasetemp() / "fsdp_fixtures" / name
+    actor = base / "actor"
+    done = base / "DONE"
+    if done.exists():
+        return actor
+    base.mkdir(parents=True, exist_ok=True)
+    proc = torchrun(nproc, ["-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(actor), *args], FIXTURE_TIMEOUT)
+    assert proc.returncode == 0, f"fixture {name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    done.write_text("ok")
+    return actor
+
+
+def verl_merge(local_dir: Path, target: Path) -> str | None:
+    """Run verl 0.9.1's own FSDPModelMerger in this process; returns its exception text, if any
+    (it raises after writing when the checkpoint has no tokenizer)."""
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    target.mkdir(parents=True, exist_ok=True)
+    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(local_dir), target_dir=str(target),
+                               hf_model_config_path=str(local_dir / "huggingface"))
+    merger = FSDPModelMerger(config)
+    original = getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)
+    try:
+        original(merger)
+    except Exception as exc:  # noqa: BLE001 - the reference's own failure is data for the test
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def dir_tensors(path: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def assert_same_tensors(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for name, t in theirs.items():
+        o = ours[name]
+        assert o.dtype == t.dtype and o.shape == t.shape, (name, o.dtype, t.dtype, o.shape, t.shape)
+        assert torch.equal(o.reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), name
+
+
+def full_state_from_shards(local_dir: Path) -> dict[str, torch.Tensor]:
+    """The fp32 weights the checkpoint holds, gathered naively (the ground truth for logits)."""
+    from torch.distributed.tensor import DTensor
+
+    cfg = json.loads((local_dir / "fsdp_config.json").read_text())
+    world = cfg["world_size"]
+    sds = [torch.load(local_dir / f"model_world_size_{world}_rank_{r}.pt", weights_only=False, map_location="cpu")
+           for r in range(world)]
+    out = {}
+    for key, v0 in sds[0].items():
+        if isinstance(v0, DTensor):
+            shard = [i for i, p in enumerate(v0.placements) if p.is_shard()]
+            mesh = v0.device_mesh.mesh
+            ranks = mesh.reshape(-1, mesh.shape[-1])[0].tolist() if mesh.ndim > 1 else mesh.tolist()
+            dim = v0.placements[shard[0]].dim
+            out[key] = torch.cat([sds[r][key]._local_tensor for r in ranks], dim=dim)
+        else:
+            out[key] = v0
+    return out
+
+
+def run(cmd: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
+    """subprocess.run in its own session, killing the whole tree on timeout (torchrun leaves ranks behind)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO,
+                          start_new_session=True, preexec_fn=preexec_fn) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            raise AssertionError(f"timed out after {timeout}s: {cmd}\n{err[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def torchrun(nproc: int, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
+               timeout=timeout)
+
+
+def run_cli(args: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "slimckpt.cli", *args], env=env, timeout=timeout, preexec_fn=preexec_fn)

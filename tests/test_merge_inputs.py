@@ -1,0 +1,298 @@
+"""slimckpt merge on checkpoints made in-process (plain tensors, no torchrun): the output matches
+verl's merger, and every bad input ends in a one-line error, a nonzero exit and nothing committed."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from slimckpt import cli
+from slimckpt.manifest import MANIFEST_NAME, verify
+from slimckpt.testing.fsdp_checkpoint import build_tokenizer
+
+from .merge_helpers import (
+    assert_same_tensors,
+    dir_tensors,
+    run_cli,
+    synthetic_checkpoint,
+    tiny_llama_config,
+    verl_merge,
+)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return synthetic_checkpoint(tmp_path_factory.mktemp("syn") / "actor", world_size=2)
+
+
+def merge_cli(capsys, *args: str) -> tuple[int, str]:
+    rc = cli.main(["merge", "--no_progress", *args])
+    err = capsys.readouterr().err
+    return rc, err
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("slimckpt merge: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def assert_nothing_committed(target):
+    assert not os.path.exists(str(target) + ".partial"), "partial dir left behind"
+    if os.path.exists(target):
+        assert not os.path.exists(os.path.join(target, MANIFEST_NAME))
+        assert not any(n.endswith(".safetensors") for n in os.listdir(target))
+
+
+def copy_ckpt(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_plain_checkpoint_matches_verl(ckpt, tmp_path, capsys):
+    assert verl_merge(ckpt, tmp_path / "verl") is not None  # verl raises: no tokenizer (after writing)
+    rc, err = merge_cli(capsys, "--local_dir", str(ckpt), "--target_dir", str(tmp_path / "ours"))
+    assert rc == 0
+    assert "no tokenizer" in err  # a warning, not a failure
+    assert_same_tensors(dir_tensors(tmp_path / "ours"), dir_tensors(tmp_path / "verl"))
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "verl" / name).read_bytes(), name
+    assert verify(str(tmp_path / "ours")) == []
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("fp16", torch.float16), ("fp32", torch.float32)])
+def test_dtype_option(ckpt, tmp_path, capsys, dtype, torch_dtype):
+    rc, _ = merge_cli(capsys, "--local_dir", str(ckpt), "--target_dir", str(tmp_path / "o"), "--dtype", dtype)
+    assert rc == 0
+    src = torch.load(ckpt / "model_world_size_2_rank_0.pt", weights_only=False)
+    out = dir_tensors(tmp_path / "o")
+    for name, t in out.items():
+        assert t.dtype == torch_dtype
+        assert torch.equal(t, src[name].to(torch_dtype))
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["dtype"] == str(torch_dtype).split(".")[1]
+
+
+def test_max_shard_size_splits_like_save_pretrained(ckpt, tmp_path, capsys):
+    rc, _ = merge_cli(capsys, "--local_dir", str(ckpt), "--target_dir", str(tmp_path / "o"), "--max_shard_size", "10KB")
+    assert rc == 0
+    index = json.loads((tmp_path / "o" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert all((tmp_path / "o" / f).stat().st_size <= 10_000 + 4096 for f in files)
+    src = torch.load(ckpt / "model_world_size_2_rank_0.pt", weights_only=False)
+    out = dir_tensors(tmp_path / "o")
+    assert sorted(out) == sorted(index["weight_map"]) == sorted(src)
+    assert index["metadata"]["total_size"] == sum(t.numel() * 2 for t in src.values())
+
+
+def test_missing_rank_file(ckpt, tmp_path, capsys):
+    bad = copy_ckpt(ckpt, tmp_path / "actor")
+    (bad / "model_world_size_2_rank_1.pt").unlink()
+    rc, err = merge_cli(capsys, "--local_dir", str(bad), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1
+    assert "model_world_size_2_rank_1.pt is missing" in error_line(err)
+    assert_nothing_committed(tmp_path / "o")
+
+
+def test_two_world_sizes(ckpt, tmp_path, capsys):
+    bad = copy_ckpt(ckpt, tmp_path / "actor")
+    shutil.copy(bad / "model_world_size_2_rank_0.pt", bad / "model_world_size_4_rank_3.pt")
+    rc, err = merge_cli(capsys, "--local_dir", str(bad), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1
+    line = error_line(err)
+    assert "two world sizes" in line and "model_world_size_4_rank_3.pt" in line
+    assert_nothing_committed(tmp_path / "o")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign_pickle", "text", "empty", "list"])
+def test_damaged_rank_file(ckpt, tmp_path, capsys, damage):
+    bad = copy_ckpt(ckpt, tmp_path / "actor")
+    path = bad / "model_world_size_2_rank_1.pt"
+    if damage == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "foreign_pickle":
+        import pickle
+
+        path.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
+    elif damage == "text":
+        path.write_text("not a checkpoint\n")
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        torch.save([torch.zeros(3)], path)
+    rc, err = merge_cli(capsys, "--local_dir", str(bad), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1
+    assert str(path) in error_line(err)
+    assert_nothing_committed(tmp_path / "o")
+
+
+def test_ranks_disagree_on_unsharded_tensor(tmp_path, capsys):
+    def edit(rank, sd):
+        if rank == 1:
+            sd["model.norm.weight"] += 1.0
+
+    bad = synthetic_checkpoint(tmp_path / "actor", world_size=2, per_rank_edit=edit)
+    rc, err = merge_cli(capsys, "--local_dir", str(bad), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1
+    line = error_line(err)
+    assert "rank_1.pt" in line and "model.norm.weight" in line
+    assert_nothing_committed(tmp_path / "o")
+
+
+def test_ranks_disagree_on_keys(tmp_path, capsys):
+    bad = synthetic_checkpoint(tmp_path / "actor", world_size=2,
+                               per_rank_edit=lambda r, sd: sd.pop("lm_head.weight") if r == 1 else None)
+    rc, err = merge_cli(capsys, "--local_dir", str(bad), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1 and "rank_1.pt: its keys differ" in error_line(err)
+
+
+def test_missing_metadata_files(ckpt, tmp_path, capsys):
+    bad = copy_ckpt(ckpt, tmp_path / "a1")
+    (bad / "fsdp_config.json").unlink()
+    rc, err = merge_cli(capsys, "--local_dir", str(bad), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1 and "fsdp_config.json is missing" in error_line(err)
+    bad = copy_ckpt(ckpt, tmp_path / "a2")
+    shutil.rmtree(bad / "huggingface")
+    rc, err = merge_cli(capsys, "--local_dir", str(bad), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1 and "huggingface/config.json is missing" in error_line(err)
+    rc, err = merge_cli(capsys, "--local_dir", str(tmp_path / "nowhere"), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1 and "no such checkpoint directory" in error_line(err)
+    assert_nothing_committed(tmp_path / "o")
+
+
+def test_non_empty_target_refused_unless_overwrite(ckpt, tmp_path, capsys):
+    target = tmp_path / "o"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    rc, err = merge_cli(capsys, "--local_dir", str(ckpt), "--target_dir", str(target))
+    assert rc == 1 and "is not empty; pass --overwrite" in error_line(err)
+    assert (target / "keep.txt").read_text() == "mine"
+    rc, _ = merge_cli(capsys, "--local_dir", str(ckpt), "--target_dir", str(target), "--overwrite")
+    assert rc == 0
+    assert not (target / "keep.txt").exists() and verify(str(target)) == []
+    assert not [p for p in os.listdir(tmp_path) if ".old-" in p or p.endswith(".partial")]
+
+
+def test_empty_target_dir_is_fine(ckpt, tmp_path, capsys):
+    # verl's generate_config_from_args creates the target dir before merging
+    (tmp_path / "o").mkdir()
+    rc, _ = merge_cli(capsys, "--local_dir", str(ckpt), "--target_dir", str(tmp_path / "o"))
+    assert rc == 0 and verify(str(tmp_path / "o")) == []
+
+
+def test_stale_partial_is_replaced(ckpt, tmp_path, capsys):
+    (tmp_path / "o.partial").mkdir()
+    (tmp_path / "o.partial" / "model.safetensors").write_bytes(b"junk")
+    rc, _ = merge_cli(capsys, "--local_dir", str(ckpt), "--target_dir", str(tmp_path / "o"))
+    assert rc == 0 and verify(str(tmp_path / "o")) == [] and not (tmp_path / "o.partial").exists()
+
+
+def _limit_file_size(limit: int):
+    def set_limit():
+        # SIGXFSZ would kill before the error can be reported; slimckpt ignores it too
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return set_limit
+
+
+def test_disk_full_rlimit(ckpt, tmp_path):
+    """A file-size limit below the weights file: EFBIG while reserving/writing it."""
+    target = tmp_path / "o"
+    proc = run_cli(["merge", "--no_progress", "--local_dir", str(ckpt), "--target_dir", str(target)],
+                   preexec_fn=_limit_file_size(20_000))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    line = error_line(proc.stderr)
+    assert "model.safetensors" in line and "no space left" in line and "--target_dir" in line
+    assert_nothing_committed(target)
+
+
+def _unshare_ok() -> bool:
+    if not shutil.which("unshare") or sys.platform != "linux":
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+def _merge_in_tmpfs(ckpt, mount, size: str, readonly: bool) -> subprocess.CompletedProcess:
+    """Run the merge in a private mount namespace with a small tmpfs at `mount` (no global mount)."""
+    mount.mkdir()
+    remount = f" && mount -o remount,ro {mount}" if readonly else ""
+    script = (f"mount -t tmpfs -o size={size} tmpfs {mount}{remount} && "
+              f"exec {sys.executable} -m slimckpt.cli merge --no_progress --local_dir {ckpt} --target_dir {mount}/out")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@pytest.mark.skipif(not _unshare_ok(), reason="needs `unshare -rm` and tmpfs mounts")
+def test_disk_full_tmpfs(ckpt, tmp_path):
+    proc = _merge_in_tmpfs(ckpt, tmp_path / "mnt", "16k", readonly=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    line = error_line(proc.stderr)
+    assert "no space left" in line and "model.safetensors" in line
+    assert not (tmp_path / "mnt" / "out").exists()  # the mount is gone with its namespace; nothing leaked here
+
+
+@pytest.mark.skipif(not _unshare_ok(), reason="needs `unshare -rm` and tmpfs mounts")
+def test_read_only_target(ckpt, tmp_path):
+    proc = _merge_in_tmpfs(ckpt, tmp_path / "mnt", "10m", readonly=True)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    line = error_line(proc.stderr)
+    assert "not writable" in line and "out.partial" in line
+
+
+def test_lora_checkpoint_goes_to_verl(tmp_path, capsys):
+    """LoRA keys: verl's own merger runs (adapter saved separately), with a log line saying so."""
+    cfg = tiny_llama_config()
+    torch.manual_seed(1)
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_config(cfg),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    root = tmp_path / "actor"
+    root.mkdir()
+    torch.save(sd, root / "model_world_size_1_rank_0.pt")
+    (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
+    cfg.save_pretrained(root / "huggingface")
+    build_tokenizer(cfg.vocab_size).save_pretrained(root / "huggingface")
+    rc = cli.main(["merge", "--no_progress", "--local_dir", str(root), "--target_dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "LoRA" in err and "running verl's own FSDPModelMerger" in err
+    assert (tmp_path / "o" / "lora_adapter" / "adapter_model.safetensors").exists()
+    out = dir_tensors(tmp_path / "o")
+    assert "model.layers.0.self_attn.q_proj.weight" in out and not any("lora_" in k for k in out)
+    # and verl's failure inside that fallback is one line, exit 1
+    shutil.rmtree(tmp_path / "o")
+    for name in os.listdir(root / "huggingface"):
+        if name.startswith("tokenizer"):
+            os.remove(root / "huggingface" / name)
+    rc = cli.main(["merge", "--no_progress", "--local_dir", str(root), "--target_dir", str(tmp_path / "o")])
+    assert rc == 1 and "verl's FSDPModelMerger (which this checkpoint needs) failed" in error_line(
+        capsys.readouterr().err)
+
+
+def test_cli_help_and_bad_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["merge", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--local_dir", "--target_dir", "--dtype", "--max_shard_size", "--workers", "--distributed_merge",
+                 "--overwrite"):
+        assert flag in out
+    assert cli.main([]) == 2
+    rc, err = merge_cli(capsys, "--local_dir", "x", "--target_dir", "y", "--max_shard_size", "5G")
+    assert rc == 1 and "--max_shard_size" in error_line(err)
