@@ -180,3 +180,19 @@ def test_every_combination_validates(combo, matrix):
     assert result["ok"], result.get("reason")
     assert result["target"] == "slimckpt.config.SlimCheckpointConfig"
     assert any(c.startswith("verl validate_config") for c in result["checks"])
+
+
+def test_same_config_as_verls_own_entry_point():
+    """`python -m verl.trainer.main_ppo --cfg job` prints the config Hydra hands to main_ppo and exits:
+    the dry run must compose exactly that."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    overrides = ["+recipe=quickstart", "+size=70b", "+cluster=4x8", "+algo=grpo", "trainer.save_freq=3"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--cfg", "job", *overrides],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = OmegaConf.to_container(compose_config(overrides), resolve=False)
+    assert yaml.safe_load(proc.stdout) == ours

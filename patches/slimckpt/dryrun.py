@@ -18,8 +18,11 @@ Steps, in the order verl takes them:
      SlimCheckpointConfig);
   4. the dataclasses the trainer and workers build later: the HF model configs, the ref
      config (engine_workers.init_model), RolloutConfig and its tensor-parallel layout,
-     AlgoConfig, CheckpointEngineConfig, the checkpoint callback, trainer.resume_mode;
-  5. slimckpt's own check that a checkpoint's load_contents is a subset of save_contents.
+     AlgoConfig, CheckpointEngineConfig, the checkpoint callback, trainer.resume_mode, and the
+     names verl looks up in registries (rollout backend, advantage estimator, policy loss);
+  5. slimckpt's own checks: a slimckpt group file (recipe, size, cluster, algo) sets only keys
+     verl has (Hydra would add a misspelt one silently, see config_keys.py), and a checkpoint's
+     load_contents is a subset of its save_contents.
 
 Model configs need the model's files (HFModelConfig reads config.json and the tokenizer). When
 the model path is not a local directory, its keys are checked against HFModelConfig's fields
@@ -162,7 +165,7 @@ def check_added_keys(overrides: list[str], config_name: str = DEFAULT_CONFIG_NAM
         if bad:
             raise DryRunError(
                 f"{option.path.name} ({group}) sets {', '.join(bad)}, which verl 0.9.1's config does not have "
-                f"(Hydra adds it silently and verl never reads it); fix the key in {option.path}"
+                f"(Hydra adds it silently and verl never reads it); fix the key in {option.path.resolve()}"
             )
     # the composed config carries the _target_ a recipe swapped in, whose fields decide what is accepted
     return [
