@@ -15,6 +15,7 @@ from . import __version__
 
 SUBCOMMANDS: dict[str, str] = {
     "merge": "slimckpt.merge",
+    "plan": "slimckpt.plan",
 }
 
 

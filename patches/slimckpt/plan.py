@@ -1,0 +1,377 @@
+"""`slimckpt plan`: what a checkpoint will cost, per rank, before a GPU is allocated.
+
+    slimckpt plan --config path/to/config.json --world-size 64 [--recipe incremental] [--disk-gbps 2]
+    python -m slimckpt.plan ...   (the same)
+
+From the model config alone (a meta-device model: shapes, no weights) it prints, for verl's
+default save, verl's save with `hf_model`, and each slimckpt recipe: the bytes each rank writes
+(fp32 model shard, AdamW's two fp32 moments, extra state), the host memory a rank needs for the
+save, the time at the given aggregate disk bandwidth, and how long training is blocked; then the
+Hugging Face export's file layout (planned by slimckpt.layout, as the merger writes it).
+
+The arithmetic (pure functions below, unit-tested): FSDP shards every parameter along dim 0 in
+chunks of ceil(rows / W) rows (torch.chunk, as FSDP2 does), so rank 0 holds the most. verl keeps
+fp32 master weights; AdamW keeps exp_avg and exp_avg_sq (fp32, the parameter's shape) and a 4-byte
+step per parameter. Host memory models each path: verl's FSDP save offloads the whole rank's model
+and optimizer shards to host RAM before writing (offload_to_cpu=True) and its hf_model save
+gathers the whole fp32 model on rank 0; the incremental tier streams (write_threads x (bucket_mb +
+the largest tensor shard)) or, async, stages the rank's shards once within host_memory_budget_gb.
+File-format overhead (headers, pickles) is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HELP = "predict per-rank checkpoint bytes, host memory and time from a model config (no weights)"
+
+FP32 = 4
+ADAM_STATES = 2  # exp_avg, exp_avg_sq
+STEP_BYTES = 4  # AdamW's per-parameter step (a 0-dim fp32 tensor)
+VERL_CONTENTS = ("model", "optimizer", "extra")
+
+
+# --------------------------------------------------------------------------- pure arithmetic
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    trainable: bool = True
+    itemsize: int = FP32
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.shape[1:]) * self.itemsize if self.shape else self.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+
+def shard_rows(rows: int, world: int, rank: int) -> int:
+    """Rows of a dim-0 sharded tensor on `rank` (torch.chunk: ceil(rows/world) per rank, the
+    last ranks get fewer or none)."""
+    chunk = -(-rows // world)
+    return max(0, min(chunk, rows - rank * chunk))
+
+
+def model_shard_bytes(params: Sequence[ParamSpec], world: int, rank: int) -> int:
+    return sum(shard_rows(p.rows, world, rank) * p.row_bytes for p in params)
+
+
+def optim_shard_bytes(params: Sequence[ParamSpec], world: int, rank: int) -> int:
+    return sum(ADAM_STATES * shard_rows(p.rows, world, rank) * p.row_bytes + STEP_BYTES
+               for p in params if p.trainable)
+
+
+def largest_shard_bytes(params: Sequence[ParamSpec], world: int, rank: int) -> int:
+    return max((shard_rows(p.rows, world, rank) * p.row_bytes for p in params), default=0)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way of saving: verl's, or a recipe's actor checkpoint config."""
+
+    name: str
+    contents: tuple[str, ...] = VERL_CONTENTS
+    incremental: bool = False
+    async_save: bool = False
+    export_hf: bool = False
+    bucket_mb: int = 64
+    write_threads: int = 1
+    host_memory_budget_gb: float = 16.0
+
+    @property
+    def hf_model(self) -> bool:
+        return "hf_model" in self.contents
+
+    @classmethod
+    def from_checkpoint_config(cls, name: str, cfg: dict[str, Any]) -> "Strategy":
+        from dataclasses import MISSING, fields
+
+        from .config import SlimCheckpointConfig
+
+        defaults = {f.name: f.default for f in fields(SlimCheckpointConfig) if f.default is not MISSING}
+        return cls(
+            name=name,
+            contents=tuple(cfg.get("save_contents") or VERL_CONTENTS),
+            incremental=bool(cfg.get("incremental_save", False)),
+            async_save=bool(cfg.get("async_save", False)),
+            export_hf=bool(cfg.get("export_hf", False)),
+            bucket_mb=int(cfg.get("bucket_mb", defaults["bucket_mb"])),
+            write_threads=int(cfg.get("write_threads", defaults["write_threads"])),
+            host_memory_budget_gb=float(cfg.get("host_memory_budget_gb", defaults["host_memory_budget_gb"])),
+        )
+
+
+@dataclass
+class Estimate:
+    strategy: str
+    rank0_write_bytes: int  # the largest rank's resume-state bytes
+    total_write_bytes: int  # all ranks, resume state
+    hf_export_bytes: int  # the bf16 HF export written at each save (0 if none)
+    host_peak_bytes: int  # extra host memory of the largest rank during a save
+    host_note: str
+    blocking: str
+    write_seconds: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_bytes: int,
+             hf_bytes: int, disk_gbps: float | None) -> Estimate:
+    """Bytes, host memory and time of one save with `strategy` at world size `world`."""
+    model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
+    optim_r = optim_shard_bytes(params, world, 0) if "optimizer" in strategy.contents else 0
+    extra_r = extra_bytes if "extra" in strategy.contents else 0
+    total = sum((model_shard_bytes(params, world, r) if "model" in strategy.contents else 0)
+                + (optim_shard_bytes(params, world, r) if "optimizer" in strategy.contents else 0)
+                + extra_r for r in range(world))
+    full_fp32 = sum(p.nbytes for p in params)
+    export = hf_bytes if (strategy.hf_model or strategy.export_hf) else 0
+    notes: list[str] = []
+    if not strategy.incremental:
+        peak = model_r + optim_r
+        note = "whole rank shard offloaded to host (verl, FSDP on GPU)"
+        if strategy.hf_model:
+            peak += full_fp32
+            note += " + full fp32 model gathered on rank 0"
+        blocking = "whole save"
+    else:
+        staged = model_r + optim_r
+        # DCP copies ahead at most bucket_mb per thread beyond the tensor being written, and never
+        # more than the rank holds
+        streaming = min(staged, strategy.write_threads * (strategy.bucket_mb * 2**20
+                                                          + largest_shard_bytes(params, world, 0)))
+        if strategy.async_save and staged <= strategy.host_memory_budget_gb * 2**30:
+            peak = staged
+            note = "staging pool (pinned), allocated once and held for the run"
+            blocking = f"staging copy of {staged / 2**30:.2f} GiB"
+        else:
+            peak = streaming
+            note = "streamed: write_threads x (bucket_mb + largest tensor shard)"
+            blocking = "whole save"
+            if strategy.async_save:
+                notes.append(f"over host_memory_budget_gb={strategy.host_memory_budget_gb}: saves synchronously")
+    if strategy.hf_model or strategy.export_hf:
+        notes.append("HF export bytes are written at every save" + (" by rank 0" if strategy.hf_model else ""))
+    seconds = None
+    if disk_gbps:
+        seconds = (total + export) / (disk_gbps * 1e9)
+    return Estimate(strategy.name, model_r + optim_r + extra_r, total, export, peak, note, blocking, seconds, notes)
+
+
+def human(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+# --------------------------------------------------------------------------- the model, from its config
+
+
+@dataclass
+class ModelFacts:
+    params: list[ParamSpec]
+    total_parameters: int
+    tied: list[str]
+    hf_files: list[tuple[str, int]]  # (file name, bytes) of the HF export
+    hf_bytes: int
+    hf_dtype: str
+    max_shard_size: str | int
+
+
+def _hf_dir(config_path: str) -> tuple[str, Any]:
+    """slimckpt.merge.HfSide reads `<dir>/huggingface/config.json` (a checkpoint's layout); give it
+    one that holds just this config."""
+    import shutil
+    import tempfile
+
+    src = os.path.join(config_path, "config.json") if os.path.isdir(config_path) else config_path
+    if not os.path.isfile(src):
+        raise FileNotFoundError(f"slimckpt plan: {src} does not exist; pass a model's config.json (or its dir)")
+    tmp = tempfile.TemporaryDirectory(prefix="slimckpt-plan-")
+    os.makedirs(os.path.join(tmp.name, "huggingface"))
+    shutil.copy(src, os.path.join(tmp.name, "huggingface", "config.json"))
+    return tmp.name, tmp
+
+
+def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: str | int | None = None,
+                trust_remote_code: bool = False) -> ModelFacts:
+    from . import layout
+    from .merge import DTYPE_NAMES, HfSide, default_max_shard_size
+
+    import contextlib
+
+    root, keep = _hf_dir(config_path)
+    # verl prints a warning about the missing generation config on stdout; keep stdout for the report
+    with keep, contextlib.redirect_stdout(sys.stderr):
+        hf = HfSide(root, export_dtype, trust_remote_code)
+        model = hf.model
+        state = model.state_dict()
+        shapes = {n: tuple(t.shape) for n, t in state.items()}
+        name_map = hf.output_names(list(state), shapes)  # output name -> state dict name
+        # the meta model is built untied; tied targets are what the export drops (verl's
+        # drop_tied_target_keys), and they are one tensor with their source in training
+        tied = [n for n in state if n not in set(name_map.values())]
+        trainable = {n for n, p in model.named_parameters()}
+        params = [ParamSpec(n, shapes[n], n in trainable) for n in state if n not in tied]
+        size = max_shard_size if max_shard_size is not None else default_max_shard_size()
+        specs = [layout.TensorSpec(new, DTYPE_NAMES[export_dtype], shapes[old]) for new, old in name_map.items()]
+        plan = layout.plan_files(specs, size)
+        return ModelFacts(params=params, total_parameters=hf.total_parameters(), tied=tied,
+                          hf_files=[(f.name, f.size) for f in plan.files], hf_bytes=sum(f.size for f in plan.files),
+                          hf_dtype=export_dtype, max_shard_size=size)
+
+
+def extra_state_bytes() -> int:
+    """Pickled size of the RNG states verl saves per rank (lr scheduler state adds ~1 KiB)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}},
+               buf)
+    return buf.tell()
+
+
+def recipe_strategies(names: Sequence[str] | None, overrides: Sequence[str] = ()) -> list[Strategy]:
+    """The actor checkpoint config of each recipe, with `key=value` overrides applied to all."""
+    import yaml
+
+    from .recipes import list_group
+
+    options = {o.name: o for o in list_group("recipe")}
+    chosen = list(names) if names else sorted(options)
+    unknown = [n for n in chosen if n not in options]
+    if unknown:
+        raise ValueError(f"slimckpt plan: no recipe {unknown[0]!r}; known: {', '.join(sorted(options))}")
+    extra = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"slimckpt plan: --set {item!r}: use KEY=VALUE, e.g. --set async_save=true")
+        extra[key.strip()] = yaml.safe_load(value)
+    suffix = "".join(f" {k}={v}" for k, v in extra.items())
+    out = []
+    for name in chosen:
+        data = yaml.safe_load(options[name].path.read_text()) or {}
+        cfg = ((data.get("actor_rollout_ref") or {}).get("actor") or {}).get("checkpoint") or {}
+        out.append(Strategy.from_checkpoint_config(f"+recipe={name}{suffix}", {**cfg, **extra}))
+    return out
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="the model's Hugging Face config.json (or its directory)")
+    p.add_argument("--world-size", type=int, required=True, help="FSDP ranks of the actor (GPUs)")
+    p.add_argument("--recipe", action="append", default=None,
+                   help="a slimckpt recipe to compare (repeatable; default: all of them)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe's checkpoint key, e.g. --set async_save=true --set host_memory_budget_gb=32")
+    p.add_argument("--disk-gbps", type=float, default=None,
+                   help="aggregate write bandwidth of the checkpoint storage, GB/s (10^9), for the time column")
+    p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="HF export dtype")
+    p.add_argument("--max-shard-size", default=None,
+                   help="HF export file size limit, e.g. 5GB (default: save_pretrained's, as verl uses)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def build_report(args: argparse.Namespace) -> dict[str, Any]:
+    if args.world_size < 1:
+        raise ValueError("slimckpt plan: --world-size must be >= 1")
+    facts = model_facts(args.config, args.export_dtype, args.max_shard_size, args.trust_remote_code)
+    extra = extra_state_bytes()
+    strategies = [Strategy("verl default"), Strategy("verl + hf_model", contents=(*VERL_CONTENTS, "hf_model"))]
+    strategies += recipe_strategies(args.recipe, getattr(args, "overrides", ()) or ())
+    estimates = [estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps) for s in strategies]
+    return {
+        "config": args.config,
+        "world_size": args.world_size,
+        "parameters": facts.total_parameters,
+        "tied": facts.tied,
+        "fp32_model_bytes": sum(p.nbytes for p in facts.params),
+        "rank0_model_shard_bytes": model_shard_bytes(facts.params, args.world_size, 0),
+        "rank0_optimizer_shard_bytes": optim_shard_bytes(facts.params, args.world_size, 0),
+        "extra_bytes_per_rank": extra,
+        "largest_tensor_shard_bytes": largest_shard_bytes(facts.params, args.world_size, 0),
+        "hf_export": {"dtype": facts.hf_dtype, "max_shard_size": facts.max_shard_size,
+                      "files": [{"name": n, "bytes": b} for n, b in facts.hf_files], "bytes": facts.hf_bytes},
+        "disk_gbps": args.disk_gbps,
+        "estimates": [asdict(e) for e in estimates],
+    }
+
+
+def print_report(r: dict[str, Any], out=sys.stdout) -> None:
+    w = r["world_size"]
+    print(f"model: {r['config']}: {r['parameters']:,} parameters, fp32 {human(r['fp32_model_bytes'])}"
+          + (f", tied: {', '.join(r['tied'])}" if r["tied"] else ""), file=out)
+    print(f"world size {w}: rank 0 holds {human(r['rank0_model_shard_bytes'])} of model and "
+          f"{human(r['rank0_optimizer_shard_bytes'])} of AdamW state; largest tensor shard "
+          f"{human(r['largest_tensor_shard_bytes'])}; extra state ~{human(r['extra_bytes_per_rank'])} per rank",
+          file=out)
+    bw = r["disk_gbps"]
+    head = ["strategy", "rank 0 writes", "all ranks write", "HF export", "host memory / rank",
+            f"time @{bw:g} GB/s" if bw else "time", "training blocked for"]
+    rows = [[e["strategy"], human(e["rank0_write_bytes"]), human(e["total_write_bytes"]),
+             human(e["hf_export_bytes"]) if e["hf_export_bytes"] else "-", human(e["host_peak_bytes"]),
+             f"{e['write_seconds']:.1f} s" if e["write_seconds"] is not None else "(--disk-gbps)", e["blocking"]]
+            for e in r["estimates"]]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    for row in [head, ["-" * n for n in widths], *rows]:
+        print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
+    print("host memory:", file=out)
+    for e in r["estimates"]:
+        print(f"  {e['strategy']}: {e['host_note']}" + "".join(f"; {n}" for n in e["notes"]), file=out)
+    hf = r["hf_export"]
+    files = hf["files"]
+    print(f"HF export ({hf['dtype']}, max_shard_size {hf['max_shard_size']}): {len(files)} file(s), "
+          f"{human(hf['bytes'])}", file=out)
+    shown = files if len(files) <= 6 else files[:3] + [None] + files[-2:]
+    for f in shown:
+        print("  ..." if f is None else f"  {f['name']}  {human(f['bytes'])}", file=out)
+    if len(files) > 1:
+        print("  model.safetensors.index.json", file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = build_report(args)
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        print(str(exc).splitlines()[0], file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(report, sys.stdout, indent=1)
+        print()
+    else:
+        print_report(report)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slimckpt.plan", description=HELP)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
