@@ -39,6 +39,9 @@ CHECKPOINTS = {
     "fsdp2_2d_w4": (4, ["--mesh", "2d", "--fsdp-size", "2", "--layers", "1", "--hidden", "32", "--vocab", "96",
                         "--steps", "0"]),
 }
+# FSDP1 without a device mesh writes ShardedTensors; verl always passes a mesh and its merger cannot read these
+SHARDED_TENSOR = ("fsdp1_sharded_tensor", 2, ["--fsdp-version", "1", "--fsdp1-no-mesh", "--layers", "1",
+                                             "--hidden", "64", "--vocab", "128", "--steps", "0", "--no-tokenizer"])
 
 
 def checkpoint(tmp_path_factory, name: str):
@@ -162,3 +165,20 @@ def test_slimckpt_cli_end_to_end(tmp_path_factory, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "slimckpt merge: 100%" in proc.stderr  # tqdm progress in bytes
     assert proc.stdout.startswith("merged into")
+
+
+def test_fsdp1_sharded_tensor_format(tmp_path_factory, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from slimckpt.testing.fsdp_checkpoint import build_config, parse_args
+
+    name, nproc, args = SHARDED_TENSOR
+    ckpt = fsdp_checkpoint(tmp_path_factory, name, nproc, *args)
+    assert "process group" in verl_merge(ckpt, tmp_path / "verl")
+    ours(ckpt, tmp_path / "ours")
+    # --steps 0: the checkpoint holds the seeded initial weights, rebuilt here the way the fixture builds them
+    fixture_args = parse_args(["--out", "unused", *args])
+    torch.manual_seed(fixture_args.seed)
+    model = AutoModelForCausalLM.from_config(build_config(fixture_args), dtype=torch.float32)
+    expected = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+    assert_same_tensors(dir_tensors(tmp_path / "ours"), expected)

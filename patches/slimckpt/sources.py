@@ -162,11 +162,18 @@ class _ShardedTensorState(torch.Tensor):
         self._slim_local_shards = state[0]
         self._slim_metadata = state[1]
 
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise TypeError("a ShardedTensor read by slimckpt is metadata only; use its local shards")
+
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module, name):
-        if name == "ShardedTensor" and module.startswith("torch.distributed._shard.sharded_tensor"):
-            return _ShardedTensorState
+        if name.split(".")[0] == "ShardedTensor" and module.startswith("torch.distributed._shard.sharded_tensor"):
+            real = super().find_class(module, "ShardedTensor")
+            # its pickle also names nested classes through the type (ShardedTensor.ProcessGroupState)
+            _ShardedTensorState.ProcessGroupState = real.ProcessGroupState
+            return _ShardedTensorState if name == "ShardedTensor" else super().find_class(module, name)
         return super().find_class(module, name)
 
 

@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="1d: ('fsdp',); 2d: ('ddp','fsdp') hybrid sharding as verl builds with fsdp_size")
     p.add_argument("--fsdp-size", type=int, default=2, help="inner (fsdp) mesh size for --mesh 2d")
     p.add_argument("--fsdp-version", type=int, choices=[1, 2], default=2)
+    p.add_argument("--fsdp1-no-mesh", action="store_true",
+                   help="FSDP1 without a device mesh (verl always passes one): the state dict then holds "
+                        "ShardedTensors instead of DTensors")
     p.add_argument("--shard-placement", choices=["dim0", "divisible"], default="dim0",
                    help="FSDP2 only: 'divisible' shards each param on its first dim divisible by the "
                         "fsdp size (verl.utils.fsdp_utils.get_shard_placement_fn)")
@@ -120,7 +123,7 @@ def wrap_fsdp2(model, mesh, placement: str, fsdp_size: int):
     return model
 
 
-def wrap_fsdp1(model, mesh):
+def wrap_fsdp1(model, mesh, no_mesh: bool = False):
     import functools
 
     import torch
@@ -132,8 +135,9 @@ def wrap_fsdp1(model, mesh):
     strategy = ShardingStrategy.HYBRID_SHARD if mesh.ndim == 2 else ShardingStrategy.FULL_SHARD
     # verl passes sync_module_states=True and a GPU device_id; on CPU both are left out (every rank
     # builds the same weights from the same seed, so there is nothing to sync).
-    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, device_mesh=mesh,
-                use_orig_params=True, device_id=torch.device("cpu"))
+    where = {} if no_mesh else {"device_mesh": mesh}
+    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, use_orig_params=True,
+                device_id=torch.device("cpu"), **where)
 
 
 def train_steps(model, optimizer, vocab: int, steps: int, seed: int) -> None:
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fsdp_version == 2:
         model = wrap_fsdp2(model, mesh, args.shard_placement, fsdp_size)
     else:
-        model = wrap_fsdp1(model, mesh)
+        model = wrap_fsdp1(model, mesh, args.fsdp1_no_mesh)
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
