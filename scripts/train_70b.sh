@@ -12,8 +12,8 @@
 #   NNODES=2 MODEL_PATH=/shared/Llama-3.3-70B-Instruct bash scripts/train_70b.sh +recipe=quickstart
 #
 # Knobs (environment variables):
-#   NNODES=4            nodes in the Ray cluster (trainer.nnodes)
-#   GPUS_PER_NODE=8     GPUs per node (trainer.n_gpus_per_node)
+#   NNODES=4            nodes in the Ray cluster (trainer.nnodes); unset, a +cluster=... argument decides
+#   GPUS_PER_NODE=8     GPUs per node (trainer.n_gpus_per_node); same
 #   MODEL_PATH=         HF model dir or hub id for actor, ref and critic (empty: Qwen/Qwen2-72B-Instruct,
 #                       the default of overrides/size/70b.yaml); must be readable on every node
 #   DATA_DIR=~/data/gsm8k  holds train.parquet and test.parquet (verl's examples/data_preprocess/gsm8k.py
@@ -35,6 +35,10 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
+# an explicit NNODES/GPUS_PER_NODE always wins; otherwise a +cluster=... argument decides, else 4x8
+explicit_size=()
+[[ -z ${NNODES:-} ]] || explicit_size+=("trainer.nnodes=$NNODES")
+[[ -z ${GPUS_PER_NODE:-} ]] || explicit_size+=("trainer.n_gpus_per_node=$GPUS_PER_NODE")
 NNODES=${NNODES:-4}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 MODEL_PATH=${MODEL_PATH:-}
@@ -71,9 +75,8 @@ overrides=()
 [[ $have_size == 1 ]] || overrides+=("+size=70b")
 [[ $have_cluster == 1 ]] || overrides+=("+cluster=4x8")
 [[ $have_algo == 1 ]] || overrides+=("+algo=$ALGO")
+overrides+=(${explicit_size[@]+"${explicit_size[@]}"})
 overrides+=(
-  "trainer.nnodes=$NNODES"
-  "trainer.n_gpus_per_node=$GPUS_PER_NODE"
   "data.train_files=$DATA_DIR/train.parquet"
   "data.val_files=$DATA_DIR/test.parquet"
   "trainer.project_name=slimckpt_70b"
@@ -87,7 +90,11 @@ if [[ $dry_run == 1 ]]; then
   exec "$PYTHON" -m slimckpt.dryrun "${overrides[@]}"
 fi
 
-if [[ $NNODES -gt 1 ]]; then
+# the node count verl will see: the knobs, a +cluster file or a trainer.nnodes=... argument decide it
+nnodes=$("$PYTHON" -m slimckpt.dryrun --no-validate --show trainer.nnodes "${overrides[@]}" 2>/dev/null |
+  sed -n 's/^trainer.nnodes: //p') || true
+NNODES=${nnodes:-$NNODES}
+if [[ $NNODES =~ ^[0-9]+$ && $NNODES -gt 1 ]]; then
   # verl's ray.init() joins a running cluster; without one it would start a 1-node cluster and wait for GPUs
   # (an unreachable RAY_ADDRESS makes ray.init retry for minutes: give up after 60 s)
   alive=$(timeout 60 "$PYTHON" -c "import ray; ray.init(address='auto', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))" 2>/dev/null || echo 0)

@@ -71,6 +71,13 @@ def test_train_70b_dry_run_grpo_with_knobs():
     assert cfg["trainer"]["experiment_name"] == "70b_grpo"
 
 
+def test_train_70b_cluster_argument_decides_unless_knobs_are_set():
+    proc = _run(TRAIN_70B, "--dry-run", "--no-validate", "--show", "trainer.nnodes,trainer.n_gpus_per_node",
+                "+cluster=1x8", "+recipe=quickstart")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[:2] == ["trainer.nnodes: 1", "trainer.n_gpus_per_node: 8"]
+
+
 def test_train_70b_dry_run_broken_override_is_one_readable_line():
     proc = _run(TRAIN_70B, "--dry-run", "+recipe=quickstart", "trainer.save_frq=3")
     assert proc.returncode != 0
