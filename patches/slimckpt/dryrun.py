@@ -541,6 +541,10 @@ def main(argv: list[str] | None = None) -> int:
     stray = [a for a in overrides if a.startswith("-")]
     if stray:
         parser.error(f"unknown option {stray[0]} (Hydra overrides look like key=value, +key=value or ~key)")
+    if not args.verbose:
+        # building a recipe's SlimCheckpointConfig applies slimckpt's patches in this process and logs
+        # each one: true, but noise in a dry run (read when verl first imports slimckpt's logger)
+        os.environ.setdefault("SLIMCKPT_LOG_LEVEL", "WARNING")
 
     try:
         cfg = compose_config(overrides, args.config_name)
