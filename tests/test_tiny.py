@@ -50,6 +50,20 @@ def test_chat_template_round_trip(assets):
     assert len(tok) <= tiny.VOCAB_SIZE
 
 
+def test_qwen2_loads_the_same_tokenizer(tmp_path, assets):
+    """transformers rebuilds a qwen2 model's tokenizer as Qwen2Tokenizer (byte-level BPE) from
+    the vocabulary; verl's Qwen token builder then needs "\n" to stay one token."""
+    from transformers import AutoTokenizer
+
+    qwen = AutoTokenizer.from_pretrained(tiny.build_model(tmp_path / "q", model="qwen2-tied"))
+    llama = AutoTokenizer.from_pretrained(assets.model_dir)
+    assert type(qwen).__name__ == "Qwen2Tokenizer"
+    text = "<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n7 1\n"
+    assert qwen.encode(text, add_special_tokens=False) == llama.encode(text, add_special_tokens=False)
+    assert qwen.decode(qwen.encode(text, add_special_tokens=False)) == text
+    assert len(qwen.encode("\n", add_special_tokens=False)) == 1
+
+
 @pytest.mark.parametrize("model,tied", [("llama", False), ("qwen2-tied", True)])
 def test_models_load_and_tie(tmp_path, model, tied):
     import torch

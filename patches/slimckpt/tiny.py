@@ -40,6 +40,7 @@ PAD, EOS, BOS, UNK = "<|endoftext|>", "<|im_end|>", "<|im_start|>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 ROLE_TOKENS = ["system", "user", "assistant"]
 CHARACTERS = list("0123456789+-=\n ")
+_BYTE_LEVEL = {"\n": "\u010a", " ": "\u0120"}  # "Ċ", "Ġ"
 _LEADING_INT = re.compile(r"\s*(\d+)")
 VOCAB_SIZE = 32  # model vocab; the tokenizer uses the first len(vocabulary()) ids
 
@@ -52,27 +53,28 @@ class TinyAssets:
 
 
 def vocabulary() -> list[str]:
-    return SPECIAL_TOKENS + ROLE_TOKENS + CHARACTERS
+    # Byte-level spellings of "\n" and " " (as GPT-2/Qwen vocabularies): transformers rebuilds a
+    # qwen2 model's tokenizer as a byte-level BPE from this vocabulary, whatever class we save.
+    return SPECIAL_TOKENS + ROLE_TOKENS + [_BYTE_LEVEL.get(c, c) for c in CHARACTERS]
 
 
 def build_tokenizer():
-    """A character-level tokenizer with ChatML special tokens, as a PreTrainedTokenizerFast."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    """A character-level byte-level BPE (no merges) with ChatML special tokens, as a
+    PreTrainedTokenizerFast; it tokenizes the same whether loaded as itself or as Qwen2Tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(vocabulary())}
     assert len(vocab) <= VOCAB_SIZE
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    # One token per character; special and role tokens are matched whole before this split.
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
         unk_token=UNK,
-        additional_special_tokens=[],
         model_max_length=128,
         padding_side="left",
     )
