@@ -588,7 +588,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     if rank == 0:
         if failed:
             discard_partial(partial)
-            final = ("error", f"rank {failed[0][0]}: {failed[0][1]}")
+            final = ("error", f"merge rank {failed[0][0]}: {failed[0][1]}")
         else:
             try:
                 final = ("ok", _finish(partial, target, mp, checksums, opts, tokenizer_saved))

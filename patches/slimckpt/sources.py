@@ -72,6 +72,14 @@ class SourceTensor:
     pieces: list[torch.Tensor]
     ranks: list[int]  # rank file each piece came from, for error messages
     replicated_dtensor: bool = False  # a DTensor with only Replicate placements: verl keeps rank 0's
+    local_dir: str = ""
+    world_size: int = 0
+
+    def file_of(self, k: int) -> str:
+        """The rank file piece k came from (named in error messages)."""
+        name = f"model_world_size_{self.world_size}_rank_{self.ranks[k]}.pt" if self.world_size else \
+            f"model_world_size_*_rank_{self.ranks[k]}.pt"
+        return os.path.join(self.local_dir, name) if self.local_dir else name
 
     @property
     def sharded(self) -> bool:
@@ -242,6 +250,7 @@ def open_checkpoint(local_dir: str) -> VerlFsdpCheckpoint:
             ckpt.skipped.append(key)
             continue
         ckpt.tensors[key] = _source_tensor(ckpt, key, plain_ranks)
+        ckpt.tensors[key].local_dir, ckpt.tensors[key].world_size = local_dir, world
     if ckpt.skipped:
         log.warning("skipping %d non-tensor entries of the state dict: %s", len(ckpt.skipped), ckpt.skipped[:5])
     return ckpt

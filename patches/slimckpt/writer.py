@@ -93,6 +93,7 @@ class ShareWriter:
         self.progress = progress or (lambda n: None)
         self.algo = algo
         self._files: dict[str, _FileState] = {}
+        self._staging: torch.Tensor | None = None  # one reused cast buffer: its pages are faulted in once
         self._layouts = {f.name: f for f in plan.files}
         self.checksums: dict[str, str] = {}  # files this writer wrote whole, in order
 
@@ -162,6 +163,18 @@ class ShareWriter:
         else:
             self._write_plain(placement, src, seg.row_start, seg.row_end)
 
+    def _cast(self, src: torch.Tensor) -> torch.Tensor:
+        """`src` in the output dtype, contiguous: the source itself when it already is (no copy,
+        written straight from the memory-mapped shard), else a view of the reused staging buffer."""
+        if src.dtype == self.out_dtype and src.is_contiguous():
+            return src
+        nbytes = src.numel() * torch.empty((), dtype=self.out_dtype).element_size()
+        if self._staging is None or self._staging.numel() < nbytes:
+            self._staging = torch.empty(max(nbytes, min(self.chunk_bytes, 1 << 30)), dtype=torch.uint8)
+        out = self._staging[:nbytes].view(self.out_dtype).view(src.shape)
+        out.copy_(src)
+        return out
+
     def _rows_per_chunk(self, t: torch.Tensor) -> int:
         per_row = max(1, t[0].numel() if t.dim() and t.shape[0] else 1)
         width = max(t.element_size(), torch.empty((), dtype=self.out_dtype).element_size())
@@ -174,8 +187,7 @@ class ShareWriter:
         step = self._rows_per_chunk(t)
         for start in range(a, b, step):
             end = min(b, start + step)
-            chunk = t[start:end].to(self.out_dtype).contiguous()
-            data = _as_bytes(chunk)
+            data = _as_bytes(self._cast(t[start:end]))
             self._write(placement.file, data, offset)
             offset += len(data)
 
@@ -198,13 +210,13 @@ class ShareWriter:
         offset = placement.rows_to_bytes(a, b)[0]
         for start in range(a, b, step):
             end = min(b, start + step)
-            chunk = first[start:end].to(self.out_dtype).contiguous()
-            for rank, other in zip(src.ranks[1:], others):
+            chunk = self._cast(first[start:end])
+            for k, other in enumerate(others, start=1):
                 # verl compares the copies after its bf16 cast; compare after ours
                 if not torch.equal(other[start:end].to(self.out_dtype), chunk):
                     raise CheckpointError(
-                        f"model_world_size_*_rank_{rank}.pt: unsharded entry {src.name!r} differs from rank "
-                        f"{src.ranks[0]}'s copy; the rank files come from different steps: re-copy the checkpoint")
+                        f"{src.file_of(k)}: unsharded entry {src.name!r} differs from rank {src.ranks[0]}'s copy; "
+                        f"the rank files come from different steps: re-copy the checkpoint")
             data = _as_bytes(chunk)
             self._write(placement.file, data, offset)
             offset += len(data)

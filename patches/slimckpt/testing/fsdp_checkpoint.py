@@ -26,9 +26,9 @@ import tempfile
 # sizes the merge/save benchmarks use: (layers, hidden, intermediate, vocab, heads, kv_heads)
 PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
     "tiny": (2, 64, 128, 256, 4, 2),
-    "0.25b": (12, 1024, 2816, 32000, 16, 8),  # ~0.24B params
-    "0.5b": (16, 1536, 4096, 32000, 16, 8),  # ~0.5B params
-    "1b": (16, 2048, 5632, 32000, 32, 8),  # ~1.0B params
+    "0.25b": (16, 1024, 2816, 32000, 16, 8),  # 0.254B params (llama, untied)
+    "0.5b": (16, 1536, 4096, 32000, 16, 8),  # 0.514B params
+    "1b": (20, 2048, 5632, 32000, 32, 8),  # 1.033B params
 }
 
 
