@@ -26,6 +26,7 @@ VOCAB, STEPS_BEFORE, STEPS_AFTER, SAVE_STEP = 64, 3, 3, 3
 
 
 MODEL = "llama"  # --model qwen2-tied: tied embeddings (lm_head.weight is embed_tokens.weight)
+FSDP_VERSION = 2  # --fsdp 1: FullyShardedDataParallel (verl's strategy=fsdp)
 
 
 def tiny_args():
@@ -40,13 +41,13 @@ class Run:
         from transformers import AutoModelForCausalLM
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-        from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp2
+        from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp1, wrap_fsdp2
 
         torch.manual_seed(seed)
         world = dist.get_world_size()
         model = AutoModelForCausalLM.from_config(build_config(tiny_args()))
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
-        self.model = wrap_fsdp2(model, mesh, "dim0", world)
+        self.model = wrap_fsdp2(model, mesh, "dim0", world) if FSDP_VERSION == 2 else wrap_fsdp1(model, mesh)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, weight_decay=0.01)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 4))
         self.manager = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler,
@@ -131,7 +132,9 @@ def scenario_resume(args) -> None:
     t0 = time.perf_counter()
     run.manager.save_checkpoint(path, global_step=SAVE_STEP, max_ckpt_to_keep=2)
     blocking = time.perf_counter() - t0
-    if dist.get_rank() == 0:
+    if FSDP_VERSION == 1:
+        pass  # FSDP1's full state dict with cpu_offload crashes on CPU/gloo; the reshard check is FSDP2's
+    elif dist.get_rank() == 0:
         torch.save(run.full_state(), os.path.join(args.dir, "full_state_at_save.pt"))
     else:
         run.full_state()  # collective
@@ -318,9 +321,10 @@ def main() -> int:
     p.add_argument("--dir", required=True)
     p.add_argument("--async", dest="async_save", action="store_true")
     p.add_argument("--model", choices=["llama", "qwen2-tied"], default="llama")
+    p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
     args = p.parse_args()
-    global MODEL
-    MODEL = args.model
+    global MODEL, FSDP_VERSION
+    MODEL, FSDP_VERSION = args.model, args.fsdp
     dist.init_process_group("gloo")
     try:
         globals()[f"scenario_{args.scenario}"](args)

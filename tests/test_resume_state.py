@@ -219,6 +219,16 @@ def test_resume_is_bitwise_and_reshards_to_one_rank(tmp_path):
 
 
 @pytest.mark.slow
+def test_fsdp1_resume_is_bitwise(tmp_path):
+    """verl's default strategy (FSDP1, FullyShardedDataParallel with a device mesh): the same
+    exact-resume check at world size 2."""
+    _torchrun(2, "resume", "--dir", str(tmp_path), "--fsdp", "1")
+    r = json.loads((tmp_path / "resume_result.json").read_text())
+    assert r["reference"] == r["resumed"], r
+    assert rm.MANIFEST_NAME in r["files"]
+
+
+@pytest.mark.slow
 def test_async_save_stages_and_resumes_bitwise(tmp_path):
     """async_save (tied-embedding model): the save returns after staging; the write is held back
     until training has changed every parameter; the committed step still resumes to bitwise-equal

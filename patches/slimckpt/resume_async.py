@@ -15,10 +15,11 @@ manifest, which loads refuse and the tracker never names.
 from __future__ import annotations
 
 import atexit
+import copy
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -57,33 +58,51 @@ def _signature(state: Any) -> tuple:
 
 
 class StagingPool:
-    """Host copies of a state dict's tensors, allocated once and refilled at every save."""
+    """Host copies of a state dict's tensors, allocated once and refilled at every save.
+
+    A DTensor is staged as a DTensor with the same spec (mesh, placements, global shape) around a
+    host buffer, so DCP plans the same chunks as for the live tensor. Buffers are allocated one
+    by one at their final size (no temporary copies); non-tensor leaves (optimizer hyper-parameters)
+    are copied at every save."""
 
     def __init__(self) -> None:
-        self._buffers: Any = None
+        self._buffers: list[torch.Tensor] = []
         self._signature: tuple | None = None
         self.nbytes = 0
 
-    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+    @staticmethod
+    def _allocate(t: torch.Tensor, pin: bool) -> torch.Tensor:
+        local = _local(t)
+        buf = torch.empty(tuple(local.shape), dtype=local.dtype, device="cpu", pin_memory=pin and local.numel() > 0)
+        if hasattr(t, "to_local"):
+            from torch.distributed.tensor import DTensor
 
-        on_device = any(_local(t).device.type != "cpu" for t in _tensors(state))
-        pin = on_device and torch.cuda.is_available()
+            return DTensor(buf, t._spec, requires_grad=False)
+        return buf
+
+    def _fill(self, obj: Any, buffers: Iterator[torch.Tensor], pin: bool) -> Any:
+        if isinstance(obj, torch.Tensor):
+            staged = next(buffers)
+            _local(staged).copy_(_local(obj), non_blocking=pin)
+            return staged
+        if isinstance(obj, dict):
+            return {k: self._fill(v, buffers, pin) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._fill(v, buffers, pin) for v in obj)
+        return copy.deepcopy(obj)
+
+    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        tensors = list(_tensors(state))
+        pin = torch.cuda.is_available() and any(_local(t).device.type == "cuda" for t in tensors)
         signature = _signature(state)
         if signature != self._signature:
-            self._buffers = None  # free the old pool before allocating the new one
-            self._buffers = _create_cpu_state_dict(state, pin_memory=pin)
+            self._buffers = []  # free the old pool before allocating the new one
+            self._buffers = [self._allocate(t, pin) for t in tensors]
             self._signature = signature
             self.nbytes = state_bytes(self._buffers)
-        staged = _copy_state_dict(state, self._buffers, non_blocking=pin)
+        staged = self._fill(state, iter(self._buffers), pin)
         if pin:
             torch.cuda.synchronize()
-        # _create_cpu_state_dict leaves 0-dim DTensors as they are: such a tensor would still be
-        # the live one, so copy it here rather than write a value training may change
-        live = {id(t) for t in _tensors(state)}
-        for t in _tensors(staged):
-            if id(t) in live or _local(t).device.type != "cpu":
-                raise RuntimeError("slimckpt: a tensor could not be staged to host memory")
         return staged
 
 
