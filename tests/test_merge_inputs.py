@@ -33,9 +33,29 @@ def ckpt(tmp_path_factory):
     return synthetic_checkpoint(tmp_path_factory.mktemp("syn") / "actor", world_size=2)
 
 
+@pytest.fixture(autouse=True)
+def slim_log(capsys):
+    """slimckpt's log lines, whichever stderr its handler was bound to when first configured."""
+    import io
+    import logging
+
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    logger = logging.getLogger("slimckpt")
+    logger.addHandler(handler)
+    yield buf
+    logger.removeHandler(handler)
+
+
 def merge_cli(capsys, *args: str) -> tuple[int, str]:
+    """Exit code and stderr (printed lines plus slimckpt's log lines) of `slimckpt merge ...` in-process."""
+    import logging
+
     rc = cli.main(["merge", "--no_progress", *args])
     err = capsys.readouterr().err
+    for h in logging.getLogger("slimckpt").handlers:
+        if isinstance(getattr(h, "stream", None), __import__("io").StringIO):
+            err += h.stream.getvalue()
     return rc, err
 
 
@@ -268,8 +288,7 @@ def test_lora_checkpoint_goes_to_verl(tmp_path, capsys):
     (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
     cfg.save_pretrained(root / "huggingface")
     build_tokenizer(cfg.vocab_size).save_pretrained(root / "huggingface")
-    rc = cli.main(["merge", "--no_progress", "--local_dir", str(root), "--target_dir", str(tmp_path / "o")])
-    err = capsys.readouterr().err
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
     assert rc == 0, err
     assert "LoRA" in err and "running verl's own FSDPModelMerger" in err
     assert (tmp_path / "o" / "lora_adapter" / "adapter_model.safetensors").exists()
@@ -280,9 +299,8 @@ def test_lora_checkpoint_goes_to_verl(tmp_path, capsys):
     for name in os.listdir(root / "huggingface"):
         if name.startswith("tokenizer"):
             os.remove(root / "huggingface" / name)
-    rc = cli.main(["merge", "--no_progress", "--local_dir", str(root), "--target_dir", str(tmp_path / "o")])
-    assert rc == 1 and "verl's FSDPModelMerger (which this checkpoint needs) failed" in error_line(
-        capsys.readouterr().err)
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1 and "verl's FSDPModelMerger (which this checkpoint needs) failed" in error_line(err)
 
 
 def test_cli_help_and_bad_options(capsys):
