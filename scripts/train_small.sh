@@ -10,6 +10,7 @@
 # Default: on this machine's CPU (no GPU needed), a tiny model built locally by `python -m slimckpt.tiny`
 # into $TINY_ASSETS (built on first use), FSDP2 over gloo with $NPROC ranks, slimckpt's `hf` rollout;
 # groups +size=tiny +cluster=cpu +algo=$ALGO (overrides/), SLIMCKPT_CPU=1.
+# Where a GPU is visible, the CPU default refuses to start unless SLIMCKPT_CPU_FORCE=1.
 # With MODEL_PATH set and an NVIDIA GPU visible: that Hugging Face model on the GPUs with vLLM
 # (same addition data unless TRAIN_FILES/VAL_FILES are set). MODEL_PATH without a GPU: that model on
 # the CPU like the tiny one (only sensible for very small models).
@@ -37,7 +38,7 @@ for arg in "$@"; do
   case "$arg" in
     algo=*) ALGO="${arg#algo=}" ;;
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR == 1 {next} /^#/ {print; next} {exit}' "$0"; exit 0 ;;
     *) PASS+=("$arg") ;;
   esac
 done
@@ -94,6 +95,11 @@ if [[ -n "${MODEL_PATH:-}" ]] && has_gpu; then
     "reward.custom_reward_function.name=compute_score"
   )
 else
+  if [[ -z "${MODEL_PATH:-}" ]] && has_gpu && [[ "${SLIMCKPT_CPU_FORCE:-}" != 1 ]]; then
+    echo "train_small.sh: a GPU is visible but no MODEL_PATH is set, and the default (the tiny model) trains on the CPU:" \
+         "set MODEL_PATH=<a small Hugging Face model> to train on the GPU, or SLIMCKPT_CPU_FORCE=1 to run on the CPU anyway" >&2
+    exit 2
+  fi
   export SLIMCKPT_CPU=1
   NPROC="${NPROC:-2}"
   MODE=("+size=tiny" "+cluster=cpu" "trainer.n_gpus_per_node=$NPROC")

@@ -26,7 +26,8 @@ _STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
 
 def train_small(log: Path, *args: str, **env: str) -> str:
     """Run scripts/train_small.sh; return its output (also written to `log`), fail with its tail."""
-    full_env = {**os.environ, "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0", **env}
+    # SLIMCKPT_CPU_FORCE: these tests are about the CPU path, also where a GPU is visible
+    full_env = {**os.environ, "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0", "SLIMCKPT_CPU_FORCE": "1", **env}
     full_env.pop("RAY_ADDRESS", None)
     with open(log, "w") as out:
         proc = subprocess.run(["bash", str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT,
@@ -60,7 +61,8 @@ def assets_env(work) -> dict:
     return {"TINY_ASSETS": str(work / "assets"), "NPROC": "2", "ALGO": "grpo"}
 
 
-GRPO = ("+recipe=quickstart", "trainer.save_freq=1")
+CONSOLE = "trainer.logger=[console]"  # no wandb start-up in tests
+GRPO = ("+recipe=quickstart", "trainer.save_freq=1", CONSOLE)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +124,7 @@ def test_resumed_rollouts_equal_uninterrupted_ones(work, assets_env, grpo_runs):
 
 def test_ppo_with_critic_and_kl_one_rank(work, assets_env):
     ckpt = work / "ppo_ckpt"
-    text = train_small(work / "ppo.log", "algo=ppo", "+recipe=quickstart", "algorithm.use_kl_in_reward=true",
+    text = train_small(work / "ppo.log", "algo=ppo", "+recipe=quickstart", CONSOLE, "algorithm.use_kl_in_reward=true",
                        "trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.default_local_dir={ckpt}",
                        **{**assets_env, "NPROC": "1"})
     metrics = step_metrics(text)
