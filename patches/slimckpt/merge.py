@@ -130,7 +130,10 @@ class HfSide:
         from transformers.core_model_loading import revert_weight_conversion
         from verl.utils.transformers_compat import drop_tied_target_keys
 
-        keep: dict[str, object] = {n: None for n in names}
+        from .flowrl.names import is_flowrl_param
+
+        # FlowRL's log Z head is trained with the actor but is no part of the language model
+        keep: dict[str, object] = {n: None for n in names if not is_flowrl_param(n)}
         drop_tied_target_keys(keep, self.model, self.verl.model_config)
         for key in self.model._keys_to_ignore_on_save or ():
             keep.pop(key, None)
@@ -233,7 +236,10 @@ def _write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list
 
 
 def _worker_entry(args: tuple, queue) -> None:
-    local_dir, partial, mp, share, dtype, chunk_bytes, wid = args
+    local_dir, partial, mp, share, dtype, chunk_bytes, wid, threads = args
+    import torch
+
+    torch.set_num_threads(threads)  # N workers share the cores instead of each taking all of them
     pending = [0]
 
     def progress(n: int) -> None:
@@ -267,7 +273,8 @@ def _run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
 
     ctx = mproc.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i), q),
+    threads = max(1, (os.cpu_count() or 1) // len(shares))
+    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, threads), q),
                          name=f"slimckpt-merge-{i}", daemon=True) for i, share in enumerate(shares)]
     for p in procs:
         p.start()
@@ -387,22 +394,22 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     check_target(target, opts.overwrite, opts.overwrite_hint)
     ckpt = open_checkpoint(opts.local_dir)
     try:
-        mp = plan_or_fallback(ckpt, opts)
+        planned = plan_or_fallback(ckpt, opts)
     finally:
         ckpt.close()
-    if mp is None:
+    if planned is None:
         return run_verl_merger(opts, verl_fallback, t0)
-    return _write_and_commit(opts, mp, t0)
+    return _write_and_commit(opts, *planned, t0)
 
 
-def plan_or_fallback(ckpt, opts: MergeOptions) -> MergePlan | None:
-    """The merge plan, or None when verl's own merger has to do this checkpoint (logged)."""
+def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[MergePlan, HfSide] | None:
+    """The merge plan and HF side, or None when verl's own merger has to do this checkpoint (logged)."""
     if ckpt.has_lora():
         _log_fallback(opts, "the checkpoint holds LoRA weights (keys with 'lora_')")
         return None
     hf = HfSide(ckpt.local_dir, opts.dtype, opts.trust_remote_code)
     try:
-        return make_plan(ckpt, hf, opts.dtype, opts.max_shard_size)
+        return make_plan(ckpt, hf, opts.dtype, opts.max_shard_size), hf
     except NeedsVerlMerger as exc:
         _log_fallback(opts, str(exc))
         return None
@@ -439,7 +446,7 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
     return MergeResult(os.path.abspath(opts.target_dir), used_verl_merger=True, seconds=time.perf_counter() - t0)
 
 
-def _write_and_commit(opts: MergeOptions, mp: MergePlan, t0: float) -> MergeResult:
+def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float) -> MergeResult:
     from .writer import create_files
 
     target = os.path.abspath(opts.target_dir)
@@ -449,7 +456,6 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, t0: float) -> MergeResu
     partial = prepare_partial(target)
     ok = False
     try:
-        hf = HfSide(opts.local_dir, opts.dtype, opts.trust_remote_code)
         hf.save_configs(partial)
         tokenizer_saved = hf.save_tokenizer(partial)
         create_files(partial, mp.plan)
@@ -523,17 +529,17 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
             check_target(target, opts.overwrite, opts.overwrite_hint)
             ckpt = open_checkpoint(opts.local_dir)
             try:
-                mp = plan_or_fallback(ckpt, opts)
+                planned = plan_or_fallback(ckpt, opts)
             finally:
                 ckpt.close()
-            if mp is None:
+            if planned is None:
                 state = ("fallback",)
             else:
+                mp, hf = planned
                 log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d rank(s) x "
                          "%d worker(s))", opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
                          len(mp.plan.files), world, opts.workers)
                 partial = prepare_partial(target)
-                hf = HfSide(opts.local_dir, opts.dtype, opts.trust_remote_code)
                 hf.save_configs(partial)
                 tokenizer_saved = hf.save_tokenizer(partial)
                 create_files(partial, mp.plan)
@@ -688,7 +694,7 @@ def run(args: argparse.Namespace) -> int:
     except MergeError as exc:
         print(f"slimckpt merge: error: {exc}", file=sys.stderr)
         return 1
-    if result.target_dir and not opts.distributed or os.environ.get("RANK", "0") == "0":
+    if not opts.distributed or os.environ.get("RANK", "0") == "0":
         print(f"merged into {result.target_dir} ({result.weight_bytes / 1e9:.2f} GB weights, "
               f"{result.seconds:.1f} s)" + (" by verl's merger" if result.used_verl_merger else ""))
     return 0
