@@ -5,7 +5,7 @@
 # overrides/cluster/4x8.yaml and overrides/algo/{ppo,grpo}.yaml; this script only chooses and joins them.
 #
 # Usage:
-#   bash scripts/train_70b.sh [--dry-run] [algo=ppo|grpo] [hydra overrides...]
+#   bash scripts/train_70b.sh [--dry-run] [algo=ppo|grpo|flowrl] [hydra overrides...]
 #   bash scripts/train_70b.sh +recipe=quickstart                       # PPO, model-only checkpoints
 #   bash scripts/train_70b.sh algo=grpo +recipe=quickstart trainer.save_freq=20
 #   bash scripts/train_70b.sh --dry-run +recipe=quickstart             # compose + validate here, no GPU needed
@@ -18,8 +18,11 @@
 #                       the default of overrides/size/70b.yaml); must be readable on every node
 #   DATA_DIR=~/data/gsm8k  holds train.parquet and test.parquet (verl's examples/data_preprocess/gsm8k.py
 #                       --local_dir writes them); must be readable on every node
-#   ALGO=ppo            ppo (GAE critic) or grpo (no critic, KL loss, 5 samples per prompt); an `algo=...`
-#                       argument wins over it
+#   ALGO=ppo            ppo (GAE critic), grpo (no critic, KL loss, 5 samples per prompt) or flowrl (FlowRL:
+#                       GRPO's rewards, a log Z head, slimckpt/flowrl); an `algo=...` argument wins over it
+#   SLIMCKPT_MEASURE=1  measure every save (peak host RSS, bytes, seconds) on every node; the driver logs them
+#                       as ckpt/* to verl's trackers (slimckpt.ckpt_metrics); 0 turns measuring off
+#   WANDB_MODE=offline  verl logs to console and wandb; offline unless set (online needs WANDB_API_KEY)
 #   PYTHON=python3      the interpreter that has verl and slimckpt installed
 # Every other argument goes to verl unchanged ("$@"), after this script's own overrides, so it wins.
 # Passing +size=..., +cluster=... or +algo=... yourself replaces the script's choice for that group.
@@ -62,8 +65,8 @@ for arg in "$@"; do
 done
 
 case "$ALGO" in
-  ppo|grpo) ;;
-  *) echo "train_70b.sh: ALGO/algo=$ALGO is not supported here; use ppo or grpo (files in overrides/algo/)" >&2; exit 2 ;;
+  ppo|grpo|flowrl) ;;
+  *) echo "train_70b.sh: ALGO/algo=$ALGO is not supported here; use ppo, grpo or flowrl (files in overrides/algo/)" >&2; exit 2 ;;
 esac
 for knob in NNODES GPUS_PER_NODE; do
   if ! [[ ${!knob} =~ ^[1-9][0-9]*$ ]]; then
@@ -81,6 +84,10 @@ overrides+=(
   "data.val_files=$DATA_DIR/test.parquet"
   "trainer.project_name=slimckpt_70b"
   "trainer.experiment_name=70b_${ALGO}"
+  "trainer.checkpoint_callback_class=slimckpt.ckpt_metrics.CheckpointMetricsCallback"
+  # Ray passes these to every worker on every node (the shell's environment reaches only this node)
+  "++ray_kwargs.ray_init.runtime_env.env_vars.SLIMCKPT_MEASURE=\"${SLIMCKPT_MEASURE:-1}\""
+  "++ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE=\"${WANDB_MODE:-offline}\""
 )
 [[ -z $MODEL_PATH ]] || overrides+=("actor_rollout_ref.model.path=$MODEL_PATH")
 # the user's arguments last: Hydra applies key=value overrides in order, so theirs win

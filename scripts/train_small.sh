@@ -2,7 +2,7 @@
 # train_small.sh: verl's own trainer (python -m verl.trainer.main_ppo) on a small model.
 #
 # Usage:
-#   bash scripts/train_small.sh [algo=grpo|ppo] [--dry-run] [hydra overrides for verl...]
+#   bash scripts/train_small.sh [algo=grpo|ppo|flowrl] [--dry-run] [hydra overrides for verl...]
 #   bash scripts/train_small.sh +recipe=quickstart trainer.total_training_steps=3
 #   ALGO=ppo bash scripts/train_small.sh +recipe=quickstart actor_rollout_ref.actor.use_kl_loss=true
 #   bash scripts/train_small.sh --dry-run +recipe=quickstart     # compose + validate only (slimckpt.dryrun)
@@ -18,7 +18,9 @@
 # it overrides them. Checkpoints go to runs/small/<algo>/checkpoints unless trainer.default_local_dir is given.
 #
 # Environment:
-#   ALGO         grpo (default) | ppo; an algo=... argument wins
+#   ALGO         grpo (default) | ppo | flowrl; an algo=... argument wins
+#   LOGGER       verl trackers (default [console,wandb]; wandb offline unless WANDB_MODE is set, runs under
+#                $WANDB_DIR, default runs/small/<algo>); every save logs ckpt/* metrics (slimckpt.ckpt_metrics)
 #   NPROC        ranks (CPU) or GPUs per node (GPU); default 2 on CPU, all visible GPUs otherwise
 #   TINY_MODEL   llama (default) | qwen2-tied     TINY_ASSETS  cache dir (default runs/tiny_assets/<model>)
 #   MODEL_PATH   a Hugging Face model dir or id instead of the tiny model
@@ -43,8 +45,8 @@ for arg in "$@"; do
   esac
 done
 case "$ALGO" in
-  ppo|grpo) ;;
-  *) echo "train_small.sh: algo=$ALGO is not supported; use algo=ppo or algo=grpo" >&2; exit 2 ;;
+  ppo|grpo|flowrl) ;;
+  *) echo "train_small.sh: algo=$ALGO is not supported; use algo=ppo, algo=grpo or algo=flowrl" >&2; exit 2 ;;
 esac
 
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
@@ -70,7 +72,13 @@ COMMON=(
   "data.val_files=$VAL"
   "trainer.experiment_name=small_$ALGO"
   "trainer.default_local_dir=$REPO/runs/small/$ALGO/checkpoints"
+  "trainer.logger=${LOGGER:-[console,wandb]}"
+  "trainer.checkpoint_callback_class=slimckpt.ckpt_metrics.CheckpointMetricsCallback"
 )
+# measure every save (verl's own checkpoint config too) and keep wandb off the network unless asked
+export SLIMCKPT_MEASURE="${SLIMCKPT_MEASURE:-1}" WANDB_MODE="${WANDB_MODE:-offline}"
+export WANDB_DIR="${WANDB_DIR:-$REPO/runs/small/$ALGO}"
+mkdir -p "$WANDB_DIR"
 
 if [[ -n "${MODEL_PATH:-}" ]] && has_gpu; then
   unset SLIMCKPT_CPU
@@ -78,7 +86,6 @@ if [[ -n "${MODEL_PATH:-}" ]] && has_gpu; then
   MODE=(
     "trainer.n_gpus_per_node=$NPROC"
     "trainer.nnodes=1"
-    "trainer.logger=[console]"
     "actor_rollout_ref.rollout.name=vllm"
     "actor_rollout_ref.rollout.tensor_model_parallel_size=1"
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"

@@ -31,6 +31,15 @@ EXPECTED_TARGETS = {
     "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint",
     # feature "merge" (slimckpt.merge)
     "verl.model_merger.fsdp_model_merger:FSDPModelMerger.merge_and_save",
+    "verl.model_merger.base_model_merger:BaseModelMerger.save_hf_model_and_tokenizer",
+    # feature "flowrl" (slimckpt.flowrl, +algo=flowrl)
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_module",
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_inputs",
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs",
+    "verl.workers.engine_workers:ppo_loss",
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngine.get_per_tensor_param",
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngine.get_per_tensor_param_shard",
+    "verl.utils.checkpoint.fsdp_checkpoint_manager:get_fsdp_full_state_dict",
 }
 
 
@@ -41,7 +50,7 @@ def test_patch_targets_are_frozen():
 def test_patch_names_are_unique_and_features_known():
     names = [p.name for p in PATCHES]
     assert len(names) == len(set(names))
-    assert {p.feature for p in PATCHES} <= {"checkpoint", "merge", "cpu"}
+    assert {p.feature for p in PATCHES} <= {"checkpoint", "merge", "cpu", "flowrl"}
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)

@@ -54,6 +54,39 @@ def _cpu_patches() -> list[Patch]:
     ]
 
 
+def _flowrl(fn: str):
+    """Feature "flowrl" (building slimckpt.flowrl.config.FlowRLLossConfig, i.e. +algo=flowrl): `make` from
+    slimckpt.flowrl.patches."""
+
+    def make(original):
+        from .flowrl import patches
+
+        return getattr(patches, fn)(original)
+
+    return make
+
+
+def _flowrl_patches() -> list[Patch]:
+    engine = "verl.workers.engine.fsdp.transformer_impl:FSDPEngine"
+    lm_engine = "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead"
+    return [
+        Patch("flowrl.head", f"{engine}._build_module", "flowrl", _flowrl("wrap_build_module"),
+              why="FlowRL: the trainable actor gets the log Z head (trained, sharded and checkpointed with it)"),
+        Patch("flowrl.pooling", f"{lm_engine}.prepare_model_inputs", "flowrl", _flowrl("wrap_prepare_model_inputs"),
+              why="FlowRL: each micro-batch's prompt pooling for the log Z head"),
+        Patch("flowrl.log_z", f"{lm_engine}.prepare_model_outputs", "flowrl", _flowrl("wrap_prepare_model_outputs"),
+              why="FlowRL: log Z into the model output the loss receives"),
+        Patch("flowrl.loss", "verl.workers.engine_workers:ppo_loss", "flowrl", _flowrl("wrap_ppo_loss"),
+              why="FlowRL: log Z and ref log-probs for the registered policy loss 'flowrl'"),
+        Patch("flowrl.sync", f"{engine}.get_per_tensor_param", "flowrl", _flowrl("wrap_per_tensor_param"),
+              why="FlowRL: the rollout engine never receives the log Z head"),
+        Patch("flowrl.sync.shard", f"{engine}.get_per_tensor_param_shard", "flowrl",
+              _flowrl("wrap_per_tensor_param"), why="same, for the sharded weight sync"),
+        Patch("flowrl.hf_model", "verl.utils.checkpoint.fsdp_checkpoint_manager:get_fsdp_full_state_dict", "flowrl",
+              _flowrl("wrap_full_state_dict"), why="FlowRL: verl's hf_model save leaves out the log Z head"),
+    ]
+
+
 PATCHES: list[Patch] = [
     Patch(
         name="checkpoint.save",
@@ -89,6 +122,14 @@ PATCHES: list[Patch] = [
         make=lambda original: __import__("slimckpt.merge", fromlist=["x"]).wrap_merge_and_save(original),
         why="`python -m verl.model_merger merge --backend fsdp` streams shards to safetensors (bounded memory, "
             "atomic commit)",
+    ),
+    *_flowrl_patches(),
+    Patch(
+        name="merge.drop_flowrl",
+        target="verl.model_merger.base_model_merger:BaseModelMerger.save_hf_model_and_tokenizer",
+        feature="merge",
+        make=_flowrl("wrap_save_hf_model"),
+        why="verl's own model merger (the fallback of `merge --backend fsdp`) leaves out FlowRL's log Z head",
     ),
 ]
 
