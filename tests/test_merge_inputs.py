@@ -314,3 +314,20 @@ def test_cli_help_and_bad_options(capsys):
     assert cli.main([]) == 2
     rc, err = merge_cli(capsys, "--local_dir", "x", "--target_dir", "y", "--max_shard_size", "5G")
     assert rc == 1 and "--max_shard_size" in error_line(err)
+
+
+def test_moe_with_save_time_conversion_goes_to_verl(tmp_path, capsys):
+    """transformers 5 fuses Mixtral's experts in memory and splits them again on save: not a rename,
+    so verl's merger (save_pretrained) does this one, said in a log line."""
+    from transformers import MixtralConfig
+
+    cfg = MixtralConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                        num_key_value_heads=1, vocab_size=64, num_local_experts=2, architectures=["MixtralForCausalLM"])
+    root = synthetic_checkpoint(tmp_path / "actor", config=cfg)
+    build_tokenizer(64).save_pretrained(root / "huggingface")
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
+    assert rc == 0, err
+    assert "transformers converts tensors of MixtralForCausalLM" in err and "verl's own FSDPModelMerger" in err
+    out = dir_tensors(tmp_path / "o")
+    assert "model.layers.0.block_sparse_moe.experts.1.w2.weight" in out
+    assert not (tmp_path / "o" / MANIFEST_NAME).exists()
