@@ -331,3 +331,13 @@ def test_moe_with_save_time_conversion_goes_to_verl(tmp_path, capsys):
     out = dir_tensors(tmp_path / "o")
     assert "model.layers.0.block_sparse_moe.experts.1.w2.weight" in out
     assert not (tmp_path / "o" / MANIFEST_NAME).exists()
+
+
+def test_flowrl_log_z_head_left_out(tmp_path, capsys):
+    """FlowRL's log Z head is checkpointed with the actor; HF exports (ours and verl's, patched) drop it."""
+    extra = {"flowrl_log_z.net.0.weight": torch.randn(8, 32), "flowrl_log_z.net.0.bias": torch.randn(8)}
+    root = synthetic_checkpoint(tmp_path / "actor", world_size=2, extra=extra)
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
+    assert rc == 0 and "leaves out FlowRL's log Z head (2 tensors)" in err
+    out = dir_tensors(tmp_path / "o")
+    assert not any("flowrl_log_z" in k for k in out) and "model.norm.weight" in out
