@@ -134,6 +134,8 @@ class HfSide:
 
         # FlowRL's log Z head is trained with the actor but is no part of the language model
         keep: dict[str, object] = {n: None for n in names if not is_flowrl_param(n)}
+        if len(keep) < len(names):
+            log.info("HF export leaves out FlowRL's log Z head (%d tensors)", len(names) - len(keep))
         drop_tied_target_keys(keep, self.model, self.verl.model_config)
         for key in self.model._keys_to_ignore_on_save or ():
             keep.pop(key, None)
