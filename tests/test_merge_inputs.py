@@ -341,3 +341,35 @@ def test_flowrl_log_z_head_left_out(tmp_path, capsys):
     assert rc == 0 and "leaves out FlowRL's log Z head (2 tensors)" in err
     out = dir_tensors(tmp_path / "o")
     assert not any("flowrl_log_z" in k for k in out) and "model.norm.weight" in out
+
+
+def test_redirect_uploads_after_commit_and_delegates_test(ckpt, tmp_path, monkeypatch, capsys):
+    """The patched FSDPModelMerger.merge_and_save: merge -> streaming merge, then verl's own uploader on
+    the committed dir (--hf_upload_path); `test` -> verl's original."""
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    from slimckpt.merge import wrap_merge_and_save
+
+    calls = []
+    monkeypatch.setattr(FSDPModelMerger, "upload_to_huggingface",
+                        lambda self: calls.append(("upload", verify(self.config.target_dir))))
+    patched = wrap_merge_and_save(lambda self: calls.append(("original", self.config.operation)))
+    target = tmp_path / "o"
+    target.mkdir()  # as verl's generate_config_from_args leaves it
+    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(ckpt), target_dir=str(target),
+                               hf_upload_path="someone/model", hf_model_config_path=str(ckpt / "huggingface"),
+                               use_cpu_initialization=True)
+    patched(FSDPModelMerger(config))
+    assert calls == [("upload", [])]  # uploaded once, after the commit verified clean
+    config = ModelMergerConfig(operation="test", backend="fsdp", local_dir=str(ckpt), test_hf_dir=str(target),
+                               hf_model_config_path=str(ckpt / "huggingface"))
+    patched(FSDPModelMerger(config))
+    assert calls[-1] == ("original", "test")
+
+
+def test_distributed_flag_outside_torchrun(ckpt, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    rc, err = merge_cli(capsys, "--local_dir", str(ckpt), "--target_dir", str(tmp_path / "o"), "--distributed_merge")
+    assert rc == 1 and "start it with torchrun" in error_line(err)
