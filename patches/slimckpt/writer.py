@@ -147,8 +147,19 @@ class ShareWriter:
         try:
             for seg in share:
                 self.write_segment(seg)
-        finally:
-            self.close()
+        except BaseException:
+            self.abort()
+            raise
+        self.close()
+
+    def abort(self) -> None:
+        """Close every file without fsync or checksums (the output is being discarded)."""
+        for st in self._files.values():
+            try:
+                os.close(st.fd)
+            except OSError:
+                pass
+        self._files.clear()
 
     def write_segment(self, seg: layout.Segment) -> None:
         src = self.sources[seg.name]
