@@ -142,6 +142,12 @@ def scenario_resume(args) -> None:
     committed_during_training = os.path.exists(os.path.join(path, "slimckpt_resume.json"))
     finish_pending()
     dist.barrier()
+    over_budget_committed = None
+    if args.async_save:  # a budget too small for the state: the save streams synchronously
+        run.manager.checkpoint_config = slim_config(async_save=True, host_memory_budget_gb=0.0)
+        over = os.path.join(args.dir, "global_step_9", "actor")
+        run.manager.save_checkpoint(over, global_step=9)
+        over_budget_committed = os.path.exists(os.path.join(over, "slimckpt_resume.json"))
 
     torch.manual_seed(1234)  # a different RNG state: the load must restore the saved one
     resumed = Run(seed=1, ckpt_config=slim_config())
@@ -166,6 +172,7 @@ def scenario_resume(args) -> None:
     write_result(args, "resume_async" if args.async_save else "resume", {
         "reference": reference, "resumed": after, "blocking_s": blocking, "files": files,
         "committed_during_training": committed_during_training, "aliases": aliases,
+        "over_budget_committed_on_return": over_budget_committed,
         "dcp_files": sorted(os.listdir(os.path.join(path, "dcp"))),
         "verl_format_files": sorted(os.listdir(verl_path)), "verl_reference": plain_ref, "verl_resumed": plain_after,
     })

@@ -237,6 +237,7 @@ def test_async_save_stages_and_resumes_bitwise(tmp_path):
     r = json.loads((tmp_path / "resume_async_result.json").read_text())
     assert r["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}  # the tied tensor written once
     assert not r["committed_during_training"], "the held-back write should still be running"
+    assert r["over_budget_committed_on_return"] is True  # over host_memory_budget_gb: streamed synchronously
     assert r["blocking_s"] < 1.5, r["blocking_s"]
     assert r["reference"] == r["resumed"], r
 

@@ -120,13 +120,21 @@ class AsyncResumeWriter:
     def pending(self) -> bool:
         return self._future is not None
 
-    def stage(self, state: dict[str, Any], config: Any, step: int) -> dict[str, Any] | None:
-        """The staged copy, or None when this rank's state is over the host-memory budget."""
+    def stage(self, state: dict[str, Any], config: Any, step: int, group=None) -> dict[str, Any] | None:
+        """The staged copy, or None when the largest rank's state is over the host-memory budget
+        (decided together over `group`, so that no rank writes in the background while another
+        blocks)."""
         need = state_bytes(state)
+        if group is not None:
+            import torch.distributed as dist
+
+            largest = torch.tensor([need], dtype=torch.int64)
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
+            need = int(largest.item())
         budget = float(getattr(config, "host_memory_budget_gb", 0.0)) * 2**30
         if need > budget:
             log.warning(
-                "async_save step %s: this rank's state is %.2f GiB, over host_memory_budget_gb=%.2f; "
+                "async_save step %s: the largest rank's state is %.2f GiB, over host_memory_budget_gb=%.2f; "
                 "streaming it synchronously instead (raise the budget to save in the background)",
                 step, need / 2**30, budget / 2**30,
             )

@@ -321,7 +321,8 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     dcp_dir = os.path.join(local_path, DCP_DIR)
     timings = {"prepare": time.perf_counter() - start}
 
-    staged = writer.stage(state, config, step=global_step) if getattr(config, "async_save", False) else None
+    staged = writer.stage(state, config, step=global_step, group=group) if getattr(config, "async_save", False) \
+        else None
     if staged is not None:
         timings["stage"] = time.perf_counter() - start - timings["prepare"]
         del state
