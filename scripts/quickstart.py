@@ -44,6 +44,8 @@ def run_one(name: str, extra: list[str], out: Path, steps: int, ranks: int) -> d
         "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
         "WANDB_DIR": str(run_dir),
         "NPROC": str(ranks),
+        # the quickstart is the CPU demo, also on a machine that has a GPU
+        "SLIMCKPT_CPU_FORCE": "1",
     }
     cmd = ["bash", str(REPO / "scripts" / "train_small.sh"), *extra,
            f"trainer.total_training_steps={steps}", "trainer.save_freq=1", "trainer.test_freq=-1",

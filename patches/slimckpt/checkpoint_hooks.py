@@ -110,4 +110,9 @@ def _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to
         from .resume_state import save_resume_state
 
         return save_resume_state(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
-    return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+    result = original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+    if config.export_hf:
+        from .hf_export import export_hf_from_shards
+
+        export_hf_from_shards(local_path, config.export_dtype, config.max_shard_size)
+    return result

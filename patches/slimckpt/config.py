@@ -64,6 +64,12 @@ class SlimCheckpointConfig(CheckpointConfig):
                 "checkpoint.save_contents has 'hf_model' and export_hf=true: both would write huggingface/; "
                 "drop 'hf_model' (export_hf replaces verl's gather)"
             )
+        if self.export_hf and "model" not in self.save_contents:
+            raise ValueError("checkpoint.export_hf=true exports from the saved model shards: keep 'model' in "
+                             "checkpoint.save_contents")
+        if self.export_hf and self.incremental_save:
+            raise ValueError("checkpoint.export_hf=true reads verl's model shards, which incremental_save=true does "
+                             "not write; set export_hf=false with incremental_save, or use +recipe=intermediate")
         if self.export_dtype not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"checkpoint.export_dtype={self.export_dtype!r}: use bf16, fp16 or fp32")
         if self.async_save and not self.incremental_save:
