@@ -30,18 +30,10 @@ from slimckpt.measure import evict_from_page_cache, median, run_measured
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Llama shapes (vocab 32000, untied embeddings) chosen for about 0.25B, 0.5B and 1B parameters.
-SIZES = {
-    "0.25b": dict(layers=16, hidden=1024, intermediate=2816, heads=16, vocab=32000),
-    "0.5b": dict(layers=16, hidden=1536, intermediate=4096, heads=16, vocab=32000),
-    "1b": dict(layers=16, hidden=2048, intermediate=5632, heads=16, vocab=32000),
-}
+# Presets of the checkpoint builder (Llama, untied embeddings, vocab 32000): about 0.25B, 0.5B, 1B parameters.
+from slimckpt.testing.fsdp_checkpoint import PRESETS  # noqa: E402
 
-
-def param_count(s: dict) -> int:
-    h, i, v, n = s["hidden"], s["intermediate"], s["vocab"], s["layers"]
-    per_layer = 4 * h * h + 3 * h * i + 2 * h
-    return 2 * v * h + n * per_layer + h
+SIZES = ("0.25b", "0.5b", "1b")
 
 
 @dataclass
@@ -57,21 +49,21 @@ class MergeRow:
     io_floor_s: float
 
 
-def make_checkpoint(size: str, work: Path, world_size: int) -> Path:
+def make_checkpoint(size: str, work: Path, world_size: int) -> tuple[Path, int]:
+    """verl's FSDPCheckpointManager writes model shards of a random-init model; kept between runs."""
     out = work / f"ckpt_{size}_ws{world_size}"
-    done = out / "DONE"
+    done = out / "DONE.json"
     if done.exists():
-        return out / "actor"
+        return out / "actor", json.loads(done.read_text())["params"]
     shutil.rmtree(out, ignore_errors=True)
-    s = SIZES[size]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
            "-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(out / "actor"), "--model", "llama",
-           "--layers", str(s["layers"]), "--hidden", str(s["hidden"]), "--intermediate", str(s["intermediate"]),
-           "--heads", str(s["heads"]), "--vocab", str(s["vocab"]), "--save-contents", "model"]
+           "--size-preset", size, "--steps", "0", "--save-contents", "model"]
     print(f"[bench] building the {size} checkpoint: {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    done.write_text("ok")
-    return out / "actor"
+    proc = subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    info = next(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{") and '"params"' in line)
+    done.write_text(json.dumps(info))
+    return out / "actor", info["params"]
 
 
 def shard_files(ckpt: Path) -> list[str]:
@@ -88,7 +80,7 @@ def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]
 
 
 def bench_merge(size: str, work: Path, repeats: int, disk) -> list[MergeRow]:
-    ckpt = make_checkpoint(size, work, world_size=2)
+    ckpt, params = make_checkpoint(size, work, world_size=2)
     inputs = shard_files(ckpt)
     read_bytes = sum(os.path.getsize(p) for p in inputs)
     rows = []
@@ -109,7 +101,7 @@ def bench_merge(size: str, work: Path, repeats: int, disk) -> list[MergeRow]:
             peaks.append(res.max_peak)
             print(f"[bench] merge {size} {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, "
                   f"peak RssAnon {res.max_peak / 2**20:.0f} MiB", flush=True)
-        rows.append(MergeRow(size, param_count(SIZES[size]), tool, max(peaks), median(walls), walls,
+        rows.append(MergeRow(size, params, tool, max(peaks), median(walls), walls,
                              read_bytes, written, disk.io_floor_s(read_bytes, written)))
     shutil.rmtree(work / "merged", ignore_errors=True)
     return rows
@@ -161,7 +153,7 @@ def machine_line(disk) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="0.25b,0.5b,1b", help="comma-separated, from: " + ", ".join(SIZES))
+    parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, from: " + ", ".join(SIZES))
     parser.add_argument("--repeats", type=int, default=3, help="runs per tool and size; the wall time is their median")
     parser.add_argument("--work", default=str(REPO / "bench_work"), help="scratch dir for checkpoints (kept between runs)")
     parser.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="markdown report to write")
