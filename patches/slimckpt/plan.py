@@ -12,11 +12,14 @@ Hugging Face export's file layout (planned by slimckpt.layout, as the merger wri
 The arithmetic (pure functions below, unit-tested): FSDP shards every parameter along dim 0 in
 chunks of ceil(rows / W) rows (torch.chunk, as FSDP2 does), so rank 0 holds the most. verl keeps
 fp32 master weights; AdamW keeps exp_avg and exp_avg_sq (fp32, the parameter's shape) and a 4-byte
-step per parameter. Host memory models each path: verl's FSDP save offloads the whole rank's model
-and optimizer shards to host RAM before writing (offload_to_cpu=True) and its hf_model save
-gathers the whole fp32 model on rank 0; the incremental tier streams (write_threads x (bucket_mb +
-the largest tensor shard)) or, async, stages the rank's shards once within host_memory_budget_gb.
-File-format overhead (headers, pickles) is not counted.
+step per parameter. Host memory models each path on accelerators: verl's save hands device
+tensors to torch.save, which copies them to host one storage at a time, except that with FSDP1
+(verl's default strategy) the model's sharded state dict is taken with offload_to_cpu=True, so the
+rank's whole model shard is in host RAM at once; its hf_model save gathers the whole fp32 model on
+rank 0. The incremental tier streams (write_threads x (bucket_mb + the largest tensor shard)) or,
+async, stages the rank's shards once within host_memory_budget_gb; with FSDP1 its reshardable
+state dict costs a transient copy of the rank's shards on the accelerator. File-format overhead
+(headers, pickles) is not counted.
 """
 
 from __future__ import annotations
@@ -132,8 +135,9 @@ class Estimate:
 
 
 def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_bytes: int,
-             hf_bytes: int, disk_gbps: float | None) -> Estimate:
-    """Bytes, host memory and time of one save with `strategy` at world size `world`."""
+             hf_bytes: int, disk_gbps: float | None, fsdp: int = 1) -> Estimate:
+    """Bytes, host memory and time of one save with `strategy` at world size `world`, training
+    with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators."""
     model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
     optim_r = optim_shard_bytes(params, world, 0) if "optimizer" in strategy.contents else 0
     extra_r = extra_bytes if "extra" in strategy.contents else 0
@@ -143,9 +147,16 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
     full_fp32 = sum(p.nbytes for p in params)
     export = hf_bytes if (strategy.hf_model or strategy.export_hf) else 0
     notes: list[str] = []
+    largest = largest_shard_bytes(params, world, 0)
     if not strategy.incremental:
-        peak = model_r + optim_r
-        note = "whole rank shard offloaded to host (verl, FSDP on GPU)"
+        # torch.save copies accelerator storages to host one at a time; FSDP1's sharded model state
+        # dict is taken with offload_to_cpu=True, so the whole model shard sits in host RAM first
+        if fsdp == 1 and model_r:
+            peak = model_r + largest
+            note = "FSDP1: the rank's model shard offloaded to host at once, then optimizer tensors one by one"
+        else:
+            peak = largest
+            note = "tensors copied to host one at a time by torch.save"
         if strategy.hf_model:
             peak += full_fp32
             note += " + full fp32 model gathered on rank 0"
@@ -154,8 +165,10 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
         staged = model_r + optim_r
         # DCP copies ahead at most bucket_mb per thread beyond the tensor being written, and never
         # more than the rank holds
-        streaming = min(staged, strategy.write_threads * (strategy.bucket_mb * 2**20
-                                                          + largest_shard_bytes(params, world, 0)))
+        streaming = min(staged, strategy.write_threads * (strategy.bucket_mb * 2**20 + largest))
+        if fsdp == 1 and staged:
+            notes.append(f"FSDP1: its reshardable sharded state dict is a transient {human(staged)} copy on the "
+                         f"accelerator (strategy=fsdp2 has none)")
         if strategy.async_save and staged <= strategy.host_memory_budget_gb * 2**30:
             peak = staged
             note = "staging pool (pinned), allocated once and held for the run"
@@ -289,6 +302,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a recipe's checkpoint key, e.g. --set async_save=true --set host_memory_budget_gb=32")
     p.add_argument("--disk-gbps", type=float, default=None,
                    help="aggregate write bandwidth of the checkpoint storage, GB/s (10^9), for the time column")
+    p.add_argument("--fsdp", type=int, choices=[1, 2], default=1,
+                   help="FSDP version of the run: 1 = verl's strategy=fsdp (its default), 2 = strategy=fsdp2")
     p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="HF export dtype")
     p.add_argument("--max-shard-size", default=None,
                    help="HF export file size limit, e.g. 5GB (default: save_pretrained's, as verl uses)")
@@ -303,10 +318,13 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     extra = extra_state_bytes()
     strategies = [Strategy("verl default"), Strategy("verl + hf_model", contents=(*VERL_CONTENTS, "hf_model"))]
     strategies += recipe_strategies(args.recipe, getattr(args, "overrides", ()) or ())
-    estimates = [estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps) for s in strategies]
+    fsdp = int(getattr(args, "fsdp", 1))
+    estimates = [estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp)
+                 for s in strategies]
     return {
         "config": args.config,
         "world_size": args.world_size,
+        "fsdp": fsdp,
         "parameters": facts.total_parameters,
         "tied": facts.tied,
         "fp32_model_bytes": sum(p.nbytes for p in facts.params),
@@ -325,7 +343,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     w = r["world_size"]
     print(f"model: {r['config']}: {r['parameters']:,} parameters, fp32 {human(r['fp32_model_bytes'])}"
           + (f", tied: {', '.join(r['tied'])}" if r["tied"] else ""), file=out)
-    print(f"world size {w}: rank 0 holds {human(r['rank0_model_shard_bytes'])} of model and "
+    print(f"FSDP{r['fsdp']}, world size {w}: rank 0 holds {human(r['rank0_model_shard_bytes'])} of model and "
           f"{human(r['rank0_optimizer_shard_bytes'])} of AdamW state; largest tensor shard "
           f"{human(r['largest_tensor_shard_bytes'])}; extra state ~{human(r['extra_bytes_per_rank'])} per rank",
           file=out)

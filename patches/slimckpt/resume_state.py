@@ -282,6 +282,23 @@ def _after_shards(manager, local_path: str, config: Any) -> None:
 # --------------------------------------------------------------------------- save
 
 
+def _note_fsdp1_copy(manager, state: dict[str, Any]) -> None:
+    """Say once what FSDP1 costs here: its sharded state dicts are new tensors (model rows
+    re-chunked, optimizer state cut out of the flat parameters), all alive during the write."""
+    if getattr(manager, "_slimckpt_fsdp1_noted", False):
+        return
+    manager._slimckpt_fsdp1_noted = True
+    with contextlib.suppress(Exception):
+        from verl.utils.fsdp_utils import fsdp_version
+
+        if fsdp_version(manager.model) == 1 and manager.rank == 0:
+            from .resume_async import state_bytes
+
+            log.warning("FSDP1: the reshardable state dict is a %.1f MiB copy of this rank's shards on %s while "
+                        "it is written (strategy=fsdp2 saves without a copy)", state_bytes(state) / 2**20,
+                        next(iter(manager.model.parameters())).device.type)
+
+
 def save_resume_state(original, manager, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
                       max_ckpt_to_keep: int | None = None) -> None:
     """Drop-in for FSDPCheckpointManager.save_checkpoint with an incremental SlimCheckpointConfig.
@@ -315,6 +332,7 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     if manager.should_save_extra:
         save_extra(manager, local_path)
     state = build_state_dict(manager, model=manager.should_save_model, optimizer=manager.should_save_optimizer)
+    _note_fsdp1_copy(manager, state)
     aliases: dict[str, str] = {}
     if "model" in state:
         state["model"], aliases = split_aliases(state["model"])
