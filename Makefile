@@ -10,10 +10,11 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-fast quickstart bench clean
+.PHONY: help install test test-fast quickstart bench compare clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
+	@echo "make compare      GRPO and FlowRL on CPU, verl defaults vs each recipe (and killed + resumed): docs/compare_*"
 	@echo "make test         the whole test suite (installs .venv first)"
 	@echo "make test-fast    unit tests only (no torchrun, no Ray)"
 	@echo "make bench        merge/save benchmarks vs verl 0.9.1, written to BENCHMARKS.md"
@@ -52,6 +53,12 @@ test-fast: $(STAMP)
 
 quickstart: $(STAMP)
 	$(PY) scripts/quickstart.py
+
+# COMPARE_ARGS="--steps 10 --stop-at 5" for a shorter proof; finished runs in runs/compare are reused (--force redoes them)
+COMPARE_ARGS ?=
+compare: $(STAMP)
+	$(PY) scripts/quality_proof.py --algo grpo --sigkill incremental $(COMPARE_ARGS)
+	$(PY) scripts/quality_proof.py --algo flowrl $(COMPARE_ARGS)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py

@@ -26,6 +26,7 @@ EXPECTED_TARGETS = {
     "verl.workers.engine.fsdp.transformer_impl:CPUOffloadPolicy",
     "verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop",
     "verl.workers.rollout.llm_server:LLMServerClient.generate",
+    "verl.trainer.ppo.v1.replay_buffer:ReplayBuffer._materialize_batch",
     "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.load_checkpoint",
     "verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint",
     "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint",

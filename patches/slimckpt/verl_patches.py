@@ -51,6 +51,9 @@ def _cpu_patches() -> list[Patch]:
               why="remember each trajectory's (step, index, n) for seeded hf sampling"),
         Patch("cpu.sample_key.client", "verl.workers.rollout.llm_server:LLMServerClient.generate", "cpu",
               _cpu("sample_keys.wrap_client_generate"), why="send that key to the hf rollout server"),
+        Patch("cpu.batch_order", "verl.trainer.ppo.v1.replay_buffer:ReplayBuffer._materialize_batch", "cpu",
+              lambda original: __import__("slimckpt.batch_order", fromlist=["x"]).wrap_materialize_batch(original),
+              why="a step's trajectories in dataset order, not completion order: runs repeat bit for bit"),
     ]
 
 

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Show that slimckpt's recipes leave training unchanged: verl's own trainer on the tiny model on
+CPU (scripts/train_small.sh), one algorithm at a time, N steps with validation every few steps:
+
+  default            verl's defaults (no recipe; its own save: model + optimizer + extra)
+  <recipe>           each recipe in recipes/, otherwise identical
+  <recipe>_resume    the same, stopped after step K (trainer.total_training_steps=K), then started
+                     again with trainer.resume_mode=auto up to step N
+  <recipe>_sigkill   (--sigkill RECIPE) a run to N whose whole process tree (Ray included) gets
+                     SIGKILL as soon as step K+2 has logged its metrics, then resumed with
+                     resume_mode=auto from its last committed checkpoint up to step N
+
+Every run saves every --save-freq steps and validates every --test-freq steps, logs to wandb
+offline (runs/compare/<algo>/<variant>/wandb) and gets the ckpt/* save metrics. Then
+scripts/compare_runs.py draws docs/compare_<algo>.png and writes docs/compare_<algo>.md (the
+table, "identical" where a curve equals verl's defaults bit for bit).
+
+A variant whose run already finished (its `done` marker exists) is not run again unless --force,
+so a second call only redraws. `make compare` runs it for grpo and flowrl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = REPO / "scripts" / "train_small.sh"
+COMPARE = REPO / "scripts" / "compare_runs.py"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="quality_proof.py", description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--algo", default="grpo", choices=["grpo", "flowrl", "ppo"], help="default: %(default)s")
+    p.add_argument("--steps", type=int, default=30, help="training steps N (default: %(default)s)")
+    p.add_argument("--stop-at", type=int, default=15, help="step K after which resume runs stop (default: %(default)s)")
+    p.add_argument("--save-freq", type=int, default=5, help="default: %(default)s")
+    p.add_argument("--test-freq", type=int, default=5, help="default: %(default)s")
+    p.add_argument("--recipes", default=None,
+                   help="comma-separated recipes (default: every recipes/*.yaml)")
+    p.add_argument("--no-resume", action="store_true", help="skip the <recipe>_resume runs")
+    p.add_argument("--sigkill", default="", help="comma-separated recipes that also get a SIGKILL + resume run")
+    p.add_argument("--work", default=str(REPO / "runs" / "compare"), help="run directory (default: %(default)s)")
+    p.add_argument("--docs", default=str(REPO / "docs"), help="where the PNG and table go (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="run variants again even if they finished before")
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per training run (default: %(default)s)")
+    return p.parse_args(argv)
+
+
+def recipes(arg: str | None) -> list[str]:
+    if arg:
+        return [r for r in arg.split(",") if r]
+    sys.path.insert(0, str(REPO / "patches"))
+    from slimckpt.recipes import list_recipes
+
+    return [o.name for o in list_recipes()]
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every process it started (Ray's included), by pid."""
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=30)
+
+
+def train(log: Path, overrides: list[str], env: dict, timeout: int, kill_at_step: int | None = None) -> None:
+    """One train_small.sh run; raise with the log's tail on failure. With kill_at_step, SIGKILL
+    the whole process tree as soon as that step's metrics line appears and return."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["bash", str(TRAIN), *overrides]
+    with open(log, "w") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
+        start = time.time()
+        try:
+            while proc.poll() is None:
+                if time.time() - start > timeout:
+                    _kill_tree(proc)
+                    raise RuntimeError(f"{log}: no result after {timeout} s (killed)")
+                if kill_at_step is not None and f"step:{kill_at_step} - global_seqlen" in log.read_text(errors="replace"):
+                    _kill_tree(proc)
+                    with open(log, "a") as note:
+                        note.write(f"\n[quality_proof] SIGKILL sent to the whole process tree at step {kill_at_step}\n")
+                    return
+                time.sleep(2)
+        except BaseException:
+            _kill_tree(proc)
+            raise
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"{log}: train_small.sh exited {proc.returncode}\n{tail}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not 0 < args.stop_at < args.steps:
+        print(f"quality_proof.py: --stop-at {args.stop_at} must be between 0 and --steps {args.steps}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    names = recipes(args.recipes)
+    sigkill = [r for r in args.sigkill.split(",") if r]
+    unknown = sorted(set(sigkill) - set(names))
+    if unknown:
+        print(f"quality_proof.py: --sigkill {','.join(unknown)}: not among the recipes {names}", file=sys.stderr)
+        return 2
+    work = Path(args.work).resolve() / args.algo  # train_small.sh runs in the variant's dir: no relative paths
+    common = [f"algo={args.algo}", f"trainer.save_freq={args.save_freq}", f"trainer.test_freq={args.test_freq}"]
+    base_env = {**os.environ, "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0"}
+    base_env.pop("RAY_ADDRESS", None)
+
+    # (variant, recipe or None, [(log name, extra overrides, kill step)])
+    plan = [("default", None, [("train", [f"trainer.total_training_steps={args.steps}"], None)])]
+    for r in names:
+        plan.append((r, r, [("train", [f"trainer.total_training_steps={args.steps}"], None)]))
+        resume = [("train_resumed", [f"trainer.total_training_steps={args.steps}", "trainer.resume_mode=auto"], None)]
+        if not args.no_resume:
+            plan.append((f"{r}_resume", r, [("train_first", [f"trainer.total_training_steps={args.stop_at}"], None),
+                                             *resume]))
+        if r in sigkill:
+            plan.append((f"{r}_sigkill", r, [("train_killed", [f"trainer.total_training_steps={args.steps}"],
+                                              args.stop_at + 2), *resume]))
+
+    bar = tqdm(plan, desc=f"quality proof ({args.algo})", unit="variant")
+    for variant, recipe, runs in bar:
+        vdir = work / variant
+        done = vdir / "done"
+        if done.exists() and not args.force:
+            continue
+        if vdir.exists():
+            import shutil
+
+            shutil.rmtree(vdir)
+        vdir.mkdir(parents=True)
+        env = {**base_env, "WANDB_DIR": str(vdir)}
+        for log_name, extra, kill_step in runs:
+            bar.set_postfix_str(f"{variant}: {log_name}")
+            overrides = [*common, *([f"+recipe={recipe}"] if recipe else []),
+                         f"trainer.default_local_dir={vdir / 'checkpoints'}",
+                         f"trainer.experiment_name={args.algo}_{variant}", *extra]
+            train(vdir / f"{log_name}.log", overrides, env, args.timeout, kill_at_step=kill_step)
+        done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+
+    docs = Path(args.docs).resolve()
+    specs = [f"{variant}={work / variant}" for variant, _, _ in plan]
+    cmd = [sys.executable, str(COMPARE), *specs, "--out", str(docs / f"compare_{args.algo}.png"),
+           "--table", str(docs / f"compare_{args.algo}.md"),
+           "--title", f"{args.algo} on the tiny model (CPU, 2 ranks): verl defaults vs slimckpt recipes"]
+    return subprocess.call(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
