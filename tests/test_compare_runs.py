@@ -149,3 +149,24 @@ def test_ckpt_summary_of_rank_reports(tmp_path):
     assert m["ckpt/ranks"] == 3 and m["ckpt/critic/seconds"] == pytest.approx(2.0)
     assert read_reports(str(step_dir), 5, not_before=200.0) == []  # an older run's reports
     assert summarize([]) == {}
+
+
+def test_ckpt_callback_logs_at_the_save_step_through_the_trainers_logger(tmp_path):
+    from types import SimpleNamespace
+
+    from slimckpt.ckpt_metrics import CheckpointMetricsCallback
+
+    logged = []
+    trainer = SimpleNamespace(logger=SimpleNamespace(log=lambda data, step: logged.append((step, data))))
+    callback = CheckpointMetricsCallback(config=None)
+    step_dir = tmp_path / "global_step_7"
+    callback.on_save(trainer=trainer, global_step=7, checkpoint_dir=str(step_dir))  # no reports: nothing logged
+    assert logged == []
+    (step_dir / "actor").mkdir(parents=True)
+    report = {"global_step": 7, "rank": 0, "role": "actor", "seconds": 2.0, "peak_rss_anon_bytes": 10**9,
+              "peak_rss_extra_bytes": 10**8, "bytes_written": 4 * 10**9, "time": __import__("time").time()}
+    (step_dir / "actor" / "slimckpt_save_rank_0.json").write_text(json.dumps(report))
+    callback.on_save(trainer=trainer, global_step=7, checkpoint_dir=str(step_dir), async_save=False)
+    assert [s for s, _ in logged] == [7]
+    assert logged[0][1]["ckpt/throughput_gbps"] == pytest.approx(2.0)
+    assert logged[0][1]["ckpt/blocking_seconds"] == pytest.approx(2.0)  # no blocking_seconds: the save's seconds
