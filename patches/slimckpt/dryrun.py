@@ -34,11 +34,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import logging
 import os
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
+
+from .log import get_logger
 
 # verl's trainer module and config name, as in verl/trainer/main_ppo.py's @hydra.main
 CONFIG_MODULE = "verl.trainer.config"
@@ -541,11 +544,20 @@ def main(argv: list[str] | None = None) -> int:
     stray = [a for a in overrides if a.startswith("-")]
     if stray:
         parser.error(f"unknown option {stray[0]} (Hydra overrides look like key=value, +key=value or ~key)")
+    # building a recipe's SlimCheckpointConfig applies slimckpt's patches in this process and logs
+    # each one: true, but noise in a dry run. Only this call is quietened (not the environment,
+    # which child processes and later callers in the same process would inherit).
+    slim_log = get_logger()
+    previous = slim_log.level
     if not args.verbose:
-        # building a recipe's SlimCheckpointConfig applies slimckpt's patches in this process and logs
-        # each one: true, but noise in a dry run (read when verl first imports slimckpt's logger)
-        os.environ.setdefault("SLIMCKPT_LOG_LEVEL", "WARNING")
+        slim_log.setLevel(logging.WARNING)
+    try:
+        return _run(args, overrides)
+    finally:
+        slim_log.setLevel(previous)
 
+
+def _run(args: argparse.Namespace, overrides: list[str]) -> int:
     try:
         cfg = compose_config(overrides, args.config_name)
     except DryRunError as e:
