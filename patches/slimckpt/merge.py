@@ -389,19 +389,23 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
 
 
 def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -> MergeResult:
-    from .sources import open_checkpoint
-
     t0 = time.perf_counter()
     target = os.path.abspath(opts.target_dir)
     check_target(target, opts.overwrite, opts.overwrite_hint)
-    ckpt = open_checkpoint(opts.local_dir)
-    try:
-        planned = plan_or_fallback(ckpt, opts)
-    finally:
-        ckpt.close()
+    planned = open_and_plan(opts)
     if planned is None:
         return run_verl_merger(opts, verl_fallback, t0)
     return _write_and_commit(opts, *planned, t0)
+
+
+def open_and_plan(opts: MergeOptions) -> tuple[MergePlan, HfSide] | None:
+    from .sources import open_checkpoint
+
+    ckpt = open_checkpoint(opts.local_dir)
+    try:
+        return plan_or_fallback(ckpt, opts)
+    finally:
+        ckpt.close()
 
 
 def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[MergePlan, HfSide] | None:
@@ -518,7 +522,6 @@ def _bcast(dist, obj):
 
 
 def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
-    from .sources import open_checkpoint
     from .writer import checksum_files, create_files
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -529,11 +532,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     if rank == 0:
         try:
             check_target(target, opts.overwrite, opts.overwrite_hint)
-            ckpt = open_checkpoint(opts.local_dir)
-            try:
-                planned = plan_or_fallback(ckpt, opts)
-            finally:
-                ckpt.close()
+            planned = open_and_plan(opts)
             if planned is None:
                 state = ("fallback",)
             else:

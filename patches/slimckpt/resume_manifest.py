@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .manifest import fsync_path
+
 MANIFEST_NAME = "slimckpt_resume.json"
 FORMAT = "slimckpt-resume/1"
 FAILED_PREFIX = "slimckpt_save_failed_rank_"
@@ -96,14 +98,6 @@ def describe_files(root: str, relpaths: Iterable[str], checksums: bool) -> list[
     ]
 
 
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write_text(path: str, text: str) -> None:
     """Write `text` to `path` so that a reader sees either the old file or the whole new one."""
     tmp = f"{path}.tmp.{os.getpid()}"
@@ -112,7 +106,7 @@ def atomic_write_text(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def has_manifest(role_dir: str) -> bool:
@@ -130,7 +124,7 @@ def remove_manifest(role_dir: str) -> None:
     path = os.path.join(role_dir, MANIFEST_NAME)
     if os.path.exists(path):
         os.remove(path)
-        fsync_dir(role_dir)
+        fsync_path(role_dir)
 
 
 def read_manifest(role_dir: str) -> Manifest:
