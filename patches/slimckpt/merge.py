@@ -452,9 +452,22 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
     return MergeResult(os.path.abspath(opts.target_dir), used_verl_merger=True, seconds=time.perf_counter() - t0)
 
 
-def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float) -> MergeResult:
+def lay_out_partial(partial: str, mp: MergePlan, hf: HfSide) -> bool:
+    """Configs, tokenizer, full-size weight files with their headers, and the index, before any
+    weights are written; returns whether a tokenizer was saved."""
     from .writer import create_files
 
+    hf.save_configs(partial)
+    tokenizer_saved = hf.save_tokenizer(partial)
+    create_files(partial, mp.plan)
+    index = mp.plan.index_json(mp.total_parameters)
+    if index is not None:
+        with open(os.path.join(partial, layout.INDEX_NAME), "w", encoding="utf-8") as f:
+            f.write(index)
+    return tokenizer_saved
+
+
+def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float) -> MergeResult:
     target = os.path.abspath(opts.target_dir)
     log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
              opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
@@ -462,13 +475,7 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float) 
     partial = prepare_partial(target)
     ok = False
     try:
-        hf.save_configs(partial)
-        tokenizer_saved = hf.save_tokenizer(partial)
-        create_files(partial, mp.plan)
-        index = mp.plan.index_json(mp.total_parameters)
-        if index is not None:
-            with open(os.path.join(partial, layout.INDEX_NAME), "w", encoding="utf-8") as f:
-                f.write(index)
+        tokenizer_saved = lay_out_partial(partial, mp, hf)
         shares = layout.partition(mp.plan, opts.workers)
         bar = _Bar(mp.plan.total_size, opts.progress, "slimckpt merge")
         try:
@@ -522,7 +529,7 @@ def _bcast(dist, obj):
 
 
 def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
-    from .writer import checksum_files, create_files
+    from .writer import checksum_files
 
     rank, world = dist.get_rank(), dist.get_world_size()
     t0 = time.perf_counter()
@@ -541,13 +548,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
                          "%d worker(s))", opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
                          len(mp.plan.files), world, opts.workers)
                 partial = prepare_partial(target)
-                hf.save_configs(partial)
-                tokenizer_saved = hf.save_tokenizer(partial)
-                create_files(partial, mp.plan)
-                index = mp.plan.index_json(mp.total_parameters)
-                if index is not None:
-                    with open(os.path.join(partial, layout.INDEX_NAME), "w", encoding="utf-8") as f:
-                        f.write(index)
+                tokenizer_saved = lay_out_partial(partial, mp, hf)
                 state = ("ok", mp, partial, tokenizer_saved)
         except Exception as exc:  # noqa: BLE001 - every rank must hear about it
             state = ("error", _message(exc))
