@@ -60,6 +60,16 @@ def parse_size(size: int | str) -> int:
     return int(value * SIZE_UNITS[unit])
 
 
+def dim0_rows(shape: tuple[int, ...]) -> int:
+    """Rows along dim 0, the dim FSDP shards; a 0-d tensor is one row of one element."""
+    return shape[0] if shape else 1
+
+
+def dim0_row_bytes(shape: tuple[int, ...], itemsize: int) -> int:
+    """Bytes of one dim-0 row of a row-major tensor."""
+    return math.prod(shape[1:]) * itemsize if shape else itemsize
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One output tensor: its name in the HF state dict, safetensors dtype, global shape."""
@@ -88,12 +98,11 @@ class TensorSpec:
 
     @property
     def rows(self) -> int:
-        """Rows along dim 0; a 0-d tensor is one row of one element."""
-        return self.shape[0] if self.shape else 1
+        return dim0_rows(self.shape)
 
     @property
     def row_bytes(self) -> int:
-        return math.prod(self.shape[1:]) * self.itemsize if self.shape else self.itemsize
+        return dim0_row_bytes(self.shape, self.itemsize)
 
 
 @dataclass(frozen=True)

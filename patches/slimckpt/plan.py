@@ -27,12 +27,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .layout import dim0_row_bytes, dim0_rows
 
 HELP = "predict per-rank checkpoint bytes, host memory and time from a model config (no weights)"
 
@@ -54,11 +55,11 @@ class ParamSpec:
 
     @property
     def rows(self) -> int:
-        return self.shape[0] if self.shape else 1
+        return dim0_rows(self.shape)
 
     @property
     def row_bytes(self) -> int:
-        return math.prod(self.shape[1:]) * self.itemsize if self.shape else self.itemsize
+        return dim0_row_bytes(self.shape, self.itemsize)
 
     @property
     def nbytes(self) -> int:
