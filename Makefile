@@ -62,6 +62,7 @@ compare: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py
+	$(PY) scripts/bench_save.py
 
 clean:
 	rm -rf runs bench_work .pytest_cache

@@ -1,0 +1,491 @@
+#!/usr/bin/env python
+"""Save benchmark: verl 0.9.1's own FSDPCheckpointManager save vs +recipe=incremental, same run.
+
+  python scripts/bench_save.py                                   # 0.25b,0.5b,1b, 3 saves each -> BENCHMARKS.md
+  python scripts/bench_save.py --sizes 0.25b --repeats 1 --out /tmp/b.md --json /tmp/b.json   # a quick look
+  python scripts/bench_save.py --render /tmp/b.json --out BENCHMARKS.md                       # re-render, no runs
+
+For every size and mode one fresh `torchrun` (world size 2, FSDP2, gloo, CPU) builds a Llama of
+slimckpt.testing.fsdp_checkpoint's preset with random weights and a filled AdamW state, wraps it
+like verl does (`fully_shard` per decoder layer, then the root) and saves it --repeats times
+through verl 0.9.1's real `FSDPCheckpointManager.save_checkpoint`:
+
+  verl         save_contents [model, optimizer, extra, hf_model] (verl's own code, SLIMCKPT_DISABLE=1):
+               the sharded .pt files plus the hf_model gather on rank 0
+  incremental  SlimCheckpointConfig(recipe=incremental, incremental_save, export_hf): DCP resume
+               state streamed tensor by tensor, the gather-free HF export, manifest commit
+  async        the same with async_save=true: staged into a host pool, written in the background
+
+Measured per save and rank: peak anonymous RSS (RssAnon, sampled every 5 ms by a separate
+process per rank, so a GIL-holding save cannot hide a spike) above the rank's level just before
+the first save of the run (so a staging pool held between saves counts); wall time of the save
+until every rank's files are committed (for async: until the background write is committed);
+blocking time (until save_checkpoint returns). The report takes the largest peak over ranks and
+saves, and medians of the times. Each save's directory is deleted before the next one.
+
+The HF export: until the gather-free export is in this tree (SlimCheckpointConfig refuses
+export_hf with incremental_save), the incremental modes run without it and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SIZES = ("0.25b", "0.5b", "1b")
+MODES = ("verl", "incremental", "async")
+MODE_LABEL = {"verl": "verl 0.9.1 (hf_model)", "incremental": "incremental (sync)", "async": "incremental (async)"}
+BEGIN, END = "<!-- save-bench:begin -->", "<!-- save-bench:end -->"
+SAMPLE_INTERVAL_S = 0.005
+
+
+# --------------------------------------------------------------------------- RSS sampler process
+
+
+def sampler_main(pid: int) -> int:
+    """Sample RssAnon of `pid` until stdin closes. Commands on stdin: `start` opens a window
+    (prints the level now), `stop` closes it (prints the window's peak)."""
+    from slimckpt.memory import rss_anon_bytes
+
+    peak, active = 0, False
+    while True:
+        ready, _, _ = select.select([sys.stdin], [], [], SAMPLE_INTERVAL_S)
+        if active:
+            peak = max(peak, rss_anon_bytes(pid))
+        if not ready:
+            continue
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        now = rss_anon_bytes(pid)
+        if line.strip() == "start":
+            peak, active = now, True
+            print(now, flush=True)
+        elif line.strip() == "stop":
+            active = False
+            print(max(peak, now), flush=True)
+
+
+class WindowSampler:
+    """The worker's handle on its sampler process."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--sample-pid", str(os.getpid())],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def _ask(self, command: str) -> int:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the RSS sampler process exited (code {self.proc.poll()})")
+        return int(line)
+
+    def start(self) -> int:
+        return self._ask("start")
+
+    def stop(self) -> int:
+        return self._ask("stop")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- worker (one torchrun rank)
+
+
+def build_model(preset: str, world: int):
+    """The preset's Llama, sharded like verl's FSDP2 wrap; weights and AdamW state random and
+    materialised (never zero pages, which would hide their RSS)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+
+    from slimckpt.testing.fsdp_checkpoint import PRESETS, build_config, wrap_fsdp2
+
+    layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
+    cfg = argparse.Namespace(model="llama", layers=layers, hidden=hidden, intermediate=inter, vocab=vocab,
+                             heads=heads, kv_heads=kv)
+    with torch.device("meta"):  # each rank materialises only its own shard
+        model = AutoModelForCausalLM.from_config(build_config(cfg), dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    model = wrap_fsdp2(model, mesh, "dim0", world)
+    model.to_empty(device="cpu")
+    gen = torch.Generator().manual_seed(1000 + torch.distributed.get_rank())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.to_local().normal_(0.0, 0.02, generator=gen)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():  # one step on zero gradients creates the state without a forward pass
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                local = state[key].to_local() if hasattr(state[key], "to_local") else state[key]
+                local.normal_(0.0, 1e-3, generator=gen).abs_()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    return model, optimizer, scheduler, n_params, vocab
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def staging_budget_gb(world: int) -> float:
+    """async: what each rank may stage, from the memory this machine has free right now (less
+    2 GiB), so a pool that cannot fit streams synchronously (and the report says so) instead of
+    pushing a shared machine into the OOM killer."""
+    return max(0.0, (mem_available() - 2 * 2**30) / world / 2**30)
+
+
+def checkpoint_config(mode: str, budget_gb: float):
+    """(config, export_hf on?) for a mode."""
+    if mode == "verl":
+        from omegaconf import OmegaConf
+
+        return OmegaConf.create({"save_contents": ["model", "optimizer", "extra", "hf_model"]}), None
+    from slimckpt.config import SlimCheckpointConfig
+
+    common = dict(recipe="incremental", incremental_save=True, measure=False, async_save=mode == "async",
+                  host_memory_budget_gb=budget_gb, save_contents=["model", "optimizer", "extra"])
+    try:
+        return SlimCheckpointConfig(export_hf=True, **common), True
+    except ValueError as exc:
+        if "export_hf" not in str(exc):
+            raise
+        return SlimCheckpointConfig(export_hf=False, **common), False
+
+
+def worker(args: argparse.Namespace) -> None:
+    import gc
+
+    import torch.distributed as dist
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from slimckpt.testing.fsdp_checkpoint import build_tokenizer
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sampler = WindowSampler()
+    model, optimizer, scheduler, n_params, vocab = build_model(args.preset, world)
+    gen_dir = os.path.join(args.out, "generation_config")
+    if rank == 0:  # verl saves generation_config.json from config.name_or_path, as for a pretrained model
+        from transformers import GenerationConfig
+
+        GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(gen_dir)
+    dist.barrier()
+    model.config.name_or_path = gen_dir
+    dist.barrier()
+    budget = [staging_budget_gb(world)]
+    dist.broadcast_object_list(budget, src=0)  # one budget for all ranks: rank 0's view of the machine
+    if rank == 0 and args.mode == "async":
+        print(f"[bench-save] async staging budget {budget[0]:.1f} GiB per rank (free memory now)", flush=True)
+    config, export_hf = checkpoint_config(args.mode, budget[0])
+    manager = FSDPCheckpointManager(model, optimizer, scheduler, processing_class=build_tokenizer(vocab),
+                                    checkpoint_config=config)
+    from slimckpt.resume_state import finish_pending
+
+    saves = []
+    first_level = None
+    for i in range(args.repeats):
+        path = os.path.join(args.out, f"global_step_{i + 1}", "actor")
+        gc.collect()
+        dist.barrier()
+        level = sampler.start()
+        first_level = level if first_level is None else first_level
+        t0 = time.perf_counter()
+        manager.save_checkpoint(path, global_step=i + 1)
+        blocking = time.perf_counter() - t0
+        finish_pending()
+        dist.barrier()
+        wall = time.perf_counter() - t0
+        peak = sampler.stop()
+        save = {"blocking_s": blocking, "wall_s": wall, "level_before": level, "peak": peak}
+        if rank == 0:
+            hf = Path(path) / "huggingface"
+            save["hf_safetensors"] = len(list(hf.glob("*.safetensors"))) if hf.is_dir() else 0
+            save["bytes_on_disk"] = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+            manifest = Path(path) / "slimckpt_resume.json"
+            if manifest.exists():
+                save["timings_s"] = json.loads(manifest.read_text()).get("extra", {}).get("timings_s", {})
+        saves.append(save)
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        dist.barrier()
+    sampler.close()
+    row = {"rank": rank, "world": world, "params": n_params, "export_hf": export_hf, "first_level": first_level,
+           "saves": saves}
+    rows = [None] * world
+    dist.all_gather_object(rows, row)
+    if rank == 0:
+        Path(args.out, "result.json").write_text(json.dumps(rows))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_one(size: str, mode: str, args: argparse.Namespace, work: Path) -> dict:
+    out = Path(tempfile.mkdtemp(prefix=f"save-{size}-{mode}-", dir=work))
+    log_path = work / f"save-{size}-{mode}.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
+           __file__, "--worker", "--mode", mode, "--preset", size, "--repeats", str(args.repeats), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "patches"), os.environ.get("PYTHONPATH")]))}
+    if mode == "verl":
+        env["SLIMCKPT_DISABLE"] = "1"
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                code = proc.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks: their own session
+                proc.wait()
+                raise SystemExit(f"[bench-save] {size} {mode}: no result after {args.timeout} s; killed. "
+                                 f"Log: {log_path}; raise --timeout or use fewer --repeats")
+        if code != 0:
+            tail = log_path.read_text()[-3000:]
+            raise SystemExit(f"[bench-save] {size} {mode} failed (exit {code}); log {log_path}:\n{tail}")
+        ranks = json.loads((out / "result.json").read_text())
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return summarise(size, mode, ranks)
+
+
+def summarise(size: str, mode: str, ranks: list[dict]) -> dict:
+    saves0 = ranks[0]["saves"]
+    extra = [max(s["peak"] for s in r["saves"]) - r["first_level"] for r in ranks]
+    return {
+        "size": size, "mode": mode, "params": ranks[0]["params"], "export_hf": ranks[0]["export_hf"],
+        "peak_extra_per_rank": extra, "peak_extra": max(extra),
+        "wall_s": statistics.median(max(r["saves"][i]["wall_s"] for r in ranks) for i in range(len(saves0))),
+        "blocking_s": statistics.median(max(r["saves"][i]["blocking_s"] for r in ranks) for i in range(len(saves0))),
+        "walls": [max(r["saves"][i]["wall_s"] for r in ranks) for i in range(len(saves0))],
+        "blockings": [max(r["saves"][i]["blocking_s"] for r in ranks) for i in range(len(saves0))],
+        "hf_safetensors": saves0[0].get("hf_safetensors", 0), "bytes_on_disk": saves0[0].get("bytes_on_disk", 0),
+        "timings_s": [s.get("timings_s") for s in saves0],
+        # async only: False when the pool was over the budget and the save streamed synchronously
+        "staged": all("stage" in (s.get("timings_s") or {}) for s in saves0) if mode == "async" else None,
+        "first_blocking_s": max(r["saves"][0]["blocking_s"] for r in ranks),
+    }
+
+
+def find(rows: list[dict], size: str, mode: str) -> dict | None:
+    return next((r for r in rows if r["size"] == size and r["mode"] == mode), None)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | params | save | peak extra RssAnon (max over ranks) | per rank | wall (median) "
+             "| blocking (median) | RSS vs verl | wall vs verl | HF safetensors |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for size in dict.fromkeys(r["size"] for r in rows):
+        base = find(rows, size, "verl")
+        for r in (x for x in rows if x["size"] == size):
+            per_rank = " / ".join(f"{v / 2**20:,.0f}" for v in r["peak_extra_per_rank"])
+            vs = "-" if r is base or base is None else \
+                f"{base['peak_extra'] / max(r['peak_extra'], 1):.1f}x lower"
+            speed = "-" if r is base or base is None else f"{base['wall_s'] / r['wall_s']:.2f}x"
+            lines.append(f"| {size} | {r['params'] / 1e9:.2f}B | {MODE_LABEL[r['mode']]} | {r['peak_extra'] / 2**20:,.0f} MiB "
+                         f"| {per_rank} MiB | {r['wall_s']:.1f} s | {r['blocking_s']:.2f} s | {vs} | {speed} "
+                         f"| {r['hf_safetensors'] or 'none'} |")
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
+    sizes = sorted(dict.fromkeys(r["size"] for r in rows), key=lambda s: SIZES.index(s))
+    big = sizes[-1]
+    verl, sync, asyn = (find(rows, big, m) for m in MODES)
+    checks: list[tuple[str, bool, str]] = []
+    if verl and sync:
+        exported = bool(sync["export_hf"]) and sync["hf_safetensors"] > 0
+        ratio = verl["peak_extra"] / max(sync["peak_extra"], 1)
+        checks.append((f"per-rank extra peak RssAnon of a save with the HF export >= 10x lower than verl's hf_model "
+                       f"save ({big})", exported and ratio >= 10,
+                       f"{ratio:.1f}x" + ("" if exported else " (this save had no HF export: export_hf not available)")))
+        checks.append((f"save wall no worse than verl's ({big}, sync)", sync["wall_s"] <= verl["wall_s"],
+                       f"{sync['wall_s']:.1f} s vs {verl['wall_s']:.1f} s"))
+    ours = [r for r in (find(rows, s, "incremental") for s in sizes) if r]
+    theirs = [r for r in (find(rows, s, "verl") for s in sizes) if r]
+    if len(ours) >= 2:
+        lo, hi = ours[0]["peak_extra"], ours[-1]["peak_extra"]
+        flat = hi <= 1.5 * lo or hi - lo <= 64 * 2**20
+        grew = "" if len(theirs) < 2 else \
+            f"; verl's grows {theirs[-1]['peak_extra'] / max(theirs[0]['peak_extra'], 1):.1f}x"
+        checks.append((f"our peak roughly flat from {ours[0]['size']} to {ours[-1]['size']} (at most 1.5x or +64 MiB "
+                       f"while the model grows {ours[-1]['params'] / ours[0]['params']:.1f}x)", flat,
+                       f"{lo / 2**20:,.0f} -> {hi / 2**20:,.0f} MiB{grew}"))
+    if sync and asyn:
+        share = asyn["blocking_s"] / sync["wall_s"]
+        how = "" if asyn.get("staged", True) else \
+            " (the staging pool did not fit this machine's free memory: the async save streamed synchronously)"
+        checks.append((f"async blocking <= 10% of the synchronous save ({big}, median of the saves)",
+                       share <= 0.10 and asyn.get("staged", True),
+                       f"{asyn['blocking_s']:.2f} s = {100 * share:.0f}% of {sync['wall_s']:.1f} s; first save "
+                       f"(allocates the pool) {asyn.get('first_blocking_s', asyn['blockings'][0]):.2f} s{how}"))
+    return checks
+
+
+def breakdown(rows: list[dict]) -> str:
+    """Where the async save's blocking time goes (rank 0, last save, from the manifest)."""
+    lines = []
+    for r in rows:
+        if r["mode"] != "async" or not r["timings_s"] or not r["timings_s"][-1]:
+            continue
+        t = r["timings_s"][-1]
+        parts = ", ".join(f"{k} {v:.2f} s" for k, v in t.items())
+        lines.append(f"- {r['size']}: {parts}")
+    return "\n".join(lines)
+
+
+def render_section(result: dict) -> str:
+    rows, meta = result["rows"], result["meta"]
+    checks = targets(rows)
+    target_lines = ["| target | met | measured |", "|---|---|---|"]
+    target_lines += [f"| {name} | {'✓' if ok else '✗'} | {value} |" for name, ok, value in checks]
+    no_export = [r for r in rows if r["mode"] != "verl" and not r["export_hf"]]
+    note = ("\n**These incremental saves ran without the HF export** (this tree's SlimCheckpointConfig refused "
+            "export_hf with incremental_save), so they are not yet the save the targets ask for.\n") if no_export else ""
+    return f"""{BEGIN}
+## Save inside verl: FSDP2, world size 2, verl 0.9.1's FSDPCheckpointManager
+
+Produced by `{meta['command']}` on {meta['date']}, in {meta['seconds'] / 60:.1f} minutes.
+Machine: {meta['machine']}.
+Each row is one fresh `torchrun` (2 ranks, gloo, CPU) that saves the same random model + AdamW state
+{meta['repeats']} time(s). verl: `save_contents: [model, optimizer, extra, hf_model]`, verl's own code
+(`SLIMCKPT_DISABLE=1`). incremental: `+recipe=incremental` with `export_hf: true` (DCP resume state + the
+gather-free HF export, committed by the manifest); async: the same with `async_save: true`.
+Peak extra RssAnon: each rank's peak anonymous RSS during its saves above its level before the first save
+(sampled every 5 ms from a separate process; the async staging pool is held between saves, so it counts),
+largest over ranks. Wall: until every rank's files are committed (async: until the background write is),
+median over saves. Blocking: until `save_checkpoint` returns. On CPU verl's sharded save does not copy
+the shards (they already are host tensors); on GPU it copies the rank's whole model and optimizer shard to
+host RAM first, so verl's numbers here are its lower bound.
+{note}
+{table(rows)}
+
+### Targets (incremental tier, issue 4 item 9)
+
+{chr(10).join(target_lines)}
+
+Async blocking time, by phase (rank 0, last save, seconds):
+{breakdown(rows) or '- (no async rows)'}
+{END}
+"""
+
+
+def write_section(section: str, path: Path) -> None:
+    """Replace this benchmark's marked section of the report (or append it); the rest of the file
+    (scripts/bench.py's merge section) is left as it is."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        text = head + section.rstrip("\n") + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def machine_line() -> str:
+    import torch
+
+    return (f"{platform.machine()}, {os.cpu_count()} cores, "
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, torch {torch.__version__}")
+
+
+def driver(args: argparse.Namespace) -> int:
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [s for s in sizes if s not in SIZES] + [m for m in modes if m not in MODES]
+    if bad:
+        raise SystemExit(f"[bench-save] unknown size/mode {bad}; sizes: {list(SIZES)}, modes: {list(MODES)}")
+    from tqdm import tqdm
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    rows = []
+    runs = [(s, m) for s in sizes for m in modes]
+    with tqdm(runs, desc="save bench", unit="run") as bar:
+        for size, mode in bar:
+            bar.set_postfix_str(f"{size} {mode}")
+            row = run_one(size, mode, args, work)
+            rows.append(row)
+            tqdm.write(f"[bench-save] {size} {mode}: peak extra {row['peak_extra'] / 2**20:,.0f} MiB "
+                       f"(ranks {[round(v / 2**20) for v in row['peak_extra_per_rank']]}), wall {row['wall_s']:.1f} s, "
+                       f"blocking {row['blocking_s']:.2f} s, HF safetensors {row['hf_safetensors']}, "
+                       f"timings {row['timings_s'][-1]}")
+    command = "python scripts/bench_save.py" + (f" --sizes {args.sizes}" if args.sizes != ",".join(SIZES) else "") \
+        + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
+    result = {"rows": rows, "meta": {"command": command, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats,
+                                     "seconds": time.time() - started, "machine": machine_line()}}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    section = render_section(result)
+    if args.out:
+        write_section(section, Path(args.out))
+    print(section)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, from: " + ", ".join(SIZES))
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
+    p.add_argument("--repeats", type=int, default=3, help="saves per run; wall and blocking are their medians")
+    p.add_argument("--nproc", type=int, default=2, help="ranks (world size)")
+    p.add_argument("--timeout", type=int, default=900, help="seconds one torchrun may take before it is killed")
+    p.add_argument("--work", default=str(REPO / "bench_work"), help="scratch dir for the checkpoints")
+    p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"),
+                   help="report whose save-bench section is (re)written; '' for none")
+    p.add_argument("--json", default=None, help="also write the raw results here")
+    p.add_argument("--render", default=None, metavar="JSON", help="re-render --out from a --json file (no runs)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--preset", help=argparse.SUPPRESS)
+    p.add_argument("--sample-pid", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.sample_pid:
+        return sampler_main(args.sample_pid)
+    if args.worker:
+        worker(args)
+        return 0
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    if args.render:
+        result = json.loads(Path(args.render).read_text())
+        section = render_section(result)
+        if args.out:
+            write_section(section, Path(args.out))
+        print(section)
+        return 0
+    return driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
