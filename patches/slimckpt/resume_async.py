@@ -1,7 +1,7 @@
 """Async mode of the incremental tier: stage into host memory, write on a background thread.
 
-The training step is blocked only while the rank's tensors are copied into a host staging pool
-(pinned on GPU). The pool is allocated at the first async save and reused by every later one, so
+The training step is blocked only while the rank's tensors are copied into a host staging pool.
+The pool is allocated at the first async save and reused by every later one, so
 it is held for the whole run: its size is the rank's model+optimizer shard bytes, and a rank
 whose shard would exceed `host_memory_budget_gb` does not stage at all: it streams synchronously
 (bounded memory) and logs that it did.
@@ -10,6 +10,17 @@ One writer per FSDPCheckpointManager, one write in flight: a new save (or a load
 the previous write and its commit; a failure there is raised by that next call. At interpreter
 exit pending writes are finished (atexit); a process killed mid-write leaves a step without its
 manifest, which loads refuse and the tracker never names.
+
+On CUDA (chosen per save: any staged tensor on a CUDA device) the pool is pinned and the
+device-to-host copies are issued with non_blocking=True on a dedicated side stream, which first
+waits for the training stream (so it copies the values as of the save call). The host is then
+blocked only for launching the copies, not for the copies themselves; two orderings keep the
+staged copy consistent: the training stream waits for the copies' event before any later kernel
+(so an optimizer step cannot overwrite a tensor mid-copy), and the background writer waits for
+the same event before it reads the pool. Sources are marked as used by the side stream so the
+caching allocator cannot hand their memory to training before the copies end (FSDP1's sharded
+state dict is a temporary). On CPU none of this runs: plain copies into pageable memory.
+`python -m slimckpt.gpu_check` (scripts/gpu_check.sh) checks and times these paths on a GPU.
 """
 
 from __future__ import annotations
@@ -57,6 +68,17 @@ def _signature(state: Any) -> tuple:
     return tuple((tuple(_local(t).shape), _local(t).dtype, type(t).__name__) for t in _tensors(state))
 
 
+def cuda_device_of(tensors: list[torch.Tensor]) -> torch.device | None:
+    """The CUDA device of the first CUDA tensor, or None (CPU training, or no CUDA build)."""
+    if not torch.cuda.is_available():
+        return None
+    for t in tensors:
+        local = _local(t)
+        if local.device.type == "cuda":
+            return local.device
+    return None
+
+
 class StagingPool:
     """Host copies of a state dict's tensors, allocated once and refilled at every save.
 
@@ -69,6 +91,21 @@ class StagingPool:
         self._buffers: list[torch.Tensor] = []
         self._signature: tuple | None = None
         self.nbytes = 0
+        self.pinned = False
+        self._stream = None  # the side stream of the device-to-host copies (CUDA only)
+        self._ready = None  # CUDA event recorded after the last save's copies
+
+    def _side_stream(self, device: torch.device):
+        if self._stream is None or self._stream.device != device:
+            self._stream = torch.cuda.Stream(device=device)
+        return self._stream
+
+    def wait_ready(self) -> None:
+        """Block until the last stage's copies are in host memory (no-op on CPU). The background
+        writer calls this before it reads the pool."""
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            ready.synchronize()
 
     @staticmethod
     def _allocate(t: torch.Tensor, pin: bool) -> torch.Tensor:
@@ -80,29 +117,44 @@ class StagingPool:
             return DTensor(buf, t._spec, requires_grad=False)
         return buf
 
-    def _fill(self, obj: Any, buffers: Iterator[torch.Tensor], pin: bool) -> Any:
+    def _fill(self, obj: Any, buffers: Iterator[torch.Tensor], side) -> Any:
         if isinstance(obj, torch.Tensor):
-            staged = next(buffers)
-            _local(staged).copy_(_local(obj), non_blocking=pin)
+            staged, source = next(buffers), _local(obj)
+            on_device = side is not None and source.device.type == "cuda"
+            _local(staged).copy_(source, non_blocking=on_device)
+            if on_device:
+                source.record_stream(side)
             return staged
         if isinstance(obj, dict):
-            return {k: self._fill(v, buffers, pin) for k, v in obj.items()}
+            return {k: self._fill(v, buffers, side) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
-            return type(obj)(self._fill(v, buffers, pin) for v in obj)
+            return type(obj)(self._fill(v, buffers, side) for v in obj)
         return copy.deepcopy(obj)
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Copy `state` into the pool; on CUDA the copies may still be running when this returns
+        (see the module docstring): read the result only after wait_ready()."""
+        self.wait_ready()  # the previous copies must be done before the pool is refilled
         tensors = list(_tensors(state))
-        pin = torch.cuda.is_available() and any(_local(t).device.type == "cuda" for t in tensors)
-        signature = _signature(state)
+        device = cuda_device_of(tensors)
+        pin = device is not None
+        signature = (_signature(state), pin)
         if signature != self._signature:
             self._buffers = []  # free the old pool before allocating the new one
             self._buffers = [self._allocate(t, pin) for t in tensors]
             self._signature = signature
             self.nbytes = state_bytes(self._buffers)
-        staged = self._fill(state, iter(self._buffers), pin)
-        if pin:
-            torch.cuda.synchronize()
+            self.pinned = pin
+        if device is None:
+            return self._fill(state, iter(self._buffers), None)
+        side, training = self._side_stream(device), torch.cuda.current_stream(device)
+        side.wait_stream(training)  # copy the values as of now, after every queued kernel
+        with torch.cuda.stream(side):
+            staged = self._fill(state, iter(self._buffers), side)
+            ready = torch.cuda.Event()
+            ready.record(side)
+        training.wait_event(ready)  # later training kernels cannot overwrite a tensor mid-copy
+        self._ready = ready
         return staged
 
 
@@ -148,7 +200,11 @@ class AsyncResumeWriter:
         if self._future is not None:
             raise RuntimeError("slimckpt: a background checkpoint write is already in flight")
         self._step, self._path = step, path
-        self._future = self._executor.submit(write)
+        self._future = self._executor.submit(self._ready_then, write)
+
+    def _ready_then(self, write: Callable[[], None]) -> None:
+        self.pool.wait_ready()  # CUDA: the staged copies are complete before anything reads them
+        write()
 
     def wait(self) -> None:
         """Block until the write in flight is committed; re-raise its failure."""
