@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Checks and times slimckpt's GPU staging paths (pinned pool, non-blocking device-to-host copies on a
+# side stream, event ordering) on one CUDA GPU, in about a minute. Needs only torch and this repo:
+# no verl, no network.
+#   bash scripts/gpu_check.sh                         # 1 GiB state; table on stdout, gpu_check.json
+#   PYTHON=/opt/conda/bin/python bash scripts/gpu_check.sh --gib 4 --json /tmp/gpu_check.json
+# Exit 0: every check passed; 1: a check failed; 2: no CUDA device visible (nothing run).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+py="${PYTHON:-python3}"
+if ! "$py" -c "import torch" >/dev/null 2>&1; then
+  echo "gpu_check: $py cannot import torch; set PYTHON=<an interpreter with torch>" >&2
+  exit 2
+fi
+export PYTHONPATH="$repo/patches${PYTHONPATH:+:$PYTHONPATH}"
+args=("$@")
+if [[ " ${args[*]-} " != *" --json "* ]]; then
+  args+=(--json "${OUT:-.}/gpu_check.json")
+fi
+exec timeout 540 "$py" -m slimckpt.gpu_check "${args[@]}"
