@@ -299,6 +299,18 @@ def _note_fsdp1_copy(manager, state: dict[str, Any]) -> None:
                         next(iter(manager.model.parameters())).device.type)
 
 
+def _lap(timings: dict[str, float]):
+    """timings[name] = seconds since the previous lap (the save's phases, kept in the manifest)."""
+    last = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = now - last[0]
+        last[0] = now
+
+    return lap
+
+
 def save_resume_state(original, manager, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
                       max_ckpt_to_keep: int | None = None) -> None:
     """Drop-in for FSDPCheckpointManager.save_checkpoint with an incremental SlimCheckpointConfig.
@@ -314,8 +326,11 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
         return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
 
     writer = resume_async.writer_for(manager)
+    waited = time.perf_counter()
     writer.wait()  # a save starts only once the previous one is committed
     start = time.perf_counter()
+    timings = {"wait_previous": start - waited}
+    lap = _lap(timings)
     group = checkpoint_group(manager)
     manager.previous_global_step = global_step
     local_path = local_mkdir_safe(local_path)
@@ -323,26 +338,30 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
         make_room(manager, max_ckpt_to_keep)
         _clear_stale(local_path)
     dist.barrier(group=group)
+    lap("setup")
 
     contents = [c for c in manager.checkpoint_save_contents if c in SHARD_CONTENTS]
     # verl's own save for huggingface/, fsdp_config.json, LoRA meta and hf_model; retention later
     with save_contents(manager, [c for c in manager.checkpoint_save_contents if c not in SHARD_CONTENTS]):
         original(manager, local_path, hdfs_path, global_step, None)
+    lap("verl_save")
 
     if manager.should_save_extra:
         save_extra(manager, local_path)
+    lap("extra")
     state = build_state_dict(manager, model=manager.should_save_model, optimizer=manager.should_save_optimizer)
     _note_fsdp1_copy(manager, state)
     aliases: dict[str, str] = {}
     if "model" in state:
         state["model"], aliases = split_aliases(state["model"])
     dcp_dir = os.path.join(local_path, DCP_DIR)
-    timings = {"prepare": time.perf_counter() - start}
+    lap("state_dict")
 
     staged = writer.stage(state, config, step=global_step, group=group) if getattr(config, "async_save", False) \
         else None
     if staged is not None:
-        timings["stage"] = time.perf_counter() - start - timings["prepare"]
+        lap("stage")
+        timings["blocking"] = time.perf_counter() - waited
         del state
         writer.submit(global_step, local_path, functools.partial(
             _write_and_commit, manager, staged, local_path, dcp_dir, global_step, contents, config, group,
