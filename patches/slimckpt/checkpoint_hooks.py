@@ -69,9 +69,9 @@ def wrap_save_checkpoint(original):
         recipe = getattr(config, "recipe", None)
         start = time.perf_counter()
         with RssSampler() as sampler:
-            result = _dispatch(original, self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+            result = _guarded_dispatch(original, self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
         seconds = time.perf_counter() - start
-        if measure:
+        if measure and not getattr(self, "_slimckpt_save_failed", None):
             files = _rank_files(local_path, self.rank)
             if self.rank == 0:
                 hf_dir = os.path.join(local_path, "huggingface")
@@ -98,6 +98,18 @@ def wrap_save_checkpoint(original):
         return result
 
     return save_checkpoint
+
+
+def _guarded_dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep):
+    """A recipe's save runs under slimckpt.save_errors (writer lock, one-line errors, on_save_error)."""
+    from .config import SlimCheckpointConfig
+
+    if not isinstance(manager.checkpoint_config, SlimCheckpointConfig):
+        return _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+    from .save_errors import guarded_save
+
+    return guarded_save(manager, local_path, int(global_step), lambda: _dispatch(
+        original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep))
 
 
 def _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep):

@@ -36,6 +36,9 @@ class SlimCheckpointConfig(CheckpointConfig):
     host_memory_budget_gb: with async_save, the most host memory (GiB) a rank may hold staged
         state in; a rank whose state is larger saves synchronously (streaming) and logs it.
     verify: record a CRC32 of every file at save and check them before a load.
+    on_save_error: what a failed save (disk full, unwritable dir, another writer) does: stop
+        (raise, the default) or continue (log it at ERROR, mark the step failed, keep the tracker
+        on the last committed step, train on). See slimckpt.save_errors.
     """
 
     recipe: str = "quickstart"
@@ -48,6 +51,7 @@ class SlimCheckpointConfig(CheckpointConfig):
     write_threads: int = 1
     host_memory_budget_gb: float = 16.0
     verify: bool = False
+    on_save_error: str = "stop"
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)
@@ -72,6 +76,10 @@ class SlimCheckpointConfig(CheckpointConfig):
                              "not write; set export_hf=false with incremental_save, or use +recipe=intermediate")
         if self.export_dtype not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"checkpoint.export_dtype={self.export_dtype!r}: use bf16, fp16 or fp32")
+        if self.on_save_error not in ("stop", "continue"):
+            hint = difflib.get_close_matches(str(self.on_save_error), ["stop", "continue"], 1)
+            raise ValueError(f"checkpoint.on_save_error={self.on_save_error!r}: use stop or continue"
+                             + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         if self.async_save and not self.incremental_save:
             raise ValueError(
                 "checkpoint.async_save=true needs checkpoint.incremental_save=true: verl's FSDP manager has no "

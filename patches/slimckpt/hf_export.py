@@ -35,6 +35,7 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str) -> N
         overwrite=True,
         progress=False,
         overwrite_hint="(in-training export)",
+        lock_source=False,  # the trainer holds the step's writer lock (slimckpt.save_errors)
     )
     try:
         result = merge(opts)

@@ -38,6 +38,7 @@ from .manifest import (
     build_entries,
     check_target,
     commit,
+    describe_os_error,
     discard_partial,
     partial_path,
     prepare_partial,
@@ -71,6 +72,7 @@ class MergeOptions:
     progress: bool = True
     chunk_bytes: int = 64 << 20
     overwrite_hint: str = "--overwrite"
+    lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
 
 
 @dataclass
@@ -383,8 +385,9 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
     try:
         if opts.distributed:
             return merge_distributed(opts, verl_fallback)
-        return _merge_local(opts, verl_fallback)
-    except (CheckpointError, OutputError, CommitError, layout.LayoutError) as exc:
+        with _source_lock(opts), _target_lock(opts):
+            return _merge_local(opts, verl_fallback)
+    except (CheckpointError, OutputError, CommitError, layout.LayoutError, LockBusy) as exc:
         raise MergeError(str(exc)) from None
 
 
@@ -444,6 +447,7 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
         original = getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)
         verl_fallback = lambda: original(merger)  # noqa: E731
     try:
+    from .locks import LockBusy
         verl_fallback()
     except Exception as exc:  # noqa: BLE001 - verl's own failure, reported on one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -465,6 +469,31 @@ def lay_out_partial(partial: str, mp: MergePlan, hf: HfSide) -> bool:
         with open(os.path.join(partial, layout.INDEX_NAME), "w", encoding="utf-8") as f:
             f.write(index)
     return tokenizer_saved
+
+def _target_lock(opts: MergeOptions):
+    """The exclusive lock on the target (slimckpt.locks), held from before `<target>.partial` is
+    made until the commit: a second merge into it fails at once instead of deleting our partial."""
+    from .locks import acquire
+
+    target = os.path.abspath(opts.target_dir)
+    try:
+        return acquire(target, exclusive=True, what=f"merging {os.path.abspath(opts.local_dir)} into it",
+                       fix="wait for that merge to finish, or choose another --target_dir")
+    except OSError as exc:
+        check_target(target, opts.overwrite, opts.overwrite_hint)  # a missing parent, said as usual
+        raise CommitError(describe_os_error(exc, target)) from None
+
+
+def _source_lock(opts: MergeOptions):
+    """A shared lock on the checkpoint while it is read: retention does not delete it meanwhile,
+    and a step a trainer is still writing is refused."""
+    import contextlib
+
+    from .locks import reading
+
+    return reading(opts.local_dir, f"merging it into {os.path.abspath(opts.target_dir)}") if opts.lock_source \
+        else contextlib.nullcontext()
+
 
 
 def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float) -> MergeResult:
@@ -493,7 +522,10 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float) 
 
 
 def _message(exc: BaseException) -> str:
-    return str(exc) if _is_user_error(exc) or isinstance(exc, layout.LayoutError) else f"{type(exc).__name__}: {exc}"
+    from .locks import LockBusy
+
+    return str(exc) if _is_user_error(exc) or isinstance(exc, (layout.LayoutError, LockBusy)) \
+        else f"{type(exc).__name__}: {exc}"
 
 
 def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -> MergeResult:
@@ -516,7 +548,10 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
         dist.init_process_group("gloo", timeout=timedelta(hours=4))
         own_group = True
     try:
-        return _merge_ranks(opts, verl_fallback, dist)
+        with _source_lock(opts):
+            return _merge_ranks(opts, verl_fallback, dist)
+    except LockBusy as exc:  # this rank's read lock (the others fail at their next collective)
+        raise MergeError(str(exc)) from None
     finally:
         if own_group:
             dist.destroy_process_group()
@@ -604,6 +639,8 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
                 discard_partial(partial)
                 final = ("error", _message(exc))
     final = _bcast(dist, final)
+    from .locks import LockBusy
+
     if final[0] == "error":
         raise MergeError(final[1])
     seconds = time.perf_counter() - t0
@@ -614,6 +651,9 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
 
 # ------------------------------------------------------------------------------------------------
 # The redirect: verl's `python -m verl.model_merger merge --backend fsdp` (patch "merge.fsdp")
+        held = opts.__dict__.pop("_held_target_lock", None)
+        if held is not None:
+            held.release()
 # ------------------------------------------------------------------------------------------------
 WORKERS_ENV = "SLIMCKPT_MERGE_WORKERS"
 
@@ -634,6 +674,7 @@ def wrap_merge_and_save(original: Callable) -> Callable:
     def merge_and_save(self) -> None:
         cfg = self.config
         if cfg.operation != "merge":
+            opts.__dict__["_held_target_lock"] = _target_lock(opts)  # released by merge_distributed
             log.info("slimckpt: 'verl.model_merger %s' runs verl's own FSDPModelMerger (only 'merge' is "
                      "streamed by slimckpt)", cfg.operation)
             return original(self)

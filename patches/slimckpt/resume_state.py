@@ -48,10 +48,9 @@ from .resume_manifest import (
     describe_files,
     failure_markers,
     has_manifest,
-    protected_dirs,
     read_manifest,
     remove_manifest,
-    split_retention,
+    unlisted_files,
     write_manifest,
 )
 
@@ -221,25 +220,19 @@ def _clear_stale(local_path: str) -> None:
 
 
 def make_room(manager, max_keep: int | None) -> None:
-    """verl's ensure_checkpoint_capacity (keep max_keep-1 before a save), never deleting the step
-    the tracker names."""
-    if not (isinstance(max_keep, int) and max_keep > 1):
-        return
-    paths = list(manager.previous_saved_paths)
-    keep, delete = split_retention(paths, max_keep - 1, protected_dirs(paths))
-    if delete:
-        manager.remove_previous_save_local_path(delete)
-    manager.previous_saved_paths = keep
+    """Where verl's ensure_checkpoint_capacity deletes before a save: nothing is deleted until the
+    new step is committed (slimckpt.retention)."""
+    from . import retention
+
+    retention.before_save(manager, max_keep)
 
 
 def register_committed(manager, local_path: str, max_keep: int | None) -> None:
-    """verl's register_checkpoint, run only after the commit and never deleting the tracker's step."""
-    new = os.path.abspath(local_path)
-    paths = [p for p in manager.previous_saved_paths if os.path.abspath(p) != new] + [local_path]
-    keep, delete = split_retention(paths, max_keep if isinstance(max_keep, int) else None, protected_dirs(paths))
-    if delete:
-        manager.remove_previous_save_local_path(delete)
-    manager.previous_saved_paths = keep
+    """verl's register_checkpoint, run only after the commit: never deletes the tracker's step or a
+    locked one (slimckpt.retention)."""
+    from . import retention
+
+    retention.after_save(manager, local_path, max_keep)
 
 
 # --------------------------------------------------------------------------- commit
@@ -248,8 +241,9 @@ def register_committed(manager, local_path: str, max_keep: int | None) -> None:
 def commit(manager, local_path: str, global_step: int, contents: list[str], config: Any,
            group: dist.ProcessGroup, max_keep: int | None, timings: dict[str, float],
            aliases: dict[str, str] | None = None) -> None:
-    """Every rank lists (and with `verify` checksums) its files; rank 0 writes the manifest, then
-    applies retention. Collective over `group`; the caller has finished all writes."""
+    """Every rank lists and checksums its files; rank 0 adds every other file of the dir (verl's
+    huggingface/ ...), writes the manifest, then applies retention. Collective over `group`; the
+    caller has finished all writes."""
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
     mine = describe_files(local_path, rank_files(local_path, rank, world), bool(getattr(config, "verify", False)))

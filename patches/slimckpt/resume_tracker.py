@@ -133,8 +133,10 @@ def wrap_trainer_save_checkpoint(original):
     @functools.wraps(original)
     def _save_checkpoint(self, *args, **kwargs):
         roles = watched_roles(self)
-        if roles is None:
-            return original(self, *args, **kwargs)
+        if roles is None:  # verl writes the tracker; put it back if a save failed (on_save_error=continue)
+            from .save_errors import save_then_restore_tracker
+
+            return save_then_restore_tracker(self, original, *args, **kwargs)
         result = original(self, *args, **kwargs)  # verl skips its tracker write: actor async_save=true
         watcher = getattr(self, "_slimckpt_watcher", None)
         if watcher is None:

@@ -117,6 +117,21 @@ PATCHES: list[Patch] = [
         for kind, target in (("v1", "verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint"),
                              ("legacy", "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint"))
     ],
+    *[
+        Patch(
+            name=f"checkpoint.retention.{kind}",
+            target=f"verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.{attr}",
+            feature="checkpoint",
+            make=lambda original, fn=fn: getattr(__import__("slimckpt.retention", fromlist=["x"]), fn)(original),
+            why=why,
+        )
+        for kind, attr, fn, why in (
+            ("before", "ensure_checkpoint_capacity", "wrap_ensure_checkpoint_capacity",
+             "verl deletes old steps at the start of a save, before the new one exists: defer it"),
+            ("after", "register_checkpoint", "wrap_register_checkpoint",
+             "delete old steps only once the new one is complete, never the tracker's step or a locked one"),
+        )
+    ],
     *_cpu_patches(),
     Patch(
         name="merge.fsdp",
