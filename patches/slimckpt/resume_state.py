@@ -50,7 +50,6 @@ from .resume_manifest import (
     has_manifest,
     read_manifest,
     remove_manifest,
-    unlisted_files,
     write_manifest,
 )
 
