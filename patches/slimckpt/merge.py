@@ -70,7 +70,7 @@ class MergeOptions:
     overwrite: bool = False
     trust_remote_code: bool = False
     progress: bool = True
-    chunk_bytes: int = 64 << 20
+    chunk_bytes: int = 16 << 20  # per staging buffer; a writer holds two (cast one, write the other)
     overwrite_hint: str = "--overwrite"
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
 
@@ -211,12 +211,90 @@ class MergePlan:
 
 
 def make_plan(ckpt, hf: HfSide, dtype: str, max_shard_size) -> MergePlan:
-    shapes = {n: t.shape for n, t in ckpt.tensors.items()}
-    name_map = hf.output_names(list(ckpt.tensors), shapes)
+    name_map = hf.output_names(list(ckpt.tensors), {n: t.shape for n, t in ckpt.tensors.items()})
+    return plan_names(ckpt, name_map, dtype, max_shard_size, hf.total_parameters())
+
+
+def plan_names(ckpt, name_map: dict[str, str], dtype: str, max_shard_size, total_parameters: int) -> MergePlan:
     st_dtype = DTYPE_NAMES[dtype]
-    specs = [layout.TensorSpec(new, st_dtype, shapes[old]) for new, old in name_map.items()]
+    specs = [layout.TensorSpec(new, st_dtype, ckpt.tensors[old].shape) for new, old in name_map.items()]
     plan = layout.plan_files(specs, max_shard_size)
-    return MergePlan(plan, name_map, hf.total_parameters(), ckpt.world_size, ckpt.fsdp_version)
+    return MergePlan(plan, name_map, total_parameters, ckpt.world_size, ckpt.fsdp_version)
+
+
+def _write_weights(opts: MergeOptions, partial: str, mp: MergePlan) -> dict[str, str]:
+    """Every weight byte of `mp` into the files `create_files` made in `partial`, with --workers."""
+    shares = layout.partition(mp.plan, opts.workers)
+    bar = _Bar(mp.plan.total_size, opts.progress, "slimckpt merge")
+    try:
+        return _run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar)
+    finally:
+        bar.close()
+
+
+class _EarlyWrite:
+    """Weights written on a thread from the guessed plan (slimckpt.merge_guess) while this thread
+    imports verl and transformers for the real one: the disk works during the imports."""
+
+    def __init__(self, opts: MergeOptions, target: str, mp: MergePlan) -> None:
+        import threading
+
+        from .writer import create_files
+
+        self.mp = mp
+        self.partial = prepare_partial(target)
+        self.checksums: dict[str, str] | None = None
+        self.error: BaseException | None = None
+        try:
+            create_files(self.partial, mp.plan)
+        except BaseException:
+            discard_partial(self.partial)
+            raise
+        self.thread = threading.Thread(target=self._run, args=(opts,), name="slimckpt-early-write", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, opts: MergeOptions, target: str) -> "_EarlyWrite | None":
+        """None when there is no safe guess; the normal path then plans first and writes after."""
+        if os.environ.get("SLIMCKPT_MERGE_GUESS", "1") == "0":
+            return None
+        from . import merge_guess
+        from .sources import HF_SUBDIR, CheckpointError, open_checkpoint
+
+        config = merge_guess.read_config(os.path.join(opts.local_dir, HF_SUBDIR))
+        if config is None:
+            return None
+        try:
+            ckpt = open_checkpoint(opts.local_dir)
+        except CheckpointError:
+            return None  # the normal path reports it
+        try:
+            names = merge_guess.guess_output_names(list(ckpt.tensors), config)
+            if names is None:
+                return None
+            mp = plan_names(ckpt, names, opts.dtype, opts.max_shard_size, 0)
+        finally:
+            ckpt.close()
+        return cls(opts, target, mp)
+
+    def _run(self, opts: MergeOptions) -> None:
+        try:
+            self.checksums = _write_weights(opts, self.partial, self.mp)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller by join()
+            self.error = exc
+
+    def matches(self, mp: MergePlan) -> bool:
+        return mp.plan == self.mp.plan and list(mp.name_map.items()) == list(self.mp.name_map.items())
+
+    def join(self) -> dict[str, str]:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.checksums or {}
+
+    def cancel(self) -> None:
+        self.thread.join()  # the writer has no stop switch; a wrong guess costs one write, not correctness
+        discard_partial(self.partial)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -368,6 +446,7 @@ def _ignore_sigxfsz() -> None:
 # ------------------------------------------------------------------------------------------------
 def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -> MergeResult:
     """Merge `opts.local_dir` into `opts.target_dir`; raises MergeError with a one-line message."""
+    from .locks import LockBusy
     from .sources import CheckpointError
     from .writer import OutputError
 
@@ -391,14 +470,53 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
         raise MergeError(str(exc)) from None
 
 
+def _target_lock(opts: MergeOptions):
+    """The exclusive lock on the target (slimckpt.locks), held from before `<target>.partial` is
+    made until the commit: a second merge into it fails at once instead of deleting our partial."""
+    from .locks import acquire
+
+    target = os.path.abspath(opts.target_dir)
+    try:
+        return acquire(target, exclusive=True, what=f"merging {os.path.abspath(opts.local_dir)} into it",
+                       fix="wait for that merge to finish, or choose another --target_dir")
+    except OSError as exc:
+        check_target(target, opts.overwrite, opts.overwrite_hint)  # a missing parent, said as usual
+        raise CommitError(describe_os_error(exc, target)) from None
+
+
+def _source_lock(opts: MergeOptions):
+    """A shared lock on the checkpoint while it is read: retention does not delete it meanwhile,
+    and a step a trainer is still writing is refused."""
+    import contextlib
+
+    from .locks import reading
+
+    return reading(opts.local_dir, f"merging it into {os.path.abspath(opts.target_dir)}") if opts.lock_source \
+        else contextlib.nullcontext()
+
+
 def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -> MergeResult:
     t0 = time.perf_counter()
     target = os.path.abspath(opts.target_dir)
     check_target(target, opts.overwrite, opts.overwrite_hint)
-    planned = open_and_plan(opts)
+    from . import readahead
+
+    readahead.start(opts.local_dir)  # the shards load into the page cache while torch/verl import
+    early = _EarlyWrite.start(opts, target)
+    try:
+        planned = open_and_plan(opts)
+    except BaseException:
+        if early is not None:
+            early.cancel()
+        raise
+    if early is not None and (planned is None or not early.matches(planned[0])):
+        log.info("the guessed layout differs from transformers' (%s): writing again with the real one",
+                 "verl's merger needed" if planned is None else "names differ")
+        early.cancel()
+        early = None
     if planned is None:
         return run_verl_merger(opts, verl_fallback, t0)
-    return _write_and_commit(opts, *planned, t0)
+    return _write_and_commit(opts, *planned, t0, early)
 
 
 def open_and_plan(opts: MergeOptions) -> tuple[MergePlan, HfSide] | None:
@@ -447,7 +565,6 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
         original = getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)
         verl_fallback = lambda: original(merger)  # noqa: E731
     try:
-    from .locks import LockBusy
         verl_fallback()
     except Exception as exc:  # noqa: BLE001 - verl's own failure, reported on one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -456,66 +573,45 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
     return MergeResult(os.path.abspath(opts.target_dir), used_verl_merger=True, seconds=time.perf_counter() - t0)
 
 
-def lay_out_partial(partial: str, mp: MergePlan, hf: HfSide) -> bool:
-    """Configs, tokenizer, full-size weight files with their headers, and the index, before any
-    weights are written; returns whether a tokenizer was saved."""
+def lay_out_partial(partial: str, mp: MergePlan, hf: HfSide, weight_files: bool = True) -> bool:
+    """Configs, tokenizer, full-size weight files with their headers (unless made already), and the
+    index; returns whether a tokenizer was saved."""
     from .writer import create_files
 
     hf.save_configs(partial)
     tokenizer_saved = hf.save_tokenizer(partial)
-    create_files(partial, mp.plan)
+    if weight_files:
+        create_files(partial, mp.plan)
     index = mp.plan.index_json(mp.total_parameters)
     if index is not None:
         with open(os.path.join(partial, layout.INDEX_NAME), "w", encoding="utf-8") as f:
             f.write(index)
     return tokenizer_saved
 
-def _target_lock(opts: MergeOptions):
-    """The exclusive lock on the target (slimckpt.locks), held from before `<target>.partial` is
-    made until the commit: a second merge into it fails at once instead of deleting our partial."""
-    from .locks import acquire
 
-    target = os.path.abspath(opts.target_dir)
-    try:
-        return acquire(target, exclusive=True, what=f"merging {os.path.abspath(opts.local_dir)} into it",
-                       fix="wait for that merge to finish, or choose another --target_dir")
-    except OSError as exc:
-        check_target(target, opts.overwrite, opts.overwrite_hint)  # a missing parent, said as usual
-        raise CommitError(describe_os_error(exc, target)) from None
-
-
-def _source_lock(opts: MergeOptions):
-    """A shared lock on the checkpoint while it is read: retention does not delete it meanwhile,
-    and a step a trainer is still writing is refused."""
-    import contextlib
-
-    from .locks import reading
-
-    return reading(opts.local_dir, f"merging it into {os.path.abspath(opts.target_dir)}") if opts.lock_source \
-        else contextlib.nullcontext()
-
-
-
-def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float) -> MergeResult:
+def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
+                      early: _EarlyWrite | None = None) -> MergeResult:
     target = os.path.abspath(opts.target_dir)
     log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
              opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
              len(mp.plan.files), opts.workers)
-    partial = prepare_partial(target)
+    partial = early.partial if early is not None else prepare_partial(target)
     ok = False
     try:
-        tokenizer_saved = lay_out_partial(partial, mp, hf)
-        shares = layout.partition(mp.plan, opts.workers)
-        bar = _Bar(mp.plan.total_size, opts.progress, "slimckpt merge")
-        try:
-            checksums = _run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar)
-        finally:
-            bar.close()
+        if early is None:
+            tokenizer_saved = lay_out_partial(partial, mp, hf)
+            checksums = _write_weights(opts, partial, mp)
+        else:  # weights are being written already: configs and tokenizer meanwhile
+            tokenizer_saved = lay_out_partial(partial, mp, hf, weight_files=False)
+            checksums = early.join()
         files = _finish(partial, target, mp, checksums, opts, tokenizer_saved)
         ok = True
     finally:
         if not ok:
-            discard_partial(partial)
+            if early is not None:
+                early.cancel()  # waits for its writes, then removes the partial
+            else:
+                discard_partial(partial)
     seconds = time.perf_counter() - t0
     log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
@@ -540,6 +636,8 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
 
     import torch.distributed as dist
 
+    from .locks import LockBusy
+
     own_group = False
     if not dist.is_initialized():
         if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
@@ -553,6 +651,9 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
     except LockBusy as exc:  # this rank's read lock (the others fail at their next collective)
         raise MergeError(str(exc)) from None
     finally:
+        held = opts.__dict__.pop("_held_target_lock", None)
+        if held is not None:
+            held.release()
         if own_group:
             dist.destroy_process_group()
 
@@ -573,6 +674,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     partial = None
     if rank == 0:
         try:
+            opts.__dict__["_held_target_lock"] = _target_lock(opts)  # released by merge_distributed
             check_target(target, opts.overwrite, opts.overwrite_hint)
             planned = open_and_plan(opts)
             if planned is None:
@@ -639,8 +741,6 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
                 discard_partial(partial)
                 final = ("error", _message(exc))
     final = _bcast(dist, final)
-    from .locks import LockBusy
-
     if final[0] == "error":
         raise MergeError(final[1])
     seconds = time.perf_counter() - t0
@@ -651,9 +751,6 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
 
 # ------------------------------------------------------------------------------------------------
 # The redirect: verl's `python -m verl.model_merger merge --backend fsdp` (patch "merge.fsdp")
-        held = opts.__dict__.pop("_held_target_lock", None)
-        if held is not None:
-            held.release()
 # ------------------------------------------------------------------------------------------------
 WORKERS_ENV = "SLIMCKPT_MERGE_WORKERS"
 
@@ -674,7 +771,6 @@ def wrap_merge_and_save(original: Callable) -> Callable:
     def merge_and_save(self) -> None:
         cfg = self.config
         if cfg.operation != "merge":
-            opts.__dict__["_held_target_lock"] = _target_lock(opts)  # released by merge_distributed
             log.info("slimckpt: 'verl.model_merger %s' runs verl's own FSDPModelMerger (only 'merge' is "
                      "streamed by slimckpt)", cfg.operation)
             return original(self)

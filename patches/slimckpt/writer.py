@@ -4,12 +4,18 @@ Each output file is created once at its final size (space reserved up front wher
 allows, so a full disk fails before the long part), then any number of workers `os.pwrite` their
 own disjoint ranges into it. A chunk is at most `chunk_bytes` of output (plus the source slice it
 is cast from); an uncast chunk is written straight from the memory-mapped shard.
+
+Casting (CPU, and the page-ins of the memory-mapped source) and writing (disk) overlap: the caller
+casts chunk k+1 into one of two staging buffers while a writer thread pwrites chunk k from the
+other. Both release the GIL, so one worker keeps the disk busy; host memory is two chunks.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +25,8 @@ from . import layout
 from .manifest import DEFAULT_ALGO, describe_os_error, file_checksum, new_hasher
 from .sources import CheckpointError, SourceTensor
 
-DEFAULT_CHUNK_BYTES = 64 << 20
+DEFAULT_CHUNK_BYTES = 16 << 20  # x PIPELINE_DEPTH staging buffers
+PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
 OUT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -74,6 +81,75 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy()).cast("B")
 
 
+class _WriteBehind:
+    """One thread that runs submitted writes in order; a failed write is re-raised to the caller at
+    its next submit/flush, and later writes are dropped (the output is being discarded anyway)."""
+
+    def __init__(self, write: Callable[[str, memoryview, int], None]) -> None:
+        self._write = write
+        self._todo: queue.Queue = queue.Queue(maxsize=PIPELINE_DEPTH)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="slimckpt-write", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._todo.get()
+            try:
+                if item is None:
+                    return
+                file, data, offset, done = item
+                try:
+                    if self.error is None:
+                        self._write(file, data, offset)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    self.error = exc
+                finally:
+                    if done is not None:
+                        done()
+            finally:
+                self._todo.task_done()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def submit(self, file: str, data: memoryview, offset: int, done: Callable[[], None] | None) -> None:
+        self._raise()
+        self._todo.put((file, data, offset, done))
+
+    def flush(self) -> None:
+        self._todo.join()
+        self._raise()
+
+    def stop(self) -> None:
+        self._todo.put(None)
+        self._thread.join()
+
+
+class _StagingRing:
+    """Two reusable cast buffers: a chunk is cast into a free one, which comes back once written.
+    Reused buffers keep their pages faulted in; the ring bounds memory to PIPELINE_DEPTH chunks."""
+
+    def __init__(self, min_bytes: int) -> None:
+        self.min_bytes = min_bytes
+        self._free: queue.Queue = queue.Queue()
+        self._made = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if self._free.empty() and self._made < PIPELINE_DEPTH:
+            self._made += 1
+            buf = None
+        else:
+            buf = self._free.get()
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(max(nbytes, self.min_bytes), dtype=torch.uint8)
+        return buf
+
+    def give_back(self, buf: torch.Tensor) -> None:
+        self._free.put(buf)
+
+
 @dataclass
 class _FileState:
     path: str
@@ -93,7 +169,9 @@ class ShareWriter:
         self.progress = progress or (lambda n: None)
         self.algo = algo
         self._files: dict[str, _FileState] = {}
-        self._staging: torch.Tensor | None = None  # one reused cast buffer: its pages are faulted in once
+        self._ring = _StagingRing(min(self.chunk_bytes, 1 << 30))
+        self._behind: _WriteBehind | None = None
+        self._pending_buf: torch.Tensor | None = None  # staging buffer of the last _cast, until submitted
         self._layouts = {f.name: f for f in plan.files}
         self.checksums: dict[str, str] = {}  # files this writer wrote whole, in order
 
@@ -126,8 +204,33 @@ class ShareWriter:
                 st.hasher = None  # not written in order by us alone: checksum by reading back
         self.progress(len(data))
 
+    def _submit(self, file: str, data: memoryview, offset: int) -> None:
+        """Queue a write; the staging buffer `data` may live in goes back to the ring once written."""
+        buf, self._pending_buf = self._pending_buf, None
+        if self._behind is None:
+            self._behind = _WriteBehind(self._write)
+        done = None if buf is None else (lambda: self._ring.give_back(buf))
+        # the queued item keeps `data` (and the tensor under it) alive until it is written
+        self._behind.submit(file, data, offset, done)
+
+    def _stop_behind(self) -> BaseException | None:
+        behind, self._behind = self._behind, None
+        if behind is None:
+            return None
+        try:
+            behind.flush()
+        except BaseException as exc:  # noqa: BLE001 - returned for the caller to raise or drop
+            return exc
+        finally:
+            behind.stop()
+        return None
+
     def close(self) -> None:
         """fsync and close every file; keep the running checksum of files written whole."""
+        failed = self._stop_behind()
+        if failed is not None:
+            self.abort()
+            raise failed
         errors = []
         for name, st in self._files.items():
             try:
@@ -154,6 +257,7 @@ class ShareWriter:
 
     def abort(self) -> None:
         """Close every file without fsync or checksums (the output is being discarded)."""
+        self._stop_behind()
         for st in self._files.values():
             try:
                 os.close(st.fd)
@@ -180,9 +284,10 @@ class ShareWriter:
         if src.dtype == self.out_dtype and src.is_contiguous():
             return src
         nbytes = src.numel() * torch.empty((), dtype=self.out_dtype).element_size()
-        if self._staging is None or self._staging.numel() < nbytes:
-            self._staging = torch.empty(max(nbytes, min(self.chunk_bytes, 1 << 30)), dtype=torch.uint8)
-        out = self._staging[:nbytes].view(self.out_dtype).view(src.shape)
+        if self._pending_buf is not None:  # cast but never submitted (a check failed): reuse it
+            self._ring.give_back(self._pending_buf)
+        self._pending_buf = buf = self._ring.take(nbytes)
+        out = buf[:nbytes].view(self.out_dtype).view(src.shape)
         out.copy_(src)
         return out
 
@@ -199,7 +304,7 @@ class ShareWriter:
         for start in range(a, b, step):
             end = min(b, start + step)
             data = _as_bytes(self._cast(t[start:end]))
-            self._write(placement.file, data, offset)
+            self._submit(placement.file, data, offset)
             offset += len(data)
 
     def _write_cat_rows(self, placement: layout.Placement, src: SourceTensor, a: int, b: int) -> None:
@@ -210,7 +315,7 @@ class ShareWriter:
             end = min(b, start + step)
             chunk = torch.cat([p[start:end].to(self.out_dtype) for p in src.pieces], dim=src.shard_dim)
             data = _as_bytes(chunk.contiguous())
-            self._write(placement.file, data, offset)
+            self._submit(placement.file, data, offset)
             offset += len(data)
 
     def _write_plain(self, placement: layout.Placement, src: SourceTensor, a: int, b: int) -> None:
@@ -229,7 +334,7 @@ class ShareWriter:
                         f"{src.file_of(k)}: unsharded entry {src.name!r} differs from rank {src.ranks[0]}'s copy; "
                         f"the rank files come from different steps: re-copy the checkpoint")
             data = _as_bytes(chunk)
-            self._write(placement.file, data, offset)
+            self._submit(placement.file, data, offset)
             offset += len(data)
 
 

@@ -1,0 +1,92 @@
+"""The merge's overlaps: cast/write pipelining in slimckpt.writer, the readahead plan, and writing
+from a guessed layout while verl/transformers import (slimckpt.merge_guess) — a wrong guess must
+cost time only, never change a byte."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import torch
+
+from slimckpt import layout, merge, merge_guess, readahead
+from slimckpt.sources import SourceTensor
+from slimckpt.writer import OutputError, ShareWriter, create_files
+
+from .merge_helpers import synthetic_checkpoint, tiny_llama_config
+
+
+def test_guess_drops_flowrl_and_tied_head_only():
+    names = ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight",
+             "model.flowrl_log_z.0.weight"]
+    assert list(merge_guess.guess_output_names(names, {"tie_word_embeddings": False})) == names[:3]
+    assert list(merge_guess.guess_output_names(names, {"tie_word_embeddings": True})) == names[:2]
+
+
+@pytest.mark.parametrize("names,config", [
+    (["model.a"], {}),  # tie setting not stated: the model class decides, so no guess
+    (["model.a"], None),
+    (["model.q_proj.lora_A.weight"], {"tie_word_embeddings": False}),
+    (["visual.patch_embed.weight"], {"tie_word_embeddings": False}),  # names outside model./lm_head.
+])
+def test_no_guess_where_transformers_might_differ(names, config):
+    assert merge_guess.guess_output_names(names, config) is None
+
+
+def test_readahead_plan_fits_the_budget():
+    sizes = {"a": 600, "b": 400}
+    assert readahead.plan(sizes, 2000) == sizes
+    assert readahead.plan(sizes, 500) == {"a": 300, "b": 200}
+    assert readahead.plan(sizes, 0) == {"a": 0, "b": 0}
+
+
+def _merge(local, target, **kw):
+    return merge.merge(merge.MergeOptions(local_dir=str(local), target_dir=str(target), progress=False, **kw))
+
+
+def _bytes_of(d):
+    return {n: (d / n).read_bytes() for n in sorted(os.listdir(d)) if n.endswith((".safetensors", ".json"))
+            and n != "manifest.json"}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_guessed_and_planned_merges_are_byte_identical(tmp_path, monkeypatch, tied):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_llama_config(tie_word_embeddings=tied))
+    _merge(ckpt, tmp_path / "guessed")
+    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0")
+    _merge(ckpt, tmp_path / "planned")
+    assert _bytes_of(tmp_path / "guessed") == _bytes_of(tmp_path / "planned")
+
+
+def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch, caplog):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=1)
+    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0")
+    _merge(ckpt, tmp_path / "planned")
+    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "1")
+    real = merge_guess.guess_output_names
+    monkeypatch.setattr(merge_guess, "guess_output_names",
+                        lambda names, config: {k: v for k, v in real(names, config).items() if k != "lm_head.weight"})
+    with caplog.at_level("INFO", logger="slimckpt.merge"):
+        _merge(ckpt, tmp_path / "guessed")
+    assert "guessed layout differs" in caplog.text
+    assert _bytes_of(tmp_path / "guessed") == _bytes_of(tmp_path / "planned")
+    assert not (tmp_path / "guessed.partial").exists()
+
+
+def test_a_failed_background_write_surfaces_and_stops(tmp_path, monkeypatch):
+    full = torch.randn(64, 32)
+    src = SourceTensor("w", tuple(full.shape), full.dtype, 0, list(torch.chunk(full, 2)), [0, 1])
+    plan = layout.plan_files([layout.TensorSpec("w", "BF16", tuple(full.shape))], "5GB")
+    create_files(str(tmp_path), plan)
+    calls = []
+
+    def failing(fd, data, off):
+        calls.append(len(data))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", failing)
+    writer = ShareWriter(str(tmp_path), plan, {"w": src}, torch.bfloat16, chunk_bytes=256)
+    with pytest.raises(OutputError, match="model.safetensors"):
+        writer.write_share(layout.partition(plan, 1)[0])
+    assert len(calls) == 1  # writes after the failed one are dropped, not attempted
