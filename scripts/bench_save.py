@@ -166,7 +166,8 @@ def checkpoint_config(mode: str, budget_gb: float):
         return OmegaConf.create({"save_contents": ["model", "optimizer", "extra", "hf_model"]}), None
     from slimckpt.config import SlimCheckpointConfig
 
-    common = dict(recipe="incremental", incremental_save=True, measure=False, async_save=mode == "async",
+    # the recipe's defaults (bucket_mb, write_threads, measure) except what the mode sets
+    common = dict(recipe="incremental", incremental_save=True, async_save=mode == "async",
                   host_memory_budget_gb=budget_gb, save_contents=["model", "optimizer", "extra"])
     try:
         return SlimCheckpointConfig(export_hf=True, **common), True
@@ -210,6 +211,7 @@ def worker(args: argparse.Namespace) -> None:
     for i in range(args.repeats):
         path = os.path.join(args.out, f"global_step_{i + 1}", "actor")
         gc.collect()
+        os.sync()  # no dirty pages of earlier writes left for this save to wait on
         dist.barrier()
         level = sampler.start()
         first_level = level if first_level is None else first_level
@@ -382,7 +384,9 @@ Peak extra RssAnon: each rank's peak anonymous RSS during its saves above its le
 largest over ranks. Wall: until every rank's files are committed (async: until the background write is),
 median over saves. Blocking: until `save_checkpoint` returns. On CPU verl's sharded save does not copy
 the shards (they already are host tensors); on GPU it copies the rank's whole model and optimizer shard to
-host RAM first, so verl's numbers here are its lower bound.
+host RAM first, so verl's numbers here are its lower bound. slimckpt fsyncs every file before it commits
+the step; verl's `torch.save` does not, so part of verl's bytes may still be in the page cache when its save
+returns (the page cache is synced before every save, outside the timed window).
 {note}
 {table(rows)}
 
