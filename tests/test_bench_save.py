@@ -1,0 +1,66 @@
+"""scripts/bench_save.py's report logic (no runs): its section of BENCHMARKS.md is replaced between
+its markers and nothing else is touched; the targets are judged from the rows as measured."""
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("bench_save", REPO / "scripts" / "bench_save.py")
+bench_save = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_save)
+
+MiB = 2**20
+
+
+def _row(size, mode, peak_mib, wall, blocking=None, export=True, params=1e9, staged=None):
+    return {"size": size, "mode": mode, "params": params, "export_hf": None if mode == "verl" else export,
+            "peak_extra_per_rank": [peak_mib * MiB, peak_mib * MiB // 2], "peak_extra": peak_mib * MiB,
+            "wall_s": wall, "blocking_s": blocking if blocking is not None else wall, "walls": [wall],
+            "blockings": [blocking or wall], "hf_safetensors": 1 if export else 0, "bytes_on_disk": 1,
+            "timings_s": [{"stage": 0.5}] if mode == "async" else [None], "staged": staged,
+            "first_blocking_s": blocking or wall}
+
+
+def _result(rows):
+    return {"rows": rows, "meta": {"command": "python scripts/bench_save.py", "date": "2026-01-01", "repeats": 3,
+                                   "seconds": 60.0, "machine": "test"}}
+
+
+def test_section_is_replaced_between_markers_only(tmp_path):
+    report = tmp_path / "BENCHMARKS.md"
+    report.write_text("# Benchmarks\n\n## Merge\n\nmerge table\n")
+    rows = [_row("1b", "verl", 4000, 30.0), _row("1b", "incremental", 100, 20.0)]
+    bench_save.write_section(bench_save.render_section(_result(rows)), report)
+    first = report.read_text()
+    assert first.startswith("# Benchmarks\n\n## Merge\n\nmerge table\n")
+    assert first.count(bench_save.BEGIN) == 1 and first.count(bench_save.END) == 1
+    report.write_text(first + "\n## After\n")
+    rows[1] = _row("1b", "incremental", 200, 20.0)
+    bench_save.write_section(bench_save.render_section(_result(rows)), report)
+    second = report.read_text()
+    assert second.count(bench_save.BEGIN) == 1 and "## After" in second and "merge table" in second
+    assert "| 200 / 100 MiB |" in second and "| 100 / 50 MiB |" not in second
+
+
+def test_targets_follow_the_numbers():
+    rows = [_row("0.25b", "verl", 1000, 10.0, params=0.25e9), _row("0.25b", "incremental", 90, 8.0, params=0.25e9),
+            _row("1b", "verl", 4000, 30.0), _row("1b", "incremental", 100, 20.0),
+            _row("1b", "async", 6000, 25.0, blocking=1.5, staged=True)]
+    checks = {name.split(" (")[0]: ok for name, ok, _ in bench_save.targets(rows)}
+    assert list(checks.values()) == [True, True, True, True]
+    slow = [r if r["mode"] != "async" else _row("1b", "async", 6000, 25.0, blocking=3.0, staged=True) for r in rows]
+    name, ok, measured = bench_save.targets(slow)[-1]
+    assert "async blocking" in name and not ok and "12% of 20.0 s" in measured
+
+
+def test_a_save_without_the_export_never_meets_the_memory_target():
+    rows = [_row("1b", "verl", 4000, 30.0), _row("1b", "incremental", 10, 20.0, export=False)]
+    name, ok, measured = bench_save.targets(rows)[0]
+    assert "10x lower" in name and not ok and "no HF export" in measured
+    assert "ran without the HF export" in bench_save.render_section(_result(rows))
+
+
+def test_an_async_save_that_streamed_fails_its_target():
+    rows = [_row("1b", "incremental", 10, 20.0), _row("1b", "async", 10, 20.0, blocking=0.1, staged=False)]
+    name, ok, measured = bench_save.targets(rows)[-1]
+    assert "async blocking" in name and not ok and "streamed synchronously" in measured
