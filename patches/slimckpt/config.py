@@ -24,9 +24,13 @@ class SlimCheckpointConfig(CheckpointConfig):
     recipe: which tier set this config (quickstart | intermediate | incremental).
     measure: record peak anonymous RSS, bytes and seconds of every save (per rank, JSON next to
         the checkpoint and a log line).
-    export_hf: after each actor save, export `huggingface/` safetensors from the freshly written
-        shards with the streaming exporter (bounded memory) instead of verl's `hf_model` gather.
-    export_dtype: dtype of the export (bf16 | fp16 | fp32), bf16 as verl's hf_model save.
+    export_hf: after each save, write `huggingface/` safetensors with bounded memory instead of
+        verl's `hf_model` gather: intermediate tier from the freshly written shards (streaming
+        merge); incremental tier straight from each rank's shards (hf_direct_export; an
+        `hf_model` in save_contents is then skipped, with a log line).
+    export_dtype: dtype of the export (auto | bf16 | fp16 | fp32). auto (incremental tier only):
+        the parameters' own dtype, what verl's hf_model save writes (fp32 master weights -> fp32);
+        bf16 is what verl's model_merger writes.
     max_shard_size: largest safetensors file of the export, as Hugging Face's ("5GB").
     incremental_save: write resume state (model, optimizer, extra) as a reshardable DCP
         checkpoint, streamed tensor by tensor (slimckpt.resume_state), committed by a manifest.
@@ -63,7 +67,7 @@ class SlimCheckpointConfig(CheckpointConfig):
         check_verl_version()
         if self.recipe not in RECIPES:
             raise ValueError(f"checkpoint.recipe={self.recipe!r} is not a slimckpt recipe; use one of {RECIPES}")
-        if "hf_model" in self.save_contents and self.export_hf:
+        if "hf_model" in self.save_contents and self.export_hf and not self.incremental_save:
             raise ValueError(
                 "checkpoint.save_contents has 'hf_model' and export_hf=true: both would write huggingface/; "
                 "drop 'hf_model' (export_hf replaces verl's gather)"
@@ -71,11 +75,11 @@ class SlimCheckpointConfig(CheckpointConfig):
         if self.export_hf and "model" not in self.save_contents:
             raise ValueError("checkpoint.export_hf=true exports from the saved model shards: keep 'model' in "
                              "checkpoint.save_contents")
-        if self.export_hf and self.incremental_save:
-            raise ValueError("checkpoint.export_hf=true reads verl's model shards, which incremental_save=true does "
-                             "not write; set export_hf=false with incremental_save, or use +recipe=intermediate")
-        if self.export_dtype not in ("bf16", "fp16", "fp32"):
-            raise ValueError(f"checkpoint.export_dtype={self.export_dtype!r}: use bf16, fp16 or fp32")
+        if self.export_dtype == "auto" and not self.incremental_save:
+            raise ValueError("checkpoint.export_dtype=auto (the parameters' dtype) needs incremental_save=true; "
+                             "the intermediate tier's export takes bf16, fp16 or fp32")
+        if self.export_dtype not in ("auto", "bf16", "fp16", "fp32"):
+            raise ValueError(f"checkpoint.export_dtype={self.export_dtype!r}: use auto, bf16, fp16 or fp32")
         if self.on_save_error not in ("stop", "continue"):
             hint = difflib.get_close_matches(str(self.on_save_error), ["stop", "continue"], 1)
             raise ValueError(f"checkpoint.on_save_error={self.on_save_error!r}: use stop or continue"

@@ -19,8 +19,9 @@ its files, rank 0 writes the manifest and only then applies retention.
 
 Everything else verl's save does (huggingface/ config + tokenizer + generation config on rank 0,
 fsdp_config.json, LoRA meta, `hf_model` if asked) is done by calling verl's own save with the shard
-contents removed, so it stays exactly verl's. A gather-free HF export (`export_hf`) plugs in
-after the shards are written and before the commit: see `_after_shards`.
+contents removed, so it stays exactly verl's. With `export_hf`, the weights of huggingface/ are
+written without a gather (hf_direct_export, in place of verl's `hf_model`): planned at save time,
+written after the shards (from the staged copy in async mode) and before the commit.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import hf_direct_export
 from .log import get_logger
 from .resume_manifest import (
     FAILED_PREFIX,
@@ -266,10 +268,19 @@ def commit(manager, local_path: str, global_step: int, contents: list[str], conf
              sum(f.bytes for f in files) / 2**20, ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
 
 
-def _after_shards(manager, local_path: str, config: Any) -> None:
-    """Seam for the gather-free HF export (every rank writes its own rows of the final safetensors
-    files, planned by slimckpt.layout): it runs here, after the shards are on disk and before the
-    manifest, so a committed step always has its export. Not part of this tier yet."""
+def _after_shards(manager, local_path: str, config: Any, model_state: dict[str, Any] | None = None,
+                  export: Any = None, group: dist.ProcessGroup | None = None,
+                  timings: dict[str, float] | None = None) -> None:
+    """The gather-free HF export (hf_direct_export: every rank writes its own rows of the final
+    safetensors files at their planned offsets). It runs after the shards are on disk and before
+    the manifest, whose file list then includes huggingface/: a committed step always has its
+    whole export, a half-written one is never committed."""
+    if export is None or not getattr(config, "export_hf", False):
+        return
+    start = time.perf_counter()
+    hf_direct_export.write_export(manager, export, local_path, model_state or {}, config, group)
+    if timings is not None:
+        timings["export_hf"] = time.perf_counter() - start
 
 
 # --------------------------------------------------------------------------- save
@@ -335,7 +346,7 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
 
     contents = [c for c in manager.checkpoint_save_contents if c in SHARD_CONTENTS]
     # verl's own save for huggingface/, fsdp_config.json, LoRA meta and hf_model; retention later
-    with save_contents(manager, [c for c in manager.checkpoint_save_contents if c not in SHARD_CONTENTS]):
+    with save_contents(manager, hf_direct_export.verl_contents(manager, config)):
         original(manager, local_path, hdfs_path, global_step, None)
     lap("verl_save")
 
@@ -347,6 +358,9 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     aliases: dict[str, str] = {}
     if "model" in state:
         state["model"], aliases = split_aliases(state["model"])
+    # planned here, in the foreground, from the shards' specs (a staged copy has the same ones)
+    export = hf_direct_export.plan_export(manager, local_path, state.get("model", {}), aliases, config, group) \
+        if getattr(config, "export_hf", False) else None
     dcp_dir = os.path.join(local_path, DCP_DIR)
     lap("state_dict")
 
@@ -358,15 +372,17 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
         del state
         writer.submit(global_step, local_path, functools.partial(
             _write_and_commit, manager, staged, local_path, dcp_dir, global_step, contents, config, group,
-            max_ckpt_to_keep, timings, aliases))
+            max_ckpt_to_keep, timings, aliases, export))
         return
     _write_and_commit(manager, state, local_path, dcp_dir, global_step, contents, config, group,
-                      max_ckpt_to_keep, timings, aliases)
+                      max_ckpt_to_keep, timings, aliases, export)
 
 
 def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: str, global_step: int,
                       contents: list[str], config: Any, group: dist.ProcessGroup, max_keep: int | None,
-                      timings: dict[str, float], aliases: dict[str, str]) -> None:
+                      timings: dict[str, float], aliases: dict[str, str], export=None) -> None:
+    """DCP shards, then the HF export (both from `state`: the live shards, or the staged copy in
+    async mode), then the commit. Collective over `group`."""
     import torch.distributed.checkpoint as dcp
 
     start = time.perf_counter()
@@ -374,7 +390,7 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
         if state:
             dcp.save(state, storage_writer=storage_writer(dcp_dir, config), process_group=group)
         timings["write"] = time.perf_counter() - start
-        _after_shards(manager, local_path, config)
+        _after_shards(manager, local_path, config, state.get("model", {}), export, group, timings)
         commit(manager, local_path, global_step, contents, config, group, max_keep, timings, aliases)
     except BaseException as exc:
         from .resume_manifest import write_failure

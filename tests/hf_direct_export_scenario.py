@@ -1,0 +1,162 @@
+"""torchrun scenario for the gather-free HF export (tests/test_hf_direct_export.py):
+
+    torchrun --nproc_per_node 2 tests/hf_direct_export_scenario.py --dir D [--models llama,qwen2-tied] [--fsdp 2]
+
+For each model (tiny Llama, tiny Qwen2 with tied embeddings), on one process group: one AdamW step,
+then verl's own FSDPCheckpointManager saves with save_contents=[model,optimizer,extra,hf_model]
+(rank-0 gather + save_pretrained), and the same live model is saved through the incremental tier
+with export_hf (sync, one file; bf16; then async in small files, its write held back until training has
+changed every parameter). Rank 0 compares each export with verl's tensor for tensor and writes
+D/hf_direct_export_result.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from resume_scenarios import Run, slim_config  # noqa: E402  (the same tiny model and manager)
+
+import resume_scenarios  # noqa: E402
+
+
+def load_export(hf_dir: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
+        out.update(load_file(path))
+    return out
+
+
+def compare(ours: str, verl: str) -> dict:
+    a, b = load_export(ours), load_export(verl)
+    diffs = [n for n in sorted(set(a) | set(b))
+             if n not in a or n not in b or a[n].dtype != b[n].dtype or a[n].shape != b[n].shape
+             or not torch.equal(a[n].view(torch.uint8) if a[n].numel() else a[n],
+                                b[n].view(torch.uint8) if b[n].numel() else b[n])]
+    same_text = {}
+    for name in ("config.json", "generation_config.json"):
+        pa, pb = os.path.join(ours, name), os.path.join(verl, name)
+        same_text[name] = os.path.exists(pa) and os.path.exists(pb) and open(pa).read() == open(pb).read()
+    single = os.path.join(ours, "model.safetensors")
+    return {
+        "n_ours": len(a), "n_verl": len(b), "diffs": diffs[:10],
+        "dtypes": sorted({str(t.dtype) for t in a.values()}),
+        "files": sorted(os.path.basename(p) for p in glob.glob(os.path.join(ours, "*"))),
+        "same_text": same_text,
+        "bytes_identical": os.path.exists(single) and open(single, "rb").read() == open(
+            os.path.join(verl, "model.safetensors"), "rb").read(),
+    }
+
+
+def loads(hf_dir: str) -> bool:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    ref = load_export(hf_dir)
+    sd = model.state_dict()
+    return all(torch.equal(sd[n], t.to(sd[n].dtype)) for n, t in ref.items())
+
+
+def manifest_lists(role_dir: str) -> list[str]:
+    with open(os.path.join(role_dir, "slimckpt_resume.json")) as f:
+        return sorted(e["path"] for e in json.load(f)["files"] if e["path"].startswith("huggingface/"))
+
+
+def run_model(args, model: str) -> dict:
+    from slimckpt import hf_direct_export
+    from slimckpt.resume_state import finish_pending
+    from verl.trainer.config import CheckpointConfig
+
+    resume_scenarios.MODEL = model
+    root = os.path.join(args.dir, model)
+    verl_cfg = CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"])
+    run = Run(seed=0, ckpt_config=verl_cfg)
+    run.step()
+    verl_dir = os.path.join(root, "verl", "global_step_1", "actor")
+    run.manager.save_checkpoint(verl_dir, global_step=1)
+
+    # the gather-free export, sync: hf_model stays in save_contents and is skipped (logged)
+    run.manager.checkpoint_config = slim_config(
+        save_contents=["model", "optimizer", "extra", "hf_model"], export_hf=True, export_dtype="auto")
+    sync_dir = os.path.join(root, "sync", "global_step_1", "actor")
+    t0 = time.perf_counter()
+    run.manager.save_checkpoint(sync_dir, global_step=1)
+    sync_s = time.perf_counter() - t0
+
+    # bf16 export: a cast of the same values
+    run.manager.checkpoint_config = slim_config(export_hf=True, export_dtype="bf16")
+    bf16_dir = os.path.join(root, "bf16", "global_step_1", "actor")
+    run.manager.save_checkpoint(bf16_dir, global_step=1)
+
+    # async, several files: the write starts only after training has moved every parameter
+    real_write = hf_direct_export.write_export
+
+    def late_write(*a, **k):
+        time.sleep(1.0)
+        return real_write(*a, **k)
+
+    hf_direct_export.write_export = late_write
+    run.manager.checkpoint_config = slim_config(export_hf=True, export_dtype="auto", async_save=True,
+                                                host_memory_budget_gb=1.0, max_shard_size="20KB")
+    async_dir = os.path.join(root, "async", "global_step_1", "actor")
+    run.manager.save_checkpoint(async_dir, global_step=1)
+    run.step()
+    committed_early = os.path.exists(os.path.join(async_dir, "slimckpt_resume.json"))
+    finish_pending()
+    hf_direct_export.write_export = real_write
+
+    dist.barrier()
+    if dist.get_rank() != 0:
+        return {}
+    verl_hf = os.path.join(verl_dir, "huggingface")
+    ref = load_export(verl_hf)
+    bf16 = load_export(os.path.join(bf16_dir, "huggingface"))
+    return {
+        "sync": compare(os.path.join(sync_dir, "huggingface"), verl_hf),
+        "async": compare(os.path.join(async_dir, "huggingface"), verl_hf),
+        "async_committed_before_finish": committed_early,
+        "bf16_equal_cast": set(bf16) == set(ref) and all(
+            bf16[n].dtype == torch.bfloat16 and torch.equal(bf16[n], ref[n].to(torch.bfloat16)) for n in ref),
+        "sync_loads": loads(os.path.join(sync_dir, "huggingface")),
+        "async_loads": loads(os.path.join(async_dir, "huggingface")),
+        "manifest_sync": manifest_lists(sync_dir),
+        "manifest_async": manifest_lists(async_dir),
+        "sync_dcp_files": sorted(os.listdir(os.path.join(sync_dir, "dcp"))),
+        "sync_seconds": sync_s,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dir", required=True)
+    p.add_argument("--models", default="llama,qwen2-tied")
+    p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
+    args = p.parse_args()
+    resume_scenarios.FSDP_VERSION = args.fsdp
+    import faulthandler
+    faulthandler.dump_traceback_later(200, exit=True)  # a hang shows its stacks before the test times out
+    dist.init_process_group("gloo")
+    try:
+        result = {m: run_model(args, m) for m in args.models.split(",")}
+        if dist.get_rank() == 0:
+            with open(os.path.join(args.dir, "hf_direct_export_result.json"), "w") as f:
+                json.dump(result, f, indent=1)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The incremental tier's gather-free HF export (slimckpt.hf_direct_export, export_assign).
+
+Fast: which rank writes which rows (pure planning). Slow: one torchrun (2 ranks, gloo, FSDP2) that
+saves a tiny Llama and a tiny tied Qwen2 with verl's own hf_model and with export_hf (sync and
+async), and compares the exports tensor for tensor (tests/hf_direct_export_scenario.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slimckpt.export_assign import AssignError, Box, assign_writers, box_runs, full_box, run_starts
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIO = REPO / "tests" / "hf_direct_export_scenario.py"
+
+
+def rows(start: int, n: int, shape: tuple[int, ...]) -> Box:
+    return Box((start,) + (0,) * (len(shape) - 1), (n,) + tuple(shape[1:]))
+
+
+# --------------------------------------------------------------------------- pure planning
+
+
+def test_fsdp_row_shards_each_written_by_their_holder():
+    shapes = {"w": (10, 4), "b": (3,)}
+    holdings = [{"w": rows(0, 5, (10, 4)), "b": rows(0, 2, (3,))},
+                {"w": rows(5, 5, (10, 4)), "b": rows(2, 1, (3,))}]
+    out = assign_writers(holdings, shapes)
+    assert out == [[("w", rows(0, 5, (10, 4))), ("b", rows(0, 2, (3,)))],
+                   [("w", rows(5, 5, (10, 4))), ("b", rows(2, 1, (3,)))]]
+
+
+def test_uneven_and_empty_shards():
+    """FSDP's chunking: a 3-row tensor over 4 ranks gives 1,1,1,0 rows; the empty one writes nothing."""
+    shapes = {"n": (3, 2)}
+    holdings = [{"n": rows(i, 1, (3, 2))} for i in range(3)] + [{}]
+    out = assign_writers(holdings, shapes)
+    assert [len(s) for s in out] == [1, 1, 1, 0]
+
+
+def test_replicated_tensor_is_written_once_and_balanced():
+    shapes = {f"t{i}": (4, 4) for i in range(4)}
+    holdings = [{n: full_box(s) for n, s in shapes.items()} for _ in range(2)]
+    out = assign_writers(holdings, shapes)
+    written = sorted(n for share in out for n, _ in share)
+    assert written == sorted(shapes)  # every tensor exactly once
+    assert [len(s) for s in out] == [2, 2]  # spread over the holders by bytes
+
+
+def test_two_d_mesh_replicas_write_each_row_range_once():
+    """(ddp=2, fsdp=2): ranks 0,2 hold rows [0,4), ranks 1,3 rows [4,8); each range once, by bytes."""
+    shape = (8, 16)
+    holdings = [{"w": rows(0, 4, shape)}, {"w": rows(4, 4, shape)}, {"w": rows(0, 4, shape)}, {"w": rows(4, 4, shape)}]
+    out = assign_writers(holdings, {"w": shape})
+    boxes = sorted(b for share in out for _, b in share)
+    assert boxes == [rows(0, 4, shape), rows(4, 4, shape)]
+    assert out[0] and out[1] and not out[2] and not out[3]
+
+
+def test_gaps_and_overlaps_are_refused():
+    shape = (10, 2)
+    with pytest.raises(AssignError, match="hold 16 of its 20"):
+        assign_writers([{"w": rows(0, 4, shape)}, {"w": rows(6, 4, shape)}], {"w": shape})
+    with pytest.raises(AssignError, match="overlap"):
+        assign_writers([{"w": rows(0, 6, shape)}, {"w": rows(4, 4, shape)}], {"w": shape})
+    with pytest.raises(AssignError, match="outside"):
+        assign_writers([{"w": rows(8, 4, shape)}], {"w": shape})
+
+
+def test_zero_size_tensor_needs_no_writer():
+    assert assign_writers([{}, {}], {"empty": (0, 4)}) == [[], []]
+
+
+def test_box_runs_rows_and_column_shards():
+    shape = (4, 6)
+    assert box_runs(shape, rows(1, 2, shape)) == (1, 12, 0)
+    assert run_starts(shape, rows(1, 2, shape)) == [6]
+    col = Box((0, 3), (4, 3))  # Shard(1): one run per row
+    assert box_runs(shape, col) == (4, 3, 1)
+    assert run_starts(shape, col) == [3, 9, 15, 21]
+    assert box_runs((), Box((), ())) == (1, 1, 0)
+    # 3-d, cut in dim 1: runs over dim 0 x the box's dim-1 range... dims after 1 whole
+    assert box_runs((2, 4, 5), Box((0, 2, 0), (2, 2, 5))) == (2, 10, 1)
+    assert run_starts((2, 4, 5), Box((0, 2, 0), (2, 2, 5))) == [10, 30]
+
+
+def test_box_runs_cover_the_box_exactly():
+    """Every element of a box, in the box's row-major order, is where box_runs/run_starts put it."""
+    import itertools
+    import math
+
+    shape = (3, 4, 5)
+    box = Box((1, 1, 2), (2, 3, 2))
+    n, length, _ = box_runs(shape, box)
+    got = [s + i for s in run_starts(shape, box) for i in range(length)]
+    strides = [math.prod(shape[d + 1:]) for d in range(3)]
+    want = [sum((o + i) * st for o, i, st in zip(box.offset, idx, strides))
+            for idx in itertools.product(*(range(s) for s in box.size))]
+    assert n * length == box.numel and got == want
+
+
+def test_config_accepts_auto_only_for_the_incremental_tier():
+    from slimckpt.config import SlimCheckpointConfig
+
+    ok = SlimCheckpointConfig(recipe="incremental", incremental_save=True, export_hf=True, export_dtype="auto",
+                              save_contents=["model", "optimizer", "extra", "hf_model"])
+    assert ok.export_hf
+    with pytest.raises(ValueError, match="auto"):
+        SlimCheckpointConfig(recipe="intermediate", export_hf=True, export_dtype="auto", save_contents=["model"])
+    with pytest.raises(ValueError, match="hf_model"):
+        SlimCheckpointConfig(recipe="intermediate", save_contents=["model", "hf_model"], export_hf=True)
+
+
+# --------------------------------------------------------------------------- torchrun (slow)
+
+
+@pytest.mark.slow
+def test_export_equals_verl_hf_model(tmp_path):
+    """Tiny Llama and tied Qwen2, FSDP2, 2 ranks: export_hf (sync, one file; async, several files,
+    written after training moved the parameters) equals verl's hf_model tensor for tensor (names,
+    dtypes, shapes, bits), config.json and generation_config.json included; the single file is
+    byte-identical; it loads with from_pretrained; the manifest lists it; a bf16 export is the cast."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(SCENARIO), "--dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    result = json.loads((tmp_path / "hf_direct_export_result.json").read_text())
+    for model, r in result.items():
+        for mode in ("sync", "async"):
+            c = r[mode]
+            assert c["diffs"] == [] and c["n_ours"] == c["n_verl"] > 0, (model, mode, c)
+            assert c["dtypes"] == ["torch.float32"], (model, mode)  # verl's hf_model writes the fp32 params
+            assert c["same_text"] == {"config.json": True, "generation_config.json": True}, (model, mode, c)
+        assert r["sync"]["bytes_identical"], model
+        assert "model.safetensors.index.json" in r["async"]["files"], r["async"]["files"]
+        assert not r["async_committed_before_finish"]
+        assert r["sync_loads"] and r["async_loads"] and r["bf16_equal_cast"], model
+        for mode in ("sync", "async"):
+            listed = r[f"manifest_{mode}"]
+            weights = [f"huggingface/{n}" for n in r[mode]["files"] if n.endswith(".safetensors") or n.endswith(".json")]
+            assert set(weights) <= set(listed), (model, mode, listed)
+    tied = result["qwen2-tied"]["sync"]
+    assert tied["n_ours"] == result["llama"]["sync"]["n_ours"] - 1  # no lm_head.weight: tied, as verl drops it
