@@ -310,7 +310,8 @@ def table(rows: list[dict]) -> str:
             vs = "-" if r is base or base is None else \
                 f"{base['peak_extra'] / max(r['peak_extra'], 1):.1f}x lower"
             speed = "-" if r is base or base is None else f"{base['wall_s'] / r['wall_s']:.2f}x"
-            lines.append(f"| {size} | {r['params'] / 1e9:.2f}B | {MODE_LABEL[r['mode']]} | {r['peak_extra'] / 2**20:,.0f} MiB "
+            lines.append(f"| {size} | {r['params'] / 1e9:.2f}B | {MODE_LABEL[r['mode']]} "
+                         f"| {r['peak_extra'] / 2**20:,.0f} MiB "
                          f"| {per_rank} MiB | {r['wall_s']:.1f} s | {r['blocking_s']:.2f} s | {vs} | {speed} "
                          f"| {r['hf_safetensors'] or 'none'} |")
     return "\n".join(lines)
@@ -326,7 +327,8 @@ def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
         ratio = verl["peak_extra"] / max(sync["peak_extra"], 1)
         checks.append((f"per-rank extra peak RssAnon of a save with the HF export >= 10x lower than verl's hf_model "
                        f"save ({big})", exported and ratio >= 10,
-                       f"{ratio:.1f}x" + ("" if exported else " (this save had no HF export: export_hf not available)")))
+                       f"{ratio:.1f}x" + ("" if exported else
+                                          " (this save had no HF export: export_hf not available)")))
         checks.append((f"save wall no worse than verl's ({big}, sync)", sync["wall_s"] <= verl["wall_s"],
                        f"{sync['wall_s']:.1f} s vs {verl['wall_s']:.1f} s"))
     ours = [r for r in (find(rows, s, "incremental") for s in sizes) if r]
@@ -369,7 +371,8 @@ def render_section(result: dict) -> str:
     target_lines += [f"| {name} | {'✓' if ok else '✗'} | {value} |" for name, ok, value in checks]
     no_export = [r for r in rows if r["mode"] != "verl" and not r["export_hf"]]
     note = ("\n**These incremental saves ran without the HF export** (this tree's SlimCheckpointConfig refused "
-            "export_hf with incremental_save), so they are not yet the save the targets ask for.\n") if no_export else ""
+            "export_hf with incremental_save), so they are not yet the save the targets ask for.\n"
+            ) if no_export else ""
     return f"""{BEGIN}
 ## Save inside verl: FSDP2, world size 2, verl 0.9.1's FSDPCheckpointManager
 
@@ -419,7 +422,8 @@ def machine_line() -> str:
     import torch
 
     return (f"{platform.machine()}, {os.cpu_count()} cores, "
-            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, torch {torch.__version__}")
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
+            f"torch {torch.__version__}")
 
 
 def driver(args: argparse.Namespace) -> int:
