@@ -48,13 +48,13 @@ def test_manifest_round_trip_and_file_checks(tmp_path):
     d = _role_dir(tmp_path, 5)
     written = _commit(d, 5)
     read = rm.read_manifest(str(d))
-    assert read.files == written.files and read.global_step == 5 and read.files[0].crc32 is not None
+    assert read.files == written.files and read.global_step == 5 and read.files[0].checksum is not None
     rm.check_files(str(d), read.files, checksums=True)
 
     # same size, different bytes: only the checksum sees it
     (d / "dcp" / "__0_0.distcp").write_bytes(b"y" * 100)
     rm.check_files(str(d), read.files, checksums=False)
-    with pytest.raises(rm.UncommittedCheckpoint, match="CRC32"):
+    with pytest.raises(rm.UncommittedCheckpoint, match="xxh3_128"):
         rm.check_files(str(d), read.files, checksums=True)
     (d / "dcp" / "__0_0.distcp").write_bytes(b"y" * 99)
     with pytest.raises(rm.UncommittedCheckpoint, match="99 bytes"):

@@ -16,6 +16,7 @@ from . import __version__
 SUBCOMMANDS: dict[str, str] = {
     "merge": "slimckpt.merge",
     "plan": "slimckpt.plan",
+    "verify": "slimckpt.verify",
 }
 
 

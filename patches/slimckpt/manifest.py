@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 FORMAT_VERSION = 1
@@ -47,8 +47,8 @@ def new_hasher(algo: str = DEFAULT_ALGO):
 
 
 def file_checksum(path: str, algo: str = DEFAULT_ALGO, begin: int = 0, end: int | None = None,
-                  hasher=None) -> str:
-    """Checksum of bytes [begin, end) of a file, read in bounded chunks."""
+                  hasher=None, on_bytes: Callable[[int], object] | None = None) -> str:
+    """Checksum of bytes [begin, end) of a file, read in bounded chunks (`on_bytes(n)` after each)."""
     h = hasher or new_hasher(algo)
     with open(path, "rb", buffering=0) as f:
         f.seek(begin)
@@ -61,7 +61,60 @@ def file_checksum(path: str, algo: str = DEFAULT_ALGO, begin: int = 0, end: int 
                 raise CommitError(f"{path}: file ended {left} bytes early while checksumming")
             h.update(view[:n])
             left -= n
+            if on_bytes is not None:
+                on_bytes(n)
     return h.hexdigest()
+
+
+def bytes_checksum(data: bytes, algo: str = DEFAULT_ALGO) -> str:
+    h = new_hasher(algo)
+    h.update(data)
+    return h.hexdigest()
+
+
+# A manifest carries a checksum of itself: a bit flip in it that still parses as JSON (a size, a
+# checksum, a path) must not pass for a different, valid record.
+SEAL_KEY = "manifest_checksum"
+
+
+def _canonical(record: dict) -> bytes:
+    return json.dumps({k: v for k, v in record.items() if k != SEAL_KEY}, sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
+def seal(record: dict, algo: str = DEFAULT_ALGO) -> dict:
+    """`record` plus SEAL_KEY: "<algo>:<checksum of its canonical JSON>"."""
+    return {**record, SEAL_KEY: f"{algo}:{bytes_checksum(_canonical(record), algo)}"}
+
+
+def check_seal(record: dict) -> None:
+    """Raise CommitError if the record's seal does not match it (records written before seals pass)."""
+    sealed = record.get(SEAL_KEY)
+    if sealed is None:
+        return
+    algo, _, want = str(sealed).partition(":")
+    if bytes_checksum(_canonical(record), algo) != want:
+        raise CommitError("its own checksum does not match its contents (the manifest itself is damaged)")
+
+
+def check_file(root: str, rel: str, size: int, checksum: str | None, algo: str, checksums: bool = True,
+               on_bytes: Callable[[int], object] | None = None) -> str | None:
+    """Why file `rel` under root does not match its record (size, then checksum), or None.
+
+    The one check behind every manifest of slimckpt (merge outputs and incremental resume state)."""
+    path = os.path.join(root, rel)
+    if not os.path.isfile(path):
+        return "missing"
+    got_size = os.path.getsize(path)
+    if got_size != size:
+        return f"size {got_size} bytes, manifest says {size}"
+    if checksums and checksum is not None:
+        got = file_checksum(path, algo, on_bytes=on_bytes)
+        if got != checksum:
+            return f"{algo} {got}, manifest says {checksum}"
+    elif on_bytes is not None:
+        on_bytes(size)
+    return None
 
 
 @dataclass
@@ -83,13 +136,14 @@ class Manifest:
     def to_json(self) -> str:
         d = asdict(self)
         d["files"] = {k: asdict(v) for k, v in sorted(self.files.items())}
-        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+        return json.dumps(seal(d, self.checksum_algo), indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         d = json.loads(text)
         if not isinstance(d, dict) or "files" not in d:
             raise CommitError("not a slimckpt manifest (no 'files')")
+        check_seal(d)
         if d.get("format_version", 0) > FORMAT_VERSION:
             raise CommitError(f"manifest format {d['format_version']} is newer than this slimckpt "
                               f"understands ({FORMAT_VERSION}): upgrade slimckpt")
@@ -223,11 +277,11 @@ class BadFile:
     reason: str
 
 
-def verify(root: str, checksums: bool = True) -> list[BadFile]:
+def verify(root: str, checksums: bool = True, on_bytes: Callable[[int], object] | None = None) -> list[BadFile]:
     """Re-check a committed dir against its manifest; returns the bad files (empty: all good).
 
     Reports missing or resized files, checksum mismatches (when `checksums`), files present but not
-    in the manifest, and a missing or unreadable manifest (as name MANIFEST_NAME).
+    in the manifest, and a missing, unreadable or damaged manifest (as name MANIFEST_NAME).
     """
     try:
         manifest = read_manifest(root)
@@ -237,18 +291,9 @@ def verify(root: str, checksums: bool = True) -> list[BadFile]:
         return [BadFile(MANIFEST_NAME, f"unreadable: {exc}")]
     bad = []
     for rel, entry in sorted(manifest.files.items()):
-        path = os.path.join(root, rel)
-        if not os.path.isfile(path):
-            bad.append(BadFile(rel, "missing"))
-            continue
-        size = os.path.getsize(path)
-        if size != entry.size:
-            bad.append(BadFile(rel, f"size {size}, manifest says {entry.size}"))
-            continue
-        if checksums:
-            got = file_checksum(path, manifest.checksum_algo)
-            if got != entry.checksum:
-                bad.append(BadFile(rel, f"{manifest.checksum_algo} {got}, manifest says {entry.checksum}"))
+        reason = check_file(root, rel, entry.size, entry.checksum, manifest.checksum_algo, checksums, on_bytes)
+        if reason:
+            bad.append(BadFile(rel, reason))
     for rel in sorted(set(list_files(root)) - set(manifest.files)):
         bad.append(BadFile(rel, "not in the manifest"))
     return bad

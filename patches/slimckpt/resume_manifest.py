@@ -3,8 +3,12 @@
 A role directory (`<root>/global_step_N/actor`) holds resume state only once
 `slimckpt_resume.json` is in it. The manifest is written last, after every rank's files are on
 disk and fsynced, by an atomic rename; a directory without it is a save that never finished and
-is refused at load. It lists every file of the state with its size (and CRC32 with `verify`), so
-a truncated or missing file is caught before any tensor is read.
+is refused at load. It lists every file of the role directory with its size and checksum
+(xxh3_128, the same check as a merge output's manifest.json: manifest.check_file), and carries a
+checksum of itself, so a truncated, missing, altered or unlisted file, or a damaged manifest, is
+caught before any tensor is read, with one message (`damage_message`) that both the load and
+`slimckpt verify` print. Manifests of earlier versions (per-file CRC32 only with `verify`, no
+seal, only the state's own files listed) still load.
 
 `latest_checkpointed_iteration.txt` (verl's tracker) is written the same way: a temporary file,
 fsync, rename. A reader sees the old step or the new one, never a torn write.
@@ -16,17 +20,30 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .manifest import fsync_path
+from .manifest import (
+    DEFAULT_ALGO,
+    BadFile,
+    CommitError,
+    check_file,
+    check_seal,
+    file_checksum,
+    fsync_path,
+    list_files,
+    seal,
+)
 
 MANIFEST_NAME = "slimckpt_resume.json"
 FORMAT = "slimckpt-resume/1"
 FAILED_PREFIX = "slimckpt_save_failed_rank_"
 TRACKER_NAME = "latest_checkpointed_iteration.txt"
 _CHUNK = 8 * 2**20
+# written into a role dir after its commit, or about it: not part of the state
+MEASURE_PREFIX = "slimckpt_save_rank_"
+DAMAGED_FIX = "the checkpoint is damaged, resume from an earlier step"
 
 
 class UncommittedCheckpoint(RuntimeError):
@@ -37,13 +54,20 @@ class UncommittedCheckpoint(RuntimeError):
 class FileEntry:
     path: str  # relative to the role directory
     bytes: int
-    crc32: int | None = None
+    checksum: str | None = None  # in the manifest's checksum_algo
+    crc32: int | None = None  # manifests of earlier versions (with verify)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "bytes": self.bytes}
+        if self.checksum is not None:
+            out["checksum"] = self.checksum
         if self.crc32 is not None:
             out["crc32"] = self.crc32
         return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "FileEntry":
+        return cls(data["path"], int(data["bytes"]), data.get("checksum"), data.get("crc32"))
 
 
 @dataclass
@@ -55,10 +79,13 @@ class Manifest:
     fsdp_version: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
+    # None: a manifest of an earlier version, which listed only the state's own files
+    checksum_algo: str | None = DEFAULT_ALGO
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        return seal({
             "format": self.format,
+            "checksum_algo": self.checksum_algo,
             "global_step": self.global_step,
             "world_size": self.world_size,
             "fsdp_version": self.fsdp_version,
@@ -66,7 +93,7 @@ class Manifest:
             "files": [f.to_json() for f in self.files],
             "extra": self.extra,
             "committed_at": time.time(),
-        }
+        })
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Manifest":
@@ -74,10 +101,11 @@ class Manifest:
             global_step=int(data["global_step"]),
             world_size=int(data["world_size"]),
             contents=list(data["contents"]),
-            files=[FileEntry(f["path"], int(f["bytes"]), f.get("crc32")) for f in data["files"]],
+            files=[FileEntry.from_json(f) for f in data["files"]],
             fsdp_version=data.get("fsdp_version"),
             extra=dict(data.get("extra") or {}),
             format=data["format"],
+            checksum_algo=data.get("checksum_algo"),
         )
 
 
@@ -90,12 +118,26 @@ def crc32_of(path: str) -> int:
     return crc
 
 
-def describe_files(root: str, relpaths: Iterable[str], checksums: bool) -> list[FileEntry]:
+def describe_files(root: str, relpaths: Iterable[str], checksums: bool = True) -> list[FileEntry]:
+    """Size and xxh3_128 of each file (checksums=False: sizes only, for tests of old manifests)."""
     return [
         FileEntry(rel, os.path.getsize(os.path.join(root, rel)),
-                  crc32_of(os.path.join(root, rel)) if checksums else None)
+                  file_checksum(os.path.join(root, rel), DEFAULT_ALGO) if checksums else None)
         for rel in relpaths
     ]
+
+
+def _not_state(rel: str) -> bool:
+    """Files a role dir may hold outside its manifest: the manifest (and its temp file), failure
+    markers (reported on their own) and the measure JSON written after the save returns."""
+    name = rel.rsplit("/", 1)[-1]
+    return "/" not in rel and (name.startswith((MANIFEST_NAME, FAILED_PREFIX, MEASURE_PREFIX)))
+
+
+def unlisted_files(role_dir: str, listed: Iterable[str]) -> list[str]:
+    """Files under role_dir that no manifest entry (nor _not_state) accounts for."""
+    known = set(listed)
+    return [rel for rel in list_files(role_dir) if rel not in known and not _not_state(rel)]
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -134,30 +176,92 @@ def read_manifest(role_dir: str) -> Manifest:
             f"slimckpt: {role_dir} has no {MANIFEST_NAME}: its save never finished; resume from an earlier "
             f"global_step_* (trainer.resume_mode=resume_path trainer.resume_from_path=...) or delete this directory"
         )
-    with open(path) as f:
-        data = json.load(f)
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UncommittedCheckpoint(damage_message(role_dir, BadFile(MANIFEST_NAME, f"unreadable ({_one_line(exc)})")))
+    if not isinstance(data, dict):
+        raise UncommittedCheckpoint(damage_message(role_dir, BadFile(MANIFEST_NAME, "unreadable (not a JSON object)")))
     if data.get("format") != FORMAT:
         raise UncommittedCheckpoint(
             f"slimckpt: {path} has format {data.get('format')!r}, this slimckpt reads {FORMAT!r}; "
             f"load it with the slimckpt version that wrote it"
         )
-    return Manifest.from_json(data)
+    try:
+        check_seal(data)
+        return Manifest.from_json(data)
+    except (CommitError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UncommittedCheckpoint(damage_message(role_dir, BadFile(MANIFEST_NAME, _one_line(exc)))) from None
 
 
-def check_files(role_dir: str, files: Sequence[FileEntry], checksums: bool) -> None:
-    """Raise UncommittedCheckpoint naming the first file that is missing, short or corrupt."""
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().replace("\n", " ")
+    return f"{type(exc).__name__}: {text}"[:200] if not isinstance(exc, CommitError) else text[:200]
+
+
+def damage_message(role_dir: str, bad: BadFile) -> str:
+    """The one line that both a refused load and `slimckpt verify` print for a damaged file."""
+    return f"slimckpt: {os.path.join(role_dir, bad.name)}: {bad.reason}; {DAMAGED_FIX}"
+
+
+def _check_entry(role_dir: str, entry: FileEntry, algo: str | None, checksums: bool,
+                 on_bytes: Callable[[int], object] | None) -> str | None:
+    if entry.checksum is not None or entry.crc32 is None:
+        reason = check_file(role_dir, entry.path, entry.bytes, entry.checksum, algo or DEFAULT_ALGO, checksums,
+                            on_bytes)
+        if reason == "missing":
+            return f"missing but listed in {MANIFEST_NAME}"
+        return reason
+    # an earlier version's entry: CRC32
+    reason = check_file(role_dir, entry.path, entry.bytes, None, DEFAULT_ALGO, False, on_bytes)
+    if reason is None and checksums and crc32_of(os.path.join(role_dir, entry.path)) != entry.crc32:
+        return f"CRC32 mismatch, manifest says {entry.crc32}"
+    return reason
+
+
+def find_damage(role_dir: str, manifest: Manifest, checksums: bool = True,
+                on_bytes: Callable[[int], object] | None = None, share: tuple[int, int] = (0, 1),
+                extras: bool = True) -> list[tuple[int, BadFile]]:
+    """(index, bad file) for every listed file of this `share` (rank, world: files index % world
+    == rank) that is missing, resized or altered, then (with `extras`) files not in the manifest
+    (index len(files) + k), and failure markers. Ordered by index, so every rank agrees which is first."""
+    rank, world = share
+    bad: list[tuple[int, BadFile]] = []
+    for i, entry in enumerate(manifest.files):
+        if i % world == rank:
+            reason = _check_entry(role_dir, entry, manifest.checksum_algo, checksums, on_bytes)
+            if reason:
+                bad.append((i, BadFile(entry.path, reason)))
+    if extras:
+        n = len(manifest.files)
+        unlisted = unlisted_files(role_dir, (e.path for e in manifest.files))
+        if manifest.checksum_algo is None:  # earlier versions listed only the state's own files
+            unlisted = [r for r in unlisted if r.startswith("dcp/") or r.rsplit("/", 1)[-1].startswith("slimckpt_")]
+        bad += [(n + k, BadFile(rel, f"not listed in {MANIFEST_NAME}")) for k, rel in enumerate(unlisted)]
+        n += len(unlisted)
+        bad += [(n + k, BadFile(os.path.basename(m), "says this step's save failed"))
+                for k, m in enumerate(failure_markers(role_dir))]
+    return bad
+
+
+def check_committed(role_dir: str, checksums: bool = True) -> Manifest:
+    """The load's whole check of a role dir, one process: raise UncommittedCheckpoint with
+    damage_message of the first bad file (what `slimckpt verify` prints for it), else the manifest."""
+    manifest = read_manifest(role_dir)
+    bad = find_damage(role_dir, manifest, checksums)
+    if bad:
+        raise UncommittedCheckpoint(damage_message(role_dir, bad[0][1]))
+    return manifest
+
+
+def check_files(role_dir: str, files: Sequence[FileEntry], checksums: bool,
+                algo: str | None = DEFAULT_ALGO) -> None:
+    """Raise UncommittedCheckpoint naming the first listed file that is missing, short or altered."""
     for entry in files:
-        path = os.path.join(role_dir, entry.path)
-        if not os.path.isfile(path):
-            raise UncommittedCheckpoint(f"slimckpt: {path} is missing but listed in {MANIFEST_NAME}; "
-                                        f"the checkpoint is damaged, resume from an earlier step")
-        size = os.path.getsize(path)
-        if size != entry.bytes:
-            raise UncommittedCheckpoint(f"slimckpt: {path} has {size} bytes, {MANIFEST_NAME} says {entry.bytes}; "
-                                        f"the checkpoint is damaged, resume from an earlier step")
-        if checksums and entry.crc32 is not None and crc32_of(path) != entry.crc32:
-            raise UncommittedCheckpoint(f"slimckpt: {path} fails its CRC32 check; "
-                                        f"the checkpoint is damaged, resume from an earlier step")
+        reason = _check_entry(role_dir, entry, algo, checksums, None)
+        if reason:
+            raise UncommittedCheckpoint(damage_message(role_dir, BadFile(entry.path, reason)))
 
 
 def failure_markers(role_dir: str) -> list[str]:

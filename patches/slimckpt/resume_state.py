@@ -46,12 +46,13 @@ from .resume_manifest import (
     FileEntry,
     Manifest,
     UncommittedCheckpoint,
-    check_files,
+    damage_message,
     describe_files,
-    failure_markers,
+    find_damage,
     has_manifest,
     read_manifest,
     remove_manifest,
+    unlisted_files,
     write_manifest,
 )
 
@@ -247,12 +248,15 @@ def commit(manager, local_path: str, global_step: int, contents: list[str], conf
     caller has finished all writes."""
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
-    mine = describe_files(local_path, rank_files(local_path, rank, world), bool(getattr(config, "verify", False)))
+    t0 = time.perf_counter()
+    mine = describe_files(local_path, rank_files(local_path, rank, world))
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object([e.to_json() for e in mine], gathered, dst=dist.get_global_rank(group, 0), group=group)
     if rank != 0:
         return
-    files = [FileEntry(e["path"], e["bytes"], e.get("crc32")) for part in gathered or [] for e in part]
+    files = [FileEntry.from_json(e) for part in gathered or [] for e in part]
+    files += describe_files(local_path, unlisted_files(local_path, [f.path for f in files]))
+    timings["checksum"] = time.perf_counter() - t0  # rank 0's, gather included
     fsdp_version = None
     with contextlib.suppress(Exception):
         from verl.utils.fsdp_utils import fsdp_version as _fsdp_version
@@ -403,17 +407,26 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
 # --------------------------------------------------------------------------- load
 
 
-def _check_committed(local_path: str, manifest: Manifest, config: Any, group: dist.ProcessGroup) -> None:
-    """Rank 0 checks sizes (and CRC32 with verify) of every listed file; all ranks raise the same."""
-    error = [None]
-    if dist.get_rank(group) == 0:
-        try:
-            check_files(local_path, manifest.files, checksums=bool(getattr(config, "verify", False)))
-        except UncommittedCheckpoint as exc:
-            error[0] = str(exc)
+def _check_committed(local_path: str, group: dist.ProcessGroup) -> Manifest:
+    """resume_manifest.check_committed shared by the ranks: each checks size and checksum of every
+    world-th listed file, rank 0 also looks for unlisted files and failure markers; every rank
+    raises the same first message, the line `slimckpt verify` prints for that file."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    error: list[Any] = [None]
+    try:
+        manifest = read_manifest(local_path)
+    except UncommittedCheckpoint as exc:
+        manifest, error[0] = None, str(exc)
     dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
-    if error[0]:
-        raise UncommittedCheckpoint(error[0])
+    if error[0] or manifest is None:  # rank 0's message, the same on every rank
+        raise UncommittedCheckpoint(error[0] or f"slimckpt: {local_path}/{MANIFEST_NAME} is unreadable on rank {rank}")
+    bad = find_damage(local_path, manifest, checksums=True, share=(rank, world), extras=rank == 0)
+    firsts: list[Any] = [None] * world
+    dist.all_gather_object(firsts, [(i, damage_message(local_path, b)) for i, b in bad[:1]], group=group)
+    first = min((x for part in firsts for x in part), default=None)
+    if first is not None:
+        raise UncommittedCheckpoint(first[1])
+    return manifest
 
 
 def load_resume_state(manager, local_path: str) -> None:
@@ -421,12 +434,8 @@ def load_resume_state(manager, local_path: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    config = manager.checkpoint_config
     group = checkpoint_group(manager)
-    manifest = read_manifest(local_path)  # every rank raises the same one-line error if uncommitted
-    for marker in failure_markers(local_path):
-        raise UncommittedCheckpoint(f"slimckpt: {marker} says this step's save failed; resume from an earlier step")
-    _check_committed(local_path, manifest, config, group)
+    manifest = _check_committed(local_path, group)  # every rank raises the same one-line error
 
     missing = [c for c in ("model", "optimizer", "extra")
                if c in manager.checkpoint_load_contents and c not in manifest.contents]

@@ -1,0 +1,415 @@
+"""Corruption campaign for `slimckpt verify` and the incremental tier's load check.
+
+    python scripts/corruption_campaign.py [--trials 120] [--native_trials 60] [--seed 0] [--json OUT]
+
+Builds three small real checkpoints once (CPU, gloo, a tiny Llama, 2 ranks):
+  - verl-native: verl's own FSDPCheckpointManager save (slimckpt.testing.fsdp_checkpoint);
+  - merge output: `slimckpt merge` of that checkpoint, split into several safetensors files;
+  - incremental: a save through verl's manager with the incremental tier (this script under
+    torchrun, --_save), i.e. DCP shards, per-rank extra state, huggingface/, slimckpt_resume.json.
+Then each trial copies one, damages it in one way and asks `slimckpt verify` (verify_path, the
+CLI's code) whether it is bad and which file it names. Kinds: truncation, a single bit flip at a
+random offset (also aimed at safetensors headers and .distcp bodies), a deleted file, two rank
+files swapped, a stray file, a damaged manifest (truncated, bit-flipped, deleted). For the
+incremental checkpoint the load check (resume_manifest.check_committed, what
+load_resume_state runs) must refuse with the very line verify printed; at the end one torchrun
+loads every damaged incremental copy through verl's FSDPCheckpointManager (--_load) and records
+what it raised.
+
+The slimckpt formats (merge, incremental) are counted for the 100% claim; verl-native trials are
+reported apart: verl writes no checksums, so what is caught there is what torch's zip CRC32,
+file names, loads and shapes reveal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+KINDS = ("truncate", "bitflip", "bitflip_header", "delete", "swap", "extra", "manifest")
+SLIM_FORMATS = ("merge", "incremental")
+ROLE = "actor"
+STEP = 1
+
+
+# --------------------------------------------------------------------------- source checkpoints
+
+
+def _run(cmd: list[str], timeout: int = 300) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"corruption_campaign: {' '.join(cmd[:6])} ... failed:\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-4000:]}")
+
+
+def _torchrun(nproc: int, *args: str, timeout: int = 300) -> None:
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
+         timeout)
+
+
+def build_sources(work: str) -> dict[str, str]:
+    """{format: dir to copy per trial}, built once."""
+    native = os.path.join(work, "native", f"global_step_{STEP}", ROLE)
+    _torchrun(2, "-m", "slimckpt.testing.fsdp_checkpoint", "--out", native)
+    merged = os.path.join(work, "merged")
+    _run([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", native, "--target_dir", merged,
+          "--max_shard_size", "80KB", "--no_progress"])
+    inc_root = os.path.join(work, "incremental")
+    _torchrun(2, os.path.abspath(__file__), "--_save", inc_root)
+    return {"native": native, "merge": merged, "incremental": os.path.join(inc_root, f"global_step_{STEP}", ROLE)}
+
+
+def _tiny_run(ckpt_config):
+    """Model, optimizer, scheduler and verl's manager of the tiny fixture model on this group."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from slimckpt.testing import fsdp_checkpoint as fx
+
+    args = fx.parse_args(["--out", "unused"])
+    torch.manual_seed(0)
+    world = dist.get_world_size()
+    model = AutoModelForCausalLM.from_config(fx.build_config(args), dtype=torch.float32)
+    model = fx.wrap_fsdp2(model, init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)), "dim0", world)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    fx.train_steps(model, optimizer, args.vocab, 1, 0)
+    return FSDPCheckpointManager(model, optimizer, scheduler, processing_class=fx.build_tokenizer(args.vocab),
+                                 checkpoint_config=ckpt_config)
+
+
+def _slim_config():
+    from slimckpt.config import SlimCheckpointConfig
+
+    return SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False)
+
+
+def worker_save(root: str) -> None:
+    """(under torchrun) an incremental save through verl's manager, then the tracker and data.pt."""
+    import torch
+    import torch.distributed as dist
+
+    from slimckpt.resume_manifest import write_tracker
+    from slimckpt.resume_state import finish_pending
+
+    dist.init_process_group("gloo")
+    manager = _tiny_run(_slim_config())
+    manager.save_checkpoint(os.path.join(root, f"global_step_{STEP}", ROLE), global_step=STEP)
+    finish_pending()
+    if dist.get_rank() == 0:
+        torch.save({"step": STEP}, os.path.join(root, f"global_step_{STEP}", "data.pt"))
+        write_tracker(root, STEP)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def worker_load(listing: str) -> None:
+    """(under torchrun) load every dir named in `listing` through verl's manager; rank 0 writes
+    {dir: what the load raised} next to it."""
+    import torch.distributed as dist
+
+    from slimckpt.resume_manifest import UncommittedCheckpoint
+
+    dist.init_process_group("gloo")
+    manager = _tiny_run(_slim_config())
+    with open(listing) as f:
+        dirs = json.load(f)
+    out = {}
+    for d in dirs:
+        try:
+            manager.load_checkpoint(d)
+            out[d] = {"refused": False, "message": ""}
+        except UncommittedCheckpoint as exc:
+            out[d] = {"refused": True, "message": str(exc)}
+    if dist.get_rank() == 0:
+        with open(listing + ".result.json", "w") as f:
+            json.dump(out, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- damage
+
+
+@dataclass
+class Trial:
+    fmt: str
+    kind: str
+    targets: list[str]  # files the damage touched (verify must name one)
+    what: str
+
+
+def _files(root: str) -> list[str]:
+    out = []
+    for d, _, names in os.walk(root):
+        out += [os.path.relpath(os.path.join(d, n), root) for n in names]
+    return sorted(out)
+
+
+def _manifest_name(fmt: str) -> str:
+    from slimckpt import manifest as mm
+    from slimckpt import resume_manifest as rm
+
+    return {"merge": mm.MANIFEST_NAME, "incremental": rm.MANIFEST_NAME, "native": "fsdp_config.json"}[fmt]
+
+
+def _flip(path: str, offset: int, bit: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ (1 << bit)]))
+
+
+def _safetensors_header_end(path: str) -> int:
+    import struct
+
+    with open(path, "rb") as f:
+        return 8 + struct.unpack("<Q", f.read(8))[0]
+
+
+def _swappable(fmt: str, files: list[str]) -> list[tuple[str, str]]:
+    """Pairs of files of the same role, different rank/shard."""
+    if fmt == "merge":
+        group = [f for f in files if f.endswith(".safetensors")]
+    elif fmt == "incremental":
+        group = [f for f in files if f.endswith(".distcp")]
+        extra = [f for f in files if f.startswith("slimckpt_extra_")]
+        return [(group[0], group[1]), (extra[0], extra[1])]
+    else:
+        pairs = []
+        for kind in ("model", "optim", "extra_state"):
+            ranks = [f for f in files if f.startswith(f"{kind}_world_size_")]
+            pairs.append((ranks[0], ranks[1]))
+        return pairs
+    return [(group[i], group[i + 1]) for i in range(len(group) - 1)]
+
+
+def damage(root: str, fmt: str, kind: str, rng: random.Random) -> Trial:
+    """Apply one damage of `kind` to the copy at `root`."""
+    manifest = _manifest_name(fmt)
+    files = [f for f in _files(root) if f != manifest]
+    if kind == "bitflip_header":  # the format's own headers: safetensors headers, .distcp bodies, zip headers
+        if fmt == "merge":
+            rel = rng.choice([f for f in files if f.endswith(".safetensors")])
+            offset = rng.randrange(_safetensors_header_end(os.path.join(root, rel)))
+        elif fmt == "incremental":
+            rel = rng.choice([f for f in files if f.endswith(".distcp")])
+            offset = rng.randrange(os.path.getsize(os.path.join(root, rel)))
+        else:
+            rel = rng.choice([f for f in files if f.endswith(".pt")])
+            offset = rng.randrange(min(512, os.path.getsize(os.path.join(root, rel))))
+        bit = rng.randrange(8)
+        _flip(os.path.join(root, rel), offset, bit)
+        return Trial(fmt, kind, [rel], f"flip bit {bit} of byte {offset} of {rel}")
+    if kind == "manifest":
+        how = rng.choice(("truncate", "bitflip", "delete"))
+        path = os.path.join(root, manifest)
+        size = os.path.getsize(path)
+        if how == "truncate":
+            os.truncate(path, rng.randrange(size))
+        elif how == "bitflip":
+            _flip(path, rng.randrange(size), rng.randrange(8))
+        else:
+            os.remove(path)
+        return Trial(fmt, kind, [manifest], f"{how} {manifest}")
+    if kind == "swap":
+        a, b = rng.choice(_swappable(fmt, files))
+        pa, pb = os.path.join(root, a), os.path.join(root, b)
+        tmp = pa + ".swap"
+        os.rename(pa, tmp)
+        os.rename(pb, pa)
+        os.rename(tmp, pb)
+        return Trial(fmt, kind, [a, b], f"swap {a} and {b}")
+    if kind == "extra":
+        choices = {"merge": ["notes.txt", "model-99999-of-99999.safetensors"],
+                   "incremental": ["dcp/__2_0.distcp", "slimckpt_extra_world_size_4_rank_3.pt", "notes.txt"],
+                   "native": ["model_world_size_4_rank_3.pt", "notes.txt"]}[fmt]
+        rel = rng.choice(choices)
+        src = os.path.join(root, rng.choice([f for f in files if f.endswith((".pt", ".distcp", ".safetensors"))]))
+        shutil.copyfile(src, os.path.join(root, rel)) if not rel.endswith(".txt") else \
+            open(os.path.join(root, rel), "w").write("stray\n")
+        return Trial(fmt, kind, [rel], f"add stray {rel}")
+    rel = rng.choice(files)
+    path = os.path.join(root, rel)
+    size = os.path.getsize(path)
+    if kind == "truncate":
+        new = rng.randrange(size) if size else 0
+        os.truncate(path, new)
+        return Trial(fmt, kind, [rel], f"truncate {rel} from {size} to {new} bytes")
+    if kind == "bitflip":
+        offset, bit = rng.randrange(size), rng.randrange(8)
+        _flip(path, offset, bit)
+        return Trial(fmt, kind, [rel], f"flip bit {bit} of byte {offset} of {rel}")
+    if kind == "delete":
+        os.remove(path)
+        return Trial(fmt, kind, [rel], f"delete {rel}")
+    raise ValueError(kind)
+
+
+# --------------------------------------------------------------------------- one trial
+
+
+def run_trial(source: str, work: str, fmt: str, kind: str, rng: random.Random, i: int, keep: bool) -> dict:
+    from slimckpt import resume_manifest as rm
+    from slimckpt.verify import NotACheckpoint, verify_path
+
+    copy = os.path.join(work, "trials", f"{i:04d}_{fmt}_{kind}", ROLE if fmt != "merge" else "merged")
+    shutil.copytree(source, copy)
+    trial = damage(copy, fmt, kind, rng)
+    try:
+        report = verify_path(copy)
+        lines = [p.message for p in report.bad]
+        named = sorted({os.path.relpath(p.file, copy) for p in report.bad})
+        flagged = not report.ok
+    except NotACheckpoint as exc:  # nothing left that looks like a checkpoint: verify exits 2
+        lines, named, flagged = [str(exc)], [], True
+    result = {"i": i, "format": fmt, "kind": kind, "damage": trial.what, "detected": flagged,
+              "named_right_file": any(t in named for t in trial.targets), "named": named[:4], "lines": lines[:4]}
+    if fmt == "incremental":
+        try:
+            rm.check_committed(copy)
+            load = None
+        except rm.UncommittedCheckpoint as exc:
+            load = str(exc)
+        result["load_refused"] = load is not None
+        result["load_message"] = load
+        result["load_same_message"] = load is not None and load in lines
+        result["dir"] = copy
+    if not keep:
+        shutil.rmtree(os.path.dirname(copy))
+    return result
+
+
+def summarise(trials: list[dict]) -> dict:
+    out: dict = {}
+    for t in trials:
+        s = out.setdefault(t["format"], {}).setdefault(t["kind"], {"trials": 0, "detected": 0, "named_right_file": 0})
+        s["trials"] += 1
+        s["detected"] += int(t["detected"])
+        s["named_right_file"] += int(t["named_right_file"])
+        if "load_refused" in t:
+            s["load_refused"] = s.get("load_refused", 0) + int(t["load_refused"])
+            s["load_same_message"] = s.get("load_same_message", 0) + int(t["load_same_message"])
+        if "real_load_refused" in t:
+            s["real_load_refused"] = s.get("real_load_refused", 0) + int(t["real_load_refused"])
+            s["real_load_same_message"] = s.get("real_load_same_message", 0) + int(t["real_load_same_message"])
+    return out
+
+
+def campaign(args: argparse.Namespace) -> dict:
+    rng = random.Random(args.seed)
+    work = tempfile.mkdtemp(prefix="slimckpt-corruption-", dir=args.workdir)
+    t0 = time.perf_counter()
+    try:
+        sources = build_sources(work)
+        build_s = time.perf_counter() - t0
+        slim, native = [], []
+        plan = [(SLIM_FORMATS[i % 2], KINDS[(i // 2) % len(KINDS)]) for i in range(args.trials)]
+        plan += [("native", KINDS[i % len(KINDS)]) for i in range(args.native_trials)]
+        from tqdm import tqdm
+
+        for i, (fmt, kind) in enumerate(tqdm(plan, desc="trials", disable=not sys.stderr.isatty())):
+            r = run_trial(sources[fmt], work, fmt, kind, rng, i, keep=fmt == "incremental")
+            (native if fmt == "native" else slim).append(r)
+        real = [t for t in slim if t["format"] == "incremental"]
+        if real and not args.no_real_load:
+            listing = os.path.join(work, "load_dirs.json")
+            with open(listing, "w") as f:
+                json.dump([t["dir"] for t in real], f)
+            _torchrun(2, os.path.abspath(__file__), "--_load", listing, timeout=600)
+            with open(listing + ".result.json") as f:
+                loaded = json.load(f)
+            for t in real:
+                got = loaded[t["dir"]]
+                t["real_load_refused"] = got["refused"]
+                t["real_load_same_message"] = got["refused"] and got["message"] in t["lines"]
+        for t in slim:
+            t.pop("dir", None)
+        total = len(slim)
+        detected = sum(t["detected"] for t in slim)
+        named = sum(t["named_right_file"] for t in slim)
+        return {
+            "seed": args.seed, "seconds": round(time.perf_counter() - t0, 1), "build_seconds": round(build_s, 1),
+            "slimckpt": {"trials": total, "detected": detected, "named_right_file": named,
+                         "detection_rate": detected / total if total else None,
+                         "load_trials": len(real),
+                         "load_refused_same_message": sum(t.get("load_same_message", False) for t in real),
+                         "real_load_refused_same_message": sum(t.get("real_load_same_message", False) for t in real),
+                         "by_format_kind": summarise(slim)},
+            "native": {"trials": len(native), "detected": sum(t["detected"] for t in native),
+                       "named_right_file": sum(t["named_right_file"] for t in native),
+                       "by_kind": summarise(native).get("native", {}),
+                       "note": "verl writes no checksums: bytes outside torch's zip CRC32 records (padding, "
+                               "timestamps), values in huggingface/ JSON that still parse and stray files of "
+                               "unknown names cannot be caught; not counted in the slimckpt rate"},
+            "missed": [t for t in slim + native if not t["detected"]][:40],
+            "slim_misnamed": [t for t in slim if t["detected"] and not t["named_right_file"]][:20],
+        }
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def render(result: dict) -> str:
+    s = result["slimckpt"]
+    lines = [f"slimckpt formats: {s['detected']}/{s['trials']} detected, {s['named_right_file']} naming the damaged "
+             f"file; load refused with verify's line: {s['load_refused_same_message']}/{s['load_trials']} "
+             f"(check), {s['real_load_refused_same_message']}/{s['load_trials']} (verl's manager under torchrun)"]
+    for fmt, kinds in s["by_format_kind"].items():
+        for kind, k in kinds.items():
+            lines.append(f"  {fmt:12s} {kind:15s} {k['detected']}/{k['trials']} detected, {k['named_right_file']} named")
+    n = result["native"]
+    lines.append(f"verl-native (no manifest): {n['detected']}/{n['trials']} detected")
+    for kind, k in n["by_kind"].items():
+        lines.append(f"  native       {kind:15s} {k['detected']}/{k['trials']} detected, {k['named_right_file']} named")
+    for t in result["missed"]:
+        lines.append(f"  missed: {t['format']} {t['damage']}")
+    lines.append(f"{result['seconds']} s (building the checkpoints: {result['build_seconds']} s)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Inject corruptions into small real checkpoints and check that "
+                                            "`slimckpt verify` (and the incremental load) catch every one.")
+    p.add_argument("--trials", type=int, default=120, help="trials on slimckpt formats (merge, incremental)")
+    p.add_argument("--native_trials", type=int, default=56, help="trials on a verl-native checkpoint (reported apart)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_out", default=None, help="write the results here as JSON")
+    p.add_argument("--workdir", default=None, help="where to build (default: the system temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the checkpoints and damaged copies")
+    p.add_argument("--no_real_load", action="store_true",
+                   help="skip the torchrun that loads every damaged incremental copy through verl's manager")
+    p.add_argument("--_save", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_load", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args._save:
+        worker_save(args._save)
+        return 0
+    if args._load:
+        worker_load(args._load)
+        return 0
+    result = campaign(args)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=1)
+    print(render(result))
+    s = result["slimckpt"]
+    ok = s["detected"] == s["trials"] and s["load_refused_same_message"] == s["load_trials"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
