@@ -38,7 +38,6 @@ from .manifest import (
     build_entries,
     check_target,
     commit,
-    describe_os_error,
     discard_partial,
     partial_path,
     prepare_partial,
@@ -479,9 +478,13 @@ def _target_lock(opts: MergeOptions):
     try:
         return acquire(target, exclusive=True, what=f"merging {os.path.abspath(opts.local_dir)} into it",
                        fix="wait for that merge to finish, or choose another --target_dir")
-    except OSError as exc:
-        check_target(target, opts.overwrite, opts.overwrite_hint)  # a missing parent, said as usual
-        raise CommitError(describe_os_error(exc, target)) from None
+    except OSError:
+        # no lock file in an unwritable or full parent: nothing can be written there either, and
+        # creating `<target>.partial` next reports it in the usual words
+        check_target(target, opts.overwrite, opts.overwrite_hint)
+        import contextlib
+
+        return contextlib.nullcontext()
 
 
 def _source_lock(opts: MergeOptions):
