@@ -316,6 +316,13 @@ def campaign(args: argparse.Namespace) -> dict:
     try:
         sources = build_sources(work)
         build_s = time.perf_counter() - t0
+        from slimckpt.verify import verify_path
+
+        # a false alarm on an undamaged checkpoint would make every detection below meaningless
+        clean = {fmt: verify_path(path) for fmt, path in sources.items()}
+        false_alarms = {fmt: [p.message for p in r.bad] for fmt, r in clean.items() if not r.ok}
+        if false_alarms:
+            raise SystemExit(f"corruption_campaign: verify flags an undamaged checkpoint: {false_alarms}")
         slim, native = [], []
         plan = [(SLIM_FORMATS[i % 2], KINDS[(i // 2) % len(KINDS)]) for i in range(args.trials)]
         plan += [("native", KINDS[i % len(KINDS)]) for i in range(args.native_trials)]
@@ -342,7 +349,7 @@ def campaign(args: argparse.Namespace) -> dict:
         detected = sum(t["detected"] for t in slim)
         named = sum(t["named_right_file"] for t in slim)
         return {
-            "seed": args.seed, "seconds": round(time.perf_counter() - t0, 1), "build_seconds": round(build_s, 1),
+            "seed": args.seed, "clean_sources_ok": sorted(clean), "seconds": round(time.perf_counter() - t0, 1), "build_seconds": round(build_s, 1),
             "slimckpt": {"trials": total, "detected": detected, "named_right_file": named,
                          "detection_rate": detected / total if total else None,
                          "load_trials": len(real),

@@ -311,8 +311,8 @@ def check_native(role_dir: str, on_bytes: Callable[[int], object] | None = None,
         world = next(iter(worlds))
     for w, names in sorted(worlds.items()):
         if w != world:
-            bad += [BadFile(n, f"of world size {w}, but {FSDP_CONFIG} says {world}: a stale file of another save")
-                    for n in names]
+            bad += [BadFile(n, f"of world size {w}, but {FSDP_CONFIG} says world size {world}: a stale file of "
+                               f"another save") for n in names]
             continue
         for name in names:
             m = RANK_FILE_RE.match(name)
