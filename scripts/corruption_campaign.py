@@ -115,6 +115,70 @@ def worker_save(root: str) -> None:
     dist.destroy_process_group()
 
 
+def worker_cost(preset: str, root: str) -> None:
+    """(under torchrun) what checksums cost: one incremental save of `preset` through verl's
+    manager (the manifest's timings: write vs checksum), then one load (its check vs the whole load)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from slimckpt import resume_state
+    from slimckpt.resume_manifest import read_manifest
+    from slimckpt.testing import fsdp_checkpoint as fx
+
+    dist.init_process_group("gloo")
+    args = fx.parse_args(["--out", "unused", "--size-preset", preset])
+    torch.manual_seed(0)
+    world = dist.get_world_size()
+    model = AutoModelForCausalLM.from_config(fx.build_config(args), dtype=torch.float32)
+    model = fx.wrap_fsdp2(model, init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)), "dim0", world)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fx.train_steps(model, optimizer, args.vocab, 1, 0)
+    manager = FSDPCheckpointManager(model, optimizer, None, processing_class=fx.build_tokenizer(args.vocab),
+                                    checkpoint_config=_slim_config())
+    path = os.path.join(root, "global_step_1", ROLE)
+    t0 = time.perf_counter()
+    manager.save_checkpoint(path, global_step=1)
+    resume_state.finish_pending()
+    save_s = time.perf_counter() - t0
+    dist.barrier()
+    real_check = resume_state._check_committed
+    check_s: list[float] = []
+
+    def timed_check(*a, **k):
+        t = time.perf_counter()
+        try:
+            return real_check(*a, **k)
+        finally:
+            check_s.append(time.perf_counter() - t)
+
+    resume_state._check_committed = timed_check
+    t0 = time.perf_counter()
+    manager.load_checkpoint(path)
+    load_s = time.perf_counter() - t0
+    if dist.get_rank() == 0:
+        m = read_manifest(path)
+        out = {"preset": preset, "world_size": world, "bytes": sum(f.bytes for f in m.files),
+               "save_s": round(save_s, 2), "timings_s": m.extra.get("timings_s"), "load_s": round(load_s, 2),
+               "load_check_s": round(check_s[0], 2)}
+        with open(os.path.join(root, "cost.json"), "w") as f:
+            json.dump(out, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def checksum_cost(preset: str, workdir: str | None) -> dict:
+    work = tempfile.mkdtemp(prefix="slimckpt-checksum-cost-", dir=workdir)
+    try:
+        _torchrun(2, os.path.abspath(__file__), "--_cost", preset, work, timeout=900)
+        with open(os.path.join(work, "cost.json")) as f:
+            return json.load(f)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def worker_load(listing: str) -> None:
     """(under torchrun) load every dir named in `listing` through verl's manager; rank 0 writes
     {dir: what the load raised} next to it."""
@@ -399,7 +463,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the checkpoints and damaged copies")
     p.add_argument("--no_real_load", action="store_true",
                    help="skip the torchrun that loads every damaged incremental copy through verl's manager")
+    p.add_argument("--checksum_cost", default=None, metavar="PRESET",
+                   help="instead of the campaign: time one incremental save and load of this fixture preset "
+                        "(e.g. 0.25b), checksumming vs the rest (prints JSON)")
     p.add_argument("--_save", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_cost", nargs=2, default=None, help=argparse.SUPPRESS)
     p.add_argument("--_load", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._save:
@@ -407,6 +475,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args._load:
         worker_load(args._load)
+        return 0
+    if args._cost:
+        worker_cost(*args._cost)
+        return 0
+    if args.checksum_cost:
+        cost = checksum_cost(args.checksum_cost, args.workdir)
+        print(json.dumps(cost, indent=1))
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(cost, f, indent=1)
         return 0
     result = campaign(args)
     if args.json_out:

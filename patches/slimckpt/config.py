@@ -39,7 +39,9 @@ class SlimCheckpointConfig(CheckpointConfig):
     write_threads: file-writing threads per rank (DCP FileSystemWriter thread_count).
     host_memory_budget_gb: with async_save, the most host memory (GiB) a rank may hold staged
         state in; a rank whose state is larger saves synchronously (streaming) and logs it.
-    verify: record a CRC32 of every file at save and check them before a load.
+    verify: no effect since checksums became unconditional: the incremental tier records size
+        and xxh3_128 of every file of a step at save and checks them (shared by the ranks)
+        before every load; `slimckpt verify <dir>` runs the same check offline.
     on_save_error: what a failed save (disk full, unwritable dir, another writer) does: stop
         (raise, the default) or continue (log it at ERROR, mark the step failed, keep the tracker
         on the last committed step, train on). See slimckpt.save_errors.
