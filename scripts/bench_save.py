@@ -23,8 +23,9 @@ until every rank's files are committed (for async: until the background write is
 blocking time (until save_checkpoint returns). The report takes the largest peak over ranks and
 saves, and medians of the times. Each save's directory is deleted before the next one.
 
-The HF export: until the gather-free export is in this tree (SlimCheckpointConfig refuses
-export_hf with incremental_save), the incremental modes run without it and the report says so.
+The incremental modes use the actor checkpoint block of recipes/incremental.yaml unchanged
+(export_hf, export_dtype, bucket_mb, write_threads, measure); in a tree whose incremental tier
+refuses export_hf they run without the export, and the report says so.
 """
 
 from __future__ import annotations
@@ -159,22 +160,28 @@ def staging_budget_gb(world: int) -> float:
 
 
 def checkpoint_config(mode: str, budget_gb: float):
-    """(config, export_hf on?) for a mode."""
+    """(config, export_hf on?) for a mode. The incremental modes take the actor's checkpoint block of
+    recipes/incremental.yaml as it is (export_hf, export_dtype, bucket_mb, ...) and set only
+    async_save and the staging budget."""
     if mode == "verl":
         from omegaconf import OmegaConf
 
         return OmegaConf.create({"save_contents": ["model", "optimizer", "extra", "hf_model"]}), None
+    from omegaconf import OmegaConf
+
     from slimckpt.config import SlimCheckpointConfig
 
-    # the recipe's defaults (bucket_mb, write_threads, measure) except what the mode sets
-    common = dict(recipe="incremental", incremental_save=True, async_save=mode == "async",
-                  host_memory_budget_gb=budget_gb, save_contents=["model", "optimizer", "extra"])
+    recipe = OmegaConf.load(REPO / "recipes" / "incremental.yaml").actor_rollout_ref.actor.checkpoint
+    fields = {k: v for k, v in OmegaConf.to_container(recipe, resolve=True).items() if not k.startswith("_")}
+    fields.update(async_save=mode == "async", host_memory_budget_gb=budget_gb)
     try:
-        return SlimCheckpointConfig(export_hf=True, **common), True
-    except ValueError as exc:
-        if "export_hf" not in str(exc):
+        config = SlimCheckpointConfig(**fields)
+    except ValueError as exc:  # a tree whose incremental tier has no HF export yet
+        if "export" not in str(exc):
             raise
-        return SlimCheckpointConfig(export_hf=False, **common), False
+        fields.update(export_hf=False, export_dtype="bf16")
+        config = SlimCheckpointConfig(**fields)
+    return config, bool(config.export_hf)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -341,10 +348,19 @@ def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
         checks.append((f"our peak roughly flat from {ours[0]['size']} to {ours[-1]['size']} (at most 1.5x or +64 MiB "
                        f"while the model grows {ours[-1]['params'] / ours[0]['params']:.1f}x)", flat,
                        f"{lo / 2**20:,.0f} -> {hi / 2**20:,.0f} MiB{grew}"))
+    if asyn and asyn.get("staged") is False:
+        # the pool (the rank's whole model + optimizer shard) did not fit this machine's free memory
+        # at the largest size: judge the largest size where it did, and say so
+        fitted = [s for s in sizes if (find(rows, s, "async") or {}).get("staged") and find(rows, s, "incremental")]
+        if fitted:
+            big = fitted[-1]
+            sync, asyn = find(rows, big, "incremental"), find(rows, big, "async")
     if sync and asyn:
         share = asyn["blocking_s"] / sync["wall_s"]
         how = "" if asyn.get("staged", True) else \
             " (the staging pool did not fit this machine's free memory: the async save streamed synchronously)"
+        if big != sizes[-1]:
+            how += f" ({sizes[-1]}: the staging pool did not fit this machine's free memory)"
         checks.append((f"async blocking <= 10% of the synchronous save ({big}, median of the saves)",
                        share <= 0.10 and asyn.get("staged", True),
                        f"{asyn['blocking_s']:.2f} s = {100 * share:.0f}% of {sync['wall_s']:.1f} s; first save "
@@ -381,7 +397,8 @@ Machine: {meta['machine']}.
 Each row is one fresh `torchrun` (2 ranks, gloo, CPU) that saves the same random model + AdamW state
 {meta['repeats']} time(s). verl: `save_contents: [model, optimizer, extra, hf_model]`, verl's own code
 (`SLIMCKPT_DISABLE=1`). incremental: `+recipe=incremental` with `export_hf: true` (DCP resume state + the
-gather-free HF export, committed by the manifest); async: the same with `async_save: true`.
+gather-free HF export, committed by the manifest; the actor checkpoint block of `recipes/incremental.yaml`
+as it is); async: the same with `async_save: true` and a staging budget of the machine's free memory.
 Peak extra RssAnon: each rank's peak anonymous RSS during its saves above its level before the first save
 (sampled every 5 ms from a separate process; the async staging pool is held between saves, so it counts),
 largest over ranks. Wall: until every rank's files are committed (async: until the background write is),

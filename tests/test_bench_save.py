@@ -64,3 +64,11 @@ def test_an_async_save_that_streamed_fails_its_target():
     rows = [_row("1b", "incremental", 10, 20.0), _row("1b", "async", 10, 20.0, blocking=0.1, staged=False)]
     name, ok, measured = bench_save.targets(rows)[-1]
     assert "async blocking" in name and not ok and "streamed synchronously" in measured
+
+
+def test_async_target_falls_back_to_the_largest_size_whose_pool_fitted():
+    rows = [_row("0.5b", "incremental", 10, 10.0, params=0.5e9),
+            _row("0.5b", "async", 3000, 11.0, blocking=0.5, staged=True, params=0.5e9),
+            _row("1b", "incremental", 10, 20.0), _row("1b", "async", 10, 20.0, blocking=20.0, staged=False)]
+    name, ok, measured = bench_save.targets(rows)[-1]
+    assert "(0.5b," in name and ok and "1b: the staging pool did not fit" in measured
