@@ -362,11 +362,12 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     aliases: dict[str, str] = {}
     if "model" in state:
         state["model"], aliases = split_aliases(state["model"])
+    lap("state_dict")
     # planned here, in the foreground, from the shards' specs (a staged copy has the same ones)
     export = hf_direct_export.plan_export(manager, local_path, state.get("model", {}), aliases, config, group) \
         if getattr(config, "export_hf", False) else None
     dcp_dir = os.path.join(local_path, DCP_DIR)
-    lap("state_dict")
+    lap("plan_export")
 
     staged = writer.stage(state, config, step=global_step, group=group) if getattr(config, "async_save", False) \
         else None
