@@ -1,6 +1,7 @@
 """torchrun scenario for the gather-free HF export (tests/test_hf_direct_export.py):
 
     torchrun --nproc_per_node 2 tests/hf_direct_export_scenario.py --dir D [--models llama,qwen2-tied] [--fsdp 2]
+    torchrun --nproc_per_node 2 tests/hf_direct_export_scenario.py --dir D --measure 0.25b
 
 For each model (tiny Llama, tiny Qwen2 with tied embeddings), on one process group: one AdamW step,
 then verl's own FSDPCheckpointManager saves with save_contents=[model,optimizer,extra,hf_model]
@@ -8,6 +9,10 @@ then verl's own FSDPCheckpointManager saves with save_contents=[model,optimizer,
 with export_hf (sync, one file; bf16; then async in small files, its write held back until training has
 changed every parameter). Rank 0 compares each export with verl's tensor for tensor and writes
 D/hf_direct_export_result.json.
+
+--measure PRESET (one indicative run, not a test): peak anonymous RSS above its start, per rank, of
+the export step (plan + write) of a save with export_hf, and of verl's save with
+save_contents=[hf_model] (its gather + save_pretrained) of the same model; D/hf_direct_export_memory.json.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def compare(ours: str, verl: str) -> dict:
         same_text[name] = os.path.exists(pa) and os.path.exists(pb) and open(pa).read() == open(pb).read()
     single = os.path.join(ours, "model.safetensors")
     return {
-        "n_ours": len(a), "n_verl": len(b), "diffs": diffs[:10],
+        "n_ours": len(a), "n_verl": len(b), "diffs": diffs[:10], "has_lm_head": "lm_head.weight" in a,
         "dtypes": sorted({str(t.dtype) for t in a.values()}),
         "files": sorted(os.path.basename(p) for p in glob.glob(os.path.join(ours, "*"))),
         "same_text": same_text,
@@ -137,20 +142,78 @@ def run_model(args, model: str) -> dict:
     }
 
 
+def measure(args) -> dict:
+    """Per-rank extra peak RssAnon: the gather-free export step vs verl's hf_model save."""
+    import gc
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+    from verl.trainer.config import CheckpointConfig
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from slimckpt import hf_direct_export
+    from slimckpt.memory import RssSampler
+    from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
+
+    world = dist.get_world_size()
+    fx = parse_args(["--out", args.dir, "--size-preset", args.measure])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(build_config(fx), dtype=torch.float32)
+    params = sum(p.numel() for p in model.parameters())
+    model = wrap_fsdp2(model, init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)), "dim0", world)
+    gc.collect()
+    manager = FSDPCheckpointManager(model, None, None, processing_class=build_tokenizer(fx.vocab),
+                                    checkpoint_config=CheckpointConfig(save_contents=["hf_model"]))
+    peaks: dict[str, list[int]] = {"plan_export": [], "write_export": []}
+
+    def sampled(fn, key):
+        def run(*a, **k):
+            with RssSampler() as s:
+                out = fn(*a, **k)
+            peaks[key].append(s.result.extra)
+            return out
+        return run
+
+    # ours first: leftovers of verl's 1 GB gather in the allocator would flatter our numbers
+    real = hf_direct_export.plan_export, hf_direct_export.write_export
+    hf_direct_export.plan_export = sampled(real[0], "plan_export")
+    hf_direct_export.write_export = sampled(real[1], "write_export")
+    manager.checkpoint_config = slim_config(save_contents=["model"], export_hf=True, export_dtype="auto")
+    manager.checkpoint_save_contents = ["model"]
+    with RssSampler() as whole:
+        manager.save_checkpoint(os.path.join(args.dir, "slim", "actor"), global_step=0)
+    hf_direct_export.plan_export, hf_direct_export.write_export = real
+    gc.collect()
+    manager.checkpoint_config = CheckpointConfig(save_contents=["hf_model"])
+    manager.checkpoint_save_contents = ["hf_model"]
+    with RssSampler() as verl:
+        manager.save_checkpoint(os.path.join(args.dir, "verl", "actor"), global_step=0)
+    mine = {"export_step_extra_bytes": max(peaks["plan_export"] + peaks["write_export"]),
+            "slim_save_extra_bytes": whole.result.extra, "verl_hf_model_save_extra_bytes": verl.result.extra}
+    allr: list = [None] * world
+    dist.all_gather_object(allr, mine)
+    return {"preset": args.measure, "params": params, "world_size": world, "per_rank": allr}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", required=True)
     p.add_argument("--models", default="llama,qwen2-tied")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
+    p.add_argument("--measure", default=None, help="size preset (e.g. 0.25b): measure memory instead of testing")
     args = p.parse_args()
     resume_scenarios.FSDP_VERSION = args.fsdp
     import faulthandler
-    faulthandler.dump_traceback_later(200, exit=True)  # a hang shows its stacks before the test times out
+    if not args.measure:
+        faulthandler.dump_traceback_later(200, exit=True)  # a hang shows its stacks before the test times out
     dist.init_process_group("gloo")
     try:
-        result = {m: run_model(args, m) for m in args.models.split(",")}
+        if args.measure:
+            result, name = measure(args), "hf_direct_export_memory.json"
+        else:
+            result, name = {m: run_model(args, m) for m in args.models.split(",")}, "hf_direct_export_result.json"
         if dist.get_rank() == 0:
-            with open(os.path.join(args.dir, "hf_direct_export_result.json"), "w") as f:
+            with open(os.path.join(args.dir, name), "w") as f:
                 json.dump(result, f, indent=1)
     finally:
         dist.barrier()

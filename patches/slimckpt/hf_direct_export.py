@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,7 +58,6 @@ class ExportJob:
     name_map: dict[str, str]  # output name -> state-dict key
     mine: list[tuple[str, Box]]
     total_parameters: int | None = None
-    created: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- what a rank holds
@@ -167,9 +166,16 @@ def _collective_outcome(group, ok: bool, message: str) -> None:
 
 
 def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: dict[str, str], config: Any,
-                group) -> ExportJob:
+                group) -> ExportJob | None:
     """Collective over `group`: this rank's part of the export of `model_state` (the sharded
-    state dict the DCP save writes, tied aliases split off) into `local_path/huggingface/`."""
+    state dict the DCP save writes, tied aliases split off) into `local_path/huggingface/`.
+    None for a LoRA model (its state dict is not a Hugging Face model's: no export, logged)."""
+    if manager._has_lora():  # the same answer on every rank: the model is the same
+        if manager.rank == 0 and not getattr(manager, "_slimckpt_lora_noted", False):
+            log.warning("export_hf: the model has LoRA adapters; the gather-free export writes full models only, "
+                        "so this save has no huggingface/ weights (merge the adapter offline instead)")
+        manager._slimckpt_lora_noted = True
+        return None
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     mine_held: dict[str, Box] = {}
     meta: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
@@ -360,15 +366,3 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
                  len(job.plan.files), dist.get_world_size(group))
     return written
 
-
-def export_files(local_path: str) -> list[str]:
-    """Every file of `huggingface/` (configs, tokenizer, weights, index), relative to local_path:
-    rank 0 lists them in the step's manifest."""
-    hf_dir = os.path.join(local_path, HF_SUBDIR)
-    if not os.path.isdir(hf_dir):
-        return []
-    out = []
-    for root, _, names in os.walk(hf_dir):
-        for n in names:
-            out.append(os.path.relpath(os.path.join(root, n), local_path))
-    return sorted(out)
