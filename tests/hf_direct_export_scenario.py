@@ -104,6 +104,24 @@ def run_model(args, model: str) -> dict:
     bf16_dir = os.path.join(root, "bf16", "global_step_1", "actor")
     run.manager.save_checkpoint(bf16_dir, global_step=1)
 
+    # a rank that fails mid-export: every rank raises, the step is not committed
+    real_box = hf_direct_export._BoxWriter.write_box
+
+    def failing_box(self, *a, **k):
+        if dist.get_rank() == 1:
+            raise OSError(28, "No space left on device (simulated)")
+        return real_box(self, *a, **k)
+
+    hf_direct_export._BoxWriter.write_box = failing_box
+    broken_dir = os.path.join(root, "broken", "global_step_1", "actor")
+    try:
+        run.manager.save_checkpoint(broken_dir, global_step=1)
+        broken_error = None
+    except Exception as exc:  # noqa: BLE001 - the outcome is the result
+        broken_error = f"{type(exc).__name__}: {exc}"
+    hf_direct_export._BoxWriter.write_box = real_box
+    dist.barrier()
+
     # async, several files: the write starts only after training has moved every parameter
     real_write = hf_direct_export.write_export
 
@@ -127,6 +145,7 @@ def run_model(args, model: str) -> dict:
     verl_hf = os.path.join(verl_dir, "huggingface")
     ref = load_export(verl_hf)
     bf16 = load_export(os.path.join(bf16_dir, "huggingface"))
+    # (only rank 0 reaches here; rank 1's error was the same collective one)
     return {
         "sync": compare(os.path.join(sync_dir, "huggingface"), verl_hf),
         "async": compare(os.path.join(async_dir, "huggingface"), verl_hf),
@@ -139,6 +158,8 @@ def run_model(args, model: str) -> dict:
         "manifest_async": manifest_lists(async_dir),
         "sync_dcp_files": sorted(os.listdir(os.path.join(sync_dir, "dcp"))),
         "sync_seconds": sync_s,
+        "broken_error": broken_error,
+        "broken_committed": os.path.exists(os.path.join(broken_dir, "slimckpt_resume.json")),
     }
 
 

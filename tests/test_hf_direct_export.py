@@ -126,7 +126,8 @@ def test_export_equals_verl_hf_model(tmp_path):
     """Tiny Llama and tied Qwen2, FSDP2, 2 ranks: export_hf (sync, one file; async, several files,
     written after training moved the parameters) equals verl's hf_model tensor for tensor (names,
     dtypes, shapes, bits), config.json and generation_config.json included; the single file is
-    byte-identical; it loads with from_pretrained; the manifest lists it; a bf16 export is the cast."""
+    byte-identical; it loads with from_pretrained; the manifest lists it; a bf16 export is the cast;
+    a rank failing mid-export fails the save on every rank and leaves the step uncommitted."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(SCENARIO), "--dir", str(tmp_path)]
@@ -142,6 +143,7 @@ def test_export_equals_verl_hf_model(tmp_path):
         assert r["sync"]["bytes_identical"], model
         assert "model.safetensors.index.json" in r["async"]["files"], r["async"]["files"]
         assert not r["async_committed_before_finish"]
+        assert not r["broken_committed"] and "rank 1" in r["broken_error"], r["broken_error"]
         assert r["sync_loads"] and r["async_loads"] and r["bf16_equal_cast"], model
         for mode in ("sync", "async"):
             listed = r[f"manifest_{mode}"]
