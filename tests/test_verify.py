@@ -350,3 +350,13 @@ def test_small_campaign_detects_every_corruption(tmp_path):
     assert s["load_refused_same_message"] == s["load_trials"] == 10
     assert r["clean_sources_ok"] == ["incremental", "merge", "native"]
     assert r["native"]["trials"] == 7
+
+
+def test_load_check_shares_bytes_evenly_across_ranks():
+    # two big rank shards must go to different ranks, whatever their order in the manifest
+    assert rm.share_by_bytes([100, 5, 3, 1, 100, 3], 2) == [0, 0, 1, 0, 1, 1]
+    sizes = [100, 5, 3, 1, 100, 3]
+    owner = rm.share_by_bytes(sizes, 2)
+    per_rank = [sum(s for s, o in zip(sizes, owner) if o == r) for r in range(2)]
+    assert max(per_rank) - min(per_rank) <= 5
+    assert rm.share_by_bytes([7], 4) == [0]

@@ -220,16 +220,30 @@ def _check_entry(role_dir: str, entry: FileEntry, algo: str | None, checksums: b
     return reason
 
 
+def share_by_bytes(sizes: Sequence[int], world: int) -> list[int]:
+    """Owner rank of each file: largest first to the rank with the fewest bytes so far, so the
+    ranks of a load hash about equal shares. The same on every rank (same manifest)."""
+    load = [0] * max(world, 1)
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(len(load)), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += sizes[i]
+    return owner
+
+
 def find_damage(role_dir: str, manifest: Manifest, checksums: bool = True,
                 on_bytes: Callable[[int], object] | None = None, share: tuple[int, int] = (0, 1),
                 extras: bool = True) -> list[tuple[int, BadFile]]:
-    """(index, bad file) for every listed file of this `share` (rank, world: files index % world
-    == rank) that is missing, resized or altered, then (with `extras`) files not in the manifest
-    (index len(files) + k), and failure markers. Ordered by index, so every rank agrees which is first."""
+    """(index, bad file) for every listed file of this `share` (rank, world: the files
+    share_by_bytes gives the rank) that is missing, resized or altered, then (with `extras`) files
+    not in the manifest (index len(files) + k), and failure markers. Ordered by index, so every
+    rank agrees which is first."""
     rank, world = share
+    owner = share_by_bytes([e.bytes for e in manifest.files], world)
     bad: list[tuple[int, BadFile]] = []
     for i, entry in enumerate(manifest.files):
-        if i % world == rank:
+        if owner[i] == rank:
             reason = _check_entry(role_dir, entry, manifest.checksum_algo, checksums, on_bytes)
             if reason:
                 bad.append((i, BadFile(entry.path, reason)))
