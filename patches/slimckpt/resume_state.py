@@ -410,8 +410,8 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
 
 def _check_committed(local_path: str, group: dist.ProcessGroup) -> Manifest:
     """resume_manifest.check_committed shared by the ranks: each checks size and checksum of its
-    share of the listed files (about equal bytes), rank 0 also looks for unlisted files and failure markers; every rank
-    raises the same first message, the line `slimckpt verify` prints for that file."""
+    share of the listed files (about equal bytes), rank 0 also looks for unlisted files and
+    failure markers; every rank raises the same first message, the line `slimckpt verify` prints for that file."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     error: list[Any] = [None]
     try:
@@ -490,20 +490,14 @@ def wrap_load_checkpoint(original):
     """FSDPCheckpointManager.load_checkpoint: this tier's format when the directory has it, verl's
     own otherwise, so resume_mode=auto works across both."""
 
-    def _load(self, local_path, hdfs_path=None, del_local_after_load=False):
+    @functools.wraps(original)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
         if local_path is not None and is_resume_state(local_path):
             from . import resume_async
 
             resume_async.writer_for(self).wait()
             return load_resume_state(self, local_path)
         return original(self, local_path, hdfs_path, del_local_after_load)
-
-    @functools.wraps(original)
-    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        from .locks import reading_if_dir
-
-        with reading_if_dir(local_path, f"loading it (rank {self.rank})"):  # retention keeps it meanwhile
-            return _load(self, local_path, hdfs_path, del_local_after_load)
 
     return load_checkpoint
 
