@@ -199,7 +199,7 @@ def measure(args) -> dict:
     real = hf_direct_export.plan_export, hf_direct_export.write_export
     hf_direct_export.plan_export = sampled(real[0], "plan_export")
     hf_direct_export.write_export = sampled(real[1], "write_export")
-    manager.checkpoint_config = slim_config(save_contents=["model"], export_hf=True, export_dtype="auto")
+    manager.checkpoint_config = slim_config(save_contents=["model"], export_hf=True, export_dtype=args.export_dtype)
     manager.checkpoint_save_contents = ["model"]
     with RssSampler() as whole:
         manager.save_checkpoint(os.path.join(args.dir, "slim", "actor"), global_step=0)
@@ -213,7 +213,7 @@ def measure(args) -> dict:
             "slim_save_extra_bytes": whole.result.extra, "verl_hf_model_save_extra_bytes": verl.result.extra}
     allr: list = [None] * world
     dist.all_gather_object(allr, mine)
-    return {"preset": args.measure, "params": params, "world_size": world, "per_rank": allr}
+    return {"preset": args.measure, "export_dtype": args.export_dtype, "params": params, "world_size": world, "per_rank": allr}
 
 
 def main() -> int:
@@ -222,6 +222,7 @@ def main() -> int:
     p.add_argument("--models", default="llama,qwen2-tied")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
     p.add_argument("--measure", default=None, help="size preset (e.g. 0.25b): measure memory instead of testing")
+    p.add_argument("--export-dtype", default="auto", help="with --measure: export_dtype of our export")
     args = p.parse_args()
     resume_scenarios.FSDP_VERSION = args.fsdp
     import faulthandler
