@@ -10,7 +10,7 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-fast quickstart bench compare clean
+.PHONY: help install test test-fast quickstart bench compare faults clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
@@ -18,6 +18,7 @@ help:
 	@echo "make test         the whole test suite (installs .venv first)"
 	@echo "make test-fast    unit tests only (no torchrun, no Ray)"
 	@echo "make bench        merge/save benchmarks vs verl 0.9.1, written to BENCHMARKS.md"
+	@echo "make faults       SIGKILL/corruption/environment fault campaigns vs verl 0.9.1: RELIABILITY.md"
 	@echo "make install      create .venv and install slimckpt with its test extras"
 
 $(STAMP): pyproject.toml
@@ -62,6 +63,12 @@ compare: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py
+
+# SIGKILL at random moments (50 trials per mode), corruption and environment faults: RELIABILITY.md
+# FAULTS_ARGS="--trials 10 --keep 2" for a shorter run
+FAULTS_ARGS ?=
+faults: $(STAMP)
+	$(PY) scripts/reliability.py $(FAULTS_ARGS)
 	$(PY) scripts/bench_save.py
 
 clean:
