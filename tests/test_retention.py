@@ -17,6 +17,8 @@ from slimckpt.resume_manifest import MANIFEST_NAME, TRACKER_NAME
 class FakeManager:
     """The retention state of verl's BaseCheckpointManager (rank 0): its list of saved role dirs."""
 
+    rank = 0
+
     def __init__(self) -> None:
         self.previous_saved_paths: list[str] = []
 
@@ -218,3 +220,18 @@ def test_random_sequences_never_lose_the_trackers_step(tmp_path, keep):
         if tracker is not None:
             assert os.path.isdir(tmp_path / f"global_step_{tracker}" / "actor")
         assert len(m.previous_saved_paths) <= keep + 1
+
+
+def test_a_load_holds_a_read_lock(tmp_path):
+    """verl's (wrapped) load_checkpoint reads under a shared lock: retention skips the dir meanwhile."""
+    from slimckpt.resume_state import wrap_load_checkpoint
+
+    s1 = _step(tmp_path, 1)
+    seen = []
+
+    def original(self, local_path, hdfs_path=None, del_local_after_load=False):
+        seen.append(locks.try_exclusive(local_path, "deleting it (retention)"))
+
+    wrap_load_checkpoint(original)(FakeManager(), s1)
+    assert seen == [None]
+    assert locks.try_exclusive(s1, "deleting it") is not None  # released after the load

@@ -164,6 +164,13 @@ def reading(path: str, what: str) -> Iterator[Lock]:
         lock.release()
 
 
+def reading_if_dir(path: str | None, what: str):
+    """`reading(path)` when `path` is an existing directory, else nothing (verl's hdfs or empty paths)."""
+    if path and os.path.isdir(path):
+        return reading(path, what)
+    return contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def writing(path: str, what: str, fix: str) -> Iterator[Lock]:
     """Exclusive lock for the duration of a write; a second writer fails at once with `fix`."""
@@ -175,4 +182,4 @@ def writing(path: str, what: str, fix: str) -> Iterator[Lock]:
 
 
 __all__ = ["LOCK_SUFFIX", "Lock", "LockBusy", "acquire", "describe_holder", "lock_file_for", "reading",
-           "try_exclusive", "writing"]
+           "reading_if_dir", "try_exclusive", "writing"]

@@ -490,14 +490,20 @@ def wrap_load_checkpoint(original):
     """FSDPCheckpointManager.load_checkpoint: this tier's format when the directory has it, verl's
     own otherwise, so resume_mode=auto works across both."""
 
-    @functools.wraps(original)
-    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+    def _load(self, local_path, hdfs_path=None, del_local_after_load=False):
         if local_path is not None and is_resume_state(local_path):
             from . import resume_async
 
             resume_async.writer_for(self).wait()
             return load_resume_state(self, local_path)
         return original(self, local_path, hdfs_path, del_local_after_load)
+
+    @functools.wraps(original)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        from .locks import reading_if_dir
+
+        with reading_if_dir(local_path, f"loading it (rank {self.rank})"):  # retention keeps it meanwhile
+            return _load(self, local_path, hdfs_path, del_local_after_load)
 
     return load_checkpoint
 

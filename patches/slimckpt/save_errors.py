@@ -114,6 +114,10 @@ def _group_of(manager):
 def take_writer_lock(manager, local_path: str, step: int):
     """Rank 0 locks the role dir for writing; every rank raises the same LockBusy if it cannot."""
     group = _group_of(manager)
+    if group is not None and getattr(manager.checkpoint_config, "async_save", False):
+        from .resume_async import writer_for
+
+        writer_for(manager).wait()  # the background write of the previous step uses this group: finish it first
     lock, error = None, None
     if manager.rank == 0:
         try:
