@@ -213,7 +213,8 @@ def measure(args) -> dict:
             "slim_save_extra_bytes": whole.result.extra, "verl_hf_model_save_extra_bytes": verl.result.extra}
     allr: list = [None] * world
     dist.all_gather_object(allr, mine)
-    return {"preset": args.measure, "export_dtype": args.export_dtype, "params": params, "world_size": world, "per_rank": allr}
+    return {"preset": args.measure, "export_dtype": args.export_dtype, "params": params, "world_size": world,
+            "per_rank": allr}
 
 
 def main() -> int:

@@ -147,7 +147,7 @@ def test_export_equals_verl_hf_model(tmp_path):
         assert r["sync_loads"] and r["async_loads"] and r["bf16_equal_cast"], model
         for mode in ("sync", "async"):
             listed = r[f"manifest_{mode}"]
-            weights = [f"huggingface/{n}" for n in r[mode]["files"] if n.endswith(".safetensors") or n.endswith(".json")]
+            weights = [f"huggingface/{n}" for n in r[mode]["files"] if n.endswith((".safetensors", ".json"))]
             assert set(weights) <= set(listed), (model, mode, listed)
     # tied embeddings: lm_head.weight is not written, as verl's drop_tied_target_keys drops it
     assert result["llama"]["sync"]["has_lm_head"] and not result["qwen2-tied"]["sync"]["has_lm_head"]

@@ -57,7 +57,8 @@ def _check_cover(name: str, shape: tuple[int, ...], boxes: Sequence[Box]) -> Non
         return
     for i, a in enumerate(boxes):  # other cuts are rare and have few boxes
         for b in boxes[i + 1:]:
-            if all(max(ao, bo) < min(ao + asz, bo + bsz) for ao, asz, bo, bsz in zip(a.offset, a.size, b.offset, b.size)):
+            if all(max(ao, bo) < min(ao + asz, bo + bsz)
+                   for ao, asz, bo, bsz in zip(a.offset, a.size, b.offset, b.size)):
                 raise AssignError(f"{name}: shards {a} and {b} overlap")
 
 

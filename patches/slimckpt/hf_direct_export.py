@@ -366,3 +366,13 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
                  len(job.plan.files), dist.get_world_size(group))
     return written
 
+
+
+def export_files(local_path: str) -> list[str]:
+    """Every file under `huggingface/` (configs, tokenizer, weights, index), relative to
+    local_path: rank 0 lists them in the step's manifest."""
+    hf_dir = os.path.join(local_path, HF_SUBDIR)
+    if not os.path.isdir(hf_dir):
+        return []
+    return sorted(os.path.relpath(os.path.join(root, n), local_path)
+                  for root, _, names in os.walk(hf_dir) for n in names)

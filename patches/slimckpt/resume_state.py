@@ -206,6 +206,8 @@ def rank_files(local_path: str, rank: int, world: int) -> list[str]:
         out.append(extra)
     if rank == 0 and os.path.exists(os.path.join(local_path, "fsdp_config.json")):
         out.append("fsdp_config.json")
+    if rank == 0:  # huggingface/: verl's configs and tokenizer, the export's weights (every rank wrote rows)
+        out += hf_direct_export.export_files(local_path)
     return out
 
 
