@@ -118,6 +118,18 @@ def test_config_accepts_auto_only_for_the_incremental_tier():
         SlimCheckpointConfig(recipe="intermediate", save_contents=["model", "hf_model"], export_hf=True)
 
 
+def test_verl_save_skips_its_hf_model_gather_only_when_the_export_replaces_it():
+    from types import SimpleNamespace
+
+    from slimckpt.hf_direct_export import verl_contents
+
+    def manager():
+        return SimpleNamespace(checkpoint_save_contents=["model", "optimizer", "extra", "hf_model"], rank=0)
+
+    assert verl_contents(manager(), SimpleNamespace(export_hf=True)) == []
+    assert verl_contents(manager(), SimpleNamespace(export_hf=False)) == ["hf_model"]
+
+
 # --------------------------------------------------------------------------- torchrun (slow)
 
 
