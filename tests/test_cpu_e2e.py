@@ -1,6 +1,8 @@
 """verl 0.9.1's real `python -m verl.trainer.main_ppo`, on this machine's CPU, through
-scripts/train_small.sh with +recipe=quickstart: GRPO on 2 ranks saving and resuming, PPO with a
-critic and a KL reference model on 1 rank, and rollouts after a resume equal to an uninterrupted run.
+scripts/train_small.sh: GRPO on 2 ranks saving and resuming with +recipe=quickstart, PPO with a
+critic and a KL reference model on 1 rank, and rollouts after a resume equal to an uninterrupted
+run — which runs +recipe=intermediate (the same training plus an HF export of every actor save),
+so the intermediate tier's in-trainer export is checked here too, without a run of its own.
 
 Each run starts a Ray cluster and verl's workers (~45 s of start-up on 2 cores), then trains the
 78k-parameter tiny Llama for a few steps of a few seconds each.
@@ -11,9 +13,12 @@ import math
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from .conftest import REPO
 
@@ -99,14 +104,23 @@ def rollouts(dump_dir: Path, step: int) -> list[tuple]:
     return sorted((r["input"], r["output"], r["score"]) for r in rows)
 
 
-def test_resumed_rollouts_equal_uninterrupted_ones(work, assets_env, grpo_runs):
+@pytest.fixture(scope="module")
+def straight(work, assets_env):
+    """Three steps without a stop, saving every step with +recipe=intermediate: training and
+    rollouts are quickstart's (the export only reads the fresh shards), plus an HF export per save."""
+    ckpt = work / "straight"
+    text = train_small(work / "grpo_straight.log", "+recipe=intermediate", "trainer.save_freq=1", CONSOLE,
+                       f"trainer.default_local_dir={ckpt}", f"trainer.rollout_data_dir={work / 'straight_rollouts'}",
+                       "trainer.total_training_steps=3", **{**assets_env, "SLIMCKPT_MEASURE": "1"})
+    return ckpt, text
+
+
+def test_resumed_rollouts_equal_uninterrupted_ones(work, grpo_runs, straight):
     """Sampling is keyed by (seed, step, sample index, rollout n): the weights loaded from step 2
     give step 3 the same rollouts as a run that never stopped. (quickstart does not restore the
     optimizer, so only what happens before step 3's update can be compared.)"""
     _, first, resumed = grpo_runs
-    straight = train_small(work / "grpo_straight.log", *GRPO, f"trainer.default_local_dir={work / 'straight'}",
-                           f"trainer.rollout_data_dir={work / 'straight_rollouts'}", "trainer.total_training_steps=3",
-                           **assets_env)
+    _, straight_text = straight
     for step in (1, 2, 3):
         expected = rollouts(work / "straight_rollouts", step)
         assert len(expected) == 8 * 5  # 8 prompts, 5 samples each (+algo=grpo)
@@ -116,10 +130,61 @@ def test_resumed_rollouts_equal_uninterrupted_ones(work, assets_env, grpo_runs):
 
     # the same from verl's metrics; float sums may differ in the last bit with the batch order
     before_update = ("critic/score/mean", "response_length/mean", "rollout_corr/rollout_log_ppl", "actor/entropy")
-    uninterrupted, interrupted = step_metrics(straight), {**step_metrics(first), **step_metrics(resumed)}
+    uninterrupted, interrupted = step_metrics(straight_text), {**step_metrics(first), **step_metrics(resumed)}
     for step in (1, 2, 3):
         for key in before_update:
             assert math.isclose(float(interrupted[step][key]), float(uninterrupted[step][key]), rel_tol=1e-5), (step, key)
+
+
+# --------------------------------------------------------------------------- +recipe=intermediate
+
+
+def _tensors(directory: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(directory, name)))
+    return out
+
+
+def test_intermediate_every_actor_save_has_a_committed_hf_export(straight):
+    ckpt, text = straight
+    assert not (ckpt / "global_step_1").exists()  # the recipe keeps the newest 2, deleted after step 3 committed
+    for step in (2, 3):
+        hf = ckpt / f"global_step_{step}" / "actor" / "huggingface"
+        names = set(os.listdir(hf))
+        assert {"config.json", "manifest.json", "tokenizer.json"} <= names, names
+        assert any(n.endswith(".safetensors") for n in names)
+        assert not (hf.parent / "huggingface.partial").exists()
+        manifest = json.loads((hf / "manifest.json").read_text())
+        assert manifest["files"], manifest
+        assert not (ckpt / f"global_step_{step}" / "critic" / "huggingface" / "manifest.json").exists()
+    assert "HF export" in text
+    metrics = json.loads((ckpt / "global_step_2" / "actor" / "slimckpt_save_rank_0.json").read_text())
+    assert metrics["recipe"] == "intermediate" and metrics["bytes_written"] > 0
+
+
+def test_intermediate_export_equals_verls_merger_and_loads(work, straight):
+    ckpt, _text = straight
+    actor = ckpt / "global_step_3" / "actor"
+    reference = work / "verl_merged"
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor),
+         "--target_dir", str(reference)],
+        env={**os.environ, "SLIMCKPT_DISABLE": "1"}, capture_output=True, text=True, timeout=300)
+    ours, theirs = _tensors(actor / "huggingface"), _tensors(reference)
+    assert theirs, f"verl's merger wrote nothing (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        assert ours[name].dtype == tensor.dtype == torch.bfloat16, name
+        assert torch.equal(ours[name], tensor), name
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(actor / "huggingface")
+    state = model.state_dict()
+    for name, tensor in ours.items():
+        assert torch.equal(state[name].to(torch.bfloat16), tensor), name
 
 
 def test_ppo_with_critic_and_kl_one_rank(work, assets_env):
