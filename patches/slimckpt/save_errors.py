@@ -167,11 +167,6 @@ def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -
     manager._slimckpt_save_failed = None
     lock = None
     try:
-        pending = getattr(manager, "_slimckpt_writer", None)
-        if pending is not None:
-            # an async write's commit still runs collectives on the checkpoint group; the lock's
-            # broadcast below uses that group too, so two threads would interleave collectives
-            pending.wait()
         lock = take_writer_lock(manager, local_path, step)
         return save()
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
