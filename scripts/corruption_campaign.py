@@ -2,11 +2,12 @@
 
     python scripts/corruption_campaign.py [--trials 120] [--native_trials 60] [--seed 0] [--json OUT]
 
-Builds three small real checkpoints once (CPU, gloo, a tiny Llama, 2 ranks):
-  - verl-native: verl's own FSDPCheckpointManager save (slimckpt.testing.fsdp_checkpoint);
-  - merge output: `slimckpt merge` of that checkpoint, split into several safetensors files;
-  - incremental: a save through verl's manager with the incremental tier (this script under
-    torchrun, --_save), i.e. DCP shards, per-rank extra state, huggingface/, slimckpt_resume.json.
+Builds three small real checkpoints once (CPU, gloo, the tiny Llama of
+slimckpt.testing.fsdp_checkpoint, 2 ranks, one torchrun of this script with --_save):
+  - incremental: a save through verl's FSDPCheckpointManager with the incremental tier (DCP
+    shards, per-rank extra state, huggingface/, slimckpt_resume.json), tracker and data.pt;
+  - verl-native: the same model saved by verl's own code (the manager with a plain config);
+  - merge output: slimckpt's merge of that checkpoint, split into several safetensors files.
 Then each trial copies one, damages it in one way and asks `slimckpt verify` (verify_path, the
 CLI's code) whether it is bad and which file it names. Kinds: truncation, a single bit flip at a
 random offset (also aimed at safetensors headers and .distcp bodies), a deleted file, two rank
@@ -57,15 +58,19 @@ def _torchrun(nproc: int, *args: str, timeout: int = 300) -> None:
 
 
 def build_sources(work: str) -> dict[str, str]:
-    """{format: dir to copy per trial}, built once."""
+    """{format: dir to copy per trial}, built once: one torchrun saves the verl-native and the
+    incremental checkpoint, then the native one is merged here."""
+    from slimckpt.merge import MergeOptions, merge
+
+    _torchrun(2, os.path.abspath(__file__), "--_save", work)
     native = os.path.join(work, "native", f"global_step_{STEP}", ROLE)
-    _torchrun(2, "-m", "slimckpt.testing.fsdp_checkpoint", "--out", native)
+    for name in os.listdir(native):  # slimckpt's measure records, not part of verl's format
+        if name.startswith("slimckpt_save_rank_"):
+            os.remove(os.path.join(native, name))
     merged = os.path.join(work, "merged")
-    _run([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", native, "--target_dir", merged,
-          "--max_shard_size", "80KB", "--no_progress"])
-    inc_root = os.path.join(work, "incremental")
-    _torchrun(2, os.path.abspath(__file__), "--_save", inc_root)
-    return {"native": native, "merge": merged, "incremental": os.path.join(inc_root, f"global_step_{STEP}", ROLE)}
+    merge(MergeOptions(local_dir=native, target_dir=merged, max_shard_size="80KB", progress=False))
+    return {"native": native, "merge": merged,
+            "incremental": os.path.join(work, "incremental", f"global_step_{STEP}", ROLE)}
 
 
 def _tiny_run(ckpt_config):
@@ -96,21 +101,28 @@ def _slim_config():
     return SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False)
 
 
-def worker_save(root: str) -> None:
-    """(under torchrun) an incremental save through verl's manager, then the tracker and data.pt."""
+def worker_save(work: str) -> None:
+    """(under torchrun) the same trained model saved twice through verl's manager: verl's own
+    format (work/native) and the incremental tier (work/incremental, with the tracker and data.pt)."""
     import torch
     import torch.distributed as dist
+    from omegaconf import OmegaConf
 
     from slimckpt.resume_manifest import write_tracker
     from slimckpt.resume_state import finish_pending
 
     dist.init_process_group("gloo")
     manager = _tiny_run(_slim_config())
+    root = os.path.join(work, "incremental")
     manager.save_checkpoint(os.path.join(root, f"global_step_{STEP}", ROLE), global_step=STEP)
     finish_pending()
     if dist.get_rank() == 0:
         torch.save({"step": STEP}, os.path.join(root, f"global_step_{STEP}", "data.pt"))
         write_tracker(root, STEP)
+    manager.checkpoint_config = OmegaConf.create({"save_contents": ["model", "optimizer", "extra"],
+                                                 "load_contents": ["model", "optimizer", "extra"]})
+    manager.checkpoint_save_contents = ["model", "optimizer", "extra"]
+    manager.save_checkpoint(os.path.join(work, "native", f"global_step_{STEP}", ROLE), global_step=STEP)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -413,11 +425,13 @@ def campaign(args: argparse.Namespace) -> dict:
         detected = sum(t["detected"] for t in slim)
         named = sum(t["named_right_file"] for t in slim)
         return {
-            "seed": args.seed, "clean_sources_ok": sorted(clean), "seconds": round(time.perf_counter() - t0, 1), "build_seconds": round(build_s, 1),
+            "seed": args.seed, "clean_sources_ok": sorted(clean), "seconds": round(time.perf_counter() - t0, 1),
+            "build_seconds": round(build_s, 1),
             "slimckpt": {"trials": total, "detected": detected, "named_right_file": named,
                          "detection_rate": detected / total if total else None,
                          "load_trials": len(real),
                          "load_refused_same_message": sum(t.get("load_same_message", False) for t in real),
+                         "real_load_run": bool(real) and not args.no_real_load,
                          "real_load_refused_same_message": sum(t.get("real_load_same_message", False) for t in real),
                          "by_format_kind": summarise(slim)},
             "native": {"trials": len(native), "detected": sum(t["detected"] for t in native),
@@ -438,10 +452,12 @@ def render(result: dict) -> str:
     s = result["slimckpt"]
     lines = [f"slimckpt formats: {s['detected']}/{s['trials']} detected, {s['named_right_file']} naming the damaged "
              f"file; load refused with verify's line: {s['load_refused_same_message']}/{s['load_trials']} "
-             f"(check), {s['real_load_refused_same_message']}/{s['load_trials']} (verl's manager under torchrun)"]
+             f"(check), " + (f"{s['real_load_refused_same_message']}/{s['load_trials']} (verl's manager under "
+                             f"torchrun)" if s["real_load_run"] else "real load not run (--no_real_load)")]
     for fmt, kinds in s["by_format_kind"].items():
         for kind, k in kinds.items():
-            lines.append(f"  {fmt:12s} {kind:15s} {k['detected']}/{k['trials']} detected, {k['named_right_file']} named")
+            lines.append(f"  {fmt:12s} {kind:15s} {k['detected']}/{k['trials']} detected, "
+                         f"{k['named_right_file']} named")
     n = result["native"]
     lines.append(f"verl-native (no manifest): {n['detected']}/{n['trials']} detected")
     for kind, k in n["by_kind"].items():

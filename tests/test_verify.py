@@ -246,8 +246,9 @@ def test_native_clean_says_what_it_could_not_check(native):
     ("stale", "model_world_size_4_rank_3.pt", "stale file"),
     ("truncate", "model_world_size_2_rank_1.pt", "zip"),
     ("data_flip", "model_world_size_2_rank_1.pt", "CRC"),
-    ("world", "model_world_size_2_rank_0.pt", "fsdp_config.json says world size 3"),
+    ("world", "fsdp_config.json", "says world size 3, the rank files are of world size 2"),
     ("config", "config.json", "not valid JSON"),
+    ("tokenizer", "tokenizer_config.json", "missing"),
     ("shape", "model_world_size_2_rank_1.pt", "shape"),
 ])
 def test_native_damage_is_named(native, tmp_path, damage, named, reason):
@@ -266,7 +267,8 @@ def test_native_damage_is_named(native, tmp_path, damage, named, reason):
         _flip(r1, _record_offset(r1, "/data/0") + 5)
     elif damage == "world":
         (native / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 3}))
-        named = "model_world_size_2_rank_0.pt"
+    elif damage == "tokenizer":
+        (native / "huggingface" / "tokenizer.json").write_text("{}")  # a tokenizer file without its config
     elif damage == "config":
         cfg = native / "huggingface" / "config.json"
         cfg.write_text(cfg.read_text()[:-5])

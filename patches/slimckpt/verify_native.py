@@ -273,7 +273,19 @@ def check_hf_dir(role_dir: str) -> tuple[list[BadFile], int]:
             reason = check_safetensors_header(path)
             if reason:
                 bad.append(BadFile(rel, reason))
+    names = set(os.listdir(hf))
+    vocab = names & TOKENIZER_FILES
+    if vocab and "tokenizer_config.json" not in names:
+        bad.append(BadFile(HF_SUBDIR + "/tokenizer_config.json", f"missing, next to {sorted(vocab)[0]} (a tokenizer "
+                                                                 f"saved by save_pretrained has both)"))
+    elif "tokenizer_config.json" in names and not vocab:
+        bad.append(BadFile(HF_SUBDIR + "/tokenizer.json", "missing: tokenizer_config.json is there but no tokenizer "
+                                                          "file (tokenizer.json, vocab.json, tokenizer.model)"))
     return bad, count
+
+
+# a tokenizer's own files, one of which save_pretrained writes next to tokenizer_config.json
+TOKENIZER_FILES = {"tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model", "merges.txt"}
 
 
 # --------------------------------------------------------------------------- the role dir
@@ -309,6 +321,11 @@ def check_native(role_dir: str, on_bytes: Callable[[int], object] | None = None,
             worlds.setdefault(int(m.group(2)), []).append(name)
     if world is None and len(worlds) == 1:
         world = next(iter(worlds))
+    elif world is not None and worlds and world not in worlds:
+        bad.append(BadFile(FSDP_CONFIG, f"says world size {world}, the rank files are of world size "
+                                        f"{', '.join(map(str, sorted(worlds)))}"))
+        if len(worlds) == 1:  # the names agree among themselves: check the files by them
+            world = next(iter(worlds))
     for w, names in sorted(worlds.items()):
         if w != world:
             bad += [BadFile(n, f"of world size {w}, but {FSDP_CONFIG} says world size {world}: a stale file of "
