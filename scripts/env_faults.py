@@ -301,7 +301,10 @@ def child(args: argparse.Namespace) -> int:
                     run.manager.save_checkpoint(target.replace(f"global_step_{STEP}", f"global_step_{STEP + 1}"),
                                                 global_step=STEP + 1, max_ckpt_to_keep=1)
                 resume_async.writer_for(run.manager).wait()
-                write_tracker_as_trainer(os.path.dirname(os.path.dirname(target)), args.path)
+                try:
+                    write_tracker_as_trainer(os.path.dirname(os.path.dirname(target)), args.path)
+                except OSError as exc:  # verl's trainer cannot write its tracker there either: it stops
+                    raise RuntimeError(f"(the save continued; verl trainer's tracker write) {exc}") from None
             finally:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
         except BaseException as exc:  # noqa: BLE001 - the verdict records it (DCP raises BaseExceptions)
@@ -424,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
                 bases.append(env.base(path, fault))
             plan.append((path, runnable, bases))
 
+        # one item per save path (one process, every fault) and per merge run (one CLI each)
+        items = [(p_, fs, bs) for p_, fs, bs in plan if p_ not in MERGE_PATHS]
+        items += [(p_, [f], [b]) for p_, fs, bs in plan if p_ in MERGE_PATHS for f, b in zip(fs, bs)]
+
         def one(item, port):
             path, fs, bs = item
             if path in MERGE_PATHS:
@@ -431,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_saves(env, path, fs, bs, port)
 
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            results = list(pool.map(one, plan, [29500 + 17 * i + os.getpid() % 500 for i in range(len(plan))]))
-        for (path, fs, bs), res in zip(plan, results):
+            results = list(pool.map(one, items, [29500 + 17 * i + os.getpid() % 500 for i in range(len(items))]))
+        for (path, fs, bs), res in zip(items, results):
             for r, base in zip(res, bs):
                 r["path"] = path
                 r["mechanism"] = env.mechanism(r["fault"])

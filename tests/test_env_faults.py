@@ -204,3 +204,24 @@ def test_env_faults_script_through_verls_manager(tmp_path):
     assert "File too large" in rows[("incremental_sync", "fsize_limit")]["message"]
     assert rows[("quickstart_continue", "fsize_limit")]["exit"] == "continued"  # training goes on
     assert rows[("quickstart_continue", "lock")]["exit"] == "raised"  # a lock conflict always stops
+
+
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_async_commit_watcher_follows_on_save_error(tmp_path, keep_going):
+    """Async saves: the driver's watcher sees the failed step's marker; continue logs it, stop raises;
+    the tracker never moves to it either way."""
+    from slimckpt.resume_tracker import CommitWatcher
+
+    role = tmp_path / "global_step_5" / "actor"
+    role.mkdir(parents=True)
+    (tmp_path / TRACKER_NAME).write_text("4")
+    (role / f"{FAILED_PREFIX}0.txt").write_text("disk full")
+    watcher = CommitWatcher(str(tmp_path))
+    watcher.keep_going = keep_going
+    watcher.after_save(5, ["actor"])
+    if keep_going:
+        watcher.wait(timeout=30)
+    else:
+        with pytest.raises(RuntimeError, match="step 5 failed"):
+            watcher.wait(timeout=30)
+    assert (tmp_path / TRACKER_NAME).read_text() == "4"

@@ -83,6 +83,7 @@ class CommitWatcher:
         self._thread: threading.Thread | None = None
         self._step: int | None = None
         self.error: str | None = None
+        self.keep_going = False  # on_save_error=continue: a failed step is logged, not raised
 
     def _committed(self, step: int, roles: list[str]) -> bool:
         step_dir = os.path.join(self.root, f"global_step_{step}")
@@ -124,6 +125,8 @@ class CommitWatcher:
                     raise RuntimeError(f"slimckpt: step {self._step} was not committed within {timeout:.0f} s")
                 log.info("waiting for step %s to be committed before moving the tracker", self._step)
         self._thread = None
+        if self.error and self.keep_going:
+            self.error = None  # logged by _watch; the tracker stays on the last committed step
         if self.error:
             error, self.error = self.error, None
             raise RuntimeError(error)
@@ -141,6 +144,8 @@ def wrap_trainer_save_checkpoint(original):
         watcher = getattr(self, "_slimckpt_watcher", None)
         if watcher is None:
             watcher = self._slimckpt_watcher = CommitWatcher(self.config.trainer.default_local_dir)
+            actor = _get(_get(self.config.actor_rollout_ref, "actor"), "checkpoint")
+            watcher.keep_going = _get(actor, "on_save_error", "stop") == "continue"
         watcher.after_save(int(self.global_steps), roles)
         if int(self.global_steps) >= int(getattr(self, "total_training_steps", 0) or 0):
             watcher.wait()  # last step: the run ends after this, so finish the commit now
