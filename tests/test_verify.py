@@ -362,3 +362,10 @@ def test_load_check_shares_bytes_evenly_across_ranks():
     per_rank = [sum(s for s, o in zip(sizes, owner) if o == r) for r in range(2)]
     assert max(per_rank) - min(per_rank) <= 5
     assert rm.share_by_bytes([7], 4) == [0]
+
+
+def test_lock_files_next_to_a_subdir_are_not_extras(tmp_path):
+    d = role_dir(tmp_path)
+    (d / ".huggingface.slimckpt-lock").write_text("pid 1 on host h: exporting")
+    assert verify_path(str(d)).ok
+    rm.check_committed(str(d))

@@ -44,6 +44,7 @@ _CHUNK = 8 * 2**20
 # written into a role dir after its commit, or about it: not part of the state
 MEASURE_PREFIX = "slimckpt_save_rank_"
 DAMAGED_FIX = "the checkpoint is damaged, resume from an earlier step"
+LOCK_SUFFIX = ".slimckpt-lock"  # slimckpt.locks.LOCK_SUFFIX
 
 
 class UncommittedCheckpoint(RuntimeError):
@@ -129,8 +130,11 @@ def describe_files(root: str, relpaths: Iterable[str], checksums: bool = True) -
 
 def _not_state(rel: str) -> bool:
     """Files a role dir may hold outside its manifest: the manifest (and its temp file), failure
-    markers (reported on their own) and the measure JSON written after the save returns."""
+    markers (reported on their own), the measure JSON written after the save returns, and
+    advisory lock files of a subdir (slimckpt.locks puts `.<dir>.slimckpt-lock` next to a dir)."""
     name = rel.rsplit("/", 1)[-1]
+    if name.endswith(LOCK_SUFFIX):
+        return True
     return "/" not in rel and (name.startswith((MANIFEST_NAME, FAILED_PREFIX, MEASURE_PREFIX)))
 
 
