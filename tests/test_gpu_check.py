@@ -26,6 +26,7 @@ def test_cpu_staging_takes_the_plain_path_and_reuses_the_pool():
     assert torch.equal(staged["model"]["w"], state["model"]["w"])
     assert staged["model"]["w"].data_ptr() != state["model"]["w"].data_ptr()
     assert staged["optim"]["param_groups"] == state["optim"]["param_groups"]
+    assert pool.nbytes < 4 * 2**10  # one flat buffer of the state's bytes (+ alignment), not rounded up
     ptr = staged["model"]["w"].data_ptr()
     state["model"]["w"].add_(1)
     again = pool.stage(state)

@@ -41,6 +41,7 @@ from .log import get_logger
 log = get_logger("slimckpt.resume")
 
 _WRITERS: "weakref.WeakSet[AsyncResumeWriter]" = weakref.WeakSet()
+ALIGN = 64  # bytes: every staged tensor starts at a multiple (any dtype's alignment, cache lines)
 _LOCK = threading.Lock()
 
 
@@ -68,6 +69,10 @@ def _signature(state: Any) -> tuple:
     return tuple((tuple(_local(t).shape), _local(t).dtype, type(t).__name__) for t in _tensors(state))
 
 
+def _unregister(data_ptr: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(data_ptr)
+
+
 def cuda_device_of(tensors: list[torch.Tensor]) -> torch.device | None:
     """The CUDA device of the first CUDA tensor, or None (CPU training, or no CUDA build)."""
     if not torch.cuda.is_available():
@@ -82,16 +87,20 @@ def cuda_device_of(tensors: list[torch.Tensor]) -> torch.device | None:
 class StagingPool:
     """Host copies of a state dict's tensors, allocated once and refilled at every save.
 
-    A DTensor is staged as a DTensor with the same spec (mesh, placements, global shape) around a
-    host buffer, so DCP plans the same chunks as for the live tensor. Buffers are allocated one
-    by one at their final size (no temporary copies); non-tensor leaves (optimizer hyper-parameters)
-    are copied at every save."""
+    The pool is one flat host buffer, each tensor a 64-byte-aligned view of it, so its size is
+    the state's bytes. On CUDA that buffer is page-locked in place (cudaHostRegister), not taken
+    from torch's pinned allocator, which rounds every block up to a power of two (up to twice the
+    budget). A DTensor is staged as a DTensor with the same spec (mesh, placements, global shape)
+    around its view, so DCP plans the same chunks as for the live tensor; non-tensor leaves
+    (optimizer hyper-parameters) are copied at every save."""
 
     def __init__(self) -> None:
         self._buffers: list[torch.Tensor] = []
+        self._flat: torch.Tensor | None = None
         self._signature: tuple | None = None
         self.nbytes = 0
         self.pinned = False
+        self._unpin = None  # finalizer that unregisters the page-locked flat buffer
         self._stream = None  # the side stream of the device-to-host copies (CUDA only)
         self._ready = None  # CUDA event recorded after the last save's copies
 
@@ -107,15 +116,45 @@ class StagingPool:
         if ready is not None:
             ready.synchronize()
 
-    @staticmethod
-    def _allocate(t: torch.Tensor, pin: bool) -> torch.Tensor:
-        local = _local(t)
-        buf = torch.empty(tuple(local.shape), dtype=local.dtype, device="cpu", pin_memory=pin and local.numel() > 0)
-        if hasattr(t, "to_local"):
-            from torch.distributed.tensor import DTensor
+    def _release(self) -> None:
+        self._buffers, self._flat, self.nbytes, self.pinned = [], None, 0, False
+        if self._unpin is not None:
+            self._unpin()  # the flat buffer is unregistered before it is freed
+            self._unpin = None
 
-            return DTensor(buf, t._spec, requires_grad=False)
-        return buf
+    def _pin(self, flat: torch.Tensor) -> bool:
+        """Page-lock `flat` in place; on failure log and stage into pageable memory (correct,
+        only the device-to-host copies are slower and no longer overlap)."""
+        nbytes = flat.numel()
+        err = int(torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), nbytes, 1))  # 1: portable
+        if err != 0:
+            log.warning("async_save: page-locking the %.2f GiB staging pool failed (cudaError %d); staging into "
+                        "pageable memory instead", nbytes / 2**30, err)
+            return False
+        self._unpin = weakref.finalize(flat, _unregister, flat.data_ptr())
+        self._unpin.atexit = False  # never after the CUDA context is gone
+        return True
+
+    def _allocate(self, tensors: list[torch.Tensor], pin: bool) -> None:
+        self._release()  # free (and unpin) the old pool before allocating the new one
+        sizes = [_local(t).numel() * _local(t).element_size() for t in tensors]
+        offsets, total = [], 0
+        for size in sizes:
+            offsets.append(total)
+            total += -(-size // ALIGN) * ALIGN
+        flat = torch.empty(max(total, ALIGN), dtype=torch.uint8)
+        self.pinned = pin and self._pin(flat)
+        buffers = []
+        for t, offset, size in zip(tensors, offsets, sizes):
+            local = _local(t)
+            buf = flat[offset:offset + size].view(local.dtype).view(tuple(local.shape)) if size else \
+                torch.empty(tuple(local.shape), dtype=local.dtype)
+            if hasattr(t, "to_local"):
+                from torch.distributed.tensor import DTensor
+
+                buf = DTensor(buf, t._spec, requires_grad=False)
+            buffers.append(buf)
+        self._flat, self._buffers, self.nbytes = flat, buffers, total
 
     def _fill(self, obj: Any, buffers: Iterator[torch.Tensor], side) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -140,11 +179,8 @@ class StagingPool:
         pin = device is not None
         signature = (_signature(state), pin)
         if signature != self._signature:
-            self._buffers = []  # free the old pool before allocating the new one
-            self._buffers = [self._allocate(t, pin) for t in tensors]
+            self._allocate(tensors, pin)
             self._signature = signature
-            self.nbytes = state_bytes(self._buffers)
-            self.pinned = pin
         if device is None:
             return self._fill(state, iter(self._buffers), None)
         side, training = self._side_stream(device), torch.cuda.current_stream(device)
