@@ -410,7 +410,7 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
 # --------------------------------------------------------------------------- load
 
 
-def _check_committed(local_path: str, group: dist.ProcessGroup) -> Manifest:
+def _check_committed(local_path: str, group: dist.ProcessGroup, checksums: bool = True) -> Manifest:
     """resume_manifest.check_committed shared by the ranks: each checks size and checksum of its
     share of the listed files (about equal bytes), rank 0 also looks for unlisted files and
     failure markers; every rank raises the same first message, the line `slimckpt verify` prints for that file."""
@@ -423,7 +423,7 @@ def _check_committed(local_path: str, group: dist.ProcessGroup) -> Manifest:
     dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
     if error[0] or manifest is None:  # rank 0's message, the same on every rank
         raise UncommittedCheckpoint(error[0] or f"slimckpt: {local_path}/{MANIFEST_NAME} is unreadable on rank {rank}")
-    bad = find_damage(local_path, manifest, checksums=True, share=(rank, world), extras=rank == 0)
+    bad = find_damage(local_path, manifest, checksums=checksums, share=(rank, world), extras=rank == 0)
     firsts: list[Any] = [None] * world
     dist.all_gather_object(firsts, [(i, damage_message(local_path, b)) for i, b in bad[:1]], group=group)
     first = min((x for part in firsts for x in part), default=None)
@@ -438,7 +438,8 @@ def load_resume_state(manager, local_path: str) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     group = checkpoint_group(manager)
-    manifest = _check_committed(local_path, group)  # every rank raises the same one-line error
+    # every rank raises the same one-line error; checksums unless the config says verify: false
+    manifest = _check_committed(local_path, group, bool(getattr(manager.checkpoint_config, "verify", True)))
 
     missing = [c for c in ("model", "optimizer", "extra")
                if c in manager.checkpoint_load_contents and c not in manifest.contents]
