@@ -10,7 +10,8 @@ Checks (each PASS/FAIL, exit 1 on any FAIL):
                        overwrites every source right after stage returns (ordering by event)
   pool_reused          a second save refills the same pinned buffers and sees the new values
   pinned               the pool is page-locked
-  pool_exact_size      the pool holds the state's bytes (+ 64-byte alignment), not a power-of-two rounding
+  exact_storages       every staged tensor owns a storage of exactly its bytes (no power-of-two rounding
+                       of pinned blocks; DCP writes it without cloning it first)
   dtensor              a DTensor (1-rank mesh, gloo, no network) is staged as a DTensor with its spec
 Timings: pageable vs pinned device-to-host copy (GB/s), side-stream overlap of a copy with
 matmuls on the training stream, staging (host-blocking seconds and until the copies are done, first
@@ -97,7 +98,7 @@ def _overwrite(state: dict[str, Any]) -> None:
 
 
 def check_staging(device: torch.device, total_bytes: int) -> tuple[dict[str, bool], dict[str, float]]:
-    from .resume_async import ALIGN, StagingPool, _tensors, state_bytes
+    from .resume_async import StagingPool, _local, _tensors, state_bytes
 
     checks, times = {}, {}
     state = shard_like_state(total_bytes, device)
@@ -113,7 +114,8 @@ def check_staging(device: torch.device, total_bytes: int) -> tuple[dict[str, boo
     times["stage_first_ready_s"] = time.perf_counter() - t0
     checks["staged_bytes_equal"] = _equal(staged, reference)
     checks["pinned"] = all(t.is_pinned() for t in _tensors(staged) if t.numel())
-    checks["pool_exact_size"] = pool.nbytes <= nbytes + ALIGN * len(list(_tensors(state)))
+    checks["exact_storages"] = pool.nbytes == nbytes and all(
+        _local(t).untyped_storage().nbytes() == _local(t).numel() * _local(t).element_size() for t in _tensors(staged))
     times["pool_bytes"] = float(pool.nbytes)
 
     before = [t.data_ptr() for t in _tensors(staged)]

@@ -41,7 +41,6 @@ from .log import get_logger
 log = get_logger("slimckpt.resume")
 
 _WRITERS: "weakref.WeakSet[AsyncResumeWriter]" = weakref.WeakSet()
-ALIGN = 64  # bytes: every staged tensor starts at a multiple (any dtype's alignment, cache lines)
 _LOCK = threading.Lock()
 
 
@@ -87,20 +86,19 @@ def cuda_device_of(tensors: list[torch.Tensor]) -> torch.device | None:
 class StagingPool:
     """Host copies of a state dict's tensors, allocated once and refilled at every save.
 
-    The pool is one flat host buffer, each tensor a 64-byte-aligned view of it, so its size is
-    the state's bytes. On CUDA that buffer is page-locked in place (cudaHostRegister), not taken
-    from torch's pinned allocator, which rounds every block up to a power of two (up to twice the
-    budget). A DTensor is staged as a DTensor with the same spec (mesh, placements, global shape)
-    around its view, so DCP plans the same chunks as for the live tensor; non-tensor leaves
-    (optimizer hyper-parameters) are copied at every save."""
+    Each tensor gets a host buffer of exactly its bytes, allocated once at its final size (no
+    temporary copies), so the pool is the state's size. On CUDA the buffers are page-locked in
+    place (cudaHostRegister), not taken from torch's pinned allocator, which rounds every block up
+    to a power of two (up to twice the budget). A DTensor is staged as a DTensor with the same spec
+    (mesh, placements, global shape) around its buffer, so DCP plans the same chunks as for the
+    live tensor; non-tensor leaves (optimizer hyper-parameters) are copied at every save."""
 
     def __init__(self) -> None:
         self._buffers: list[torch.Tensor] = []
-        self._flat: torch.Tensor | None = None
         self._signature: tuple | None = None
         self.nbytes = 0
         self.pinned = False
-        self._unpin = None  # finalizer that unregisters the page-locked flat buffer
+        self._unpin: list[weakref.finalize] = []  # unregister each page-locked buffer
         self._stream = None  # the side stream of the device-to-host copies (CUDA only)
         self._ready = None  # CUDA event recorded after the last save's copies
 
@@ -117,44 +115,41 @@ class StagingPool:
             ready.synchronize()
 
     def _release(self) -> None:
-        self._buffers, self._flat, self.nbytes, self.pinned = [], None, 0, False
-        if self._unpin is not None:
-            self._unpin()  # the flat buffer is unregistered before it is freed
-            self._unpin = None
+        unpin, self._unpin = self._unpin, []
+        self._buffers, self.nbytes, self.pinned = [], 0, False
+        for finalizer in unpin:
+            finalizer()  # each buffer is unregistered before it is freed
 
-    def _pin(self, flat: torch.Tensor) -> bool:
-        """Page-lock `flat` in place; on failure log and stage into pageable memory (correct,
-        only the device-to-host copies are slower and no longer overlap)."""
-        nbytes = flat.numel()
-        err = int(torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), nbytes, 1))  # 1: portable
+    def _pin(self, buf: torch.Tensor) -> bool:
+        """Page-lock `buf` in place (exactly its bytes); on failure log and leave it pageable
+        (correct: that tensor's copy is then synchronous and does not overlap)."""
+        nbytes = buf.numel() * buf.element_size()
+        err = int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 1))  # 1: portable
         if err != 0:
-            log.warning("async_save: page-locking the %.2f GiB staging pool failed (cudaError %d); staging into "
-                        "pageable memory instead", nbytes / 2**30, err)
+            log.warning("async_save: page-locking %.1f MiB of the staging pool failed (cudaError %d); staging the "
+                        "rest into pageable memory", nbytes / 2**20, err)
             return False
-        self._unpin = weakref.finalize(flat, _unregister, flat.data_ptr())
-        self._unpin.atexit = False  # never after the CUDA context is gone
+        finalizer = weakref.finalize(buf, _unregister, buf.data_ptr())
+        finalizer.atexit = False  # never after the CUDA context is gone
+        self._unpin.append(finalizer)
         return True
 
     def _allocate(self, tensors: list[torch.Tensor], pin: bool) -> None:
         self._release()  # free (and unpin) the old pool before allocating the new one
-        sizes = [_local(t).numel() * _local(t).element_size() for t in tensors]
-        offsets, total = [], 0
-        for size in sizes:
-            offsets.append(total)
-            total += -(-size // ALIGN) * ALIGN
-        flat = torch.empty(max(total, ALIGN), dtype=torch.uint8)
-        self.pinned = pin and self._pin(flat)
-        buffers = []
-        for t, offset, size in zip(tensors, offsets, sizes):
+        buffers, pinned = [], pin
+        for t in tensors:
             local = _local(t)
-            buf = flat[offset:offset + size].view(local.dtype).view(tuple(local.shape)) if size else \
-                torch.empty(tuple(local.shape), dtype=local.dtype)
+            # one storage per tensor, of exactly its size: DCP clones a tensor whose storage is
+            # larger than it before writing it, so views into one flat pool would be copied again
+            buf = torch.empty(tuple(local.shape), dtype=local.dtype)
+            if pinned and buf.numel():
+                pinned = self._pin(buf)
             if hasattr(t, "to_local"):
                 from torch.distributed.tensor import DTensor
 
                 buf = DTensor(buf, t._spec, requires_grad=False)
             buffers.append(buf)
-        self._flat, self._buffers, self.nbytes = flat, buffers, total
+        self._buffers, self.nbytes, self.pinned = buffers, state_bytes(buffers), pin and pinned
 
     def _fill(self, obj: Any, buffers: Iterator[torch.Tensor], side) -> Any:
         if isinstance(obj, torch.Tensor):
