@@ -6,7 +6,7 @@ are) and calls save_pretrained. Here (collective over the checkpoint's gloo grou
 
   plan   (foreground, at save time) every rank reports the box (dim-0 rows, or the whole tensor
          when replicated) it holds of each tensor; rank 0 names the tensors as verl's hf_model /
-         save_pretrained would (merge.HfSide: tied embeddings, ignored keys, save-time renames),
+         save_pretrained would (hf_side.HfSide: tied embeddings, ignored keys, save-time renames),
          lays out the files (layout) and assigns every box to one holder (export_assign).
   write  (after the DCP shards; in async mode on the background thread, from the staged copy)
          rank 0 creates the files at full size with their headers, the index and config.json /
@@ -118,9 +118,9 @@ def verl_contents(manager, config: Any) -> list[str]:
 
 
 def _hf_side(manager, local_path: str):
-    """merge.HfSide (names and config files as save_pretrained makes them) from the config verl
+    """hf_side.HfSide (names and config files as save_pretrained makes them) from the config verl
     just wrote; kept per manager: the model's structure does not change during a run."""
-    from .merge import HfSide
+    from .hf_side import HfSide
 
     side = getattr(manager, "_slimckpt_hf_side", None)
     if side is None:
@@ -132,7 +132,7 @@ def _hf_side(manager, local_path: str):
 
 def _names_and_specs(manager, local_path: str, shapes: dict[str, tuple[int, ...]],
                      dtypes: dict[str, torch.dtype], aliases: dict[str, str], export_dtype: str):
-    from .merge import NeedsVerlMerger
+    from .hf_side import NeedsVerlMerger
 
     side = _hf_side(manager, local_path)
     all_shapes = dict(shapes)

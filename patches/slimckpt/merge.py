@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import __version__, layout
+from .hf_side import HfSide, NeedsVerlMerger, default_max_shard_size
 from .log import get_logger
 from .manifest import (
     DEFAULT_ALGO,
@@ -43,6 +44,7 @@ from .manifest import (
     prepare_partial,
     write_manifest,
 )
+from .merge_workers import ProgressBar, is_user_error, run_workers
 
 log = get_logger("slimckpt.merge")
 
@@ -52,10 +54,6 @@ OVERWRITE_ENV = "SLIMCKPT_MERGE_OVERWRITE"
 
 class MergeError(RuntimeError):
     """Any failure a user can act on; str() is the one-line message."""
-
-
-class NeedsVerlMerger(Exception):
-    """This checkpoint is outside what the streaming merge reproduces exactly."""
 
 
 @dataclass
@@ -82,115 +80,6 @@ class MergeResult:
     seconds: float = 0.0
     used_verl_merger: bool = False
     tokenizer_saved: bool = False
-
-
-def default_max_shard_size() -> int | str:
-    """What `save_pretrained` uses when verl calls it without max_shard_size ("50GB" in transformers 5)."""
-    import inspect
-
-    from transformers import PreTrainedModel
-
-    return inspect.signature(PreTrainedModel.save_pretrained).parameters["max_shard_size"].default
-
-
-# ------------------------------------------------------------------------------------------------
-# The Hugging Face side: what save_pretrained + verl's save_hf_model_and_tokenizer would do
-# ------------------------------------------------------------------------------------------------
-class HfSide:
-    """A meta-device model of the checkpoint's config: names, config files, tokenizer, like verl."""
-
-    def __init__(self, local_dir: str, dtype: str, trust_remote_code: bool) -> None:
-        import torch
-        from accelerate import init_empty_weights
-        from verl.model_merger.base_model_merger import ModelMergerConfig
-        from verl.model_merger.fsdp_model_merger import FSDPModelMerger
-
-        from .sources import HF_SUBDIR, CheckpointError
-
-        self.hf_dir = os.path.join(local_dir, HF_SUBDIR)
-        if not os.path.isfile(os.path.join(self.hf_dir, "config.json")):
-            raise CheckpointError(f"{os.path.join(self.hf_dir, 'config.json')} is missing; verl writes it on rank 0 "
-                                  f"with every checkpoint: copy the checkpoint's huggingface/ dir along")
-        self.trust_remote_code = trust_remote_code
-        config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=local_dir, target_dir=None,
-                                   hf_model_config_path=self.hf_dir, trust_remote_code=trust_remote_code)
-        self.verl = FSDPModelMerger(config)  # verl's own helpers: auto class, generation config
-        if not getattr(self.verl.model_config, "architectures", None):
-            raise CheckpointError(f"{os.path.join(self.hf_dir, 'config.json')} names no \"architectures\"; add the "
-                                  f"model class, e.g. \"architectures\": [\"LlamaForCausalLM\"]")
-        self.torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-        auto_cls = self.verl.get_transformers_auto_model_class()
-        with init_empty_weights():
-            model = auto_cls.from_config(self.verl.model_config, dtype=self.torch_dtype,
-                                         trust_remote_code=trust_remote_code)
-        self.model = self.verl.patch_model_generation_config(model)
-
-    def output_names(self, names: list[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
-        """{output name: checkpoint name}, in the order save_pretrained would see the state dict."""
-        import torch
-        from transformers.core_model_loading import revert_weight_conversion
-        from verl.utils.transformers_compat import drop_tied_target_keys
-
-        from .flowrl.names import is_flowrl_param
-
-        # FlowRL's log Z head is trained with the actor but is no part of the language model
-        keep: dict[str, object] = {n: None for n in names if not is_flowrl_param(n)}
-        if len(keep) < len(names):
-            log.info("HF export leaves out FlowRL's log Z head (%d tensors)", len(names) - len(keep))
-        drop_tied_target_keys(keep, self.model, self.verl.model_config)
-        for key in self.model._keys_to_ignore_on_save or ():
-            keep.pop(key, None)
-        meta = {n: torch.empty(shapes[n], dtype=self.torch_dtype, device="meta") for n in keep}
-        reverted = revert_weight_conversion(self.model, dict(meta))
-        by_id = {id(t): n for n, t in meta.items()}
-        mapping = {}
-        for new, t in reverted.items():
-            old = by_id.get(id(t))
-            if old is None or tuple(t.shape) != shapes[old]:
-                raise NeedsVerlMerger(f"transformers converts tensors of {type(self.model).__name__} on save "
-                                      f"(e.g. {new!r})")
-            mapping[new] = old
-        if len(mapping) != len(meta):
-            raise NeedsVerlMerger(f"transformers merges tensors of {type(self.model).__name__} on save")
-        return mapping
-
-    def total_parameters(self) -> int:
-        return self.model.num_parameters()
-
-    def save_configs(self, out_dir: str) -> None:
-        """config.json and generation_config.json exactly as save_pretrained writes them."""
-        model = self.model
-        model.config.dtype = str(model.dtype).split(".")[1]
-        model.config.architectures = [model.__class__.__name__.removeprefix("FSDP")]
-        if model._auto_class is not None:
-            from transformers.dynamic_module_utils import custom_object_save
-
-            custom_object_save(model, out_dir, config=model.config)
-        model.config.save_pretrained(out_dir)
-        if model.can_generate():
-            model.generation_config.save_pretrained(out_dir)
-
-    def save_tokenizer(self, out_dir: str) -> bool:
-        """Processor and tokenizer through verl's loaders; False (with a warning) when there is none."""
-        import warnings
-
-        from verl.utils import hf_processor, hf_tokenizer
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            processor = hf_processor(self.hf_dir, trust_remote_code=self.trust_remote_code)
-        try:
-            tokenizer = hf_tokenizer(self.hf_dir, trust_remote_code=self.trust_remote_code)
-        except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/TypeError here
-            tokenizer = None
-            log.warning("no tokenizer in %s (%s): the merged model has none; copy one in before serving it "
-                        "(verl's merger exits 1 here, after writing the weights)", self.hf_dir,
-                        str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__)
-        if processor is not None:
-            processor.save_pretrained(out_dir)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out_dir)
-        return tokenizer is not None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -224,9 +113,9 @@ def plan_names(ckpt, name_map: dict[str, str], dtype: str, max_shard_size, total
 def _write_weights(opts: MergeOptions, partial: str, mp: MergePlan) -> dict[str, str]:
     """Every weight byte of `mp` into the files `create_files` made in `partial`, with --workers."""
     shares = layout.partition(mp.plan, opts.workers)
-    bar = _Bar(mp.plan.total_size, opts.progress, "slimckpt merge")
+    bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
     try:
-        return _run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar)
+        return run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar)
     finally:
         bar.close()
 
@@ -296,101 +185,6 @@ class _EarlyWrite:
         discard_partial(self.partial)
 
 
-# ------------------------------------------------------------------------------------------------
-# Writing: in this process, in spawned workers, or in torchrun ranks
-# ------------------------------------------------------------------------------------------------
-def _write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
-                  chunk_bytes: int, progress: Callable[[int], None]) -> dict[str, str]:
-    """Write `shares` here, one after the other; returns checksums of files written whole."""
-    from .sources import open_checkpoint
-    from .writer import OUT_DTYPES, ShareWriter
-
-    ckpt = open_checkpoint(local_dir)
-    sources = {new: ckpt.tensors[old] for new, old in mp.name_map.items()}
-    checksums: dict[str, str] = {}
-    for share in shares:
-        w = ShareWriter(partial, mp.plan, sources, OUT_DTYPES[dtype], chunk_bytes, progress)
-        w.write_share(share)
-        checksums.update(w.checksums)
-    ckpt.close()
-    return checksums
-
-
-def _worker_entry(args: tuple, queue) -> None:
-    local_dir, partial, mp, share, dtype, chunk_bytes, wid, threads = args
-    import torch
-
-    torch.set_num_threads(threads)  # N workers share the cores instead of each taking all of them
-    pending = [0]
-
-    def progress(n: int) -> None:
-        pending[0] += n
-        if pending[0] >= 16 << 20:
-            queue.put(("progress", wid, pending[0]))
-            pending[0] = 0
-
-    try:
-        checksums = _write_shares(local_dir, partial, mp, [share], dtype, chunk_bytes, progress)
-        queue.put(("progress", wid, pending[0]))
-        queue.put(("done", wid, checksums))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which exits nonzero
-        queue.put(("error", wid, f"{exc}" if _is_user_error(exc) else f"{type(exc).__name__}: {exc}"))
-
-
-def _is_user_error(exc: BaseException) -> bool:
-    from .sources import CheckpointError
-    from .writer import OutputError
-
-    return isinstance(exc, (CheckpointError, OutputError, CommitError, MergeError))
-
-
-def _run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
-                 chunk_bytes: int, progress: Callable[[int], None]) -> dict[str, str]:
-    """One spawned process per share (a fresh interpreter: no forked OpenMP or torch threads)."""
-    if len(shares) == 1:
-        return _write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress)
-    import multiprocessing as mproc
-    import queue as queue_mod
-
-    ctx = mproc.get_context("spawn")
-    q = ctx.Queue()
-    threads = max(1, (os.cpu_count() or 1) // len(shares))
-    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, threads), q),
-                         name=f"slimckpt-merge-{i}", daemon=True) for i, share in enumerate(shares)]
-    for p in procs:
-        p.start()
-    checksums: dict[str, str] = {}
-    done: set[int] = set()
-    error = None
-    try:
-        while len(done) < len(procs) and error is None:
-            try:
-                kind, wid, payload = q.get(timeout=1.0)
-            except queue_mod.Empty:
-                dead = [i for i, p in enumerate(procs) if i not in done and not p.is_alive()
-                        and p.exitcode not in (0, None)]
-                if dead:
-                    error = f"merge worker {dead[0]} died (exit code {procs[dead[0]].exitcode}); see its output above"
-                continue
-            if kind == "progress":
-                progress(payload)
-            elif kind == "done":
-                checksums.update(payload)
-                done.add(wid)
-            else:
-                error = payload
-    finally:
-        if error is not None:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-        for p in procs:
-            p.join()
-    if error is not None:
-        raise MergeError(error)
-    return checksums
-
-
 def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str], opts: MergeOptions,
             tokenizer_saved: bool) -> list[str]:
     from verl.model_merger.output_validation import validate_hf_model_output
@@ -412,24 +206,6 @@ def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str],
     write_manifest(partial, manifest)
     commit(partial, target, overwrite=opts.overwrite)
     return sorted(entries) + [MANIFEST_NAME]
-
-
-class _Bar:
-    def __init__(self, total: int, enabled: bool, desc: str) -> None:
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                            file=sys.stderr, dynamic_ncols=True)
-
-    def __call__(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _ignore_sigxfsz() -> None:
@@ -623,7 +399,7 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
 def _message(exc: BaseException) -> str:
     from .locks import LockBusy
 
-    return str(exc) if _is_user_error(exc) or isinstance(exc, (layout.LayoutError, LockBusy)) \
+    return str(exc) if is_user_error(exc) or isinstance(exc, (layout.LayoutError, LockBusy)) \
         else f"{type(exc).__name__}: {exc}"
 
 
@@ -707,9 +483,9 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     shares = layout.partition(mp.plan, world * opts.workers)[rank * opts.workers:(rank + 1) * opts.workers]
     mine = sum(mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[1]
                - mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[0] for sh in shares for s in sh)
-    bar = _Bar(mine, opts.progress and rank == 0, f"slimckpt merge (rank 0 of {world})")
+    bar = ProgressBar(mine, opts.progress and rank == 0, f"slimckpt merge (rank 0 of {world})")
     try:
-        status: tuple = ("ok", _run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar))
+        status: tuple = ("ok", run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar))
     except Exception as exc:  # noqa: BLE001
         status = ("error", _message(exc))
     finally:

@@ -210,7 +210,7 @@ class ModelFacts:
 
 
 def _hf_dir(config_path: str) -> tuple[str, Any]:
-    """slimckpt.merge.HfSide reads `<dir>/huggingface/config.json` (a checkpoint's layout); give it
+    """slimckpt.hf_side.HfSide reads `<dir>/huggingface/config.json` (a checkpoint's layout); give it
     one that holds just this config."""
     import shutil
     import tempfile
@@ -227,7 +227,8 @@ def _hf_dir(config_path: str) -> tuple[str, Any]:
 def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: str | int | None = None,
                 trust_remote_code: bool = False) -> ModelFacts:
     from . import layout
-    from .merge import DTYPE_NAMES, HfSide, default_max_shard_size
+    from .hf_side import HfSide, default_max_shard_size
+    from .merge import DTYPE_NAMES
 
     import contextlib
 

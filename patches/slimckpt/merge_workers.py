@@ -1,0 +1,133 @@
+"""Where a merge's bytes get written: in this process, or in spawned worker processes (one per
+share of the plan, `--workers N`), each with its own `writer.ShareWriter`; the parent collects
+progress, checksums and the first error. Torchrun ranks of `--distributed_merge` call
+`write_shares` for their own share.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import layout
+from .manifest import CommitError
+
+if TYPE_CHECKING:
+    from .merge import MergePlan
+
+
+def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
+                  chunk_bytes: int, progress: Callable[[int], None]) -> dict[str, str]:
+    """Write `shares` here, one after the other; returns checksums of files written whole."""
+    from .sources import open_checkpoint
+    from .writer import OUT_DTYPES, ShareWriter
+
+    ckpt = open_checkpoint(local_dir)
+    sources = {new: ckpt.tensors[old] for new, old in mp.name_map.items()}
+    checksums: dict[str, str] = {}
+    for share in shares:
+        w = ShareWriter(partial, mp.plan, sources, OUT_DTYPES[dtype], chunk_bytes, progress)
+        w.write_share(share)
+        checksums.update(w.checksums)
+    ckpt.close()
+    return checksums
+
+
+def _worker_entry(args: tuple, queue) -> None:
+    local_dir, partial, mp, share, dtype, chunk_bytes, wid, threads = args
+    import torch
+
+    torch.set_num_threads(threads)  # N workers share the cores instead of each taking all of them
+    pending = [0]
+
+    def progress(n: int) -> None:
+        pending[0] += n
+        if pending[0] >= 16 << 20:
+            queue.put(("progress", wid, pending[0]))
+            pending[0] = 0
+
+    try:
+        checksums = write_shares(local_dir, partial, mp, [share], dtype, chunk_bytes, progress)
+        queue.put(("progress", wid, pending[0]))
+        queue.put(("done", wid, checksums))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which exits nonzero
+        queue.put(("error", wid, f"{exc}" if is_user_error(exc) else f"{type(exc).__name__}: {exc}"))
+
+
+def is_user_error(exc: BaseException) -> bool:
+    from .merge import MergeError
+    from .sources import CheckpointError
+    from .writer import OutputError
+
+    return isinstance(exc, (CheckpointError, OutputError, CommitError, MergeError))
+
+
+def run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
+                 chunk_bytes: int, progress: Callable[[int], None]) -> dict[str, str]:
+    """One spawned process per share (a fresh interpreter: no forked OpenMP or torch threads)."""
+    if len(shares) == 1:
+        return write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress)
+    import multiprocessing as mproc
+    import queue as queue_mod
+
+    ctx = mproc.get_context("spawn")
+    q = ctx.Queue()
+    threads = max(1, (os.cpu_count() or 1) // len(shares))
+    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, threads), q),
+                         name=f"slimckpt-merge-{i}", daemon=True) for i, share in enumerate(shares)]
+    for p in procs:
+        p.start()
+    checksums: dict[str, str] = {}
+    done: set[int] = set()
+    error = None
+    try:
+        while len(done) < len(procs) and error is None:
+            try:
+                kind, wid, payload = q.get(timeout=1.0)
+            except queue_mod.Empty:
+                dead = [i for i, p in enumerate(procs) if i not in done and not p.is_alive()
+                        and p.exitcode not in (0, None)]
+                if dead:
+                    error = f"merge worker {dead[0]} died (exit code {procs[dead[0]].exitcode}); see its output above"
+                continue
+            if kind == "progress":
+                progress(payload)
+            elif kind == "done":
+                checksums.update(payload)
+                done.add(wid)
+            else:
+                error = payload
+    finally:
+        if error is not None:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+        for p in procs:
+            p.join()
+    if error is not None:
+        from .merge import MergeError
+
+        raise MergeError(error)
+    return checksums
+
+
+class ProgressBar:
+    """tqdm over bytes on stderr, or nothing (--no_progress, in-training exports)."""
+
+    def __init__(self, total: int, enabled: bool, desc: str) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+                            file=sys.stderr, dynamic_ncols=True)
+
+    def __call__(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
