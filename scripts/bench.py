@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         disk = DiskSpeed(**saved["disk"])
         args.sizes, args.repeats = saved["sizes"], saved["repeats"]
         plot_merge(rows, Path(args.plot))
-        Path(args.out).write_text(render_report(rows, disk, args, saved["seconds"], saved["date"]))
+        write_keeping_save_section(Path(args.out), render_report(rows, disk, args, saved["seconds"], saved["date"]))
         return 0
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -216,12 +216,25 @@ def main(argv: list[str] | None = None) -> int:
     plot_merge(rows, Path(args.plot))
     seconds, date = time.time() - started, time.strftime("%Y-%m-%d")
     report = render_report(rows, disk, args, seconds, date)
-    Path(args.out).write_text(report)
+    write_keeping_save_section(Path(args.out), report)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": [asdict(r) for r in rows], "disk": asdict(disk), "sizes": args.sizes,
                                                "repeats": args.repeats, "seconds": seconds, "date": date}, indent=1))
     print(report)
     return 0
+
+
+SAVE_BEGIN, SAVE_END = "<!-- save-bench:begin -->", "<!-- save-bench:end -->"
+
+
+def write_keeping_save_section(path: Path, report: str) -> None:
+    """The merge report replaces the file, except scripts/bench_save.py's marked section, kept at
+    the end (so `bench.py` alone does not drop the save results)."""
+    old = path.read_text() if path.exists() else ""
+    if SAVE_BEGIN in old and SAVE_END in old:
+        section = SAVE_BEGIN + old.split(SAVE_BEGIN, 1)[1].split(SAVE_END, 1)[0] + SAVE_END
+        report = report.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(report)
 
 
 def render_report(rows: list[MergeRow], disk, args, seconds: float, date: str) -> str:

@@ -72,3 +72,15 @@ def test_async_target_falls_back_to_the_largest_size_whose_pool_fitted():
             _row("1b", "incremental", 10, 20.0), _row("1b", "async", 10, 20.0, blocking=20.0, staged=False)]
     name, ok, measured = bench_save.targets(rows)[-1]
     assert "(0.5b," in name and ok and "1b: the staging pool did not fit" in measured
+
+
+def test_merge_bench_keeps_the_save_section(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("old merge table\n\n<!-- save-bench:begin -->\nsave rows\n<!-- save-bench:end -->\n")
+    bench.write_keeping_save_section(out, "new merge table\n")
+    text = out.read_text()
+    assert "old merge table" not in text and text.startswith("new merge table")
+    assert "<!-- save-bench:begin -->\nsave rows\n<!-- save-bench:end -->" in text
