@@ -42,6 +42,41 @@ def _save_rows(modes: dict[str, Any]) -> list[str]:
     return rows
 
 
+CAUSES = (
+    ("invalid literal for int()", "**empty tracker**: verl's `_save_checkpoint` writes "
+     "`latest_checkpointed_iteration.txt` with `open(..., 'w')` then `write` (no temp file and rename); a kill "
+     "between the two leaves an empty file and "
+     "`find_latest_ckpt_path` raises. slimckpt's sync recipes still go through that write (only async moves the "
+     "tracker itself, atomically)"),
+    ("FileNotFoundError", "**tracker names a deleted step**: verl's retention (`register_checkpoint`, with "
+     "max_ckpt_to_keep=1) deletes the previous step's actor dir inside the save, before the trainer moves the "
+     "tracker; a kill in between leaves the tracker on a step without its shards"),
+)
+
+
+def _findings(modes: dict[str, Any]) -> list[str]:
+    """What caused each bad outcome, counted over every row."""
+    seen: dict[str, list[str]] = {}
+    other = []
+    for key, e in modes.items():
+        for t in e.get("trials", []):
+            if e["kind"] != "save" or t["outcome"] not in oracle.BAD:
+                continue
+            cause = next((c for needle, c in CAUSES if needle in t["why"]), None)
+            if cause is None:
+                other.append(f"{key} trial {t['trial']}: {t['outcome']}: {t['why'][:200]}")
+            else:
+                seen.setdefault(cause, []).append(key)
+    if not seen and not other:
+        return ["No bad outcome in any save row.", ""]
+    out = ["What the bad outcomes were:", ""]
+    for cause, keys in seen.items():
+        counts = ", ".join(f"{k} {keys.count(k)}" for k in dict.fromkeys(keys))
+        out.append(f"- {cause} ({counts}).")
+    out += [f"- {line}" for line in other]
+    return out + [""]
+
+
 def _merge_rows(modes: dict[str, Any]) -> list[str]:
     rows = ["| tool | trials | no complete-looking output | complete and correct | looks complete but broken | "
             "rerun failed | where the kills landed |", "|---|---|---|---|---|---|---|"]
@@ -89,12 +124,13 @@ def _details(modes: dict[str, Any]) -> list[str]:
     return out
 
 
-def _side(title: str, side: dict | None, script: str, name: str) -> list[str]:
+def _side(title: str, side: dict | None, script: str, name: str, seconds: float | None) -> list[str]:
     """Another campaign's section, rendered by that script's own `render`."""
     if side is None:
         return [f"## {title}", "", f"Not run: no docs/reliability/{name} (`scripts/{script}` missing or skipped).", ""]
-    out = [f"## {title}", "", f"`python scripts/{script} --json docs/reliability/{name}` (run by `make faults`; "
-                              f"reported by its author's renderer).", ""]
+    took = f", {seconds / 60:.1f} min here" if seconds else ""
+    out = [f"## {title}", "", f"`python scripts/{script} --json docs/reliability/{name}` (run by `make faults`{took}; "
+                              f"rendered by that script).", ""]
     if "error" in side:
         return out + [f"Failed: {side['error']}", ""]
     try:
@@ -110,13 +146,20 @@ def _side(title: str, side: dict | None, script: str, name: str) -> list[str]:
                       "```", ""]
 
 
-def render_report(sigkill: dict | None, corruption: dict | None, env: dict | None) -> str:
+def render_report(sigkill: dict | None, corruption: dict | None, env: dict | None,
+                  side_runs: dict | None = None) -> str:
     lines = ["# Reliability", "",
              "What a crash does to a checkpoint, measured. Every figure here is written by one command,",
              "`make faults` (`python scripts/reliability.py`), from the JSON in `docs/reliability/`.", ""]
     if sigkill is None:
         return "\n".join(lines + ["No SIGKILL results yet: run `make faults`.", ""])
     modes = sigkill["modes"]
+    side_s = sum(v.get("seconds") or 0 for v in (side_runs or {}).values())
+    if side_s:
+        total = (sigkill.get("seconds", 0) + side_s) / 60
+        lines += [f"The whole `make faults` took {total:.1f} min here (SIGKILL campaign "
+                  f"{sigkill.get('seconds', 0) / 60:.1f} min, the other two {side_s / 60:.1f} min), on 2 cores shared "
+                  f"with other jobs (load average 7-20 during the run).", ""]
     ours_bad = sum(e["summary"]["bad"] or 0 for e in modes.values() if e["mode"] in OURS)
     ours_n = sum(len(e["trials"]) for e in modes.values() if e["mode"] in OURS)
     verl_bad = sum(e["summary"]["bad"] or 0 for e in modes.values() if e["mode"] not in OURS)
@@ -124,11 +167,13 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
     m = sigkill.get("machine", {})
     lines += [
         "## SIGKILL at a random moment", "",
-        f"{sigkill['trials_per_mode']} trials per mode, world size {sigkill['world_size']}, seed {sigkill['seed']}; "
-        f"{m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}, verl {m.get('verl', '?')}; the whole campaign took "
-        f"{sigkill.get('seconds', 0) / 60:.1f} min. "
-        f"Command: `{sigkill.get('command', 'python scripts/reliability.py')}`"
-        + (f"; slimckpt source: {sigkill['source']}" if sigkill.get("source") else "") + ".", "",
+        f"{sigkill['trials_per_mode']} trials per mode unless a row says otherwise, world size "
+        f"{sigkill['world_size']}, seed {sigkill['seed']}; "
+        f"{m.get('cpus', '?')} CPUs (shared with other jobs), torch {m.get('torch', '?')}, verl {m.get('verl', '?')}; "
+        f"the rows below took {sigkill.get('seconds', 0) / 60:.1f} min"
+        + (f"; slimckpt source: {sigkill['source']}" if sigkill.get("source") else "") + ". Commands:", "",
+        *[f"- `{c}`" for c in [sigkill.get("command", "python scripts/reliability.py")]
+          + list(sigkill.get("extra_commands", []))], "",
         f"**slimckpt: {ours_bad} bad outcomes in {ours_n} kills. verl 0.9.1's own paths: {verl_bad} bad in "
         f"{verl_n}.**", "",
         "### Saving, then `resume_mode=auto`", "", *_save_rows(modes), "",
@@ -138,6 +183,7 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "(a committed step was not resumed), *crash on load* (the resume raised or hung), *wrong state* /",
         "*partial* (loaded, but not the recorded state of a committed / an unfinished step). *tracker →",
         "uncommitted*: after the kill the tracker named a step without its manifest or data.pt (incremental).", "",
+        *_findings(modes),
         "### Merging", "", *_merge_rows(modes), "",
         "A killed merge must leave no output that looks complete (config.json plus every weight file, and for",
         "slimckpt its manifest) unless it is complete and byte-identical to an uncut run's; the same command",
@@ -179,6 +225,8 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "- A tiny model: a save takes a fraction of a second, so a kill lands in each phase in proportion to its",
         "  duration here, not on a 70B run.", "",
     ]
-    lines += _side("Corruption of committed checkpoints", corruption, "corruption_campaign.py", "corruption.json")
-    lines += _side("Environment faults", env, "env_faults.py", "env_faults.json")
+    took = {k: v.get("seconds") for k, v in (side_runs or {}).items()}
+    lines += _side("Corruption of committed checkpoints", corruption, "corruption_campaign.py", "corruption.json",
+                   took.get("corruption_campaign.py"))
+    lines += _side("Environment faults", env, "env_faults.py", "env_faults.json", took.get("env_faults.py"))
     return "\n".join(lines)

@@ -391,6 +391,7 @@ def saver(mode: str, trial_dir: str, rank: int, keep: int | None, steps: int) ->
         follow(run)
     else:
         trainer = make_trainer(mode, root, keep, run, total=steps)
+        sync = not checkpoint_block(mode).get("async_save")  # read once: it loads a YAML file
         for step in range(1, steps + 1):
             _STEP[0] = step
             _EVENTS("train", step)
@@ -399,7 +400,7 @@ def saver(mode: str, trial_dir: str, rank: int, keep: int | None, steps: int) ->
             _EVENTS("save-begin", step)
             PPOTrainer._save_checkpoint(trainer)
             _EVENTS("save-returned", step)
-            if not checkpoint_block(mode).get("async_save"):
+            if sync:
                 _EVENTS("committed", step)
         stop_followers()
     from slimckpt.resume_state import finish_pending

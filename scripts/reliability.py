@@ -448,8 +448,10 @@ def merge_trial(kind: str, work: str, fixture: str, index: int, rng: random.Rand
 # --------------------------------------------------------------------------- campaign
 
 
-def sigkill_campaign(runs: list[tuple[str, int | None]], trials: int, seed: int, work: str) -> dict:
-    """`runs`: (mode, max_ckpt_to_keep) pairs; results keyed "mode" or "mode@keep=K"."""
+def sigkill_campaign(runs: list[tuple[str, int | None]], trials: int, seed: int, work: str,
+                     out_path: str | None = None) -> dict:
+    """`runs`: (mode, max_ckpt_to_keep) pairs; results keyed "mode" or "mode@keep=K". The JSON at
+    `out_path` is rewritten after every mode, so a campaign cut short keeps what it finished."""
     from tqdm import tqdm
 
     rng = random.Random(seed)
@@ -491,6 +493,9 @@ def sigkill_campaign(runs: list[tuple[str, int | None]], trials: int, seed: int,
         entry["summary"] = summarize(entry)
         result["modes"][key] = entry
         print(f"{key}: {entry['summary']['outcomes']} ({entry['seconds']:.0f} s)", flush=True)
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump({**result, "partial": True}, f, indent=1)
     return result
 
 
@@ -571,12 +576,50 @@ def source_note() -> str:
     return f"{where} (SLIMCKPT source outside the repo; repo HEAD {head})"
 
 
+def load_sigkill() -> dict | None:
+    """sigkill.json, plus the modes of any sigkill_*.json (extra runs, e.g. `--keep 1 --json
+    docs/reliability/sigkill_keep1.json`, read in name order; a mode run again replaces the earlier
+    row), each row keeping its own trial count."""
+    main = load_json("sigkill.json")
+    if main is None:
+        return None
+    main.setdefault("extra_commands", [])
+    for name in sorted(os.listdir(OUT_DIR)):
+        if name.startswith("sigkill_") and name.endswith(".json"):
+            extra = load_json(name)
+            for key, entry in extra["modes"].items():  # a later run of a mode replaces the earlier one
+                main["modes"][key] = entry
+            main["extra_commands"].append(extra.get("command", ""))
+    # time of the rows shown (each mode's calibration and trials), as one `make faults` would spend it
+    main["seconds"] = sum(entry.get("seconds", 0) for entry in main["modes"].values())
+    return main
+
+
 def load_json(name: str) -> dict | None:
     path = os.path.join(OUT_DIR, name)
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def run_sigkill(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    import torch
+    import verl
+
+    t0 = time.monotonic()
+    runs = [(m, k) for k in args.keep for m in args.modes if m in SAVE_MODES] + \
+        [(m, None) for m in args.modes if m not in SAVE_MODES]
+    out_path = args.json or os.path.join(OUT_DIR, "sigkill.json")
+    sigkill = sigkill_campaign(runs, args.trials, args.seed, args.work, out_path)
+    sigkill["seconds"] = round(time.monotonic() - t0, 1)
+    sigkill["command"] = "python scripts/reliability.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    sigkill["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                          "verl": verl.__version__}
+    sigkill["source"] = source_note()
+    with open(out_path, "w") as f:
+        json.dump(sigkill, f, indent=1)
+    return sigkill
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -598,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the SIGKILL results here instead of docs/reliability/")
     p.add_argument("--no-side", action="store_true", help="skip the corruption and environment campaigns")
     p.add_argument("--no-report", action="store_true", help="do not write RELIABILITY.md")
+    p.add_argument("--side-only", action="store_true",
+                   help="run only the corruption and environment campaigns, then render")
     p.add_argument("--render", action="store_true", help="only re-render RELIABILITY.md from docs/reliability/")
     args = p.parse_args(argv)
     if args.snapshot and not args.render:
@@ -634,32 +679,29 @@ def main(argv: list[str] | None = None) -> int:
 
         os.makedirs(OUT_DIR, exist_ok=True)
         os.makedirs(args.work, exist_ok=True)
-        t0 = time.monotonic()
-        runs = [(m, k) for k in args.keep for m in args.modes if m in SAVE_MODES] + \
-            [(m, None) for m in args.modes if m not in SAVE_MODES]
-        sigkill = sigkill_campaign(runs, args.trials, args.seed, args.work)
-        sigkill["seconds"] = round(time.monotonic() - t0, 1)
-        sigkill["command"] = "python scripts/reliability.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        sigkill["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                              "torch": torch.__version__, "verl": verl.__version__}
-        sigkill["source"] = source_note()
-        target = args.json or os.path.join(OUT_DIR, "sigkill.json")
-        with open(target, "w") as f:
-            json.dump(sigkill, f, indent=1)
+        if not args.side_only:
+            sigkill = run_sigkill(args, argv)
+            if args.json:
+                return 0 if all(m["summary"]["bad"] == 0 for m in sigkill["modes"].values()
+                                if m["mode"] in OURS) else 1
         if not args.no_side:
+            runs = {}
             for script, name in (("corruption_campaign.py", "corruption.json"), ("env_faults.py", "env_faults.json")):
                 side = side_campaign(script, os.path.join(OUT_DIR, name))
-                if side is not None:
-                    print(f"{script}: {'error' if 'error' in side else 'done'} ({side['seconds']:.0f} s)", flush=True)
-                    if "error" in side:
-                        with open(os.path.join(OUT_DIR, name), "w") as f:
-                            json.dump(side, f, indent=1)
-        if args.json:
-            return 0 if all(m["summary"]["bad"] == 0 for m in sigkill["modes"].values() if m["mode"] in OURS) else 1
+                if side is None:
+                    continue
+                runs[script] = {"seconds": round(side["seconds"], 1), "returncode": side.get("returncode")}
+                print(f"{script}: {'error' if 'error' in side else 'done'} ({side['seconds']:.0f} s)", flush=True)
+                if "error" in side:
+                    with open(os.path.join(OUT_DIR, name), "w") as f:
+                        json.dump(side, f, indent=1)
+            with open(os.path.join(OUT_DIR, "side_runs.json"), "w") as f:
+                json.dump(runs, f, indent=1)
     if not args.no_report:
         from fault_report import render_report
 
-        text = render_report(load_json("sigkill.json"), load_json("corruption.json"), load_json("env_faults.json"))
+        text = render_report(load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"),
+                             load_json("side_runs.json"))
         with open(REPORT, "w") as f:
             f.write(text)
         print(f"wrote {REPORT}")
