@@ -77,6 +77,19 @@ def _findings(modes: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def _merge_findings(modes: dict[str, Any]) -> list[str]:
+    out = []
+    for key, e in modes.items():
+        broken = [t for t in e.get("trials", []) if e["kind"] == "merge" and
+                  t["outcome"] == "looks-complete-but-broken"]
+        if broken:
+            how = "writes into the target directly (no temporary dir, no manifest)" if e["mode"] == "verl-merge" \
+                else "left a target that does not verify"
+            out.append(f"- {key}: {len(broken)} kill(s) left config.json plus every weight file in the target, with "
+                       f"bytes that differ from an uncut run's: it {how}.")
+    return out + [""] if out else []
+
+
 def _merge_rows(modes: dict[str, Any]) -> list[str]:
     rows = ["| tool | trials | no complete-looking output | complete and correct | looks complete but broken | "
             "rerun failed | where the kills landed |", "|---|---|---|---|---|---|---|"]
@@ -118,9 +131,11 @@ def _details(modes: dict[str, Any]) -> list[str]:
                            f"dirs {json.dumps(t['found']['steps'])}: {t['outcome']} — {t['why']}")
             out.append("")
         else:
-            out += [f"**{key}** — uncut merge {e['calibration']['merge_s']:.2f} s (median of 3), kills uniform in "
-                    f"[0, {e['window_s']:.2f}] s after the process started; kill time quartiles "
-                    f"{', '.join(f'{x:.2f}' for x in q)} s.", ""]
+            cal = e["calibration"]
+            out += [f"**{key}** — uncut merge {cal['merge_s']:.2f} s (median of 3), its output dir appearing "
+                    f"{cal['merge_s'] - cal.get('output_to_exit_s', 0):.2f} s after the start; kills uniform within "
+                    f"{e['window_s']:.3f} s (1.15x the rest of the run) of the output dir's appearance; kill time "
+                    f"after it, quartiles {', '.join(f'{x:.3f}' for x in q)} s.", ""]
     return out
 
 
@@ -185,6 +200,7 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "uncommitted*: after the kill the tracker named a step without its manifest or data.pt (incremental).", "",
         *_findings(modes),
         "### Merging", "", *_merge_rows(modes), "",
+        *_merge_findings(modes),
         "A killed merge must leave no output that looks complete (config.json plus every weight file, and for",
         "slimckpt its manifest) unless it is complete and byte-identical to an uncut run's; the same command",
         "rerun afterwards must succeed.", "",
@@ -211,7 +227,8 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "  through `_load_checkpoint`; the step it lands on and its per-rank hashes decide the outcome. Only the",
         "  contents a mode loads are compared (quickstart: the model).",
         "- **Merge.** A verl FSDP checkpoint (world size 2, verl's own save) is merged by `slimckpt merge` or",
-        "  verl's `FSDPModelMerger` in a forked process killed uniformly within 1.15x the uncut merge time.",
+        "  verl's `FSDPModelMerger` in a forked process, SIGKILLed at a uniform moment from when its output",
+        "  dir appears (slimckpt: `<target>.partial`; verl: the target) to 1.15x the rest of an uncut run.",
         "- **Cost.** The parent imports torch, transformers and verl once and forks every rank, so a trial",
         "  costs about a second or two of CPU on a 2-core machine.", "",
         "## What this does not test", "",

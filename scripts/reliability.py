@@ -374,30 +374,58 @@ def merge_fixture(work: str) -> str:
     return out
 
 
-def run_merge(kind: str, fixture: str, target: str, overwrite: bool,
-              timeout: float = 300.0) -> tuple[int | None, float]:
+def output_exists(kind: str, target: str) -> bool:
+    """The merge has begun writing: slimckpt's `<target>.partial` (or the target), verl's target dir."""
+    from slimckpt.manifest import partial_path
+
+    return os.path.exists(target) or (kind == "merge" and os.path.exists(partial_path(target)))
+
+
+def start_merge(kind: str, fixture: str, target: str, overwrite: bool,
+                log: str) -> tuple[int, float, float | None, int | None]:
+    """Fork a merge and poll (1 ms) until its output appears or it exits:
+    (pid, start, when the output appeared, wait status if it already exited)."""
     import fault_trial
 
     t0 = time.monotonic()
-    pid = fork(fault_trial.merge_child, kind, fixture, target, overwrite, log=target + ".log")
-    codes, _ = wait_all([pid], timeout)
-    return codes[0], time.monotonic() - t0
+    pid = fork(fault_trial.merge_child, kind, fixture, target, overwrite, log=log)
+    while True:
+        if output_exists(kind, target):
+            return pid, t0, time.monotonic(), None
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return pid, t0, None, status
+        time.sleep(0.001)
+
+
+def run_merge(kind: str, fixture: str, target: str, overwrite: bool,
+              timeout: float = 300.0) -> tuple[int | None, float, float | None]:
+    """(exit code, seconds, seconds until the output appeared)."""
+    pid, t0, appeared, status = start_merge(kind, fixture, target, overwrite, log=target + ".log")
+    if status is None:
+        codes, _ = wait_all([pid], timeout)
+        code = codes[0]
+    else:
+        code = os.waitstatus_to_exitcode(status)
+    return code, time.monotonic() - t0, None if appeared is None else appeared - t0
 
 
 def merge_calibration(kind: str, work: str, fixture: str) -> dict:
     trial_dir = fresh_dir(os.path.join(work, kind, "calibration"))
-    target = os.path.join(trial_dir, "out")
-    durations = []
-    for _ in range(3):
-        code, seconds = run_merge(kind, fixture, target, overwrite=True)
-        if code != 0:
+    durations, writes = [], []
+    for i in range(3):
+        target = os.path.join(trial_dir, f"out_{i}")
+        code, seconds, appeared = run_merge(kind, fixture, target, overwrite=False)
+        if code != 0 or appeared is None:
             raise RuntimeError(f"{kind}: an uncut merge failed (exit {code}); see {trial_dir}")
         durations.append(seconds)
+        writes.append(seconds - appeared)
     if not looks_complete(kind, target):
         raise RuntimeError(f"{kind}: an uncut merge's output does not look complete; see {trial_dir}")
     reference = file_hashes(target, skip=("manifest.json",))
     shutil.rmtree(trial_dir, ignore_errors=True)
-    return {"merge_s": oracle.quantiles(durations)[2], "reference": reference}
+    return {"merge_s": oracle.quantiles(durations)[2], "output_to_exit_s": oracle.quantiles(writes)[2],
+            "reference": reference}
 
 
 def merge_state(kind: str, target: str) -> str:
@@ -419,23 +447,25 @@ def merge_trial(kind: str, work: str, fixture: str, index: int, rng: random.Rand
 
     trial_dir = fresh_dir(os.path.join(work, kind, f"trial_{index:03d}"))
     target = os.path.join(trial_dir, "out")
-    t0 = time.monotonic()
-    pid = fork(fault_trial.merge_child, kind, fixture, target, False, log=os.path.join(trial_dir, "killed.log"))
     delay = rng.uniform(0.0, window)
-    time.sleep(max(0.0, t0 + delay - time.monotonic()))
+    pid, t0, appeared, status = start_merge(kind, fixture, target, False, log=os.path.join(trial_dir, "killed.log"))
+    t_ref = appeared if appeared is not None else time.monotonic()
+    time.sleep(max(0.0, t_ref + delay - time.monotonic()))
     t_kill = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
     finished = os.WIFEXITED(status)
     state = merge_state(kind, target)
     complete = looks_complete(kind, target)
     correct = complete and target_correct(kind, target, reference)
-    code, _ = run_merge(kind, fixture, target, overwrite=True)
+    code, _, _ = run_merge(kind, fixture, target, overwrite=True)
     rerun_ok = code == 0 and looks_complete(kind, target) and target_correct(kind, target, reference)
     outcome = oracle.classify_merge(complete, correct, correct, rerun_ok)
     if kind == "verl-merge" and not complete and state == "target present":
         state = "target present, incomplete"
-    trial = {"trial": index, "kill_after_start_s": round(t_kill - t0, 4), "finished_before_kill": finished,
+    trial = {"trial": index, "kill_after_start_s": round(t_kill - t0, 4),
+             "kill_after_output_s": round(t_kill - t_ref, 4), "finished_before_kill": finished,
              "state": state, "looks_complete": complete, "correct": correct, "rerun_ok": rerun_ok,
              "outcome": outcome}
     if outcome in oracle.MERGE_BAD:
@@ -484,8 +514,9 @@ def sigkill_campaign(runs: list[tuple[str, int | None]], trials: int, seed: int,
                 entry["trials"].append(trial)
         else:
             cal = merge_calibration(mode, work, fixture)
-            window = 1.15 * cal["merge_s"]
-            entry = {"kind": "merge", "mode": mode, "calibration": {"merge_s": cal["merge_s"]}, "window_s": window,
+            window = 1.15 * cal["output_to_exit_s"]
+            entry = {"kind": "merge", "mode": mode, "window_s": window,
+                     "calibration": {k: cal[k] for k in ("merge_s", "output_to_exit_s")},
                      "fixture": dict(MERGE_FIXTURE), "trials": []}
             for i in tqdm(range(trials), desc=f"SIGKILL {mode}", leave=False):
                 entry["trials"].append(merge_trial(mode, work, fixture, i, rng, window, cal["reference"]))
@@ -509,7 +540,7 @@ def summarize(entry: dict) -> dict:
         outcomes = [t["outcome"] for t in trials]
         return {"outcomes": oracle.tally(outcomes), "states": oracle.tally([t["state"] for t in trials]),
                 "bad": sum(o in oracle.MERGE_BAD for o in outcomes),
-                "kill_s": oracle.quantiles([t["kill_after_start_s"] for t in trials])}
+                "kill_s": oracle.quantiles([t["kill_after_output_s"] for t in trials])}
     outcomes = [t["outcome"] for t in trials]
     return {
         "outcomes": oracle.tally(outcomes),
