@@ -142,6 +142,22 @@ def test_commit_watcher_stops_on_a_failed_write(tmp_path):
     assert rm.read_tracker(str(tmp_path)) is None
 
 
+def test_commit_watcher_gives_up_a_step_retention_deleted(tmp_path):
+    """Async at max_ckpt_to_keep=1: the next step's commit deleted this one before the watcher saw
+    its manifest. The watcher neither hangs nor names it; the tracker stays where it was."""
+    import shutil
+
+    from slimckpt.resume_tracker import CommitWatcher
+
+    _role_dir(tmp_path, 5, "actor")
+    rm.write_tracker(str(tmp_path), 4)
+    watcher = CommitWatcher(str(tmp_path))
+    watcher.after_save(5, ["actor"])
+    shutil.rmtree(tmp_path / "global_step_5")
+    watcher.wait(timeout=10)
+    assert rm.read_tracker(str(tmp_path)) == 4
+
+
 def test_watched_roles_follow_the_configs():
     from omegaconf import OmegaConf
 

@@ -84,9 +84,19 @@ class CommitWatcher:
         self._step: int | None = None
         self.error: str | None = None
         self.keep_going = False  # on_save_error=continue: a failed step is logged, not raised
+        self.superseded = False
+
+    def _superseded(self, step_dir: str) -> bool:
+        """The step dir is gone: retention of a newer committed step deleted it before this thread
+        looked (async at max_ckpt_to_keep=1: the next commit can beat the poll). The newer step's
+        watcher moves the tracker; this one must neither wait for it nor name it."""
+        return not os.path.isdir(step_dir)
 
     def _committed(self, step: int, roles: list[str]) -> bool:
         step_dir = os.path.join(self.root, f"global_step_{step}")
+        if self._superseded(step_dir):
+            self.superseded = True
+            return True
         for role in roles:
             role_dir = os.path.join(step_dir, role)
             failed = failure_markers(role_dir)
@@ -99,9 +109,13 @@ class CommitWatcher:
         return os.path.exists(os.path.join(step_dir, "data.pt"))
 
     def _watch(self, step: int, roles: list[str]) -> None:
+        self.superseded = False
         while not self._committed(step, roles):
             time.sleep(POLL_S)
-        if self.error:
+        if self.superseded:
+            log.info("step %s was deleted by retention once a newer step committed; the tracker moves with that one",
+                     step)
+        elif self.error:
             log.error("%s", self.error)
         elif write_tracker(self.root, step):
             log.info("tracker -> step %s (committed)", step)
