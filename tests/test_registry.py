@@ -30,6 +30,8 @@ EXPECTED_TARGETS = {
     "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.load_checkpoint",
     "verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint",
     "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint",
+    "verl.trainer.ppo.v1.trainer_base:find_latest_ckpt_path",
+    "verl.trainer.ppo.ray_trainer:find_latest_ckpt_path",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.ensure_checkpoint_capacity",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.register_checkpoint",
     # feature "merge" (slimckpt.merge)

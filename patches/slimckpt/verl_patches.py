@@ -119,6 +119,19 @@ PATCHES: list[Patch] = [
     ],
     *[
         Patch(
+            name=f"checkpoint.tracker_read.{kind}",
+            target=target,
+            feature="checkpoint",
+            make=lambda original: __import__("slimckpt.tracker_recovery", fromlist=["x"]).wrap_find_latest_ckpt_path(
+                original),
+            why="verl writes latest_checkpointed_iteration.txt non-atomically; an empty one (a kill mid-write) "
+                "resumes from the newest complete step instead of crashing on int('')",
+        )
+        for kind, target in (("v1", "verl.trainer.ppo.v1.trainer_base:find_latest_ckpt_path"),
+                             ("legacy", "verl.trainer.ppo.ray_trainer:find_latest_ckpt_path"))
+    ],
+    *[
+        Patch(
             name=f"checkpoint.retention.{kind}",
             target=f"verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.{attr}",
             feature="checkpoint",
