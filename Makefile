@@ -63,13 +63,13 @@ compare: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py
+	$(PY) scripts/bench_save.py
 
 # SIGKILL at random moments (50 trials per mode), corruption and environment faults: RELIABILITY.md
 # FAULTS_ARGS="--trials 10 --keep 2" for a shorter run
 FAULTS_ARGS ?=
 faults: $(STAMP)
 	$(PY) scripts/reliability.py $(FAULTS_ARGS)
-	$(PY) scripts/bench_save.py
 
 clean:
 	rm -rf runs bench_work .pytest_cache

@@ -90,3 +90,18 @@ def test_a_failed_background_write_surfaces_and_stops(tmp_path, monkeypatch):
     with pytest.raises(OutputError, match="model.safetensors"):
         writer.write_share(layout.partition(plan, 1)[0])
     assert len(calls) == 1  # writes after the failed one are dropped, not attempted
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_no_fsync_skips_only_the_weight_fsyncs(tmp_path, monkeypatch, durable):
+    full = torch.randn(16, 8)
+    src = SourceTensor("w", tuple(full.shape), full.dtype, 0, list(torch.chunk(full, 2)), [0, 1])
+    plan = layout.plan_files([layout.TensorSpec("w", "BF16", tuple(full.shape))], "5GB")
+    create_files(str(tmp_path), plan)
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    writer = ShareWriter(str(tmp_path), plan, {"w": src}, torch.bfloat16, fsync=durable)
+    writer.write_share(layout.partition(plan, 1)[0])
+    assert bool(synced) == durable
+    assert "model.safetensors" in writer.checksums  # the manifest's checksums are there either way

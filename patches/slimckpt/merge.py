@@ -68,6 +68,7 @@ class MergeOptions:
     trust_remote_code: bool = False
     progress: bool = True
     chunk_bytes: int = 16 << 20  # per staging buffer; a writer holds two (cast one, write the other)
+    fsync: bool = True  # False: --no_fsync, faster but the output may be lost or torn by a power loss
     overwrite_hint: str = "--overwrite"
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
 
@@ -115,7 +116,7 @@ def _write_weights(opts: MergeOptions, partial: str, mp: MergePlan) -> dict[str,
     shares = layout.partition(mp.plan, opts.workers)
     bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
     try:
-        return run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar)
+        return run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync)
     finally:
         bar.close()
 
@@ -485,7 +486,8 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
                - mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[0] for sh in shares for s in sh)
     bar = ProgressBar(mine, opts.progress and rank == 0, f"slimckpt merge (rank 0 of {world})")
     try:
-        status: tuple = ("ok", run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar))
+        status: tuple = ("ok", run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar,
+                                           opts.fsync))
     except Exception as exc:  # noqa: BLE001
         status = ("error", _message(exc))
     finally:
@@ -597,7 +599,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --target_dir")
     p.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
                    help="allow custom model code from the checkpoint's huggingface/ dir")
-    p.add_argument("--chunk_mb", type=int, default=64, help="cast/write chunk size in MiB (default 64)")
+    p.add_argument("--chunk_mb", type=int, default=16,
+                   help="cast/write chunk size in MiB; two are in flight per writer (default 16)")
+    p.add_argument("--no_fsync", action="store_true",
+                   help="skip fsync of the weight files: faster on slow disks, but after a power loss (not a "
+                        "process crash) a committed output may hold torn files (`slimckpt verify` detects them)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
 
 
@@ -606,7 +612,7 @@ def run(args: argparse.Namespace) -> int:
                         max_shard_size=args.max_shard_size, workers=args.workers,
                         distributed=args.distributed_merge, overwrite=args.overwrite,
                         trust_remote_code=args.trust_remote_code, progress=not args.no_progress,
-                        chunk_bytes=max(1, args.chunk_mb) << 20)
+                        chunk_bytes=max(1, args.chunk_mb) << 20, fsync=not args.no_fsync)
     try:
         result = merge(opts)
     except MergeError as exc:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
-                  chunk_bytes: int, progress: Callable[[int], None]) -> dict[str, str]:
+                  chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True) -> dict[str, str]:
     """Write `shares` here, one after the other; returns checksums of files written whole."""
     from .sources import open_checkpoint
     from .writer import OUT_DTYPES, ShareWriter
@@ -28,7 +28,7 @@ def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
     sources = {new: ckpt.tensors[old] for new, old in mp.name_map.items()}
     checksums: dict[str, str] = {}
     for share in shares:
-        w = ShareWriter(partial, mp.plan, sources, OUT_DTYPES[dtype], chunk_bytes, progress)
+        w = ShareWriter(partial, mp.plan, sources, OUT_DTYPES[dtype], chunk_bytes, progress, fsync=fsync)
         w.write_share(share)
         checksums.update(w.checksums)
     ckpt.close()
@@ -36,7 +36,7 @@ def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
 
 
 def _worker_entry(args: tuple, queue) -> None:
-    local_dir, partial, mp, share, dtype, chunk_bytes, wid, threads = args
+    local_dir, partial, mp, share, dtype, chunk_bytes, wid, threads, fsync = args
     import torch
 
     torch.set_num_threads(threads)  # N workers share the cores instead of each taking all of them
@@ -49,7 +49,7 @@ def _worker_entry(args: tuple, queue) -> None:
             pending[0] = 0
 
     try:
-        checksums = write_shares(local_dir, partial, mp, [share], dtype, chunk_bytes, progress)
+        checksums = write_shares(local_dir, partial, mp, [share], dtype, chunk_bytes, progress, fsync)
         queue.put(("progress", wid, pending[0]))
         queue.put(("done", wid, checksums))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which exits nonzero
@@ -65,17 +65,17 @@ def is_user_error(exc: BaseException) -> bool:
 
 
 def run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
-                 chunk_bytes: int, progress: Callable[[int], None]) -> dict[str, str]:
+                 chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True) -> dict[str, str]:
     """One spawned process per share (a fresh interpreter: no forked OpenMP or torch threads)."""
     if len(shares) == 1:
-        return write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress)
+        return write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress, fsync)
     import multiprocessing as mproc
     import queue as queue_mod
 
     ctx = mproc.get_context("spawn")
     q = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // len(shares))
-    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, threads), q),
+    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, threads, fsync), q),
                          name=f"slimckpt-merge-{i}", daemon=True) for i, share in enumerate(shares)]
     for p in procs:
         p.start()

@@ -163,11 +163,12 @@ class ShareWriter:
 
     def __init__(self, root: str, plan: layout.Plan, sources: dict[str, SourceTensor], out_dtype: torch.dtype,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress | None = None,
-                 algo: str = DEFAULT_ALGO) -> None:
+                 algo: str = DEFAULT_ALGO, fsync: bool = True) -> None:
         self.root, self.plan, self.sources, self.out_dtype = root, plan, sources, out_dtype
         self.chunk_bytes = max(1, chunk_bytes)
         self.progress = progress or (lambda n: None)
         self.algo = algo
+        self.fsync = fsync  # False only for `slimckpt merge --no_fsync`: not durable across a power loss
         self._files: dict[str, _FileState] = {}
         self._ring = _StagingRing(min(self.chunk_bytes, 1 << 30))
         self._behind: _WriteBehind | None = None
@@ -234,7 +235,8 @@ class ShareWriter:
         errors = []
         for name, st in self._files.items():
             try:
-                os.fsync(st.fd)
+                if self.fsync:
+                    os.fsync(st.fd)
             except OSError as exc:
                 errors.append(_os_error(exc, st.path))
             finally:
