@@ -119,11 +119,14 @@ def crc32_of(path: str) -> int:
     return crc
 
 
-def describe_files(root: str, relpaths: Iterable[str], checksums: bool = True) -> list[FileEntry]:
-    """Size and xxh3_128 of each file (checksums=False: sizes only, for tests of old manifests)."""
+def describe_files(root: str, relpaths: Iterable[str], checksums: bool = True,
+                   known: dict[str, str] | None = None) -> list[FileEntry]:
+    """Size and xxh3_128 of each file (checksums=False: sizes only, for tests of old manifests);
+    `known` checksums (by relative path, computed while the file was written) are not re-read."""
+    known = known or {}
     return [
         FileEntry(rel, os.path.getsize(os.path.join(root, rel)),
-                  file_checksum(os.path.join(root, rel), DEFAULT_ALGO) if checksums else None)
+                  (known.get(rel) or file_checksum(os.path.join(root, rel), DEFAULT_ALGO)) if checksums else None)
         for rel in relpaths
     ]
 

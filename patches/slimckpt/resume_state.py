@@ -146,9 +146,12 @@ def split_aliases(model_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 
 def storage_writer(path: str, config: Any):
+    """DCP's FileSystemWriter, with a filesystem that checksums each file as it is written."""
     from torch.distributed.checkpoint import FileSystemWriter
 
-    return FileSystemWriter(
+    from .hashing_fs import HashingFileSystem
+
+    writer = FileSystemWriter(
         path,
         single_file_per_rank=True,
         sync_files=True,
@@ -156,6 +159,14 @@ def storage_writer(path: str, config: Any):
         per_thread_copy_ahead=int(getattr(config, "bucket_mb", 64)) * 2**20,
         overwrite=True,
     )
+    writer.fs = HashingFileSystem()
+    return writer
+
+
+def written_checksums(writer: Any, local_path: str) -> dict[str, str]:
+    """{path relative to the role dir: checksum} of the files a storage_writer wrote."""
+    sums = getattr(getattr(writer, "fs", None), "checksums", {})
+    return {os.path.relpath(p, local_path).replace(os.sep, "/"): c for p, c in sums.items()}
 
 
 @contextlib.contextmanager
@@ -247,18 +258,18 @@ class _HashAhead:
     export writes (hashing reads the page cache and releases the GIL; the export waits on the
     disk), so the commit only has the export's files left to hash."""
 
-    def __init__(self, local_path: str, relpaths: list[str]) -> None:
+    def __init__(self, local_path: str, relpaths: list[str], known: dict[str, str]) -> None:
         import threading
 
         self.entries: list[FileEntry] = []
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(local_path, relpaths), daemon=True,
+        self._thread = threading.Thread(target=self._run, args=(local_path, relpaths, known), daemon=True,
                                         name="slimckpt-hash-ahead")
         self._thread.start()
 
-    def _run(self, local_path: str, relpaths: list[str]) -> None:
+    def _run(self, local_path: str, relpaths: list[str], known: dict[str, str]) -> None:
         try:
-            self.entries = describe_files(local_path, relpaths)
+            self.entries = describe_files(local_path, relpaths, known=known)
         except BaseException as exc:  # noqa: BLE001 - raised by result()
             self.error = exc
 
@@ -429,11 +440,14 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
 
     start = time.perf_counter()
     try:
+        known: dict[str, str] = {}
         if state:
-            dcp.save(state, storage_writer=storage_writer(dcp_dir, config), process_group=group)
+            writer = storage_writer(dcp_dir, config)
+            dcp.save(state, storage_writer=writer, process_group=group)
+            known = written_checksums(writer, local_path)  # hashed as written: no read-back
         timings["write"] = time.perf_counter() - start
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        ahead = _HashAhead(local_path, _shard_files_written(local_path, rank, world))
+        ahead = _HashAhead(local_path, _shard_files_written(local_path, rank, world), known)
         _after_shards(manager, local_path, config, state.get("model", {}), export, group, timings)
         commit(manager, local_path, global_step, contents, config, group, max_keep, timings, aliases, ahead)
     except BaseException as exc:
