@@ -92,3 +92,13 @@ def test_tied_embeddings_are_counted_once(tmp_path):
     facts = plan.model_facts(str(cfg))
     assert facts.tied == ["lm_head.weight"]
     assert sum(p.nbytes for p in facts.params) == 4 * facts.total_parameters
+
+
+def test_export_bytes_follow_the_dtype_each_save_writes():
+    """verl's hf_model and export_dtype=auto write the parameters' fp32; the intermediate recipe bf16."""
+    bf16 = 1000
+    assert plan.export_bytes(plan.Strategy("verl"), bf16, "bf16") == 0
+    assert plan.export_bytes(plan.Strategy("hf", contents=("model", "hf_model")), bf16, "bf16") == 2000
+    assert plan.export_bytes(plan.Strategy("inc", incremental=True, export_hf=True, export_dtype="auto"),
+                             bf16, "bf16") == 2000
+    assert plan.export_bytes(plan.Strategy("mid", export_hf=True, export_dtype="bf16"), bf16, "bf16") == 1000

@@ -95,6 +95,7 @@ class Strategy:
     incremental: bool = False
     async_save: bool = False
     export_hf: bool = False
+    export_dtype: str = "bf16"  # auto: the parameters' dtype (fp32), as verl's hf_model writes
     bucket_mb: int = 64
     write_threads: int = 1
     host_memory_budget_gb: float = 16.0
@@ -116,6 +117,7 @@ class Strategy:
             incremental=bool(cfg.get("incremental_save", False)),
             async_save=bool(cfg.get("async_save", False)),
             export_hf=bool(cfg.get("export_hf", False)),
+            export_dtype=str(cfg.get("export_dtype", defaults["export_dtype"])),
             bucket_mb=int(cfg.get("bucket_mb", defaults["bucket_mb"])),
             write_threads=int(cfg.get("write_threads", defaults["write_threads"])),
             host_memory_budget_gb=float(cfg.get("host_memory_budget_gb", defaults["host_memory_budget_gb"])),
@@ -127,7 +129,7 @@ class Estimate:
     strategy: str
     rank0_write_bytes: int  # the largest rank's resume-state bytes
     total_write_bytes: int  # all ranks, resume state
-    hf_export_bytes: int  # the bf16 HF export written at each save (0 if none)
+    hf_export_bytes: int  # the HF export written at each save, in its dtype (0 if none)
     host_peak_bytes: int  # extra host memory of the largest rank during a save
     host_note: str
     blocking: str
@@ -135,8 +137,20 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
 
 
+ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "auto": 4}  # auto: fp32 master weights, as verl keeps them
+
+
+def export_bytes(strategy: Strategy, hf_bytes: int, hf_dtype: str) -> int:
+    """The export's size in the dtype this strategy writes: verl's hf_model and export_dtype=auto
+    write the parameters' dtype (fp32); `hf_bytes` was laid out in `hf_dtype`."""
+    if not (strategy.hf_model or strategy.export_hf):
+        return 0
+    dtype = "auto" if strategy.hf_model and not strategy.export_hf else strategy.export_dtype
+    return hf_bytes * ELEM_BYTES.get(dtype, 2) // ELEM_BYTES.get(hf_dtype, 2)
+
+
 def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_bytes: int,
-             hf_bytes: int, disk_gbps: float | None, fsdp: int = 1) -> Estimate:
+             hf_bytes: int, disk_gbps: float | None, fsdp: int = 1, hf_dtype: str = "bf16") -> Estimate:
     """Bytes, host memory and time of one save with `strategy` at world size `world`, training
     with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators."""
     model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
@@ -146,7 +160,7 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
                 + (optim_shard_bytes(params, world, r) if "optimizer" in strategy.contents else 0)
                 + extra_r for r in range(world))
     full_fp32 = sum(p.nbytes for p in params)
-    export = hf_bytes if (strategy.hf_model or strategy.export_hf) else 0
+    export = export_bytes(strategy, hf_bytes, hf_dtype)
     notes: list[str] = []
     largest = largest_shard_bytes(params, world, 0)
     if not strategy.incremental:
@@ -180,8 +194,14 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
             blocking = "whole save"
             if strategy.async_save:
                 notes.append(f"over host_memory_budget_gb={strategy.host_memory_budget_gb}: saves synchronously")
-    if strategy.hf_model or strategy.export_hf:
-        notes.append("HF export bytes are written at every save" + (" by rank 0" if strategy.hf_model else ""))
+    if strategy.incremental and strategy.export_hf:
+        notes.append("HF export written without a gather: every rank its own rows, in place"
+                     + ("" if strategy.export_dtype == "auto" else f" (cast to {strategy.export_dtype} in "
+                                                                   f"bucket_mb chunks)"))
+    elif strategy.export_hf:
+        notes.append("HF export streamed from the fresh shards by all ranks (bounded chunks)")
+    elif strategy.hf_model:
+        notes.append("HF export (fp32) gathered and written by rank 0")
     seconds = None
     if disk_gbps:
         seconds = (total + export) / (disk_gbps * 1e9)
@@ -321,8 +341,8 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     strategies = [Strategy("verl default"), Strategy("verl + hf_model", contents=(*VERL_CONTENTS, "hf_model"))]
     strategies += recipe_strategies(args.recipe, getattr(args, "overrides", ()) or ())
     fsdp = int(getattr(args, "fsdp", 1))
-    estimates = [estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp)
-                 for s in strategies]
+    estimates = [estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
+                          facts.hf_dtype) for s in strategies]
     return {
         "config": args.config,
         "world_size": args.world_size,
