@@ -90,6 +90,22 @@ def _flowrl_patches() -> list[Patch]:
     ]
 
 
+
+# verl 0.9.1 has two PPO trainers (v1 `PPOTrainer`, the legacy `RayPPOTrainer`); each binds the
+# names it imports, so a patch of trainer code goes into both modules.
+TRAINERS = (("v1", "verl.trainer.ppo.v1.trainer_base", "PPOTrainer"),
+            ("legacy", "verl.trainer.ppo.ray_trainer", "RayPPOTrainer"))
+
+
+def _in_both_trainers(name: str, attr: str, module: str, wrapper: str, why: str) -> list[Patch]:
+    """One "checkpoint" Patch per trainer module; `attr` may name the trainer class as {trainer}."""
+    return [
+        Patch(name=f"{name}.{kind}", target=f"{mod}:{attr.format(trainer=cls)}", feature="checkpoint",
+              make=lambda original: getattr(__import__(module, fromlist=["x"]), wrapper)(original), why=why)
+        for kind, mod, cls in TRAINERS
+    ]
+
+
 PATCHES: list[Patch] = [
     Patch(
         name="checkpoint.save",
@@ -105,31 +121,13 @@ PATCHES: list[Patch] = [
         make=lambda original: __import__("slimckpt.resume_state", fromlist=["x"]).wrap_load_checkpoint(original),
         why="load the incremental tier's DCP resume state (any world size); verl's own format otherwise",
     ),
-    *[
-        Patch(
-            name=f"checkpoint.tracker.{kind}",
-            target=target,
-            feature="checkpoint",
-            make=lambda original: __import__("slimckpt.resume_tracker", fromlist=["x"]).wrap_trainer_save_checkpoint(
-                original),
-            why="with async incremental saves, move latest_checkpointed_iteration.txt only to committed steps",
-        )
-        for kind, target in (("v1", "verl.trainer.ppo.v1.trainer_base:PPOTrainer._save_checkpoint"),
-                             ("legacy", "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint"))
-    ],
-    *[
-        Patch(
-            name=f"checkpoint.tracker_read.{kind}",
-            target=target,
-            feature="checkpoint",
-            make=lambda original: __import__("slimckpt.tracker_recovery", fromlist=["x"]).wrap_find_latest_ckpt_path(
-                original),
-            why="verl writes latest_checkpointed_iteration.txt non-atomically; an empty one (a kill mid-write) "
-                "resumes from the newest complete step instead of crashing on int('')",
-        )
-        for kind, target in (("v1", "verl.trainer.ppo.v1.trainer_base:find_latest_ckpt_path"),
-                             ("legacy", "verl.trainer.ppo.ray_trainer:find_latest_ckpt_path"))
-    ],
+    *_in_both_trainers(
+        "checkpoint.tracker", "{trainer}._save_checkpoint", "slimckpt.resume_tracker", "wrap_trainer_save_checkpoint",
+        "with async incremental saves, move latest_checkpointed_iteration.txt only to committed steps"),
+    *_in_both_trainers(
+        "checkpoint.tracker_read", "find_latest_ckpt_path", "slimckpt.tracker_recovery", "wrap_find_latest_ckpt_path",
+        "verl writes latest_checkpointed_iteration.txt non-atomically; an empty one (a kill mid-write) resumes from "
+        "the newest complete step instead of crashing on int('')"),
     *[
         Patch(
             name=f"checkpoint.retention.{kind}",
