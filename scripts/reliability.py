@@ -615,12 +615,20 @@ def load_sigkill() -> dict | None:
     if main is None:
         return None
     main.setdefault("extra_commands", [])
+    sources = {key: main.get("source", "") for key in main["modes"]}
     for name in sorted(os.listdir(OUT_DIR)):
         if name.startswith("sigkill_") and name.endswith(".json"):
             extra = load_json(name)
             for key, entry in extra["modes"].items():  # a later run of a mode replaces the earlier one
                 main["modes"][key] = entry
+                sources[key] = extra.get("source", "")
             main["extra_commands"].append(extra.get("command", ""))
+    # the rows shown may come from runs of different commits: say which
+    by_source: dict[str, list[str]] = {}
+    for key in main["modes"]:
+        by_source.setdefault(sources.get(key, ""), []).append(key)
+    if len(by_source) > 1:
+        main["source"] = "; ".join(f"{src or 'the working tree'} for {', '.join(keys)}" for src, keys in by_source.items())
     # time of the rows shown (each mode's calibration and trials), as one `make faults` would spend it
     main["seconds"] = sum(entry.get("seconds", 0) for entry in main["modes"].values())
     return main
