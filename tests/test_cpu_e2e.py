@@ -149,7 +149,9 @@ def _tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 def test_intermediate_every_actor_save_has_a_committed_hf_export(straight):
     ckpt, text = straight
-    assert not (ckpt / "global_step_1").exists()  # the recipe keeps the newest 2, deleted after step 3 committed
+    # the recipe keeps the newest 2: step 1's actor is deleted once step 3 is complete (verl's retention
+    # deletes role dirs; the trainer's data.pt stays, as with verl alone)
+    assert not (ckpt / "global_step_1" / "actor").exists()
     for step in (2, 3):
         hf = ckpt / f"global_step_{step}" / "actor" / "huggingface"
         names = set(os.listdir(hf))
