@@ -253,51 +253,17 @@ def register_committed(manager, local_path: str, max_keep: int | None) -> None:
 # --------------------------------------------------------------------------- commit
 
 
-class _HashAhead:
-    """Size and checksum of this rank's finished shard files, computed on a thread while the HF
-    export writes (hashing reads the page cache and releases the GIL; the export waits on the
-    disk), so the commit only has the export's files left to hash."""
-
-    def __init__(self, local_path: str, relpaths: list[str], known: dict[str, str]) -> None:
-        import threading
-
-        self.entries: list[FileEntry] = []
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(local_path, relpaths, known), daemon=True,
-                                        name="slimckpt-hash-ahead")
-        self._thread.start()
-
-    def _run(self, local_path: str, relpaths: list[str], known: dict[str, str]) -> None:
-        try:
-            self.entries = describe_files(local_path, relpaths, known=known)
-        except BaseException as exc:  # noqa: BLE001 - raised by result()
-            self.error = exc
-
-    def result(self) -> list[FileEntry]:
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.entries
-
-
-def _shard_files_written(local_path: str, rank: int, world: int) -> list[str]:
-    """This rank's files that are final once DCP and the extra state are written (not huggingface/,
-    which the export rewrites)."""
-    return [f for f in rank_files(local_path, rank, world) if not f.startswith(hf_direct_export.HF_SUBDIR + "/")]
-
-
 def commit(manager, local_path: str, global_step: int, contents: list[str], config: Any,
            group: dist.ProcessGroup, max_keep: int | None, timings: dict[str, float],
-           aliases: dict[str, str] | None = None, ahead: _HashAhead | None = None) -> None:
+           aliases: dict[str, str] | None = None, known: dict[str, str] | None = None) -> None:
     """Every rank lists and checksums its files; rank 0 adds every other file of the dir (verl's
     huggingface/ ...), writes the manifest, then applies retention. Collective over `group`; the
     caller has finished all writes."""
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
     t0 = time.perf_counter()
-    mine = ahead.result() if ahead is not None else []
-    done = {e.path for e in mine}
-    mine += describe_files(local_path, [f for f in rank_files(local_path, rank, world) if f not in done])
+    # DCP's files were hashed while written (`known`); the rest (extra state, the export) is read back
+    mine = describe_files(local_path, rank_files(local_path, rank, world), known=known)
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object([e.to_json() for e in mine], gathered, dst=dist.get_global_rank(group, 0), group=group)
     if rank != 0:
@@ -446,10 +412,8 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
             dcp.save(state, storage_writer=writer, process_group=group)
             known = written_checksums(writer, local_path)  # hashed as written: no read-back
         timings["write"] = time.perf_counter() - start
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
-        ahead = _HashAhead(local_path, _shard_files_written(local_path, rank, world), known)
         _after_shards(manager, local_path, config, state.get("model", {}), export, group, timings)
-        commit(manager, local_path, global_step, contents, config, group, max_keep, timings, aliases, ahead)
+        commit(manager, local_path, global_step, contents, config, group, max_keep, timings, aliases, known)
     except BaseException as exc:
         from .resume_manifest import write_failure
 
