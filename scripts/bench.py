@@ -71,6 +71,7 @@ def shard_files(ckpt: Path) -> list[str]:
 
 
 NO_FSYNC = "slimckpt --no_fsync"
+PAGE_CACHE = "slimckpt, page cache"
 
 
 def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]]:
@@ -82,6 +83,9 @@ def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]
         # what durability costs: the same merge without fsync, as verl's merger writes (not the default)
         NO_FSYNC: ([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt),
                     "--target_dir", str(target), "--overwrite", "--no_fsync"], {}),
+        # what O_DIRECT buys: the default merge through the page cache, as verl's merger reads and writes
+        PAGE_CACHE: ([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt),
+                      "--target_dir", str(target), "--overwrite"], {"SLIMCKPT_DIRECT_IO": "0"}),
     }
 
 
@@ -120,7 +124,7 @@ def plot_merge(rows: list[MergeRow], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for tool in dict.fromkeys(r.tool for r in rows if r.tool != NO_FSYNC):  # same memory as slimckpt
+    for tool in dict.fromkeys(r.tool for r in rows if r.tool not in (NO_FSYNC, PAGE_CACHE)):  # same memory as slimckpt
         pts = sorted((r.params / 1e9, r.peak_rss_anon / 2**30) for r in rows if r.tool == tool)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=tool)
     ax.set_xlabel("model parameters (billions)")
@@ -193,8 +197,7 @@ def machine_line(disk) -> str:
 
     return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, torch {torch.__version__}; "
-            f"disk measured in this run: write {disk.write_bytes_per_s / 1e9:.2f} GB/s (fsync'ed), "
-            f"read {disk.read_bytes_per_s / 1e9:.2f} GB/s (cold)")
+            f"disk measured in this run: {disk.describe()}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,7 +270,9 @@ Checkpoints are written by verl's own `FSDPCheckpointManager` (model shards, fp3
 Peak RssAnon is the merging process's peak anonymous RSS, sampled from outside every 10 ms
 (largest over the runs). Wall is the median of {args.repeats} runs with the input pages evicted from
 the page cache before each run. I/O floor = bytes read / read bandwidth + bytes written / write
-bandwidth, with the bandwidths measured at the start of this run.
+bandwidth, with the bandwidths measured at the start of this run (`slimckpt.diskspeed`: 1 GiB
+written and fsync'ed, then read cold, through the page cache and with O_DIRECT, medians of 3); each
+is the faster of the two paths, i.e. what the disk can do.
 
 {merge_table(rows)}
 
@@ -277,9 +282,11 @@ bandwidth, with the bandwidths measured at the start of this run.
 
 {targets(rows)}
 
-Wall times are whole processes, Python and library imports included (about 5 s of each run on this
-machine, for both tools). slimckpt fsyncs every file it writes and verl's merger does not, so the
-write bandwidth in the floor is the fsync'ed one.
+Wall times are whole processes, Python and library imports included (torch, transformers and verl
+take about 4 s to import on this machine, for both tools; slimckpt reads and writes meanwhile).
+slimckpt fsyncs every file it writes and verl's merger does not. slimckpt reads the shards and
+writes the output with O_DIRECT where the filesystem allows it (`slimckpt.direct_io`);
+`SLIMCKPT_DIRECT_IO=0` goes through the page cache instead.
 """
 
 

@@ -1,12 +1,23 @@
 """Sequential disk bandwidth of a directory's filesystem, measured the way checkpoints use it:
-large writes ending in fsync, then a read of the same file with its pages evicted first."""
+large writes ending in fsync, then a read of the same file with its pages evicted first.
+
+Both ways to reach the disk are measured: through the page cache (what `torch.save`, verl's merger
+and plain `open()` use) and with O_DIRECT (what slimckpt's merge uses, see `direct_io`). They
+can differ by 4x on a VM whose page-cache pages are slow to come by. The I/O floor of a job uses
+the faster of the two, so it is what the disk can do, not what one path happens to get.
+
+`python -m slimckpt.diskspeed DIR` prints them.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
+import statistics
 import time
 from dataclasses import dataclass
 
+from . import direct_io
 from .measure import evict_from_page_cache
 
 CHUNK = 16 * 2**20
@@ -14,42 +25,97 @@ CHUNK = 16 * 2**20
 
 @dataclass
 class DiskSpeed:
-    write_bytes_per_s: float
+    write_bytes_per_s: float  # the faster path's (see the module docstring)
     read_bytes_per_s: float
     size_bytes: int
+    buffered_write_bytes_per_s: float = 0.0
+    buffered_read_bytes_per_s: float = 0.0
+    direct_write_bytes_per_s: float = 0.0  # 0: the filesystem refuses O_DIRECT
+    direct_read_bytes_per_s: float = 0.0
 
     def io_floor_s(self, read_bytes: int, written_bytes: int) -> float:
         """Seconds a job needs at best to read and write this much, one after the other."""
         return read_bytes / self.read_bytes_per_s + written_bytes / self.write_bytes_per_s
 
+    def describe(self) -> str:
+        gb = 1e9
+        text = (f"write {self.write_bytes_per_s / gb:.2f} GB/s, read {self.read_bytes_per_s / gb:.2f} GB/s "
+                f"(through the page cache: write {self.buffered_write_bytes_per_s / gb:.2f} (fsync'ed), "
+                f"cold read {self.buffered_read_bytes_per_s / gb:.2f}")
+        if self.direct_write_bytes_per_s:
+            text += (f"; O_DIRECT: write {self.direct_write_bytes_per_s / gb:.2f}, "
+                     f"read {self.direct_read_bytes_per_s / gb:.2f}")
+        return text + ")"
 
-def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30) -> DiskSpeed:
+
+def _write(path: str, size: int, direct: bool) -> float:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    block = direct_io.aligned_buffer(CHUNK)
+    block[:] = os.urandom(CHUNK)
+    start = time.perf_counter()
+    fd = direct_io.open_direct(path, flags) if direct else os.open(path, flags, 0o644)
+    if fd is None:
+        return 0.0
+    try:
+        written = 0
+        while written < size:
+            written += os.pwrite(fd, block, written)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return written / (time.perf_counter() - start)
+
+
+def _read(path: str, direct: bool) -> float:
+    evict_from_page_cache([path])
+    block = direct_io.aligned_buffer(CHUNK)
+    start = time.perf_counter()
+    fd = direct_io.open_direct(path, os.O_RDONLY) if direct else os.open(path, os.O_RDONLY)
+    if fd is None:
+        return 0.0
+    total = 0
+    try:
+        while True:
+            n = os.preadv(fd, [block], total)
+            if n <= 0:
+                break
+            total += n
+    finally:
+        os.close(fd)
+    return total / (time.perf_counter() - start)
+
+
+def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int = 3) -> DiskSpeed:
+    """Medians of `repeats` write+read rounds per path, each on a new file."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, ".slimckpt_diskspeed")
-    block = os.urandom(CHUNK)
+    results: dict[bool, tuple[list[float], list[float]]] = {False: ([], []), True: ([], [])}
     try:
-        start = time.perf_counter()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            written = 0
-            while written < size_bytes:
-                written += os.write(fd, block)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        write_s = time.perf_counter() - start
-        evict_from_page_cache([path])
-        start = time.perf_counter()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while os.read(fd, CHUNK):
-                pass
-        finally:
-            os.close(fd)
-        read_s = time.perf_counter() - start
-        return DiskSpeed(written / write_s, written / read_s, written)
+        for _ in range(repeats):
+            for direct in (False, True):
+                w = _write(path, size_bytes, direct)
+                r = _read(path, direct) if w else 0.0
+                results[direct][0].append(w)
+                results[direct][1].append(r)
+                os.remove(path)
     finally:
-        try:
+        if os.path.exists(path):
             os.remove(path)
-        except FileNotFoundError:
-            pass
+    bw, br = (statistics.median(v) for v in results[False])
+    dw, dr = (statistics.median(v) for v in results[True])
+    return DiskSpeed(max(bw, dw), max(br, dr), size_bytes, bw, br, dw, dr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m slimckpt.diskspeed", description=__doc__.splitlines()[0])
+    p.add_argument("directory", help="a directory on the filesystem to measure (a scratch file is written there)")
+    p.add_argument("--size_gb", type=float, default=1.0, help="bytes per round, in GiB (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds per path; medians are shown (default 3)")
+    args = p.parse_args(argv)
+    speed = measure_disk_speed(args.directory, int(args.size_gb * 2**30), args.repeats)
+    print(speed.describe())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,6 +26,18 @@ def default_max_shard_size() -> int | str:
     return inspect.signature(PreTrainedModel.save_pretrained).parameters["max_shard_size"].default
 
 
+def guess_default_max_shard_size() -> str:
+    """`default_max_shard_size()` without importing transformers (seconds): read from its version.
+    Only the early writer uses it; its plan is compared with the real one before it counts."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major = int(version("transformers").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return "50GB"
+    return "50GB" if major >= 5 else "5GB"
+
+
 # ------------------------------------------------------------------------------------------------
 # The Hugging Face side: what save_pretrained + verl's save_hf_model_and_tokenizer would do
 # ------------------------------------------------------------------------------------------------

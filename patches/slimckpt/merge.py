@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import __version__, layout
-from .hf_side import HfSide, NeedsVerlMerger, default_max_shard_size
+from .hf_side import HfSide, NeedsVerlMerger, default_max_shard_size, guess_default_max_shard_size
 from .log import get_logger
 from .manifest import (
     DEFAULT_ALGO,
@@ -161,7 +161,7 @@ class _EarlyWrite:
             names = merge_guess.guess_output_names(list(ckpt.tensors), config)
             if names is None:
                 return None
-            mp = plan_names(ckpt, names, opts.dtype, opts.max_shard_size, 0)
+            mp = plan_names(ckpt, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
         finally:
             ckpt.close()
         return cls(opts, target, mp)
@@ -222,28 +222,43 @@ def _ignore_sigxfsz() -> None:
 # ------------------------------------------------------------------------------------------------
 def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -> MergeResult:
     """Merge `opts.local_dir` into `opts.target_dir`; raises MergeError with a one-line message."""
+    # Nothing here imports torch or transformers: the early writer starts before those imports
+    # (seconds), and the main thread does them while it writes.
     from .locks import LockBusy
-    from .sources import CheckpointError
-    from .writer import OutputError
 
     if opts.dtype not in DTYPE_NAMES:
         raise MergeError(f"--dtype {opts.dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
     if opts.workers < 1:
         raise MergeError(f"--workers {opts.workers}: need at least 1")
-    if opts.max_shard_size is None:
-        opts.max_shard_size = default_max_shard_size()
-    try:
-        layout.parse_size(opts.max_shard_size)
-    except layout.LayoutError as exc:
-        raise MergeError(f"--max_shard_size: {exc}") from None
+    if opts.max_shard_size is not None:
+        try:
+            layout.parse_size(opts.max_shard_size)
+        except layout.LayoutError as exc:
+            raise MergeError(f"--max_shard_size: {exc}") from None
     _ignore_sigxfsz()
     try:
         if opts.distributed:
             return merge_distributed(opts, verl_fallback)
         with _source_lock(opts), _target_lock(opts):
             return _merge_local(opts, verl_fallback)
-    except (CheckpointError, OutputError, CommitError, layout.LayoutError, LockBusy) as exc:
+    except (CommitError, layout.LayoutError, LockBusy) as exc:
         raise MergeError(str(exc)) from None
+    except Exception as exc:
+        if _is_input_or_output_error(exc):
+            raise MergeError(str(exc)) from None
+        raise
+
+
+def _is_input_or_output_error(exc: BaseException) -> bool:
+    from .sources import CheckpointError
+    from .writer import OutputError
+
+    return isinstance(exc, (CheckpointError, OutputError))
+
+
+def _resolve_max_shard_size(opts: MergeOptions) -> None:
+    if opts.max_shard_size is None:
+        opts.max_shard_size = default_max_shard_size()  # imports transformers
 
 
 def _target_lock(opts: MergeOptions):
@@ -284,6 +299,7 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     readahead.start(opts.local_dir)  # the shards load into the page cache while torch/verl import
     early = _EarlyWrite.start(opts, target)
     try:
+        _resolve_max_shard_size(opts)
         planned = open_and_plan(opts)
     except BaseException:
         if early is not None:
@@ -418,6 +434,7 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
 
     from .locks import LockBusy
 
+    _resolve_max_shard_size(opts)
     own_group = False
     if not dist.is_initialized():
         if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:

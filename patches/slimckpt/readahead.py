@@ -16,6 +16,8 @@ import os
 import re
 import threading
 
+from . import direct_io
+
 RANK_FILE = re.compile(r"^model_world_size_\d+_rank_\d+\.pt$")
 MEM_FRACTION = 0.25  # of MemAvailable
 
@@ -74,6 +76,8 @@ def start(local_dir: str, fraction: float = MEM_FRACTION) -> threading.Thread | 
             sizes[name] = os.path.getsize(os.path.join(local_dir, name))
         except OSError:
             continue
+    if direct_io.supported([os.path.join(local_dir, n) for n in sizes]):
+        return None  # the writer reads them with O_DIRECT: filling the page cache would only compete
     lengths = plan(sizes, int(available_bytes() * fraction))
     work = [(os.path.join(local_dir, n), lengths[n]) for n in names if lengths.get(n)]
     if not work:

@@ -5,9 +5,13 @@ allows, so a full disk fails before the long part), then any number of workers `
 own disjoint ranges into it. A chunk is at most `chunk_bytes` of output (plus the source slice it
 is cast from); an uncast chunk is written straight from the memory-mapped shard.
 
-Casting (CPU, and the page-ins of the memory-mapped source) and writing (disk) overlap: the caller
-casts chunk k+1 into one of two staging buffers while a writer thread pwrites chunk k from the
-other. Both release the GIL, so one worker keeps the disk busy; host memory is two chunks.
+Reading, casting and writing overlap, each on its own thread: `direct_read.Prefetcher` reads the
+source rows of chunk k+2 (O_DIRECT), the caller casts chunk k+1 into one of two staging buffers,
+and a write-behind thread pwrites chunk k from the other. All three release the GIL, so one worker
+keeps the disk busy; host memory is a few chunks. A cast chunk is placed in its staging buffer at
+its file offset modulo `direct_io.ALIGN`, so all of it but a partial block at each end goes to
+the disk with O_DIRECT (`direct_io` says why); where the filesystem refuses O_DIRECT, or
+SLIMCKPT_DIRECT_IO=0, the same bytes go through the page cache and the mmap.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import layout
+from . import direct_io, direct_read, layout
 from .manifest import DEFAULT_ALGO, describe_os_error, file_checksum, new_hasher
 from .sources import CheckpointError, SourceTensor
 
@@ -72,6 +76,14 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         if n <= 0:
             raise OSError(errno.EIO, "short write")
         data, offset = data[n:], offset + n
+
+
+def _address(data: memoryview) -> int:
+    import ctypes
+
+    if not len(data) or data.readonly:
+        return -1  # header bytes and the like: never aligned on purpose, written buffered
+    return ctypes.addressof(ctypes.c_char.from_buffer(data))
 
 
 def _as_bytes(t: torch.Tensor) -> memoryview:
@@ -142,20 +154,42 @@ class _StagingRing:
             buf = None
         else:
             buf = self._free.get()
-        if buf is None or buf.numel() < nbytes:
-            buf = torch.empty(max(nbytes, self.min_bytes), dtype=torch.uint8)
+        if buf is None or buf.numel() < nbytes + direct_io.ALIGN:
+            # slack for placing a chunk at its file offset modulo ALIGN (see ShareWriter._cast)
+            buf = direct_io.aligned_empty(max(nbytes, self.min_bytes) + direct_io.ALIGN)
         return buf
 
     def give_back(self, buf: torch.Tensor) -> None:
         self._free.put(buf)
 
 
+def _close(st: "_FileState") -> None:
+    for fd in (st.fd, st.dfd):
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 @dataclass
 class _FileState:
     path: str
     fd: int
+    dfd: int | None  # O_DIRECT descriptor of the same file, None where refused
     next_offset: int  # for the running checksum: where the next in-order write must start
     hasher: object | None
+
+
+@dataclass
+class _RowChunk:
+    """Rows [start, end) of a dim-0 shard `piece`, written at `offset` of `file`."""
+
+    file: str
+    piece: torch.Tensor
+    start: int
+    end: int
+    offset: int
 
 
 class ShareWriter:
@@ -169,6 +203,7 @@ class ShareWriter:
         self.progress = progress or (lambda n: None)
         self.algo = algo
         self.fsync = fsync  # False only for `slimckpt merge --no_fsync`: not durable across a power loss
+        self.direct = direct_io.enabled()
         self._files: dict[str, _FileState] = {}
         self._ring = _StagingRing(min(self.chunk_bytes, 1 << 30))
         self._behind: _WriteBehind | None = None
@@ -185,16 +220,39 @@ class ShareWriter:
                 fd = os.open(path, os.O_WRONLY)
             except OSError as exc:
                 raise _os_error(exc, path) from None
+            try:
+                dfd = direct_io.open_direct(path, os.O_WRONLY) if self.direct else None
+            except OSError:
+                dfd = None
             f = self._layouts[name]
             hasher = new_hasher(self.algo)
             hasher.update(f.header)
-            st = self._files[name] = _FileState(path, fd, f.data_start, hasher)
+            st = self._files[name] = _FileState(path, fd, dfd, f.data_start, hasher)
         return st
+
+    def _pwrite(self, st: _FileState, data: memoryview, offset: int) -> None:
+        """The aligned middle with O_DIRECT when possible, the rest (or all of it) buffered. The two
+        parts never share a block, so the page cache never holds a stale copy of a direct block."""
+        head, body, _tail = direct_io.split(offset, len(data), _address(data)) if st.dfd is not None else (len(data), 0, 0)
+        if body:
+            try:
+                _pwrite_all(st.dfd, data[head:head + body], offset + head)
+            except OSError as exc:
+                if not direct_io.refused(exc):
+                    raise
+                os.close(st.dfd)  # this filesystem's alignment rules are stricter: buffered from now on
+                st.dfd = None
+                _pwrite_all(st.fd, data, offset)
+                return
+            _pwrite_all(st.fd, data[:head], offset)
+            _pwrite_all(st.fd, data[head + body:], offset + head + body)
+        else:
+            _pwrite_all(st.fd, data, offset)
 
     def _write(self, file: str, data: memoryview, offset: int) -> None:
         st = self._file(file)
         try:
-            _pwrite_all(st.fd, data, offset)
+            self._pwrite(st, data, offset)
         except OSError as exc:
             raise _os_error(exc, st.path, sum(f.size for f in self.plan.files)) from None
         if st.hasher is not None:
@@ -240,7 +298,7 @@ class ShareWriter:
             except OSError as exc:
                 errors.append(_os_error(exc, st.path))
             finally:
-                os.close(st.fd)
+                _close(st)
             if st.hasher is not None and st.next_offset == self._layouts[name].size:
                 self.checksums[name] = st.hasher.hexdigest()
         self._files.clear()
@@ -249,47 +307,95 @@ class ShareWriter:
 
     # -- tensors ---------------------------------------------------------------------------------
     def write_share(self, share: list[layout.Segment]) -> None:
+        items = self._chunks(share)
+        prefetch = self._prefetcher(items)
         try:
-            for seg in share:
-                self.write_segment(seg)
+            for i, item in enumerate(items):
+                self._write_item(i, item, prefetch)
         except BaseException:
             self.abort()
             raise
+        finally:
+            if prefetch is not None:
+                prefetch.close()
         self.close()
 
     def abort(self) -> None:
         """Close every file without fsync or checksums (the output is being discarded)."""
         self._stop_behind()
         for st in self._files.values():
-            try:
-                os.close(st.fd)
-            except OSError:
-                pass
+            _close(st)
         self._files.clear()
 
     def write_segment(self, seg: layout.Segment) -> None:
-        src = self.sources[seg.name]
-        placement = self.plan.placements[seg.name]
-        if seg.row_end <= seg.row_start or placement.end == placement.begin:
-            return
-        if src.shard_dim == 0:
-            for sr in layout.source_ranges(placement, src.shard_sizes, seg.row_start, seg.row_end):
-                self._write_rows(placement, src.pieces[sr.source], sr.local_start, sr.local_end, sr.begin)
-        elif src.shard_dim is not None:
-            self._write_cat_rows(placement, src, seg.row_start, seg.row_end)
-        else:
-            self._write_plain(placement, src, seg.row_start, seg.row_end)
+        for i, item in enumerate(self._chunks([seg])):
+            self._write_item(i, item, None)
 
-    def _cast(self, src: torch.Tensor) -> torch.Tensor:
-        """`src` in the output dtype, contiguous: the source itself when it already is (no copy,
-        written straight from the memory-mapped shard), else a view of the reused staging buffer."""
-        if src.dtype == self.out_dtype and src.is_contiguous():
+    def _chunks(self, share: list[layout.Segment]) -> list[_RowChunk | layout.Segment]:
+        """The share in write order: dim-0 shards as row chunks (each read, cast and written as one
+        piece), other segments whole (their writers chunk them themselves)."""
+        out: list[_RowChunk | layout.Segment] = []
+        out_width = torch.empty((), dtype=self.out_dtype).element_size()
+        for seg in share:
+            src = self.sources[seg.name]
+            placement = self.plan.placements[seg.name]
+            if seg.row_end <= seg.row_start or placement.end == placement.begin:
+                continue
+            if src.shard_dim != 0:
+                out.append(seg)
+                continue
+            for sr in layout.source_ranges(placement, src.shard_sizes, seg.row_start, seg.row_end):
+                t = src.pieces[sr.source]
+                t = t.reshape(1) if t.dim() == 0 else t
+                row_out = (t[0].numel() if t.shape[0] else 0) * out_width
+                step = self._rows_per_chunk(t)
+                offset = sr.begin
+                for start in range(sr.local_start, sr.local_end, step):
+                    end = min(sr.local_end, start + step)
+                    out.append(_RowChunk(placement.file, t, start, end, offset))
+                    offset += (end - start) * row_out
+        return out
+
+    def _prefetcher(self, items: list[_RowChunk | layout.Segment]) -> direct_read.Prefetcher | None:
+        if not self.direct:
+            return None
+        paths = sorted({src.file_of(k) for src in self.sources.values() for k in range(len(src.pieces))
+                        if src.local_dir})
+        if not direct_io.supported(paths):
+            return None
+        files = direct_read.MappedFiles(paths)
+        reads = [direct_read.rows_read(files, it.piece, it.start, it.end) if isinstance(it, _RowChunk) else None
+                 for it in items]
+        return direct_read.Prefetcher(reads) if any(reads) else None
+
+    def _write_item(self, i: int, item: _RowChunk | layout.Segment, prefetch: direct_read.Prefetcher | None) -> None:
+        if not isinstance(item, _RowChunk):
+            src = self.sources[item.name]
+            placement = self.plan.placements[item.name]
+            if src.shard_dim is not None:
+                self._write_cat_rows(placement, src, item.row_start, item.row_end)
+            else:
+                self._write_plain(placement, src, item.row_start, item.row_end)
+            return
+        if prefetch is not None and prefetch.has(i):
+            data = _as_bytes(self._cast(prefetch.get(i), item.offset, borrowed=True))
+        else:
+            data = _as_bytes(self._cast(item.piece[item.start:item.end], item.offset))
+        self._submit(item.file, data, item.offset)
+
+    def _cast(self, src: torch.Tensor, offset: int, borrowed: bool = False) -> torch.Tensor:
+        """`src` in the output dtype, contiguous, in a reused staging buffer at `offset` modulo
+        ALIGN (so the write can bypass the page cache). Without O_DIRECT, a source that already is
+        in the output dtype is returned as is (written straight from the mmap); a `borrowed` one (a
+        prefetch buffer, reused at the next read) is always copied."""
+        if src.dtype == self.out_dtype and src.is_contiguous() and not borrowed and not self.direct:
             return src
         nbytes = src.numel() * torch.empty((), dtype=self.out_dtype).element_size()
         if self._pending_buf is not None:  # cast but never submitted (a check failed): reuse it
             self._ring.give_back(self._pending_buf)
         self._pending_buf = buf = self._ring.take(nbytes)
-        out = buf[:nbytes].view(self.out_dtype).view(src.shape)
+        shift = offset % direct_io.ALIGN
+        out = buf[shift:shift + nbytes].view(self.out_dtype).view(src.shape)
         out.copy_(src)
         return out
 
@@ -297,17 +403,6 @@ class ShareWriter:
         per_row = max(1, t[0].numel() if t.dim() and t.shape[0] else 1)
         width = max(t.element_size(), torch.empty((), dtype=self.out_dtype).element_size())
         return max(1, self.chunk_bytes // (per_row * width))
-
-    def _write_rows(self, placement: layout.Placement, t: torch.Tensor, a: int, b: int, offset: int) -> None:
-        """Rows [a, b) of a dim-0 shard (or of a plain tensor) to absolute `offset`, cast in chunks."""
-        if t.dim() == 0:
-            t = t.reshape(1)
-        step = self._rows_per_chunk(t)
-        for start in range(a, b, step):
-            end = min(b, start + step)
-            data = _as_bytes(self._cast(t[start:end]))
-            self._submit(placement.file, data, offset)
-            offset += len(data)
 
     def _write_cat_rows(self, placement: layout.Placement, src: SourceTensor, a: int, b: int) -> None:
         """Shard(d>0): each output row is the concatenation of every shard's slice of that row."""
@@ -328,7 +423,7 @@ class ShareWriter:
         offset = placement.rows_to_bytes(a, b)[0]
         for start in range(a, b, step):
             end = min(b, start + step)
-            chunk = self._cast(first[start:end])
+            chunk = self._cast(first[start:end], offset)
             for k, other in enumerate(others, start=1):
                 # verl compares the copies after its bf16 cast; compare after ours
                 if not torch.equal(other[start:end].to(self.out_dtype), chunk):
