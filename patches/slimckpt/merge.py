@@ -21,11 +21,12 @@ experts), go to verl's own merger, with a log line saying so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from . import __version__, layout
@@ -237,16 +238,35 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
             raise MergeError(f"--max_shard_size: {exc}") from None
     _ignore_sigxfsz()
     try:
-        if opts.distributed:
-            return merge_distributed(opts, verl_fallback)
-        with _source_lock(opts), _target_lock(opts):
-            return _merge_local(opts, verl_fallback)
+        with _quick_gil_handoff():
+            if opts.distributed:
+                return merge_distributed(opts, verl_fallback)
+            with _source_lock(opts), _target_lock(opts):
+                return _merge_local(opts, verl_fallback)
     except (CommitError, layout.LayoutError, LockBusy) as exc:
         raise MergeError(str(exc)) from None
     except Exception as exc:
         if _is_input_or_output_error(exc):
             raise MergeError(str(exc)) from None
         raise
+
+
+GIL_SWITCH_S = 0.0005
+
+
+@contextlib.contextmanager
+def _quick_gil_handoff() -> Iterator[None]:
+    """A shorter GIL switch interval while merging. The read, cast and write threads each hold the
+    GIL for microseconds per chunk, but while another thread runs Python (the imports of
+    transformers and verl during an early write) each of them waits up to the interval (5 ms by
+    default) for it, several times a chunk. Measured here on the 1B merge's write pipeline next to
+    a pure-Python thread: 13.9 s at 5 ms, 5.2-7.0 s at 0.5 ms, 5.2-5.4 s with no such thread."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(min(old, GIL_SWITCH_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
 
 
 def _is_input_or_output_error(exc: BaseException) -> bool:
