@@ -182,3 +182,30 @@ def test_fsdp1_sharded_tensor_format(tmp_path_factory, tmp_path):
     model = AutoModelForCausalLM.from_config(build_config(fixture_args), dtype=torch.float32)
     expected = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
     assert_same_tensors(dir_tensors(tmp_path / "ours"), expected)
+
+
+@pytest.mark.parametrize("name", [*CHECKPOINTS, SHARDED_TENSOR[0]])
+def test_quick_reader_agrees_with_the_real_one_or_stands_down(tmp_path_factory, caplog, tmp_path, name):
+    """The early writer's reader (slimckpt.quick_sources, no torch.distributed) must read what the real
+    reader reads, byte location for byte location, or return None; and a merge whose early write came
+    from it is not rewritten."""
+    from slimckpt import merge_guess, quick_sources
+    from slimckpt.sources import open_checkpoint
+
+    if name == SHARDED_TENSOR[0]:
+        ckpt = fsdp_checkpoint(tmp_path_factory, name, SHARDED_TENSOR[1], *SHARDED_TENSOR[2])
+    else:
+        ckpt = checkpoint(tmp_path_factory, name)
+    quick = quick_sources.open_quick(str(ckpt))
+    simple = name in ("fsdp2_w2", "fsdp2_w3_uneven", "fsdp1_qwen2_tied")  # 1-D meshes
+    assert (quick is not None) == simple
+    if quick is None:
+        return
+    real = open_checkpoint(str(ckpt))
+    names = {k: k for k in real.tensors}
+    assert quick_sources.signature(quick, names) == quick_sources.signature(real, names)
+    assert {k: t.shard_dim for k, t in quick.tensors.items()} == {k: t.shard_dim for k, t in real.tensors.items()}
+    if merge_guess.read_config(str(ckpt / "huggingface")) is not None:
+        with caplog.at_level("INFO", logger="slimckpt.merge"):
+            ours(ckpt, tmp_path / "ours")
+        assert "guessed layout differs" not in caplog.text

@@ -112,12 +112,14 @@ def plan_names(ckpt, name_map: dict[str, str], dtype: str, max_shard_size, total
     return MergePlan(plan, name_map, total_parameters, ckpt.world_size, ckpt.fsdp_version)
 
 
-def _write_weights(opts: MergeOptions, partial: str, mp: MergePlan) -> dict[str, str]:
-    """Every weight byte of `mp` into the files `create_files` made in `partial`, with --workers."""
+def _write_weights(opts: MergeOptions, partial: str, mp: MergePlan, ckpt=None) -> dict[str, str]:
+    """Every weight byte of `mp` into the files `create_files` made in `partial`, with --workers
+    (an opened `ckpt` is used by a single worker; more open their own)."""
     shares = layout.partition(mp.plan, opts.workers)
     bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
     try:
-        return run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync)
+        return run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync,
+                           ckpt=ckpt)
     finally:
         bar.close()
 
@@ -126,7 +128,7 @@ class _EarlyWrite:
     """Weights written on a thread from the guessed plan (slimckpt.merge_guess) while this thread
     imports verl and transformers for the real one: the disk works during the imports."""
 
-    def __init__(self, opts: MergeOptions, target: str, mp: MergePlan) -> None:
+    def __init__(self, opts: MergeOptions, target: str, mp: MergePlan, ckpt, signature: list[tuple]) -> None:
         import threading
 
         from .writer import create_files
@@ -139,8 +141,10 @@ class _EarlyWrite:
             create_files(self.partial, mp.plan)
         except BaseException:
             discard_partial(self.partial)
+            ckpt.close()
             raise
-        self.thread = threading.Thread(target=self._run, args=(opts,), name="slimckpt-early-write", daemon=True)
+        self.signature = signature
+        self.thread = threading.Thread(target=self._run, args=(opts, ckpt), name="slimckpt-early-write", daemon=True)
         self.thread.start()
 
     @classmethod
@@ -148,33 +152,37 @@ class _EarlyWrite:
         """None when there is no safe guess; the normal path then plans first and writes after."""
         if os.environ.get("SLIMCKPT_MERGE_GUESS", "1") == "0":
             return None
-        from . import merge_guess
+        from . import merge_guess, quick_sources
         from .sources import HF_SUBDIR, CheckpointError, open_checkpoint
 
         config = merge_guess.read_config(os.path.join(opts.local_dir, HF_SUBDIR))
         if config is None:
             return None
-        try:
-            ckpt = open_checkpoint(opts.local_dir)
-        except CheckpointError:
-            return None  # the normal path reports it
-        try:
-            names = merge_guess.guess_output_names(list(ckpt.tensors), config)
-            if names is None:
-                return None
-            mp = plan_names(ckpt, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
-        finally:
+        ckpt = quick_sources.open_quick(opts.local_dir)  # no torch.distributed import: 0.9 s sooner
+        if ckpt is None:
+            try:
+                ckpt = open_checkpoint(opts.local_dir)
+            except CheckpointError:
+                return None  # the normal path reports it
+        names = merge_guess.guess_output_names(list(ckpt.tensors), config)
+        if names is None:
             ckpt.close()
-        return cls(opts, target, mp)
+            return None
+        mp = plan_names(ckpt, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
+        return cls(opts, target, mp, ckpt, quick_sources.signature(ckpt, names))
 
-    def _run(self, opts: MergeOptions) -> None:
+    def _run(self, opts: MergeOptions, ckpt) -> None:
         try:
-            self.checksums = _write_weights(opts, self.partial, self.mp)
+            self.checksums = _write_weights(opts, self.partial, self.mp, ckpt)
         except BaseException as exc:  # noqa: BLE001 - raised in the caller by join()
             self.error = exc
+        finally:
+            ckpt.close()
 
-    def matches(self, mp: MergePlan) -> bool:
-        return mp.plan == self.mp.plan and list(mp.name_map.items()) == list(self.mp.name_map.items())
+    def matches(self, mp: MergePlan, signature: list[tuple]) -> bool:
+        """Whether the early write wrote what the real plan, from the real reader, would."""
+        return (mp.plan == self.mp.plan and list(mp.name_map.items()) == list(self.mp.name_map.items())
+                and signature == self.signature)
 
     def join(self) -> dict[str, str]:
         self.thread.join()
@@ -318,16 +326,17 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
 
     readahead.start(opts.local_dir)  # the shards load into the page cache while torch/verl import
     early = _EarlyWrite.start(opts, target)
+    signature: list[tuple] = []
     try:
         _resolve_max_shard_size(opts)
-        planned = open_and_plan(opts)
+        planned = open_and_plan(opts, signature if early is not None else None)
     except BaseException:
         if early is not None:
             early.cancel()
         raise
-    if early is not None and (planned is None or not early.matches(planned[0])):
+    if early is not None and (planned is None or not early.matches(planned[0], signature)):
         log.info("the guessed layout differs from transformers' (%s): writing again with the real one",
-                 "verl's merger needed" if planned is None else "names differ")
+                 "verl's merger needed" if planned is None else "layout or sources differ")
         early.cancel()
         early = None
     if planned is None:
@@ -335,12 +344,18 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     return _write_and_commit(opts, *planned, t0, early)
 
 
-def open_and_plan(opts: MergeOptions) -> tuple[MergePlan, HfSide] | None:
+def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[MergePlan, HfSide] | None:
+    """The plan from the real reader; `signature`, when given, receives quick_sources.signature of it."""
     from .sources import open_checkpoint
 
     ckpt = open_checkpoint(opts.local_dir)
     try:
-        return plan_or_fallback(ckpt, opts)
+        planned = plan_or_fallback(ckpt, opts)
+        if planned is not None and signature is not None:
+            from .quick_sources import signature as signature_of
+
+            signature.extend(signature_of(ckpt, planned[0].name_map))
+        return planned
     finally:
         ckpt.close()
 

@@ -19,14 +19,16 @@ if TYPE_CHECKING:
 
 
 def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
-                  chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True) -> dict[str, str]:
-    """Write `shares` here, one after the other; returns checksums of files written whole."""
+                  chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True, ckpt=None) -> dict[str, str]:
+    """Write `shares` here, one after the other; returns checksums of files written whole. An opened
+    `ckpt` is used (and left open) instead of opening `local_dir`."""
     from .sources import open_checkpoint
     from .writer import OUT_DTYPES, ShareWriter
 
     import torch
 
-    ckpt = open_checkpoint(local_dir)
+    owned = ckpt is None
+    ckpt = open_checkpoint(local_dir) if owned else ckpt
     sources = {new: ckpt.tensors[old] for new, old in mp.name_map.items()}
     checksums: dict[str, str] = {}
     # One intra-op thread for the casts: the read and write threads (and, during an early write,
@@ -42,7 +44,8 @@ def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
             checksums.update(w.checksums)
     finally:
         torch.set_num_threads(threads)
-        ckpt.close()
+        if owned:
+            ckpt.close()
     return checksums
 
 
@@ -76,10 +79,11 @@ def is_user_error(exc: BaseException) -> bool:
 
 
 def run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
-                 chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True) -> dict[str, str]:
-    """One spawned process per share (a fresh interpreter: no forked OpenMP or torch threads)."""
+                 chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True, ckpt=None) -> dict[str, str]:
+    """One spawned process per share (a fresh interpreter: no forked OpenMP or torch threads); one
+    share is written here, from `ckpt` when given."""
     if len(shares) == 1:
-        return write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress, fsync)
+        return write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress, fsync, ckpt=ckpt)
     import multiprocessing as mproc
     import queue as queue_mod
 
