@@ -68,7 +68,8 @@ class MergeOptions:
     overwrite: bool = False
     trust_remote_code: bool = False
     progress: bool = True
-    chunk_bytes: int = 16 << 20  # per staging buffer; a writer holds two (cast one, write the other)
+    # source bytes per chunk; a writer holds 4 read buffers (direct_read) and 2 cast buffers of about this size
+    chunk_bytes: int = 8 << 20
     fsync: bool = True  # False: --no_fsync, faster but the output may be lost or torn by a power loss
     overwrite_hint: str = "--overwrite"
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
@@ -651,8 +652,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --target_dir")
     p.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
                    help="allow custom model code from the checkpoint's huggingface/ dir")
-    p.add_argument("--chunk_mb", type=int, default=16,
-                   help="cast/write chunk size in MiB; two are in flight per writer (default 16)")
+    p.add_argument("--chunk_mb", type=int, default=8,
+                   help="MiB of source read, cast and written as one piece; a writer holds about six (default 8)")
     p.add_argument("--no_fsync", action="store_true",
                    help="skip fsync of the weight files: faster on slow disks, but after a power loss (not a "
                         "process crash) a committed output may hold torn files (`slimckpt verify` detects them)")

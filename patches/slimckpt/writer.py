@@ -29,7 +29,7 @@ from . import direct_io, direct_read, layout
 from .manifest import DEFAULT_ALGO, describe_os_error, file_checksum, new_hasher
 from .sources import CheckpointError, SourceTensor
 
-DEFAULT_CHUNK_BYTES = 16 << 20  # x PIPELINE_DEPTH staging buffers
+DEFAULT_CHUNK_BYTES = 8 << 20  # of source; PIPELINE_DEPTH staging buffers + direct_read's read buffers
 PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
 OUT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
