@@ -110,21 +110,26 @@ def odd_sources(tmp_path):
     return out
 
 
-@pytest.mark.parametrize("chunk_bytes", [A, 3 * A + 7, 1 << 20])
-def test_direct_and_buffered_merges_write_the_same_bytes(tmp_path, monkeypatch, odd_sources, chunk_bytes):
-    direct_bodies, preads = [], []
-    real_pwrite, real_preadv = os.pwrite, os.preadv
-    opened = set()
-    real_open_direct = direct_io.open_direct
+def _direct_fds(monkeypatch) -> set:
+    """The O_DIRECT descriptors open right now (kept up to date: fd numbers get reused)."""
+    opened: set = set()
+    real_open_direct, real_close = direct_io.open_direct, os.close
 
     def open_direct(path, flags):
         fd = real_open_direct(path, flags)
         opened.add(fd)
         return fd
 
-    real_close = os.close
     monkeypatch.setattr(direct_io, "open_direct", open_direct)
-    monkeypatch.setattr(os, "close", lambda fd: opened.discard(fd) or real_close(fd))  # fd numbers get reused
+    monkeypatch.setattr(os, "close", lambda fd: opened.discard(fd) or real_close(fd))
+    return opened
+
+
+@pytest.mark.parametrize("chunk_bytes", [A, 3 * A + 7, 1 << 20])
+def test_direct_and_buffered_merges_write_the_same_bytes(tmp_path, monkeypatch, odd_sources, chunk_bytes):
+    direct_bodies, preads = [], []
+    real_pwrite, real_preadv = os.pwrite, os.preadv
+    opened = _direct_fds(monkeypatch)
     monkeypatch.setattr(os, "pwrite", lambda fd, data, off: (direct_bodies.append(len(data)) if fd in opened else None)
                         or real_pwrite(fd, data, off))
     monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: preads.append(fd) or real_preadv(fd, bufs, off))
@@ -149,14 +154,7 @@ def test_a_filesystem_refusing_o_direct_gets_the_same_bytes(tmp_path, monkeypatc
     assert _write(tmp_path, "refused_at_open", odd_sources, 64 << 10) == want
     monkeypatch.undo()
 
-    opened = set()
-    real_open_direct = direct_io.open_direct
-
-    def open_direct(path, flags):
-        fd = real_open_direct(path, flags)
-        opened.add(fd)
-        return fd
-
+    opened = _direct_fds(monkeypatch)
     real_pwrite = os.pwrite
     refusals = []
 
@@ -166,9 +164,6 @@ def test_a_filesystem_refusing_o_direct_gets_the_same_bytes(tmp_path, monkeypatc
             raise OSError(errno.EINVAL, "Invalid argument")  # alignment rules stricter than ALIGN
         return real_pwrite(fd, data, off)
 
-    real_close = os.close
-    monkeypatch.setattr(direct_io, "open_direct", open_direct)
-    monkeypatch.setattr(os, "close", lambda fd: opened.discard(fd) or real_close(fd))
     monkeypatch.setattr(os, "pwrite", stricter)
     assert _write(tmp_path, "refused_at_write", odd_sources, 64 << 10) == want
     assert len(refusals) == 1  # the first refusal switches that file to buffered writes
