@@ -18,3 +18,7 @@ def run_python(code: str, env: dict | None = None, timeout: int = 300) -> subpro
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# verl trainer runs shared by the end-to-end modules (one start-up each per session)
+from .verl_runs import grpo_env, incremental_run, tiny_assets  # noqa: E402,F401

@@ -38,10 +38,11 @@ def _local(tensor):
 
 
 @pytest.fixture(scope="module")
-def flowrl_run(tmp_path_factory):
+def flowrl_run(tmp_path_factory, tiny_assets):
     work = tmp_path_factory.mktemp("flowrl_e2e")
     ckpt = work / "ckpt"
-    env = {**os.environ, "NPROC": "2", "TINY_ASSETS": str(work / "assets"), "WANDB_DIR": str(work),
+    # the session's tiny model and data (tests/verl_runs.py): built once for every verl run
+    env = {**os.environ, "NPROC": "2", "TINY_ASSETS": str(tiny_assets), "WANDB_DIR": str(work),
            "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0"}
     env.pop("RAY_ADDRESS", None)
     log = work / "train.log"
