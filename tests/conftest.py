@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+SCENARIO_BATCH = REPO / "tests" / "scenario_batch.py"
 
 
 def run_python(code: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -18,6 +20,30 @@ def run_python(code: str, env: dict | None = None, timeout: int = 300) -> subpro
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def ws2_scenarios(tmp_path_factory) -> Path:
+    """tests/scenario_batch.py: the 2-rank torchrun scenarios of tests/test_resume_state.py and
+    tests/test_hf_direct_export.py in one torchrun (one start-up instead of six); the result of
+    scenario NAME is under <dir>/NAME (read it with scenario_result)."""
+    root = tmp_path_factory.mktemp("ws2_scenarios")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(SCENARIO_BATCH), "--dir", str(root)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    (root / "batch.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return root
+
+
+def scenario_result(root: Path, name: str, result_file: str) -> dict:
+    """One scenario's result JSON from a batch; its traceback when it raised instead."""
+    error = root / name / "error.txt"
+    assert not error.exists(), f"scenario {name} raised:\n{error.read_text()[-6000:]}"
+    path = root / name / result_file
+    assert path.is_file(), f"scenario {name} wrote no {result_file}; see {root / 'batch.log'}"
+    return json.loads(path.read_text())
 
 
 # verl trainer runs shared by the end-to-end modules (one start-up each per session)

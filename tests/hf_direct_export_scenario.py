@@ -217,6 +217,18 @@ def measure(args) -> dict:
             "per_rank": allr}
 
 
+def _write(args, result: dict, name: str) -> None:
+    if dist.get_rank() == 0:
+        with open(os.path.join(args.dir, name), "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def scenario(args) -> None:
+    """Every model of args.models (comma-separated): D/hf_direct_export_result.json (also run by
+    tests/scenario_batch.py)."""
+    _write(args, {m: run_model(args, m) for m in args.models.split(",")}, "hf_direct_export_result.json")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", required=True)
@@ -232,12 +244,9 @@ def main() -> int:
     dist.init_process_group("gloo")
     try:
         if args.measure:
-            result, name = measure(args), "hf_direct_export_memory.json"
+            _write(args, measure(args), "hf_direct_export_memory.json")
         else:
-            result, name = {m: run_model(args, m) for m in args.models.split(",")}, "hf_direct_export_result.json"
-        if dist.get_rank() == 0:
-            with open(os.path.join(args.dir, name), "w") as f:
-                json.dump(result, f, indent=1)
+            scenario(args)
     finally:
         dist.barrier()
         dist.destroy_process_group()

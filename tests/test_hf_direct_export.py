@@ -1,24 +1,18 @@
 """The incremental tier's gather-free HF export (slimckpt.hf_direct_export, export_assign).
 
-Fast: which rank writes which rows (pure planning). Slow: one torchrun (2 ranks, gloo, FSDP2) that
-saves a tiny Llama and a tiny tied Qwen2 with verl's own hf_model and with export_hf (sync and
-async), and compares the exports tensor for tensor (tests/hf_direct_export_scenario.py).
+Fast: which rank writes which rows (pure planning). Slow: a torchrun scenario (2 ranks, gloo, FSDP2)
+that saves a tiny Llama and a tiny tied Qwen2 with verl's own hf_model and with export_hf (sync and
+async), and compares the exports tensor for tensor (tests/hf_direct_export_scenario.py, run in the
+torchrun it shares with tests/test_resume_state.py: conftest's ws2_scenarios).
 """
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from slimckpt.export_assign import AssignError, Box, assign_writers, box_runs, full_box, run_starts
 
-REPO = Path(__file__).resolve().parent.parent
-SCENARIO = REPO / "tests" / "hf_direct_export_scenario.py"
+from .conftest import scenario_result
 
 
 def rows(start: int, n: int, shape: tuple[int, ...]) -> Box:
@@ -134,18 +128,13 @@ def test_verl_save_skips_its_hf_model_gather_only_when_the_export_replaces_it():
 
 
 @pytest.mark.slow
-def test_export_equals_verl_hf_model(tmp_path):
+def test_export_equals_verl_hf_model(ws2_scenarios):
     """Tiny Llama and tied Qwen2, FSDP2, 2 ranks: export_hf (sync, one file; async, several files,
     written after training moved the parameters) equals verl's hf_model tensor for tensor (names,
     dtypes, shapes, bits), config.json and generation_config.json included; the single file is
     byte-identical; it loads with from_pretrained; the manifest lists it; a bf16 export is the cast;
     a rank failing mid-export fails the save on every rank and leaves the step uncommitted."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(SCENARIO), "--dir", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    result = json.loads((tmp_path / "hf_direct_export_result.json").read_text())
+    result = scenario_result(ws2_scenarios, "hf_export", "hf_direct_export_result.json")
     for model, r in result.items():
         for mode in ("sync", "async"):
             c = r[mode]

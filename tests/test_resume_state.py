@@ -13,7 +13,7 @@ import pytest
 
 from slimckpt import resume_manifest as rm
 
-from .conftest import REPO
+from .conftest import REPO, scenario_result
 
 SCENARIOS = REPO / "tests" / "resume_scenarios.py"
 
@@ -205,6 +205,9 @@ def test_async_without_incremental_is_rejected():
 
 
 # --------------------------------------------------------------------------- torchrun (slow)
+# The 2-rank scenarios run in one torchrun shared with tests/test_hf_direct_export.py (conftest's
+# ws2_scenarios, tests/scenario_batch.py), each in its own directory with the settings it had as a
+# torchrun of its own; the 1-rank reshard needs a torchrun of its own.
 
 
 def _torchrun(nproc: int, *args: str, timeout: int = 240) -> None:
@@ -216,12 +219,11 @@ def _torchrun(nproc: int, *args: str, timeout: int = 240) -> None:
 
 
 @pytest.mark.slow
-def test_resume_is_bitwise_and_reshards_to_one_rank(tmp_path):
+def test_resume_is_bitwise_and_reshards_to_one_rank(ws2_scenarios):
     """Save at step 3 through verl's FSDPCheckpointManager (2 ranks, sync), continue; a fresh model
     that loads step 3 trains to bitwise-equal losses; the same state loads at world size 1 equal
     tensor for tensor (model, Adam moments, step, scheduler). verl's own format still round-trips."""
-    _torchrun(2, "resume", "--dir", str(tmp_path))
-    r = json.loads((tmp_path / "resume_result.json").read_text())
+    r = scenario_result(ws2_scenarios, "resume", "resume_result.json")
     assert r["reference"] == r["resumed"], r
     assert r["verl_reference"] == r["verl_resumed"]
     assert r["aliases"] == {}
@@ -229,28 +231,27 @@ def test_resume_is_bitwise_and_reshards_to_one_rank(tmp_path):
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(r["dcp_files"])
     assert "model_world_size_2_rank_0.pt" in r["verl_format_files"]
 
-    _torchrun(1, "reshard", "--dir", str(tmp_path))
-    w = json.loads((tmp_path / "reshard_ws1_result.json").read_text())
+    resumed_dir = ws2_scenarios / "resume"
+    _torchrun(1, "reshard", "--dir", str(resumed_dir))
+    w = json.loads((resumed_dir / "reshard_ws1_result.json").read_text())
     assert w["diffs"] == [] and w["n_model"] > 0, w
 
 
 @pytest.mark.slow
-def test_fsdp1_resume_is_bitwise(tmp_path):
+def test_fsdp1_resume_is_bitwise(ws2_scenarios):
     """verl's default strategy (FSDP1, FullyShardedDataParallel with a device mesh): the same
     exact-resume check at world size 2."""
-    _torchrun(2, "resume", "--dir", str(tmp_path), "--fsdp", "1")
-    r = json.loads((tmp_path / "resume_result.json").read_text())
+    r = scenario_result(ws2_scenarios, "resume_fsdp1", "resume_result.json")
     assert r["reference"] == r["resumed"], r
     assert rm.MANIFEST_NAME in r["files"]
 
 
 @pytest.mark.slow
-def test_async_save_stages_and_resumes_bitwise(tmp_path):
+def test_async_save_stages_and_resumes_bitwise(ws2_scenarios):
     """async_save (tied-embedding model): the save returns after staging; the write is held back
     until training has changed every parameter; the committed step still resumes to bitwise-equal
     losses."""
-    _torchrun(2, "resume", "--dir", str(tmp_path), "--async", "--model", "qwen2-tied")
-    r = json.loads((tmp_path / "resume_async_result.json").read_text())
+    r = scenario_result(ws2_scenarios, "resume_async", "resume_async_result.json")
     assert r["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}  # the tied tensor written once
     assert not r["committed_during_training"], "the held-back write should still be running"
     assert r["over_budget_committed_on_return"] is True  # over host_memory_budget_gb: streamed synchronously
@@ -259,9 +260,8 @@ def test_async_save_stages_and_resumes_bitwise(tmp_path):
 
 
 @pytest.mark.slow
-def test_async_tracker_never_names_an_uncommitted_step(tmp_path):
-    _torchrun(2, "tracker", "--dir", str(tmp_path))
-    r = json.loads((tmp_path / "tracker_result.json").read_text())
+def test_async_tracker_never_names_an_uncommitted_step(ws2_scenarios):
+    r = scenario_result(ws2_scenarios, "tracker", "tracker_result.json")
     assert r["violations"] == [] and r["seen"], r
     assert r["tracker_right_after_save"][0] is None  # step 1 was still being written
     assert r["final"] == 3  # the last step is committed before the trainer returns
@@ -270,9 +270,8 @@ def test_async_tracker_never_names_an_uncommitted_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_half_written_or_damaged_step_refuses_to_load(tmp_path):
-    _torchrun(2, "refuse", "--dir", str(tmp_path))
-    r = json.loads((tmp_path / "refuse_result.json").read_text())
+def test_half_written_or_damaged_step_refuses_to_load(ws2_scenarios):
+    r = scenario_result(ws2_scenarios, "refuse", "refuse_result.json")
     assert r["save"] == "crashed" and "dcp" in r["half_files"] and rm.MANIFEST_NAME not in r["half_files"]
     assert r["half"].startswith("slimckpt:") and "never finished" in r["half"] and "\n" not in r["half"]
     assert "__1_0.distcp" in r["truncated"] and "damaged" in r["truncated"]

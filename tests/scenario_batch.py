@@ -1,0 +1,104 @@
+"""Several torchrun scenarios of the incremental tier in ONE torchrun (gloo, CPU, 2 ranks), for
+tests/conftest.py's `ws2_scenarios`: each torchrun pays ~10 s of start-up (torch, transformers and
+verl imported on every rank) before seconds of work, so the tests share one.
+
+    torchrun --nproc_per_node 2 tests/scenario_batch.py --dir D [NAME ...]
+
+NAME (default all of SCENARIOS) runs in its own directory D/NAME with the settings its test had
+as a torchrun of its own (tests/resume_scenarios.py, tests/hf_direct_export_scenario.py); every
+module-level switch a scenario sets or patches is put back before the next one starts. A scenario
+that raises on every rank leaves D/NAME/error.txt (rank 0's traceback) and the next one runs;
+one that hangs a collective ends the batch at the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import os
+import sys
+import traceback
+from types import SimpleNamespace
+
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import hf_direct_export_scenario  # noqa: E402
+import resume_scenarios  # noqa: E402
+
+COLLECTIVE_TIMEOUT_S = 240
+
+# name -> (function, its args besides dir, resume_scenarios.MODEL, resume_scenarios.FSDP_VERSION)
+SCENARIOS = {
+    "resume": (resume_scenarios.scenario_resume, {"async_save": False}, "llama", 2),
+    "resume_fsdp1": (resume_scenarios.scenario_resume, {"async_save": False}, "llama", 1),
+    "resume_async": (resume_scenarios.scenario_resume, {"async_save": True}, "qwen2-tied", 2),
+    "tracker": (resume_scenarios.scenario_tracker, {}, "llama", 2),
+    "refuse": (resume_scenarios.scenario_refuse, {}, "llama", 2),
+    "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),
+}
+
+
+def _module_state() -> dict:
+    """Every module attribute a scenario sets or monkeypatches, to put back after it."""
+    from slimckpt import hf_direct_export, resume_state
+
+    return {
+        (resume_scenarios, "MODEL"): resume_scenarios.MODEL,
+        (resume_scenarios, "FSDP_VERSION"): resume_scenarios.FSDP_VERSION,
+        (resume_state, "storage_writer"): resume_state.storage_writer,
+        (resume_state, "_after_shards"): resume_state._after_shards,
+        (resume_state, "commit"): resume_state.commit,
+        (hf_direct_export, "write_export"): hf_direct_export.write_export,
+        (hf_direct_export._BoxWriter, "write_box"): hf_direct_export._BoxWriter.write_box,
+    }
+
+
+def run_one(name: str, root: str) -> None:
+    from slimckpt.resume_state import finish_pending
+
+    fn, extra, model, fsdp = SCENARIOS[name]
+    out = os.path.join(root, name)
+    if dist.get_rank() == 0:
+        os.makedirs(out, exist_ok=True)
+    dist.barrier()
+    saved = _module_state()
+    resume_scenarios.MODEL, resume_scenarios.FSDP_VERSION = model, fsdp
+    try:
+        fn(SimpleNamespace(dir=out, **extra))
+        finish_pending()
+    except Exception:  # noqa: BLE001 - the test names the scenario and shows this
+        if dist.get_rank() == 0:
+            with open(os.path.join(out, "error.txt"), "w") as f:
+                f.write(traceback.format_exc())
+        traceback.print_exc()
+    finally:
+        for (owner, attr), value in saved.items():
+            setattr(owner, attr, value)
+    dist.barrier()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dir", required=True)
+    p.add_argument("names", nargs="*", help=f"scenarios to run (default all: {' '.join(SCENARIOS)})")
+    p.add_argument("--timeout", type=int, default=540, help="seconds the batch may run before it dumps its stacks")
+    args = p.parse_args()
+    unknown = [n for n in args.names if n not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang shows its stacks before the test times out
+    # a collective that one rank never joins fails after this instead of gloo's 30 minutes
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    try:
+        for name in args.names or SCENARIOS:
+            run_one(name, args.dir)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
