@@ -46,5 +46,26 @@ def scenario_result(root: Path, name: str, result_file: str) -> dict:
     return json.loads(path.read_text())
 
 
-# verl trainer runs shared by the end-to-end modules (one start-up each per session)
-from .verl_runs import grpo_env, incremental_run, tiny_assets  # noqa: E402,F401
+# verl trainer runs (tests/verl_runs.py): started in the background at the session's first test, read
+# by the end-to-end modules, which run last so that the other tests overlap the runs
+from .verl_runs import (  # noqa: E402,F401  (fixtures)
+    READS,
+    flowrl_run,
+    grpo_runs,
+    incremental_resumed,
+    incremental_run,
+    ppo_run,
+    verl_pool,
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _verl_runs_in_background(request) -> None:
+    """Starts the session's verl runs (only those its selected tests read) before its first test."""
+    request.getfixturevalue("verl_pool")
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Tests that read a verl run go last (stable: each keeps its place among its kind)."""
+    reads = [any(f in READS for f in getattr(item, "fixturenames", ())) for item in items]
+    items[:] = [i for i, r in zip(items, reads) if not r] + [i for i, r in zip(items, reads) if r]

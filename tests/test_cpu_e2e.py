@@ -10,8 +10,9 @@ the export at a restart). The uninterrupted reference is the incremental tier's 
 tests/verl_runs.py (training does not depend on the recipe), which tests/test_incremental_e2e.py
 checks too: one verl start-up serves both modules.
 
-Each run starts a Ray cluster and verl's workers (~50 s of start-up on 2 cores), then trains the
-78k-parameter tiny Llama for a few steps of a few seconds each.
+The runs are tests/verl_runs.py's (RUNS), started in the background when the session starts; each
+starts a Ray cluster and verl's workers (~50 s of start-up on 2 cores), then trains the 78k-parameter
+tiny Llama for a few steps of a few seconds each.
 """
 
 import json
@@ -25,7 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from .verl_runs import CONSOLE, step_metrics, train_small
+from .verl_runs import step_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -34,29 +35,8 @@ def model_shards(step_dir: Path, role: str) -> list[str]:
     return sorted(p.name for p in (step_dir / role).iterdir() if p.suffix == ".pt")
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cpu_e2e")
-
-
-@pytest.fixture(scope="module")
-def grpo_runs(work, grpo_env):
-    """Three steps saving every step with +recipe=intermediate, then a resume (resume_mode=auto)
-    with +recipe=quickstart up to step 4; verl's rollout dump of every step in grpo_rollouts."""
-    ckpt = work / "grpo_ckpt"
-    common = ("trainer.save_freq=1", CONSOLE, f"trainer.default_local_dir={ckpt}",
-              f"trainer.rollout_data_dir={work / 'grpo_rollouts'}")
-    first = train_small(work / "grpo_first.log", "+recipe=intermediate", *common, "trainer.total_training_steps=3",
-                        **grpo_env)
-    # what the stopped run left (the resumed run adds step 4 beside it)
-    after_first = {step: sorted(os.listdir(ckpt / f"global_step_{step}")) for step in (1, 2, 3)}
-    resumed = train_small(work / "grpo_resume.log", "+recipe=quickstart", *common, "trainer.total_training_steps=4",
-                          "trainer.resume_mode=auto", **grpo_env)
-    return ckpt, first, resumed, after_first
-
-
 def test_grpo_two_ranks_saves_model_only_and_resumes(grpo_runs):
-    ckpt, first, resumed, _ = grpo_runs
+    ckpt, first, resumed = grpo_runs.ckpt, grpo_runs.first, grpo_runs.resumed
     # step 1's actor went to retention (test_intermediate_every_actor_save_has_a_committed_hf_export)
     for step in (2, 3, 4):
         step_dir = ckpt / f"global_step_{step}"
@@ -83,17 +63,16 @@ def rollouts(dump_dir: Path, step: int) -> list[tuple]:
     return sorted((r["input"], r["output"], r["score"]) for r in rows)
 
 
-def test_resumed_rollouts_equal_uninterrupted_ones(work, grpo_runs, incremental_run):
+def test_resumed_rollouts_equal_uninterrupted_ones(grpo_runs, incremental_run):
     """Sampling is keyed by (seed, step, sample index, rollout n): the weights loaded from step 3
     give step 4 the same rollouts as a run that never stopped. (quickstart does not restore the
     optimizer, so only what happens before step 4's update can be compared.) Steps 1-3 are two
     separate runs with different recipes: equal too."""
-    _, first, resumed, _ = grpo_runs
-    straight = incremental_run.rollouts
+    first, resumed, straight = grpo_runs.first, grpo_runs.resumed, incremental_run.rollouts
     for step in (1, 2, 3, 4):
         expected = rollouts(straight, step)
         assert len(expected) == 8 * 5  # 8 prompts, 5 samples each (+algo=grpo)
-        assert rollouts(work / "grpo_rollouts", step) == expected, step
+        assert rollouts(grpo_runs.rollouts, step) == expected, step
     # the samples differ from step to step, so equal dumps are not equal constants
     assert rollouts(straight, 2) != rollouts(straight, 3) != rollouts(straight, 4)
 
@@ -117,7 +96,7 @@ def _tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def test_intermediate_every_actor_save_has_a_committed_hf_export(grpo_runs):
-    ckpt, first, _, after_first = grpo_runs
+    ckpt, first, after_first = grpo_runs.ckpt, grpo_runs.first, grpo_runs.after_first
     # the recipe keeps the newest 2: step 1's actor is deleted once step 3 is complete (verl's retention
     # deletes role dirs; the trainer's data.pt stays, as with verl alone)
     assert "actor" not in after_first[1] and "data.pt" in after_first[1], after_first
@@ -136,10 +115,9 @@ def test_intermediate_every_actor_save_has_a_committed_hf_export(grpo_runs):
     assert metrics["recipe"] == "intermediate" and metrics["bytes_written"] > 0
 
 
-def test_intermediate_export_equals_verls_merger_and_loads(work, grpo_runs):
-    ckpt = grpo_runs[0]
-    actor = ckpt / "global_step_3" / "actor"
-    reference = work / "verl_merged"
+def test_intermediate_export_equals_verls_merger_and_loads(grpo_runs, tmp_path):
+    actor = grpo_runs.ckpt / "global_step_3" / "actor"
+    reference = tmp_path / "verl_merged"
     proc = subprocess.run(
         [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor),
          "--target_dir", str(reference)],
@@ -159,11 +137,8 @@ def test_intermediate_export_equals_verls_merger_and_loads(work, grpo_runs):
         assert torch.equal(state[name].to(torch.bfloat16), tensor), name
 
 
-def test_ppo_with_critic_and_kl_one_rank(work, grpo_env):
-    ckpt = work / "ppo_ckpt"
-    text = train_small(work / "ppo.log", "algo=ppo", "+recipe=quickstart", CONSOLE, "algorithm.use_kl_in_reward=true",
-                       "trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.default_local_dir={ckpt}",
-                       **{**grpo_env, "NPROC": "1"})
+def test_ppo_with_critic_and_kl_one_rank(ppo_run):
+    ckpt, text = ppo_run.ckpt, ppo_run.text
     metrics = step_metrics(text)
     assert sorted(metrics) == [1, 2]
     for key in ("critic/vf_loss", "critic/vpred_mean", "actor/reward_kl_penalty", "critic/advantages/mean"):

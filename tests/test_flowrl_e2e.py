@@ -2,11 +2,11 @@
 it trains the actor and its log Z head, saves both in the actor's checkpoint, logs ckpt/* save
 metrics to wandb (offline) at the save steps, and leaves the head out of verl's hf_model save and
 of the merged Hugging Face model (`python -m verl.model_merger merge`, redirected to slimckpt's
-streaming merge). One training run (~1-2 min on 2 cores) shared by the tests below."""
+streaming merge). One training run shared by the tests below: tests/verl_runs.py's `flowrl`, started in
+the background when the session starts."""
 
 import glob
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +19,6 @@ from slimckpt.flowrl import is_flowrl_param
 from .conftest import REPO
 
 pytestmark = pytest.mark.slow
-
-SCRIPT = REPO / "scripts" / "train_small.sh"
 
 
 def _safetensors_keys(folder: Path) -> list[str]:
@@ -37,29 +35,8 @@ def _local(tensor):
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-@pytest.fixture(scope="module")
-def flowrl_run(tmp_path_factory, tiny_assets):
-    work = tmp_path_factory.mktemp("flowrl_e2e")
-    ckpt = work / "ckpt"
-    # the session's tiny model and data (tests/verl_runs.py): built once for every verl run
-    env = {**os.environ, "NPROC": "2", "TINY_ASSETS": str(tiny_assets), "WANDB_DIR": str(work),
-           "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0"}
-    env.pop("RAY_ADDRESS", None)
-    log = work / "train.log"
-    args = ["algo=flowrl", "trainer.total_training_steps=2", "trainer.save_freq=1",
-            f"trainer.default_local_dir={ckpt}",
-            # verl's own hf_model save as well, to see the head left out of it
-            "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
-    with open(log, "w") as out:
-        proc = subprocess.run(["bash", str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                              cwd=work, timeout=600)
-    text = log.read_text(errors="replace")
-    assert proc.returncode == 0, text[-6000:]
-    return work, ckpt, text
-
-
 def test_flowrl_trains_with_its_own_loss(flowrl_run):
-    _, _, text = flowrl_run
+    text = flowrl_run.text
     assert "registered policy loss 'flowrl'" in text
     lines = [line for line in text.splitlines() if " - actor/flowrl_log_z:" in line]
     assert len(lines) == 2  # one per step, from the registered loss's metrics
@@ -67,7 +44,7 @@ def test_flowrl_trains_with_its_own_loss(flowrl_run):
 
 
 def test_head_is_in_the_actor_checkpoint_and_trained(flowrl_run):
-    _, ckpt, _ = flowrl_run
+    ckpt = flowrl_run.ckpt
     shards = {}
     for step in (1, 2):
         state = torch.load(ckpt / f"global_step_{step}" / "actor" / "model_world_size_2_rank_0.pt",
@@ -79,7 +56,7 @@ def test_head_is_in_the_actor_checkpoint_and_trained(flowrl_run):
 
 
 def test_hf_exports_leave_the_head_out(flowrl_run, tmp_path):
-    _, ckpt, _ = flowrl_run
+    ckpt = flowrl_run.ckpt
     actor = ckpt / "global_step_2" / "actor"
     # verl's own hf_model save (gathered on rank 0 inside the training run)
     saved = _safetensors_keys(actor / "huggingface")
@@ -99,12 +76,13 @@ def test_hf_exports_leave_the_head_out(flowrl_run, tmp_path):
 
 
 def test_save_metrics_logged_to_wandb_and_readable_by_compare_runs(flowrl_run, tmp_path):
-    work, ckpt, text = flowrl_run
+    ckpt = flowrl_run.ckpt
     for step in (1, 2):
         reports = sorted((ckpt / f"global_step_{step}" / "actor").glob("slimckpt_save_rank_*.json"))
         assert len(reports) == 2 and json.loads(reports[0].read_text())["global_step"] == step
     out, table = tmp_path / "cmp.png", tmp_path / "cmp.md"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), f"flowrl={work / 'wandb'}",
+    wandb_runs = flowrl_run.wandb / "wandb"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), f"flowrl={wandb_runs}",
                            "--out", str(out), "--table", str(table)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in table.read_text().splitlines() if line.startswith("| `flowrl`"))

@@ -4,8 +4,8 @@ follows the commits; a run resumed from step 2 reproduces step 4 of the uninterr
 depends on the AdamW state restored at step 2 (step 3's update uses it; measured: equal to ~1e-7
 relative with it, 1e-3..1e-1 apart when the optimizer is not restored).
 
-The uninterrupted run is tests/verl_runs.py's `incremental_run` (shared with tests/test_cpu_e2e.py);
-the resumed run is this module's own: two verl start-ups of ~1 minute each on 2 cores.
+Both runs are tests/verl_runs.py's (`incremental`, shared with tests/test_cpu_e2e.py, and
+`incremental_resumed`), started in the background when the session starts.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from slimckpt.resume_manifest import MANIFEST_NAME
 
-from .verl_runs import INCREMENTAL_ASYNC, step_metrics, train_small
+from .verl_runs import step_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ AFTER_UPDATE = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entr
                 "rollout_corr/training_log_ppl", "response_length/mean")
 
 
-def test_incremental_async_commits_and_resumes_exactly(incremental_run, grpo_env, tmp_path):
+def test_incremental_async_commits_and_resumes_exactly(incremental_run, incremental_resumed):
     first_dir, first = incremental_run.ckpt, incremental_run.text
     for step in (1, 2, 3, 4):
         actor = first_dir / f"global_step_{step}" / "actor"
@@ -36,9 +36,8 @@ def test_incremental_async_commits_and_resumes_exactly(incremental_run, grpo_env
     assert (first_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     assert "tracker -> step 4 (committed)" in first
 
-    resumed = train_small(tmp_path / "resumed.log", *INCREMENTAL_ASYNC, f"trainer.default_local_dir={tmp_path / 'ckpt_b'}",
-                          "trainer.resume_mode=resume_path",
-                          f"trainer.resume_from_path={first_dir / 'global_step_2'}", **grpo_env)
+    # resumed with resume_mode=resume_path from global_step_2, same settings otherwise
+    resumed = incremental_resumed.text
     assert "loaded step 2 from" in resumed
     a, b = step_metrics(first), step_metrics(resumed)
     assert sorted(b) == [3, 4]

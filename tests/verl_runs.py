@@ -1,47 +1,45 @@
 """Runs of verl 0.9.1's real trainer (`python -m verl.trainer.main_ppo` through scripts/train_small.sh,
-CPU, the 78k-parameter tiny Llama) shared by the end-to-end test modules.
+CPU, the 78k-parameter tiny Llama) for the end-to-end modules, started in the background when the
+session starts.
 
-Each run pays ~50 s of Ray and verl start-up on 2 cores before its first step (a step takes
-seconds), so a run that several modules read is started once per session: the tiny model and
-data (built by train_small.sh on first use, read-only afterwards), and the uninterrupted GRPO run
-with +recipe=incremental and async_save, which tests/test_incremental_e2e.py checks and resumes
-and tests/test_cpu_e2e.py uses as the uninterrupted reference of its stop + resume.
+Why: a run spends ~50 s in Ray and verl start-up on 2 cores before its first step, and uses about one
+core meanwhile (Ray actors start one after another). So the session's runs go one at a time in a
+background thread from its first test on, while the other tests run, and the modules that read them
+(tests/test_cpu_e2e.py, tests/test_flowrl_e2e.py, tests/test_incremental_e2e.py) are moved to the end
+of the session (conftest's pytest_collection_modifyitems); their fixtures wait for the runs they read.
+Only the runs that the selected tests read are started (none under `-m "not slow"`).
+
+The runs (RUNS, in the order they start; a resumed run starts after the run it resumes):
+  grpo_first    GRPO, 2 ranks, +recipe=intermediate, steps 1-3 saving every step
+  grpo_resume   +recipe=quickstart, resume_mode=auto from grpo_first's step 3 to step 4
+  incremental   +recipe=incremental with async_save, steps 1-4 never stopped: checked by
+                test_incremental_e2e, and the uninterrupted reference of the GRPO runs above
+  ppo           PPO with a critic and KL in the reward, 1 rank, +recipe=quickstart, 2 steps
+  flowrl        FlowRL, 2 ranks, verl's own checkpoint (+hf_model) and wandb (offline), 2 steps
+  incremental_resumed   +recipe=incremental resumed from incremental's step 2 to step 4
+All share one tiny model and data set (built by train_small.sh in the first run).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import signal
 import subprocess
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "train_small.sh"
-RUN_TIMEOUT_S = 300
-CONSOLE = "trainer.logger=[console]"  # no wandb start-up in tests
+RUN_TIMEOUT_S = 400  # one run takes ~1 minute alone, up to ~2 beside the other tests
+CONSOLE = "trainer.logger=[console]"  # no wandb start-up where the test does not read wandb
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
-
-# the incremental tier saving every step in the background; 4 steps, so that the stop + resume
-# runs (tests/test_cpu_e2e.py: stopped after 3, resumed to 4; tests/test_incremental_e2e.py:
-# resumed from step 2) each have an uninterrupted step to compare their resumed steps with
 INCREMENTAL_ASYNC = ("+recipe=incremental", "actor_rollout_ref.actor.checkpoint.async_save=true",
                      "trainer.save_freq=1", "trainer.total_training_steps=4", CONSOLE)
-
-
-def train_small(log: Path, *args: str, **env: str) -> str:
-    """Run scripts/train_small.sh; return its output (also written to `log`), fail with its tail."""
-    # SLIMCKPT_CPU_FORCE: these tests are about the CPU path, also where a GPU is visible
-    full_env = {**os.environ, "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0", "SLIMCKPT_CPU_FORCE": "1", **env}
-    full_env.pop("RAY_ADDRESS", None)
-    with open(log, "w") as out:
-        proc = subprocess.run(["bash", str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT,
-                              env=full_env, cwd=log.parent, timeout=RUN_TIMEOUT_S)
-    text = log.read_text(errors="replace")
-    assert proc.returncode == 0, f"train_small.sh {' '.join(args)} exited {proc.returncode}:\n{text[-6000:]}"
-    return text
 
 
 def step_metrics(text: str) -> dict[int, dict[str, str]]:
@@ -54,31 +52,174 @@ def step_metrics(text: str) -> dict[int, dict[str, str]]:
     return steps
 
 
-@pytest.fixture(scope="session")
-def tiny_assets(tmp_path_factory) -> Path:
-    """Where train_small.sh builds the tiny model and data once for every run of the session."""
-    return tmp_path_factory.mktemp("tiny") / "assets"
+@dataclass
+class Spec:
+    """One train_small.sh run: its arguments (`{root}` is the pool's directory) and environment."""
+
+    args: tuple[str, ...]
+    env: dict = field(default_factory=dict)
+    after: str | None = None  # the run whose checkpoints this one resumes from
+
+
+GRPO_ENV = {"NPROC": "2", "ALGO": "grpo"}
+GRPO_COMMON = ("trainer.save_freq=1", CONSOLE, "trainer.default_local_dir={root}/grpo_ckpt",
+               "trainer.rollout_data_dir={root}/grpo_rollouts")
+RUNS = {
+    "grpo_first": Spec(("+recipe=intermediate", *GRPO_COMMON, "trainer.total_training_steps=3"), GRPO_ENV),
+    "grpo_resume": Spec(("+recipe=quickstart", *GRPO_COMMON, "trainer.total_training_steps=4",
+                         "trainer.resume_mode=auto"), GRPO_ENV, after="grpo_first"),
+    "incremental": Spec((*INCREMENTAL_ASYNC, "trainer.default_local_dir={root}/incremental_ckpt",
+                         "trainer.rollout_data_dir={root}/incremental_rollouts"), GRPO_ENV),
+    "ppo": Spec(("algo=ppo", "+recipe=quickstart", CONSOLE, "algorithm.use_kl_in_reward=true",
+                 "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.default_local_dir={root}/ppo_ckpt"),
+                {"NPROC": "1"}),
+    "flowrl": Spec(("algo=flowrl", "trainer.total_training_steps=2", "trainer.save_freq=1",
+                    "trainer.default_local_dir={root}/flowrl_ckpt",
+                    # verl's own hf_model save as well, to see FlowRL's head left out of it
+                    "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"),
+                   {"NPROC": "2", "WANDB_DIR": "{root}/flowrl_wandb"}),
+    "incremental_resumed": Spec((*INCREMENTAL_ASYNC, "trainer.default_local_dir={root}/incremental_resumed_ckpt",
+                                 "trainer.resume_mode=resume_path",
+                                 "trainer.resume_from_path={root}/incremental_ckpt/global_step_2"),
+                                GRPO_ENV, after="incremental"),
+}
+# which runs a fixture reads (with the runs they resume from): decides what a session starts
+READS = {"grpo_runs": ("grpo_first", "grpo_resume"), "incremental_run": ("incremental",),
+         "incremental_resumed": ("incremental", "incremental_resumed"), "ppo_run": ("ppo",),
+         "flowrl_run": ("flowrl",)}
+
+
+class RunPool:
+    """Runs the needed RUNS one after another in a background thread; `wait(name)` blocks until that
+    one ended and returns its output, or fails the test with the output's tail."""
+
+    def __init__(self, root: Path, needed: set[str]) -> None:
+        self.root = root
+        self.order = [name for name in RUNS if name in needed]
+        self.done = {name: threading.Event() for name in self.order}
+        self.outcome: dict[str, str | None] = {}  # name -> None when it passed, else why it failed
+        self.snapshots: dict[str, dict] = {}
+        self._proc: subprocess.Popen | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run_all, name="verl-runs", daemon=True)
+
+    def start(self) -> None:
+        if self.order:
+            atexit.register(self.stop)
+            self._thread.start()
+
+    def log(self, name: str) -> Path:
+        return self.root / f"{name}.log"
+
+    def wait(self, name: str) -> str:
+        assert name in self.done, f"{name} was not started: add the fixture that reads it to READS"
+        self.done[name].wait()
+        text = self.log(name).read_text(errors="replace") if self.log(name).exists() else ""
+        assert self.outcome[name] is None, f"verl run {name}: {self.outcome[name]}\n{text[-6000:]}"
+        return text
+
+    def stop(self) -> None:
+        """Kill the run in flight (the session ended, or was interrupted) and start no other."""
+        self._stop.set()
+        self._kill()
+
+    def _kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # train_small.sh, verl's driver and the Ray cluster it started
+            proc.wait()
+
+    def _run_all(self) -> None:
+        for name in self.order:
+            spec = RUNS[name]
+            if self._stop.is_set():
+                self.outcome[name] = "not run: the session ended first"
+            elif spec.after and self.outcome.get(spec.after) is not None:
+                self.outcome[name] = f"not run: it resumes from {spec.after}, which failed"
+            else:
+                self.outcome[name] = self._run(name, spec)
+                if name == "grpo_first":  # what the stopped run left, before the resumed run adds to it
+                    ckpt = self.root / "grpo_ckpt"
+                    self.snapshots[name] = {int(p.name.rsplit("_", 1)[1]): sorted(os.listdir(p))
+                                            for p in ckpt.glob("global_step_*")}
+            self.done[name].set()
+
+    def _run(self, name: str, spec: Spec) -> str | None:
+        args = [a.format(root=self.root) for a in spec.args]
+        # SLIMCKPT_CPU_FORCE: these tests are about the CPU path, also where a GPU is visible
+        env = {**os.environ, "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0", "SLIMCKPT_CPU_FORCE": "1",
+               "TINY_ASSETS": str(self.root / "tiny_assets"),
+               **{k: v.format(root=self.root) for k, v in spec.env.items()}}
+        env.pop("RAY_ADDRESS", None)
+        if "WANDB_DIR" in env:
+            os.makedirs(env["WANDB_DIR"], exist_ok=True)
+        with open(self.log(name), "w") as out:
+            self._proc = subprocess.Popen(["bash", str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT,
+                                          env=env, cwd=self.root, start_new_session=True)
+            try:
+                code = self._proc.wait(timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._kill()
+                return f"killed after {RUN_TIMEOUT_S} s"
+        if self._stop.is_set():
+            return "killed: the session ended first"
+        return None if code == 0 else f"train_small.sh {' '.join(args)} exited {code}"
+
+
+def needed_runs(items) -> set[str]:
+    """The runs that the fixtures of these test items read."""
+    names = {f for item in items for f in getattr(item, "fixturenames", ())}
+    return {run for fixture, runs in READS.items() if fixture in names for run in runs}
 
 
 @pytest.fixture(scope="session")
-def grpo_env(tiny_assets) -> dict:
-    return {"TINY_ASSETS": str(tiny_assets), "NPROC": "2", "ALGO": "grpo"}
+def verl_pool(request, tmp_path_factory) -> RunPool:
+    pool = RunPool(tmp_path_factory.mktemp("verl_runs"), needed_runs(request.session.items))
+    pool.start()
+    yield pool
+    pool.stop()
 
 
 @dataclass
 class Run:
-    work: Path
-    ckpt: Path
-    rollouts: Path
-    text: str
+    ckpt: Path  # its trainer.default_local_dir
+    text: str  # its output
+    rollouts: Path | None = None  # its trainer.rollout_data_dir
+    wandb: Path | None = None  # its WANDB_DIR
+
+
+@dataclass
+class StopAndResume:
+    ckpt: Path  # both runs' trainer.default_local_dir
+    first: str  # the stopped run's output
+    resumed: str  # the resumed run's output
+    after_first: dict[int, list[str]]  # step -> entries of global_step_<step> when the first run ended
+    rollouts: Path  # both runs' trainer.rollout_data_dir
 
 
 @pytest.fixture(scope="session")
-def incremental_run(tmp_path_factory, grpo_env) -> Run:
-    """GRPO on 2 ranks, +recipe=incremental with async_save, 4 steps saving every step, never stopped;
-    verl's rollout dump of every step (trainer.rollout_data_dir) in `rollouts`."""
-    work = tmp_path_factory.mktemp("incremental_e2e")
-    ckpt, rollouts = work / "ckpt", work / "rollouts"
-    text = train_small(work / "first.log", *INCREMENTAL_ASYNC, f"trainer.default_local_dir={ckpt}",
-                       f"trainer.rollout_data_dir={rollouts}", **grpo_env)
-    return Run(work, ckpt, rollouts, text)
+def grpo_runs(verl_pool) -> StopAndResume:
+    first, resumed = verl_pool.wait("grpo_first"), verl_pool.wait("grpo_resume")
+    return StopAndResume(verl_pool.root / "grpo_ckpt", first, resumed, verl_pool.snapshots["grpo_first"],
+                         verl_pool.root / "grpo_rollouts")
+
+
+@pytest.fixture(scope="session")
+def incremental_run(verl_pool) -> Run:
+    text = verl_pool.wait("incremental")
+    return Run(verl_pool.root / "incremental_ckpt", text, rollouts=verl_pool.root / "incremental_rollouts")
+
+
+@pytest.fixture(scope="session")
+def incremental_resumed(verl_pool) -> Run:
+    return Run(verl_pool.root / "incremental_resumed_ckpt", verl_pool.wait("incremental_resumed"))
+
+
+@pytest.fixture(scope="session")
+def ppo_run(verl_pool) -> Run:
+    return Run(verl_pool.root / "ppo_ckpt", verl_pool.wait("ppo"))
+
+
+@pytest.fixture(scope="session")
+def flowrl_run(verl_pool) -> Run:
+    return Run(verl_pool.root / "flowrl_ckpt", verl_pool.wait("flowrl"), wandb=verl_pool.root / "flowrl_wandb")
