@@ -137,11 +137,14 @@ class RunPool:
             elif spec.after and self.outcome.get(spec.after) is not None:
                 self.outcome[name] = f"not run: it resumes from {spec.after}, which failed"
             else:
-                self.outcome[name] = self._run(name, spec)
-                if name == "grpo_first":  # what the stopped run left, before the resumed run adds to it
-                    ckpt = self.root / "grpo_ckpt"
-                    self.snapshots[name] = {int(p.name.rsplit("_", 1)[1]): sorted(os.listdir(p))
-                                            for p in ckpt.glob("global_step_*")}
+                try:
+                    self.outcome[name] = self._run(name, spec)
+                    if name == "grpo_first":  # what the stopped run left, before the resumed run adds to it
+                        ckpt = self.root / "grpo_ckpt"
+                        self.snapshots[name] = {int(p.name.rsplit("_", 1)[1]): sorted(os.listdir(p))
+                                                for p in ckpt.glob("global_step_*")}
+                except Exception as exc:  # noqa: BLE001 - its readers fail with it instead of waiting forever
+                    self.outcome[name] = f"could not run: {exc!r}"
             self.done[name].set()
 
     def _run(self, name: str, spec: Spec) -> str | None:
