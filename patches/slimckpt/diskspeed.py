@@ -32,6 +32,7 @@ class DiskSpeed:
     buffered_read_bytes_per_s: float = 0.0
     direct_write_bytes_per_s: float = 0.0  # 0: the filesystem refuses O_DIRECT
     direct_read_bytes_per_s: float = 0.0
+    mixed_bytes_per_s: float = 0.0  # O_DIRECT read of one file while writing half as much to another, combined
 
     def io_floor_s(self, read_bytes: int, written_bytes: int) -> float:
         """Seconds a job needs at best to read and write this much, one after the other."""
@@ -45,6 +46,8 @@ class DiskSpeed:
         if self.direct_write_bytes_per_s:
             text += (f"; O_DIRECT: write {self.direct_write_bytes_per_s / gb:.2f}, "
                      f"read {self.direct_read_bytes_per_s / gb:.2f}")
+        if self.mixed_bytes_per_s:
+            text += f"; O_DIRECT reading and writing at once, as a merge does: {self.mixed_bytes_per_s / gb:.2f} combined"
         return text + ")"
 
 
@@ -85,11 +88,29 @@ def _read(path: str, direct: bool) -> float:
     return total / (time.perf_counter() - start)
 
 
+def _mixed(read_path: str, write_path: str, size: int) -> float:
+    """A merge's pattern: read `size` bytes (fp32 shards) while writing size/2 (bf16 output)."""
+    import threading
+
+    if not os.path.exists(read_path):
+        return 0.0
+    results: list[float] = []
+    writer = threading.Thread(target=lambda: results.append(_write(write_path, size // 2, True)))
+    start = time.perf_counter()
+    writer.start()
+    _read(read_path, True)
+    writer.join()
+    elapsed = time.perf_counter() - start
+    return (size + size // 2) / elapsed if results and results[0] else 0.0
+
+
 def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int = 3) -> DiskSpeed:
     """Medians of `repeats` write+read rounds per path, each on a new file."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, ".slimckpt_diskspeed")
+    other = path + ".2"
     results: dict[bool, tuple[list[float], list[float]]] = {False: ([], []), True: ([], [])}
+    mixed: list[float] = []
     try:
         for _ in range(repeats):
             for direct in (False, True):
@@ -97,13 +118,18 @@ def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int
                 r = _read(path, direct) if w else 0.0
                 results[direct][0].append(w)
                 results[direct][1].append(r)
-                os.remove(path)
+                if direct and w:
+                    mixed.append(_mixed(path, other, size_bytes))
+                for p in (path, other):
+                    if os.path.exists(p):
+                        os.remove(p)
     finally:
-        if os.path.exists(path):
-            os.remove(path)
+        for p in (path, other):
+            if os.path.exists(p):
+                os.remove(p)
     bw, br = (statistics.median(v) for v in results[False])
     dw, dr = (statistics.median(v) for v in results[True])
-    return DiskSpeed(max(bw, dw), max(br, dr), size_bytes, bw, br, dw, dr)
+    return DiskSpeed(max(bw, dw), max(br, dr), size_bytes, bw, br, dw, dr, statistics.median(mixed) if mixed else 0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
