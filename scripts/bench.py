@@ -200,10 +200,13 @@ def targets(rows: list[MergeRow], disk=None, startup_s: float | None = None) -> 
                       f"reaches it here."]
     if disk is not None and getattr(disk, "mixed_bytes_per_s", 0):
         mixed_floor = (ours.read_bytes + ours.written_bytes) / disk.mixed_bytes_per_s
+        rest = ours.wall_s - mixed_floor - (startup_s or 0.0)
         lines += ["", f"The floor adds isolated read and write times. A merge reads and writes at once, which this "
                       f"disk serves at {disk.mixed_bytes_per_s / 1e9:.2f} GB/s combined (measured above): "
-                      f"{mixed_floor:.1f} s for the {largest} merge's bytes; slimckpt's wall is "
-                      f"{ours.wall_s / mixed_floor:.2f}x that, the rest being Python and torch start-up."]
+                      f"{mixed_floor:.1f} s for the {largest} merge's bytes. slimckpt's wall is "
+                      f"{ours.wall_s / mixed_floor:.2f}x that"
+                      + (f": {startup_s:.1f} s of start-up before the first read, and {rest:.1f} s more (the "
+                         f"imports of transformers and verl run beside the writer on the 2 cores)." if startup_s else ".")]
     if fast is not None:
         lines += ["", f"Without fsync (`--no_fsync`, not crash-safe) it takes {fast.wall_s:.1f} s: fsync is not what "
                       f"bounds it. Through the page cache instead of O_DIRECT (`SLIMCKPT_DIRECT_IO=0`): see the rows above."]
