@@ -132,6 +132,18 @@ def test_two_world_sizes(ckpt, tmp_path, capsys):
     assert_nothing_committed(tmp_path / "o")
 
 
+def test_a_wrong_local_dir_fails_before_torch_is_imported(ckpt, tmp_path):
+    """The dir checks run before the merge's imports: the one-line error comes in milliseconds."""
+    bad = copy_ckpt(ckpt, tmp_path / "actor")
+    (bad / "model_world_size_2_rank_1.pt").unlink()
+    code = ("import sys; from slimckpt import cli; "
+            f"rc = cli.main(['merge', '--local_dir', {str(bad)!r}, '--target_dir', {str(tmp_path / 'o')!r}]); "
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split()[-2:] == ["NO-TORCH", "1"], proc.stdout + proc.stderr
+    assert "model_world_size_2_rank_1.pt is missing" in proc.stderr
+
+
 @pytest.mark.parametrize("damage", ["truncated", "foreign_pickle", "text", "empty", "list"])
 def test_damaged_rank_file(ckpt, tmp_path, capsys, damage):
     bad = copy_ckpt(ckpt, tmp_path / "actor")

@@ -279,10 +279,12 @@ def _quick_gil_handoff() -> Iterator[None]:
 
 
 def _is_input_or_output_error(exc: BaseException) -> bool:
-    from .sources import CheckpointError
-    from .writer import OutputError
+    from .checkpoint_dir import CheckpointError
 
-    return isinstance(exc, (CheckpointError, OutputError))
+    if isinstance(exc, CheckpointError):
+        return True
+    writer = sys.modules.get(f"{__package__}.writer")  # not imported: exc cannot be its OutputError
+    return writer is not None and isinstance(exc, writer.OutputError)
 
 
 def _resolve_max_shard_size(opts: MergeOptions) -> None:
@@ -324,6 +326,10 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     target = os.path.abspath(opts.target_dir)
     check_target(target, opts.overwrite, opts.overwrite_hint)
     from . import readahead
+    from .checkpoint_dir import check_rank_files, read_fsdp_config
+
+    # before any import: a wrong --local_dir fails in milliseconds, not after torch and transformers
+    check_rank_files(opts.local_dir, read_fsdp_config(opts.local_dir)[0])
 
     readahead.start(opts.local_dir)  # the shards load into the page cache while torch/verl import
     early = _EarlyWrite.start(opts, target)

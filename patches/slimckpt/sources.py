@@ -20,11 +20,9 @@ in the checkpoint's order, with lazy per-shard views.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
-import re
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,13 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
 from .log import get_logger
 
 log = get_logger("slimckpt.sources")
 
-MODEL_FILE_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
-FSDP_CONFIG = "fsdp_config.json"
-HF_SUBDIR = "huggingface"
 
 TORCH_TO_SAFETENSORS: dict[torch.dtype, str] = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -46,14 +42,6 @@ TORCH_TO_SAFETENSORS: dict[torch.dtype, str] = {
     torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
     torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.complex64: "C64",
 }
-
-
-class CheckpointError(RuntimeError):
-    """A problem with the input checkpoint; the message names the file and the fix, on one line."""
-
-
-def model_file(local_dir: str, world_size: int, rank: int) -> str:
-    return os.path.join(local_dir, f"model_world_size_{world_size}_rank_{rank}.pt")
 
 
 @dataclass
@@ -122,45 +110,6 @@ class VerlFsdpCheckpoint:
     def close(self) -> None:
         self.state_dicts.clear()
         self.tensors.clear()
-
-
-def read_fsdp_config(local_dir: str) -> tuple[int, int | None]:
-    path = os.path.join(local_dir, FSDP_CONFIG)
-    if not os.path.isdir(local_dir):
-        raise CheckpointError(f"{local_dir}: no such checkpoint directory; pass --local_dir "
-                              f"<default_local_dir>/global_step_N/actor")
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path} is missing: not a verl FSDP checkpoint dir, or the save was "
-                              f"interrupted; point --local_dir at a complete global_step_N/actor dir")
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-        world = int(cfg["world_size"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path}: unreadable ({exc}); it should hold {{\"FSDP_version\": 2, "
-                              f"\"world_size\": W}} as verl writes it") from None
-    version = cfg.get("FSDP_version")
-    return world, int(version) if version is not None else None
-
-
-def check_rank_files(local_dir: str, world_size: int) -> list[str]:
-    """The W model files, checked: none missing, none of another world size."""
-    others: dict[int, list[str]] = {}
-    for name in os.listdir(local_dir):
-        m = MODEL_FILE_RE.match(name)
-        if m and int(m.group(1)) != world_size:
-            others.setdefault(int(m.group(1)), []).append(name)
-    if others:
-        sizes = ", ".join(f"world size {w} ({len(v)} files, e.g. {sorted(v)[0]})" for w, v in sorted(others.items()))
-        raise CheckpointError(f"{local_dir}: holds model files of two world sizes: {world_size} "
-                              f"(from {FSDP_CONFIG}) and {sizes}; remove the stale files or merge "
-                              f"from a clean checkpoint dir")
-    paths = [model_file(local_dir, world_size, r) for r in range(world_size)]
-    for path in paths:
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{path} is missing ({FSDP_CONFIG} says world size {world_size}); "
-                                  f"copy every rank's model file into {local_dir}")
-    return paths
 
 
 class _ShardedTensorState(torch.Tensor):
