@@ -133,7 +133,8 @@ def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m slimckpt.diskspeed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m slimckpt.diskspeed", description="Sequential bandwidth of a directory's filesystem, through the page "
+                                "cache, with O_DIRECT, and with O_DIRECT reads and writes at once (as a merge does).")
     p.add_argument("directory", help="a directory on the filesystem to measure (a scratch file is written there)")
     p.add_argument("--size_gb", type=float, default=1.0, help="bytes per round, in GiB (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="rounds per path; medians are shown (default 3)")
