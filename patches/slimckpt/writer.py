@@ -2,12 +2,12 @@
 
 Each output file is created once at its final size (space reserved up front where the filesystem
 allows, so a full disk fails before the long part), then any number of workers `os.pwrite` their
-own disjoint ranges into it. A chunk is at most `chunk_bytes` of output (plus the source slice it
-is cast from); an uncast chunk is written straight from the memory-mapped shard.
+own disjoint ranges into it. A chunk is at most `chunk_bytes` of source, cast into a staging buffer
+(without O_DIRECT, a chunk already in the output dtype is written straight from the mmap).
 
-Reading, casting and writing overlap, each on its own thread: `direct_read.Prefetcher` reads the
-source rows of chunk k+2 (O_DIRECT), the caller casts chunk k+1 into one of two staging buffers,
-and a write-behind thread pwrites chunk k from the other. All three release the GIL, so one worker
+Reading, casting and writing overlap, each on its own threads: `direct_read.Prefetcher` reads the
+source rows a few chunks ahead (O_DIRECT), the caller casts chunk k+1 into one of two staging
+buffers, and a write-behind thread pwrites chunk k from the other. All three release the GIL, so one worker
 keeps the disk busy; host memory is a few chunks. A cast chunk is placed in its staging buffer at
 its file offset modulo `direct_io.ALIGN`, so all of it but a partial block at each end goes to
 the disk with O_DIRECT (`direct_io` says why); where the filesystem refuses O_DIRECT, or
@@ -326,10 +326,6 @@ class ShareWriter:
         for st in self._files.values():
             _close(st)
         self._files.clear()
-
-    def write_segment(self, seg: layout.Segment) -> None:
-        for i, item in enumerate(self._chunks([seg])):
-            self._write_item(i, item, None)
 
     def _chunks(self, share: list[layout.Segment]) -> list[_RowChunk | layout.Segment]:
         """The share in write order: dim-0 shards as row chunks (each read, cast and written as one
