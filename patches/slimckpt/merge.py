@@ -126,8 +126,9 @@ def _write_weights(opts: MergeOptions, partial: str, mp: MergePlan, ckpt=None) -
 
 
 class _EarlyWrite:
-    """Weights written on a thread from the guessed plan (slimckpt.merge_guess) while this thread
-    imports verl and transformers for the real one: the disk works during the imports."""
+    """Weights written on a thread from the guessed plan (slimckpt.merge_guess) and the quick reading
+    of the rank files (slimckpt.quick_sources) while this thread imports verl and transformers for
+    the real ones: the disk works during the imports. `matches` decides whether the result counts."""
 
     def __init__(self, opts: MergeOptions, target: str, mp: MergePlan, ckpt, signature: list[tuple]) -> None:
         import threading
