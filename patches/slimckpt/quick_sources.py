@@ -93,9 +93,7 @@ def open_quick(local_dir: str) -> VerlFsdpCheckpoint | None:
             st = _source(key, [sd[key] for sd in sds], world)
             st.local_dir, st.world_size = local_dir, world
             tensors[key] = st
-    except (_NotSimple, sources.CheckpointError, KeyError, AttributeError, TypeError, ValueError):
-        return None
-    except Exception:  # noqa: BLE001 - a damaged file: the real reader says what is wrong with it
+    except Exception:  # noqa: BLE001 - not the simple kind, or damaged: the real reader decides and reports
         return None
     return VerlFsdpCheckpoint(local_dir=local_dir, world_size=world, fsdp_version=version, state_dicts=sds,
                               tensors=tensors, mesh=None)
