@@ -25,6 +25,7 @@ import os
 # never shares a page with a direct one
 ALIGN = max(4096, os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096)
 ENV = "SLIMCKPT_DIRECT_IO"
+_REFUSALS = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)  # what a filesystem says to O_DIRECT it will not do
 
 
 def enabled() -> bool:
@@ -59,7 +60,7 @@ def open_direct(path: str, flags: int) -> int | None:
     try:
         return os.open(path, flags | os.O_DIRECT)
     except OSError as exc:
-        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        if refused(exc):
             return None
         raise
 
@@ -82,7 +83,7 @@ def supported(paths: list[str]) -> bool:
 def refused(exc: OSError) -> bool:
     """An O_DIRECT transfer the filesystem would not do (alignment stricter than ALIGN, say): the
     caller redoes it buffered. Anything else is a real I/O error."""
-    return exc.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
+    return exc.errno in _REFUSALS
 
 
 def aligned_buffer(nbytes: int) -> mmap.mmap:

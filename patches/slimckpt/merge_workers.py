@@ -6,7 +6,6 @@ progress, checksums and the first error. Torchrun ranks of `--distributed_merge`
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -50,11 +49,8 @@ def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
 
 
 def _worker_entry(args: tuple, queue) -> None:
-    local_dir, partial, mp, share, dtype, chunk_bytes, wid, threads, fsync = args
-    import torch
-
-    torch.set_num_threads(threads)  # N workers share the cores instead of each taking all of them
-    pending = [0]
+    local_dir, partial, mp, share, dtype, chunk_bytes, wid, fsync = args
+    pending = [0]  # write_shares casts on one intra-op thread, so N workers share the cores
 
     def progress(n: int) -> None:
         pending[0] += n
@@ -89,8 +85,7 @@ def run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[l
 
     ctx = mproc.get_context("spawn")
     q = ctx.Queue()
-    threads = max(1, (os.cpu_count() or 1) // len(shares))
-    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, threads, fsync), q),
+    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, fsync), q),
                          name=f"slimckpt-merge-{i}", daemon=True) for i, share in enumerate(shares)]
     for p in procs:
         p.start()
