@@ -118,9 +118,9 @@ def bench_merge(size: str, work: Path, repeats: int, disk) -> list[MergeRow]:
                 raise SystemExit(f"[bench] {tool} produced no safetensors (exit {res.returncode}):\n{res.output[-3000:]}")
             written = sum(f.stat().st_size for f in files)
             walls.append(res.wall_s)
-            peaks.append(res.max_peak)
+            peaks.append(res.physical_peak)  # slimckpt's forked writer: parent + child, shared pages once
             print(f"[bench] merge {size} {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, "
-                  f"peak RssAnon {res.max_peak / 2**20:.0f} MiB", flush=True)
+                  f"peak anonymous {res.physical_peak / 2**20:.0f} MiB", flush=True)
         rows.append(MergeRow(size, params, tool, max(peaks), median(walls), walls,
                              read_bytes, written, disk.io_floor_s(read_bytes, written)))
     shutil.rmtree(work / "merged", ignore_errors=True)
@@ -206,7 +206,8 @@ def targets(rows: list[MergeRow], disk=None, startup_s: float | None = None) -> 
                       f"{mixed_floor:.1f} s for the {largest} merge's bytes. slimckpt's wall is "
                       f"{ours.wall_s / mixed_floor:.2f}x that"
                       + (f": {startup_s:.1f} s of start-up before the first read, and {rest:.1f} s more (the "
-                         f"imports of transformers and verl run beside the writer on the 2 cores)." if startup_s else ".")]
+                         f"imports of transformers and verl, about 5 s of CPU that the commit waits for, run "
+                         f"beside the writer on the 2 cores)." if startup_s else ".")]
     if fast is not None:
         lines += ["", f"Without fsync (`--no_fsync`, not crash-safe) it takes {fast.wall_s:.1f} s: fsync is not what "
                       f"bounds it. Through the page cache instead of O_DIRECT (`SLIMCKPT_DIRECT_IO=0`): see the rows above."]
@@ -292,9 +293,11 @@ verl 0.9.1 and slimckpt are measured in the same run, on the same checkpoint fil
 
 Checkpoints are written by verl's own `FSDPCheckpointManager` (model shards, fp32). verl:
 `python -m verl.model_merger merge --backend fsdp` with `SLIMCKPT_DISABLE=1`; slimckpt: `slimckpt merge`.
-Peak RssAnon is the merging process's peak anonymous RSS, sampled from outside every 10 ms
-(largest over the runs). Wall is the median of {args.repeats} runs with the input pages evicted from
-the page cache before each run. I/O floor = bytes read / read bandwidth + bytes written / write
+Peak RssAnon is the peak anonymous memory of the merge, sampled from outside (largest over the
+runs): the process's RssAnon every 10 ms; for slimckpt, whose writer runs in a forked child, also
+the sum of parent's and child's Pss_Anon every 50 ms (pages they share counted once; summing their
+RssAnon would count them twice), and the larger of the two is reported. Wall is the median of
+{args.repeats} runs with the input pages evicted from the page cache before each run. I/O floor = bytes read / read bandwidth + bytes written / write
 bandwidth, with the bandwidths measured at the start of this run (`slimckpt.diskspeed`: 1 GiB
 written and fsync'ed, then read cold, through the page cache and with O_DIRECT, medians of 3); each
 is the faster of the two paths, i.e. what the disk can do.
@@ -308,7 +311,8 @@ is the faster of the two paths, i.e. what the disk can do.
 {targets(rows, disk, startup_s)}
 
 Wall times are whole processes, Python and library imports included (torch, transformers and verl
-take about 4 s to import on this machine, for both tools; slimckpt reads and writes meanwhile).
+take about 4 s to import on this machine, for both tools; slimckpt's forked writer reads and writes
+meanwhile).
 slimckpt fsyncs every file it writes and verl's merger does not. slimckpt reads the shards and
 writes the output with O_DIRECT where the filesystem allows it (`slimckpt.direct_io`);
 `SLIMCKPT_DIRECT_IO=0` goes through the page cache instead.

@@ -46,3 +46,17 @@ def test_disk_speed_and_io_floor(tmp_path):
 
 def test_median():
     assert median([3.0, 1.0, 2.0]) == 2.0
+
+
+def test_forked_child_shared_pages_count_once():
+    # parent touches 200 MiB, forks; the child adds 100 MiB of its own. Summed RssAnon says ~500 MiB,
+    # what the host holds is ~300 MiB.
+    code = ("import os, time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    c = bytearray(100 * 2**20); c[::4096] = b'y' * len(c[::4096]); time.sleep(1.0); os._exit(0)\n"
+            "os.waitpid(pid, 0)")
+    res = run_measured([sys.executable, "-c", code])
+    assert res.returncode == 0
+    assert res.total_peak >= 480 * 2**20  # the double count the Pss sum avoids
+    assert 290 * 2**20 <= res.shared_peak <= 360 * 2**20
+    assert res.physical_peak == max(res.max_peak, res.shared_peak)

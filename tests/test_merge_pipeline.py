@@ -74,6 +74,50 @@ def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch, caplog):
     assert not (tmp_path / "guessed.partial").exists()
 
 
+def _count_forks(monkeypatch) -> list:
+    from slimckpt import forked_call
+
+    made = []
+    real = forked_call.ForkedCall
+
+    class Counting(real):
+        def __init__(self, *a, **k):
+            made.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(forked_call, "ForkedCall", Counting)
+    monkeypatch.setattr(forked_call, "possible", lambda: True)  # pytest's own threads would say no
+    return made
+
+
+def test_forked_and_threaded_early_writes_are_byte_identical(tmp_path, monkeypatch):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
+    monkeypatch.setenv("SLIMCKPT_MERGE_FORK", "0")
+    _merge(ckpt, tmp_path / "threaded")
+    monkeypatch.undo()
+    made = _count_forks(monkeypatch)
+    _merge(ckpt, tmp_path / "forked")
+    assert made == [1]
+    assert _bytes_of(tmp_path / "forked") == _bytes_of(tmp_path / "threaded")
+
+
+def test_a_failed_write_in_the_forked_writer_is_the_users_error(tmp_path, monkeypatch):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
+    made = _count_forks(monkeypatch)
+    real = os.pwrite
+
+    def full_after_headers(fd, data, off):
+        if off > 4096:  # headers go in; weights hit a full disk (in the child, which inherits this patch)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, off)
+
+    monkeypatch.setattr(os, "pwrite", full_after_headers)
+    with pytest.raises(merge.MergeError, match=r"model.*safetensors.*(space|full)"):
+        _merge(ckpt, tmp_path / "out")
+    assert made == [1]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
 def test_a_failed_background_write_surfaces_and_stops(tmp_path, monkeypatch):
     full = torch.randn(64, 32)
     src = SourceTensor("w", tuple(full.shape), full.dtype, 0, list(torch.chunk(full, 2)), [0, 1])

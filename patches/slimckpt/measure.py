@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .memory import sample_tree
+from .memory import TreePeaks, sample_tree_peaks
 
 
 @dataclass
@@ -21,11 +21,17 @@ class RunResult:
     wall_s: float
     peaks: dict[int, int] = field(default_factory=dict)
     output: str = ""
+    shared_peak: int = 0  # TreePeaks.shared: summed Pss_Anon while the tree had several processes
 
     @property
     def max_peak(self) -> int:
         """Largest peak of any single process of the tree (per-rank peak for torchrun)."""
         return max(self.peaks.values(), default=0)
+
+    @property
+    def physical_peak(self) -> int:
+        """Anonymous memory the whole tree held at its peak, shared pages counted once (TreePeaks.physical)."""
+        return TreePeaks(self.peaks, self.shared_peak).physical
 
     @property
     def total_peak(self) -> int:
@@ -38,11 +44,12 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None, cwd: str | N
     full_env = {**os.environ, **(env or {})}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peaks: dict[int, int] = {}
+    found = TreePeaks({})
     stop = threading.Event()
 
     def sampler() -> None:
-        peaks.update(sample_tree(proc.pid, interval_s=interval_s, stop=stop))
+        nonlocal found
+        found = sample_tree_peaks(proc.pid, interval_s=interval_s, stop=stop)
 
     thread = threading.Thread(target=sampler, daemon=True)
     thread.start()
@@ -54,7 +61,8 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None, cwd: str | N
     wall = time.perf_counter() - start
     stop.set()
     thread.join()
-    return RunResult(cmd=cmd, returncode=proc.returncode, wall_s=wall, peaks=peaks, output=output or "")
+    return RunResult(cmd=cmd, returncode=proc.returncode, wall_s=wall, peaks=found.per_process, output=output or "",
+                     shared_peak=found.shared)
 
 
 def median(values: list[float]) -> float:

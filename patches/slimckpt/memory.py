@@ -76,18 +76,57 @@ class RssSampler:
         self._sample()
 
 
+def pss_anon_bytes(pid: int | str = "self") -> int:
+    """Pss_Anon of a process in bytes (anonymous pages, each shared one divided among its sharers);
+    0 when the process is gone. Costs a walk of its page tables (about 2 ms for a process with
+    torch and transformers loaded), so it is sampled less often than RssAnon."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss_Anon:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
+    return 0
+
+
+@dataclass
+class TreePeaks:
+    """Peaks of a process tree. `per_process`: {pid: peak RssAnon}. `shared`: while the tree had
+    more than one process, the peak of the sum of their Pss_Anon; 0 if it never had. A forked
+    child's RssAnon counts every page it shares with its parent, so summing RssAnon counts those
+    pages twice; summed Pss_Anon counts each page once, which is what the host really holds."""
+
+    per_process: dict[int, int]
+    shared: int = 0
+
+    @property
+    def physical(self) -> int:
+        """Anonymous memory the whole tree held at its peak: the larger of the biggest single process
+        and the summed Pss_Anon."""
+        return max(max(self.per_process.values(), default=0), self.shared)
+
+
 def sample_tree(root_pid: int, interval_s: float = 0.01, stop: threading.Event | None = None) -> dict[int, int]:
     """Peak RssAnon of `root_pid` and each of its descendants until they all exit (or `stop`).
 
     Returns {pid: peak bytes}. Used by benchmarks to measure torchrun ranks from outside.
     """
+    return sample_tree_peaks(root_pid, interval_s, stop).per_process
+
+
+def sample_tree_peaks(root_pid: int, interval_s: float = 0.01, stop: threading.Event | None = None,
+                      pss_interval_s: float = 0.05) -> TreePeaks:
+    """`sample_tree`, plus the summed Pss_Anon of the tree whenever it has several processes."""
     import psutil
 
     peaks: dict[int, int] = {}
+    shared = 0
+    next_pss = 0.0
     try:
         root = psutil.Process(root_pid)
     except psutil.NoSuchProcess:
-        return peaks
+        return TreePeaks(peaks)
     while not (stop is not None and stop.is_set()):
         try:
             procs = [root, *root.children(recursive=True)]
@@ -97,10 +136,13 @@ def sample_tree(root_pid: int, interval_s: float = 0.01, stop: threading.Event |
             value = rss_anon_bytes(proc.pid)
             if value > peaks.get(proc.pid, 0):
                 peaks[proc.pid] = value
+        if len(procs) > 1 and time.perf_counter() >= next_pss:
+            shared = max(shared, sum(pss_anon_bytes(p.pid) for p in procs))
+            next_pss = time.perf_counter() + pss_interval_s
         if not root.is_running() or root.status() == psutil.STATUS_ZOMBIE:
             break
         time.sleep(interval_s)
-    return peaks
+    return TreePeaks(peaks, shared)
 
 
 def now() -> float:

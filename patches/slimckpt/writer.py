@@ -29,7 +29,7 @@ from . import direct_io, direct_read, layout
 from .manifest import DEFAULT_ALGO, describe_os_error, file_checksum, new_hasher
 from .sources import CheckpointError, SourceTensor
 
-DEFAULT_CHUNK_BYTES = 8 << 20  # of source; PIPELINE_DEPTH staging buffers + direct_read's read buffers
+DEFAULT_CHUNK_BYTES = 4 << 20  # of source; PIPELINE_DEPTH staging buffers + direct_read's read buffers
 PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
 OUT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -308,6 +308,11 @@ class ShareWriter:
     # -- tensors ---------------------------------------------------------------------------------
     def write_share(self, share: list[layout.Segment]) -> None:
         items = self._chunks(share)
+        out_width = torch.empty((), dtype=self.out_dtype).element_size()
+        row_chunks = [(it.end - it.start) * max(1, it.piece[0].numel()) * out_width
+                      for it in items if isinstance(it, _RowChunk)]
+        if row_chunks:  # cast buffers of the output size (half the source chunk for fp32 -> bf16)
+            self._ring.min_bytes = max(row_chunks)
         prefetch = self._prefetcher(items)
         try:
             for i, item in enumerate(items):
