@@ -139,7 +139,10 @@ def sample_tree_peaks(root_pid: int, interval_s: float = 0.01, stop: threading.E
         if len(procs) > 1 and time.perf_counter() >= next_pss:
             shared = max(shared, sum(pss_anon_bytes(p.pid) for p in procs))
             next_pss = time.perf_counter() + pss_interval_s
-        if not root.is_running() or root.status() == psutil.STATUS_ZOMBIE:
+        try:
+            if not root.is_running() or root.status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:  # exited (and was reaped) between the two questions
             break
         time.sleep(interval_s)
     return TreePeaks(peaks, shared)
