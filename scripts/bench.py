@@ -201,13 +201,24 @@ def targets(rows: list[MergeRow], disk=None, startup_s: float | None = None) -> 
     if disk is not None and getattr(disk, "mixed_bytes_per_s", 0):
         mixed_floor = (ours.read_bytes + ours.written_bytes) / disk.mixed_bytes_per_s
         rest = ours.wall_s - mixed_floor - (startup_s or 0.0)
+        if not startup_s:
+            tail = "."
+        elif rest > 0.05:
+            tail = (f": {startup_s:.1f} s of start-up before the first read, and {rest:.1f} s more (the imports of "
+                    f"transformers and verl, about 5 s of CPU that the commit waits for, run beside the writer on "
+                    f"the 2 cores).")
+        else:
+            tail = (f": {startup_s:.1f} s of start-up before the first read, plus those bytes at that combined "
+                    f"rate, add up to the wall.")
         lines += ["", f"The floor adds isolated read and write times. A merge reads and writes at once, which this "
                       f"disk serves at {disk.mixed_bytes_per_s / 1e9:.2f} GB/s combined (measured above): "
                       f"{mixed_floor:.1f} s for the {largest} merge's bytes. slimckpt's wall is "
-                      f"{ours.wall_s / mixed_floor:.2f}x that"
-                      + (f": {startup_s:.1f} s of start-up before the first read, and {rest:.1f} s more (the "
-                         f"imports of transformers and verl, about 5 s of CPU that the commit waits for, run "
-                         f"beside the writer on the 2 cores)." if startup_s else ".")]
+                      f"{ours.wall_s / mixed_floor:.2f}x that" + tail]
+        goal_floor = 1.5 * ours.io_floor_s
+        if startup_s and ours.wall_s > goal_floor:
+            lines += ["", f"Within 1.5x of the floor would be {goal_floor:.1f} s. Start-up takes {startup_s:.1f} s of "
+                          f"it, leaving {goal_floor - startup_s:.1f} s for bytes this disk reads and writes at once in "
+                          f"{mixed_floor:.1f} s."]
     if fast is not None:
         lines += ["", f"Without fsync (`--no_fsync`, not crash-safe) it takes {fast.wall_s:.1f} s: fsync is not what "
                       f"bounds it. Through the page cache instead of O_DIRECT (`SLIMCKPT_DIRECT_IO=0`): see the rows above."]
