@@ -149,3 +149,19 @@ def test_no_fsync_skips_only_the_weight_fsyncs(tmp_path, monkeypatch, durable):
     writer.write_share(layout.partition(plan, 1)[0])
     assert bool(synced) == durable
     assert "model.safetensors" in writer.checksums  # the manifest's checksums are there either way
+
+
+def test_a_failed_fork_writes_on_a_thread_instead(tmp_path, monkeypatch):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
+    monkeypatch.setenv("SLIMCKPT_MERGE_FORK", "0")
+    _merge(ckpt, tmp_path / "threaded")
+    monkeypatch.delenv("SLIMCKPT_MERGE_FORK")
+    made = _count_forks(monkeypatch)
+
+    def no_fork():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    _merge(ckpt, tmp_path / "out")
+    assert made == [1]  # a fork was tried
+    assert _bytes_of(tmp_path / "out") == _bytes_of(tmp_path / "threaded")

@@ -69,7 +69,12 @@ class ForkedCall:
         # A collection walks every tracked object and writes to its header, which copies each page it
         # touches in whichever process collects: frozen objects are never walked again.
         gc.freeze()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_end)
+            os.close(write_end)
+            raise
         if pid == 0:  # the child: never returns
             code = 0
             try:

@@ -155,8 +155,12 @@ class _EarlyWrite:
         self.thread: threading.Thread | None = None
         self.child: forked_call.ForkedCall | None = None
         if forked_call.possible():
-            self.child = forked_call.ForkedCall(_write_weights, opts, self.partial, mp, ckpt,
-                                                name="merge's writer process")
+            try:
+                self.child = forked_call.ForkedCall(_write_weights, opts, self.partial, mp, ckpt,
+                                                    name="merge's writer process")
+            except OSError as exc:  # EAGAIN/ENOMEM from fork: a thread does the same work
+                log.info("could not fork the merge's writer (%s): writing on a thread", exc.strerror or exc)
+        if self.child is not None:
             ckpt.close()  # the child keeps its own mappings of the rank files
         else:
             self.thread = threading.Thread(target=self._run, args=(opts, ckpt), name="slimckpt-early-write",
