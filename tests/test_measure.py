@@ -60,3 +60,13 @@ def test_forked_child_shared_pages_count_once():
     assert res.total_peak >= 480 * 2**20  # the double count the Pss sum avoids
     assert 290 * 2**20 <= res.shared_peak <= 360 * 2**20
     assert res.physical_peak == max(res.max_peak, res.shared_peak)
+
+
+def test_fastest_of_takes_each_bandwidth_at_its_best():
+    from slimckpt.diskspeed import fastest_of
+
+    a = DiskSpeed(write_bytes_per_s=1e9, read_bytes_per_s=3e9, size_bytes=7, mixed_bytes_per_s=1e9)
+    b = DiskSpeed(write_bytes_per_s=2e9, read_bytes_per_s=1e9, size_bytes=7, mixed_bytes_per_s=0.5e9)
+    best = fastest_of([a, b])
+    assert (best.write_bytes_per_s, best.read_bytes_per_s, best.mixed_bytes_per_s) == (2e9, 3e9, 1e9)
+    assert best.io_floor_s(3e9, 2e9) == 2.0 < min(a.io_floor_s(3e9, 2e9), b.io_floor_s(3e9, 2e9))

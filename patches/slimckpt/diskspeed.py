@@ -15,7 +15,7 @@ import argparse
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from . import direct_io
 from .measure import evict_from_page_cache
@@ -49,6 +49,13 @@ class DiskSpeed:
         if self.mixed_bytes_per_s:
             text += f"; O_DIRECT reading and writing at once, as a merge does: {self.mixed_bytes_per_s / gb:.2f} combined"
         return text + ")"
+
+
+def fastest_of(speeds: list[DiskSpeed]) -> DiskSpeed:
+    """Each bandwidth at its best over several measurements: on a disk whose speed drifts (a shared
+    VM's), a floor from the fastest is the hardest one to come close to."""
+    best = {f.name: max(getattr(s, f.name) for s in speeds) for f in fields(DiskSpeed) if f.name != "size_bytes"}
+    return DiskSpeed(size_bytes=speeds[0].size_bytes, **best)
 
 
 def _write(path: str, size: int, direct: bool) -> float:
