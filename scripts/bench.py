@@ -208,8 +208,8 @@ def targets(rows: list[MergeRow], disk=None, startup_s: float | None = None) -> 
         lines += ["", f"3x faster than verl would be {goal:.1f} s at {largest}. Reading the shards and writing the "
                       f"output once at the disk's isolated speeds (the I/O floor, {ours.io_floor_s:.1f} s) plus starting "
                       f"Python and importing torch ({startup_s:.1f} s, measured in this run; nothing can be cast "
-                      f"before) already take {ours.io_floor_s + startup_s:.1f} s, so no merge in a fresh process "
-                      f"reaches it here."]
+                      f"before) already take {ours.io_floor_s + startup_s:.1f} s: at the best speeds this disk showed "
+                      f"in this run, no merge in a fresh process reaches it."]
     if disk is not None and getattr(disk, "mixed_bytes_per_s", 0):
         mixed_floor = (ours.read_bytes + ours.written_bytes) / disk.mixed_bytes_per_s
         rest = ours.wall_s - mixed_floor - (startup_s or 0.0)
