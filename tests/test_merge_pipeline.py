@@ -165,3 +165,16 @@ def test_a_failed_fork_writes_on_a_thread_instead(tmp_path, monkeypatch):
     _merge(ckpt, tmp_path / "out")
     assert made == [1]  # a fork was tried
     assert _bytes_of(tmp_path / "out") == _bytes_of(tmp_path / "threaded")
+
+
+def test_a_killed_writer_child_is_a_one_line_error_and_nothing_is_committed(tmp_path, monkeypatch):
+    import signal
+
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
+    made = _count_forks(monkeypatch)
+    monkeypatch.setattr(merge, "_write_weights", lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
+    with pytest.raises(merge.MergeError,
+                       match=r"writer process .* without a result \(killed by signal SIGKILL.*run the merge again"):
+        _merge(ckpt, tmp_path / "out")
+    assert made == [1]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()

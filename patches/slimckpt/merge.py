@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from . import __version__, layout
 from .hf_side import HfSide, NeedsVerlMerger, default_max_shard_size, guess_default_max_shard_size
+from .forked_call import ChildDied
 from .log import get_logger
 from .manifest import (
     DEFAULT_ALGO,
@@ -69,7 +70,7 @@ class MergeOptions:
     trust_remote_code: bool = False
     progress: bool = True
     # source bytes per chunk; a writer holds 2 read buffers (direct_read) and 2 cast buffers of the output's
-    # size. 4 MiB: as fast as 8 in the forked writer here (8.2-8.5 s vs 8.2-9.2 s at 1B), 18 MiB less memory
+    # size. 4 MiB: as fast as 8 in the forked writer here (8.2-8.5 s vs 8.2-9.2 s at 1B), 18 MiB less buffer
     chunk_bytes: int = 4 << 20
     fsync: bool = True  # False: --no_fsync, faster but the output may be lost or torn by a power loss
     overwrite_hint: str = "--overwrite"
@@ -278,6 +279,8 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
                 return _merge_local(opts, verl_fallback)
     except (CommitError, layout.LayoutError, LockBusy) as exc:
         raise MergeError(str(exc)) from None
+    except ChildDied as exc:  # the forked writer was killed (OOM killer, a signal): nothing was committed
+        raise MergeError(f"{exc}; nothing was committed: run the merge again") from None
     except Exception as exc:
         if _is_input_or_output_error(exc):
             raise MergeError(str(exc)) from None
