@@ -47,7 +47,7 @@ class MergeRow:
     walls: list
     read_bytes: int
     written_bytes: int
-    io_floor_s: float
+    io_floor_s: float = 0.0  # set once the run's disk measurements are in
 
 
 def make_checkpoint(size: str, work: Path, world_size: int) -> tuple[Path, int]:
@@ -100,7 +100,8 @@ def measure_startup(repeats: int = 5) -> float:
     return median(walls)
 
 
-def bench_merge(size: str, work: Path, repeats: int, disk) -> list[MergeRow]:
+def bench_merge(size: str, work: Path, repeats: int) -> list[MergeRow]:
+    """Rows without their I/O floor: `main` sets it from the run's disk measurements."""
     ckpt, params = make_checkpoint(size, work, world_size=2)
     inputs = shard_files(ckpt)
     read_bytes = sum(os.path.getsize(p) for p in inputs)
@@ -123,7 +124,7 @@ def bench_merge(size: str, work: Path, repeats: int, disk) -> list[MergeRow]:
             print(f"[bench] merge {size} {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, "
                   f"peak anonymous {res.physical_peak / 2**20:.0f} MiB", flush=True)
         rows.append(MergeRow(size, params, tool, max(peaks), median(walls), walls,
-                             read_bytes, written, disk.io_floor_s(read_bytes, written)))
+                             read_bytes, written))
     shutil.rmtree(work / "merged", ignore_errors=True)
     return rows
 
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         if k:  # the disk's speed drifts here: measured again next to each size's merges
             disks.append(measure_disk_speed(str(work)))
             print(f"[bench] disk before {size}: {disks[-1].describe()}", flush=True)
-        rows += bench_merge(size, work, args.repeats, disks[-1])
+        rows += bench_merge(size, work, args.repeats)
     disks.append(measure_disk_speed(str(work)))
     print(f"[bench] disk at the end: {disks[-1].describe()}", flush=True)
     disk = fastest_of(disks)
@@ -332,11 +333,12 @@ Peak RssAnon is the peak anonymous memory of the merge, sampled from outside (la
 runs): the process's RssAnon every 10 ms; for slimckpt, whose writer runs in a forked child, also
 the sum of parent's and child's Pss_Anon every 50 ms (pages they share counted once; summing their
 RssAnon would count them twice), and the larger of the two is reported. Wall is the median of
-{args.repeats} runs with the input pages evicted from the page cache before each run. I/O floor = bytes read / read bandwidth + bytes written / write
-bandwidth, with the bandwidths measured in this run at the start, before each model size and at
-the end (`slimckpt.diskspeed`: 1 GiB written and fsync'ed, then read cold, through the page cache
-and with O_DIRECT, medians of 3); each is the fastest over those measurements and the two paths,
-i.e. the best this disk did in the run (its speed drifts by up to 1.5x within minutes here).
+{args.repeats} runs with the input pages evicted from the page cache before each run. I/O floor =
+bytes read / read bandwidth + bytes written / write bandwidth, with the bandwidths measured in this
+run at the start, before each model size and at the end (`slimckpt.diskspeed`: 1 GiB written and
+fsync'ed, then read cold, through the page cache and with O_DIRECT, medians of 3); each is the
+fastest over those measurements and the two paths, i.e. the best this disk did in the run (its
+speed drifts by up to 1.5x within minutes here).
 
 {merge_table(rows)}
 

@@ -29,9 +29,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from . import __version__, layout
+from . import __version__, forked_call, layout
 from .hf_side import HfSide, NeedsVerlMerger, default_max_shard_size, guess_default_max_shard_size
-from .forked_call import ChildDied
 from .log import get_logger
 from .manifest import (
     DEFAULT_ALGO,
@@ -139,7 +138,6 @@ class _EarlyWrite:
     def __init__(self, opts: MergeOptions, target: str, mp: MergePlan, ckpt, signature: list[tuple]) -> None:
         import threading
 
-        from . import forked_call
         from .writer import create_files
 
         self.mp = mp
@@ -279,7 +277,7 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
                 return _merge_local(opts, verl_fallback)
     except (CommitError, layout.LayoutError, LockBusy) as exc:
         raise MergeError(str(exc)) from None
-    except ChildDied as exc:  # the forked writer was killed (OOM killer, a signal): nothing was committed
+    except forked_call.ChildDied as exc:  # the forked writer was killed (OOM killer, a signal): nothing was committed
         raise MergeError(f"{exc}; nothing was committed: run the merge again") from None
     except Exception as exc:
         if _is_input_or_output_error(exc):

@@ -183,13 +183,14 @@ class _FileState:
 
 @dataclass
 class _RowChunk:
-    """Rows [start, end) of a dim-0 shard `piece`, written at `offset` of `file`."""
+    """Rows [start, end) of a dim-0 shard `piece`, written as `nbytes` at `offset` of `file`."""
 
     file: str
     piece: torch.Tensor
     start: int
     end: int
     offset: int
+    nbytes: int  # in the output dtype
 
 
 class ShareWriter:
@@ -199,6 +200,7 @@ class ShareWriter:
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress | None = None,
                  algo: str = DEFAULT_ALGO, fsync: bool = True) -> None:
         self.root, self.plan, self.sources, self.out_dtype = root, plan, sources, out_dtype
+        self.out_width = torch.empty((), dtype=out_dtype).element_size()
         self.chunk_bytes = max(1, chunk_bytes)
         self.progress = progress or (lambda n: None)
         self.algo = algo
@@ -308,9 +310,7 @@ class ShareWriter:
     # -- tensors ---------------------------------------------------------------------------------
     def write_share(self, share: list[layout.Segment]) -> None:
         items = self._chunks(share)
-        out_width = torch.empty((), dtype=self.out_dtype).element_size()
-        row_chunks = [(it.end - it.start) * max(1, it.piece[0].numel()) * out_width
-                      for it in items if isinstance(it, _RowChunk)]
+        row_chunks = [it.nbytes for it in items if isinstance(it, _RowChunk)]
         if row_chunks:  # cast buffers of the output size (half the source chunk for fp32 -> bf16)
             self._ring.min_bytes = max(row_chunks)
         prefetch = self._prefetcher(items)
@@ -336,7 +336,6 @@ class ShareWriter:
         """The share in write order: dim-0 shards as row chunks (each read, cast and written as one
         piece), other segments whole (their writers chunk them themselves)."""
         out: list[_RowChunk | layout.Segment] = []
-        out_width = torch.empty((), dtype=self.out_dtype).element_size()
         for seg in share:
             src = self.sources[seg.name]
             placement = self.plan.placements[seg.name]
@@ -348,13 +347,14 @@ class ShareWriter:
             for sr in layout.source_ranges(placement, src.shard_sizes, seg.row_start, seg.row_end):
                 t = src.pieces[sr.source]
                 t = t.reshape(1) if t.dim() == 0 else t
-                row_out = (t[0].numel() if t.shape[0] else 0) * out_width
+                row_out = (t[0].numel() if t.shape[0] else 0) * self.out_width
                 step = self._rows_per_chunk(t)
                 offset = sr.begin
                 for start in range(sr.local_start, sr.local_end, step):
                     end = min(sr.local_end, start + step)
-                    out.append(_RowChunk(placement.file, t, start, end, offset))
-                    offset += (end - start) * row_out
+                    chunk = _RowChunk(placement.file, t, start, end, offset, (end - start) * row_out)
+                    out.append(chunk)
+                    offset += chunk.nbytes
         return out
 
     def _prefetcher(self, items: list[_RowChunk | layout.Segment]) -> direct_read.Prefetcher | None:
@@ -391,7 +391,7 @@ class ShareWriter:
         prefetch buffer, reused at the next read) is always copied."""
         if src.dtype == self.out_dtype and src.is_contiguous() and not borrowed and not self.direct:
             return src
-        nbytes = src.numel() * torch.empty((), dtype=self.out_dtype).element_size()
+        nbytes = src.numel() * self.out_width
         if self._pending_buf is not None:  # cast but never submitted (a check failed): reuse it
             self._ring.give_back(self._pending_buf)
         self._pending_buf = buf = self._ring.take(nbytes)
@@ -402,7 +402,7 @@ class ShareWriter:
 
     def _rows_per_chunk(self, t: torch.Tensor) -> int:
         per_row = max(1, t[0].numel() if t.dim() and t.shape[0] else 1)
-        width = max(t.element_size(), torch.empty((), dtype=self.out_dtype).element_size())
+        width = max(t.element_size(), self.out_width)
         return max(1, self.chunk_bytes // (per_row * width))
 
     def _write_cat_rows(self, placement: layout.Placement, src: SourceTensor, a: int, b: int) -> None:
