@@ -34,11 +34,14 @@ def _unpicklable():
 
 
 def _write_then_sleep(path, seconds):
-    with open(path, "w") as f:
-        f.write("started")
+    def put(text):  # renamed into place: the marker never exists empty (the parent polls for it)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+
+    put("started")
     time.sleep(seconds)
-    with open(path, "w") as f:
-        f.write("finished")
+    put("finished")
 
 
 def test_result_comes_back_from_another_process():
