@@ -1,0 +1,460 @@
+"""Where every tensor's bytes sit in verl's FSDP rank files, read without torch.
+
+`slimckpt merge` forks its early writer before `import torch` (1.3-4 s here), so that writer needs
+the byte locations that `quick_sources` gets from torch's memory map, with the standard library
+only. A rank file is what `torch.save` writes: an uncompressed zip holding `<prefix>/data.pkl`
+(the pickled state dict) and one entry `<prefix>/data/<key>` per storage. The pickle is read with
+an unpickler that knows only the few globals such a state dict names; torch's rebuild functions and
+classes are replaced by records of their arguments, and each storage entry's data offset is read
+from its zip local header (what torch's mmap loader does too).
+
+Only "the simple kind" of checkpoint is indexed, the kind `quick_sources.open_quick` accepts: every
+rank a dict with the same keys, every value a plain tensor (same shape everywhere) or a DTensor on a
+1-D mesh of ranks 0..W-1 with one Shard or Replicate placement. Anything else, or anything this
+reader does not recognise or finds damaged, gives None: the real reader decides and reports later.
+`signature` is the same list `quick_sources.signature` makes of the real reader's result, so the
+merge can compare the two and keep early writes only when they read the same bytes.
+
+No torch, no numpy, by design (a test checks `sys.modules`).
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import pickle
+import struct
+import sys
+import zipfile
+from dataclasses import dataclass, field
+
+from .checkpoint_dir import check_rank_files, read_fsdp_config
+
+# torch's dtype globals as pickled (`torch float32`) -> itemsize; str(dtype) is "torch." + name
+_ITEMSIZE: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
+    "float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2fnuz": 1, "float8_e4m3fnuz": 1, "float8_e8m0fnu": 1,
+}
+# the legacy storage classes torch.save names for the older dtypes (newer ones: UntypedStorage + dtype)
+_STORAGE_DTYPE: dict[str, str] = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
+    "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexDoubleStorage": "complex128",
+    "ComplexFloatStorage": "complex64",
+}
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # zip local file header, 30 bytes
+_MAX_MESH_RANKS = 1 << 16
+
+
+@dataclass(frozen=True)
+class StoredPiece:
+    """One rank's tensor (or shard): element 0 at byte `offset` of `path`, C-contiguous."""
+
+    path: str
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@dataclass
+class IndexedTensor:
+    """One state-dict entry, laid out as `sources.SourceTensor` would be (same pieces and ranks)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # as torch prints it: "torch.float32"
+    itemsize: int
+    shard_dim: int | None
+    ranks: list[int]
+    replicated_dtensor: bool
+    pieces: list[StoredPiece]
+
+
+@dataclass
+class IndexedCheckpoint:
+    """What `open_index` found: the tensors in the state dict's order, paths under `local_dir` (absolute)."""
+
+    local_dir: str
+    world_size: int
+    fsdp_version: int | None
+    tensors: dict[str, IndexedTensor] = field(repr=False)
+
+
+class _NotSimple(Exception):
+    """Not the simple kind, or not what torch.save writes: open_index returns None."""
+
+
+# --- what the pickle rebuilds, as plain records ---
+
+@dataclass(frozen=True)
+class _Dtype:
+    name: str  # "float32"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self.name]
+
+
+@dataclass(frozen=True)
+class _StorageType:
+    dtype: _Dtype | None  # None: UntypedStorage (bytes; the tensor names its dtype)
+
+
+class _Storage:
+    def __init__(self, key: str, dtype: _Dtype | None, nbytes: int) -> None:
+        self.key, self.dtype, self.nbytes = key, dtype, nbytes
+        self.data_offset = -1  # set once the zip entry is found
+
+
+class _Tensor:
+    """A plain tensor as `_rebuild_tensor_v2/v3` would make it."""
+
+    def __init__(self, storage: _Storage, dtype: _Dtype, storage_offset: int, shape: tuple, stride: tuple) -> None:
+        self.storage, self.dtype, self.storage_offset = storage, dtype, storage_offset
+        self.shape, self.stride = shape, stride
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def offset(self) -> int:
+        return self.storage.data_offset + self.storage_offset * self.dtype.itemsize
+
+
+class _Stub:
+    """Stand-in for any torch.distributed class: keeps constructor arguments and pickled state."""
+
+    qualname = "?"
+
+    def __new__(cls, *args, **kwargs):
+        obj = super().__new__(cls)
+        obj.args, obj.state = args, dict(kwargs)
+        return obj
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass  # __new__ kept them (pickle's REDUCE calls the class, NEWOBJ only __new__)
+
+    def __setstate__(self, state) -> None:
+        for part in state if isinstance(state, tuple) else (state,):
+            if isinstance(part, dict):
+                self.state.update(part)
+
+
+class _DTensor(_Stub):
+    qualname = "DTensor"
+    shape: tuple = ()
+    rebuilt = False  # made by _rebuild_wrapper_subclass (so `shape` is the pickled global shape)
+
+
+def _ints(value, what: str) -> tuple[int, ...]:
+    out = tuple(value)
+    if any(type(x) is not int or x < 0 for x in out):
+        raise _NotSimple(what)
+    return out
+
+
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    # torch's is_contiguous: size-1 dims may have any stride, an empty tensor always is
+    if len(shape) != len(stride):
+        return False
+    if 0 in shape:
+        return True
+    expect = 1
+    for size, st in zip(reversed(shape), reversed(stride)):
+        if size != 1:
+            if st != expect:
+                return False
+            expect *= size
+    return True
+
+
+def _tensor(storage, storage_offset, size, stride, dtype: _Dtype) -> _Tensor:
+    if not isinstance(storage, _Storage) or type(storage_offset) is not int or storage_offset < 0:
+        raise _NotSimple("storage")
+    shape, strides = _ints(size, "size"), _ints(stride, "stride")
+    if not _contiguous(shape, strides):
+        raise _NotSimple("a non-contiguous tensor")
+    t = _Tensor(storage, dtype, storage_offset, shape, strides)
+    if (storage_offset + t.numel) * dtype.itemsize > storage.nbytes:
+        raise _NotSimple("a tensor past the end of its storage")
+    return t
+
+
+def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks, metadata=None):
+    if not isinstance(storage, _Storage) or storage.dtype is None or backward_hooks or metadata:
+        raise _NotSimple("tensor")
+    return _tensor(storage, storage_offset, size, stride, storage.dtype)
+
+
+def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None):
+    if not isinstance(storage, _Storage) or storage.dtype is not None or not isinstance(dtype, _Dtype) \
+            or backward_hooks or metadata:
+        raise _NotSimple("tensor")
+    return _tensor(storage, storage_offset, size, stride, dtype)
+
+
+def _rebuild_wrapper_subclass(cls, dtype, size, stride, storage_offset, layout, device, requires_grad):
+    if cls is not _DTensor or layout != "torch.strided":
+        raise _NotSimple("wrapper subclass")
+    obj = _DTensor()
+    obj.shape, obj.rebuilt = _ints(size, "size"), True
+    return obj
+
+
+def _rebuild_from_type_v2(func, new_type, args, state):
+    if func is not _rebuild_wrapper_subclass or new_type is not _DTensor:
+        raise _NotSimple("tensor subclass")
+    obj = func(*args)
+    obj.__setstate__(state)
+    return obj
+
+
+_DTYPES = {name: _Dtype(name) for name in _ITEMSIZE}
+_GLOBALS: dict[tuple[str, str], object] = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
+    ("torch._utils", "_rebuild_wrapper_subclass"): _rebuild_wrapper_subclass,
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+    ("torch.serialization", "_get_layout"): str,  # _get_layout("torch.strided"): kept as the name
+    ("torch", "device"): lambda *args: ("device", *args),
+    ("torch", "Size"): tuple,
+    ("torch", "UntypedStorage"): _StorageType(None),
+    **{("torch", name): _StorageType(_DTYPES[dt]) for name, dt in _STORAGE_DTYPE.items()},
+    **{("torch", name): dt for name, dt in _DTYPES.items()},
+}
+_STUBS: dict[tuple[str, str], type] = {}
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file) -> None:
+        super().__init__(file)
+        self.storages: dict[str, _Storage] = {}
+
+    def find_class(self, module: str, name: str):
+        known = _GLOBALS.get((module, name))
+        if known is not None:
+            return known
+        if module == "torch.distributed" or module.startswith("torch.distributed."):
+            if name == "DTensor":
+                return _DTensor
+            key = (module, name)
+            if key not in _STUBS:
+                _STUBS[key] = type(name, (_Stub,), {"qualname": name})
+            return _STUBS[key]
+        raise _NotSimple(f"pickle global {module}.{name}")
+
+    def persistent_load(self, pid):
+        if not isinstance(pid, tuple) or len(pid) != 5 or pid[0] not in ("storage", b"storage"):
+            raise _NotSimple("persistent id")
+        _, stype, key, _location, numel = pid
+        if not isinstance(stype, _StorageType) or type(key) is not str or type(numel) is not int or numel < 0:
+            raise _NotSimple("storage id")
+        nbytes = numel * (stype.dtype.itemsize if stype.dtype else 1)
+        st = self.storages.get(key)
+        if st is None:
+            st = self.storages[key] = _Storage(key, stype.dtype, nbytes)
+        elif st.nbytes != nbytes or st.dtype != stype.dtype:
+            raise _NotSimple("one storage named with two sizes")
+        return st
+
+
+# --- one rank file ---
+
+class _RankFile:
+    """A rank file's state dict, with every storage's data offset in the file."""
+
+    def __init__(self, path: str, world: int) -> None:
+        self.path, self.world = path, world
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            with zipfile.ZipFile(f) as zf:
+                infos = zf.infolist()
+                if not infos:
+                    raise _NotSimple("empty zip")
+                prefix = infos[0].filename.split("/")[0]  # torch names records after the first one's prefix
+                entries = {i.filename: i for i in infos}
+                order = entries.get(f"{prefix}/byteorder")
+                if order is not None and (_stored(order).file_size > 16 or zf.read(order) != b"little"):
+                    raise _NotSimple("byte order")
+                if sys.byteorder != "little":
+                    raise _NotSimple("a big-endian host")
+                pkl = entries.get(f"{prefix}/data.pkl")
+                if pkl is None:
+                    raise _NotSimple("no data.pkl")
+                unpickler = _Unpickler(io.BytesIO(zf.read(_stored(pkl))))
+                self.state = unpickler.load()
+            for key, st in unpickler.storages.items():
+                info = entries.get(f"{prefix}/data/{key}")
+                if info is None or _stored(info).file_size != st.nbytes:
+                    raise _NotSimple(f"storage {key}: missing or of another size")
+                st.data_offset = _data_offset(f, info)
+                if st.data_offset + st.nbytes > size:
+                    raise _NotSimple(f"storage {key} runs past the end of the file")
+
+    def int_values(self, t: _Tensor) -> list[int]:
+        """The values of a small 1-D int tensor (a device mesh's ranks)."""
+        fmt = {"int32": "i", "int64": "q"}.get(t.dtype.name)
+        if fmt is None or len(t.shape) != 1 or t.shape[0] > _MAX_MESH_RANKS:
+            raise _NotSimple("mesh tensor")
+        n = t.shape[0]
+        with open(self.path, "rb") as f:
+            data = os.pread(f.fileno(), n * t.dtype.itemsize, t.offset)
+        if len(data) != n * t.dtype.itemsize:
+            raise _NotSimple("short read")
+        return list(struct.unpack(f"<{n}{fmt}", data))
+
+
+def _stored(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
+    if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1 or info.compress_size != info.file_size:
+        raise _NotSimple(f"{info.filename}: compressed or encrypted")
+    return info
+
+
+def _data_offset(f, info: zipfile.ZipInfo) -> int:
+    """Where the entry's bytes start: after its LOCAL header, whose extra field (torch pads it to align
+    the data) need not match the central directory's."""
+    header = os.pread(f.fileno(), _LOCAL_HEADER.size, info.header_offset)
+    if len(header) != _LOCAL_HEADER.size:
+        raise _NotSimple("short local header")
+    magic, *_, name_len, extra_len = _LOCAL_HEADER.unpack(header)
+    name = os.pread(f.fileno(), name_len, info.header_offset + _LOCAL_HEADER.size)
+    if magic != b"PK\x03\x04" or name != info.orig_filename.encode("utf-8"):
+        raise _NotSimple(f"{info.filename}: local header does not match the central directory")
+    return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+
+
+# --- the checkpoint ---
+
+def open_index(local_dir: str) -> IndexedCheckpoint | None:
+    """Every tensor's byte locations, when `local_dir` is the simple kind of checkpoint; else None
+    (never raises for a bad checkpoint: the real reader reports what is wrong)."""
+    local_dir = os.path.abspath(local_dir)
+    try:
+        return _open(local_dir)
+    except Exception:  # noqa: BLE001 - not the simple kind, or damaged
+        return None
+
+
+def _open(local_dir: str) -> IndexedCheckpoint:
+    world, version = read_fsdp_config(local_dir)
+    paths = check_rank_files(local_dir, world)
+    if len({os.path.realpath(p) for p in paths}) != len(paths):
+        raise _NotSimple("two rank files are one file")  # the real reader's locations would name only one
+    files = [_RankFile(p, world) for p in paths]
+    sds = [f.state for f in files]
+    if not all(isinstance(sd, dict) and sd for sd in sds) or any(set(sd) != set(sds[0]) for sd in sds[1:]):
+        raise _NotSimple("state dicts")
+    tensors: dict[str, IndexedTensor] = {}
+    meshes_ok: dict[int, bool] = {}
+    for key in sds[0]:
+        if type(key) is not str:
+            raise _NotSimple("key")
+        tensors[key] = _indexed(key, [sd[key] for sd in sds], files, meshes_ok)
+    return IndexedCheckpoint(local_dir=local_dir, world_size=world, fsdp_version=version, tensors=tensors)
+
+
+def _indexed(key: str, values: list, files: list[_RankFile], meshes_ok: dict[int, bool]) -> IndexedTensor:
+    world = len(files)
+    v0 = values[0]
+    if type(v0) is _Tensor:  # plain: every rank's copy, compared as verl does
+        if any(type(v) is not _Tensor or v.shape != v0.shape for v in values):
+            raise _NotSimple(key)
+        return _made(key, v0.shape, None, values, files, list(range(world)), False)
+    if type(v0) is not _DTensor:
+        raise _NotSimple(key)
+    kinds = []
+    for r, v in enumerate(values):
+        if type(v) is not _DTensor or v.shape != v0.shape:
+            raise _NotSimple(key)
+        kinds.append(_placement(v, r, files[r], meshes_ok))
+    if len(set(kinds)) != 1:
+        raise _NotSimple(key)
+    kind, dim = kinds[0]
+    shape = v0.shape
+    locals_ = [v.state.get("_local_tensor") for v in values]
+    if any(type(t) is not _Tensor for t in locals_):
+        raise _NotSimple(key)
+    if kind == "Replicate":
+        if locals_[0].shape != shape:
+            raise _NotSimple(key)
+        return _made(key, shape, None, locals_[:1], files[:1], [0], True)
+    dim = dim + len(shape) if dim < 0 else dim
+    if not 0 <= dim < len(shape):
+        raise _NotSimple(key)
+    rest = shape[:dim] + shape[dim + 1:]
+    if any(len(t.shape) != len(shape) or t.shape[:dim] + t.shape[dim + 1:] != rest for t in locals_) \
+            or sum(t.shape[dim] for t in locals_) != shape[dim]:
+        raise _NotSimple(key)
+    return _made(key, shape, dim, locals_, files, list(range(world)), False)
+
+
+def _made(key: str, shape: tuple, dim: int | None, pieces: list[_Tensor], files: list[_RankFile],
+          ranks: list[int], replicated: bool) -> IndexedTensor:
+    dtype = pieces[0].dtype
+    if any(p.dtype != dtype for p in pieces):
+        raise _NotSimple(key)  # a piece's dtype is not kept per piece here
+    stored = [StoredPiece(f.path, p.offset, p.shape, p.stride) for p, f in zip(pieces, files)]
+    return IndexedTensor(key, shape, f"torch.{dtype.name}", dtype.itemsize, dim, ranks, replicated, stored)
+
+
+def _placement(v: _DTensor, rank: int, rf: _RankFile, meshes_ok: dict[int, bool]) -> tuple[str, int | None]:
+    spec = v.state.get("_spec")
+    if not v.rebuilt or not isinstance(spec, _Stub) or spec.qualname != "DTensorSpec":
+        raise _NotSimple("spec")
+    placements = spec.state.get("placements")
+    mesh = spec.state.get("mesh")
+    if not isinstance(placements, tuple) or len(placements) != 1 or not isinstance(mesh, _Stub):
+        raise _NotSimple("2-D mesh")  # and FSDP + TP: the real reader
+    if id(mesh) not in meshes_ok:  # one mesh object per file, pickled once
+        meshes_ok[id(mesh)] = _mesh_is_ranks(mesh, rank, rf)
+    if not meshes_ok[id(mesh)]:
+        raise _NotSimple("mesh")
+    p = placements[0]
+    kind = p.qualname if isinstance(p, _Stub) else "?"
+    if kind == "Replicate":
+        return kind, None
+    if kind == "Shard":
+        dim = p.state.get("dim", p.args[0] if p.args else None)
+        if type(dim) is int:
+            return kind, dim
+    raise _NotSimple(f"placement {kind}")  # Partial, _StridedShard...
+
+
+def _mesh_is_ranks(mesh: _Stub, rank: int, rf: _RankFile) -> bool:
+    """Whether `mesh` is [0, ..., W-1] and `rank` is at its position `rank`: the real reader takes
+    shards in mesh order and plain tensors from the mesh's ranks, so only then do both read alike."""
+    s = mesh.state
+    coord = s.get("_coordinate_on_dim")
+    if not isinstance(coord, (tuple, list)) or list(coord) != [rank] or s.get("_rank", rank) != rank \
+            or s.get("_root_mesh") is not None:
+        return False
+    if isinstance(s.get("mesh"), _Tensor):  # torch releases that pickle the mesh tensor itself
+        return rf.int_values(s["mesh"]) == list(range(rf.world))
+    # newer torch (2.13 here): ranks + a CuTe-style layout; the 1-D identity layout is one axis (W,):(1,)
+    layout, rank_map = s.get("_layout"), s.get("_rank_map")
+    axes = layout.state.get("axes") if isinstance(layout, _Stub) else None
+    if not isinstance(rank_map, _Tensor) or not isinstance(axes, tuple) or len(axes) != 1 \
+            or not isinstance(axes[0], _Stub):
+        return False
+    axis = axes[0].state
+    if axis.get("shape") != (rf.world,) or axis.get("stride") != (1,):
+        return False
+    return rf.int_values(rank_map) == list(range(rf.world))
+
+
+def signature(index: IndexedCheckpoint, name_map: dict[str, str]) -> list[tuple]:
+    """`quick_sources.signature` of the same checkpoint read by the real reader, from the index alone."""
+    out = []
+    for new, old in name_map.items():
+        t = index.tensors[old]
+        pieces = tuple(((p.path, p.offset) if 0 not in p.shape else None, p.shape, p.stride, t.dtype)
+                       for p in t.pieces)
+        out.append((new, old, t.shape, t.dtype, t.shard_dim, tuple(t.ranks), t.replicated_dtensor, pieces))
+    return out
