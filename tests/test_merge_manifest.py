@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 from slimckpt import layout, manifest
 from slimckpt.manifest import CommitError, Manifest, build_entries, check_target, commit, verify, write_manifest
 from slimckpt.sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
-from slimckpt.writer import ShareWriter, create_files
+from slimckpt.out_files import create_files
+from slimckpt.writer import ShareWriter
 
 
 def committed_dir(tmp_path):

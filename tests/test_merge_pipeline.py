@@ -12,7 +12,8 @@ import torch
 
 from slimckpt import layout, merge, merge_guess, readahead
 from slimckpt.sources import SourceTensor
-from slimckpt.writer import OutputError, ShareWriter, create_files
+from slimckpt.out_files import OutputError, create_files
+from slimckpt.writer import ShareWriter
 
 from .merge_helpers import synthetic_checkpoint, tiny_llama_config
 

@@ -18,10 +18,8 @@ import queue
 import threading
 from dataclasses import dataclass
 
-import torch
-
 from . import direct_io
-from .sources import CheckpointError
+from .checkpoint_dir import CheckpointError
 
 READERS = 1  # reads in flight. With the writer in a forked child (no GIL shared with imports), one reader
 # a chunk ahead kept the 1B merge as fast as two readers two chunks ahead (6.5-7.7 s vs 7.1-8.5 s here),
@@ -31,13 +29,11 @@ DEPTH = 1  # buffers beyond one per reader: the chunk being cast while the next 
 
 @dataclass(frozen=True)
 class ChunkRead:
-    """Bytes [offset, offset + nbytes) of `path`, to be viewed as `shape` of `dtype`."""
+    """Bytes [offset, offset + nbytes) of `path` (the caller knows what they hold)."""
 
     path: str
     offset: int
     nbytes: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -69,7 +65,7 @@ class MappedFiles:
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
             self._maps.append(_Mapping(lo, hi, int(parts[2], 16), wanted[path]))
 
-    def locate(self, t: torch.Tensor) -> tuple[str, int] | None:
+    def locate(self, t) -> tuple[str, int] | None:
         """(file, byte offset) of a contiguous CPU tensor's data, or None when it is not file-backed."""
         if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
             return None
@@ -80,21 +76,21 @@ class MappedFiles:
         return None
 
 
-def rows_read(files: MappedFiles, piece: torch.Tensor, a: int, b: int) -> ChunkRead | None:
-    """The read that yields rows [a, b) of a dim-0 shard, or None if it cannot be read directly."""
+def rows_read(files: MappedFiles, piece, a: int, b: int) -> ChunkRead | None:
+    """The read that yields rows [a, b) of a dim-0 shard (a torch tensor mapped from one of
+    `files`), or None if it cannot be read directly."""
     where = files.locate(piece)
     if where is None:
         return None
     path, base = where
     row_bytes = (piece[0].numel() if piece.dim() else 1) * piece.element_size()
-    shape = (b - a, *piece.shape[1:]) if piece.dim() else (b - a,)
-    return ChunkRead(path, base + a * row_bytes, (b - a) * row_bytes, piece.dtype, shape)
+    return ChunkRead(path, base + a * row_bytes, (b - a) * row_bytes)
 
 
 class Prefetcher:
     """Reads `reads` in order on READERS threads (a disk serves more with a few reads in flight);
-    `get(i)` returns read i, in order (None entries are skipped: the caller serves them from the
-    mmap). A returned tensor stays valid until the next `get`.
+    `get(i)` returns read i's bytes, in order (None entries are skipped: the caller serves them
+    from the mmap). A returned memoryview stays valid until the next `get`.
 
     A reader takes a free buffer before it claims the next read, so the oldest read not yet handed
     out always has a buffer or can get one: no deadlock whatever the thread timing."""
@@ -106,12 +102,12 @@ class Prefetcher:
         buf_bytes = max(spans, default=0)
         self._free: queue.Queue = queue.Queue()
         for _ in range(READERS + DEPTH):
-            self._free.put(direct_io.aligned_empty(buf_bytes))
+            self._free.put(memoryview(direct_io.aligned_buffer(buf_bytes)))
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._claimed = 0  # position in _order of the next read to start
-        self._done: dict[int, tuple[torch.Tensor | BaseException, torch.Tensor]] = {}
-        self._held: torch.Tensor | None = None
+        self._done: dict[int, tuple[memoryview | BaseException, memoryview]] = {}
+        self._held: memoryview | None = None
         self._stop = False
         self._fds: dict[str, tuple[int | None, int]] = {}
         n = min(READERS, len(self._order)) or 1
@@ -126,10 +122,10 @@ class Prefetcher:
                 fds = self._fds[path] = (direct_io.open_direct(path, os.O_RDONLY), os.open(path, os.O_RDONLY))
         return fds
 
-    def _read_into(self, buf: torch.Tensor, r: ChunkRead) -> torch.Tensor:
+    def _read_into(self, buf: memoryview, r: ChunkRead) -> memoryview:
         start = direct_io.align_down(r.offset)
         span = direct_io.align_up(r.offset + r.nbytes) - start
-        mv = memoryview(buf.numpy())[:span]
+        mv = buf[:span]
         need = r.offset + r.nbytes - start
         dfd, fd = self._fd(r.path)
         got = 0
@@ -147,7 +143,7 @@ class Prefetcher:
                                       f"{r.offset + r.nbytes}; the file is truncated: re-copy it from the training run")
             got += n
         skip = r.offset - start
-        return buf[skip:skip + r.nbytes].view(r.dtype).view(r.shape)
+        return buf[skip:skip + r.nbytes]
 
     def _run(self) -> None:
         while True:
@@ -161,7 +157,7 @@ class Prefetcher:
                 self._claimed += 1
             i = self._order[pos]
             try:
-                result: torch.Tensor | BaseException = self._read_into(buf, self._reads[i])
+                result: memoryview | BaseException = self._read_into(buf, self._reads[i])
             except BaseException as exc:  # noqa: BLE001 - re-raised by get()
                 result = exc
             with self._cond:
@@ -173,7 +169,7 @@ class Prefetcher:
     def has(self, i: int) -> bool:
         return self._reads[i] is not None
 
-    def get(self, i: int) -> torch.Tensor:
+    def get(self, i: int) -> memoryview:
         self._release()
         with self._cond:
             while i not in self._done:

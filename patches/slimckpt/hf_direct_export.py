@@ -231,7 +231,7 @@ def _clear_old_weights(hf_dir: str) -> None:
 
 def _lay_out(job: ExportJob, local_path: str, manager) -> None:
     """Rank 0: configs as save_pretrained writes them, full-size files with headers, the index."""
-    from .writer import create_files
+    from .out_files import create_files
 
     hf_dir = os.path.join(local_path, HF_SUBDIR)
     os.makedirs(hf_dir, exist_ok=True)
@@ -258,7 +258,7 @@ class _BoxWriter:
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            from .writer import OutputError
+            from .out_files import OutputError
 
             path = os.path.join(self.hf_dir, name)
             try:
@@ -281,7 +281,8 @@ class _BoxWriter:
         return out
 
     def write_box(self, out_name: str, value: Any, box: Box) -> int:
-        from .writer import OutputError, _as_bytes, _pwrite_all
+        from .out_files import OutputError, pwrite_all
+        from .writer import _as_bytes
 
         placement = self.plan.placements[out_name]
         spec = placement.spec
@@ -301,7 +302,7 @@ class _BoxWriter:
                 chunk = self._staged(rows[run, a:a + per_chunk], dtype)
                 data = _as_bytes(chunk)
                 try:
-                    _pwrite_all(fd, data, offset)
+                    pwrite_all(fd, data, offset)
                 except OSError as exc:
                     from .manifest import describe_os_error
 

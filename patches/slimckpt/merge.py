@@ -126,57 +126,102 @@ def _write_weights(opts: MergeOptions, partial: str, mp: MergePlan, ckpt=None) -
         bar.close()
 
 
+def _write_weights_without_torch(opts: MergeOptions, partial: str, mp: MergePlan, sources: dict) -> dict[str, str]:
+    from . import np_writer
+
+    bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
+    try:
+        return np_writer.write_plan(partial, mp.plan, sources, opts.dtype, opts.chunk_bytes, bar, opts.fsync)
+    finally:
+        bar.close()
+
+
+def _torch_imported() -> bool:
+    return "torch" in sys.modules
+
+
 class _EarlyWrite:
-    """Weights written from the guessed plan (slimckpt.merge_guess) and the quick reading of the rank
-    files (slimckpt.quick_sources) while this process imports verl and transformers for the real
-    ones: the disk works during the imports. `matches` decides whether the result counts.
+    """Weights written from the guessed plan (slimckpt.merge_guess) and a quick reading of the rank
+    files while this process imports torch, transformers and verl for the real ones: the disk works
+    during the imports. `matches` decides whether the result counts.
 
-    The writing runs in a forked child where that is safe (`forked_call`), else on a thread. In a
-    thread, the pipeline's read, cast and write threads wait for the GIL while the imports run
-    Python: on the 1B merge here its writing took 6.3-7.5 s beside the imports, 4.6-5.0 s alone."""
+    First choice: a child forked before torch is imported, which reads the rank files with
+    `pt_index` and writes with `np_writer` (no torch: it starts 1.3-4 s sooner). Else, once torch
+    is imported, `quick_sources` and the torch writer, in a forked child where that is safe
+    (`forked_call`), or on a thread. In a thread, the pipeline's read, cast and write threads wait
+    for the GIL while the imports run Python: on the 1B merge here its writing took 6.3-7.5 s beside
+    the imports, 4.6-5.0 s alone."""
 
-    def __init__(self, opts: MergeOptions, target: str, mp: MergePlan, ckpt, signature: list[tuple]) -> None:
-        import threading
-
-        from .writer import create_files
+    def __init__(self, target: str, mp: MergePlan, signature: list[tuple], close=None) -> None:
+        from .out_files import create_files
 
         self.mp = mp
-        self.partial = prepare_partial(target)
+        self.signature = signature
         self.checksums: dict[str, str] | None = None
         self.error: BaseException | None = None
+        self.thread = None
+        self.child: forked_call.ForkedCall | None = None
+        self.partial = prepare_partial(target)
         try:
             create_files(self.partial, mp.plan)
         except BaseException:
             discard_partial(self.partial)
-            ckpt.close()
+            if close is not None:
+                close()
             raise
-        self.signature = signature
-        self.thread: threading.Thread | None = None
-        self.child: forked_call.ForkedCall | None = None
-        if forked_call.possible():
-            try:
-                self.child = forked_call.ForkedCall(_write_weights, opts, self.partial, mp, ckpt,
-                                                    name="merge's writer process")
-            except OSError as exc:  # EAGAIN/ENOMEM from fork: a thread does the same work
-                log.info("could not fork the merge's writer (%s): writing on a thread", exc.strerror or exc)
-        if self.child is not None:
-            ckpt.close()  # the child keeps its own mappings of the rank files
-        else:
-            self.thread = threading.Thread(target=self._run, args=(opts, ckpt), name="slimckpt-early-write",
-                                           daemon=True)
-            self.thread.start()
+
+    def _fork(self, fn, *args) -> bool:
+        try:
+            self.child = forked_call.ForkedCall(fn, *args, name="merge's writer process")
+            return True
+        except OSError as exc:  # EAGAIN/ENOMEM from fork
+            log.info("could not fork the merge's writer (%s)", exc.strerror or exc)
+            return False
 
     @classmethod
     def start(cls, opts: MergeOptions, target: str) -> "_EarlyWrite | None":
         """None when there is no safe guess; the normal path then plans first and writes after."""
         if os.environ.get("SLIMCKPT_MERGE_GUESS", "1") == "0":
             return None
-        from . import merge_guess, quick_sources
-        from .sources import HF_SUBDIR, CheckpointError, open_checkpoint
+        from . import merge_guess
+        from .checkpoint_dir import HF_SUBDIR
 
         config = merge_guess.read_config(os.path.join(opts.local_dir, HF_SUBDIR))
         if config is None:
             return None
+        return cls._start_without_torch(opts, target, config) or cls._start_with_torch(opts, target, config)
+
+    @classmethod
+    def _start_without_torch(cls, opts: MergeOptions, target: str, config: dict) -> "_EarlyWrite | None":
+        if _torch_imported() or not forked_call.possible():
+            return None  # no time to win: torch is here already; or a thread would share the imports' GIL
+        from . import merge_guess, np_writer, pt_index
+
+        index = pt_index.open_index(opts.local_dir)
+        names = merge_guess.guess_output_names(list(index.tensors), config) if index is not None else None
+        if names is None:
+            return None
+        sources = {new: index.tensors[old] for new, old in names.items()}
+        try:
+            np_writer.check(sources, opts.dtype)
+        except np_writer.Declined as exc:
+            log.debug("no early write without torch: %s", exc)
+            return None
+        mp = plan_names(index, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
+        early = cls(target, mp, pt_index.signature(index, names))
+        if not early._fork(_write_weights_without_torch, opts, early.partial, mp, sources):
+            discard_partial(early.partial)
+            return None
+        log.debug("early write: a child forked before torch is imported writes the weights")
+        return early
+
+    @classmethod
+    def _start_with_torch(cls, opts: MergeOptions, target: str, config: dict) -> "_EarlyWrite | None":
+        import threading
+
+        from . import merge_guess, quick_sources
+        from .sources import CheckpointError, open_checkpoint
+
         ckpt = quick_sources.open_quick(opts.local_dir)  # no torch.distributed import: 0.9 s sooner
         if ckpt is None:
             try:
@@ -188,7 +233,16 @@ class _EarlyWrite:
             ckpt.close()
             return None
         mp = plan_names(ckpt, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
-        return cls(opts, target, mp, ckpt, quick_sources.signature(ckpt, names))
+        early = cls(target, mp, quick_sources.signature(ckpt, names), close=ckpt.close)
+        if forked_call.possible() and early._fork(_write_weights, opts, early.partial, mp, ckpt):
+            log.debug("early write: a child forked after torch is imported writes the weights")
+            ckpt.close()  # the child keeps its own mappings of the rank files
+        else:  # a thread does the same work
+            log.debug("early write: a thread writes the weights")
+            early.thread = threading.Thread(target=early._run, args=(opts, ckpt), name="slimckpt-early-write",
+                                            daemon=True)
+            early.thread.start()
+        return early
 
     def _run(self, opts: MergeOptions, ckpt) -> None:
         try:
@@ -308,8 +362,8 @@ def _is_input_or_output_error(exc: BaseException) -> bool:
 
     if isinstance(exc, CheckpointError):
         return True
-    writer = sys.modules.get(f"{__package__}.writer")  # not imported: exc cannot be its OutputError
-    return writer is not None and isinstance(exc, writer.OutputError)
+    out_files = sys.modules.get(f"{__package__}.out_files")  # not imported: exc cannot be its OutputError
+    return out_files is not None and isinstance(exc, out_files.OutputError)
 
 
 def _resolve_max_shard_size(opts: MergeOptions) -> None:
@@ -439,7 +493,7 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
 def lay_out_partial(partial: str, mp: MergePlan, hf: HfSide, weight_files: bool = True) -> bool:
     """Configs, tokenizer, full-size weight files with their headers (unless made already), and the
     index; returns whether a tokenizer was saved."""
-    from .writer import create_files
+    from .out_files import create_files
 
     hf.save_configs(partial)
     tokenizer_saved = hf.save_tokenizer(partial)
@@ -466,7 +520,7 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
             checksums = _write_weights(opts, partial, mp)
         else:  # weights are being written already: configs and tokenizer meanwhile
             tokenizer_saved = lay_out_partial(partial, mp, hf, weight_files=False)
-            checksums = early.join()
+            checksums = _join_or_rewrite(early, opts, partial, mp)
         files = _finish(partial, target, mp, checksums, opts, tokenizer_saved)
         ok = True
     finally:
@@ -478,6 +532,21 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
     seconds = time.perf_counter() - t0
     log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
+
+
+def _join_or_rewrite(early: _EarlyWrite, opts: MergeOptions, partial: str, mp: MergePlan) -> dict[str, str]:
+    """The early writer's checksums; or, where it left the weights to torch (a NaN, say), the
+    weights written again by the torch writer, over the same files."""
+    from .np_writer import Declined
+
+    try:
+        return early.join()
+    except Declined as exc:
+        from .out_files import create_files
+
+        log.info("the early writer left the weights to torch (%s): writing them again", exc)
+        create_files(partial, mp.plan)
+        return _write_weights(opts, partial, mp)
 
 
 def _message(exc: BaseException) -> str:

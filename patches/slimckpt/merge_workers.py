@@ -69,7 +69,7 @@ def _worker_entry(args: tuple, queue) -> None:
 def is_user_error(exc: BaseException) -> bool:
     from .merge import MergeError
     from .sources import CheckpointError
-    from .writer import OutputError
+    from .out_files import OutputError
 
     return isinstance(exc, (CheckpointError, OutputError, CommitError, MergeError))
 

@@ -16,74 +16,18 @@ SLIMCKPT_DIRECT_IO=0, the same bytes go through the page cache and the mmap.
 
 from __future__ import annotations
 
-import errno
 import os
-import queue
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from . import direct_io, direct_read, layout
-from .manifest import DEFAULT_ALGO, describe_os_error, file_checksum, new_hasher
+from .manifest import DEFAULT_ALGO, file_checksum
+from .out_files import OutputFiles, Progress
 from .sources import CheckpointError, SourceTensor
 
-DEFAULT_CHUNK_BYTES = 4 << 20  # of source; PIPELINE_DEPTH staging buffers + direct_read's read buffers
-PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
+DEFAULT_CHUNK_BYTES = 4 << 20  # of source; out_files.PIPELINE_DEPTH staging buffers + direct_read's read buffers
 OUT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-class OutputError(RuntimeError):
-    """Writing the output failed (disk full, read-only...); the message names the file and the fix."""
-
-
-Progress = Callable[[int], None]
-
-
-def _os_error(exc: OSError, path: str, need: int | None = None) -> OutputError:
-    return OutputError(describe_os_error(exc, path, need))
-
-
-def create_files(root: str, plan: layout.Plan) -> None:
-    """Create every planned file at its final size with its header written (coordinator only)."""
-    need = sum(f.size for f in plan.files)
-    for f in plan.files:
-        path = os.path.join(root, f.name)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                _reserve(fd, f.size)
-                _pwrite_all(fd, memoryview(f.header), 0)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise _os_error(exc, path, need) from None
-
-
-def _reserve(fd: int, size: int) -> None:
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        os.ftruncate(fd, size)  # filesystems without fallocate (some network ones): sparse file
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while len(data):
-        n = os.pwrite(fd, data, offset)
-        if n <= 0:
-            raise OSError(errno.EIO, "short write")
-        data, offset = data[n:], offset + n
-
-
-def _address(data: memoryview) -> int:
-    import ctypes
-
-    if not len(data) or data.readonly:
-        return -1  # header bytes and the like: never aligned on purpose, written buffered
-    return ctypes.addressof(ctypes.c_char.from_buffer(data))
 
 
 def _as_bytes(t: torch.Tensor) -> memoryview:
@@ -91,94 +35,6 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
     if t.numel() == 0:
         return memoryview(b"")
     return memoryview(t.view(torch.uint8).numpy()).cast("B")
-
-
-class _WriteBehind:
-    """One thread that runs submitted writes in order; a failed write is re-raised to the caller at
-    its next submit/flush, and later writes are dropped (the output is being discarded anyway)."""
-
-    def __init__(self, write: Callable[[str, memoryview, int], None]) -> None:
-        self._write = write
-        self._todo: queue.Queue = queue.Queue(maxsize=PIPELINE_DEPTH)
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="slimckpt-write", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._todo.get()
-            try:
-                if item is None:
-                    return
-                file, data, offset, done = item
-                try:
-                    if self.error is None:
-                        self._write(file, data, offset)
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                    self.error = exc
-                finally:
-                    if done is not None:
-                        done()
-            finally:
-                self._todo.task_done()
-
-    def _raise(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def submit(self, file: str, data: memoryview, offset: int, done: Callable[[], None] | None) -> None:
-        self._raise()
-        self._todo.put((file, data, offset, done))
-
-    def flush(self) -> None:
-        self._todo.join()
-        self._raise()
-
-    def stop(self) -> None:
-        self._todo.put(None)
-        self._thread.join()
-
-
-class _StagingRing:
-    """Two reusable cast buffers: a chunk is cast into a free one, which comes back once written.
-    Reused buffers keep their pages faulted in; the ring bounds memory to PIPELINE_DEPTH chunks."""
-
-    def __init__(self, min_bytes: int) -> None:
-        self.min_bytes = min_bytes
-        self._free: queue.Queue = queue.Queue()
-        self._made = 0
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        if self._free.empty() and self._made < PIPELINE_DEPTH:
-            self._made += 1
-            buf = None
-        else:
-            buf = self._free.get()
-        if buf is None or buf.numel() < nbytes + direct_io.ALIGN:
-            # slack for placing a chunk at its file offset modulo ALIGN (see ShareWriter._cast)
-            buf = direct_io.aligned_empty(max(nbytes, self.min_bytes) + direct_io.ALIGN)
-        return buf
-
-    def give_back(self, buf: torch.Tensor) -> None:
-        self._free.put(buf)
-
-
-def _close(st: "_FileState") -> None:
-    for fd in (st.fd, st.dfd):
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-@dataclass
-class _FileState:
-    path: str
-    fd: int
-    dfd: int | None  # O_DIRECT descriptor of the same file, None where refused
-    next_offset: int  # for the running checksum: where the next in-order write must start
-    hasher: object | None
 
 
 @dataclass
@@ -199,120 +55,28 @@ class ShareWriter:
     def __init__(self, root: str, plan: layout.Plan, sources: dict[str, SourceTensor], out_dtype: torch.dtype,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress | None = None,
                  algo: str = DEFAULT_ALGO, fsync: bool = True) -> None:
-        self.root, self.plan, self.sources, self.out_dtype = root, plan, sources, out_dtype
+        self.plan, self.sources, self.out_dtype = plan, sources, out_dtype
         self.out_width = torch.empty((), dtype=out_dtype).element_size()
         self.chunk_bytes = max(1, chunk_bytes)
-        self.progress = progress or (lambda n: None)
-        self.algo = algo
-        self.fsync = fsync  # False only for `slimckpt merge --no_fsync`: not durable across a power loss
-        self.direct = direct_io.enabled()
-        self._files: dict[str, _FileState] = {}
-        self._ring = _StagingRing(min(self.chunk_bytes, 1 << 30))
-        self._behind: _WriteBehind | None = None
-        self._pending_buf: torch.Tensor | None = None  # staging buffer of the last _cast, until submitted
-        self._layouts = {f.name: f for f in plan.files}
-        self.checksums: dict[str, str] = {}  # files this writer wrote whole, in order
+        self.out = OutputFiles(root, plan, direct_io.aligned_empty, self.chunk_bytes, progress, algo, fsync)
+        self.direct = self.out.direct
 
-    # -- files -----------------------------------------------------------------------------------
-    def _file(self, name: str) -> _FileState:
-        st = self._files.get(name)
-        if st is None:
-            path = os.path.join(self.root, name)
-            try:
-                fd = os.open(path, os.O_WRONLY)
-            except OSError as exc:
-                raise _os_error(exc, path) from None
-            try:
-                dfd = direct_io.open_direct(path, os.O_WRONLY) if self.direct else None
-            except OSError:
-                dfd = None
-            f = self._layouts[name]
-            hasher = new_hasher(self.algo)
-            hasher.update(f.header)
-            st = self._files[name] = _FileState(path, fd, dfd, f.data_start, hasher)
-        return st
-
-    def _pwrite(self, st: _FileState, data: memoryview, offset: int) -> None:
-        """The aligned middle with O_DIRECT when possible, the rest (or all of it) buffered. The two
-        parts never share a block, so the page cache never holds a stale copy of a direct block."""
-        head, body, _tail = direct_io.split(offset, len(data), _address(data)) if st.dfd is not None else (len(data), 0, 0)
-        if body:
-            try:
-                _pwrite_all(st.dfd, data[head:head + body], offset + head)
-            except OSError as exc:
-                if not direct_io.refused(exc):
-                    raise
-                os.close(st.dfd)  # this filesystem's alignment rules are stricter: buffered from now on
-                st.dfd = None
-                _pwrite_all(st.fd, data, offset)
-                return
-            _pwrite_all(st.fd, data[:head], offset)
-            _pwrite_all(st.fd, data[head + body:], offset + head + body)
-        else:
-            _pwrite_all(st.fd, data, offset)
-
-    def _write(self, file: str, data: memoryview, offset: int) -> None:
-        st = self._file(file)
-        try:
-            self._pwrite(st, data, offset)
-        except OSError as exc:
-            raise _os_error(exc, st.path, sum(f.size for f in self.plan.files)) from None
-        if st.hasher is not None:
-            if offset == st.next_offset:
-                st.hasher.update(data)
-                st.next_offset += len(data)
-            else:
-                st.hasher = None  # not written in order by us alone: checksum by reading back
-        self.progress(len(data))
-
-    def _submit(self, file: str, data: memoryview, offset: int) -> None:
-        """Queue a write; the staging buffer `data` may live in goes back to the ring once written."""
-        buf, self._pending_buf = self._pending_buf, None
-        if self._behind is None:
-            self._behind = _WriteBehind(self._write)
-        done = None if buf is None else (lambda: self._ring.give_back(buf))
-        # the queued item keeps `data` (and the tensor under it) alive until it is written
-        self._behind.submit(file, data, offset, done)
-
-    def _stop_behind(self) -> BaseException | None:
-        behind, self._behind = self._behind, None
-        if behind is None:
-            return None
-        try:
-            behind.flush()
-        except BaseException as exc:  # noqa: BLE001 - returned for the caller to raise or drop
-            return exc
-        finally:
-            behind.stop()
-        return None
+    @property
+    def checksums(self) -> dict[str, str]:
+        return self.out.checksums
 
     def close(self) -> None:
-        """fsync and close every file; keep the running checksum of files written whole."""
-        failed = self._stop_behind()
-        if failed is not None:
-            self.abort()
-            raise failed
-        errors = []
-        for name, st in self._files.items():
-            try:
-                if self.fsync:
-                    os.fsync(st.fd)
-            except OSError as exc:
-                errors.append(_os_error(exc, st.path))
-            finally:
-                _close(st)
-            if st.hasher is not None and st.next_offset == self._layouts[name].size:
-                self.checksums[name] = st.hasher.hexdigest()
-        self._files.clear()
-        if errors:
-            raise errors[0]
+        self.out.close()
+
+    def abort(self) -> None:
+        self.out.abort()
 
     # -- tensors ---------------------------------------------------------------------------------
     def write_share(self, share: list[layout.Segment]) -> None:
         items = self._chunks(share)
         row_chunks = [it.nbytes for it in items if isinstance(it, _RowChunk)]
         if row_chunks:  # cast buffers of the output size (half the source chunk for fp32 -> bf16)
-            self._ring.min_bytes = max(row_chunks)
+            self.out.ring.min_bytes = max(row_chunks)
         prefetch = self._prefetcher(items)
         try:
             for i, item in enumerate(items):
@@ -324,13 +88,6 @@ class ShareWriter:
             if prefetch is not None:
                 prefetch.close()
         self.close()
-
-    def abort(self) -> None:
-        """Close every file without fsync or checksums (the output is being discarded)."""
-        self._stop_behind()
-        for st in self._files.values():
-            _close(st)
-        self._files.clear()
 
     def _chunks(self, share: list[layout.Segment]) -> list[_RowChunk | layout.Segment]:
         """The share in write order: dim-0 shards as row chunks (each read, cast and written as one
@@ -379,10 +136,12 @@ class ShareWriter:
                 self._write_plain(placement, src, item.row_start, item.row_end)
             return
         if prefetch is not None and prefetch.has(i):
-            data = _as_bytes(self._cast(prefetch.get(i), item.offset, borrowed=True))
+            rows = item.piece[item.start:item.end]
+            read = torch.frombuffer(prefetch.get(i), dtype=torch.uint8).view(rows.dtype).view(rows.shape)
+            data = _as_bytes(self._cast(read, item.offset, borrowed=True))
         else:
             data = _as_bytes(self._cast(item.piece[item.start:item.end], item.offset))
-        self._submit(item.file, data, item.offset)
+        self.out.submit(item.file, data, item.offset)
 
     def _cast(self, src: torch.Tensor, offset: int, borrowed: bool = False) -> torch.Tensor:
         """`src` in the output dtype, contiguous, in a reused staging buffer at `offset` modulo
@@ -392,9 +151,7 @@ class ShareWriter:
         if src.dtype == self.out_dtype and src.is_contiguous() and not borrowed and not self.direct:
             return src
         nbytes = src.numel() * self.out_width
-        if self._pending_buf is not None:  # cast but never submitted (a check failed): reuse it
-            self._ring.give_back(self._pending_buf)
-        self._pending_buf = buf = self._ring.take(nbytes)
+        buf = self.out.stage(nbytes)
         shift = offset % direct_io.ALIGN
         out = buf[shift:shift + nbytes].view(self.out_dtype).view(src.shape)
         out.copy_(src)
@@ -413,7 +170,7 @@ class ShareWriter:
             end = min(b, start + step)
             chunk = torch.cat([p[start:end].to(self.out_dtype) for p in src.pieces], dim=src.shard_dim)
             data = _as_bytes(chunk.contiguous())
-            self._submit(placement.file, data, offset)
+            self.out.submit(placement.file, data, offset)
             offset += len(data)
 
     def _write_plain(self, placement: layout.Placement, src: SourceTensor, a: int, b: int) -> None:
@@ -432,7 +189,7 @@ class ShareWriter:
                         f"{src.file_of(k)}: unsharded entry {src.name!r} differs from rank {src.ranks[0]}'s copy; "
                         f"the rank files come from different steps: re-copy the checkpoint")
             data = _as_bytes(chunk)
-            self._submit(placement.file, data, offset)
+            self.out.submit(placement.file, data, offset)
             offset += len(data)
 
 
