@@ -250,3 +250,66 @@ def test_the_cli_writes_before_importing_torch(tmp_path):
     finally:
         del os.environ["SLIMCKPT_MERGE_GUESS"]
     assert _outputs(tmp_path / "cli") == _outputs(tmp_path / "planned")
+
+
+def _session_alive(sid: int) -> list[int]:
+    """Pids of processes still in session `sid` (a killed merge's forked writer, say)."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # session id; zombies are waited for by their parent
+            alive.append(int(entry))
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["merge process", "process group"])
+def test_a_killed_cli_merge_never_looks_complete_and_reruns(tmp_path, who):
+    """SIGKILL at random moments of `slimckpt merge` (its writer forked before torch): the target
+    is absent or complete and verifying, the writer dies with its parent, and a rerun succeeds."""
+    import random
+    import signal
+    import time
+
+    from slimckpt.manifest import verify
+
+    from .merge_helpers import run_cli
+
+    # 29M parameters: the writer child, which starts a few tenths of a second in, works long enough
+    # for the early kills to land in it (the later ones land in the imports and the commit)
+    local = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_llama_config(
+        hidden_size=512, intermediate_size=1376, vocab_size=16000, num_hidden_layers=4))
+    t0 = time.monotonic()
+    assert run_cli(["merge", "--local_dir", str(local), "--target_dir", str(tmp_path / "ref")]).returncode == 0
+    wall = time.monotonic() - t0
+    rng = random.Random(who)
+    outcomes = []
+    for trial, (lo, hi) in enumerate([(0.2, 0.7), (0.7, 1.5), (0.05, wall)]):
+        target = tmp_path / f"t{trial}"
+        cmd = [sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(local), "--target_dir", str(target)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(rng.uniform(lo, hi))
+        if who == "merge process":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _session_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _session_alive(proc.pid), "the merge's writer outlived it"
+        if target.exists():
+            assert verify(str(target)) == [], f"trial {trial}: {target} looks complete but does not verify"
+            outcomes.append("complete")
+        else:
+            outcomes.append("none")
+        rerun = run_cli(["merge", "--local_dir", str(local), "--target_dir", str(target), "--overwrite"])
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        assert _outputs(target) == _outputs(tmp_path / "ref")
+    print(who, outcomes)
