@@ -214,8 +214,8 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None) -> 
     if imports_s is not None and goal < imports_s <= ours.wall_s:
         lines += ["", f"3x faster than verl would be {goal:.1f} s at {largest}. Starting Python and importing what "
                       f"the commit waits for (torch, transformers' modeling code and verl's merger, which name the "
-                      f"tensors and write the config files as verl does) took {imports_s:.1f} s in this run, before "
-                      f"any merge work."]
+                      f"tensors and write the config files as verl does) took {imports_s:.1f} s at best in this run, "
+                      f"before any merge work."]
     if disk is not None and getattr(disk, "mixed_bytes_per_s", 0):
         mixed_floor = (ours.read_bytes + ours.written_bytes) / disk.mixed_bytes_per_s
         lines += ["", f"The floor adds isolated read and write times. A merge reads and writes at once, which this "
@@ -223,7 +223,7 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None) -> 
                       f"{mixed_floor:.1f} s for the {largest} merge's bytes, about what its writer (a child forked "
                       f"before torch is imported) takes. slimckpt's wall is {ours.wall_s / mixed_floor:.2f}x that."]
         if imports_s:
-            lines[-1] += (f" The commit waits for the imports ({imports_s:.1f} s, measured above) and for the "
+            lines[-1] += (f" The commit waits for the imports ({imports_s:.1f} s at best in this run) and for the "
                           f"planning after them; the smallest model's wall, whose bytes take a fraction of that, "
                           f"shows the same fixed cost.")
         goal_floor = 1.5 * ours.io_floor_s
@@ -273,16 +273,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     disks = [measure_disk_speed(str(work))]
     print(f"[bench] {machine_line(disks[0])}", flush=True)
-    imports_s = measure_imports()
-    print(f"[bench] python + {IMPORTS}: {imports_s:.2f} s (median of 5)", flush=True)
+    imports = [measure_imports()]
+    print(f"[bench] python + {IMPORTS}: {imports[-1]:.2f} s (median of 5)", flush=True)
     rows: list[MergeRow] = []
     for k, size in enumerate(sizes):
         if k:  # the disk's speed drifts here: measured again next to each size's merges
             disks.append(measure_disk_speed(str(work)))
-            print(f"[bench] disk before {size}: {disks[-1].describe()}", flush=True)
+            imports.append(measure_imports())
+            print(f"[bench] disk before {size}: {disks[-1].describe()}; imports {imports[-1]:.2f} s", flush=True)
         rows += bench_merge(size, work, args.repeats)
     disks.append(measure_disk_speed(str(work)))
-    print(f"[bench] disk at the end: {disks[-1].describe()}", flush=True)
+    imports.append(measure_imports())
+    print(f"[bench] disk at the end: {disks[-1].describe()}; imports {imports[-1]:.2f} s", flush=True)
+    imports_s = min(imports)  # like the disk's speeds: the best this machine did in the run
     disk = fastest_of(disks)
     for r in rows:
         r.io_floor_s = disk.io_floor_s(r.read_bytes, r.written_bytes)
@@ -310,6 +313,13 @@ def write_keeping_save_section(path: Path, report: str) -> None:
         section = SAVE_BEGIN + old.split(SAVE_BEGIN, 1)[1].split(SAVE_END, 1)[0] + SAVE_END
         report = report.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(report)
+
+
+def _imports_words(imports_s: float | None) -> str:
+    if imports_s is None:
+        return "not measured in this run"
+    return (f"{imports_s:.1f} s with Python's start at best in this run, measured at the start, before each "
+            f"size and at the end, as the disk is")
 
 
 def render_report(rows: list[MergeRow], disk, args, seconds: float, date: str, imports_s: float | None = None) -> str:
@@ -343,9 +353,9 @@ speed drifts by up to 1.5x within minutes here).
 
 {targets(rows, disk, imports_s)}
 
-Wall times are whole processes, Python and library imports included (torch, transformers and verl
-take about 4 s to import on this machine, for both tools; slimckpt's forked writer reads and writes
-meanwhile).
+Wall times are whole processes, Python and library imports included (both tools import torch,
+transformers and verl: {_imports_words(imports_s)}; slimckpt's writer, forked before torch is imported,
+reads and writes meanwhile).
 slimckpt fsyncs every file it writes and verl's merger does not. slimckpt reads the shards and
 writes the output with O_DIRECT where the filesystem allows it (`slimckpt.direct_io`);
 `SLIMCKPT_DIRECT_IO=0` goes through the page cache instead.
