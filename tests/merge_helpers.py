@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -137,3 +138,16 @@ def torchrun(nproc: int, args: list[str], timeout: int = 300) -> subprocess.Comp
 
 def run_cli(args: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "slimckpt.cli", *args], env=env, timeout=timeout, preexec_fn=preexec_fn)
+
+
+def full_disk_after_headers(monkeypatch) -> None:
+    """os.pwrite fails with ENOSPC past the first 4 KiB: headers go in, weights hit a full disk
+    (also in a forked writer, which inherits the patch)."""
+    real = os.pwrite
+
+    def pwrite(fd, data, off):
+        if off > 4096:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, off)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)

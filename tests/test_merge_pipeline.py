@@ -15,7 +15,7 @@ from slimckpt.sources import SourceTensor
 from slimckpt.out_files import OutputError, create_files
 from slimckpt.writer import ShareWriter
 
-from .merge_helpers import synthetic_checkpoint, tiny_llama_config
+from .merge_helpers import full_disk_after_headers, synthetic_checkpoint, tiny_llama_config
 
 
 def test_guess_drops_flowrl_and_tied_head_only():
@@ -105,14 +105,7 @@ def test_forked_and_threaded_early_writes_are_byte_identical(tmp_path, monkeypat
 def test_a_failed_write_in_the_forked_writer_is_the_users_error(tmp_path, monkeypatch):
     ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
     made = _count_forks(monkeypatch)
-    real = os.pwrite
-
-    def full_after_headers(fd, data, off):
-        if off > 4096:  # headers go in; weights hit a full disk (in the child, which inherits this patch)
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data, off)
-
-    monkeypatch.setattr(os, "pwrite", full_after_headers)
+    full_disk_after_headers(monkeypatch)
     with pytest.raises(merge.MergeError, match=r"model.*safetensors.*(space|full)"):
         _merge(ckpt, tmp_path / "out")
     assert made == [1]

@@ -17,7 +17,7 @@ from slimckpt.out_files import create_files
 from slimckpt.sources import open_checkpoint
 from slimckpt.writer import OUT_DTYPES, ShareWriter
 
-from .merge_helpers import synthetic_checkpoint, tiny_llama_config
+from .merge_helpers import full_disk_after_headers, synthetic_checkpoint, tiny_llama_config
 
 
 def _bits(n: int, seed: int) -> np.ndarray:
@@ -220,17 +220,8 @@ def test_differing_copies_get_the_torch_writers_error(tmp_path, without_torch):
 
 
 def test_a_full_disk_in_the_child_before_torch_is_the_users_error(tmp_path, monkeypatch, without_torch):
-    import errno
-
     local = synthetic_checkpoint(tmp_path / "actor", world_size=2)
-    real = os.pwrite
-
-    def full_after_headers(fd, data, off):
-        if off > 4096:  # headers go in; weights hit a full disk (in the child, which inherits this patch)
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data, off)
-
-    monkeypatch.setattr(os, "pwrite", full_after_headers)
+    full_disk_after_headers(monkeypatch)
     with pytest.raises(merge.MergeError, match=r"model.*safetensors.*(space|full)"):
         _merge(local, tmp_path / "out")
     assert without_torch == ["_write_weights_without_torch"]
