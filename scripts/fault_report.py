@@ -250,7 +250,13 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "  but timing differs.",
         "- **Critic.** The trials save the actor only (`use_critic` false); verl's critic uses the same manager.",
         "- A tiny model: a save takes a fraction of a second, so a kill lands in each phase in proportion to its",
-        "  duration here, not on a 70B run.", "",
+        "  duration here, not on a 70B run.",
+        "- **The merge's writer forked before torch is imported** (what `slimckpt merge` run as a command does):",
+        "  the merges here are forked from a process that has imported torch already, so their writer is the",
+        "  one forked after torch's import. The torch-free writer is killed only in",
+        "  `tests/test_np_writer.py::test_a_killed_cli_merge_never_looks_complete_and_reruns` (6 kills of a",
+        "  fresh command, its process or its process group: none left a complete-looking target that fails",
+        "  verification or a writer behind, and each rerun gave the uncut run's files).", "",
     ]
     took = {k: v.get("seconds") for k, v in (side_runs or {}).items()}
     lines += _side("Corruption of committed checkpoints", corruption, "corruption_campaign.py", "corruption.json",
