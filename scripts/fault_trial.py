@@ -8,7 +8,7 @@ torch, transformers and verl once. Nothing here re-implements verl's checkpoint 
   the call returns once all ranks are done, like Ray's worker-group call) and each rank runs
   verl's real FSDPCheckpointManager on a tiny FSDP2 Llama over gloo, patched by slimckpt when
   the mode's checkpoint config is a recipe's SlimCheckpointConfig and untouched otherwise;
-- the merge child runs `slimckpt merge` (the CLI's own main) or verl's FSDPModelMerger.
+- the merge child execs `slimckpt merge` as a fresh command, or runs verl's FSDPModelMerger.
 
 Rank 0 is the driver and worker 0 at once; a kill takes all ranks within microseconds, as a node
 failure or a scheduler's SIGKILL does. World size 2, so per-rank files, the commit's gather and
@@ -464,15 +464,27 @@ def build_merge_fixture(out_dir: str, rank: int, hidden: int, layers: int, vocab
 
 
 def merge_child(kind: str, local_dir: str, target: str, overwrite: bool) -> int:
-    """`slimckpt merge` (the CLI's main, in this process) or verl's own FSDPModelMerger."""
+    """`slimckpt merge` as a fresh command, or verl's own FSDPModelMerger in this process.
+
+    slimckpt's merge is exec'd, not run here: in a process that has imported torch already (this
+    one) its writer is the one forked after torch's import, while the command a user runs forks
+    its writer before importing torch (`slimckpt.np_writer`). The exec keeps this pid, so the
+    campaign kills and waits for it as before; the writer dies with it (PR_SET_PDEATHSIG)."""
+    import sys
+
+    if kind == "merge":
+        import slimckpt
+
+        argv = [sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", local_dir, "--target_dir", target,
+                "--no_progress"] + (["--overwrite"] if overwrite else [])
+        source = os.path.dirname(os.path.dirname(os.path.abspath(slimckpt.__file__)))  # the code under test
+        path = os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, argv, {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"})
     import torch
 
     torch.set_num_threads(1)
-    if kind == "merge":
-        from slimckpt.cli import main
-
-        argv = ["merge", "--local_dir", local_dir, "--target_dir", target, "--no_progress"]
-        return main(argv + (["--overwrite"] if overwrite else []))
     from verl.model_merger.base_model_merger import ModelMergerConfig
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
