@@ -123,30 +123,27 @@ class _WriteBehind:
 class StagingRing:
     """PIPELINE_DEPTH reusable cast buffers: a chunk is cast into a free one, which comes back once
     written. Reused buffers keep their pages faulted in; the ring bounds memory to a few chunks.
-    `alloc(n)` makes a buffer of n bytes whose first byte sits on an ALIGN boundary."""
+    `alloc(n)` makes a 1-D byte buffer (`len()` is n) whose first byte sits on an ALIGN boundary."""
 
     def __init__(self, min_bytes: int, alloc: Callable[[int], object]) -> None:
         self.min_bytes = min_bytes
         self._alloc = alloc
         self._free: queue.Queue = queue.Queue()
         self._made = 0
-        self._sizes: dict[int, int] = {}  # id of a buffer handed out -> its size
 
     def take(self, nbytes: int):
         if self._free.empty() and self._made < PIPELINE_DEPTH:
             self._made += 1
-            buf, size = None, 0
+            buf = None
         else:
-            buf, size = self._free.get()
-        if buf is None or size < nbytes + direct_io.ALIGN:
+            buf = self._free.get()
+        if buf is None or len(buf) < nbytes + direct_io.ALIGN:
             # slack for placing a chunk at its file offset modulo ALIGN (see the writers' casts)
-            size = max(nbytes, self.min_bytes) + direct_io.ALIGN
-            buf = self._alloc(size)
-        self._sizes[id(buf)] = size
+            buf = self._alloc(max(nbytes, self.min_bytes) + direct_io.ALIGN)
         return buf
 
     def give_back(self, buf) -> None:
-        self._free.put((buf, self._sizes.pop(id(buf))))
+        self._free.put(buf)
 
 
 @dataclass
