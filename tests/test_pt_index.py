@@ -117,6 +117,14 @@ def test_a_zip_without_torchs_padding_is_read_at_its_own_offsets(plain, tmp_path
     assert_reads_like_the_real_reader(ckpt)
 
 
+@pytest.mark.parametrize("header_read", [30, 40])
+def test_local_headers_read_in_pieces_give_the_same_offsets(plain, monkeypatch, header_read):
+    """One read usually holds a local header and its name; where it does not (a name past the read,
+    or a header at the end of a file), the rest is read on its own."""
+    monkeypatch.setattr(pt_index, "_HEADER_READ", header_read)
+    assert_reads_like_the_real_reader(plain)
+
+
 def _damage(ckpt, how: str) -> None:
     path = ckpt / "model_world_size_2_rank_1.pt"
     sd = torch.load(path, weights_only=True)

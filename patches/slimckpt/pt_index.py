@@ -46,6 +46,7 @@ _STORAGE_DTYPE: dict[str, str] = {
 }
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # zip local file header, 30 bytes
 _MAX_MESH_RANKS = 1 << 16
+_HEADER_READ = 4096  # bytes read from each local header (see _data_offset)
 
 
 @dataclass(frozen=True)
@@ -320,11 +321,17 @@ def _stored(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
 def _data_offset(f, info: zipfile.ZipInfo) -> int:
     """Where the entry's bytes start: after its LOCAL header, whose extra field (torch pads it to align
     the data) need not match the central directory's."""
-    header = os.pread(f.fileno(), _LOCAL_HEADER.size, info.header_offset)
-    if len(header) != _LOCAL_HEADER.size:
+    # One read of _HEADER_READ bytes, not of the header alone: torch's reader, which the merge runs
+    # later as a check while the early writer streams the same files, reads that much from each local
+    # header. Read now, before the stream starts, those pages are in the page cache then (1B, 2 ranks:
+    # the check took 0.6 s with the writer running, 0.05 s with the pages cached).
+    block = os.pread(f.fileno(), _HEADER_READ, info.header_offset)
+    if len(block) < _LOCAL_HEADER.size:
         raise _NotSimple("short local header")
-    magic, *_, name_len, extra_len = _LOCAL_HEADER.unpack(header)
-    name = os.pread(f.fileno(), name_len, info.header_offset + _LOCAL_HEADER.size)
+    magic, *_, name_len, extra_len = _LOCAL_HEADER.unpack_from(block)
+    name = block[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_len]
+    if len(name) < name_len:
+        name += os.pread(f.fileno(), name_len - len(name), info.header_offset + len(block))
     if magic != b"PK\x03\x04" or name != info.orig_filename.encode("utf-8"):
         raise _NotSimple(f"{info.filename}: local header does not match the central directory")
     return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
