@@ -63,6 +63,20 @@ def test_nan_is_refused_not_cast_differently():
         np_cast.Caster("torch.float16", "bf16")
 
 
+def test_nan_in_a_later_block_is_found_and_infinities_are_not_nan():
+    caster = np_cast.Caster("torch.float32", "bf16")
+    f = np.full(3 * np_cast.BLOCK + 5, 0.5, np.float32)
+    f[2 * np_cast.BLOCK + 3] = np.nan
+    with pytest.raises(np_cast.HasNaN):
+        caster.cast(memoryview(f).cast("B"), memoryview(bytearray(2 * f.size)))
+    # +inf and -inf make the screening sum NaN; the chunk holds no NaN, so it is cast, as torch does
+    f[2 * np_cast.BLOCK + 3], f[7] = np.inf, -np.inf
+    assert np.isnan(np.add.reduce(f))
+    got = bytearray(2 * f.size)
+    caster.cast(memoryview(f).cast("B"), memoryview(got))
+    assert bytes(got) == torch.from_numpy(f).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+
+
 # ------------------------------------------------------------------------------------------------
 def _plan(ckpt, dtype: str, max_shard: int | str = "50GB") -> tuple[layout.Plan, dict[str, str]]:
     names = {n: n for n in ckpt.tensors}
