@@ -8,7 +8,7 @@ aligned buffers while the caller casts the previous one and the write-behind thr
 before. Where a chunk sits in its file comes from the mmap itself (`/proc/self/maps`), so the zip
 layout of `torch.save` is never parsed here.
 
-Memory: `READERS + DEPTH` buffers of the largest chunk (8 MiB at the default 4 MiB chunks).
+Memory: `READERS + DEPTH` buffers of the largest chunk (4 MiB at the merge's default 2 MiB chunks).
 """
 
 from __future__ import annotations

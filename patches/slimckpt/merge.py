@@ -51,6 +51,13 @@ log = get_logger("slimckpt.merge")
 
 DTYPE_NAMES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 OVERWRITE_ENV = "SLIMCKPT_MERGE_OVERWRITE"
+# This VM's disk serves O_DIRECT reads of 0.5-1 MiB at 1.4-1.5 GB/s, of 4 MiB at 1.3, of 16 MiB at 1.05 (the
+# kernel splits requests at 4 MiB here); per chunk the cast costs Python calls, so below 1 MiB the CPU
+# loses it again. The torch-free writer alone on the 1B checkpoint, medians of 5-6 interleaved runs over
+# three series: 2 MiB 3.95-5.21 s, 4 MiB 5.41-6.17 s, 1 MiB 4.16-4.19 s; whole CLI merges, 6 each:
+# 2 MiB 5.29 s, 4 MiB 5.67 s, 1 MiB 5.73 s. (Earlier, with the writer forked after torch, 4 MiB was as
+# fast as 8.)
+DEFAULT_CHUNK_MB = 2
 
 
 class MergeError(RuntimeError):
@@ -68,9 +75,8 @@ class MergeOptions:
     overwrite: bool = False
     trust_remote_code: bool = False
     progress: bool = True
-    # source bytes per chunk; a writer holds 2 read buffers (direct_read) and 2 cast buffers of the output's
-    # size. 4 MiB: as fast as 8 in the forked writer here (8.2-8.5 s vs 8.2-9.2 s at 1B), 18 MiB less buffer
-    chunk_bytes: int = 4 << 20
+    # source bytes per chunk; a writer holds 2 read buffers (direct_read) and 2 cast buffers of the output's size
+    chunk_bytes: int = DEFAULT_CHUNK_MB << 20
     fsync: bool = True  # False: --no_fsync, faster but the output may be lost or torn by a power loss
     overwrite_hint: str = "--overwrite"
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
@@ -752,8 +758,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --target_dir")
     p.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
                    help="allow custom model code from the checkpoint's huggingface/ dir")
-    p.add_argument("--chunk_mb", type=int, default=4,
-                   help="MiB of source read, cast and written as one piece; a writer holds about three (default 4)")
+    p.add_argument("--chunk_mb", type=int, default=DEFAULT_CHUNK_MB,
+                   help=f"MiB of source read, cast and written as one piece; a writer holds about three "
+                        f"(default {DEFAULT_CHUNK_MB})")
     p.add_argument("--no_fsync", action="store_true",
                    help="skip fsync of the weight files: faster on slow disks, but after a power loss (not a "
                         "process crash) a committed output may hold torn files (`slimckpt verify` detects them)")
