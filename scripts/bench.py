@@ -220,8 +220,9 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None) -> 
         mixed_floor = (ours.read_bytes + ours.written_bytes) / disk.mixed_bytes_per_s
         lines += ["", f"The floor adds isolated read and write times. A merge reads and writes at once, which this "
                       f"disk serves at {disk.mixed_bytes_per_s / 1e9:.2f} GB/s combined (measured above): "
-                      f"{mixed_floor:.1f} s for the {largest} merge's bytes, about what its writer (a child forked "
-                      f"before torch is imported) takes. slimckpt's wall is {ours.wall_s / mixed_floor:.2f}x that."]
+                      f"{mixed_floor:.1f} s for the {largest} merge's bytes at that rate (slimckpt's writer, a child forked "
+                      f"before torch is imported, reads and writes in smaller requests). slimckpt's whole wall is "
+                      f"{ours.wall_s / mixed_floor:.2f}x that."]
         if imports_s:
             lines[-1] += (f" The commit waits for the imports ({imports_s:.1f} s at best in this run) and for the "
                           f"planning after them; the smallest model's wall, whose bytes take a fraction of that, "
