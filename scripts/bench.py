@@ -111,26 +111,31 @@ def bench_merge(size: str, work: Path, repeats: int) -> list[MergeRow]:
     ckpt, params = make_checkpoint(size, work, world_size=2)
     inputs = shard_files(ckpt)
     read_bytes = sum(os.path.getsize(p) for p in inputs)
-    rows = []
-    for tool, (cmd, env) in merge_commands(ckpt, work / "merged").items():
-        walls, peaks, written = [], [], 0
-        for i in range(repeats):
+    commands = merge_commands(ckpt, work / "merged")
+    walls: dict[str, list[float]] = {tool: [] for tool in commands}
+    peaks: dict[str, list[int]] = {tool: [] for tool in commands}
+    written: dict[str, int] = {}
+    # the tools take turns, run after run: this VM's CPU and disk speeds drift by 1.5x within minutes,
+    # and a slow minute should fall on every tool, not on one tool's block of runs
+    for i in range(repeats):
+        for tool, (cmd, env) in commands.items():
             target = work / "merged"
             shutil.rmtree(target, ignore_errors=True)
             shutil.rmtree(str(target) + ".partial", ignore_errors=True)
+            os.sync()  # no run pays for the writeback of an earlier one's dirty pages (verl's merger leaves them)
             evict_from_page_cache(inputs)
             res = run_measured(cmd, env={**env, "OMP_NUM_THREADS": "2"})
             # verl's merger exits 1 after writing when the checkpoint has no tokenizer; judge by output.
             files = list(target.glob("*.safetensors"))
             if not files:
                 raise SystemExit(f"[bench] {tool} produced no safetensors (exit {res.returncode}):\n{res.output[-3000:]}")
-            written = sum(f.stat().st_size for f in files)
-            walls.append(res.wall_s)
-            peaks.append(res.physical_peak)  # slimckpt's forked writer: parent + child, shared pages once
+            written[tool] = sum(f.stat().st_size for f in files)
+            walls[tool].append(res.wall_s)
+            peaks[tool].append(res.physical_peak)  # slimckpt's forked writer: parent + child, shared pages once
             print(f"[bench] merge {size} {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, "
                   f"peak anonymous {res.physical_peak / 2**20:.0f} MiB", flush=True)
-        rows.append(MergeRow(size, params, tool, max(peaks), median(walls), walls,
-                             read_bytes, written))
+    rows = [MergeRow(size, params, tool, max(peaks[tool]), median(walls[tool]), walls[tool], read_bytes, written[tool])
+            for tool in commands]
     shutil.rmtree(work / "merged", ignore_errors=True)
     return rows
 
@@ -339,10 +344,12 @@ Peak RssAnon is the peak anonymous memory of the merge, sampled from outside (la
 runs): the process's RssAnon every 10 ms; for slimckpt, whose writer runs in a forked child, also
 the sum of parent's and child's Pss_Anon every 50 ms (pages they share counted once; summing their
 RssAnon would count them twice), and the larger of the two is reported. Wall is the median of
-{args.repeats} runs with the input pages evicted from the page cache before each run. I/O floor =
+{args.repeats} runs with the input pages evicted from the page cache before each run; the tools take
+turns run after run, so a slow minute of the VM falls on all of them. I/O floor =
 bytes read / read bandwidth + bytes written / write bandwidth, with the bandwidths measured in this
 run at the start, before each model size and at the end (`slimckpt.diskspeed`: 1 GiB written and
-fsync'ed, then read cold, through the page cache and with O_DIRECT, medians of 3); each is the
+fsync'ed, then read cold, through the page cache and with O_DIRECT in 1 and 16 MiB requests,
+medians of 3); each is the
 fastest over those measurements and the two paths, i.e. the best this disk did in the run (its
 speed drifts by up to 1.5x within minutes here).
 
