@@ -346,9 +346,9 @@ the sum of parent's and child's Pss_Anon every 50 ms (pages they share counted o
 RssAnon would count them twice), and the larger of the two is reported. Wall is the median of
 {args.repeats} runs with the input pages evicted from the page cache before each run; the tools take
 turns run after run, so a slow minute of the VM falls on all of them. (verl's merger is slower in that
-order than in a block of its own runs: on this VM a verl merge that directly followed another one took
-14.5-15.5 s, and one after slimckpt merges, or the first of a block, 21-24 s, on 2026-11-30; the
-turns measure every verl run the second way.) I/O floor =
+order than in a block of its own runs: on this VM a 1B verl merge that directly followed another one
+took 13.4-16.6 s, and one after slimckpt merges, or the first of a block, 21-24 s, in runs on
+2026-11-30; the turns measure every verl run the second way.) I/O floor =
 bytes read / read bandwidth + bytes written / write bandwidth, with the bandwidths measured in this
 run at the start, before each model size and at the end (`slimckpt.diskspeed`: 1 GiB written and
 fsync'ed, then read cold, through the page cache and with O_DIRECT in 1 and 16 MiB requests,
