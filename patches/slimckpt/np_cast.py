@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# torch's names for the dtypes a verl checkpoint stores, and safetensors' names for the outputs
-SOURCE_DTYPES = {"torch.float32": np.float32, "torch.bfloat16": np.uint16, "torch.float16": np.float16}
+# the merge's --dtype choices, as torch names those dtypes (the sources' dtypes are spelled that way)
 OUT_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 WIDTH = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2}
 BLOCK = 64 * 1024  # fp32 elements per step of the bf16 rounding (256 KiB, plus as much scratch)

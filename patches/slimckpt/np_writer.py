@@ -101,7 +101,7 @@ def _chunks(plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int
     they need, in the order they need them."""
     chunks: list[_Chunk] = []
     reads: list[direct_read.ChunkRead] = []
-    casters: dict[str, np_cast.Caster] = {}  # one per source dtype: each keeps a chunk-sized scratch buffer
+    casters: dict[str, np_cast.Caster] = {}  # one per source dtype: each keeps its own scratch block
     for seg in layout.partition(plan, 1)[0]:
         src = sources[seg.name]
         placement = plan.placements[seg.name]
