@@ -38,6 +38,44 @@ def guess_default_max_shard_size() -> str:
     return "50GB" if major >= 5 else "5GB"
 
 
+def auto_model_class(config):
+    """The transformers auto class verl 0.9.1's merger builds the model with
+    (`BaseModelMerger.get_transformers_auto_model_class`): the auto_map entry naming the
+    architecture when the model has remote code, else by the architecture's suffix."""
+    import transformers
+
+    from .verl_leaves import leaf
+
+    arch = config.architectures[0]
+    vision = leaf("transformers_compat").get_auto_model_for_vision2seq
+    if hasattr(config, "auto_map") and any(arch in v for v in config.auto_map.values()):
+        auto_class = next(k for k, v in config.auto_map.items() if arch in v)
+        if auto_class in ("AutoModelForCausalLM", "AutoModelForTokenClassification"):
+            return getattr(transformers, auto_class)
+        if auto_class in ("AutoModelForVision2Seq", "AutoModelForImageTextToText"):
+            return vision()
+        raise NotImplementedError(f"Unknown auto class {auto_class}")
+    if "ForTokenClassification" in arch:
+        return transformers.AutoModelForTokenClassification
+    if "ForCausalLM" in arch:
+        return transformers.AutoModelForCausalLM
+    if "ForConditionalGeneration" in arch:
+        return vision()
+    raise NotImplementedError(f"Unknown architecture {config.architectures}")
+
+
+def load_generation_config(hf_dir: str):
+    """The generation config saved beside the checkpoint's config, or None (with verl's warning):
+    verl 0.9.1's merger gives it to the model instead of the one derived from the config."""
+    if not os.path.isfile(os.path.join(hf_dir, "generation_config.json")):
+        log.warning("Generation config file not found in %s, using a generation config created from the "
+                    "model config (as verl's merger does)", hf_dir)
+        return None
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_pretrained(hf_dir)
+
+
 # ------------------------------------------------------------------------------------------------
 # The Hugging Face side: what save_pretrained + verl's save_hf_model_and_tokenizer would do
 # ------------------------------------------------------------------------------------------------
@@ -46,43 +84,54 @@ class HfSide:
 
     def __init__(self, local_dir: str, dtype: str, trust_remote_code: bool) -> None:
         import torch
-        from accelerate import init_empty_weights
-        from verl.model_merger.base_model_merger import ModelMergerConfig
-        from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+        from transformers import AutoConfig
 
         from .sources import HF_SUBDIR, CheckpointError
 
         self.hf_dir = os.path.join(local_dir, HF_SUBDIR)
-        if not os.path.isfile(os.path.join(self.hf_dir, "config.json")):
-            raise CheckpointError(f"{os.path.join(self.hf_dir, 'config.json')} is missing; verl writes it on rank 0 "
+        config_path = os.path.join(self.hf_dir, "config.json")
+        if not os.path.isfile(config_path):
+            raise CheckpointError(f"{config_path} is missing; verl writes it on rank 0 "
                                   f"with every checkpoint: copy the checkpoint's huggingface/ dir along")
         self.trust_remote_code = trust_remote_code
-        config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=local_dir, target_dir=None,
-                                   hf_model_config_path=self.hf_dir, trust_remote_code=trust_remote_code)
-        self.verl = FSDPModelMerger(config)  # verl's own helpers: auto class, generation config
-        if not getattr(self.verl.model_config, "architectures", None):
-            raise CheckpointError(f"{os.path.join(self.hf_dir, 'config.json')} names no \"architectures\"; add the "
+        # verl's merger loads this config, picks the auto class and patches the generation config as
+        # below (BaseModelMerger, verl 0.9.1); tests/test_verl_leaves.py holds both to the same answers
+        self.model_config = AutoConfig.from_pretrained(self.hf_dir, trust_remote_code=trust_remote_code)
+        if not getattr(self.model_config, "architectures", None):
+            raise CheckpointError(f"{config_path} names no \"architectures\"; add the "
                                   f"model class, e.g. \"architectures\": [\"LlamaForCausalLM\"]")
         self.torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-        auto_cls = self.verl.get_transformers_auto_model_class()
-        with init_empty_weights():
-            model = auto_cls.from_config(self.verl.model_config, dtype=self.torch_dtype,
-                                         trust_remote_code=trust_remote_code)
-        self.model = self.verl.patch_model_generation_config(model)
+        auto_cls = auto_model_class(self.model_config)
+        try:
+            # all on meta, buffers too: transformers then skips initialising the weights (0.1-0.15 s at 1B)
+            with torch.device("meta"):
+                model = auto_cls.from_config(self.model_config, dtype=self.torch_dtype,
+                                             trust_remote_code=trust_remote_code)
+        except Exception:  # noqa: BLE001 - a model whose __init__ computes with its buffers: verl's way
+            from accelerate import init_empty_weights
+
+            with init_empty_weights():
+                model = auto_cls.from_config(self.model_config, dtype=self.torch_dtype,
+                                             trust_remote_code=trust_remote_code)
+        if model.can_generate():
+            generation_config = load_generation_config(self.hf_dir)
+            if generation_config is not None:
+                model.generation_config = generation_config
+        self.model = model
 
     def output_names(self, names: list[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
         """{output name: checkpoint name}, in the order save_pretrained would see the state dict."""
         import torch
         from transformers.core_model_loading import revert_weight_conversion
-        from verl.utils.transformers_compat import drop_tied_target_keys
 
         from .flowrl.names import is_flowrl_param
+        from .verl_leaves import leaf
 
         # FlowRL's log Z head is trained with the actor but is no part of the language model
         keep: dict[str, object] = {n: None for n in names if not is_flowrl_param(n)}
         if len(keep) < len(names):
             log.info("HF export leaves out FlowRL's log Z head (%d tensors)", len(names) - len(keep))
-        drop_tied_target_keys(keep, self.model, self.verl.model_config)
+        leaf("transformers_compat").drop_tied_target_keys(keep, self.model, self.model_config)
         for key in self.model._keys_to_ignore_on_save or ():
             keep.pop(key, None)
         meta = {n: torch.empty(shapes[n], dtype=self.torch_dtype, device="meta") for n in keep}
@@ -119,13 +168,14 @@ class HfSide:
         """Processor and tokenizer through verl's loaders; False (with a warning) when there is none."""
         import warnings
 
-        from verl.utils import hf_processor, hf_tokenizer
+        from .verl_leaves import leaf
 
+        verl_tokenizer = leaf("tokenizer")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            processor = hf_processor(self.hf_dir, trust_remote_code=self.trust_remote_code)
+            processor = verl_tokenizer.hf_processor(self.hf_dir, trust_remote_code=self.trust_remote_code)
         try:
-            tokenizer = hf_tokenizer(self.hf_dir, trust_remote_code=self.trust_remote_code)
+            tokenizer = verl_tokenizer.hf_tokenizer(self.hf_dir, trust_remote_code=self.trust_remote_code)
         except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/TypeError here
             tokenizer = None
             log.warning("no tokenizer in %s (%s): the merged model has none; copy one in before serving it "

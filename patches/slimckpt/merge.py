@@ -281,10 +281,10 @@ class _EarlyWrite:
 
 def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str], opts: MergeOptions,
             tokenizer_saved: bool) -> list[str]:
-    from verl.model_merger.output_validation import validate_hf_model_output
+    from .verl_leaves import leaf
 
     try:
-        validate_hf_model_output(partial)
+        leaf("output_validation").validate_hf_model_output(partial)
     except RuntimeError as exc:
         raise MergeError(str(exc)) from None
     entries = build_entries(partial, known=checksums)
