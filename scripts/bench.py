@@ -90,13 +90,14 @@ def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]
     }
 
 
-IMPORTS = "import torch, transformers.modeling_utils, verl.model_merger.fsdp_model_merger"
+IMPORTS = "import torch, transformers.modeling_utils, torch.distributed.tensor"
 
 
 def measure_imports(repeats: int = 5) -> float:
-    """Median wall of starting Python and importing what the merge's commit waits for: torch,
-    transformers' modeling code and verl's merger (they name the tensors and write the configs as
-    verl does). The weights themselves are written meanwhile, by a child forked before torch."""
+    """Median wall of starting Python and importing what the merge's commit waits for: torch and
+    transformers' modeling code (they name the tensors and write the configs as verl does) and
+    DTensor (torch's reader checks the shards' locations). The weights themselves are written
+    meanwhile, by a child forked before torch. (verl's package is not imported: `verl_leaves`.)"""
     walls = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -218,7 +219,7 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None) -> 
     goal = verl.wall_s / 3
     if imports_s is not None and goal < imports_s <= ours.wall_s:
         lines += ["", f"3x faster than verl would be {goal:.1f} s at {largest}. Starting Python and importing what "
-                      f"the commit waits for (torch, transformers' modeling code and verl's merger, which name the "
+                      f"the commit waits for (torch and transformers' modeling code, which name the "
                       f"tensors and write the config files as verl does) took {imports_s:.1f} s at best in this run, "
                       f"before any merge work."]
     if disk is not None and getattr(disk, "mixed_bytes_per_s", 0):
@@ -364,9 +365,9 @@ speed drifts by up to 1.5x within minutes here).
 
 {targets(rows, disk, imports_s)}
 
-Wall times are whole processes, Python and library imports included (both tools import torch,
-transformers and verl: {_imports_words(imports_s)}; slimckpt's writer, forked before torch is imported,
-reads and writes meanwhile).
+Wall times are whole processes, Python and library imports included (both tools import torch and
+transformers, verl's merger verl too: {_imports_words(imports_s)} for slimckpt's; its writer, forked
+before torch is imported, reads and writes meanwhile).
 slimckpt fsyncs every file it writes and verl's merger does not. slimckpt reads the shards and
 writes the output with O_DIRECT where the filesystem allows it (`slimckpt.direct_io`);
 `SLIMCKPT_DIRECT_IO=0` goes through the page cache instead.

@@ -133,7 +133,7 @@ def _details(modes: dict[str, Any]) -> list[str]:
                     f"- exact loads of a step whose commit point passed just before the kill (its `committed` "
                     f"line not yet written): {s['loaded_in_flight_step']}"]
             if s["errors"]:
-                out += [f"- crash-on-load errors: " + "; ".join(f"`{k}` ×{v}" for k, v in s["errors"].items())]
+                out += ["- crash-on-load errors: " + "; ".join(f"`{k}` ×{v}" for k, v in s["errors"].items())]
             bad = [t for t in e["trials"] if t["outcome"] in oracle.BAD][:3]
             for t in bad:
                 out.append(f"- e.g. trial {t['trial']}: killed in `{t['phase_rank0']}` of step {t['step_at_kill']}, "
