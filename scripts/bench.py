@@ -90,7 +90,8 @@ def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]
     }
 
 
-IMPORTS = "import torch, transformers.modeling_utils, torch.distributed.tensor"
+# with the cycle collector off, as the `slimckpt` command runs (cli.entry)
+IMPORTS = "import gc; gc.disable(); import torch, transformers.modeling_utils, torch.distributed.tensor"
 
 
 def measure_imports(repeats: int = 5) -> float:
@@ -366,8 +367,8 @@ speed drifts by up to 1.5x within minutes here).
 {targets(rows, disk, imports_s)}
 
 Wall times are whole processes, Python and library imports included (both tools import torch and
-transformers, verl's merger verl too: {_imports_words(imports_s)} for slimckpt's; its writer, forked
-before torch is imported, reads and writes meanwhile).
+transformers, verl's merger verl too). slimckpt's imports: {_imports_words(imports_s)}; its writer,
+forked before torch is imported, reads and writes meanwhile.
 slimckpt fsyncs every file it writes and verl's merger does not. slimckpt reads the shards and
 writes the output with O_DIRECT where the filesystem allows it (`slimckpt.direct_io`);
 `SLIMCKPT_DIRECT_IO=0` goes through the page cache instead.
