@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The console script (`slimckpt ...`, `python -m slimckpt.cli ...`): `main`, then exit without
-    tearing the interpreter down. With torch, transformers and verl imported, that teardown takes
+    tearing the interpreter down. With torch and transformers imported, that teardown takes
     1.3 s here and does nothing for us: by then every output is fsync'ed and committed, locks are
     released and worker processes joined. An exception still exits the normal way.
 

@@ -148,7 +148,7 @@ def _torch_imported() -> bool:
 
 class _EarlyWrite:
     """Weights written from the guessed plan (slimckpt.merge_guess) and a quick reading of the rank
-    files while this process imports torch, transformers and verl for the real ones: the disk works
+    files while this process imports torch and transformers for the real ones: the disk works
     during the imports. `matches` decides whether the result counts.
 
     First choice: a child forked before torch is imported, which reads the rank files with
@@ -352,7 +352,7 @@ GIL_SWITCH_S = 0.0005
 def _quick_gil_handoff() -> Iterator[None]:
     """A shorter GIL switch interval while merging. The read, cast and write threads each hold the
     GIL for microseconds per chunk, but while another thread runs Python (the imports of
-    transformers and verl during an early write) each of them waits up to the interval (5 ms by
+    torch and transformers during an early write) each of them waits up to the interval (5 ms by
     default) for it, several times a chunk. Measured here on the 1B merge's write pipeline next to
     a pure-Python thread: 13.9 s at 5 ms, 5.2-7.0 s at 0.5 ms, 5.2-5.4 s with no such thread."""
     old = sys.getswitchinterval()

@@ -1,7 +1,7 @@
 """The merge's early writer without torch: the same bytes as `writer.ShareWriter`, written by a
 process forked before the merge imports torch.
 
-`slimckpt merge` spends its first 1.3-4 s here importing torch, then transformers and verl. The
+`slimckpt merge` spends its first 1.3-4 s here importing torch, then transformers. The
 weights do not need any of them for the common checkpoint (FSDP's dim-0 shards, plain and
 replicated tensors, fp32 or bf16): `pt_index` finds each shard's bytes in the rank files without
 torch, `direct_read.Prefetcher` reads them with O_DIRECT, `np_cast` casts them as torch would, and

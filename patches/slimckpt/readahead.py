@@ -1,6 +1,6 @@
 """Ask the kernel to start reading the merge's source shards while Python is still importing.
 
-A merge spends its first seconds importing torch, transformers and verl (GIL-bound, no disk), then
+A merge spends its first seconds importing torch and transformers (GIL-bound, no disk), then
 reads every rank file once through mmap page faults. `posix_fadvise(WILLNEED)` queues those reads
 up front, so by the time the writer touches a page it is usually in the page cache: the import
 time hides the read time. Only page cache is used (never anonymous memory), capped at a fraction
