@@ -62,8 +62,8 @@ compare: $(STAMP)
 	$(PY) scripts/quality_proof.py --algo flowrl $(COMPARE_ARGS)
 
 bench: $(STAMP)
-	$(PY) scripts/bench.py
-	$(PY) scripts/bench_save.py
+	$(PY) scripts/bench.py --json docs/bench_merge.json
+	$(PY) scripts/bench_save.py --json docs/bench_save.json
 
 # SIGKILL at random moments (50 trials per mode), corruption and environment faults: RELIABILITY.md
 # FAULTS_ARGS="--trials 10 --keep 2" for a shorter run
