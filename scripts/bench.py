@@ -224,7 +224,7 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None, dis
                       f"tensors and write the config files as verl does) took {imports_s:.1f} s at best in this run, "
                       f"before any merge work."]
     smallest = min((r for r in rows if r.tool == "slimckpt"), key=lambda r: r.params)
-    lines += _floor_analysis(ours, disk, disks or ([disk] if disk is not None else []), imports_s,
+    lines += _floor_analysis(ours, disks or ([disk] if disk is not None else []), imports_s,
                              smallest if smallest is not ours else None)
     if fast is not None:
         lines += ["", f"Without fsync (`--no_fsync`, not crash-safe) it takes {fast.wall_s:.1f} s: fsync is not what "
@@ -232,11 +232,11 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None, dis
     return "\n".join(lines)
 
 
-def _floor_analysis(ours: MergeRow, disk, disks: list, imports_s: float | None,
+def _floor_analysis(ours: MergeRow, disks: list, imports_s: float | None,
                     smallest: MergeRow | None = None) -> list[str]:
     """What the run says about the wall/floor ratio: how much the runs spread, what the disk does
     when a merge reads and writes at once, and the floor at the run's typical disk speed."""
-    if disk is None:
+    if not disks:
         return []
     gb, moved = 1e9, ours.read_bytes + ours.written_bytes
     walls = sorted(ours.walls) or [ours.wall_s]

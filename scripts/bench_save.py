@@ -364,7 +364,7 @@ def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
             how += f" ({sizes[-1]}: the staging pool did not fit this machine's free memory)"
         checks.append((f"async blocking <= 10% of the synchronous save ({big}, median of the saves)",
                        share <= 0.10 and asyn.get("staged", True),
-                       f"{asyn['blocking_s']:.2f} s = {math.ceil(1000 * share) / 10:.1f}% of {sync['wall_s']:.2f} s; first save "
+                       f"{asyn['blocking_s']:.2f} s = {math.ceil(round(1000 * share, 6)) / 10:.1f}% of {sync['wall_s']:.2f} s; first save "
                        f"(allocates the pool) {asyn.get('first_blocking_s', asyn['blockings'][0]):.2f} s{how}"))
     return checks
 
