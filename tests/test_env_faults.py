@@ -17,6 +17,8 @@ import pytest
 from slimckpt import locks, save_errors
 from slimckpt.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
 
+from .slim_logs import lines_of
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -121,15 +123,16 @@ def _failing_save(role: Path):
 
 
 @pytest.mark.parametrize("policy", ["stop", "continue"])
-def test_a_failed_save_is_marked_and_discarded(tmp_path, policy, caplog):
+def test_a_failed_save_is_marked_and_discarded(tmp_path, policy):
     role = tmp_path / "global_step_2" / "actor"
     manager = _manager(policy)
     if policy == "stop":
         with pytest.raises(save_errors.SaveFailed, match="No space left"):
             save_errors.guarded_save(manager, str(role), 2, _failing_save(role))
     else:
-        assert save_errors.guarded_save(manager, str(role), 2, _failing_save(role)) is None
-        assert "CHECKPOINT NOT SAVED" in caplog.text
+        with lines_of(save_errors.log) as logged:
+            assert save_errors.guarded_save(manager, str(role), 2, _failing_save(role)) is None
+        assert "CHECKPOINT NOT SAVED" in logged.getvalue()
     assert failure_markers(str(role)) and not (role / "model_world_size_1_rank_0.pt").exists()
     assert manager._slimckpt_save_failed and not os.path.exists(locks.lock_file_for(str(role)))
 

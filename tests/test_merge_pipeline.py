@@ -16,6 +16,7 @@ from slimckpt.out_files import OutputError, create_files
 from slimckpt.writer import ShareWriter
 
 from .merge_helpers import full_disk_after_headers, synthetic_checkpoint, tiny_llama_config
+from .slim_logs import lines_of
 
 
 def test_guess_drops_flowrl_and_tied_head_only():
@@ -60,7 +61,7 @@ def test_guessed_and_planned_merges_are_byte_identical(tmp_path, monkeypatch, ti
     assert _bytes_of(tmp_path / "guessed") == _bytes_of(tmp_path / "planned")
 
 
-def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch, caplog):
+def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch):
     ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=1)
     monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0")
     _merge(ckpt, tmp_path / "planned")
@@ -68,9 +69,9 @@ def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch, caplog):
     real = merge_guess.guess_output_names
     monkeypatch.setattr(merge_guess, "guess_output_names",
                         lambda names, config: {k: v for k, v in real(names, config).items() if k != "lm_head.weight"})
-    with caplog.at_level("INFO", logger="slimckpt.merge"):
+    with lines_of(merge.log) as logged:
         _merge(ckpt, tmp_path / "guessed")
-    assert "guessed layout differs" in caplog.text
+    assert "guessed layout differs" in logged.getvalue()
     assert _bytes_of(tmp_path / "guessed") == _bytes_of(tmp_path / "planned")
     assert not (tmp_path / "guessed.partial").exists()
 

@@ -91,7 +91,7 @@ def _fake_module(name: str):
     return module
 
 
-def test_apply_and_revert_restore_the_original(caplog):
+def test_apply_and_revert_restore_the_original():
     module = _fake_module("slimckpt_fake_target_a")
     reg = Registry()
     reg.register(Patch("fake.hello", "slimckpt_fake_target_a:Thing.hello", "test",

@@ -13,6 +13,8 @@ import pytest
 from slimckpt import locks, retention
 from slimckpt.resume_manifest import MANIFEST_NAME, TRACKER_NAME
 
+from .slim_logs import lines_of
+
 
 class FakeManager:
     """The retention state of verl's BaseCheckpointManager (rank 0): its list of saved role dirs."""
@@ -126,14 +128,14 @@ def test_keep_none_or_zero_keeps_everything(tmp_path):
         assert len(m.previous_saved_paths) == 3
 
 
-def test_a_locked_step_is_skipped_then_deleted_at_the_next_save(tmp_path, caplog):
+def test_a_locked_step_is_skipped_then_deleted_at_the_next_save(tmp_path):
     m = FakeManager()
     s1 = _step(tmp_path, 1)
     retention.after_save(m, s1, 1)
     _tracker(tmp_path, 2)
-    with locks.reading(s1, "merging it"):
+    with locks.reading(s1, "merging it"), lines_of(retention.log) as logged:
         assert retention.after_save(m, _step(tmp_path, 2), 1) == []
-    assert os.path.exists(s1) and "holds its lock" in caplog.text
+    assert os.path.exists(s1) and "holds its lock" in logged.getvalue()
     _tracker(tmp_path, 3)
     assert retention.after_save(m, _step(tmp_path, 3), 1) == [s1, str(tmp_path / "global_step_2" / "actor")]
     assert not os.path.exists(s1)
