@@ -443,8 +443,6 @@ def merge_state(kind: str, target: str) -> str:
 
 def merge_trial(kind: str, work: str, fixture: str, index: int, rng: random.Random, window: float,
                 reference: dict[str, str]) -> dict:
-    import fault_trial
-
     trial_dir = fresh_dir(os.path.join(work, kind, f"trial_{index:03d}"))
     target = os.path.join(trial_dir, "out")
     delay = rng.uniform(0.0, window)
@@ -567,7 +565,7 @@ def side_campaign(script: str, out: str) -> dict | None:
         return {"error": f"{script} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}",
                 "seconds": seconds}
     with open(out) as f:
-        data = json.load(f)
+        json.load(f)  # its report must at least parse: a torn file fails here, not in the rendering
     return {"seconds": seconds, "returncode": proc.returncode}
 
 
