@@ -9,7 +9,8 @@ of about 0.25B, 0.5B and 1B parameters, merged to HF safetensors by `python -m v
 (verl's code, slimckpt disabled) and by `slimckpt merge`. For each: peak anonymous RSS of the
 merging process (sampled from outside every 10 ms), wall time (median of --repeats runs, page
 cache of the inputs dropped before every run), and the I/O floor: bytes read and written at the
-disk bandwidth measured in the same run.
+disk bandwidth measured in the same run. slimckpt's runs also record where its writer's time went
+(`SLIMCKPT_MERGE_STATS`, slimckpt.writer_stats): reading, waiting for a buffer, casting.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from slimckpt.diskspeed import DiskSpeed, fastest_of, measure_disk_speed
 from slimckpt.measure import evict_from_page_cache, median, run_measured
+from slimckpt.writer_stats import STATS_ENV, WriterStats
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,6 +50,7 @@ class MergeRow:
     read_bytes: int
     written_bytes: int
     io_floor_s: float = 0.0  # set once the run's disk measurements are in
+    writer_stats: list = field(default_factory=list)  # slimckpt's forked writer, per run (writer_stats.WriterStats)
 
 
 def make_checkpoint(size: str, work: Path, world_size: int) -> tuple[Path, int]:
@@ -116,6 +119,8 @@ def bench_merge(size: str, work: Path, repeats: int) -> list[MergeRow]:
     commands = merge_commands(ckpt, work / "merged")
     walls: dict[str, list[float]] = {tool: [] for tool in commands}
     peaks: dict[str, list[int]] = {tool: [] for tool in commands}
+    stats: dict[str, list[dict]] = {tool: [] for tool in commands}
+    stats_file = work / "writer_stats.json"
     written: dict[str, int] = {}
     # the tools take turns, run after run: this VM's CPU and disk speeds drift by 1.5x within minutes,
     # and a slow minute should fall on every tool, not on one tool's block of runs
@@ -126,7 +131,12 @@ def bench_merge(size: str, work: Path, repeats: int) -> list[MergeRow]:
             shutil.rmtree(str(target) + ".partial", ignore_errors=True)
             os.sync()  # no run pays for the writeback of an earlier one's dirty pages (verl's merger leaves them)
             evict_from_page_cache(inputs)
+            stats_file.unlink(missing_ok=True)
+            if tool == "slimckpt":  # where its writer's time went: disk or CPU (a few perf_counter calls per chunk)
+                env = {**env, STATS_ENV: str(stats_file)}
             res = run_measured(cmd, env={**env, "OMP_NUM_THREADS": "2"})
+            if stats_file.exists():
+                stats[tool].append(json.loads(stats_file.read_text()))
             # verl's merger exits 1 after writing when the checkpoint has no tokenizer; judge by output.
             files = list(target.glob("*.safetensors"))
             if not files:
@@ -136,8 +146,9 @@ def bench_merge(size: str, work: Path, repeats: int) -> list[MergeRow]:
             peaks[tool].append(res.physical_peak)  # slimckpt's forked writer: parent + child, shared pages once
             print(f"[bench] merge {size} {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, "
                   f"peak anonymous {res.physical_peak / 2**20:.0f} MiB", flush=True)
-    rows = [MergeRow(size, params, tool, max(peaks[tool]), median(walls[tool]), walls[tool], read_bytes, written[tool])
-            for tool in commands]
+    rows = [MergeRow(size, params, tool, max(peaks[tool]), median(walls[tool]), walls[tool], read_bytes, written[tool],
+                     writer_stats=stats[tool]) for tool in commands]
+    stats_file.unlink(missing_ok=True)
     shutil.rmtree(work / "merged", ignore_errors=True)
     return rows
 
@@ -257,12 +268,35 @@ def _floor_analysis(ours: MergeRow, disks: list, imports_s: float | None,
         lines[-1] += (f" With the median of the run's disk measurements instead of the best, the floor would be "
                       f"{typical_floor:.1f} s and the median wall {_up(ours.wall_s / typical_floor)}x it "
                       f"(for information; the target is judged on the best).")
+    lines += _writer_analysis(ours)
     if imports_s and smallest is not None:
         lines += ["", f"Starting Python and importing torch and transformers took {imports_s:.1f} s at best in this "
                       f"run. slimckpt's writer, a child forked before those imports, reads and writes meanwhile; "
                       f"the commit waits for both. The smallest model's merge ({smallest.size}, its bytes "
                       f"{smallest.io_floor_s:.1f} s at the floor) took {smallest.wall_s:.1f} s."]
     return lines
+
+
+def _writer_analysis(ours: MergeRow) -> list[str]:
+    """What bounded slimckpt's writer in this run: its reads (the disk) or its casts (the CPU)."""
+    runs = [WriterStats(**d) for d in ours.writer_stats]
+    runs = [r for r in runs if r.wall_s > 0 and r.read_s > 0]
+    if not runs:
+        return []
+
+    def span(values: list[float], fmt: str) -> str:
+        lo, hi = min(values), max(values)
+        return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}-{format(hi, fmt)}"
+
+    busy = [100 * r.read_busy() for r in runs]
+    return ["", f"Where slimckpt's writer (the child forked before the imports) spent its time, in {len(runs)} of "
+                f"these runs: it took {span([r.wall_s for r in runs], '.1f')} s, and its read thread was inside "
+                f"`preadv` for {span(busy, '.0f')}% of that, waiting {max(r.wait_buffer_s for r in runs):.2f} s at "
+                f"most for the cast to hand a buffer back. Its reads moved "
+                f"{span([r.read_bytes / r.read_s / 1e9 for r in runs], '.2f')} GB/s while the writes went on; "
+                f"the casts took {span([r.cast_s for r in runs], '.1f')} s. "
+                + ("The disk's reads, not the CPU, bound the merge." if min(busy) >= 90 else
+                   "The read thread was idle part of the time: the cast or the writes held it back.")]
 
 
 def machine_line(disk) -> str:

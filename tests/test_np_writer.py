@@ -4,6 +4,7 @@ torch's casts and as the torch writer, and a refusal (never different bytes) whe
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from slimckpt import layout, merge, np_cast, np_writer, pt_index
+from slimckpt import layout, merge, np_cast, np_writer, pt_index, writer_stats
 from slimckpt.out_files import create_files
 from slimckpt.sources import open_checkpoint
 from slimckpt.writer import OUT_DTYPES, ShareWriter
@@ -207,6 +208,30 @@ def test_the_merge_writes_before_torch_the_same_bytes(tmp_path, monkeypatch, wit
     assert _outputs(tmp_path / "early") == _outputs(tmp_path / "planned")
     assert json.loads((tmp_path / "early" / "manifest.json").read_text())["files"] == \
         json.loads((tmp_path / "planned" / "manifest.json").read_text())["files"]
+
+
+def test_the_writers_timings_are_written_when_asked(tmp_path, monkeypatch, without_torch):
+    """SLIMCKPT_MERGE_STATS=FILE: the forked writer's timings, with every tensor byte read once
+    per rank copy (world size 2: the replicated norms twice)."""
+    local = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_llama_config())
+    index = pt_index.open_index(str(local))
+    expected = sum(math.prod(p.shape) * t.itemsize for t in index.tensors.values() for p in t.pieces)
+    stats_file = tmp_path / "stats.json"
+    monkeypatch.setenv(writer_stats.STATS_ENV, str(stats_file))
+    _merge(local, tmp_path / "out")
+    assert without_torch == ["_write_weights_without_torch"]
+    stats = writer_stats.WriterStats.load(str(stats_file))
+    assert stats.read_bytes == expected and stats.read_threads >= 1
+    assert 0 < stats.read_s <= stats.wall_s * stats.read_threads
+    assert 0 < stats.cast_s < stats.wall_s and 0 <= stats.wait_read_s < stats.wall_s and stats.close_s > 0
+    assert 0 < stats.read_busy() <= 1
+
+
+def test_no_timings_file_unless_asked(tmp_path, monkeypatch, without_torch):
+    monkeypatch.delenv(writer_stats.STATS_ENV, raising=False)
+    local = synthetic_checkpoint(tmp_path / "actor", world_size=1, config=tiny_llama_config())
+    _merge(local, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["actor", "out"]
 
 
 def test_a_nan_leaves_the_weights_to_torch(tmp_path, monkeypatch, without_torch):

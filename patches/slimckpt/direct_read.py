@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from . import direct_io
@@ -110,9 +111,12 @@ class Prefetcher:
         self._held: memoryview | None = None
         self._stop = False
         self._fds: dict[str, tuple[int | None, int]] = {}
+        # where the read threads spent their time, summed over threads (writer_stats)
+        self.read_s = self.wait_buffer_s = 0.0
+        self.read_bytes = 0
         n = min(READERS, len(self._order)) or 1
-        self._threads = [threading.Thread(target=self._run, name=f"slimckpt-read-{k}", daemon=True) for k in range(n)]
-        for t in self._threads:
+        self.threads = [threading.Thread(target=self._run, name=f"slimckpt-read-{k}", daemon=True) for k in range(n)]
+        for t in self.threads:
             t.start()
 
     def _fd(self, path: str) -> tuple[int | None, int]:
@@ -146,25 +150,41 @@ class Prefetcher:
         return buf[skip:skip + r.nbytes]
 
     def _run(self) -> None:
-        while True:
-            buf = self._free.get()
+        read_s = wait_s = 0.0
+        read_bytes = 0
+        try:
+            while True:
+                t = time.perf_counter()
+                buf = self._free.get()
+                wait_s += time.perf_counter() - t
+                with self._lock:
+                    if buf is None or self._stop or self._claimed >= len(self._order):
+                        if buf is not None:
+                            self._free.put(buf)
+                        return
+                    pos = self._claimed
+                    self._claimed += 1
+                i = self._order[pos]
+                t = time.perf_counter()
+                try:
+                    result: memoryview | BaseException = self._read_into(buf, self._reads[i])
+                    read_bytes += self._reads[i].nbytes
+                except BaseException as exc:  # noqa: BLE001 - re-raised by get()
+                    result = exc
+                read_s += time.perf_counter() - t
+                self._hand_over(i, result, buf)
+        finally:
             with self._lock:
-                if buf is None or self._stop or self._claimed >= len(self._order):
-                    if buf is not None:
-                        self._free.put(buf)
-                    return
-                pos = self._claimed
-                self._claimed += 1
-            i = self._order[pos]
-            try:
-                result: memoryview | BaseException = self._read_into(buf, self._reads[i])
-            except BaseException as exc:  # noqa: BLE001 - re-raised by get()
-                result = exc
-            with self._cond:
-                self._done[i] = (result, buf)
-                if isinstance(result, BaseException):
-                    self._stop = True  # nothing after a failed read is needed
-                self._cond.notify_all()
+                self.read_s += read_s
+                self.wait_buffer_s += wait_s
+                self.read_bytes += read_bytes
+
+    def _hand_over(self, i: int, result: "memoryview | BaseException", buf: memoryview) -> None:
+        with self._cond:
+            self._done[i] = (result, buf)
+            if isinstance(result, BaseException):
+                self._stop = True  # nothing after a failed read is needed
+            self._cond.notify_all()
 
     def has(self, i: int) -> bool:
         return self._reads[i] is not None
@@ -190,9 +210,9 @@ class Prefetcher:
         with self._lock:
             self._stop = True
         self._release()
-        for _ in self._threads:
+        for _ in self.threads:
             self._free.put(None)  # wakes a thread that waits for a buffer
-        for t in self._threads:
+        for t in self.threads:
             t.join()
         for dfd, fd in self._fds.values():
             if dfd is not None:

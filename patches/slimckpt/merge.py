@@ -133,13 +133,23 @@ def _write_weights(opts: MergeOptions, partial: str, mp: MergePlan, ckpt=None) -
 
 
 def _write_weights_without_torch(opts: MergeOptions, partial: str, mp: MergePlan, sources: dict) -> dict[str, str]:
-    from . import np_writer
+    from . import np_writer, writer_stats
 
     bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
+    stats = writer_stats.WriterStats()
     try:
-        return np_writer.write_plan(partial, mp.plan, sources, opts.dtype, opts.chunk_bytes, bar, opts.fsync)
+        checksums = np_writer.write_plan(partial, mp.plan, sources, opts.dtype, opts.chunk_bytes, bar, opts.fsync,
+                                         stats=stats)
     finally:
         bar.close()
+    stats_path = writer_stats.requested_path()
+    if stats_path:
+        try:
+            stats.save(stats_path)
+        except OSError as exc:  # a diagnostic: the merge itself succeeded
+            log.warning("could not write the writer's timings to %s (%s): %s=%s is ignored", stats_path,
+                        exc.strerror or exc, writer_stats.STATS_ENV, stats_path)
+    return checksums
 
 
 def _torch_imported() -> bool:

@@ -19,12 +19,14 @@ No torch here, by design.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import direct_io, direct_read, layout, np_cast
 from .manifest import DEFAULT_ALGO
 from .out_files import OutputFiles
+from .writer_stats import WriterStats
 
 
 class Declined(Exception):
@@ -58,38 +60,52 @@ def check(sources: dict, out_dtype: str) -> None:
 
 def write_plan(root: str, plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int,
                progress: Callable[[int], None] | None = None, fsync: bool = True,
-               algo: str = DEFAULT_ALGO) -> dict[str, str]:
+               algo: str = DEFAULT_ALGO, stats: WriterStats | None = None) -> dict[str, str]:
     """Every weight byte of `plan` (files made by `out_files.create_files`), from `sources`
-    ({output name: pt_index.IndexedTensor}); returns the checksums of the files written."""
+    ({output name: pt_index.IndexedTensor}); returns the checksums of the files written. `stats`,
+    when given, receives where the time went."""
+    start = time.perf_counter()
     check(sources, out_dtype)
     chunks, reads = _chunks(plan, sources, out_dtype, max(1, chunk_bytes))
     out = OutputFiles(root, plan, direct_io.aligned_buffer, chunk_bytes, progress, algo, fsync)
     out.ring.min_bytes = max((c.nbytes for c in chunks), default=1)
     prefetch = direct_read.Prefetcher(reads)
+    timing = stats if stats is not None else WriterStats()
     try:
         for chunk in chunks:
-            _write_chunk(out, prefetch, chunk)
+            _write_chunk(out, prefetch, chunk, timing)
     except BaseException:
         out.abort()
         raise
     finally:
         prefetch.close()
+    closing = time.perf_counter()
     out.close()
+    timing.close_s = time.perf_counter() - closing
+    timing.wall_s = time.perf_counter() - start
+    timing.read_s, timing.wait_buffer_s = prefetch.read_s, prefetch.wait_buffer_s
+    timing.read_bytes, timing.read_threads = prefetch.read_bytes, len(prefetch.threads)
     return out.checksums
 
 
-def _write_chunk(out: OutputFiles, prefetch: direct_read.Prefetcher, c: _Chunk) -> None:
+def _write_chunk(out: OutputFiles, prefetch: direct_read.Prefetcher, c: _Chunk, timing: WriterStats) -> None:
     buf = memoryview(out.stage(c.nbytes))
     shift = c.offset % direct_io.ALIGN  # the cast lands at the file offset modulo ALIGN: O_DIRECT-able
     data = buf[shift:shift + c.nbytes]
     try:
-        c.caster.cast(prefetch.get(c.reads[0]), data)
-        if len(c.reads) > 1:
-            copy = bytearray(c.nbytes)
-            for i in c.reads[1:]:
-                c.caster.cast(prefetch.get(i), memoryview(copy))
+        for k, i in enumerate(c.reads):
+            t0 = time.perf_counter()
+            src = prefetch.get(i)
+            t1 = time.perf_counter()
+            if k == 0:
+                c.caster.cast(src, data)
+            else:  # a rank copy: it must cast to the bytes already staged
+                copy = bytearray(c.nbytes)
+                c.caster.cast(src, memoryview(copy))
                 if copy != data:
                     raise Declined(f"{c.name}: the rank files' copies differ")
+            timing.wait_read_s += t1 - t0
+            timing.cast_s += time.perf_counter() - t1
     except np_cast.HasNaN:
         raise Declined(f"{c.name} holds NaN") from None
     out.submit(c.file, data, c.offset)
