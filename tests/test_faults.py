@@ -105,3 +105,19 @@ def test_sigkill_campaign_slimckpt_modes(tmp_path):
             assert entry["calibration"]["control"] == "exact"
             assert entry["summary"]["tracker_names_uncommitted"] == 0
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_async_keep1_saves_go_on_when_retention_beats_the_tracker_watcher(tmp_path):
+    """Issue 20: async incremental saves at max_actor_ckpt_to_keep=1 through the trainer-level path
+    of `make faults`, with the watcher's first look at each step held until retention has deleted
+    that step's actor dir. On the broken watcher the uncut run hangs (then a gloo timeout); fixed,
+    the four saves go through and the resume is exact at the last step."""
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "keep1_scenario.py"), str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=400, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "error" not in result, result["error"]
+    assert result["late_looks"] == [{"step": s, "actor_gone": True} for s in (1, 2, 3)], result
+    assert result["calibration"]["control"] == "exact"

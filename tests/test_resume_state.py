@@ -158,6 +158,48 @@ def test_commit_watcher_gives_up_a_step_retention_deleted(tmp_path):
     assert rm.read_tracker(str(tmp_path)) == 4
 
 
+@pytest.mark.parametrize("left", ["nothing", "manifest_removed"])
+def test_commit_watcher_gives_up_a_step_whose_role_dir_retention_removed(tmp_path, left):
+    """Issue 20: retention removes the role dir (verl tracks role dirs) and leaves the step dir with
+    data.pt; a delete cut short leaves the dir without its manifest. Once a newer step of that role
+    is committed, the watcher gives the old step up without naming it, for any watched role."""
+    import shutil
+
+    from slimckpt.resume_tracker import CommitWatcher
+
+    for role in ("actor", "critic"):
+        _commit(_role_dir(tmp_path, 2, role), 2)
+        _role_dir(tmp_path, 1, role)
+    (tmp_path / "global_step_1" / "data.pt").write_bytes(b"d")
+    _commit(tmp_path / "global_step_1" / "actor", 1)
+    critic = tmp_path / "global_step_1" / "critic"
+    if left == "nothing":
+        shutil.rmtree(critic)
+    watcher = CommitWatcher(str(tmp_path))
+    watcher.after_save(1, ["actor", "critic"])
+    watcher.wait(timeout=10)
+    assert rm.read_tracker(str(tmp_path)) is None
+    assert "critic dir was deleted by retention once step 2 committed" in watcher.superseded
+
+
+def test_commit_watcher_still_waits_for_an_unfinished_step_without_a_newer_commit(tmp_path):
+    """A role dir without its manifest is given up only when a newer step of that role has
+    committed: before that, it is a write still in flight (or a half-written step) and is never named."""
+    from slimckpt.resume_tracker import CommitWatcher
+
+    _role_dir(tmp_path, 3, "actor")
+    (tmp_path / "global_step_3" / "data.pt").write_bytes(b"d")
+    _role_dir(tmp_path, 4, "actor")  # the next step, not committed yet
+    watcher = CommitWatcher(str(tmp_path))
+    watcher.after_save(3, ["actor"])
+    with pytest.raises(RuntimeError, match="not committed within"):
+        watcher.wait(timeout=0.6)
+    assert watcher.superseded is None and rm.read_tracker(str(tmp_path)) is None
+    _commit(tmp_path / "global_step_3" / "actor", 3)
+    watcher.wait(timeout=10)
+    assert rm.read_tracker(str(tmp_path)) == 3
+
+
 def test_watched_roles_follow_the_configs():
     from omegaconf import OmegaConf
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -327,6 +328,18 @@ def step_of(role_dir: str) -> tuple[str, int] | None:
         return os.path.dirname(step_dir), int(name[len("global_step_"):])
     except ValueError:
         return None
+
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def saved_steps(root: str) -> list[int]:
+    """The N of every `<root>/global_step_N` dir, ascending; [] when `root` cannot be listed."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for m in map(STEP_DIR.match, names) if m)
 
 
 # --------------------------------------------------------------------------- retention

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from .log import get_logger
-from .resume_manifest import failure_markers, has_manifest, read_tracker, write_tracker
+from .resume_manifest import failure_markers, has_manifest, read_tracker, saved_steps, write_tracker
 
 log = get_logger("slimckpt.tracker")
 
@@ -84,19 +84,34 @@ class CommitWatcher:
         self._step: int | None = None
         self.error: str | None = None
         self.keep_going = False  # on_save_error=continue: a failed step is logged, not raised
-        self.superseded = False
+        self.superseded: str | None = None
 
-    def _superseded(self, step_dir: str) -> bool:
-        """The step dir is gone: retention of a newer committed step deleted it before this thread
-        looked (async at max_ckpt_to_keep=1: the next commit can beat the poll). The newer step's
-        watcher moves the tracker; this one must neither wait for it nor name it."""
-        return not os.path.isdir(step_dir)
+    def _newer_commit(self, step: int, role: str) -> int | None:
+        """The newest step after `step` whose `role` dir is committed, if any."""
+        return next((s for s in reversed(saved_steps(self.root))
+                     if s > step and has_manifest(os.path.join(self.root, f"global_step_{s}", role))), None)
+
+    def _superseded(self, step: int, roles: list[str]) -> str | None:
+        """Why this step is no longer there to be named, when retention got here first.
+
+        Async at max_ckpt_to_keep=1: the next step's commit can delete this one before this thread
+        looks (the poll misses the moment between this step's manifest and the next commit).
+        Retention removes role dirs (verl tracks those), not the step dir: data.pt stays. A role dir without its
+        manifest while a newer step of that role is committed can only be such a leftover: each
+        save first waits for the previous one's write, so this step's write had ended by then.
+        Such a step is never named; the newer step's watcher moves the tracker."""
+        step_dir = os.path.join(self.root, f"global_step_{step}")
+        if not os.path.isdir(step_dir):
+            return f"{step_dir} was deleted"
+        for role in roles:
+            if not has_manifest(os.path.join(step_dir, role)):
+                newer = self._newer_commit(step, role)
+                if newer is not None:
+                    return f"its {role} dir was deleted by retention once step {newer} committed"
+        return None
 
     def _committed(self, step: int, roles: list[str]) -> bool:
         step_dir = os.path.join(self.root, f"global_step_{step}")
-        if self._superseded(step_dir):
-            self.superseded = True
-            return True
         for role in roles:
             role_dir = os.path.join(step_dir, role)
             failed = failure_markers(role_dir)
@@ -104,19 +119,21 @@ class CommitWatcher:
                 self.error = f"slimckpt: the save of step {step} failed (see {failed[0]}); the tracker stays at " \
                              f"{read_tracker(self.root)}"
                 return True
-            if not has_manifest(role_dir):
-                return False
+        self.superseded = self._superseded(step, roles)
+        if self.superseded is not None:
+            return True
+        if not all(has_manifest(os.path.join(step_dir, role)) for role in roles):
+            return False
         return os.path.exists(os.path.join(step_dir, "data.pt"))
 
     def _watch(self, step: int, roles: list[str]) -> None:
-        self.superseded = False
+        self.superseded = None
         while not self._committed(step, roles):
             time.sleep(POLL_S)
-        if self.superseded:
-            log.info("step %s was deleted by retention once a newer step committed; the tracker moves with that one",
-                     step)
-        elif self.error:
+        if self.error:
             log.error("%s", self.error)
+        elif self.superseded is not None:
+            log.info("step %s is not named: %s; the tracker moves with a newer step", step, self.superseded)
         elif write_tracker(self.root, step):
             log.info("tracker -> step %s (committed)", step)
 

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 
 from .log import get_logger
-from .resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker
+from .resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker, saved_steps
 
 log = get_logger("slimckpt.tracker")
 
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
 DCP_DIR = "dcp"
 
 
@@ -47,11 +45,7 @@ def step_complete(step_dir: str) -> bool:
 
 
 def newest_complete_step(root: str) -> int | None:
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return None
-    steps = sorted((int(m.group(1)) for m in map(STEP_DIR.match, names) if m), reverse=True)
+    steps = reversed(saved_steps(root))
     return next((s for s in steps if step_complete(os.path.join(root, f"global_step_{s}"))), None)
 
 
