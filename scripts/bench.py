@@ -10,7 +10,7 @@ of about 0.25B, 0.5B and 1B parameters, merged to HF safetensors by `python -m v
 merging process (sampled from outside every 10 ms), wall time (median of --repeats runs, page
 cache of the inputs dropped before every run), and the I/O floor: bytes read and written at the
 disk bandwidth measured in the same run. slimckpt's runs also record where its writer's time went
-(`SLIMCKPT_MERGE_STATS`, slimckpt.writer_stats): reading, waiting for a buffer, casting.
+(`SLIMCKPT_MERGE_STATS`, slimckpt.write.writer_stats): reading, waiting for a buffer, casting.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from slimckpt.diskspeed import DiskSpeed, fastest_of, measure_disk_speed
-from slimckpt.measure import evict_from_page_cache, median, run_measured
-from slimckpt.writer_stats import STATS_ENV, WriterStats
+from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed
+from slimckpt.observe.measure import evict_from_page_cache, median, run_measured
+from slimckpt.write.writer_stats import STATS_ENV, WriterStats
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -409,7 +409,7 @@ order than in a block of its own runs: on this VM a 1B verl merge that directly 
 took 13.4-16.6 s, and one after slimckpt merges, or the first of a block, 21-24 s, in runs on
 2026-11-30; the turns measure every verl run the second way.) I/O floor =
 bytes read / read bandwidth + bytes written / write bandwidth, with the bandwidths measured in this
-run at the start, before each model size and at the end (`slimckpt.diskspeed`: 1 GiB written and
+run at the start, before each model size and at the end (`slimckpt.observe.diskspeed`: 1 GiB written and
 fsync'ed, then read cold, through the page cache and with O_DIRECT in 1 and 16 MiB requests,
 medians of 3); each is the
 fastest over those measurements and the two paths, i.e. the best this disk did in the run (its
@@ -427,7 +427,7 @@ Wall times are whole processes, Python and library imports included (both tools 
 transformers, verl's merger verl too). slimckpt's imports: {_imports_words(imports_s)}; its writer,
 forked before torch is imported, reads and writes meanwhile.
 slimckpt fsyncs every file it writes and verl's merger does not. slimckpt reads the shards and
-writes the output with O_DIRECT where the filesystem allows it (`slimckpt.direct_io`);
+writes the output with O_DIRECT where the filesystem allows it (`slimckpt.read.direct_io`);
 `SLIMCKPT_DIRECT_IO=0` goes through the page cache instead.
 """
 

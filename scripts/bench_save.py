@@ -59,7 +59,7 @@ SAMPLE_INTERVAL_S = 0.005
 def sampler_main(pid: int) -> int:
     """Sample RssAnon of `pid` until stdin closes. Commands on stdin: `start` opens a window
     (prints the level now), `stop` closes it (prints the window's peak)."""
-    from slimckpt.memory import rss_anon_bytes
+    from slimckpt.observe.memory import rss_anon_bytes
 
     peak, active = 0, False
     while True:
@@ -170,7 +170,7 @@ def checkpoint_config(mode: str, budget_gb: float):
         return OmegaConf.create({"save_contents": ["model", "optimizer", "extra", "hf_model"]}), None
     from omegaconf import OmegaConf
 
-    from slimckpt.config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     recipe = OmegaConf.load(REPO / "recipes" / "incremental.yaml").actor_rollout_ref.actor.checkpoint
     fields = {k: v for k, v in OmegaConf.to_container(recipe, resolve=True).items() if not k.startswith("_")}
@@ -212,7 +212,7 @@ def worker(args: argparse.Namespace) -> None:
     config, export_hf = checkpoint_config(args.mode, budget[0])
     manager = FSDPCheckpointManager(model, optimizer, scheduler, processing_class=build_tokenizer(vocab),
                                     checkpoint_config=config)
-    from slimckpt.resume_state import finish_pending
+    from slimckpt.save.resume_state import finish_pending
 
     saves = []
     first_level = None

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "patches"))
 
-from slimckpt.wandb_history import HistoryError, RunHistory, load  # noqa: E402
+from slimckpt.observe.wandb_history import HistoryError, RunHistory, load  # noqa: E402
 
 REWARD_KEY = "critic/score/mean"
 MEMORY_KEY = "ckpt/peak_rss_extra_gb"

@@ -60,7 +60,7 @@ def _torchrun(nproc: int, *args: str, timeout: int = 300) -> None:
 def build_sources(work: str) -> dict[str, str]:
     """{format: dir to copy per trial}, built once: one torchrun saves the verl-native and the
     incremental checkpoint, then the native one is merged here."""
-    from slimckpt.merge import MergeOptions, merge
+    from slimckpt.merge.pipeline import MergeOptions, merge
 
     _torchrun(2, os.path.abspath(__file__), "--_save", work)
     native = os.path.join(work, "native", f"global_step_{STEP}", ROLE)
@@ -96,7 +96,7 @@ def _tiny_run(ckpt_config):
 
 
 def _slim_config():
-    from slimckpt.config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     return SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False)
 
@@ -108,8 +108,8 @@ def worker_save(work: str) -> None:
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from slimckpt.resume_manifest import write_tracker
-    from slimckpt.resume_state import finish_pending
+    from slimckpt.format.resume_manifest import write_tracker
+    from slimckpt.save.resume_state import finish_pending
 
     dist.init_process_group("gloo")
     manager = _tiny_run(_slim_config())
@@ -136,8 +136,8 @@ def worker_cost(preset: str, root: str) -> None:
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt import resume_state
-    from slimckpt.resume_manifest import read_manifest
+    from slimckpt.save import resume_state
+    from slimckpt.format.resume_manifest import read_manifest
     from slimckpt.testing import fsdp_checkpoint as fx
 
     dist.init_process_group("gloo")
@@ -196,7 +196,7 @@ def worker_load(listing: str) -> None:
     {dir: what the load raised} next to it."""
     import torch.distributed as dist
 
-    from slimckpt.resume_manifest import UncommittedCheckpoint
+    from slimckpt.format.resume_manifest import UncommittedCheckpoint
 
     dist.init_process_group("gloo")
     manager = _tiny_run(_slim_config())
@@ -235,8 +235,8 @@ def _files(root: str) -> list[str]:
 
 
 def _manifest_name(fmt: str) -> str:
-    from slimckpt import manifest as mm
-    from slimckpt import resume_manifest as rm
+    from slimckpt.format import merge_manifest as mm
+    from slimckpt.format import resume_manifest as rm
 
     return {"merge": mm.MANIFEST_NAME, "incremental": rm.MANIFEST_NAME, "native": "fsdp_config.json"}[fmt]
 
@@ -339,8 +339,8 @@ def damage(root: str, fmt: str, kind: str, rng: random.Random) -> Trial:
 
 
 def run_trial(source: str, work: str, fmt: str, kind: str, rng: random.Random, i: int, keep: bool) -> dict:
-    from slimckpt import resume_manifest as rm
-    from slimckpt.verify import NotACheckpoint, verify_path
+    from slimckpt.format import resume_manifest as rm
+    from slimckpt.verify.command import NotACheckpoint, verify_path
 
     copy = os.path.join(work, "trials", f"{i:04d}_{fmt}_{kind}", ROLE if fmt != "merge" else "merged")
     shutil.copytree(source, copy)
@@ -392,7 +392,7 @@ def campaign(args: argparse.Namespace) -> dict:
     try:
         sources = build_sources(work)
         build_s = time.perf_counter() - t0
-        from slimckpt.verify import verify_path
+        from slimckpt.verify.command import verify_path
 
         # a false alarm on an undamaged checkpoint would make every detection below meaningless
         clean = {fmt: verify_path(path) for fmt, path in sources.items()}

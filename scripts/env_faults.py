@@ -14,7 +14,7 @@ Faults (how each is made; the report says which mechanism ran):
   read_only    a read-only tmpfs (EROFS); without mount permission a chmod 555 directory (EACCES)
   permission   the checkpoint root / --target_dir's parent chmod 000; as root, the writer runs with
                CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER dropped (setpriv), so it bites
-  lock         another process holds slimckpt's writer lock on the target (slimckpt.locks): a second
+  lock         another process holds slimckpt's writer lock on the target (slimckpt.read.locks): a second
                `slimckpt merge` into one --target_dir, a second trainer saving the same step
 
 Paths:
@@ -212,7 +212,7 @@ def run_merge(env: Env, path: str, fault: str, source: str, base: str) -> dict:
         cmd = DROP_CAPS + cmd
     holder = None
     if fault == "lock":
-        from slimckpt import locks
+        from slimckpt.read import locks
 
         holder = locks.acquire(target, exclusive=True, what="merging (env_faults' stand-in for a first merge)",
                                fix="")
@@ -237,7 +237,7 @@ def run_merge(env: Env, path: str, fault: str, source: str, base: str) -> dict:
 def _config(path: str):
     from verl.trainer.config.config import CheckpointConfig
 
-    from slimckpt.config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     if path == "verl_save":
         return CheckpointConfig(save_contents=["model", "optimizer", "extra"])
@@ -253,8 +253,8 @@ def _config(path: str):
 def write_tracker_as_trainer(root: str, path: str) -> None:
     """What verl's trainer does once the workers' saves return (and slimckpt's patch of it, which
     puts the tracker back when a save left a failure marker)."""
-    from slimckpt.resume_manifest import read_tracker
-    from slimckpt.save_errors import restore_tracker
+    from slimckpt.format.resume_manifest import read_tracker
+    from slimckpt.save.errors import restore_tracker
 
     previous = read_tracker(root)
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -274,13 +274,11 @@ def child(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from resume_scenarios import Run
 
-    from slimckpt import resume_async
-    from slimckpt.registry import REGISTRY
-    from slimckpt.verl_patches import register_all
+    from slimckpt.save import resume_async
+    from slimckpt.verl.features import switch_on
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    register_all()
-    REGISTRY.apply_feature("checkpoint")  # as a recipe's config does; verl_save's plain config bypasses it
+    switch_on("checkpoint")  # as a recipe's config does; verl_save's plain config bypasses it
     dist.init_process_group("gloo")
     run = Run(0, _config(args.path))
     run.step()
@@ -329,7 +327,7 @@ def child(args: argparse.Namespace) -> int:
 
 def run_saves(env: Env, path: str, faults: list[str], bases: list[str], port: int) -> list[dict]:
     holders = []
-    from slimckpt import locks
+    from slimckpt.read import locks
 
     for fault, base in zip(faults, bases):
         if fault == "lock":

@@ -82,9 +82,13 @@ FIXED_SINCE = (
     "Found by the first full run (commit 07fe381) and fixed before slimckpt's rows above were run again: an "
     "**empty tracker** (verl's `_save_checkpoint` writes `latest_checkpointed_iteration.txt` with `open(..., 'w')` "
     "then `write`; a kill between the two crashed the resume on `int('')`: quickstart@keep=2 1 of 50, and verl's "
-    "default path in a calibration run) - `slimckpt.tracker_recovery` now resumes from the newest complete step; and, "
+    "default path in a calibration run) - `slimckpt.save.tracker_recovery` now resumes from the newest complete step; and, "
     "with async saves at keep=1, a committed step deleted by the next commit before the tracker watcher saw it "
-    "(training stopped after 120 s; seen once outside the trials) - the watcher now gives such a step up.")
+    "(training stopped after 120 s; seen once outside the trials) - the watcher now gives such a step up. "
+    "Found later (issue 20), when the uncut run of incremental-async@keep=1 hung twice in two: retention removes "
+    "the step's role dir and leaves its data.pt, and the watcher gave up only a removed step dir, so it waited for "
+    "a manifest that could no longer appear - since commit 6696ca6 it gives up a step whose role dir has no "
+    "manifest once a newer step of that role is committed (tests/test_faults.py reproduces it).")
 
 
 def _merge_findings(modes: dict[str, Any]) -> list[str]:
@@ -182,9 +186,12 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
     side_s = sum(v.get("seconds") or 0 for v in (side_runs or {}).values())
     if side_s:
         total = (sigkill.get("seconds", 0) + side_s) / 60
+        load = sigkill.get("load_average_1min")
+        load_text = (f"1-minute load average {load['start']} when the SIGKILL campaign started, {load['end']} when "
+                     f"it ended" if load else "load average not recorded")
         lines += [f"The whole `make faults` took {total:.1f} min here (SIGKILL campaign "
-                  f"{sigkill.get('seconds', 0) / 60:.1f} min, the other two {side_s / 60:.1f} min), on 2 cores shared "
-                  f"with other jobs (load average 7-20 during the run).", ""]
+                  f"{sigkill.get('seconds', 0) / 60:.1f} min, the other two {side_s / 60:.1f} min), on "
+                  f"{sigkill.get('machine', {}).get('cpus', '?')} cores ({load_text}).", ""]
     ours_bad = sum(e["summary"]["bad"] or 0 for e in modes.values() if e["mode"] in OURS)
     ours_n = sum(len(e["trials"]) for e in modes.values() if e["mode"] in OURS)
     verl_bad = sum(e["summary"]["bad"] or 0 for e in modes.values() if e["mode"] not in OURS)
@@ -194,7 +201,7 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "## SIGKILL at a random moment", "",
         f"{sigkill['trials_per_mode']} trials per mode unless a row says otherwise, world size "
         f"{sigkill['world_size']}, seed {sigkill['seed']}; "
-        f"{m.get('cpus', '?')} CPUs (shared with other jobs), torch {m.get('torch', '?')}, verl {m.get('verl', '?')}; "
+        f"{m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}, verl {m.get('verl', '?')}; "
         f"the rows below took {sigkill.get('seconds', 0) / 60:.1f} min"
         + (f"; slimckpt source: {sigkill['source']}" if sigkill.get("source") else "") + ". Commands:", "",
         *[f"- `{c}`" for c in [sigkill.get("command", "python scripts/reliability.py")]

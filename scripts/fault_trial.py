@@ -136,7 +136,7 @@ def install_phase_markers() -> None:
 
 def install_slim_markers() -> None:
     """After slimckpt's patches are on: its commit and its async tracker write."""
-    from slimckpt import resume_state, resume_tracker
+    from slimckpt.save import resume_state, tracker as resume_tracker
 
     _wrap(resume_state, "write_manifest", "manifest")
     original = resume_tracker.write_tracker
@@ -403,7 +403,7 @@ def saver(mode: str, trial_dir: str, rank: int, keep: int | None, steps: int) ->
             if sync:
                 _EVENTS("committed", step)
         stop_followers()
-    from slimckpt.resume_state import finish_pending
+    from slimckpt.save.resume_state import finish_pending
 
     finish_pending()
     dist.barrier()
@@ -468,7 +468,7 @@ def merge_child(kind: str, local_dir: str, target: str, overwrite: bool) -> int:
 
     slimckpt's merge is exec'd, not run here: in a process that has imported torch already (this
     one) its writer is the one forked after torch's import, while the command a user runs forks
-    its writer before importing torch (`slimckpt.np_writer`). The exec keeps this pid, so the
+    its writer before importing torch (`slimckpt.write.np_writer`). The exec keeps this pid, so the
     campaign kills and waits for it as before; the writer dies with it (PR_SET_PDEATHSIG)."""
     import sys
 

@@ -58,7 +58,7 @@ def recipes(arg: str | None) -> list[str]:
     if arg:
         return [r for r in arg.split(",") if r]
     sys.path.insert(0, str(REPO / "patches"))
-    from slimckpt.recipes import list_recipes
+    from slimckpt.verl.recipes import list_recipes
 
     return [o.name for o in list_recipes()]
 

@@ -194,7 +194,7 @@ def resume(mode: str, trial_dir: str, keep: int | None) -> oracle.Resume:
 
 def leftovers(root: str) -> dict:
     """What the kill left: tracker, step dirs and, per actor dir, whether it holds a commit record."""
-    from slimckpt.resume_manifest import MANIFEST_NAME, read_tracker
+    from slimckpt.format.resume_manifest import MANIFEST_NAME, read_tracker
 
     steps = {}
     if os.path.isdir(root):
@@ -340,7 +340,7 @@ def looks_complete(kind: str, target: str) -> bool:
     if files is None or not all(os.path.exists(os.path.join(target, f)) for f in files):
         return False
     if kind == "merge":
-        from slimckpt.manifest import MANIFEST_NAME
+        from slimckpt.format.merge_manifest import MANIFEST_NAME
 
         return os.path.exists(os.path.join(target, MANIFEST_NAME))
     return True
@@ -351,7 +351,7 @@ def target_correct(kind: str, target: str, reference: dict[str, str]) -> bool:
     same = {k: v for k, v in got.items() if k in reference}
     ok = same == reference
     if kind == "merge":
-        from slimckpt.manifest import verify
+        from slimckpt.format.merge_manifest import verify
 
         ok = ok and not verify(target)
     return ok
@@ -376,7 +376,7 @@ def merge_fixture(work: str) -> str:
 
 def output_exists(kind: str, target: str) -> bool:
     """The merge has begun writing: slimckpt's `<target>.partial` (or the target), verl's target dir."""
-    from slimckpt.manifest import partial_path
+    from slimckpt.format.merge_manifest import partial_path
 
     return os.path.exists(target) or (kind == "merge" and os.path.exists(partial_path(target)))
 
@@ -430,7 +430,7 @@ def merge_calibration(kind: str, work: str, fixture: str) -> dict:
 
 def merge_state(kind: str, target: str) -> str:
     """Where the kill left the output."""
-    from slimckpt.manifest import MANIFEST_NAME, partial_path
+    from slimckpt.format.merge_manifest import MANIFEST_NAME, partial_path
 
     partial = partial_path(target)
     if os.path.isdir(target) and os.listdir(target):
@@ -645,11 +645,13 @@ def run_sigkill(args: argparse.Namespace, argv: list[str] | None) -> dict:
     import verl
 
     t0 = time.monotonic()
+    load_start = os.getloadavg()[0]
     runs = [(m, k) for k in args.keep for m in args.modes if m in SAVE_MODES] + \
         [(m, None) for m in args.modes if m not in SAVE_MODES]
     out_path = args.json or os.path.join(OUT_DIR, "sigkill.json")
     sigkill = sigkill_campaign(runs, args.trials, args.seed, args.work, out_path)
     sigkill["seconds"] = round(time.monotonic() - t0, 1)
+    sigkill["load_average_1min"] = {"start": round(load_start, 1), "end": round(os.getloadavg()[0], 1)}
     sigkill["command"] = "python scripts/reliability.py " + " ".join(argv if argv is not None else sys.argv[1:])
     sigkill["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                           "verl": verl.__version__}

@@ -20,7 +20,7 @@
 # Environment:
 #   ALGO         grpo (default) | ppo | flowrl; an algo=... argument wins
 #   LOGGER       verl trackers (default [console,wandb]; wandb offline unless WANDB_MODE is set, runs under
-#                $WANDB_DIR, default runs/small/<algo>); every save logs ckpt/* metrics (slimckpt.ckpt_metrics)
+#                $WANDB_DIR, default runs/small/<algo>); every save logs ckpt/* metrics (slimckpt.observe.ckpt_metrics)
 #   NPROC        ranks (CPU) or GPUs per node (GPU); default 2 on CPU, all visible GPUs otherwise
 #   TINY_MODEL   llama (default) | qwen2-tied     TINY_ASSETS  cache dir (default runs/tiny_assets/<model>)
 #   MODEL_PATH   a Hugging Face model dir or id instead of the tiny model
@@ -73,7 +73,7 @@ COMMON=(
   "trainer.experiment_name=small_$ALGO"
   "trainer.default_local_dir=$REPO/runs/small/$ALGO/checkpoints"
   "trainer.logger=${LOGGER:-[console,wandb]}"
-  "trainer.checkpoint_callback_class=slimckpt.ckpt_metrics.CheckpointMetricsCallback"
+  "trainer.checkpoint_callback_class=slimckpt.observe.ckpt_metrics.CheckpointMetricsCallback"
 )
 # measure every save (verl's own checkpoint config too) and keep wandb off the network unless asked
 export SLIMCKPT_MEASURE="${SLIMCKPT_MEASURE:-1}" WANDB_MODE="${WANDB_MODE:-offline}"

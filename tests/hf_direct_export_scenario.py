@@ -79,8 +79,8 @@ def manifest_lists(role_dir: str) -> list[str]:
 
 
 def run_model(args, model: str) -> dict:
-    from slimckpt import hf_direct_export
-    from slimckpt.resume_state import finish_pending
+    from slimckpt.save import hf_direct_export
+    from slimckpt.save.resume_state import finish_pending
     from verl.trainer.config import CheckpointConfig
 
     resume_scenarios.MODEL = model
@@ -172,8 +172,8 @@ def measure(args) -> dict:
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt import hf_direct_export
-    from slimckpt.memory import RssSampler
+    from slimckpt.save import hf_direct_export
+    from slimckpt.observe.memory import RssSampler
     from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
 
     world = dist.get_world_size()

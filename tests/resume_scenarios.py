@@ -79,7 +79,7 @@ class Run:
 
 
 def slim_config(**kw):
-    from slimckpt.config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     return SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False, **kw)
 
@@ -110,14 +110,14 @@ def write_result(args, name: str, result: dict) -> None:
 def scenario_resume(args) -> None:
     """Train, save at step 3 (sync or async), keep training; then a fresh model loads step 3 and
     trains the same steps: losses must be bitwise equal. Also: verl's own format still loads."""
-    from slimckpt.resume_state import finish_pending
+    from slimckpt.save.resume_state import finish_pending
 
     config = slim_config(async_save=args.async_save, host_memory_budget_gb=1.0)
     path = os.path.join(args.dir, f"global_step_{SAVE_STEP}", "actor")
     if args.async_save:
         # hold the background write back until training has changed every parameter in place:
         # only a real staged copy still holds the step-3 values then
-        from slimckpt import resume_state
+        from slimckpt.save import resume_state
 
         real_writer = resume_state.storage_writer
 
@@ -199,10 +199,10 @@ def scenario_tracker(args) -> None:
     a watcher thread checks all along that the tracker never names a step without its manifest."""
     from omegaconf import OmegaConf
 
-    from slimckpt import resume_state
-    from slimckpt.resume_manifest import MANIFEST_NAME, read_tracker
-    from slimckpt.resume_state import finish_pending
-    from slimckpt.resume_tracker import wrap_trainer_save_checkpoint
+    from slimckpt.save import resume_state
+    from slimckpt.format.resume_manifest import MANIFEST_NAME, read_tracker
+    from slimckpt.save.resume_state import finish_pending
+    from slimckpt.save.tracker import wrap_trainer_save_checkpoint
 
     delay = 1.0
     real_after_shards = resume_state._after_shards
@@ -221,7 +221,7 @@ def scenario_tracker(args) -> None:
 
         config = OmegaConf.create({
             "actor_rollout_ref": {"actor": {"checkpoint": {
-                "_target_": "slimckpt.config.SlimCheckpointConfig", "incremental_save": True, "async_save": True}}},
+                "_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "incremental_save": True, "async_save": True}}},
             "critic": {"checkpoint": {}},
             "trainer": {"default_local_dir": root},
         })
@@ -277,8 +277,8 @@ def scenario_tracker(args) -> None:
 
 def scenario_refuse(args) -> None:
     """A save that dies before its commit leaves a directory that every load refuses."""
-    from slimckpt import resume_state
-    from slimckpt.resume_manifest import UncommittedCheckpoint
+    from slimckpt.save import resume_state
+    from slimckpt.format.resume_manifest import UncommittedCheckpoint
 
     outcomes: dict[str, str] = {}
     run = Run(seed=0, ckpt_config=slim_config())

@@ -43,7 +43,7 @@ SCENARIOS = {
 
 def _module_state() -> dict:
     """Every module attribute a scenario sets or monkeypatches, to put back after it."""
-    from slimckpt import hf_direct_export, resume_state
+    from slimckpt.save import hf_direct_export, resume_state
 
     return {
         (resume_scenarios, "MODEL"): resume_scenarios.MODEL,
@@ -57,7 +57,7 @@ def _module_state() -> dict:
 
 
 def run_one(name: str, root: str) -> None:
-    from slimckpt.resume_state import finish_pending
+    from slimckpt.save.resume_state import finish_pending
 
     fn, extra, model, fsdp = SCENARIOS[name]
     out = os.path.join(root, name)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt.ckpt_metrics import read_reports, summarize
-from slimckpt.wandb_history import iter_records, load
+from slimckpt.observe.ckpt_metrics import read_reports, summarize
+from slimckpt.observe.wandb_history import iter_records, load
 
 from .conftest import REPO, run_python
 
@@ -154,7 +154,7 @@ def test_ckpt_summary_of_rank_reports(tmp_path):
 def test_ckpt_callback_logs_at_the_save_step_through_the_trainers_logger(tmp_path):
     from types import SimpleNamespace
 
-    from slimckpt.ckpt_metrics import CheckpointMetricsCallback
+    from slimckpt.observe.ckpt_metrics import CheckpointMetricsCallback
 
     logged = []
     trainer = SimpleNamespace(logger=SimpleNamespace(log=lambda data, step: logged.append((step, data))))

@@ -1,4 +1,4 @@
-"""O_DIRECT in the merge (slimckpt.direct_io, slimckpt.direct_read, writer.ShareWriter): the split of
+"""O_DIRECT in the merge (slimckpt.read.direct_io, slimckpt.read.direct_read, writer.ShareWriter): the split of
 a write into buffered ends and a direct middle, reads of shard rows straight from rank files, and
 the same output bytes whether the disk path is direct, refused by the filesystem, or switched off."""
 
@@ -10,10 +10,11 @@ import os
 import pytest
 import torch
 
-from slimckpt import direct_io, direct_read, layout, readahead
-from slimckpt.sources import CheckpointError, SourceTensor
-from slimckpt.out_files import create_files
-from slimckpt.writer import ShareWriter
+from slimckpt.read import direct_io, direct_read, readahead
+from slimckpt.format import layout
+from slimckpt.read.sources import CheckpointError, SourceTensor
+from slimckpt.write.out_files import create_files
+from slimckpt.write.share_writer import ShareWriter
 
 A = direct_io.ALIGN
 

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from slimckpt import locks, save_errors
-from slimckpt.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
+from slimckpt.read import locks
+from slimckpt.save import errors as save_errors
+from slimckpt.format.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
 
 from .slim_logs import lines_of
 
@@ -52,7 +53,7 @@ def test_readers_share_and_exclude_writers(tmp_path):
 
 def test_a_killed_holder_never_blocks(tmp_path):
     target = str(tmp_path / "out")
-    code = ("import sys, time; from slimckpt import locks\n"
+    code = ("import sys, time; from slimckpt.read import locks\n"
             "l = locks.acquire(sys.argv[1], exclusive=True, what='writing', fix='')\n"
             "print('held', flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, target], stdout=subprocess.PIPE, text=True)
@@ -98,7 +99,7 @@ def test_describe_digs_through_dcp_and_torch_wrappers():
 
 
 def test_on_save_error_is_checked():
-    from slimckpt.config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     assert SlimCheckpointConfig().on_save_error == "stop"
     with pytest.raises(ValueError, match="did you mean 'continue'"):
@@ -164,7 +165,7 @@ def test_restore_tracker_after_a_failed_step(tmp_path):
 def test_two_merges_into_one_target(tmp_path):
     from tests.merge_helpers import synthetic_checkpoint
 
-    from slimckpt.merge import MergeError, MergeOptions, merge
+    from slimckpt.merge.pipeline import MergeError, MergeOptions, merge
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     target = str(tmp_path / "out")
@@ -178,7 +179,7 @@ def test_two_merges_into_one_target(tmp_path):
 def test_merge_refuses_a_step_being_written(tmp_path):
     from tests.merge_helpers import synthetic_checkpoint
 
-    from slimckpt.merge import MergeError, MergeOptions, merge
+    from slimckpt.merge.pipeline import MergeError, MergeOptions, merge
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     with locks.writing(str(src), "saving step 1", fix=""):
@@ -213,7 +214,7 @@ def test_env_faults_script_through_verls_manager(tmp_path):
 def test_async_commit_watcher_follows_on_save_error(tmp_path, keep_going):
     """Async saves: the driver's watcher sees the failed step's marker; continue logs it, stop raises;
     the tracker never moves to it either way."""
-    from slimckpt.resume_tracker import CommitWatcher
+    from slimckpt.save.tracker import CommitWatcher
 
     role = tmp_path / "global_step_5" / "actor"
     role.mkdir(parents=True)

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from slimckpt import forked_call
-from slimckpt.forked_call import ChildDied, ForkedCall
+from slimckpt.write import forked_call
+from slimckpt.write.forked_call import ChildDied, ForkedCall
 
 
 class UserFacing(RuntimeError):

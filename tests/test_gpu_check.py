@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slimckpt.resume_async import StagingPool, cuda_device_of
+from slimckpt.save.resume_async import StagingPool, cuda_device_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def test_gpu_check_without_cuda_says_so_and_imports_no_verl(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "no CUDA device visible" in proc.stderr and "Nothing was run" in proc.stderr
     assert not (tmp_path / "gpu_check.json").exists()
-    code = ("import sys, slimckpt.gpu_check, slimckpt.resume_async; "
+    code = ("import sys, slimckpt.gpu_check, slimckpt.save.resume_async; "
             "sys.exit(any(m == 'verl' or m.startswith('verl.') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO / "patches")},
                           timeout=120).returncode == 0

@@ -1,4 +1,4 @@
-"""Checksums computed while DCP writes its files (slimckpt.hashing_fs) equal the checksums of
+"""Checksums computed while DCP writes its files (slimckpt.write.hashing_fs) equal the checksums of
 the files read back, for every file DCP wrote, with one and with two writer threads."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from slimckpt.manifest import DEFAULT_ALGO, file_checksum
-from slimckpt.resume_state import storage_writer, written_checksums
+from slimckpt.format.merge_manifest import DEFAULT_ALGO, file_checksum
+from slimckpt.save.resume_state import storage_writer, written_checksums
 
 
 class _Config:
@@ -34,7 +34,7 @@ def test_checksums_while_writing_equal_read_back(tmp_path, threads):
 
 
 def test_a_seeked_stream_is_left_to_the_read_back(tmp_path):
-    from slimckpt.hashing_fs import HashingFileSystem
+    from slimckpt.write.hashing_fs import HashingFileSystem
 
     fs = HashingFileSystem()
     with fs.create_stream(tmp_path / "a", "wb") as s:

@@ -1,4 +1,4 @@
-"""The incremental tier's gather-free HF export (slimckpt.hf_direct_export, export_assign).
+"""The incremental tier's gather-free HF export (slimckpt.save.hf_direct_export, export_assign).
 
 Fast: which rank writes which rows (pure planning). Slow: a torchrun scenario (2 ranks, gloo, FSDP2)
 that saves a tiny Llama and a tiny tied Qwen2 with verl's own hf_model and with export_hf (sync and
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from slimckpt.export_assign import AssignError, Box, assign_writers, box_runs, full_box, run_starts
+from slimckpt.format.export_assign import AssignError, Box, assign_writers, box_runs, full_box, run_starts
 
 from .conftest import scenario_result
 
@@ -101,7 +101,7 @@ def test_box_runs_cover_the_box_exactly():
 
 
 def test_config_accepts_auto_only_for_the_incremental_tier():
-    from slimckpt.config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     ok = SlimCheckpointConfig(recipe="incremental", incremental_save=True, export_hf=True, export_dtype="auto",
                               save_contents=["model", "optimizer", "extra", "hf_model"])
@@ -115,7 +115,7 @@ def test_config_accepts_auto_only_for_the_incremental_tier():
 def test_verl_save_skips_its_hf_model_gather_only_when_the_export_replaces_it():
     from types import SimpleNamespace
 
-    from slimckpt.hf_direct_export import verl_contents
+    from slimckpt.save.hf_direct_export import verl_contents
 
     def manager():
         return SimpleNamespace(checkpoint_save_contents=["model", "optimizer", "extra", "hf_model"], rank=0)

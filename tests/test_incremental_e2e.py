@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from slimckpt.resume_manifest import MANIFEST_NAME
+from slimckpt.format.resume_manifest import MANIFEST_NAME
 
 from .verl_runs import step_metrics
 

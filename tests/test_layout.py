@@ -1,4 +1,4 @@
-"""slimckpt.layout: pure planning checked against the libraries whose output it must reproduce."""
+"""slimckpt.format.layout: pure planning checked against the libraries whose output it must reproduce."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors.torch import load_file, save_file
 
-from slimckpt import layout
-from slimckpt.layout import LayoutError, TensorSpec
+from slimckpt.format import layout
+from slimckpt.format.layout import LayoutError, TensorSpec
 
 TORCH_TO_ST = {
     torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",

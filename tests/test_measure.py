@@ -2,9 +2,9 @@
 
 import sys
 
-from slimckpt.diskspeed import DiskSpeed, measure_disk_speed
-from slimckpt.measure import median, run_measured
-from slimckpt.memory import RssSampler, rss_anon_bytes
+from slimckpt.observe.diskspeed import DiskSpeed, measure_disk_speed
+from slimckpt.observe.measure import median, run_measured
+from slimckpt.observe.memory import RssSampler, rss_anon_bytes
 
 
 def test_run_measured_sees_a_child_allocation():
@@ -65,7 +65,7 @@ def test_forked_child_shared_pages_count_once():
 
 
 def test_fastest_of_takes_each_bandwidth_at_its_best():
-    from slimckpt.diskspeed import fastest_of
+    from slimckpt.observe.diskspeed import fastest_of
 
     a = DiskSpeed(write_bytes_per_s=1e9, read_bytes_per_s=3e9, size_bytes=7, mixed_bytes_per_s=1e9)
     b = DiskSpeed(write_bytes_per_s=2e9, read_bytes_per_s=1e9, size_bytes=7, mixed_bytes_per_s=0.5e9)
@@ -77,7 +77,7 @@ def test_fastest_of_takes_each_bandwidth_at_its_best():
 def test_direct_io_is_measured_at_each_request_size_and_the_faster_kept(tmp_path, monkeypatch):
     """A disk that serves small O_DIRECT requests faster than large ones gets the small ones' speed as
     its floor, not the large ones' (this VM's disk does: 1.3 vs 1.05 GB/s)."""
-    from slimckpt import diskspeed
+    from slimckpt.observe import diskspeed
 
     seen = []
 

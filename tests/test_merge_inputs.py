@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slimckpt import cli
-from slimckpt.manifest import MANIFEST_NAME, verify
+from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
 from slimckpt.testing.fsdp_checkpoint import build_tokenizer
 
 from .merge_helpers import (
@@ -361,7 +361,7 @@ def test_redirect_uploads_after_commit_and_delegates_test(ckpt, tmp_path, monkey
     from verl.model_merger.base_model_merger import ModelMergerConfig
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-    from slimckpt.merge import wrap_merge_and_save
+    from slimckpt.merge.verl_merger import wrap_merge_and_save
 
     calls = []
     monkeypatch.setattr(FSDPModelMerger, "upload_to_huggingface",

@@ -1,4 +1,4 @@
-"""slimckpt.manifest (commit, verify) and slimckpt.writer (chunked positional writes), without torchrun."""
+"""slimckpt.format.merge_manifest (commit, verify) and slimckpt.write.share_writer (chunked positional writes), without torchrun."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from slimckpt import layout, manifest
-from slimckpt.manifest import CommitError, Manifest, build_entries, check_target, commit, verify, write_manifest
-from slimckpt.sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
-from slimckpt.out_files import create_files
-from slimckpt.writer import ShareWriter
+from slimckpt.format import layout, merge_manifest as manifest
+from slimckpt.format.merge_manifest import CommitError, Manifest, build_entries, check_target, commit, verify, write_manifest
+from slimckpt.read.sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
+from slimckpt.write.out_files import create_files
+from slimckpt.write.share_writer import ShareWriter
 
 
 def committed_dir(tmp_path):

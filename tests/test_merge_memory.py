@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from slimckpt.memory import sample_tree_peaks
+from slimckpt.observe.memory import sample_tree_peaks
 
 from .merge_helpers import REPO, synthetic_checkpoint, tiny_llama_config
 

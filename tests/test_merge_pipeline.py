@@ -1,5 +1,5 @@
-"""The merge's overlaps: cast/write pipelining in slimckpt.writer, the readahead plan, and writing
-from a guessed layout while verl/transformers import (slimckpt.merge_guess) — a wrong guess must
+"""The merge's overlaps: cast/write pipelining in slimckpt.write.share_writer, the readahead plan, and writing
+from a guessed layout while verl/transformers import (slimckpt.merge.guess) — a wrong guess must
 cost time only, never change a byte."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import os
 import pytest
 import torch
 
-from slimckpt import layout, merge, merge_guess, readahead
-from slimckpt.sources import SourceTensor
-from slimckpt.out_files import OutputError, create_files
-from slimckpt.writer import ShareWriter
+from slimckpt.format import layout
+from slimckpt.merge import pipeline as merge, guess as merge_guess
+from slimckpt.read import readahead
+from slimckpt.read.sources import SourceTensor
+from slimckpt.write.out_files import OutputError, create_files
+from slimckpt.write.share_writer import ShareWriter
 
 from .merge_helpers import full_disk_after_headers, synthetic_checkpoint, tiny_llama_config
 from .slim_logs import lines_of
@@ -77,7 +79,7 @@ def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch):
 
 
 def _count_forks(monkeypatch) -> list:
-    from slimckpt import forked_call
+    from slimckpt.write import forked_call
 
     made = []
     real = forked_call.ForkedCall

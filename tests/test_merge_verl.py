@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from slimckpt.manifest import MANIFEST_NAME, verify
-from slimckpt.merge import MergeOptions, merge
-from slimckpt.merge import log as merge_log
+from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
+from slimckpt.merge.pipeline import MergeOptions, merge
+from slimckpt.merge.pipeline import log as merge_log
 
 from .merge_helpers import (
     assert_same_tensors,
@@ -72,7 +72,7 @@ def test_same_as_verl_merger(tmp_path_factory, tmp_path, name):
 
 def test_checkpoint_formats_are_what_we_claim(tmp_path_factory):
     """The fixtures really hold what sources.py documents: DTensor Shard(0) (FSDP1 too), 2-D meshes, Shard(1)."""
-    from slimckpt.sources import open_checkpoint
+    from slimckpt.read.sources import open_checkpoint
 
     c = open_checkpoint(str(checkpoint(tmp_path_factory, "fsdp1_qwen2_tied")))
     assert c.fsdp_version == 1 and c.mesh.dim_names == ("fsdp",)
@@ -188,11 +188,12 @@ def test_fsdp1_sharded_tensor_format(tmp_path_factory, tmp_path):
 
 @pytest.mark.parametrize("name", [*CHECKPOINTS, SHARDED_TENSOR[0]])
 def test_quick_reader_agrees_with_the_real_one_or_stands_down(tmp_path_factory, tmp_path, name):
-    """The early writer's reader (slimckpt.quick_sources, no torch.distributed) must read what the real
+    """The early writer's reader (slimckpt.read.quick_sources, no torch.distributed) must read what the real
     reader reads, byte location for byte location, or return None; and a merge whose early write came
     from it is not rewritten."""
-    from slimckpt import merge_guess, quick_sources
-    from slimckpt.sources import open_checkpoint
+    from slimckpt.merge import guess as merge_guess
+    from slimckpt.read import quick_sources
+    from slimckpt.read.sources import open_checkpoint
 
     if name == SHARDED_TENSOR[0]:
         ckpt = fsdp_checkpoint(tmp_path_factory, name, SHARDED_TENSOR[1], *SHARDED_TENSOR[2])

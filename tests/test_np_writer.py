@@ -1,4 +1,4 @@
-"""The merge's torch-free early writer (slimckpt.np_cast, slimckpt.np_writer): the same bytes as
+"""The merge's torch-free early writer (slimckpt.write.np_cast, slimckpt.write.np_writer): the same bytes as
 torch's casts and as the torch writer, and a refusal (never different bytes) where it cannot."""
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from slimckpt import layout, merge, np_cast, np_writer, pt_index, writer_stats
-from slimckpt.out_files import create_files
-from slimckpt.sources import open_checkpoint
-from slimckpt.writer import OUT_DTYPES, ShareWriter
+from slimckpt.format import layout
+from slimckpt.merge import pipeline as merge
+from slimckpt.write import np_cast, np_writer, writer_stats
+from slimckpt.read import pt_index
+from slimckpt.write.out_files import create_files
+from slimckpt.read.sources import open_checkpoint
+from slimckpt.write.share_writer import OUT_DTYPES, ShareWriter
 
 from .merge_helpers import full_disk_after_headers, synthetic_checkpoint, tiny_llama_config
 from .slim_logs import lines_of
@@ -154,8 +157,10 @@ def test_np_writer_imports_no_torch(tmp_path):
     local = synthetic_checkpoint(tmp_path / "ckpt", world_size=2, config=tiny_llama_config())
     code = f"""
 import sys
-from slimckpt import layout, np_writer, pt_index
-from slimckpt.out_files import create_files
+from slimckpt.format import layout
+from slimckpt.write import np_writer
+from slimckpt.read import pt_index
+from slimckpt.write.out_files import create_files
 index = pt_index.open_index({str(local)!r})
 specs = [layout.TensorSpec(n, "BF16", t.shape) for n, t in index.tensors.items()]
 plan = layout.plan_files(specs, "50GB")
@@ -183,7 +188,7 @@ def _outputs(d):
 @pytest.fixture
 def without_torch(monkeypatch):
     """The merge as `slimckpt merge` runs it: torch not imported yet, fork allowed; counts the forks."""
-    from slimckpt import forked_call
+    from slimckpt.write import forked_call
 
     made = []
     real = forked_call.ForkedCall
@@ -308,7 +313,7 @@ def test_a_killed_cli_merge_never_looks_complete_and_reruns(tmp_path, who):
     import signal
     import time
 
-    from slimckpt.manifest import verify
+    from slimckpt.format.merge_manifest import verify
 
     from .merge_helpers import run_cli
 

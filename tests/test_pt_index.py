@@ -1,4 +1,4 @@
-"""slimckpt.pt_index: byte locations of a verl checkpoint's tensors read without torch, equal to what
+"""slimckpt.read.pt_index: byte locations of a verl checkpoint's tensors read without torch, equal to what
 the real reader (torch.load mmap) makes of the same files, or None; never a different reading."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import zipfile
 import pytest
 import torch
 
-from slimckpt import pt_index, quick_sources
-from slimckpt.sources import open_checkpoint
+from slimckpt.read import pt_index, quick_sources
+from slimckpt.read.sources import open_checkpoint
 
 from .conftest import run_python
 from .merge_helpers import fsdp_checkpoint, synthetic_checkpoint
@@ -186,7 +186,7 @@ def test_no_torch_imported(plain, tmp_path):
     names = {k: k for k in index.tensors}
     code = (
         "import json, sys\n"
-        "from slimckpt import pt_index\n"
+        "from slimckpt.read import pt_index\n"
         f"index = pt_index.open_index({str(plain)!r})\n"
         "sig = pt_index.signature(index, {k: k for k in index.tensors})\n"
         f"assert pt_index.open_index({str(tmp_path / 'nothing')!r}) is None\n"

@@ -8,8 +8,8 @@ import types
 import pytest
 
 from slimckpt import SUPPORTED_VERL
-from slimckpt.registry import Patch, Registry, UnsupportedVerlVersion, check_verl_version, resolve
-from slimckpt.verl_patches import PATCHES
+from slimckpt.verl.patch_list import PATCHES
+from slimckpt.verl.registry import Patch, Registry, UnsupportedVerlVersion, check_verl_version, resolve, resolve_table
 
 from .conftest import run_python
 
@@ -34,7 +34,7 @@ EXPECTED_TARGETS = {
     "verl.trainer.ppo.ray_trainer:find_latest_ckpt_path",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.ensure_checkpoint_capacity",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.register_checkpoint",
-    # feature "merge" (slimckpt.merge)
+    # feature "merge" (slimckpt.merge.pipeline)
     "verl.model_merger.fsdp_model_merger:FSDPModelMerger.merge_and_save",
     "verl.model_merger.base_model_merger:BaseModelMerger.save_hf_model_and_tokenizer",
     # feature "flowrl" (slimckpt.flowrl, +algo=flowrl)
@@ -46,10 +46,32 @@ EXPECTED_TARGETS = {
     "verl.workers.engine.fsdp.transformer_impl:FSDPEngine.get_per_tensor_param_shard",
     "verl.utils.checkpoint.fsdp_checkpoint_manager:get_fsdp_full_state_dict",
 }
+ENGINES = "verl.workers.engine.base:EngineRegistry._engines"
+# Every entry slimckpt adds to one of verl's tables: (table, path of keys).
+EXPECTED_ENTRIES = {
+    # feature "cpu": the platform, the hf rollout's two halves, the FSDP engines on device cpu
+    ("verl.plugin.platform.platform_manager:PlatformRegistry._platforms", ("cpu",)),
+    ("verl.workers.rollout.replica:RolloutReplicaRegistry._registry", ("hf",)),
+    ("verl.workers.rollout.base:_ROLLOUT_REGISTRY", (("hf", "async"),)),
+    (ENGINES, ("language_model", "fsdp", "cpu")),
+    (ENGINES, ("language_model", "fsdp2", "cpu")),
+    (ENGINES, ("value_model", "fsdp", "cpu")),
+    (ENGINES, ("value_model", "fsdp2", "cpu")),
+    # feature "flowrl": the policy loss
+    ("verl.trainer.ppo.core_algos:POLICY_LOSS_REGISTRY", ("flowrl",)),
+}
 
 
 def test_patch_targets_are_frozen():
-    assert {p.target for p in PATCHES} == EXPECTED_TARGETS
+    assert {p.target for p in PATCHES if not p.key} == EXPECTED_TARGETS
+    assert {(p.target, p.key) for p in PATCHES if p.key} == EXPECTED_ENTRIES
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_every_implementation_is_named_and_importable(patch):
+    """The list names its implementations as `module:function` (it imports none of them)."""
+    assert isinstance(patch.make, str) and patch.make.startswith("slimckpt."), patch.make
+    assert callable(patch.builder())
 
 
 def test_patch_names_are_unique_and_features_known():
@@ -62,6 +84,8 @@ def test_patch_names_are_unique_and_features_known():
 def test_every_target_exists_in_installed_verl(patch):
     owner, attr, value = resolve(patch.target)
     assert value is not None and getattr(owner, attr) is value
+    if patch.key:  # the table and every table on the way to the entry exist once `after` is imported
+        assert isinstance(resolve_table(patch), dict)
 
 
 def test_version_guard_names_both_versions():
@@ -105,6 +129,36 @@ def test_apply_and_revert_restore_the_original():
     reg.revert("fake.hello")
     assert module.Thing.hello is original
     assert reg.applied() == []
+
+
+def test_an_entry_patch_adds_and_reverts_a_table_entry():
+    module = types.ModuleType("slimckpt_fake_target_tables")
+    module.TABLES = {"outer": {"cuda": "engine", "npu": "other"}, "flat": {"kept": 1}}
+    sys.modules[module.__name__] = module
+    reg = Registry()
+    reg.register(Patch("fake.nested", "slimckpt_fake_target_tables:TABLES", "test", key=("outer", "cpu"),
+                       make=lambda table: table["cuda"], why="t"))
+    reg.register(Patch("fake.replace", "slimckpt_fake_target_tables:TABLES", "test", key=("flat", "kept"),
+                       make=lambda table: table["kept"] + 1, why="t"))
+    reg.apply_feature("test", lazy=False)
+    assert module.TABLES == {"outer": {"cuda": "engine", "npu": "other", "cpu": "engine"}, "flat": {"kept": 2}}
+    reg.revert_all()
+    assert module.TABLES == {"outer": {"cuda": "engine", "npu": "other"}, "flat": {"kept": 1}}
+
+
+def test_a_patch_names_its_implementation_and_imports_it_only_when_applied(tmp_path, monkeypatch):
+    (tmp_path / "slimckpt_fake_impl.py").write_text("def wrap(original):\n    return lambda self: 'impl+' + original(self)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = _fake_module("slimckpt_fake_target_c")
+    reg = Registry()
+    reg.register(Patch("fake.c", "slimckpt_fake_target_c:Thing.hello", "test", make="slimckpt_fake_impl:wrap", why="t"))
+    assert "slimckpt_fake_impl" not in sys.modules
+    reg.apply("fake.c")
+    assert module.Thing().hello() == "impl+original"
+    reg.revert("fake.c")
+    assert module.Thing().hello() == "original"
+    with pytest.raises(ValueError, match="module:function"):
+        reg.register(Patch("fake.bad", "m:a", "test", make="no_colon", why="t"))
 
 
 def test_apply_refuses_unsupported_verl_version():
@@ -153,7 +207,7 @@ def test_plain_verl_is_untouched_without_a_recipe():
     res = run_python(textwrap.dedent("""
         import verl
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
-        from slimckpt.registry import REGISTRY
+        from slimckpt.verl.registry import REGISTRY
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
         print("APPLIED", REGISTRY.applied())
     """), env={"SLIMCKPT_MEASURE": "", "SLIMCKPT_CPU": ""})
@@ -165,7 +219,7 @@ def test_plain_verl_is_untouched_without_a_recipe():
 def test_disable_switch_applies_nothing():
     res = run_python(textwrap.dedent("""
         import verl
-        from slimckpt.registry import REGISTRY
+        from slimckpt.verl.registry import REGISTRY
         print("PATCHES", len(REGISTRY.patches()), "APPLIED", REGISTRY.applied())
     """), env={"SLIMCKPT_DISABLE": "1", "SLIMCKPT_MEASURE": "1"})
     assert res.returncode == 0, res.stderr
@@ -175,21 +229,21 @@ def test_disable_switch_applies_nothing():
 def test_recipe_config_switches_on_checkpoint_patches_with_a_log_line():
     res = run_python(textwrap.dedent("""
         import verl
-        from slimckpt.config import SlimCheckpointConfig
+        from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
         cfg = SlimCheckpointConfig(recipe="quickstart", save_contents=["model"], load_contents=["model"])
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
     """))
     assert res.returncode == 0, res.stderr
-    assert "MODULE checkpoint_hooks.py" in res.stdout
+    assert "MODULE hooks.py" in res.stdout
     assert "patched verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint" in res.stderr
 
 
 def test_recipe_config_fails_loudly_on_unsupported_verl():
     res = run_python(textwrap.dedent("""
-        import slimckpt.registry as r
+        import slimckpt.verl.registry as r
         r.installed_verl_version = lambda: "0.12.0"
-        from slimckpt.config import SlimCheckpointConfig
+        from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
         SlimCheckpointConfig(recipe="quickstart")
     """))
     assert res.returncode != 0
@@ -197,7 +251,7 @@ def test_recipe_config_fails_loudly_on_unsupported_verl():
 
 
 def test_recipe_config_rejects_unknown_recipe_and_conflicting_export():
-    from slimckpt.config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     with pytest.raises(ValueError, match="not a slimckpt recipe"):
         SlimCheckpointConfig(recipe="turbo")

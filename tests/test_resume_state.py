@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt import resume_manifest as rm
+from slimckpt.format import resume_manifest as rm
 
 from .conftest import REPO, scenario_result
 
@@ -113,7 +113,7 @@ def test_retention_keeps_the_newest_and_the_tracker_step(tmp_path):
 
 
 def test_commit_watcher_moves_tracker_only_after_every_manifest(tmp_path):
-    from slimckpt.resume_tracker import CommitWatcher
+    from slimckpt.save.tracker import CommitWatcher
 
     root = str(tmp_path)
     actor = _role_dir(tmp_path, 4, "actor")
@@ -131,7 +131,7 @@ def test_commit_watcher_moves_tracker_only_after_every_manifest(tmp_path):
 
 
 def test_commit_watcher_stops_on_a_failed_write(tmp_path):
-    from slimckpt.resume_tracker import CommitWatcher
+    from slimckpt.save.tracker import CommitWatcher
 
     actor = _role_dir(tmp_path, 2, "actor")
     watcher = CommitWatcher(str(tmp_path))
@@ -147,7 +147,7 @@ def test_commit_watcher_gives_up_a_step_retention_deleted(tmp_path):
     its manifest. The watcher neither hangs nor names it; the tracker stays where it was."""
     import shutil
 
-    from slimckpt.resume_tracker import CommitWatcher
+    from slimckpt.save.tracker import CommitWatcher
 
     _role_dir(tmp_path, 5, "actor")
     rm.write_tracker(str(tmp_path), 4)
@@ -165,7 +165,7 @@ def test_commit_watcher_gives_up_a_step_whose_role_dir_retention_removed(tmp_pat
     is committed, the watcher gives the old step up without naming it, for any watched role."""
     import shutil
 
-    from slimckpt.resume_tracker import CommitWatcher
+    from slimckpt.save.tracker import CommitWatcher
 
     for role in ("actor", "critic"):
         _commit(_role_dir(tmp_path, 2, role), 2)
@@ -185,7 +185,7 @@ def test_commit_watcher_gives_up_a_step_whose_role_dir_retention_removed(tmp_pat
 def test_commit_watcher_still_waits_for_an_unfinished_step_without_a_newer_commit(tmp_path):
     """A role dir without its manifest is given up only when a newer step of that role has
     committed: before that, it is a write still in flight (or a half-written step) and is never named."""
-    from slimckpt.resume_tracker import CommitWatcher
+    from slimckpt.save.tracker import CommitWatcher
 
     _role_dir(tmp_path, 3, "actor")
     (tmp_path / "global_step_3" / "data.pt").write_bytes(b"d")
@@ -203,14 +203,14 @@ def test_commit_watcher_still_waits_for_an_unfinished_step_without_a_newer_commi
 def test_watched_roles_follow_the_configs():
     from omegaconf import OmegaConf
 
-    from slimckpt.resume_tracker import watched_roles
+    from slimckpt.save.tracker import watched_roles
 
     def trainer(actor: dict, critic: dict, use_critic: bool = True):
         config = OmegaConf.create({"actor_rollout_ref": {"actor": {"checkpoint": actor}},
                                    "critic": {"checkpoint": critic}})
         return type("T", (), {"config": config, "use_critic": use_critic})()
 
-    slim = {"_target_": "slimckpt.config.SlimCheckpointConfig", "incremental_save": True}
+    slim = {"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
     verl = {"_target_": "verl.trainer.config.CheckpointConfig"}
     assert watched_roles(trainer({**slim, "async_save": False}, slim)) is None
     assert watched_roles(trainer({**slim, "async_save": True}, {**slim, "async_save": True})) == ["actor", "critic"]
@@ -227,7 +227,7 @@ def test_misspelled_field_names_the_field_and_the_valid_ones():
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    cfg = OmegaConf.create({"_target_": "slimckpt.config.SlimCheckpointConfig", "recipe": "incremental",
+    cfg = OmegaConf.create({"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "recipe": "incremental",
                             "bukcet_mb": 3})
     with pytest.raises(Exception) as info:
         omega_conf_to_dataclass(cfg)
@@ -236,7 +236,7 @@ def test_misspelled_field_names_the_field_and_the_valid_ones():
 
 
 def test_async_without_incremental_is_rejected():
-    from slimckpt.config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     with pytest.raises(ValueError, match="incremental_save=true"):
         SlimCheckpointConfig(recipe="incremental", async_save=True)

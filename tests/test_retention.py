@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt import locks, retention
-from slimckpt.resume_manifest import MANIFEST_NAME, TRACKER_NAME
+from slimckpt.read import locks
+from slimckpt.save import retention
+from slimckpt.format.resume_manifest import MANIFEST_NAME, TRACKER_NAME
 
 from .slim_logs import lines_of
 
@@ -145,7 +146,7 @@ def test_a_step_locked_by_another_process_is_kept(tmp_path):
     m = FakeManager()
     s1 = _step(tmp_path, 1)
     retention.after_save(m, s1, 1)
-    code = ("import sys, time; from slimckpt import locks\n"
+    code = ("import sys, time; from slimckpt.read import locks\n"
             "with locks.reading(sys.argv[1], 'reading it'):\n print('held', flush=True); time.sleep(30)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, s1], stdout=subprocess.PIPE, text=True)
     try:
@@ -171,11 +172,9 @@ def test_an_incremental_step_loses_its_manifest_first(tmp_path, monkeypatch):
 def test_the_verl_patch_routes_through_the_policy(tmp_path):
     from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 
-    from slimckpt.registry import REGISTRY
-    from slimckpt.verl_patches import register_all
+    from slimckpt.verl.features import switch_on
 
-    register_all()
-    REGISTRY.apply_feature("checkpoint")
+    switch_on("checkpoint")
     m = FakeManager()
     s1, s2 = _step(tmp_path, 1), _step(tmp_path, 2)
     m.previous_saved_paths = [s1, s2]
@@ -187,7 +186,7 @@ def test_the_verl_patch_routes_through_the_policy(tmp_path):
 
 
 def test_resume_state_retention_uses_the_policy(tmp_path):
-    from slimckpt.resume_state import make_room, register_committed
+    from slimckpt.save.resume_state import make_room, register_committed
 
     m = FakeManager()
     s1 = _step(tmp_path, 1, manifest=True)
@@ -226,7 +225,7 @@ def test_random_sequences_never_lose_the_trackers_step(tmp_path, keep):
 
 def test_a_load_holds_a_read_lock(tmp_path):
     """verl's (wrapped) load_checkpoint reads under a shared lock: retention skips the dir meanwhile."""
-    from slimckpt.resume_state import wrap_load_checkpoint
+    from slimckpt.save.resume_state import wrap_load_checkpoint
 
     s1 = _step(tmp_path, 1)
     seen = []

@@ -1,6 +1,6 @@
 """An empty latest_checkpointed_iteration.txt (verl's non-atomic write cut by a kill) resumes from
 the newest complete step instead of crashing on int('') — through verl's own find_latest_ckpt_path
-as the trainers call it, patched by slimckpt.tracker_recovery."""
+as the trainers call it, patched by slimckpt.save.tracker_recovery."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from slimckpt import tracker_recovery
-from slimckpt.resume_manifest import MANIFEST_NAME, write_failure
+from slimckpt.save import tracker_recovery
+from slimckpt.format.resume_manifest import MANIFEST_NAME, write_failure
 
 
 def _verl_step(root, step, data=True, roles=("actor",)):

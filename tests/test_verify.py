@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from slimckpt import cli
-from slimckpt import manifest as mm
-from slimckpt import resume_manifest as rm
-from slimckpt.verify import KIND_INCREMENTAL, KIND_MERGE, KIND_NATIVE, detect, verify_path
-from slimckpt.verify_native import check_safetensors_header
+from slimckpt.format import merge_manifest as mm
+from slimckpt.format import resume_manifest as rm
+from slimckpt.verify.command import KIND_INCREMENTAL, KIND_MERGE, KIND_NATIVE, detect, verify_path
+from slimckpt.verify.native import check_safetensors_header
 
 from .conftest import REPO
 from .merge_helpers import synthetic_checkpoint

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from slimckpt import resume_manifest as rm
-from slimckpt import resume_state
+from slimckpt.format import resume_manifest as rm
+from slimckpt.save import resume_state
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The merge's Hugging Face side without `import verl`: verl's own helper files loaded by path
-(`slimckpt.verl_leaves`), and the two small choices of verl's BaseModelMerger that `hf_side`
+(`slimckpt.verl.leaves`), and the two small choices of verl's BaseModelMerger that `hf_side`
 makes itself (auto class, generation config), held to verl's answers."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 import transformers
 from transformers import LlamaConfig
 
-from slimckpt import registry, verl_leaves
-from slimckpt.hf_side import auto_model_class, load_generation_config
+from slimckpt.verl import registry, leaves as verl_leaves
+from slimckpt.merge.hf_side import auto_model_class, load_generation_config
 
 
 def verl_merger_with(config=None, hf_dir=None):
@@ -112,8 +112,8 @@ def test_hf_side_does_not_import_verl(tmp_path):
     (hf_dir / "model.safetensors").unlink()
     script = textwrap.dedent(f"""
         import json, sys
-        from slimckpt.hf_side import HfSide
-        from slimckpt.verl_leaves import leaf
+        from slimckpt.merge.hf_side import HfSide
+        from slimckpt.verl.leaves import leaf
         side = HfSide({str(tmp_path / "actor")!r}, "bf16", False)
         shapes = {{n: tuple(p.shape) for n, p in side.model.named_parameters(remove_duplicate=False)}}
         mapping = side.output_names(list(shapes), shapes)

@@ -1,6 +1,6 @@
-"""slimckpt.writer_stats: the share of the writer's time its reads took, and the JSON file."""
+"""slimckpt.write.writer_stats: the share of the writer's time its reads took, and the JSON file."""
 
-from slimckpt.writer_stats import STATS_ENV, WriterStats, requested_path
+from slimckpt.write.writer_stats import STATS_ENV, WriterStats, requested_path
 
 
 def test_read_busy_is_per_thread_and_safe_on_empty_runs():

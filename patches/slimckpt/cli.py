@@ -15,9 +15,9 @@ import sys
 from . import __version__
 
 SUBCOMMANDS: dict[str, str] = {
-    "merge": "slimckpt.merge",
+    "merge": "slimckpt.merge.cli",
     "plan": "slimckpt.plan",
-    "verify": "slimckpt.verify",
+    "verify": "slimckpt.verify.command",
 }
 
 

@@ -77,10 +77,10 @@ def _pairs(a: Any, b: Any):
 
 
 def _equal(staged: Any, reference: Any) -> bool:
-    from .resume_async import _local
+    from .save.resume_async import local_tensor
 
     for s, r in _pairs(staged, reference):
-        s, r = _local(s), _local(r)
+        s, r = local_tensor(s), local_tensor(r)
         if s.device.type != "cpu" or s.dtype != r.dtype or s.shape != r.shape:
             return False
         if not torch.equal(s, r.cpu()):  # exact, element by element (the data has no NaN)
@@ -90,15 +90,15 @@ def _equal(staged: Any, reference: Any) -> bool:
 
 def _overwrite(state: dict[str, Any]) -> None:
     """What an optimizer step does to the sources: in-place, on the training stream."""
-    from .resume_async import _tensors
+    from .save.resume_async import tensors_in
 
-    for t in _tensors(state):
+    for t in tensors_in(state):
         if t.device.type == "cuda" and t.numel():
             t.add_(1)
 
 
 def check_staging(device: torch.device, total_bytes: int) -> tuple[dict[str, bool], dict[str, float]]:
-    from .resume_async import StagingPool, _local, _tensors, state_bytes
+    from .save.resume_async import StagingPool, local_tensor, tensors_in, state_bytes
 
     checks, times = {}, {}
     state = shard_like_state(total_bytes, device)
@@ -113,12 +113,12 @@ def check_staging(device: torch.device, total_bytes: int) -> tuple[dict[str, boo
     pool.wait_ready()
     times["stage_first_ready_s"] = time.perf_counter() - t0
     checks["staged_bytes_equal"] = _equal(staged, reference)
-    checks["pinned"] = all(t.is_pinned() for t in _tensors(staged) if t.numel())
+    checks["pinned"] = all(t.is_pinned() for t in tensors_in(staged) if t.numel())
     checks["exact_storages"] = pool.nbytes == nbytes and all(
-        _local(t).untyped_storage().nbytes() == _local(t).numel() * _local(t).element_size() for t in _tensors(staged))
+        local_tensor(t).untyped_storage().nbytes() == local_tensor(t).numel() * local_tensor(t).element_size() for t in tensors_in(staged))
     times["pool_bytes"] = float(pool.nbytes)
 
-    before = [t.data_ptr() for t in _tensors(staged)]
+    before = [t.data_ptr() for t in tensors_in(staged)]
     _sync()
     reference = _clone(state)
     blocking, ready = [], []
@@ -129,7 +129,7 @@ def check_staging(device: torch.device, total_bytes: int) -> tuple[dict[str, boo
         blocking.append(time.perf_counter() - t0)
         pool.wait_ready()
         ready.append(time.perf_counter() - t0)
-    checks["pool_reused"] = [t.data_ptr() for t in _tensors(staged)] == before and _equal(staged, reference)
+    checks["pool_reused"] = [t.data_ptr() for t in tensors_in(staged)] == before and _equal(staged, reference)
     times["stage_reused_blocking_s"] = statistics.median(blocking)
     times["stage_reused_ready_s"] = statistics.median(ready)
     times["stage_bytes"] = float(nbytes)
@@ -153,7 +153,7 @@ def check_dtensor(device: torch.device) -> bool | str:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-    from .resume_async import StagingPool
+    from .save.resume_async import StagingPool
 
     store = os.path.join(tempfile.mkdtemp(prefix="slimckpt-gpu-check-"), "store")
     try:

@@ -7,7 +7,7 @@ From the model config alone (a meta-device model: shapes, no weights) it prints,
 default save, verl's save with `hf_model`, and each slimckpt recipe: the bytes each rank writes
 (fp32 model shard, AdamW's two fp32 moments, extra state), the host memory a rank needs for the
 save, the time at the given aggregate disk bandwidth, and how long training is blocked; then the
-Hugging Face export's file layout (planned by slimckpt.layout, as the merger writes it).
+Hugging Face export's file layout (planned by slimckpt.format.layout, as the merger writes it).
 
 The arithmetic (pure functions below, unit-tested): FSDP shards every parameter along dim 0 in
 chunks of ceil(rows / W) rows (torch.chunk, as FSDP2 does), so rank 0 holds the most. verl keeps
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .layout import dim0_row_bytes, dim0_rows
+from .format.layout import dim0_row_bytes, dim0_rows
 
 HELP = "predict per-rank checkpoint bytes, host memory and time from a model config (no weights)"
 
@@ -108,7 +108,7 @@ class Strategy:
     def from_checkpoint_config(cls, name: str, cfg: dict[str, Any]) -> "Strategy":
         from dataclasses import MISSING, fields
 
-        from .config import SlimCheckpointConfig
+        from .verl.checkpoint_config import SlimCheckpointConfig
 
         defaults = {f.name: f.default for f in fields(SlimCheckpointConfig) if f.default is not MISSING}
         return cls(
@@ -230,7 +230,7 @@ class ModelFacts:
 
 
 def _hf_dir(config_path: str) -> tuple[str, Any]:
-    """slimckpt.hf_side.HfSide reads `<dir>/huggingface/config.json` (a checkpoint's layout); give it
+    """slimckpt.merge.hf_side.HfSide reads `<dir>/huggingface/config.json` (a checkpoint's layout); give it
     one that holds just this config."""
     import shutil
     import tempfile
@@ -246,9 +246,9 @@ def _hf_dir(config_path: str) -> tuple[str, Any]:
 
 def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: str | int | None = None,
                 trust_remote_code: bool = False) -> ModelFacts:
-    from . import layout
-    from .hf_side import HfSide, default_max_shard_size
-    from .merge import DTYPE_NAMES
+    from .format import layout
+    from .merge.hf_side import HfSide, default_max_shard_size
+    from .merge.pipeline import DTYPE_NAMES
 
     import contextlib
 
@@ -290,7 +290,7 @@ def recipe_strategies(names: Sequence[str] | None, overrides: Sequence[str] = ()
     """The actor checkpoint config of each recipe, with `key=value` overrides applied to all."""
     import yaml
 
-    from .recipes import list_group
+    from .verl.recipes import list_group
 
     options = {o.name: o for o in list_group("recipe")}
     chosen = list(names) if names else sorted(options)

@@ -1,6 +1,6 @@
 """Replacements for the verl 0.9.1 attributes that assume an accelerator (feature "cpu").
 
-Each `*_patch(original)` builds the replacement for one entry in slimckpt.verl_patches; every one
+Each `*_patch(original)` builds the replacement for one entry in slimckpt.verl.patch_list; every one
 of them is applied only with SLIMCKPT_CPU=1.
 """
 
@@ -15,12 +15,12 @@ GLOO = "gloo"
 def detect_platform_patch(original: Callable[[], str]) -> Callable[[], str]:
     """verl picks its platform by probing nvidia-smi and friends; SLIMCKPT_CPU=1 means "cpu".
 
-    Building the replacement is also where CPU mode switches on (guard and registrations), because
-    this patch is applied at `import verl`, before anything asks verl for its platform."""
-    from . import activate
+    Building the replacement is also where CPU mode refuses a machine with a GPU, because this
+    patch is applied at `import verl`, before anything asks verl for its platform."""
+    from . import check_host
     from .platform import NAME
 
-    activate()
+    check_host()
 
     @functools.wraps(original)
     def _detect_platform_name() -> str:

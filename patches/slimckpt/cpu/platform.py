@@ -64,7 +64,7 @@ def _device_module() -> types.ModuleType:
 
 
 class PlatformCPU(PlatformBase):
-    """Registered as "cpu" by `slimckpt.cpu.activate()`; selected with SLIMCKPT_CPU=1."""
+    """Registered as "cpu" by the "cpu.platform.registry" patch; selected with SLIMCKPT_CPU=1."""
 
     _module: Optional[types.ModuleType] = None
 

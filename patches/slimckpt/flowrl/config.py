@@ -3,8 +3,8 @@
 overrides/algo/flowrl.yaml points `actor_rollout_ref.actor.policy_loss._target_` here. verl builds
 this dataclass wherever it builds the actor's config: in the driver (validate_config, and
 `python -m slimckpt.dryrun`) and in every actor worker before the model is built. Building it is
-what switches FlowRL on in that process: the policy loss "flowrl" joins verl's registry and the
-"flowrl" patches (slimckpt.verl_patches) are applied. Without +algo=flowrl it is never built and
+what switches FlowRL on in that process: the "flowrl" feature of slimckpt.verl.patch_list (the
+policy loss "flowrl" in verl's registry, and the engine patches). Without +algo=flowrl it is never built and
 verl runs unchanged.
 """
 
@@ -66,14 +66,12 @@ class FlowRLLossConfig(PolicyLossConfig):
 
 
 def activate(settings: HeadSettings) -> None:
-    """Register the loss and apply the "flowrl" patches in this process (idempotent)."""
+    """Remember the head this process's actor gets, then switch the "flowrl" feature on (the policy
+    loss joins verl's registry and the engine patches apply; idempotent)."""
     global _ACTIVE
-    from ..registry import REGISTRY, check_verl_version
-    from ..verl_patches import register_all
-    from .loss import register
+    from ..verl.features import switch_on
+    from ..verl.registry import check_verl_version
 
     check_verl_version()
     _ACTIVE = settings
-    register()
-    register_all()
-    REGISTRY.apply_feature("flowrl")
+    switch_on("flowrl")

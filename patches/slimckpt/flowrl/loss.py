@@ -152,9 +152,6 @@ def compute_policy_loss_flowrl(
     return loss, metrics
 
 
-def register() -> None:
-    """Add "flowrl" to verl's policy-loss registry (idempotent)."""
-    from verl.trainer.ppo import core_algos
-
-    if core_algos.POLICY_LOSS_REGISTRY.get(LOSS_MODE) is not compute_policy_loss_flowrl:
-        core_algos.register_policy_loss(LOSS_MODE)(compute_policy_loss_flowrl)
+def registered_loss(_registry: dict) -> Any:
+    """The entry "flowrl" of verl's policy-loss registry (the "flowrl.loss.registry" patch)."""
+    return compute_policy_loss_flowrl

@@ -1,0 +1,368 @@
+"""The commit record of an incremental-tier resume state, and the tracker file. Pure: no torch.
+
+A role directory (`<root>/global_step_N/actor`) holds resume state only once
+`slimckpt_resume.json` is in it. The manifest is written last, after every rank's files are on
+disk and fsynced, by an atomic rename; a directory without it is a save that never finished and
+is refused at load. It lists every file of the role directory with its size and checksum
+(xxh3_128, the same check as a merge output's manifest.json: manifest.check_file), and carries a
+checksum of itself, so a truncated, missing, altered or unlisted file, or a damaged manifest, is
+caught before any tensor is read, with one message (`damage_message`) that both the load and
+`slimckpt verify` print. Manifests of earlier versions (per-file CRC32 only with `verify`, no
+seal, only the state's own files listed) still load.
+
+`latest_checkpointed_iteration.txt` (verl's tracker) is written the same way: a temporary file,
+fsync, rename. A reader sees the old step or the new one, never a torn write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .merge_manifest import (
+    DEFAULT_ALGO,
+    BadFile,
+    CommitError,
+    check_file,
+    check_seal,
+    file_checksum,
+    fsync_path,
+    list_files,
+    seal,
+)
+
+MANIFEST_NAME = "slimckpt_resume.json"
+FORMAT = "slimckpt-resume/1"
+FAILED_PREFIX = "slimckpt_save_failed_rank_"
+TRACKER_NAME = "latest_checkpointed_iteration.txt"
+_CHUNK = 8 * 2**20
+# written into a role dir after its commit, or about it: not part of the state
+MEASURE_PREFIX = "slimckpt_save_rank_"
+DAMAGED_FIX = "the checkpoint is damaged, resume from an earlier step"
+LOCK_SUFFIX = ".slimckpt-lock"  # slimckpt.read.locks.LOCK_SUFFIX
+
+
+class UncommittedCheckpoint(RuntimeError):
+    """A step directory whose save did not finish (no manifest), or whose files do not match it."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative to the role directory
+    bytes: int
+    checksum: str | None = None  # in the manifest's checksum_algo
+    crc32: int | None = None  # manifests of earlier versions (with verify)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "bytes": self.bytes}
+        if self.checksum is not None:
+            out["checksum"] = self.checksum
+        if self.crc32 is not None:
+            out["crc32"] = self.crc32
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "FileEntry":
+        return cls(data["path"], int(data["bytes"]), data.get("checksum"), data.get("crc32"))
+
+
+@dataclass
+class Manifest:
+    global_step: int
+    world_size: int
+    contents: list[str]
+    files: list[FileEntry]
+    fsdp_version: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    format: str = FORMAT
+    # None: a manifest of an earlier version, which listed only the state's own files
+    checksum_algo: str | None = DEFAULT_ALGO
+
+    def to_json(self) -> dict[str, Any]:
+        return seal({
+            "format": self.format,
+            "checksum_algo": self.checksum_algo,
+            "global_step": self.global_step,
+            "world_size": self.world_size,
+            "fsdp_version": self.fsdp_version,
+            "contents": list(self.contents),
+            "files": [f.to_json() for f in self.files],
+            "extra": self.extra,
+            "committed_at": time.time(),
+        })
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Manifest":
+        return cls(
+            global_step=int(data["global_step"]),
+            world_size=int(data["world_size"]),
+            contents=list(data["contents"]),
+            files=[FileEntry.from_json(f) for f in data["files"]],
+            fsdp_version=data.get("fsdp_version"),
+            extra=dict(data.get("extra") or {}),
+            format=data["format"],
+            checksum_algo=data.get("checksum_algo"),
+        )
+
+
+def crc32_of(path: str) -> int:
+    """CRC32 of a file read in 8 MiB chunks (bounded memory)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def describe_files(root: str, relpaths: Iterable[str], checksums: bool = True,
+                   known: dict[str, str] | None = None) -> list[FileEntry]:
+    """Size and xxh3_128 of each file (checksums=False: sizes only, for tests of old manifests);
+    `known` checksums (by relative path, computed while the file was written) are not re-read."""
+    known = known or {}
+    return [
+        FileEntry(rel, os.path.getsize(os.path.join(root, rel)),
+                  (known.get(rel) or file_checksum(os.path.join(root, rel), DEFAULT_ALGO)) if checksums else None)
+        for rel in relpaths
+    ]
+
+
+def _not_state(rel: str) -> bool:
+    """Files a role dir may hold outside its manifest: the manifest (and its temp file), failure
+    markers (reported on their own), the measure JSON written after the save returns, and
+    advisory lock files of a subdir (slimckpt.read.locks puts `.<dir>.slimckpt-lock` next to a dir)."""
+    name = rel.rsplit("/", 1)[-1]
+    if name.endswith(LOCK_SUFFIX):
+        return True
+    return "/" not in rel and (name.startswith((MANIFEST_NAME, FAILED_PREFIX, MEASURE_PREFIX)))
+
+
+def unlisted_files(role_dir: str, listed: Iterable[str]) -> list[str]:
+    """Files under role_dir that no manifest entry (nor _not_state) accounts for."""
+    known = set(listed)
+    return [rel for rel in list_files(role_dir) if rel not in known and not _not_state(rel)]
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write `text` to `path` so that a reader sees either the old file or the whole new one."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
+def has_manifest(role_dir: str) -> bool:
+    return os.path.isfile(os.path.join(role_dir, MANIFEST_NAME))
+
+
+def write_manifest(role_dir: str, manifest: Manifest) -> str:
+    path = os.path.join(role_dir, MANIFEST_NAME)
+    atomic_write_text(path, json.dumps(manifest.to_json(), indent=1))
+    return path
+
+
+def remove_manifest(role_dir: str) -> None:
+    """Un-commit a directory before it is written again (a re-save of the same step)."""
+    path = os.path.join(role_dir, MANIFEST_NAME)
+    if os.path.exists(path):
+        os.remove(path)
+        fsync_path(role_dir)
+
+
+def read_manifest(role_dir: str) -> Manifest:
+    path = os.path.join(role_dir, MANIFEST_NAME)
+    if not os.path.isfile(path):
+        raise UncommittedCheckpoint(
+            f"slimckpt: {role_dir} has no {MANIFEST_NAME}: its save never finished; resume from an earlier "
+            f"global_step_* (trainer.resume_mode=resume_path trainer.resume_from_path=...) or delete this directory"
+        )
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UncommittedCheckpoint(damage_message(role_dir, BadFile(MANIFEST_NAME, f"unreadable ({_one_line(exc)})")))
+    if not isinstance(data, dict):
+        raise UncommittedCheckpoint(damage_message(role_dir, BadFile(MANIFEST_NAME, "unreadable (not a JSON object)")))
+    if data.get("format") != FORMAT:
+        raise UncommittedCheckpoint(
+            f"slimckpt: {path} has format {data.get('format')!r}, this slimckpt reads {FORMAT!r}; "
+            f"load it with the slimckpt version that wrote it"
+        )
+    try:
+        check_seal(data)
+        return Manifest.from_json(data)
+    except (CommitError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UncommittedCheckpoint(damage_message(role_dir, BadFile(MANIFEST_NAME, _one_line(exc)))) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().replace("\n", " ")
+    return f"{type(exc).__name__}: {text}"[:200] if not isinstance(exc, CommitError) else text[:200]
+
+
+def damage_message(role_dir: str, bad: BadFile) -> str:
+    """The one line that both a refused load and `slimckpt verify` print for a damaged file."""
+    return f"slimckpt: {os.path.join(role_dir, bad.name)}: {bad.reason}; {DAMAGED_FIX}"
+
+
+def _check_entry(role_dir: str, entry: FileEntry, algo: str | None, checksums: bool,
+                 on_bytes: Callable[[int], object] | None) -> str | None:
+    if entry.checksum is not None or entry.crc32 is None:
+        reason = check_file(role_dir, entry.path, entry.bytes, entry.checksum, algo or DEFAULT_ALGO, checksums,
+                            on_bytes)
+        if reason == "missing":
+            return f"missing but listed in {MANIFEST_NAME}"
+        return reason
+    # an earlier version's entry: CRC32
+    reason = check_file(role_dir, entry.path, entry.bytes, None, DEFAULT_ALGO, False, on_bytes)
+    if reason is None and checksums and crc32_of(os.path.join(role_dir, entry.path)) != entry.crc32:
+        return f"CRC32 mismatch, manifest says {entry.crc32}"
+    return reason
+
+
+def share_by_bytes(sizes: Sequence[int], world: int) -> list[int]:
+    """Owner rank of each file: largest first to the rank with the fewest bytes so far, so the
+    ranks of a load hash about equal shares. The same on every rank (same manifest)."""
+    load = [0] * max(world, 1)
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(len(load)), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += sizes[i]
+    return owner
+
+
+def find_damage(role_dir: str, manifest: Manifest, checksums: bool = True,
+                on_bytes: Callable[[int], object] | None = None, share: tuple[int, int] = (0, 1),
+                extras: bool = True) -> list[tuple[int, BadFile]]:
+    """(index, bad file) for every listed file of this `share` (rank, world: the files
+    share_by_bytes gives the rank) that is missing, resized or altered, then (with `extras`) files
+    not in the manifest (index len(files) + k), and failure markers. Ordered by index, so every
+    rank agrees which is first."""
+    rank, world = share
+    owner = share_by_bytes([e.bytes for e in manifest.files], world)
+    bad: list[tuple[int, BadFile]] = []
+    for i, entry in enumerate(manifest.files):
+        if owner[i] == rank:
+            reason = _check_entry(role_dir, entry, manifest.checksum_algo, checksums, on_bytes)
+            if reason:
+                bad.append((i, BadFile(entry.path, reason)))
+    if extras:
+        n = len(manifest.files)
+        unlisted = unlisted_files(role_dir, (e.path for e in manifest.files))
+        if manifest.checksum_algo is None:  # earlier versions listed only the state's own files
+            unlisted = [r for r in unlisted if r.startswith("dcp/") or r.rsplit("/", 1)[-1].startswith("slimckpt_")]
+        bad += [(n + k, BadFile(rel, f"not listed in {MANIFEST_NAME}")) for k, rel in enumerate(unlisted)]
+        n += len(unlisted)
+        bad += [(n + k, BadFile(os.path.basename(m), "says this step's save failed"))
+                for k, m in enumerate(failure_markers(role_dir))]
+    return bad
+
+
+def check_committed(role_dir: str, checksums: bool = True) -> Manifest:
+    """The load's whole check of a role dir, one process: raise UncommittedCheckpoint with
+    damage_message of the first bad file (what `slimckpt verify` prints for it), else the manifest."""
+    manifest = read_manifest(role_dir)
+    bad = find_damage(role_dir, manifest, checksums)
+    if bad:
+        raise UncommittedCheckpoint(damage_message(role_dir, bad[0][1]))
+    return manifest
+
+
+def check_files(role_dir: str, files: Sequence[FileEntry], checksums: bool,
+                algo: str | None = DEFAULT_ALGO) -> None:
+    """Raise UncommittedCheckpoint naming the first listed file that is missing, short or altered."""
+    for entry in files:
+        reason = _check_entry(role_dir, entry, algo, checksums, None)
+        if reason:
+            raise UncommittedCheckpoint(damage_message(role_dir, BadFile(entry.path, reason)))
+
+
+def failure_markers(role_dir: str) -> list[str]:
+    if not os.path.isdir(role_dir):
+        return []
+    return sorted(os.path.join(role_dir, n) for n in os.listdir(role_dir) if n.startswith(FAILED_PREFIX))
+
+
+def write_failure(role_dir: str, rank: int, message: str) -> None:
+    """A background write that failed leaves a note, so whoever waits for the commit stops waiting."""
+    os.makedirs(role_dir, exist_ok=True)
+    atomic_write_text(os.path.join(role_dir, f"{FAILED_PREFIX}{rank}.txt"), message + "\n")
+
+
+# --------------------------------------------------------------------------- tracker
+
+
+def read_tracker(root: str) -> int | None:
+    try:
+        with open(os.path.join(root, TRACKER_NAME)) as f:
+            return int(f.read().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def write_tracker(root: str, step: int) -> bool:
+    """Point verl's tracker at `step` unless it already names a later one. True if written."""
+    current = read_tracker(root)
+    if current is not None and current >= step:
+        return False
+    atomic_write_text(os.path.join(root, TRACKER_NAME), str(int(step)))
+    return True
+
+
+def step_of(role_dir: str) -> tuple[str, int] | None:
+    """(`<root>`, N) for verl's layout `<root>/global_step_N/<role>`; None for any other path."""
+    step_dir = os.path.dirname(os.path.normpath(os.path.abspath(role_dir)))
+    name = os.path.basename(step_dir)
+    if not name.startswith("global_step_"):
+        return None
+    try:
+        return os.path.dirname(step_dir), int(name[len("global_step_"):])
+    except ValueError:
+        return None
+
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def saved_steps(root: str) -> list[int]:
+    """The N of every `<root>/global_step_N` dir, ascending; [] when `root` cannot be listed."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for m in map(STEP_DIR.match, names) if m)
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def protected_dirs(paths: Iterable[str]) -> set[str]:
+    """Role dirs that retention must keep: those of the step the tracker names now. verl deletes old
+    actor dirs while the tracker may still name one of them (before the critic and the tracker
+    write are done, or before an async commit); a crash then leaves a tracker pointing at nothing."""
+    protect: set[str] = set()
+    for path in paths:
+        where = step_of(path)
+        if where is not None and read_tracker(where[0]) == where[1]:
+            protect.add(os.path.abspath(path))
+    return protect
+
+
+def split_retention(paths: Sequence[str], keep: int | None, protect: set[str]) -> tuple[list[str], list[str]]:
+    """(kept, deleted) for verl's list of saved role dirs, oldest first: the newest `keep` stay, and
+    so does every dir in `protect` (it is deleted at a later save, once the tracker has moved on).
+    keep None or <= 0 keeps everything, as verl's max_ckpt_to_keep does."""
+    if not keep or keep <= 0 or len(paths) <= keep:
+        return list(paths), []
+    excess = list(paths[: len(paths) - keep])
+    delete = [p for p in excess if os.path.abspath(p) not in protect]
+    return [p for p in paths if p not in delete], delete

@@ -1,0 +1,55 @@
+"""`slimckpt merge ...`: the command's arguments and its run (wired in slimckpt.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .plan import DEFAULT_CHUNK_MB, DTYPE_NAMES, MergeError, MergeOptions
+
+HELP = "merge a verl FSDP checkpoint into a Hugging Face model dir, streaming (bounded memory)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--local_dir", required=True,
+                   help="verl checkpoint dir holding model_world_size_*_rank_*.pt (…/global_step_N/actor)")
+    p.add_argument("--target_dir", required=True, help="output dir; must not exist, be empty, or --overwrite")
+    p.add_argument("--dtype", choices=list(DTYPE_NAMES), default="bf16",
+                   help="output dtype (verl's merger always writes bf16)")
+    p.add_argument("--max_shard_size", default=None,
+                   help="split weights into files of at most this size, e.g. 5GB (default: transformers' "
+                        "save_pretrained default, 50GB in transformers 5, as verl's merger gets)")
+    p.add_argument("--workers", type=int, default=1, help="writer processes on this node (default 1)")
+    p.add_argument("--distributed_merge", action="store_true",
+                   help="run as one of the ranks started by torchrun (one node or many sharing a filesystem)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --target_dir")
+    p.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
+                   help="allow custom model code from the checkpoint's huggingface/ dir")
+    p.add_argument("--chunk_mb", type=int, default=DEFAULT_CHUNK_MB,
+                   help=f"MiB of source read, cast and written as one piece; a writer holds about three "
+                        f"(default {DEFAULT_CHUNK_MB})")
+    p.add_argument("--no_fsync", action="store_true",
+                   help="skip fsync of the weight files: faster on slow disks, but after a power loss (not a "
+                        "process crash) a committed output may hold torn files (`slimckpt verify` detects them)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = MergeOptions(local_dir=args.local_dir, target_dir=args.target_dir, dtype=args.dtype,
+                        max_shard_size=args.max_shard_size, workers=args.workers,
+                        distributed=args.distributed_merge, overwrite=args.overwrite,
+                        trust_remote_code=args.trust_remote_code, progress=not args.no_progress,
+                        chunk_bytes=max(1, args.chunk_mb) << 20, fsync=not args.no_fsync)
+    from .pipeline import merge
+
+    try:
+        result = merge(opts)
+    except MergeError as exc:
+        print(f"slimckpt merge: error: {exc}", file=sys.stderr)
+        return 1
+    if not opts.distributed or os.environ.get("RANK", "0") == "0":
+        print(f"merged into {result.target_dir} ({result.weight_bytes / 1e9:.2f} GB weights, "
+              f"{result.seconds:.1f} s)" + (" by verl's merger" if result.used_verl_merger else ""))
+    return 0
+

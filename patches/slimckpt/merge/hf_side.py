@@ -1,0 +1,188 @@
+"""The Hugging Face side of a merge or export: what `save_pretrained` (as verl's merger and its
+`hf_model` save call it) would name, drop and write, asked of a meta-device model of the
+checkpoint's config, so no weights are materialised. Used by `slimckpt merge`, the in-training
+exports and `slimckpt plan`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..log import get_logger
+
+log = get_logger("slimckpt.merge")
+
+
+class NeedsVerlMerger(Exception):
+    """This checkpoint is outside what the streaming merge reproduces exactly."""
+
+
+def default_max_shard_size() -> int | str:
+    """What `save_pretrained` uses when verl calls it without max_shard_size ("50GB" in transformers 5)."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    return inspect.signature(PreTrainedModel.save_pretrained).parameters["max_shard_size"].default
+
+
+def guess_default_max_shard_size() -> str:
+    """`default_max_shard_size()` without importing transformers (seconds): read from its version.
+    Only the early writer uses it; its plan is compared with the real one before it counts."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major = int(version("transformers").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return "50GB"
+    return "50GB" if major >= 5 else "5GB"
+
+
+def auto_model_class(config):
+    """The transformers auto class verl 0.9.1's merger builds the model with
+    (`BaseModelMerger.get_transformers_auto_model_class`): the auto_map entry naming the
+    architecture when the model has remote code, else by the architecture's suffix."""
+    import transformers
+
+    from ..verl.leaves import leaf
+
+    arch = config.architectures[0]
+    vision = leaf("transformers_compat").get_auto_model_for_vision2seq
+    if hasattr(config, "auto_map") and any(arch in v for v in config.auto_map.values()):
+        auto_class = next(k for k, v in config.auto_map.items() if arch in v)
+        if auto_class in ("AutoModelForCausalLM", "AutoModelForTokenClassification"):
+            return getattr(transformers, auto_class)
+        if auto_class in ("AutoModelForVision2Seq", "AutoModelForImageTextToText"):
+            return vision()
+        raise NotImplementedError(f"Unknown auto class {auto_class}")
+    if "ForTokenClassification" in arch:
+        return transformers.AutoModelForTokenClassification
+    if "ForCausalLM" in arch:
+        return transformers.AutoModelForCausalLM
+    if "ForConditionalGeneration" in arch:
+        return vision()
+    raise NotImplementedError(f"Unknown architecture {config.architectures}")
+
+
+def load_generation_config(hf_dir: str):
+    """The generation config saved beside the checkpoint's config, or None (with verl's warning):
+    verl 0.9.1's merger gives it to the model instead of the one derived from the config."""
+    if not os.path.isfile(os.path.join(hf_dir, "generation_config.json")):
+        log.warning("Generation config file not found in %s, using a generation config created from the "
+                    "model config (as verl's merger does)", hf_dir)
+        return None
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_pretrained(hf_dir)
+
+
+# ------------------------------------------------------------------------------------------------
+# The Hugging Face side: what save_pretrained + verl's save_hf_model_and_tokenizer would do
+# ------------------------------------------------------------------------------------------------
+class HfSide:
+    """A meta-device model of the checkpoint's config: names, config files, tokenizer, like verl."""
+
+    def __init__(self, local_dir: str, dtype: str, trust_remote_code: bool) -> None:
+        import torch
+        from transformers import AutoConfig
+
+        from ..read.sources import HF_SUBDIR, CheckpointError
+
+        self.hf_dir = os.path.join(local_dir, HF_SUBDIR)
+        config_path = os.path.join(self.hf_dir, "config.json")
+        if not os.path.isfile(config_path):
+            raise CheckpointError(f"{config_path} is missing; verl writes it on rank 0 "
+                                  f"with every checkpoint: copy the checkpoint's huggingface/ dir along")
+        self.trust_remote_code = trust_remote_code
+        # verl's merger loads this config, picks the auto class and patches the generation config as
+        # below (BaseModelMerger, verl 0.9.1); tests/test_verl_leaves.py holds both to the same answers
+        self.model_config = AutoConfig.from_pretrained(self.hf_dir, trust_remote_code=trust_remote_code)
+        if not getattr(self.model_config, "architectures", None):
+            raise CheckpointError(f"{config_path} names no \"architectures\"; add the "
+                                  f"model class, e.g. \"architectures\": [\"LlamaForCausalLM\"]")
+        self.torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        auto_cls = auto_model_class(self.model_config)
+        try:
+            # all on meta, buffers too: transformers then skips initialising the weights (0.1-0.15 s at 1B)
+            with torch.device("meta"):
+                model = auto_cls.from_config(self.model_config, dtype=self.torch_dtype,
+                                             trust_remote_code=trust_remote_code)
+        except Exception:  # noqa: BLE001 - a model whose __init__ computes with its buffers: verl's way
+            from accelerate import init_empty_weights
+
+            with init_empty_weights():
+                model = auto_cls.from_config(self.model_config, dtype=self.torch_dtype,
+                                             trust_remote_code=trust_remote_code)
+        if model.can_generate():
+            generation_config = load_generation_config(self.hf_dir)
+            if generation_config is not None:
+                model.generation_config = generation_config
+        self.model = model
+
+    def output_names(self, names: list[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+        """{output name: checkpoint name}, in the order save_pretrained would see the state dict."""
+        import torch
+        from transformers.core_model_loading import revert_weight_conversion
+
+        from ..flowrl.names import is_flowrl_param
+        from ..verl.leaves import leaf
+
+        # FlowRL's log Z head is trained with the actor but is no part of the language model
+        keep: dict[str, object] = {n: None for n in names if not is_flowrl_param(n)}
+        if len(keep) < len(names):
+            log.info("HF export leaves out FlowRL's log Z head (%d tensors)", len(names) - len(keep))
+        leaf("transformers_compat").drop_tied_target_keys(keep, self.model, self.model_config)
+        for key in self.model._keys_to_ignore_on_save or ():
+            keep.pop(key, None)
+        meta = {n: torch.empty(shapes[n], dtype=self.torch_dtype, device="meta") for n in keep}
+        reverted = revert_weight_conversion(self.model, dict(meta))
+        by_id = {id(t): n for n, t in meta.items()}
+        mapping = {}
+        for new, t in reverted.items():
+            old = by_id.get(id(t))
+            if old is None or tuple(t.shape) != shapes[old]:
+                raise NeedsVerlMerger(f"transformers converts tensors of {type(self.model).__name__} on save "
+                                      f"(e.g. {new!r})")
+            mapping[new] = old
+        if len(mapping) != len(meta):
+            raise NeedsVerlMerger(f"transformers merges tensors of {type(self.model).__name__} on save")
+        return mapping
+
+    def total_parameters(self) -> int:
+        return self.model.num_parameters()
+
+    def save_configs(self, out_dir: str) -> None:
+        """config.json and generation_config.json exactly as save_pretrained writes them."""
+        model = self.model
+        model.config.dtype = str(model.dtype).split(".")[1]
+        model.config.architectures = [model.__class__.__name__.removeprefix("FSDP")]
+        if model._auto_class is not None:
+            from transformers.dynamic_module_utils import custom_object_save
+
+            custom_object_save(model, out_dir, config=model.config)
+        model.config.save_pretrained(out_dir)
+        if model.can_generate():
+            model.generation_config.save_pretrained(out_dir)
+
+    def save_tokenizer(self, out_dir: str) -> bool:
+        """Processor and tokenizer through verl's loaders; False (with a warning) when there is none."""
+        import warnings
+
+        from ..verl.leaves import leaf
+
+        verl_tokenizer = leaf("tokenizer")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            processor = verl_tokenizer.hf_processor(self.hf_dir, trust_remote_code=self.trust_remote_code)
+        try:
+            tokenizer = verl_tokenizer.hf_tokenizer(self.hf_dir, trust_remote_code=self.trust_remote_code)
+        except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/TypeError here
+            tokenizer = None
+            log.warning("no tokenizer in %s (%s): the merged model has none; copy one in before serving it "
+                        "(verl's merger exits 1 here, after writing the weights)", self.hf_dir,
+                        str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__)
+        if processor is not None:
+            processor.save_pretrained(out_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)
+        return tokenizer is not None

@@ -1,0 +1,58 @@
+"""verl's `python -m verl.model_merger merge --backend fsdp`, redirected to the streaming merge
+(patch "merge.fsdp" in slimckpt.verl.patch_list)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+
+from ..log import get_logger
+from .pipeline import merge
+from .plan import MergeError, MergeOptions
+
+log = get_logger("slimckpt.merge")
+
+OVERWRITE_ENV = "SLIMCKPT_MERGE_OVERWRITE"
+WORKERS_ENV = "SLIMCKPT_MERGE_WORKERS"
+
+
+def wrap_merge_and_save(original: Callable) -> Callable:
+    """FSDPModelMerger.merge_and_save -> the streaming merge for `merge`; verl's own for `test`.
+
+    Every flag of verl's parser still parses. --use_cpu_initialization changes nothing here (no
+    model is materialised); --hf_upload_path uploads the committed dir with verl's own uploader;
+    --tie-word-embedding/--is-value-model are Megatron-only in verl and ignored by its FSDP
+    merger too. Under torchrun (WORLD_SIZE > 1) the ranks share the work (--distributed_merge).
+    Env: SLIMCKPT_MERGE_WORKERS=N writer processes; SLIMCKPT_MERGE_OVERWRITE=1 replaces a non-empty
+    target (verl's parser has no such flag); SLIMCKPT_DISABLE=1 runs verl's merger untouched.
+    """
+    @functools.wraps(original)
+    def merge_and_save(self) -> None:
+        cfg = self.config
+        if cfg.operation != "merge":
+            log.info("slimckpt: 'verl.model_merger %s' runs verl's own FSDPModelMerger (only 'merge' is "
+                     "streamed by slimckpt)", cfg.operation)
+            return original(self)
+        if cfg.use_cpu_initialization:
+            log.info("slimckpt: --use_cpu_initialization has no effect on the streaming merge (no model is "
+                     "materialised on any device)")
+        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+        opts = MergeOptions(local_dir=cfg.local_dir, target_dir=cfg.target_dir,
+                            trust_remote_code=cfg.trust_remote_code,
+                            overwrite=os.environ.get(OVERWRITE_ENV) == "1", overwrite_hint=f"{OVERWRITE_ENV}=1",
+                            workers=int(os.environ.get(WORKERS_ENV, "1")), distributed=distributed,
+                            progress=sys.stderr.isatty() or os.environ.get("SLIMCKPT_PROGRESS") == "1")
+        log.info("slimckpt: 'python -m verl.model_merger merge --backend fsdp' runs slimckpt's streaming merge "
+                 "(SLIMCKPT_DISABLE=1 runs verl's own)")
+        try:
+            result = merge(opts, verl_fallback=lambda: original(self))
+        except MergeError as exc:
+            raise SystemExit(f"slimckpt merge: error: {exc}") from None
+        if cfg.hf_upload and not result.used_verl_merger and os.environ.get("RANK", "0") == "0":
+            log.info("slimckpt: uploading %s to the Hugging Face Hub as %s (verl's uploader)",
+                     result.target_dir, cfg.hf_upload_path)
+            self.upload_to_huggingface()
+
+    return merge_and_save

@@ -1,0 +1,162 @@
+"""Sequential disk bandwidth of a directory's filesystem, measured the way checkpoints use it:
+large writes ending in fsync, then a read of the same file with its pages evicted first.
+
+Both ways to reach the disk are measured: through the page cache (what `torch.save`, verl's merger
+and plain `open()` use) and with O_DIRECT (what slimckpt's merge uses, see `direct_io`). They
+can differ by 4x on a VM whose page-cache pages are slow to come by. The I/O floor of a job uses
+the faster of the two, so it is what the disk can do, not what one path happens to get.
+O_DIRECT is measured with two request sizes, for the same reason: this VM's disk moved 1 MiB
+requests at 1.26-1.39 GB/s and 16 MiB ones at 1.02-1.07 (writes; reads alike), so a floor from 16 MiB
+alone would be 25% too easy to come close to.
+
+`python -m slimckpt.diskspeed DIR` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import dataclass, fields
+
+from ..read import direct_io
+from .measure import evict_from_page_cache
+
+CHUNK = 16 * 2**20  # through the page cache (the kernel splits and reads ahead on its own)
+DIRECT_CHUNKS = (2**20, 16 * 2**20)  # O_DIRECT: each measured, the faster kept
+
+
+@dataclass
+class DiskSpeed:
+    write_bytes_per_s: float  # the faster path's (see the module docstring)
+    read_bytes_per_s: float
+    size_bytes: int
+    buffered_write_bytes_per_s: float = 0.0
+    buffered_read_bytes_per_s: float = 0.0
+    direct_write_bytes_per_s: float = 0.0  # 0: the filesystem refuses O_DIRECT
+    direct_read_bytes_per_s: float = 0.0
+    mixed_bytes_per_s: float = 0.0  # O_DIRECT read of one file while writing half as much to another, combined
+
+    def io_floor_s(self, read_bytes: int, written_bytes: int) -> float:
+        """Seconds a job needs at best to read and write this much, one after the other."""
+        return read_bytes / self.read_bytes_per_s + written_bytes / self.write_bytes_per_s
+
+    def describe(self) -> str:
+        gb = 1e9
+        text = (f"write {self.write_bytes_per_s / gb:.2f} GB/s, read {self.read_bytes_per_s / gb:.2f} GB/s "
+                f"(through the page cache: write {self.buffered_write_bytes_per_s / gb:.2f} (fsync'ed), "
+                f"cold read {self.buffered_read_bytes_per_s / gb:.2f}")
+        if self.direct_write_bytes_per_s:
+            text += (f"; O_DIRECT: write {self.direct_write_bytes_per_s / gb:.2f}, "
+                     f"read {self.direct_read_bytes_per_s / gb:.2f}")
+        if self.mixed_bytes_per_s:
+            text += f"; O_DIRECT reading and writing at once, as a merge does: {self.mixed_bytes_per_s / gb:.2f} combined"
+        return text + ")"
+
+
+def fastest_of(speeds: list[DiskSpeed]) -> DiskSpeed:
+    """Each bandwidth at its best over several measurements: on a disk whose speed drifts (a shared
+    VM's), a floor from the fastest is the hardest one to come close to."""
+    best = {f.name: max(getattr(s, f.name) for s in speeds) for f in fields(DiskSpeed) if f.name != "size_bytes"}
+    return DiskSpeed(size_bytes=speeds[0].size_bytes, **best)
+
+
+def _write(path: str, size: int, direct: bool, chunk: int = CHUNK) -> float:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    block = direct_io.aligned_buffer(chunk)
+    block[:] = os.urandom(chunk)
+    start = time.perf_counter()
+    fd = direct_io.open_direct(path, flags) if direct else os.open(path, flags, 0o644)
+    if fd is None:
+        return 0.0
+    try:
+        written = 0
+        while written < size:
+            written += os.pwrite(fd, block, written)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return written / (time.perf_counter() - start)
+
+
+def _read(path: str, direct: bool, chunk: int = CHUNK) -> float:
+    evict_from_page_cache([path])
+    block = direct_io.aligned_buffer(chunk)
+    start = time.perf_counter()
+    fd = direct_io.open_direct(path, os.O_RDONLY) if direct else os.open(path, os.O_RDONLY)
+    if fd is None:
+        return 0.0
+    total = 0
+    try:
+        while True:
+            n = os.preadv(fd, [block], total)
+            if n <= 0:
+                break
+            total += n
+    finally:
+        os.close(fd)
+    return total / (time.perf_counter() - start)
+
+
+def _mixed(read_path: str, write_path: str, size: int) -> float:
+    """A merge's pattern: read `size` bytes (fp32 shards) while writing size/2 (bf16 output)."""
+    import threading
+
+    if not os.path.exists(read_path):
+        return 0.0
+    results: list[float] = []
+    writer = threading.Thread(target=lambda: results.append(_write(write_path, size // 2, True, DIRECT_CHUNKS[0])))
+    start = time.perf_counter()
+    writer.start()
+    _read(read_path, True, DIRECT_CHUNKS[0])
+    writer.join()
+    elapsed = time.perf_counter() - start
+    return (size + size // 2) / elapsed if results and results[0] else 0.0
+
+
+def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int = 3) -> DiskSpeed:
+    """Medians of `repeats` write+read rounds per path, each on a new file."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, ".slimckpt_diskspeed")
+    other = path + ".2"
+    results: dict[bool, tuple[list[float], list[float]]] = {False: ([], []), True: ([], [])}
+    mixed: list[float] = []
+    try:
+        for _ in range(repeats):
+            for direct in (False, True):
+                w = r = 0.0
+                for chunk in DIRECT_CHUNKS if direct else (CHUNK,):
+                    w_chunk = _write(path, size_bytes, direct, chunk)
+                    w = max(w, w_chunk)
+                    r = max(r, _read(path, direct, chunk) if w_chunk else 0.0)
+                results[direct][0].append(w)
+                results[direct][1].append(r)
+                if direct and w:
+                    mixed.append(_mixed(path, other, size_bytes))
+                for p in (path, other):
+                    if os.path.exists(p):
+                        os.remove(p)
+    finally:
+        for p in (path, other):
+            if os.path.exists(p):
+                os.remove(p)
+    bw, br = (statistics.median(v) for v in results[False])
+    dw, dr = (statistics.median(v) for v in results[True])
+    return DiskSpeed(max(bw, dw), max(br, dr), size_bytes, bw, br, dw, dr, statistics.median(mixed) if mixed else 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m slimckpt.diskspeed", description="Sequential bandwidth of a directory's filesystem, through the page "
+                                "cache, with O_DIRECT, and with O_DIRECT reads and writes at once (as a merge does).")
+    p.add_argument("directory", help="a directory on the filesystem to measure (a scratch file is written there)")
+    p.add_argument("--size_gb", type=float, default=1.0, help="bytes per round, in GiB (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds per path; medians are shown (default 3)")
+    args = p.parse_args(argv)
+    speed = measure_disk_speed(args.directory, int(args.size_gb * 2**30), args.repeats)
+    print(speed.describe())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,225 @@
+"""A save that fails (disk full, read-only or unwritable directory, another writer) stops training
+or lets it go on, as `checkpoint.on_save_error` says, and never leaves a step that looks committed.
+
+Every recipe's save runs inside `guarded_save`:
+  - rank 0 takes the exclusive writer lock of the role dir (slimckpt.read.locks) and tells the other
+    ranks, so a second trainer saving the same step into the same `default_local_dir` fails
+    before writing a byte, on every rank, naming the holder;
+  - a failure becomes one line naming the path and the fix (the errno is dug out of torch's and
+    DCP's wrappers; torch.save reports a full disk as "file write failed", so the free space of
+    the filesystem is added when no errno is found);
+  - the role dir gets a failure marker (resume_manifest.write_failure): the incremental loader
+    refuses it, the tracker is put back (resume_tracker), retention never counts it (a failed
+    save never reaches verl's register_checkpoint);
+  - on_save_error=stop raises SaveFailed; continue logs the line at ERROR and returns. A lock
+    conflict always stops: two runs writing one directory is a misconfiguration, and going on
+    would silently save nothing for the rest of the run.
+
+Caveat of continue: it needs every rank to fail the same way (a full or read-only filesystem,
+a lock conflict: all ranks see it). A failure on one rank only, inside verl's save, leaves the
+other ranks in verl's barrier; that is verl's collective, not slimckpt's to unwind.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from ..read.locks import LockBusy, acquire
+from ..log import get_logger
+
+log = get_logger("slimckpt.save")
+
+POLICIES = ("stop", "continue")
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint save failed; str() is the one-line message (path and fix)."""
+
+
+def _causes(exc: BaseException):
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
+        if isinstance(failures, dict):
+            for f in failures.values():
+                todo += [x for x in (f if isinstance(f, tuple) else (f,)) if isinstance(x, BaseException)]
+
+
+def root_os_error(exc: BaseException) -> OSError | None:
+    for e in _causes(exc):
+        if isinstance(e, OSError) and e.errno is not None:
+            return e
+    return None
+
+
+def _free_bytes(path: str) -> int | None:
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        return shutil.disk_usage(path or "/").free
+    except OSError:
+        return None
+
+
+def describe_save_error(exc: BaseException, local_path: str, step: int) -> str:
+    """One line: what failed, where, and what to do."""
+    head = f"slimckpt: saving step {step} to {local_path} failed"
+    if isinstance(exc, (LockBusy, SaveFailed)):
+        return str(exc)
+    os_err = root_os_error(exc)
+    if os_err is not None:
+        where = os_err.filename or local_path
+        if os_err.errno in DISK_FULL:
+            return (f"{head}: {where}: {os.strerror(os_err.errno)}; free space there, lower "
+                    f"max_actor_ckpt_to_keep, or point trainer.default_local_dir at a larger filesystem")
+        if os_err.errno in NOT_WRITABLE:
+            return (f"{head}: {where}: not writable ({os.strerror(os_err.errno)}); make it writable or point "
+                    f"trainer.default_local_dir at a writable directory")
+        return f"{head}: {where}: {os_err.strerror or os_err}"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    free = _free_bytes(local_path)
+    hint = ""
+    if free is not None and free < 64 * 2**20:
+        hint = (f" ({free / 2**20:.1f} MiB free on that filesystem: likely full; free space or point "
+                f"trainer.default_local_dir at a larger filesystem)")
+    elif "unexpected pos" in first or "file write failed" in first:
+        # torch.save's writer drops the errno: a short write is a full disk, a quota or a file size limit
+        hint = " (a short write: check free space, quota and the file size limit `ulimit -f` there)"
+    return f"{head}: {type(exc).__name__}: {first}{hint}"
+
+
+def _group_of(manager):
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    from .resume_state import checkpoint_group
+
+    return checkpoint_group(manager)
+
+
+def take_writer_lock(manager, local_path: str, step: int):
+    """Rank 0 locks the role dir for writing; every rank raises the same LockBusy if it cannot."""
+    group = _group_of(manager)
+    if group is not None and getattr(manager.checkpoint_config, "async_save", False):
+        from .resume_async import writer_for
+
+        writer_for(manager).wait()  # the background write of the previous step uses this group: finish it first
+    lock, error = None, None
+    if manager.rank == 0:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
+            lock = acquire(local_path, exclusive=True, what=f"saving step {step} (rank 0 of a trainer)",
+                           fix="another trainer is saving this step into the same trainer.default_local_dir; "
+                               "give each run its own default_local_dir")
+        except LockBusy as exc:
+            error = ("busy", str(exc))
+        except OSError as exc:
+            error = ("os", describe_save_error(exc, local_path, step))
+    if group is not None:
+        import torch.distributed as dist
+
+        box = [error]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        error = box[0]
+    if error:
+        raise LockBusy(error[1]) if error[0] == "busy" else SaveFailed(error[1])
+    return lock
+
+
+def mark_failed(local_path: str, rank: int, line: str) -> None:
+    from ..format.resume_manifest import write_failure
+
+    try:
+        write_failure(local_path, rank, line)
+    except OSError as exc:  # the directory itself is what failed (read-only, gone): say so once
+        log.debug("could not write the failure marker in %s: %s", local_path, exc)
+
+
+def discard_rank_files(local_path: str, rank: int) -> None:
+    """This rank's shard files of a failed save: they are useless and take the space a full disk
+    needs for the next save."""
+    from ..read.checkpoint_dir import rank_files
+
+    for name in rank_files(local_path, rank):
+        try:
+            os.remove(os.path.join(local_path, name))
+        except OSError:
+            pass
+
+
+def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -> Any:
+    """Run `save` under the writer lock; on failure mark the dir failed, then stop or continue."""
+    policy = getattr(manager.checkpoint_config, "on_save_error", "stop")
+    manager._slimckpt_save_failed = None
+    lock = None
+    try:
+        lock = take_writer_lock(manager, local_path, step)
+        return save()
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        line = describe_save_error(exc, local_path, step)
+        manager._slimckpt_save_failed = line
+        if not isinstance(exc, LockBusy):  # a dir another trainer is writing is not ours to touch
+            discard_rank_files(local_path, manager.rank)
+            mark_failed(local_path, manager.rank, line)
+        if policy == "continue" and not isinstance(exc, LockBusy):
+            log.error("CHECKPOINT NOT SAVED (rank %s, on_save_error=continue, training goes on; the last committed "
+                      "step stays the resume point): %s", manager.rank, line)
+            return None
+        raise SaveFailed(line) from exc
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def restore_tracker(root: str, step: int, previous: int | None) -> bool:
+    """Driver side, after the trainer's `_save_checkpoint`: if a role dir of `step` holds a failure
+    marker, put latest_checkpointed_iteration.txt back to `previous` (the trainer wrote `step`).
+    True if it did."""
+    from ..format.resume_manifest import TRACKER_NAME, atomic_write_text, failure_markers, read_tracker
+
+    step_dir = os.path.join(root, f"global_step_{step}")
+    roles = sorted(n for n in os.listdir(step_dir) if os.path.isdir(os.path.join(step_dir, n))) \
+        if os.path.isdir(step_dir) else []
+    failed = [m for role in roles for m in failure_markers(os.path.join(step_dir, role))]
+    if not failed or read_tracker(root) != step:
+        return False
+    tracker = os.path.join(root, TRACKER_NAME)
+    if previous is None:
+        os.remove(tracker)
+    else:
+        atomic_write_text(tracker, str(int(previous)))
+    log.error("step %s was not saved (see %s): latest_checkpointed_iteration.txt stays at %s", step, failed[0],
+              previous)
+    return True
+
+
+def save_then_restore_tracker(trainer, original, *args, **kwargs):
+    """The trainer's synchronous `_save_checkpoint`, then `restore_tracker` (on_save_error=continue
+    returns from a failed worker save, and verl then writes the tracker)."""
+    from ..format.resume_manifest import read_tracker
+
+    root = trainer.config.trainer.default_local_dir
+    previous = read_tracker(root)
+    result = original(trainer, *args, **kwargs)
+    restore_tracker(root, int(trainer.global_steps), previous)
+    return result
+
+
+__all__ = ["POLICIES", "SaveFailed", "describe_save_error", "guarded_save", "mark_failed", "restore_tracker",
+           "root_os_error", "save_then_restore_tracker", "take_writer_lock"]

@@ -1,0 +1,538 @@
+"""Resume state of the incremental tier: model, optimizer and extra state (lr scheduler, RNG) of a
+verl FSDPCheckpointManager, written with bounded host memory, reshardable, committed atomically.
+
+Layout of a role directory (`<root>/global_step_N/actor`):
+
+    dcp/                       torch.distributed.checkpoint (DCP): `__{rank}_0.distcp` per rank and
+                               `.metadata` (global shapes and where each chunk lives). Model and
+                               optimizer are keyed by parameter name, not by rank, so a load at any
+                               world size reads the rows it needs (resharding).
+    slimckpt_extra_world_size_{W}_rank_{r}.pt   lr scheduler + RNG of rank r, as verl's extra_state
+    huggingface/, fsdp_config.json              written by verl's own save code, unchanged
+    slimckpt_resume.json       the manifest, written LAST (see resume_manifest): no manifest, no load
+
+Flow (plan -> stage -> write -> commit): DCP plans which rank writes which chunk; sync mode streams
+tensor by tensor to disk (host memory: write_threads x (bucket_mb + one tensor) on GPU, one tensor
+on CPU); async mode stages the rank's tensors into a reused host pool (within
+host_memory_budget_gb) and writes on a background thread (resume_async). Then every rank reports
+its files, rank 0 writes the manifest and only then applies retention.
+
+Everything else verl's save does (huggingface/ config + tokenizer + generation config on rank 0,
+fsdp_config.json, LoRA meta, `hf_model` if asked) is done by calling verl's own save with the shard
+contents removed, so it stays exactly verl's. With `export_hf`, the weights of huggingface/ are
+written without a gather (hf_direct_export, in place of verl's `hf_model`): planned at save time,
+written after the shards (from the staged copy in async mode) and before the commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..log import get_logger
+from ..read import checkpoint_dir
+from ..read.checkpoint_dir import DCP_DIR
+from . import hf_direct_export
+from ..format.resume_manifest import (
+    FAILED_PREFIX,
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    UncommittedCheckpoint,
+    damage_message,
+    describe_files,
+    find_damage,
+    has_manifest,
+    read_manifest,
+    remove_manifest,
+    unlisted_files,
+    write_manifest,
+)
+
+log = get_logger("slimckpt.resume")
+
+EXTRA_PREFIX = "slimckpt_extra_"
+EXTRA_NAME = EXTRA_PREFIX + "world_size_{world}_rank_{rank}.pt"
+SHARD_CONTENTS = ("model", "optimizer", "extra")
+
+
+# --------------------------------------------------------------------------- format detection
+
+
+def is_resume_state(local_path: str | None) -> bool:
+    """True when `local_path` was written by this tier (committed or not)."""
+    if not local_path:
+        return False
+    return has_manifest(local_path) or os.path.isdir(os.path.join(local_path, DCP_DIR))
+
+
+def wants_incremental(config: Any) -> bool:
+    from ..verl.checkpoint_config import SlimCheckpointConfig
+
+    return isinstance(config, SlimCheckpointConfig) and bool(config.incremental_save)
+
+
+# --------------------------------------------------------------------------- process group
+
+
+def checkpoint_group(manager) -> dist.ProcessGroup:
+    """A gloo group of the manager's ranks for DCP's coordination and our commit: object
+    collectives stay off the accelerator, and a background write never shares a group (and so a
+    collective order) with training. One per manager, so actor and critic never interleave."""
+    group = getattr(manager, "_slimckpt_group", None)
+    if group is None:
+        group = dist.new_group(backend="gloo")
+        manager._slimckpt_group = group
+    return group
+
+
+# --------------------------------------------------------------------------- state dicts
+
+
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # sharded, on the tensors' own device: DCP copies each to host only while writing it
+    return StateDictOptions(full_state_dict=False, cpu_offload=False)
+
+
+def build_state_dict(manager, model: bool, optimizer: bool) -> dict[str, Any]:
+    """{"model": ..., "optim": ...} keyed by parameter name; FSDP2 gives views of the live shards
+    (no copy). FSDP1 builds its sharded state dict on the device."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if model:
+            state["model"] = get_model_state_dict(manager.model, options=_options())
+        if optimizer:
+            state["optim"] = get_optimizer_state_dict(manager.model, manager.optimizer, options=_options())
+    return state
+
+
+def _view_key(t: Any) -> tuple | None:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    if not isinstance(local, torch.Tensor) or local.device.type == "meta" or local.numel() == 0:
+        return None
+    return (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape), local.stride(),
+            local.dtype)
+
+
+def split_aliases(model_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Drop keys that view the same memory as an earlier key (tied embeddings: lm_head.weight is
+    embed_tokens.weight). DCP would write such a tensor once per name; it is written once and the
+    alias is recorded in the manifest."""
+    first: dict[tuple, str] = {}
+    kept: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+    for name, value in model_state.items():
+        key = _view_key(value)
+        if key is not None and key in first:
+            aliases[name] = first[key]
+            continue
+        if key is not None:
+            first[key] = name
+        kept[name] = value
+    return kept, aliases
+
+
+def storage_writer(path: str, config: Any):
+    """DCP's FileSystemWriter, with a filesystem that checksums each file as it is written."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from ..write.hashing_fs import HashingFileSystem
+
+    writer = FileSystemWriter(
+        path,
+        single_file_per_rank=True,
+        sync_files=True,
+        thread_count=int(getattr(config, "write_threads", 1)),
+        per_thread_copy_ahead=int(getattr(config, "bucket_mb", 64)) * 2**20,
+        overwrite=True,
+    )
+    writer.fs = HashingFileSystem()
+    return writer
+
+
+def written_checksums(writer: Any, local_path: str) -> dict[str, str]:
+    """{path relative to the role dir: checksum} of the files a storage_writer wrote."""
+    sums = getattr(getattr(writer, "fs", None), "checksums", {})
+    return {os.path.relpath(p, local_path).replace(os.sep, "/"): c for p, c in sums.items()}
+
+
+@contextlib.contextmanager
+def save_contents(manager, contents: list[str]) -> Iterator[None]:
+    """Run verl's save with only `contents` (its should_save_* read this list)."""
+    saved = manager.checkpoint_save_contents
+    manager.checkpoint_save_contents = list(contents)
+    try:
+        yield
+    finally:
+        manager.checkpoint_save_contents = saved
+
+
+# --------------------------------------------------------------------------- files of a rank
+
+
+def _extra_path(local_path: str, world: int, rank: int) -> str:
+    return os.path.join(local_path, EXTRA_NAME.format(world=world, rank=rank))
+
+
+def save_extra(manager, local_path: str) -> str:
+    """lr scheduler + RNG of this rank, as verl's extra_state (fsynced, renamed into place)."""
+    path = _extra_path(local_path, manager.world_size, manager.rank)
+    state = {
+        "lr_scheduler": manager.lr_scheduler.state_dict() if manager.lr_scheduler is not None else None,
+        "rng": manager.get_rng_state(),
+    }
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def rank_files(local_path: str, rank: int, world: int) -> list[str]:
+    """Files of the resume state this rank wrote, relative to `local_path`."""
+    written = checkpoint_dir.rank_files(local_path, rank)
+    out = [f for f in written if f.startswith(f"{DCP_DIR}/")]
+    if rank == 0 and os.path.exists(os.path.join(local_path, DCP_DIR, ".metadata")):
+        out.append(f"{DCP_DIR}/.metadata")
+    extra = EXTRA_NAME.format(world=world, rank=rank)
+    if extra in written:
+        out.append(extra)
+    if rank == 0 and os.path.exists(os.path.join(local_path, "fsdp_config.json")):
+        out.append("fsdp_config.json")
+    if rank == 0:  # huggingface/: verl's configs and tokenizer, the export's weights (every rank wrote rows)
+        out += hf_direct_export.export_files(local_path)
+    return out
+
+
+def _clear_stale(local_path: str) -> None:
+    """Before (re)writing a step: uncommit it first, then drop what an earlier attempt left."""
+    remove_manifest(local_path)
+    shutil.rmtree(os.path.join(local_path, DCP_DIR), ignore_errors=True)
+    for name in os.listdir(local_path):
+        if name.startswith(EXTRA_PREFIX) or name.startswith(FAILED_PREFIX):
+            os.remove(os.path.join(local_path, name))
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def make_room(manager, max_keep: int | None) -> None:
+    """Where verl's ensure_checkpoint_capacity deletes before a save: nothing is deleted until the
+    new step is committed (slimckpt.save.retention)."""
+    from . import retention
+
+    retention.before_save(manager, max_keep)
+
+
+def register_committed(manager, local_path: str, max_keep: int | None) -> None:
+    """verl's register_checkpoint, run only after the commit: never deletes the tracker's step or a
+    locked one (slimckpt.save.retention)."""
+    from . import retention
+
+    retention.after_save(manager, local_path, max_keep)
+
+
+# --------------------------------------------------------------------------- commit
+
+
+def commit(manager, local_path: str, global_step: int, contents: list[str], config: Any,
+           group: dist.ProcessGroup, max_keep: int | None, timings: dict[str, float],
+           aliases: dict[str, str] | None = None, known: dict[str, str] | None = None) -> None:
+    """Every rank lists and checksums its files; rank 0 adds every other file of the dir (verl's
+    huggingface/ ...), writes the manifest, then applies retention. Collective over `group`; the
+    caller has finished all writes."""
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    t0 = time.perf_counter()
+    # DCP's files were hashed while written (`known`); the rest (extra state, the export) is read back
+    mine = describe_files(local_path, rank_files(local_path, rank, world), known=known)
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object([e.to_json() for e in mine], gathered, dst=dist.get_global_rank(group, 0), group=group)
+    if rank != 0:
+        return
+    files = [FileEntry.from_json(e) for part in gathered or [] for e in part]
+    files += describe_files(local_path, unlisted_files(local_path, [f.path for f in files]))
+    timings["checksum"] = time.perf_counter() - t0  # rank 0's, gather included
+    fsdp_version = None
+    with contextlib.suppress(Exception):
+        from verl.utils.fsdp_utils import fsdp_version as _fsdp_version
+
+        fsdp_version = int(_fsdp_version(manager.model))
+    write_manifest(local_path, Manifest(
+        global_step=int(global_step), world_size=world, contents=list(contents), files=files,
+        fsdp_version=fsdp_version,
+        extra={"timings_s": timings, "bytes": sum(f.bytes for f in files), "aliases": dict(aliases or {})},
+    ))
+    register_committed(manager, local_path, max_keep)
+    log.info("committed step %s at %s: %d files, %.1f MiB (%s)", global_step, local_path, len(files),
+             sum(f.bytes for f in files) / 2**20, ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+
+
+def _after_shards(manager, local_path: str, config: Any, model_state: dict[str, Any] | None = None,
+                  export: Any = None, group: dist.ProcessGroup | None = None,
+                  timings: dict[str, float] | None = None) -> None:
+    """The gather-free HF export (hf_direct_export: every rank writes its own rows of the final
+    safetensors files at their planned offsets). It runs after the shards are on disk and before
+    the manifest, whose file list then includes huggingface/: a committed step always has its
+    whole export, a half-written one is never committed."""
+    if export is None or not getattr(config, "export_hf", False):
+        return
+    start = time.perf_counter()
+    hf_direct_export.write_export(manager, export, local_path, model_state or {}, config, group)
+    if timings is not None:
+        timings["export_hf"] = time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- save
+
+
+def _note_fsdp1_copy(manager, state: dict[str, Any]) -> None:
+    """Say once what FSDP1 costs here: its sharded state dicts are new tensors (model rows
+    re-chunked, optimizer state cut out of the flat parameters), all alive during the write."""
+    if getattr(manager, "_slimckpt_fsdp1_noted", False):
+        return
+    manager._slimckpt_fsdp1_noted = True
+    with contextlib.suppress(Exception):
+        from verl.utils.fsdp_utils import fsdp_version
+
+        if fsdp_version(manager.model) == 1 and manager.rank == 0:
+            from .resume_async import state_bytes
+
+            log.warning("FSDP1: the reshardable state dict is a %.1f MiB copy of this rank's shards on %s while "
+                        "it is written (strategy=fsdp2 saves without a copy)", state_bytes(state) / 2**20,
+                        next(iter(manager.model.parameters())).device.type)
+
+
+def _lap(timings: dict[str, float]):
+    """timings[name] = seconds since the previous lap (the save's phases, kept in the manifest)."""
+    last = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = now - last[0]
+        last[0] = now
+
+    return lap
+
+
+def save_resume_state(original, manager, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                      max_ckpt_to_keep: int | None = None) -> None:
+    """Drop-in for FSDPCheckpointManager.save_checkpoint with an incremental SlimCheckpointConfig.
+
+    `original` is verl's unpatched save; it still writes everything but the shards."""
+    from verl.utils.fs import local_mkdir_safe
+
+    from . import resume_async
+
+    config = manager.checkpoint_config
+    if manager.should_save_lora_only and manager._has_lora():
+        log.warning("save_lora_only with a LoRA model: the incremental tier saves full state only; using verl's save")
+        return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+
+    writer = resume_async.writer_for(manager)
+    waited = time.perf_counter()
+    writer.wait()  # a save starts only once the previous one is committed
+    start = time.perf_counter()
+    timings = {"wait_previous": start - waited}
+    lap = _lap(timings)
+    group = checkpoint_group(manager)
+    manager.previous_global_step = global_step
+    local_path = local_mkdir_safe(local_path)
+    if manager.rank == 0:
+        make_room(manager, max_ckpt_to_keep)
+        _clear_stale(local_path)
+    dist.barrier(group=group)
+    lap("setup")
+
+    contents = [c for c in manager.checkpoint_save_contents if c in SHARD_CONTENTS]
+    # verl's own save for huggingface/, fsdp_config.json, LoRA meta and hf_model; retention later
+    with save_contents(manager, hf_direct_export.verl_contents(manager, config)):
+        original(manager, local_path, hdfs_path, global_step, None)
+    lap("verl_save")
+
+    if manager.should_save_extra:
+        save_extra(manager, local_path)
+    lap("extra")
+    state = build_state_dict(manager, model=manager.should_save_model, optimizer=manager.should_save_optimizer)
+    _note_fsdp1_copy(manager, state)
+    aliases: dict[str, str] = {}
+    if "model" in state:
+        state["model"], aliases = split_aliases(state["model"])
+    lap("state_dict")
+    # planned here, in the foreground, from the shards' specs (a staged copy has the same ones)
+    export = hf_direct_export.plan_export(manager, local_path, state.get("model", {}), aliases, config, group) \
+        if getattr(config, "export_hf", False) else None
+    dcp_dir = os.path.join(local_path, DCP_DIR)
+    lap("plan_export")
+
+    staged = writer.stage(state, config, step=global_step, group=group) if getattr(config, "async_save", False) \
+        else None
+    if staged is not None:
+        lap("stage")
+        timings["blocking"] = time.perf_counter() - waited
+        del state
+        writer.submit(global_step, local_path, functools.partial(
+            _write_and_commit, manager, staged, local_path, dcp_dir, global_step, contents, config, group,
+            max_ckpt_to_keep, timings, aliases, export))
+        return
+    _write_and_commit(manager, state, local_path, dcp_dir, global_step, contents, config, group,
+                      max_ckpt_to_keep, timings, aliases, export)
+
+
+def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: str, global_step: int,
+                      contents: list[str], config: Any, group: dist.ProcessGroup, max_keep: int | None,
+                      timings: dict[str, float], aliases: dict[str, str], export=None) -> None:
+    """DCP shards, then the HF export (both from `state`: the live shards, or the staged copy in
+    async mode), then the commit. Collective over `group`."""
+    import torch.distributed.checkpoint as dcp
+
+    start = time.perf_counter()
+    try:
+        known: dict[str, str] = {}
+        if state:
+            writer = storage_writer(dcp_dir, config)
+            dcp.save(state, storage_writer=writer, process_group=group)
+            known = written_checksums(writer, local_path)  # hashed as written: no read-back
+        timings["write"] = time.perf_counter() - start
+        _after_shards(manager, local_path, config, state.get("model", {}), export, group, timings)
+        commit(manager, local_path, global_step, contents, config, group, max_keep, timings, aliases, known)
+    except BaseException as exc:
+        from ..format.resume_manifest import write_failure
+
+        with contextlib.suppress(Exception):
+            write_failure(local_path, manager.rank, f"step {global_step}: {type(exc).__name__}: {exc}")
+        raise
+
+
+# --------------------------------------------------------------------------- load
+
+
+def _check_committed(local_path: str, group: dist.ProcessGroup, checksums: bool = True) -> Manifest:
+    """resume_manifest.check_committed shared by the ranks: each checks size and checksum of its
+    share of the listed files (about equal bytes), rank 0 also looks for unlisted files and
+    failure markers; every rank raises the same first message, the line `slimckpt verify` prints for that file."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    error: list[Any] = [None]
+    try:
+        manifest = read_manifest(local_path)
+    except UncommittedCheckpoint as exc:
+        manifest, error[0] = None, str(exc)
+    dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
+    if error[0] or manifest is None:  # rank 0's message, the same on every rank
+        raise UncommittedCheckpoint(error[0] or f"slimckpt: {local_path}/{MANIFEST_NAME} is unreadable on rank {rank}")
+    bad = find_damage(local_path, manifest, checksums=checksums, share=(rank, world), extras=rank == 0)
+    firsts: list[Any] = [None] * world
+    dist.all_gather_object(firsts, [(i, damage_message(local_path, b)) for i, b in bad[:1]], group=group)
+    first = min((x for part in firsts for x in part), default=None)
+    if first is not None:
+        raise UncommittedCheckpoint(first[1])
+    return manifest
+
+
+def load_resume_state(manager, local_path: str) -> None:
+    """Load model, optimizer and extra state written by save_resume_state, at any world size."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    group = checkpoint_group(manager)
+    # every rank raises the same one-line error; checksums unless the config says verify: false
+    manifest = _check_committed(local_path, group, bool(getattr(manager.checkpoint_config, "verify", True)))
+
+    missing = [c for c in ("model", "optimizer", "extra")
+               if c in manager.checkpoint_load_contents and c not in manifest.contents]
+    if missing:
+        raise ValueError(
+            f"slimckpt: checkpoint.load_contents asks for {missing} but {local_path} was saved with "
+            f"{manifest.contents}; drop them from load_contents"
+        )
+    state = build_state_dict(manager, model=manager.should_load_model, optimizer=manager.should_load_optimizer)
+    aliases = dict(manifest.extra.get("aliases") or {})
+    if state:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        if "model" in state:
+            state["model"] = {k: v for k, v in state["model"].items() if k not in aliases}
+        dcp.load(state, storage_reader=FileSystemReader(os.path.join(local_path, DCP_DIR)), process_group=group)
+        if "model" in state:
+            for alias, target in aliases.items():
+                state["model"][alias] = state["model"][target]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if "model" in state:
+                set_model_state_dict(manager.model, state["model"], options=_options())
+            if "optim" in state:
+                set_optimizer_state_dict(manager.model, manager.optimizer, state["optim"], options=_options())
+    if manager.should_load_extra:
+        load_extra(manager, local_path, manifest.world_size)
+    if manager.rank == 0:
+        how = "" if manifest.world_size == manager.world_size else \
+            f" (saved at world size {manifest.world_size}, resharded to {manager.world_size})"
+        log.info("loaded step %s from %s%s", manifest.global_step, local_path, how)
+    dist.barrier(group=group)
+
+
+def load_extra(manager, local_path: str, saved_world: int) -> None:
+    """lr scheduler and RNG. At another world size rank r takes saved rank r % saved_world's: the
+    scheduler is the same on every rank; per-rank RNG streams cannot be mapped exactly."""
+    source = manager.rank if manager.rank < saved_world else manager.rank % saved_world
+    path = _extra_path(local_path, saved_world, source)
+    extra = torch.load(path, weights_only=False)
+    if extra.get("rng") is not None:
+        manager.load_rng_state(extra["rng"])
+    if extra.get("lr_scheduler") is not None and manager.lr_scheduler is not None:
+        manager.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+
+
+# --------------------------------------------------------------------------- the load patch
+
+
+def wrap_load_checkpoint(original):
+    """FSDPCheckpointManager.load_checkpoint: this tier's format when the directory has it, verl's
+    own otherwise, so resume_mode=auto works across both."""
+
+    def _load(self, local_path, hdfs_path=None, del_local_after_load=False):
+        if local_path is not None and is_resume_state(local_path):
+            from . import resume_async
+
+            resume_async.writer_for(self).wait()
+            return load_resume_state(self, local_path)
+        return original(self, local_path, hdfs_path, del_local_after_load)
+
+    @functools.wraps(original)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        from ..read.locks import reading_if_dir
+
+        with reading_if_dir(local_path, f"loading it (rank {self.rank})"):  # retention keeps it meanwhile
+            return _load(self, local_path, hdfs_path, del_local_after_load)
+
+    return load_checkpoint
+
+
+def finish_pending() -> None:
+    """Wait for every background write of this process (scripts call it before destroying the
+    process group; atexit calls it too)."""
+    from . import resume_async
+
+    resume_async.finish_all()
+
+
+__all__ = [
+    "DCP_DIR", "MANIFEST_NAME", "UncommittedCheckpoint", "build_state_dict", "finish_pending",
+    "is_resume_state", "load_resume_state", "save_resume_state", "wrap_load_checkpoint",
+]

@@ -1,0 +1,117 @@
+"""Retention (`max_actor_ckpt_to_keep`, `max_critic_ckpt_to_keep`): old steps are deleted only
+after a new one is complete, never the step the tracker names, never one a reader has locked.
+
+verl 0.9.1's BaseCheckpointManager does two things: `ensure_checkpoint_capacity` at the START of
+a save deletes down to max_keep-1 steps (with max_keep >= 2), and `register_checkpoint` at the end
+deletes down to max_keep. Both run on the worker before the trainer moves
+`latest_checkpointed_iteration.txt`, and neither looks at it, at a reader, or at whether the
+save of a step it keeps had finished. So with max_keep=2, a step whose actor saved but whose
+critic failed (tracker still on the previous one) and one more save: the previous step, the one
+the tracker names, is deleted before the new save has written a byte; a crash now leaves a
+tracker pointing at nothing. With max_keep=1 the end-of-save delete removes the tracker's step
+before the trainer has written the tracker (or data.pt). A `slimckpt merge` reading an old step
+has it deleted under it.
+
+Policy here (every recipe; verl's format and the incremental tier's):
+  - nothing is deleted before a save (`before_save` is a no-op): a failed save leaves every
+    committed step; disk holds at most max_keep+1 steps (+1 while the tracker lags) for a moment.
+  - after a save is complete (verl: its save returned; incremental: the manifest is written),
+    the newest max_keep stay; of the older ones, the step the tracker names stays too (it goes at
+    a later save, once the tracker has moved on), and so does any a reader or writer has locked
+    (slimckpt.read.locks; logged, retried at the next save).
+  - an incremental dir loses its manifest before its files, so a delete cut short never leaves a
+    dir that looks committed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from collections.abc import Sequence
+
+from ..read.locks import try_exclusive
+from ..log import get_logger
+from ..format.resume_manifest import protected_dirs, remove_manifest, split_retention
+
+log = get_logger("slimckpt.retention")
+
+
+def _valid_keep(max_keep) -> int | None:
+    return max_keep if isinstance(max_keep, int) and max_keep > 0 else None
+
+
+def delete_step_dir(path: str) -> str | None:
+    """Delete a role dir under an exclusive lock; None when done, else why it was kept."""
+    abs_path = os.path.abspath(path)
+    if not os.path.exists(abs_path):
+        return None
+    try:
+        lock = try_exclusive(abs_path, "deleting it (retention)")
+    except OSError as exc:
+        return f"cannot lock it ({exc.strerror or exc})"
+    if lock is None:
+        return "a reader or writer holds its lock"
+    with lock:
+        try:
+            remove_manifest(abs_path)  # uncommit first: a delete cut short leaves no committed-looking dir
+        except OSError as exc:
+            return f"cannot remove its manifest ({exc.strerror or exc})"
+        errors: list[str] = []
+        shutil.rmtree(abs_path, onerror=lambda _f, p, e: errors.append(f"{p}: {e[1]}"))
+    return f"partly deleted: {errors[0]}" if errors else None
+
+
+def apply(paths: Sequence[str], max_keep) -> tuple[list[str], list[str]]:
+    """(still tracked, deleted) for verl's list of saved role dirs, oldest first, after the newest
+    one is complete. Deletes on disk."""
+    paths = list(paths)
+    keep_n = _valid_keep(max_keep)
+    keep, candidates = split_retention(paths, keep_n, protected_dirs(paths))
+    for path in paths[: max(0, len(paths) - (keep_n or len(paths)))]:
+        if path in keep:
+            log.info("retention keeps %s: latest_checkpointed_iteration.txt names it", os.path.abspath(path))
+    deleted: list[str] = []
+    for path in candidates:
+        why = delete_step_dir(path)
+        if why is None:
+            deleted.append(path)
+            log.info("retention deleted %s", os.path.abspath(path))
+        else:
+            log.warning("retention kept %s: %s; it is retried at the next save", os.path.abspath(path), why)
+    return [p for p in paths if p not in deleted], deleted
+
+
+def before_save(manager, max_keep) -> None:
+    """verl deletes here; slimckpt deletes nothing until the new step is complete."""
+
+
+def after_save(manager, new_path: str, max_keep) -> list[str]:
+    """Track `new_path` (complete now) and delete what retention allows; returns the deleted dirs."""
+    new = os.path.abspath(new_path)
+    paths = [p for p in manager.previous_saved_paths if os.path.abspath(p) != new] + [new_path]
+    manager.previous_saved_paths, deleted = apply(paths, max_keep)
+    return deleted
+
+
+# --------------------------------------------------------------------------- the verl patches
+
+
+def wrap_ensure_checkpoint_capacity(original):
+    @functools.wraps(original)
+    def ensure_checkpoint_capacity(self, max_ckpt_to_keep):
+        before_save(self, max_ckpt_to_keep)
+
+    return ensure_checkpoint_capacity
+
+
+def wrap_register_checkpoint(original):
+    @functools.wraps(original)
+    def register_checkpoint(self, new_path, max_ckpt_to_keep):
+        after_save(self, new_path, max_ckpt_to_keep)
+
+    return register_checkpoint
+
+
+__all__ = ["after_save", "apply", "before_save", "delete_step_dir", "wrap_ensure_checkpoint_capacity",
+           "wrap_register_checkpoint"]

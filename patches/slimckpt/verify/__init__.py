@@ -1,0 +1,1 @@
+"""`slimckpt verify <dir>`: is a merge output, an incremental-tier step or a verl-native role dir whole?"""

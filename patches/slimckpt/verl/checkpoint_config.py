@@ -1,0 +1,126 @@
+"""SlimCheckpointConfig: verl's CheckpointConfig plus the fields slimckpt's recipes set.
+
+A recipe points `actor_rollout_ref.actor.checkpoint._target_` (and the critic's) here. verl
+builds this dataclass in the driver and in every worker, and that is the only sign a worker gets
+that a recipe is in use: a valid config switches the "checkpoint" feature on in that process
+(`features.switch_on`, which has the registry apply the feature's patches). Without a recipe it is
+never built and verl runs unpatched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from dataclasses import dataclass, fields
+
+from verl.trainer.config.config import CheckpointConfig
+
+RECIPES = ("quickstart", "intermediate", "incremental")
+
+
+@dataclass
+class SlimCheckpointConfig(CheckpointConfig):
+    """Fields (beyond verl's save_contents, load_contents, async_save, strict, save_lora_only):
+
+    recipe: which tier set this config (quickstart | intermediate | incremental).
+    measure: record peak anonymous RSS, bytes and seconds of every save (per rank, JSON next to
+        the checkpoint and a log line).
+    export_hf: after each save, write `huggingface/` safetensors with bounded memory instead of
+        verl's `hf_model` gather: intermediate tier from the freshly written shards (streaming
+        merge); incremental tier straight from each rank's shards (hf_direct_export; an
+        `hf_model` in save_contents is then skipped, with a log line).
+    export_dtype: dtype of the export (auto | bf16 | fp16 | fp32). auto (incremental tier only):
+        the parameters' own dtype, what verl's hf_model save writes (fp32 master weights -> fp32);
+        bf16 is what verl's model_merger writes.
+    max_shard_size: largest safetensors file of the export, as Hugging Face's ("5GB").
+    incremental_save: write resume state (model, optimizer, extra) as a reshardable DCP
+        checkpoint, streamed tensor by tensor (slimckpt.save.resume_state), committed by a manifest.
+    bucket_mb: host bytes (MiB) a streaming save may copy ahead from the accelerator per write
+        thread; a save's extra host memory is about write_threads x (bucket_mb + largest tensor).
+    write_threads: file-writing threads per rank (DCP FileSystemWriter thread_count).
+    host_memory_budget_gb: with async_save, the most host memory (GiB) a rank may hold staged
+        state in; a rank whose state is larger saves synchronously (streaming) and logs it.
+    verify: the incremental tier always records size and xxh3_128 of every file of a step at
+        save; with verify (default) a load checks both (the ranks share the hashing: about a
+        quarter of a CPU load's time), without it sizes only, so a bit flip could load silently.
+        `slimckpt verify <dir>` runs the full check offline either way.
+    on_save_error: what a failed save (disk full, unwritable dir, another writer) does: stop
+        (raise, the default) or continue (log it at ERROR, mark the step failed, keep the tracker
+        on the last committed step, train on). See slimckpt.save.errors.
+    """
+
+    recipe: str = "quickstart"
+    measure: bool = True
+    export_hf: bool = False
+    export_dtype: str = "bf16"
+    max_shard_size: str = "5GB"
+    incremental_save: bool = False
+    bucket_mb: int = 64
+    write_threads: int = 1
+    host_memory_budget_gb: float = 16.0
+    verify: bool = True
+    on_save_error: str = "stop"
+
+    def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
+        from .features import switch_on
+        from .registry import check_verl_version
+
+        check_verl_version()
+        if self.recipe not in RECIPES:
+            raise ValueError(f"checkpoint.recipe={self.recipe!r} is not a slimckpt recipe; use one of {RECIPES}")
+        if "hf_model" in self.save_contents and self.export_hf and not self.incremental_save:
+            raise ValueError(
+                "checkpoint.save_contents has 'hf_model' and export_hf=true: both would write huggingface/; "
+                "drop 'hf_model' (export_hf replaces verl's gather)"
+            )
+        if self.export_hf and "model" not in self.save_contents:
+            raise ValueError("checkpoint.export_hf=true exports from the saved model shards: keep 'model' in "
+                             "checkpoint.save_contents")
+        if self.export_dtype == "auto" and not self.incremental_save:
+            raise ValueError("checkpoint.export_dtype=auto (the parameters' dtype) needs incremental_save=true; "
+                             "the intermediate tier's export takes bf16, fp16 or fp32")
+        if self.export_dtype not in ("auto", "bf16", "fp16", "fp32"):
+            raise ValueError(f"checkpoint.export_dtype={self.export_dtype!r}: use auto, bf16, fp16 or fp32")
+        if self.on_save_error not in ("stop", "continue"):
+            hint = difflib.get_close_matches(str(self.on_save_error), ["stop", "continue"], 1)
+            raise ValueError(f"checkpoint.on_save_error={self.on_save_error!r}: use stop or continue"
+                             + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        if self.async_save and not self.incremental_save:
+            raise ValueError(
+                "checkpoint.async_save=true needs checkpoint.incremental_save=true: verl's FSDP manager has no "
+                "async save and its trainer then never writes latest_checkpointed_iteration.txt (verl #7952)"
+            )
+        if self.bucket_mb < 1 or self.write_threads < 1 or self.host_memory_budget_gb < 0:
+            raise ValueError(
+                f"checkpoint.bucket_mb={self.bucket_mb}, write_threads={self.write_threads}, "
+                f"host_memory_budget_gb={self.host_memory_budget_gb}: use bucket_mb>=1, write_threads>=1, budget>=0"
+            )
+        switch_on("checkpoint")
+
+
+def _reject_unknown_fields(cls):
+    """A misspelled key under `checkpoint:` fails naming the key, a close match and the valid ones
+    (the dataclass's own TypeError names only the key)."""
+    generated = cls.__init__
+
+    @functools.wraps(generated)
+    def __init__(self, *args, **kwargs):
+        valid = [f.name for f in fields(cls) if f.init and not f.name.startswith("_")]
+        unknown = sorted(k for k in kwargs if k not in valid and not k.startswith("_"))
+        if unknown:
+            hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, valid, 1)) else repr(k)
+                     for k in unknown]
+            raise TypeError(
+                f"checkpoint: unknown field {', '.join(hints)} for slimckpt.verl.checkpoint_config.SlimCheckpointConfig; "
+                f"valid fields: {', '.join(valid)}"
+            )
+        generated(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+_reject_unknown_fields(SlimCheckpointConfig)

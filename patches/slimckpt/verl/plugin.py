@@ -1,0 +1,59 @@
+"""Entry point in verl's `verl.plugins` group (see pyproject.toml).
+
+verl imports this module on every `import verl`, in the driver and in every Ray worker, and
+swallows any exception at debug level; so this module logs its own failures at ERROR.
+
+What it switches on, and when:
+- `merge`: `python -m verl.model_merger merge --backend fsdp` goes through slimckpt's streaming
+  merger (always, unless SLIMCKPT_DISABLE=1).
+- `checkpoint`: verl's FSDPCheckpointManager save/load hooks. Applied when a recipe's
+  SlimCheckpointConfig is built, or here when SLIMCKPT_MEASURE=1 asks to measure plain verl, or
+  when SLIMCKPT_CHECKPOINT=1 (recipes/incremental.yaml sets it in Ray's runtime_env, so verl's
+  trainer actor, which never builds the config, gets the tracker patch).
+- `cpu`: the CPU platform and `hf` rollout for small runs, only with SLIMCKPT_CPU=1.
+Nothing is applied with SLIMCKPT_DISABLE=1, and nothing at all changes verl's behaviour
+unless a recipe, SLIMCKPT_CPU or the merger command asks for it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..log import get_logger
+
+log = get_logger("slimckpt.plugin")
+
+
+def enabled_features() -> list[str]:
+    features = ["merge"]
+    if os.environ.get("SLIMCKPT_MEASURE") == "1" or os.environ.get("SLIMCKPT_CHECKPOINT") == "1":
+        features.append("checkpoint")
+    if os.environ.get("SLIMCKPT_CPU") == "1":
+        features.append("cpu")
+    return features
+
+
+def load() -> list[str]:
+    """Apply the patches this process asks for; returns the features switched on."""
+    if os.environ.get("SLIMCKPT_DISABLE") == "1":
+        log.debug("SLIMCKPT_DISABLE=1: verl runs unpatched")
+        return []
+    from .features import switch_on
+    from .registry import UnsupportedVerlVersion, check_verl_version
+
+    try:
+        check_verl_version()
+    except UnsupportedVerlVersion as exc:
+        # A recipe's config raises this again in the driver, where it stops the run.
+        log.error("%s", exc)
+        return []
+    features = enabled_features()
+    for feature in features:
+        switch_on(feature)
+    return features
+
+
+try:
+    load()
+except Exception:  # noqa: BLE001 - verl would hide it
+    log.exception("slimckpt could not load its verl patches; set SLIMCKPT_DISABLE=1 to run plain verl")

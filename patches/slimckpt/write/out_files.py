@@ -1,0 +1,292 @@
+"""The output half of a merge's writer: planned files created at their final size, then bytes
+`pwrite`n at their offsets, behind the caster, with running checksums and fsync at the end.
+
+Shared by the torch writer (`writer.ShareWriter`) and the one that runs before torch is imported
+(`np_writer`): what differs between them is only how a chunk is read and cast, never how it
+reaches the disk. Staging buffers are handed out by `StagingRing`, which the caster fills and the
+write-behind thread gives back once the bytes are on their way to the disk.
+
+No torch here, by design.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..read import direct_io
+from ..format import layout
+from ..format.merge_manifest import DEFAULT_ALGO, describe_os_error, new_hasher
+
+PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
+
+Progress = Callable[[int], None]
+
+
+class OutputError(RuntimeError):
+    """Writing the output failed (disk full, read-only...); the message names the file and the fix."""
+
+
+def os_error(exc: OSError, path: str, need: int | None = None) -> OutputError:
+    return OutputError(describe_os_error(exc, path, need))
+
+
+def create_files(root: str, plan: layout.Plan) -> None:
+    """Create every planned file at its final size with its header written (coordinator only)."""
+    need = sum(f.size for f in plan.files)
+    for f in plan.files:
+        path = os.path.join(root, f.name)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _reserve(fd, f.size)
+                pwrite_all(fd, memoryview(f.header), 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise os_error(exc, path, need) from None
+
+
+def _reserve(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, size)  # filesystems without fallocate (some network ones): sparse file
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        n = os.pwrite(fd, data, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, "short write")
+        data, offset = data[n:], offset + n
+
+
+def _address(data: memoryview) -> int:
+    if not len(data) or data.readonly:
+        return -1  # header bytes and the like: never aligned on purpose, written buffered
+    return ctypes.addressof(ctypes.c_char.from_buffer(data))
+
+
+class _WriteBehind:
+    """One thread that runs submitted writes in order; a failed write is re-raised to the caller at
+    its next submit/flush, and later writes are dropped (the output is being discarded anyway)."""
+
+    def __init__(self, write: Callable[[str, memoryview, int], None]) -> None:
+        self._write = write
+        self._todo: queue.Queue = queue.Queue(maxsize=PIPELINE_DEPTH)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="slimckpt-write", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._todo.get()
+            try:
+                if item is None:
+                    return
+                file, data, offset, done = item
+                try:
+                    if self.error is None:
+                        self._write(file, data, offset)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    self.error = exc
+                finally:
+                    if done is not None:
+                        done()
+            finally:
+                self._todo.task_done()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def submit(self, file: str, data: memoryview, offset: int, done: Callable[[], None] | None) -> None:
+        self._raise()
+        self._todo.put((file, data, offset, done))
+
+    def flush(self) -> None:
+        self._todo.join()
+        self._raise()
+
+    def stop(self) -> None:
+        self._todo.put(None)
+        self._thread.join()
+
+
+class StagingRing:
+    """PIPELINE_DEPTH reusable cast buffers: a chunk is cast into a free one, which comes back once
+    written. Reused buffers keep their pages faulted in; the ring bounds memory to a few chunks.
+    `alloc(n)` makes a 1-D byte buffer (`len()` is n) whose first byte sits on an ALIGN boundary."""
+
+    def __init__(self, min_bytes: int, alloc: Callable[[int], object]) -> None:
+        self.min_bytes = min_bytes
+        self._alloc = alloc
+        self._free: queue.Queue = queue.Queue()
+        self._made = 0
+
+    def take(self, nbytes: int):
+        if self._free.empty() and self._made < PIPELINE_DEPTH:
+            self._made += 1
+            buf = None
+        else:
+            buf = self._free.get()
+        if buf is None or len(buf) < nbytes + direct_io.ALIGN:
+            # slack for placing a chunk at its file offset modulo ALIGN (see the writers' casts)
+            buf = self._alloc(max(nbytes, self.min_bytes) + direct_io.ALIGN)
+        return buf
+
+    def give_back(self, buf) -> None:
+        self._free.put(buf)
+
+
+@dataclass
+class _FileState:
+    path: str
+    fd: int
+    dfd: int | None  # O_DIRECT descriptor of the same file, None where refused
+    next_offset: int  # for the running checksum: where the next in-order write must start
+    hasher: object | None
+
+
+def _close(st: _FileState) -> None:
+    for fd in (st.fd, st.dfd):
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class OutputFiles:
+    """One writer's open output files: positional writes (O_DIRECT for the aligned middle where the
+    filesystem allows), queued behind the caster, checksummed in order, fsync'ed at close."""
+
+    def __init__(self, root: str, plan: layout.Plan, alloc: Callable[[int], object], chunk_bytes: int,
+                 progress: Progress | None = None, algo: str = DEFAULT_ALGO, fsync: bool = True) -> None:
+        self.root, self.plan = root, plan
+        self.progress = progress or (lambda n: None)
+        self.algo = algo
+        self.fsync = fsync  # False only for `slimckpt merge --no_fsync`: not durable across a power loss
+        self.direct = direct_io.enabled()
+        self.ring = StagingRing(min(max(1, chunk_bytes), 1 << 30), alloc)
+        self._files: dict[str, _FileState] = {}
+        self._behind: _WriteBehind | None = None
+        self._pending_buf = None  # staging buffer of the last `stage`, until submitted
+        self._layouts = {f.name: f for f in plan.files}
+        self.checksums: dict[str, str] = {}  # files written whole, in order, by this writer
+
+    def _file(self, name: str) -> _FileState:
+        st = self._files.get(name)
+        if st is None:
+            path = os.path.join(self.root, name)
+            try:
+                fd = os.open(path, os.O_WRONLY)
+            except OSError as exc:
+                raise os_error(exc, path) from None
+            try:
+                dfd = direct_io.open_direct(path, os.O_WRONLY) if self.direct else None
+            except OSError:
+                dfd = None
+            f = self._layouts[name]
+            hasher = new_hasher(self.algo)
+            hasher.update(f.header)
+            st = self._files[name] = _FileState(path, fd, dfd, f.data_start, hasher)
+        return st
+
+    def _pwrite(self, st: _FileState, data: memoryview, offset: int) -> None:
+        """The aligned middle with O_DIRECT when possible, the rest (or all of it) buffered. The two
+        parts never share a block, so the page cache never holds a stale copy of a direct block."""
+        head, body, _tail = direct_io.split(offset, len(data), _address(data)) if st.dfd is not None else (len(data), 0, 0)
+        if body:
+            try:
+                pwrite_all(st.dfd, data[head:head + body], offset + head)
+            except OSError as exc:
+                if not direct_io.refused(exc):
+                    raise
+                os.close(st.dfd)  # this filesystem's alignment rules are stricter: buffered from now on
+                st.dfd = None
+                pwrite_all(st.fd, data, offset)
+                return
+            pwrite_all(st.fd, data[:head], offset)
+            pwrite_all(st.fd, data[head + body:], offset + head + body)
+        else:
+            pwrite_all(st.fd, data, offset)
+
+    def write(self, file: str, data: memoryview, offset: int) -> None:
+        """Write now, on this thread."""
+        st = self._file(file)
+        try:
+            self._pwrite(st, data, offset)
+        except OSError as exc:
+            raise os_error(exc, st.path, sum(f.size for f in self.plan.files)) from None
+        if st.hasher is not None:
+            if offset == st.next_offset:
+                st.hasher.update(data)
+                st.next_offset += len(data)
+            else:
+                st.hasher = None  # not written in order by us alone: checksum by reading back
+        self.progress(len(data))
+
+    def stage(self, nbytes: int):
+        """A staging buffer for the next chunk (at least nbytes + ALIGN); `submit` hands it back."""
+        if self._pending_buf is not None:  # staged but never submitted (a check failed): reuse it
+            self.ring.give_back(self._pending_buf)
+        self._pending_buf = buf = self.ring.take(nbytes)
+        return buf
+
+    def submit(self, file: str, data: memoryview, offset: int) -> None:
+        """Queue a write; the staging buffer `data` may live in goes back to the ring once written."""
+        buf, self._pending_buf = self._pending_buf, None
+        if self._behind is None:
+            self._behind = _WriteBehind(self.write)
+        done = None if buf is None else (lambda: self.ring.give_back(buf))
+        # the queued item keeps `data` (and the buffer under it) alive until it is written
+        self._behind.submit(file, data, offset, done)
+
+    def _stop_behind(self) -> BaseException | None:
+        behind, self._behind = self._behind, None
+        if behind is None:
+            return None
+        try:
+            behind.flush()
+        except BaseException as exc:  # noqa: BLE001 - returned for the caller to raise or drop
+            return exc
+        finally:
+            behind.stop()
+        return None
+
+    def close(self) -> None:
+        """fsync and close every file; keep the running checksum of files written whole."""
+        failed = self._stop_behind()
+        if failed is not None:
+            self.abort()
+            raise failed
+        errors = []
+        for name, st in self._files.items():
+            try:
+                if self.fsync:
+                    os.fsync(st.fd)
+            except OSError as exc:
+                errors.append(os_error(exc, st.path))
+            finally:
+                _close(st)
+            if st.hasher is not None and st.next_offset == self._layouts[name].size:
+                self.checksums[name] = st.hasher.hexdigest()
+        self._files.clear()
+        if errors:
+            raise errors[0]
+
+    def abort(self) -> None:
+        """Close every file without fsync or checksums (the output is being discarded)."""
+        self._stop_behind()
+        for st in self._files.values():
+            _close(st)
+        self._files.clear()

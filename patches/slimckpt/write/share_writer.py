@@ -1,0 +1,199 @@
+"""Positional writes of planned byte ranges: headers, then row ranges cast in bounded chunks.
+
+Each output file is created once at its final size (space reserved up front where the filesystem
+allows, so a full disk fails before the long part), then any number of workers `os.pwrite` their
+own disjoint ranges into it. A chunk is at most `chunk_bytes` of source, cast into a staging buffer
+(without O_DIRECT, a chunk already in the output dtype is written straight from the mmap).
+
+Reading, casting and writing overlap, each on its own threads: `direct_read.Prefetcher` reads the
+source rows a few chunks ahead (O_DIRECT), the caller casts chunk k+1 into one of two staging
+buffers, and a write-behind thread pwrites chunk k from the other. All three release the GIL, so one worker
+keeps the disk busy; host memory is a few chunks. A cast chunk is placed in its staging buffer at
+its file offset modulo `direct_io.ALIGN`, so all of it but a partial block at each end goes to
+the disk with O_DIRECT (`direct_io` says why); where the filesystem refuses O_DIRECT, or
+SLIMCKPT_DIRECT_IO=0, the same bytes go through the page cache and the mmap.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..read import direct_io, direct_read
+from ..format import layout
+from ..format.merge_manifest import DEFAULT_ALGO, file_checksum
+from .out_files import OutputFiles, Progress
+from ..read.sources import CheckpointError, SourceTensor
+
+DEFAULT_CHUNK_BYTES = 4 << 20  # of source; out_files.PIPELINE_DEPTH staging buffers + direct_read's read buffers
+OUT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def as_bytes(t: torch.Tensor) -> memoryview:
+    t = t.reshape(-1)
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+@dataclass
+class _RowChunk:
+    """Rows [start, end) of a dim-0 shard `piece`, written as `nbytes` at `offset` of `file`."""
+
+    file: str
+    piece: torch.Tensor
+    start: int
+    end: int
+    offset: int
+    nbytes: int  # in the output dtype
+
+
+class ShareWriter:
+    """Writes one worker's share of a plan into the files `create_files` made."""
+
+    def __init__(self, root: str, plan: layout.Plan, sources: dict[str, SourceTensor], out_dtype: torch.dtype,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress | None = None,
+                 algo: str = DEFAULT_ALGO, fsync: bool = True) -> None:
+        self.plan, self.sources, self.out_dtype = plan, sources, out_dtype
+        self.out_width = torch.empty((), dtype=out_dtype).element_size()
+        self.chunk_bytes = max(1, chunk_bytes)
+        self.out = OutputFiles(root, plan, direct_io.aligned_empty, self.chunk_bytes, progress, algo, fsync)
+        self.direct = self.out.direct
+
+    @property
+    def checksums(self) -> dict[str, str]:
+        return self.out.checksums
+
+    def close(self) -> None:
+        self.out.close()
+
+    def abort(self) -> None:
+        self.out.abort()
+
+    # -- tensors ---------------------------------------------------------------------------------
+    def write_share(self, share: list[layout.Segment]) -> None:
+        items = self._chunks(share)
+        row_chunks = [it.nbytes for it in items if isinstance(it, _RowChunk)]
+        if row_chunks:  # cast buffers of the output size (half the source chunk for fp32 -> bf16)
+            self.out.ring.min_bytes = max(row_chunks)
+        prefetch = self._prefetcher(items)
+        try:
+            for i, item in enumerate(items):
+                self._write_item(i, item, prefetch)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            if prefetch is not None:
+                prefetch.close()
+        self.close()
+
+    def _chunks(self, share: list[layout.Segment]) -> list[_RowChunk | layout.Segment]:
+        """The share in write order: dim-0 shards as row chunks (each read, cast and written as one
+        piece), other segments whole (their writers chunk them themselves)."""
+        out: list[_RowChunk | layout.Segment] = []
+        for seg in share:
+            src = self.sources[seg.name]
+            placement = self.plan.placements[seg.name]
+            if seg.row_end <= seg.row_start or placement.end == placement.begin:
+                continue
+            if src.shard_dim != 0:
+                out.append(seg)
+                continue
+            for sr in layout.source_ranges(placement, src.shard_sizes, seg.row_start, seg.row_end):
+                t = src.pieces[sr.source]
+                t = t.reshape(1) if t.dim() == 0 else t
+                row_out = (t[0].numel() if t.shape[0] else 0) * self.out_width
+                step = self._rows_per_chunk(t)
+                offset = sr.begin
+                for start in range(sr.local_start, sr.local_end, step):
+                    end = min(sr.local_end, start + step)
+                    chunk = _RowChunk(placement.file, t, start, end, offset, (end - start) * row_out)
+                    out.append(chunk)
+                    offset += chunk.nbytes
+        return out
+
+    def _prefetcher(self, items: list[_RowChunk | layout.Segment]) -> direct_read.Prefetcher | None:
+        if not self.direct:
+            return None
+        paths = sorted({src.file_of(k) for src in self.sources.values() for k in range(len(src.pieces))
+                        if src.local_dir})
+        if not direct_io.supported(paths):
+            return None
+        files = direct_read.MappedFiles(paths)
+        reads = [direct_read.rows_read(files, it.piece, it.start, it.end) if isinstance(it, _RowChunk) else None
+                 for it in items]
+        return direct_read.Prefetcher(reads) if any(reads) else None
+
+    def _write_item(self, i: int, item: _RowChunk | layout.Segment, prefetch: direct_read.Prefetcher | None) -> None:
+        if not isinstance(item, _RowChunk):
+            src = self.sources[item.name]
+            placement = self.plan.placements[item.name]
+            if src.shard_dim is not None:
+                self._write_cat_rows(placement, src, item.row_start, item.row_end)
+            else:
+                self._write_plain(placement, src, item.row_start, item.row_end)
+            return
+        if prefetch is not None and prefetch.has(i):
+            rows = item.piece[item.start:item.end]
+            read = torch.frombuffer(prefetch.get(i), dtype=torch.uint8).view(rows.dtype).view(rows.shape)
+            data = as_bytes(self._cast(read, item.offset, borrowed=True))
+        else:
+            data = as_bytes(self._cast(item.piece[item.start:item.end], item.offset))
+        self.out.submit(item.file, data, item.offset)
+
+    def _cast(self, src: torch.Tensor, offset: int, borrowed: bool = False) -> torch.Tensor:
+        """`src` in the output dtype, contiguous, in a reused staging buffer at `offset` modulo
+        ALIGN (so the write can bypass the page cache). Without O_DIRECT, a source that already is
+        in the output dtype is returned as is (written straight from the mmap); a `borrowed` one (a
+        prefetch buffer, reused at the next read) is always copied."""
+        if src.dtype == self.out_dtype and src.is_contiguous() and not borrowed and not self.direct:
+            return src
+        nbytes = src.numel() * self.out_width
+        buf = self.out.stage(nbytes)
+        shift = offset % direct_io.ALIGN
+        out = buf[shift:shift + nbytes].view(self.out_dtype).view(src.shape)
+        out.copy_(src)
+        return out
+
+    def _rows_per_chunk(self, t: torch.Tensor) -> int:
+        per_row = max(1, t[0].numel() if t.dim() and t.shape[0] else 1)
+        width = max(t.element_size(), self.out_width)
+        return max(1, self.chunk_bytes // (per_row * width))
+
+    def _write_cat_rows(self, placement: layout.Placement, src: SourceTensor, a: int, b: int) -> None:
+        """Shard(d>0): each output row is the concatenation of every shard's slice of that row."""
+        step = max(1, self._rows_per_chunk(src.pieces[0]) // max(1, len(src.pieces)))
+        offset = placement.rows_to_bytes(a, b)[0]
+        for start in range(a, b, step):
+            end = min(b, start + step)
+            chunk = torch.cat([p[start:end].to(self.out_dtype) for p in src.pieces], dim=src.shard_dim)
+            data = as_bytes(chunk.contiguous())
+            self.out.submit(placement.file, data, offset)
+            offset += len(data)
+
+    def _write_plain(self, placement: layout.Placement, src: SourceTensor, a: int, b: int) -> None:
+        """An unsharded tensor: rank 0's copy, after checking the others equal it as verl does."""
+        first = src.pieces[0].reshape(1) if src.pieces[0].dim() == 0 else src.pieces[0]
+        others = [p.reshape(1) if p.dim() == 0 else p for p in src.pieces[1:]]
+        step = self._rows_per_chunk(first)
+        offset = placement.rows_to_bytes(a, b)[0]
+        for start in range(a, b, step):
+            end = min(b, start + step)
+            chunk = self._cast(first[start:end], offset)
+            for k, other in enumerate(others, start=1):
+                # verl compares the copies after its bf16 cast; compare after ours
+                if not torch.equal(other[start:end].to(self.out_dtype), chunk):
+                    raise CheckpointError(
+                        f"{src.file_of(k)}: unsharded entry {src.name!r} differs from rank {src.ranks[0]}'s copy; "
+                        f"the rank files come from different steps: re-copy the checkpoint")
+            data = as_bytes(chunk)
+            self.out.submit(placement.file, data, offset)
+            offset += len(data)
+
+
+def checksum_files(root: str, names: list[str], algo: str = DEFAULT_ALGO) -> dict[str, str]:
+    """Read-back checksums of whole files (those no single writer wrote in order)."""
+    return {name: file_checksum(os.path.join(root, name), algo) for name in names}
