@@ -76,6 +76,7 @@ def shard_files(ckpt: Path) -> list[str]:
 
 NO_FSYNC = "slimckpt --no_fsync"
 PAGE_CACHE = "slimckpt, page cache"
+NO_EARLY = "slimckpt, no early write"
 
 
 def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]]:
@@ -90,6 +91,9 @@ def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]
         # what O_DIRECT buys: the default merge through the page cache, as verl's merger reads and writes
         PAGE_CACHE: ([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt),
                       "--target_dir", str(target), "--overwrite"], {"SLIMCKPT_DIRECT_IO": "0"}),
+        # what the torch-free early write earns (slimckpt.merge.early_write): the merge on the torch path alone
+        NO_EARLY: ([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt),
+                    "--target_dir", str(target), "--overwrite"], {"SLIMCKPT_MERGE_GUESS": "0"}),
     }
 
 
@@ -160,7 +164,7 @@ def plot_merge(rows: list[MergeRow], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for tool in dict.fromkeys(r.tool for r in rows if r.tool not in (NO_FSYNC, PAGE_CACHE)):  # same memory as slimckpt
+    for tool in dict.fromkeys(r.tool for r in rows if r.tool not in (NO_FSYNC, PAGE_CACHE, NO_EARLY)):  # ~ slimckpt's
         pts = sorted((r.params / 1e9, r.peak_rss_anon / 2**30) for r in rows if r.tool == tool)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=tool)
     ax.set_xlabel("model parameters (billions)")
@@ -211,6 +215,7 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None, dis
     verl = next(r for r in rows if r.size == largest and r.tool.startswith("verl"))
     budget = largest_output_tensor_bytes(largest) + 256 * 2**20
     fast = next((r for r in rows if r.size == largest and r.tool == NO_FSYNC), None)
+    late = next((r for r in rows if r.size == largest and r.tool == NO_EARLY), None)
     mine = sorted((r.params, r.peak_rss_anon) for r in rows if r.tool == "slimckpt")
     theirs = sorted((r.params, r.peak_rss_anon) for r in rows if r.tool.startswith("verl"))
     checks = [
@@ -240,6 +245,13 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None, dis
     if fast is not None:
         lines += ["", f"Without fsync (`--no_fsync`, not crash-safe) it takes {fast.wall_s:.1f} s: fsync is not what "
                       f"bounds it. Through the page cache instead of O_DIRECT (`SLIMCKPT_DIRECT_IO=0`): see the rows above."]
+    if late is not None:
+        lines += ["", f"Without the early write (`SLIMCKPT_MERGE_GUESS=0`: nothing is written before torch and "
+                      f"transformers are imported and the real plan is made) it takes {late.wall_s:.1f} s "
+                      f"(runs {min(late.walls):.1f}-{max(late.walls):.1f} s) and peaks at "
+                      f"{late.peak_rss_anon / 2**20:.0f} MiB: the early write earns "
+                      f"{late.wall_s - ours.wall_s:.1f} s at {largest} for "
+                      f"{(ours.peak_rss_anon - late.peak_rss_anon) / 2**20:.0f} MiB."]
     return "\n".join(lines)
 
 

@@ -90,3 +90,16 @@ def test_the_writers_timings_say_what_bound_it():
     ours.writer_stats = [_writer(5.0, 3.0, 1.5, 2.5)]
     text = bench.targets(rows, best, imports_s=2.9, disks=disks)
     assert "for 60% of that" in text and "the cast or the writes held it back" in text
+
+
+def test_the_early_writes_row_says_what_it_earns():
+    disks = [_disk(2.0, 2.0, 1.8)]
+    rows = _rows([4.0, 4.2, 6.5])
+    rows.append(bench.MergeRow("1b", int(1.03e9), bench.NO_EARLY, 258 * MiB, bench.median([4.8, 5.0, 5.5]),
+                               [4.8, 5.0, 5.5], 4 * GB, 2 * GB))
+    best = bench.fastest_of(disks)
+    for r in rows:
+        r.io_floor_s = best.io_floor_s(r.read_bytes, r.written_bytes)
+    text = bench.targets(rows, best, imports_s=2.9, disks=disks)
+    assert "it takes 5.0 s (runs 4.8-5.5 s) and peaks at 258 MiB: the early write earns 0.8 s at 1b for 12 MiB" in text
+    assert "early write" not in _report([4.0, 4.2, 6.5], disks)  # no such row, no such sentence

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from slimckpt.format import layout
-from slimckpt.merge import pipeline as merge, guess as merge_guess
+from slimckpt.merge import early_write, guess as merge_guess
+from slimckpt.merge import pipeline as merge
 from slimckpt.read import readahead
 from slimckpt.read.sources import SourceTensor
 from slimckpt.write.out_files import OutputError, create_files
@@ -169,7 +170,7 @@ def test_a_killed_writer_child_is_a_one_line_error_and_nothing_is_committed(tmp_
 
     ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
     made = _count_forks(monkeypatch)
-    monkeypatch.setattr(merge, "_write_weights", lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
+    monkeypatch.setattr(early_write, "write_weights", lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
     with pytest.raises(merge.MergeError,
                        match=r"writer process .* without a result \(killed by signal SIGKILL.*run the merge again"):
         _merge(ckpt, tmp_path / "out")

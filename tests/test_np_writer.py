@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from slimckpt.format import layout
+from slimckpt.merge import early_write
 from slimckpt.merge import pipeline as merge
 from slimckpt.write import np_cast, np_writer, writer_stats
 from slimckpt.read import pt_index
@@ -200,7 +201,7 @@ def without_torch(monkeypatch):
 
     monkeypatch.setattr(forked_call, "ForkedCall", Counting)
     monkeypatch.setattr(forked_call, "possible", lambda: True)  # pytest's own threads would say no
-    monkeypatch.setattr(merge, "_torch_imported", lambda: False)
+    monkeypatch.setattr(early_write, "_torch_imported", lambda: False)
     return made
 
 

@@ -44,183 +44,12 @@ from ..format.merge_manifest import (
 )
 from ..log import get_logger
 from ..write import forked_call
-from .hf_side import HfSide, NeedsVerlMerger, default_max_shard_size, guess_default_max_shard_size
-from .plan import DTYPE_NAMES, MergeError, MergeOptions, MergePlan, MergeResult, make_plan, plan_names
-from .workers import ProgressBar, is_user_error, run_workers
+from .early_write import EarlyWrite
+from .hf_side import HfSide, NeedsVerlMerger, default_max_shard_size
+from .plan import DTYPE_NAMES, MergeError, MergeOptions, MergePlan, MergeResult, make_plan
+from .workers import ProgressBar, is_user_error, run_workers, write_weights
 
 log = get_logger("slimckpt.merge")
-
-
-def _write_weights(opts: MergeOptions, partial: str, mp: MergePlan, ckpt=None) -> dict[str, str]:
-    """Every weight byte of `mp` into the files `create_files` made in `partial`, with --workers
-    (an opened `ckpt` is used by a single worker; more open their own)."""
-    shares = layout.partition(mp.plan, opts.workers)
-    bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
-    try:
-        return run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync,
-                           ckpt=ckpt)
-    finally:
-        bar.close()
-
-
-def _write_weights_without_torch(opts: MergeOptions, partial: str, mp: MergePlan, sources: dict) -> dict[str, str]:
-    from ..write import np_writer, writer_stats
-
-    bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
-    stats = writer_stats.WriterStats()
-    try:
-        checksums = np_writer.write_plan(partial, mp.plan, sources, opts.dtype, opts.chunk_bytes, bar, opts.fsync,
-                                         stats=stats)
-    finally:
-        bar.close()
-    stats_path = writer_stats.requested_path()
-    if stats_path:
-        try:
-            stats.save(stats_path)
-        except OSError as exc:  # a diagnostic: the merge itself succeeded
-            log.warning("could not write the writer's timings to %s (%s): %s=%s is ignored", stats_path,
-                        exc.strerror or exc, writer_stats.STATS_ENV, stats_path)
-    return checksums
-
-
-def _torch_imported() -> bool:
-    return "torch" in sys.modules
-
-
-class _EarlyWrite:
-    """Weights written from the guessed plan (slimckpt.merge.guess) and a quick reading of the rank
-    files while this process imports torch and transformers for the real ones: the disk works
-    during the imports. `matches` decides whether the result counts.
-
-    First choice: a child forked before torch is imported, which reads the rank files with
-    `pt_index` and writes with `np_writer` (no torch: it starts 1.3-4 s sooner). Else, once torch
-    is imported, `quick_sources` and the torch writer, in a forked child where that is safe
-    (`forked_call`), or on a thread. In a thread, the pipeline's read, cast and write threads wait
-    for the GIL while the imports run Python: on the 1B merge here its writing took 6.3-7.5 s beside
-    the imports, 4.6-5.0 s alone."""
-
-    def __init__(self, target: str, mp: MergePlan, signature: list[tuple], close=None) -> None:
-        from ..write.out_files import create_files
-
-        self.mp = mp
-        self.signature = signature
-        self.checksums: dict[str, str] | None = None
-        self.error: BaseException | None = None
-        self.thread = None
-        self.child: forked_call.ForkedCall | None = None
-        self.partial = prepare_partial(target)
-        try:
-            create_files(self.partial, mp.plan)
-        except BaseException:
-            discard_partial(self.partial)
-            if close is not None:
-                close()
-            raise
-
-    def _fork(self, fn, *args) -> bool:
-        try:
-            self.child = forked_call.ForkedCall(fn, *args, name="merge's writer process")
-            return True
-        except OSError as exc:  # EAGAIN/ENOMEM from fork
-            log.info("could not fork the merge's writer (%s)", exc.strerror or exc)
-            return False
-
-    @classmethod
-    def start(cls, opts: MergeOptions, target: str) -> "_EarlyWrite | None":
-        """None when there is no safe guess; the normal path then plans first and writes after."""
-        if os.environ.get("SLIMCKPT_MERGE_GUESS", "1") == "0":
-            return None
-        from . import guess as merge_guess
-        from ..read.checkpoint_dir import HF_SUBDIR
-
-        config = merge_guess.read_config(os.path.join(opts.local_dir, HF_SUBDIR))
-        if config is None:
-            return None
-        return cls._start_without_torch(opts, target, config) or cls._start_with_torch(opts, target, config)
-
-    @classmethod
-    def _start_without_torch(cls, opts: MergeOptions, target: str, config: dict) -> "_EarlyWrite | None":
-        if _torch_imported() or not forked_call.possible():
-            return None  # no time to win: torch is here already; or a thread would share the imports' GIL
-        from . import guess as merge_guess
-        from ..write import np_writer
-        from ..read import pt_index
-
-        index = pt_index.open_index(opts.local_dir)
-        names = merge_guess.guess_output_names(list(index.tensors), config) if index is not None else None
-        if names is None:
-            return None
-        sources = {new: index.tensors[old] for new, old in names.items()}
-        try:
-            np_writer.check(sources, opts.dtype)
-        except np_writer.Declined as exc:
-            log.debug("no early write without torch: %s", exc)
-            return None
-        mp = plan_names(index, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
-        early = cls(target, mp, pt_index.signature(index, names))
-        if not early._fork(_write_weights_without_torch, opts, early.partial, mp, sources):
-            discard_partial(early.partial)
-            return None
-        log.debug("early write: a child forked before torch is imported writes the weights")
-        return early
-
-    @classmethod
-    def _start_with_torch(cls, opts: MergeOptions, target: str, config: dict) -> "_EarlyWrite | None":
-        import threading
-
-        from . import guess as merge_guess
-        from ..read import quick_sources
-        from ..read.sources import CheckpointError, open_checkpoint
-
-        ckpt = quick_sources.open_quick(opts.local_dir)  # no torch.distributed import: 0.9 s sooner
-        if ckpt is None:
-            try:
-                ckpt = open_checkpoint(opts.local_dir)
-            except CheckpointError:
-                return None  # the normal path reports it
-        names = merge_guess.guess_output_names(list(ckpt.tensors), config)
-        if names is None:
-            ckpt.close()
-            return None
-        mp = plan_names(ckpt, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
-        early = cls(target, mp, quick_sources.signature(ckpt, names), close=ckpt.close)
-        if forked_call.possible() and early._fork(_write_weights, opts, early.partial, mp, ckpt):
-            log.debug("early write: a child forked after torch is imported writes the weights")
-            ckpt.close()  # the child keeps its own mappings of the rank files
-        else:  # a thread does the same work
-            log.debug("early write: a thread writes the weights")
-            early.thread = threading.Thread(target=early._run, args=(opts, ckpt), name="slimckpt-early-write",
-                                            daemon=True)
-            early.thread.start()
-        return early
-
-    def _run(self, opts: MergeOptions, ckpt) -> None:
-        try:
-            self.checksums = _write_weights(opts, self.partial, self.mp, ckpt)
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller by join()
-            self.error = exc
-        finally:
-            ckpt.close()
-
-    def matches(self, mp: MergePlan, signature: list[tuple]) -> bool:
-        """Whether the early write wrote what the real plan, from the real reader, would."""
-        return (mp.plan == self.mp.plan and list(mp.name_map.items()) == list(self.mp.name_map.items())
-                and signature == self.signature)
-
-    def join(self) -> dict[str, str]:
-        if self.child is not None:
-            return self.child.join() or {}
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.checksums or {}
-
-    def cancel(self) -> None:
-        if self.child is not None:
-            self.child.kill()
-        else:
-            self.thread.join()  # a thread has no stop switch; a wrong guess costs one write, not correctness
-        discard_partial(self.partial)
 
 
 def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str], opts: MergeOptions,
@@ -361,7 +190,7 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     check_rank_files(opts.local_dir, read_fsdp_config(opts.local_dir)[0])
 
     readahead.start(opts.local_dir)  # the shards load into the page cache while torch/verl import
-    early = _EarlyWrite.start(opts, target)
+    early = EarlyWrite.start(opts, target)
     signature: list[tuple] = []
     try:
         _resolve_max_shard_size(opts)
@@ -457,7 +286,7 @@ def lay_out_partial(partial: str, mp: MergePlan, hf: HfSide, weight_files: bool 
 
 
 def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
-                      early: _EarlyWrite | None = None) -> MergeResult:
+                      early: EarlyWrite | None = None) -> MergeResult:
     target = os.path.abspath(opts.target_dir)
     log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
              opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
@@ -467,7 +296,7 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
     try:
         if early is None:
             tokenizer_saved = lay_out_partial(partial, mp, hf)
-            checksums = _write_weights(opts, partial, mp)
+            checksums = write_weights(opts, partial, mp)
         else:  # weights are being written already: configs and tokenizer meanwhile
             tokenizer_saved = lay_out_partial(partial, mp, hf, weight_files=False)
             checksums = _join_or_rewrite(early, opts, partial, mp)
@@ -484,7 +313,7 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
 
 
-def _join_or_rewrite(early: _EarlyWrite, opts: MergeOptions, partial: str, mp: MergePlan) -> dict[str, str]:
+def _join_or_rewrite(early: EarlyWrite, opts: MergeOptions, partial: str, mp: MergePlan) -> dict[str, str]:
     """The early writer's checksums; or, where it left the weights to torch (a NaN, say), the
     weights written again by the torch writer, over the same files."""
     from ..write.np_writer import Declined
@@ -496,7 +325,7 @@ def _join_or_rewrite(early: _EarlyWrite, opts: MergeOptions, partial: str, mp: M
 
         log.info("the early writer left the weights to torch (%s): writing them again", exc)
         create_files(partial, mp.plan)
-        return _write_weights(opts, partial, mp)
+        return write_weights(opts, partial, mp)
 
 
 def _message(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ..format import layout
 from ..format.merge_manifest import CommitError
-from .plan import MergeError, MergePlan
+from .plan import MergeError, MergeOptions, MergePlan
 
 
 def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
@@ -135,3 +135,15 @@ class ProgressBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def write_weights(opts: MergeOptions, partial: str, mp: MergePlan, ckpt=None) -> dict[str, str]:
+    """Every weight byte of `mp` into the files `create_files` made in `partial`, with --workers
+    (an opened `ckpt` is used by a single worker; more open their own)."""
+    shares = layout.partition(mp.plan, opts.workers)
+    bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
+    try:
+        return run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync,
+                           ckpt=ckpt)
+    finally:
+        bar.close()
