@@ -102,3 +102,134 @@ def test_export_bytes_follow_the_dtype_each_save_writes():
     assert plan.export_bytes(plan.Strategy("inc", incremental=True, export_hf=True, export_dtype="auto"),
                              bf16, "bf16") == 2000
     assert plan.export_bytes(plan.Strategy("mid", export_hf=True, export_dtype="bf16"), bf16, "bf16") == 1000
+
+
+# --------------------------------------------------------------------------- peak disk (issue 19, item 7)
+
+
+class _Manager:
+    """verl's BaseCheckpointManager retention state: its list of saved role dirs."""
+
+    def __init__(self) -> None:
+        self.previous_saved_paths: list[str] = []
+
+    def remove_previous_save_local_path(self, path):
+        from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+        BaseCheckpointManager.remove_previous_save_local_path(self, path)
+
+
+def _verl_method(name: str):
+    """verl's own method, unpatched (the registry may have patched the class in this process)."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    fn = getattr(BaseCheckpointManager, name)
+    return getattr(fn, "__wrapped__", fn)
+
+
+def _simulate_peak(root, keep, order, saves=6, tracker_stuck_at=()):
+    """Role dirs on disk at the peak over `saves` saves, in the trainer's order: the actor's save
+    (retention inside it), then the tracker. `tracker_stuck_at`: steps whose tracker write is skipped
+    (a failed critic with on_save_error=continue)."""
+    from slimckpt.format.resume_manifest import TRACKER_NAME
+    from slimckpt.save import retention
+
+    m, peak = _Manager(), 0
+    for step in range(1, saves + 1):
+        if order == "verl":
+            _verl_method("ensure_checkpoint_capacity")(m, keep)
+        else:
+            retention.before_save(m, keep)
+        role = root / f"global_step_{step}" / "actor"
+        role.mkdir(parents=True)
+        (role / "model_world_size_1_rank_0.pt").write_bytes(b"x")
+        peak = max(peak, len(list(root.glob("global_step_*/actor"))))
+        if order == "verl":
+            _verl_method("register_checkpoint")(m, str(role), keep)
+        else:
+            retention.after_save(m, str(role), keep)
+        if step not in tracker_stuck_at:
+            (root / TRACKER_NAME).write_text(str(step))
+    return peak
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_peak_steps_match_what_retention_leaves_on_disk(tmp_path, keep):
+    from slimckpt.save import retention
+
+    (tmp_path / "v").mkdir(), (tmp_path / "s").mkdir()
+    verl_peak = _simulate_peak(tmp_path / "v", keep, "verl")
+    slim_peak = _simulate_peak(tmp_path / "s", keep, "slimckpt")
+    assert verl_peak == retention.verl_peak_steps(keep) == max(keep, 2)
+    assert slim_peak == retention.peak_steps(keep)[0] == verl_peak + 1  # the safe order costs one step
+
+
+def test_peak_steps_with_the_tracker_behind(tmp_path):
+    from slimckpt.save import retention
+
+    assert _simulate_peak(tmp_path, 2, "slimckpt", tracker_stuck_at={3}) == retention.peak_steps(2)[1] == 4
+    assert retention.peak_steps(1) == (3, 3)
+    assert retention.peak_steps(None) is None and retention.verl_peak_steps(None) is None
+    assert retention.peak_steps(0) is None  # verl: 0 and below keep everything
+
+
+def test_peak_disk_for_keep_1_2_and_unset():
+    per_step = 1000
+    one, two, unset = plan.peak_disk(per_step, 1), plan.peak_disk(per_step, 2), plan.peak_disk(per_step, None)
+    assert (one["verl_bytes"], one["slimckpt_bytes"], one["slimckpt_bytes_tracker_behind"]) == (2000, 3000, 3000)
+    assert (two["verl_bytes"], two["slimckpt_bytes"], two["slimckpt_bytes_tracker_behind"]) == (2000, 3000, 4000)
+    for d in (one, two):
+        assert d["slimckpt_bytes"] - d["verl_bytes"] == per_step and not d["grows_without_bound"]
+    assert unset["grows_without_bound"] and unset["verl_bytes"] is None and unset["slimckpt_bytes"] is None
+    assert unset["per_step_bytes"] == per_step
+
+
+def _args(cfg, **kw):
+    base = dict(config=str(cfg), world_size=2, recipe=["incremental", "quickstart"], disk_gbps=None,
+                export_dtype="bf16", max_shard_size=None, trust_remote_code=False, json=True, overrides=[],
+                max_actor_ckpt_to_keep=None, max_critic_ckpt_to_keep=None, critic=False)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_report_peak_disk(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    # unset: each row keeps what its config does (verl's null, incremental sets none, quickstart 2)
+    r = plan.build_report(_args(cfg, critic=True))
+    by = {e["strategy"]: e["peak_disk"] for e in r["estimates"]}
+    assert by["verl default"]["actor"]["grows_without_bound"]
+    assert by["+recipe=incremental"]["actor"]["grows_without_bound"]
+    quick = by["+recipe=quickstart"]
+    assert quick["actor"]["max_ckpt_to_keep"] == 2 and quick["critic"]["max_ckpt_to_keep"] == 2
+    assert quick["actor"]["per_step_bytes"] == 4 * PARAMS  # fp32 model shards
+    # the critic: lm_head (1000 x 64) swapped for a one-output value head, no HF export
+    assert quick["critic"]["per_step_bytes"] == 4 * (PARAMS - 1000 * 64 + 64)
+    out = io.StringIO()
+    plan.print_report(r, out)
+    assert "grows without bound" in out.getvalue() and "critic" in out.getvalue()
+
+    # given: every row at the same keep, option and --set alike; per step = resume state + HF export
+    for kw in ({"max_actor_ckpt_to_keep": "1"}, {"overrides": ["trainer.max_actor_ckpt_to_keep=1"]}):
+        r = plan.build_report(_args(cfg, **kw))
+        for e in r["estimates"]:
+            d = e["peak_disk"]["actor"]
+            assert d["per_step_bytes"] == e["total_write_bytes"] + e["hf_export_bytes"]
+            assert (d["verl_steps"], d["slimckpt_steps"]) == (2, 3)
+            assert d["slimckpt_bytes"] - d["verl_bytes"] == d["per_step_bytes"]
+            assert "critic" not in e["peak_disk"]
+    r = plan.build_report(_args(cfg, max_actor_ckpt_to_keep="none"))
+    assert all(e["peak_disk"]["actor"]["grows_without_bound"] for e in r["estimates"])
+    # the JSON output carries it
+    assert plan.run(_args(cfg, max_actor_ckpt_to_keep="2")) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert {e["peak_disk"]["actor"]["slimckpt_steps"] for e in printed["estimates"]} == {3}
+
+
+@pytest.mark.parametrize("kw,key", [({"max_actor_ckpt_to_keep": "two"}, "trainer.max_actor_ckpt_to_keep"),
+                                    ({"overrides": ["trainer.max_critic_ckpt_to_keep=x"]},
+                                     "trainer.max_critic_ckpt_to_keep"),
+                                    ({"overrides": ["trainer.save_freq=3"]}, "trainer.save_freq")])
+def test_bad_retention_value_is_one_line_naming_the_key(tmp_path, capsys, kw, key):
+    assert plan.run(_args(tmp_path / "never-read.json", **kw)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err

@@ -1,6 +1,7 @@
 """`slimckpt plan`: what a checkpoint will cost, per rank, before a GPU is allocated.
 
     slimckpt plan --config path/to/config.json --world-size 64 [--recipe incremental] [--disk-gbps 2]
+                  [--max-actor-ckpt-to-keep 2] [--max-critic-ckpt-to-keep 2 --critic]
     python -m slimckpt.plan ...   (the same)
 
 From the model config alone (a meta-device model: shapes, no weights) it prints, for verl's
@@ -20,6 +21,13 @@ rank 0. The incremental tier streams (write_threads x (bucket_mb + the largest t
 async, stages the rank's shards once within host_memory_budget_gb; with FSDP1 its reshardable
 state dict costs a transient copy of the rank's shards on the accelerator. File-format overhead
 (headers, pickles) is not counted.
+
+Then the peak disk of the run: a role's bytes per step times the steps it holds while a new one is
+written, under verl's retention order and slimckpt's (slimckpt.save.retention.peak_steps: one step
+more, since it deletes only once the new step is complete), at trainer.max_actor_ckpt_to_keep /
+max_critic_ckpt_to_keep (as given; else each row's own: a recipe's value, verl's null = keep all).
+The critic (`--critic`, PPO with GAE) is the actor's shapes with a one-output value head instead
+of lm_head, saving the same contents and no Hugging Face export.
 """
 
 from __future__ import annotations
@@ -30,10 +38,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .format.layout import dim0_row_bytes, dim0_rows
+from .save.retention import peak_steps, verl_peak_steps
 
 HELP = "predict per-rank checkpoint bytes, host memory and time from a model config (no weights)"
 
@@ -99,6 +108,9 @@ class Strategy:
     bucket_mb: int = 64
     write_threads: int = 1
     host_memory_budget_gb: float = 16.0
+    # trainer.max_actor_ckpt_to_keep / max_critic_ckpt_to_keep of the run (None: keep every step)
+    actor_keep: int | None = None
+    critic_keep: int | None = None
 
     @property
     def hf_model(self) -> bool:
@@ -215,6 +227,39 @@ def human(n: float) -> str:
     return f"{int(n)} B"
 
 
+def peak_disk(per_step: int, max_keep: int | None) -> dict[str, Any]:
+    """Disk one role needs while a step is written, keeping `max_keep` steps (None: all of them)."""
+    verl_steps, slim = verl_peak_steps(max_keep), peak_steps(max_keep)
+    if verl_steps is None or slim is None:
+        return {"max_ckpt_to_keep": max_keep, "per_step_bytes": per_step, "grows_without_bound": True,
+                "verl_steps": None, "verl_bytes": None, "slimckpt_steps": None, "slimckpt_bytes": None,
+                "slimckpt_steps_tracker_behind": None, "slimckpt_bytes_tracker_behind": None}
+    return {"max_ckpt_to_keep": max_keep, "per_step_bytes": per_step, "grows_without_bound": False,
+            "verl_steps": verl_steps, "verl_bytes": verl_steps * per_step,
+            "slimckpt_steps": slim[0], "slimckpt_bytes": slim[0] * per_step,
+            "slimckpt_steps_tracker_behind": slim[1], "slimckpt_bytes_tracker_behind": slim[1] * per_step}
+
+
+def critic_params(params: Sequence[ParamSpec]) -> list[ParamSpec]:
+    """verl's critic: the actor's model with a one-output value head (`score`) in place of lm_head."""
+    hidden = next((p.shape[-1] for p in params if p.name == "lm_head.weight" or p.name.endswith("embed_tokens.weight")),
+                  None)
+    body = [p for p in params if p.name != "lm_head.weight"]
+    return body + ([ParamSpec("score.weight", (1, hidden))] if hidden else [])
+
+
+def parse_keep(key: str, value: Any) -> int | None:
+    """A max_*_ckpt_to_keep value as verl reads it: a whole number; none/null, 0 or below keep all."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~", "")):
+        return None
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"slimckpt plan: {key}={value!r}: give a whole number of steps, e.g. {key}=2, "
+                         f"or none to keep every step") from None
+    return n if n > 0 else None
+
+
 # --------------------------------------------------------------------------- the model, from its config
 
 
@@ -308,7 +353,12 @@ def recipe_strategies(names: Sequence[str] | None, overrides: Sequence[str] = ()
     for name in chosen:
         data = yaml.safe_load(options[name].path.read_text()) or {}
         cfg = ((data.get("actor_rollout_ref") or {}).get("actor") or {}).get("checkpoint") or {}
-        out.append(Strategy.from_checkpoint_config(f"+recipe={name}{suffix}", {**cfg, **extra}))
+        trainer = data.get("trainer") or {}
+        strategy = Strategy.from_checkpoint_config(f"+recipe={name}{suffix}", {**cfg, **extra})
+        out.append(replace(strategy, actor_keep=parse_keep("trainer.max_actor_ckpt_to_keep",
+                                                           trainer.get("max_actor_ckpt_to_keep")),
+                           critic_keep=parse_keep("trainer.max_critic_ckpt_to_keep",
+                                                  trainer.get("max_critic_ckpt_to_keep"))))
     return out
 
 
@@ -321,7 +371,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", action="append", default=None,
                    help="a slimckpt recipe to compare (repeatable; default: all of them)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a recipe's checkpoint key, e.g. --set async_save=true --set host_memory_budget_gb=32")
+                   help="override a recipe's checkpoint key, e.g. --set async_save=true --set host_memory_budget_gb=32; "
+                        "trainer.max_actor_ckpt_to_keep=N and trainer.max_critic_ckpt_to_keep=N set retention")
+    p.add_argument("--max-actor-ckpt-to-keep", dest="max_actor_ckpt_to_keep", default=None, metavar="N",
+                   help="trainer.max_actor_ckpt_to_keep for every row's peak disk (none: keep every step; "
+                        "default: each row's own, a recipe's value or verl's null)")
+    p.add_argument("--max-critic-ckpt-to-keep", dest="max_critic_ckpt_to_keep", default=None, metavar="N",
+                   help="trainer.max_critic_ckpt_to_keep, the same for the critic (with --critic)")
+    p.add_argument("--critic", action="store_true",
+                   help="the run has a critic (PPO with GAE): count its checkpoints in the peak disk")
     p.add_argument("--disk-gbps", type=float, default=None,
                    help="aggregate write bandwidth of the checkpoint storage, GB/s (10^9), for the time column")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=1,
@@ -336,13 +394,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.world_size < 1:
         raise ValueError("slimckpt plan: --world-size must be >= 1")
+    keep_given, overrides = retention_overrides(args)  # a bad value fails before the model is built
     facts = model_facts(args.config, args.export_dtype, args.max_shard_size, args.trust_remote_code)
     extra = extra_state_bytes()
     strategies = [Strategy("verl default"), Strategy("verl + hf_model", contents=(*VERL_CONTENTS, "hf_model"))]
-    strategies += recipe_strategies(args.recipe, getattr(args, "overrides", ()) or ())
+    strategies += recipe_strategies(args.recipe, overrides)
+    strategies = [replace(s, **keep_given) for s in strategies]
     fsdp = int(getattr(args, "fsdp", 1))
-    estimates = [estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
-                          facts.hf_dtype) for s in strategies]
+    with_critic = bool(getattr(args, "critic", False))
+    estimates = []
+    for s in strategies:
+        e = asdict(estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
+                            facts.hf_dtype))
+        e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
+        if with_critic:  # the critic saves the same contents, never an HF export
+            critic = replace(s, contents=tuple(c for c in s.contents if c != "hf_model"), export_hf=False)
+            c = estimate(critic_params(facts.params), args.world_size, critic, extra, 0, None, fsdp)
+            e["peak_disk"]["critic"] = peak_disk(c.total_write_bytes, s.critic_keep)
+        estimates.append(e)
     return {
         "config": args.config,
         "world_size": args.world_size,
@@ -357,8 +426,32 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "hf_export": {"dtype": facts.hf_dtype, "max_shard_size": facts.max_shard_size,
                       "files": [{"name": n, "bytes": b} for n, b in facts.hf_files], "bytes": facts.hf_bytes},
         "disk_gbps": args.disk_gbps,
-        "estimates": [asdict(e) for e in estimates],
+        "estimates": estimates,
+        "critic": with_critic,
     }
+
+
+def retention_overrides(args: argparse.Namespace) -> tuple[dict[str, int | None], list[str]]:
+    """The retention keys given (options or `--set trainer.max_*_ckpt_to_keep=N`), as Strategy
+    fields; and the other --set items, for the recipes."""
+    given: dict[str, int | None] = {}
+    rest: list[str] = []
+    for item in getattr(args, "overrides", ()) or ():
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if not key.startswith("trainer."):
+            rest.append(item)
+        elif key in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"):
+            given[key] = value
+        else:
+            raise ValueError(f"slimckpt plan: --set {key}: of trainer's keys only trainer.max_actor_ckpt_to_keep "
+                             f"and trainer.max_critic_ckpt_to_keep change the plan; drop it")
+    for key, attr in (("trainer.max_actor_ckpt_to_keep", "max_actor_ckpt_to_keep"),
+                      ("trainer.max_critic_ckpt_to_keep", "max_critic_ckpt_to_keep")):
+        if getattr(args, attr, None) is not None:
+            given[key] = getattr(args, attr)
+    fields = {"trainer.max_actor_ckpt_to_keep": "actor_keep", "trainer.max_critic_ckpt_to_keep": "critic_keep"}
+    return {fields[k]: parse_keep(k, v) for k, v in given.items()}, rest
 
 
 def print_report(r: dict[str, Any], out=sys.stdout) -> None:
@@ -382,6 +475,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     print("host memory:", file=out)
     for e in r["estimates"]:
         print(f"  {e['strategy']}: {e['host_note']}" + "".join(f"; {n}" for n in e["notes"]), file=out)
+    print_peak_disk(r, out)
     hf = r["hf_export"]
     files = hf["files"]
     print(f"HF export ({hf['dtype']}, max_shard_size {hf['max_shard_size']}): {len(files)} file(s), "
@@ -391,6 +485,34 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
         print("  ..." if f is None else f"  {f['name']}  {human(f['bytes'])}", file=out)
     if len(files) > 1:
         print("  model.safetensors.index.json", file=out)
+
+
+def print_peak_disk(r: dict[str, Any], out=sys.stdout) -> None:
+    roles = ("actor", "critic") if r.get("critic") else ("actor",)
+    print("peak disk while a step is written (per step x steps held; retention keeps the newest "
+          "max_*_ckpt_to_keep, slimckpt deletes only after the new step is complete):", file=out)
+    head = ["strategy", "role", "keep", "per step", "verl's order", "slimckpt's order", "slimckpt, tracker behind"]
+    rows = []
+    for e in r["estimates"]:
+        for role in roles:
+            d = e["peak_disk"][role]
+            keep = "all" if d["max_ckpt_to_keep"] is None else str(d["max_ckpt_to_keep"])
+            if d["grows_without_bound"]:
+                cells = ["grows without bound"] * 3
+            else:
+                cells = [f"{human(d['verl_bytes'])} ({d['verl_steps']})",
+                         f"{human(d['slimckpt_bytes'])} ({d['slimckpt_steps']})",
+                         f"{human(d['slimckpt_bytes_tracker_behind'])} ({d['slimckpt_steps_tracker_behind']})"]
+            rows.append([e["strategy"], role, keep, human(d["per_step_bytes"]), *cells])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    for row in [head, ["-" * n for n in widths], *rows]:
+        print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
+    print("  (n) = steps on disk. verl's rows run verl's order, +recipe rows slimckpt's: one step more "
+          "(keep=1: 3 vs 2).\n  keep all = trainer.max_*_ckpt_to_keep null (verl's default): one more step per "
+          "save, no bound.\n  tracker behind: the tracker names a step older than the newest keep at a commit (a "
+          "failed save with on_save_error=continue, an async commit ahead of its watcher).", file=out)
+    if not r.get("critic"):
+        print("  critic not counted: pass --critic for a run with one (PPO with GAE).", file=out)
 
 
 def run(args: argparse.Namespace) -> int:

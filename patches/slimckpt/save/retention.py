@@ -14,13 +14,24 @@ has it deleted under it.
 
 Policy here (every recipe; verl's format and the incremental tier's):
   - nothing is deleted before a save (`before_save` is a no-op): a failed save leaves every
-    committed step; disk holds at most max_keep+1 steps (+1 while the tracker lags) for a moment.
+    committed step; while a step is written disk holds one step more than verl's order would
+    (below).
   - after a save is complete (verl: its save returned; incremental: the manifest is written),
     the newest max_keep stay; of the older ones, the step the tracker names stays too (it goes at
     a later save, once the tracker has moved on), and so does any a reader or writer has locked
     (slimckpt.read.locks; logged, retried at the next save).
   - an incremental dir loses its manifest before its files, so a delete cut short never leaves a
     dir that looks committed.
+
+Disk at the peak, per role (`peak_steps`, `verl_peak_steps`; `slimckpt plan` prints the bytes): the
+peak is while a new step is written. verl holds max_keep steps then (max_keep-1 kept at the start,
+plus the new one), 2 at max_keep=1. slimckpt holds one step more: max_keep+1 (the newest max_keep,
+all complete, plus the new one), and at max_keep=1 always 3: the actor's retention runs inside its
+save, before the trainer moves the tracker, so the previous step is still the tracker's and stays
+until the next save. With max_keep >= 2 one more (max_keep+2) when the tracker names a step older
+than the newest max_keep at a commit: a failed save with on_save_error=continue, or an async
+commit that comes before the watcher has named the step before it. A step a reader has locked
+adds one each while the lock is held.
 """
 
 from __future__ import annotations
@@ -39,6 +50,24 @@ log = get_logger("slimckpt.retention")
 
 def _valid_keep(max_keep) -> int | None:
     return max_keep if isinstance(max_keep, int) and max_keep > 0 else None
+
+
+def peak_steps(max_keep) -> tuple[int, int] | None:
+    """Role dirs of one role on disk while a new step is written, under this policy: (usual, with the
+    tracker behind), or None when max_keep keeps everything (None, or not a whole number > 0)."""
+    keep_n = _valid_keep(max_keep)
+    if keep_n is None:
+        return None
+    if keep_n == 1:
+        return 3, 3  # the previous step is the tracker's when retention runs
+    return keep_n + 1, keep_n + 2
+
+
+def verl_peak_steps(max_keep) -> int | None:
+    """The same for verl 0.9.1's order (ensure_checkpoint_capacity down to max_keep-1 before a save,
+    nothing before a save at max_keep=1); None when it keeps everything."""
+    keep_n = _valid_keep(max_keep)
+    return None if keep_n is None else max(keep_n, 2)
 
 
 def delete_step_dir(path: str) -> str | None:
@@ -113,5 +142,5 @@ def wrap_register_checkpoint(original):
     return register_checkpoint
 
 
-__all__ = ["after_save", "apply", "before_save", "delete_step_dir", "wrap_ensure_checkpoint_capacity",
-           "wrap_register_checkpoint"]
+__all__ = ["after_save", "apply", "before_save", "delete_step_dir", "peak_steps", "verl_peak_steps",
+           "wrap_ensure_checkpoint_capacity", "wrap_register_checkpoint"]
