@@ -507,8 +507,8 @@ def print_peak_disk(r: dict[str, Any], out=sys.stdout) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     for row in [head, ["-" * n for n in widths], *rows]:
         print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
-    print("  (n) = steps on disk. verl's rows run verl's order, +recipe rows slimckpt's: one step more "
-          "(keep=1: 3 vs 2).\n  keep all = trainer.max_*_ckpt_to_keep null (verl's default): one more step per "
+    print("  (n) = steps on disk. verl's rows (no recipe) run verl's order, +recipe rows slimckpt's: one "
+          "step more (keep=1: 3 vs 2).\n  keep all = trainer.max_*_ckpt_to_keep null (verl's default): one more step per "
           "save, no bound.\n  tracker behind: the tracker names a step older than the newest keep at a commit (a "
           "failed save with on_save_error=continue, an async commit ahead of its watcher).", file=out)
     if not r.get("critic"):
