@@ -317,3 +317,21 @@ def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on
     bad = compose_config(["+recipe=incremental", f"{node}.async_save=stream"])
     with pytest.raises(Exception, match=r"checkpoint.async_save='stream' \(str\) is not allowed; use true or false"):
         omega_conf_to_dataclass(bad.actor_rollout_ref.actor.checkpoint)
+
+
+def test_bad_log_level_falls_back_to_info_and_keeps_slimckpt_on():
+    """An invalid SLIMCKPT_LOG_LEVEL raised at import, outside the plugin's try; verl swallowed it
+    and slimckpt (SLIMCKPT_MEASURE, SLIMCKPT_CPU) silently switched off (issue 19)."""
+    res = run_python(textwrap.dedent("""
+        import verl
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
+        print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
+    """), env={"SLIMCKPT_LOG_LEVEL": "verbose", "SLIMCKPT_MEASURE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert "MODULE hooks.py" in res.stdout
+    warnings = [line for line in res.stderr.splitlines() if "SLIMCKPT_LOG_LEVEL" in line]
+    assert len(warnings) == 1, res.stderr
+    assert "WARNING" in warnings[0] and "'verbose'" in warnings[0] and "using INFO" in warnings[0]
+    assert "DEBUG, INFO, WARNING, ERROR, CRITICAL" in warnings[0]
+    # INFO, not WARNING: the patch lines still show
+    assert "patched verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint" in res.stderr
