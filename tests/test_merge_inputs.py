@@ -385,3 +385,55 @@ def test_distributed_flag_outside_torchrun(ckpt, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     rc, err = merge_cli(capsys, "--local_dir", str(ckpt), "--target_dir", str(tmp_path / "o"), "--distributed_merge")
     assert rc == 1 and "start it with torchrun" in error_line(err)
+
+
+def test_redirect_goes_distributed_only_when_asked(ckpt, tmp_path, monkeypatch):
+    """verl's merger command in a shell with WORLD_SIZE/RANK (any torchrun, SLURM or PyTorchJob shell)
+    merged distributed and init_process_group waited up to 4 hours for ranks that never came (issue 19):
+    the ranks share the merge only with SLIMCKPT_MERGE_DISTRIBUTED=1."""
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    import slimckpt.merge.verl_merger as verl_merger
+    from slimckpt.merge.plan import MergeResult
+
+    seen = []
+    monkeypatch.setattr(verl_merger, "merge", lambda opts, verl_fallback: seen.append(opts) or MergeResult(opts.target_dir))
+    patched = verl_merger.wrap_merge_and_save(lambda self: None)
+    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(ckpt), target_dir=str(tmp_path / "o"),
+                               hf_model_config_path=str(ckpt / "huggingface"))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv(verl_merger.DISTRIBUTED_ENV, raising=False)
+    patched(FSDPModelMerger(config))
+    monkeypatch.setenv(verl_merger.DISTRIBUTED_ENV, "1")
+    patched(FSDPModelMerger(config))
+    assert [o.distributed for o in seen] == [False, True]
+    assert seen[1].distributed_hint == "SLIMCKPT_MERGE_DISTRIBUTED=1"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("rank, says", [
+    ("0", "rank(s) 1 of 2 did not join within 3 s (this is rank 0)"),  # rank 1 never started
+    ("1", "rank 1 of 2 could not reach rank 0's store at 127.0.0.1:"),  # rank 0 never started
+])
+def test_a_distributed_merge_whose_ranks_do_not_all_join_ends_in_minutes(ckpt, tmp_path, rank, says):
+    """init_process_group waited up to 4 hours for a missing rank; now the join has
+    SLIMCKPT_MERGE_JOIN_TIMEOUT seconds (600 by default) and the error names who is missing."""
+    env = {"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "SLIMCKPT_MERGE_JOIN_TIMEOUT": "3"}
+    for k in ("TORCHELASTIC_USE_AGENT_STORE", "LOCAL_RANK"):
+        env[k] = ""
+    proc = run_cli(["merge", "--distributed_merge", "--no_progress", "--local_dir", str(ckpt),
+                    "--target_dir", str(tmp_path / "o")], env=env, timeout=90)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = error_line(proc.stderr)
+    assert says in line and "SLIMCKPT_MERGE_JOIN_TIMEOUT=<seconds>" in line and "MASTER_ADDR:MASTER_PORT" in line, line
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())

@@ -257,3 +257,81 @@ def test_recipe_config_rejects_unknown_recipe_and_conflicting_export():
         SlimCheckpointConfig(recipe="turbo")
     with pytest.raises(ValueError, match="hf_model"):
         SlimCheckpointConfig(recipe="intermediate", save_contents=["model", "hf_model"], export_hf=True)
+
+
+@pytest.fixture
+def no_switch_on(monkeypatch):
+    """Build SlimCheckpointConfig in this process without applying the checkpoint patches."""
+    import slimckpt.verl.features as features
+
+    monkeypatch.setattr(features, "switch_on", lambda feature: None)
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("async_save", "stream", "true or false"),
+    ("export_hf", "maybe", "true or false"),
+    ("measure", 1, "true or false"),
+    ("incremental_save", "yes", "true or false"),
+    ("verify", None, "true or false"),
+    ("save_lora_only", "no", "true or false"),
+    ("bucket_mb", "lots", "whole number"),
+    ("bucket_mb", 64.5, "whole number"),
+    ("write_threads", True, "whole number"),
+    ("host_memory_budget_gb", "big", "number of GiB"),
+    ("host_memory_budget_gb", float("nan"), "number of GiB"),
+    ("export_dtype", "bf61", "bf16"),
+    ("on_save_error", "stpo", "stop, continue"),
+    ("recipe", 3, "quickstart"),
+])
+def test_recipe_config_type_checks_every_field_in_one_line(no_switch_on, key, value, allowed):
+    """A non-empty string is true: without the check `async_save=stream` ran as true (issue 19)."""
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
+    kwargs = {"recipe": "incremental", "incremental_save": True, key: value}
+    with pytest.raises(ValueError) as err:
+        SlimCheckpointConfig(**kwargs)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"checkpoint.{key}={value!r}") and allowed in message, message
+
+
+def test_recipe_config_takes_yaml_booleans_and_numbers(no_switch_on):
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
+    cfg = SlimCheckpointConfig(recipe="incremental", incremental_save="true", async_save=True, export_hf="False",
+                               verify=False, bucket_mb="32", write_threads=2, host_memory_budget_gb=8)
+    assert (cfg.incremental_save, cfg.async_save, cfg.export_hf, cfg.verify) == (True, True, False, False)
+    assert (cfg.bucket_mb, cfg.write_threads, cfg.host_memory_budget_gb) == (32, 2, 8.0)
+    assert isinstance(cfg.host_memory_budget_gb, float)
+
+
+def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on):
+    """verl builds a `_target_` config with Hydra's instantiate, which passes `stream` as a string."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from slimckpt.verl.dryrun import compose_config
+
+    node = "actor_rollout_ref.actor.checkpoint"
+    good = compose_config(["+recipe=incremental", f"{node}.async_save=true"])
+    assert omega_conf_to_dataclass(good.actor_rollout_ref.actor.checkpoint).async_save is True
+    bad = compose_config(["+recipe=incremental", f"{node}.async_save=stream"])
+    with pytest.raises(Exception, match=r"checkpoint.async_save='stream' \(str\) is not allowed; use true or false"):
+        omega_conf_to_dataclass(bad.actor_rollout_ref.actor.checkpoint)
+
+
+def test_bad_log_level_falls_back_to_info_and_keeps_slimckpt_on():
+    """An invalid SLIMCKPT_LOG_LEVEL raised at import, outside the plugin's try; verl swallowed it
+    and slimckpt (SLIMCKPT_MEASURE, SLIMCKPT_CPU) silently switched off (issue 19)."""
+    res = run_python(textwrap.dedent("""
+        import verl
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
+        print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
+    """), env={"SLIMCKPT_LOG_LEVEL": "verbose", "SLIMCKPT_MEASURE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert "MODULE hooks.py" in res.stdout
+    warnings = [line for line in res.stderr.splitlines() if "SLIMCKPT_LOG_LEVEL" in line]
+    assert len(warnings) == 1, res.stderr
+    assert "WARNING" in warnings[0] and "'verbose'" in warnings[0] and "using INFO" in warnings[0]
+    assert "DEBUG, INFO, WARNING, ERROR, CRITICAL" in warnings[0]
+    # INFO, not WARNING: the patch lines still show
+    assert "patched verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint" in res.stderr

@@ -352,10 +352,15 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
     _resolve_max_shard_size(opts)
     own_group = False
     if not dist.is_initialized():
-        if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
-            raise MergeError("--distributed_merge: start it with torchrun (RANK/MASTER_ADDR are unset), "
-                             "or drop the flag and use --workers N on one node")
-        dist.init_process_group("gloo", timeout=timedelta(hours=4))
+        unset = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if unset:
+            raise MergeError(f"{opts.distributed_hint}: start it with torchrun ({'/'.join(unset)} unset), "
+                             "or drop it and use --workers N on one node")
+        store = _join_ranks(opts, dist)
+        # once every rank is in, a collective may wait while the others write their shares (long at
+        # 70B on a slow disk): the work keeps a long timeout, the join above a short one
+        dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(hours=4))
         own_group = True
     try:
         with _source_lock(opts):
@@ -368,6 +373,58 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
             held.release()
         if own_group:
             dist.destroy_process_group()
+
+
+JOIN_TIMEOUT_ENV = "SLIMCKPT_MERGE_JOIN_TIMEOUT"  # seconds every rank of a distributed merge has to join
+JOIN_TIMEOUT_S = 600.0
+
+
+def join_timeout_s() -> float:
+    raw = os.environ.get(JOIN_TIMEOUT_ENV, "")
+    if not raw:
+        return JOIN_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise MergeError(f"{JOIN_TIMEOUT_ENV}={raw!r}: use a number of seconds > 0 (default {JOIN_TIMEOUT_S:.0f})")
+    return seconds
+
+
+def _join_ranks(opts: MergeOptions, dist):
+    """The store every rank of a distributed merge meets in, once all WORLD_SIZE ranks have
+    announced themselves in it, within SLIMCKPT_MERGE_JOIN_TIMEOUT seconds (10 minutes). A rank
+    that never comes (a shell that only looks like torchrun's, a node that did not start) ends
+    every other rank with a line naming the missing ranks, instead of init_process_group's wait.
+    Under torchrun the agent's store is used, as torch's env:// rendezvous does."""
+    from datetime import timedelta
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    seconds = join_timeout_s()
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    fix = (f"start all {world} ranks with the same MASTER_ADDR:MASTER_PORT ({addr}:{port}) and reachable from "
+           f"each other, or set {JOIN_TIMEOUT_ENV}=<seconds> to wait longer")
+    try:
+        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
+                              timeout=timedelta(seconds=seconds), wait_for_workers=False, multi_tenant=True)
+    except (RuntimeError, OSError) as exc:  # DistStoreError / DistNetworkError are RuntimeErrors
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MergeError(f"{opts.distributed_hint}: rank {rank} of {world} could not reach rank 0's store at "
+                         f"{addr}:{port} within {seconds:.0f} s ({first}); {fix}") from None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"slimckpt_merge/attempt_{attempt}", store)
+    store.set(f"joined/{rank}", "1")
+    deadline = time.monotonic() + seconds
+    while True:
+        missing = [r for r in range(world) if not store.check([f"joined/{r}"])]
+        if not missing:
+            return store
+        if time.monotonic() > deadline:
+            raise MergeError(f"{opts.distributed_hint}: rank(s) {', '.join(map(str, missing))} of {world} did not join "
+                             f"within {seconds:.0f} s (this is rank {rank}); {fix}")
+        time.sleep(0.2)
 
 
 def _bcast(dist, obj):

@@ -41,6 +41,7 @@ class MergeOptions:
     chunk_bytes: int = DEFAULT_CHUNK_MB << 20
     fsync: bool = True  # False: --no_fsync, faster but the output may be lost or torn by a power loss
     overwrite_hint: str = "--overwrite"
+    distributed_hint: str = "--distributed_merge"  # what asked for `distributed`, for its error lines
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
 
 

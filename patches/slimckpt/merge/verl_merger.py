@@ -16,6 +16,9 @@ log = get_logger("slimckpt.merge")
 
 OVERWRITE_ENV = "SLIMCKPT_MERGE_OVERWRITE"
 WORKERS_ENV = "SLIMCKPT_MERGE_WORKERS"
+# verl's parser cannot carry --distributed_merge: ranks share the merge only when asked, never
+# because the shell has WORLD_SIZE/RANK (any torchrun, SLURM or PyTorchJob shell has them)
+DISTRIBUTED_ENV = "SLIMCKPT_MERGE_DISTRIBUTED"
 
 
 def wrap_merge_and_save(original: Callable) -> Callable:
@@ -24,9 +27,11 @@ def wrap_merge_and_save(original: Callable) -> Callable:
     Every flag of verl's parser still parses. --use_cpu_initialization changes nothing here (no
     model is materialised); --hf_upload_path uploads the committed dir with verl's own uploader;
     --tie-word-embedding/--is-value-model are Megatron-only in verl and ignored by its FSDP
-    merger too. Under torchrun (WORLD_SIZE > 1) the ranks share the work (--distributed_merge).
-    Env: SLIMCKPT_MERGE_WORKERS=N writer processes; SLIMCKPT_MERGE_OVERWRITE=1 replaces a non-empty
-    target (verl's parser has no such flag); SLIMCKPT_DISABLE=1 runs verl's merger untouched.
+    merger too. Env: SLIMCKPT_MERGE_DISTRIBUTED=1 under torchrun has the ranks share the work
+    (`slimckpt merge --distributed_merge`; every rank must join within SLIMCKPT_MERGE_JOIN_TIMEOUT
+    seconds, 600 by default); SLIMCKPT_MERGE_WORKERS=N writer processes; SLIMCKPT_MERGE_OVERWRITE=1
+    replaces a non-empty target (verl's parser has no such flags); SLIMCKPT_DISABLE=1 runs verl's
+    merger untouched.
     """
     @functools.wraps(original)
     def merge_and_save(self) -> None:
@@ -38,11 +43,16 @@ def wrap_merge_and_save(original: Callable) -> Callable:
         if cfg.use_cpu_initialization:
             log.info("slimckpt: --use_cpu_initialization has no effect on the streaming merge (no model is "
                      "materialised on any device)")
-        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+        distributed = os.environ.get(DISTRIBUTED_ENV) == "1"
+        if not distributed and os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1") and "RANK" in os.environ:
+            log.warning("slimckpt: WORLD_SIZE=%s but %s is not 1: this process merges alone (as verl's merger "
+                        "would); set %s=1 to share the merge across the torchrun ranks",
+                        os.environ["WORLD_SIZE"], DISTRIBUTED_ENV, DISTRIBUTED_ENV)
         opts = MergeOptions(local_dir=cfg.local_dir, target_dir=cfg.target_dir,
                             trust_remote_code=cfg.trust_remote_code,
                             overwrite=os.environ.get(OVERWRITE_ENV) == "1", overwrite_hint=f"{OVERWRITE_ENV}=1",
                             workers=int(os.environ.get(WORKERS_ENV, "1")), distributed=distributed,
+                            distributed_hint=f"{DISTRIBUTED_ENV}=1",
                             progress=sys.stderr.isatty() or os.environ.get("SLIMCKPT_PROGRESS") == "1")
         log.info("slimckpt: 'python -m verl.model_merger merge --backend fsdp' runs slimckpt's streaming merge "
                  "(SLIMCKPT_DISABLE=1 runs verl's own)")

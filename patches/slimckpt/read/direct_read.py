@@ -140,6 +140,7 @@ class Prefetcher:
                 if dfd is None or not direct_io.refused(exc):
                     raise CheckpointError(f"{r.path}: read failed at byte {start + got} ({exc.strerror}); "
                                           f"check the disk, or re-copy the file from the training run") from None
+                direct_io.page_cache_fallback(r.path, exc)
                 dfd = None  # this transfer is not O_DIRECT-able here: finish it buffered
                 continue
             if n == 0:

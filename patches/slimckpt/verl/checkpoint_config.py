@@ -11,11 +11,68 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 from dataclasses import dataclass, fields
 
 from verl.trainer.config.config import CheckpointConfig
 
 RECIPES = ("quickstart", "intermediate", "incremental")
+# Every field slimckpt sets or reads, by the type it must have. Hydra's instantiate (verl builds a
+# `_target_` config with it) passes each value as YAML parsed it, unchecked: `async_save=stream`
+# arrives as the string "stream", and a non-empty string is true. `true`/`false` arrive as bools;
+# the strings "true"/"false" (an `${oc.env:...}` interpolation) and integer strings are taken too,
+# as OmegaConf takes them for a typed field.
+BOOL_FIELDS = ("measure", "export_hf", "incremental_save", "verify", "async_save", "save_lora_only")
+INT_FIELDS = ("bucket_mb", "write_threads")
+FLOAT_FIELDS = ("host_memory_budget_gb",)
+ENUM_FIELDS = {
+    "recipe": RECIPES,
+    "export_dtype": ("auto", "bf16", "fp16", "fp32"),
+    "on_save_error": ("stop", "continue"),
+}
+
+
+def _bad_value(key: str, value, allowed: str) -> ValueError:
+    return ValueError(f"checkpoint.{key}={value!r} ({type(value).__name__}) is not allowed; use {allowed}")
+
+
+def _checked(key: str, value):
+    """`value` as the type `key` must have, or a one-line ValueError naming the key, the value
+    and the allowed values."""
+    if key in BOOL_FIELDS:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        raise _bad_value(key, value, "true or false")
+    if key in INT_FIELDS:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise _bad_value(key, value, "a whole number, e.g. 64")
+    if key in FLOAT_FIELDS:
+        number = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                pass
+        if number is None or not math.isfinite(number):
+            raise _bad_value(key, value, "a number of GiB, e.g. 16")
+        return number
+    allowed = ENUM_FIELDS[key]
+    if isinstance(value, str) and value in allowed:
+        return value
+    hint = difflib.get_close_matches(str(value), allowed, 1)
+    what = "a slimckpt recipe" if key == "recipe" else "allowed"
+    raise ValueError(f"checkpoint.{key}={value!r} is not {what}; use one of {', '.join(allowed)}"
+                     + (f" (did you mean {hint[0]!r}?)" if hint else ""))
 
 
 @dataclass
@@ -69,8 +126,11 @@ class SlimCheckpointConfig(CheckpointConfig):
         from .registry import check_verl_version
 
         check_verl_version()
-        if self.recipe not in RECIPES:
-            raise ValueError(f"checkpoint.recipe={self.recipe!r} is not a slimckpt recipe; use one of {RECIPES}")
+        present = {f.name for f in fields(self)}
+        for key in (*BOOL_FIELDS, *INT_FIELDS, *FLOAT_FIELDS, *ENUM_FIELDS):
+            if key in present:
+                # verl's BaseConfig freezes set fields; this only normalises "true" -> True, "64" -> 64
+                object.__setattr__(self, key, _checked(key, getattr(self, key)))
         if "hf_model" in self.save_contents and self.export_hf and not self.incremental_save:
             raise ValueError(
                 "checkpoint.save_contents has 'hf_model' and export_hf=true: both would write huggingface/; "
@@ -82,12 +142,6 @@ class SlimCheckpointConfig(CheckpointConfig):
         if self.export_dtype == "auto" and not self.incremental_save:
             raise ValueError("checkpoint.export_dtype=auto (the parameters' dtype) needs incremental_save=true; "
                              "the intermediate tier's export takes bf16, fp16 or fp32")
-        if self.export_dtype not in ("auto", "bf16", "fp16", "fp32"):
-            raise ValueError(f"checkpoint.export_dtype={self.export_dtype!r}: use auto, bf16, fp16 or fp32")
-        if self.on_save_error not in ("stop", "continue"):
-            hint = difflib.get_close_matches(str(self.on_save_error), ["stop", "continue"], 1)
-            raise ValueError(f"checkpoint.on_save_error={self.on_save_error!r}: use stop or continue"
-                             + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         if self.async_save and not self.incremental_save:
             raise ValueError(
                 "checkpoint.async_save=true needs checkpoint.incremental_save=true: verl's FSDP manager has no "

@@ -193,7 +193,8 @@ class OutputFiles:
                 raise os_error(exc, path) from None
             try:
                 dfd = direct_io.open_direct(path, os.O_WRONLY) if self.direct else None
-            except OSError:
+            except OSError as exc:  # a refusal is logged by open_direct; anything else here
+                direct_io.page_cache_fallback(path, exc)
                 dfd = None
             f = self._layouts[name]
             hasher = new_hasher(self.algo)
@@ -211,6 +212,7 @@ class OutputFiles:
             except OSError as exc:
                 if not direct_io.refused(exc):
                     raise
+                direct_io.page_cache_fallback(st.path, exc)
                 os.close(st.dfd)  # this filesystem's alignment rules are stricter: buffered from now on
                 st.dfd = None
                 pwrite_all(st.fd, data, offset)
