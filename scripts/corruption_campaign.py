@@ -60,7 +60,8 @@ def _torchrun(nproc: int, *args: str, timeout: int = 300) -> None:
 def build_sources(work: str) -> dict[str, str]:
     """{format: dir to copy per trial}, built once: one torchrun saves the verl-native and the
     incremental checkpoint, then the native one is merged here."""
-    from slimckpt.merge.pipeline import MergeOptions, merge
+    from slimckpt.merge.pipeline import merge
+    from slimckpt.merge.plan import MergeOptions
 
     _torchrun(2, os.path.abspath(__file__), "--_save", work)
     native = os.path.join(work, "native", f"global_step_{STEP}", ROLE)

@@ -165,7 +165,8 @@ def test_restore_tracker_after_a_failed_step(tmp_path):
 def test_two_merges_into_one_target(tmp_path):
     from tests.merge_helpers import synthetic_checkpoint
 
-    from slimckpt.merge.pipeline import MergeError, MergeOptions, merge
+    from slimckpt.merge.pipeline import merge
+    from slimckpt.merge.plan import MergeError, MergeOptions
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     target = str(tmp_path / "out")
@@ -179,7 +180,8 @@ def test_two_merges_into_one_target(tmp_path):
 def test_merge_refuses_a_step_being_written(tmp_path):
     from tests.merge_helpers import synthetic_checkpoint
 
-    from slimckpt.merge.pipeline import MergeError, MergeOptions, merge
+    from slimckpt.merge.pipeline import merge
+    from slimckpt.merge.plan import MergeError, MergeOptions
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     with locks.writing(str(src), "saving step 1", fix=""):

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
-from slimckpt.merge.pipeline import MergeOptions, merge
+from slimckpt.merge.pipeline import merge
+from slimckpt.merge.plan import MergeOptions
 from slimckpt.merge.pipeline import log as merge_log
 
 from .merge_helpers import (

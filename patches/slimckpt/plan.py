@@ -293,7 +293,7 @@ def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: st
                 trust_remote_code: bool = False) -> ModelFacts:
     from .format import layout
     from .merge.hf_side import HfSide, default_max_shard_size
-    from .merge.pipeline import DTYPE_NAMES
+    from .merge.plan import DTYPE_NAMES
 
     import contextlib
 

@@ -21,7 +21,8 @@ HF_SUBDIR = "huggingface"
 
 def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str) -> None:
     """Collective over the default process group: every rank must call it after the save."""
-    from ..merge.pipeline import MergeError, MergeOptions, merge
+    from ..merge.pipeline import merge
+    from ..merge.plan import MergeError, MergeOptions
 
     target = os.path.join(local_path, HF_SUBDIR)
     opts = MergeOptions(

@@ -97,9 +97,10 @@ class CommitWatcher:
 
         Async at max_ckpt_to_keep=1: the next step's commit can delete this one before this thread
         looks (the poll misses the moment between this step's manifest and the next commit).
-        Retention removes role dirs (verl tracks those), not the step dir: data.pt stays. A role dir without its
-        manifest while a newer step of that role is committed can only be such a leftover: each
-        save first waits for the previous one's write, so this step's write had ended by then.
+        Retention removes role dirs (verl tracks those), not the step dir: data.pt stays. A role
+        dir without its manifest while a newer step of that role is committed can only be such a
+        leftover: each save first waits for the previous one's write, so this step's write had
+        ended by then.
         Such a step is never named; the newer step's watcher moves the tracker."""
         step_dir = os.path.join(self.root, f"global_step_{step}")
         if not os.path.isdir(step_dir):
