@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     if chosen is None or not hasattr(args, "_run"):
         parser.print_help()
         return 2
-    return int(args._run(args) or 0)
+    from .log import cli_logging
+
+    with cli_logging():
+        return int(args._run(args) or 0)
 
 
 def entry() -> None:

@@ -4,4 +4,7 @@ code is in `slimckpt.observe.diskspeed`)."""
 from .observe.diskspeed import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from slimckpt.log import cli_logging
+
+    with cli_logging():
+        raise SystemExit(main())

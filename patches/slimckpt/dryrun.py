@@ -4,4 +4,7 @@
 from .verl.dryrun import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from slimckpt.log import cli_logging
+
+    with cli_logging():
+        raise SystemExit(main())

@@ -4,4 +4,7 @@ each (the code is in `slimckpt.verl.recipes`, next to the rest of what slimckpt 
 from .verl.recipes import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from slimckpt.log import cli_logging
+
+    with cli_logging():
+        raise SystemExit(main())

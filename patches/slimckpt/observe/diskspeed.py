@@ -159,4 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from slimckpt.log import cli_logging
+
+    with cli_logging():
+        raise SystemExit(main())

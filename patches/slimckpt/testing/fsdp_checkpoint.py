@@ -220,4 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from slimckpt.log import cli_logging
+
+    with cli_logging():
+        sys.exit(main())

@@ -611,4 +611,7 @@ def _fail(e: DryRunError) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from slimckpt.log import cli_logging
+
+    with cli_logging():
+        raise SystemExit(main())

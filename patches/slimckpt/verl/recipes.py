@@ -96,4 +96,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from slimckpt.log import cli_logging
+
+    with cli_logging():
+        raise SystemExit(main())
