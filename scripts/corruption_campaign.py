@@ -65,9 +65,6 @@ def build_sources(work: str) -> dict[str, str]:
 
     _torchrun(2, os.path.abspath(__file__), "--_save", work)
     native = os.path.join(work, "native", f"global_step_{STEP}", ROLE)
-    for name in os.listdir(native):  # slimckpt's measure records, not part of verl's format
-        if name.startswith("slimckpt_save_rank_"):
-            os.remove(os.path.join(native, name))
     merged = os.path.join(work, "merged")
     merge(MergeOptions(local_dir=native, target_dir=merged, max_shard_size="80KB", progress=False))
     return {"native": native, "merge": merged,

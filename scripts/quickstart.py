@@ -64,7 +64,9 @@ def run_one(name: str, extra: list[str], out: Path, steps: int, ranks: int) -> d
 
 
 def summarize(name: str, run_dir: Path, ckpt: Path, metrics: Path, seconds: float) -> dict:
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    # sync saves only here: each one's "save" report is complete (an async save adds a "commit" one)
+    records = [r for r in (json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
+               if r.get("kind", "save") == "save"]
     if not records:
         raise SystemExit(f"[quickstart] no save metrics in {metrics}: did the run save a checkpoint?")
     steps = sorted({r["global_step"] for r in records})

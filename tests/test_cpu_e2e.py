@@ -26,6 +26,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from slimckpt.observe.save_reports import REPORTS_DIR
+
 from .verl_runs import step_metrics
 
 pytestmark = pytest.mark.slow
@@ -49,7 +51,7 @@ def test_grpo_two_ranks_saves_model_only_and_resumes(grpo_runs):
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     # step 4 is quickstart's save: no HF export, and its save report names the recipe
     assert not (ckpt / "global_step_4" / "actor" / "huggingface" / "manifest.json").exists()
-    report = json.loads((ckpt / "global_step_4" / "actor" / "slimckpt_save_rank_0.json").read_text())
+    report = json.loads((ckpt / REPORTS_DIR / "global_step_4" / "actor" / "rank_0.save.json").read_text())
     assert report["recipe"] == "quickstart" and report["global_step"] == 4
 
     assert sorted(step_metrics(first)) == [1, 2, 3]
@@ -111,7 +113,7 @@ def test_intermediate_every_actor_save_has_a_committed_hf_export(grpo_runs):
         assert manifest["files"], manifest
         assert not (ckpt / f"global_step_{step}" / "critic" / "huggingface" / "manifest.json").exists()
     assert "HF export" in first
-    metrics = json.loads((ckpt / "global_step_2" / "actor" / "slimckpt_save_rank_0.json").read_text())
+    metrics = json.loads((ckpt / REPORTS_DIR / "global_step_2" / "actor" / "rank_0.save.json").read_text())
     assert metrics["recipe"] == "intermediate" and metrics["bytes_written"] > 0
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from slimckpt.flowrl import is_flowrl_param
+from slimckpt.observe.save_reports import REPORTS_DIR
 
 from .conftest import REPO
 
@@ -78,7 +79,8 @@ def test_hf_exports_leave_the_head_out(flowrl_run, tmp_path):
 def test_save_metrics_logged_to_wandb_and_readable_by_compare_runs(flowrl_run, tmp_path):
     ckpt = flowrl_run.ckpt
     for step in (1, 2):
-        reports = sorted((ckpt / f"global_step_{step}" / "actor").glob("slimckpt_save_rank_*.json"))
+        reports = sorted((ckpt / REPORTS_DIR / f"global_step_{step}" / "actor").glob("rank_*.save.json"))
+        assert not list((ckpt / f"global_step_{step}" / "actor").glob("slimckpt_save_rank_*"))  # none in the checkpoint
         assert len(reports) == 2 and json.loads(reports[0].read_text())["global_step"] == step
     out, table = tmp_path / "cmp.png", tmp_path / "cmp.md"
     wandb_runs = flowrl_run.wandb / "wandb"

@@ -14,9 +14,10 @@ import math
 
 import pytest
 
-from slimckpt.format.resume_manifest import MANIFEST_NAME
+from slimckpt.format.resume_manifest import MANIFEST_NAME, MEASURE_PREFIX
+from slimckpt.observe.save_reports import read_reports
 
-from .verl_runs import step_metrics
+from .verl_runs import _STEP_LINE, step_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -43,3 +44,38 @@ def test_incremental_async_commits_and_resumes_exactly(incremental_run, incremen
     assert sorted(b) == [3, 4]
     for key in AFTER_UPDATE:
         assert math.isclose(float(a[4][key]), float(b[4][key]), rel_tol=1e-5), (key, a[4][key], b[4][key])
+
+
+def _every_logged(text: str) -> dict[int, dict[str, float]]:
+    """All console lines of a step merged (the ckpt/* line comes before the step's own line)."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in text.splitlines():
+        match = _STEP_LINE.search(line)
+        if match:
+            for kv in match.group(2).split(" - "):
+                key, _, value = kv.rpartition(":")
+                if key.startswith("ckpt/"):
+                    steps.setdefault(int(match.group(1)), {})[key] = float(value)
+    return steps
+
+
+def test_async_save_metrics_come_with_the_commit(incremental_run):
+    """Issue 19: an async save reported its blocking seconds as `seconds`, bytes before its files
+    existed and an RSS window that missed the background write."""
+    logged, ckpt = _every_logged(incremental_run.text), incremental_run.ckpt
+    assert sorted(logged) == [1, 2, 3, 4]
+    for step, metrics in logged.items():
+        assert metrics["ckpt/blocking_seconds"] > 0 and metrics["ckpt/ranks"] == 2
+        if "ckpt/committed_step" in metrics:  # a write that committed by this save
+            assert metrics["ckpt/committed_step"] <= step
+            assert metrics["ckpt/write_seconds"] > 0 and metrics["ckpt/bytes_gb"] > 0
+            assert metrics["ckpt/staging_pool_gb"] > 0
+            assert metrics["ckpt/seconds"] > metrics["ckpt/write_seconds"]
+    committed = sorted(int(m["ckpt/committed_step"]) for m in logged.values() if "ckpt/committed_step" in m)
+    assert committed and len(set(committed)) == len(committed), committed  # each commit logged once at most
+    for step in (1, 2, 3, 4):  # step 4's write commits at exit, after the last on_save: its reports have it
+        step_dir = ckpt / f"global_step_{step}"
+        saves, commits = read_reports(str(step_dir), step), read_reports(str(step_dir), step, kind="commit")
+        assert len(saves) == 2 and all(r["async"] and not r["committed"] and r["bytes_written"] is None for r in saves)
+        assert len(commits) == 2 and all(r["committed"] and r["bytes_written"] > 0 for r in commits)
+        assert not list((step_dir / "actor").glob(MEASURE_PREFIX + "*"))

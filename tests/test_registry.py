@@ -77,7 +77,7 @@ def test_every_implementation_is_named_and_importable(patch):
 def test_patch_names_are_unique_and_features_known():
     names = [p.name for p in PATCHES]
     assert len(names) == len(set(names))
-    assert {p.feature for p in PATCHES} <= {"checkpoint", "merge", "cpu", "flowrl"}
+    assert {p.feature for p in PATCHES} <= {"measure", "checkpoint", "merge", "cpu", "flowrl"}
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
@@ -328,7 +328,7 @@ def test_bad_log_level_falls_back_to_info_and_keeps_slimckpt_on():
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
     """), env={"SLIMCKPT_LOG_LEVEL": "verbose", "SLIMCKPT_MEASURE": "1"})
     assert res.returncode == 0, res.stderr
-    assert "MODULE hooks.py" in res.stdout
+    assert "MODULE save_measure.py" in res.stdout  # SLIMCKPT_MEASURE=1 still took effect
     warnings = [line for line in res.stderr.splitlines() if "SLIMCKPT_LOG_LEVEL" in line]
     assert len(warnings) == 1, res.stderr
     assert "WARNING" in warnings[0] and "'verbose'" in warnings[0] and "using INFO" in warnings[0]

@@ -161,8 +161,10 @@ def test_incremental_damage_load_refuses_with_verify_line(tmp_path, damage):
 
 def test_incremental_clean_quick_and_measure_json_ignored(tmp_path):
     d = role_dir(tmp_path)
-    (d / "slimckpt_save_rank_0.json").write_text("{}")  # measure's record, written after the save
-    assert verify_path(str(d)).ok
+    (d / "slimckpt_save_rank_0.json").write_text("{}")  # an earlier slimckpt's measure record, after the save
+    report = verify_path(str(d))
+    assert report.ok
+    assert any("not checked: slimckpt_save_rank_0.json" in n for n in report.notes)  # said, not skipped silently
     rm.check_committed(str(d))
     _flip(d / "dcp" / "__1_0.distcp", 3)
     assert verify_path(str(d), quick=True).ok  # sizes only

@@ -42,7 +42,8 @@ FORMAT = "slimckpt-resume/1"
 FAILED_PREFIX = "slimckpt_save_failed_rank_"
 TRACKER_NAME = "latest_checkpointed_iteration.txt"
 _CHUNK = 8 * 2**20
-# written into a role dir after its commit, or about it: not part of the state
+# measurement reports earlier slimckpt commits wrote into a role dir after its commit (now they go to
+# <root>/slimckpt_reports): not part of the state; verify lists them as not checked
 MEASURE_PREFIX = "slimckpt_save_rank_"
 DAMAGED_FIX = "the checkpoint is damaged, resume from an earlier step"
 LOCK_SUFFIX = ".slimckpt-lock"  # slimckpt.read.locks.LOCK_SUFFIX
@@ -140,6 +141,14 @@ def _not_state(rel: str) -> bool:
     if name.endswith(LOCK_SUFFIX):
         return True
     return "/" not in rel and (name.startswith((MANIFEST_NAME, FAILED_PREFIX, MEASURE_PREFIX)))
+
+
+def legacy_reports(role_dir: str) -> list[str]:
+    """Measurement reports an earlier slimckpt wrote into this role dir (skipped by the checks)."""
+    try:
+        return sorted(n for n in os.listdir(role_dir) if n.startswith(MEASURE_PREFIX))
+    except OSError:
+        return []
 
 
 def unlisted_files(role_dir: str, listed: Iterable[str]) -> list[str]:

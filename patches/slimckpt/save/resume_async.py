@@ -199,11 +199,24 @@ class AsyncResumeWriter:
         self._future: Future | None = None
         self._step: int | None = None
         self._path: str | None = None
+        self._after_commit: list[Callable[[], None]] = []
         self.pool = StagingPool()
 
     @property
     def pending(self) -> bool:
         return self._future is not None
+
+    @property
+    def step(self) -> int | None:
+        """The step of the write in flight (None when there is none)."""
+        return self._step if self._future is not None else None
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on the writer thread once the write in flight has committed (not if it
+        fails). For measurement: a failing callback is logged, never fails the step."""
+        if self._future is None:
+            raise RuntimeError("slimckpt: no background checkpoint write in flight")
+        self._after_commit.append(callback)
 
     def stage(self, state: dict[str, Any], config: Any, step: int, group=None) -> dict[str, Any] | None:
         """The staged copy, or None when the largest rank's state is over the host-memory budget
@@ -233,11 +246,17 @@ class AsyncResumeWriter:
         if self._future is not None:
             raise RuntimeError("slimckpt: a background checkpoint write is already in flight")
         self._step, self._path = step, path
+        self._after_commit = []
         self._future = self._executor.submit(self._ready_then, write)
 
     def _ready_then(self, write: Callable[[], None]) -> None:
         self.pool.wait_ready()  # CUDA: the staged copies are complete before anything reads them
         write()
+        for callback in self._after_commit:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - the step is committed; a report must not undo that
+                log.exception("after the commit of step %s", self._step)
 
     def wait(self) -> None:
         """Block until the write in flight is committed; re-raise its failure."""

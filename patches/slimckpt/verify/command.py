@@ -148,6 +148,10 @@ def check_incremental(report: Report, path: str, quick: bool, on_bytes: Callable
         report.bad.append(Problem(os.path.join(path, b.name), b.reason, rm.damage_message(path, b)))
     report.files += len(m.files) + 1
     report.bytes += sum(e.bytes for e in m.files)
+    legacy = rm.legacy_reports(path)
+    if legacy:
+        report.note(f"{path}: not checked: {', '.join(legacy)} (measurement reports an earlier slimckpt wrote next "
+                    f"to the state; not part of it)")
     if m.checksum_algo is None:
         report.note(f"{path}: written by an earlier slimckpt: CRC32 only where it ran with verify: true, and only "
                     f"the state's own files listed (huggingface/ not covered)")

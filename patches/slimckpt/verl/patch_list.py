@@ -99,8 +99,11 @@ def _in_both_trainers(name: str, attr: str, make: str, why: str) -> list[Patch]:
 
 
 PATCHES: list[Patch] = [
+    Patch("measure.save", f"{CKPT_MANAGER}.save_checkpoint", "measure", "slimckpt.observe.save_measure:wrap_save_measured",
+          why="SLIMCKPT_MEASURE=1: seconds, peak RSS and bytes of verl's own save, reported outside the checkpoint; "
+              "the save itself runs unchanged"),
     Patch("checkpoint.save", f"{CKPT_MANAGER}.save_checkpoint", "checkpoint", "slimckpt.save.hooks:wrap_save_checkpoint",
-          why="measure every save and route recipe saves through slimckpt"),
+          why="route recipe saves through slimckpt (measured unless the recipe's measure=false)"),
     Patch("checkpoint.load", f"{CKPT_MANAGER}.load_checkpoint", "checkpoint",
           "slimckpt.save.resume_state:wrap_load_checkpoint",
           why="load the incremental tier's DCP resume state (any world size); verl's own format otherwise"),

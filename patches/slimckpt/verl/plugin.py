@@ -6,10 +6,11 @@ swallows any exception at debug level; so this module logs its own failures at E
 What it switches on, and when:
 - `merge`: `python -m verl.model_merger merge --backend fsdp` goes through slimckpt's streaming
   merger (always, unless SLIMCKPT_DISABLE=1).
+- `measure`: with SLIMCKPT_MEASURE=1, verl's save_checkpoint is timed and its peak RSS sampled;
+  nothing else (verl's save, retention, tracker and load stay verl's).
 - `checkpoint`: verl's FSDPCheckpointManager save/load hooks. Applied when a recipe's
-  SlimCheckpointConfig is built, or here when SLIMCKPT_MEASURE=1 asks to measure plain verl, or
-  when SLIMCKPT_CHECKPOINT=1 (recipes/incremental.yaml sets it in Ray's runtime_env, so verl's
-  trainer actor, which never builds the config, gets the tracker patch).
+  SlimCheckpointConfig is built, or when SLIMCKPT_CHECKPOINT=1 (recipes/incremental.yaml sets it in
+  Ray's runtime_env, so verl's trainer actor, which never builds the config, gets the tracker patch).
 - `cpu`: the CPU platform and `hf` rollout for small runs, only with SLIMCKPT_CPU=1.
 Nothing is applied with SLIMCKPT_DISABLE=1, and nothing at all changes verl's behaviour
 unless a recipe, SLIMCKPT_CPU or the merger command asks for it.
@@ -26,7 +27,9 @@ log = get_logger("slimckpt.plugin")
 
 def enabled_features() -> list[str]:
     features = ["merge"]
-    if os.environ.get("SLIMCKPT_MEASURE") == "1" or os.environ.get("SLIMCKPT_CHECKPOINT") == "1":
+    if os.environ.get("SLIMCKPT_MEASURE") == "1":
+        features.append("measure")
+    if os.environ.get("SLIMCKPT_CHECKPOINT") == "1":
         features.append("checkpoint")
     if os.environ.get("SLIMCKPT_CPU") == "1":
         features.append("cpu")

@@ -226,7 +226,8 @@ class Registry:
         log.info("reverted %s", self._patches[name].target)
 
     def revert_all(self, names: Iterable[str] | None = None) -> None:
-        for name in list(names if names is not None else [*self._applied, *self._pending]):
+        # newest first: two patches of one attribute (measure.save, checkpoint.save) wrap each other
+        for name in reversed(list(names if names is not None else [*self._applied, *self._pending])):
             self.revert(name)
         if names is None:
             for patch in self._patches.values():

@@ -1,0 +1,160 @@
+"""Measuring a save of verl's FSDPCheckpointManager without changing it.
+
+`measured_save` runs the save it is given unchanged and records, per rank: the seconds training
+was blocked, the peak anonymous RSS above the level before the save, and the bytes this rank
+wrote. Reports go outside the checkpoint (slimckpt.observe.save_reports), into
+$SLIMCKPT_METRICS_FILE (one JSON line each) and the log.
+
+Who calls it: the "measure" feature (SLIMCKPT_MEASURE=1), whose patch wraps verl's own save and
+nothing else, so verl's retention, tracker and load stay verl's; and a recipe's save
+(SlimCheckpointConfig.measure). One save is measured once, whoever wraps it first.
+
+An async save (the incremental tier's background write) is measured twice: its `save` report
+covers the blocking part when the call returns; the `commit` report, written when the background
+write commits, has the write's seconds, bytes and the peak RSS over the write window (the process's
+RSS, training's own memory included: the write overlaps the next step) and the staging pool held.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..log import get_logger
+from ..read.checkpoint_dir import rank_files
+from . import save_reports
+from .memory import RssSampler
+
+log = get_logger("slimckpt.save")
+
+METRICS_FILE_ENV = "SLIMCKPT_METRICS_FILE"
+_MEASURING: contextvars.ContextVar[bool] = contextvars.ContextVar("slimckpt_measuring", default=False)
+
+
+def _bytes_of(paths: list[str]) -> int:
+    total = 0
+    for path in paths:
+        try:
+            total += os.path.getsize(path)
+        except OSError:
+            pass
+    return total
+
+
+def bytes_written(local_path: str, rank: int) -> int:
+    """This rank's files of the role dir, plus `huggingface/` on rank 0 (verl's hf_model, an export)."""
+    files = [os.path.join(local_path, f) for f in rank_files(local_path, rank)]
+    if rank == 0:
+        hf_dir = os.path.join(local_path, "huggingface")
+        files += [os.path.join(hf_dir, n) for n in os.listdir(hf_dir)] if os.path.isdir(hf_dir) else []
+    return _bytes_of(files)
+
+
+def record(report: dict[str, Any], local_path: str, rank: int, kind: str) -> None:
+    """The report file, a line in $SLIMCKPT_METRICS_FILE, a log line; old steps' reports pruned."""
+    save_reports.write_report(report, local_path, rank, kind)
+    if rank == 0:
+        save_reports.prune(save_reports.checkpoint_root(os.path.dirname(os.path.normpath(local_path))))
+    target = os.environ.get(METRICS_FILE_ENV)
+    if target:
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        with open(target, "a") as f:
+            f.write(json.dumps({**report, "kind": kind}) + "\n")
+    mib = 2**20
+    if kind == "save" and not report["committed"]:
+        log.info("save step %s rank %s: training blocked %.2f s, +%.1f MiB peak anonymous RSS; writing in the "
+                 "background", report["global_step"], rank, report["blocking_seconds"],
+                 report["peak_rss_extra_bytes"] / mib)
+    elif kind == "save":
+        log.info("save step %s rank %s: %.2f s, +%.1f MiB peak anonymous RSS, %.1f MiB written",
+                 report["global_step"], rank, report["seconds"], report["peak_rss_extra_bytes"] / mib,
+                 report["bytes_written"] / mib)
+    else:
+        log.info("step %s rank %s committed: background write %.2f s (%.2f s with the blocking part), +%.1f MiB "
+                 "peak anonymous RSS, %.1f MiB written, staging pool %.1f MiB", report["global_step"], rank,
+                 report["write_seconds"], report["seconds"], report["peak_rss_extra_bytes"] / mib,
+                 report["bytes_written"] / mib, report["staging_pool_bytes"] / mib)
+
+
+def measured_save(manager: Any, local_path: str, global_step: int, call: Callable[[], Any]) -> Any:
+    """Run `call` (the save) and record its reports; a save inside a measured one runs as is."""
+    if _MEASURING.get() or local_path is None:
+        return call()
+    token = _MEASURING.set(True)
+    start = time.perf_counter()
+    try:
+        with RssSampler() as sampler:
+            result = call()
+    finally:
+        _MEASURING.reset(token)
+    blocked = time.perf_counter() - start
+    if getattr(manager, "_slimckpt_save_failed", None):
+        return result
+    config = manager.checkpoint_config
+    rank = int(manager.rank)
+    writer = getattr(manager, "_slimckpt_writer", None)
+    in_background = writer is not None and writer.step == int(global_step)
+    report = {
+        "global_step": int(global_step),
+        "rank": rank,
+        "world_size": int(manager.world_size),
+        "role": os.path.basename(os.path.normpath(local_path)),
+        "recipe": getattr(config, "recipe", None) or "verl-default",
+        "save_contents": list(getattr(config, "save_contents", []) or []),
+        "async": in_background,
+        "committed": not in_background,
+        "blocking_seconds": blocked,
+        "seconds": None if in_background else blocked,
+        "rss_anon_before_bytes": sampler.result.baseline,
+        "peak_rss_anon_bytes": sampler.result.peak,
+        "peak_rss_extra_bytes": sampler.result.extra,
+        "bytes_written": None if in_background else bytes_written(local_path, rank),
+        "time": time.time(),
+    }
+    record(report, local_path, rank, "save")
+    if in_background:
+        _measure_background_write(writer, report, local_path, rank)
+    return result
+
+
+def _measure_background_write(writer: Any, saved: dict[str, Any], local_path: str, rank: int) -> None:
+    write_sampler = RssSampler().__enter__()
+    write_start = time.perf_counter()
+
+    def committed() -> None:
+        write_sampler.__exit__(None, None, None)
+        write_seconds = time.perf_counter() - write_start
+        peak = max(saved["peak_rss_anon_bytes"], write_sampler.result.peak)
+        record({
+            **{k: saved[k] for k in ("global_step", "rank", "world_size", "role", "recipe", "save_contents")},
+            "async": True,
+            "committed": True,
+            "blocking_seconds": saved["blocking_seconds"],
+            "write_seconds": write_seconds,
+            "seconds": saved["blocking_seconds"] + write_seconds,
+            "rss_anon_before_bytes": saved["rss_anon_before_bytes"],
+            "peak_rss_anon_bytes": peak,
+            "peak_rss_extra_bytes": max(0, peak - saved["rss_anon_before_bytes"]),
+            "write_peak_rss_extra_bytes": max(0, write_sampler.result.peak - write_sampler.result.baseline),
+            "staging_pool_bytes": int(getattr(getattr(writer, "pool", None), "nbytes", 0)),
+            "bytes_written": bytes_written(local_path, rank),
+            "time": time.time(),
+        }, local_path, rank, "commit")
+
+    writer.after_commit(committed)
+
+
+def wrap_save_measured(original):
+    """Feature "measure": verl's save_checkpoint, measured and otherwise untouched."""
+
+    @functools.wraps(original)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        return measured_save(self, local_path, global_step,
+                             lambda: original(self, local_path, hdfs_path, global_step, max_ckpt_to_keep))
+
+    return save_checkpoint
