@@ -3,6 +3,7 @@
 
     torchrun --nproc_per_node 2 tests/resume_scenarios.py resume --dir D [--async]
     torchrun --nproc_per_node 1 tests/resume_scenarios.py reshard --dir D     (after `resume` at 2)
+    torchrun --nproc_per_node 3 tests/resume_scenarios.py reshard --dir D --save-to D3  (D3: a step-3 save at 3)
     torchrun --nproc_per_node 2 tests/resume_scenarios.py tracker --dir D
     torchrun --nproc_per_node 2 tests/resume_scenarios.py refuse --dir D
 
@@ -14,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -179,19 +182,35 @@ def scenario_resume(args) -> None:
 
 
 def scenario_reshard(args) -> None:
-    """Load the world-size-2 step-3 state at this world size; compare with the full state dumped
-    at save time; train two more steps."""
+    """Load the step-3 state under args.dir at this world size; compare with the full state dumped
+    at save time; train two more steps. Each rank dumps its RNG state right after the load, twice:
+    a second load, after other draws, must give the same state. With --save-to, then save step 3
+    at this world size there (and its full state), for a reshard from this world size."""
     path = os.path.join(args.dir, f"global_step_{SAVE_STEP}", "actor")
+    rank, world = dist.get_rank(), dist.get_world_size()
     run = Run(seed=7, ckpt_config=slim_config())
-    run.manager.load_checkpoint(path)
+    after_load = []
+    for attempt in range(2):
+        seed = 1000 + 10 * attempt + rank  # a state the load must replace, different each time
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        random.seed(seed)
+        run.manager.load_checkpoint(path)
+        after_load.append(run.manager.get_rng_state())
+    torch.save(after_load, os.path.join(args.dir, f"rng_after_load_ws{world}_rank{rank}.pt"))
     saved = torch.load(os.path.join(args.dir, "full_state_at_save.pt"), weights_only=False)
     loaded = run.full_state()
     diffs = _tensors_equal(saved["model"], loaded["model"], "model") + \
         _tensors_equal(saved["optim"], loaded["optim"], "optim") + \
         _tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")
     losses = [run.step() for _ in range(2)]
-    write_result(args, f"reshard_ws{dist.get_world_size()}", {"diffs": diffs[:20], "losses": losses,
-                                                             "n_model": len(saved["model"])})
+    save_to = getattr(args, "save_to", None)
+    if save_to:
+        run.manager.save_checkpoint(os.path.join(save_to, f"global_step_{SAVE_STEP}", "actor"), global_step=SAVE_STEP)
+        full = run.full_state()  # collective
+        if rank == 0:
+            torch.save(full, os.path.join(save_to, "full_state_at_save.pt"))
+    write_result(args, f"reshard_ws{world}", {"diffs": diffs[:20], "losses": losses, "n_model": len(saved["model"])})
 
 
 def scenario_tracker(args) -> None:
@@ -327,6 +346,7 @@ def main() -> int:
     p.add_argument("scenario", choices=["resume", "reshard", "tracker", "refuse"])
     p.add_argument("--dir", required=True)
     p.add_argument("--async", dest="async_save", action="store_true")
+    p.add_argument("--save-to", dest="save_to", help="reshard: then save step 3 at this world size here")
     p.add_argument("--model", choices=["llama", "qwen2-tied"], default="llama")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
     args = p.parse_args()

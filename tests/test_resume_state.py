@@ -246,18 +246,110 @@ def test_async_without_incremental_is_rejected():
     assert ok.host_memory_budget_gb > 0
 
 
+# --------------------------------------------------------------------------- RNG of a reshard (pure)
+
+
+def _saved_rng(k: int) -> dict:
+    """A rank's RNG state as verl's get_rng_state holds it, some draws into its streams."""
+    import random
+
+    import numpy as np
+    import torch
+
+    g = torch.Generator().manual_seed(k)
+    torch.rand(5, generator=g)
+    npr = np.random.RandomState(k)
+    npr.rand(3)
+    pyr = random.Random(k)
+    pyr.random()
+    return {"cpu": g.get_state(), "numpy": npr.get_state(), "random": pyr.getstate()}
+
+
+def _same(a, b) -> bool:
+    """Exact equality of RNG states (tensors, numpy arrays, nested tuples and dicts)."""
+    import numpy as np
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and \
+            torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and \
+            np.array_equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _shares_a_generator(a: dict, b: dict) -> bool:
+    return any(_same(a[k], b[k]) for k in a.keys() & b.keys())
+
+
+def test_derived_rng_is_deterministic_distinct_and_never_a_saved_stream():
+    from slimckpt.save.rng_reshard import derive_rng_state
+
+    saved = [_saved_rng(k) for k in range(3)]
+    derived = {r: derive_rng_state(saved[r % 3], r) for r in range(3, 9)}
+    for r, state in derived.items():
+        assert set(state) == {"cpu", "numpy", "random"}
+        assert _same(state, derive_rng_state(_saved_rng(r % 3), r)), r  # equal inputs, equal state
+        assert not any(_shares_a_generator(state, s) for s in saved), r
+        assert not any(_shares_a_generator(state, other) for q, other in derived.items() if q != r), r
+    # the saved state matters too, not only the rank
+    assert not _shares_a_generator(derive_rng_state(saved[0], 3), derive_rng_state(saved[1], 3))
+    assert _same(saved[0], _saved_rng(0))  # the input is left alone
+
+
+def test_derived_rng_loads_through_verl_and_skips_an_absent_device():
+    import random
+
+    import numpy as np
+    import torch
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    from slimckpt.save.rng_reshard import derive_rng_state
+
+    before = BaseCheckpointManager.get_rng_state()
+    try:
+        source = {**before, "cuda": torch.zeros(16, dtype=torch.uint8)}  # as a GPU run saves it
+        derived = derive_rng_state(source, 5)
+        assert ("cuda" in derived) == torch.cuda.is_available()
+        BaseCheckpointManager.load_rng_state(derived)
+        draws = (torch.rand(4), np.random.rand(4), random.random())
+        BaseCheckpointManager.load_rng_state(derived)
+        assert _same((torch.rand(4), np.random.rand(4), random.random()), draws)
+    finally:
+        BaseCheckpointManager.load_rng_state(before)
+
+
+def test_reshard_message_names_derived_and_dropped_ranks():
+    from slimckpt.save.rng_reshard import reshard_message
+
+    assert reshard_message(2, 2) is None
+    assert reshard_message(2, 3) == ("RNG resharded from world size 2 to 3: ranks 0-1 resume their saved streams "
+                                     "exactly; rank 2 gets a new stream derived from saved rank 0 and its rank")
+    assert "ranks 2-7 get new streams derived, rank r from saved rank r % 2, and the rank" in reshard_message(2, 8)
+    assert reshard_message(3, 2) == ("RNG resharded from world size 3 to 2: ranks 0-1 resume their saved streams "
+                                     "exactly; the stream of saved rank 2 is not resumed")
+    assert "rank 0 resumes its saved stream exactly; the streams of saved ranks 1-3 are not resumed" \
+        in reshard_message(4, 1)
+
+
 # --------------------------------------------------------------------------- torchrun (slow)
 # The 2-rank scenarios run in one torchrun shared with tests/test_hf_direct_export.py (conftest's
 # ws2_scenarios, tests/scenario_batch.py), each in its own directory with the settings it had as a
 # torchrun of its own; the 1-rank reshard needs a torchrun of its own.
 
 
-def _torchrun(nproc: int, *args: str, timeout: int = 240) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
+def _torchrun(nproc: int, *args: str, timeout: int = 240, log_level: str = "WARNING") -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": log_level}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(SCENARIOS), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
 
 
 @pytest.mark.slow
@@ -277,6 +369,54 @@ def test_resume_is_bitwise_and_reshards_to_one_rank(ws2_scenarios):
     _torchrun(1, "reshard", "--dir", str(resumed_dir))
     w = json.loads((resumed_dir / "reshard_ws1_result.json").read_text())
     assert w["diffs"] == [] and w["n_model"] > 0, w
+    _check_resharded_rng(resumed_dir, saved_world=2, world=1)  # saved rank 1's stream is dropped
+
+
+def _check_resharded_rng(ckpt_root: Path, saved_world: int, world: int) -> None:
+    """After a load at `world` of a step saved at `saved_world` (the reshard scenario's dumps):
+    ranks the saved run had hold exactly their saved RNG state; the others a state derived as
+    rng_reshard does, shared with no saved rank and no other rank; both loads gave the same."""
+    import torch
+
+    from slimckpt.save.resume_state import EXTRA_NAME
+    from slimckpt.save.rng_reshard import derive_rng_state
+
+    role = ckpt_root / "global_step_3" / "actor"
+    saved = [torch.load(role / EXTRA_NAME.format(world=saved_world, rank=r), weights_only=False)["rng"]
+             for r in range(saved_world)]
+    loaded = []
+    for rank in range(world):
+        first, second = torch.load(ckpt_root / f"rng_after_load_ws{world}_rank{rank}.pt", weights_only=False)
+        assert _same(first, second), f"rank {rank}: two loads gave two RNG states"
+        loaded.append(first)
+    for rank, state in enumerate(loaded):
+        if rank < saved_world:
+            assert _same(state, saved[rank]), f"rank {rank} did not resume its saved RNG state"
+            continue
+        assert _same(state, derive_rng_state(saved[rank % saved_world], rank)), rank
+        assert not any(_shares_a_generator(state, s) for s in saved), f"rank {rank} repeats a saved stream"
+        assert not any(_shares_a_generator(state, o) for q, o in enumerate(loaded) if q != rank), rank
+
+
+@pytest.mark.slow
+def test_reshard_to_more_then_fewer_ranks_keeps_or_derives_rng(ws2_scenarios, tmp_path):
+    """2 -> 3 -> 2 ranks through verl's FSDPCheckpointManager: the world-size-2 step loads at 3
+    (uneven shards) and, after two steps, is saved at 3 and loaded at 2. Model, Adam state and
+    scheduler are exact both ways; RNG as _check_resharded_rng says (the new rank 2 derived at 3,
+    saved rank 2's stream dropped at 2)."""
+    resumed_dir = ws2_scenarios / "resume"
+    proc = _torchrun(3, "reshard", "--dir", str(resumed_dir), "--save-to", str(tmp_path), timeout=300,
+                     log_level="INFO")
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "RNG resharded" in ln]
+    assert len(lines) == 2 and all("rank 2 gets a new stream derived from saved rank 0" in ln for ln in lines), lines
+    w3 = json.loads((resumed_dir / "reshard_ws3_result.json").read_text())
+    assert w3["diffs"] == [] and w3["n_model"] > 0, w3
+    _check_resharded_rng(resumed_dir, saved_world=2, world=3)
+
+    _torchrun(2, "reshard", "--dir", str(tmp_path))
+    w2 = json.loads((tmp_path / "reshard_ws2_result.json").read_text())
+    assert w2["diffs"] == [] and w2["n_model"] > 0, w2
+    _check_resharded_rng(tmp_path, saved_world=3, world=2)
 
 
 @pytest.mark.slow

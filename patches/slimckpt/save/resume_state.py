@@ -41,7 +41,7 @@ import torch.distributed as dist
 from ..log import get_logger
 from ..read import checkpoint_dir
 from ..read.checkpoint_dir import DCP_DIR
-from . import hf_direct_export
+from . import hf_direct_export, rng_reshard
 from ..format.resume_manifest import (
     FAILED_PREFIX,
     MANIFEST_NAME,
@@ -488,13 +488,20 @@ def load_resume_state(manager, local_path: str) -> None:
 
 
 def load_extra(manager, local_path: str, saved_world: int) -> None:
-    """lr scheduler and RNG. At another world size rank r takes saved rank r % saved_world's: the
-    scheduler is the same on every rank; per-rank RNG streams cannot be mapped exactly."""
-    source = manager.rank if manager.rank < saved_world else manager.rank % saved_world
-    path = _extra_path(local_path, saved_world, source)
-    extra = torch.load(path, weights_only=False)
-    if extra.get("rng") is not None:
-        manager.load_rng_state(extra["rng"])
+    """lr scheduler and RNG. The scheduler is the same on every rank. Rank r < saved_world resumes
+    saved rank r's RNG exactly; a rank the saved run did not have gets a stream derived from
+    saved rank r % saved_world's (rng_reshard), since a copy would repeat that rank's draws. On
+    fewer ranks, the streams of the saved ranks beyond the new world size are not resumed."""
+    source = manager.rank % saved_world
+    extra = torch.load(_extra_path(local_path, saved_world, source), weights_only=False)
+    rng = extra.get("rng")
+    if rng is not None:
+        if manager.rank >= saved_world:
+            rng = rng_reshard.derive_rng_state(rng, manager.rank)
+        manager.load_rng_state(rng)
+        message = rng_reshard.reshard_message(saved_world, manager.world_size)
+        if message and manager.rank == 0:
+            log.info("%s", message)
     if extra.get("lr_scheduler") is not None and manager.lr_scheduler is not None:
         manager.lr_scheduler.load_state_dict(extra["lr_scheduler"])
 
