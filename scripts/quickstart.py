@@ -91,7 +91,7 @@ def summarize(name: str, run_dir: Path, ckpt: Path, metrics: Path, seconds: floa
     }
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], wandb: bool = True) -> str:
     ranks = sorted({k for r in rows for k in r["peak_rss_extra_per_rank"]})
     header = ["", *[r["name"] for r in rows]]
     body = [
@@ -106,9 +106,9 @@ def table(rows: list[dict]) -> str:
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     fmt = lambda line: "| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |"  # noqa: E731
     out = [fmt(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, body)]
-    out.append("")
-    for r in rows:
-        out.append(f"wandb ({r['name']}): {r['wandb']}")
+    if wandb:
+        out.append("")
+        out += [f"wandb ({r['name']}): {r['wandb']}" for r in rows]
     return "\n".join(out)
 
 
@@ -117,14 +117,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="training steps per run (a save after each)")
     parser.add_argument("--ranks", type=int, default=2, help="FSDP ranks (CPU processes) per run")
     parser.add_argument("--out", default=str(REPO / "runs" / "quickstart"), help="where runs, checkpoints, wandb go")
+    parser.add_argument("--doc", default=str(REPO / "docs" / "quickstart.md"),
+                        help="the committed copy of the table, with the commit and machine it ran on ('' for none)")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    load_before = os.getloadavg()[0]
     rows = [run_one(name, extra, out, args.steps, args.ranks) for name, extra in RUNS.items()]
     text = table(rows)
     (out / "summary.md").write_text(text + "\n")
+    if args.doc:
+        Path(args.doc).write_text(provenance(args, load_before) + "\n\n" + table(rows, wandb=False) + "\n")
     print("\n" + text)
-    print(f"\n(table saved to {out / 'summary.md'}; `wandb sync <dir>` uploads an offline run)")
+    print(f"\n(table saved to {out / 'summary.md'}{' and ' + args.doc if args.doc else ''}; "
+          f"`wandb sync <dir>` uploads an offline run)")
     return 0
+
+
+def provenance(args: argparse.Namespace, load_before: float) -> str:
+    """Which code and machine the table comes from: the commit (and whether the tree was dirty)."""
+    def git(*cmd: str) -> str:
+        proc = subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--", "patches", "recipes", "scripts") else ""
+    import platform
+
+    return (f"# make quickstart\n\nProduced by `make quickstart` (`python scripts/quickstart.py --steps {args.steps} "
+            f"--ranks {args.ranks}`) on commit {commit}{dirty}, {time.strftime('%Y-%m-%d')}; {platform.machine()}, "
+            f"{os.cpu_count()} cores, 1-minute load average {load_before:.1f} at the start and "
+            f"{os.getloadavg()[0]:.1f} at the end. Both runs are verl 0.9.1's `main_ppo` (GRPO, tiny model, CPU) with "
+            f"`SLIMCKPT_MEASURE=1`, which only times verl's save and samples its RSS (verl's own retention, tracker "
+            f"and load run in the 'verl defaults' column).")
 
 
 if __name__ == "__main__":

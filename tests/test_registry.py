@@ -11,7 +11,7 @@ from slimckpt import SUPPORTED_VERL
 from slimckpt.verl.patch_list import PATCHES
 from slimckpt.verl.registry import Patch, Registry, UnsupportedVerlVersion, check_verl_version, resolve, resolve_table
 
-from .conftest import run_python
+from .conftest import REPO, run_python
 
 # Every verl attribute slimckpt replaces. Adding or renaming a patch means updating this set on
 # purpose; a verl upgrade that moves one of these fails test_every_target_exists_in_installed_verl.
@@ -214,6 +214,49 @@ def test_plain_verl_is_untouched_without_a_recipe():
     assert res.returncode == 0, res.stderr
     assert "MODULE fsdp_checkpoint_manager.py" in res.stdout
     assert "APPLIED []" in res.stdout
+
+
+def test_without_a_recipe_exactly_this_changes():
+    """README's list "What changes without +recipe=", item by item (issue 19)."""
+    res = run_python(textwrap.dedent("""
+        import logging, os, sys
+        for k in [k for k in os.environ if k.startswith("SLIMCKPT_")]:
+            del os.environ[k]
+        before = list(sys.meta_path)
+        import verl
+        from slimckpt.verl import import_hooks
+        from slimckpt.verl.registry import REGISTRY
+        print("APPLIED", REGISTRY.applied())
+        print("PENDING", sorted(REGISTRY._pending))
+        print("FINDERS", [type(f).__name__ for f in sys.meta_path if f not in before])
+        print("HOOKED", sorted(import_hooks._hooks))
+        print("MODULES", sorted(m for m in sys.modules if m.startswith("slimckpt")))
+        log = logging.getLogger("slimckpt")
+        print("LOGGER", [type(h).__name__ for h in log.handlers], log.propagate, logging.getLevelName(log.level))
+    """))
+    assert res.returncode == 0, res.stderr
+    out = dict(line.split(" ", 1) for line in res.stdout.splitlines())
+    assert out["APPLIED"] == "[]"
+    assert out["PENDING"] == "['merge.drop_flowrl', 'merge.fsdp']"
+    assert out["FINDERS"] == "['_PostImportFinder']"
+    assert out["HOOKED"] == "['verl.model_merger.base_model_merger', 'verl.model_merger.fsdp_model_merger']"
+    assert out["MODULES"] == str(["slimckpt", "slimckpt.log", "slimckpt.verl", "slimckpt.verl.features",
+                                  "slimckpt.verl.import_hooks", "slimckpt.verl.patch_list", "slimckpt.verl.plugin",
+                                  "slimckpt.verl.registry"])
+    assert out["LOGGER"] == "['NullHandler'] True INFO"
+    readme = (REPO / "README.md").read_text()
+    assert "tests/test_registry.py::test_without_a_recipe_exactly_this_changes" in readme
+
+
+def test_every_slimckpt_variable_is_in_readmes_table():
+    """Each SLIMCKPT_* name the package reads has a row in README's table of variables."""
+    import re
+
+    used = set()
+    for path in (REPO / "patches" / "slimckpt").rglob("*.py"):
+        used |= set(re.findall(r"SLIMCKPT_[A-Z_]*[A-Z]", path.read_text()))
+    rows = set(re.findall(r"^\| `(SLIMCKPT_[A-Z_]+)` \|", (REPO / "README.md").read_text(), re.M))
+    assert used and used <= rows, sorted(used - rows)
 
 
 def test_disable_switch_applies_nothing():

@@ -12,8 +12,9 @@ What it switches on, and when:
   SlimCheckpointConfig is built, or when SLIMCKPT_CHECKPOINT=1 (recipes/incremental.yaml sets it in
   Ray's runtime_env, so verl's trainer actor, which never builds the config, gets the tracker patch).
 - `cpu`: the CPU platform and `hf` rollout for small runs, only with SLIMCKPT_CPU=1.
-Nothing is applied with SLIMCKPT_DISABLE=1, and nothing at all changes verl's behaviour
-unless a recipe, SLIMCKPT_CPU or the merger command asks for it.
+Nothing is applied with SLIMCKPT_DISABLE=1. Without a recipe and SLIMCKPT_* variables, only the
+merger's two patches wait (an import hook) for verl's merger modules: README's "What changes
+without +recipe=" is the whole list, and tests/test_registry.py asserts it.
 """
 
 from __future__ import annotations
