@@ -328,21 +328,51 @@ def test_cli_help_and_bad_options(capsys):
     assert rc == 1 and "--max_shard_size" in error_line(err)
 
 
-def test_moe_with_save_time_conversion_goes_to_verl(tmp_path, capsys):
-    """transformers 5 fuses Mixtral's experts in memory and splits them again on save: not a rename,
-    so verl's merger (save_pretrained) does this one, said in a log line."""
+def tiny_mixtral_config(**overrides):
     from transformers import MixtralConfig
 
-    cfg = MixtralConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2,
-                        num_key_value_heads=1, vocab_size=64, num_local_experts=2, architectures=["MixtralForCausalLM"])
-    root = synthetic_checkpoint(tmp_path / "actor", config=cfg)
+    kw = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+              vocab_size=64, num_local_experts=3, architectures=["MixtralForCausalLM"], bos_token_id=1, eos_token_id=2)
+    kw.update(overrides)
+    return MixtralConfig(**kw)
+
+
+def test_moe_experts_are_streamed_and_match_verl(tmp_path, capsys):
+    """transformers 5 fuses Mixtral's experts in memory ([E, 2I, H], [E, H, I]) and splits them per
+    expert on save: each split is a run of the fused tensor's elements, streamed like any tensor.
+    Unsharded copies on two ranks (compared as verl does), tiny chunks so that parts cross chunks."""
+    root = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_mixtral_config())
     build_tokenizer(64).save_pretrained(root / "huggingface")
+    assert verl_merge(root, tmp_path / "verl") is None
     rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
     assert rc == 0, err
-    assert "transformers converts tensors of MixtralForCausalLM" in err and "verl's own FSDPModelMerger" in err
+    assert "verl's own FSDPModelMerger" not in err and "slimckpt merge committed" in err
     out = dir_tensors(tmp_path / "o")
-    assert "model.layers.0.block_sparse_moe.experts.1.w2.weight" in out
-    assert not (tmp_path / "o" / MANIFEST_NAME).exists()
+    assert "model.layers.0.block_sparse_moe.experts.2.w3.weight" in out
+    assert_same_tensors(out, dir_tensors(tmp_path / "verl"))
+    assert (tmp_path / "o" / "model.safetensors").read_bytes() == (tmp_path / "verl" / "model.safetensors").read_bytes()
+    assert verify(str(tmp_path / "o")) == []
+    # 100-byte chunks: every expert's rows cross chunks (and the source's rows)
+    from slimckpt.merge.pipeline import merge
+    from slimckpt.merge.plan import MergeOptions
+
+    merge(MergeOptions(local_dir=str(root), target_dir=str(tmp_path / "small"), chunk_bytes=100, progress=False))
+    assert (tmp_path / "small" / "model.safetensors").read_bytes() == (tmp_path / "o" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("config_edit,what", [({"num_local_experts": 4}, "makes it [4, 16, 32]"),  # expert count
+                                              ({"intermediate_size": 24}, "makes it [3, 16, 24]")])  # expert sizes
+def test_moe_config_that_does_not_fit_the_shards(tmp_path, capsys, config_edit, what):
+    """config.json from another model: the fused tensor's split would follow the shards, loading the
+    config's; one line naming the tensor and the rank file, nothing committed."""
+    root = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_mixtral_config())
+    tiny_mixtral_config(**config_edit).save_pretrained(root / "huggingface")
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1
+    line = error_line(err)
+    assert "model_world_size_2_rank_0.pt: 'model.layers.0.mlp.experts.down_proj' is [3, 16, 32]" in line and what in line
+    assert "config.json" in line and "verl's own FSDPModelMerger" not in err
+    assert_nothing_committed(tmp_path / "o")
 
 
 def test_flowrl_log_z_head_left_out(tmp_path, capsys):

@@ -304,14 +304,16 @@ def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: st
         model = hf.model
         state = model.state_dict()
         shapes = {n: tuple(t.shape) for n, t in state.items()}
-        name_map = hf.output_names(list(state), shapes)  # output name -> state dict name
+        # output name -> the state dict tensor (or the part of one: an expert of a fused MoE tensor) it is
+        takes = hf.output_sources(list(state), shapes)
         # the meta model is built untied; tied targets are what the export drops (verl's
         # drop_tied_target_keys), and they are one tensor with their source in training
-        tied = [n for n in state if n not in set(name_map.values())]
+        used = {t.source for t in takes.values()}
+        tied = [n for n in state if n not in used]
         trainable = {n for n, p in model.named_parameters()}
         params = [ParamSpec(n, shapes[n], n in trainable) for n in state if n not in tied]
         size = max_shard_size if max_shard_size is not None else default_max_shard_size()
-        specs = [layout.TensorSpec(new, DTYPE_NAMES[export_dtype], shapes[old]) for new, old in name_map.items()]
+        specs = [layout.TensorSpec(new, DTYPE_NAMES[export_dtype], take.shape) for new, take in takes.items()]
         plan = layout.plan_files(specs, size)
         return ModelFacts(params=params, total_parameters=hf.total_parameters(), tied=tied,
                           hf_files=[(f.name, f.size) for f in plan.files], hf_bytes=sum(f.size for f in plan.files),
@@ -519,7 +521,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = build_report(args)
     except (FileNotFoundError, ValueError, OSError) as exc:
-        print(str(exc).splitlines()[0], file=sys.stderr)
+        if str(exc).startswith("slimckpt plan:"):
+            print(str(exc).splitlines()[0], file=sys.stderr)
+            return 2
+        print(_cannot_plan(args, exc), file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - any config it cannot plan: one line, never a traceback
+        print(_cannot_plan(args, exc), file=sys.stderr)
         return 2
     if args.json:
         json.dump(report, sys.stdout, indent=1)
@@ -527,6 +535,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_report(report)
     return 0
+
+
+def _cannot_plan(args: argparse.Namespace, exc: BaseException) -> str:
+    """One line for a config this command cannot plan: what failed, first line only."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"slimckpt plan: cannot plan {args.config}: {type(exc).__name__}: {first}".rstrip(": ")
 
 
 def main(argv: list[str] | None = None) -> int:

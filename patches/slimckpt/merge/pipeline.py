@@ -15,8 +15,11 @@ generation_config.json are written by the same transformers calls save_pretraine
 tokenizer/processor by verl's loaders; a single-file output is byte-identical to verl's.
 Differences: no tokenizer is a warning (verl exits 1 after writing); a multi-file split follows
 the checkpoint's key order (verl iterates a Python set, so its split varies run to run).
-LoRA checkpoints, and models whose save needs tensor conversions (transformers 5's fused MoE
-experts), go to verl's own merger, with a log line saying so.
+An output that transformers' save splits off a fused tensor (transformers 5 stores an MoE layer's
+experts as one `[E, 2I, H]` tensor and saves them per expert) is planned as the run of the source's
+elements it is (`hf_side.HfSide.output_sources`, `layout.Take`) and streamed like any other.
+LoRA checkpoints, and models whose save makes tensors that are not one run of one checkpoint
+tensor (a transpose, a concatenation), go to verl's own merger, with a log line saying so.
 """
 
 from __future__ import annotations
