@@ -337,7 +337,7 @@ def tiny_mixtral_config(**overrides):
     return MixtralConfig(**kw)
 
 
-def test_moe_experts_are_streamed_and_match_verl(tmp_path, capsys):
+def test_moe_experts_are_streamed_and_match_verl(tmp_path, capsys, slim_log):
     """transformers 5 fuses Mixtral's experts in memory ([E, 2I, H], [E, H, I]) and splits them per
     expert on save: each split is a run of the fused tensor's elements, streamed like any tensor.
     Unsharded copies on two ranks (compared as verl does), tiny chunks so that parts cross chunks."""
@@ -358,6 +358,11 @@ def test_moe_experts_are_streamed_and_match_verl(tmp_path, capsys):
 
     merge(MergeOptions(local_dir=str(root), target_dir=str(tmp_path / "small"), chunk_bytes=100, progress=False))
     assert (tmp_path / "small" / "model.safetensors").read_bytes() == (tmp_path / "o" / "model.safetensors").read_bytes()
+    # the intermediate tier's in-training export (split_tensors=False) still hands such a model to verl's merger
+    result = merge(MergeOptions(local_dir=str(root), target_dir=str(tmp_path / "kept"), split_tensors=False,
+                                progress=False))
+    assert result.used_verl_merger and "transformers converts tensors of MixtralForCausalLM" in slim_log.getvalue()
+    assert_same_tensors(dir_tensors(tmp_path / "kept"), out)
 
 
 @pytest.mark.parametrize("config_edit,what", [({"num_local_experts": 4}, "makes it [4, 16, 32]"),  # expert count

@@ -235,10 +235,15 @@ def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[MergePlan, HfSide] | Non
         return None
     hf = HfSide(ckpt.local_dir, opts.dtype, opts.trust_remote_code)
     try:
-        return make_plan(ckpt, hf, opts.dtype, opts.max_shard_size), hf
+        mp = make_plan(ckpt, hf, opts.dtype, opts.max_shard_size)
     except NeedsVerlMerger as exc:
         _log_fallback(opts, str(exc))
         return None
+    split = next((new for new, take in mp.takes.items() if not take.whole), None)
+    if split is not None and not opts.split_tensors:
+        _log_fallback(opts, f"transformers converts tensors of {type(hf.model).__name__} on save (e.g. {split!r})")
+        return None
+    return mp, hf
 
 
 def _log_fallback(opts: MergeOptions, why: str) -> None:

@@ -43,6 +43,9 @@ class MergeOptions:
     overwrite_hint: str = "--overwrite"
     distributed_hint: str = "--distributed_merge"  # what asked for `distributed`, for its error lines
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
+    # False: a model whose save splits checkpoint tensors (MoE experts) goes to verl's merger, as before
+    # they were streamed; the intermediate tier's in-training export keeps that until it is tested with MoE
+    split_tensors: bool = True
 
 
 @dataclass

@@ -37,6 +37,9 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str) -> N
         progress=False,
         overwrite_hint="(in-training export)",
         lock_source=False,  # the trainer holds the step's writer lock (slimckpt.save.errors)
+        # MoE experts split on save still go to verl's merger here, as before the offline merge streamed
+        # them (issue 17: the in-training exports are a later part)
+        split_tensors=False,
     )
     try:
         result = merge(opts)
