@@ -285,3 +285,22 @@ def test_fixture_models_are_the_families_claimed():
     ds = family_config("deepseek-v3")
     assert ds.q_lora_rank and ds.kv_lora_rank and ds.n_shared_experts == 1 and ds.first_k_dense_replace == 1
     assert family_config("qwen2-moe").shared_expert_intermediate_size > 0
+
+
+@pytest.mark.slow
+def test_a_config_with_other_experts_ends_every_rank_in_one_line(families, tmp_path):
+    """config.json of another expert count, merged by 2 torchrun ranks: rank 0's planning error is
+    every rank's one line (naming the fused tensor, the rank file and the config), nothing committed."""
+    import shutil
+
+    ckpt = shutil.copytree(families / "deepseek-v3", tmp_path / "actor")
+    config = json.loads((ckpt / "huggingface" / "config.json").read_text())
+    (ckpt / "huggingface" / "config.json").write_text(json.dumps({**config, "n_routed_experts": 4}))
+    proc = torchrun(2, ["-m", "slimckpt.cli", "merge", "--distributed_merge", "--no_progress", "--local_dir", str(ckpt),
+                        "--target_dir", str(tmp_path / "o")])
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("slimckpt merge: error:")]
+    assert len(lines) == 2 and lines[0] == lines[1], proc.stderr[-3000:]
+    assert "model_world_size_2_rank_0.pt: 'model.layers.1.mlp.experts.down_proj' is [3, " in lines[0]
+    assert "config.json makes it [4, " in lines[0]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()

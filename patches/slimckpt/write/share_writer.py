@@ -244,18 +244,24 @@ class ShareWriter:
         """Output elements [start, end) of a part of a source that is sharded on dim d > 0 or held
         whole by every rank: per chunk, the source rows holding it (every shard's slice of them
         concatenated; rank 0's copy, the others compared as in `_write_plain`), cut to the chunk.
-        Memory: a chunk plus at most two source rows."""
+        Rows are fetched once and kept while the next chunks fall in them (a fused expert's row is
+        many chunks): memory is a chunk's worth of rows, or the two rows one chunk spans."""
         src = self.sources[item.name]
         placement = self.plan.placements[item.name]
         span0 = self.spans[item.name][0]
+        rows_total = src.shape[0] if src.shape else 1
         row_elems = math.prod(src.shape[1:]) if src.shape else 1
         step = max(1, self.chunk_bytes // max(src.pieces[0].element_size(), self.out_width))
         offset = placement.begin + item.start * self.out_width
+        held, h0, h1 = None, 0, 0  # rows [h0, h1) of the source, flat
         for a in range(item.start, item.end, step):
             g0, g1 = span0 + a, span0 + min(item.end, a + step)
             r0, r1 = g0 // row_elems, -(-g1 // row_elems)
-            rows = self._source_rows(src, r0, r1)
-            chunk = rows.reshape(-1)[g0 - r0 * row_elems:g1 - r0 * row_elems]
+            if held is None or r0 < h0 or r1 > h1:
+                held = None  # free the old rows before the new ones are made
+                h0, h1 = r0, min(rows_total, max(r1, r0 + step // row_elems))
+                held = self._source_rows(src, h0, h1).reshape(-1)
+            chunk = held[g0 - h0 * row_elems:g1 - h0 * row_elems]
             data = as_bytes(self._cast(chunk, offset))
             self.out.submit(placement.file, data, offset)
             offset += len(data)
