@@ -75,7 +75,7 @@ def test_output_sources_are_what_the_conversion_makes_of_index_tensors(tmp_path,
         spans = sorted(t.span for t in split if t.source == source)
         assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
         assert spans[-1][1] == torch.Size(shapes[source]).numel()
-    # the in-training gather-free export (whole tensors only) still refuses them, as before
+    # a caller that writes whole tensors only is told so
     with pytest.raises(NeedsVerlMerger, match="converts tensors"):
         side.output_names(list(shapes), shapes)
 

@@ -173,8 +173,8 @@ class HfSide:
         return takes
 
     def output_names(self, names: list[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
-        """{output name: checkpoint name}, for callers that write whole tensors only (the gather-free
-        in-training export): NeedsVerlMerger when an output is a part of a checkpoint tensor."""
+        """{output name: checkpoint name}, for callers that write whole tensors only: NeedsVerlMerger
+        when an output is a part of a checkpoint tensor (both exports use `output_sources`)."""
         mapping = {}
         for new, take in self.output_sources(names, shapes).items():
             if not take.whole:
