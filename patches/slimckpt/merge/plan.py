@@ -43,9 +43,11 @@ class MergeOptions:
     overwrite_hint: str = "--overwrite"
     distributed_hint: str = "--distributed_merge"  # what asked for `distributed`, for its error lines
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
-    # False: a model whose save splits checkpoint tensors (MoE experts) goes to verl's merger, as before
-    # they were streamed; the intermediate tier's in-training export keeps that until it is tested with MoE
-    split_tensors: bool = True
+    # False: a checkpoint the streaming merge cannot reproduce (LoRA; a save-time conversion that is
+    # not one run of one checkpoint tensor) is refused in one line instead of going to verl's merger,
+    # which holds the whole model in host memory; `verl_fallback_hint` is what asked for that
+    verl_fallback: bool = True
+    verl_fallback_hint: str = "--no_verl_fallback"
 
 
 @dataclass
