@@ -33,7 +33,9 @@ FSDP_VERSION = 2  # --fsdp 1: FullyShardedDataParallel (verl's strategy=fsdp)
 
 
 def tiny_args():
-    return SimpleNamespace(model=MODEL, vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
+    # experts: routed experts of the mixture-of-experts families (3 over 2 ranks: uneven shards)
+    return SimpleNamespace(model=MODEL, vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2,
+                           experts=3)
 
 
 class Run:
