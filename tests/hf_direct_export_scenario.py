@@ -188,7 +188,7 @@ def _failing_save(run, path: str, config) -> dict:
             "weights": sorted(n for n in os.listdir(hf) if n.endswith(".safetensors")) if os.path.isdir(hf) else []}
 
 
-def run_moe(args, model: str, fallbacks: bool) -> dict:
+def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     """An MoE actor (experts fused in memory, split per expert on save) saved by verl's manager with
     hf_model, then with both tiers' exports: the incremental tier's gather-free one (each rank its
     rows of every per-expert tensor; in several files, and in one) and the intermediate tier's
@@ -203,8 +203,9 @@ def run_moe(args, model: str, fallbacks: bool) -> dict:
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     resume_scenarios.MODEL = model
-    root = os.path.join(args.dir, model)
+    root = os.path.join(args.dir, name or model)
     run = Run(seed=0, ckpt_config=CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"]))
+    placements = sorted({str(p.placements) for n, p in run.model.named_parameters() if ".experts." in n})
     run.step()
     verl_dir = os.path.join(root, "verl", "global_step_1", "actor")
     run.manager.save_checkpoint(verl_dir, global_step=1)
@@ -272,6 +273,7 @@ def run_moe(args, model: str, fallbacks: bool) -> dict:
             inter[n].dtype == torch.bfloat16 and torch.equal(inter[n], ref[n].to(torch.bfloat16)) for n in ref),
         "intermediate_committed": os.path.exists(os.path.join(inter_dir, "huggingface", "manifest.json")),
         "n_experts_split": sum(".experts." in n for n in ref),
+        "expert_placements": placements,
         "loads": checks,
         "manifest_incremental": manifest_lists(inc_dir),
         "seconds": {"incremental_save": inc_s, "intermediate_save": inter_s},
@@ -279,9 +281,18 @@ def run_moe(args, model: str, fallbacks: bool) -> dict:
 
 
 def scenario_moe(args) -> None:
-    """Every MoE family of args.models: D/moe_export_result.json (run by tests/scenario_batch.py)."""
-    models = args.models.split(",")
-    _write(args, {m: run_moe(args, m, fallbacks=i == 0) for i, m in enumerate(models)}, "moe_export_result.json")
+    """Every MoE family of args.models (`qwen3-moe:divisible`: its fused experts sharded on dim 1, as
+    verl's get_shard_placement_fn shards 3 experts over 2 ranks): D/moe_export_result.json (run by
+    tests/scenario_batch.py)."""
+    out = {}
+    for i, spec in enumerate(args.models.split(",")):  # MODEL[:PLACEMENT]
+        model, _, placement = spec.partition(":")
+        resume_scenarios.PLACEMENT = placement or "dim0"
+        try:
+            out[spec] = run_moe(args, model, fallbacks=i == 0, name=spec.replace(":", "-"))
+        finally:
+            resume_scenarios.PLACEMENT = "dim0"
+    _write(args, out, "moe_export_result.json")
 
 
 def measure(args) -> dict:

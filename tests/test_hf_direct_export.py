@@ -223,15 +223,19 @@ def test_export_equals_verl_hf_model(ws2_scenarios):
 @pytest.mark.slow
 def test_moe_exports_of_both_tiers_equal_verl(ws2_scenarios):
     """Qwen3-MoE and DeepSeek-V3 (MLA, shared expert, dense first layer), 3 experts over 2 ranks
-    (uneven shards), FSDP2, verl's FSDPCheckpointManager: the incremental tier's gather-free export
+    (uneven shards; and Qwen3-MoE with verl's divisible placement, which shards them on dim 1),
+    FSDP2, verl's FSDPCheckpointManager: the incremental tier's gather-free export
     (each rank writes its rows of every per-expert tensor) equals verl's hf_model tensor for tensor,
     byte for byte in one file; the intermediate tier's streamed export is its bf16 cast and is
     committed by our manifest (not verl's merger); both load with from_pretrained (experts fused
     again) to what verl's export loads to. A fallback to verl's merger, forced: refused with
     allow_verl_fallback=false, or dying on rank 0, ends every rank in the same line at once."""
     result = scenario_result(ws2_scenarios, "moe_export", "moe_export_result.json")
-    assert set(result) == {"qwen3-moe", "deepseek-v3"}
-    for model, r in result.items():
+    assert set(result) == {"qwen3-moe", "deepseek-v3", "qwen3-moe:divisible"}
+    assert result["qwen3-moe"]["expert_placements"] == ["(Shard(dim=0),)"]
+    assert result["qwen3-moe:divisible"]["expert_placements"] == ["(Shard(dim=1),)"]  # 3 experts, 2 ranks
+    for spec, r in result.items():
+        model = spec.split(":")[0]
         c = r["incremental"]
         assert c["diffs"] == [] and c["n_ours"] == c["n_verl"] > 0, (model, c)
         assert c["dtypes"] == ["torch.float32"] and len([f for f in c["files"] if f.endswith(".safetensors")]) > 1
