@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = merge(opts)
     except MergeError as exc:
-        print(f"slimckpt merge: error: {exc}", file=sys.stderr)
+        # one write: print() writes the line and its newline apart, and the ranks of a distributed
+        # merge, sharing one stderr, then interleave their lines
+        sys.stderr.write(f"slimckpt merge: error: {exc}\n")
+        sys.stderr.flush()
         return 1
     if not opts.distributed or os.environ.get("RANK", "0") == "0":
         print(f"merged into {result.target_dir} ({result.weight_bytes / 1e9:.2f} GB weights, "
