@@ -163,6 +163,138 @@ def run_model(args, model: str) -> dict:
     }
 
 
+def loaded_state(hf_dir: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """from_pretrained's state dict (MoE experts fused again) and its loading info."""
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, output_loading_info=True)
+    return model.state_dict(), {k: sorted(map(str, v)) for k, v in info.items() if v}
+
+
+def _failing_save(run, path: str, config) -> dict:
+    """A save that must fail on every rank: its one line and how long each rank took to get it."""
+    run.manager.checkpoint_config = config
+    t0 = time.perf_counter()
+    try:
+        run.manager.save_checkpoint(path, global_step=1)
+        line = None
+    except Exception as exc:  # noqa: BLE001 - the outcome is the result
+        line = str(exc)
+    mine = {"line": line, "seconds": time.perf_counter() - t0}
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    hf = os.path.join(path, "huggingface")
+    return {"ranks": every, "committed": os.path.exists(os.path.join(hf, "manifest.json")),
+            "weights": sorted(n for n in os.listdir(hf) if n.endswith(".safetensors")) if os.path.isdir(hf) else []}
+
+
+def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
+    """An MoE actor (experts fused in memory, split per expert on save) saved by verl's manager with
+    hf_model, then with both tiers' exports: the incremental tier's gather-free one (each rank its
+    rows of every per-expert tensor; in several files, and in one) and the intermediate tier's
+    streaming one (bf16).
+    With `fallbacks`, the intermediate export forced onto verl's merger (as for a conversion that is
+    not one run of one tensor): refused with allow_verl_fallback=false, and a verl merger that dies
+    on rank 0; every rank must raise the same line at once."""
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+    from verl.trainer.config import CheckpointConfig
+
+    from slimckpt.merge import hf_side
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
+    resume_scenarios.MODEL = model
+    root = os.path.join(args.dir, name or model)
+    run = Run(seed=0, ckpt_config=CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"]))
+    placements = sorted({str(p.placements) for n, p in run.model.named_parameters() if ".experts." in n})
+    run.step()
+    verl_dir = os.path.join(root, "verl", "global_step_1", "actor")
+    run.manager.save_checkpoint(verl_dir, global_step=1)
+
+    run.manager.checkpoint_config = slim_config(save_contents=["model", "optimizer", "extra", "hf_model"],
+                                                export_hf=True, export_dtype="auto", max_shard_size="20KB")
+    inc_dir = os.path.join(root, "incremental", "global_step_1", "actor")
+    t0 = time.perf_counter()
+    run.manager.save_checkpoint(inc_dir, global_step=1)
+    inc_s = time.perf_counter() - t0
+    run.manager.checkpoint_config = slim_config(export_hf=True, export_dtype="auto")  # one file, as verl's
+    one_dir = os.path.join(root, "one_file", "global_step_1", "actor")
+    run.manager.save_checkpoint(one_dir, global_step=1)
+
+    def intermediate(**kw):
+        return SlimCheckpointConfig(recipe="intermediate", save_contents=["model"], load_contents=["model"],
+                                    export_hf=True, export_dtype="bf16", measure=False, **kw)
+
+    run.manager.checkpoint_save_contents = ["model"]
+    inter_dir = os.path.join(root, "intermediate", "global_step_1", "actor")
+    run.manager.checkpoint_config = intermediate()
+    t0 = time.perf_counter()
+    run.manager.save_checkpoint(inter_dir, global_step=1)
+    inter_s = time.perf_counter() - t0
+
+    out: dict = {}
+    if fallbacks:
+        real_sources, real_load = hf_side.HfSide.output_sources, FSDPModelMerger._load_and_merge_state_dicts
+
+        def not_a_slice(self, names, shapes):  # only rank 0 plans
+            raise hf_side.NeedsVerlMerger("transformers converts tensors on save (e.g. 'x' is not a part of one "
+                                          "checkpoint tensor; forced by the test)")
+
+        def verl_dies(self, *a, **k):
+            raise RuntimeError("verl's merger died (simulated)")
+
+        hf_side.HfSide.output_sources = not_a_slice
+        FSDPModelMerger._load_and_merge_state_dicts = verl_dies
+        try:
+            out["refused"] = _failing_save(run, os.path.join(root, "refused", "global_step_1", "actor"),
+                                           intermediate(allow_verl_fallback=False))
+            out["verl_died"] = _failing_save(run, os.path.join(root, "verl_died", "global_step_1", "actor"),
+                                             intermediate())
+        finally:
+            hf_side.HfSide.output_sources, FSDPModelMerger._load_and_merge_state_dicts = real_sources, real_load
+
+    dist.barrier()
+    if dist.get_rank() != 0:
+        return {}
+    verl_hf = os.path.join(verl_dir, "huggingface")
+    ref, inter = load_export(verl_hf), load_export(os.path.join(inter_dir, "huggingface"))
+    ref_loaded, _ = loaded_state(verl_hf)
+    checks = {}
+    for name, hf_dir in (("incremental", os.path.join(inc_dir, "huggingface")),
+                         ("intermediate", os.path.join(inter_dir, "huggingface"))):
+        state, info = loaded_state(hf_dir)
+        checks[name] = {"loading_info": info, "same_as_verl_loaded": sorted(state) == sorted(ref_loaded) and all(
+            torch.equal(state[n], ref_loaded[n].to(torch.bfloat16).float() if name == "intermediate" else ref_loaded[n])
+            for n in ref_loaded)}
+    return {
+        **out,
+        "incremental": compare(os.path.join(inc_dir, "huggingface"), verl_hf),
+        "one_file": compare(os.path.join(one_dir, "huggingface"), verl_hf),
+        "intermediate_equal_cast": sorted(inter) == sorted(ref) and all(
+            inter[n].dtype == torch.bfloat16 and torch.equal(inter[n], ref[n].to(torch.bfloat16)) for n in ref),
+        "intermediate_committed": os.path.exists(os.path.join(inter_dir, "huggingface", "manifest.json")),
+        "n_experts_split": sum(".experts." in n for n in ref),
+        "expert_placements": placements,
+        "loads": checks,
+        "manifest_incremental": manifest_lists(inc_dir),
+        "seconds": {"incremental_save": inc_s, "intermediate_save": inter_s},
+    }
+
+
+def scenario_moe(args) -> None:
+    """Every MoE family of args.models (`qwen3-moe:divisible`: its fused experts sharded on dim 1, as
+    verl's get_shard_placement_fn shards 3 experts over 2 ranks): D/moe_export_result.json (run by
+    tests/scenario_batch.py)."""
+    out = {}
+    for i, spec in enumerate(args.models.split(",")):  # MODEL[:PLACEMENT]
+        model, _, placement = spec.partition(":")
+        resume_scenarios.PLACEMENT = placement or "dim0"
+        try:
+            out[spec] = run_moe(args, model, fallbacks=i == 0, name=spec.replace(":", "-"))
+        finally:
+            resume_scenarios.PLACEMENT = "dim0"
+    _write(args, out, "moe_export_result.json")
+
+
 def measure(args) -> dict:
     """Per-rank extra peak RssAnon: the gather-free export step vs verl's hf_model save."""
     import gc

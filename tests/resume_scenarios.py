@@ -30,10 +30,13 @@ VOCAB, STEPS_BEFORE, STEPS_AFTER, SAVE_STEP = 64, 3, 3, 3
 
 MODEL = "llama"  # --model qwen2-tied: tied embeddings (lm_head.weight is embed_tokens.weight)
 FSDP_VERSION = 2  # --fsdp 1: FullyShardedDataParallel (verl's strategy=fsdp)
+PLACEMENT = "dim0"  # FSDP2: "divisible" shards each parameter on its first dim divisible by the world size
 
 
 def tiny_args():
-    return SimpleNamespace(model=MODEL, vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
+    # experts: routed experts of the mixture-of-experts families (3 over 2 ranks: uneven shards)
+    return SimpleNamespace(model=MODEL, vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2,
+                           experts=3)
 
 
 class Run:
@@ -50,7 +53,7 @@ class Run:
         world = dist.get_world_size()
         model = AutoModelForCausalLM.from_config(build_config(tiny_args()))
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
-        self.model = wrap_fsdp2(model, mesh, "dim0", world) if FSDP_VERSION == 2 else wrap_fsdp1(model, mesh)
+        self.model = wrap_fsdp2(model, mesh, PLACEMENT, world) if FSDP_VERSION == 2 else wrap_fsdp1(model, mesh)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, weight_decay=0.01)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 4))
         self.manager = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler,

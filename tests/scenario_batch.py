@@ -38,21 +38,28 @@ SCENARIOS = {
     "tracker": (resume_scenarios.scenario_tracker, {}, "llama", 2),
     "refuse": (resume_scenarios.scenario_refuse, {}, "llama", 2),
     "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),
+    "moe_export": (hf_direct_export_scenario.scenario_moe, {"models": "qwen3-moe,deepseek-v3,qwen3-moe:divisible"}, "qwen3-moe", 2),
 }
 
 
 def _module_state() -> dict:
     """Every module attribute a scenario sets or monkeypatches, to put back after it."""
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    from slimckpt.merge.hf_side import HfSide
     from slimckpt.save import hf_direct_export, resume_state
 
     return {
         (resume_scenarios, "MODEL"): resume_scenarios.MODEL,
         (resume_scenarios, "FSDP_VERSION"): resume_scenarios.FSDP_VERSION,
+        (resume_scenarios, "PLACEMENT"): resume_scenarios.PLACEMENT,
         (resume_state, "storage_writer"): resume_state.storage_writer,
         (resume_state, "_after_shards"): resume_state._after_shards,
         (resume_state, "commit"): resume_state.commit,
         (hf_direct_export, "write_export"): hf_direct_export.write_export,
         (hf_direct_export._BoxWriter, "write_box"): hf_direct_export._BoxWriter.write_box,
+        (HfSide, "output_sources"): HfSide.output_sources,
+        (FSDPModelMerger, "_load_and_merge_state_dicts"): FSDPModelMerger._load_and_merge_state_dicts,
     }
 
 

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from slimckpt.format.export_assign import AssignError, Box, assign_writers, box_runs, full_box, run_starts
+from slimckpt.format.export_assign import (
+    AssignError,
+    Box,
+    Piece,
+    assign_writers,
+    box_runs,
+    full_box,
+    run_starts,
+    take_pieces,
+)
 
 from .conftest import scenario_result
 
@@ -100,6 +109,63 @@ def test_box_runs_cover_the_box_exactly():
     assert n * length == box.numel and got == want
 
 
+def _box_elements(shape, box):
+    """The flat source index of each element of `box`, in the box's own row-major order."""
+    import itertools
+    import math
+
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    return [sum((o + i) * st for o, i, st in zip(box.offset, idx, strides))
+            for idx in itertools.product(*(range(s) for s in box.size))]
+
+
+def _tilings(shape):
+    """Ways FSDP (or a test of it) cuts a tensor: dim-0 rows (uneven, one rank empty), dim-1
+    columns, dim-2 blocks, a 2x2 grid, and whole (replicated)."""
+    e, r, c = shape
+    yield [Box((0, 0, 0), (2, r, c)), Box((2, 0, 0), (e - 2, r, c)), Box((e, 0, 0), (0, r, c))]
+    yield [Box((0, 0, 0), (e, 3, c)), Box((0, 3, 0), (e, r - 3, c))]
+    yield [Box((0, 0, 0), (e, r, 2)), Box((0, 0, 2), (e, r, c - 2))]
+    yield [Box((0, 0, 0), (1, 2, c)), Box((0, 2, 0), (1, r - 2, c)), Box((1, 0, 0), (e - 1, 2, c)),
+           Box((1, 2, 0), (e - 1, r - 2, c))]
+    yield [full_box(shape)]
+
+
+def test_take_pieces_put_every_element_of_every_expert_where_it_belongs():
+    """A fused [E, 2I, H] tensor split per expert into gate and up halves (and a whole-tensor
+    output): for every way of cutting the source into ranks' boxes, the pieces of all boxes write
+    each output element exactly once, with the source element the span says it is."""
+    shape = (3, 6, 5)  # 3 experts, 2I = 6 rows, H = 5
+    per_expert, half = 6 * 5, 3 * 5
+    spans = [(e * per_expert + h * half, e * per_expert + (h + 1) * half) for e in range(3) for h in range(2)]
+    spans += [(0, 90), (7, 53)]  # the whole tensor; a run that starts and ends inside rows
+    for boxes in _tilings(shape):
+        for a, b in spans:
+            got: dict[int, int] = {}
+            for box in boxes:
+                elements = _box_elements(shape, box)
+                for p in take_pieces(shape, box, (a, b)):
+                    for i in range(p.local_end - p.local_start):
+                        out = p.out_start + i
+                        assert out not in got, (boxes, a, b, out)
+                        got[out] = elements[p.local_start + i]
+            assert got == {i: a + i for i in range(b - a)}, (boxes, a, b)
+
+
+def test_take_pieces_joins_runs_and_skips_what_it_does_not_need():
+    shape = (4, 6)
+    # a dim-0 shard: one piece per output, whatever its span
+    assert take_pieces(shape, rows(1, 2, shape), (8, 20)) == [Piece(2, 12, 0)]  # elements 8..18
+    assert take_pieces(shape, rows(1, 2, shape), None) == [Piece(0, 12, 6)]
+    # columns 3..5: one piece per row the span touches; adjacent rows do not continue in the output
+    col = Box((0, 3), (4, 3))
+    assert take_pieces(shape, col, (6, 18)) == [Piece(3, 6, 3), Piece(6, 9, 9)]
+    assert take_pieces(shape, col, (0, 3)) == []  # the span lies in columns the box does not hold
+    assert take_pieces(shape, Box((0, 0), (0, 6)), (0, 6)) == []
+    with pytest.raises(AssignError, match="outside"):
+        take_pieces(shape, col, (20, 30))
+
+
 def test_config_accepts_auto_only_for_the_incremental_tier():
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
@@ -152,3 +218,44 @@ def test_export_equals_verl_hf_model(ws2_scenarios):
             assert set(weights) <= set(listed), (model, mode, listed)
     # tied embeddings: lm_head.weight is not written, as verl's drop_tied_target_keys drops it
     assert result["llama"]["sync"]["has_lm_head"] and not result["qwen2-tied"]["sync"]["has_lm_head"]
+
+
+@pytest.mark.slow
+def test_moe_exports_of_both_tiers_equal_verl(ws2_scenarios):
+    """Qwen3-MoE and DeepSeek-V3 (MLA, shared expert, dense first layer), 3 experts over 2 ranks
+    (uneven shards; and Qwen3-MoE with verl's divisible placement, which shards them on dim 1),
+    FSDP2, verl's FSDPCheckpointManager: the incremental tier's gather-free export
+    (each rank writes its rows of every per-expert tensor) equals verl's hf_model tensor for tensor,
+    byte for byte in one file; the intermediate tier's streamed export is its bf16 cast and is
+    committed by our manifest (not verl's merger); both load with from_pretrained (experts fused
+    again) to what verl's export loads to. A fallback to verl's merger, forced: refused with
+    allow_verl_fallback=false, or dying on rank 0, ends every rank in the same line at once."""
+    result = scenario_result(ws2_scenarios, "moe_export", "moe_export_result.json")
+    assert set(result) == {"qwen3-moe", "deepseek-v3", "qwen3-moe:divisible"}
+    assert result["qwen3-moe"]["expert_placements"] == ["(Shard(dim=0),)"]
+    assert result["qwen3-moe:divisible"]["expert_placements"] == ["(Shard(dim=1),)"]  # 3 experts, 2 ranks
+    for spec, r in result.items():
+        model = spec.split(":")[0]
+        c = r["incremental"]
+        assert c["diffs"] == [] and c["n_ours"] == c["n_verl"] > 0, (model, c)
+        assert c["dtypes"] == ["torch.float32"] and len([f for f in c["files"] if f.endswith(".safetensors")]) > 1
+        assert c["same_text"] == {"config.json": True, "generation_config.json": True}, (model, c)
+        assert r["one_file"]["diffs"] == [] and r["one_file"]["bytes_identical"], (model, r["one_file"])
+        assert r["n_experts_split"] == {"qwen3-moe": 2 * 3 * 3, "deepseek-v3": 3 * 3}[model]
+        assert r["intermediate_equal_cast"] and r["intermediate_committed"], model
+        for tier in ("incremental", "intermediate"):
+            assert r["loads"][tier] == {"loading_info": {}, "same_as_verl_loaded": True}, (model, tier, r["loads"])
+        weights = [f"huggingface/{n}" for n in c["files"] if n.endswith((".safetensors", ".json"))]
+        assert set(weights) <= set(r["manifest_incremental"]), model
+    r = result["qwen3-moe"]
+    for case, says in (("refused", "not run, as checkpoint.allow_verl_fallback=false asks"),
+                       ("verl_died", "verl's FSDPModelMerger (which this checkpoint needs) failed: RuntimeError: "
+                                     "verl's merger died (simulated)")):
+        ranks = r[case]["ranks"]
+        lines = {x["line"] for x in ranks}
+        assert len(lines) == 1 and None not in lines, (case, ranks)
+        line = lines.pop()
+        assert "\n" not in line and says in line and "HF export of" in line, (case, line)
+        assert all(x["seconds"] < 30 for x in ranks), (case, ranks)  # not the collective's 240 s timeout
+        assert not r[case]["committed"] and r[case]["weights"] == [], (case, r[case])
+    assert "of host memory (the " in r["refused"]["ranks"][0]["line"]

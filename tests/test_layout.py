@@ -203,3 +203,42 @@ def test_bad_specs():
         TensorSpec("x", "F4", (2,))
     with pytest.raises(LayoutError):
         layout.plan_files([TensorSpec("x", "F32", (2,)), TensorSpec("x", "F32", (2,))], "5GB")
+
+
+def test_take_describes_a_run_of_elements():
+    whole = layout.Take("w", (4, 6))
+    assert whole.whole and whole.span is None
+    whole.check_source((4, 6))
+    with pytest.raises(LayoutError):
+        whole.check_source((4, 5))
+    gate = layout.Take("w", (3, 6), (12, 30))  # the gate half of expert 1 of a [2, 6, 6]: rows 6..9 of its [12, 6] view
+    assert not gate.whole and gate.span == (12, 30)
+    gate.check_source((2, 6, 6))
+    with pytest.raises(LayoutError, match="past"):
+        gate.check_source((1, 6, 4))
+    with pytest.raises(LayoutError, match="cannot be read as shape"):
+        layout.Take("w", (3, 6), (12, 29))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_take_ranges_cut_a_span_over_shards_as_the_elements_lie(seed):
+    """Against brute force: a source of R rows x C elements cut into dim-0 shards (uneven, some empty),
+    an output that is a run of its elements, and any sub-range of the output."""
+    rng = random.Random(seed)
+    rows, cols = rng.randint(1, 9), rng.randint(1, 7)
+    cuts = sorted(rng.randint(0, rows) for _ in range(rng.randint(0, 3)))
+    shard_rows = [b - a for a, b in zip([0, *cuts], [*cuts, rows])]
+    total = rows * cols
+    owner = [(k, i - sum(shard_rows[:k]) * cols) for k, n in enumerate(shard_rows) for i in
+             range(sum(shard_rows[:k]) * cols, sum(shard_rows[:k + 1]) * cols)]
+    for _ in range(20):
+        s = rng.randint(0, total)
+        t = rng.randint(s, total)
+        a = rng.randint(0, t - s)
+        b = rng.randint(a, t - s)
+        got = layout.take_ranges(s, [n * cols for n in shard_rows], a, b)
+        flat = [(r.source, r.local_start + i, r.out_start + i) for r in got for i in range(r.local_end - r.local_start)]
+        assert flat == [(*owner[s + j], j) for j in range(a, b)]
+        assert all(r.local_end > r.local_start for r in got)
+    with pytest.raises(LayoutError, match="past"):
+        layout.take_ranges(total - 1, [n * cols for n in shard_rows], 0, 2)

@@ -315,6 +315,61 @@ def test_lora_checkpoint_goes_to_verl(tmp_path, capsys):
     assert rc == 1 and "verl's FSDPModelMerger (which this checkpoint needs) failed" in error_line(err)
 
 
+def _lora_checkpoint(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_llama_config()
+    torch.manual_seed(1)
+    model = get_peft_model(AutoModelForCausalLM.from_config(cfg),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    root = tmp_path / "actor"
+    root.mkdir()
+    torch.save(sd, root / "model_world_size_1_rank_0.pt")
+    (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
+    cfg.save_pretrained(root / "huggingface")
+    build_tokenizer(cfg.vocab_size).save_pretrained(root / "huggingface")
+    return root, sd
+
+
+def test_verl_fallback_says_its_memory_or_is_refused(tmp_path, capsys, monkeypatch):
+    """The fallback line gives verl's merger's host memory: the rank model files it reads whole plus
+    the model in bf16; --no_verl_fallback (and SLIMCKPT_MERGE_NO_VERL_FALLBACK=1 through verl's own
+    command) refuses in one line, with nothing written."""
+    root, sd = _lora_checkpoint(tmp_path)
+    shards = os.path.getsize(root / "model_world_size_1_rank_0.pt")
+    params = sum(t.numel() for t in sd.values())
+    from slimckpt.merge.pipeline import human_bytes
+
+    want = (f"about {human_bytes(shards + 2 * params)} of host memory (the {human_bytes(shards)} of rank model "
+            f"files, read whole, + {params:,} parameters x 2 bytes in bf16)")
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"), "--no_verl_fallback")
+    assert rc == 1, err
+    line = error_line(err)
+    assert "LoRA" in line and want in line and "not run, as --no_verl_fallback asks" in line, line
+    assert "running verl's own" not in err and not (tmp_path / "o").exists()
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
+    assert rc == 0 and want in err and "--no_verl_fallback refuses instead" in err, err
+    # verl's own command, redirected: the env var stands in for the flag
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    from slimckpt.merge import verl_merger
+
+    ran = []
+    patched = verl_merger.wrap_merge_and_save(lambda self: ran.append(self))
+    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(root), target_dir=str(tmp_path / "v"),
+                               hf_model_config_path=str(root / "huggingface"))
+    monkeypatch.setenv(verl_merger.NO_FALLBACK_ENV, "1")
+    with pytest.raises(SystemExit) as exc:
+        patched(FSDPModelMerger(config))
+    assert "not run, as SLIMCKPT_MERGE_NO_VERL_FALLBACK=1 asks" in str(exc.value) and not ran
+    monkeypatch.delenv(verl_merger.NO_FALLBACK_ENV)
+    patched(FSDPModelMerger(config))
+    assert len(ran) == 1  # verl's original merge_and_save
+
+
 def test_cli_help_and_bad_options(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["merge", "--help"])
@@ -328,21 +383,51 @@ def test_cli_help_and_bad_options(capsys):
     assert rc == 1 and "--max_shard_size" in error_line(err)
 
 
-def test_moe_with_save_time_conversion_goes_to_verl(tmp_path, capsys):
-    """transformers 5 fuses Mixtral's experts in memory and splits them again on save: not a rename,
-    so verl's merger (save_pretrained) does this one, said in a log line."""
+def tiny_mixtral_config(**overrides):
     from transformers import MixtralConfig
 
-    cfg = MixtralConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2,
-                        num_key_value_heads=1, vocab_size=64, num_local_experts=2, architectures=["MixtralForCausalLM"])
-    root = synthetic_checkpoint(tmp_path / "actor", config=cfg)
+    kw = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+              vocab_size=64, num_local_experts=3, architectures=["MixtralForCausalLM"], bos_token_id=1, eos_token_id=2)
+    kw.update(overrides)
+    return MixtralConfig(**kw)
+
+
+def test_moe_experts_are_streamed_and_match_verl(tmp_path, capsys, slim_log):
+    """transformers 5 fuses Mixtral's experts in memory ([E, 2I, H], [E, H, I]) and splits them per
+    expert on save: each split is a run of the fused tensor's elements, streamed like any tensor.
+    Unsharded copies on two ranks (compared as verl does), tiny chunks so that parts cross chunks."""
+    root = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_mixtral_config())
     build_tokenizer(64).save_pretrained(root / "huggingface")
+    assert verl_merge(root, tmp_path / "verl") is None
     rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
     assert rc == 0, err
-    assert "transformers converts tensors of MixtralForCausalLM" in err and "verl's own FSDPModelMerger" in err
+    assert "verl's own FSDPModelMerger" not in err and "slimckpt merge committed" in err
     out = dir_tensors(tmp_path / "o")
-    assert "model.layers.0.block_sparse_moe.experts.1.w2.weight" in out
-    assert not (tmp_path / "o" / MANIFEST_NAME).exists()
+    assert "model.layers.0.block_sparse_moe.experts.2.w3.weight" in out
+    assert_same_tensors(out, dir_tensors(tmp_path / "verl"))
+    assert (tmp_path / "o" / "model.safetensors").read_bytes() == (tmp_path / "verl" / "model.safetensors").read_bytes()
+    assert verify(str(tmp_path / "o")) == []
+    # 100-byte chunks: every expert's rows cross chunks (and the source's rows)
+    from slimckpt.merge.pipeline import merge
+    from slimckpt.merge.plan import MergeOptions
+
+    merge(MergeOptions(local_dir=str(root), target_dir=str(tmp_path / "small"), chunk_bytes=100, progress=False))
+    assert (tmp_path / "small" / "model.safetensors").read_bytes() == (tmp_path / "o" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("config_edit,what", [({"num_local_experts": 4}, "makes it [4, 16, 32]"),  # expert count
+                                              ({"intermediate_size": 24}, "makes it [3, 16, 24]")])  # expert sizes
+def test_moe_config_that_does_not_fit_the_shards(tmp_path, capsys, config_edit, what):
+    """config.json from another model: the fused tensor's split would follow the shards, loading the
+    config's; one line naming the tensor and the rank file, nothing committed."""
+    root = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_mixtral_config())
+    tiny_mixtral_config(**config_edit).save_pretrained(root / "huggingface")
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
+    assert rc == 1
+    line = error_line(err)
+    assert "model_world_size_2_rank_0.pt: 'model.layers.0.mlp.experts.down_proj' is [3, 16, 32]" in line and what in line
+    assert "config.json" in line and "verl's own FSDPModelMerger" not in err
+    assert_nothing_committed(tmp_path / "o")
 
 
 def test_flowrl_log_z_head_left_out(tmp_path, capsys):

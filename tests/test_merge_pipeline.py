@@ -71,7 +71,8 @@ def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "1")
     real = merge_guess.guess_output_names
     monkeypatch.setattr(merge_guess, "guess_output_names",
-                        lambda names, config: {k: v for k, v in real(names, config).items() if k != "lm_head.weight"})
+                        lambda names, config, shapes=None: {k: v for k, v in real(names, config, shapes).items()
+                                                            if k != "lm_head.weight"})
     with lines_of(merge.log) as logged:
         _merge(ckpt, tmp_path / "guessed")
     assert "guessed layout differs" in logged.getvalue()

@@ -233,3 +233,66 @@ def test_bad_retention_value_is_one_line_naming_the_key(tmp_path, capsys, kw, ke
     assert plan.run(_args(tmp_path / "never-read.json", **kw)) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and key in err
+
+
+def qwen3_30b_a3b_config(path):
+    """A Qwen3-30B-A3B-shaped config (128 experts of 768, 8 per token, 48 layers, hidden 2048)."""
+    from transformers import Qwen3MoeConfig
+
+    Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                   num_experts=128, num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32,
+                   num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, tie_word_embeddings=False,
+                   architectures=["Qwen3MoeForCausalLM"], bos_token_id=151643,
+                   eos_token_id=151645).save_pretrained(path)
+    return path / "config.json"
+
+
+def test_an_moe_config_is_planned(tmp_path):
+    """Fused experts ([128, 1536, 2048] and [128, 2048, 768] per layer) are what FSDP shards; the HF
+    export holds them split per expert, as save_pretrained writes them."""
+    cfg = qwen3_30b_a3b_config(tmp_path)
+    r = plan.build_report(_args(cfg, world_size=16))
+    V, H, L, E, I = 151936, 2048, 48, 128, 768
+    per_layer = H * 4096 + 2 * H * 512 + 4096 * H + 2 * 128 + 2 * H + E * H + E * 2 * I * H + E * H * I
+    params = 2 * V * H + L * per_layer + H
+    assert r["parameters"] == params and 30.4e9 < params < 30.6e9
+    assert r["fp32_model_bytes"] == 4 * params
+    assert r["largest_tensor_shard_bytes"] == E * 2 * I * H * 4 // 16  # gate_up_proj: 8 experts on each rank
+    assert r["fp32_model_bytes"] // 16 <= r["rank0_model_shard_bytes"] < r["fp32_model_bytes"] // 16 + 2**20
+    assert r["split_on_save"] == {"fused_tensors": 2 * L, "outputs": 3 * E * L}
+    assert 2 * params < r["hf_export"]["bytes"] < 2 * params + 8 * 2**20  # bf16 + headers of 18.9k tensors
+    by = {e["strategy"]: e for e in r["estimates"]}
+    assert by["verl + hf_model"]["host_peak_bytes"] == by["verl default"]["host_peak_bytes"] + 4 * params
+    assert any("split on save" in n for n in by["+recipe=incremental"]["notes"])
+    buf = io.StringIO()
+    plan.print_report(r, buf)
+    out = buf.getvalue()
+    assert plan.run(_args(cfg, world_size=16)) == 0  # the command: --json here
+    assert "30,532,122,624 parameters" in out and "96 tensors, split into 18432 per-expert tensors" in out
+
+
+@pytest.mark.parametrize("content,says", [
+    ({"model_type": "no_such_model", "architectures": ["NoSuchForCausalLM"]}, "no_such_model"),
+    ({**TINY, "architectures": []}, "architectures"),
+    ("{not json", "cannot plan"),
+])
+def test_a_config_that_cannot_be_planned_ends_in_one_line(tmp_path, capsys, content, says):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(content if isinstance(content, str) else json.dumps(content))
+    assert plan.run(_args(cfg, world_size=8)) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "WARNING" not in line]
+    assert len(err) == 1 and err[0].startswith("slimckpt plan:") and says in err[0], err
+
+
+def test_a_conversion_that_is_not_a_slice_ends_in_one_line(tmp_path, capsys, monkeypatch):
+    from slimckpt.merge.hf_side import HfSide, NeedsVerlMerger
+
+    def refuse(self, names, shapes):
+        raise NeedsVerlMerger("transformers converts tensors of X on save (e.g. 'w' is a strided part of 'v')")
+
+    monkeypatch.setattr(HfSide, "output_sources", refuse)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    assert plan.run(_args(cfg, world_size=8)) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "WARNING" not in line]
+    assert len(err) == 1 and "NeedsVerlMerger" in err[0] and "strided part" in err[0]

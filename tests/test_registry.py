@@ -317,6 +317,7 @@ def no_switch_on(monkeypatch):
     ("incremental_save", "yes", "true or false"),
     ("verify", None, "true or false"),
     ("save_lora_only", "no", "true or false"),
+    ("allow_verl_fallback", "never", "true or false"),
     ("bucket_mb", "lots", "whole number"),
     ("bucket_mb", 64.5, "whole number"),
     ("write_threads", True, "whole number"),

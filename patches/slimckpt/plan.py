@@ -272,6 +272,8 @@ class ModelFacts:
     hf_bytes: int
     hf_dtype: str
     max_shard_size: str | int
+    # fused tensors transformers splits on save (MoE experts) -> the outputs made of them
+    split_on_save: dict[str, int] = field(default_factory=dict)
 
 
 def _hf_dir(config_path: str) -> tuple[str, Any]:
@@ -304,18 +306,24 @@ def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: st
         model = hf.model
         state = model.state_dict()
         shapes = {n: tuple(t.shape) for n, t in state.items()}
-        name_map = hf.output_names(list(state), shapes)  # output name -> state dict name
+        # output name -> the state dict tensor (or the part of one: an expert of a fused MoE tensor) it is
+        takes = hf.output_sources(list(state), shapes)
         # the meta model is built untied; tied targets are what the export drops (verl's
         # drop_tied_target_keys), and they are one tensor with their source in training
-        tied = [n for n in state if n not in set(name_map.values())]
+        used = {t.source for t in takes.values()}
+        tied = [n for n in state if n not in used]
         trainable = {n for n, p in model.named_parameters()}
         params = [ParamSpec(n, shapes[n], n in trainable) for n in state if n not in tied]
         size = max_shard_size if max_shard_size is not None else default_max_shard_size()
-        specs = [layout.TensorSpec(new, DTYPE_NAMES[export_dtype], shapes[old]) for new, old in name_map.items()]
+        specs = [layout.TensorSpec(new, DTYPE_NAMES[export_dtype], take.shape) for new, take in takes.items()]
         plan = layout.plan_files(specs, size)
+        split: dict[str, int] = {}
+        for take in takes.values():
+            if not take.whole:
+                split[take.source] = split.get(take.source, 0) + 1
         return ModelFacts(params=params, total_parameters=hf.total_parameters(), tied=tied,
                           hf_files=[(f.name, f.size) for f in plan.files], hf_bytes=sum(f.size for f in plan.files),
-                          hf_dtype=export_dtype, max_shard_size=size)
+                          hf_dtype=export_dtype, max_shard_size=size, split_on_save=split)
 
 
 def extra_state_bytes() -> int:
@@ -406,6 +414,9 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     for s in strategies:
         e = asdict(estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
                             facts.hf_dtype))
+        if facts.split_on_save and s.incremental and s.export_hf:
+            e["notes"].append("this model's fused MoE experts are split on save, which the gather-free export does "
+                              "not do yet: such a save stops and asks for export_hf=false")
         e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
         if with_critic:  # the critic saves the same contents, never an HF export
             critic = replace(s, contents=tuple(c for c in s.contents if c != "hf_model"), export_hf=False)
@@ -418,6 +429,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "fsdp": fsdp,
         "parameters": facts.total_parameters,
         "tied": facts.tied,
+        "split_on_save": {"fused_tensors": len(facts.split_on_save), "outputs": sum(facts.split_on_save.values())},
         "fp32_model_bytes": sum(p.nbytes for p in facts.params),
         "rank0_model_shard_bytes": model_shard_bytes(facts.params, args.world_size, 0),
         "rank0_optimizer_shard_bytes": optim_shard_bytes(facts.params, args.world_size, 0),
@@ -458,6 +470,10 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     w = r["world_size"]
     print(f"model: {r['config']}: {r['parameters']:,} parameters, fp32 {human(r['fp32_model_bytes'])}"
           + (f", tied: {', '.join(r['tied'])}" if r["tied"] else ""), file=out)
+    split = r.get("split_on_save") or {}
+    if split.get("fused_tensors"):
+        print(f"fused MoE experts: {split['fused_tensors']} tensors, split into {split['outputs']} per-expert tensors "
+              f"in the HF export (as save_pretrained writes them)", file=out)
     print(f"FSDP{r['fsdp']}, world size {w}: rank 0 holds {human(r['rank0_model_shard_bytes'])} of model and "
           f"{human(r['rank0_optimizer_shard_bytes'])} of AdamW state; largest tensor shard "
           f"{human(r['largest_tensor_shard_bytes'])}; extra state ~{human(r['extra_bytes_per_rank'])} per rank",
@@ -519,7 +535,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = build_report(args)
     except (FileNotFoundError, ValueError, OSError) as exc:
-        print(str(exc).splitlines()[0], file=sys.stderr)
+        if str(exc).startswith("slimckpt plan:"):
+            print(str(exc).splitlines()[0], file=sys.stderr)
+            return 2
+        print(_cannot_plan(args, exc), file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - any config it cannot plan: one line, never a traceback
+        print(_cannot_plan(args, exc), file=sys.stderr)
         return 2
     if args.json:
         json.dump(report, sys.stdout, indent=1)
@@ -527,6 +549,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_report(report)
     return 0
+
+
+def _cannot_plan(args: argparse.Namespace, exc: BaseException) -> str:
+    """One line for a config this command cannot plan: what failed, first line only."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"slimckpt plan: cannot plan {args.config}: {type(exc).__name__}: {first}".rstrip(": ")
 
 
 def main(argv: list[str] | None = None) -> int:

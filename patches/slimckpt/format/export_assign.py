@@ -6,11 +6,16 @@ box is written by exactly one of the ranks that hold it, the least loaded so far
 replicated tensors are written once and the bytes spread over the ranks. A box maps to one or
 more contiguous byte runs of the row-major tensor (one run when only dim 0 is cut).
 
+An output that is a part of a source (transformers 5 splits an MoE layer's fused experts per expert
+on save: `layout.Take`, a run of the source's elements) is written by the ranks whose boxes of the
+source overlap it: `take_pieces` says which of a box's elements go where in the output.
+
 No torch and no torch.distributed here: the inputs are plain tuples every rank reports.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -120,3 +125,53 @@ def run_starts(shape: tuple[int, ...], box: Box) -> list[int]:
             delta += i * strides[d]
         starts.append(base + delta)
     return starts
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Elements [local_start, local_end) of a rank's box (counted in the box's own row-major order,
+    as its local shard holds them) are elements [out_start, out_start + local_end - local_start)
+    of an output tensor."""
+
+    local_start: int
+    local_end: int
+    out_start: int
+
+
+def take_pieces(shape: Sequence[int], box: Box, span: tuple[int, int] | None = None,
+                starts: Sequence[int] | None = None) -> list[Piece]:
+    """Where the elements of `box` (a block of a source tensor of `shape`) land in an output that is
+    the source's elements [span) in row-major order (`layout.Take`; None: the whole source).
+
+    The box is `box_runs` runs of the source's flat elements (`starts`: their `run_starts`, passed
+    when several outputs take from one box); each run's overlap with the span is one piece, at its
+    offset from the span's start in the output. Pieces that continue each other in both the box and
+    the output are joined (a dim-0 shard gives at most one piece per output). An output
+    transformers 5 splits off a fused MoE tensor (expert e of `[E, R, C]`: elements
+    [e*R*C, (e+1)*R*C)) takes from every box that holds part of that expert."""
+    shape = tuple(int(d) for d in shape)
+    total = math.prod(shape)
+    a, b = (0, total) if span is None else (int(span[0]), int(span[1]))
+    if not 0 <= a <= b <= total:
+        raise AssignError(f"elements [{a}, {b}) lie outside a tensor of shape {list(shape)}")
+    if not box.numel or a == b:
+        return []
+    _, run_len, _ = box_runs(shape, box)
+    starts = run_starts(shape, box) if starts is None else starts
+    out: list[Piece] = []
+    # runs start in increasing order: only those from the last one starting at or before `a` on
+    for j in range(max(0, bisect.bisect_right(starts, a) - 1), len(starts)):
+        start = starts[j]
+        if start >= b:
+            break
+        lo, hi = max(start, a), min(start + run_len, b)
+        if lo >= hi:
+            continue
+        local = j * run_len + lo - start
+        last = out[-1] if out else None
+        if last is not None and last.local_end == local and \
+                last.out_start + (last.local_end - last.local_start) == lo - a:
+            out[-1] = Piece(last.local_start, local + hi - lo, last.out_start)
+        else:
+            out.append(Piece(local, local + hi - lo, lo - a))
+    return out

@@ -9,6 +9,11 @@ tensors, and every byte of it has a known owner before a single tensor is read.
 Data flow: `plan_files(specs, max_shard_size)` -> `Plan` (files with headers and absolute
 offsets) -> `partition(plan, n)` (which worker writes which row range) -> `source_ranges(...)`
 (which bytes of the file a source shard covers).
+
+Where an output tensor is not one whole checkpoint tensor but a part of one (transformers 5 stores
+an MoE layer's experts fused, `[E, 2I, H]`, and splits them per expert on save), its `Take` names the
+run of the source's elements it is, in row-major order, and `take_ranges(...)` says which source
+shard holds which of those elements.
 """
 
 from __future__ import annotations
@@ -356,6 +361,69 @@ def source_ranges(placement: Placement, shard_sizes: Sequence[int],
             continue
         begin, end = placement.rows_to_bytes(a, b)
         out.append(SourceRange(k, a - s, b - s, begin, end))
+    return out
+
+
+@dataclass(frozen=True)
+class Take:
+    """Where one output tensor's elements come from: checkpoint tensor `source`, whole (`span` None),
+    or its elements [span[0], span[1]) in row-major order, read as `shape` (the output's shape).
+
+    Every part transformers 5 splits off a fused tensor on save is such a run: expert e of an
+    `[E, R, C]` tensor is elements [e*R*C, (e+1)*R*C), the first half of its rows [e*R*C, e*R*C + R*C/2)."""
+
+    source: str
+    shape: tuple[int, ...]
+    span: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.span is not None:
+            a, b = (int(x) for x in self.span)
+            if not 0 <= a <= b or b - a != math.prod(self.shape):
+                raise LayoutError(f"{self.source}: elements [{a}, {b}) cannot be read as shape {list(self.shape)}")
+            object.__setattr__(self, "span", (a, b))
+
+    @property
+    def whole(self) -> bool:
+        return self.span is None
+
+    def check_source(self, source_shape: Sequence[int]) -> None:
+        """Raise LayoutError unless the source (of `source_shape`) holds what this take reads."""
+        numel = math.prod(source_shape)
+        if self.span is None:
+            if tuple(source_shape) != self.shape:
+                raise LayoutError(f"{self.source}: shape {list(source_shape)}, the plan expects {list(self.shape)}")
+        elif self.span[1] > numel:
+            raise LayoutError(f"{self.source}: elements [{self.span[0]}, {self.span[1]}) past its {numel} elements")
+
+
+@dataclass(frozen=True)
+class ElementRange:
+    """Elements [local_start, local_end) of source shard `source` (row-major, counted from the
+    shard's first element) are output elements [out_start, out_start + local_end - local_start)."""
+
+    source: int
+    local_start: int
+    local_end: int
+    out_start: int
+
+
+def take_ranges(span_start: int, shard_elements: Sequence[int], out_start: int, out_end: int) -> list[ElementRange]:
+    """Which source shard covers which of output elements [out_start, out_end), for an output that is
+    the source's elements from `span_start` on, and a source cut in row-major order into shards of
+    `shard_elements` elements each (FSDP's Shard(0): rows x elements per row; one entry for an
+    unsharded source)."""
+    out = []
+    g0, g1 = span_start + out_start, span_start + out_end
+    base = 0
+    for k, n in enumerate(shard_elements):
+        a, b = max(base, g0), min(base + n, g1)
+        if a < b:
+            out.append(ElementRange(k, a - base, b - base, a - span_start))
+        base += n
+    if out_end > out_start and sum(e.local_end - e.local_start for e in out) != out_end - out_start:
+        raise LayoutError(f"elements [{g0}, {g1}) lie past the source's {base} elements")
     return out
 
 

@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip fsync of the weight files: faster on slow disks, but after a power loss (not a "
                         "process crash) a committed output may hold torn files (`slimckpt verify` detects them)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.add_argument("--no_verl_fallback", action="store_true",
+                   help="refuse, in one line, a checkpoint the streaming merge does not handle (LoRA; a save-time "
+                        "conversion that is not a slice of one tensor) instead of running verl's own merger on it, "
+                        "which holds the whole model in host memory (the line says how much)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,13 +44,17 @@ def run(args: argparse.Namespace) -> int:
                         max_shard_size=args.max_shard_size, workers=args.workers,
                         distributed=args.distributed_merge, overwrite=args.overwrite,
                         trust_remote_code=args.trust_remote_code, progress=not args.no_progress,
-                        chunk_bytes=max(1, args.chunk_mb) << 20, fsync=not args.no_fsync)
+                        chunk_bytes=max(1, args.chunk_mb) << 20, fsync=not args.no_fsync,
+                        verl_fallback=not args.no_verl_fallback)
     from .pipeline import merge
 
     try:
         result = merge(opts)
     except MergeError as exc:
-        print(f"slimckpt merge: error: {exc}", file=sys.stderr)
+        # one write: print() writes the line and its newline apart, and the ranks of a distributed
+        # merge, sharing one stderr, then interleave their lines
+        sys.stderr.write(f"slimckpt merge: error: {exc}\n")
+        sys.stderr.flush()
         return 1
     if not opts.distributed or os.environ.get("RANK", "0") == "0":
         print(f"merged into {result.target_dir} ({result.weight_bytes / 1e9:.2f} GB weights, "

@@ -28,7 +28,7 @@ def _write_weights_without_torch(opts: MergeOptions, partial: str, mp: MergePlan
     stats = writer_stats.WriterStats()
     try:
         checksums = np_writer.write_plan(partial, mp.plan, sources, opts.dtype, opts.chunk_bytes, bar, opts.fsync,
-                                         stats=stats)
+                                         stats=stats, takes=mp.takes)
     finally:
         bar.close()
     stats_path = writer_stats.requested_path()
@@ -105,7 +105,9 @@ class EarlyWrite:
         from ..read import pt_index
 
         index = pt_index.open_index(opts.local_dir)
-        names = merge_guess.guess_output_names(list(index.tensors), config) if index is not None else None
+        names = merge_guess.guess_output_names(list(index.tensors), config,
+                                               {n: t.shape for n, t in index.tensors.items()}) \
+            if index is not None else None
         if names is None:
             return None
         sources = {new: index.tensors[old] for new, old in names.items()}
@@ -136,7 +138,8 @@ class EarlyWrite:
                 ckpt = open_checkpoint(opts.local_dir)
             except CheckpointError:
                 return None  # the normal path reports it
-        names = merge_guess.guess_output_names(list(ckpt.tensors), config)
+        names = merge_guess.guess_output_names(list(ckpt.tensors), config,
+                                               {n: tuple(t.shape) for n, t in ckpt.tensors.items()})
         if names is None:
             ckpt.close()
             return None
@@ -162,7 +165,7 @@ class EarlyWrite:
 
     def matches(self, mp: MergePlan, signature: list[tuple]) -> bool:
         """Whether the early write wrote what the real plan, from the real reader, would."""
-        return (mp.plan == self.mp.plan and list(mp.name_map.items()) == list(self.mp.name_map.items())
+        return (mp.plan == self.mp.plan and list(mp.takes.items()) == list(self.mp.takes.items())
                 and signature == self.signature)
 
     def join(self) -> dict[str, str]:

@@ -32,13 +32,25 @@ def read_config(hf_dir: str) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
-def guess_output_names(names: list[str], config: dict | None) -> dict[str, str] | None:
+def guess_output_names(names: list[str], config: dict | None,
+                       shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, str] | None:
     """{output name: checkpoint name} in checkpoint order, or None when there is no safe guess
-    (no config, the tie setting not stated, LoRA, or names transformers might rename)."""
+    (no config, the tie setting not stated, LoRA, names transformers might rename, or, given
+    `shapes`, a tensor it may split on save)."""
     if not config or not isinstance(config.get("tie_word_embeddings"), bool):
+        return None
+    if shapes is not None and any(is_fused(n, shapes[n]) for n in names):
         return None
     if any("lora_" in n for n in names) or any(not n.startswith(("model.", "lm_head.")) for n in names
                                                if not is_flowrl_param(n)):
         return None
     tied = config["tie_word_embeddings"] and TIED_SOURCE in names
     return {n: n for n in names if not is_flowrl_param(n) and not (tied and n == TIED_TARGET)}
+
+
+def is_fused(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether transformers 5 may split this tensor into parts on save: a parameter of 3+ dims not
+    named `.weight` (an MoE layer's fused experts, `mlp.experts.gate_up_proj` [E, 2I, H]). Which
+    parts it makes is known only once transformers is imported, so the early write stands down
+    for such a checkpoint; a convolution's `.weight` of 4-5 dims is written whole."""
+    return len(shape) >= 3 and not name.endswith((".weight", ".bias"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from ..format.layout import Take
 from ..log import get_logger
 
 log = get_logger("slimckpt.merge")
@@ -15,6 +16,17 @@ log = get_logger("slimckpt.merge")
 
 class NeedsVerlMerger(Exception):
     """This checkpoint is outside what the streaming merge reproduces exactly."""
+
+
+class ConfigMismatch(ValueError):
+    """A checkpoint tensor that transformers splits on save does not have the shape config.json
+    gives it (another number of experts, or other sizes): the config is not this checkpoint's."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], expected: tuple[int, ...], config_path: str) -> None:
+        self.name, self.shape, self.expected, self.config_path = name, shape, expected, config_path
+        super().__init__(f"{name!r} is {list(shape)}, but {config_path} makes it {list(expected)} (another number "
+                         f"of experts or other sizes): that config.json does not belong to this checkpoint; copy "
+                         f"the training run's huggingface/ dir along")
 
 
 def default_max_shard_size() -> int | str:
@@ -118,12 +130,62 @@ class HfSide:
             if generation_config is not None:
                 model.generation_config = generation_config
         self.model = model
+        self._model_shapes: dict[str, tuple[int, ...]] | None = None
 
-    def output_names(self, names: list[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
-        """{output name: checkpoint name}, in the order save_pretrained would see the state dict."""
+    def output_sources(self, names: list[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, Take]:
+        """{output name: where its elements come from}, in the order save_pretrained would see the
+        state dict. Learnt by running transformers' own `revert_weight_conversion` on meta tensors
+        of the checkpoint's shapes: a renamed tensor comes back as the same tensor (a whole `Take`),
+        a part split off a fused one (transformers 5's MoE experts) as a view of it, whose storage
+        offset and shape give the run of elements it is. Raises NeedsVerlMerger for an output that
+        is neither (made of several tensors, or a strided part: transposed or interleaved), and
+        ConfigMismatch when a tensor transformers splits does not have the shape config.json gives it."""
         import torch
         from transformers.core_model_loading import revert_weight_conversion
 
+        meta = {n: torch.empty(shapes[n], dtype=self.torch_dtype, device="meta") for n in self._kept(names)}
+        model_name = type(self.model).__name__
+        try:
+            reverted = revert_weight_conversion(self.model, dict(meta))
+        except Exception as exc:  # noqa: BLE001 - a conversion that does not fit these shapes
+            for n in meta:  # most likely a config that is not this checkpoint's: say which tensor differs
+                self._check_config_shape(n, tuple(shapes[n]))
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise NeedsVerlMerger(f"transformers' save-time conversion of {model_name} fails on this checkpoint's "
+                                  f"shapes ({type(exc).__name__}: {first[:160]})") from None
+        by_id = {id(t): n for n, t in meta.items()}
+        takes: dict[str, Take] = {}
+        for new, t in reverted.items():
+            old = by_id.get(id(t))
+            if old is not None:  # the checkpoint's tensor itself, maybe renamed
+                takes[new] = Take(old, tuple(shapes[old]))
+                continue
+            old = by_id.get(id(t._base)) if isinstance(t, torch.Tensor) and t._base is not None else None
+            if old is None:
+                raise NeedsVerlMerger(f"transformers converts tensors of {model_name} on save "
+                                      f"(e.g. {new!r} is not a part of one checkpoint tensor)")
+            if not t.is_contiguous():
+                raise NeedsVerlMerger(f"transformers converts tensors of {model_name} on save (e.g. {new!r} is a "
+                                      f"strided part of {old!r}: transposed or interleaved)")
+            self._check_config_shape(old, tuple(shapes[old]))
+            start = t.storage_offset() - t._base.storage_offset()
+            takes[new] = Take(old, tuple(t.shape), (start, start + t.numel()))
+        return takes
+
+    def output_names(self, names: list[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+        """{output name: checkpoint name}, for callers that write whole tensors only: NeedsVerlMerger
+        when an output is a part of a checkpoint tensor (both exports use `output_sources`)."""
+        mapping = {}
+        for new, take in self.output_sources(names, shapes).items():
+            if not take.whole:
+                raise NeedsVerlMerger(f"transformers converts tensors of {type(self.model).__name__} on save "
+                                      f"(e.g. {new!r})")
+            mapping[new] = take.source
+        return mapping
+
+    def _kept(self, names: list[str]) -> list[str]:
+        """The names save_pretrained writes of `names`: FlowRL's head, tied targets (verl's
+        drop_tied_target_keys) and `_keys_to_ignore_on_save` left out."""
         from ..flowrl.names import is_flowrl_param
         from ..verl.leaves import leaf
 
@@ -134,19 +196,16 @@ class HfSide:
         leaf("transformers_compat").drop_tied_target_keys(keep, self.model, self.model_config)
         for key in self.model._keys_to_ignore_on_save or ():
             keep.pop(key, None)
-        meta = {n: torch.empty(shapes[n], dtype=self.torch_dtype, device="meta") for n in keep}
-        reverted = revert_weight_conversion(self.model, dict(meta))
-        by_id = {id(t): n for n, t in meta.items()}
-        mapping = {}
-        for new, t in reverted.items():
-            old = by_id.get(id(t))
-            if old is None or tuple(t.shape) != shapes[old]:
-                raise NeedsVerlMerger(f"transformers converts tensors of {type(self.model).__name__} on save "
-                                      f"(e.g. {new!r})")
-            mapping[new] = old
-        if len(mapping) != len(meta):
-            raise NeedsVerlMerger(f"transformers merges tensors of {type(self.model).__name__} on save")
-        return mapping
+        return list(keep)
+
+    def _check_config_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        """A tensor transformers splits on save must have the shape config.json gives it: its split
+        follows the tensor (one output per expert it holds), from_pretrained follows the config."""
+        if self._model_shapes is None:
+            self._model_shapes = {n: tuple(t.shape) for n, t in self.model.state_dict().items()}
+        expected = self._model_shapes.get(name)
+        if expected is not None and expected != shape:
+            raise ConfigMismatch(name, shape, expected, os.path.join(self.hf_dir, "config.json"))
 
     def total_parameters(self) -> int:
         return self.model.num_parameters()

@@ -15,8 +15,14 @@ generation_config.json are written by the same transformers calls save_pretraine
 tokenizer/processor by verl's loaders; a single-file output is byte-identical to verl's.
 Differences: no tokenizer is a warning (verl exits 1 after writing); a multi-file split follows
 the checkpoint's key order (verl iterates a Python set, so its split varies run to run).
-LoRA checkpoints, and models whose save needs tensor conversions (transformers 5's fused MoE
-experts), go to verl's own merger, with a log line saying so.
+An output that transformers' save splits off a fused tensor (transformers 5 stores an MoE layer's
+experts as one `[E, 2I, H]` tensor and saves them per expert) is planned as the run of the source's
+elements it is (`hf_side.HfSide.output_sources`, `layout.Take`) and streamed like any other.
+LoRA checkpoints, and models whose save makes tensors that are not one run of one checkpoint
+tensor (a transpose, a concatenation), go to verl's own merger, with a log line saying so and the
+host memory it takes (`verl_merger_memory`); `MergeOptions.verl_fallback=False` refuses them
+instead. Under torchrun (and in the intermediate tier's export) verl's merger runs on rank 0 and
+its failure is raised on every rank.
 """
 
 from __future__ import annotations
@@ -226,21 +232,54 @@ def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[Me
 
 
 def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[MergePlan, HfSide] | None:
-    """The merge plan and HF side, or None when verl's own merger has to do this checkpoint (logged)."""
+    """The merge plan and HF side, or None when verl's own merger has to do this checkpoint
+    (logged with the host memory it takes; a MergeError instead when opts.verl_fallback is off)."""
     if ckpt.has_lora():
-        _log_fallback(opts, "the checkpoint holds LoRA weights (keys with 'lora_')")
+        _log_fallback(opts, "the checkpoint holds LoRA weights (keys with 'lora_')", ckpt)
         return None
     hf = HfSide(ckpt.local_dir, opts.dtype, opts.trust_remote_code)
     try:
-        return make_plan(ckpt, hf, opts.dtype, opts.max_shard_size), hf
+        mp = make_plan(ckpt, hf, opts.dtype, opts.max_shard_size)
     except NeedsVerlMerger as exc:
-        _log_fallback(opts, str(exc))
+        _log_fallback(opts, str(exc), ckpt)
         return None
+    return mp, hf
 
 
-def _log_fallback(opts: MergeOptions, why: str) -> None:
+def verl_merger_memory(ckpt) -> tuple[int, int, int]:
+    """(bytes, shard bytes, parameters): host memory verl 0.9.1's FSDPModelMerger takes for this
+    checkpoint, estimated as the rank model files it loads whole (`torch.load` of every
+    `model_world_size_W_rank_r.pt`: the fp32 shards, S bytes) plus the whole model in bf16 (2 bytes
+    a parameter: the merged tensors it hands to save_pretrained). For fp32 shards that is 1.5 S,
+    what README's table measured (1.5-1.7x the shards at 0.25-1B)."""
+    import math
+
+    shard_bytes = 0
+    for rank in range(ckpt.world_size):
+        with contextlib.suppress(OSError):
+            shard_bytes += os.path.getsize(ckpt.model_file(rank))
+    params = sum(math.prod(t.shape) for t in ckpt.tensors.values())
+    return shard_bytes + 2 * params, shard_bytes, params
+
+
+def human_bytes(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _log_fallback(opts: MergeOptions, why: str, ckpt) -> None:
+    total, shards, params = verl_merger_memory(ckpt)
+    memory = (f"about {human_bytes(total)} of host memory (the {human_bytes(shards)} of rank model files, read "
+              f"whole, + {params:,} parameters x 2 bytes in bf16)")
+    if not opts.verl_fallback:
+        raise MergeError(f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
+                         f"FSDPModelMerger, which would, holds the whole model: {memory}; not run, as "
+                         f"{opts.verl_fallback_hint} asks")
     log.warning("slimckpt streaming merge does not handle this checkpoint: %s; running verl's own "
-                "FSDPModelMerger instead (loads all shards into memory, not atomic)", why)
+                "FSDPModelMerger instead (not atomic), which takes %s; %s refuses instead", why, memory,
+                opts.verl_fallback_hint)
     if opts.dtype != "bf16":
         raise MergeError(f"--dtype {opts.dtype}: verl's merger, which this checkpoint needs, only writes bf16; "
                          f"drop --dtype")
@@ -464,8 +503,17 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     if state[0] == "error":
         raise MergeError(state[1])
     if state[0] == "fallback":
-        result = run_verl_merger(opts, verl_fallback, t0) if rank == 0 else MergeResult(target, used_verl_merger=True)
-        dist.barrier()
+        # rank 0 runs verl's merger; every rank then hears how it ended (no barrier that waits for a
+        # merge that died: its error is raised on every rank)
+        result, outcome = MergeResult(target, used_verl_merger=True), ("ok", "")
+        if rank == 0:
+            try:
+                result = run_verl_merger(opts, verl_fallback, t0)
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - every rank must hear about it
+                outcome = ("error", _message(exc) if not isinstance(exc, SystemExit) else f"verl's merger exited: {exc}")
+        outcome = _bcast(dist, outcome)
+        if outcome[0] == "error":
+            raise MergeError(outcome[1])
         return result
     _, mp, partial, tokenizer_saved = state
 

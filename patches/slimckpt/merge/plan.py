@@ -43,6 +43,11 @@ class MergeOptions:
     overwrite_hint: str = "--overwrite"
     distributed_hint: str = "--distributed_merge"  # what asked for `distributed`, for its error lines
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
+    # False: a checkpoint the streaming merge cannot reproduce (LoRA; a save-time conversion that is
+    # not one run of one checkpoint tensor) is refused in one line instead of going to verl's merger,
+    # which holds the whole model in host memory; `verl_fallback_hint` is what asked for that
+    verl_fallback: bool = True
+    verl_fallback_hint: str = "--no_verl_fallback"
 
 
 @dataclass
@@ -58,10 +63,15 @@ class MergeResult:
 @dataclass
 class MergePlan:
     plan: layout.Plan
-    name_map: dict[str, str]  # output name -> checkpoint name
+    takes: dict[str, layout.Take]  # output name -> the checkpoint tensor (or the part of one) it is
     total_parameters: int
     world_size: int
     fsdp_version: int | None
+
+    @property
+    def name_map(self) -> dict[str, str]:
+        """Output name -> the checkpoint name it reads."""
+        return {new: take.source for new, take in self.takes.items()}
 
     @property
     def weight_bytes(self) -> int:
@@ -69,12 +79,26 @@ class MergePlan:
 
 
 def make_plan(ckpt, hf: "HfSide", dtype: str, max_shard_size) -> MergePlan:
-    name_map = hf.output_names(list(ckpt.tensors), {n: t.shape for n, t in ckpt.tensors.items()})
-    return plan_names(ckpt, name_map, dtype, max_shard_size, hf.total_parameters())
+    from ..read.checkpoint_dir import CheckpointError
+    from .hf_side import ConfigMismatch
+
+    try:
+        takes = hf.output_sources(list(ckpt.tensors), {n: t.shape for n, t in ckpt.tensors.items()})
+    except ConfigMismatch as exc:  # one line naming the tensor, the rank file and the config
+        raise CheckpointError(f"{ckpt.tensors[exc.name].file_of(0)}: {exc}") from None
+    return plan_takes(ckpt, takes, dtype, max_shard_size, hf.total_parameters())
 
 
 def plan_names(ckpt, name_map: dict[str, str], dtype: str, max_shard_size, total_parameters: int) -> MergePlan:
+    """The plan of outputs that are whole checkpoint tensors ({output name: checkpoint name})."""
+    takes = {new: layout.Take(old, tuple(ckpt.tensors[old].shape)) for new, old in name_map.items()}
+    return plan_takes(ckpt, takes, dtype, max_shard_size, total_parameters)
+
+
+def plan_takes(ckpt, takes: dict[str, layout.Take], dtype: str, max_shard_size, total_parameters: int) -> MergePlan:
     st_dtype = DTYPE_NAMES[dtype]
-    specs = [layout.TensorSpec(new, st_dtype, ckpt.tensors[old].shape) for new, old in name_map.items()]
+    for take in takes.values():
+        take.check_source(ckpt.tensors[take.source].shape)
+    specs = [layout.TensorSpec(new, st_dtype, take.shape) for new, take in takes.items()]
     plan = layout.plan_files(specs, max_shard_size)
-    return MergePlan(plan, name_map, total_parameters, ckpt.world_size, ckpt.fsdp_version)
+    return MergePlan(plan, takes, total_parameters, ckpt.world_size, ckpt.fsdp_version)

@@ -19,6 +19,9 @@ WORKERS_ENV = "SLIMCKPT_MERGE_WORKERS"
 # verl's parser cannot carry --distributed_merge: ranks share the merge only when asked, never
 # because the shell has WORLD_SIZE/RANK (any torchrun, SLURM or PyTorchJob shell has them)
 DISTRIBUTED_ENV = "SLIMCKPT_MERGE_DISTRIBUTED"
+# `slimckpt merge --no_verl_fallback`: refuse what the streaming merge cannot do instead of handing
+# it to verl's own merger (this command's original code), which holds the whole model in host memory
+NO_FALLBACK_ENV = "SLIMCKPT_MERGE_NO_VERL_FALLBACK"
 
 
 def wrap_merge_and_save(original: Callable) -> Callable:
@@ -30,8 +33,9 @@ def wrap_merge_and_save(original: Callable) -> Callable:
     merger too. Env: SLIMCKPT_MERGE_DISTRIBUTED=1 under torchrun has the ranks share the work
     (`slimckpt merge --distributed_merge`; every rank must join within SLIMCKPT_MERGE_JOIN_TIMEOUT
     seconds, 600 by default); SLIMCKPT_MERGE_WORKERS=N writer processes; SLIMCKPT_MERGE_OVERWRITE=1
-    replaces a non-empty target (verl's parser has no such flags); SLIMCKPT_DISABLE=1 runs verl's
-    merger untouched.
+    replaces a non-empty target; SLIMCKPT_MERGE_NO_VERL_FALLBACK=1 refuses a checkpoint the
+    streaming merge does not handle (LoRA) instead of running verl's merger on it (verl's parser has
+    no such flags); SLIMCKPT_DISABLE=1 runs verl's merger untouched.
     """
     @functools.wraps(original)
     def merge_and_save(self) -> None:
@@ -53,6 +57,8 @@ def wrap_merge_and_save(original: Callable) -> Callable:
                             overwrite=os.environ.get(OVERWRITE_ENV) == "1", overwrite_hint=f"{OVERWRITE_ENV}=1",
                             workers=int(os.environ.get(WORKERS_ENV, "1")), distributed=distributed,
                             distributed_hint=f"{DISTRIBUTED_ENV}=1",
+                            verl_fallback=os.environ.get(NO_FALLBACK_ENV) != "1",
+                            verl_fallback_hint=f"{NO_FALLBACK_ENV}=1",
                             progress=sys.stderr.isatty() or os.environ.get("SLIMCKPT_PROGRESS") == "1")
         log.info("slimckpt: 'python -m verl.model_merger merge --backend fsdp' runs slimckpt's streaming merge "
                  "(SLIMCKPT_DISABLE=1 runs verl's own)")

@@ -35,7 +35,8 @@ def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
     torch.set_num_threads(1)
     try:
         for share in shares:
-            w = ShareWriter(partial, mp.plan, sources, OUT_DTYPES[dtype], chunk_bytes, progress, fsync=fsync)
+            w = ShareWriter(partial, mp.plan, sources, OUT_DTYPES[dtype], chunk_bytes, progress, fsync=fsync,
+                            takes=mp.takes)
             w.write_share(share)
             checksums.update(w.checksums)
     finally:

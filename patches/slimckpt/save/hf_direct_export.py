@@ -6,8 +6,11 @@ are) and calls save_pretrained. Here (collective over the checkpoint's gloo grou
 
   plan   (foreground, at save time) every rank reports the box (dim-0 rows, or the whole tensor
          when replicated) it holds of each tensor; rank 0 names the tensors as verl's hf_model /
-         save_pretrained would (hf_side.HfSide: tied embeddings, ignored keys, save-time renames),
-         lays out the files (layout) and assigns every box to one holder (export_assign).
+         save_pretrained would (hf_side.HfSide: tied embeddings, ignored keys, save-time renames,
+         and the per-expert tensors transformers 5 splits off an MoE layer's fused experts, each a
+         run of its source's elements: `layout.Take`), lays out the files (layout) and assigns every
+         box of a source to one holder (export_assign), who writes its part of every output taken
+         from that source (`export_assign.take_pieces`: where a box's elements land in an output).
   write  (after the DCP shards; in async mode on the background thread, from the staged copy)
          rank 0 creates the files at full size with their headers, the index and config.json /
          generation_config.json as save_pretrained writes them; then every rank pwrites its
@@ -30,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..format import layout
-from ..format.export_assign import AssignError, Box, assign_writers, box_runs, full_box, run_starts
+from ..format.export_assign import AssignError, Box, assign_writers, full_box, run_starts, take_pieces
 from ..log import get_logger
 
 log = get_logger("slimckpt.hf_direct_export")
@@ -52,12 +55,19 @@ class ExportError(RuntimeError):
 
 @dataclass
 class ExportJob:
-    """What this rank needs to write its part: the file plan and its (output name, box) list."""
+    """What this rank needs to write its part: the file plan, where each output comes from, and its
+    (output name, box of the output's source) list."""
 
     plan: layout.Plan
-    name_map: dict[str, str]  # output name -> state-dict key
+    takes: dict[str, layout.Take]  # output name -> the state-dict key (or the run of its elements) it is
     mine: list[tuple[str, Box]]
+    source_shapes: dict[str, tuple[int, ...]]  # state-dict key -> global shape
     total_parameters: int | None = None
+
+    @property
+    def name_map(self) -> dict[str, str]:
+        """Output name -> the state-dict key it reads."""
+        return {new: take.source for new, take in self.takes.items()}
 
 
 # --------------------------------------------------------------------------- what a rank holds
@@ -130,27 +140,51 @@ def _hf_side(manager, local_path: str):
     return side
 
 
-def _names_and_specs(manager, local_path: str, shapes: dict[str, tuple[int, ...]],
+def _takes_and_specs(manager, local_path: str, shapes: dict[str, tuple[int, ...]],
                      dtypes: dict[str, torch.dtype], aliases: dict[str, str], export_dtype: str):
-    from ..merge.hf_side import NeedsVerlMerger
+    """(HfSide, {output name: Take of a state-dict key}, specs), in save_pretrained's order."""
+    from ..merge.hf_side import ConfigMismatch, NeedsVerlMerger
 
     side = _hf_side(manager, local_path)
     all_shapes = dict(shapes)
     for alias, target in aliases.items():  # tied names the DCP state dropped: let HfSide decide
         all_shapes.setdefault(alias, shapes[target])
     try:
-        name_map = side.output_names(list(all_shapes), all_shapes)
+        sources = side.output_sources(list(all_shapes), all_shapes)
     except NeedsVerlMerger as exc:
         raise ExportError(f"the gather-free export cannot reproduce this model's save: {exc}; set "
                           f"checkpoint.export_hf=false and add 'hf_model' to checkpoint.save_contents") from None
+    except ConfigMismatch as exc:
+        raise ExportError(str(exc)) from None
     fixed = EXPORT_DTYPES[export_dtype]
-    specs = []
-    for new, old in name_map.items():
-        dtype = fixed or dtypes[aliases.get(old, old)]
+    specs, takes = [], {}
+    for new, take in sources.items():
+        key = aliases.get(take.source, take.source)
+        dtype = fixed or dtypes[key]
         if dtype not in ST_DTYPES:
-            raise ExportError(f"{old}: dtype {dtype} has no safetensors name; set checkpoint.export_dtype=bf16")
-        specs.append(layout.TensorSpec(new, ST_DTYPES[dtype], all_shapes[old]))
-    return side, {new: aliases.get(old, old) for new, old in name_map.items()}, specs
+            raise ExportError(f"{take.source}: dtype {dtype} has no safetensors name; set checkpoint.export_dtype=bf16")
+        specs.append(layout.TensorSpec(new, ST_DTYPES[dtype], take.shape))
+        takes[new] = layout.Take(key, take.shape, take.span)
+    return side, takes, specs
+
+
+def _shares(held: list[dict[str, Box]], takes: dict[str, layout.Take], shapes: dict[str, tuple[int, ...]],
+            plan: layout.Plan) -> list[list[tuple[str, Box]]]:
+    """Per rank, the (output name, box of its source) pairs it writes: every box of a source goes to
+    one of its holders (assign_writers, balanced by bytes), who writes its part of every output
+    taken from that source (none where the box holds none of the output's elements)."""
+    outputs: dict[str, list[str]] = {}
+    for new, take in takes.items():
+        outputs.setdefault(take.source, []).append(new)
+    itemsize = {src: max(plan.placements[n].spec.itemsize for n in names) for src, names in outputs.items()}
+    assigned = assign_writers([{src: h[src] for src in outputs if src in h} for h in held],
+                              {src: shapes[src] for src in outputs}, itemsize)
+    shares = []
+    for pairs in assigned:
+        mine = [(new, box) for src, box in pairs for new in outputs[src]
+                if takes[new].whole or take_pieces(shapes[src], box, takes[new].span)]
+        shares.append(sorted(mine, key=lambda nb: (plan.placements[nb[0]].file, plan.placements[nb[0]].begin)))
+    return shares
 
 
 # --------------------------------------------------------------------------- plan (collective)
@@ -199,14 +233,15 @@ def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: 
                 raise ExportError(errors[0])
             shapes = {n: s for n, (s, _) in meta.items()}
             dtypes = {n: d for n, (_, d) in meta.items()}
-            side, name_map, specs = _names_and_specs(manager, local_path, shapes, dtypes, aliases,
-                                                     str(getattr(config, "export_dtype", "auto")))
+            side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases,
+                                                  str(getattr(config, "export_dtype", "auto")))
             plan = layout.plan_files(specs, getattr(config, "max_shard_size", "5GB"))
-            out_shapes = {s.name: s.shape for s in specs}
-            holdings = [{new: h[old] for new, old in name_map.items() if old in h} for h, _ in held]
-            shares = assign_writers(holdings, out_shapes, {s.name: s.itemsize for s in specs})
+            for take in takes.values():
+                take.check_source(shapes[take.source])
+            shares = _shares([h for h, _ in held], takes, shapes, plan)
             total = side.total_parameters()
-            payload = [("ok", ExportJob(plan, name_map, share, total)) for share in shares]
+            used = {take.source: shapes[take.source] for take in takes.values()}
+            payload = [("ok", ExportJob(plan, takes, share, used, total)) for share in shares]
         except (ExportError, AssignError, layout.LayoutError) as exc:
             payload = [("error", str(exc))] * world
         except Exception as exc:  # noqa: BLE001 - every rank must hear about it
@@ -254,6 +289,7 @@ class _BoxWriter:
         self.chunk_bytes = max(1 << 16, chunk_bytes)
         self._fds: dict[str, int] = {}
         self._buffer: torch.Tensor | None = None
+        self._starts: dict[tuple[str, Box], list[int]] = {}
 
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
@@ -280,7 +316,10 @@ class _BoxWriter:
         out.copy_(src)
         return out
 
-    def write_box(self, out_name: str, value: Any, box: Box) -> int:
+    def write_box(self, out_name: str, value: Any, box: Box, take: layout.Take,
+                  source_shape: tuple[int, ...]) -> int:
+        """This rank's part of output `out_name`: the elements of its box of the source (`value`,
+        its local shard) that the output takes, each piece cast in chunks and pwritten in place."""
         from ..write.out_files import OutputError, pwrite_all
         from ..write.share_writer import as_bytes
 
@@ -290,16 +329,18 @@ class _BoxWriter:
         local = _local(value)
         if tuple(local.shape) != box.size:
             raise ExportError(f"{out_name}: local shard shape {tuple(local.shape)} != planned {box.size}")
-        n_runs, run_len, _ = box_runs(spec.shape, box)
-        # one row per run; contiguous shards (FSDP's, staged copies) are viewed, not copied
-        rows = local.reshape(n_runs, run_len)
+        starts = self._starts.get((take.source, box))
+        if starts is None:  # outputs split off one source share its box's runs
+            starts = self._starts[(take.source, box)] = run_starts(source_shape, box)
+        # contiguous shards (FSDP's, staged copies) are viewed, not copied
+        flat = local.reshape(-1)
         per_chunk = max(1, self.chunk_bytes // max(spec.itemsize, local.element_size()))
         fd = self._fd(placement.file)
         written = 0
-        for run, start in enumerate(run_starts(spec.shape, box)):
-            offset = placement.begin + start * spec.itemsize
-            for a in range(0, run_len, per_chunk):
-                chunk = self._staged(rows[run, a:a + per_chunk], dtype)
+        for piece in take_pieces(source_shape, box, take.span, starts):
+            offset = placement.begin + piece.out_start * spec.itemsize
+            for a in range(piece.local_start, piece.local_end, per_chunk):
+                chunk = self._staged(flat[a:min(piece.local_end, a + per_chunk)], dtype)
                 data = as_bytes(chunk)
                 try:
                     pwrite_all(fd, data, offset)
@@ -324,6 +365,7 @@ class _BoxWriter:
                 os.close(fd)
         self._fds.clear()
         self._buffer = None
+        self._starts.clear()
         if first is not None:
             raise first
 
@@ -348,7 +390,8 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
     ok, message = True, ""
     try:
         for out_name, box in job.mine:
-            written += writer.write_box(out_name, model_state[job.name_map[out_name]], box)
+            take = job.takes[out_name]
+            written += writer.write_box(out_name, model_state[take.source], box, take, job.source_shapes[take.source])
         writer.close(sync=True)
     except Exception as exc:  # noqa: BLE001 - reported to every rank
         with contextlib.suppress(Exception):

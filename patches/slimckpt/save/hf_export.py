@@ -19,8 +19,11 @@ log = get_logger("slimckpt.hf_export")
 HF_SUBDIR = "huggingface"
 
 
-def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str) -> None:
-    """Collective over the default process group: every rank must call it after the save."""
+def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allow_verl_fallback: bool = True) -> None:
+    """Collective over the default process group: every rank must call it after the save. MoE
+    experts (split per expert on save) are streamed like any tensor; what the streaming merge does
+    not handle (a LoRA actor) goes to verl's merger on rank 0, logged with the host memory it takes,
+    or, with `allow_verl_fallback` off, is refused; either way every rank ends the same way."""
     from ..merge.pipeline import merge
     from ..merge.plan import MergeError, MergeOptions
 
@@ -37,6 +40,8 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str) -> N
         progress=False,
         overwrite_hint="(in-training export)",
         lock_source=False,  # the trainer holds the step's writer lock (slimckpt.save.errors)
+        verl_fallback=allow_verl_fallback,
+        verl_fallback_hint="checkpoint.allow_verl_fallback=false",
     )
     try:
         result = merge(opts)

@@ -2,6 +2,8 @@
 
     torchrun --nproc_per_node 2 -m slimckpt.testing.fsdp_checkpoint --out /tmp/ckpt/actor \
         --model llama --layers 2 --hidden 64 [--mesh 1d|2d] [--fsdp-version 2|1]
+    torchrun --nproc_per_node 2 -m slimckpt.testing.fsdp_checkpoint --out /tmp/ckpts \
+        --models qwen3-moe,mixtral,olmoe,qwen2-moe,deepseek-v3 --experts 3 --steps 0
 
 The model comes from a transformers config built here (fixed seed, fp32 master weights as verl
 keeps them), is wrapped like verl wraps it (FSDP2: `fully_shard` on every decoder layer, then the
@@ -11,7 +13,10 @@ model+optimizer+extra: exactly the files verl writes (`model_world_size_{W}_rank
 `optim_...`, `extra_state_...`, `fsdp_config.json`, `huggingface/`).
 
 Size knobs (--layers/--hidden/--intermediate/--vocab/--heads) make the ~0.25B/0.5B/1B models
-the benchmarks use; --size-preset picks those. `--steps N` runs N AdamW steps first so the
+the benchmarks use; --size-preset picks those. The mixture-of-experts families (`MOE_MODELS`, with
+--experts routed experts of --intermediate/4 each, fused by transformers 5 into one [E, 2I, H] and
+one [E, H, I] tensor per layer) are built the same way; `--models a,b,...` saves several models
+in one torchrun (one process group, one import of verl), each into `<out>/<model>`. `--steps N` runs N AdamW steps first so the
 optimizer file holds real state (costs 3x the model in memory; benchmarks use --steps 0).
 """
 
@@ -38,8 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Save a verl FSDP checkpoint of a random model on CPU (run under torchrun).",
     )
     p.add_argument("--out", required=True, help="checkpoint dir to write (verl's <step>/actor)")
-    p.add_argument("--model", choices=["llama", "qwen2-tied", "qwen2"], default="llama",
-                   help="llama (untied lm_head) or qwen2 with tie_word_embeddings=True")
+    p.add_argument("--model", choices=["llama", "qwen2-tied", "qwen2", *MOE_MODELS], default="llama",
+                   help="llama (untied lm_head), qwen2 with tie_word_embeddings=True, or a mixture-of-experts family")
+    p.add_argument("--models", default=None,
+                   help="several of --model's choices, comma separated: each saved into <out>/<model> in this run")
+    p.add_argument("--experts", type=int, default=4, help="routed experts of the mixture-of-experts families")
     p.add_argument("--size-preset", choices=sorted(PRESETS), default=None,
                    help="fills layers/hidden/intermediate/vocab/heads; explicit flags still win")
     p.add_argument("--layers", type=int, default=None)
@@ -67,6 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="verl checkpoint.save_contents, comma separated (add hf_model for verl's own HF export)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    args.models = args.models.split(",") if args.models else None
+    unknown = [m for m in args.models or () if m not in ("llama", "qwen2-tied", "qwen2", *MOE_MODELS)]
+    if unknown:
+        p.error(f"--models: unknown model {unknown[0]!r}")
     preset = PRESETS[args.size_preset or "tiny"]
     for name, value in zip(("layers", "hidden", "intermediate", "vocab", "heads", "kv_heads"), preset):
         if getattr(args, name) is None:
@@ -74,20 +86,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_config(args: argparse.Namespace):
+MOE_MODELS = ("qwen3-moe", "mixtral", "olmoe", "qwen2-moe", "deepseek-v3")
+
+
+def build_config(args: argparse.Namespace, model: str | None = None):
+    model = model or args.model
     common = dict(
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         max_position_embeddings=256, attn_implementation="sdpa",
         bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )
-    if args.model == "llama":
+    if model in MOE_MODELS:
+        return moe_config(model, args, common)
+    if model == "llama":
         from transformers import LlamaConfig
 
         return LlamaConfig(tie_word_embeddings=False, architectures=["LlamaForCausalLM"], **common)
     from transformers import Qwen2Config
 
-    return Qwen2Config(tie_word_embeddings=args.model == "qwen2-tied", architectures=["Qwen2ForCausalLM"], **common)
+    return Qwen2Config(tie_word_embeddings=model == "qwen2-tied", architectures=["Qwen2ForCausalLM"], **common)
+
+
+def moe_config(model: str, args: argparse.Namespace, common: dict):
+    """A mixture-of-experts family's config: args.experts routed experts of intermediate/4 each,
+    2 per token; DeepSeek-V3 with MLA, one shared expert and its first layer dense."""
+    import transformers
+
+    moe = max(8, args.intermediate // 4)
+    experts = args.experts
+    routed = dict(num_experts_per_tok=min(2, experts), tie_word_embeddings=False)
+    if model == "qwen3-moe":
+        return transformers.Qwen3MoeConfig(moe_intermediate_size=moe, num_experts=experts,
+                                           head_dim=args.hidden // args.heads, architectures=["Qwen3MoeForCausalLM"],
+                                           **routed, **common)
+    if model == "mixtral":
+        return transformers.MixtralConfig(num_local_experts=experts, architectures=["MixtralForCausalLM"],
+                                          **routed, **{**common, "intermediate_size": moe})
+    if model == "olmoe":
+        return transformers.OlmoeConfig(num_experts=experts, architectures=["OlmoeForCausalLM"],
+                                        **routed, **{**common, "intermediate_size": moe})
+    if model == "qwen2-moe":
+        return transformers.Qwen2MoeConfig(moe_intermediate_size=moe, num_experts=experts,
+                                           shared_expert_intermediate_size=2 * moe,
+                                           architectures=["Qwen2MoeForCausalLM"], **routed, **common)
+    head = args.hidden // args.heads
+    return transformers.DeepseekV3Config(
+        moe_intermediate_size=moe, n_routed_experts=experts, n_shared_experts=1, n_group=1, topk_group=1,
+        first_k_dense_replace=1, q_lora_rank=args.hidden // 2, kv_lora_rank=args.hidden // 4,
+        qk_rope_head_dim=head // 2, qk_nope_head_dim=head // 2, v_head_dim=head,
+        architectures=["DeepseekV3ForCausalLM"], **routed, **common)
 
 
 def build_tokenizer(vocab: int):
@@ -154,13 +202,8 @@ def train_steps(model, optimizer, vocab: int, steps: int, seed: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
     import torch.distributed as dist
-    from omegaconf import OmegaConf
     from torch.distributed.device_mesh import init_device_mesh
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -174,8 +217,29 @@ def main(argv: list[str] | None = None) -> int:
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
         fsdp_size = world
 
+    for name in args.models or [args.model]:
+        out = os.path.join(args.out, name) if args.models else args.out
+        n_params = save_one(args, name, out, mesh, fsdp_size)
+        if rank == 0:
+            print(json.dumps({"out": os.path.abspath(out), "model": name, "world_size": world, "params": n_params,
+                              "fsdp_version": args.fsdp_version, "mesh": args.mesh}))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int) -> int:
+    """Build model `name` (seeded), wrap it as verl does, and save it with verl's manager into `out`."""
+    import shutil
+
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
     torch.manual_seed(args.seed)
-    config = build_config(args)
+    config = build_config(args, name)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     gen_dir = None
@@ -206,17 +270,10 @@ def main(argv: list[str] | None = None) -> int:
                                  "load_contents": ["model", "optimizer", "extra"]})
     manager = FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                     processing_class=tokenizer, checkpoint_config=ckpt_cfg)
-    manager.save_checkpoint(local_path=args.out, global_step=args.steps)
-    if rank == 0:
-        print(json.dumps({"out": os.path.abspath(args.out), "world_size": world, "params": n_params,
-                          "fsdp_version": args.fsdp_version, "mesh": args.mesh}))
-    dist.barrier()
-    dist.destroy_process_group()
+    manager.save_checkpoint(local_path=out, global_step=args.steps)
     if gen_dir:
-        import shutil
-
         shutil.rmtree(gen_dir, ignore_errors=True)
-    return 0
+    return n_params
 
 
 if __name__ == "__main__":

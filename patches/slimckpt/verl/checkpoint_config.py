@@ -22,7 +22,8 @@ RECIPES = ("quickstart", "intermediate", "incremental")
 # arrives as the string "stream", and a non-empty string is true. `true`/`false` arrive as bools;
 # the strings "true"/"false" (an `${oc.env:...}` interpolation) and integer strings are taken too,
 # as OmegaConf takes them for a typed field.
-BOOL_FIELDS = ("measure", "export_hf", "incremental_save", "verify", "async_save", "save_lora_only")
+BOOL_FIELDS = ("measure", "export_hf", "incremental_save", "verify", "async_save", "save_lora_only",
+               "allow_verl_fallback")
 INT_FIELDS = ("bucket_mb", "write_threads")
 FLOAT_FIELDS = ("host_memory_budget_gb",)
 ENUM_FIELDS = {
@@ -90,6 +91,10 @@ class SlimCheckpointConfig(CheckpointConfig):
         the parameters' own dtype, what verl's hf_model save writes (fp32 master weights -> fp32);
         bf16 is what verl's model_merger writes.
     max_shard_size: largest safetensors file of the export, as Hugging Face's ("5GB").
+    allow_verl_fallback: the intermediate tier's export of a model its streaming merge does not
+        handle (a LoRA actor) runs verl's own merger on rank 0, which holds the whole model in host
+        memory (logged with how much); false refuses instead: the save fails on every rank in one
+        line (then on_save_error applies). MoE experts are streamed either way.
     incremental_save: write resume state (model, optimizer, extra) as a reshardable DCP
         checkpoint, streamed tensor by tensor (slimckpt.save.resume_state), committed by a manifest.
     bucket_mb: host bytes (MiB) a streaming save may copy ahead from the accelerator per write
@@ -117,6 +122,7 @@ class SlimCheckpointConfig(CheckpointConfig):
     host_memory_budget_gb: float = 16.0
     verify: bool = True
     on_save_error: str = "stop"
+    allow_verl_fallback: bool = True
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)

@@ -19,6 +19,7 @@ No torch here, by design.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,13 +63,16 @@ def check(sources: dict, out_dtype: str) -> None:
 
 def write_plan(root: str, plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int,
                progress: Callable[[int], None] | None = None, fsync: bool = True,
-               algo: str = DEFAULT_ALGO, stats: WriterStats | None = None) -> dict[str, str]:
+               algo: str = DEFAULT_ALGO, stats: WriterStats | None = None,
+               takes: dict[str, layout.Take] | None = None) -> dict[str, str]:
     """Every weight byte of `plan` (files made by `out_files.create_files`), from `sources`
-    ({output name: pt_index.IndexedTensor}); returns the checksums of the files written. `stats`,
-    when given, receives where the time went."""
+    ({output name: pt_index.IndexedTensor}); returns the checksums of the files written. `takes`
+    says which outputs are parts of their source (default: none). `stats`, when given, receives
+    where the time went."""
     start = time.perf_counter()
     check(sources, out_dtype)
-    chunks, reads = _chunks(plan, sources, out_dtype, max(1, chunk_bytes))
+    spans = {name: t.span for name, t in (takes or {}).items() if not t.whole}
+    chunks, reads = _chunks(plan, sources, out_dtype, max(1, chunk_bytes), spans)
     out = OutputFiles(root, plan, direct_io.aligned_buffer, chunk_bytes, progress, algo, fsync)
     out.ring.min_bytes = max((c.nbytes for c in chunks), default=1)
     prefetch = direct_read.Prefetcher(reads)
@@ -113,10 +117,11 @@ def _write_chunk(out: OutputFiles, prefetch: direct_read.Prefetcher, c: _Chunk, 
     out.submit(c.file, data, c.offset)
 
 
-def _chunks(plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int
-            ) -> tuple[list[_Chunk], list[direct_read.ChunkRead]]:
+def _chunks(plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int,
+            spans: dict[str, tuple[int, int]] | None = None) -> tuple[list[_Chunk], list[direct_read.ChunkRead]]:
     """The plan in write order as chunks of at most `chunk_bytes` of source each, and the reads
-    they need, in the order they need them."""
+    they need, in the order they need them. An output in `spans` is that run of its source's
+    elements: its chunks count elements, not rows, and may cross the source's rows."""
     chunks: list[_Chunk] = []
     reads: list[direct_read.ChunkRead] = []
     casters: dict[str, np_cast.Caster] = {}  # one per source dtype: each keeps its own scratch block
@@ -126,6 +131,9 @@ def _chunks(plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int
         if seg.row_end <= seg.row_start or placement.end == placement.begin:
             continue
         caster = casters.get(src.dtype) or casters.setdefault(src.dtype, np_cast.Caster(src.dtype, out_dtype))
+        if spans and seg.name in spans:
+            _slice_chunks(chunks, reads, seg, src, placement, spans[seg.name][0], caster, chunk_bytes)
+            continue
         row_items = layout.dim0_row_bytes(src.shape, 1) if src.shape else 1  # elements per output row
         step = max(1, chunk_bytes // (row_items * max(src.itemsize, caster.out_width)))
         if src.shard_dim == 0:
@@ -151,3 +159,34 @@ def _chunks(plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int
                 chunks.append(_Chunk(placement.file, offset, nbytes, positions, caster, seg.name))
                 offset += nbytes
     return chunks, reads
+
+
+def _slice_chunks(chunks: list[_Chunk], reads: list[direct_read.ChunkRead], seg: layout.Segment, src,
+                  placement: layout.Placement, span_start: int, caster: np_cast.Caster, chunk_bytes: int) -> None:
+    """Rows [row_start, row_end) of an output that is its source's elements from `span_start` on:
+    element chunks of each dim-0 shard (or of rank 0's copy, the others compared)."""
+    spec = placement.spec
+    per_row = spec.numel // spec.rows if spec.rows else 0
+    e0, e1 = seg.row_start * per_row, seg.row_end * per_row
+    numel = [math.prod(p.shape) for p in src.pieces]
+    if src.shard_dim == 0:
+        ranges = [(r.source, r.local_start, r.local_end, r.out_start)
+                  for r in layout.take_ranges(span_start, numel, e0, e1)]
+        copies = None
+    else:
+        ranges = [(0, span_start + e0, span_start + e1, e0)]
+        copies = range(len(src.pieces))
+    step = max(1, chunk_bytes // max(src.itemsize, caster.out_width))
+    for source, a, b, out_start in ranges:
+        offset = placement.begin + out_start * caster.out_width
+        for start in range(a, b, step):
+            end = min(b, start + step)
+            positions = []
+            for k in (copies if copies is not None else (source,)):
+                piece = src.pieces[k]
+                positions.append(len(reads))
+                reads.append(direct_read.ChunkRead(piece.path, piece.offset + start * src.itemsize,
+                                                   (end - start) * src.itemsize))
+            nbytes = (end - start) * caster.out_width
+            chunks.append(_Chunk(placement.file, offset, nbytes, positions, caster, seg.name))
+            offset += nbytes

@@ -12,10 +12,16 @@ keeps the disk busy; host memory is a few chunks. A cast chunk is placed in its 
 its file offset modulo `direct_io.ALIGN`, so all of it but a partial block at each end goes to
 the disk with O_DIRECT (`direct_io` says why); where the filesystem refuses O_DIRECT, or
 SLIMCKPT_DIRECT_IO=0, the same bytes go through the page cache and the mmap.
+
+An output that is a part of a checkpoint tensor (a `layout.Take` with a span: one expert split off
+a fused MoE tensor) is written the same way from a flat view of each dim-0 shard, in chunks of
+elements; a part of a tensor sharded on another dim, or held unsharded by every rank, is cut from
+the few source rows that hold each chunk.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -50,13 +56,24 @@ class _RowChunk:
     nbytes: int  # in the output dtype
 
 
+@dataclass
+class _SliceSegment:
+    """Output elements [start, end) of a part-of-a-tensor output, cut from whole source rows."""
+
+    name: str
+    start: int
+    end: int
+
+
 class ShareWriter:
-    """Writes one worker's share of a plan into the files `create_files` made."""
+    """Writes one worker's share of a plan into the files `create_files` made; `takes` says which
+    outputs are parts of their source (by default every output is its whole source)."""
 
     def __init__(self, root: str, plan: layout.Plan, sources: dict[str, SourceTensor], out_dtype: torch.dtype,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress | None = None,
-                 algo: str = DEFAULT_ALGO, fsync: bool = True) -> None:
+                 algo: str = DEFAULT_ALGO, fsync: bool = True, takes: dict[str, layout.Take] | None = None) -> None:
         self.plan, self.sources, self.out_dtype = plan, sources, out_dtype
+        self.spans = {name: t.span for name, t in (takes or {}).items() if not t.whole}
         self.out_width = torch.empty((), dtype=out_dtype).element_size()
         self.chunk_bytes = max(1, chunk_bytes)
         self.out = OutputFiles(root, plan, direct_io.aligned_empty, self.chunk_bytes, progress, algo, fsync)
@@ -90,14 +107,17 @@ class ShareWriter:
                 prefetch.close()
         self.close()
 
-    def _chunks(self, share: list[layout.Segment]) -> list[_RowChunk | layout.Segment]:
+    def _chunks(self, share: list[layout.Segment]) -> list[_RowChunk | layout.Segment | _SliceSegment]:
         """The share in write order: dim-0 shards as row chunks (each read, cast and written as one
         piece), other segments whole (their writers chunk them themselves)."""
-        out: list[_RowChunk | layout.Segment] = []
+        out: list[_RowChunk | layout.Segment | _SliceSegment] = []
         for seg in share:
             src = self.sources[seg.name]
             placement = self.plan.placements[seg.name]
             if seg.row_end <= seg.row_start or placement.end == placement.begin:
+                continue
+            if seg.name in self.spans:
+                out.extend(self._slice_chunks(seg, src, placement))
                 continue
             if src.shard_dim != 0:
                 out.append(seg)
@@ -115,7 +135,29 @@ class ShareWriter:
                     offset += chunk.nbytes
         return out
 
-    def _prefetcher(self, items: list[_RowChunk | layout.Segment]) -> direct_read.Prefetcher | None:
+    def _slice_chunks(self, seg: layout.Segment, src: SourceTensor, placement: layout.Placement
+                      ) -> list[_RowChunk | _SliceSegment]:
+        """Rows [row_start, row_end) of an output that is elements [span) of its source. From dim-0
+        shards (contiguous, as FSDP and torch.load leave them): flat element chunks of each shard,
+        read and written like row chunks (so too from a single unsharded copy); else one `_SliceSegment`."""
+        spec = placement.spec
+        per_row = spec.numel // spec.rows if spec.rows else 0
+        e0, e1 = seg.row_start * per_row, seg.row_end * per_row
+        one_copy = src.shard_dim is None and len(src.pieces) == 1  # a replicated DTensor, or world size 1
+        if not (src.shard_dim == 0 or one_copy) or not all(p.is_contiguous() for p in src.pieces):
+            return [_SliceSegment(seg.name, e0, e1)]
+        flat = [p.reshape(-1) for p in src.pieces]
+        step = max(1, self.chunk_bytes // max(src.pieces[0].element_size(), self.out_width))
+        out: list[_RowChunk | _SliceSegment] = []
+        for r in layout.take_ranges(self.spans[seg.name][0], [p.numel() for p in flat], e0, e1):
+            offset = placement.begin + r.out_start * self.out_width
+            for start in range(r.local_start, r.local_end, step):
+                end = min(r.local_end, start + step)
+                out.append(_RowChunk(placement.file, flat[r.source], start, end, offset, (end - start) * self.out_width))
+                offset += (end - start) * self.out_width
+        return out
+
+    def _prefetcher(self, items: list[_RowChunk | layout.Segment | _SliceSegment]) -> direct_read.Prefetcher | None:
         if not self.direct:
             return None
         paths = sorted({src.file_of(k) for src in self.sources.values() for k in range(len(src.pieces))
@@ -127,7 +169,11 @@ class ShareWriter:
                  for it in items]
         return direct_read.Prefetcher(reads) if any(reads) else None
 
-    def _write_item(self, i: int, item: _RowChunk | layout.Segment, prefetch: direct_read.Prefetcher | None) -> None:
+    def _write_item(self, i: int, item: _RowChunk | layout.Segment | _SliceSegment,
+                    prefetch: direct_read.Prefetcher | None) -> None:
+        if isinstance(item, _SliceSegment):
+            self._write_slice_by_rows(item)
+            return
         if not isinstance(item, _RowChunk):
             src = self.sources[item.name]
             placement = self.plan.placements[item.name]
@@ -192,6 +238,55 @@ class ShareWriter:
             data = as_bytes(chunk)
             self.out.submit(placement.file, data, offset)
             offset += len(data)
+
+
+    def _write_slice_by_rows(self, item: _SliceSegment) -> None:
+        """Output elements [start, end) of a part of a source that is sharded on dim d > 0 or held
+        whole by every rank: per chunk, the source rows holding it (every shard's slice of them
+        concatenated; rank 0's copy, the others compared as in `_write_plain`), cut to the chunk.
+        Rows are fetched once and kept while the next chunks fall in them (a fused expert's row is
+        many chunks): memory is a chunk's worth of rows, or the two rows one chunk spans."""
+        src = self.sources[item.name]
+        placement = self.plan.placements[item.name]
+        span0 = self.spans[item.name][0]
+        rows_total = src.shape[0] if src.shape else 1
+        row_elems = math.prod(src.shape[1:]) if src.shape else 1
+        step = max(1, self.chunk_bytes // max(src.pieces[0].element_size(), self.out_width))
+        offset = placement.begin + item.start * self.out_width
+        held, h0, h1 = None, 0, 0  # rows [h0, h1) of the source, flat
+        for a in range(item.start, item.end, step):
+            g0, g1 = span0 + a, span0 + min(item.end, a + step)
+            r0, r1 = g0 // row_elems, -(-g1 // row_elems)
+            if held is None or r0 < h0 or r1 > h1:
+                held = None  # free the old rows before the new ones are made
+                h0, h1 = r0, min(rows_total, max(r1, r0 + step // row_elems))
+                held = self._source_rows(src, h0, h1).reshape(-1)
+            chunk = held[g0 - h0 * row_elems:g1 - h0 * row_elems]
+            data = as_bytes(self._cast(chunk, offset))
+            self.out.submit(placement.file, data, offset)
+            offset += len(data)
+
+    def _source_rows(self, src: SourceTensor, r0: int, r1: int) -> torch.Tensor:
+        """Dim-0 rows [r0, r1) of the whole source tensor, in the output dtype, contiguous."""
+        if src.shard_dim is None:
+            first = src.pieces[0].reshape(1) if src.pieces[0].dim() == 0 else src.pieces[0]
+            rows = first[r0:r1].to(self.out_dtype)
+            for k, other in enumerate(src.pieces[1:], start=1):
+                other = other.reshape(1) if other.dim() == 0 else other
+                if not torch.equal(other[r0:r1].to(self.out_dtype), rows):
+                    raise CheckpointError(
+                        f"{src.file_of(k)}: unsharded entry {src.name!r} differs from rank {src.ranks[0]}'s copy; "
+                        f"the rank files come from different steps: re-copy the checkpoint")
+            return rows.contiguous()
+        if src.shard_dim == 0:
+            parts, base = [], 0
+            for p in src.pieces:
+                a, b = max(r0, base), min(r1, base + p.shape[0])
+                if a < b:
+                    parts.append(p[a - base:b - base].to(self.out_dtype))
+                base += p.shape[0]
+            return torch.cat(parts, dim=0).contiguous()
+        return torch.cat([p[r0:r1].to(self.out_dtype) for p in src.pieces], dim=src.shard_dim).contiguous()
 
 
 def checksum_files(root: str, names: list[str], algo: str = DEFAULT_ALGO) -> dict[str, str]:
