@@ -93,9 +93,11 @@ def read_train_meta(local_dir: str) -> tuple[dict | None, dict]:
     return (result or None), raw
 
 
-def settings(local_dir: str, lora_names: list[str], shapes: dict[str, tuple[int, ...]]) -> LoraSettings:
+def settings(local_dir: str, lora_names: list[str], shapes: dict[str, tuple[int, ...]],
+             meta: dict | None = None) -> LoraSettings:
     """Rank, alpha, task type and target modules as verl's merger settles them, with its warnings
-    (one line when lora_train_meta.json is missing or gives no alpha)."""
+    (one line when lora_train_meta.json is missing or gives no alpha). `meta`, when given, stands for
+    that file's content (an in-training export: what verl's manager writes into it)."""
     targets: set[str] = set()
     for name in lora_names:  # in state-dict order, into a set, as verl does (the set's order is its output's)
         targets.add(adapter_output_name(name).split(".")[-3])
@@ -105,7 +107,7 @@ def settings(local_dir: str, lora_names: list[str], shapes: dict[str, tuple[int,
         raise MergeError(f"LoRA tensor {last!r} has shape {list(shape)}: verl's merger infers the rank from the "
                          f"last adapter tensor's 2 dims and fails on it")
     inferred = min(shape[0], shape[1])
-    meta, raw = read_train_meta(local_dir)
+    meta, raw = read_train_meta(local_dir) if meta is None else (meta, dict(meta))
     r, alpha, task_type = inferred, 0, None
     if meta is not None:
         meta_r = meta.get("r")
@@ -166,6 +168,9 @@ def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str 
             raise MergeError(f"{ckpt.tensors[n].file_of(0)}: {n!r} and {renamed[new]!r} both become {new!r} once "
                              f"peft's names are undone")
         renamed[new] = n
+    if not renamed:
+        raise MergeError(f"{ckpt.local_dir} holds LoRA weights only (verl's save_lora_only): there is no base "
+                         f"model to write; merge a checkpoint saved with the whole model")
     try:
         takes = hf.output_sources(list(renamed), {new: shapes[old] for new, old in renamed.items()})
     except ConfigMismatch as exc:
