@@ -389,7 +389,7 @@ def test_cli_help_and_bad_options(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--local_dir", "--target_dir", "--dtype", "--max_shard_size", "--workers", "--distributed_merge",
-                 "--overwrite"):
+                 "--overwrite", "--merge_lora"):
         assert flag in out
     assert cli.main([]) == 2
     rc, err = merge_cli(capsys, "--local_dir", "x", "--target_dir", "y", "--max_shard_size", "5G")

@@ -18,8 +18,10 @@ the checkpoint's key order (verl iterates a Python set, so its split varies run 
 An output that transformers' save splits off a fused tensor (transformers 5 stores an MoE layer's
 experts as one `[E, 2I, H]` tensor and saves them per expert) is planned as the run of the source's
 elements it is (`hf_side.HfSide.output_sources`, `layout.Take`) and streamed like any other.
-LoRA checkpoints, and models whose save makes tensors that are not one run of one checkpoint
-tensor (a transpose, a concatenation), go to verl's own merger, with a log line saying so and the
+A LoRA checkpoint is planned by `lora.plan_lora` (the base model with peft's names undone plus
+`lora_adapter/`, or with `--merge_lora` the adapter merged into the base weights) and streamed the
+same way. Models whose save makes tensors that are not one run of one checkpoint
+tensor (a transpose, a concatenation) go to verl's own merger, with a log line saying so and the
 host memory it takes (`verl_merger_memory`); `MergeOptions.verl_fallback=False` refuses them
 instead. Under torchrun (and in the intermediate tier's export) verl's merger runs on rank 0 and
 its failure is raised on every rank.

@@ -43,7 +43,7 @@ class MergeOptions:
     overwrite_hint: str = "--overwrite"
     distributed_hint: str = "--distributed_merge"  # what asked for `distributed`, for its error lines
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
-    # False: a checkpoint the streaming merge cannot reproduce (LoRA; a save-time conversion that is
+    # False: a checkpoint the streaming merge cannot reproduce (a save-time conversion that is
     # not one run of one checkpoint tensor) is refused in one line instead of going to verl's merger,
     # which holds the whole model in host memory; `verl_fallback_hint` is what asked for that
     verl_fallback: bool = True
