@@ -295,6 +295,89 @@ def scenario_moe(args) -> None:
     _write(args, out, "moe_export_result.json")
 
 
+def tree_digest(path: str) -> dict[str, str]:
+    """Every file under `path` but slimckpt's manifest: relative path -> sha256 of its bytes."""
+    import hashlib
+
+    out = {}
+    for root, _, names in os.walk(path):
+        for n in names:
+            full = os.path.join(root, n)
+            rel = os.path.relpath(full, path)
+            if rel != "manifest.json":
+                out[rel] = hashlib.sha256(open(full, "rb").read()).hexdigest()
+    return dict(sorted(out.items()))
+
+
+def verl_merged(local_dir: str, target: str) -> None:
+    """verl 0.9.1's own FSDPModelMerger (unpatched) on `local_dir`."""
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    os.makedirs(target, exist_ok=True)
+    merger = FSDPModelMerger(ModelMergerConfig(operation="merge", backend="fsdp", local_dir=local_dir, target_dir=target,
+                                               hf_model_config_path=os.path.join(local_dir, "huggingface")))
+    getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)(merger)
+
+
+def scenario_lora(args) -> None:
+    """A LoRA actor (peft on q_proj/v_proj, r=4, alpha=8, one AdamW step so B is not zero), FSDP2 on 2
+    ranks. Reference: verl's manager saves it, verl's own merger merges that (rank 0). Then the
+    intermediate tier's export (bf16; and with export_merge_lora=true) and the incremental tier's
+    gather-free one (bf16). D/lora_export_result.json: file digests of each, and the merged export
+    against peft's merge_and_unload() of the reference."""
+    from verl.trainer.config import CheckpointConfig
+
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
+    resume_scenarios.LORA_RANK = 4
+    root = args.dir
+    run = Run(seed=0, ckpt_config=CheckpointConfig(save_contents=["model", "optimizer", "extra"]))
+    run.step()
+    dirs = {k: os.path.join(root, k, "global_step_1", "actor") for k in ("verl", "intermediate", "merged", "incremental")}
+    run.manager.save_checkpoint(dirs["verl"], global_step=1)
+    run.manager.checkpoint_save_contents = ["model"]
+    seconds = {}
+    for kind, merge_lora in (("intermediate", False), ("merged", True)):
+        run.manager.checkpoint_config = SlimCheckpointConfig(
+            recipe="intermediate", save_contents=["model"], load_contents=["model"], export_hf=True,
+            export_dtype="bf16", measure=False, export_merge_lora=merge_lora)
+        t0 = time.perf_counter()
+        run.manager.save_checkpoint(dirs[kind], global_step=1)
+        seconds[kind] = time.perf_counter() - t0
+    run.manager.checkpoint_config = slim_config(export_hf=True, export_dtype="bf16")
+    run.manager.checkpoint_save_contents = ["model", "optimizer", "extra"]
+    t0 = time.perf_counter()
+    run.manager.save_checkpoint(dirs["incremental"], global_step=1)
+    seconds["incremental"] = time.perf_counter() - t0
+    from slimckpt.save.resume_state import finish_pending
+
+    finish_pending()
+    dist.barrier()
+    if dist.get_rank() != 0:
+        return
+    ref = os.path.join(root, "verl_merged")
+    verl_merged(dirs["verl"], ref)
+    out = {"seconds": seconds, "reference": tree_digest(ref)}
+    for kind in ("intermediate", "merged", "incremental"):
+        out[kind] = tree_digest(os.path.join(dirs[kind], "huggingface"))
+    # peft's merge_and_unload() of the reference (bf16 base + adapter) against the merged export, as loaded
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.bfloat16)
+    want = PeftModel.from_pretrained(base, os.path.join(ref, "lora_adapter")).merge_and_unload().state_dict()
+    got = AutoModelForCausalLM.from_pretrained(os.path.join(dirs["merged"], "huggingface"),
+                                               dtype=torch.bfloat16).state_dict()
+    unmerged = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.bfloat16).state_dict()
+    out["merged_vs_peft"] = {
+        "same_keys": sorted(got) == sorted(want),
+        "max_abs_diff": max((got[k].float() - want[k].float()).abs().max().item() for k in want if k in got),
+        "changed": sorted(k for k in got if not torch.equal(got[k], unmerged[k])),
+    }
+    _write(args, out, "lora_export_result.json")
+
+
 def measure(args) -> dict:
     """Per-rank extra peak RssAnon: the gather-free export step vs verl's hf_model save."""
     import gc

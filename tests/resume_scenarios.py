@@ -31,6 +31,7 @@ VOCAB, STEPS_BEFORE, STEPS_AFTER, SAVE_STEP = 64, 3, 3, 3
 MODEL = "llama"  # --model qwen2-tied: tied embeddings (lm_head.weight is embed_tokens.weight)
 FSDP_VERSION = 2  # --fsdp 1: FullyShardedDataParallel (verl's strategy=fsdp)
 PLACEMENT = "dim0"  # FSDP2: "divisible" shards each parameter on its first dim divisible by the world size
+LORA_RANK = 0  # > 0: the model wrapped by peft (LoRA of this rank, alpha 2r, on q_proj/v_proj), as verl's actor
 
 
 def tiny_args():
@@ -52,9 +53,14 @@ class Run:
         torch.manual_seed(seed)
         world = dist.get_world_size()
         model = AutoModelForCausalLM.from_config(build_config(tiny_args()))
+        if LORA_RANK:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, task_type="CAUSAL_LM",
+                                                     target_modules=["q_proj", "v_proj"]))
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
         self.model = wrap_fsdp2(model, mesh, PLACEMENT, world) if FSDP_VERSION == 2 else wrap_fsdp1(model, mesh)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, weight_decay=0.01)
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 4))
         self.manager = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler,
                                              processing_class=build_tokenizer(VOCAB), checkpoint_config=ckpt_config)

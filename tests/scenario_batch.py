@@ -39,6 +39,7 @@ SCENARIOS = {
     "refuse": (resume_scenarios.scenario_refuse, {}, "llama", 2),
     "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),
     "moe_export": (hf_direct_export_scenario.scenario_moe, {"models": "qwen3-moe,deepseek-v3,qwen3-moe:divisible"}, "qwen3-moe", 2),
+    "lora_export": (hf_direct_export_scenario.scenario_lora, {}, "llama", 2),
 }
 
 
@@ -53,6 +54,7 @@ def _module_state() -> dict:
         (resume_scenarios, "MODEL"): resume_scenarios.MODEL,
         (resume_scenarios, "FSDP_VERSION"): resume_scenarios.FSDP_VERSION,
         (resume_scenarios, "PLACEMENT"): resume_scenarios.PLACEMENT,
+        (resume_scenarios, "LORA_RANK"): resume_scenarios.LORA_RANK,
         (resume_state, "storage_writer"): resume_state.storage_writer,
         (resume_state, "_after_shards"): resume_state._after_shards,
         (resume_state, "commit"): resume_state.commit,

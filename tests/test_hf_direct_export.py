@@ -259,3 +259,25 @@ def test_moe_exports_of_both_tiers_equal_verl(ws2_scenarios):
         assert all(x["seconds"] < 30 for x in ranks), (case, ranks)  # not the collective's 240 s timeout
         assert not r[case]["committed"] and r[case]["weights"] == [], (case, r[case])
     assert "of host memory (the " in r["refused"]["ranks"][0]["line"]
+
+
+def test_lora_exports_of_both_tiers_equal_verl_merger(ws2_scenarios):
+    """A LoRA actor (peft, q_proj/v_proj), FSDP2 on 2 ranks, through verl's manager: the intermediate
+    tier's export is every file verl's merger writes of the same step, byte for byte (the base model
+    with peft's names undone, lora_adapter/ with adapter_config.json); the incremental tier's
+    gather-free one has the same weights, adapter and configs (its tokenizer files are verl's save's);
+    with export_merge_lora=true the intermediate export is peft's merge_and_unload() of that output,
+    bit for bit, and has no lora_adapter/."""
+    r = scenario_result(ws2_scenarios, "lora_export", "lora_export_result.json")
+    ref = r["reference"]
+    assert {"model.safetensors", "lora_adapter/adapter_model.safetensors", "lora_adapter/adapter_config.json"} <= set(ref)
+    assert r["intermediate"] == ref
+    inc = r["incremental"]
+    for name in ("model.safetensors", "config.json", "generation_config.json", "lora_adapter/adapter_model.safetensors",
+                 "lora_adapter/adapter_config.json"):
+        assert inc.get(name) == ref[name], name
+    merged = r["merged"]
+    assert not any(n.startswith("lora_adapter/") for n in merged) and merged["model.safetensors"] != ref["model.safetensors"]
+    v = r["merged_vs_peft"]
+    assert v["same_keys"] and v["max_abs_diff"] == 0.0, v
+    assert v["changed"] == [f"model.layers.{i}.self_attn.{m}_proj.weight" for i in range(2) for m in ("q", "v")]

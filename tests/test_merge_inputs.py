@@ -284,38 +284,48 @@ def test_read_only_target(ckpt, tmp_path):
     assert "not writable" in line and "out.partial" in line
 
 
-def test_lora_checkpoint_goes_to_verl(tmp_path, capsys):
-    """LoRA keys: verl's own merger runs (adapter saved separately), with a log line saying so."""
-    cfg = tiny_llama_config()
-    torch.manual_seed(1)
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = get_peft_model(AutoModelForCausalLM.from_config(cfg),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    root = tmp_path / "actor"
-    root.mkdir()
-    torch.save(sd, root / "model_world_size_1_rank_0.pt")
-    (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
-    cfg.save_pretrained(root / "huggingface")
-    build_tokenizer(cfg.vocab_size).save_pretrained(root / "huggingface")
+def test_lora_checkpoint_is_streamed(tmp_path, capsys):
+    """LoRA keys: the streaming merge writes what verl's merger writes (the base model with peft's
+    names undone, lora_adapter/ with the adapter and its config), byte for byte, verl's merger not run."""
+    root, _ = _lora_checkpoint(tmp_path)
     rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
     assert rc == 0, err
-    assert "LoRA" in err and "running verl's own FSDPModelMerger" in err
-    assert (tmp_path / "o" / "lora_adapter" / "adapter_model.safetensors").exists()
+    assert "running verl's own FSDPModelMerger" not in err and "slimckpt merge committed" in err
+    assert verl_merge(root, tmp_path / "v") is None
+    assert _tree_bytes(tmp_path / "o") == _tree_bytes(tmp_path / "v")  # one process: one set order
     out = dir_tensors(tmp_path / "o")
     assert "model.layers.0.self_attn.q_proj.weight" in out and not any("lora_" in k for k in out)
-    # and verl's failure inside that fallback is one line, exit 1
-    shutil.rmtree(tmp_path / "o")
-    for name in os.listdir(root / "huggingface"):
-        if name.startswith("tokenizer"):
-            os.remove(root / "huggingface" / name)
+    assert verify(str(tmp_path / "o")) == []
+
+
+def _tree_bytes(path) -> dict[str, bytes]:
+    """Every file under `path` but slimckpt's manifest, by relative path."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_NAME}
+
+
+def force_verl_fallback(monkeypatch) -> None:
+    """The streaming merge's planner says this model needs verl's merger (as for a save-time
+    conversion that is not a slice of one tensor)."""
+    from slimckpt.merge import hf_side
+
+    def needs_verl(self, names, shapes):
+        raise hf_side.NeedsVerlMerger("transformers converts tensors of X on save (e.g. 'c' is not a part of one "
+                                      "checkpoint tensor)")
+
+    monkeypatch.setattr(hf_side.HfSide, "output_sources", needs_verl)
+
+
+def test_verl_fallback_failure_is_one_line(tmp_path, capsys, monkeypatch):
+    """verl's own merger failing inside the fallback (here: no tokenizer) is one line, exit 1."""
+    root = synthetic_checkpoint(tmp_path / "actor")
+    force_verl_fallback(monkeypatch)
     rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
     assert rc == 1 and "verl's FSDPModelMerger (which this checkpoint needs) failed" in error_line(err)
 
 
 def _lora_checkpoint(tmp_path):
+    """A world-size-1 LoRA checkpoint made in-process, without lora_train_meta.json."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -337,7 +347,10 @@ def test_verl_fallback_says_its_memory_or_is_refused(tmp_path, capsys, monkeypat
     """The fallback line gives verl's merger's host memory: the rank model files it reads whole plus
     the model in bf16; --no_verl_fallback (and SLIMCKPT_MERGE_NO_VERL_FALLBACK=1 through verl's own
     command) refuses in one line, with nothing written."""
-    root, sd = _lora_checkpoint(tmp_path)
+    root = synthetic_checkpoint(tmp_path / "actor")
+    build_tokenizer(96).save_pretrained(root / "huggingface")
+    sd = torch.load(root / "model_world_size_1_rank_0.pt")
+    force_verl_fallback(monkeypatch)
     shards = os.path.getsize(root / "model_world_size_1_rank_0.pt")
     params = sum(t.numel() for t in sd.values())
     from slimckpt.merge.pipeline import human_bytes
@@ -347,7 +360,7 @@ def test_verl_fallback_says_its_memory_or_is_refused(tmp_path, capsys, monkeypat
     rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"), "--no_verl_fallback")
     assert rc == 1, err
     line = error_line(err)
-    assert "LoRA" in line and want in line and "not run, as --no_verl_fallback asks" in line, line
+    assert "'c' is not a part" in line and want in line and "not run, as --no_verl_fallback asks" in line, line
     assert "running verl's own" not in err and not (tmp_path / "o").exists()
     rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
     assert rc == 0 and want in err and "--no_verl_fallback refuses instead" in err, err
@@ -376,7 +389,7 @@ def test_cli_help_and_bad_options(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--local_dir", "--target_dir", "--dtype", "--max_shard_size", "--workers", "--distributed_merge",
-                 "--overwrite"):
+                 "--overwrite", "--merge_lora"):
         assert flag in out
     assert cli.main([]) == 2
     rc, err = merge_cli(capsys, "--local_dir", "x", "--target_dir", "y", "--max_shard_size", "5G")

@@ -77,3 +77,50 @@ def test_moe_peak_memory_does_not_grow_with_the_experts(tmp_path):
     with safe_open(str(tmp_path / "o_big" / "model.safetensors"), "pt") as f:
         assert "model.layers.0.mlp.experts.31.up_proj.weight" in f.keys()  # streamed per expert, not by verl
     assert extra < chunk + (48 << 20), f"MoE merge of {shard_bytes / 1e6:.0f} MB used {extra / 2**20:.0f} MiB more"
+
+
+def lora_checkpoint(root, config, r: int = 8):
+    """A synthetic LoRA checkpoint (peft's names, q_proj/v_proj adapted, B not zero) with lora_train_meta.json."""
+    import json
+
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+
+    def peft_names(rank: int, sd: dict) -> None:
+        for key in list(sd):
+            value = sd.pop(key)
+            if key.endswith(("q_proj.weight", "v_proj.weight")):
+                stem = "base_model.model." + key[:-len(".weight")]
+                sd[stem + ".base_layer.weight"] = value
+                sd[stem + ".lora_A.default.weight"] = torch.randn(r, value.shape[1], generator=g) / 64
+                sd[stem + ".lora_B.default.weight"] = torch.randn(value.shape[0], r, generator=g) / 64
+            else:
+                sd["base_model.model." + key] = value
+
+    root = synthetic_checkpoint(root, config=config, per_rank_edit=peft_names)
+    (root / "lora_train_meta.json").write_text(json.dumps({"r": r, "lora_alpha": 2 * r, "task_type": "CAUSAL_LM"}))
+    return root
+
+
+def test_lora_peak_memory_does_not_grow_with_the_model(tmp_path):
+    """A LoRA checkpoint of 540 MB of fp32 shards (q/k/v/o of 4096 x 4096, q and v adapted), merged as
+    verl writes it (base + lora_adapter/) and with --merge_lora (W + B @ A x alpha / r, computed a few
+    rows at a time), costs no more than a tiny LoRA checkpoint's merge plus about one staging chunk."""
+    small = lora_checkpoint(tmp_path / "small", tiny_llama_config())
+    big = lora_checkpoint(tmp_path / "big", tiny_llama_config(hidden_size=4096, intermediate_size=64,
+                                                              num_hidden_layers=2, num_attention_heads=32,
+                                                              num_key_value_heads=32))
+    shard_bytes = (big / "model_world_size_1_rank_0.pt").stat().st_size
+    assert shard_bytes > 500e6
+    chunk = 16 << 20
+    for extra_flags in ([], ["--merge_lora"]):
+        common = ["merge", "--no_progress", "--chunk_mb", str(chunk >> 20), *extra_flags]
+        tag = "".join(extra_flags) or "unmerged"
+        base = peak_rss_anon([*common, "--local_dir", str(small), "--target_dir", str(tmp_path / f"s{tag}")])
+        peak = peak_rss_anon([*common, "--local_dir", str(big), "--target_dir", str(tmp_path / f"b{tag}")])
+        extra = peak - base
+        print(f"LoRA ({tag}) peak RssAnon {base / 2**20:.0f} MiB (small) vs {peak / 2**20:.0f} MiB "
+              f"({shard_bytes / 1e6:.0f} MB shards): {extra / 2**20:.0f} MiB more")
+        assert (tmp_path / f"b{tag}" / "lora_adapter").exists() == (not extra_flags)
+        assert extra < chunk + (48 << 20), f"LoRA merge ({tag}) of {shard_bytes / 1e6:.0f} MB used {extra / 2**20:.0f} MiB more"

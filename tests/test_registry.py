@@ -318,6 +318,7 @@ def no_switch_on(monkeypatch):
     ("verify", None, "true or false"),
     ("save_lora_only", "no", "true or false"),
     ("allow_verl_fallback", "never", "true or false"),
+    ("export_merge_lora", "merged", "true or false"),
     ("bucket_mb", "lots", "whole number"),
     ("bucket_mb", 64.5, "whole number"),
     ("write_threads", True, "whole number"),

@@ -365,16 +365,28 @@ def source_ranges(placement: Placement, shard_sizes: Sequence[int],
 
 
 @dataclass(frozen=True)
+class LoraDelta:
+    """A LoRA adapter merged into its base weight: the output is W + (B @ A) * scaling, W the take's
+    source [out, in], B checkpoint tensor `b` [out, r], A checkpoint tensor `a` [r, in]."""
+
+    a: str
+    b: str
+    scaling: float
+
+
+@dataclass(frozen=True)
 class Take:
     """Where one output tensor's elements come from: checkpoint tensor `source`, whole (`span` None),
     or its elements [span[0], span[1]) in row-major order, read as `shape` (the output's shape).
 
     Every part transformers 5 splits off a fused tensor on save is such a run: expert e of an
-    `[E, R, C]` tensor is elements [e*R*C, (e+1)*R*C), the first half of its rows [e*R*C, e*R*C + R*C/2)."""
+    `[E, R, C]` tensor is elements [e*R*C, (e+1)*R*C), the first half of its rows [e*R*C, e*R*C + R*C/2).
+    A whole take with a `delta` is its source with a LoRA adapter merged in (`slimckpt merge --merge_lora`)."""
 
     source: str
     shape: tuple[int, ...]
     span: tuple[int, int] | None = None
+    delta: LoraDelta | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -383,6 +395,8 @@ class Take:
             if not 0 <= a <= b or b - a != math.prod(self.shape):
                 raise LayoutError(f"{self.source}: elements [{a}, {b}) cannot be read as shape {list(self.shape)}")
             object.__setattr__(self, "span", (a, b))
+        if self.delta is not None and (self.span is not None or len(self.shape) != 2):
+            raise LayoutError(f"{self.source}: a LoRA delta merges into a whole 2-D weight only")
 
     @property
     def whole(self) -> bool:

@@ -33,8 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip fsync of the weight files: faster on slow disks, but after a power loss (not a "
                         "process crash) a committed output may hold torn files (`slimckpt verify` detects them)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.add_argument("--merge_lora", action="store_true",
+                   help="a LoRA checkpoint: write W + (B @ A) * lora_alpha / r into the base weights, as peft's "
+                        "merge_and_unload() does (alpha and r from lora_train_meta.json), and no lora_adapter/ "
+                        "(default: the base model plus lora_adapter/, as verl's merger writes them)")
     p.add_argument("--no_verl_fallback", action="store_true",
-                   help="refuse, in one line, a checkpoint the streaming merge does not handle (LoRA; a save-time "
+                   help="refuse, in one line, a checkpoint the streaming merge does not handle (a save-time "
                         "conversion that is not a slice of one tensor) instead of running verl's own merger on it, "
                         "which holds the whole model in host memory (the line says how much)")
 
@@ -45,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
                         distributed=args.distributed_merge, overwrite=args.overwrite,
                         trust_remote_code=args.trust_remote_code, progress=not args.no_progress,
                         chunk_bytes=max(1, args.chunk_mb) << 20, fsync=not args.no_fsync,
-                        verl_fallback=not args.no_verl_fallback)
+                        verl_fallback=not args.no_verl_fallback, merge_lora=args.merge_lora)
     from .pipeline import merge
 
     try:

@@ -18,8 +18,10 @@ the checkpoint's key order (verl iterates a Python set, so its split varies run 
 An output that transformers' save splits off a fused tensor (transformers 5 stores an MoE layer's
 experts as one `[E, 2I, H]` tensor and saves them per expert) is planned as the run of the source's
 elements it is (`hf_side.HfSide.output_sources`, `layout.Take`) and streamed like any other.
-LoRA checkpoints, and models whose save makes tensors that are not one run of one checkpoint
-tensor (a transpose, a concatenation), go to verl's own merger, with a log line saying so and the
+A LoRA checkpoint is planned by `lora.plan_lora` (the base model with peft's names undone plus
+`lora_adapter/`, or with `--merge_lora` the adapter merged into the base weights) and streamed the
+same way. Models whose save makes tensors that are not one run of one checkpoint
+tensor (a transpose, a concatenation) go to verl's own merger, with a log line saying so and the
 host memory it takes (`verl_merger_memory`); `MergeOptions.verl_fallback=False` refuses them
 instead. Under torchrun (and in the intermediate tier's export) verl's merger runs on rank 0 and
 its failure is raised on every rank.
@@ -72,8 +74,11 @@ def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str],
                    "fsdp_version": mp.fsdp_version, "world_size": mp.world_size},
         "dtype": opts.dtype,
         "max_shard_size": layout.parse_size(opts.max_shard_size),
-        "weight_files": [f.name for f in mp.plan.files],
-        "total_size": mp.plan.total_size,
+        "weight_files": [f.name for f in mp.model_plan.files],
+        "total_size": mp.model_plan.total_size,
+        **({"lora_adapter": [f.name for f in mp.plan.files if f not in mp.model_plan.files]}
+           if mp.adapter_config is not None else {}),
+        **({"merge_lora": True} if opts.merge_lora and any(t.delta for t in mp.takes.values()) else {}),
         "tokenizer": tokenizer_saved,
     })
     write_manifest(partial, manifest)
@@ -234,12 +239,16 @@ def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[Me
 def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[MergePlan, HfSide] | None:
     """The merge plan and HF side, or None when verl's own merger has to do this checkpoint
     (logged with the host memory it takes; a MergeError instead when opts.verl_fallback is off)."""
-    if ckpt.has_lora():
-        _log_fallback(opts, "the checkpoint holds LoRA weights (keys with 'lora_')", ckpt)
-        return None
     hf = HfSide(ckpt.local_dir, opts.dtype, opts.trust_remote_code)
     try:
-        mp = make_plan(ckpt, hf, opts.dtype, opts.max_shard_size)
+        if ckpt.has_lora():
+            from .lora import plan_lora
+
+            mp = plan_lora(ckpt, hf, opts.dtype, opts.max_shard_size, opts.merge_lora, opts.merge_lora_hint)
+        else:
+            if opts.merge_lora:
+                log.warning("%s: the checkpoint holds no LoRA weights; merging it as it is", opts.merge_lora_hint)
+            mp = make_plan(ckpt, hf, opts.dtype, opts.max_shard_size)
     except NeedsVerlMerger as exc:
         _log_fallback(opts, str(exc), ckpt)
         return None
@@ -315,9 +324,13 @@ def lay_out_partial(partial: str, mp: MergePlan, hf: HfSide, weight_files: bool 
 
     hf.save_configs(partial)
     tokenizer_saved = hf.save_tokenizer(partial)
+    if mp.adapter_config is not None:
+        from .lora import write_adapter_config
+
+        write_adapter_config(partial, mp.adapter_config)
     if weight_files:
         create_files(partial, mp.plan)
-    index = mp.plan.index_json(mp.total_parameters)
+    index = mp.model_plan.index_json(mp.total_parameters)
     if index is not None:
         with open(os.path.join(partial, layout.INDEX_NAME), "w", encoding="utf-8") as f:
             f.write(index)

@@ -43,11 +43,15 @@ class MergeOptions:
     overwrite_hint: str = "--overwrite"
     distributed_hint: str = "--distributed_merge"  # what asked for `distributed`, for its error lines
     lock_source: bool = True  # shared lock on local_dir while reading it (the trainer's export holds its own)
-    # False: a checkpoint the streaming merge cannot reproduce (LoRA; a save-time conversion that is
+    # False: a checkpoint the streaming merge cannot reproduce (a save-time conversion that is
     # not one run of one checkpoint tensor) is refused in one line instead of going to verl's merger,
     # which holds the whole model in host memory; `verl_fallback_hint` is what asked for that
     verl_fallback: bool = True
     verl_fallback_hint: str = "--no_verl_fallback"
+    # a LoRA checkpoint: False writes what verl's merger does (the base model, and lora_adapter/ with
+    # the adapter); True writes W + (B @ A) * lora_alpha / r into the base weights, no lora_adapter/
+    merge_lora: bool = False
+    merge_lora_hint: str = "--merge_lora"
 
 
 @dataclass
@@ -67,6 +71,16 @@ class MergePlan:
     total_parameters: int
     world_size: int
     fsdp_version: int | None
+    # a LoRA checkpoint's unmerged output: `plan` holds lora_adapter/adapter_model.safetensors too,
+    # `index_plan` the model's files only (model.safetensors.index.json, the manifest's weight_files);
+    # `adapter_config` is lora_adapter/adapter_config.json's text
+    index_plan: layout.Plan | None = None
+    adapter_config: str | None = None
+
+    @property
+    def model_plan(self) -> layout.Plan:
+        """The model's weight files (without a LoRA adapter's)."""
+        return self.index_plan if self.index_plan is not None else self.plan
 
     @property
     def name_map(self) -> dict[str, str]:

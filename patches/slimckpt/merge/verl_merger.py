@@ -34,8 +34,9 @@ def wrap_merge_and_save(original: Callable) -> Callable:
     (`slimckpt merge --distributed_merge`; every rank must join within SLIMCKPT_MERGE_JOIN_TIMEOUT
     seconds, 600 by default); SLIMCKPT_MERGE_WORKERS=N writer processes; SLIMCKPT_MERGE_OVERWRITE=1
     replaces a non-empty target; SLIMCKPT_MERGE_NO_VERL_FALLBACK=1 refuses a checkpoint the
-    streaming merge does not handle (LoRA) instead of running verl's merger on it (verl's parser has
-    no such flags); SLIMCKPT_DISABLE=1 runs verl's merger untouched.
+    streaming merge does not handle (a save-time conversion that is not a slice of one tensor)
+    instead of running verl's merger on it (verl's parser has no such flags); a LoRA checkpoint is
+    streamed to verl's output (base model + lora_adapter/); SLIMCKPT_DISABLE=1 runs verl's merger untouched.
     """
     @functools.wraps(original)
     def merge_and_save(self) -> None:

@@ -26,6 +26,8 @@ def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
     owned = ckpt is None
     ckpt = open_checkpoint(local_dir) if owned else ckpt
     sources = {new: ckpt.tensors[old] for new, old in mp.name_map.items()}
+    lora_sources = {n: ckpt.tensors[n] for t in mp.takes.values() if t.delta is not None
+                    for n in (t.delta.a, t.delta.b)}
     checksums: dict[str, str] = {}
     # One intra-op thread for the casts: the read and write threads (and, during an early write,
     # the imports) already keep the cores busy, and an OpenMP cast whose second thread is not
@@ -36,7 +38,7 @@ def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
     try:
         for share in shares:
             w = ShareWriter(partial, mp.plan, sources, OUT_DTYPES[dtype], chunk_bytes, progress, fsync=fsync,
-                            takes=mp.takes)
+                            takes=mp.takes, lora_sources=lora_sources)
             w.write_share(share)
             checksums.update(w.checksums)
     finally:

@@ -63,6 +63,10 @@ class ExportJob:
     mine: list[tuple[str, Box]]
     source_shapes: dict[str, tuple[int, ...]]  # state-dict key -> global shape
     total_parameters: int | None = None
+    # a LoRA actor: `plan` holds lora_adapter/adapter_model.safetensors too, `index_plan` the model's
+    # files only; `adapter_config` is lora_adapter/adapter_config.json's text (as verl's merger writes)
+    index_plan: layout.Plan | None = None
+    adapter_config: str | None = None
 
     @property
     def name_map(self) -> dict[str, str]:
@@ -142,15 +146,21 @@ def _hf_side(manager, local_path: str):
 
 def _takes_and_specs(manager, local_path: str, shapes: dict[str, tuple[int, ...]],
                      dtypes: dict[str, torch.dtype], aliases: dict[str, str], export_dtype: str):
-    """(HfSide, {output name: Take of a state-dict key}, specs), in save_pretrained's order."""
+    """(HfSide, {output name: Take of a state-dict key}, specs), in save_pretrained's order. A LoRA
+    actor's base model is named as verl's merger names it (peft's names undone, adapter left out)."""
     from ..merge.hf_side import ConfigMismatch, NeedsVerlMerger
+    from ..merge.lora import base_output_name, is_lora
 
     side = _hf_side(manager, local_path)
     all_shapes = dict(shapes)
     for alias, target in aliases.items():  # tied names the DCP state dropped: let HfSide decide
         all_shapes.setdefault(alias, shapes[target])
+    renamed = {base_output_name(n): n for n in all_shapes if not is_lora(n)}
+    if len(renamed) != sum(not is_lora(n) for n in all_shapes):
+        raise ExportError("two state-dict keys have one name once peft's names are undone")
     try:
-        sources = side.output_sources(list(all_shapes), all_shapes)
+        sources = side.output_sources(list(renamed), {new: all_shapes[old] for new, old in renamed.items()})
+        sources = {new: layout.Take(renamed[t.source], t.shape, t.span) for new, t in sources.items()}
     except NeedsVerlMerger as exc:
         raise ExportError(f"the gather-free export cannot reproduce this model's save: {exc}; set "
                           f"checkpoint.export_hf=false and add 'hf_model' to checkpoint.save_contents") from None
@@ -199,17 +209,48 @@ def _collective_outcome(group, ok: bool, message: str) -> None:
             raise ExportError(f"HF export (rank {rank}): {text}")
 
 
+def _is_lora(name: str) -> bool:
+    from ..merge.lora import is_lora
+
+    return is_lora(name)
+
+
+def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, layout.Take],
+                  shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype], export_dtype: str, config: Any):
+    """A LoRA actor's export as verl's merger writes it: `plan` plus lora_adapter/adapter_model.safetensors
+    (its tensors added to `takes`), the model's own plan (for the index) and adapter_config.json's text;
+    rank and alpha from the live model's peft config, as verl's lora_train_meta.json has them."""
+    from ..merge import lora
+
+    names = [n for n in shapes if lora.is_lora(n)]
+    unwrapped = getattr(manager.model, "_fsdp_wrapped_module", manager.model)
+    meta = manager._get_lora_train_meta(unwrapped) if hasattr(manager, "_get_lora_train_meta") else None
+    settings = lora.settings(local_path, names, shapes, meta=meta)
+    if getattr(config, "export_merge_lora", False) and not getattr(manager, "_slimckpt_merge_lora_noted", False):
+        manager._slimckpt_merge_lora_noted = True
+        log.warning("checkpoint.export_merge_lora=true: the incremental tier's gather-free export writes the base "
+                    "model and lora_adapter/ unmerged; merge them with `slimckpt merge --merge_lora` (or use "
+                    "+recipe=intermediate, whose export merges)")
+    fixed = EXPORT_DTYPES[export_dtype]
+    specs = []
+    for n in names:
+        out = lora.adapter_output_name(n)
+        if out in takes:
+            raise ExportError(f"LoRA tensor {out!r} has a base model tensor's name")
+        dtype = fixed or dtypes[n]
+        specs.append(layout.TensorSpec(out, ST_DTYPES[dtype], shapes[n]))
+        takes[out] = layout.Take(n, shapes[n])
+    adapter = layout.plan_files(specs, lora.ONE_FILE, metadata=None, pattern=lora.ADAPTER_WEIGHTS_PATTERN)
+    both = layout.Plan(files=plan.files + adapter.files, total_size=plan.total_size + adapter.total_size,
+                       placements={**plan.placements, **adapter.placements})
+    return both, plan, lora.adapter_config_text(settings)
+
+
 def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: dict[str, str], config: Any,
                 group) -> ExportJob | None:
     """Collective over `group`: this rank's part of the export of `model_state` (the sharded
-    state dict the DCP save writes, tied aliases split off) into `local_path/huggingface/`.
-    None for a LoRA model (its state dict is not a Hugging Face model's: no export, logged)."""
-    if manager._has_lora():  # the same answer on every rank: the model is the same
-        if manager.rank == 0 and not getattr(manager, "_slimckpt_lora_noted", False):
-            log.warning("export_hf: the model has LoRA adapters; the gather-free export writes full models only, "
-                        "so this save has no huggingface/ weights (merge the adapter offline instead)")
-        manager._slimckpt_lora_noted = True
-        return None
+    state dict the DCP save writes, tied aliases split off) into `local_path/huggingface/`. A LoRA
+    actor's is what verl's merger writes: the base model (peft's names undone) and lora_adapter/."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     mine_held: dict[str, Box] = {}
     meta: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
@@ -233,15 +274,20 @@ def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: 
                 raise ExportError(errors[0])
             shapes = {n: s for n, (s, _) in meta.items()}
             dtypes = {n: d for n, (_, d) in meta.items()}
-            side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases,
-                                                  str(getattr(config, "export_dtype", "auto")))
+            export_dtype = str(getattr(config, "export_dtype", "auto"))
+            side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases, export_dtype)
             plan = layout.plan_files(specs, getattr(config, "max_shard_size", "5GB"))
+            index_plan, adapter_config = None, None
+            if any(_is_lora(n) for n in shapes):
+                plan, index_plan, adapter_config = _with_adapter(manager, local_path, plan, takes, shapes, dtypes,
+                                                                 export_dtype, config)
             for take in takes.values():
                 take.check_source(shapes[take.source])
             shares = _shares([h for h, _ in held], takes, shapes, plan)
             total = side.total_parameters()
             used = {take.source: shapes[take.source] for take in takes.values()}
-            payload = [("ok", ExportJob(plan, takes, share, used, total)) for share in shares]
+            payload = [("ok", ExportJob(plan, takes, share, used, total, index_plan, adapter_config))
+                       for share in shares]
         except (ExportError, AssignError, layout.LayoutError) as exc:
             payload = [("error", str(exc))] * world
         except Exception as exc:  # noqa: BLE001 - every rank must hear about it
@@ -262,6 +308,11 @@ def _clear_old_weights(hf_dir: str) -> None:
     for name in os.listdir(hf_dir):
         if (name.startswith("model") and name.endswith(".safetensors")) or name == layout.INDEX_NAME:
             os.remove(os.path.join(hf_dir, name))
+    adapter_dir = os.path.join(hf_dir, "lora_adapter")
+    if os.path.isdir(adapter_dir):
+        for name in os.listdir(adapter_dir):
+            if name.startswith("adapter_"):
+                os.remove(os.path.join(adapter_dir, name))
 
 
 def _lay_out(job: ExportJob, local_path: str, manager) -> None:
@@ -272,8 +323,12 @@ def _lay_out(job: ExportJob, local_path: str, manager) -> None:
     os.makedirs(hf_dir, exist_ok=True)
     _clear_old_weights(hf_dir)
     _hf_side(manager, local_path).save_configs(hf_dir)
+    if job.adapter_config is not None:
+        from ..merge.lora import write_adapter_config
+
+        write_adapter_config(hf_dir, job.adapter_config)
     create_files(hf_dir, job.plan)
-    index = job.plan.index_json(job.total_parameters)
+    index = (job.index_plan or job.plan).index_json(job.total_parameters)
     if index is not None:
         with open(os.path.join(hf_dir, layout.INDEX_NAME), "w", encoding="utf-8") as f:
             f.write(index)

@@ -19,11 +19,14 @@ log = get_logger("slimckpt.hf_export")
 HF_SUBDIR = "huggingface"
 
 
-def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allow_verl_fallback: bool = True) -> None:
+def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allow_verl_fallback: bool = True,
+                          merge_lora: bool = False) -> None:
     """Collective over the default process group: every rank must call it after the save. MoE
-    experts (split per expert on save) are streamed like any tensor; what the streaming merge does
-    not handle (a LoRA actor) goes to verl's merger on rank 0, logged with the host memory it takes,
-    or, with `allow_verl_fallback` off, is refused; either way every rank ends the same way."""
+    experts (split per expert on save) and LoRA actors (the base model + `lora_adapter/`, or with
+    `merge_lora` the adapter merged into the base weights) are streamed like any checkpoint; what
+    the streaming merge does not handle (a save-time conversion that is not a slice of one tensor)
+    goes to verl's merger on rank 0, logged with the host memory it takes, or, with
+    `allow_verl_fallback` off, is refused; either way every rank ends the same way."""
     from ..merge.pipeline import merge
     from ..merge.plan import MergeError, MergeOptions
 
@@ -42,6 +45,8 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allo
         lock_source=False,  # the trainer holds the step's writer lock (slimckpt.save.errors)
         verl_fallback=allow_verl_fallback,
         verl_fallback_hint="checkpoint.allow_verl_fallback=false",
+        merge_lora=merge_lora,
+        merge_lora_hint="checkpoint.export_merge_lora=true",
     )
     try:
         result = merge(opts)

@@ -60,5 +60,5 @@ def _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to
         from .hf_export import export_hf_from_shards
 
         export_hf_from_shards(local_path, config.export_dtype, config.max_shard_size,
-                              getattr(config, "allow_verl_fallback", True))
+                              getattr(config, "allow_verl_fallback", True), getattr(config, "export_merge_lora", False))
     return result

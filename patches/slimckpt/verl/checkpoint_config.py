@@ -23,7 +23,7 @@ RECIPES = ("quickstart", "intermediate", "incremental")
 # the strings "true"/"false" (an `${oc.env:...}` interpolation) and integer strings are taken too,
 # as OmegaConf takes them for a typed field.
 BOOL_FIELDS = ("measure", "export_hf", "incremental_save", "verify", "async_save", "save_lora_only",
-               "allow_verl_fallback")
+               "allow_verl_fallback", "export_merge_lora")
 INT_FIELDS = ("bucket_mb", "write_threads")
 FLOAT_FIELDS = ("host_memory_budget_gb",)
 ENUM_FIELDS = {
@@ -92,9 +92,15 @@ class SlimCheckpointConfig(CheckpointConfig):
         bf16 is what verl's model_merger writes.
     max_shard_size: largest safetensors file of the export, as Hugging Face's ("5GB").
     allow_verl_fallback: the intermediate tier's export of a model its streaming merge does not
-        handle (a LoRA actor) runs verl's own merger on rank 0, which holds the whole model in host
-        memory (logged with how much); false refuses instead: the save fails on every rank in one
-        line (then on_save_error applies). MoE experts are streamed either way.
+        handle (a save-time conversion that is not a slice of one tensor) runs verl's own merger on
+        rank 0, which holds the whole model in host memory (logged with how much); false refuses
+        instead: the save fails on every rank in one line (then on_save_error applies). MoE experts
+        and LoRA actors are streamed either way.
+    export_merge_lora: a LoRA actor's export (export_hf) is by default what verl's merger writes:
+        the base model, and `huggingface/lora_adapter/` with the adapter and adapter_config.json;
+        true writes the base weights with the adapter merged in (W + B @ A x alpha / r, as peft's
+        merge_and_unload() and `slimckpt merge --merge_lora`) and no lora_adapter/. No effect
+        without LoRA.
     incremental_save: write resume state (model, optimizer, extra) as a reshardable DCP
         checkpoint, streamed tensor by tensor (slimckpt.save.resume_state), committed by a manifest.
     bucket_mb: host bytes (MiB) a streaming save may copy ahead from the accelerator per write
@@ -123,6 +129,7 @@ class SlimCheckpointConfig(CheckpointConfig):
     verify: bool = True
     on_save_error: str = "stop"
     allow_verl_fallback: bool = True
+    export_merge_lora: bool = False
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)
