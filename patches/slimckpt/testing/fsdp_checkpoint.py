@@ -4,6 +4,8 @@
         --model llama --layers 2 --hidden 64 [--mesh 1d|2d] [--fsdp-version 2|1]
     torchrun --nproc_per_node 2 -m slimckpt.testing.fsdp_checkpoint --out /tmp/ckpts \
         --models qwen3-moe,mixtral,olmoe,qwen2-moe,deepseek-v3 --experts 3 --steps 0
+    torchrun --nproc_per_node 3 -m slimckpt.testing.fsdp_checkpoint --out /tmp/ckpts --steps 0 \
+        --models llama,gemma2,qwen2.5-vl,critic,llama+lora --export incremental,intermediate:llama
 
 The model comes from a transformers config built here (fixed seed, fp32 master weights as verl
 keeps them), is wrapped like verl wraps it (FSDP2: `fully_shard` on every decoder layer, then the
@@ -16,8 +18,16 @@ Size knobs (--layers/--hidden/--intermediate/--vocab/--heads) make the ~0.25B/0.
 the benchmarks use; --size-preset picks those. The mixture-of-experts families (`MOE_MODELS`, with
 --experts routed experts of --intermediate/4 each, fused by transformers 5 into one [E, 2I, H] and
 one [E, H, I] tensor per layer) are built the same way; `--models a,b,...` saves several models
-in one torchrun (one process group, one import of verl), each into `<out>/<model>`. `--steps N` runs N AdamW steps first so the
-optimizer file holds real state (costs 3x the model in memory; benchmarks use --steps 0).
+in one torchrun (one process group, one import of verl), each into `<out>/<model>`. The dense
+families (`DENSE_MODELS`: Llama, Qwen2 untied and tied, Qwen3, Mistral, Gemma2, Gemma3, Phi-3),
+Qwen2.5-VL (its vision tower too) and verl's critic (`critic`: a Qwen2 token classifier with one
+label, as verl's load_valuehead_model builds it) are built the same way; `NAME+lora` wraps NAME in
+a peft LoRA adapter (q_proj/v_proj, rank 4, B random when no step is taken). `--export TIER,...`
+saves each model again through a recipe's SlimCheckpointConfig after verl's save (the in-training
+HF exports, into `<out>/<model>.<tier>`). With --models a model (or export) that fails on every
+rank leaves `<out>/<model>[.<tier>].error.txt` and the next one runs. `--steps N` runs N AdamW
+steps first so the optimizer file holds real state (costs 3x the model in memory; benchmarks use
+--steps 0).
 """
 
 from __future__ import annotations
@@ -43,10 +53,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Save a verl FSDP checkpoint of a random model on CPU (run under torchrun).",
     )
     p.add_argument("--out", required=True, help="checkpoint dir to write (verl's <step>/actor)")
-    p.add_argument("--model", choices=["llama", "qwen2-tied", "qwen2", *MOE_MODELS], default="llama",
-                   help="llama (untied lm_head), qwen2 with tie_word_embeddings=True, or a mixture-of-experts family")
+    p.add_argument("--model", choices=ALL_MODELS, default="llama",
+                   help="llama (untied lm_head), qwen2-tied (tie_word_embeddings=True), another dense family, "
+                        "a mixture-of-experts family, qwen2.5-vl, or critic (verl's value model)")
     p.add_argument("--models", default=None,
-                   help="several of --model's choices, comma separated: each saved into <out>/<model> in this run")
+                   help="several of --model's choices, comma separated: each saved into <out>/<model> in this run; "
+                        "NAME+lora: that model wrapped in a LoRA adapter (rank --lora-rank, else 4)")
+    p.add_argument("--export", default="",
+                   help="comma separated tiers (incremental, intermediate) whose in-training HF export each model "
+                        "also gets after verl's save, into <out>/<model>.<tier> (one process group for all); "
+                        "TIER:a/b for models a and b only")
     p.add_argument("--experts", type=int, default=4, help="routed experts of the mixture-of-experts families")
     p.add_argument("--size-preset", choices=sorted(PRESETS), default=None,
                    help="fills layers/hidden/intermediate/vocab/heads; explicit flags still win")
@@ -76,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.models = args.models.split(",") if args.models else None
-    unknown = [m for m in args.models or () if m not in ("llama", "qwen2-tied", "qwen2", *MOE_MODELS)]
+    unknown = [m for m in args.models or () if m.removesuffix("+lora") not in ALL_MODELS]
     if unknown:
         p.error(f"--models: unknown model {unknown[0]!r}")
     preset = PRESETS[args.size_preset or "tiny"]
@@ -87,6 +103,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 MOE_MODELS = ("qwen3-moe", "mixtral", "olmoe", "qwen2-moe", "deepseek-v3")
+# dense causal LMs: (transformers config class, tie_word_embeddings); llama/qwen2 give an untied and a
+# tied case of one family
+DENSE_MODELS = {
+    "llama": ("LlamaConfig", False), "qwen2": ("Qwen2Config", False), "qwen2-tied": ("Qwen2Config", True),
+    "qwen3": ("Qwen3Config", False), "qwen3-tied": ("Qwen3Config", True), "mistral": ("MistralConfig", False),
+    "gemma2": ("Gemma2Config", True), "gemma3": ("Gemma3TextConfig", True), "phi3": ("Phi3Config", False),
+}
+VL_MODELS = ("qwen2.5-vl",)
+CRITIC_MODELS = ("critic",)  # verl's value model: AutoModelForTokenClassification(num_labels=1) of a Qwen2
+ALL_MODELS = (*DENSE_MODELS, *MOE_MODELS, *VL_MODELS, *CRITIC_MODELS)
 
 
 def build_config(args: argparse.Namespace, model: str | None = None):
@@ -97,15 +123,41 @@ def build_config(args: argparse.Namespace, model: str | None = None):
         max_position_embeddings=256, attn_implementation="sdpa",
         bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )
+    import transformers
+
+    model = model.removesuffix("+lora")
     if model in MOE_MODELS:
         return moe_config(model, args, common)
-    if model == "llama":
-        from transformers import LlamaConfig
+    if model == "critic":  # verl's critic: the actor's config with num_labels=1 (load_valuehead_model)
+        return transformers.Qwen2Config(tie_word_embeddings=False, num_labels=1,
+                                        architectures=["Qwen2ForTokenClassification"], **common)
+    if model == "qwen2.5-vl":
+        head = args.hidden // args.heads
+        section = [head // 8, 3 * head // 16, 3 * head // 16]  # mrope: sums to head_dim / 2
+        text = {k: v for k, v in common.items() if k != "attn_implementation"}
+        return transformers.Qwen2_5_VLConfig(
+            text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": section}},
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=args.hidden,
+                               fullatt_block_indexes=[1], window_size=28),
+            tie_word_embeddings=False, architectures=["Qwen2_5_VLForConditionalGeneration"],
+            attn_implementation="sdpa", bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cls_name, tied = DENSE_MODELS[model]
+    cls = getattr(transformers, cls_name)
+    arch = {"Gemma3TextConfig": "Gemma3ForCausalLM"}.get(cls_name, cls_name.removesuffix("Config") + "ForCausalLM")
+    extra = {"head_dim": args.hidden // args.heads} if model.startswith(("gemma", "qwen3")) else {}
+    return cls(tie_word_embeddings=tied, architectures=[arch], **extra, **common)
 
-        return LlamaConfig(tie_word_embeddings=False, architectures=["LlamaForCausalLM"], **common)
-    from transformers import Qwen2Config
 
-    return Qwen2Config(tie_word_embeddings=model == "qwen2-tied", architectures=["Qwen2ForCausalLM"], **common)
+def auto_class(model: str):
+    """The transformers Auto class verl loads `model` with (actor, VL actor, critic)."""
+    import transformers
+
+    model = model.removesuffix("+lora")
+    if model in CRITIC_MODELS:
+        return transformers.AutoModelForTokenClassification
+    if model in VL_MODELS:
+        return transformers.AutoModelForImageTextToText
+    return transformers.AutoModelForCausalLM
 
 
 def moe_config(model: str, args: argparse.Namespace, common: dict):
@@ -219,7 +271,15 @@ def main(argv: list[str] | None = None) -> int:
 
     for name in args.models or [args.model]:
         out = os.path.join(args.out, name) if args.models else args.out
-        n_params = save_one(args, name, out, mesh, fsdp_size)
+        if not args.models:
+            n_params = save_one(args, name, out, mesh, fsdp_size)
+        else:  # one model failing on every rank is recorded next to it and the next one runs
+            try:
+                n_params = save_one(args, name, out, mesh, fsdp_size)
+            except Exception as exc:  # noqa: BLE001 - the caller reads <out>.error.txt
+                _record_error(out + ".error.txt", exc)
+                dist.barrier()
+                continue
         if rank == 0:
             print(json.dumps({"out": os.path.abspath(out), "model": name, "world_size": world, "params": n_params,
                               "fsdp_version": args.fsdp_version, "mesh": args.mesh}))
@@ -228,19 +288,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _record_error(path: str, exc: BaseException) -> None:
+    import traceback
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
+    traceback.print_exc()
+
+
 def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int) -> int:
-    """Build model `name` (seeded), wrap it as verl does, and save it with verl's manager into `out`."""
+    """Build model `name` (seeded), wrap it as verl does, and save it with verl's manager into `out`
+    (then, with --export, each tier's in-training export of the same model into `<out>.<tier>`)."""
     import shutil
 
     import torch
     from omegaconf import OmegaConf
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     torch.manual_seed(args.seed)
     config = build_config(args, name)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = auto_class(name).from_config(config, dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     gen_dir = None
     if not args.no_generation_config:
@@ -249,10 +321,12 @@ def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int
         GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, do_sample=True,
                          temperature=0.7, top_p=0.9).save_pretrained(gen_dir)
         model.config.name_or_path = gen_dir
-    if args.lora_rank:
+    lora_rank = args.lora_rank or (4 if name.endswith("+lora") else 0)
+    if lora_rank:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank,
+        # without training steps B starts random instead of zero, so the adapter changes the model
+        model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, init_lora_weights=bool(args.steps),
                                                  target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
     if args.fsdp_version == 2:
         model = wrap_fsdp2(model, mesh, args.shard_placement, fsdp_size)
@@ -271,9 +345,45 @@ def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int
     manager = FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                     processing_class=tokenizer, checkpoint_config=ckpt_cfg)
     manager.save_checkpoint(local_path=out, global_step=args.steps)
+    for spec in filter(None, args.export.split(",")):
+        tier, _, only = spec.partition(":")  # TIER:a/b: only models a and b get this tier's export
+        if only and name not in only.split("/"):
+            continue
+        try:
+            save_export(manager, tier, f"{out}.{tier}", args.steps)
+        except Exception as exc:  # noqa: BLE001 - recorded next to it; the caller reads it
+            _record_error(f"{out}.{tier}.error.txt", exc)
+        import torch.distributed as dist
+
+        dist.barrier()
     if gen_dir:
         shutil.rmtree(gen_dir, ignore_errors=True)
     return n_params
+
+
+def save_export(manager, tier: str, out: str, step: int) -> None:
+    """The same live model saved again by verl's manager under a recipe's SlimCheckpointConfig:
+    `incremental` (export_hf, its gather-free per-rank export, bf16 as verl's merger writes) or `intermediate`
+    (model only, its streaming export through merge(), bf16); the export lands in <out>/huggingface."""
+    from slimckpt.save.resume_state import finish_pending
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
+    saved = manager.checkpoint_config, manager.checkpoint_save_contents
+    if tier == "incremental":
+        manager.checkpoint_config = SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False,
+                                                         export_hf=True, export_dtype="bf16")
+    elif tier == "intermediate":
+        manager.checkpoint_config = SlimCheckpointConfig(recipe="intermediate", save_contents=["model"],
+                                                         load_contents=["model"], export_hf=True, export_dtype="bf16",
+                                                         measure=False)
+        manager.checkpoint_save_contents = ["model"]
+    else:
+        raise SystemExit(f"--export: unknown tier {tier!r} (incremental, intermediate)")
+    try:
+        manager.save_checkpoint(local_path=out, global_step=step)
+        finish_pending()
+    finally:
+        manager.checkpoint_config, manager.checkpoint_save_contents = saved
 
 
 if __name__ == "__main__":
