@@ -1,0 +1,298 @@
+"""The coverage matrix (issue 17 item 4): tiny models of every family verl users train, saved through
+verl 0.9.1's own FSDPCheckpointManager (slimckpt.testing.fsdp_checkpoint, gloo on CPU), and for each:
+
+- `slimckpt merge` (in this process, streamed) writes every file verl's merger writes, byte for byte
+  (verl's merger, unpatched, is the reference), without falling back to verl's merger;
+- the incremental tier's gather-free in-training export of the same live model (bf16) writes the
+  same files, byte for byte, but the tokenizer's (the trainer's tokenizer, as verl's hf_model save
+  writes it; verl's merger re-saves the one it loads); the intermediate tier's export, which runs
+  merge(), for two cases (`INTERMEDIATE`);
+- the merge's peak anonymous RSS above its start stays within one staging chunk plus allocator
+  slack. That bound is relative: at these sizes the absolute bound (the imports plus a few chunks,
+  ~270 MiB for the `slimckpt merge` command) is the imports' own footprint, and the models are
+  kilobytes. tests/test_merge_memory.py checks the absolute flat bound on 400-540 MB of dense, MoE
+  and LoRA shards; here the check is that no family takes a path whose memory grows.
+
+One torchrun per (world size, FSDP version) saves every model of that cell in one process group
+(`--models`, `--export`). The cells are sampled, not the cross product (the suite's time budget):
+every family at world size 2 with FSDP2; world sizes 1 and 3 (3: uneven shards of every dim) for a
+dense, an MoE and both LoRA models (3 also tied embeddings, DeepSeek-V3 and Qwen2.5-VL); FSDP1 for
+a dense (tied and untied), an MoE, the VL and a LoRA model. A model
+or export that fails in a cell is recorded with its reason in the support table, never skipped.
+
+The run produces the support table (family x merge x in-training export x LoRA): docs/support_matrix.md
+must equal it (SLIMCKPT_WRITE_SUPPORT_TABLE=1 rewrites the file), and README shows the same table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .merge_helpers import REPO, run, verl_merge
+
+pytestmark = pytest.mark.slow
+
+DENSE = ["llama", "qwen2", "qwen2-tied", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
+MOE = ["qwen2-moe", "qwen3-moe", "mixtral", "olmoe", "deepseek-v3"]
+OTHER = ["qwen2.5-vl", "critic"]
+LORA = ["llama+lora", "qwen3-moe+lora"]
+# (world size, FSDP version) -> the models that cell saves
+CELLS: dict[tuple[int, int], list[str]] = {
+    (2, 2): DENSE + MOE + OTHER + LORA,
+    (1, 2): ["llama", "qwen3-moe", *LORA],
+    (3, 2): ["llama", "qwen2-tied", "qwen3-moe", "deepseek-v3", "qwen2.5-vl", *LORA],
+    (2, 1): ["llama", "qwen2-tied", "qwen3-moe", "qwen2.5-vl", "llama+lora"],
+}
+# the intermediate tier's export (it runs merge(), checked above): a dense and a LoRA MoE case
+INTERMEDIATE = {(2, 2): ("llama",), (3, 2): ("qwen3-moe+lora",)}
+FIXTURE_ARGS = ["--steps", "0", "--experts", "3", "--layers", "2", "--hidden", "64", "--vocab", "256"]
+CHUNK = 1 << 20  # merge chunk: experts and embeddings cross chunks
+RSS_SLACK = 48 << 20
+
+# one row per family: (label, the models of it, its tied/untied note)
+FAMILIES = [
+    ("Llama", ["llama"]), ("Qwen2 (untied / tied embeddings)", ["qwen2", "qwen2-tied"]), ("Qwen3", ["qwen3"]),
+    ("Mistral", ["mistral"]), ("Gemma2 (tied)", ["gemma2"]), ("Gemma3 (tied)", ["gemma3"]), ("Phi-3", ["phi3"]),
+    ("Qwen2-MoE (shared expert)", ["qwen2-moe"]), ("Qwen3-MoE", ["qwen3-moe"]), ("Mixtral", ["mixtral"]),
+    ("OLMoE", ["olmoe"]), ("DeepSeek-V3 (MLA, shared experts)", ["deepseek-v3"]), ("Qwen2.5-VL", ["qwen2.5-vl"]),
+    ("critic value model (Qwen2, token classification, 1 label)", ["critic"]),
+]
+LORA_OF = {"llama": "llama+lora", "qwen3-moe": "qwen3-moe+lora"}
+TABLE_FILE = REPO / "docs" / "support_matrix.md"
+README_BEGIN, README_END = "<!-- support-matrix:begin -->", "<!-- support-matrix:end -->"
+
+
+def cell_name(cell: tuple[int, int]) -> str:
+    return f"ws{cell[0]}-fsdp{cell[1]}"
+
+
+def save_cell(root: Path, cell: tuple[int, int]) -> tuple[Path, float, str]:
+    world, fsdp = cell
+    out = root / cell_name(cell)
+    export = "incremental" + (",intermediate:" + "/".join(INTERMEDIATE[cell]) if cell in INTERMEDIATE else "")
+    t0 = time.perf_counter()
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
+                "-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(out), "--fsdp-version", str(fsdp),
+                "--models", ",".join(CELLS[cell]), "--export", export, *FIXTURE_ARGS],
+               env={"SLIMCKPT_LOG_LEVEL": "WARNING"}, timeout=300)
+    (root / f"{cell_name(cell)}.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, f"cell {cell_name(cell)}: torchrun failed\n{proc.stderr[-4000:]}"
+    return out, time.perf_counter() - t0, proc.stderr
+
+
+# an in-training export writes the trainer's tokenizer as verl's own hf_model save does; verl's merger
+# re-saves the one it loads from huggingface/ (transformers adds is_local, a normalizer, ...): the
+# export's tokenizer files are not compared with the merger's
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def tree_bytes(path: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+    from slimckpt.format.merge_manifest import MANIFEST_NAME
+
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_NAME and p.name not in skip}
+
+
+def tree_diff(ours: Path, ref: Path, skip: tuple[str, ...] = ()) -> str | None:
+    """None when every file of `ref` is in `ours` with the same bytes and nothing else is; else why not."""
+    a, b = tree_bytes(ours, skip), tree_bytes(ref, skip)
+    if sorted(a) != sorted(b):
+        return f"files differ: ours only {sorted(set(a) - set(b))}, reference only {sorted(set(b) - set(a))}"
+    differ = [n for n in b if a[n] != b[n] and not (n.endswith("adapter_config.json") and _same_adapter_config(a[n], b[n]))]
+    if not differ:
+        return None
+    from .merge_helpers import dir_tensors
+
+    why = []
+    for n in differ:
+        if n.endswith(".safetensors"):
+            ta, tb = dir_tensors(ours / Path(n).parent), dir_tensors(ref / Path(n).parent)
+            bad = [k for k in sorted(set(ta) | set(tb)) if k not in ta or k not in tb or ta[k].dtype != tb[k].dtype
+                   or ta[k].shape != tb[k].shape or not ta[k].equal(tb[k])]
+            why.append(f"{n}: tensors {bad[:4]}" if bad else f"{n}: same tensors, other bytes")
+        else:
+            why.append(n)
+    return "differ: " + "; ".join(why)
+
+
+def _same_adapter_config(a: bytes, b: bytes) -> bool:
+    """peft writes target_modules from a Python set: its order follows the process's string hashes
+    (PYTHONHASHSEED), so two processes may list the same modules in another order."""
+    def norm(raw: bytes) -> dict:
+        d = json.loads(raw)
+        if isinstance(d.get("target_modules"), list):
+            d["target_modules"] = sorted(d["target_modules"])
+        return d
+
+    return norm(a) == norm(b)
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:300] if text.strip() else "(no message)"
+
+
+def check_model(ckpt_root: Path, work: Path, cell: tuple[int, int], model: str) -> dict:
+    """One (cell, model): the reference, our merge (RSS sampled), and each in-training export."""
+    from slimckpt.merge.pipeline import merge
+    from slimckpt.merge.plan import MergeError, MergeOptions
+    from slimckpt.observe.memory import RssSampler
+
+    out: dict = {"cell": cell_name(cell), "model": model}
+    ckpt = ckpt_root / model
+    error = ckpt_root / f"{model}.error.txt"
+    if error.exists():
+        out["save"] = "verl's FSDPCheckpointManager failed: " + first_line(error.read_text())
+        return out
+    out["save"] = "ok"
+    ref = work / "reference"
+    failed = verl_merge(ckpt, ref)
+    out["reference"] = "verl's merger" if failed is None else f"verl's merger failed: {failed}"
+    if failed is not None:
+        # where verl's merger fails, the full model's save_pretrained is the reference: not needed so far
+        out["merge"] = out["export"] = f"no reference: verl's merger failed ({first_line(failed)})"
+        return out
+    ours = work / "ours"
+    try:
+        with RssSampler(interval_s=0.002) as rss:
+            result = merge(MergeOptions(local_dir=str(ckpt), target_dir=str(ours), progress=False,
+                                        chunk_bytes=CHUNK))
+        out["merge_rss_extra"] = rss.result.extra
+        if result.used_verl_merger:
+            out["merge"] = "fell back to verl's whole-model merger"
+        else:
+            why = tree_diff(ours, ref)
+            out["merge"] = "ok" if why is None else f"not equal to verl's merger: {why}"
+            if why is None and rss.result.extra > CHUNK + RSS_SLACK:
+                out["merge"] = f"peak RssAnon {rss.result.extra >> 20} MiB above its start (bound {(CHUNK + RSS_SLACK) >> 20} MiB)"
+    except MergeError as exc:
+        out["merge"] = f"slimckpt merge refused: {exc}"
+    for tier in ("incremental", "intermediate"):
+        tier_dir = ckpt_root / f"{model}.{tier}"
+        tier_error = ckpt_root / f"{model}.{tier}.error.txt"
+        if tier_error.exists():
+            out[tier] = "save failed: " + first_line(tier_error.read_text())
+        elif tier_dir.exists():
+            why = tree_diff(tier_dir / "huggingface", ref, TOKENIZER_FILES)
+            out[tier] = "ok" if why is None else f"not equal to verl's merger: {why}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory) -> dict:
+    """Every cell saved (one torchrun each) and checked: {(cell name, model): outcome}, plus timings."""
+    root = tmp_path_factory.mktemp("coverage_matrix")
+    outcomes: dict = {}
+    timings: dict = {}
+    for cell in CELLS:
+        ckpt_root, seconds, _ = save_cell(root, cell)
+        timings[cell_name(cell)] = {"torchrun_s": round(seconds, 1)}
+        t0 = time.perf_counter()
+        for model in CELLS[cell]:
+            outcomes[(cell_name(cell), model)] = check_model(ckpt_root, root / "work" / cell_name(cell) / model,
+                                                             cell, model)
+        timings[cell_name(cell)]["checks_s"] = round(time.perf_counter() - t0, 1)
+    (root / "outcomes.json").write_text(json.dumps({"timings": timings, "outcomes": [*outcomes.values()]}, indent=1))
+    print(json.dumps(timings))
+    return outcomes
+
+
+CASES = [(cell_name(c), m) for c, models in CELLS.items() for m in models]
+
+
+@pytest.mark.parametrize("cell,model", CASES, ids=[f"{c}-{m}" for c, m in CASES])
+def test_merge_and_export_equal_verl_merger(matrix, cell, model):
+    got = matrix[(cell, model)]
+    assert got["save"] == "ok", got
+    assert got["reference"] == "verl's merger", got
+    assert got["merge"] == "ok", got
+    assert got["incremental"] == "ok", got
+    if (cell, model) in {(cell_name(c), m) for c, ms in INTERMEDIATE.items() for m in ms}:
+        assert got["intermediate"] == "ok", got
+
+
+def test_every_family_is_in_the_matrix():
+    """Every family at ws 2 FSDP2; ws 1 and 3 for a dense, an MoE and a LoRA case; FSDP1 for a dense
+    and an MoE case; a family with tied and untied embeddings."""
+    assert {m for _, ms in FAMILIES for m in ms} <= set(CELLS[(2, 2)])
+    for cell in ((1, 2), (3, 2)):
+        assert {"llama", "qwen3-moe", "llama+lora", "qwen3-moe+lora"} <= set(CELLS[cell])
+    assert {"llama", "qwen3-moe"} <= set(CELLS[(2, 1)])
+    assert {"qwen2", "qwen2-tied"} <= set(CELLS[(2, 2)])
+
+
+def _cells_of(matrix: dict, model: str) -> list[str]:
+    return [c for (c, m) in matrix if m == model]
+
+
+def _column(matrix: dict, models: list[str], key: str) -> str:
+    """'yes (cells)' when every case of these models is ok in `key`, else the first reason."""
+    cases = [(c, m) for m in models for c in _cells_of(matrix, m)]
+    bad = [(c, m, matrix[(c, m)].get(key) or matrix[(c, m)].get("save")) for c, m in cases
+           if matrix[(c, m)].get(key) != "ok"]
+    if bad:
+        c, m, why = bad[0]
+        return f"**no** ({m}, {c}: {why})".replace("|", "/")
+    return "yes (" + ", ".join(sorted({c for c, _ in cases}, key=_cell_order)) + ")"
+
+
+def _cell_order(name: str):
+    return [cell_name(c) for c in CELLS].index(name)
+
+
+def _intermediate(matrix: dict, models: list[str]) -> str:
+    cases = [(cell_name(c), m) for c, ms in INTERMEDIATE.items() for m in ms if m in models]
+    if not cases:
+        return ""
+    bad = [matrix[k].get("intermediate") for k in cases if matrix[k].get("intermediate") != "ok"]
+    return "; intermediate tier: " + (f"**no** ({bad[0]})".replace("|", "/") if bad else
+                                      "yes (" + ", ".join(c for c, _ in cases) + ")")
+
+
+def support_table(matrix: dict) -> str:
+    lines = [
+        "| family | `slimckpt merge` (= verl's merger, streamed) | in-training export (incremental tier, gather-free) | LoRA (merge + incremental export) |",
+        "|---|---|---|---|",
+    ]
+    for label, models in FAMILIES:
+        merge_col = _column(matrix, models, "merge")
+        export_col = _column(matrix, models, "incremental")
+        export_col += _intermediate(matrix, models)
+        if models[0] in LORA_OF:
+            lora = LORA_OF[models[0]]
+            lora_col = _column(matrix, [lora], "merge")
+            lora_export = _column(matrix, [lora], "incremental")
+            lora_col = lora_col if lora_col == lora_export else f"merge {lora_col}; export {lora_export}"
+            lora_col += _intermediate(matrix, [lora])
+        else:
+            lora_col = "not in the matrix (its LoRA cases: Llama, Qwen3-MoE; the adapter path does not depend on the family)"
+        lines.append(f"| {label} | {merge_col} | {export_col} | {lora_col} |")
+    cells = "; ".join(f"{cell_name(c)}: {', '.join(ms)}" for c, ms in CELLS.items())
+    return "\n".join(lines) + (
+        f"\n\nCells (world size, FSDP version): {cells}. The in-training export of the intermediate tier (which runs "
+        f"the same merge) is checked for {', '.join(f'{m} at {cell_name(c)}' for c, ms in INTERMEDIATE.items() for m in ms)}.\n")
+
+
+def test_support_table_is_what_the_run_produced(matrix):
+    table = support_table(matrix)
+    header = ("# Support matrix\n\nGenerated by `tests/test_coverage_matrix.py` (rewrite with "
+              "`SLIMCKPT_WRITE_SUPPORT_TABLE=1`); README shows the same table. \"yes\" lists the cells "
+              "(world size, FSDP version) where the output equalled verl's merger byte for byte.\n\n")
+    if os.environ.get("SLIMCKPT_WRITE_SUPPORT_TABLE") == "1":
+        TABLE_FILE.write_text(header + table)
+        readme = (REPO / "README.md").read_text()
+        start, end = readme.index(README_BEGIN) + len(README_BEGIN), readme.index(README_END)
+        (REPO / "README.md").write_text(readme[:start] + "\n" + table + readme[end:])
+    assert TABLE_FILE.read_text() == header + table, "docs/support_matrix.md is stale: rerun with SLIMCKPT_WRITE_SUPPORT_TABLE=1"
+
+
+def test_readme_shows_the_support_table():
+    readme = (REPO / "README.md").read_text()
+    start, end = readme.index(README_BEGIN) + len(README_BEGIN), readme.index(README_END)
+    table_file = TABLE_FILE.read_text()
+    assert readme[start:end].strip() == table_file[table_file.index("| family"):].strip()
