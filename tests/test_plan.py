@@ -296,3 +296,90 @@ def test_a_conversion_that_is_not_a_slice_ends_in_one_line(tmp_path, capsys, mon
     assert plan.run(_args(cfg, world_size=8)) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "WARNING" not in line]
     assert len(err) == 1 and "NeedsVerlMerger" in err[0] and "strided part" in err[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# LoRA and vision-language configs
+# ------------------------------------------------------------------------------------------------
+def _save_config(tmp_path, model: str):
+    from slimckpt.testing.fsdp_checkpoint import build_config, parse_args
+
+    build_config(parse_args(["--out", "x", "--model", model, "--experts", "3", "--hidden", "64",
+                             "--vocab", "256"])).save_pretrained(tmp_path)
+    return tmp_path / "config.json"
+
+
+@pytest.mark.parametrize("model,targets", [("llama", "all-linear"), ("qwen3-moe", "all-linear"),
+                                           ("qwen3-moe", "q_proj,v_proj"), ("qwen2.5-vl", "q_proj,v_proj")])
+def test_a_lora_config_is_planned_as_peft_builds_the_actor(tmp_path, model, targets):
+    """The adapter's parameters are peft's on the real model (names and shapes; with all-linear on an
+    MoE model peft 0.21 also adapts the fused experts and the router); the base is frozen, so AdamW
+    state is the adapter's alone; the export adds lora_adapter/ in the export dtype."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, parse_args
+
+    cfg = _save_config(tmp_path, model)
+    r = plan.build_report(_args(cfg, world_size=3, lora_rank=8, lora_alpha=16, lora_target_modules=targets,
+                                lora_exclude_modules=""))
+    torch.manual_seed(0)
+    real = auto_class(model).from_config(build_config(parse_args(["--out", "x", "--model", model, "--experts", "3",
+                                                                  "--hidden", "64", "--vocab", "256"])))
+    base_params = sum(p.numel() for p in real.parameters())
+    peft_targets = "all-linear" if targets == "all-linear" else targets.split(",")
+    peft = get_peft_model(real, LoraConfig(r=8, lora_alpha=16, target_modules=peft_targets, task_type="CAUSAL_LM"))
+    adapter = {n.removeprefix("base_model.model."): tuple(p.shape) for n, p in peft.named_parameters() if p.requires_grad}
+    facts = plan.model_facts(str(cfg), lora=plan.lora_spec(_args(cfg, lora_rank=8, lora_target_modules=targets)))
+    assert {p.name: p.shape for p in facts.params if p.trainable} == adapter
+    lora = r["lora"]
+    assert lora["parameters"] == sum(a * b for a, b in adapter.values()) and lora["rank"] == 8
+    assert r["parameters"] == base_params + lora["parameters"]
+    trainable = [p for p in facts.params if p.trainable]
+    assert r["rank0_optimizer_shard_bytes"] == plan.optim_shard_bytes(trainable, 3, 0)
+    assert r["rank0_model_shard_bytes"] == plan.model_shard_bytes(facts.params, 3, 0)
+    files = {f["name"]: f["bytes"] for f in r["hf_export"]["files"]}
+    assert 2 * lora["parameters"] < files["lora_adapter/adapter_model.safetensors"] == lora["adapter_bytes"]
+    assert r["hf_export"]["bytes"] == sum(files.values())
+    buf = io.StringIO()
+    plan.print_report(r, buf)
+    assert f"LoRA rank 8 (alpha 16) on {lora['modules']} modules (target_modules={targets}" in buf.getvalue()
+    if model == "qwen3-moe" and targets == "all-linear":
+        assert any(".experts." in n for n in adapter)  # LoRA on the fused experts: planned too
+
+
+def test_a_vision_language_config_is_planned(tmp_path):
+    """Qwen2.5-VL: every parameter of the language model and the vision tower, and the HF export
+    exactly as save_pretrained writes it (names, sizes: the file's bytes)."""
+    import torch
+    from safetensors import safe_open
+
+    from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, parse_args
+
+    cfg = _save_config(tmp_path / "cfg", "qwen2.5-vl")
+    r = plan.build_report(_args(cfg, world_size=3))
+    model = auto_class("qwen2.5-vl").from_config(
+        build_config(parse_args(["--out", "x", "--model", "qwen2.5-vl", "--hidden", "64", "--vocab", "256"])),
+        dtype=torch.bfloat16)
+    assert r["parameters"] == sum(p.numel() for p in model.parameters())
+    assert r["vision_parameters"] == sum(p.numel() for p in model.model.visual.parameters()) > 0
+    model.save_pretrained(tmp_path / "saved")
+    saved = tmp_path / "saved" / "model.safetensors"
+    assert r["hf_export"]["files"] == [{"name": "model.safetensors", "bytes": saved.stat().st_size}]
+    with safe_open(str(saved), "pt") as f:
+        assert any(k.startswith("visual.") for k in f.keys())  # the original layout, as save_pretrained writes it
+    buf = io.StringIO()
+    plan.print_report(r, buf)
+    assert f"vision tower: {r['vision_parameters']:,} parameters" in buf.getvalue()
+
+
+@pytest.mark.parametrize("kw,says", [
+    ({"lora_rank": -4}, "--lora-rank -4"),
+    ({"lora_rank": 8, "lora_target_modules": "no_such_proj"}, "target_modules=no_such_proj"),
+])
+def test_a_lora_config_it_cannot_plan_ends_in_one_line(tmp_path, capsys, kw, says):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    assert plan.run(_args(cfg, **kw)) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "WARNING" not in line]
+    assert len(err) == 1 and err[0].startswith("slimckpt plan:") and says in err[0], err

@@ -28,6 +28,12 @@ more, since it deletes only once the new step is complete), at trainer.max_actor
 max_critic_ckpt_to_keep (as given; else each row's own: a recipe's value, verl's null = keep all).
 The critic (`--critic`, PPO with GAE) is the actor's shapes with a one-output value head instead
 of lm_head, saving the same contents and no Hugging Face export.
+
+A LoRA actor (`--lora-rank R`, with verl's lora_alpha / target_modules / exclude_modules /
+target_parameters keys) is wrapped as verl wraps it, by peft on the meta model: the base model is
+frozen (in the model shards, no AdamW state), the adapter trained in fp32; the HF export is the base
+model plus lora_adapter/ (as verl's merger writes it). A vision-language config (Qwen2.5-VL) is
+planned with its vision tower, and its export laid out as save_pretrained writes it.
 """
 
 from __future__ import annotations
@@ -241,7 +247,9 @@ def peak_disk(per_step: int, max_keep: int | None) -> dict[str, Any]:
 
 
 def critic_params(params: Sequence[ParamSpec]) -> list[ParamSpec]:
-    """verl's critic: the actor's model with a one-output value head (`score`) in place of lm_head."""
+    """verl's critic: the actor's model with a one-output value head (`score`) in place of lm_head
+    (without the actor's LoRA adapter, trained in full)."""
+    params = [replace(p, trainable=True) for p in params if ".lora_" not in p.name]
     hidden = next((p.shape[-1] for p in params if p.name == "lm_head.weight" or p.name.endswith("embed_tokens.weight")),
                   None)
     body = [p for p in params if p.name != "lm_head.weight"]
@@ -274,6 +282,21 @@ class ModelFacts:
     max_shard_size: str | int
     # fused tensors transformers splits on save (MoE experts) -> the outputs made of them
     split_on_save: dict[str, int] = field(default_factory=dict)
+    # a LoRA actor: rank, alpha, the modules wrapped, the adapter's parameters and its export bytes
+    lora: dict[str, Any] | None = None
+    # a vision-language model: parameters of its vision tower (all of them are in `params`)
+    vision_parameters: int = 0
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """verl's actor_rollout_ref.model.lora_rank / lora_alpha / target_modules / exclude_modules."""
+
+    rank: int
+    alpha: float = 16
+    target_modules: str | tuple[str, ...] = "all-linear"
+    exclude_modules: tuple[str, ...] = ()
+    target_parameters: tuple[str, ...] = ()
 
 
 def _hf_dir(config_path: str) -> tuple[str, Any]:
@@ -292,7 +315,7 @@ def _hf_dir(config_path: str) -> tuple[str, Any]:
 
 
 def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: str | int | None = None,
-                trust_remote_code: bool = False) -> ModelFacts:
+                trust_remote_code: bool = False, lora: LoraSpec | None = None) -> ModelFacts:
     from .format import layout
     from .merge.hf_side import HfSide, default_max_shard_size
     from .merge.plan import DTYPE_NAMES
@@ -321,9 +344,70 @@ def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: st
         for take in takes.values():
             if not take.whole:
                 split[take.source] = split.get(take.source, 0) + 1
-        return ModelFacts(params=params, total_parameters=hf.total_parameters(), tied=tied,
-                          hf_files=[(f.name, f.size) for f in plan.files], hf_bytes=sum(f.size for f in plan.files),
-                          hf_dtype=export_dtype, max_shard_size=size, split_on_save=split)
+        files = [(f.name, f.size) for f in plan.files]
+        total = hf.total_parameters()  # of the base model: before peft wraps it
+        lora_facts = None
+        if lora is not None:
+            params, files, lora_facts = _with_lora(model, params, files, lora, export_dtype)
+        vision = sum(t.numel() for n, t in state.items() if n not in tied and _is_vision(n))
+        return ModelFacts(params=params, total_parameters=total + (lora_facts or {}).get("parameters", 0),
+                          tied=tied, hf_files=files, hf_bytes=sum(b for _, b in files), hf_dtype=export_dtype,
+                          max_shard_size=size, split_on_save=split, lora=lora_facts, vision_parameters=vision)
+
+
+def _is_vision(name: str) -> bool:
+    """A vision tower's tensor (Qwen2-VL/2.5-VL `visual.`, LLaVA-style `vision_tower.`, projectors)."""
+    parts = name.split(".")
+    return any(p in ("visual", "vision_tower", "vision_model", "multi_modal_projector") for p in parts)
+
+
+def _with_lora(model, params: list[ParamSpec], files: list[tuple[str, int]], lora: LoraSpec,
+               export_dtype: str) -> tuple[list[ParamSpec], list[tuple[str, int]], dict[str, Any]]:
+    """A LoRA actor, wrapped as verl wraps it (peft's get_peft_model with verl's LoraConfig keys, on
+    the meta model): the base frozen (no AdamW state), the adapter trainable fp32 (on fused MoE
+    experts too, where peft puts it); the export adds lora_adapter/ (what verl's merger and
+    slimckpt's exports write), its tensors in export_dtype."""
+    import warnings
+
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    from .format import layout
+    from .merge.plan import DTYPE_NAMES
+
+    if lora.rank < 1:
+        raise ValueError(f"slimckpt plan: --lora-rank {lora.rank}: give the adapter's rank, 1 or more")
+    config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=lora.rank, lora_alpha=lora.alpha,
+                        target_modules=lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules),
+                        target_parameters=list(lora.target_parameters) or None,
+                        exclude_modules=list(lora.exclude_modules) or None, bias="none")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            wrapped = get_peft_model(model, config)
+    except ValueError as exc:
+        raise ValueError(f"slimckpt plan: LoRA ({_lora_keys(lora)}): {str(exc).strip().splitlines()[0]}") from None
+    adapter = [ParamSpec(n.removeprefix("base_model.model."), tuple(t.shape))
+               for n, t in wrapped.named_parameters() if t.requires_grad]
+    specs = [layout.TensorSpec("base_model.model." + p.name.replace(".default.", "."), DTYPE_NAMES[export_dtype],
+                               p.shape) for p in adapter]
+    adapter_bytes = sum(f.size for f in layout.plan_files(specs, 1 << 62).files)
+    modules = {p.name.split(".lora_")[0] for p in adapter}
+    facts = {"rank": lora.rank, "alpha": lora.alpha, "modules": len(modules), "keys": _lora_keys(lora),
+             "parameters": sum(p.rows * (p.row_bytes // p.itemsize) for p in adapter), "adapter_bytes": adapter_bytes}
+    frozen = [replace(p, trainable=False) for p in params]
+    return frozen + adapter, files + [("lora_adapter/adapter_model.safetensors", adapter_bytes)], facts
+
+
+def _lora_keys(lora: LoraSpec) -> str:
+    def show(v) -> str:
+        return v if isinstance(v, str) else ",".join(v)
+
+    out = f"target_modules={show(lora.target_modules)}"
+    if lora.target_parameters:
+        out += f" target_parameters={show(lora.target_parameters)}"
+    if lora.exclude_modules:
+        out += f" exclude_modules={show(lora.exclude_modules)}"
+    return out
 
 
 def extra_state_bytes() -> int:
@@ -396,6 +480,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-shard-size", default=None,
                    help="HF export file size limit, e.g. 5GB (default: save_pretrained's, as verl uses)")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="a LoRA actor (verl's actor_rollout_ref.model.lora_rank): the base model frozen, only the "
+                        "adapter trained; its export adds lora_adapter/")
+    p.add_argument("--lora-alpha", type=float, default=16, help="verl's model.lora_alpha (reported only)")
+    p.add_argument("--lora-target-modules", default="all-linear",
+                   help="verl's model.target_modules: all-linear (its default; with transformers 5 peft also adapts "
+                        "fused MoE experts and routers) or module names, comma separated")
+    p.add_argument("--lora-exclude-modules", default="", help="verl's model.exclude_modules, comma separated")
+    p.add_argument("--lora-target-parameters", default="",
+                   help="verl's model.target_parameters (LoRA on nn.Parameters, e.g. fused experts), comma separated")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -403,7 +497,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.world_size < 1:
         raise ValueError("slimckpt plan: --world-size must be >= 1")
     keep_given, overrides = retention_overrides(args)  # a bad value fails before the model is built
-    facts = model_facts(args.config, args.export_dtype, args.max_shard_size, args.trust_remote_code)
+    facts = model_facts(args.config, args.export_dtype, args.max_shard_size, args.trust_remote_code, lora_spec(args))
     extra = extra_state_bytes()
     strategies = [Strategy("verl default"), Strategy("verl + hf_model", contents=(*VERL_CONTENTS, "hf_model"))]
     strategies += recipe_strategies(args.recipe, overrides)
@@ -415,8 +509,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         e = asdict(estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
                             facts.hf_dtype))
         if facts.split_on_save and s.incremental and s.export_hf:
-            e["notes"].append("this model's fused MoE experts are split on save, which the gather-free export does "
-                              "not do yet: such a save stops and asks for export_hf=false")
+            e["notes"].append("fused MoE experts split on save: each rank writes its rows of every per-expert tensor")
         e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
         if with_critic:  # the critic saves the same contents, never an HF export
             critic = replace(s, contents=tuple(c for c in s.contents if c != "hf_model"), export_hf=False)
@@ -430,6 +523,8 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "parameters": facts.total_parameters,
         "tied": facts.tied,
         "split_on_save": {"fused_tensors": len(facts.split_on_save), "outputs": sum(facts.split_on_save.values())},
+        "lora": facts.lora,
+        "vision_parameters": facts.vision_parameters,
         "fp32_model_bytes": sum(p.nbytes for p in facts.params),
         "rank0_model_shard_bytes": model_shard_bytes(facts.params, args.world_size, 0),
         "rank0_optimizer_shard_bytes": optim_shard_bytes(facts.params, args.world_size, 0),
@@ -441,6 +536,19 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "estimates": estimates,
         "critic": with_critic,
     }
+
+
+def lora_spec(args: argparse.Namespace) -> LoraSpec | None:
+    rank = int(getattr(args, "lora_rank", 0) or 0)
+    if not rank:
+        return None
+    targets = str(getattr(args, "lora_target_modules", "all-linear") or "all-linear")
+    def items(attr: str) -> tuple[str, ...]:
+        return tuple(x.strip() for x in str(getattr(args, attr, "") or "").split(",") if x.strip())
+
+    return LoraSpec(rank=rank, alpha=float(getattr(args, "lora_alpha", 16)), exclude_modules=items("lora_exclude_modules"),
+                    target_parameters=items("lora_target_parameters"),
+                    target_modules=targets if targets == "all-linear" else tuple(t.strip() for t in targets.split(",")))
 
 
 def retention_overrides(args: argparse.Namespace) -> tuple[dict[str, int | None], list[str]]:
@@ -474,6 +582,14 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     if split.get("fused_tensors"):
         print(f"fused MoE experts: {split['fused_tensors']} tensors, split into {split['outputs']} per-expert tensors "
               f"in the HF export (as save_pretrained writes them)", file=out)
+    if r.get("vision_parameters"):
+        print(f"vision tower: {r['vision_parameters']:,} parameters (sharded and exported with the rest)", file=out)
+    lora = r.get("lora")
+    if lora:
+        print(f"LoRA rank {lora['rank']} (alpha {lora['alpha']:g}) on {lora['modules']} modules ({lora['keys']}, as peft "
+              f"wraps them): "
+              f"{lora['parameters']:,} trainable parameters; the base is frozen (AdamW state only for the adapter); "
+              f"the export adds lora_adapter/ ({human(lora['adapter_bytes'])})", file=out)
     print(f"FSDP{r['fsdp']}, world size {w}: rank 0 holds {human(r['rank0_model_shard_bytes'])} of model and "
           f"{human(r['rank0_optimizer_shard_bytes'])} of AdamW state; largest tensor shard "
           f"{human(r['largest_tensor_shard_bytes'])}; extra state ~{human(r['extra_bytes_per_rank'])} per rank",
