@@ -7,6 +7,8 @@ verl 0.9.1's own FSDPCheckpointManager (slimckpt.testing.fsdp_checkpoint, gloo o
   same files, byte for byte, but the tokenizer's (the trainer's tokenizer, as verl's hf_model save
   writes it; verl's merger re-saves the one it loads); the intermediate tier's export, which runs
   merge(), for two cases (`INTERMEDIATE`);
+- a LoRA checkpoint also merges with `--merge_lora` to what peft's merge_and_unload() makes of verl's
+  merger output (bf16, within one bf16 step), or ends in the one line recorded in KNOWN_UNSUPPORTED;
 - the merge's peak anonymous RSS above its start stays within one staging chunk plus allocator
   slack. That bound is relative: at these sizes the absolute bound (the imports plus a few chunks,
   ~270 MiB for the `slimckpt merge` command) is the imports' own footprint, and the models are
@@ -17,7 +19,8 @@ One torchrun per (world size, FSDP version) saves every model of that cell in on
 (`--models`, `--export`). The cells are sampled, not the cross product (the suite's time budget):
 every family at world size 2 with FSDP2; world sizes 1 and 3 (3: uneven shards of every dim) for a
 dense, an MoE and both LoRA models (3 also tied embeddings, DeepSeek-V3 and Qwen2.5-VL); FSDP1 for
-a dense (tied and untied), an MoE, the VL and a LoRA model. A model
+a dense (tied and untied), an MoE, the VL and a LoRA model. LoRA on q_proj/v_proj everywhere, and with
+verl's default target_modules=all-linear (peft then adapts fused MoE experts and routers too) at ws 2. A model
 or export that fails in a cell is recorded with its reason in the support table, never skipped.
 
 The run produces the support table (family x merge x in-training export x LoRA): docs/support_matrix.md
@@ -41,16 +44,24 @@ pytestmark = pytest.mark.slow
 DENSE = ["llama", "qwen2", "qwen2-tied", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
 MOE = ["qwen2-moe", "qwen3-moe", "mixtral", "olmoe", "deepseek-v3"]
 OTHER = ["qwen2.5-vl", "critic"]
-LORA = ["llama+lora", "qwen3-moe+lora"]
+LORA = ["llama+lora", "qwen3-moe+lora"]  # peft on q_proj/v_proj
+LORA_ALL = ["llama+lora-all", "qwen3-moe+lora-all"]  # verl's default target_modules=all-linear: MoE experts adapted too
 # (world size, FSDP version) -> the models that cell saves
 CELLS: dict[tuple[int, int], list[str]] = {
-    (2, 2): DENSE + MOE + OTHER + LORA,
+    (2, 2): DENSE + MOE + OTHER + LORA + LORA_ALL,
     (1, 2): ["llama", "qwen3-moe", *LORA],
     (3, 2): ["llama", "qwen2-tied", "qwen3-moe", "deepseek-v3", "qwen2.5-vl", *LORA],
     (2, 1): ["llama", "qwen2-tied", "qwen3-moe", "qwen2.5-vl", "llama+lora"],
 }
 # the intermediate tier's export (it runs merge(), checked above): a dense and a LoRA MoE case
 INTERMEDIATE = {(2, 2): ("llama",), (3, 2): ("qwen3-moe+lora",)}
+# what the matrix found not supported, with the line it ends in: (cell, model, check) -> part of the reason.
+# A case listed here must still fail that way (the test says when it starts to work); no other may fail.
+KNOWN_UNSUPPORTED = {
+    # peft 0.21 puts LoRA on the fused experts (a ParamWrapper: A [E*r, in], B [out, E*r]), not a
+    # Linear's A/B: --merge_lora refuses it in one line (the unmerged base + lora_adapter/ is written)
+    ("ws2-fsdp2", "qwen3-moe+lora-all", "merge_lora"): "has no base weight",
+}
 FIXTURE_ARGS = ["--steps", "0", "--experts", "3", "--layers", "2", "--hidden", "64", "--vocab", "256"]
 CHUNK = 1 << 20  # merge chunk: experts and embeddings cross chunks
 RSS_SLACK = 48 << 20
@@ -63,7 +74,7 @@ FAMILIES = [
     ("OLMoE", ["olmoe"]), ("DeepSeek-V3 (MLA, shared experts)", ["deepseek-v3"]), ("Qwen2.5-VL", ["qwen2.5-vl"]),
     ("critic value model (Qwen2, token classification, 1 label)", ["critic"]),
 ]
-LORA_OF = {"llama": "llama+lora", "qwen3-moe": "qwen3-moe+lora"}
+LORA_OF = {"llama": ["llama+lora", "llama+lora-all"], "qwen3-moe": ["qwen3-moe+lora", "qwen3-moe+lora-all"]}
 TABLE_FILE = REPO / "docs" / "support_matrix.md"
 README_BEGIN, README_END = "<!-- support-matrix:begin -->", "<!-- support-matrix:end -->"
 
@@ -172,6 +183,8 @@ def check_model(ckpt_root: Path, work: Path, cell: tuple[int, int], model: str) 
                 out["merge"] = f"peak RssAnon {rss.result.extra >> 20} MiB above its start (bound {(CHUNK + RSS_SLACK) >> 20} MiB)"
     except MergeError as exc:
         out["merge"] = f"slimckpt merge refused: {exc}"
+    if "+" in model:
+        out["merge_lora"] = check_merge_lora(ckpt, work, ref, model)
     for tier in ("incremental", "intermediate"):
         tier_dir = ckpt_root / f"{model}.{tier}"
         tier_error = ckpt_root / f"{model}.{tier}.error.txt"
@@ -181,6 +194,30 @@ def check_model(ckpt_root: Path, work: Path, cell: tuple[int, int], model: str) 
             why = tree_diff(tier_dir / "huggingface", ref, TOKENIZER_FILES)
             out[tier] = "ok" if why is None else f"not equal to verl's merger: {why}"
     return out
+
+
+def check_merge_lora(ckpt: Path, work: Path, ref: Path, model: str) -> str:
+    """`--merge_lora` (bf16) against peft's merge_and_unload() of verl's merger output, as loaded."""
+    import torch
+    from peft import PeftModel
+
+    from slimckpt.merge.pipeline import merge
+    from slimckpt.merge.plan import MergeError, MergeOptions
+    from slimckpt.testing.fsdp_checkpoint import auto_class
+
+    try:
+        merge(MergeOptions(local_dir=str(ckpt), target_dir=str(work / "merged"), progress=False, merge_lora=True,
+                           chunk_bytes=CHUNK))
+    except MergeError as exc:
+        return f"--merge_lora refused in one line: {exc}"
+    cls = auto_class(model)
+    want = PeftModel.from_pretrained(cls.from_pretrained(ref, dtype=torch.bfloat16),
+                                     ref / "lora_adapter").merge_and_unload().state_dict()
+    got = cls.from_pretrained(work / "merged", dtype=torch.bfloat16).state_dict()
+    if sorted(got) != sorted(want):
+        return f"--merge_lora: other tensors than peft's merge_and_unload: {sorted(set(got) ^ set(want))[:4]}"
+    off = [k for k in want if not torch.allclose(got[k].float(), want[k].float(), rtol=2**-7, atol=0)]
+    return "ok" if not off else f"--merge_lora differs from peft's merge_and_unload: {off[:4]}"
 
 
 @pytest.fixture(scope="module")
@@ -208,12 +245,17 @@ CASES = [(cell_name(c), m) for c, models in CELLS.items() for m in models]
 @pytest.mark.parametrize("cell,model", CASES, ids=[f"{c}-{m}" for c, m in CASES])
 def test_merge_and_export_equal_verl_merger(matrix, cell, model):
     got = matrix[(cell, model)]
-    assert got["save"] == "ok", got
-    assert got["reference"] == "verl's merger", got
-    assert got["merge"] == "ok", got
-    assert got["incremental"] == "ok", got
+    checks = ["save", "merge", "incremental"] + (["merge_lora"] if "+" in model else [])
     if (cell, model) in {(cell_name(c), m) for c, ms in INTERMEDIATE.items() for m in ms}:
-        assert got["intermediate"] == "ok", got
+        checks.append("intermediate")
+    assert got["save"] != "ok" or got["reference"] == "verl's merger", got
+    for check in checks:
+        known = KNOWN_UNSUPPORTED.get((cell, model, check))
+        if known:
+            assert known in got.get(check, ""), f"{check} of {model} at {cell} no longer fails as recorded " \
+                                                f"(KNOWN_UNSUPPORTED): {got}"
+        else:
+            assert got.get(check) == "ok", (check, got)
 
 
 def test_every_family_is_in_the_matrix():
@@ -222,6 +264,8 @@ def test_every_family_is_in_the_matrix():
     assert {m for _, ms in FAMILIES for m in ms} <= set(CELLS[(2, 2)])
     for cell in ((1, 2), (3, 2)):
         assert {"llama", "qwen3-moe", "llama+lora", "qwen3-moe+lora"} <= set(CELLS[cell])
+    assert all(c in CELLS and m in CELLS[c] for c, m in
+               {(tuple(int(x) for x in c.removeprefix("ws").split("-fsdp")), m) for c, m, _ in KNOWN_UNSUPPORTED})
     assert {"llama", "qwen3-moe"} <= set(CELLS[(2, 1)])
     assert {"qwen2", "qwen2-tied"} <= set(CELLS[(2, 2)])
 
@@ -231,7 +275,7 @@ def _cells_of(matrix: dict, model: str) -> list[str]:
 
 
 def _column(matrix: dict, models: list[str], key: str) -> str:
-    """'yes (cells)' when every case of these models is ok in `key`, else the first reason."""
+    """'yes (cells)' when every case of these models is ok in `key`, else the first reason (`**no**`)."""
     cases = [(c, m) for m in models for c in _cells_of(matrix, m)]
     bad = [(c, m, matrix[(c, m)].get(key) or matrix[(c, m)].get("save")) for c, m in cases
            if matrix[(c, m)].get(key) != "ok"]
@@ -256,7 +300,7 @@ def _intermediate(matrix: dict, models: list[str]) -> str:
 
 def support_table(matrix: dict) -> str:
     lines = [
-        "| family | `slimckpt merge` (= verl's merger, streamed) | in-training export (incremental tier, gather-free) | LoRA (merge + incremental export) |",
+        "| family | `slimckpt merge` (= verl's merger, streamed) | in-training export (incremental tier, gather-free) | LoRA (target_modules: merge + incremental export; `--merge_lora` = peft's merge_and_unload) |",
         "|---|---|---|---|",
     ]
     for label, models in FAMILIES:
@@ -264,11 +308,14 @@ def support_table(matrix: dict) -> str:
         export_col = _column(matrix, models, "incremental")
         export_col += _intermediate(matrix, models)
         if models[0] in LORA_OF:
-            lora = LORA_OF[models[0]]
-            lora_col = _column(matrix, [lora], "merge")
-            lora_export = _column(matrix, [lora], "incremental")
-            lora_col = lora_col if lora_col == lora_export else f"merge {lora_col}; export {lora_export}"
-            lora_col += _intermediate(matrix, [lora])
+            parts = []
+            for lora in LORA_OF[models[0]]:
+                targets = "all-linear" if lora.endswith("-all") else "q_proj,v_proj"
+                lora_merge, lora_export = _column(matrix, [lora], "merge"), _column(matrix, [lora], "incremental")
+                col = lora_merge if lora_merge == lora_export else f"merge {lora_merge}; export {lora_export}"
+                parts.append(f"{targets}: {col}{_intermediate(matrix, [lora])}; `--merge_lora`: "
+                             + _column(matrix, [lora], "merge_lora"))
+            lora_col = "<br>".join(parts)
         else:
             lora_col = "not in the matrix (its LoRA cases: Llama, Qwen3-MoE; the adapter path does not depend on the family)"
         lines.append(f"| {label} | {merge_col} | {export_col} | {lora_col} |")

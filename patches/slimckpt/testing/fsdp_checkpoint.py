@@ -22,7 +22,8 @@ in one torchrun (one process group, one import of verl), each into `<out>/<model
 families (`DENSE_MODELS`: Llama, Qwen2 untied and tied, Qwen3, Mistral, Gemma2, Gemma3, Phi-3),
 Qwen2.5-VL (its vision tower too) and verl's critic (`critic`: a Qwen2 token classifier with one
 label, as verl's load_valuehead_model builds it) are built the same way; `NAME+lora` wraps NAME in
-a peft LoRA adapter (q_proj/v_proj, rank 4, B random when no step is taken). `--export TIER,...`
+a peft LoRA adapter (q_proj/v_proj, rank 4, B random when no step is taken; `NAME+lora-all`: verl's
+default target_modules=all-linear). `--export TIER,...`
 saves each model again through a recipe's SlimCheckpointConfig after verl's save (the in-training
 HF exports, into `<out>/<model>.<tier>`). With --models a model (or export) that fails on every
 rank leaves `<out>/<model>[.<tier>].error.txt` and the next one runs. `--steps N` runs N AdamW
@@ -92,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.models = args.models.split(",") if args.models else None
-    unknown = [m for m in args.models or () if m.removesuffix("+lora") not in ALL_MODELS]
+    unknown = [m for m in args.models or () if m.partition("+")[0] not in ALL_MODELS or m.partition("+")[2] not in LORA_KINDS]
     if unknown:
         p.error(f"--models: unknown model {unknown[0]!r}")
     preset = PRESETS[args.size_preset or "tiny"]
@@ -113,6 +114,9 @@ DENSE_MODELS = {
 VL_MODELS = ("qwen2.5-vl",)
 CRITIC_MODELS = ("critic",)  # verl's value model: AutoModelForTokenClassification(num_labels=1) of a Qwen2
 ALL_MODELS = (*DENSE_MODELS, *MOE_MODELS, *VL_MODELS, *CRITIC_MODELS)
+# NAME+KIND: the model wrapped in a LoRA adapter on these target_modules ("all-linear" is verl's default;
+# with transformers 5 peft then adapts fused MoE experts and routers too)
+LORA_KINDS = {"": None, "lora": ["q_proj", "v_proj"], "lora-all": "all-linear"}
 
 
 def build_config(args: argparse.Namespace, model: str | None = None):
@@ -125,7 +129,7 @@ def build_config(args: argparse.Namespace, model: str | None = None):
     )
     import transformers
 
-    model = model.removesuffix("+lora")
+    model = model.partition("+")[0]
     if model in MOE_MODELS:
         return moe_config(model, args, common)
     if model == "critic":  # verl's critic: the actor's config with num_labels=1 (load_valuehead_model)
@@ -152,7 +156,7 @@ def auto_class(model: str):
     """The transformers Auto class verl loads `model` with (actor, VL actor, critic)."""
     import transformers
 
-    model = model.removesuffix("+lora")
+    model = model.partition("+")[0]
     if model in CRITIC_MODELS:
         return transformers.AutoModelForTokenClassification
     if model in VL_MODELS:
@@ -321,13 +325,14 @@ def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int
         GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, do_sample=True,
                          temperature=0.7, top_p=0.9).save_pretrained(gen_dir)
         model.config.name_or_path = gen_dir
-    lora_rank = args.lora_rank or (4 if name.endswith("+lora") else 0)
+    lora_kind = name.partition("+")[2]
+    lora_rank = args.lora_rank or (4 if lora_kind else 0)
     if lora_rank:
         from peft import LoraConfig, get_peft_model
 
         # without training steps B starts random instead of zero, so the adapter changes the model
         model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, init_lora_weights=bool(args.steps),
-                                                 target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+                                                 target_modules=LORA_KINDS[lora_kind or "lora"], task_type="CAUSAL_LM"))
     if args.fsdp_version == 2:
         model = wrap_fsdp2(model, mesh, args.shard_placement, fsdp_size)
     else:
