@@ -535,3 +535,34 @@ def test_a_distributed_merge_whose_ranks_do_not_all_join_ends_in_minutes(ckpt, t
     line = error_line(proc.stderr)
     assert says in line and "SLIMCKPT_MERGE_JOIN_TIMEOUT=<seconds>" in line and "MASTER_ADDR:MASTER_PORT" in line, line
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_merge_lora_of_an_adapter_on_fused_experts_is_refused_in_one_line(tmp_path, capsys):
+    """verl's default target_modules=all-linear on an MoE model: peft 0.21 adapts the fused experts
+    through target_parameters (A [E*r, in] on `experts.base_layer`, no Linear weight under it).
+    --merge_lora says that in one line; without it the base and lora_adapter/ are written."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_mixtral_config()
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_config(config),
+                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    assert any(".experts.base_layer.lora_A." in k for k in sd)
+
+    def peft_state(rank, rank_sd):
+        rank_sd.clear()
+        rank_sd.update(sd)
+
+    root = synthetic_checkpoint(tmp_path / "actor", world_size=1, config=config, per_rank_edit=peft_state)
+    (root / "lora_train_meta.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "task_type": "CAUSAL_LM"}))
+    build_tokenizer(64).save_pretrained(root / "huggingface")
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "m"), "--merge_lora")
+    assert rc == 1
+    line = error_line(err)
+    assert "adapts a module's parameters (peft's target_parameters" in line and "merge without --merge_lora" in line
+    assert_nothing_committed(tmp_path / "m")
+    rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
+    assert rc == 0, err
+    assert (tmp_path / "o" / "lora_adapter" / "adapter_model.safetensors").is_file()

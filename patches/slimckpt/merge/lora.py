@@ -228,6 +228,10 @@ def _merged_takes(ckpt, takes: dict[str, layout.Take], lora_names: list[str], sh
                              f"supported; merge without {hint}")
         prefix = name[:-len(A_SUFFIX)]
         b, w = prefix + B_SUFFIX, prefix + BASE_SUFFIX
+        if w not in shapes and any(k.startswith(prefix + ".base_layer.") for k in shapes):
+            # peft's target_parameters (a ParamWrapper: what all-linear adapts on fused MoE experts)
+            raise MergeError(f"{hint}: {name!r} adapts a module's parameters (peft's target_parameters, e.g. fused "
+                             f"MoE experts), not a Linear's weight: not supported; merge without {hint}")
         if b not in shapes or w not in shapes:
             raise MergeError(f"{hint}: {name!r} has no {'B weight' if b not in shapes else 'base weight'} "
                              f"({b if b not in shapes else w!r}) in the checkpoint")
