@@ -91,7 +91,7 @@ def staleness(prov: dict | None, paths: tuple[str, ...], repo: str = REPO,
     count = run_git(repo, "rev-list", "--count", f"{full}..HEAD", "--", *paths)
     commits = f"{count.stdout.strip()} commit(s)" if count is not None and count.returncode == 0 else "commits"
     shown = ", ".join(f"`{c}`" for c in changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
-    at = f"HEAD ({head.stdout.strip()})" if head is not None and head.returncode == 0 else "HEAD"
+    at = f"{head.stdout.strip()} (HEAD when this was rendered)" if head is not None and head.returncode == 0 else "HEAD"
     return Flag(STALE, f"run on {commit}; {commits} up to {at} changed {shown}")
 
 
