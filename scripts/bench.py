@@ -133,6 +133,10 @@ def measure_imports(repeats: int = 5) -> float:
     return median(walls)
 
 
+# the 1-minute load average as each merge starts: the machine is shared, and other work slows every tool
+LOADS: list[float] = []
+
+
 def bench_merge(size: str, work: Path, repeats: int, warm_repeats: int | None = None) -> list[MergeRow]:
     """Rows without their I/O floor: `main` sets it from the run's disk measurements. verl's warm
     merge runs in the first `warm_repeats` turns only (None: every turn)."""
@@ -159,6 +163,7 @@ def bench_merge(size: str, work: Path, repeats: int, warm_repeats: int | None = 
             stats_file.unlink(missing_ok=True)
             if tool == "slimckpt":  # where its writer's time went: disk or CPU (a few perf_counter calls per chunk)
                 env = {**env, STATS_ENV: str(stats_file)}
+            LOADS.append(round(os.getloadavg()[0], 2))
             res = run_measured(cmd, env={**env, "OMP_NUM_THREADS": "2"})
             if stats_file.exists():
                 stats[tool].append(json.loads(stats_file.read_text()))
@@ -481,8 +486,13 @@ def _load_words(meta: dict) -> str:
     load = meta.get("load_average_1min")
     if not load:
         return ""
-    return (f" The machine is shared: its 1-minute load average was {load['start']:.2f} when the run started and "
-            f"{load['end']:.2f} when it ended.")
+    text = (f" The machine is shared: its 1-minute load average was {load['start']:.2f} when the run started and "
+            f"{load['end']:.2f} when it ended")
+    merges = load.get("merges")
+    if merges:
+        text += (f"; as each of the {len(merges)} merges started it was {min(merges):.2f}-{max(merges):.2f}, median "
+                 f"{median(merges):.2f} (the bench's own previous merge counts in it)")
+    return text + "."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -535,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     disks.append(measure_disk_speed(str(work)))
     imports.append(measure_imports())
     print(f"[bench] disk at the end: {disks[-1].describe()}; imports {imports[-1]:.2f} s", flush=True)
-    meta["load_average_1min"]["end"] = os.getloadavg()[0]
+    meta["load_average_1min"].update(end=os.getloadavg()[0], merges=list(LOADS))
     disk = fastest_of(disks)
     for r in rows:
         r.io_floor_s = disk.io_floor_s(r.read_bytes, r.written_bytes)

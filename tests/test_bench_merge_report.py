@@ -134,7 +134,7 @@ def _run_json(tmp_path, verl_walls_1b=(14.0, 21.0), warm_walls_small=(5.0, 5.2))
     saved = {"rows": [asdict(r) for r in rows], "disk": asdict(disk), "disk_measurements": [asdict(disk)],
              "sizes": "0.25b,1b", "repeats": 3, "seconds": 600.0, "date": "2026-01-02", "imports_s": 2.2,
              "command": "python scripts/bench.py --repeats 3", "commit": "abc1234", "dirty": False,
-             "load_average_1min": {"start": 1.5, "end": 2.25}, "machine": "x86_64, 2 cores"}
+             "load_average_1min": {"start": 1.5, "end": 2.25, "merges": [1.0, 3.5, 2.0]}, "machine": "x86_64, 2 cores"}
     path = tmp_path / "bench_merge.json"
     path.write_text(json.dumps(saved))
     return path
@@ -166,7 +166,9 @@ def test_warm_and_cold_verl_each_get_a_row_and_a_speed_up(tmp_path, monkeypatch)
             "the harder comparison; verl's cold merge took 21.0 s.") in report
     assert "In this run verl's merger took (medians) 5.1 s warm and 7.2 s cold at 0.25b, 14.0 s warm and 21.0 s" \
         " cold at 1b." in report
-    assert "commit abc1234, 2026-01-02" in report and "load average was 1.50 when the run started and 2.25" in report
+    assert "commit abc1234, 2026-01-02" in report
+    assert ("load average was 1.50 when the run started and 2.25 when it ended; as each of the 3 merges started it "
+            "was 1.00-3.50, median 2.00") in report
     assert "2.50x" not in report and "2.50x" not in readme  # one rounding of the floor ratio
     # README's block: replaced between the markers, the rest kept, the same numbers
     assert readme.startswith("intro\n\n" + bench.README_BEGIN + "\n| model |") and "9.99x" not in readme
