@@ -36,6 +36,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import fault_oracle as oracle  # noqa: E402
+from fault_report import FAULT_SCRIPTS, SIDE_CODE, provenance  # noqa: E402
 
 OUT_DIR = os.path.join(REPO, "docs", "reliability")
 REPORT = os.path.join(REPO, "RELIABILITY.md")
@@ -618,8 +619,6 @@ def source_commit() -> dict:
     import slimckpt
 
     where = os.path.dirname(os.path.dirname(os.path.abspath(slimckpt.__file__)))
-    from fault_report import FAULT_SCRIPTS, SIDE_CODE
-
     scripts = list(dict.fromkeys(FAULT_SCRIPTS + tuple(p for paths in SIDE_CODE.values() for p in paths
                                                         if p.startswith(("scripts/", "tests/")))))
     if SOURCE_COMMIT[0]:
@@ -649,14 +648,14 @@ def load_sigkill() -> dict | None:
     main.setdefault("extra_commands", [])
     sources = {key: main.get("source", "") for key in main["modes"]}
     # each row's commit, for fault_report.staleness (older JSONs name it in "source" only)
-    main["provenance"] = {key: _provenance(main) for key in main["modes"]}
+    main["provenance"] = {key: provenance(main) for key in main["modes"]}
     for name in sorted(os.listdir(OUT_DIR)):
         if name.startswith("sigkill_") and name.endswith(".json"):
             extra = load_json(name)
             for key, entry in extra["modes"].items():  # a later run of a mode replaces the earlier one
                 main["modes"][key] = entry
                 sources[key] = extra.get("source", "")
-                main["provenance"][key] = _provenance(extra)
+                main["provenance"][key] = provenance(extra)
             main["extra_commands"].append(extra.get("command", ""))
     # the rows shown may come from runs of different commits: say which
     by_source: dict[str, list[str]] = {}
@@ -667,12 +666,6 @@ def load_sigkill() -> dict | None:
     # time of the rows shown (each mode's calibration and trials), as one `make faults` would spend it
     main["seconds"] = sum(entry.get("seconds", 0) for entry in main["modes"].values())
     return main
-
-
-def _provenance(run: dict) -> dict:
-    from fault_report import provenance
-
-    return provenance(run)
 
 
 def load_json(name: str) -> dict | None:
