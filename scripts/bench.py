@@ -499,9 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, from: " + ", ".join(SIZES))
     parser.add_argument("--repeats", type=int, default=3, help="runs per tool and size; the wall time is their median")
-    parser.add_argument("--verl-warm-repeats", type=int, default=None, metavar="N",
+    parser.add_argument("--verl-warm-repeats", type=int, default=3, metavar="N",
                         help="verl's warm merge (directly after its cold one) in the first N turns only, at every "
-                             "size but the largest, which always gets --repeats (default: every turn)")
+                             "size but the largest, which always gets --repeats (default 3: fewer of verl's runs at the "
+                             "small sizes keep a run of 5 repeats shorter)")
     parser.add_argument("--work", default=str(REPO / "bench_work"), help="scratch dir for checkpoints (kept between runs)")
     parser.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="markdown report to write")
     parser.add_argument("--readme", default=None, metavar="PATH",
