@@ -647,6 +647,10 @@ def readme_block(rows: list[MergeRow], meta: dict) -> str:
                     if disk.direct_read_bytes_per_s else "")
                  + f", so the {largest} floor is {ours.io_floor_s:.1f} s; slimckpt's {len(ours.walls)} runs at "
                    f"{largest} took {_span(ours.walls, '.1f', ' s')}.")
+    merges = (meta.get("load_average_1min") or {}).get("merges")
+    if merges:
+        words.append(f"The machine was shared: its 1-minute load average was {min(merges):.2f}-{max(merges):.2f} "
+                     f"(median {median(merges):.2f}) as the merges started.")
     mixed = [d.mixed_bytes_per_s for d in disks if d.mixed_bytes_per_s]
     if mixed:
         moved = ours.read_bytes + ours.written_bytes

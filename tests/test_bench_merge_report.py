@@ -180,6 +180,8 @@ def test_warm_and_cold_verl_each_get_a_row_and_a_speed_up(tmp_path, monkeypatch)
             "cold merge (21.0 s); goal 3x, judged against the faster of the two: met. It took 2.51x the I/O floor "
             "(goal 1.5x: **not met**).") in text
     assert "(`python scripts/bench.py --repeats 3`, commit abc1234, 2026-01-02)" in text
+    assert "The machine was shared: its 1-minute load average was 1.00-3.50 (median 2.00) as the merges started." \
+        in text
 
 
 def test_the_speed_target_follows_the_faster_verl_order(tmp_path, monkeypatch):
