@@ -1,11 +1,124 @@
-"""RELIABILITY.md from docs/reliability/*.json (scripts/reliability.py writes them; `--render` re-renders)."""
+"""RELIABILITY.md from docs/reliability/*.json (scripts/reliability.py writes them; `--render` re-renders).
+
+Every row is checked against HEAD (`staleness`): a row whose recorded commit differs from HEAD in the
+code that row exercises is marked **[stale]** and a line under its table names the commit and the
+paths changed since; one whose commit is not recorded, not in the repository, or cannot be checked
+(no git) is marked **[commit unknown]**. Re-rendering (`python scripts/reliability.py --render`)
+re-checks without rerunning anything.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import fault_oracle as oracle
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The code each row exercises (fault_report.py only renders, so it is not in any list; verl is pinned):
+# the SIGKILL campaign's drivers, slimckpt's code, and what each side campaign runs.
+FAULT_SCRIPTS = ("scripts/reliability.py", "scripts/fault_trial.py", "scripts/fault_oracle.py")
+SLIMCKPT_CODE = ("patches", "recipes")
+SIDE_CODE = {
+    "corruption_campaign.py": SLIMCKPT_CODE + ("scripts/corruption_campaign.py",),
+    # env_faults.py takes its checkpoint builder and its resume scenario from tests/
+    "env_faults.py": SLIMCKPT_CODE + ("scripts/env_faults.py", "tests/merge_helpers.py", "tests/resume_scenarios.py"),
+}
+STALE, UNKNOWN = "stale", "commit unknown"
+
+
+def sigkill_code(mode: str) -> tuple[str, ...]:
+    """What a SIGKILL row exercises: verl's own rows the fault scripts only, slimckpt's also its code."""
+    return SLIMCKPT_CODE + FAULT_SCRIPTS if mode in OURS else FAULT_SCRIPTS
+
+
+def provenance(run: dict) -> dict:
+    """{"commit", "dirty"} of a run's JSON: recorded since the staleness check exists; older JSONs name
+    the commit in their "source" sentence only (reliability.source_note); else the commit is None."""
+    if run.get("commit"):
+        return {"commit": run["commit"], "dirty": run.get("dirty")}
+    source = run.get("source") or ""
+    m = re.search(r"clean export of commit ([0-9a-f]{7,40})", source)
+    if m:
+        return {"commit": m.group(1), "dirty": False}
+    m = re.search(r"the working tree at ([0-9a-f]{7,40})( with uncommitted changes)?", source)
+    if m:
+        return {"commit": m.group(1), "dirty": bool(m.group(2))}
+    return {"commit": None, "dirty": None}
+
+
+def git(repo: str, *args: str) -> subprocess.CompletedProcess | None:
+    """None when git cannot run here."""
+    try:
+        return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@dataclass(frozen=True)
+class Flag:
+    marker: str  # STALE or UNKNOWN
+    note: str  # what the line under the table says about it
+
+
+def staleness(prov: dict | None, paths: tuple[str, ...], repo: str = REPO,
+              run_git: Callable[..., subprocess.CompletedProcess | None] = git) -> Flag | None:
+    """None when the row's recorded commit has HEAD's version of `paths` (`git diff --quiet <commit>
+    HEAD -- <paths>`), else why not."""
+    commit = (prov or {}).get("commit")
+    if not commit:
+        return Flag(UNKNOWN, "no commit recorded for this run")
+    if (prov or {}).get("dirty"):
+        return Flag(UNKNOWN, f"run on {commit} with uncommitted changes")
+    found = run_git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+    if found is None:
+        return Flag(UNKNOWN, f"run on {commit}; git is not available here to compare it with HEAD")
+    if found.returncode != 0:
+        return Flag(UNKNOWN, f"run on {commit}, which is not a commit of this repository")
+    full = found.stdout.strip()
+    diff = run_git(repo, "diff", "--name-only", full, "HEAD", "--", *paths)
+    if diff is None or diff.returncode != 0:
+        return Flag(UNKNOWN, f"run on {commit}; git could not compare it with HEAD")
+    changed = diff.stdout.split()
+    if not changed:
+        return None
+    head = run_git(repo, "rev-parse", "--short=12", "HEAD")
+    count = run_git(repo, "rev-list", "--count", f"{full}..HEAD", "--", *paths)
+    commits = f"{count.stdout.strip()} commit(s)" if count is not None and count.returncode == 0 else "commits"
+    shown = ", ".join(f"`{c}`" for c in changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+    at = f"{head.stdout.strip()} (HEAD when this was rendered)" if head is not None and head.returncode == 0 else "HEAD"
+    return Flag(STALE, f"run on {commit}; {commits} up to {at} changed {shown}")
+
+
+def _mark(label: str, flag: Flag | None) -> str:
+    return label if flag is None else f"{label} **[{flag.marker}]**"
+
+
+def _flag_notes(flags: dict[str, Flag | None]) -> list[str]:
+    """One line per distinct flag under a table, naming its rows."""
+    by_note: dict[Flag, list[str]] = {}
+    for key, flag in flags.items():
+        if flag is not None:
+            by_note.setdefault(flag, []).append(key)
+    return [f"**[{flag.marker}]** {', '.join(keys)}: {flag.note}." for flag, keys in by_note.items()]
+
+
+class Checker:
+    """Each row's flag, computed once per render."""
+
+    def __init__(self, repo: str = REPO, run_git: Callable = git) -> None:
+        self.repo, self.run_git, self.cache = repo, run_git, {}
+
+    def __call__(self, prov: dict | None, paths: tuple[str, ...]) -> Flag | None:
+        key = (json.dumps(prov, sort_keys=True), paths)
+        if key not in self.cache:
+            self.cache[key] = staleness(prov, paths, self.repo, self.run_git)
+        return self.cache[key]
 
 LABELS = {
     "verl-default": "verl 0.9.1 default (`CheckpointConfig`, model+optimizer+extra; slimckpt off)",
@@ -22,14 +135,14 @@ def _pairs(counts: dict[str, Any], sep: str = " ") -> str:
     return ", ".join(f"{k}{sep}{v}" for k, v in counts.items())
 
 
-def _save_rows(modes: dict[str, Any]) -> list[str]:
+def _save_rows(modes: dict[str, Any], flags: dict[str, Flag | None] | None = None) -> list[str]:
     rows = ["| mode | max_ckpt_to_keep | trials | exact | clean start | lost committed | crash on load | "
             "wrong state | partial | tracker → uncommitted |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for key, e in modes.items():
         if e["kind"] != "save":
             continue
-        label = LABELS[e["mode"]]
+        label = _mark(LABELS[e["mode"]], (flags or {}).get(key))
         if "error" in e:
             rows.append(f"| {label} | {e['max_ckpt_to_keep']} | — | could not run: {e['error']} |||||||")
             continue
@@ -52,6 +165,16 @@ CAUSES = (
      "max_ckpt_to_keep=1) deletes the previous step's actor dir inside the save, before the trainer moves the "
      "tracker; a kill in between leaves the tracker on a step without its shards"),
 )
+
+
+def check_words() -> str:
+    return (f"slimckpt's rows are checked against HEAD in {', '.join(f'`{p}`' for p in SLIMCKPT_CODE + FAULT_SCRIPTS)}"
+            f"; verl's in the scripts only (verl itself is pinned)")
+
+
+def _flag_lines(flags: dict[str, Flag | None], checked: str) -> list[str]:
+    notes = _flag_notes(flags)
+    return notes + [f"({checked}.)", ""] if notes else []
 
 
 def _findings(modes: dict[str, Any]) -> list[str]:
@@ -104,14 +227,14 @@ def _merge_findings(modes: dict[str, Any]) -> list[str]:
     return out + [""] if out else []
 
 
-def _merge_rows(modes: dict[str, Any]) -> list[str]:
+def _merge_rows(modes: dict[str, Any], flags: dict[str, Flag | None] | None = None) -> list[str]:
     rows = ["| tool | trials | no complete-looking output | complete and correct | looks complete but broken | "
             "rerun failed | where the kills landed |", "|---|---|---|---|---|---|---|"]
     for key, e in modes.items():
         if e["kind"] != "merge":
             continue
         c = e["summary"]["outcomes"]
-        rows.append(f"| {LABELS[e['mode']]} | {len(e['trials'])} | {c.get('absent', 0)} | "
+        rows.append(f"| {_mark(LABELS[e['mode']], (flags or {}).get(key))} | {len(e['trials'])} | {c.get('absent', 0)} | "
                     f"{c.get('complete-verified', 0)} | {c.get('looks-complete-but-broken', 0)} | "
                     f"{c.get('rerun-failed', 0)} | {_pairs(e['summary']['states'])} |")
     return rows
@@ -153,13 +276,17 @@ def _details(modes: dict[str, Any]) -> list[str]:
     return out
 
 
-def _side(title: str, side: dict | None, script: str, name: str, seconds: float | None) -> list[str]:
+def _side(title: str, side: dict | None, script: str, name: str, seconds: float | None,
+          flag: Flag | None = None) -> list[str]:
     """Another campaign's section, rendered by that script's own `render`."""
     if side is None:
         return [f"## {title}", "", f"Not run: no docs/reliability/{name} (`scripts/{script}` missing or skipped).", ""]
     took = f", {seconds / 60:.1f} min here" if seconds else ""
     out = [f"## {title}", "", f"`python scripts/{script} --json docs/reliability/{name}` (run by `make faults`{took}; "
                               f"rendered by that script).", ""]
+    if flag is not None:
+        out += [f"**[{flag.marker}]** every figure of this section: {flag.note} "
+                f"(checked: {', '.join(f'`{p}`' for p in SIDE_CODE.get(script, ()))}).", ""]
     if "error" in side:
         return out + [f"Failed: {side['error']}", ""]
     try:
@@ -176,13 +303,18 @@ def _side(title: str, side: dict | None, script: str, name: str, seconds: float 
 
 
 def render_report(sigkill: dict | None, corruption: dict | None, env: dict | None,
-                  side_runs: dict | None = None) -> str:
+                  side_runs: dict | None = None, check: Callable | None = None) -> str:
+    """`check(provenance, paths) -> Flag | None` (default: git in this repository, `Checker`)."""
+    check = check or Checker()
     lines = ["# Reliability", "",
              "What a crash does to a checkpoint, measured. Every figure here is written by one command,",
              "`make faults` (`python scripts/reliability.py`), from the JSON in `docs/reliability/`.", ""]
     if sigkill is None:
         return "\n".join(lines + ["No SIGKILL results yet: run `make faults`.", ""])
     modes = sigkill["modes"]
+    provs = sigkill.get("provenance") or {}
+    flags = {key: check(provs.get(key, provenance(sigkill)), sigkill_code(e["mode"])) for key, e in modes.items()}
+    flagged = [key for key, f in flags.items() if f is not None]
     side_s = sum(v.get("seconds") or 0 for v in (side_runs or {}).values())
     if side_s:
         total = (sigkill.get("seconds", 0) + side_s) / 60
@@ -207,8 +339,11 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         *[f"- `{c}`" for c in [sigkill.get("command", "python scripts/reliability.py")]
           + list(sigkill.get("extra_commands", []))], "",
         f"**slimckpt: {ours_bad} bad outcomes in {ours_n} kills. verl 0.9.1's own paths: {verl_bad} bad in "
-        f"{verl_n}.**", "",
-        "### Saving, then `resume_mode=auto`", "", *_save_rows(modes), "",
+        f"{verl_n}.**" + (f" {len(flagged)} of the {len(flags)} rows below ran on code that is not HEAD's or cannot "
+                          f"be checked (marked under each table)." if flagged else ""), "",
+        "### Saving, then `resume_mode=auto`", "",
+        *_save_rows(modes, flags), "",
+        *_flag_lines({k: f for k, f in flags.items() if modes[k]["kind"] == "save"}, check_words()),
         "Good outcomes: *exact* (the step loaded is the last committed one, or a later one whose commit point",
         "had just passed, and every rank's model, optimizer, scheduler and RNG hash equal what was recorded",
         "for that step before its save) and *clean start* (nothing was committed yet). Bad: *lost committed*",
@@ -216,7 +351,8 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "*partial* (loaded, but not the recorded state of a committed / an unfinished step). *tracker →",
         "uncommitted*: after the kill the tracker named a step without its manifest or data.pt (incremental).", "",
         *_findings(modes),
-        "### Merging", "", *_merge_rows(modes), "",
+        "### Merging", "", *_merge_rows(modes, flags), "",
+        *_flag_lines({k: f for k, f in flags.items() if modes[k]["kind"] != "save"}, check_words()),
         *_merge_findings(modes),
         "A killed merge must leave no output that looks complete (config.json plus every weight file, and for",
         "slimckpt its manifest) unless it is complete and byte-identical to an uncut run's; the same command",
@@ -265,7 +401,10 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "  (50 kills, 0 broken), before the writer forked before torch existed.", "",
     ]
     took = {k: v.get("seconds") for k, v in (side_runs or {}).items()}
+    runs = side_runs or {}
     lines += _side("Corruption of committed checkpoints", corruption, "corruption_campaign.py", "corruption.json",
-                   took.get("corruption_campaign.py"))
-    lines += _side("Environment faults", env, "env_faults.py", "env_faults.json", took.get("env_faults.py"))
+                   took.get("corruption_campaign.py"),
+                   check(provenance(runs.get("corruption_campaign.py") or {}), SIDE_CODE["corruption_campaign.py"]))
+    lines += _side("Environment faults", env, "env_faults.py", "env_faults.json", took.get("env_faults.py"),
+                   check(provenance(runs.get("env_faults.py") or {}), SIDE_CODE["env_faults.py"]))
     return "\n".join(lines)

@@ -36,6 +36,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import fault_oracle as oracle  # noqa: E402
+from fault_report import FAULT_SCRIPTS, SIDE_CODE, provenance  # noqa: E402
 
 OUT_DIR = os.path.join(REPO, "docs", "reliability")
 REPORT = os.path.join(REPO, "RELIABILITY.md")
@@ -553,13 +554,18 @@ def summarize(entry: dict) -> dict:
     }
 
 
-def side_campaign(script: str, out: str) -> dict | None:
-    """Another helper's campaign script, when it exists: `python <script> --json OUT`."""
+def side_campaign(script: str, out: str, source: str | None = None) -> dict | None:
+    """Another helper's campaign script, when it exists: `python <script> --json OUT`, on the snapshot's
+    slimckpt when there is one (--source/--snapshot), as the SIGKILL campaign."""
     path = os.path.join(HERE, script)
     if not os.path.exists(path):
         return None
+    env = dict(os.environ)
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.abspath(source), "patches")]
+                                            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, path, "--json", out], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, path, "--json", out], cwd=REPO, capture_output=True, text=True, env=env)
     seconds = time.monotonic() - t0
     if proc.returncode != 0 and not os.path.exists(out):
         return {"error": f"{script} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}",
@@ -605,6 +611,33 @@ def source_note() -> str:
     return f"{where} (SLIMCKPT source outside the repo; repo HEAD {head})"
 
 
+def source_commit() -> dict:
+    """What the renderer checks each row against HEAD with (fault_report.staleness): the commit of the
+    slimckpt the trials ran, and whether code taken from the working tree had uncommitted changes
+    (the snapshot's patches/ and recipes/ are clean by construction; the scripts always come from
+    the working tree). {"commit": None} when git cannot say."""
+    import slimckpt
+
+    where = os.path.dirname(os.path.dirname(os.path.abspath(slimckpt.__file__)))
+    scripts = list(dict.fromkeys(FAULT_SCRIPTS + tuple(p for paths in SIDE_CODE.values() for p in paths
+                                                        if p.startswith(("scripts/", "tests/")))))
+    if SOURCE_COMMIT[0]:
+        commit, paths = SOURCE_COMMIT[0], scripts
+    elif where == os.path.join(REPO, "patches"):
+        commit, paths = None, ["patches", "recipes"] + scripts
+    else:
+        return {"commit": None, "dirty": None}
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        status = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=REPO, capture_output=True,
+                                text=True)
+    except OSError:
+        return {"commit": commit, "dirty": None}
+    if head.returncode or status.returncode:
+        return {"commit": commit, "dirty": None}
+    return {"commit": commit or head.stdout.strip()[:12], "dirty": bool(status.stdout.strip())}
+
+
 def load_sigkill() -> dict | None:
     """sigkill.json, plus the modes of any sigkill_*.json (extra runs, e.g. `--keep 1 --json
     docs/reliability/sigkill_keep1.json`, read in name order; a mode run again replaces the earlier
@@ -614,12 +647,15 @@ def load_sigkill() -> dict | None:
         return None
     main.setdefault("extra_commands", [])
     sources = {key: main.get("source", "") for key in main["modes"]}
+    # each row's commit, for fault_report.staleness (older JSONs name it in "source" only)
+    main["provenance"] = {key: provenance(main) for key in main["modes"]}
     for name in sorted(os.listdir(OUT_DIR)):
         if name.startswith("sigkill_") and name.endswith(".json"):
             extra = load_json(name)
             for key, entry in extra["modes"].items():  # a later run of a mode replaces the earlier one
                 main["modes"][key] = entry
                 sources[key] = extra.get("source", "")
+                main["provenance"][key] = provenance(extra)
             main["extra_commands"].append(extra.get("command", ""))
     # the rows shown may come from runs of different commits: say which
     by_source: dict[str, list[str]] = {}
@@ -656,6 +692,7 @@ def run_sigkill(args: argparse.Namespace, argv: list[str] | None) -> dict:
     sigkill["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                           "verl": verl.__version__}
     sigkill["source"] = source_note()
+    sigkill.update(source_commit())
     with open(out_path, "w") as f:
         json.dump(sigkill, f, indent=1)
     return sigkill
@@ -726,10 +763,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_side:
             runs = {}
             for script, name in (("corruption_campaign.py", "corruption.json"), ("env_faults.py", "env_faults.json")):
-                side = side_campaign(script, os.path.join(OUT_DIR, name))
+                side = side_campaign(script, os.path.join(OUT_DIR, name), args.source)
                 if side is None:
                     continue
-                runs[script] = {"seconds": round(side["seconds"], 1), "returncode": side.get("returncode")}
+                runs[script] = {"seconds": round(side["seconds"], 1), "returncode": side.get("returncode"),
+                                **source_commit()}
                 print(f"{script}: {'error' if 'error' in side else 'done'} ({side['seconds']:.0f} s)", flush=True)
                 if "error" in side:
                     with open(os.path.join(OUT_DIR, name), "w") as f:
