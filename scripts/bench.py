@@ -43,7 +43,12 @@ REPO = Path(__file__).resolve().parent.parent
 # Presets of the checkpoint builder (Llama, untied embeddings, vocab 32000): about 0.25B, 0.5B, 1B parameters.
 from slimckpt.testing.fsdp_checkpoint import PRESETS  # noqa: E402
 
-SIZES = ("0.25b", "0.5b", "1b")
+DENSE_SIZES = ("0.25b", "0.5b", "1b")
+# mixture-of-experts rows: {size: (family, dims preset, routed experts)}. transformers 5 stores the
+# experts fused ([E, 2I, H] and [E, H, I] per layer) and save_pretrained, which verl's merger calls,
+# splits them into per-expert tensors; slimckpt streams each as a slice of its fused source.
+MOE_SIZES = {"moe-0.7b": ("qwen3-moe", "0.25b", 16)}
+SIZES = (*DENSE_SIZES, *MOE_SIZES)
 
 
 @dataclass
@@ -67,9 +72,12 @@ def make_checkpoint(size: str, work: Path, world_size: int) -> tuple[Path, int]:
     if done.exists():
         return out / "actor", json.loads(done.read_text())["params"]
     shutil.rmtree(out, ignore_errors=True)
+    model, preset, experts = MOE_SIZES.get(size, ("llama", size, 0))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-           "-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(out / "actor"), "--model", "llama",
-           "--size-preset", size, "--steps", "0", "--save-contents", "model"]
+           "-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(out / "actor"), "--model", model,
+           "--size-preset", preset, "--steps", "0", "--save-contents", "model"]
+    if experts:
+        cmd += ["--experts", str(experts)]
     print(f"[bench] building the {size} checkpoint: {' '.join(cmd)}", flush=True)
     proc = subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
     info = next(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{") and '"params"' in line)
@@ -190,6 +198,7 @@ def plot_merge(rows: list[MergeRow], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    rows = [r for r in rows if r.size not in MOE_SIZES] or rows  # one family per line: the dense sizes
     for tool in dict.fromkeys(r.tool for r in rows if r.tool not in (NO_FSYNC, PAGE_CACHE, NO_EARLY)):
         pts = sorted((r.params / 1e9, r.peak_rss_anon / 2**30) for r in rows if r.tool == tool)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=tool)
@@ -309,12 +318,33 @@ def verl_orders(rows: list[MergeRow]) -> str:
 
 
 def largest_output_tensor_bytes(size: str) -> int:
-    layers, hidden, intermediate, vocab, heads, kv_heads = PRESETS[size]
-    return 2 * max(vocab * hidden, intermediate * hidden)  # bf16: embedding/lm_head or an MLP matrix
+    """bf16: the embedding/lm_head or an MLP matrix (an MoE model's experts are a quarter of the
+    dense MLP each, so its largest output is the embedding, though its fused sources are larger)."""
+    layers, hidden, intermediate, vocab, heads, kv_heads = PRESETS[MOE_SIZES[size][1] if size in MOE_SIZES else size]
+    return 2 * max(vocab * hidden, intermediate * hidden)
+
+
+def moe_targets(rows: list[MergeRow]) -> str:
+    """The MoE row's targets (issue 17): the dense rows' flat memory bound, and at least as fast as
+    verl's merger in both of its orders."""
+    lines = []
+    for size in [s for s in dict.fromkeys(r.size for r in rows) if s in MOE_SIZES]:
+        group = [r for r in rows if r.size == size]
+        ours = next(r for r in group if r.tool == "slimckpt")
+        budget = largest_output_tensor_bytes(size) + 256 * 2**20
+        family, _, experts = MOE_SIZES[size]
+        checks = [(f"{size} ({family}, {experts} experts): peak RssAnon at most the largest output tensor + 256 MiB "
+                   f"({budget / 2**20:.0f} MiB)", ours.peak_rss_anon <= budget, f"{ours.peak_rss_anon / 2**20:.0f} MiB")]
+        checks += [(f"{size}: wall at least as fast as {_label(r.tool)}", ours.wall_s <= r.wall_s,
+                    f"{ours.wall_s:.1f} s vs {r.wall_s:.1f} s ({speedup(r.wall_s, ours.wall_s)})")
+                   for r in group if is_verl(r.tool)]
+        lines += [f"| {name} | {'yes' if ok else '**no**'} | {value} |" for name, ok, value in checks]
+    return "\n".join(["| target | met | measured |", "|---|---|---|", *lines]) if lines else ""
 
 
 def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None, disks: list | None = None) -> str:
-    """The intermediate tier's targets, checked on the largest model of the run."""
+    """The intermediate tier's targets, checked on the largest dense model of the run."""
+    rows = [r for r in rows if r.size not in MOE_SIZES] or rows
     largest = max(rows, key=lambda r: r.params).size
     ours = next(r for r in rows if r.size == largest and r.tool == "slimckpt")
     group = [r for r in rows if r.size == largest]
@@ -541,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
             disks.append(measure_disk_speed(str(work)))
             imports.append(measure_imports())
             print(f"[bench] disk before {size}: {disks[-1].describe()}; imports {imports[-1]:.2f} s", flush=True)
-        warm = None if k == len(sizes) - 1 else args.verl_warm_repeats
+        largest_dense = [d for d in sizes if d not in MOE_SIZES][-1:] or sizes[-1:]
+        warm = None if size in (*largest_dense, *MOE_SIZES) else args.verl_warm_repeats
         rows += bench_merge(size, work, args.repeats, warm)
     disks.append(measure_disk_speed(str(work)))
     imports.append(measure_imports())
@@ -619,7 +650,8 @@ def readme_block(rows: list[MergeRow], meta: dict) -> str:
     for size in dict.fromkeys(r.size for r in rows):
         group = {r.tool: r for r in rows if r.size == size}
         ours, base = group["slimckpt"], reference(list(group.values()))
-        cells = [f"{ours.params / 1e9:.2f}B", f"{base.peak_rss_anon / 2**20:,.0f} MiB",
+        kind = f" MoE ({MOE_SIZES[size][2]} experts)" if size in MOE_SIZES else ""
+        cells = [f"{ours.params / 1e9:.2f}B{kind}", f"{base.peak_rss_anon / 2**20:,.0f} MiB",
                  f"{ours.peak_rss_anon / 2**20:,.0f} MiB ({rss_ratio(base.peak_rss_anon, ours.peak_rss_anon)} lower)"]
         cells += [f"{group[t].wall_s:.1f} s" if t in group else "-" for t in verl_tools] + [f"{ours.wall_s:.1f} s"]
         cells += [speedup(group[t].wall_s, ours.wall_s) if t in group else "-" for t in verl_tools]
@@ -691,6 +723,15 @@ def _imports_words(imports_s: float | None) -> str:
             f"size and at the end, as the disk is")
 
 
+def _moe_section(rows: list[MergeRow]) -> str:
+    table = moe_targets(rows)
+    return f"""
+### Targets (mixture of experts)
+
+{table}
+""" if table else ""
+
+
 def render_report(rows: list[MergeRow], meta: dict, args) -> str:
     disk, disks = _disks(meta)
     imports_s = meta.get("imports_s")
@@ -729,7 +770,7 @@ rounded toward failing their targets (speed-ups down, wall / floor up); memory r
 ### Targets (intermediate tier)
 
 {targets(rows, disk, imports_s, disks)}
-
+{_moe_section(rows)}
 Wall times are whole processes, Python and library imports included (both tools import torch and
 transformers, verl's merger verl too). slimckpt's imports: {_imports_words(imports_s)}; its writer,
 forked before torch is imported, reads and writes meanwhile.

@@ -230,3 +230,21 @@ def test_each_turn_runs_verl_cold_then_warm_then_slimckpt(tmp_path, monkeypatch)
     by_tool = {r.tool: r for r in rows}
     assert list(by_tool)[:2] == [bench.VERL_COLD, bench.VERL_WARM]
     assert len(by_tool[bench.VERL_COLD].walls) == 2 and len(by_tool[bench.VERL_WARM].walls) == 1
+
+
+def test_moe_row_has_its_own_targets_and_stays_out_of_the_dense_ones():
+    rows = _rows([4.0, 4.2, 4.4])
+    moe = "moe-0.7b"
+    for tool, peak, w in ((bench.VERL_COLD, 4000, [9.0]), (bench.VERL_WARM, 4000, [6.0]), ("slimckpt", 300, [6.5])):
+        rows.append(bench.MergeRow(moe, int(0.67e9), tool, peak * MiB, bench.median(w), w, 2 * GB, GB))
+    for r in rows:
+        r.io_floor_s = 1.0
+    table = bench.moe_targets(rows)
+    budget = bench.largest_output_tensor_bytes(moe) + 256 * MiB
+    assert budget == 2 * 32000 * 1024 + 256 * MiB  # the embedding: each expert is smaller
+    assert f"peak RssAnon at most the largest output tensor + 256 MiB ({budget / MiB:.0f} MiB) | yes | 300 MiB |" in table
+    lines = [line for line in table.splitlines() if "as fast as" in line]
+    assert len(lines) == 2 and sum("| **no** |" in line for line in lines) == 1  # slower than the warm verl
+    dense = bench.targets(rows, None, imports_s=None, disks=[])
+    assert moe not in dense and "(1b)" in dense  # judged on the largest dense model
+    assert bench.moe_targets(_rows([4.0])) == ""
