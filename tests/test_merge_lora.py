@@ -8,6 +8,7 @@ FSDP2 at world size 2."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -18,6 +19,7 @@ from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeError, MergeOptions
 
 from .merge_helpers import fsdp_checkpoint, full_disk_after_headers, torchrun, verl_merge
+from .slim_logs import lines_of
 
 MODELS = ("llama", "qwen3-moe")
 FIXTURE_ARGS = ["--models", ",".join(MODELS), "--lora-rank", "4", "--experts", "3", "--steps", "1", "--layers", "2",
@@ -33,15 +35,9 @@ def lora_ckpts(tmp_path_factory):
 
 @pytest.fixture
 def slim_log():
-    import io
-    import logging
-
-    buf = io.StringIO()
-    handler = logging.StreamHandler(buf)
-    logger = logging.getLogger("slimckpt")
-    logger.addHandler(handler)
-    yield buf
-    logger.removeHandler(handler)
+    """slimckpt's log lines (tests/slim_logs.py: read from the logger object, not from caplog)."""
+    with lines_of(logging.getLogger("slimckpt")) as buf:
+        yield buf
 
 
 def ours(local_dir, target, **kw):

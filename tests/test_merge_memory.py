@@ -31,19 +31,26 @@ def _env() -> dict:
     return dict(os.environ)
 
 
+def _extra_of_the_big_merge(tmp_path, small, big, flags: tuple = (), tag: str = "",
+                            min_bytes: float = 400e6) -> tuple[int, int, int]:
+    """(shard bytes of `big`, the chunk, peak RssAnon of merging `big` minus that of merging `small`)."""
+    shard_bytes = (big / "model_world_size_1_rank_0.pt").stat().st_size
+    assert shard_bytes > min_bytes
+    chunk = 16 << 20
+    common = ["merge", "--no_progress", "--chunk_mb", str(chunk >> 20), *flags]
+    base = peak_rss_anon([*common, "--local_dir", str(small), "--target_dir", str(tmp_path / f"o_small{tag}")])
+    peak = peak_rss_anon([*common, "--local_dir", str(big), "--target_dir", str(tmp_path / f"o_big{tag}")])
+    print(f"{tag} peak RssAnon {base / 2**20:.0f} MiB (small) vs {peak / 2**20:.0f} MiB "
+          f"({shard_bytes / 1e6:.0f} MB shards)")
+    return shard_bytes, chunk, peak - base
+
+
 def test_peak_memory_does_not_grow_with_model_size(tmp_path):
     small = synthetic_checkpoint(tmp_path / "small")
     big_cfg = tiny_llama_config(vocab_size=50_000, hidden_size=1024, intermediate_size=64, num_hidden_layers=1,
                                 num_attention_heads=8, num_key_value_heads=8)
     big = synthetic_checkpoint(tmp_path / "big", config=big_cfg)
-    shard_bytes = (big / "model_world_size_1_rank_0.pt").stat().st_size
-    assert shard_bytes > 400e6
-    chunk = 16 << 20
-    common = ["merge", "--no_progress", "--chunk_mb", str(chunk >> 20)]
-    base = peak_rss_anon([*common, "--local_dir", str(small), "--target_dir", str(tmp_path / "o_small")])
-    peak = peak_rss_anon([*common, "--local_dir", str(big), "--target_dir", str(tmp_path / "o_big")])
-    extra = peak - base
-    print(f"peak RssAnon {base / 2**20:.0f} MiB (small) vs {peak / 2**20:.0f} MiB ({shard_bytes / 1e6:.0f} MB shards)")
+    shard_bytes, chunk, extra = _extra_of_the_big_merge(tmp_path, small, big)
     # one bf16 staging buffer (half a chunk) plus allocator slack; nowhere near the 430 MB of shards
     assert extra < chunk + (48 << 20), f"merge of {shard_bytes / 1e6:.0f} MB used {extra / 2**20:.0f} MiB more"
 
@@ -63,15 +70,7 @@ def test_moe_peak_memory_does_not_grow_with_the_experts(tmp_path):
 
     small = synthetic_checkpoint(tmp_path / "small", config=config(4, 64, 16))
     big = synthetic_checkpoint(tmp_path / "big", config=config(32, 1024, 1024))
-    shard_bytes = (big / "model_world_size_1_rank_0.pt").stat().st_size
-    assert shard_bytes > 400e6
-    chunk = 16 << 20
-    common = ["merge", "--no_progress", "--chunk_mb", str(chunk >> 20)]
-    base = peak_rss_anon([*common, "--local_dir", str(small), "--target_dir", str(tmp_path / "o_small")])
-    peak = peak_rss_anon([*common, "--local_dir", str(big), "--target_dir", str(tmp_path / "o_big")])
-    extra = peak - base
-    print(f"MoE peak RssAnon {base / 2**20:.0f} MiB (small) vs {peak / 2**20:.0f} MiB ({shard_bytes / 1e6:.0f} MB "
-          f"shards): {extra / 2**20:.0f} MiB more")
+    shard_bytes, chunk, extra = _extra_of_the_big_merge(tmp_path, small, big)
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / "o_big" / "model.safetensors"), "pt") as f:
@@ -111,16 +110,8 @@ def test_lora_peak_memory_does_not_grow_with_the_model(tmp_path):
     big = lora_checkpoint(tmp_path / "big", tiny_llama_config(hidden_size=4096, intermediate_size=64,
                                                               num_hidden_layers=2, num_attention_heads=32,
                                                               num_key_value_heads=32))
-    shard_bytes = (big / "model_world_size_1_rank_0.pt").stat().st_size
-    assert shard_bytes > 500e6
-    chunk = 16 << 20
-    for extra_flags in ([], ["--merge_lora"]):
-        common = ["merge", "--no_progress", "--chunk_mb", str(chunk >> 20), *extra_flags]
-        tag = "".join(extra_flags) or "unmerged"
-        base = peak_rss_anon([*common, "--local_dir", str(small), "--target_dir", str(tmp_path / f"s{tag}")])
-        peak = peak_rss_anon([*common, "--local_dir", str(big), "--target_dir", str(tmp_path / f"b{tag}")])
-        extra = peak - base
-        print(f"LoRA ({tag}) peak RssAnon {base / 2**20:.0f} MiB (small) vs {peak / 2**20:.0f} MiB "
-              f"({shard_bytes / 1e6:.0f} MB shards): {extra / 2**20:.0f} MiB more")
-        assert (tmp_path / f"b{tag}" / "lora_adapter").exists() == (not extra_flags)
+    for flags in ((), ("--merge_lora",)):
+        tag = "".join(flags) or "unmerged"
+        shard_bytes, chunk, extra = _extra_of_the_big_merge(tmp_path, small, big, flags, tag, min_bytes=500e6)
+        assert (tmp_path / f"o_big{tag}" / "lora_adapter").exists() == (not flags)
         assert extra < chunk + (48 << 20), f"LoRA merge ({tag}) of {shard_bytes / 1e6:.0f} MB used {extra / 2**20:.0f} MiB more"
