@@ -125,6 +125,8 @@ def test_the_report_marks_stale_rows_and_names_the_commit_under_their_table(scra
 def test_each_row_keeps_the_commit_of_the_file_it_came_from(tmp_path, monkeypatch):
     """sigkill_*.json rows replace sigkill.json's, and bring their own commit."""
     main = _sigkill(("verl-default@keep=2", "merge"))
+    for key in ("commit", "dirty"):  # an older sigkill.json: its commit only in the "source" sentence
+        main.pop(key, None)
     main["source"] = "a clean export of commit 1111111aaaaa (patches/ and recipes/)"
     extra = _sigkill(("merge",))
     extra.update(command="python scripts/reliability.py --modes merge", commit="2222222bbbbb", dirty=False)
