@@ -17,7 +17,7 @@ import pytest
 from slimckpt.format.resume_manifest import MANIFEST_NAME, MEASURE_PREFIX
 from slimckpt.observe.save_reports import read_reports
 
-from .verl_runs import _STEP_LINE, step_metrics
+from .verl_runs import step_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -46,23 +46,12 @@ def test_incremental_async_commits_and_resumes_exactly(incremental_run, incremen
         assert math.isclose(float(a[4][key]), float(b[4][key]), rel_tol=1e-5), (key, a[4][key], b[4][key])
 
 
-def _every_logged(text: str) -> dict[int, dict[str, float]]:
-    """All console lines of a step merged (the ckpt/* line comes before the step's own line)."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in text.splitlines():
-        match = _STEP_LINE.search(line)
-        if match:
-            for kv in match.group(2).split(" - "):
-                key, _, value = kv.rpartition(":")
-                if key.startswith("ckpt/"):
-                    steps.setdefault(int(match.group(1)), {})[key] = float(value)
-    return steps
-
-
 def test_async_save_metrics_come_with_the_commit(incremental_run):
     """Issue 19: an async save reported its blocking seconds as `seconds`, bytes before its files
     existed and an RSS window that missed the background write."""
-    logged, ckpt = _every_logged(incremental_run.text), incremental_run.ckpt
+    logged = {step: {k: float(v) for k, v in metrics.items() if k.startswith("ckpt/")}
+              for step, metrics in step_metrics(incremental_run.text).items()}
+    ckpt = incremental_run.ckpt
     assert sorted(logged) == [1, 2, 3, 4]
     for step, metrics in logged.items():
         assert metrics["ckpt/blocking_seconds"] > 0 and metrics["ckpt/ranks"] == 2

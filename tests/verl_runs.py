@@ -43,12 +43,14 @@ INCREMENTAL_ASYNC = ("+recipe=incremental", "actor_rollout_ref.actor.checkpoint.
 
 
 def step_metrics(text: str) -> dict[int, dict[str, str]]:
-    """verl's console logger: one `step:N - key:value - key:value ...` line per step."""
-    steps = {}
+    """verl's console logger: `step:N - key:value - key:value ...` lines, merged per step (a
+    checkpoint callback's `ckpt/*` line comes before the step's own line)."""
+    steps: dict[int, dict[str, str]] = {}
     for line in text.splitlines():
         match = _STEP_LINE.search(line)
         if match:
-            steps[int(match.group(1))] = dict(kv.rsplit(":", 1) for kv in match.group(2).split(" - ") if ":" in kv)
+            steps.setdefault(int(match.group(1)), {}).update(
+                kv.rsplit(":", 1) for kv in match.group(2).split(" - ") if ":" in kv)
     return steps
 
 
