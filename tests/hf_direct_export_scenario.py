@@ -324,8 +324,10 @@ def scenario_lora(args) -> None:
     """A LoRA actor (peft on q_proj/v_proj, r=4, alpha=8, one AdamW step so B is not zero), FSDP2 on 2
     ranks. Reference: verl's manager saves it, verl's own merger merges that (rank 0). Then the
     intermediate tier's export (bf16; and with export_merge_lora=true) and the incremental tier's
-    gather-free one (bf16). D/lora_export_result.json: file digests of each, and the merged export
-    against peft's merge_and_unload() of the reference."""
+    gather-free one (bf16; merged in fp32, and merged in bf16 with async_save, written while the
+    next training step changes the weights), and `slimckpt merge --merge_lora --dtype fp32` of
+    verl's save. D/lora_export_result.json: file digests of each, and the merged export against
+    peft's merge_and_unload() of the reference."""
     from verl.trainer.config import CheckpointConfig
 
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
@@ -345,11 +347,24 @@ def scenario_lora(args) -> None:
         t0 = time.perf_counter()
         run.manager.save_checkpoint(dirs[kind], global_step=1)
         seconds[kind] = time.perf_counter() - t0
-    run.manager.checkpoint_config = slim_config(export_hf=True, export_dtype="bf16")
     run.manager.checkpoint_save_contents = ["model", "optimizer", "extra"]
-    t0 = time.perf_counter()
-    run.manager.save_checkpoint(dirs["incremental"], global_step=1)
-    seconds["incremental"] = time.perf_counter() - t0
+    # the incremental tier: unmerged (bf16), merged as the intermediate's (bf16, from the staged copy of
+    # async_save) and merged in the parameters' dtype (auto: fp32)
+    for kind, kw in (("incremental", {"export_dtype": "bf16"}),
+                     ("incremental_merged_fp32", {"export_dtype": "auto", "export_merge_lora": True}),
+                     ("incremental_merged", {"export_dtype": "bf16", "export_merge_lora": True, "async_save": True})):
+        dirs[kind] = os.path.join(root, kind, "global_step_1", "actor")
+        run.manager.checkpoint_config = slim_config(export_hf=True, **kw)
+        if kw.get("async_save"):  # hold the background write back until the step below changed B in place
+            from slimckpt.save import resume_state
+
+            real_writer = resume_state.storage_writer
+            resume_state.storage_writer = lambda *a, **k: (time.sleep(1.0), real_writer(*a, **k))[1]
+        t0 = time.perf_counter()
+        run.manager.save_checkpoint(dirs[kind], global_step=1)
+        if kw.get("async_save"):  # B moves in place before the background write: only the staged copy is step 1
+            run.step()
+        seconds[kind] = time.perf_counter() - t0
     from slimckpt.save.resume_state import finish_pending
 
     finish_pending()
@@ -358,8 +373,14 @@ def scenario_lora(args) -> None:
         return
     ref = os.path.join(root, "verl_merged")
     verl_merged(dirs["verl"], ref)
-    out = {"seconds": seconds, "reference": tree_digest(ref)}
-    for kind in ("intermediate", "merged", "incremental"):
+    from slimckpt.merge.pipeline import merge
+    from slimckpt.merge.plan import MergeOptions
+
+    merge(MergeOptions(local_dir=dirs["verl"], target_dir=os.path.join(root, "merge_lora_fp32"), dtype="fp32",
+                       merge_lora=True, progress=False))
+    out = {"seconds": seconds, "reference": tree_digest(ref),
+           "merge_lora_fp32": tree_digest(os.path.join(root, "merge_lora_fp32"))}
+    for kind in ("intermediate", "merged", "incremental", "incremental_merged", "incremental_merged_fp32"):
         out[kind] = tree_digest(os.path.join(dirs[kind], "huggingface"))
     # peft's merge_and_unload() of the reference (bf16 base + adapter) against the merged export, as loaded
     from peft import PeftModel

@@ -40,6 +40,43 @@ def test_fsdp_row_shards_each_written_by_their_holder():
                    [("w", rows(5, 5, (10, 4))), ("b", rows(2, 1, (3,)))]]
 
 
+def _chunk_rows(n: int, world: int, width: int) -> list[Box | None]:
+    """Each rank's dim-0 box as torch.chunk cuts a tensor (FSDP2's Shard(0), FSDP1's sharded state dict)."""
+    import torch
+
+    out, start = [], 0
+    for part in torch.arange(n).chunk(world):
+        out.append(rows(start, len(part), (n, width)))
+        start += len(part)
+    return out + [None] * (world - len(out))
+
+
+def test_merged_lora_writers_hold_b_rows_of_their_w_rows():
+    """export_merge_lora: W [out, in] and B [out, r] have the same dim 0, so FSDP's chunks put B's rows
+    of a rank's W rows on that rank for every size and world size (B is sliced, not gathered); where
+    a writer lacks them (B cut elsewhere, or only some of its r columns) B is all-gathered like A."""
+    from slimckpt.format.layout import LoraDelta, Take
+    from slimckpt.save.hf_direct_export import b_rows_elsewhere
+
+    takes: dict = {}
+    for n in range(1, 12):
+        takes["w.out"] = Take("w", (n, 6), None, LoraDelta("a", "b", 2.0))
+        for world in range(1, 5):
+            w_boxes, b_boxes = _chunk_rows(n, world, 6), _chunk_rows(n, world, 2)
+            held = [{k: v for k, v in (("w", wb), ("b", bb)) if v is not None} for wb, bb in zip(w_boxes, b_boxes)]
+            shares = [[("w.out", wb)] if wb is not None else [] for wb in w_boxes]
+            assert b_rows_elsewhere(held, shares, takes, {"b": (n, 2)}) == frozenset(), (n, world)
+    shapes = {"b": (4, 2)}
+    takes["w.out"] = Take("w", (4, 6), None, LoraDelta("a", "b", 2.0))
+    shares = [[("w.out", rows(0, 2, (4, 6)))], [("w.out", rows(2, 2, (4, 6)))]]
+    replicated = [{"b": full_box((4, 2))}, {"b": full_box((4, 2))}]
+    assert b_rows_elsewhere(replicated, shares, takes, shapes) == frozenset()
+    cut_elsewhere = [{"b": rows(0, 3, (4, 2))}, {"b": rows(3, 1, (4, 2))}]
+    assert b_rows_elsewhere(cut_elsewhere, shares, takes, shapes) == {"w.out"}
+    column_shard = [{"b": Box((0, 0), (4, 1))}, {"b": Box((0, 1), (4, 1))}]
+    assert b_rows_elsewhere(column_shard, shares, takes, shapes) == {"w.out"}
+
+
 def test_uneven_and_empty_shards():
     """FSDP's chunking: a 3-row tensor over 4 ranks gives 1,1,1,0 rows; the empty one writes nothing."""
     shapes = {"n": (3, 2)}
@@ -266,8 +303,8 @@ def test_lora_exports_of_both_tiers_equal_verl_merger(ws2_scenarios):
     tier's export is every file verl's merger writes of the same step, byte for byte (the base model
     with peft's names undone, lora_adapter/ with adapter_config.json); the incremental tier's
     gather-free one has the same weights, adapter and configs (its tokenizer files are verl's save's);
-    with export_merge_lora=true the intermediate export is peft's merge_and_unload() of that output,
-    bit for bit, and has no lora_adapter/."""
+    with export_merge_lora=true both tiers' exports are peft's merge_and_unload() of that output,
+    bit for bit, and have no lora_adapter/."""
     r = scenario_result(ws2_scenarios, "lora_export", "lora_export_result.json")
     ref = r["reference"]
     assert {"model.safetensors", "lora_adapter/adapter_model.safetensors", "lora_adapter/adapter_config.json"} <= set(ref)
@@ -278,6 +315,13 @@ def test_lora_exports_of_both_tiers_equal_verl_merger(ws2_scenarios):
         assert inc.get(name) == ref[name], name
     merged = r["merged"]
     assert not any(n.startswith("lora_adapter/") for n in merged) and merged["model.safetensors"] != ref["model.safetensors"]
+    # the incremental tier's merged export: each rank its own rows of W and B, A all-gathered; bit for bit
+    # the intermediate tier's (bf16, here with async_save from the staged copy) and `slimckpt merge
+    # --merge_lora` of verl's save in fp32 (export_dtype=auto: the parameters' dtype)
+    assert r["incremental_merged"]["model.safetensors"] == merged["model.safetensors"]
+    assert not any(n.startswith("lora_adapter/") for n in r["incremental_merged"])
+    fp32 = r["incremental_merged_fp32"]
+    assert fp32["model.safetensors"] == r["merge_lora_fp32"]["model.safetensors"] != merged["model.safetensors"]
     v = r["merged_vs_peft"]
     assert v["same_keys"] and v["max_abs_diff"] == 0.0, v
     assert v["changed"] == [f"model.layers.{i}.self_attn.{m}_proj.weight" for i in range(2) for m in ("q", "v")]

@@ -179,7 +179,7 @@ def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str 
     s = settings(ckpt.local_dir, lora_names, shapes)
     total_parameters = hf.total_parameters()
     if merge_lora:
-        takes = _merged_takes(ckpt, takes, lora_names, shapes, s, hint)
+        takes = merged_takes(ckpt.local_dir, takes, lora_names, shapes, s, hint)
         log.info("LoRA: merging the adapter into the base weights (W + B @ A x %s / %d) for %d modules; no %s/",
                  s.lora_alpha, s.r, sum(t.delta is not None for t in takes.values()), ADAPTER_DIR)
         return plan_takes(ckpt, takes, dtype, max_shard_size, total_parameters)
@@ -202,18 +202,19 @@ def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str 
                      index_plan=model.plan, adapter_config=adapter_config_text(s))
 
 
-def _merged_takes(ckpt, takes: dict[str, layout.Take], lora_names: list[str], shapes: dict, s: LoraSettings,
-                  hint: str) -> dict[str, layout.Take]:
-    """`takes` with each adapted weight's take carrying its LoRA delta."""
+def merged_takes(local_dir: str, takes: dict[str, layout.Take], lora_names: list[str], shapes: dict,
+                 s: LoraSettings, hint: str) -> dict[str, layout.Take]:
+    """`takes` with each adapted weight's take carrying its LoRA delta (the offline merge's and the
+    incremental tier's export's one rule of what is merged and what is refused)."""
     for key in ("use_rslora", "use_dora"):
         if s.raw_meta.get(key):
-            raise MergeError(f"{hint}: {os.path.join(ckpt.local_dir, META_NAME)} sets {key}, which this merge does "
+            raise MergeError(f"{hint}: {os.path.join(local_dir, META_NAME)} sets {key}, which this merge does "
                              f"not support (verl's adapter_config.json does not record it either); merge without "
                              f"{hint} and use peft's merge_and_unload()")
     if not s.lora_alpha:
         raise MergeError(f"{hint}: lora_alpha is unknown ({META_NAME} is missing or gives none), so the merge "
                          f"would add 0 x B @ A; write {{\"r\": {s.r}, \"lora_alpha\": A}} to "
-                         f"{os.path.join(ckpt.local_dir, META_NAME)} (verl writes it with every LoRA checkpoint)")
+                         f"{os.path.join(local_dir, META_NAME)} (verl writes it with every LoRA checkpoint)")
     scaling = s.lora_alpha / s.r  # peft's LoraLayer.update_layer (use_rslora False)
     by_source = {t.source: out for out, t in takes.items() if t.whole}
     pairs = 0

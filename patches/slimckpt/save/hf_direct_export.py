@@ -16,6 +16,13 @@ are) and calls save_pretrained. Here (collective over the checkpoint's gloo grou
          generation_config.json as save_pretrained writes them; then every rank pwrites its
          boxes, cast in chunks of bucket_mb, fsyncs, and all ranks agree on the outcome.
 
+With `export_merge_lora` a LoRA actor's adapted weights are written merged, W + (B @ A) x alpha / r,
+with no gather of W: the writer of a box of W's rows holds B's same rows (FSDP1 and FSDP2 cut W
+[out, in] and B [out, r] on dim 0 at the same rows; where a plan finds otherwise, B is all-gathered
+too: `b_rows_elsewhere`), A [r, in] is all-gathered, one adapter at a time in the job's order, and
+the rows are computed a few at a time by `share_writer.lora_merged`, the arithmetic of `slimckpt
+merge --merge_lora`, in the output dtype: the same bits as that merge of the same step.
+
 A rank's extra host memory is one chunk (none when the shard is already on the host in the export
 dtype). The files are listed in the step's resume manifest, written after this returns: a
 half-written export is never committed. Dtype `auto` keeps the parameters' dtype, which is what
@@ -47,6 +54,7 @@ ST_DTYPES: dict[torch.dtype, str] = {
     torch.bool: "BOOL",
 }
 TORCH_DTYPES = {v: k for k, v in ST_DTYPES.items()}
+MERGE_LORA_HINT = "checkpoint.export_merge_lora=true"
 
 
 class ExportError(RuntimeError):
@@ -67,6 +75,15 @@ class ExportJob:
     # files only; `adapter_config` is lora_adapter/adapter_config.json's text (as verl's merger writes)
     index_plan: layout.Plan | None = None
     adapter_config: str | None = None
+    # export_merge_lora: the outputs whose B is all-gathered like A, because a writer of W's rows does
+    # not hold B's same rows (never with FSDP1/FSDP2, which cut W and B on dim 0 at the same rows)
+    gather_b: frozenset[str] = frozenset()
+
+    @property
+    def merged_outputs(self) -> list[str]:
+        """Outputs written as W + B @ A x alpha / r, in one order on every rank (each one's A is
+        all-gathered in that order)."""
+        return [n for n, t in self.takes.items() if t.delta is not None]
 
     @property
     def name_map(self) -> dict[str, str]:
@@ -197,6 +214,26 @@ def _shares(held: list[dict[str, Box]], takes: dict[str, layout.Take], shapes: d
     return shares
 
 
+def b_rows_elsewhere(held: list[dict[str, Box]], shares: list[list[tuple[str, Box]]],
+                     takes: dict[str, layout.Take], shapes: dict[str, tuple[int, ...]]) -> frozenset[str]:
+    """Merged outputs (export_merge_lora) where some writer of W's rows does not hold all of B's
+    [out, r] for those rows: their B is all-gathered like A. FSDP1 and FSDP2 cut every parameter
+    on dim 0 into the same world-size chunks, and W [out, in] and B [out, r] have the same dim 0,
+    so each rank holds B's rows of its W rows and this is empty for them."""
+    out: set[str] = set()
+    for rank, pairs in enumerate(shares):
+        for name, box in pairs:
+            delta = takes[name].delta
+            if delta is None or name in out:
+                continue
+            b_box = held[rank].get(delta.b)
+            r0, r1 = box.offset[0], box.offset[0] + box.size[0]
+            if (b_box is None or b_box.offset[1] != 0 or b_box.size[1] != shapes[delta.b][1]
+                    or b_box.offset[0] > r0 or b_box.offset[0] + b_box.size[0] < r1):
+                out.add(name)
+    return frozenset(out)
+
+
 # --------------------------------------------------------------------------- plan (collective)
 
 
@@ -226,11 +263,17 @@ def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, 
     unwrapped = getattr(manager.model, "_fsdp_wrapped_module", manager.model)
     meta = manager._get_lora_train_meta(unwrapped) if hasattr(manager, "_get_lora_train_meta") else None
     settings = lora.settings(local_path, names, shapes, meta=meta)
-    if getattr(config, "export_merge_lora", False) and not getattr(manager, "_slimckpt_merge_lora_noted", False):
-        manager._slimckpt_merge_lora_noted = True
-        log.warning("checkpoint.export_merge_lora=true: the incremental tier's gather-free export writes the base "
-                    "model and lora_adapter/ unmerged; merge them with `slimckpt merge --merge_lora` (or use "
-                    "+recipe=intermediate, whose export merges)")
+    if getattr(config, "export_merge_lora", False):
+        try:
+            merged = lora.merged_takes(local_path, takes, names, shapes, settings, MERGE_LORA_HINT)
+        except lora.MergeError as exc:
+            raise ExportError(str(exc)) from None
+        if not getattr(manager, "_slimckpt_merge_lora_noted", False):
+            manager._slimckpt_merge_lora_noted = True
+            log.info("export_merge_lora: %d weights exported as W + B @ A x %s / %d, each rank its own rows "
+                     "(A all-gathered, no W gathered); no %s/", sum(t.delta is not None for t in merged.values()),
+                     settings.lora_alpha, settings.r, lora.ADAPTER_DIR)
+        return plan, None, None
     fixed = EXPORT_DTYPES[export_dtype]
     specs = []
     for n in names:
@@ -283,10 +326,15 @@ def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: 
                                                                  export_dtype, config)
             for take in takes.values():
                 take.check_source(shapes[take.source])
-            shares = _shares([h for h, _ in held], takes, shapes, plan)
+            holders = [h for h, _ in held]
+            shares = _shares(holders, takes, shapes, plan)
             total = side.total_parameters()
             used = {take.source: shapes[take.source] for take in takes.values()}
-            payload = [("ok", ExportJob(plan, takes, share, used, total, index_plan, adapter_config))
+            for take in takes.values():
+                if take.delta is not None:
+                    used.update({n: shapes[n] for n in (take.delta.a, take.delta.b)})
+            gather_b = b_rows_elsewhere(holders, shares, takes, shapes)
+            payload = [("ok", ExportJob(plan, takes, share, used, total, index_plan, adapter_config, gather_b))
                        for share in shares]
         except (ExportError, AssignError, layout.LayoutError) as exc:
             payload = [("error", str(exc))] * world
@@ -408,6 +456,47 @@ class _BoxWriter:
                 written += len(data)
         return written
 
+    def write_merged(self, out_name: str, w_value: Any, box: Box, take: layout.Take, a: torch.Tensor,
+                     b_rows: torch.Tensor) -> int:
+        """This rank's rows of a LoRA-merged output: W's box (`w_value`, its local shard) plus
+        (B @ A) x scaling for the same rows (`b_rows`: B's rows of the box; `a`: all of A), a few
+        rows at a time, in the output dtype as `slimckpt merge --merge_lora` computes them
+        (share_writer.lora_merged)."""
+        from ..write.out_files import OutputError, pwrite_all
+        from ..write.share_writer import as_bytes, lora_merged
+
+        placement = self.plan.placements[out_name]
+        dtype = TORCH_DTYPES[placement.spec.dtype]
+        itemsize = placement.spec.itemsize
+        local = _local(w_value)
+        if tuple(local.shape) != box.size or tuple(b_rows.shape[:1]) != box.size[:1]:
+            raise ExportError(f"{out_name}: local shard {tuple(local.shape)} / B rows {tuple(b_rows.shape)} != "
+                              f"planned {box.size}")
+        width = take.shape[1]
+        (r0, c0), (rows, cols) = box.offset, box.size
+        window = None if cols == width else (c0, c0 + cols)
+        a = a.to(dtype)
+        # the fp32 product of whole rows is the largest piece: a quarter chunk of it at a time
+        step = max(1, self.chunk_bytes // (4 * width * 4))
+        fd = self._fd(placement.file)
+        written = 0
+        for s in range(0, rows, step):
+            e = min(rows, s + step)
+            merged = lora_merged(local[s:e].to(dtype), b_rows[s:e].to(dtype), a, take.delta.scaling, window)
+            runs = [(placement.begin + (r0 + s) * width * itemsize, merged)] if window is None else \
+                [(placement.begin + ((r0 + i) * width + c0) * itemsize, merged[i - s]) for i in range(s, e)]
+            for offset, piece in runs:
+                data = as_bytes(piece.contiguous())
+                try:
+                    pwrite_all(fd, data, offset)
+                except OSError as exc:
+                    from ..format.merge_manifest import describe_os_error
+
+                    raise OutputError(describe_os_error(exc, os.path.join(self.hf_dir, placement.file),
+                                                       self.plan.total_size)) from None
+                written += len(data)
+        return written
+
     def close(self, sync: bool) -> None:
         first: BaseException | None = None
         for fd in self._fds.values():
@@ -423,6 +512,35 @@ class _BoxWriter:
         self._starts.clear()
         if first is not None:
             raise first
+
+
+def _gathered(value: Any, shape: tuple[int, ...], group) -> torch.Tensor:
+    """Collective over `group`: the whole tensor (a LoRA A [r, in] or B [out, r]: small) on the host,
+    from every rank's box of it (the live shard or the staged copy)."""
+    _, _, box = _box_of(value)
+    local = _local(value).detach().to("cpu", copy=True) if box is not None else None
+    parts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, (box, local), group=group)
+    whole: torch.Tensor | None = None
+    seen = torch.zeros(shape, dtype=torch.bool)
+    for part_box, part in parts:
+        if part_box is None:
+            continue
+        if whole is None:
+            whole = torch.empty(shape, dtype=part.dtype)
+        where = tuple(slice(o, o + n) for o, n in zip(part_box.offset, part_box.size))
+        whole[where] = part
+        seen[where] = True
+    if whole is None or not bool(seen.all()):
+        raise ExportError(f"the ranks' shards of a LoRA tensor of shape {list(shape)} do not cover it")
+    return whole
+
+
+def _held_rows(value: Any, box: Box) -> torch.Tensor:
+    """The rows of `box` (of W) in this rank's shard of B (b_rows_elsewhere checked it holds them)."""
+    _, _, b_box = _box_of(value)
+    start = box.offset[0] - b_box.offset[0]
+    return _local(value)[start:start + box.size[0]]
 
 
 def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str, Any], config: Any,
@@ -442,11 +560,36 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
     writer = _BoxWriter(os.path.join(local_path, HF_SUBDIR), job.plan,
                         int(getattr(config, "bucket_mb", 64)) << 20)
     written = 0
-    ok, message = True, ""
+    failure: BaseException | None = None
     try:
         for out_name, box in job.mine:
             take = job.takes[out_name]
-            written += writer.write_box(out_name, model_state[take.source], box, take, job.source_shapes[take.source])
+            if take.delta is None:
+                written += writer.write_box(out_name, model_state[take.source], box, take,
+                                            job.source_shapes[take.source])
+    except Exception as exc:  # noqa: BLE001 - reported to every rank, after the gathers below
+        failure = exc
+    # merged outputs: every rank joins each A's all-gather, in the job's order, even after a failure
+    for out_name in job.merged_outputs:
+        take = job.takes[out_name]
+        a = _gathered(model_state[take.delta.a], job.source_shapes[take.delta.a], group)
+        b_full = _gathered(model_state[take.delta.b], job.source_shapes[take.delta.b], group) \
+            if out_name in job.gather_b else None
+        if failure is not None:
+            continue
+        try:
+            for name, box in job.mine:
+                if name == out_name:
+                    b_rows = b_full[box.offset[0]:box.offset[0] + box.size[0]] if b_full is not None else \
+                        _held_rows(model_state[take.delta.b], box)
+                    written += writer.write_merged(name, model_state[take.source], box, take, a, b_rows)
+        except Exception as exc:  # noqa: BLE001
+            failure = exc
+        del a, b_full
+    ok, message = True, ""
+    try:
+        if failure is not None:
+            raise failure
         writer.close(sync=True)
     except Exception as exc:  # noqa: BLE001 - reported to every rank
         with contextlib.suppress(Exception):

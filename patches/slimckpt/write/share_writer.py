@@ -330,14 +330,20 @@ class ShareWriter:
         return torch.cat([p[r0:r1].to(self.out_dtype) for p in src.pieces], dim=src.shard_dim).contiguous()
 
 
-def lora_merged(w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: float) -> torch.Tensor:
+def lora_merged(w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: float,
+                cols: tuple[int, int] | None = None) -> torch.Tensor:
     """W + (B @ A) * scaling as peft 0.21's `merge_and_unload()` makes it of a model and adapter loaded
     in W's dtype (`PeftModel.from_pretrained`, which keeps a bf16/fp16 adapter in fp32:
     autocast_adapter_dtype): the delta (B @ A) * scaling in fp32, added to W in fp32 (`W += delta`
-    promotes) and rounded to W's dtype once."""
+    promotes) and rounded to W's dtype once. The one arithmetic of `slimckpt merge --merge_lora` and
+    the incremental tier's merged export. `cols` (W holds only those columns of the weight, a
+    column shard): the product is still of whole rows, so every element is computed as for the
+    whole weight, then cut."""
     # in place on the product: W + delta == delta + W (IEEE addition commutes), W cast on the fly
     acc = b.float() @ a.float()
     acc.mul_(scaling)
+    if cols is not None:
+        acc = acc[:, cols[0]:cols[1]]
     acc.add_(w)
     return acc if w.dtype == torch.float32 else acc.to(w.dtype)
 
