@@ -350,6 +350,93 @@ def scenario_refuse(args) -> None:
     write_result(args, "refuse", outcomes)
 
 
+def scenario_lora_only(args) -> None:
+    """verl's save_lora_only in the incremental tier: a LoRA actor (r=4 on q_proj/v_proj) trained 2 steps is
+    saved whole and LoRA-only (async, with the export) at the same step; a fresh model built as at the
+    run's start (the base of model.path) loads the LoRA-only step, another (other seed) the whole one:
+    both must hold the same model and optimizer state and train the same losses as the run itself.
+    Also: what the LoRA-only step holds, its export, `slimckpt verify`, retention, and
+    export_merge_lora's refusal. D/lora_only_result.json on rank 0."""
+    from slimckpt.save.resume_state import finish_pending
+
+    global LORA_RANK
+    LORA_RANK = 4
+    root = args.dir
+    full = os.path.join(root, "full", "global_step_2", "actor")
+    lora_root = os.path.join(root, "lora_only")
+    lora = os.path.join(lora_root, "global_step_2", "actor")
+    run = Run(seed=0, ckpt_config=slim_config())
+    for _ in range(2):
+        run.step()
+    run.manager.checkpoint_config = slim_config(export_hf=True, export_dtype="bf16")
+    run.manager.save_checkpoint(full, global_step=2)
+    run.manager.checkpoint_config = slim_config(save_lora_only=True, export_hf=True, export_dtype="bf16",
+                                                async_save=True, host_memory_budget_gb=1.0)
+    run.manager.save_checkpoint(lora, global_step=2)
+    finish_pending()
+    refused = None
+    run.manager.checkpoint_config = slim_config(save_lora_only=True, export_hf=True, export_merge_lora=True)
+    try:
+        run.manager.save_checkpoint(os.path.join(root, "merged", "global_step_2", "actor"), global_step=2)
+    except Exception as exc:  # noqa: BLE001 - the line is the result
+        refused = str(exc)
+    reference = [run.step() for _ in range(2)]
+
+    # one after the other: the data come from the process's global RNG, which each load restores
+    from_full = Run(seed=1, ckpt_config=slim_config())
+    from_full.manager.load_checkpoint(full)
+    state_full = from_full.full_state()
+    after_full = [from_full.step() for _ in range(2)]
+    from_lora = Run(seed=0, ckpt_config=slim_config())  # the base weights of model.path: as the run started
+    from_lora.manager.load_checkpoint(lora)
+    state_lora = from_lora.full_state()
+    after_lora = [from_lora.step() for _ in range(2)]
+
+    out = {"reference": reference, "after_full": after_full, "after_lora": after_lora, "refused": refused}
+    if dist.get_rank() == 0:
+        out["state_differs"] = _tensors_equal(state_full, state_lora)
+        out.update(_lora_only_step(root, full, lora))
+    dist.barrier()
+    # retention over LoRA-only steps: keep 1, so step 2 goes once step 4 is committed
+    run.manager.checkpoint_config = slim_config(save_lora_only=True)
+    run.manager.save_checkpoint(os.path.join(lora_root, "global_step_4", "actor"), global_step=4, max_ckpt_to_keep=1)
+    finish_pending()
+    dist.barrier()
+    out["steps_kept"] = sorted(n for n in os.listdir(lora_root) if os.path.isdir(os.path.join(lora_root, n, "actor")))
+    write_result(args, "lora_only", out)
+
+
+def _lora_only_step(root: str, full: str, lora: str) -> dict:
+    """What the LoRA-only step holds, next to the whole one; `slimckpt verify` of it."""
+    import hashlib
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from slimckpt.verify.command import verify_path
+
+    def manifest(path):
+        with open(os.path.join(path, "slimckpt_resume.json")) as f:
+            return json.load(f)
+
+    def digest(path):
+        return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+    keys = sorted(FileSystemReader(os.path.join(lora, "dcp")).read_metadata().state_dict_metadata)
+    hf = os.path.join(lora, "huggingface")
+    adapter = os.path.join("lora_adapter", "adapter_model.safetensors")
+    return {
+        "manifest_extra": {k: v for k, v in manifest(lora)["extra"].items() if k != "timings_s"},
+        "bytes": {"full": manifest(full)["extra"]["bytes"], "lora_only": manifest(lora)["extra"]["bytes"]},
+        "model_keys": [k for k in keys if k.startswith("model.")],
+        "optim_state_keys": sorted({k.split(".", 2)[2].rsplit(".", 1)[0] for k in keys if k.startswith("optim.state.")}),
+        "export_files": sorted(os.path.relpath(os.path.join(r, n), hf) for r, _, ns in os.walk(hf) for n in ns),
+        "adapter_same_as_full_export": digest(os.path.join(hf, adapter)) == digest(os.path.join(full, "huggingface", adapter)),
+        "adapter_config_same": open(os.path.join(hf, "lora_adapter", "adapter_config.json")).read()
+        == open(os.path.join(full, "huggingface", "lora_adapter", "adapter_config.json")).read(),
+        "verify_ok": verify_path(lora).ok,
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("scenario", choices=["resume", "reshard", "tracker", "refuse"])

@@ -40,6 +40,7 @@ SCENARIOS = {
     "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),
     "moe_export": (hf_direct_export_scenario.scenario_moe, {"models": "qwen3-moe,deepseek-v3,qwen3-moe:divisible"}, "qwen3-moe", 2),
     "lora_export": (hf_direct_export_scenario.scenario_lora, {}, "llama", 2),
+    "lora_only": (resume_scenarios.scenario_lora_only, {}, "llama", 2),
 }
 
 

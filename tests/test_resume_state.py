@@ -457,3 +457,24 @@ def test_half_written_or_damaged_step_refuses_to_load(ws2_scenarios):
     assert r["save"] == "crashed" and "dcp" in r["half_files"] and rm.MANIFEST_NAME not in r["half_files"]
     assert r["half"].startswith("slimckpt:") and "never finished" in r["half"] and "\n" not in r["half"]
     assert "__1_0.distcp" in r["truncated"] and "damaged" in r["truncated"]
+
+
+@pytest.mark.slow
+def test_save_lora_only_resumes_as_a_whole_save_does(ws2_scenarios):
+    """verl's save_lora_only in the incremental tier (async, with the export): the committed step holds
+    the LoRA parameters and their optimizer state only; a model built on the base of model.path that
+    loads it holds the same model and optimizer state as one that loads a whole save of the same step,
+    and both train the run's own losses. Its export is lora_adapter/ alone (the whole save's adapter,
+    byte for byte), verify passes, retention counts it; export_merge_lora is refused in one line."""
+    r = scenario_result(ws2_scenarios, "lora_only", "lora_only_result.json")
+    assert r["state_differs"] == [], r["state_differs"]
+    assert r["after_lora"] == r["after_full"] == r["reference"], r
+    lora_keys = [k for k in r["model_keys"] if "lora_A" in k or "lora_B" in k]
+    assert r["model_keys"] == lora_keys and len(lora_keys) == 8  # q_proj, v_proj x 2 layers x (A, B)
+    assert r["optim_state_keys"] == [k.removeprefix("model.") for k in lora_keys]
+    assert r["manifest_extra"]["lora_only"] is True and r["bytes"]["lora_only"] < r["bytes"]["full"] / 2
+    assert "lora_adapter/adapter_model.safetensors" in r["export_files"]
+    assert not any(f.startswith("model") and f.endswith(".safetensors") for f in r["export_files"])
+    assert r["adapter_same_as_full_export"] and r["adapter_config_same"] and r["verify_ok"]
+    assert r["steps_kept"] == ["global_step_4"]
+    assert "\n" not in r["refused"] and "with save_lora_only=true: the step holds no base weights" in r["refused"]

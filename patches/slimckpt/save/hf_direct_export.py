@@ -16,6 +16,9 @@ are) and calls save_pretrained. Here (collective over the checkpoint's gloo grou
          generation_config.json as save_pretrained writes them; then every rank pwrites its
          boxes, cast in chunks of bucket_mb, fsyncs, and all ranks agree on the outcome.
 
+A step saved with verl's save_lora_only holds no base weights: its export is lora_adapter/ alone
+(and export_merge_lora is refused in one line).
+
 With `export_merge_lora` a LoRA actor's adapted weights are written merged, W + (B @ A) x alpha / r,
 with no gather of W: the writer of a box of W's rows holds B's same rows (FSDP1 and FSDP2 cut W
 [out, in] and B [out, r] on dim 0 at the same rows; where a plan finds otherwise, B is all-gathered
@@ -318,8 +321,16 @@ def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: 
             shapes = {n: s for n, (s, _) in meta.items()}
             dtypes = {n: d for n, (_, d) in meta.items()}
             export_dtype = str(getattr(config, "export_dtype", "auto"))
-            side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases, export_dtype)
-            plan = layout.plan_files(specs, getattr(config, "max_shard_size", "5GB"))
+            if shapes and all(_is_lora(n) for n in shapes):  # save_lora_only: the adapter alone
+                if getattr(config, "export_merge_lora", False):
+                    raise ExportError(f"{MERGE_LORA_HINT} with save_lora_only=true: the step holds no base weights "
+                                      f"to merge the adapter into; set export_merge_lora=false (the export is then "
+                                      f"lora_adapter/ alone) or save_lora_only=false")
+                side, takes = _hf_side(manager, local_path), {}
+                plan = layout.Plan(files=(), total_size=0, placements={})
+            else:
+                side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases, export_dtype)
+                plan = layout.plan_files(specs, getattr(config, "max_shard_size", "5GB"))
             index_plan, adapter_config = None, None
             if any(_is_lora(n) for n in shapes):
                 plan, index_plan, adapter_config = _with_adapter(manager, local_path, plan, takes, shapes, dtypes,

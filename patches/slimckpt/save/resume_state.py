@@ -22,6 +22,12 @@ fsdp_config.json, LoRA meta, `hf_model` if asked) is done by calling verl's own 
 contents removed, so it stays exactly verl's. With `export_hf`, the weights of huggingface/ are
 written without a gather (hf_direct_export, in place of verl's `hf_model`): planned at save time,
 written after the shards (from the staged copy in async mode) and before the commit.
+
+verl's `save_lora_only` (a peft actor): as verl's own save keeps only the keys holding "lora_" or
+".adapter_", the step's model state is the adapter's parameters (the optimizer state is theirs
+anyway: the base is frozen), the manifest says `lora_only`, the export is `lora_adapter/` alone,
+and a load sets those parameters and keeps the base weights the model was built with, i.e.
+actor_rollout_ref.model.path's (what the user needs at load: the same base model).
 """
 
 from __future__ import annotations
@@ -105,6 +111,13 @@ def _options():
     return StateDictOptions(full_state_dict=False, cpu_offload=False)
 
 
+def _load_options(partial: bool):
+    """Load options; `partial` (a LoRA-only step): the base weights the step does not hold are kept."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=False, cpu_offload=False, strict=not partial)
+
+
 def build_state_dict(manager, model: bool, optimizer: bool) -> dict[str, Any]:
     """{"model": ..., "optim": ...} keyed by parameter name; FSDP2 gives views of the live shards
     (no copy). FSDP1 builds its sharded state dict on the device."""
@@ -181,6 +194,37 @@ def save_contents(manager, contents: list[str]) -> Iterator[None]:
         manager.checkpoint_save_contents = saved
 
 
+# --------------------------------------------------------------------------- save_lora_only
+
+LORA_ONLY_KEY = "lora_only"  # manifest.extra: the step holds the adapter's parameters, not the base's
+
+
+def is_lora_key(name: str) -> bool:
+    """verl 0.9.1's test for what save_lora_only keeps (FSDPCheckpointManager.save_checkpoint)."""
+    return "lora_" in name or ".adapter_" in name
+
+
+def lora_only_state(model_state: dict[str, Any]) -> dict[str, Any]:
+    """The trainable LoRA parameters of a sharded model state dict, as verl's save_lora_only keeps
+    them; verl's error when there are none."""
+    kept = {k: v for k, v in model_state.items() if is_lora_key(k)}
+    if not kept:
+        raise ValueError(f"save_lora_only is True and the model has a peft_config, but no LoRA/adapter parameters "
+                         f"were found in the state dict. Total params checked: {len(model_state)}.")
+    return kept
+
+
+def _note_lora_only(manager, model_state: dict[str, Any], total: int) -> None:
+    if manager.rank != 0 or getattr(manager, "_slimckpt_lora_only_noted", False):
+        return
+    manager._slimckpt_lora_only_noted = True
+    from .resume_async import state_bytes
+
+    log.info("save_lora_only: the resume state holds the %d LoRA parameters of %d (%.1f MiB on rank 0) and their "
+             "optimizer state; a resume takes the base weights from actor_rollout_ref.model.path, as verl's does",
+             len(model_state), total, state_bytes(model_state) / 2**20)
+
+
 # --------------------------------------------------------------------------- files of a rank
 
 
@@ -253,7 +297,8 @@ def register_committed(manager, local_path: str, max_keep: int | None) -> None:
 
 def commit(manager, local_path: str, global_step: int, contents: list[str], config: Any,
            group: dist.ProcessGroup, max_keep: int | None, timings: dict[str, float],
-           aliases: dict[str, str] | None = None, known: dict[str, str] | None = None) -> None:
+           aliases: dict[str, str] | None = None, known: dict[str, str] | None = None,
+           lora_only: bool = False) -> None:
     """Every rank lists and checksums its files; rank 0 adds every other file of the dir (verl's
     huggingface/ ...), writes the manifest, then applies retention. Collective over `group`; the
     caller has finished all writes."""
@@ -277,7 +322,8 @@ def commit(manager, local_path: str, global_step: int, contents: list[str], conf
     write_manifest(local_path, Manifest(
         global_step=int(global_step), world_size=world, contents=list(contents), files=files,
         fsdp_version=fsdp_version,
-        extra={"timings_s": timings, "bytes": sum(f.bytes for f in files), "aliases": dict(aliases or {})},
+        extra={"timings_s": timings, "bytes": sum(f.bytes for f in files), "aliases": dict(aliases or {}),
+               **({LORA_ONLY_KEY: True} if lora_only else {})},
     ))
     register_committed(manager, local_path, max_keep)
     log.info("committed step %s at %s: %d files, %.1f MiB (%s)", global_step, local_path, len(files),
@@ -341,10 +387,7 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     from . import resume_async
 
     config = manager.checkpoint_config
-    if manager.should_save_lora_only and manager._has_lora():
-        log.warning("save_lora_only with a LoRA model: the incremental tier saves full state only; using verl's save")
-        return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
+    lora_only = bool(manager.should_save_lora_only and manager._has_lora())
     writer = resume_async.writer_for(manager)
     waited = time.perf_counter()
     writer.wait()  # a save starts only once the previous one is committed
@@ -373,6 +416,10 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     _note_fsdp1_copy(manager, state)
     aliases: dict[str, str] = {}
     if "model" in state:
+        if lora_only:  # verl's save_lora_only: the adapter's parameters (the optimizer holds only theirs)
+            total = len(state["model"])
+            state["model"] = lora_only_state(state["model"])
+            _note_lora_only(manager, state["model"], total)
         state["model"], aliases = split_aliases(state["model"])
     lap("state_dict")
     # planned here, in the foreground, from the shards' specs (a staged copy has the same ones)
@@ -389,15 +436,16 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
         del state
         writer.submit(global_step, local_path, functools.partial(
             _write_and_commit, manager, staged, local_path, dcp_dir, global_step, contents, config, group,
-            max_ckpt_to_keep, timings, aliases, export))
+            max_ckpt_to_keep, timings, aliases, export, lora_only))
         return
     _write_and_commit(manager, state, local_path, dcp_dir, global_step, contents, config, group,
-                      max_ckpt_to_keep, timings, aliases, export)
+                      max_ckpt_to_keep, timings, aliases, export, lora_only)
 
 
 def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: str, global_step: int,
                       contents: list[str], config: Any, group: dist.ProcessGroup, max_keep: int | None,
-                      timings: dict[str, float], aliases: dict[str, str], export=None) -> None:
+                      timings: dict[str, float], aliases: dict[str, str], export=None,
+                      lora_only: bool = False) -> None:
     """DCP shards, then the HF export (both from `state`: the live shards, or the staged copy in
     async mode), then the commit. Collective over `group`."""
     import torch.distributed.checkpoint as dcp
@@ -411,7 +459,8 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
             known = written_checksums(writer, local_path)  # hashed as written: no read-back
         timings["write"] = time.perf_counter() - start
         _after_shards(manager, local_path, config, state.get("model", {}), export, group, timings)
-        commit(manager, local_path, global_step, contents, config, group, max_keep, timings, aliases, known)
+        commit(manager, local_path, global_step, contents, config, group, max_keep, timings, aliases, known,
+               lora_only)
     except BaseException as exc:
         from ..format.resume_manifest import write_failure
 
@@ -463,11 +512,18 @@ def load_resume_state(manager, local_path: str) -> None:
         )
     state = build_state_dict(manager, model=manager.should_load_model, optimizer=manager.should_load_optimizer)
     aliases = dict(manifest.extra.get("aliases") or {})
+    lora_only = bool(manifest.extra.get(LORA_ONLY_KEY)) and "model" in state
     if state:
         from torch.distributed.checkpoint import FileSystemReader
 
         if "model" in state:
             state["model"] = {k: v for k, v in state["model"].items() if k not in aliases}
+        if lora_only:  # the base weights stay those the model was built with (model.path)
+            state["model"] = {k: v for k, v in state["model"].items() if is_lora_key(k)}
+            if not state["model"]:
+                raise ValueError(f"slimckpt: {local_path} holds LoRA weights only (save_lora_only) and this model has "
+                                 f"no LoRA adapter; resume with the saving run's LoRA settings "
+                                 f"(actor_rollout_ref.model.lora_rank, target_modules)")
         dcp.load(state, storage_reader=FileSystemReader(os.path.join(local_path, DCP_DIR)), process_group=group)
         if "model" in state:
             for alias, target in aliases.items():
@@ -475,7 +531,7 @@ def load_resume_state(manager, local_path: str) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if "model" in state:
-                set_model_state_dict(manager.model, state["model"], options=_options())
+                set_model_state_dict(manager.model, state["model"], options=_load_options(lora_only))
             if "optim" in state:
                 set_optimizer_state_dict(manager.model, manager.optimizer, state["optim"], options=_options())
     if manager.should_load_extra:
@@ -483,6 +539,8 @@ def load_resume_state(manager, local_path: str) -> None:
     if manager.rank == 0:
         how = "" if manifest.world_size == manager.world_size else \
             f" (saved at world size {manifest.world_size}, resharded to {manager.world_size})"
+        if lora_only:
+            how += "; LoRA weights only (save_lora_only): the base weights are the model's own (model.path)"
         log.info("loaded step %s from %s%s", manifest.global_step, local_path, how)
     dist.barrier(group=group)
 
