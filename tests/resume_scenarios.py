@@ -356,7 +356,8 @@ def scenario_lora_only(args) -> None:
     run's start (the base of model.path) loads the LoRA-only step, another (other seed) the whole one:
     both must hold the same model and optimizer state and train the same losses as the run itself.
     Also: what the LoRA-only step holds, its export, `slimckpt verify`, retention, and
-    export_merge_lora's refusal. D/lora_only_result.json on rank 0."""
+    export_merge_lora's refusal; +recipe=intermediate's export of verl's LoRA-only save (the adapter
+    alone; export_merge_lora refused). D/lora_only_result.json on rank 0."""
     from slimckpt.save.resume_state import finish_pending
 
     global LORA_RANK
@@ -374,6 +375,20 @@ def scenario_lora_only(args) -> None:
                                                 async_save=True, host_memory_budget_gb=1.0)
     run.manager.save_checkpoint(lora, global_step=2)
     finish_pending()
+    # +recipe=intermediate with save_lora_only: verl's LoRA-only .pt shards, exported as lora_adapter/ alone
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
+    run.manager.checkpoint_save_contents = ["model"]
+    for merge_lora in (False, True):
+        run.manager.checkpoint_config = SlimCheckpointConfig(
+            recipe="intermediate", save_contents=["model"], load_contents=["model"], export_hf=True,
+            export_dtype="bf16", measure=False, save_lora_only=True, export_merge_lora=merge_lora)
+        try:
+            run.manager.save_checkpoint(os.path.join(root, f"intermediate_{merge_lora}", "global_step_2", "actor"),
+                                        global_step=2)
+        except Exception as exc:  # noqa: BLE001 - the line is the result
+            refused_intermediate = str(exc)
+    run.manager.checkpoint_save_contents = ["model", "optimizer", "extra"]
     refused = None
     run.manager.checkpoint_config = slim_config(save_lora_only=True, export_hf=True, export_merge_lora=True)
     try:
@@ -392,7 +407,8 @@ def scenario_lora_only(args) -> None:
     state_lora = from_lora.full_state()
     after_lora = [from_lora.step() for _ in range(2)]
 
-    out = {"reference": reference, "after_full": after_full, "after_lora": after_lora, "refused": refused}
+    out = {"reference": reference, "after_full": after_full, "after_lora": after_lora, "refused": refused,
+           "refused_intermediate": refused_intermediate}
     if dist.get_rank() == 0:
         out["state_differs"] = _tensors_equal(state_full, state_lora)
         out.update(_lora_only_step(root, full, lora))
@@ -424,6 +440,7 @@ def _lora_only_step(root: str, full: str, lora: str) -> dict:
     keys = sorted(FileSystemReader(os.path.join(lora, "dcp")).read_metadata().state_dict_metadata)
     hf = os.path.join(lora, "huggingface")
     adapter = os.path.join("lora_adapter", "adapter_model.safetensors")
+    ihf = os.path.join(root, "intermediate_False", "global_step_2", "actor", "huggingface")
     return {
         "manifest_extra": {k: v for k, v in manifest(lora)["extra"].items() if k != "timings_s"},
         "bytes": {"full": manifest(full)["extra"]["bytes"], "lora_only": manifest(lora)["extra"]["bytes"]},
@@ -434,6 +451,9 @@ def _lora_only_step(root: str, full: str, lora: str) -> dict:
         "adapter_config_same": open(os.path.join(hf, "lora_adapter", "adapter_config.json")).read()
         == open(os.path.join(full, "huggingface", "lora_adapter", "adapter_config.json")).read(),
         "verify_ok": verify_path(lora).ok,
+        "intermediate_export_files": sorted(
+            os.path.relpath(os.path.join(r, n), ihf) for r, _, ns in os.walk(ihf) for n in ns),
+        "intermediate_adapter_same": digest(os.path.join(ihf, adapter)) == digest(os.path.join(hf, adapter)),
     }
 
 

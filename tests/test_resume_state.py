@@ -478,3 +478,16 @@ def test_save_lora_only_resumes_as_a_whole_save_does(ws2_scenarios):
     assert r["adapter_same_as_full_export"] and r["adapter_config_same"] and r["verify_ok"]
     assert r["steps_kept"] == ["global_step_4"]
     assert "\n" not in r["refused"] and "with save_lora_only=true: the step holds no base weights" in r["refused"]
+
+
+@pytest.mark.slow
+def test_intermediate_tier_exports_the_adapter_of_a_lora_only_save(ws2_scenarios):
+    """+recipe=intermediate with save_lora_only: verl writes LoRA-only .pt shards, and the export is
+    lora_adapter/ alone (the incremental tier's bytes), committed by its manifest; with
+    export_merge_lora the save fails in one line saying there is no base to merge into."""
+    r = scenario_result(ws2_scenarios, "lora_only", "lora_only_result.json")
+    files = r["intermediate_export_files"]
+    assert {"lora_adapter/adapter_model.safetensors", "lora_adapter/adapter_config.json", "manifest.json"} <= set(files)
+    assert not any(f.startswith("model") for f in files) and r["intermediate_adapter_same"], files
+    line = r["refused_intermediate"]
+    assert "\n" not in line and "holds LoRA weights only" in line and "export_merge_lora=false" in line, line

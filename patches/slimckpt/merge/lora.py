@@ -150,9 +150,11 @@ def write_adapter_config(root: str, text: str) -> None:
         f.write(text)
 
 
-def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str = "--merge_lora") -> MergePlan:
+def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str = "--merge_lora",
+              adapter_only: bool = False) -> MergePlan:
     """The plan of a LoRA checkpoint's output (see the module doc); MergeError in one line for what
-    is refused."""
+    is refused. `adapter_only`: a LoRA-only checkpoint (verl's save_lora_only) gets lora_adapter/
+    alone instead of a refusal (the in-training export)."""
     from ..read.checkpoint_dir import CheckpointError
     from .hf_side import ConfigMismatch
 
@@ -168,11 +170,14 @@ def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str 
             raise MergeError(f"{ckpt.tensors[n].file_of(0)}: {n!r} and {renamed[new]!r} both become {new!r} once "
                              f"peft's names are undone")
         renamed[new] = n
-    if not renamed:
+    if not renamed and (merge_lora or not adapter_only):
+        why = f"; set {hint.split('=')[0]}=false to export lora_adapter/ alone" if merge_lora and adapter_only else \
+            "; merge a checkpoint saved with the whole model"
         raise MergeError(f"{ckpt.local_dir} holds LoRA weights only (verl's save_lora_only): there is no base "
-                         f"model to write; merge a checkpoint saved with the whole model")
+                         f"model to write{' the adapter into' if merge_lora else ''}{why}")
     try:
-        takes = hf.output_sources(list(renamed), {new: shapes[old] for new, old in renamed.items()})
+        takes = hf.output_sources(list(renamed), {new: shapes[old] for new, old in renamed.items()}) \
+            if renamed else {}
     except ConfigMismatch as exc:
         raise CheckpointError(f"{ckpt.tensors[renamed[exc.name]].file_of(0)}: {exc}") from None
     takes = {out: layout.Take(renamed[t.source], t.shape, t.span) for out, t in takes.items()}
@@ -183,7 +188,9 @@ def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str 
         log.info("LoRA: merging the adapter into the base weights (W + B @ A x %s / %d) for %d modules; no %s/",
                  s.lora_alpha, s.r, sum(t.delta is not None for t in takes.values()), ADAPTER_DIR)
         return plan_takes(ckpt, takes, dtype, max_shard_size, total_parameters)
-    model = plan_takes(ckpt, takes, dtype, max_shard_size, total_parameters)
+    model = plan_takes(ckpt, takes, dtype, max_shard_size, total_parameters) if takes else \
+        MergePlan(layout.Plan(files=(), total_size=0, placements={}), {}, total_parameters, ckpt.world_size,
+                  ckpt.fsdp_version)
     adapter_takes = {adapter_output_name(n): layout.Take(n, shapes[n]) for n in lora_names}
     if len(adapter_takes) != len(lora_names):
         raise MergeError(f"two LoRA tensors of {ckpt.local_dir} have one name once '.default' is dropped")

@@ -64,10 +64,18 @@ def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str],
             tokenizer_saved: bool) -> list[str]:
     from ..verl.leaves import leaf
 
-    try:
-        leaf("output_validation").validate_hf_model_output(partial)
-    except RuntimeError as exc:
-        raise MergeError(str(exc)) from None
+    if not mp.model_plan.files and mp.adapter_config is not None:  # save_lora_only: lora_adapter/ alone
+        from .lora import ADAPTER_CONFIG, ADAPTER_DIR
+
+        missing = [n for n in [ADAPTER_CONFIG, *(f.name.split("/")[-1] for f in mp.plan.files)]
+                   if not os.path.getsize(os.path.join(partial, ADAPTER_DIR, n))]
+        if missing:
+            raise MergeError(f"Incomplete LoRA adapter output at {partial}: {ADAPTER_DIR}/{missing[0]} is empty")
+    else:
+        try:
+            leaf("output_validation").validate_hf_model_output(partial)
+        except RuntimeError as exc:
+            raise MergeError(str(exc)) from None
     entries = build_entries(partial, known=checksums)
     manifest = Manifest(kind="hf_export", files=entries, tool_version=__version__, checksum_algo=DEFAULT_ALGO, info={
         "source": {"local_dir": os.path.abspath(opts.local_dir), "format": "verl_fsdp",
@@ -244,7 +252,8 @@ def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[MergePlan, HfSide] | Non
         if ckpt.has_lora():
             from .lora import plan_lora
 
-            mp = plan_lora(ckpt, hf, opts.dtype, opts.max_shard_size, opts.merge_lora, opts.merge_lora_hint)
+            mp = plan_lora(ckpt, hf, opts.dtype, opts.max_shard_size, opts.merge_lora, opts.merge_lora_hint,
+                           opts.adapter_only)
         else:
             if opts.merge_lora:
                 log.warning("%s: the checkpoint holds no LoRA weights; merging it as it is", opts.merge_lora_hint)

@@ -52,6 +52,9 @@ class MergeOptions:
     # the adapter); True writes W + (B @ A) * lora_alpha / r into the base weights, no lora_adapter/
     merge_lora: bool = False
     merge_lora_hint: str = "--merge_lora"
+    # a LoRA-only checkpoint (verl's save_lora_only): True writes lora_adapter/ alone (the in-training
+    # export: the base is model.path's); False refuses it (a merge makes a model, and there is no base)
+    adapter_only: bool = False
 
 
 @dataclass

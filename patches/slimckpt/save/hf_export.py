@@ -47,6 +47,7 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allo
         verl_fallback_hint="checkpoint.allow_verl_fallback=false",
         merge_lora=merge_lora,
         merge_lora_hint="checkpoint.export_merge_lora=true",
+        adapter_only=True,  # save_lora_only: lora_adapter/ alone (the base is model.path's)
     )
     try:
         result = merge(opts)
