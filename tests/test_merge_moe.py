@@ -304,3 +304,23 @@ def test_a_config_with_other_experts_ends_every_rank_in_one_line(families, tmp_p
     assert "model_world_size_2_rank_0.pt: 'model.layers.1.mlp.experts.down_proj' is [3, " in lines[0]
     assert "config.json makes it [4, " in lines[0]
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
+
+
+@pytest.mark.slow
+def test_a_fused_tensor_of_other_sizes_than_the_config_ends_in_one_line(families, tmp_path):
+    """config.json with another expert width (moe_intermediate_size): the first fused tensor whose shape
+    the config does not give ends the merge in one line naming it, its rank file and the config; no
+    target and no .partial are left."""
+    import shutil
+
+    from slimckpt.merge.plan import MergeError
+
+    ckpt = shutil.copytree(families / "qwen3-moe", tmp_path / "actor")
+    config = json.loads((ckpt / "huggingface" / "config.json").read_text())
+    (ckpt / "huggingface" / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 2 * config["moe_intermediate_size"]}))
+    with pytest.raises(MergeError) as exc:
+        ours(ckpt, tmp_path / "o")
+    line = str(exc.value)
+    assert "\n" not in line and "model_world_size_2_rank_0.pt: 'model.layers.0.mlp.experts." in line, line
+    assert "config.json makes it [3, " in line and "does not belong to this checkpoint" in line, line
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
