@@ -9,6 +9,8 @@ verl 0.9.1's own FSDPCheckpointManager (slimckpt.testing.fsdp_checkpoint, gloo o
   merge(), for two cases (`INTERMEDIATE`);
 - a LoRA checkpoint also merges with `--merge_lora` to what peft's merge_and_unload() makes of verl's
   merger output (bf16, within one bf16 step), or ends in the one line recorded in KNOWN_UNSUPPORTED;
+  the incremental tier's export with export_merge_lora writes `--merge_lora`'s files byte for byte
+  (or is refused with its line);
 - the merge's peak anonymous RSS above its start stays within one staging chunk plus allocator
   slack. That bound is relative: at these sizes the absolute bound (the imports plus a few chunks,
   ~270 MiB for the `slimckpt merge` command) is the imports' own footprint, and the models are
@@ -64,6 +66,8 @@ KNOWN_UNSUPPORTED = {
     # verl's merger writes that adapter's adapter_config.json with `experts` in target_modules and no
     # target_parameters (slimckpt writes the same bytes): peft cannot load it back
     ("ws2-fsdp2", "qwen3-moe+lora-all", "adapter_loads"): "is not supported",
+    # the incremental tier's merged export (export_merge_lora) refuses it with the same line
+    ("ws2-fsdp2", "qwen3-moe+lora-all", "incremental_merged"): "refused as --merge_lora is: ",
 }
 FIXTURE_ARGS = ["--steps", "0", "--experts", "3", "--layers", "2", "--hidden", "64", "--vocab", "256"]
 CHUNK = 1 << 20  # merge chunk: experts and embeddings cross chunks
@@ -90,6 +94,8 @@ def save_cell(root: Path, cell: tuple[int, int]) -> tuple[Path, float, str]:
     world, fsdp = cell
     out = root / cell_name(cell)
     export = "incremental" + (",intermediate:" + "/".join(INTERMEDIATE[cell]) if cell in INTERMEDIATE else "")
+    loras = [m for m in CELLS[cell] if "+" in m]
+    export += ",incremental-merged:" + "/".join(loras) if loras else ""
     t0 = time.perf_counter()
     proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
                 "-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(out), "--fsdp-version", str(fsdp),
@@ -189,6 +195,7 @@ def check_model(ckpt_root: Path, work: Path, cell: tuple[int, int], model: str) 
     if "+" in model:
         out["adapter_loads"] = check_adapter_loads(ref, model)
         out["merge_lora"] = check_merge_lora(ckpt, work, ref, model)
+        out["incremental_merged"] = check_merged_export(ckpt_root, work, model, out["merge_lora"])
     for tier in ("incremental", "intermediate"):
         tier_dir = ckpt_root / f"{model}.{tier}"
         tier_error = ckpt_root / f"{model}.{tier}.error.txt"
@@ -213,6 +220,21 @@ def check_adapter_loads(ref: Path, model: str) -> str:
         message = " ".join(str(exc).split()).split(". ")[0]  # its first sentence, on one line
         return f"peft cannot load verl's lora_adapter/: {type(exc).__name__}: {message[:200]}"
     return "ok"
+
+
+def check_merged_export(ckpt_root: Path, work: Path, model: str, merge_lora: str) -> str:
+    """The incremental tier's export with export_merge_lora (bf16) against `--merge_lora` of verl's save
+    (work/merged), byte for byte; where `--merge_lora` refuses, the export must end in its line."""
+    tier_dir, error = ckpt_root / f"{model}.incremental-merged", ckpt_root / f"{model}.incremental-merged.error.txt"
+    if error.exists():
+        line = error.read_text().strip().splitlines()[0]
+        refused = merge_lora.removeprefix("--merge_lora refused in one line: --merge_lora: ")
+        same = merge_lora != refused and refused.split(": not supported")[0] in line
+        return f"{'refused as --merge_lora is' if same else 'save failed'}: {first_line(line)}"
+    if merge_lora != "ok":
+        return f"written where --merge_lora is not ok ({merge_lora})"
+    why = tree_diff(tier_dir / "huggingface", work / "merged", TOKENIZER_FILES)
+    return "ok" if why is None else f"not equal to --merge_lora: {why}"
 
 
 def check_merge_lora(ckpt: Path, work: Path, ref: Path, model: str) -> str:
@@ -264,7 +286,8 @@ CASES = [(cell_name(c), m) for c, models in CELLS.items() for m in models]
 @pytest.mark.parametrize("cell,model", CASES, ids=[f"{c}-{m}" for c, m in CASES])
 def test_merge_and_export_equal_verl_merger(matrix, cell, model):
     got = matrix[(cell, model)]
-    checks = ["save", "merge", "incremental"] + (["adapter_loads", "merge_lora"] if "+" in model else [])
+    checks = ["save", "merge", "incremental"] + (["adapter_loads", "merge_lora", "incremental_merged"]
+                                                 if "+" in model else [])
     if (cell, model) in {(cell_name(c), m) for c, ms in INTERMEDIATE.items() for m in ms}:
         checks.append("intermediate")
     assert got["save"] != "ok" or got["reference"] == "verl's merger", got
@@ -304,6 +327,15 @@ def _column(matrix: dict, models: list[str], key: str) -> str:
     return "yes (" + ", ".join(sorted({c for c, _ in cases}, key=_cell_order)) + ")"
 
 
+def _merged_export(matrix: dict, lora: str) -> str:
+    """The incremental merged export's column: 'as --merge_lora' where it is refused with --merge_lora's line."""
+    col = _column(matrix, [lora], "incremental_merged")
+    if col.startswith("**no**") and all(matrix[(c, lora)].get("incremental_merged", "").startswith("refused as")
+                                        for c in _cells_of(matrix, lora)):
+        return "refused in `--merge_lora`'s line"
+    return col
+
+
 def _cell_order(name: str):
     return [cell_name(c) for c in CELLS].index(name)
 
@@ -335,6 +367,8 @@ def support_table(matrix: dict) -> str:
                 loads = _column(matrix, [lora], "adapter_loads")
                 parts.append(f"{targets}: {col}{_intermediate(matrix, [lora])}; `--merge_lora`: "
                              + _column(matrix, [lora], "merge_lora")
+                             + "; merged export (`export_merge_lora`, = `--merge_lora`): "
+                             + _merged_export(matrix, lora)
                              + ("" if loads.startswith("yes") else f"; the adapter verl writes: {loads}"))
             lora_col = "<br>".join(parts)
         else:

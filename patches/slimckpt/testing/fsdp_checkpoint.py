@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="several of --model's choices, comma separated: each saved into <out>/<model> in this run; "
                         "NAME+lora: that model wrapped in a LoRA adapter (rank --lora-rank, else 4)")
     p.add_argument("--export", default="",
-                   help="comma separated tiers (incremental, intermediate) whose in-training HF export each model "
+                   help="comma separated tiers (incremental, incremental-merged, intermediate) whose in-training HF export each model "
                         "also gets after verl's save, into <out>/<model>.<tier> (one process group for all); "
                         "TIER:a/b for models a and b only")
     p.add_argument("--experts", type=int, default=4, help="routed experts of the mixture-of-experts families")
@@ -368,22 +368,24 @@ def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int
 
 def save_export(manager, tier: str, out: str, step: int) -> None:
     """The same live model saved again by verl's manager under a recipe's SlimCheckpointConfig:
-    `incremental` (export_hf, its gather-free per-rank export, bf16 as verl's merger writes) or `intermediate`
+    `incremental` (export_hf, its gather-free per-rank export, bf16 as verl's merger writes; `incremental-merged`:
+    with export_merge_lora, a LoRA actor's adapter merged into the base weights) or `intermediate`
     (model only, its streaming export through merge(), bf16); the export lands in <out>/huggingface."""
     from slimckpt.save.resume_state import finish_pending
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     saved = manager.checkpoint_config, manager.checkpoint_save_contents
-    if tier == "incremental":
+    if tier in ("incremental", "incremental-merged"):
         manager.checkpoint_config = SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False,
-                                                         export_hf=True, export_dtype="bf16")
+                                                         export_hf=True, export_dtype="bf16",
+                                                         export_merge_lora=tier == "incremental-merged")
     elif tier == "intermediate":
         manager.checkpoint_config = SlimCheckpointConfig(recipe="intermediate", save_contents=["model"],
                                                          load_contents=["model"], export_hf=True, export_dtype="bf16",
                                                          measure=False)
         manager.checkpoint_save_contents = ["model"]
     else:
-        raise SystemExit(f"--export: unknown tier {tier!r} (incremental, intermediate)")
+        raise SystemExit(f"--export: unknown tier {tier!r} (incremental, incremental-merged, intermediate)")
     try:
         manager.save_checkpoint(local_path=out, global_step=step)
         finish_pending()
