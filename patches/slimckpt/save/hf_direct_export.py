@@ -425,11 +425,18 @@ class _BoxWriter:
             raise first
 
 
+def sources_read(job: ExportJob) -> list[str]:
+    """The model tensors this rank's part of the export reads, once per box it writes."""
+    return [job.takes[out_name].source for out_name, _ in job.mine]
+
+
 def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str, Any], config: Any,
-                 group) -> int:
+                 group, reads: Any = None) -> int:
     """Collective over `group`: rank 0 lays the files out, every rank writes its boxes from
-    `model_state` (live shards in sync mode, the staged copy in async mode), fsyncs, and all
-    ranks raise the same error if any failed. Returns the bytes this rank wrote."""
+    `model_state` (live shards in sync mode, the staged copy in pool mode), fsyncs, and all
+    ranks raise the same error if any failed. Returns the bytes this rank wrote. `reads`
+    (stream mode, stream_capture.StreamReads) hands out each box's source and is told when the
+    box is written."""
     rank = dist.get_rank(group)
     ok, message = True, ""
     if rank == 0:
@@ -446,7 +453,10 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
     try:
         for out_name, box in job.mine:
             take = job.takes[out_name]
-            written += writer.write_box(out_name, model_state[take.source], box, take, job.source_shapes[take.source])
+            value = reads.begin(take.source) if reads is not None else model_state[take.source]
+            written += writer.write_box(out_name, value, box, take, job.source_shapes[take.source])
+            if reads is not None:
+                reads.end(take.source)
         writer.close(sync=True)
     except Exception as exc:  # noqa: BLE001 - reported to every rank
         with contextlib.suppress(Exception):
