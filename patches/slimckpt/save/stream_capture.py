@@ -13,6 +13,11 @@ copies every source not yet done into host memory, within `budget_bytes`, and bl
 the writer has finished the ones that do not fit (and any it is reading at that moment). After a
 guard no live source is left, so later guards return at once.
 
+On CUDA the writer copies each source to pinned host memory on a side stream that first waits for
+an event recorded at the capture (the values as of the save, not behind kernels queued later) and
+ends the read once that copy is done; a guard's copies run on the training stream, before the
+mutation is queued.
+
 Safety net: `end` compares the source's version with the captured one, and a guard compares it
 before copying. A change is recorded as the capture's failure (the first, in one line naming the
 tensor); `check_collective` raises it on every rank before the commit, so a changed tensor is
@@ -75,11 +80,24 @@ class Source:
         return self.reads_left <= 0
 
 
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
+def _host_copy(t: torch.Tensor, side=None, after=None) -> torch.Tensor:
     """`t` in fresh host memory, same shape and strides (what DCP and the export read from it is
-    then what they would have read from `t`)."""
-    out = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cpu")
-    out.copy_(t.detach())
+    then what they would have read from `t`). A device tensor with a `side` stream: copied there
+    into pinned memory without blocking the training stream; `after` (the event recorded at the
+    capture) orders the copy after the kernels that produced the saved values; returns once the
+    copy is done."""
+    if side is None or t.device.type != "cuda":
+        out = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cpu")
+        out.copy_(t.detach())
+        return out
+    out = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
+    with torch.cuda.stream(side):
+        if after is not None:
+            side.wait_event(after)
+        out.copy_(t.detach(), non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(side)
+    done.synchronize()
     return out
 
 
@@ -98,6 +116,13 @@ class StreamCapture:
         self._sources: dict[tuple, Source] = {}
         self._reading_on: dict[int, tuple] = {}  # writer thread id -> the source DCP last handed it
         self.state = self._capture(state, "")
+        # on CUDA the writer copies to the host on its own stream, after the kernels queued so far
+        self._side = self._captured = None
+        device = next((s.live.device for s in self._sources.values() if s.live.device.type == "cuda"), None)
+        if device is not None:
+            self._side = torch.cuda.Stream(device=device)
+            self._captured = torch.cuda.Event()
+            self._captured.record(torch.cuda.current_stream(device))
 
     # ------------------------------------------------------------------ capture
 
@@ -193,7 +218,7 @@ class StreamCapture:
         """A read that completes here: the source copied to the host (a device tensor) or, for a
         host tensor, cloned, so that nothing reads the source after `end`."""
         t, was_live = self.begin(key, fallback)
-        host = _host_copy(t) if was_live or t.device.type != "cpu" else t
+        host = _host_copy(t, self._side, self._captured) if was_live or t.device.type != "cpu" else t
         self.end(key, was_live)
         return host
 
