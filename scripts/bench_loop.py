@@ -3,6 +3,7 @@
 
   python scripts/bench_loop.py                                  # 3 runs (sync, pool, stream) -> BENCHMARKS.md
   python scripts/bench_loop.py --steps 4 --out /tmp/b.md --json /tmp/b.json      # a quick look
+  python scripts/bench_loop.py --size 0.25b --steps 4 --json docs/bench_loop_0.25b.json   # a 0.25B Llama
   python scripts/bench_loop.py --render docs/bench_loop.json --out BENCHMARKS.md  # re-render, no runs
 
 Each mode is one run of verl 0.9.1's `python -m verl.trainer.main_ppo` (scripts/train_small.sh: GRPO,
@@ -35,10 +36,53 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = {"sync": "false", "pool": "pool", "stream": "stream"}
-BEGIN, END = "<!-- save-loop:begin -->", "<!-- save-loop:end -->"
+MARKERS = "<!-- save-loop{}:begin -->", "<!-- save-loop{}:end -->"
 
 
-def run_mode(mode: str, steps: int, work: Path, timeout: int) -> list[dict]:
+def markers(size: str) -> tuple[str, str]:
+    """Each size has its own section, so that a run at one size leaves the other's in place."""
+    tag = "" if size == "tiny" else f"-{size}"
+    return MARKERS[0].format(tag), MARKERS[1].format(tag)
+
+
+BEGIN, END = markers("tiny")
+
+
+# --size: a Llama of the tiny model's tokenizer and config with these dims (layers, hidden,
+# intermediate, heads, kv heads), random weights: verl's loop at a size where a save takes seconds
+SIZES = {"tiny": None, "0.25b": (22, 1024, 2816, 16, 8)}
+
+
+def build_model(size: str, work: Path) -> Path | None:
+    """The model directory for `size` (None: train_small.sh's tiny model), built once under `work`."""
+    dims = SIZES[size]
+    if dims is None:
+        return None
+    out = work / f"model-{size}"
+    if (out / "model.safetensors").exists() or (out / "model.safetensors.index.json").exists():
+        return out
+    tiny = work / "tiny_assets"
+    if not (tiny / "model" / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "slimckpt.tiny", "--out", str(tiny)], check=True)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny / "model")
+    layers, hidden, inter, heads, kv = dims
+    config.update({"num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": inter,
+                   "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hidden // heads})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    for f in (tiny / "model").iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".jinja") or f.name == "generation_config.json":
+            shutil.copy(f, out / f.name)
+    print(f"[bench-loop] {size}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters in {out}",
+          flush=True)
+    return out
+
+
+def run_mode(mode: str, steps: int, work: Path, timeout: int, model: Path | None = None) -> list[dict]:
     """One training run; its report lines (JSON objects) from $SLIMCKPT_METRICS_FILE."""
     out = work / f"loop-{mode}"
     shutil.rmtree(out, ignore_errors=True)
@@ -49,6 +93,7 @@ def run_mode(mode: str, steps: int, work: Path, timeout: int) -> list[dict]:
            f"trainer.total_training_steps={steps}", "trainer.logger=[console]",
            f"trainer.default_local_dir={out}/ckpt", f"trainer.rollout_data_dir={out}/rollouts"]
     env = {**os.environ, "NPROC": "2", "ALGO": "grpo", "SLIMCKPT_METRICS_FILE": str(metrics),
+           **({"MODEL_PATH": str(model), "TINY_ASSETS": str(work / "tiny_assets")} if model else {}),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "patches"), os.environ.get("PYTHONPATH")]))}
     log = work / f"loop-{mode}.log"
     with open(log, "w") as f:
@@ -114,12 +159,16 @@ def render_section(result: dict) -> str:
         lines.append(f"| {r['mode']} | {r['n']} | {_spread(r['blocked'])} | {share} "
                      f"| {_spread(r['extra_rss'], 1 / 2**20, '{:,.0f}')} | {_spread(r['to_commit'])} "
                      f"| {r['guard_copied'] / 2**20:,.1f} MiB |")
-    return f"""{BEGIN}
-## Saves inside verl's training loop: async_save off / pool / stream
+    size = meta.get("size", "tiny")
+    begin, end = markers(size)
+    model = "the tiny model" if size == "tiny" else f"a random {size} Llama with the tiny model's tokenizer"
+    title = "" if size == "tiny" else f" ({size})"
+    return f"""{begin}
+## Saves inside verl's training loop{title}: async_save off / pool / stream
 
 Produced by `{meta['command']}` on {meta['date']} at commit {meta['commit']}, in {meta['seconds'] / 60:.1f} minutes.
 Machine: {meta['machine']}. Each mode is one run of verl 0.9.1's `main_ppo` (scripts/train_small.sh: GRPO,
-2 ranks, FSDP2/gloo on the CPU, the tiny model, hf rollout) with `+recipe=incremental` saving every step
+2 ranks, FSDP2/gloo on the CPU, {model}, hf rollout) with `+recipe=incremental` saving every step
 ({meta['steps']} steps); only `async_save` differs. From slimckpt's per-save reports; the first save of each
 run is left out. Blocked: the save call plus, in stream mode, the guards' waits for the writer after it
 returned (max over ranks). Extra peak RSS: per rank, over the save and its background write. Guard copies:
@@ -128,16 +177,18 @@ the most a stream save's guards copied into host memory (budget `host_memory_bud
 {chr(10).join(lines)}
 
 {meta.get('note', '')}
-{END}
+{end}
 """
 
 
 def write_section(section: str, path: Path) -> None:
-    """Replace this benchmark's marked section of the report (or append it); nothing else changes."""
+    """Replace this section (its markers open and close it) in the report, or append it; nothing
+    else changes."""
+    begin, end = section.split("\n", 1)[0], section.rstrip("\n").rsplit("\n", 1)[1]
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -149,6 +200,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--size", choices=list(SIZES), default="tiny",
+                   help="the model: train_small.sh's tiny one, or a random 0.25B Llama with its tokenizer")
     p.add_argument("--work", default=str(REPO / "bench_work"))
     p.add_argument("--timeout", type=int, default=900, help="seconds one run may take")
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"))
@@ -167,8 +220,9 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         started = time.time()
         rows = []
+        model = build_model(args.size, work)
         for mode in modes:
-            saves = per_save(run_mode(mode, args.steps, work, args.timeout))
+            saves = per_save(run_mode(mode, args.steps, work, args.timeout, model))
             if len(saves) < 2:
                 raise SystemExit(f"[bench-loop] {mode}: {len(saves)} complete save report(s); see {work}/loop-{mode}.log")
             rows.append(summarise(mode, saves))
@@ -176,8 +230,10 @@ def main() -> int:
                   f"commit {rows[-1]['to_commit']}", flush=True)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
         result = {"rows": rows, "meta": {
-            "command": "python scripts/bench_loop.py" + (f" --steps {args.steps}" if args.steps != 6 else ""),
+            "command": "python scripts/bench_loop.py" + (f" --steps {args.steps}" if args.steps != 6 else "")
+            + (f" --size {args.size}" if args.size != "tiny" else ""),
             "date": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip() or "unknown", "steps": args.steps,
+            "size": args.size,
             "seconds": time.time() - started, "note": args.note,
             "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end"}}
     if args.json:

@@ -52,3 +52,15 @@ def test_section_is_replaced_between_its_markers(tmp_path):
     text = report.read_text()
     assert text.count(bench_loop.BEGIN) == 1 and "other" in text and "abc1234" in text and "a note" in text
     assert "| stream | 1 | 0.020 (0.020-0.020) | 2% |" in text
+
+
+def test_each_size_has_its_own_section(tmp_path):
+    rows = [bench_loop.summarise("stream", bench_loop.per_save(_reports(1, 0.1) + _reports(2, 0.1)))]
+    meta = {"command": "c", "date": "d", "commit": "x", "steps": 2, "seconds": 1.0, "machine": "m"}
+    report = tmp_path / "BENCHMARKS.md"
+    bench_loop.write_section(bench_loop.render_section({"rows": rows, "meta": {**meta, "size": "tiny"}}), report)
+    bench_loop.write_section(bench_loop.render_section({"rows": rows, "meta": {**meta, "size": "0.25b"}}), report)
+    bench_loop.write_section(bench_loop.render_section({"rows": rows, "meta": {**meta, "size": "0.25b"}}), report)
+    text = report.read_text()
+    assert text.count(bench_loop.markers("tiny")[0]) == 1 and text.count(bench_loop.markers("0.25b")[0]) == 1
+    assert "training loop (0.25b)" in text and "random 0.25b Llama" in text
