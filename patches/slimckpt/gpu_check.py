@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     checks["dtensor"] = dtensor is True
     from .gpu_check_stream import check_stream
 
-    stream_checks, stream_times = check_stream(device, nbytes)
+    stream_checks, stream_times = check_stream(device, nbytes, shard_like_state, _clone, _overwrite)
     checks.update(stream_checks)
     times.update(stream_times)
     times.update(time_copies(device, nbytes))

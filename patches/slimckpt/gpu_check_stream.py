@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -55,13 +56,15 @@ def _matmuls(device: torch.device) -> None:
         a = a / a.norm()
 
 
-def check_stream(device: torch.device, total_bytes: int) -> tuple[dict[str, bool], dict[str, float]]:
-    from . import gpu_check
+def check_stream(device: torch.device, total_bytes: int, make_state: Callable[..., dict[str, Any]],
+                 clone: Callable[[Any], Any], overwrite: Callable[[dict[str, Any]], None]
+                 ) -> tuple[dict[str, bool], dict[str, float]]:
+    """gpu_check's shard-like state (`make_state`), its deep copy to the host (`clone`) and its
+    optimizer-step stand-in (`overwrite`, in place on the training stream)."""
     from .save import stream_capture
 
     checks, times = {}, {}
-    state = gpu_check.shard_like_state(total_bytes, device, seed=1)
-    reference = gpu_check._clone(state)
+    state = make_state(total_bytes, device, seed=1)
     torch.cuda.synchronize()
 
     # 1. reads on the side stream while the training stream computes
@@ -82,7 +85,7 @@ def check_stream(device: torch.device, total_bytes: int) -> tuple[dict[str, bool
     _matmuls(device)
     torch.cuda.synchronize()
     times["compute_alone_s"] = time.perf_counter() - t0
-    wanted = [gpu_check._clone(t) for t in (live for _, live in items)]
+    wanted = [clone(t) for t in (live for _, live in items)]
     checks["stream_read_equal"] = capture.failure is None and len(out) == len(wanted) and all(
         pinned and torch.equal(o, w.cpu()) for (o, pinned), w in zip(out, wanted))
 
@@ -99,7 +102,7 @@ def check_stream(device: torch.device, total_bytes: int) -> tuple[dict[str, bool
     stream_capture.READ_HOOK = hook
     try:
         capture, items = _capture(state, 2 * total_bytes, 3, device)
-        before = [gpu_check._clone(live) for _, live in items]
+        before = [clone(live) for _, live in items]
         out = []
         thread = _reader(capture, items, out)
         pause.wait(60)
@@ -107,7 +110,7 @@ def check_stream(device: torch.device, total_bytes: int) -> tuple[dict[str, bool
         capture.guard("the optimizer step")
         times["guard_copy_s"] = time.perf_counter() - t0
         times["guard_copied_bytes"] = float(capture.copied_bytes)
-        gpu_check._overwrite(state)  # in place, on the training stream, after the guard
+        overwrite(state)  # in place, on the training stream, after the guard
         go.set()
         thread.join()
     finally:
