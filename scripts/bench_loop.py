@@ -219,6 +219,10 @@ def main() -> int:
         work = Path(args.work)
         work.mkdir(parents=True, exist_ok=True)
         started = time.time()
+        # the code the runs use: HEAD as they start (a commit made meanwhile is not theirs)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=REPO).stdout.strip()
         rows = []
         model = build_model(args.size, work)
         for mode in modes:
@@ -228,11 +232,10 @@ def main() -> int:
             rows.append(summarise(mode, saves))
             print(f"[bench-loop] {mode}: {rows[-1]['blocked']}, rss {rows[-1]['extra_rss']}, "
                   f"commit {rows[-1]['to_commit']}", flush=True)
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
         result = {"rows": rows, "meta": {
             "command": "python scripts/bench_loop.py" + (f" --steps {args.steps}" if args.steps != 6 else "")
             + (f" --size {args.size}" if args.size != "tiny" else ""),
-            "date": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip() or "unknown", "steps": args.steps,
+            "date": time.strftime("%Y-%m-%d"), "commit": (commit.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else ""), "steps": args.steps,
             "size": args.size,
             "seconds": time.time() - started, "note": args.note,
             "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end"}}
