@@ -157,7 +157,7 @@ def render_section(result: dict) -> str:
         share = "-" if sync is None or r is sync else \
             f"{100 * r['blocked']['median'] / max(sync['to_commit']['median'], 1e-9):.0f}%"
         lines.append(f"| {r['mode']} | {r['n']} | {_spread(r['blocked'])} | {share} "
-                     f"| {_spread(r['extra_rss'], 1 / 2**20, '{:,.0f}')} | {_spread(r['to_commit'])} "
+                     f"| {_spread(r['extra_rss'], 1 / 2**20, '{:,.1f}')} | {_spread(r['to_commit'])} "
                      f"| {r['guard_copied'] / 2**20:,.1f} MiB |")
     size = meta.get("size", "tiny")
     begin, end = markers(size)
