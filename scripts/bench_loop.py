@@ -3,7 +3,9 @@
 
   python scripts/bench_loop.py                                  # 3 runs (sync, pool, stream) -> BENCHMARKS.md
   python scripts/bench_loop.py --steps 4 --out /tmp/b.md --json /tmp/b.json      # a quick look
-  python scripts/bench_loop.py --size 0.25b --steps 4 --json docs/bench_loop_0.25b.json   # a 0.25B Llama
+  python scripts/bench_loop.py --size 0.25b --steps 4 --json docs/bench_loop_0.25b.json   # a 0.26B Llama
+      (its actor update peaks at ~5 GiB per rank: on a 24 GB machine shared with other runs Ray's
+      memory monitor killed it; not part of `make bench`)
   python scripts/bench_loop.py --render docs/bench_loop.json --out BENCHMARKS.md  # re-render, no runs
 
 Each mode is one run of verl 0.9.1's `python -m verl.trainer.main_ppo` (scripts/train_small.sh: GRPO,
