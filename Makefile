@@ -64,6 +64,7 @@ compare: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench.py --json docs/bench_merge.json
 	$(PY) scripts/bench_save.py --json docs/bench_save.json
+	$(PY) scripts/bench_loop.py --json docs/bench_loop.json
 
 # SIGKILL at random moments (50 trials per mode), corruption and environment faults: RELIABILITY.md
 # FAULTS_ARGS="--trials 10 --keep 2" for a shorter run

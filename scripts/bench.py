@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import platform
 import shutil
 import subprocess
@@ -607,11 +608,14 @@ README_BEGIN, README_END = "<!-- merge-bench:begin -->", "<!-- merge-bench:end -
 
 
 def write_keeping_save_section(path: Path, report: str) -> None:
-    """The merge report replaces the file, except scripts/bench_save.py's marked section, kept at
-    the end (so `bench.py` alone does not drop the save results)."""
+    """The merge report replaces the file, except the save benchmarks' marked sections
+    (scripts/bench_save.py's, scripts/bench_loop.py's: `<!-- save-...:begin -->` to its end
+    marker), kept at the end in their order (so `bench.py` alone does not drop the save results)."""
     old = path.read_text() if path.exists() else ""
-    if SAVE_BEGIN in old and SAVE_END in old:
-        section = SAVE_BEGIN + old.split(SAVE_BEGIN, 1)[1].split(SAVE_END, 1)[0] + SAVE_END
+    kept = []
+    for match in re.finditer(r"<!-- (save-[\w.-]+):begin -->.*?<!-- \1:end -->", old, flags=re.S):
+        kept.append(match.group(0))
+    for section in kept:
         report = report.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(report)
 

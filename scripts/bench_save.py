@@ -4,6 +4,7 @@
   python scripts/bench_save.py                                   # 0.25b,0.5b,1b, 3 saves each -> BENCHMARKS.md
   python scripts/bench_save.py --sizes 0.25b --repeats 1 --out /tmp/b.md --json /tmp/b.json   # a quick look
   python scripts/bench_save.py --render /tmp/b.json --out BENCHMARKS.md                       # re-render, no runs
+  python scripts/bench_save.py --sizes 0.25b --modes incremental,async,stream --tag stream-0.25b   # own section
 
 For every size and mode one fresh `torchrun` (world size 2, FSDP2, gloo, CPU) builds a Llama of
 slimckpt.testing.fsdp_checkpoint's preset with random weights and a filled AdamW state, wraps it
@@ -15,6 +16,8 @@ through verl 0.9.1's real `FSDPCheckpointManager.save_checkpoint`:
   incremental  SlimCheckpointConfig(recipe=incremental, incremental_save, export_hf): DCP resume
                state streamed tensor by tensor, the gather-free HF export, manifest commit
   async        the same with async_save=true: staged into a host pool, written in the background
+  stream       the same with async_save=stream: the live shards written in the background, no pool
+               (no optimizer step between the saves: the rollout window here is longer than the write)
 
 Measured per save and rank: peak anonymous RSS (RssAnon, sampled every 5 ms by a separate
 process per rank, so a GIL-holding save cannot hide a spike) above the rank's level just before
@@ -47,9 +50,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = ("0.25b", "0.5b", "1b")
-MODES = ("verl", "incremental", "async")
-MODE_LABEL = {"verl": "verl 0.9.1 (hf_model)", "incremental": "incremental (sync)", "async": "incremental (async)"}
+MODES = ("verl", "incremental", "async", "stream")
+MODE_LABEL = {"verl": "verl 0.9.1 (hf_model)", "incremental": "incremental (sync)", "async": "incremental (async)",
+              "stream": "incremental (async stream)"}
 BEGIN, END = "<!-- save-bench:begin -->", "<!-- save-bench:end -->"
+
+
+def markers(tag: str = "") -> tuple[str, str]:
+    """The report's section markers; a --tag run gets a section of its own beside the full one."""
+    return (BEGIN, END) if not tag else (f"<!-- save-bench-{tag}:begin -->", f"<!-- save-bench-{tag}:end -->")
 SAMPLE_INTERVAL_S = 0.005
 
 
@@ -174,7 +183,7 @@ def checkpoint_config(mode: str, budget_gb: float):
 
     recipe = OmegaConf.load(REPO / "recipes" / "incremental.yaml").actor_rollout_ref.actor.checkpoint
     fields = {k: v for k, v in OmegaConf.to_container(recipe, resolve=True).items() if not k.startswith("_")}
-    fields.update(async_save=mode == "async", host_memory_budget_gb=budget_gb)
+    fields.update(async_save={"async": True, "stream": "stream"}.get(mode, False), host_memory_budget_gb=budget_gb)
     try:
         config = SlimCheckpointConfig(**fields)
     except ValueError as exc:  # a tree whose incremental tier has no HF export yet
@@ -207,7 +216,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.barrier()
     budget = [staging_budget_gb(world)]
     dist.broadcast_object_list(budget, src=0)  # one budget for all ranks: rank 0's view of the machine
-    if rank == 0 and args.mode == "async":
+    if rank == 0 and args.mode in ("async", "stream"):
         print(f"[bench-save] async staging budget {budget[0]:.1f} GiB per rank (free memory now)", flush=True)
     config, export_hf = checkpoint_config(args.mode, budget[0])
     manager = FSDPCheckpointManager(model, optimizer, scheduler, processing_class=build_tokenizer(vocab),
@@ -244,8 +253,14 @@ def worker(args: argparse.Namespace) -> None:
             shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         dist.barrier()
     sampler.close()
+    # issue 21's bound on a streaming save's extra host memory: write_threads x (bucket + largest shard) + 64 MiB
+    largest = max(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else t.numel() * t.element_size()
+                  for t in [*model.parameters(), *(v for st in optimizer.state.values() for v in st.values()
+                                                   if hasattr(v, "numel"))])
+    bound = None if args.mode == "verl" else \
+        int(config.write_threads) * (int(config.bucket_mb) * 2**20 + largest) + 64 * 2**20
     row = {"rank": rank, "world": world, "params": n_params, "export_hf": export_hf, "first_level": first_level,
-           "saves": saves}
+           "saves": saves, "stream_bound": bound}
     rows = [None] * world
     dist.all_gather_object(rows, row)
     if rank == 0:
@@ -300,6 +315,7 @@ def summarise(size: str, mode: str, ranks: list[dict]) -> dict:
         # async only: False when the pool was over the budget and the save streamed synchronously
         "staged": all("stage" in (s.get("timings_s") or {}) for s in saves0) if mode == "async" else None,
         "first_blocking_s": max(r["saves"][0]["blocking_s"] for r in ranks),
+        "stream_bound": ranks[0].get("stream_bound"),
     }
 
 
@@ -328,7 +344,8 @@ def table(rows: list[dict]) -> str:
 def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
     sizes = sorted(dict.fromkeys(r["size"] for r in rows), key=lambda s: SIZES.index(s))
     big = sizes[-1]
-    verl, sync, asyn = (find(rows, big, m) for m in MODES)
+    verl, sync, asyn = (find(rows, big, m) for m in ("verl", "incremental", "async"))
+    stream = find(rows, big, "stream")
     checks: list[tuple[str, bool, str]] = []
     if verl and sync:
         exported = bool(sync["export_hf"]) and sync["hf_safetensors"] > 0
@@ -366,6 +383,17 @@ def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
                        share <= 0.10 and asyn.get("staged", True),
                        f"{asyn['blocking_s']:.2f} s = {math.ceil(round(1000 * share, 6)) / 10:.1f}% of {sync['wall_s']:.2f} s; first save "
                        f"(allocates the pool) {asyn.get('first_blocking_s', asyn['blockings'][0]):.2f} s{how}"))
+    sync_big = find(rows, sizes[-1], "incremental")
+    if stream and stream.get("stream_bound"):
+        checks.append((f"stream: extra peak RssAnon within the sync bound, write_threads x (bucket_mb + largest shard) "
+                       f"+ 64 MiB ({sizes[-1]})", stream["peak_extra"] <= stream["stream_bound"],
+                       f"{stream['peak_extra'] / 2**20:,.0f} MiB vs {stream['stream_bound'] / 2**20:,.0f} MiB"))
+    if stream and sync_big:
+        share = stream["blocking_s"] / sync_big["wall_s"]
+        checks.append((f"stream: blocking <= 2% of the synchronous save ({sizes[-1]}; nothing changes the shards "
+                       f"before the write ends here: the rollout window is longer than the write)", share <= 0.02,
+                       f"{stream['blocking_s']:.2f} s = {math.ceil(round(1000 * share, 6)) / 10:.1f}% of "
+                       f"{sync_big['wall_s']:.2f} s"))
     return checks
 
 
@@ -390,10 +418,12 @@ def render_section(result: dict) -> str:
     note = ("\n**These incremental saves ran without the HF export** (this tree's SlimCheckpointConfig refused "
             "export_hf with incremental_save), so they are not yet the save the targets ask for.\n"
             ) if no_export else ""
-    return f"""{BEGIN}
-## Save inside verl: FSDP2, world size 2, verl 0.9.1's FSDPCheckpointManager
+    begin, end = markers(meta.get("tag", ""))
+    title = f" ({meta['tag']})" if meta.get("tag") else ""
+    return f"""{begin}
+## Save inside verl{title}: FSDP2, world size 2, verl 0.9.1's FSDPCheckpointManager
 
-Produced by `{meta['command']}` on {meta['date']}, in {meta['seconds'] / 60:.1f} minutes.
+Produced by `{meta['command']}` on {meta['date']}{f" at commit {meta['commit']}" if meta.get('commit') else ""}, in {meta['seconds'] / 60:.1f} minutes.
 Machine: {meta['machine']}.
 Each row is one fresh `torchrun` (2 ranks, gloo, CPU) that saves the same random model + AdamW state
 {meta['repeats']} time(s). verl: `save_contents: [model, optimizer, extra, hf_model]`, verl's own code
@@ -417,17 +447,19 @@ returns (the page cache is synced before every save, outside the timed window).
 
 Async blocking time, by phase (rank 0, last save, seconds):
 {breakdown(rows) or '- (no async rows)'}
-{END}
+{meta.get('note', '')}
+{end}
 """
 
 
 def write_section(section: str, path: Path) -> None:
     """Replace this benchmark's marked section of the report (or append it); the rest of the file
     (scripts/bench.py's merge section) is left as it is."""
+    begin, end = section.split("\n", 1)[0], section.rstrip("\n").rsplit("\n", 1)[1]
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + section.rstrip("\n") + tail
     else:
         text = text.rstrip("\n") + "\n\n" + section
@@ -455,6 +487,10 @@ def driver(args: argparse.Namespace) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=REPO).stdout.strip()
+    commit = (head.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
     rows = []
     runs = [(s, m) for s in sizes for m in modes]
     with tqdm(runs, desc="save bench", unit="run") as bar:
@@ -468,8 +504,11 @@ def driver(args: argparse.Namespace) -> int:
                        f"timings {row['timings_s'][-1]}")
     command = "python scripts/bench_save.py" + (f" --sizes {args.sizes}" if args.sizes != ",".join(SIZES) else "") \
         + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
+    command += f" --modes {args.modes}" if args.modes != ",".join(MODES) else ""
+    command += f" --tag {args.tag}" if args.tag else ""
     result = {"rows": rows, "meta": {"command": command, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats,
-                                     "seconds": time.time() - started, "machine": machine_line()}}
+                                     "seconds": time.time() - started, "machine": machine_line(), "tag": args.tag,
+                                     "commit": commit, "note": args.note}}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     section = render_section(result)
@@ -490,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"),
                    help="report whose save-bench section is (re)written; '' for none")
     p.add_argument("--json", default=None, help="also write the raw results here")
+    p.add_argument("--tag", default="", help="write a section of its own (markers save-bench-TAG), e.g. for a run "
+                                              "of some sizes or modes only, leaving the full section as it is")
+    p.add_argument("--note", default="", help="a paragraph under the section's targets")
     p.add_argument("--render", default=None, metavar="JSON", help="re-render --out from a --json file (no runs)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)

@@ -38,6 +38,8 @@ MODES: dict[str, tuple[str | None, dict[str, Any]]] = {
     "quickstart": ("quickstart", {}),
     "incremental-sync": ("incremental", {"async_save": False}),
     "incremental-async": ("incremental", {"async_save": True}),
+    # not in reliability.py's SAVE_MODES (make faults): tests/keep1_scenario.py runs it
+    "incremental-stream": ("incremental", {"async_save": "stream"}),
 }
 MERGE_MODES = ("merge", "verl-merge")
 

@@ -350,23 +350,29 @@ def scenario_lora(args) -> None:
     run.manager.checkpoint_save_contents = ["model", "optimizer", "extra"]
     # the incremental tier: unmerged (bf16), merged as the intermediate's (bf16, from the staged copy of
     # async_save) and merged in the parameters' dtype (auto: fp32)
+    from slimckpt.save.resume_state import finish_pending
+
     for kind, kw in (("incremental", {"export_dtype": "bf16"}),
                      ("incremental_merged_fp32", {"export_dtype": "auto", "export_merge_lora": True}),
-                     ("incremental_merged", {"export_dtype": "bf16", "export_merge_lora": True, "async_save": True})):
+                     ("incremental_merged", {"export_dtype": "bf16", "export_merge_lora": True, "async_save": True}),
+                     # weights moved by the step above: stream's export against a sync one of them
+                     ("incremental_merged_now", {"export_dtype": "bf16", "export_merge_lora": True}),
+                     ("incremental_merged_stream", {"export_dtype": "bf16", "export_merge_lora": True,
+                                                    "async_save": "stream"})):
         dirs[kind] = os.path.join(root, kind, "global_step_1", "actor")
         run.manager.checkpoint_config = slim_config(export_hf=True, **kw)
         if kw.get("async_save"):  # hold the background write back until the step below changed B in place
             from slimckpt.save import resume_state
 
-            real_writer = resume_state.storage_writer
+            real_writer = getattr(resume_state.storage_writer, "real", resume_state.storage_writer)
             resume_state.storage_writer = lambda *a, **k: (time.sleep(1.0), real_writer(*a, **k))[1]
+            resume_state.storage_writer.real = real_writer
         t0 = time.perf_counter()
         run.manager.save_checkpoint(dirs[kind], global_step=1)
-        if kw.get("async_save"):  # B moves in place before the background write: only the staged copy is step 1
-            run.step()
+        if kw.get("async_save"):  # B moves in place before the background write: only the staged copy (pool)
+            run.step()            # or the optimizer step's guard copy (stream) is step 1
+            finish_pending()
         seconds[kind] = time.perf_counter() - t0
-    from slimckpt.save.resume_state import finish_pending
-
     finish_pending()
     dist.barrier()
     if dist.get_rank() != 0:
@@ -380,7 +386,8 @@ def scenario_lora(args) -> None:
                        merge_lora=True, progress=False))
     out = {"seconds": seconds, "reference": tree_digest(ref),
            "merge_lora_fp32": tree_digest(os.path.join(root, "merge_lora_fp32"))}
-    for kind in ("intermediate", "merged", "incremental", "incremental_merged", "incremental_merged_fp32"):
+    for kind in ("intermediate", "merged", "incremental", "incremental_merged", "incremental_merged_now",
+                 "incremental_merged_stream", "incremental_merged_fp32"):
         out[kind] = tree_digest(os.path.join(dirs[kind], "huggingface"))
     # peft's merge_and_unload() of the reference (bf16 base + adapter) against the merged export, as loaded
     from peft import PeftModel

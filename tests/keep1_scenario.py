@@ -5,7 +5,8 @@ step N's actor dir, which happens once step N+1 committed. That is the race `mak
 random (issue 20), made certain. Prints one JSON line: the calibration's result and, per step, whether
 the watcher's first look found the actor dir gone.
 
-Usage: python tests/keep1_scenario.py WORK_DIR"""
+Usage: python tests/keep1_scenario.py WORK_DIR [MODE]   (MODE: incremental-async, the default, or
+incremental-stream: the same with async_save=stream)"""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def install_late_look(record: str, last_step: int) -> None:
     CommitWatcher._committed = _committed
 
 
-def main(work: str) -> None:
+def main(work: str, mode: str = "incremental-async") -> None:
     os.environ.setdefault("SLIMCKPT_LOG_LEVEL", "ERROR")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import reliability  # torch, transformers and verl imported once, before the forks
@@ -51,7 +52,7 @@ def main(work: str) -> None:
     install_late_look(record, reliability.CALIBRATION_STEPS)
     result: dict = {}
     try:
-        result["calibration"] = reliability.calibrate("incremental-async", work, keep=1)
+        result["calibration"] = reliability.calibrate(mode, work, keep=1)
     except RuntimeError as exc:
         result["error"] = str(exc)
     with open(record) if os.path.exists(record) else open(os.devnull) as f:
@@ -60,4 +61,4 @@ def main(work: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

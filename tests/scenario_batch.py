@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import hf_direct_export_scenario  # noqa: E402
 import resume_scenarios  # noqa: E402
+import stream_scenario  # noqa: E402
 
 COLLECTIVE_TIMEOUT_S = 240
 
@@ -35,6 +36,7 @@ SCENARIOS = {
     "resume": (resume_scenarios.scenario_resume, {"async_save": False}, "llama", 2),
     "resume_fsdp1": (resume_scenarios.scenario_resume, {"async_save": False}, "llama", 1),
     "resume_async": (resume_scenarios.scenario_resume, {"async_save": True}, "qwen2-tied", 2),
+    "stream": (stream_scenario.scenario, {}, "qwen2-tied", 2),
     "tracker": (resume_scenarios.scenario_tracker, {}, "llama", 2),
     "refuse": (resume_scenarios.scenario_refuse, {}, "llama", 2),
     "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),
@@ -49,7 +51,7 @@ def _module_state() -> dict:
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
     from slimckpt.merge.hf_side import HfSide
-    from slimckpt.save import hf_direct_export, resume_state
+    from slimckpt.save import hf_direct_export, resume_state, stream_capture
 
     return {
         (resume_scenarios, "MODEL"): resume_scenarios.MODEL,
@@ -57,6 +59,7 @@ def _module_state() -> dict:
         (resume_scenarios, "PLACEMENT"): resume_scenarios.PLACEMENT,
         (resume_scenarios, "LORA_RANK"): resume_scenarios.LORA_RANK,
         (resume_state, "storage_writer"): resume_state.storage_writer,
+        (stream_capture, "READ_HOOK"): stream_capture.READ_HOOK,
         (resume_state, "_after_shards"): resume_state._after_shards,
         (resume_state, "commit"): resume_state.commit,
         (hf_direct_export, "write_export"): hf_direct_export.write_export,

@@ -90,3 +90,18 @@ def test_merge_bench_keeps_the_save_section(tmp_path):
     text = out.read_text()
     assert "old merge table" not in text and text.startswith("new merge table")
     assert "<!-- save-bench:begin -->\nsave rows\n<!-- save-bench:end -->" in text
+
+
+def test_merge_bench_keeps_every_save_section(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = bench
+    spec.loader.exec_module(bench)
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("old\n\n<!-- save-bench:begin -->\nA\n<!-- save-bench:end -->\nx\n"
+                   "<!-- save-loop:begin -->\nB\n<!-- save-loop:end -->\n<!-- save-loop-0.25b:begin -->\nC\n"
+                   "<!-- save-loop-0.25b:end -->\n")
+    bench.write_keeping_save_section(out, "new\n")
+    text = out.read_text()
+    assert text.startswith("new") and "old" not in text and "\nx\n" not in text
+    assert text.index("\nA\n") < text.index("\nB\n") < text.index("\nC\n")

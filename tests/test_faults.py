@@ -108,12 +108,14 @@ def test_sigkill_campaign_slimckpt_modes(tmp_path):
 
 
 @pytest.mark.slow
-def test_async_keep1_saves_go_on_when_retention_beats_the_tracker_watcher(tmp_path):
+@pytest.mark.parametrize("mode", ["incremental-async", "incremental-stream"])
+def test_async_keep1_saves_go_on_when_retention_beats_the_tracker_watcher(tmp_path, mode):
     """Issue 20: async incremental saves at max_actor_ckpt_to_keep=1 through the trainer-level path
     of `make faults`, with the watcher's first look at each step held until retention has deleted
     that step's actor dir. On the broken watcher the uncut run hangs (then a gloo timeout); fixed,
-    the four saves go through and the resume is exact at the last step."""
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "keep1_scenario.py"), str(tmp_path / "work")],
+    the four saves go through and the resume is exact at the last step. async_save=stream keeps
+    the same retention and tracker behaviour."""
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "keep1_scenario.py"), str(tmp_path / "work"), mode],
                           capture_output=True, text=True, timeout=400, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

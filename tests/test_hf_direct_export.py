@@ -320,6 +320,10 @@ def test_lora_exports_of_both_tiers_equal_verl_merger(ws2_scenarios):
     # --merge_lora` of verl's save in fp32 (export_dtype=auto: the parameters' dtype)
     assert r["incremental_merged"]["model.safetensors"] == merged["model.safetensors"]
     assert not any(n.startswith("lora_adapter/") for n in r["incremental_merged"])
+    # async_save=stream: the write reads the live W, A, B; the next optimizer step's guard copies what it
+    # has not read yet, so the export is the saved step's, as a sync save of the same weights writes it
+    stream, now = r["incremental_merged_stream"], r["incremental_merged_now"]
+    assert stream["model.safetensors"] == now["model.safetensors"] != merged["model.safetensors"]
     fp32 = r["incremental_merged_fp32"]
     assert fp32["model.safetensors"] == r["merge_lora_fp32"]["model.safetensors"] != merged["model.safetensors"]
     v = r["merged_vs_peft"]

@@ -383,3 +383,37 @@ def test_a_lora_config_it_cannot_plan_ends_in_one_line(tmp_path, capsys, kw, say
     assert plan.run(_args(cfg, **kw)) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "WARNING" not in line]
     assert len(err) == 1 and err[0].startswith("slimckpt plan:") and says in err[0], err
+
+
+def test_stream_model_blocks_only_when_the_step_comes_before_the_write_ends():
+    from slimckpt.stream_model import stream_block, windows_for
+
+    gib = 2**30
+    # 10 GiB written in 100 s; the next step 100 s or later after the save: nothing to do
+    assert stream_block(10 * gib, 100.0, 100.0, 4 * gib).pending_bytes == 0
+    assert stream_block(10 * gib, 100.0, 250.0, 0, copy_gbps=5).blocked_s == 0.0
+    # at 60 s, 4 GiB unread: all fit the budget: copied, no wait
+    fit = stream_block(10 * gib, 100.0, 60.0, 4 * gib, copy_gbps=2)
+    assert fit.pending_bytes == 4 * gib and fit.copied_bytes == 4 * gib and fit.wait_s == 0.0
+    assert fit.blocked_s == pytest.approx(4 * gib / 2e9)
+    # at 0 s with a 2 GiB budget: copy 2 GiB, wait for the writer to release the other 8 (80 s)
+    over = stream_block(10 * gib, 100.0, 0.0, 2 * gib)
+    assert over.copied_bytes == 2 * gib and over.wait_s == pytest.approx(80.0) and over.blocked_s is None
+    # budget 0: waits for the rest of the write
+    assert stream_block(10 * gib, 100.0, 30.0, 0).wait_s == pytest.approx(70.0)
+    assert windows_for(100.0, None) == [0.0, 25.0, 50.0, 100.0, 200.0] and windows_for(1.0, [9.0, 3.0]) == [3.0, 9.0]
+
+
+def test_plan_stream_rows_follow_the_rollout_window():
+    params = [plan.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]
+    strategy = plan.Strategy("s", incremental=True, async_save=True, async_stream=True, host_memory_budget_gb=0.5)
+    est = plan.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[0.0, 1e6])
+    shard = plan.model_shard_bytes(params, 2, 0) + plan.optim_shard_bytes(params, 2, 0)
+    assert est.host_peak_bytes == 64 * 2**20 + 2048 * 4096 * 4  # the sync bound: no pool
+    first, last = est.stream
+    assert first["pending_bytes"] == shard and first["copied_bytes"] == 2**29
+    assert first["wait_s"] == pytest.approx(est.write_seconds * (1 - 2**29 / shard))
+    assert last["pending_bytes"] == 0 and last["wait_s"] == 0.0
+    assert plan.Strategy.from_checkpoint_config("x", {"async_save": "stream"}).async_stream
+    pool = plan.Strategy.from_checkpoint_config("x", {"async_save": "pool"})
+    assert pool.async_save and not pool.async_stream

@@ -32,6 +32,12 @@ EXPECTED_TARGETS = {
     "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint",
     "verl.trainer.ppo.v1.trainer_base:find_latest_ckpt_path",
     "verl.trainer.ppo.ray_trainer:find_latest_ckpt_path",
+    # async_save=stream: guards before verl's FSDP engine moves or merges the shards in place
+    "verl.workers.engine.fsdp.transformer_impl:offload_fsdp_model_to_cpu",
+    "verl.workers.engine.fsdp.transformer_impl:load_fsdp_model_to_gpu",
+    "verl.workers.engine.fsdp.transformer_impl:offload_fsdp_optimizer",
+    "verl.workers.engine.fsdp.transformer_impl:load_fsdp_optimizer",
+    "verl.workers.engine.fsdp.transformer_impl:merged_lora_context",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.ensure_checkpoint_capacity",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.register_checkpoint",
     # feature "merge" (slimckpt.merge.pipeline)
@@ -311,7 +317,8 @@ def no_switch_on(monkeypatch):
 
 
 @pytest.mark.parametrize("key, value, allowed", [
-    ("async_save", "stream", "true or false"),
+    ("async_save", "streaming", "false, true (= pool), pool or stream"),
+    ("async_save", 1, "false, true (= pool), pool or stream"),
     ("export_hf", "maybe", "true or false"),
     ("measure", 1, "true or false"),
     ("incremental_save", "yes", "true or false"),
@@ -351,7 +358,8 @@ def test_recipe_config_takes_yaml_booleans_and_numbers(no_switch_on):
 
 
 def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on):
-    """verl builds a `_target_` config with Hydra's instantiate, which passes `stream` as a string."""
+    """verl builds a `_target_` config with Hydra's instantiate, which passes `stream` as a string:
+    async_save takes it (and pool), any other string fails in one line."""
     from verl.utils.config import omega_conf_to_dataclass
 
     from slimckpt.verl.dryrun import compose_config
@@ -359,9 +367,19 @@ def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on
     node = "actor_rollout_ref.actor.checkpoint"
     good = compose_config(["+recipe=incremental", f"{node}.async_save=true"])
     assert omega_conf_to_dataclass(good.actor_rollout_ref.actor.checkpoint).async_save is True
-    bad = compose_config(["+recipe=incremental", f"{node}.async_save=stream"])
-    with pytest.raises(Exception, match=r"checkpoint.async_save='stream' \(str\) is not allowed; use true or false"):
+    for word, held in (("stream", "stream"), ("pool", True), ("false", False)):
+        cfg = compose_config(["+recipe=incremental", f"{node}.async_save={word}"])
+        assert omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.checkpoint).async_save == held, word
+    bad = compose_config(["+recipe=incremental", f"{node}.async_save=streem"])
+    with pytest.raises(Exception, match=r"checkpoint.async_save='streem' \(str\) is not allowed; use false, true"):
         omega_conf_to_dataclass(bad.actor_rollout_ref.actor.checkpoint)
+
+
+def test_async_mode_reads_every_spelling():
+    from slimckpt.verl.checkpoint_config import async_mode
+
+    assert [async_mode(v) for v in (None, False, "false", True, "true", "pool", "stream", "Stream")] == \
+        ["off", "off", "off", "pool", "pool", "pool", "stream", "stream"]
 
 
 def test_bad_log_level_falls_back_to_info_and_keeps_slimckpt_on():

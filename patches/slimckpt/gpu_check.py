@@ -13,6 +13,8 @@ Checks (each PASS/FAIL, exit 1 on any FAIL):
   exact_storages       every staged tensor owns a storage of exactly its bytes (no power-of-two rounding
                        of pinned blocks; DCP writes it without cloning it first)
   dtensor              a DTensor (1-rank mesh, gloo, no network) is staged as a DTensor with its spec
+  stream_*             async_save=stream (slimckpt.gpu_check_stream): side-stream reads into pinned
+                       memory, the guard's copy before an in-place update, the version check
 Timings: pageable vs pinned device-to-host copy (GB/s), side-stream overlap of a copy with
 matmuls on the training stream, staging (host-blocking seconds and until the copies are done, first
 save with pool allocation and a reused pool).
@@ -226,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     checks, times = check_staging(device, nbytes)
     dtensor = check_dtensor(device)
     checks["dtensor"] = dtensor is True
+    from .gpu_check_stream import check_stream
+
+    stream_checks, stream_times = check_stream(device, nbytes, shard_like_state, _clone, _overwrite)
+    checks.update(stream_checks)
+    times.update(stream_times)
     times.update(time_copies(device, nbytes))
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "cuda": torch.version.cuda,
               "checks": checks, "dtensor_detail": None if dtensor is True else str(dtensor), "timings": times,
@@ -249,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         ("stage, reused pool: blocking", f"{t['stage_reused_blocking_s'] * 1e3:.1f} ms"),
         ("stage, reused pool: until copied", f"{t['stage_reused_ready_s'] * 1e3:.1f} ms "
                                              f"({t['stage_reused_gb_s']:.1f} GB/s)"),
+        ("stream: writer reads alone", f"{t['stream_read_alone_s'] * 1e3:.1f} ms"),
+        ("stream: reads + matmuls at once", f"{t['stream_read_with_compute_s'] * 1e3:.1f} ms "
+                                            f"(matmuls alone {t['compute_alone_s'] * 1e3:.1f} ms)"),
+        ("stream: guard copy of the unread", f"{t['guard_copy_s'] * 1e3:.1f} ms "
+                                             f"({t['guard_copied_bytes'] / 2**30:.2f} GiB)"),
     ]
     for name, value in rows:
         print(f"{name:<40} {value}")

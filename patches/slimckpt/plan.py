@@ -109,6 +109,7 @@ class Strategy:
     contents: tuple[str, ...] = VERL_CONTENTS
     incremental: bool = False
     async_save: bool = False
+    async_stream: bool = False  # async_save=stream: no staging pool, the writer reads the live shards
     export_hf: bool = False
     export_dtype: str = "bf16"  # auto: the parameters' dtype (fp32), as verl's hf_model writes
     bucket_mb: int = 64
@@ -126,14 +127,15 @@ class Strategy:
     def from_checkpoint_config(cls, name: str, cfg: dict[str, Any]) -> "Strategy":
         from dataclasses import MISSING, fields
 
-        from .verl.checkpoint_config import SlimCheckpointConfig
+        from .verl.checkpoint_config import SlimCheckpointConfig, async_mode
 
         defaults = {f.name: f.default for f in fields(SlimCheckpointConfig) if f.default is not MISSING}
         return cls(
             name=name,
             contents=tuple(cfg.get("save_contents") or VERL_CONTENTS),
             incremental=bool(cfg.get("incremental_save", False)),
-            async_save=bool(cfg.get("async_save", False)),
+            async_save=async_mode(cfg.get("async_save", False)) != "off",
+            async_stream=async_mode(cfg.get("async_save", False)) == "stream",
             export_hf=bool(cfg.get("export_hf", False)),
             export_dtype=str(cfg.get("export_dtype", defaults["export_dtype"])),
             bucket_mb=int(cfg.get("bucket_mb", defaults["bucket_mb"])),
@@ -153,6 +155,8 @@ class Estimate:
     blocking: str
     write_seconds: float | None = None
     notes: list[str] = field(default_factory=list)
+    # async_save=stream: the next optimizer step's guard for each rollout window (with --disk-gbps)
+    stream: list[dict[str, Any]] = field(default_factory=list)
 
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "auto": 4}  # auto: fp32 master weights, as verl keeps them
@@ -168,7 +172,8 @@ def export_bytes(strategy: Strategy, hf_bytes: int, hf_dtype: str) -> int:
 
 
 def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_bytes: int,
-             hf_bytes: int, disk_gbps: float | None, fsdp: int = 1, hf_dtype: str = "bf16") -> Estimate:
+             hf_bytes: int, disk_gbps: float | None, fsdp: int = 1, hf_dtype: str = "bf16",
+             rollout_s: list[float] | None = None, copy_gbps: float | None = None) -> Estimate:
     """Bytes, host memory and time of one save with `strategy` at world size `world`, training
     with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators."""
     model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
@@ -202,7 +207,13 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
         if fsdp == 1 and staged:
             notes.append(f"FSDP1: its reshardable sharded state dict is a transient {human(staged)} copy on the "
                          f"accelerator (strategy=fsdp2 has none)")
-        if strategy.async_save and staged <= strategy.host_memory_budget_gb * 2**30:
+        if strategy.async_stream:
+            peak = streaming
+            note = ("streamed from the live shards: write_threads x (bucket_mb + largest tensor shard), plus what the "
+                    f"next step's guard copies if it comes before the write ends (at most "
+                    f"{human(min(staged, strategy.host_memory_budget_gb * 2**30))}, host_memory_budget_gb)")
+            blocking = "capture only, while the rollout window >= the write (see stream mode below)"
+        elif strategy.async_save and staged <= strategy.host_memory_budget_gb * 2**30:
             peak = staged
             note = "staging pool (pinned), allocated once and held for the run"
             blocking = f"staging copy of {staged / 2**30:.2f} GiB"
@@ -223,7 +234,18 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
     seconds = None
     if disk_gbps:
         seconds = (total + export) / (disk_gbps * 1e9)
-    return Estimate(strategy.name, model_r + optim_r + extra_r, total, export, peak, note, blocking, seconds, notes)
+    stream = []
+    if strategy.incremental and strategy.async_stream and seconds:
+        from dataclasses import asdict as _asdict
+
+        from .stream_model import stream_block, windows_for
+
+        budget = int(strategy.host_memory_budget_gb * 2**30)
+        stream = [{**_asdict(b), "blocked_s": b.blocked_s}
+                  for b in (stream_block(model_r + optim_r, seconds, w, budget, copy_gbps)
+                            for w in windows_for(seconds, rollout_s))]
+    return Estimate(strategy.name, model_r + optim_r + extra_r, total, export, peak, note, blocking, seconds, notes,
+                    stream)
 
 
 def human(n: float) -> str:
@@ -474,6 +496,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the run has a critic (PPO with GAE): count its checkpoints in the peak disk")
     p.add_argument("--disk-gbps", type=float, default=None,
                    help="aggregate write bandwidth of the checkpoint storage, GB/s (10^9), for the time column")
+    p.add_argument("--rollout-s", default=None, metavar="S[,S...]",
+                   help="async_save=stream: seconds from a save to the next optimizer step (rollout, reward, "
+                        "reference passes), comma separated; default: 0, 1/4, 1/2, 1 and 2 times the write time")
+    p.add_argument("--copy-gbps", type=float, default=None,
+                   help="async_save=stream: device-to-host copy bandwidth per rank, GB/s, for the guard's copy time "
+                        "(without it the copy is shown in bytes)")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=1,
                    help="FSDP version of the run: 1 = verl's strategy=fsdp (its default), 2 = strategy=fsdp2")
     p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="HF export dtype")
@@ -507,7 +535,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     estimates = []
     for s in strategies:
         e = asdict(estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
-                            facts.hf_dtype))
+                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None)))
         if facts.split_on_save and s.incremental and s.export_hf:
             e["notes"].append("fused MoE experts split on save: each rank writes its rows of every per-expert tensor")
         e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
@@ -536,6 +564,19 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "estimates": estimates,
         "critic": with_critic,
     }
+
+
+def rollout_windows(args: argparse.Namespace) -> list[float] | None:
+    given = getattr(args, "rollout_s", None)
+    if not given:
+        return None
+    try:
+        windows = [float(x) for x in str(given).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"slimckpt plan: --rollout-s {given!r}: give seconds, comma separated, e.g. 30,60") from None
+    if any(w < 0 for w in windows):
+        raise ValueError(f"slimckpt plan: --rollout-s {given!r}: windows are 0 or more seconds")
+    return windows
 
 
 def lora_spec(args: argparse.Namespace) -> LoraSpec | None:
@@ -607,6 +648,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     print("host memory:", file=out)
     for e in r["estimates"]:
         print(f"  {e['strategy']}: {e['host_note']}" + "".join(f"; {n}" for n in e["notes"]), file=out)
+    print_stream(r, out)
     print_peak_disk(r, out)
     hf = r["hf_export"]
     files = hf["files"]
@@ -617,6 +659,29 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
         print("  ..." if f is None else f"  {f['name']}  {human(f['bytes'])}", file=out)
     if len(files) > 1:
         print("  model.safetensors.index.json", file=out)
+
+
+def print_stream(r: dict[str, Any], out=sys.stdout) -> None:
+    """async_save=stream rows: what the next optimizer step's guard does for each rollout window."""
+    rows = [e for e in r["estimates"] if e.get("stream")]
+    if not rows:
+        if any("async_save=stream" in e["strategy"] for e in r["estimates"]) and not r["disk_gbps"]:
+            print("stream mode: pass --disk-gbps for the blocked time against the rollout window", file=out)
+        return
+    print("stream mode (slimckpt.stream_model): training blocks only if the next optimizer step comes before the "
+          "write ends;\n  its guard then copies what is unread into host memory (within host_memory_budget_gb) "
+          "and waits for the writer for the rest", file=out)
+    head = ["strategy", "rollout window", "unread at the step", "guard copies", "waits for the writer", "blocked"]
+    table = []
+    for e in rows:
+        for b in e["stream"]:
+            blocked = f"{b['blocked_s']:.1f} s" if b["blocked_s"] is not None else \
+                f"{b['wait_s']:.1f} s + copy of {human(b['copied_bytes'])}"
+            table.append([e["strategy"], f"{b['window_s']:.1f} s", human(b["pending_bytes"]),
+                          human(b["copied_bytes"]), f"{b['wait_s']:.1f} s", blocked])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
+    for row in [head, ["-" * n for n in widths], *table]:
+        print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
 
 
 def print_peak_disk(r: dict[str, Any], out=sys.stdout) -> None:

@@ -79,6 +79,10 @@ def summarize_committed(reports: list[dict[str, Any]]) -> dict[str, float]:
         "ckpt/peak_host_rss_gb": max(int(r["peak_rss_anon_bytes"]) for r in reports) / GB,
         "ckpt/peak_rss_extra_gb": max(int(r["peak_rss_extra_bytes"]) for r in reports) / GB,
         "ckpt/staging_pool_gb": max(int(r.get("staging_pool_bytes", 0)) for r in reports) / GB,
+        # async_save=stream: training blocked after the save returned (the guards' waits) and what they copied
+        "ckpt/guard_blocked_seconds": sum(max(float(r.get("guard_blocked_seconds", 0.0)) for r in rs)
+                                          for rs in by_role.values()),
+        "ckpt/guard_copied_gb": max(int(r.get("guard_copied_bytes", 0)) for r in reports) / GB,
         "ckpt/throughput_gbps": total_bytes / GB / seconds if seconds > 0 else 0.0,
     }
     for role, rs in sorted(by_role.items()):

@@ -12,7 +12,9 @@ nothing else, so verl's retention, tracker and load stay verl's; and a recipe's 
 An async save (the incremental tier's background write) is measured twice: its `save` report
 covers the blocking part when the call returns; the `commit` report, written when the background
 write commits, has the write's seconds, bytes and the peak RSS over the write window (the process's
-RSS, training's own memory included: the write overlaps the next step) and the staging pool held.
+RSS, training's own memory included: the write overlaps the next step) and the staging pool held
+(pool mode), or what the mutation guards waited and copied (stream mode: training blocked after
+the save returned).
 """
 
 from __future__ import annotations
@@ -76,9 +78,11 @@ def record(report: dict[str, Any], local_path: str, rank: int, kind: str) -> Non
                  report["bytes_written"] / mib)
     else:
         log.info("step %s rank %s committed: background write %.2f s (%.2f s with the blocking part), +%.1f MiB "
-                 "peak anonymous RSS, %.1f MiB written, staging pool %.1f MiB", report["global_step"], rank,
-                 report["write_seconds"], report["seconds"], report["peak_rss_extra_bytes"] / mib,
-                 report["bytes_written"] / mib, report["staging_pool_bytes"] / mib)
+                 "peak anonymous RSS, %.1f MiB written, staging pool %.1f MiB, guards waited %.2f s and copied "
+                 "%.1f MiB", report["global_step"], rank, report["write_seconds"], report["seconds"],
+                 report["peak_rss_extra_bytes"] / mib, report["bytes_written"] / mib,
+                 report["staging_pool_bytes"] / mib, report.get("guard_blocked_seconds", 0.0),
+                 report.get("guard_copied_bytes", 0) / mib)
 
 
 def measured_save(manager: Any, local_path: str, global_step: int, call: Callable[[], Any]) -> Any:
@@ -126,6 +130,8 @@ def _measure_background_write(writer: Any, saved: dict[str, Any], local_path: st
     write_sampler = RssSampler().__enter__()
     write_start = time.perf_counter()
 
+    capture = getattr(writer, "capture", None) if getattr(writer, "step", None) == saved["global_step"] else None
+
     def committed() -> None:
         write_sampler.__exit__(None, None, None)
         write_seconds = time.perf_counter() - write_start
@@ -141,7 +147,11 @@ def _measure_background_write(writer: Any, saved: dict[str, Any], local_path: st
             "peak_rss_anon_bytes": peak,
             "peak_rss_extra_bytes": max(0, peak - saved["rss_anon_before_bytes"]),
             "write_peak_rss_extra_bytes": max(0, write_sampler.result.peak - write_sampler.result.baseline),
-            "staging_pool_bytes": int(getattr(getattr(writer, "pool", None), "nbytes", 0)),
+            "staging_pool_bytes": 0 if capture is not None else int(getattr(getattr(writer, "pool", None), "nbytes", 0)),
+            # stream mode: what the guards (optimizer step, offload, ...) waited for the writer and copied
+            "async_mode": "stream" if capture is not None else "pool",
+            "guard_blocked_seconds": capture.blocked_s if capture is not None else 0.0,
+            "guard_copied_bytes": capture.copied_bytes if capture is not None else 0,
             "bytes_written": bytes_written(local_path, rank),
             "time": time.time(),
         }, local_path, rank, "commit")

@@ -525,13 +525,14 @@ class _BoxWriter:
             raise first
 
 
-def _gathered(value: Any, shape: tuple[int, ...], group) -> torch.Tensor:
+def _gathered(value: Any, shape: tuple[int, ...], group, local: torch.Tensor | None = None) -> torch.Tensor:
     """Collective over `group`: the whole tensor (a LoRA A [r, in] or B [out, r]: small) on the host,
-    from every rank's box of it (the live shard or the staged copy)."""
+    from every rank's box of it (`local`, read by the caller, else the shard of `value`)."""
     _, _, box = _box_of(value)
-    local = _local(value).detach().to("cpu", copy=True) if box is not None else None
+    if box is not None:
+        local = (local if local is not None else _local(value)).detach().to("cpu", copy=True)
     parts: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(parts, (box, local), group=group)
+    dist.all_gather_object(parts, (box, local if box is not None else None), group=group)
     whole: torch.Tensor | None = None
     seen = torch.zeros(shape, dtype=torch.bool)
     for part_box, part in parts:
@@ -547,18 +548,64 @@ def _gathered(value: Any, shape: tuple[int, ...], group) -> torch.Tensor:
     return whole
 
 
-def _held_rows(value: Any, box: Box) -> torch.Tensor:
+def _gathered_read(reads: "_Reads", model_state: dict[str, Any], name: str, shape: tuple[int, ...],
+                   group) -> torch.Tensor:
+    """_gathered of `name`, its local part read through `reads` when this rank holds one."""
+    if _box_of(model_state[name])[2] is None:
+        return _gathered(model_state[name], shape, group)
+    local = _local(reads.begin(name))
+    try:
+        return _gathered(model_state[name], shape, group, local)
+    finally:
+        reads.end(name)
+
+
+def _held_rows(value: Any, box: Box, local: torch.Tensor | None = None) -> torch.Tensor:
     """The rows of `box` (of W) in this rank's shard of B (b_rows_elsewhere checked it holds them)."""
     _, _, b_box = _box_of(value)
     start = box.offset[0] - b_box.offset[0]
-    return _local(value)[start:start + box.size[0]]
+    return (local if local is not None else _local(value))[start:start + box.size[0]]
+
+
+class _Reads:
+    """Where write_export reads a source: the state dict (sync, pool), or through stream mode's
+    StreamReads, which must be told when each read ends (sources_read lists the same reads)."""
+
+    def __init__(self, model_state: dict[str, Any], stream: Any) -> None:
+        self.model_state, self.stream = model_state, stream
+
+    def begin(self, name: str) -> Any:
+        return self.stream.begin(name) if self.stream is not None else self.model_state[name]
+
+    def end(self, name: str) -> None:
+        if self.stream is not None:
+            self.stream.end(name)
+
+
+def sources_read(job: ExportJob, model_state: dict[str, Any]) -> list[str]:
+    """The model tensors this rank's part of the export reads, one entry per read write_export
+    makes: a plain output's source once per box; a merged output's W and (held rows of) B once per
+    box, A (and a gathered B) once if this rank holds a part of it."""
+    names: list[str] = []
+    for out_name, _ in job.mine:
+        take = job.takes[out_name]
+        names.append(take.source)
+        if take.delta is not None and out_name not in job.gather_b:
+            names.append(take.delta.b)
+    for out_name in job.merged_outputs:
+        delta = job.takes[out_name].delta
+        gathered = [delta.a] + ([delta.b] if out_name in job.gather_b else [])
+        names += [n for n in gathered if _box_of(model_state[n])[2] is not None]
+    return names
 
 
 def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str, Any], config: Any,
-                 group) -> int:
+                 group, stream_reads: Any = None) -> int:
     """Collective over `group`: rank 0 lays the files out, every rank writes its boxes from
-    `model_state` (live shards in sync mode, the staged copy in async mode), fsyncs, and all
-    ranks raise the same error if any failed. Returns the bytes this rank wrote."""
+    `model_state` (live shards in sync mode, the staged copy in pool mode), fsyncs, and all
+    ranks raise the same error if any failed. Returns the bytes this rank wrote. `stream_reads`
+    (stream mode, stream_capture.StreamReads) hands out each source read (sources_read lists
+    them) and is told when the read is over."""
     rank = dist.get_rank(group)
     ok, message = True, ""
     if rank == 0:
@@ -572,28 +619,36 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
                         int(getattr(config, "bucket_mb", 64)) << 20)
     written = 0
     failure: BaseException | None = None
+    reads = _Reads(model_state, stream_reads)
     try:
         for out_name, box in job.mine:
             take = job.takes[out_name]
             if take.delta is None:
-                written += writer.write_box(out_name, model_state[take.source], box, take,
-                                            job.source_shapes[take.source])
+                value = reads.begin(take.source)
+                written += writer.write_box(out_name, value, box, take, job.source_shapes[take.source])
+                reads.end(take.source)
     except Exception as exc:  # noqa: BLE001 - reported to every rank, after the gathers below
         failure = exc
     # merged outputs: every rank joins each A's all-gather, in the job's order, even after a failure
     for out_name in job.merged_outputs:
         take = job.takes[out_name]
-        a = _gathered(model_state[take.delta.a], job.source_shapes[take.delta.a], group)
-        b_full = _gathered(model_state[take.delta.b], job.source_shapes[take.delta.b], group) \
+        a = _gathered_read(reads, model_state, take.delta.a, job.source_shapes[take.delta.a], group)
+        b_full = _gathered_read(reads, model_state, take.delta.b, job.source_shapes[take.delta.b], group) \
             if out_name in job.gather_b else None
         if failure is not None:
             continue
         try:
             for name, box in job.mine:
                 if name == out_name:
-                    b_rows = b_full[box.offset[0]:box.offset[0] + box.size[0]] if b_full is not None else \
-                        _held_rows(model_state[take.delta.b], box)
-                    written += writer.write_merged(name, model_state[take.source], box, take, a, b_rows)
+                    w = reads.begin(take.source)
+                    if b_full is not None:
+                        b_rows = b_full[box.offset[0]:box.offset[0] + box.size[0]]
+                    else:
+                        b_rows = _held_rows(model_state[take.delta.b], box, _local(reads.begin(take.delta.b)))
+                    written += writer.write_merged(name, w, box, take, a, b_rows)
+                    reads.end(take.source)
+                    if b_full is None:
+                        reads.end(take.delta.b)
         except Exception as exc:  # noqa: BLE001
             failure = exc
         del a, b_full

@@ -1,4 +1,5 @@
-"""Async mode of the incremental tier: stage into host memory, write on a background thread.
+"""Async modes of the incremental tier: write on a background thread (async_save=pool: from a host
+staging pool; async_save=stream: from the live shards, slimckpt.save.stream_capture).
 
 The training step is blocked only while the rank's tensors are copied into a host staging pool.
 The pool is allocated at the first async save and reused by every later one, so
@@ -201,6 +202,8 @@ class AsyncResumeWriter:
         self._path: str | None = None
         self._after_commit: list[Callable[[], None]] = []
         self.pool = StagingPool()
+        self.capture = None  # stream mode: the StreamCapture of the write in flight (or the last one)
+        self._unhook: Callable[[], None] | None = None
 
     @property
     def pending(self) -> bool:
@@ -242,16 +245,35 @@ class AsyncResumeWriter:
         log.debug("staged step %s: %.1f MiB in %.2f s", step, need / 2**20, time.perf_counter() - started)
         return staged
 
-    def submit(self, step: int, path: str, write: Callable[[], None]) -> None:
+    def submit(self, step: int, path: str, write: Callable[[], None], capture=None, optimizer=None) -> None:
+        """Write in the background. With a StreamCapture (stream mode) its guards are active until
+        the write ends: `optimizer`'s step first runs the capture's guard."""
         if self._future is not None:
             raise RuntimeError("slimckpt: a background checkpoint write is already in flight")
+        self._remove_hook()
         self._step, self._path = step, path
         self._after_commit = []
-        self._future = self._executor.submit(self._ready_then, write)
+        self.capture = capture
+        if capture is not None:
+            from . import stream_guards
 
-    def _ready_then(self, write: Callable[[], None]) -> None:
-        self.pool.wait_ready()  # CUDA: the staged copies are complete before anything reads them
-        write()
+            self._unhook = stream_guards.activate(capture, optimizer)
+        self._future = self._executor.submit(self._ready_then, write, capture)
+
+    def _remove_hook(self) -> None:
+        unhook, self._unhook = self._unhook, None
+        if unhook is not None:
+            unhook()
+
+    def _ready_then(self, write: Callable[[], None], capture) -> None:
+        try:
+            self.pool.wait_ready()  # CUDA: the staged copies are complete before anything reads them
+            write()
+        finally:
+            if capture is not None:  # no guard waits for (and nothing holds) the live shards any more
+                from . import stream_guards
+
+                stream_guards.deactivate(capture)
         for callback in self._after_commit:
             try:
                 callback()
@@ -262,6 +284,7 @@ class AsyncResumeWriter:
         """Block until the write in flight is committed; re-raise its failure."""
         future, self._future = self._future, None
         if future is None:
+            self._remove_hook()
             return
         try:
             future.result()
@@ -270,6 +293,8 @@ class AsyncResumeWriter:
                 f"slimckpt: the background write of step {self._step} to {self._path} failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            self._remove_hook()
 
 
 def writer_for(manager) -> AsyncResumeWriter:

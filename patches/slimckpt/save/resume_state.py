@@ -13,8 +13,9 @@ Layout of a role directory (`<root>/global_step_N/actor`):
 
 Flow (plan -> stage -> write -> commit): DCP plans which rank writes which chunk; sync mode streams
 tensor by tensor to disk (host memory: write_threads x (bucket_mb + one tensor) on GPU, one tensor
-on CPU); async mode stages the rank's tensors into a reused host pool (within
-host_memory_budget_gb) and writes on a background thread (resume_async). Then every rank reports
+on CPU); async pool mode stages the rank's tensors into a reused host pool (within
+host_memory_budget_gb) and writes on a background thread (resume_async); async stream mode writes
+on that thread from the live shards, guarded until read (stream_capture). Then every rank reports
 its files, rank 0 writes the manifest and only then applies retention.
 
 Everything else verl's save does (huggingface/ config + tokenizer + generation config on rank 0,
@@ -332,7 +333,7 @@ def commit(manager, local_path: str, global_step: int, contents: list[str], conf
 
 def _after_shards(manager, local_path: str, config: Any, model_state: dict[str, Any] | None = None,
                   export: Any = None, group: dist.ProcessGroup | None = None,
-                  timings: dict[str, float] | None = None) -> None:
+                  timings: dict[str, float] | None = None, reads: Any = None) -> None:
     """The gather-free HF export (hf_direct_export: every rank writes its own rows of the final
     safetensors files at their planned offsets). It runs after the shards are on disk and before
     the manifest, whose file list then includes huggingface/: a committed step always has its
@@ -340,7 +341,7 @@ def _after_shards(manager, local_path: str, config: Any, model_state: dict[str, 
     if export is None or not getattr(config, "export_hf", False):
         return
     start = time.perf_counter()
-    hf_direct_export.write_export(manager, export, local_path, model_state or {}, config, group)
+    hf_direct_export.write_export(manager, export, local_path, model_state or {}, config, group, stream_reads=reads)
     if timings is not None:
         timings["export_hf"] = time.perf_counter() - start
 
@@ -428,37 +429,75 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     dcp_dir = os.path.join(local_path, DCP_DIR)
     lap("plan_export")
 
-    staged = writer.stage(state, config, step=global_step, group=group) if getattr(config, "async_save", False) \
-        else None
+    from ..verl.checkpoint_config import async_mode
+
+    mode = async_mode(getattr(config, "async_save", False))
+    if mode == "stream":
+        from .stream_capture import StreamCapture
+
+        capture = StreamCapture(state, int(float(getattr(config, "host_memory_budget_gb", 0.0)) * 2**30),
+                                step=int(global_step))
+        lap("capture")
+        timings["blocking"] = time.perf_counter() - waited
+        del state
+        writer.submit(global_step, local_path, functools.partial(
+            _write_and_commit, manager, capture.state, local_path, dcp_dir, global_step, contents, config, group,
+            max_ckpt_to_keep, timings, aliases, export, capture, lora_only=lora_only), capture=capture,
+            optimizer=manager.optimizer)
+        return
+    staged = writer.stage(state, config, step=global_step, group=group) if mode == "pool" else None
     if staged is not None:
         lap("stage")
         timings["blocking"] = time.perf_counter() - waited
         del state
         writer.submit(global_step, local_path, functools.partial(
             _write_and_commit, manager, staged, local_path, dcp_dir, global_step, contents, config, group,
-            max_ckpt_to_keep, timings, aliases, export, lora_only))
+            max_ckpt_to_keep, timings, aliases, export, lora_only=lora_only))
         return
     _write_and_commit(manager, state, local_path, dcp_dir, global_step, contents, config, group,
-                      max_ckpt_to_keep, timings, aliases, export, lora_only)
+                      max_ckpt_to_keep, timings, aliases, export, lora_only=lora_only)
 
 
 def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: str, global_step: int,
                       contents: list[str], config: Any, group: dist.ProcessGroup, max_keep: int | None,
-                      timings: dict[str, float], aliases: dict[str, str], export=None,
+                      timings: dict[str, float], aliases: dict[str, str], export=None, capture=None,
                       lora_only: bool = False) -> None:
-    """DCP shards, then the HF export (both from `state`: the live shards, or the staged copy in
-    async mode), then the commit. Collective over `group`."""
+    """DCP shards, then the HF export (both from `state`: the live shards, the staged copy in
+    pool mode, or the live shards read through `capture` in stream mode), then the commit.
+    Collective over `group`."""
     import torch.distributed.checkpoint as dcp
 
     start = time.perf_counter()
     try:
         known: dict[str, str] = {}
+        reads = None
+        if capture is not None:
+            from .stream_capture import StreamReads
+
+            if export is not None and getattr(config, "export_hf", False):
+                reads = StreamReads(capture, state.get("model", {}))
+                model_state = state.get("model", {})
+                capture.plan_reads("export", reads.keys_for(hf_direct_export.sources_read(export, model_state)))
+            if not state:
+                capture.start()
         if state:
             writer = storage_writer(dcp_dir, config)
-            dcp.save(state, storage_writer=writer, process_group=group)
+            planner = None
+            if capture is not None:
+                from .stream_planner import StreamSavePlanner
+
+                planner = StreamSavePlanner(capture)
+            try:
+                dcp.save(state, storage_writer=writer, planner=planner, process_group=group)
+            finally:
+                if capture is not None:
+                    capture.dcp_done()
             known = written_checksums(writer, local_path)  # hashed as written: no read-back
         timings["write"] = time.perf_counter() - start
-        _after_shards(manager, local_path, config, state.get("model", {}), export, group, timings)
+        _after_shards(manager, local_path, config, state.get("model", {}), export, group, timings, reads)
+        if capture is not None:  # a shard changed under the writer is never committed
+            capture.check_collective(group)
+            timings["guard_blocked"] = capture.blocked_s
         commit(manager, local_path, global_step, contents, config, group, max_keep, timings, aliases, known,
                lora_only)
     except BaseException as exc:
@@ -572,10 +611,12 @@ def wrap_load_checkpoint(original):
     own otherwise, so resume_mode=auto works across both."""
 
     def _load(self, local_path, hdfs_path=None, del_local_after_load=False):
-        if local_path is not None and is_resume_state(local_path):
-            from . import resume_async
+        from . import resume_async
 
-            resume_async.writer_for(self).wait()
+        # a load overwrites the shards in place: a background write (stream mode reads the live
+        # shards) ends first, whichever format is loaded
+        resume_async.writer_for(self).wait()
+        if local_path is not None and is_resume_state(local_path):
             return load_resume_state(self, local_path)
         return original(self, local_path, hdfs_path, del_local_after_load)
 

@@ -22,8 +22,11 @@ RECIPES = ("quickstart", "intermediate", "incremental")
 # arrives as the string "stream", and a non-empty string is true. `true`/`false` arrive as bools;
 # the strings "true"/"false" (an `${oc.env:...}` interpolation) and integer strings are taken too,
 # as OmegaConf takes them for a typed field.
-BOOL_FIELDS = ("measure", "export_hf", "incremental_save", "verify", "async_save", "save_lora_only",
+BOOL_FIELDS = ("measure", "export_hf", "incremental_save", "verify", "save_lora_only",
                "allow_verl_fallback", "export_merge_lora")
+# async_save: false | true | pool | stream. true is pool (what it meant before stream existed); the
+# field keeps False / True / "stream", so every `if config.async_save` reads as before.
+ASYNC_MODES = ("false", "true", "pool", "stream")
 INT_FIELDS = ("bucket_mb", "write_threads")
 FLOAT_FIELDS = ("host_memory_budget_gb",)
 ENUM_FIELDS = {
@@ -46,6 +49,11 @@ def _checked(key: str, value):
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
         raise _bad_value(key, value, "true or false")
+    if key == "async_save":
+        word = str(value).strip().lower() if isinstance(value, (bool, str)) else None
+        if word not in ASYNC_MODES:
+            raise _bad_value(key, value, "false, true (= pool), pool or stream")
+        return "stream" if word == "stream" else word in ("true", "pool")
     if key in INT_FIELDS:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -106,8 +114,15 @@ class SlimCheckpointConfig(CheckpointConfig):
     bucket_mb: host bytes (MiB) a streaming save may copy ahead from the accelerator per write
         thread; a save's extra host memory is about write_threads x (bucket_mb + largest tensor).
     write_threads: file-writing threads per rank (DCP FileSystemWriter thread_count).
+    async_save: false | true (= pool) | pool | stream (incremental tier only). pool: the save
+        copies the rank's shards into a host staging pool held for the run and writes it in the
+        background. stream: no copy at the save; the background writer reads the live shards
+        while the rollout runs, and the next change to them (optimizer step, offload, LoRA merge
+        for weight sync, a load) first copies what is still unread into host memory within
+        host_memory_budget_gb, or waits for the writer (slimckpt.save.stream_capture).
     host_memory_budget_gb: with async_save, the most host memory (GiB) a rank may hold staged
-        state in; a rank whose state is larger saves synchronously (streaming) and logs it.
+        state in; pool: a rank whose state is larger saves synchronously (streaming) and logs it;
+        stream: the most a mutation guard copies, it waits for the writer for the rest.
     verify: the incremental tier always records size and xxh3_128 of every file of a step at
         save; with verify (default) a load checks both (the ranks share the hashing: about a
         quarter of a CPU load's time), without it sizes only, so a bit flip could load silently.
@@ -140,7 +155,7 @@ class SlimCheckpointConfig(CheckpointConfig):
 
         check_verl_version()
         present = {f.name for f in fields(self)}
-        for key in (*BOOL_FIELDS, *INT_FIELDS, *FLOAT_FIELDS, *ENUM_FIELDS):
+        for key in ("async_save", *BOOL_FIELDS, *INT_FIELDS, *FLOAT_FIELDS, *ENUM_FIELDS):
             if key in present:
                 # verl's BaseConfig freezes set fields; this only normalises "true" -> True, "64" -> 64
                 object.__setattr__(self, key, _checked(key, getattr(self, key)))
@@ -157,7 +172,7 @@ class SlimCheckpointConfig(CheckpointConfig):
                              "the intermediate tier's export takes bf16, fp16 or fp32")
         if self.async_save and not self.incremental_save:
             raise ValueError(
-                "checkpoint.async_save=true needs checkpoint.incremental_save=true: verl's FSDP manager has no "
+                f"checkpoint.async_save={'stream' if self.async_save == 'stream' else 'true'} needs checkpoint.incremental_save=true: verl's FSDP manager has no "
                 "async save and its trainer then never writes latest_checkpointed_iteration.txt (verl #7952)"
             )
         if self.bucket_mb < 1 or self.write_threads < 1 or self.host_memory_budget_gb < 0:
@@ -191,3 +206,13 @@ def _reject_unknown_fields(cls):
 
 
 _reject_unknown_fields(SlimCheckpointConfig)
+
+
+def async_mode(value) -> str:
+    """"off", "pool" or "stream" for an async_save value as a config holds it (a checked
+    SlimCheckpointConfig field, or the raw YAML value verl's trainer reads)."""
+    try:
+        checked = _checked("async_save", False if value is None else value)
+    except ValueError:
+        return "off"
+    return "stream" if checked == "stream" else ("pool" if checked else "off")

@@ -114,6 +114,18 @@ PATCHES: list[Patch] = [
         "checkpoint.tracker_read", "find_latest_ckpt_path", "slimckpt.save.tracker_recovery:wrap_find_latest_ckpt_path",
         "verl writes latest_checkpointed_iteration.txt non-atomically; an empty one (a kill mid-write) resumes from "
         "the newest complete step instead of crashing on int('')"),
+    *[
+        Patch(f"checkpoint.stream_guard.{name}", f"{TRANSFORMER_IMPL}:{target}", "checkpoint",
+              f"slimckpt.save.stream_guards:{make}",
+              why=f"async_save=stream: {why} only once the background write no longer reads the live shards")
+        for name, target, make, why in (
+            ("offload_model", "offload_fsdp_model_to_cpu", "wrap_offload_model", "move parameters to host"),
+            ("load_model", "load_fsdp_model_to_gpu", "wrap_load_model", "move parameters to the device"),
+            ("offload_optimizer", "offload_fsdp_optimizer", "wrap_offload_optimizer", "move optimizer state to host"),
+            ("load_optimizer", "load_fsdp_optimizer", "wrap_load_optimizer", "move optimizer state to the device"),
+            ("merged_lora", "merged_lora_context", "wrap_merged_lora", "merge LoRA into the base weights"),
+        )
+    ],
     Patch("checkpoint.retention.before",
           "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.ensure_checkpoint_capacity", "checkpoint",
           "slimckpt.save.retention:wrap_ensure_checkpoint_capacity",

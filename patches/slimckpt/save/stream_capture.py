@@ -1,0 +1,322 @@
+"""Stream mode of async_save: the background writer reads the live shards, no staging copy.
+
+Between a save (after the updates of step N) and the next change to the weights (the optimizer
+step of step N+1) verl runs the rollout, reward and reference passes: the shards do not change.
+A StreamCapture holds, for one save, references to the rank's shard tensors (the local tensors of
+DTensors, the optimizer state) and the version counter each had (`tensor._version`, bumped by
+every in-place op); the small state (optimizer hyper-parameters, any non-tensor leaf) is copied
+at capture. The writer reads each source through `begin`/`end`; DCP and the HF export are its
+readers, and a source is done when all the reads planned for it have ended.
+
+Guards (slimckpt.save.stream_guards) call `guard()` before anything that can change a source: it
+copies every source not yet done into host memory, within `budget_bytes`, and blocks only until
+the writer has finished the ones that do not fit (and any it is reading at that moment). After a
+guard no live source is left, so later guards return at once.
+
+On CUDA the writer copies each source to pinned host memory on a side stream that first waits for
+an event recorded at the capture (the values as of the save, not behind kernels queued later) and
+ends the read once that copy is done; a guard's copies run on the training stream, before the
+mutation is queued.
+
+Safety net: `end` compares the source's version with the captured one, and a guard compares it
+before copying. A change is recorded as the capture's failure (the first, in one line naming the
+tensor); `check_collective` raises it on every rank before the commit, so a changed tensor is
+never committed. Reads continue meanwhile: a failed step is never committed, and no rank stops
+half-way through a collective.
+
+Test hook: `READ_HOOK` (a callable taking the source name) runs on the writer's thread before
+each read of a live source, so a test can pause the writer at a known point without sleeps.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..log import get_logger
+
+log = get_logger("slimckpt.resume")
+
+READ_HOOK: Callable[[str], None] | None = None
+
+
+class StreamMutationError(RuntimeError):
+    """A captured shard changed before the writer had read it."""
+
+
+def view_key(t: torch.Tensor) -> tuple | None:
+    """Identity of the memory a tensor views (the same for every view object DCP makes of it)."""
+    if t.device.type == "meta" or t.numel() == 0:
+        return None
+    return (t.device.type, t.device.index, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+            t.stride(), t.dtype)
+
+
+def _local(t: Any) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+@dataclass
+class Source:
+    """One captured tensor: the live local tensor until done or copied."""
+
+    name: str
+    live: torch.Tensor | None
+    version: int
+    nbytes: int
+    reads_left: int = 1
+    reading: int = 0
+    copy: torch.Tensor | None = None
+    readers: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.reads_left <= 0
+
+
+def _host_copy(t: torch.Tensor, side=None, after=None) -> torch.Tensor:
+    """`t` in fresh host memory, same shape and strides (what DCP and the export read from it is
+    then what they would have read from `t`). A device tensor with a `side` stream: copied there
+    into pinned memory without blocking the training stream; `after` (the event recorded at the
+    capture) orders the copy after the kernels that produced the saved values; returns once the
+    copy is done."""
+    if side is None or t.device.type != "cuda":
+        out = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cpu")
+        out.copy_(t.detach())
+        return out
+    out = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
+    with torch.cuda.stream(side):
+        if after is not None:
+            side.wait_event(after)
+        out.copy_(t.detach(), non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(side)
+    done.synchronize()
+    return out
+
+
+class StreamCapture:
+    """One save's sources and the protocol between the writer (begin/end) and guards."""
+
+    def __init__(self, state: dict[str, Any], budget_bytes: int, step: int) -> None:
+        self.step = step
+        self.budget_bytes = int(budget_bytes)
+        self.copied_bytes = 0
+        self.blocked_s = 0.0
+        self.guards = 0
+        self.failure: str | None = None
+        self.closed = False
+        self._cond = threading.Condition()
+        self._sources: dict[tuple, Source] = {}
+        self._reading_on: dict[int, tuple] = {}  # writer thread id -> the source DCP last handed it
+        self.state = self._capture(state, "")
+        # on CUDA the writer copies to the host on its own stream, after the kernels queued so far
+        self._side = self._captured = None
+        device = next((s.live.device for s in self._sources.values() if s.live.device.type == "cuda"), None)
+        if device is not None:
+            self._side = torch.cuda.Stream(device=device)
+            self._captured = torch.cuda.Event()
+            self._captured.record(torch.cuda.current_stream(device))
+
+    # ------------------------------------------------------------------ capture
+
+    def _capture(self, obj: Any, path: str) -> Any:
+        if isinstance(obj, torch.Tensor):
+            local = _local(obj)
+            key = view_key(local)
+            if key is not None and key not in self._sources:
+                self._sources[key] = Source(path, local, local._version, local.numel() * local.element_size())
+            return obj  # by reference: DCP plans from the DTensor itself
+        if isinstance(obj, dict):
+            return {k: self._capture(v, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._capture(v, f"{path}[{i}]") for i, v in enumerate(obj))
+        return copy.deepcopy(obj)  # hyper-parameters: the lr scheduler changes them in place
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self._sources.values())
+
+    def plan_reads(self, reader: str, keys: Iterable[tuple]) -> None:
+        """The reads `reader` will make (one per key, a key may repeat); every reader plans before
+        `start`, and none reads before it."""
+        with self._cond:
+            for key in keys:
+                source = self._sources.get(key)
+                if source is not None:
+                    source.readers[reader] = source.readers.get(reader, 0) + 1
+
+    def start(self) -> None:
+        """Every reader has planned: each source now waits for exactly its planned reads, and one
+        no reader plans to read on this rank (DCP writes a replicated tensor on one rank only) is
+        released at once. Until then a guard treats every source as unread."""
+        with self._cond:
+            for source in self._sources.values():
+                source.reads_left = sum(source.readers.values())
+                if source.done:
+                    source.live, source.copy = None, None
+            self._cond.notify_all()
+
+    def key_of(self, t: torch.Tensor) -> tuple | None:
+        return view_key(_local(t))
+
+    # ------------------------------------------------------------------ writer side
+
+    def _fail(self, message: str) -> None:
+        if self.failure is None:
+            self.failure = message
+            log.error("%s", message)
+
+    def _changed(self, source: Source, when: str) -> None:
+        self._fail(f"slimckpt: async_save=stream step {self.step}: tensor {source.name} was changed in place "
+                   f"{when}; this step is not committed (a mutation slimckpt does not guard: save with "
+                   f"async_save=pool, or report the code path that changed it)")
+
+    def begin(self, key: tuple | None, fallback: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """(the tensor to read for source `key`, whether it is the live one): its guard copy, or
+        the live tensor, marked as being read until `end`; `fallback` for a tensor that was not
+        captured."""
+        source = self._sources.get(key) if key is not None else None
+        if source is None:
+            return fallback, False
+        hook = READ_HOOK
+        if hook is not None and source.copy is None and not self.closed:
+            hook(source.name)
+        with self._cond:
+            if source.copy is not None:
+                return source.copy, False
+            if source.live is None:  # released (the write ended): nothing left to guard
+                return fallback, False
+            if source.live._version != source.version:
+                self._changed(source, "after the save and before the writer read it")
+            source.reading += 1
+            return source.live, True
+
+    def end(self, key: tuple | None, was_live: bool) -> None:
+        """A read of `key` is complete: check its version, count it, release the source when it
+        was the last planned read."""
+        source = self._sources.get(key) if key is not None else None
+        if source is None:
+            return
+        with self._cond:
+            if source.reading and was_live:
+                source.reading -= 1
+                if source.live is not None and source.live._version != source.version:
+                    self._changed(source, "while the writer read it")
+            source.reads_left -= 1
+            if source.done:
+                source.live, source.copy = None, None
+            self._cond.notify_all()
+
+    def read_now(self, key: tuple | None, fallback: torch.Tensor) -> torch.Tensor:
+        """A read that completes here: the source copied to the host (a device tensor) or, for a
+        host tensor, cloned, so that nothing reads the source after `end`."""
+        t, was_live = self.begin(key, fallback)
+        host = _host_copy(t, self._side, self._captured) if was_live or t.device.type != "cpu" else t
+        self.end(key, was_live)
+        return host
+
+    # DCP hands each writer thread its items one at a time on CPU (read while torch.save writes
+    # it); the thread's next resolve, or the end of the DCP phase, ends the previous read.
+    def dcp_begin(self, key: tuple | None, fallback: torch.Tensor) -> torch.Tensor:
+        me = threading.get_ident()
+        with self._cond:
+            previous = self._reading_on.pop(me, None)
+        if previous is not None:
+            self.end(previous[0], previous[1])
+        source = self._sources.get(key) if key is not None else None
+        if source is None:
+            return fallback
+        if fallback.device.type != "cpu":  # copied to the host here, the read is over on return
+            return self.read_now(key, fallback)
+        t, was_live = self.begin(key, fallback)
+        with self._cond:
+            self._reading_on[me] = (key, was_live)
+        return t
+
+    def dcp_done(self) -> None:
+        with self._cond:
+            pending, self._reading_on = list(self._reading_on.values()), {}
+        for key, was_live in pending:
+            self.end(key, was_live)
+
+    # ------------------------------------------------------------------ guard side
+
+    def guard(self, what: str) -> float:
+        """Before `what` changes the shards: copy the sources not yet done (within the budget),
+        wait for the writer for the rest. Returns the seconds this call blocked."""
+        started = time.perf_counter()
+        with self._cond:
+            if self.closed or all(s.done or s.copy is not None for s in self._sources.values()):
+                return 0.0
+            self.guards += 1
+            waited = False
+            while not self.closed:
+                pending = [s for s in self._sources.values() if not s.done and s.copy is None]
+                if not pending:
+                    break
+                for source in pending:
+                    if source.reading or self.copied_bytes + source.nbytes > self.budget_bytes:
+                        continue
+                    if source.live._version != source.version:
+                        self._changed(source, f"before {what} (found by its guard)")
+                    source.copy, source.live = _host_copy(source.live), None
+                    self.copied_bytes += source.nbytes
+                if all(s.done or s.copy is not None for s in self._sources.values()):
+                    break
+                waited = True
+                self._cond.wait(timeout=1.0)
+        blocked = time.perf_counter() - started
+        self.blocked_s += blocked
+        log.info("async_save=stream step %s: %s waited %.3f s for the writer (%.1f MiB copied within "
+                 "host_memory_budget_gb)%s", self.step, what, blocked, self.copied_bytes / 2**20,
+                 "" if waited else ", no wait")
+        return blocked
+
+    def close(self) -> None:
+        """The write ended (committed or failed): drop every reference, wake every guard."""
+        with self._cond:
+            self.closed = True
+            for source in self._sources.values():
+                source.live, source.copy = None, None
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ outcome
+
+    def check_collective(self, group) -> None:
+        """Before the commit, on every rank: raise the first rank's recorded failure, one line."""
+        import torch.distributed as dist
+
+        messages: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(messages, self.failure, group=group)
+        for rank, message in enumerate(messages):
+            if message:
+                raise StreamMutationError(message if rank == dist.get_rank(group) else f"{message} (rank {rank})")
+
+
+class StreamReads:
+    """The HF export's reads of a capture's model tensors (hf_direct_export.write_export)."""
+
+    def __init__(self, capture: StreamCapture, model_state: dict[str, Any]) -> None:
+        self.capture, self.model_state = capture, model_state
+        self._open: dict[str, tuple[tuple | None, bool]] = {}
+
+    def keys_for(self, names: Iterable[str]) -> list[tuple]:
+        return [k for n in names if (k := self.capture.key_of(self.model_state[n])) is not None]
+
+    def begin(self, name: str) -> Any:
+        value = self.model_state[name]
+        key = self.capture.key_of(value)
+        local, was_live = self.capture.begin(key, _local(value))
+        self._open[name] = (key, was_live)
+        return local
+
+    def end(self, name: str) -> None:
+        key, was_live = self._open.pop(name, (None, False))
+        self.capture.end(key, was_live)
