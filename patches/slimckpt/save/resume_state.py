@@ -161,12 +161,12 @@ def split_aliases(model_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 
 def storage_writer(path: str, config: Any):
-    """DCP's FileSystemWriter, with a filesystem that checksums each file as it is written."""
-    from torch.distributed.checkpoint import FileSystemWriter
-
+    """DCP's FileSystemWriter, holding one tensor per thread in host memory (write.dcp_file_writer),
+    with a filesystem that checksums each file as it is written."""
+    from ..write.dcp_file_writer import BoundedFileSystemWriter
     from ..write.hashing_fs import HashingFileSystem
 
-    writer = FileSystemWriter(
+    writer = BoundedFileSystemWriter(
         path,
         single_file_per_rank=True,
         sync_files=True,
