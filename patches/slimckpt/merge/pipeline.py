@@ -78,7 +78,7 @@ def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str],
             raise MergeError(str(exc)) from None
     entries = build_entries(partial, known=checksums)
     manifest = Manifest(kind="hf_export", files=entries, tool_version=__version__, checksum_algo=DEFAULT_ALGO, info={
-        "source": {"local_dir": os.path.abspath(opts.local_dir), "format": "verl_fsdp",
+        "source": {"local_dir": os.path.abspath(opts.local_dir), "format": mp.source_format,
                    "fsdp_version": mp.fsdp_version, "world_size": mp.world_size},
         "dtype": opts.dtype,
         "max_shard_size": layout.parse_size(opts.max_shard_size),
@@ -203,10 +203,9 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     target = os.path.abspath(opts.target_dir)
     check_target(target, opts.overwrite, opts.overwrite_hint)
     from ..read import readahead
-    from ..read.checkpoint_dir import check_rank_files, read_fsdp_config
 
     # before any import: a wrong --local_dir fails in milliseconds, not after torch and transformers
-    check_rank_files(opts.local_dir, read_fsdp_config(opts.local_dir)[0])
+    check_source(opts.local_dir)
 
     readahead.start(opts.local_dir)  # the shards load into the page cache while torch/verl import
     early = EarlyWrite.start(opts, target)
@@ -226,6 +225,19 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     if planned is None:
         return run_verl_merger(opts, verl_fallback, t0)
     return _write_and_commit(opts, *planned, t0, early)
+
+
+def check_source(local_dir: str) -> None:
+    """The merge's input check, before torch is imported: verl's rank files all there; or an
+    incremental-tier step committed and intact (every file's checksum: the one full read of it)."""
+    from ..read import dcp_step
+    from ..read.checkpoint_dir import check_rank_files, read_fsdp_config
+
+    world = read_fsdp_config(local_dir)[0]
+    if dcp_step.is_dcp_role_dir(local_dir):
+        dcp_step.check_step(local_dir)
+    else:
+        check_rank_files(local_dir, world)
 
 
 def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[MergePlan, HfSide] | None:
@@ -291,6 +303,10 @@ def _log_fallback(opts: MergeOptions, why: str, ckpt) -> None:
     total, shards, params = verl_merger_memory(ckpt)
     memory = (f"about {human_bytes(total)} of host memory (the {human_bytes(shards)} of rank model files, read "
               f"whole, + {params:,} parameters x 2 bytes in bf16)")
+    if ckpt.source_format != "verl_fsdp":  # verl's merger reads verl's rank files only
+        raise MergeError(f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
+                         f"FSDPModelMerger cannot read {ckpt.source_format} (dcp/): not mergeable offline; the "
+                         f"save's own export (checkpoint.export_hf=true) writes this model")
     if not opts.verl_fallback:
         raise MergeError(f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
                          f"FSDPModelMerger, which would, holds the whole model: {memory}; not run, as "
@@ -506,6 +522,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
         try:
             opts.__dict__["_held_target_lock"] = _target_lock(opts)  # released by merge_distributed
             check_target(target, opts.overwrite, opts.overwrite_hint)
+            check_source(opts.local_dir)
             planned = open_and_plan(opts)
             if planned is None:
                 state = ("fallback",)
