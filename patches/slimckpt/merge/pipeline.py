@@ -203,6 +203,7 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     target = os.path.abspath(opts.target_dir)
     check_target(target, opts.overwrite, opts.overwrite_hint)
     from ..read import readahead
+    from ..read.merge_input import check_source
 
     # before any import: a wrong --local_dir fails in milliseconds, not after torch and transformers
     check_source(opts.local_dir)
@@ -227,24 +228,11 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     return _write_and_commit(opts, *planned, t0, early)
 
 
-def check_source(local_dir: str) -> None:
-    """The merge's input check, before torch is imported: verl's rank files all there; or an
-    incremental-tier step committed and intact (every file's checksum: the one full read of it)."""
-    from ..read import dcp_step
-    from ..read.checkpoint_dir import check_rank_files, read_fsdp_config
-
-    world = read_fsdp_config(local_dir)[0]
-    if dcp_step.is_dcp_role_dir(local_dir):
-        dcp_step.check_step(local_dir)
-    else:
-        check_rank_files(local_dir, world)
-
-
 def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[MergePlan, HfSide] | None:
     """The plan from the real reader; `signature`, when given, receives quick_sources.signature of it."""
-    from ..read.sources import open_checkpoint
+    from ..read.merge_input import open_source
 
-    ckpt = open_checkpoint(opts.local_dir)
+    ckpt = open_source(opts.local_dir)
     try:
         planned = plan_or_fallback(ckpt, opts)
         if planned is not None and signature is not None:
@@ -522,6 +510,8 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
         try:
             opts.__dict__["_held_target_lock"] = _target_lock(opts)  # released by merge_distributed
             check_target(target, opts.overwrite, opts.overwrite_hint)
+            from ..read.merge_input import check_source
+
             check_source(opts.local_dir)
             planned = open_and_plan(opts)
             if planned is None:

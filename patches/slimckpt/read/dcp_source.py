@@ -1,6 +1,7 @@
 """The model of an incremental-tier step (`<step>/<role>/dcp/`, committed by `slimckpt_resume.json`)
-as merge sources: the same `SourceTensor`s `sources.open_checkpoint` makes of verl's rank files,
-memory-mapped, so the merge's plan, writers, LoRA and MoE handling read it unchanged.
+as merge sources (`merge_input.open_source`): the same `SourceTensor`s `sources.open_checkpoint`
+makes of verl's rank files, memory-mapped, so the merge's plan, writers, LoRA and MoE handling read
+it unchanged.
 
 What DCP's FileSystemWriter (torch 2.13, `single_file_per_rank`) leaves, checked here:
 - `dcp/.metadata`: per state-dict key (`model.<parameter name>`, `optim.…`) the global shape,

@@ -195,15 +195,9 @@ def _dtensor_types() -> tuple[type, ...]:
 
 
 def open_checkpoint(local_dir: str) -> VerlFsdpCheckpoint:
-    """Validate `local_dir` and map every rank's model file (or, for an incremental-tier step, its
-    dcp/ files: `dcp_source`); raises CheckpointError."""
+    """Validate `local_dir` and map every rank's model file; raises CheckpointError. (A merge opens
+    its input through `merge_input.open_source`, which also reads an incremental-tier step.)"""
     local_dir = os.path.abspath(local_dir)
-    from .dcp_step import is_dcp_role_dir
-
-    if is_dcp_role_dir(local_dir):
-        from .dcp_source import open_dcp
-
-        return open_dcp(local_dir)
     world, version = read_fsdp_config(local_dir)
     paths = check_rank_files(local_dir, world)
     state_dicts = [load_rank_file(p) for p in paths]
