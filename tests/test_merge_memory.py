@@ -10,7 +10,7 @@ import pytest
 
 from slimckpt.observe.memory import sample_tree_peaks
 
-from .merge_helpers import REPO, synthetic_checkpoint, tiny_llama_config
+from .merge_helpers import REPO, synthetic_checkpoint, synthetic_dcp_step, tiny_llama_config
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def _env() -> dict:
 def _extra_of_the_big_merge(tmp_path, small, big, flags: tuple = (), tag: str = "",
                             min_bytes: float = 400e6) -> tuple[int, int, int]:
     """(shard bytes of `big`, the chunk, peak RssAnon of merging `big` minus that of merging `small`)."""
-    shard_bytes = (big / "model_world_size_1_rank_0.pt").stat().st_size
+    shard_bytes = sum(p.stat().st_size for p in [*big.glob("model_world_size_1_rank_0.pt"), *big.glob("dcp/*.distcp")])
     assert shard_bytes > min_bytes
     chunk = 16 << 20
     common = ["merge", "--no_progress", "--chunk_mb", str(chunk >> 20), *flags]
@@ -53,6 +53,18 @@ def test_peak_memory_does_not_grow_with_model_size(tmp_path):
     shard_bytes, chunk, extra = _extra_of_the_big_merge(tmp_path, small, big)
     # one bf16 staging buffer (half a chunk) plus allocator slack; nowhere near the 430 MB of shards
     assert extra < chunk + (48 << 20), f"merge of {shard_bytes / 1e6:.0f} MB used {extra / 2**20:.0f} MiB more"
+
+
+def test_incremental_step_peak_memory_does_not_grow_with_model_size(tmp_path):
+    """An incremental-tier step (dcp/): 430 MB of fp32 tensors in one .distcp file, each mapped from its
+    record, cost no more than a tiny step's merge plus about one staging chunk; the largest tensor
+    (the 205 MB embedding) is never held."""
+    small = synthetic_dcp_step(tmp_path / "small")
+    big_cfg = tiny_llama_config(vocab_size=50_000, hidden_size=1024, intermediate_size=64, num_hidden_layers=1,
+                                num_attention_heads=8, num_key_value_heads=8)
+    big = synthetic_dcp_step(tmp_path / "big", config=big_cfg)
+    shard_bytes, chunk, extra = _extra_of_the_big_merge(tmp_path, small, big)
+    assert extra < chunk + (48 << 20), f"merge of {shard_bytes / 1e6:.0f} MB of dcp/ used {extra / 2**20:.0f} MiB more"
 
 
 def test_moe_peak_memory_does_not_grow_with_the_experts(tmp_path):
