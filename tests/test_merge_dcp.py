@@ -70,6 +70,34 @@ def test_merge_equals_the_saves_export_and_verls_rank_files(ws2_scenarios, tmp_p
     assert (tmp_path / "bf16" / "config.json").read_text() == (tmp_path / "verl_bf16" / "config.json").read_text()
 
 
+def model_state_equals(merged_tensors: dict, full_state: dict) -> None:
+    """The merge holds the saved model's own full state dict, but for a tied lm_head.weight (verl's
+    merger drops it: drop_tied_target_keys)."""
+    tied = {n for n in set(full_state) - set(merged_tensors) if n == "lm_head.weight"}
+    assert_same_tensors(merged_tensors, {n: t for n, t in full_state.items() if n not in tied})
+
+
+@pytest.mark.parametrize("scenario", ["resume", "resume_async"])
+def test_resume_steps_merge_to_the_saved_state(ws2_scenarios, tmp_path, capsys, scenario):
+    """The resume scenarios' steps (FSDP2; resume_async: tied embeddings, written in the background
+    while training went on): fp32 equals the full state dict the scenario took at the save."""
+    root = scenario_dir(ws2_scenarios, scenario)
+    full = torch.load(root / "full_state_at_save.pt", weights_only=False)["model"]
+    model_state_equals(merged(capsys, root / "global_step_3" / "actor", tmp_path / "o", "--dtype", "fp32"), full)
+
+
+def test_fsdp1_step_merges_and_loads(ws2_scenarios, tmp_path, capsys):
+    """verl's default strategy (FSDP1): its step merges to a model every parameter of which loads."""
+    from transformers import AutoModelForCausalLM
+
+    ours = merged(capsys, scenario_dir(ws2_scenarios, "resume_fsdp1") / "global_step_3" / "actor", tmp_path / "o",
+                  "--dtype", "fp32")
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "o", dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    sd = model.state_dict()
+    assert all(torch.equal(sd[n], t) for n, t in ours.items())
+
+
 @pytest.mark.parametrize("model", ["qwen3-moe", "deepseek-v3"])
 def test_moe_step_splits_fused_experts_as_its_export(ws2_scenarios, tmp_path, capsys, model):
     step = scenario_dir(ws2_scenarios, "moe_export") / model / "incremental" / STEP
