@@ -27,6 +27,7 @@ Tied parameters (lm_head.weight viewing embed_tokens.weight) were saved once; th
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import re
@@ -120,8 +121,7 @@ def _chunk_tensor(f, mapping: np.ndarray, offset: int, length: int, dtype: torch
     facts = _FactsUnpickler(io.BytesIO(bytes(reader.get_record(pkl)))).load()
     if not isinstance(facts, _TensorFacts):
         raise ValueError(f"the record holds a {type(facts).__name__}, not a tensor")
-    contiguous = torch.empty(sizes, device="meta").stride() if sizes else ()
-    if facts.storage_dtype != dtype or facts.shape != tuple(sizes) or (math_prod(sizes) > 1 and facts.stride != contiguous):
+    if facts.storage_dtype != dtype or facts.shape != tuple(sizes) or not _contiguous(facts.shape, facts.stride):
         raise ValueError(f"it holds {facts.storage_dtype} {list(facts.shape)} stride {list(facts.stride)}, the "
                          f".metadata says {dtype} {list(sizes)} contiguous")
     prefix = pkl[: -len("data.pkl")]
@@ -130,7 +130,7 @@ def _chunk_tensor(f, mapping: np.ndarray, offset: int, length: int, dtype: torch
     if reader.has_record(byteorder) and bytes(reader.get_record(byteorder)).decode() != "little":
         raise ValueError("a big-endian record")
     width = torch.empty((), dtype=dtype).element_size()
-    numel = math_prod(sizes)
+    numel = math.prod(sizes)
     start = facts.storage_offset * width
     if start + numel * width > reader.get_record_size(data_record):
         raise ValueError(f"its storage {data_record} is shorter than the tensor")
@@ -145,11 +145,14 @@ def _chunk_tensor(f, mapping: np.ndarray, offset: int, length: int, dtype: torch
     return raw.view(dtype).view(sizes)
 
 
-def math_prod(sizes) -> int:
-    n = 1
-    for s in sizes:
-        n *= int(s)
-    return n
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Row-major without gaps (dims of size 1 may have any stride, as torch's is_contiguous allows)."""
+    expect = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1 and step != expect:
+            return False
+        expect *= size
+    return True
 
 
 def open_dcp(local_dir: str, manifest: Manifest | None = None) -> VerlFsdpCheckpoint:
@@ -201,8 +204,8 @@ def _source(key: str, name: str, meta, storage_data: dict, index_cls, dcp_dir: s
             meta_path: str) -> SourceTensor:
     shape = tuple(meta.size)
     dtype = meta.properties.dtype
-    chunks = [c for c in meta.chunks if math_prod(c.sizes) > 0 or not shape]
-    if not chunks and math_prod(shape) == 0:  # an empty parameter: nothing to read
+    chunks = [c for c in meta.chunks if math.prod(c.sizes) > 0 or not shape]
+    if not chunks and math.prod(shape) == 0:  # an empty parameter: nothing to read
         return SourceTensor(name, shape, dtype, None, [torch.empty(shape, dtype=dtype)], [0],
                             local_dir=os.path.dirname(dcp_dir))
     dim = _shard_dim(shape, chunks)
