@@ -288,13 +288,13 @@ def human_bytes(n: float) -> str:
 
 
 def _log_fallback(opts: MergeOptions, why: str, ckpt) -> None:
+    if ckpt.source_format != "verl_fsdp":  # verl's merger reads verl's rank files only
+        raise MergeError(f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
+                         f"FSDPModelMerger reads verl's rank files, not dcp/: resume from this step with "
+                         f"+recipe=intermediate, whose saves verl's merger reads, and merge that save")
     total, shards, params = verl_merger_memory(ckpt)
     memory = (f"about {human_bytes(total)} of host memory (the {human_bytes(shards)} of rank model files, read "
               f"whole, + {params:,} parameters x 2 bytes in bf16)")
-    if ckpt.source_format != "verl_fsdp":  # verl's merger reads verl's rank files only
-        raise MergeError(f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
-                         f"FSDPModelMerger cannot read {ckpt.source_format} (dcp/): not mergeable offline; the "
-                         f"save's own export (checkpoint.export_hf=true) writes this model")
     if not opts.verl_fallback:
         raise MergeError(f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
                          f"FSDPModelMerger, which would, holds the whole model: {memory}; not run, as "
