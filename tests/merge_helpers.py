@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,6 +47,30 @@ def synthetic_checkpoint(root: Path, world_size: int = 1, config=None, extra: di
         torch.save(rank_sd, root / f"model_world_size_{world_size}_rank_{r}.pt")
     (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world_size}))
     config.save_pretrained(root / "huggingface")
+    return root
+
+
+def synthetic_dcp_step(root: Path, config=None) -> Path:
+    """An incremental-tier role dir made without torchrun: the model's state dict saved by DCP in
+    one process (one chunk per tensor, as a world-size-1 save), committed by slimckpt_resume.json
+    as resume_state writes it."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    from slimckpt.format.resume_manifest import Manifest, describe_files, write_manifest
+    from slimckpt.read.checkpoint_dir import DCP_DIR
+
+    config = config or tiny_llama_config()
+    torch.manual_seed(0)
+    sd = {k: v.detach().clone() for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is disabled ... single process": as meant
+        dcp.save({"model": sd}, checkpoint_id=str(root / DCP_DIR), no_dist=True)
+    (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
+    config.save_pretrained(root / "huggingface")
+    rels = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    write_manifest(str(root), Manifest(global_step=1, world_size=1, contents=["model"], fsdp_version=2,
+                                       files=describe_files(str(root), rels), extra={"aliases": {}}))
     return root
 
 

@@ -5,7 +5,7 @@ verl imported on every rank) before seconds of work, so the tests share one.
     torchrun --nproc_per_node 2 tests/scenario_batch.py --dir D [NAME ...]
 
 NAME (default all of SCENARIOS) runs in its own directory D/NAME with the settings its test had
-as a torchrun of its own (tests/resume_scenarios.py, tests/hf_direct_export_scenario.py); every
+as a torchrun of its own (tests/resume_scenarios.py, tests/hf_direct_export_scenario.py, tests/critic_save_scenario.py); every
 module-level switch a scenario sets or patches is put back before the next one starts. A scenario
 that raises on every rank leaves D/NAME/error.txt (rank 0's traceback) and the next one runs;
 one that hangs a collective ends the batch at the process group's timeout.
@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import critic_save_scenario  # noqa: E402
 import hf_direct_export_scenario  # noqa: E402
 import resume_scenarios  # noqa: E402
 import stream_scenario  # noqa: E402
@@ -43,6 +44,7 @@ SCENARIOS = {
     "moe_export": (hf_direct_export_scenario.scenario_moe, {"models": "qwen3-moe,deepseek-v3,qwen3-moe:divisible"}, "qwen3-moe", 2),
     "lora_export": (hf_direct_export_scenario.scenario_lora, {}, "llama", 2),
     "lora_only": (resume_scenarios.scenario_lora_only, {}, "llama", 2),
+    "critic_save": (critic_save_scenario.scenario, {}, "llama", 2),
 }
 
 

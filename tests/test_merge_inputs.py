@@ -122,23 +122,18 @@ def test_missing_rank_file(ckpt, tmp_path, capsys):
     assert_nothing_committed(tmp_path / "o")
 
 
-@pytest.mark.parametrize("exported", [True, False])
-def test_an_incremental_tier_dir_says_where_its_model_is(ckpt, tmp_path, capsys, exported):
-    """An incremental-tier role dir (dcp/, no verl rank files) is not merged: the one line says where
-    the save's own export is, or that export_hf=false left none."""
+def test_an_uncommitted_incremental_step_is_refused(ckpt, tmp_path, capsys):
+    """An incremental-tier role dir (dcp/, no verl rank files) without slimckpt_resume.json (a save
+    that never finished) is not merged: one line naming the manifest, the resume's own words."""
     role = tmp_path / "actor"
     (role / "dcp").mkdir(parents=True)
     (role / "dcp" / "__0_0.distcp").write_bytes(b"x")
     shutil.copy(ckpt / "fsdp_config.json", role / "fsdp_config.json")
-    (role / "huggingface").mkdir()
-    if exported:
-        (role / "huggingface" / "model.safetensors").write_bytes(b"x")
     rc, err = merge_cli(capsys, "--local_dir", str(role), "--target_dir", str(tmp_path / "o"))
     assert rc == 1
     line = error_line(err)
-    assert "incremental format (dcp/)" in line and "is missing" not in line
-    assert (str(role / "huggingface") in line) == exported
-    assert ("export_hf=false" in line) != exported
+    assert "slimckpt_resume.json" in line and "never finished" in line and "merge an earlier" in line
+    assert "is missing" not in line
     assert_nothing_committed(tmp_path / "o")
 
 

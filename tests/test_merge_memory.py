@@ -10,7 +10,7 @@ import pytest
 
 from slimckpt.observe.memory import sample_tree_peaks
 
-from .merge_helpers import REPO, synthetic_checkpoint, tiny_llama_config
+from .merge_helpers import REPO, synthetic_checkpoint, synthetic_dcp_step, tiny_llama_config
 
 pytestmark = pytest.mark.slow
 
@@ -32,9 +32,10 @@ def _env() -> dict:
 
 
 def _extra_of_the_big_merge(tmp_path, small, big, flags: tuple = (), tag: str = "",
-                            min_bytes: float = 400e6) -> tuple[int, int, int]:
-    """(shard bytes of `big`, the chunk, peak RssAnon of merging `big` minus that of merging `small`)."""
-    shard_bytes = (big / "model_world_size_1_rank_0.pt").stat().st_size
+                            min_bytes: float = 400e6) -> tuple[int, int, int, int]:
+    """(shard bytes of `big`, the chunk, peak RssAnon of merging `big` minus that of merging `small`,
+    and that of merging `big`)."""
+    shard_bytes = sum(p.stat().st_size for p in [*big.glob("model_world_size_1_rank_0.pt"), *big.glob("dcp/*.distcp")])
     assert shard_bytes > min_bytes
     chunk = 16 << 20
     common = ["merge", "--no_progress", "--chunk_mb", str(chunk >> 20), *flags]
@@ -42,7 +43,7 @@ def _extra_of_the_big_merge(tmp_path, small, big, flags: tuple = (), tag: str = 
     peak = peak_rss_anon([*common, "--local_dir", str(big), "--target_dir", str(tmp_path / f"o_big{tag}")])
     print(f"{tag} peak RssAnon {base / 2**20:.0f} MiB (small) vs {peak / 2**20:.0f} MiB "
           f"({shard_bytes / 1e6:.0f} MB shards)")
-    return shard_bytes, chunk, peak - base
+    return shard_bytes, chunk, peak - base, peak
 
 
 def test_peak_memory_does_not_grow_with_model_size(tmp_path):
@@ -50,9 +51,27 @@ def test_peak_memory_does_not_grow_with_model_size(tmp_path):
     big_cfg = tiny_llama_config(vocab_size=50_000, hidden_size=1024, intermediate_size=64, num_hidden_layers=1,
                                 num_attention_heads=8, num_key_value_heads=8)
     big = synthetic_checkpoint(tmp_path / "big", config=big_cfg)
-    shard_bytes, chunk, extra = _extra_of_the_big_merge(tmp_path, small, big)
+    shard_bytes, chunk, extra, _ = _extra_of_the_big_merge(tmp_path, small, big)
     # one bf16 staging buffer (half a chunk) plus allocator slack; nowhere near the 430 MB of shards
     assert extra < chunk + (48 << 20), f"merge of {shard_bytes / 1e6:.0f} MB used {extra / 2**20:.0f} MiB more"
+
+
+def test_incremental_step_peak_memory_does_not_grow_with_model_size(tmp_path):
+    """An incremental-tier step (dcp/): 416 MB of fp32 tensors in one .distcp file, none over 16 MiB,
+    each chunk mapped from its record: the peak stays within the bound (largest tensor + chunk +
+    256 MiB), well under the model's size, and no more than a tiny step's merge plus about one chunk."""
+    import math
+
+    small = synthetic_dcp_step(tmp_path / "small")
+    big_cfg = tiny_llama_config(vocab_size=4096, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
+                                num_attention_heads=8, num_key_value_heads=8)
+    big = synthetic_dcp_step(tmp_path / "big", config=big_cfg)
+    shard_bytes, chunk, extra, peak = _extra_of_the_big_merge(tmp_path, small, big)
+    largest = 4 * max(math.prod(s) for s in ((4096, 1024), (1024, 4096)))
+    bound = largest + chunk + (256 << 20)
+    assert shard_bytes > bound + (64 << 20)  # the whole model clearly does not fit the bound
+    assert peak <= bound, f"merge of {shard_bytes / 1e6:.0f} MB of dcp/ peaked at {peak / 2**20:.0f} MiB"
+    assert extra < chunk + (48 << 20), f"merge of {shard_bytes / 1e6:.0f} MB of dcp/ used {extra / 2**20:.0f} MiB more"
 
 
 def test_moe_peak_memory_does_not_grow_with_the_experts(tmp_path):
@@ -70,7 +89,7 @@ def test_moe_peak_memory_does_not_grow_with_the_experts(tmp_path):
 
     small = synthetic_checkpoint(tmp_path / "small", config=config(4, 64, 16))
     big = synthetic_checkpoint(tmp_path / "big", config=config(32, 1024, 1024))
-    shard_bytes, chunk, extra = _extra_of_the_big_merge(tmp_path, small, big)
+    shard_bytes, chunk, extra, _ = _extra_of_the_big_merge(tmp_path, small, big)
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / "o_big" / "model.safetensors"), "pt") as f:
@@ -112,6 +131,6 @@ def test_lora_peak_memory_does_not_grow_with_the_model(tmp_path):
                                                               num_key_value_heads=32))
     for flags in ((), ("--merge_lora",)):
         tag = "".join(flags) or "unmerged"
-        shard_bytes, chunk, extra = _extra_of_the_big_merge(tmp_path, small, big, flags, tag, min_bytes=500e6)
+        shard_bytes, chunk, extra, _ = _extra_of_the_big_merge(tmp_path, small, big, flags, tag, min_bytes=500e6)
         assert (tmp_path / f"o_big{tag}" / "lora_adapter").exists() == (not flags)
         assert extra < chunk + (48 << 20), f"LoRA merge ({tag}) of {shard_bytes / 1e6:.0f} MB used {extra / 2**20:.0f} MiB more"

@@ -413,6 +413,18 @@ def test_reshard_to_more_then_fewer_ranks_keeps_or_derives_rng(ws2_scenarios, tm
     assert w3["diffs"] == [] and w3["n_model"] > 0, w3
     _check_resharded_rng(resumed_dir, saved_world=2, world=3)
 
+    # the world-size-3 step (uneven shards) merges to the state it saved
+    import torch
+
+    from slimckpt import cli
+
+    from .merge_helpers import assert_same_tensors, dir_tensors
+
+    merged = tmp_path / "merged_ws3"
+    assert cli.main(["merge", "--no_progress", "--dtype", "fp32", "--local_dir", str(tmp_path / "global_step_3" / "actor"),
+                     "--target_dir", str(merged)]) == 0
+    assert_same_tensors(dir_tensors(merged), torch.load(tmp_path / "full_state_at_save.pt", weights_only=False)["model"])
+
     _torchrun(2, "reshard", "--dir", str(tmp_path))
     w2 = json.loads((tmp_path / "reshard_ws2_result.json").read_text())
     assert w2["diffs"] == [] and w2["n_model"] > 0, w2

@@ -130,12 +130,13 @@ class EarlyWrite:
 
         from . import guess as merge_guess
         from ..read import quick_sources
-        from ..read.sources import CheckpointError, open_checkpoint
+        from ..read.merge_input import open_source
+        from ..read.sources import CheckpointError
 
         ckpt = quick_sources.open_quick(opts.local_dir)  # no torch.distributed import: 0.9 s sooner
         if ckpt is None:
             try:
-                ckpt = open_checkpoint(opts.local_dir)
+                ckpt = open_source(opts.local_dir)
             except CheckpointError:
                 return None  # the normal path reports it
         names = merge_guess.guess_output_names(list(ckpt.tensors), config,

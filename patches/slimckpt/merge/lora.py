@@ -206,7 +206,8 @@ def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str 
              "target modules %s), as verl's merger writes them", ADAPTER_DIR, len(adapter_takes), s.r,
              s.lora_alpha, sorted(s.target_modules))
     return MergePlan(both, {**model.takes, **adapter_takes}, total_parameters, model.world_size, model.fsdp_version,
-                     index_plan=model.plan, adapter_config=adapter_config_text(s))
+                     index_plan=model.plan, adapter_config=adapter_config_text(s),
+                     source_format=getattr(ckpt, "source_format", "verl_fsdp"))
 
 
 def merged_takes(local_dir: str, takes: dict[str, layout.Take], lora_names: list[str], shapes: dict,

@@ -78,7 +78,7 @@ def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str],
             raise MergeError(str(exc)) from None
     entries = build_entries(partial, known=checksums)
     manifest = Manifest(kind="hf_export", files=entries, tool_version=__version__, checksum_algo=DEFAULT_ALGO, info={
-        "source": {"local_dir": os.path.abspath(opts.local_dir), "format": "verl_fsdp",
+        "source": {"local_dir": os.path.abspath(opts.local_dir), "format": mp.source_format,
                    "fsdp_version": mp.fsdp_version, "world_size": mp.world_size},
         "dtype": opts.dtype,
         "max_shard_size": layout.parse_size(opts.max_shard_size),
@@ -203,10 +203,10 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     target = os.path.abspath(opts.target_dir)
     check_target(target, opts.overwrite, opts.overwrite_hint)
     from ..read import readahead
-    from ..read.checkpoint_dir import check_rank_files, read_fsdp_config
+    from ..read.merge_input import check_source
 
     # before any import: a wrong --local_dir fails in milliseconds, not after torch and transformers
-    check_rank_files(opts.local_dir, read_fsdp_config(opts.local_dir)[0])
+    check_source(opts.local_dir)
 
     readahead.start(opts.local_dir)  # the shards load into the page cache while torch/verl import
     early = EarlyWrite.start(opts, target)
@@ -230,9 +230,9 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
 
 def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[MergePlan, HfSide] | None:
     """The plan from the real reader; `signature`, when given, receives quick_sources.signature of it."""
-    from ..read.sources import open_checkpoint
+    from ..read.merge_input import open_source
 
-    ckpt = open_checkpoint(opts.local_dir)
+    ckpt = open_source(opts.local_dir)
     try:
         planned = plan_or_fallback(ckpt, opts)
         if planned is not None and signature is not None:
@@ -288,6 +288,10 @@ def human_bytes(n: float) -> str:
 
 
 def _log_fallback(opts: MergeOptions, why: str, ckpt) -> None:
+    if ckpt.source_format != "verl_fsdp":  # verl's merger reads verl's rank files only
+        raise MergeError(f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
+                         f"FSDPModelMerger reads verl's rank files, not dcp/: resume from this step with "
+                         f"+recipe=intermediate, whose saves verl's merger reads, and merge that save")
     total, shards, params = verl_merger_memory(ckpt)
     memory = (f"about {human_bytes(total)} of host memory (the {human_bytes(shards)} of rank model files, read "
               f"whole, + {params:,} parameters x 2 bytes in bf16)")
@@ -506,6 +510,9 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
         try:
             opts.__dict__["_held_target_lock"] = _target_lock(opts)  # released by merge_distributed
             check_target(target, opts.overwrite, opts.overwrite_hint)
+            from ..read.merge_input import check_source
+
+            check_source(opts.local_dir)
             planned = open_and_plan(opts)
             if planned is None:
                 state = ("fallback",)

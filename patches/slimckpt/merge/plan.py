@@ -79,6 +79,7 @@ class MergePlan:
     # `adapter_config` is lora_adapter/adapter_config.json's text
     index_plan: layout.Plan | None = None
     adapter_config: str | None = None
+    source_format: str = "verl_fsdp"  # VerlFsdpCheckpoint.source_format, for the merge manifest
 
     @property
     def model_plan(self) -> layout.Plan:
@@ -118,4 +119,5 @@ def plan_takes(ckpt, takes: dict[str, layout.Take], dtype: str, max_shard_size, 
         take.check_source(ckpt.tensors[take.source].shape)
     specs = [layout.TensorSpec(new, st_dtype, take.shape) for new, take in takes.items()]
     plan = layout.plan_files(specs, max_shard_size)
-    return MergePlan(plan, takes, total_parameters, ckpt.world_size, ckpt.fsdp_version)
+    return MergePlan(plan, takes, total_parameters, ckpt.world_size, ckpt.fsdp_version,
+                     source_format=getattr(ckpt, "source_format", "verl_fsdp"))

@@ -18,13 +18,13 @@ def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
                   chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True, ckpt=None) -> dict[str, str]:
     """Write `shares` here, one after the other; returns checksums of files written whole. An opened
     `ckpt` is used (and left open) instead of opening `local_dir`."""
-    from ..read.sources import open_checkpoint
+    from ..read.merge_input import open_source
     from ..write.share_writer import OUT_DTYPES, ShareWriter
 
     import torch
 
     owned = ckpt is None
-    ckpt = open_checkpoint(local_dir) if owned else ckpt
+    ckpt = open_source(local_dir) if owned else ckpt
     sources = {new: ckpt.tensors[old] for new, old in mp.name_map.items()}
     lora_sources = {n: ckpt.tensors[n] for t in mp.takes.values() if t.delta is not None
                     for n in (t.delta.a, t.delta.b)}

@@ -70,22 +70,8 @@ def check_rank_files(local_dir: str, world_size: int) -> list[str]:
                               f"(from {FSDP_CONFIG}) and {sizes}; remove the stale files or merge "
                               f"from a clean checkpoint dir")
     paths = [model_file(local_dir, world_size, r) for r in range(world_size)]
-    if not any(os.path.isfile(p) for p in paths) and os.path.isdir(os.path.join(local_dir, DCP_DIR)):
-        raise CheckpointError(incremental_format_message(local_dir))
     for path in paths:
         if not os.path.isfile(path):
             raise CheckpointError(f"{path} is missing ({FSDP_CONFIG} says world size {world_size}); "
                                   f"copy every rank's model file into {local_dir}")
     return paths
-
-
-def incremental_format_message(local_dir: str) -> str:
-    """Why the merge cannot read an incremental-tier role dir, and where its model is instead."""
-    hf_dir = os.path.join(local_dir, HF_SUBDIR)
-    exported = os.path.isdir(hf_dir) and any(n.endswith(".safetensors") for n in os.listdir(hf_dir))
-    where = (f"its model is already merged: {hf_dir} (the save's export_hf; `slimckpt verify {local_dir}` "
-             f"checks it)" if exported else
-             f"this step was saved with export_hf=false, and dcp/ has no offline merge: resume from it with "
-             f"checkpoint.export_hf=true and let the next save export the model")
-    return (f"{local_dir} holds slimckpt's incremental format ({DCP_DIR}/), not verl's "
-            f"model_world_size_*_rank_*.pt files, so there is nothing to merge; {where}")

@@ -63,9 +63,12 @@ class SourceTensor:
     replicated_dtensor: bool = False  # a DTensor with only Replicate placements: verl keeps rank 0's
     local_dir: str = ""
     world_size: int = 0
+    files: list[str] = field(default_factory=list)  # the file of each piece, where not verl's rank files (dcp/)
 
     def file_of(self, k: int) -> str:
         """The rank file piece k came from (named in error messages)."""
+        if self.files:
+            return self.files[k]
         name = f"model_world_size_{self.world_size}_rank_{self.ranks[k]}.pt" if self.world_size else \
             f"model_world_size_*_rank_{self.ranks[k]}.pt"
         return os.path.join(self.local_dir, name) if self.local_dir else name
@@ -97,6 +100,7 @@ class VerlFsdpCheckpoint:
     tensors: dict[str, SourceTensor] = field(repr=False)
     mesh: MeshInfo | None
     skipped: list[str] = field(default_factory=list)  # non-tensor entries
+    source_format: str = "verl_fsdp"  # or dcp_source.SOURCE_FORMAT: an incremental-tier step's dcp/
 
     @property
     def hf_dir(self) -> str:
@@ -191,7 +195,8 @@ def _dtensor_types() -> tuple[type, ...]:
 
 
 def open_checkpoint(local_dir: str) -> VerlFsdpCheckpoint:
-    """Validate `local_dir` and map every rank's model file; raises CheckpointError."""
+    """Validate `local_dir` and map every rank's model file; raises CheckpointError. (A merge opens
+    its input through `merge_input.open_source`, which also reads an incremental-tier step.)"""
     local_dir = os.path.abspath(local_dir)
     world, version = read_fsdp_config(local_dir)
     paths = check_rank_files(local_dir, world)

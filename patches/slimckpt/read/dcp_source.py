@@ -1,0 +1,266 @@
+"""The model of an incremental-tier step (`<step>/<role>/dcp/`, committed by `slimckpt_resume.json`)
+as merge sources (`merge_input.open_source`): the same `SourceTensor`s `sources.open_checkpoint`
+makes of verl's rank files, memory-mapped, so the merge's plan, writers, LoRA and MoE handling read
+it unchanged.
+
+What DCP's FileSystemWriter (torch 2.13, `single_file_per_rank`) leaves, checked here:
+- `dcp/.metadata`: per state-dict key (`model.<parameter name>`, `optim.…`) the global shape,
+  dtype and chunks (offsets, sizes: the saving ranks' shards; replicated copies deduplicated), and
+  per chunk the file, byte offset and length of its record.
+- each record is a `torch.save` of the chunk (a zip: `data.pkl`, `data/0` stored uncompressed),
+  at an arbitrary byte offset of `__{rank}_{i}.distcp`.
+
+Reading a record with DCP's FileSystemReader (`read_data`) `torch.load`s it into anonymous memory
+and copies it into the caller's tensor: the merge would hold a bucket of whole tensors. Instead
+each chunk's tensor bytes are located in its record (torch's own zip reader, `get_record_offset`,
+plus the pickle's storage offset) and mapped read-only from the .distcp file: file-backed like the
+mmap of verl's rank files, so the writers' direct reads and memory bound apply as they are. A
+record is unpickled with a reader that rebuilds no tensor (only shape, stride and storage facts).
+Each .distcp file is mapped once (numpy's read-only memmap: torch's own from_file either copies or
+maps writable) and a chunk is a view of it; records start anywhere, so a view may be unaligned.
+
+No process group: DCP's planner is not run, the metadata is read with FileSystemReader alone.
+Tied parameters (lm_head.weight viewing embed_tokens.weight) were saved once; the manifest's
+`aliases` name them, and the alias reads its target's chunks (verl's rank files hold both names).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pickle
+import re
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..format.resume_manifest import MANIFEST_NAME, Manifest
+from .checkpoint_dir import DCP_DIR, CheckpointError
+from .dcp_step import SOURCE_FORMAT, check_step
+from .sources import SourceTensor, VerlFsdpCheckpoint
+
+MODEL_PREFIX = "model."  # resume_state saves {"model": ..., "optim": ...}; DCP flattens the keys with "."
+_RANK_OF_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
+
+
+class _Window(io.RawIOBase):
+    """Bytes [offset, offset + length) of an open file, as a file of their own (one DCP record)."""
+
+    def __init__(self, f, offset: int, length: int) -> None:
+        super().__init__()
+        self.f, self.offset, self.length, self.pos = f, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.length + pos
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        n = max(0, min(len(buf), self.length - self.pos))
+        self.f.seek(self.offset + self.pos)
+        got = self.f.readinto(memoryview(buf)[:n])
+        self.pos += got
+        return got
+
+
+@dataclass(frozen=True)
+class _TensorFacts:
+    storage_key: str
+    storage_dtype: torch.dtype
+    storage_offset: int  # in elements
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def _rebuild(storage, storage_offset, size, stride, *_rest) -> _TensorFacts:
+    _typename, storage_type, key, _location, _numel = storage
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy storage classes warn on use; only their dtype is read
+        dtype = getattr(storage_type, "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        raise pickle.UnpicklingError(f"storage type {storage_type!r}")
+    return _TensorFacts(str(key), dtype, int(storage_offset), tuple(size), tuple(stride))
+
+
+class _FactsUnpickler(pickle.Unpickler):
+    """A record's data.pkl read for its tensor's facts: nothing but torch's tensor rebuild and
+    storage classes is looked up, and no storage is loaded."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _rebuild
+        if module == "torch" and name.endswith("Storage"):
+            return getattr(torch, name)
+        if (module, name) == ("collections", "OrderedDict"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} in a DCP tensor record")
+
+    def persistent_load(self, pid):
+        return tuple(pid)
+
+
+def _chunk_tensor(f, mapping: np.ndarray, offset: int, length: int, dtype: torch.dtype,
+                  sizes: tuple[int, ...]) -> torch.Tensor:
+    """The chunk saved at [offset, offset + length) of the file `f` and `mapping` (its read-only map)."""
+    reader = torch._C.PyTorchFileReader(_Window(f, offset, length))
+    records = reader.get_all_records()
+    pkl = next((r for r in records if r == "data.pkl" or r.endswith("/data.pkl")), None)
+    if pkl is None:
+        raise ValueError("no data.pkl in the record")
+    facts = _FactsUnpickler(io.BytesIO(bytes(reader.get_record(pkl)))).load()
+    if not isinstance(facts, _TensorFacts):
+        raise ValueError(f"the record holds a {type(facts).__name__}, not a tensor")
+    if facts.storage_dtype != dtype or facts.shape != tuple(sizes) or not _contiguous(facts.shape, facts.stride):
+        raise ValueError(f"it holds {facts.storage_dtype} {list(facts.shape)} stride {list(facts.stride)}, the "
+                         f".metadata says {dtype} {list(sizes)} contiguous")
+    prefix = pkl[: -len("data.pkl")]
+    data_record = f"{prefix}data/{facts.storage_key}"
+    byteorder = f"{prefix}byteorder"
+    if reader.has_record(byteorder) and bytes(reader.get_record(byteorder)).decode() != "little":
+        raise ValueError("a big-endian record")
+    width = torch.empty((), dtype=dtype).element_size()
+    numel = math.prod(sizes)
+    start = facts.storage_offset * width
+    if start + numel * width > reader.get_record_size(data_record):
+        raise ValueError(f"its storage {data_record} is shorter than the tensor")
+    if numel == 0:
+        return torch.empty(sizes, dtype=dtype)
+    file_offset = offset + reader.get_record_offset(data_record) + start
+    # a view of the file's one mapping; its start need not be aligned to the width: torch checks the
+    # storage offset (0 here) for view(dtype), and x86 and arm64 load unaligned data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "not writable": the merge never writes a source
+        raw = torch.from_numpy(mapping[file_offset:file_offset + numel * width])
+    return raw.view(dtype).view(sizes)
+
+
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Row-major without gaps (dims of size 1 may have any stride, as torch's is_contiguous allows)."""
+    expect = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1 and step != expect:
+            return False
+        expect *= size
+    return True
+
+
+def open_dcp(local_dir: str, manifest: Manifest | None = None) -> VerlFsdpCheckpoint:
+    """The model tensors of a committed incremental step, as merge sources; raises CheckpointError.
+    `manifest`: checked by `check_step` already; else it is checked here, sizes only (the merge
+    checks the checksums once, before it opens the step: `check_step`)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
+
+    local_dir = os.path.abspath(local_dir)
+    manifest = manifest or check_step(local_dir, checksums=False)
+    dcp_dir = os.path.join(local_dir, DCP_DIR)
+    meta_path = os.path.join(dcp_dir, ".metadata")
+    try:
+        metadata = FileSystemReader(dcp_dir).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged pickle
+        raise CheckpointError(f"{meta_path}: unreadable ({type(exc).__name__}: {str(exc)[:120]}); the checkpoint "
+                              f"is damaged, merge an earlier step") from None
+    ckpt = VerlFsdpCheckpoint(local_dir=local_dir, world_size=manifest.world_size, fsdp_version=manifest.fsdp_version,
+                              state_dicts=[], tensors={}, mesh=None, source_format=SOURCE_FORMAT)
+    handles: dict[str, tuple] = {}  # path -> (open file, its mapping)
+    try:
+        for key, meta in metadata.state_dict_metadata.items():
+            if not key.startswith(MODEL_PREFIX):
+                continue
+            name = key[len(MODEL_PREFIX):]
+            if isinstance(meta, BytesStorageMetadata) or not isinstance(meta, TensorStorageMetadata):
+                ckpt.skipped.append(name)
+                continue
+            ckpt.tensors[name] = _source(key, name, meta, metadata.storage_data, MetadataIndex, dcp_dir, handles,
+                                         meta_path)
+    finally:
+        for f, _mapping in handles.values():
+            f.close()  # the mappings stay, held by the tensors viewing them
+    if not ckpt.tensors:
+        raise CheckpointError(f"{meta_path}: holds no model tensors (no '{MODEL_PREFIX}*' keys); not a model save "
+                              f"of the incremental tier")
+    for alias, target in dict(manifest.extra.get("aliases") or {}).items():
+        if target not in ckpt.tensors:
+            raise CheckpointError(f"{os.path.join(local_dir, MANIFEST_NAME)}: alias {alias!r} names {target!r}, which "
+                                  f"{meta_path} does not hold; the checkpoint is damaged, merge an earlier step")
+        src = ckpt.tensors[target]
+        ckpt.tensors[alias] = SourceTensor(alias, src.shape, src.dtype, src.shard_dim, src.pieces, src.ranks,
+                                           src.replicated_dtensor, local_dir, manifest.world_size, list(src.files))
+    return ckpt
+
+
+def _source(key: str, name: str, meta, storage_data: dict, index_cls, dcp_dir: str, handles: dict,
+            meta_path: str) -> SourceTensor:
+    shape = tuple(meta.size)
+    dtype = meta.properties.dtype
+    chunks = [c for c in meta.chunks if math.prod(c.sizes) > 0 or not shape]
+    if not chunks and math.prod(shape) == 0:  # an empty parameter: nothing to read
+        return SourceTensor(name, shape, dtype, None, [torch.empty(shape, dtype=dtype)], [0],
+                            local_dir=os.path.dirname(dcp_dir))
+    dim = _shard_dim(shape, chunks)
+    if dim is None and len(chunks) != 1:
+        raise CheckpointError(f"{meta_path}: {name!r} is saved as {len(chunks)} chunks that are not shards of one "
+                              f"dim (FSDP + tensor parallel?); only FSDP/HSDP steps can be merged")
+    if dim is not None:
+        chunks.sort(key=lambda c: c.offsets[dim])
+        expect = 0
+        for c in chunks:
+            if c.offsets[dim] != expect:
+                raise CheckpointError(f"{meta_path}: the chunks of {name!r} leave a gap or overlap at row {expect} of "
+                                      f"dim {dim}; the checkpoint is damaged, merge an earlier step")
+            expect += c.sizes[dim]
+        if expect != shape[dim]:
+            raise CheckpointError(f"{meta_path}: the chunks of {name!r} cover {expect} of {shape[dim]} rows of dim "
+                                  f"{dim}; the checkpoint is damaged, merge an earlier step")
+    pieces, ranks, files = [], [], []
+    for c in chunks:
+        info = storage_data.get(index_cls(key, c.offsets))
+        if info is None:
+            raise CheckpointError(f"{meta_path}: no storage entry for the chunk of {name!r} at {list(c.offsets)}; "
+                                  f"the checkpoint is damaged, merge an earlier step")
+        path = os.path.join(dcp_dir, info.relative_path)
+        if getattr(info, "transform_descriptors", None):
+            raise CheckpointError(f"{path}: the chunk of {name!r} was saved through storage transforms "
+                                  f"{info.transform_descriptors}, which the merge does not read")
+        if path not in handles:
+            try:
+                handles[path] = (open(path, "rb"), np.memmap(path, dtype=np.uint8, mode="r"))
+            except (OSError, ValueError) as exc:
+                raise CheckpointError(f"{path}: cannot be read ({exc}); the checkpoint is damaged, merge an "
+                                      f"earlier step") from None
+        try:
+            t = _chunk_tensor(*handles[path], info.offset, info.length, dtype, tuple(c.sizes))
+        except Exception as exc:  # noqa: BLE001 - a damaged record raises from torch's zip reader or the pickle
+            raise CheckpointError(f"{path}: the record of {name!r} at byte {info.offset} is not the chunk .metadata "
+                                  f"describes ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}); "
+                                  f"the checkpoint is damaged, merge an earlier step") from None
+        m = _RANK_OF_FILE.match(info.relative_path)
+        pieces.append(t)
+        ranks.append(int(m.group(1)) if m else 0)
+        files.append(path)
+    local_dir = os.path.dirname(dcp_dir)
+    return SourceTensor(name, shape, dtype, dim, pieces, ranks, local_dir=local_dir, files=files)
+
+
+def _shard_dim(shape: tuple[int, ...], chunks: list) -> int | None:
+    """The one dim the chunks split (each chunk whole on every other dim); None for one whole chunk."""
+    if len(chunks) == 1 and tuple(chunks[0].sizes) == shape:
+        return None
+    dims = {d for c in chunks for d in range(len(shape)) if c.sizes[d] != shape[d]}
+    if len(dims) != 1:
+        return None
+    dim = dims.pop()
+    if any(c.offsets[d] for c in chunks for d in range(len(shape)) if d != dim):
+        return None
+    return dim

@@ -1,0 +1,30 @@
+"""Which reader a merge's `--local_dir` gets: verl's rank files (`sources`) or an incremental-tier
+step's dcp/ (`dcp_source`, told apart by `dcp_step.is_dcp_role_dir`). The check runs before torch
+is imported, so a wrong or damaged input fails before seconds of imports.
+"""
+
+from __future__ import annotations
+
+from . import dcp_step
+from .checkpoint_dir import check_rank_files, read_fsdp_config
+
+
+def check_source(local_dir: str) -> None:
+    """Raise CheckpointError (one line) unless `local_dir` can be merged: verl's rank files all there;
+    or an incremental-tier step committed and intact (every file's checksum: the one full read of it)."""
+    world = read_fsdp_config(local_dir)[0]
+    if dcp_step.is_dcp_role_dir(local_dir):
+        dcp_step.check_step(local_dir)
+    else:
+        check_rank_files(local_dir, world)
+
+
+def open_source(local_dir: str):
+    """The opened input as `sources.VerlFsdpCheckpoint` (its tensors memory-mapped); raises CheckpointError."""
+    if dcp_step.is_dcp_role_dir(local_dir):
+        from .dcp_source import open_dcp
+
+        return open_dcp(local_dir)
+    from .sources import open_checkpoint
+
+    return open_checkpoint(local_dir)
