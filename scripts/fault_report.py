@@ -125,10 +125,11 @@ LABELS = {
     "quickstart": "slimckpt `+recipe=quickstart` (model only)",
     "incremental-sync": "slimckpt `+recipe=incremental`",
     "incremental-async": "slimckpt `+recipe=incremental` `async_save=true`",
+    "incremental-stream": "slimckpt `+recipe=incremental` `async_save=stream`",
     "merge": "`slimckpt merge` (streaming, manifest + rename commit)",
     "verl-merge": "verl 0.9.1 `FSDPModelMerger` (`python -m verl.model_merger merge`)",
 }
-OURS = ("quickstart", "incremental-sync", "incremental-async", "merge")
+OURS = ("quickstart", "incremental-sync", "incremental-async", "incremental-stream", "merge")
 
 
 def _pairs(counts: dict[str, Any], sep: str = " ") -> str:

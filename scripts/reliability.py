@@ -36,13 +36,12 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import fault_oracle as oracle  # noqa: E402
-from fault_report import FAULT_SCRIPTS, SIDE_CODE, provenance  # noqa: E402
+from fault_report import FAULT_SCRIPTS, OURS, SIDE_CODE, provenance  # noqa: E402
 
 OUT_DIR = os.path.join(REPO, "docs", "reliability")
 REPORT = os.path.join(REPO, "RELIABILITY.md")
-SAVE_MODES = ("verl-default", "quickstart", "incremental-sync", "incremental-async")
+SAVE_MODES = ("verl-default", "quickstart", "incremental-sync", "incremental-async", "incremental-stream")
 ALL_MODES = SAVE_MODES + ("merge", "verl-merge")
-OURS = ("quickstart", "incremental-sync", "incremental-async", "merge")
 CALIBRATION_STEPS = 4
 KILL_STEPS = 4  # a trial's kill lands in the save of a random step 1..KILL_STEPS
 WINDOW_FACTOR = 1.3  # ... within 1.3x the time from a save's start to its commit
