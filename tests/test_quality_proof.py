@@ -1,0 +1,44 @@
+"""scripts/quality_proof.py's plan (which runs each variant makes, where the kill goes) and its
+reuse of finished variants, without starting verl: `train` is replaced by a recorder."""
+
+import importlib.util
+
+from .conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("quality_proof", REPO / "scripts" / "quality_proof.py")
+quality_proof = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(quality_proof)
+
+
+def test_plan_has_every_variant_and_kills_two_steps_after_the_stop():
+    args = quality_proof.parse_args(["--steps", "20", "--stop-at", "10"])
+    plan = quality_proof.plan_variants(args, ["a", "b"], ["b"])
+    assert [v for v, _, _ in plan] == ["default", "a", "a_resume", "b", "b_resume", "b_sigkill"]
+    runs = {v: r for v, _, r in plan}
+    assert runs["a"] == [("train", ["trainer.total_training_steps=20"], None)]
+    first, resumed = runs["b_resume"]
+    assert first[1] == ["trainer.total_training_steps=10"] and first[2] is None
+    assert resumed[1] == ["trainer.total_training_steps=20", "trainer.resume_mode=auto"]
+    killed, resumed = runs["b_sigkill"]
+    assert killed[2] == 12 and resumed[1][-1] == "trainer.resume_mode=auto"
+    assert [v for v, _, _ in quality_proof.plan_variants(quality_proof.parse_args(["--no-resume"]), ["a"], [])] \
+        == ["default", "a"]
+
+
+def test_finished_variant_is_reused_only_with_the_same_settings(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(quality_proof, "train", lambda log, overrides, env, timeout, kill_at_step=None:
+                        calls.append((log.name, overrides)))
+    args = quality_proof.parse_args(["--algo", "ppo"])
+    runs = [("train", ["trainer.total_training_steps=20"], None)]
+
+    def run(common):
+        quality_proof.run_variant("quickstart", "quickstart", runs, common, tmp_path, {}, args)
+
+    run(["algo=ppo", "trainer.save_freq=5"])
+    assert len(calls) == 1 and "+recipe=quickstart" in calls[0][1]
+    assert "trainer.experiment_name=ppo_quickstart" in calls[0][1]
+    run(["algo=ppo", "trainer.save_freq=5"])
+    assert len(calls) == 1  # done with these settings: reused
+    run(["algo=ppo", "trainer.save_freq=4"])
+    assert len(calls) == 2  # another setting: run again
