@@ -125,6 +125,15 @@ def train(log: Path, overrides: list[str], env: dict, timeout: int, kill_at_step
         raise RuntimeError(f"{log}: train_small.sh exited {proc.returncode}\n{tail}")
 
 
+def run_env(args: argparse.Namespace) -> dict:
+    """The environment of every train_small.sh run (TINY_ASSETS added once they are built)."""
+    env = {**os.environ, "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0"}
+    env.pop("RAY_ADDRESS", None)
+    # train_small.sh rebuilds TINY_ASSETS unless its tiny.json names the same inputs: give it them
+    env.update(TINY_WARMUP_STEPS=str(args.warmup_steps), TINY_MAX_OPERAND=str(args.max_operand))
+    return env
+
+
 def build_assets(args: argparse.Namespace, env: dict) -> Path:
     """The warm-started tiny model and its data, built once (reused while their inputs match)."""
     name = f"llama-op{args.max_operand}-warm{args.warmup_steps}"
@@ -183,8 +192,7 @@ def main(argv=None) -> int:
         print(f"quality_proof.py: --sigkill {','.join(unknown)}: not among the recipes {names}", file=sys.stderr)
         return 2
     work = Path(args.work).resolve() / args.algo  # train_small.sh runs in the variant's dir: no relative paths
-    base_env = {**os.environ, "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0"}
-    base_env.pop("RAY_ADDRESS", None)
+    base_env = run_env(args)
     base_env["TINY_ASSETS"] = str(build_assets(args, base_env))
     common = [f"algo={args.algo}", f"trainer.save_freq={args.save_freq}", f"trainer.test_freq={args.test_freq}",
               "trainer.val_before_train=true"]

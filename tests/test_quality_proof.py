@@ -42,3 +42,12 @@ def test_finished_variant_is_reused_only_with_the_same_settings(tmp_path, monkey
     assert len(calls) == 1  # done with these settings: reused
     run(["algo=ppo", "trainer.save_freq=4"])
     assert len(calls) == 2  # another setting: run again
+
+
+def test_runs_get_the_warm_start_they_were_built_for(monkeypatch):
+    """train_small.sh rebuilds TINY_ASSETS from TINY_WARMUP_STEPS / TINY_MAX_OPERAND (default: random
+    weights) unless they match: every run must be given the ones the proof built."""
+    monkeypatch.setenv("RAY_ADDRESS", "elsewhere:6379")
+    env = quality_proof.run_env(quality_proof.parse_args(["--warmup-steps", "77", "--max-operand", "6"]))
+    assert env["TINY_WARMUP_STEPS"] == "77" and env["TINY_MAX_OPERAND"] == "6"
+    assert env["WANDB_MODE"] == "offline" and "RAY_ADDRESS" not in env
