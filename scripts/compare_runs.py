@@ -154,17 +154,18 @@ def recipe_and_variant(name: str) -> tuple[str, str]:
     return (base, variant) if base and variant in VARIANT_STYLES else (name, "")
 
 
-def line_style(name: str, index: int, reference: str) -> dict:
-    """The reference (verl's defaults) thick, solid and black; every other curve thinner on top of
-    it, a colour per recipe and a dash pattern and marker per variant (`<recipe>_resume`,
-    `<recipe>_sigkill`), so identical curves stay visible under each other and the legend tells
-    them apart."""
+def line_style(name: str, colour: int, reference: str, order: int, count: int) -> dict:
+    """The reference (verl's defaults) widest, solid and grey; the others on top of it in a colour
+    per recipe and a dash pattern and marker per variant (`<recipe>_resume`, `<recipe>_sigkill`),
+    each drawn narrower than the one before (order of count), so curves that are identical show
+    as nested stripes instead of hiding each other."""
     if name == reference:
-        return {"color": "black", "linestyle": "-", "marker": "o", "linewidth": 4.0, "markersize": 8, "alpha": 0.35,
-                "zorder": 1}
+        return {"color": "black", "linestyle": "-", "marker": "o", "linewidth": 11.0, "markersize": 15,
+                "alpha": 0.25, "zorder": 1}
     linestyle, marker = VARIANT_STYLES[recipe_and_variant(name)[1]]
-    return {"color": f"C{index}", "linestyle": linestyle, "marker": marker, "linewidth": 1.6, "markersize": 5,
-            "alpha": 0.95, "zorder": 2}
+    shrink = order / max(count - 1, 1)
+    return {"color": f"C{colour}", "linestyle": linestyle, "marker": marker, "linewidth": 8.0 - 6.8 * shrink,
+            "markersize": 10.0 - 6.0 * shrink, "alpha": 0.9, "zorder": 2 + order}
 
 
 def running_mean(series: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
@@ -190,6 +191,7 @@ def plot(histories: list[RunHistory], reward_key: str, val_key: str | None, out:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (reward_ax, val_ax) = plt.subplots(1, 2, figsize=(15, 5.4))
     recipes = dict.fromkeys(recipe_and_variant(h.name)[0] for h in histories if h.name != reference)
@@ -198,8 +200,10 @@ def plot(histories: list[RunHistory], reward_key: str, val_key: str | None, out:
     def colour_of(h: RunHistory) -> int:
         return colour.get(recipe_and_variant(h.name)[0], 0)
 
+    others = [h for h in histories if h.name != reference]
     for h in histories:
-        style = line_style(h.name, colour_of(h), reference)
+        order = others.index(h) if h in others else 0
+        style = line_style(h.name, colour_of(h), reference, order, len(others))
         reward = running_mean(h.series(reward_key), smooth)
         if reward:
             reward_ax.plot([s for s, _ in reward], [v for _, v in reward], label=h.name,
@@ -213,6 +217,7 @@ def plot(histories: list[RunHistory], reward_key: str, val_key: str | None, out:
             ax.axvline(step, color=("dimgray", "firebrick", "navy")[i % 3], linestyle=":", linewidth=1.4,
                        label=f"step {step}: {label}" if ax is reward_ax else None)
         ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     reward_ax.set_title(f"training reward (mean of the last {smooth} steps)" if smooth > 1 else "training reward")
     reward_ax.set_ylabel(reward_key)
