@@ -96,9 +96,33 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     psutil.wait_procs(tree, timeout=30)
 
 
+def in_wandb(wandb_dir: str | None, step: int) -> bool:
+    """Whether the newest offline wandb run below wandb_dir has the training metrics of `step` in
+    its file. wandb writes a step's record a moment after the console shows it, and a SIGKILL
+    loses what it has not written yet; killing only once the step is in the file keeps the killed
+    run's curve whole up to the kill, as the checkpoints are."""
+    sys.path.insert(0, str(REPO / "patches"))
+    from slimckpt.observe.wandb_history import HistoryError, RunHistory, read_offline_run, run_dirs
+
+    runs = run_dirs(wandb_dir) if wandb_dir and os.path.isdir(wandb_dir) else []
+    if not runs:
+        return False
+    history = RunHistory("killed")
+    try:
+        read_offline_run(runs[-1], history)
+    except HistoryError:
+        return False
+    return "training/global_step" in history.rows.get(step, {})
+
+
+# after the console shows the kill step, how long to wait for wandb's file to have it too
+WANDB_FLUSH_WAIT_S = 120
+
+
 def train(log: Path, overrides: list[str], env: dict, timeout: int, kill_at_step: int | None = None) -> None:
     """One train_small.sh run; raise with the log's tail on failure. With kill_at_step, SIGKILL
-    the whole process tree as soon as that step's metrics line appears and return."""
+    the whole process tree as soon as that step's metrics are in the console log and in wandb's
+    run file (or WANDB_FLUSH_WAIT_S after the console showed them), and return."""
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = ["bash", str(TRAIN), *overrides]
     with open(log, "w") as out:
@@ -106,12 +130,17 @@ def train(log: Path, overrides: list[str], env: dict, timeout: int, kill_at_step
         out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
         start = time.time()
+        shown = None  # when the console showed the kill step
         try:
             while proc.poll() is None:
                 if time.time() - start > timeout:
                     _kill_tree(proc)
                     raise RuntimeError(f"{log}: no result after {timeout} s (killed)")
-                if kill_at_step is not None and f"step:{kill_at_step} - global_seqlen" in log.read_text(errors="replace"):
+                if kill_at_step is not None and shown is None \
+                        and f"step:{kill_at_step} - global_seqlen" in log.read_text(errors="replace"):
+                    shown = time.time()
+                if shown is not None and (in_wandb(env.get("WANDB_DIR"), kill_at_step)
+                                          or time.time() - shown > WANDB_FLUSH_WAIT_S):
                     _kill_tree(proc)
                     with open(log, "a") as note:
                         note.write(f"\n[quality_proof] SIGKILL sent to the whole process tree at step {kill_at_step}\n")
