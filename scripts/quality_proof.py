@@ -7,8 +7,9 @@ CPU (scripts/train_small.sh), one algorithm at a time, N steps with validation e
   <recipe>_resume    the same, stopped after step K (trainer.total_training_steps=K), then started
                      again with trainer.resume_mode=auto up to step N
   <recipe>_sigkill   (--sigkill RECIPE) a run to N whose whole process tree (Ray included) gets
-                     SIGKILL as soon as step K+2 has logged its metrics, then resumed with
-                     resume_mode=auto from its last committed checkpoint up to step N
+                     SIGKILL once step K+2 has logged its metrics (and wandb's file holds every
+                     step up to the checkpoint it will resume from: see kill_now), then resumed
+                     with resume_mode=auto from its last committed checkpoint up to step N
 
 Every run saves every --save-freq steps and validates every --test-freq steps, logs to wandb
 offline (runs/compare/<algo>/<variant>/wandb) and gets the ckpt/* save metrics. Then
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -96,33 +98,58 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     psutil.wait_procs(tree, timeout=30)
 
 
-def in_wandb(wandb_dir: str | None, step: int) -> bool:
-    """Whether the newest offline wandb run below wandb_dir has the training metrics of `step` in
-    its file. wandb writes a step's record a moment after the console shows it, and a SIGKILL
-    loses what it has not written yet; killing only once the step is in the file keeps the killed
-    run's curve whole up to the kill, as the checkpoints are."""
+def wandb_steps(wandb_dir: str | None) -> set[int]:
+    """The steps whose training metrics the newest offline wandb run below wandb_dir has in its file."""
     sys.path.insert(0, str(REPO / "patches"))
     from slimckpt.observe.wandb_history import HistoryError, RunHistory, read_offline_run, run_dirs
 
     runs = run_dirs(wandb_dir) if wandb_dir and os.path.isdir(wandb_dir) else []
     if not runs:
-        return False
+        return set()
     history = RunHistory("killed")
     try:
         read_offline_run(runs[-1], history)
     except HistoryError:
+        return set()
+    return {step for step, row in history.rows.items() if "training/global_step" in row}
+
+
+def committed_step(ckpt_dir: Path | None) -> int | None:
+    """The step verl resumes from: its tracker file, latest_checkpointed_iteration.txt."""
+    try:
+        return int((ckpt_dir / "latest_checkpointed_iteration.txt").read_text().strip())
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def console_step(text: str) -> int:
+    """The last training step whose metrics line the console shows (0 before the first)."""
+    return max((int(m) for m in re.findall(r"step:(\d+) - global_seqlen", text)), default=0)
+
+
+def kill_now(text: str, kill_at_step: int, ckpt_dir: Path | None, wandb_dir: str | None) -> bool:
+    """Whether to SIGKILL: the console has shown the kill step, and wandb's run file already holds
+    every step up to the checkpoint the run would resume from. wandb writes its file a block at a
+    time, steps behind the console, and a SIGKILL loses what it has not written: killed any earlier,
+    the steps between its last write and the checkpoint would be missing from the curve while the
+    checkpoint has them (the resumed run logs only the steps after it)."""
+    if console_step(text) < kill_at_step:
         return False
-    return "training/global_step" in history.rows.get(step, {})
+    resume_from = committed_step(ckpt_dir)
+    if resume_from is None:
+        return True
+    logged = wandb_steps(wandb_dir)
+    return all(step in logged for step in range(1, resume_from + 1))
 
 
-# after the console shows the kill step, how long to wait for wandb's file to have it too
-WANDB_FLUSH_WAIT_S = 120
+KILL_NOTE = "[quality_proof] SIGKILL sent to the whole process tree after step"
 
 
-def train(log: Path, overrides: list[str], env: dict, timeout: int, kill_at_step: int | None = None) -> None:
+def train(log: Path, overrides: list[str], env: dict, timeout: int, kill_at_step: int | None = None,
+          ckpt_dir: Path | None = None) -> None:
     """One train_small.sh run; raise with the log's tail on failure. With kill_at_step, SIGKILL
-    the whole process tree as soon as that step's metrics are in the console log and in wandb's
-    run file (or WANDB_FLUSH_WAIT_S after the console showed them), and return."""
+    the whole process tree at the first moment kill_now allows (ckpt_dir: the run's checkpoints),
+    and return."""
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = ["bash", str(TRAIN), *overrides]
     with open(log, "w") as out:
@@ -130,20 +157,16 @@ def train(log: Path, overrides: list[str], env: dict, timeout: int, kill_at_step
         out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
         start = time.time()
-        shown = None  # when the console showed the kill step
         try:
             while proc.poll() is None:
                 if time.time() - start > timeout:
                     _kill_tree(proc)
                     raise RuntimeError(f"{log}: no result after {timeout} s (killed)")
-                if kill_at_step is not None and shown is None \
-                        and f"step:{kill_at_step} - global_seqlen" in log.read_text(errors="replace"):
-                    shown = time.time()
-                if shown is not None and (in_wandb(env.get("WANDB_DIR"), kill_at_step)
-                                          or time.time() - shown > WANDB_FLUSH_WAIT_S):
+                text = log.read_text(errors="replace") if kill_at_step is not None else ""
+                if kill_at_step is not None and kill_now(text, kill_at_step, ckpt_dir, env.get("WANDB_DIR")):
                     _kill_tree(proc)
                     with open(log, "a") as note:
-                        note.write(f"\n[quality_proof] SIGKILL sent to the whole process tree at step {kill_at_step}\n")
+                        note.write(f"\n{KILL_NOTE} {console_step(text)}\n")
                     return
                 time.sleep(2)
         except BaseException:
@@ -203,7 +226,8 @@ def run_variant(variant: str, recipe: str | None, runs: list, common: list[str],
         overrides = [*common, *([f"+recipe={recipe}"] if recipe else []),
                      f"trainer.default_local_dir={vdir / 'checkpoints'}",
                      f"trainer.experiment_name={args.algo}_{variant}", *extra]
-        train(vdir / f"{log_name}.log", overrides, env, args.timeout, kill_at_step=kill_step)
+        train(vdir / f"{log_name}.log", overrides, env, args.timeout, kill_at_step=kill_step,
+              ckpt_dir=vdir / "checkpoints")
     done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n") + settings + "\n")
 
 
@@ -242,9 +266,11 @@ def main(argv=None) -> int:
     marks = []
     if not args.no_resume:
         marks.append(f"{args.stop_at}=stopped after this step, resumed (the *_resume runs)")
-    if sigkill:
-        marks.append(f"{args.stop_at + 2}=SIGKILL of the whole run after this step "
-                     f"({', '.join(f'{r}_sigkill' for r in sigkill)}), resumed from its last checkpoint")
+    for r in sigkill:
+        killed = (work / f"{r}_sigkill" / "train_killed.log").read_text(errors="replace")
+        step = int(killed.rsplit(KILL_NOTE, 1)[1].split()[0])
+        marks.append(f"{step}=SIGKILL of {r}_sigkill's whole process tree after this step, "
+                     "resumed from its last checkpoint")
     cmd = [sys.executable, str(COMPARE), *specs, *(f"--mark={m}" for m in marks),
            "--out", str(docs / f"compare_{args.algo}.png"),
            "--table", str(docs / f"compare_{args.algo}.md"),

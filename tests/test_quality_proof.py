@@ -27,8 +27,10 @@ def test_plan_has_every_variant_and_kills_two_steps_after_the_stop():
 
 def test_finished_variant_is_reused_only_with_the_same_settings(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(quality_proof, "train", lambda log, overrides, env, timeout, kill_at_step=None:
-                        calls.append((log.name, overrides)))
+    def train(log, overrides, env, timeout, kill_at_step=None, ckpt_dir=None):
+        calls.append((log.name, overrides))
+
+    monkeypatch.setattr(quality_proof, "train", train)
     args = quality_proof.parse_args(["--algo", "ppo"])
     runs = [("train", ["trainer.total_training_steps=20"], None)]
 
@@ -51,3 +53,20 @@ def test_runs_get_the_warm_start_they_were_built_for(monkeypatch):
     env = quality_proof.run_env(quality_proof.parse_args(["--warmup-steps", "77", "--max-operand", "6"]))
     assert env["TINY_WARMUP_STEPS"] == "77" and env["TINY_MAX_OPERAND"] == "6"
     assert env["WANDB_MODE"] == "offline" and "RAY_ADDRESS" not in env
+
+
+def test_kill_waits_for_wandb_to_hold_the_checkpoints_steps(tmp_path, monkeypatch):
+    """A SIGKILL loses what wandb has not written yet: the kill waits until its file holds every
+    step up to the checkpoint the resumed run starts from (that run logs only the later steps)."""
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    text = "step:11 - global_seqlen/min:1\nstep:12 - global_seqlen/min:1\n"
+    logged = set(range(1, 9))
+    monkeypatch.setattr(quality_proof, "wandb_steps", lambda wandb_dir: logged)
+    assert not quality_proof.kill_now("step:11 - global_seqlen/min:1\n", 12, ckpt, None)  # not there yet
+    assert quality_proof.kill_now(text, 12, ckpt, None)  # no checkpoint yet: nothing to lose
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("10")
+    assert not quality_proof.kill_now(text, 12, ckpt, None)  # steps 9 and 10 only on the console
+    logged.update({9, 10})
+    assert quality_proof.kill_now(text, 12, ckpt, None)
+    assert quality_proof.console_step(text) == 12
