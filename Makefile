@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
-	@echo "make compare      GRPO and FlowRL on CPU, verl defaults vs each recipe (and killed + resumed): docs/compare_*"
+	@echo "make compare      GRPO, FlowRL and PPO on CPU, verl defaults vs each recipe (and killed + resumed): docs/compare_*"
 	@echo "make test         the whole test suite (installs .venv first)"
 	@echo "make test-fast    unit tests only (no torchrun, no Ray)"
 	@echo "make bench        merge/save benchmarks vs verl 0.9.1, written to BENCHMARKS.md"
@@ -60,6 +60,7 @@ COMPARE_ARGS ?=
 compare: $(STAMP)
 	$(PY) scripts/quality_proof.py --algo grpo --sigkill incremental $(COMPARE_ARGS)
 	$(PY) scripts/quality_proof.py --algo flowrl $(COMPARE_ARGS)
+	$(PY) scripts/quality_proof.py --algo ppo --sigkill incremental $(COMPARE_ARGS)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py --json docs/bench_merge.json

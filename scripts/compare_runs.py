@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Compare verl training runs logged to wandb: memory per checkpoint save, reward and validation
-curves side by side in one PNG, and a markdown table of final values (printed, optionally saved).
+"""Compare verl training runs logged to wandb: reward and validation curves overlaid in one PNG
+(restarts marked), and a markdown table of final values, checkpoint saves and step-by-step
+equality with a reference run (printed, optionally saved).
 
 Each RUN is `[LABEL=]PATH[,PATH...]`: PATH is a wandb offline run directory (offline-run-*), a
 directory holding such runs (a WANDB_DIR or its wandb/ folder: all runs below it, oldest first),
@@ -54,7 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-key", default=None,
                    help=f"validation metric (default: the first {VAL_PREFIX}*/mean@* key the runs share)")
     p.add_argument("--memory-key", default=MEMORY_KEY,
-                   help="memory metric logged at each save (default: %(default)s, GB above the RSS before the save)")
+                   help="memory metric logged at each save, for the table (default: %(default)s, GB above the RSS "
+                        "before the save)")
+    p.add_argument("--mark", action="append", default=[], metavar="STEP=TEXT",
+                   help="a vertical line at STEP named TEXT in the legend (a resume or kill point); repeatable")
+    p.add_argument("--smooth", type=int, default=5,
+                   help="the reward panel shows the mean of the last N steps (default: %(default)s; 1: raw)")
     p.add_argument("--reference", default=None, help="LABEL of the run the others are compared with (default: first)")
     return p.parse_args(argv)
 
@@ -139,40 +145,88 @@ def table(histories: list[RunHistory], reward_key: str, val_key: str | None, mem
     return "\n".join(lines) + "\n"
 
 
-def plot(histories: list[RunHistory], reward_key: str, val_key: str | None, memory_key: str, out: str,
-         title: str | None) -> None:
+VARIANT_STYLES = {"": ("-", "o"), "resume": ("--", "s"), "sigkill": (":", "X")}
+
+
+def recipe_and_variant(name: str) -> tuple[str, str]:
+    """`quickstart_resume` -> (quickstart, resume); a name without a known variant suffix is its own recipe."""
+    base, _, variant = name.rpartition("_")
+    return (base, variant) if base and variant in VARIANT_STYLES else (name, "")
+
+
+def line_style(name: str, colour: int, reference: str, order: int, count: int) -> dict:
+    """The reference (verl's defaults) widest, solid and grey; the others on top of it in a colour
+    per recipe and a dash pattern and marker per variant (`<recipe>_resume`, `<recipe>_sigkill`),
+    each drawn narrower than the one before (order of count), so curves that are identical show
+    as nested stripes instead of hiding each other."""
+    if name == reference:
+        return {"color": "black", "linestyle": "-", "marker": "o", "linewidth": 11.0, "markersize": 15,
+                "alpha": 0.25, "zorder": 1}
+    linestyle, marker = VARIANT_STYLES[recipe_and_variant(name)[1]]
+    shrink = order / max(count - 1, 1)
+    return {"color": f"C{colour}", "linestyle": linestyle, "marker": marker, "linewidth": 8.0 - 6.8 * shrink,
+            "markersize": 10.0 - 6.0 * shrink, "alpha": 0.9, "zorder": 2 + order}
+
+
+def running_mean(series: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
+    """Each step's value averaged with the window-1 logged before it (fewer at the start)."""
+    out = []
+    for i, (step, _) in enumerate(series):
+        chunk = [v for _, v in series[max(0, i - window + 1): i + 1]]
+        out.append((step, sum(chunk) / len(chunk)))
+    return out
+
+
+def parse_mark(text: str) -> tuple[int, str]:
+    """`STEP=TEXT` (--mark) -> (step, text)."""
+    step, sep, label = text.partition("=")
+    if not sep or not step.strip().isdigit() or not label:
+        raise ValueError(f"--mark {text!r}: expected STEP=TEXT, e.g. 15=stopped and resumed")
+    return int(step), label
+
+
+def plot(histories: list[RunHistory], reward_key: str, val_key: str | None, out: str, title: str | None,
+         reference: str, smooth: int, marks: list[tuple[int, str]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
-    markers = "osD^v<>p*hX"
-    n = len(histories)
-    for i, h in enumerate(histories):
-        marker = markers[i % len(markers)]
-        # later runs drawn thinner and dashed so that identical curves stay visible underneath
-        style = {"label": h.name, "marker": marker, "markersize": 7 - 4 * i / max(n - 1, 1),
-                 "linewidth": 2.6 - 1.8 * i / max(n - 1, 1), "linestyle": "-" if i == 0 else "--", "alpha": 0.9}
-        mem = h.series(memory_key)
-        if mem:
-            axes[0].plot([s for s, _ in mem], [v * 1e9 / 2**20 for _, v in mem], **style)
-        reward = h.series(reward_key)
+    fig, (reward_ax, val_ax) = plt.subplots(1, 2, figsize=(15, 5.4))
+    recipes = dict.fromkeys(recipe_and_variant(h.name)[0] for h in histories if h.name != reference)
+    colour = {recipe: i for i, recipe in enumerate(recipes)}
+
+    def colour_of(h: RunHistory) -> int:
+        return colour.get(recipe_and_variant(h.name)[0], 0)
+
+    others = [h for h in histories if h.name != reference]
+    for h in histories:
+        order = others.index(h) if h in others else 0
+        style = line_style(h.name, colour_of(h), reference, order, len(others))
+        reward = running_mean(h.series(reward_key), smooth)
         if reward:
-            axes[1].plot([s for s, _ in reward], [v for _, v in reward], **{**style, "marker": None})
+            reward_ax.plot([s for s, _ in reward], [v for _, v in reward], label=h.name,
+                           **{**style, "marker": None})
         val = h.series(val_key) if val_key else []
         if val:
-            axes[2].plot([s for s, _ in val], [v for _, v in val], **style)
-    axes[0].set_title("host memory per checkpoint save")
-    axes[0].set_ylabel(f"{memory_key} (MiB, max over ranks)")
-    axes[1].set_title("training reward")
-    axes[1].set_ylabel(reward_key)
-    axes[2].set_title("validation")
-    axes[2].set_ylabel(val_key or "(no validation metric)")
-    for ax in axes:
+            val_ax.plot([s for s, _ in val], [v for _, v in val], label=h.name, **style)
+    for ax in (reward_ax, val_ax):
+        for i, (step, label) in enumerate(marks):
+            # one line per event, named in the reward panel's legend (resume and kill points)
+            ax.axvline(step, color=("dimgray", "firebrick", "navy")[i % 3], linestyle=":", linewidth=1.4,
+                       label=f"step {step}: {label}" if ax is reward_ax else None)
         ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8, loc="best")
+    reward_ax.set_title(f"training reward (mean of the last {smooth} steps)" if smooth > 1 else "training reward")
+    reward_ax.set_ylabel(reward_key)
+    val_ax.set_title("validation (greedy answers, every validation step)")
+    val_ax.set_ylabel(val_key or "(no validation metric)")
+    val_ax.legend(fontsize=8, loc="best", title=f"run (thick grey: {reference}, the reference)", title_fontsize=8)
+    if marks:
+        reward_ax.legend(handles=[h for h in reward_ax.get_lines() if h.get_label().startswith("step ")],
+                         fontsize=7, loc="best")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -209,9 +263,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compare_runs.py: --reference {args.reference!r} is none of {names}", file=sys.stderr)
             return 2
         reference = matches[0]
+    try:
+        marks = [parse_mark(m) for m in args.mark]
+    except ValueError as exc:
+        print(f"compare_runs.py: {exc}", file=sys.stderr)
+        return 2
     val_key = args.val_key or pick_val_key(histories)
     text = table(histories, args.reward_key, val_key, args.memory_key, reference)
-    plot(histories, args.reward_key, val_key, args.memory_key, args.out, args.title)
+    plot(histories, args.reward_key, val_key, args.out, args.title, reference.name, args.smooth, marks)
     if args.table:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)
         tmp = f"{args.table}.partial"

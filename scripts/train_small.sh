@@ -22,7 +22,11 @@
 #   LOGGER       verl trackers (default [console,wandb]; wandb offline unless WANDB_MODE is set, runs under
 #                $WANDB_DIR, default runs/small/<algo>); every save logs ckpt/* metrics (slimckpt.observe.ckpt_metrics)
 #   NPROC        ranks (CPU) or GPUs per node (GPU); default 2 on CPU, all visible GPUs otherwise
-#   TINY_MODEL   llama (default) | qwen2-tied     TINY_ASSETS  cache dir (default runs/tiny_assets/<model>)
+#   TINY_MODEL   llama (default) | qwen2-tied     TINY_ASSETS  cache dir (default runs/tiny_assets/<model>[-op<N>-warm<S>])
+#   TINY_WARMUP_STEPS  supervised warm-up steps of the tiny model before RL, from an unreliable teacher
+#                (slimckpt/tiny_warmup.py; default 0: random weights; 150: `make compare`'s start, right
+#                about a third of the time)
+#   TINY_MAX_OPERAND   the task's questions a+b= have 0 <= a, b <= this (default 4)
 #   MODEL_PATH   a Hugging Face model dir or id instead of the tiny model
 #   TRAIN_FILES / VAL_FILES   parquet files in verl's RL format (default: the tiny addition data)
 #   PYTHON       interpreter (default .venv/bin/python if present, else python3)
@@ -52,14 +56,19 @@ esac
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 
 TINY_MODEL="${TINY_MODEL:-llama}"
-TINY_ASSETS="${TINY_ASSETS:-$REPO/runs/tiny_assets/$TINY_MODEL}"
+TINY_WARMUP_STEPS="${TINY_WARMUP_STEPS:-0}"
+TINY_MAX_OPERAND="${TINY_MAX_OPERAND:-4}"
+tiny_name="$TINY_MODEL"
+if [[ "$TINY_WARMUP_STEPS" != 0 || "$TINY_MAX_OPERAND" != 4 ]]; then
+  tiny_name="$TINY_MODEL-op$TINY_MAX_OPERAND-warm$TINY_WARMUP_STEPS"
+fi
+TINY_ASSETS="${TINY_ASSETS:-$REPO/runs/tiny_assets/$tiny_name}"
 need_tiny_data=1
 [[ -n "${TRAIN_FILES:-}" && -n "${VAL_FILES:-}" ]] && need_tiny_data=0
 if [[ -z "${MODEL_PATH:-}" || $need_tiny_data == 1 ]]; then
-  if [[ ! -f "$TINY_ASSETS/tiny.json" ]]; then
-    echo "[train_small] building tiny model and data into $TINY_ASSETS" >&2
-    "$PYTHON" -m slimckpt.tiny --out "$TINY_ASSETS" --model "$TINY_MODEL" >&2
-  fi
+  # --reuse: kept as it is when its tiny.json names these same inputs, rebuilt (seconds) otherwise
+  "$PYTHON" -m slimckpt.tiny --out "$TINY_ASSETS" --model "$TINY_MODEL" --reuse \
+    --warmup-steps "$TINY_WARMUP_STEPS" --max-operand "$TINY_MAX_OPERAND" >/dev/null
 fi
 MODEL="${MODEL_PATH:-$TINY_ASSETS/model}"
 TRAIN="${TRAIN_FILES:-$TINY_ASSETS/data/train.parquet}"

@@ -55,6 +55,7 @@ from .verl_runs import (  # noqa: E402,F401  (fixtures)
     incremental_resumed,
     incremental_run,
     ppo_run,
+    ppo_twice,
     verl_pool,
 )
 

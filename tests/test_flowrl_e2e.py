@@ -7,6 +7,7 @@ the background when the session starts."""
 
 import glob
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 
 from slimckpt.flowrl import is_flowrl_param
 from slimckpt.observe.save_reports import REPORTS_DIR
+from slimckpt.observe.wandb_history import load
 
 from .conftest import REPO
 
@@ -91,3 +93,17 @@ def test_save_metrics_logged_to_wandb_and_readable_by_compare_runs(flowrl_run, t
     cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells[1] == "2" and cells[4] == "2"  # 2 steps, ckpt/* logged at both saves
     assert out.stat().st_size > 10_000
+
+
+def test_wandb_offline_run_has_grouped_keys_and_wandb_sync_takes_it(flowrl_run):
+    """wandb's UI makes a section of panels per key prefix: the save's, the reward's and validation's."""
+    history = load(f"flowrl={flowrl_run.wandb / 'wandb'}")
+    prefixes = {key.split("/", 1)[0] for key in history.keys()}
+    assert {"ckpt", "critic", "actor", "val-core"} <= prefixes
+    assert [s for s, _ in history.series("ckpt/seconds")] == [1, 2]
+    assert [s for s, _ in history.series("val-core/slimckpt/tiny_add/acc/mean@1")] == [2]
+    (run_dir,) = history.sources
+    wandb_cli = Path(sys.executable).with_name("wandb")
+    proc = subprocess.run([str(wandb_cli), "sync", "--dry-run", run_dir], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "WANDB_MODE": "offline"})
+    assert proc.returncode == 0 and "Would sync 1 run" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

@@ -1,6 +1,7 @@
 """slimckpt.tiny: deterministic local assets, a ChatML tokenizer, verl-format RL data, the reward."""
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,73 @@ def test_cli(tmp_path):
     assert (tmp_path / "model" / "config.json").exists() and (tmp_path / "data" / "val.parquet").exists()
     help_ = subprocess.run([sys.executable, "-m", "slimckpt.tiny", "--help"], capture_output=True, text=True)
     assert help_.returncode == 0 and "--model" in help_.stdout
+
+
+def _greedy_score(model_dir: Path, rows: list[dict]) -> float:
+    """Mean reward of greedy answers, as verl's validation samples them (temperature 0)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from slimckpt.cpu.sampling import generate
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    net = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    total = 0.0
+    for row in rows:
+        ids = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+        out, _ = generate(net, list(ids), max_new_tokens=8, eos_token_ids=[tok.eos_token_id], temperature=0)
+        total += tiny.compute_score(tiny.DATA_SOURCE, tok.decode(out, skip_special_tokens=True),
+                                    row["reward_model"]["ground_truth"])
+    return total / len(rows)
+
+
+def test_warm_up_is_deterministic_cached_by_its_inputs_and_learns(tmp_path, assets):
+    warm = tiny.WarmUp(steps=150)  # make compare's
+    a = tiny.build_all(tmp_path / "a", warmup=warm)
+    b = tiny.build_all(tmp_path / "b", warmup=warm)
+    assert _digests(tmp_path / "a") == _digests(tmp_path / "b")
+    # the random model of the same seed, trained: other weights, same tokenizer and data
+    cold = _digests(assets.model_dir.parent)
+    assert _digests(tmp_path / "a")["model/model.safetensors"] != cold["model/model.safetensors"]
+    assert _digests(tmp_path / "a")["data/val.parquet"] == cold["data/val.parquet"]
+
+    key = tiny.assets_key("llama", 0, 4, warm)
+    assert tiny.cached(tmp_path / "a", key) == a
+    assert tiny.cached(tmp_path / "a", tiny.assets_key("llama", 0, 4, tiny.WarmUp(steps=151))) is None
+    assert tiny.cached(tmp_path / "a", tiny.assets_key("llama", 0, 4, tiny.WarmUp(150, teacher_error=(0, 0)))) is None
+    assert tiny.cached(tmp_path / "a", tiny.assets_key("llama", 0, 9, warm)) is None
+    (tmp_path / "b" / "tiny.json").write_text("{")  # a build cut short is rebuilt, not reused
+    assert tiny.cached(tmp_path / "b", key) is None
+
+    val = pq.read_table(a.val_file).to_pylist()
+    # right where the teacher was right more often than not: some questions, far from all
+    assert _greedy_score(assets.model_dir, val) < 0.1 < _greedy_score(a.model_dir, val) < 0.6
+
+
+def test_teacher_errs_at_each_questions_own_rate_within_the_bounds():
+    import random
+
+    from slimckpt.tiny_warmup import teacher_label
+
+    rng = random.Random(0)
+    rates = []
+    for a in range(5):
+        labels = [teacher_label(f"{a}+1=", str(a + 1), (0.4, 0.9), rng) for _ in range(2000)]
+        assert set(labels) <= {str(a + 1), str(a + 2)}  # the sum or the sum plus one
+        rates.append(labels.count(str(a + 2)) / len(labels))
+    assert all(0.35 < r < 0.95 for r in rates) and max(rates) - min(rates) > 0.05  # per question, not one rate
+    assert {teacher_label("3+4=", "7", (0.0, 0.0), rng) for _ in range(100)} == {"7"}
+
+
+def test_cli_reuse_keeps_matching_assets_and_rebuilds_others(tmp_path):
+    def cli(*extra):
+        out = subprocess.run([sys.executable, "-m", "slimckpt.tiny", "--out", str(tmp_path), "--reuse", *extra],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads((tmp_path / "tiny.json").read_text()), (tmp_path / "model" / "model.safetensors").stat()
+
+    key, first = cli("--warmup-steps", "5")
+    assert key["warmup"]["steps"] == 5
+    _, again = cli("--warmup-steps", "5")
+    assert again.st_mtime_ns == first.st_mtime_ns
+    key, other = cli("--warmup-steps", "5", "--max-operand", "6")
+    assert key["max_operand"] == 6 and other.st_mtime_ns != first.st_mtime_ns

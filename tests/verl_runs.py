@@ -15,7 +15,8 @@ The runs (RUNS, in the order they start; a resumed run starts after the run it r
   incremental   +recipe=incremental with async_save, steps 1-4 never stopped: checked by
                 test_incremental_e2e, and the uninterrupted reference of the GRPO runs above
   ppo           PPO with a critic and KL in the reward, 1 rank, +recipe=quickstart, 2 steps
-  flowrl        FlowRL, 2 ranks, verl's own checkpoint (+hf_model) and wandb (offline), 2 steps
+  ppo_again     the same PPO run again, into another directory: the two must log the same numbers
+  flowrl        FlowRL, 2 ranks, verl's own checkpoint (+hf_model) and wandb (offline), 2 steps, validated at step 2
   incremental_resumed   +recipe=incremental resumed from incremental's step 2 to step 4
 All share one tiny model and data set (built by train_small.sh in the first run).
 """
@@ -75,7 +76,11 @@ RUNS = {
     "ppo": Spec(("algo=ppo", "+recipe=quickstart", CONSOLE, "algorithm.use_kl_in_reward=true",
                  "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.default_local_dir={root}/ppo_ckpt"),
                 {"NPROC": "1"}),
-    "flowrl": Spec(("algo=flowrl", "trainer.total_training_steps=2", "trainer.save_freq=1",
+    # the same PPO run again: both must log the same numbers (overrides/cluster/cpu.yaml's critic seed)
+    "ppo_again": Spec(("algo=ppo", "+recipe=quickstart", CONSOLE, "algorithm.use_kl_in_reward=true",
+                       "trainer.total_training_steps=2", "trainer.save_freq=2",
+                       "trainer.default_local_dir={root}/ppo_again_ckpt"), {"NPROC": "1"}),
+    "flowrl": Spec(("algo=flowrl", "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2",
                     "trainer.default_local_dir={root}/flowrl_ckpt",
                     # verl's own hf_model save as well, to see FlowRL's head left out of it
                     "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"),
@@ -88,6 +93,7 @@ RUNS = {
 # which runs a fixture reads (with the runs they resume from): decides what a session starts
 READS = {"grpo_runs": ("grpo_first", "grpo_resume"), "incremental_run": ("incremental",),
          "incremental_resumed": ("incremental", "incremental_resumed"), "ppo_run": ("ppo",),
+         "ppo_twice": ("ppo", "ppo_again"),
          "flowrl_run": ("flowrl",)}
 
 
@@ -223,6 +229,13 @@ def incremental_resumed(verl_pool) -> Run:
 @pytest.fixture(scope="session")
 def ppo_run(verl_pool) -> Run:
     return Run(verl_pool.root / "ppo_ckpt", verl_pool.wait("ppo"))
+
+
+@pytest.fixture(scope="session")
+def ppo_twice(verl_pool) -> tuple[Run, Run]:
+    """Two runs of one PPO config."""
+    return (Run(verl_pool.root / "ppo_ckpt", verl_pool.wait("ppo")),
+            Run(verl_pool.root / "ppo_again_ckpt", verl_pool.wait("ppo_again")))
 
 
 @pytest.fixture(scope="session")

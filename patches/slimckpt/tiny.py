@@ -8,6 +8,11 @@ Nothing is downloaded. `python -m slimckpt.tiny --out DIR` writes:
                   verl RL data for single-digit addition ("3+4=" -> "7"): columns `prompt` (chat
                   messages), `data_source`, `reward_model` {style, ground_truth}, `extra_info` {index, ...}
 
+With --warmup-steps S the model is not left random: S short supervised steps on the task (a few
+seconds for 150) from an unreliable teacher (slimckpt.tiny_warmup) give RL a policy that is right
+about a third of the time. tiny.json records every input of the build; with --reuse a directory
+whose tiny.json matches is kept as it is (scripts/train_small.sh and quality_proof.py build so).
+
 The reward is `compute_score` in this module; verl loads it with
   reward.custom_reward_function.path=pkg://slimckpt.tiny reward.custom_reward_function.name=compute_score
 
@@ -18,12 +23,15 @@ import it only for `compute_score`.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import random
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .tiny_warmup import WarmUp, warm_up
 
 DATA_SOURCE = "slimckpt/tiny_add"
 MODELS = ("llama", "qwen2-tied")
@@ -159,16 +167,46 @@ def write_parquet(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def build_data(out_dir: Path, seed: int = 0, n_train: int = 256, n_val: int = 32) -> tuple[Path, Path]:
-    train = write_parquet(addition_rows(n_train, seed, "train"), out_dir / "train.parquet")
-    val = write_parquet(addition_rows(n_val, seed, "val"), out_dir / "val.parquet")
+def build_data(out_dir: Path, seed: int = 0, n_train: int = 256, n_val: int = 32,
+               max_operand: int = 4) -> tuple[Path, Path]:
+    train = write_parquet(addition_rows(n_train, seed, "train", max_operand), out_dir / "train.parquet")
+    val = write_parquet(addition_rows(n_val, seed, "val", max_operand), out_dir / "val.parquet")
     return train, val
 
 
-def build_all(out: Path, model: str = "llama", seed: int = 0) -> TinyAssets:
+def warmup_questions(seed: int, max_operand: int, n: int = 2048) -> list[tuple[str, str]]:
+    """(question, answer) pairs for the supervised warm-up, from their own split of the task."""
+    return [(r["extra_info"]["question"], r["reward_model"]["ground_truth"])
+            for r in addition_rows(n, seed, "warmup", max_operand)]
+
+
+def assets_key(model: str, seed: int, max_operand: int, warmup: WarmUp) -> dict:
+    """Everything the assets are built from: tiny.json holds it, and a directory whose tiny.json
+    equals it is reused as it is."""
+    return {"model": model, "seed": seed, "max_operand": max_operand, "warmup": warmup.as_dict()}
+
+
+def cached(out: Path, key: dict) -> TinyAssets | None:
+    """The assets in `out` if they were built from `key`, else None."""
+    try:
+        found = json.loads((out / "tiny.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if found != key:
+        return None
+    return TinyAssets(out / "model", out / "data" / "train.parquet", out / "data" / "val.parquet")
+
+
+def build_all(out: Path, model: str = "llama", seed: int = 0, max_operand: int = 4,
+              warmup: WarmUp = WarmUp()) -> TinyAssets:
+    key = assets_key(model, seed, max_operand, warmup)
+    (out / "tiny.json").unlink(missing_ok=True)  # written last: a build cut short is never taken as cached
     model_dir = build_model(out / "model", model=model, seed=seed)
-    train, val = build_data(out / "data", seed=seed)
-    (out / "tiny.json").write_text(json.dumps({"model": model, "seed": seed}, sort_keys=True) + "\n")
+    warm_up(model_dir, warmup_questions(seed, max_operand), warmup, seed)
+    train, val = build_data(out / "data", seed=seed, max_operand=max_operand)
+    tmp = out / "tiny.json.partial"
+    tmp.write_text(json.dumps(key, sort_keys=True) + "\n")
+    tmp.replace(out / "tiny.json")
     return TinyAssets(model_dir, train, val)
 
 
@@ -192,8 +230,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="output directory (model/ and data/ go here)")
     parser.add_argument("--model", choices=MODELS, default="llama", help="architecture (default: llama)")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and data (default: 0)")
+    parser.add_argument("--max-operand", type=int, default=4,
+                        help="questions a+b= with 0 <= a, b <= this (default: %(default)s)")
+    parser.add_argument("--warmup-steps", type=int, default=0,
+                        help="supervised warm-up steps on the task before RL (default: 0, random weights)")
+    parser.add_argument("--warmup-lr", type=float, default=WarmUp.lr, help="default: %(default)s")
+    parser.add_argument("--warmup-batch-size", type=int, default=WarmUp.batch_size, help="default: %(default)s")
+    parser.add_argument("--warmup-teacher-error", default=",".join(map(str, WarmUp.teacher_error)), metavar="LOW,HIGH",
+                        help="each question's share of wrong (sum + 1) warm-up labels lies between these "
+                             "(default: %(default)s; 0,0: right labels only)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep --out as it is when its tiny.json says it was built from these same arguments")
     args = parser.parse_args(argv)
-    assets = build_all(args.out.resolve(), model=args.model, seed=args.seed)
+    out = args.out.resolve()
+    try:
+        low, high = (float(x) for x in args.warmup_teacher_error.split(","))
+    except ValueError:
+        parser.error(f"--warmup-teacher-error {args.warmup_teacher_error!r}: expected LOW,HIGH, e.g. 0.4,0.9")
+    warmup = WarmUp(steps=args.warmup_steps, lr=args.warmup_lr, batch_size=args.warmup_batch_size,
+                    teacher_error=(low, high))
+    key = assets_key(args.model, args.seed, args.max_operand, warmup)
+    if args.reuse:
+        # launchers started side by side ask for the same assets: one builds, the others wait and reuse
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out.parent / f".{out.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            assets = cached(out, key) or build_all(out, model=args.model, seed=args.seed,
+                                                   max_operand=args.max_operand, warmup=warmup)
+    else:
+        assets = build_all(out, model=args.model, seed=args.seed, max_operand=args.max_operand, warmup=warmup)
     print(f"model_path={assets.model_dir}")
     print(f"train_file={assets.train_file}")
     print(f"val_file={assets.val_file}")
