@@ -36,6 +36,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_save import write_section  # noqa: E402  one way to replace a marked section of BENCHMARKS.md
+
 REPO = Path(__file__).resolve().parent.parent
 MODES = {"sync": "false", "pool": "pool", "stream": "stream"}
 MARKERS = "<!-- save-loop{}:begin -->", "<!-- save-loop{}:end -->"
@@ -181,21 +185,6 @@ the most a stream save's guards copied into host memory (budget `host_memory_bud
 {meta.get('note', '')}
 {end}
 """
-
-
-def write_section(section: str, path: Path) -> None:
-    """Replace this section (its markers open and close it) in the report, or append it; nothing
-    else changes."""
-    begin, end = section.split("\n", 1)[0], section.rstrip("\n").rsplit("\n", 1)[1]
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def main() -> int:
