@@ -39,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_save import write_section  # noqa: E402  one way to replace a marked section of BENCHMARKS.md
+from provenance import source_commit  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = {"sync": "false", "pool": "pool", "stream": "stream"}
@@ -211,9 +212,7 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         started = time.time()
         # the code the runs use: HEAD as they start (a commit made meanwhile is not theirs)
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=REPO).stdout.strip()
+        commit = source_commit()
         rows = []
         model = build_model(args.size, work)
         for mode in modes:
@@ -226,7 +225,7 @@ def main() -> int:
         result = {"rows": rows, "meta": {
             "command": "python scripts/bench_loop.py" + (f" --steps {args.steps}" if args.steps != 6 else "")
             + (f" --size {args.size}" if args.size != "tiny" else ""),
-            "date": time.strftime("%Y-%m-%d"), "commit": (commit.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else ""), "steps": args.steps,
+            "date": time.strftime("%Y-%m-%d"), "commit": commit, "steps": args.steps,
             "size": args.size,
             "seconds": time.time() - started, "note": args.note,
             "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end"}}

@@ -48,6 +48,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from provenance import source_commit  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 SIZES = ("0.25b", "0.5b", "1b")
 MODES = ("verl", "incremental", "async", "stream")
@@ -487,10 +491,7 @@ def driver(args: argparse.Namespace) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=REPO).stdout.strip()
-    commit = (head.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
+    commit = source_commit()  # the code the runs use: HEAD as they start
     rows = []
     runs = [(s, m) for s in sizes for m in modes]
     with tqdm(runs, desc="save bench", unit="run") as bar:

@@ -135,16 +135,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def provenance(args: argparse.Namespace, load_before: float) -> str:
     """Which code and machine the table comes from: the commit (and whether the tree was dirty)."""
-    def git(*cmd: str) -> str:
-        proc = subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True)
-        return proc.stdout.strip() if proc.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--", "patches", "recipes", "scripts") else ""
     import platform
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from provenance import source_commit
+
+    commit = source_commit(short=12)
+
     return (f"# make quickstart\n\nProduced by `make quickstart` (`python scripts/quickstart.py --steps {args.steps} "
-            f"--ranks {args.ranks}`) on commit {commit}{dirty}, {time.strftime('%Y-%m-%d')}; {platform.machine()}, "
+            f"--ranks {args.ranks}`) on commit {commit}, {time.strftime('%Y-%m-%d')}; {platform.machine()}, "
             f"{os.cpu_count()} cores, 1-minute load average {load_before:.1f} at the start and "
             f"{os.getloadavg()[0]:.1f} at the end. Both runs are verl 0.9.1's `main_ppo` (GRPO, tiny model, CPU) with "
             f"`SLIMCKPT_MEASURE=1`, which only times verl's save and samples its RSS (verl's own retention, tracker "
