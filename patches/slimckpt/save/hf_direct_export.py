@@ -430,23 +430,11 @@ class _BoxWriter:
         out.copy_(src)
         return out
 
-    def _pwrite(self, fd: int, data: Any, offset: int, file: str) -> int:
-        """`data` at `offset` of output `file`; a full disk or a failing device ends in one line
-        naming the file and the export's size."""
-        from ..write.out_files import OutputError, pwrite_all
-
-        try:
-            pwrite_all(fd, data, offset)
-        except OSError as exc:
-            from ..format.merge_manifest import describe_os_error
-
-            raise OutputError(describe_os_error(exc, os.path.join(self.hf_dir, file), self.plan.total_size)) from None
-        return len(data)
-
     def write_box(self, out_name: str, value: Any, box: Box, take: layout.Take,
                   source_shape: tuple[int, ...]) -> int:
         """This rank's part of output `out_name`: the elements of its box of the source (`value`,
         its local shard) that the output takes, each piece cast in chunks and pwritten in place."""
+        from ..write.out_files import OutputError, pwrite_all
         from ..write.share_writer import as_bytes
 
         placement = self.plan.placements[out_name]
@@ -467,9 +455,16 @@ class _BoxWriter:
             offset = placement.begin + piece.out_start * spec.itemsize
             for a in range(piece.local_start, piece.local_end, per_chunk):
                 chunk = self._staged(flat[a:min(piece.local_end, a + per_chunk)], dtype)
-                n = self._pwrite(fd, as_bytes(chunk), offset, placement.file)
-                offset += n
-                written += n
+                data = as_bytes(chunk)
+                try:
+                    pwrite_all(fd, data, offset)
+                except OSError as exc:
+                    from ..format.merge_manifest import describe_os_error
+
+                    raise OutputError(describe_os_error(exc, os.path.join(self.hf_dir, placement.file),
+                                                       self.plan.total_size)) from None
+                offset += len(data)
+                written += len(data)
         return written
 
     def write_merged(self, out_name: str, w_value: Any, box: Box, take: layout.Take, a: torch.Tensor,
@@ -478,6 +473,7 @@ class _BoxWriter:
         (B @ A) x scaling for the same rows (`b_rows`: B's rows of the box; `a`: all of A), a few
         rows at a time, in the output dtype as `slimckpt merge --merge_lora` computes them
         (share_writer.lora_merged)."""
+        from ..write.out_files import OutputError, pwrite_all
         from ..write.share_writer import as_bytes, lora_merged
 
         placement = self.plan.placements[out_name]
@@ -501,7 +497,15 @@ class _BoxWriter:
             runs = [(placement.begin + (r0 + s) * width * itemsize, merged)] if window is None else \
                 [(placement.begin + ((r0 + i) * width + c0) * itemsize, merged[i - s]) for i in range(s, e)]
             for offset, piece in runs:
-                written += self._pwrite(fd, as_bytes(piece.contiguous()), offset, placement.file)
+                data = as_bytes(piece.contiguous())
+                try:
+                    pwrite_all(fd, data, offset)
+                except OSError as exc:
+                    from ..format.merge_manifest import describe_os_error
+
+                    raise OutputError(describe_os_error(exc, os.path.join(self.hf_dir, placement.file),
+                                                       self.plan.total_size)) from None
+                written += len(data)
         return written
 
     def close(self, sync: bool) -> None:
