@@ -106,10 +106,15 @@ def _ignore_sigxfsz() -> None:
 # Entry points
 # ------------------------------------------------------------------------------------------------
 def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -> MergeResult:
-    """Merge `opts.local_dir` into `opts.target_dir`; raises MergeError with a one-line message."""
+    """Merge `opts.local_dir` into `opts.target_dir`; raises MergeError with a one-line message.
+    Called in a training job, it first waits for the commit of that job's save of the step, if
+    one is in flight."""
     # Nothing here imports torch or transformers: the early writer starts before those imports
     # (seconds), and the main thread does them while it writes.
+    from ..read import in_flight
     from ..read.locks import LockBusy
+
+    in_flight.wait_for(opts.local_dir)
 
     if opts.dtype not in DTYPE_NAMES:
         raise MergeError(f"--dtype {opts.dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")

@@ -8,7 +8,10 @@ whose shard would exceed `host_memory_budget_gb` does not stage at all: it strea
 (bounded memory) and logs that it did.
 
 One writer per FSDPCheckpointManager, one write in flight: a new save (or a load) first waits for
-the previous write and its commit; a failure there is raised by that next call. At interpreter
+the previous write and its commit; a failure there is raised by that next call. A rank's write
+ends only once the commit's outcome is known on every rank (resume_state.commit), so a rank
+whose own files are done still waits for rank 0's manifest; a load, verify or merge of that dir
+by other code of this process waits too (slimckpt.read.in_flight). At interpreter
 exit pending writes are finished (atexit); a process killed mid-write leaves a step without its
 manifest, which loads refuse and the tracker never names.
 
@@ -258,18 +261,26 @@ class AsyncResumeWriter:
             from . import stream_guards
 
             self._unhook = stream_guards.activate(capture, optimizer)
-        self._future = self._executor.submit(self._ready_then, write, capture)
+        from ..read import in_flight
+
+        registered = in_flight.begin(path)  # a load, verify or merge of this dir in this process waits for it
+        self._future = self._executor.submit(self._ready_then, write, capture, registered)
+        self._future.add_done_callback(lambda _: in_flight.end(registered))  # also if it never ran
 
     def _remove_hook(self) -> None:
         unhook, self._unhook = self._unhook, None
         if unhook is not None:
             unhook()
 
-    def _ready_then(self, write: Callable[[], None], capture) -> None:
+    def _ready_then(self, write: Callable[[], None], capture, registered) -> None:
+        from ..read import in_flight
+
+        in_flight.running(registered)
         try:
             self.pool.wait_ready()  # CUDA: the staged copies are complete before anything reads them
-            write()
+            write()  # returns (or raises) on every rank once the commit's outcome is known to all
         finally:
+            in_flight.end(registered)
             if capture is not None:  # no guard waits for (and nothing holds) the live shards any more
                 from . import stream_guards
 

@@ -296,23 +296,68 @@ def register_committed(manager, local_path: str, max_keep: int | None) -> None:
 # --------------------------------------------------------------------------- commit
 
 
+class CommitFailed(RuntimeError):
+    """The commit of a step failed on some rank; every rank raises it with the same line."""
+
+
+def _shared_outcome(group: dist.ProcessGroup, failure: tuple | None) -> None:
+    """Rank 0 tells every rank how the commit ended; each raises the same CommitFailed if it failed
+    (caused by the same OSError where one was the cause, so every rank's save error names the same
+    fix). Until this returns no rank's save (or background write) is over, so a load right after
+    it on any rank finds the manifest rank 0 wrote."""
+    box = [failure]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    if box[0] is not None:
+        line, os_error = box[0]
+        raise CommitFailed(line) from (OSError(*os_error) if os_error else None)
+
+
+def _failure(where: str, exc: BaseException) -> tuple[str, tuple | None]:
+    """(one line, the errno, strerror and filename of its OSError if it is one) of a commit's failure."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    os_error = (exc.errno, exc.strerror, exc.filename) if isinstance(exc, OSError) and exc.errno else None
+    return f"{where}: {type(exc).__name__}: {first}", os_error
+
+
 def commit(manager, local_path: str, global_step: int, contents: list[str], config: Any,
            group: dist.ProcessGroup, max_keep: int | None, timings: dict[str, float],
            aliases: dict[str, str] | None = None, known: dict[str, str] | None = None,
            lora_only: bool = False) -> None:
     """Every rank lists and checksums its files; rank 0 adds every other file of the dir (verl's
-    huggingface/ ...), writes the manifest, then applies retention. Collective over `group`; the
-    caller has finished all writes."""
+    huggingface/ ...), writes the manifest, then applies retention, and every rank learns the
+    outcome: a failure on any rank is raised on all of them, as the same CommitFailed. Collective
+    over `group`; the caller has finished all writes."""
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
     t0 = time.perf_counter()
-    # DCP's files were hashed while written (`known`); the rest (extra state, the export) is read back
-    mine = describe_files(local_path, rank_files(local_path, rank, world), known=known)
+    mine, failure = [], None
+    try:  # DCP's files were hashed while written (`known`); the rest (extra state, the export) is read back
+        mine = [e.to_json() for e in describe_files(local_path, rank_files(local_path, rank, world), known=known)]
+    except Exception as exc:  # noqa: BLE001 - reported to rank 0, raised on every rank below
+        failure = _failure(f"rank {rank}", exc)
     gathered: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object([e.to_json() for e in mine], gathered, dst=dist.get_global_rank(group, 0), group=group)
+    dist.gather_object((mine, failure), gathered, dst=dist.get_global_rank(group, 0), group=group)
     if rank != 0:
+        _shared_outcome(group, None)
         return
-    files = [FileEntry.from_json(e) for part in gathered or [] for e in part]
+    reported = gathered or []
+    failure = next((f for _, f in reported if f is not None), None)
+    if failure is None:
+        try:
+            _commit_on_rank0(manager, local_path, global_step, contents, [e for part, _ in reported for e in part],
+                             world, max_keep, timings, t0, aliases, lora_only)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below
+            log.debug("commit of step %s at %s failed on rank 0", global_step, local_path, exc_info=True)
+            failure = _failure("rank 0", exc)
+    if failure is not None:
+        failure = (f"slimckpt: step {global_step} at {local_path} was not committed: {failure[0]}", failure[1])
+    _shared_outcome(group, failure)
+
+
+def _commit_on_rank0(manager, local_path: str, global_step: int, contents: list[str], reported: list[dict],
+                     world: int, max_keep: int | None, timings: dict[str, float], t0: float,
+                     aliases: dict[str, str] | None, lora_only: bool) -> None:
+    files = [FileEntry.from_json(e) for e in reported]
     files += describe_files(local_path, unlisted_files(local_path, [f.path for f in files]))
     timings["checksum"] = time.perf_counter() - t0  # rank 0's, gather included
     fsdp_version = None
@@ -606,26 +651,35 @@ def load_extra(manager, local_path: str, saved_world: int) -> None:
 # --------------------------------------------------------------------------- the load patch
 
 
+def _after_saves_here(manager, local_path: str | None) -> None:
+    """What a load waits for first: this manager's background write (a load overwrites the shards
+    it may still read, whichever format is loaded) and any other write of `local_path` in this
+    process, each until its commit has ended on every rank, as a sync save would have returned;
+    then every rank of a manager that saved meets the others, since the rank 0 of a save holds the
+    dir's writer lock until its save call returns, after the other ranks' have."""
+    from ..read import in_flight
+    from . import resume_async
+
+    resume_async.writer_for(manager).wait()
+    in_flight.wait_for(local_path)
+    group = getattr(manager, "_slimckpt_group", None)  # made on every rank, by their first save or load
+    if group is not None:
+        dist.barrier(group=group)
+
+
 def wrap_load_checkpoint(original):
     """FSDPCheckpointManager.load_checkpoint: this tier's format when the directory has it, verl's
     own otherwise, so resume_mode=auto works across both."""
-
-    def _load(self, local_path, hdfs_path=None, del_local_after_load=False):
-        from . import resume_async
-
-        # a load overwrites the shards in place: a background write (stream mode reads the live
-        # shards) ends first, whichever format is loaded
-        resume_async.writer_for(self).wait()
-        if local_path is not None and is_resume_state(local_path):
-            return load_resume_state(self, local_path)
-        return original(self, local_path, hdfs_path, del_local_after_load)
 
     @functools.wraps(original)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
         from ..read.locks import reading_if_dir
 
+        _after_saves_here(self, local_path)
         with reading_if_dir(local_path, f"loading it (rank {self.rank})"):  # retention keeps it meanwhile
-            return _load(self, local_path, hdfs_path, del_local_after_load)
+            if local_path is not None and is_resume_state(local_path):
+                return load_resume_state(self, local_path)
+            return original(self, local_path, hdfs_path, del_local_after_load)
 
     return load_checkpoint
 

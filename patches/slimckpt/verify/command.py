@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..format import merge_manifest
 from ..format import resume_manifest as rm
+from ..read import in_flight
 from . import native as verify_native
 
 HELP = "check a checkpoint dir: manifest, size and checksum of every file; exit 1 naming each bad file"
@@ -230,8 +231,10 @@ def check_root(report: Report, path: str, quick: bool, on_bytes) -> None:
 
 
 def verify_path(path: str, quick: bool = False, on_bytes: Callable[[int], object] | None = None) -> Report:
-    """Check `path` (any kind verify accepts); raises NotACheckpoint."""
+    """Check `path` (any kind verify accepts); raises NotACheckpoint. Called in a training job, it
+    first waits for the commits of that job's saves in flight under `path`."""
     path = os.path.abspath(path)
+    in_flight.wait_for(path)
     kind = detect(path)
     report = Report(target=path)
     start = time.perf_counter()
