@@ -16,7 +16,8 @@ tensor by tensor to disk (host memory: write_threads x (bucket_mb + one tensor) 
 on CPU); async pool mode stages the rank's tensors into a reused host pool (within
 host_memory_budget_gb) and writes on a background thread (resume_async); async stream mode writes
 on that thread from the live shards, guarded until read (stream_capture). Then every rank reports
-its files, rank 0 writes the manifest and only then applies retention.
+its files, rank 0 writes the manifest and only then applies retention, then tells every rank the
+outcome: no rank's save (or background write) ends before its step is committed or has failed.
 
 Everything else verl's save does (huggingface/ config + tokenizer + generation config on rank 0,
 fsdp_config.json, LoRA meta, `hf_model` if asked) is done by calling verl's own save with the shard
