@@ -100,6 +100,30 @@ def _save(run, root: str, step: int, **kw) -> tuple[str, float]:
     return path, time.perf_counter() - t0
 
 
+def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str, str | None, str | None]:
+    """A stream save whose writer is paused at its `nth` read while `change(pause)` runs; then
+    the write ends. (path, the source it paused before, the write's failure or None)."""
+    from slimckpt.save import stream_capture
+    from slimckpt.save.resume_async import writer_for
+
+    pause = PauseAt(nth)
+    stream_capture.READ_HOOK = pause
+    failure = None
+    try:
+        path, _ = _save(run, root, step, async_save="stream", **kw)
+        assert pause.reached.wait(timeout=120), "the stream writer never started reading"
+        change(pause)
+        pause.release()
+        try:
+            writer_for(run.manager).wait()
+        except RuntimeError as exc:
+            failure = str(exc)
+    finally:
+        stream_capture.READ_HOOK = None
+    dist.barrier()
+    return path, pause.name, failure
+
+
 def scenario(args) -> None:
     from slimckpt.save import stream_capture
     from slimckpt.save.resume_async import writer_for
@@ -160,24 +184,13 @@ def scenario(args) -> None:
         result["step6"] = _same_step(sync6, stream6)
 
     # 3. an unguarded in-place change of the tensor the paused writer is about to read
-    pause = PauseAt(3)
-    stream_capture.READ_HOOK = pause
-    try:
-        stream7, _ = _save(run, stream_root, 7, async_save="stream", host_memory_budget_gb=1.0)
-        assert pause.reached.wait(timeout=120)
+    def change_paused_source(pause: PauseAt) -> None:
         victim = next(s for s in writer.capture._sources.values() if s.name == pause.name)
         with torch.no_grad():
             victim.live.add_(1.0)
-        pause.release()
-        try:
-            writer.wait()
-            failure = None
-        except RuntimeError as exc:
-            failure = str(exc)
-    finally:
-        stream_capture.READ_HOOK = None
-    dist.barrier()
-    result.update(mutated=pause.name, mutation_failure=failure,
+
+    stream7, mutated, failure = _raced_save(run, stream_root, 7, 3, change_paused_source, host_memory_budget_gb=1.0)
+    result.update(mutated=mutated, mutation_failure=failure,
                   mutated_step_committed=os.path.exists(os.path.join(stream7, MANIFEST)))
 
     # with a resume: a fresh run loads the stream step 3 and trains the steps the first run did
@@ -262,14 +275,11 @@ def _commit_tracker(watcher, root: str, step: int) -> str | None:
 
 def scenario_raced(args) -> None:
     from slimckpt.format.resume_manifest import read_tracker
-    from slimckpt.save import stream_capture
-    from slimckpt.save.resume_async import writer_for
     from slimckpt.save.tracker import CommitWatcher
 
     rank = dist.get_rank()
     root, sync_root = os.path.join(args.dir, "ckpt"), os.path.join(args.dir, "sync")
     run = rs.Run(seed=0, ckpt_config=_config())
-    writer = writer_for(run.manager)
     watcher = CommitWatcher(root) if rank == 0 else None
     for _ in range(rs.STEPS_BEFORE):
         run.step()
@@ -282,21 +292,8 @@ def scenario_raced(args) -> None:
         step = 10 + i
         # the reference of a step that must commit: a sync save of the same state
         sync_path = None if must_fail and rs.FSDP_VERSION == 2 else _save(run, sync_root, step, export_hf=export)[0]
-        pause = PauseAt(1)
-        stream_capture.READ_HOOK = pause
-        try:
-            path, _ = _save(run, root, step, async_save="stream", host_memory_budget_gb=1.0, export_hf=export)
-            assert pause.reached.wait(timeout=120), "the stream writer never started reading"
-            change(run, rank)
-            pause.release()
-            try:
-                writer.wait()
-                failure = None
-            except RuntimeError as exc:
-                failure = str(exc)
-        finally:
-            stream_capture.READ_HOOK = None
-        dist.barrier()
+        path, _, failure = _raced_save(run, root, step, 1, lambda _pause: change(run, rank),
+                                       host_memory_budget_gb=1.0, export_hf=export)
         case = {"failure": failure, "committed": os.path.exists(os.path.join(path, MANIFEST))}
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, case)
