@@ -38,6 +38,8 @@ SCENARIOS = {
     "resume_fsdp1": (resume_scenarios.scenario_resume, {"async_save": False}, "llama", 1),
     "resume_async": (resume_scenarios.scenario_resume, {"async_save": True}, "qwen2-tied", 2),
     "stream": (stream_scenario.scenario, {}, "qwen2-tied", 2),
+    "stream_raced": (stream_scenario.scenario_raced, {}, "llama", 2),
+    "stream_raced_fsdp1": (stream_scenario.scenario_raced, {}, "llama", 1),
     "tracker": (resume_scenarios.scenario_tracker, {}, "llama", 2),
     "refuse": (resume_scenarios.scenario_refuse, {}, "llama", 2),
     "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),

@@ -13,6 +13,14 @@ The writer is paused at a known read by slimckpt.save.stream_capture.READ_HOOK (
    equals the sync save bit for bit (without a resume).
 3. a parameter changed in place (no guard runs) while the writer is paused before it: the step
    fails in one line naming the tensor and is never committed.
+
+`raced` (FSDP2 and FSDP1, a Llama): right after save_checkpoint returns, with the writer paused at
+its first read, the weights are changed the ways user code changes them (the cases of RACES); the
+writer then goes on. FSDP2 reads the live shards: every such step fails on every rank, is never
+committed, and the trainer's tracker stays on the last committed step. FSDP1 writes the sharded
+state dict FSDP1 builds as new tensors: the step commits and equals a sync save of the same step
+file for file. The control: optimizer.load_state_dict puts new tensors in the optimizer (the saved
+ones are left as they were) and the next step runs the guard: commits, equal to the sync save.
 """
 
 from __future__ import annotations
@@ -81,7 +89,7 @@ def _same_step(sync_dir: str, stream_dir: str) -> dict:
 
 
 def _config(**kw):
-    return rs.slim_config(export_hf=True, export_dtype="auto", max_shard_size="20KB", **kw)
+    return rs.slim_config(**{"export_hf": True, "export_dtype": "auto", "max_shard_size": "20KB", **kw})
 
 
 def _save(run, root: str, step: int, **kw) -> tuple[str, float]:
@@ -90,6 +98,30 @@ def _save(run, root: str, step: int, **kw) -> tuple[str, float]:
     t0 = time.perf_counter()
     run.manager.save_checkpoint(path, global_step=step)
     return path, time.perf_counter() - t0
+
+
+def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str, str | None, str | None]:
+    """A stream save whose writer is paused at its `nth` read while `change(pause)` runs; then
+    the write ends. (path, the source it paused before, the write's failure or None)."""
+    from slimckpt.save import stream_capture
+    from slimckpt.save.resume_async import writer_for
+
+    pause = PauseAt(nth)
+    stream_capture.READ_HOOK = pause
+    failure = None
+    try:
+        path, _ = _save(run, root, step, async_save="stream", **kw)
+        assert pause.reached.wait(timeout=120), "the stream writer never started reading"
+        change(pause)
+        pause.release()
+        try:
+            writer_for(run.manager).wait()
+        except RuntimeError as exc:
+            failure = str(exc)
+    finally:
+        stream_capture.READ_HOOK = None
+    dist.barrier()
+    return path, pause.name, failure
 
 
 def scenario(args) -> None:
@@ -152,24 +184,13 @@ def scenario(args) -> None:
         result["step6"] = _same_step(sync6, stream6)
 
     # 3. an unguarded in-place change of the tensor the paused writer is about to read
-    pause = PauseAt(3)
-    stream_capture.READ_HOOK = pause
-    try:
-        stream7, _ = _save(run, stream_root, 7, async_save="stream", host_memory_budget_gb=1.0)
-        assert pause.reached.wait(timeout=120)
+    def change_paused_source(pause: PauseAt) -> None:
         victim = next(s for s in writer.capture._sources.values() if s.name == pause.name)
         with torch.no_grad():
             victim.live.add_(1.0)
-        pause.release()
-        try:
-            writer.wait()
-            failure = None
-        except RuntimeError as exc:
-            failure = str(exc)
-    finally:
-        stream_capture.READ_HOOK = None
-    dist.barrier()
-    result.update(mutated=pause.name, mutation_failure=failure,
+
+    stream7, mutated, failure = _raced_save(run, stream_root, 7, 3, change_paused_source, host_memory_budget_gb=1.0)
+    result.update(mutated=mutated, mutation_failure=failure,
                   mutated_step_committed=os.path.exists(os.path.join(stream7, MANIFEST)))
 
     # with a resume: a fresh run loads the stream step 3 and trains the steps the first run did
@@ -184,3 +205,105 @@ def scenario(args) -> None:
                                                                      "zero_budget_copied_bytes")})
     result["ranks"] = all_results
     rs.write_result(args, "stream", result)
+
+
+def _add_then_step(run, rank: int) -> None:
+    """The issue's user code: every parameter changed in place, then the optimizer step."""
+    with torch.no_grad():
+        for p in run.model.parameters():
+            p.add_(1.0)
+    run.step()
+
+
+def _step_without_hook(run, rank: int) -> None:
+    from slimckpt.save.resume_async import writer_for
+
+    writer_for(run.manager)._remove_hook()  # an optimizer step that runs no slimckpt guard
+    run.step()
+
+
+def _load_state_dict(run, rank: int) -> None:
+    state = {k: v.detach() + 0.5 for k, v in run.model.state_dict().items()}
+    if rs.FSDP_VERSION == 2:
+        run.model.load_state_dict(state)
+    else:  # FSDP1's own state_dict()/load_state_dict() are full (unsharded) dicts
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+        sharded = StateDictOptions(full_state_dict=False)
+        set_model_state_dict(run.model, {k: v + 0.5 for k, v in get_model_state_dict(run.model, options=sharded).items()},
+                             options=sharded)
+
+
+def _local_add_on_rank1(run, rank: int) -> None:
+    """An in-place change of the local shard (`to_local()`), on one rank only."""
+    if rank == 1:
+        with torch.no_grad():
+            for p in run.model.parameters():
+                (p.to_local() if hasattr(p, "to_local") else p).mul_(2.0)
+
+
+def _optimizer_reload_then_step(run, rank: int) -> None:
+    import copy
+
+    run.optimizer.load_state_dict(copy.deepcopy(run.optimizer.state_dict()))
+    run.step()
+
+
+# name -> (export_hf, what the user code does, whether the FSDP2 step must fail)
+RACES = {
+    "add_then_step": (True, _add_then_step, True),
+    "add_then_step_no_export": (False, _add_then_step, True),
+    "step_without_hook": (True, _step_without_hook, True),
+    "load_state_dict": (True, _load_state_dict, True),
+    "local_add_on_rank1": (False, _local_add_on_rank1, True),
+    "optimizer_reload_then_step": (True, _optimizer_reload_then_step, False),
+}
+
+
+def _commit_tracker(watcher, root: str, step: int) -> str | None:
+    """Rank 0: what the trainer's process does after a save (data.pt, then the tracker once the
+    step is committed); the error it raises for a failed step."""
+    with open(os.path.join(root, f"global_step_{step}", "data.pt"), "wb"):
+        pass
+    watcher.after_save(step, ["actor"])
+    try:
+        watcher.wait(timeout=60)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def scenario_raced(args) -> None:
+    from slimckpt.format.resume_manifest import read_tracker
+    from slimckpt.save.tracker import CommitWatcher
+
+    rank = dist.get_rank()
+    root, sync_root = os.path.join(args.dir, "ckpt"), os.path.join(args.dir, "sync")
+    run = rs.Run(seed=0, ckpt_config=_config())
+    watcher = CommitWatcher(root) if rank == 0 else None
+    for _ in range(rs.STEPS_BEFORE):
+        run.step()
+    _save(run, root, 1)
+    if rank == 0:
+        assert _commit_tracker(watcher, root, 1) is None and read_tracker(root) == 1
+    dist.barrier()
+    result: dict = {"fsdp": rs.FSDP_VERSION, "cases": {}}
+    for i, (name, (export, change, must_fail)) in enumerate(RACES.items()):
+        step = 10 + i
+        # the reference of a step that must commit: a sync save of the same state
+        sync_path = None if must_fail and rs.FSDP_VERSION == 2 else _save(run, sync_root, step, export_hf=export)[0]
+        path, _, failure = _raced_save(run, root, step, 1, lambda _pause: change(run, rank),
+                                       host_memory_budget_gb=1.0, export_hf=export)
+        case = {"failure": failure, "committed": os.path.exists(os.path.join(path, MANIFEST))}
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, case)
+        case = {"ranks": gathered, "export_hf": export, "must_fail": must_fail}
+        if rank == 0:
+            case["tracker_error"] = _commit_tracker(watcher, root, step)
+            case["tracker"] = read_tracker(root)
+            if sync_path is not None and all(r["committed"] for r in gathered):
+                case["same_as_sync"] = _same_step(sync_path, path)
+        result["cases"][name] = case
+        dist.barrier()
+        run.manager.checkpoint_config = _config()
+    rs.write_result(args, f"raced_fsdp{rs.FSDP_VERSION}", result)

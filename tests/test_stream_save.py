@@ -87,6 +87,26 @@ def test_an_in_place_change_while_or_before_the_writer_reads_is_a_one_line_failu
     assert "model.w1 was changed in place after the save and before the writer read it" in capture.failure
 
 
+def test_a_change_through_a_live_tensor_with_its_own_version_counter_is_caught():
+    """The FSDP2 case on plain tensors: the state dict's entry and the parameter view the same
+    memory with separate version counters (`.data` makes such a pair); the parameter is changed."""
+    param = torch.arange(4.0)
+    entry = param.data
+    assert entry._version == param._version == 0
+    unwatched = StreamCapture({"model": {"w": entry}}, 0, step=5)
+    watched = StreamCapture({"model": {"w": entry}}, 0, step=5, live=[param])
+    for capture in (unwatched, watched):
+        key = capture.key_of(entry)
+        capture.plan_reads("dcp", [key])
+        capture.start()
+    param.add_(1.0)
+    assert entry._version == 0  # what the capture used to check: nothing moved
+    for capture in (unwatched, watched):
+        _read(capture, capture.key_of(entry), entry)
+    assert unwatched.failure is None
+    assert "tensor model.w was changed in place after the save" in watched.failure
+
+
 def test_read_hook_pauses_the_writer_before_a_live_read_only():
     a = torch.arange(4.0)
     capture, keys = _capture(10**6, a)
@@ -121,3 +141,43 @@ def test_stream_save_equals_sync_bit_for_bit_guards_mutations_and_resumes(ws2_sc
         assert not x["mutated_step_committed"], x
         message = x["mutation_failure"]
         assert message and "\n" not in message and f"tensor {r['mutated']} was changed in place" in message
+
+
+RACES = ["add_then_step", "add_then_step_no_export", "step_without_hook", "load_state_dict", "local_add_on_rank1",
+         "optimizer_reload_then_step"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fsdp", [2, 1])
+def test_stream_save_raced_by_user_code_is_never_committed_with_the_changed_weights(ws2_scenarios, fsdp):
+    """Right after save_checkpoint returns, the weights are changed as user code changes them
+    (RACES, run by tests/stream_scenario.py: `p.add_` then the optimizer step, with and without the HF
+    export; an optimizer step that runs no guard; `load_state_dict`; `to_local()` changed on one
+    rank). FSDP2 reads the live shards: each such step fails on every rank in one line naming the
+    tensor, is never committed, and the tracker stays on the last committed step. FSDP1 writes
+    the new tensors its sharded state dict is made of: the step commits the saved weights, equal
+    to a sync save's file for file."""
+    r = scenario_result(ws2_scenarios, "stream_raced" if fsdp == 2 else "stream_raced_fsdp1",
+                        f"raced_fsdp{fsdp}_result.json")
+    assert r["fsdp"] == fsdp and list(r["cases"]) == RACES
+    tracker = 1
+    for step, (name, case) in enumerate(r["cases"].items(), start=10):
+        must_fail = case["must_fail"] and fsdp == 2
+        ranks = case["ranks"]
+        if must_fail:
+            assert not any(x["committed"] for x in ranks), (name, case)
+            assert case["tracker"] == tracker and case["tracker_error"], (name, case)
+            for rank, x in enumerate(ranks):
+                message = x["failure"]
+                assert message and "\n" not in message and "was changed in place" in message, (name, x)
+                assert "tensor model." in message and "this step is not committed" in message, (name, x)
+            if name == "local_add_on_rank1":  # changed on rank 1 only: rank 0 names rank 1
+                assert ranks[0]["failure"].endswith("(rank 1)"), ranks[0]
+        else:
+            assert all(x["committed"] and x["failure"] is None for x in ranks), (name, case)
+            tracker = case["tracker"]
+            assert case["tracker_error"] is None and tracker == step, (name, case)
+            same = case["same_as_sync"]
+            assert same["differing_files"] == [] and same["tensor_diffs"] == [], (name, same)
+            assert any(f.startswith("dcp/") for f in same["files"]), same
+            assert any(f.startswith("huggingface/") for f in same["files"]) == case["export_hf"], same

@@ -479,10 +479,10 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
 
     mode = async_mode(getattr(config, "async_save", False))
     if mode == "stream":
-        from .stream_capture import StreamCapture
+        from .stream_capture import StreamCapture, live_tensors
 
         capture = StreamCapture(state, int(float(getattr(config, "host_memory_budget_gb", 0.0)) * 2**30),
-                                step=int(global_step))
+                                step=int(global_step), live=live_tensors(manager.model, manager.optimizer))
         lap("capture")
         timings["blocking"] = time.perf_counter() - waited
         del state

@@ -3,9 +3,9 @@
 Between a save (after the updates of step N) and the next change to the weights (the optimizer
 step of step N+1) verl runs the rollout, reward and reference passes: the shards do not change.
 A StreamCapture holds, for one save, references to the rank's shard tensors (the local tensors of
-DTensors, the optimizer state) and the version counter each had (`tensor._version`, bumped by
-every in-place op); the small state (optimizer hyper-parameters, any non-tensor leaf) is copied
-at capture. The writer reads each source through `begin`/`end`; DCP and the HF export are its
+DTensors, the optimizer state) and the version counters an in-place change of each would bump (see
+"Which counters" below); the small state (optimizer hyper-parameters, any non-tensor leaf) is
+copied at capture. The writer reads each source through `begin`/`end`; DCP and the HF export are its
 readers, and a source is done when all the reads planned for it have ended.
 
 Guards (slimckpt.save.stream_guards) call `guard()` before anything that can change a source: it
@@ -23,6 +23,19 @@ before copying. A change is recorded as the capture's failure (the first, in one
 tensor); `check_collective` raises it on every rank before the commit, so a changed tensor is
 never committed. Reads continue meanwhile: a failed step is never committed, and no rank stops
 half-way through a collective.
+
+Which counters: a DTensor and its local tensor have separate version counters, and in torch 2.13
+an in-place op on an FSDP2 parameter (`p.add_` under no_grad, `p.copy_`, `load_state_dict`, an
+optimizer step) bumps only the DTensor's, which the parameter shares with its state-dict alias;
+one on `p.to_local()` bumps only the parameter's local tensor, which the alias's local tensor does
+not share. So each source watches its state-dict entry, that entry's local tensor, and every live
+tensor passed as `live` (the model's parameters and buffers, the optimizer's state) that views the
+same memory, with its local tensor. FSDP1's sharded state dicts are new tensors (chunks cut and
+cloned from the unsharded parameters and the flat optimizer state): no live tensor views them and
+a change to the parameters after the save cannot reach what is written. A change through
+`p.data` bumps no counter at all (`.data` is a new tensor with its own counter): it is not
+detected; checksumming every shard at capture would catch it but reads the whole state in the
+save's foreground, the cost stream mode exists to avoid.
 
 Test hook: `READ_HOOK` (a callable taking the source name) runs on the writer's thread before
 each read of a live source, so a test can pause the writer at a known point without sleeps.
@@ -59,16 +72,39 @@ def view_key(t: torch.Tensor) -> tuple | None:
 
 
 def _local(t: Any) -> torch.Tensor:
+    # a DTensor's local tensor as it is: to_local() builds an autograd view each call (~30 us,
+    # paid per tensor at every capture and read)
+    inner = getattr(t, "_local_tensor", None)
+    if inner is not None:
+        return inner
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _counters(t: torch.Tensor) -> list[torch.Tensor]:
+    """`t` and, for a DTensor, its local tensor: their version counters are separate."""
+    inner = getattr(t, "_local_tensor", None)
+    return [t] if inner is None else [t, inner]
+
+
+def live_tensors(model: Any, optimizer: Any) -> list[torch.Tensor]:
+    """The tensors user code changes in place: parameters, buffers, optimizer state."""
+    out: list[torch.Tensor] = []
+    if model is not None:
+        out += list(model.parameters()) + list(model.buffers())
+    for state in (getattr(optimizer, "state", None) or {}).values():
+        out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return out
 
 
 @dataclass
 class Source:
-    """One captured tensor: the live local tensor until done or copied."""
+    """One captured tensor: the live local tensor until done or copied, and the tensors whose
+    version counters an in-place change of its memory bumps (`version`: theirs at capture)."""
 
     name: str
     live: torch.Tensor | None
-    version: int
+    watched: list[torch.Tensor]
+    version: tuple[int, ...]
     nbytes: int
     reads_left: int = 1
     reading: int = 0
@@ -78,6 +114,14 @@ class Source:
     @property
     def done(self) -> bool:
         return self.reads_left <= 0
+
+    @property
+    def changed(self) -> bool:
+        return tuple(t._version for t in self.watched) != self.version
+
+    def release(self, copy: torch.Tensor | None = None) -> None:
+        """Nothing reads the live tensor any more: drop it (and what watched it)."""
+        self.live, self.watched, self.copy = None, [], copy
 
 
 def _host_copy(t: torch.Tensor, side=None, after=None) -> torch.Tensor:
@@ -104,7 +148,8 @@ def _host_copy(t: torch.Tensor, side=None, after=None) -> torch.Tensor:
 class StreamCapture:
     """One save's sources and the protocol between the writer (begin/end) and guards."""
 
-    def __init__(self, state: dict[str, Any], budget_bytes: int, step: int) -> None:
+    def __init__(self, state: dict[str, Any], budget_bytes: int, step: int,
+                 live: list[torch.Tensor] | tuple = ()) -> None:
         self.step = step
         self.budget_bytes = int(budget_bytes)
         self.copied_bytes = 0
@@ -115,7 +160,13 @@ class StreamCapture:
         self._cond = threading.Condition()
         self._sources: dict[tuple, Source] = {}
         self._reading_on: dict[int, tuple] = {}  # writer thread id -> the source DCP last handed it
+        self._live: dict[tuple, list[torch.Tensor]] = {}
+        for t in live:
+            key = view_key(_local(t))
+            if key is not None:
+                self._live.setdefault(key, []).extend(_counters(t))
         self.state = self._capture(state, "")
+        self._live = {}
         # on CUDA the writer copies to the host on its own stream, after the kernels queued so far
         self._side = self._captured = None
         device = next((s.live.device for s in self._sources.values() if s.live.device.type == "cuda"), None)
@@ -131,7 +182,9 @@ class StreamCapture:
             local = _local(obj)
             key = view_key(local)
             if key is not None and key not in self._sources:
-                self._sources[key] = Source(path, local, local._version, local.numel() * local.element_size())
+                watched = list({id(t): t for t in _counters(obj) + self._live.get(key, [])}.values())
+                self._sources[key] = Source(path, local, watched, tuple(t._version for t in watched),
+                                            local.numel() * local.element_size())
             return obj  # by reference: DCP plans from the DTensor itself
         if isinstance(obj, dict):
             return {k: self._capture(v, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
@@ -160,7 +213,7 @@ class StreamCapture:
             for source in self._sources.values():
                 source.reads_left = sum(source.readers.values())
                 if source.done:
-                    source.live, source.copy = None, None
+                    source.release()
             self._cond.notify_all()
 
     def key_of(self, t: torch.Tensor) -> tuple | None:
@@ -175,8 +228,9 @@ class StreamCapture:
 
     def _changed(self, source: Source, when: str) -> None:
         self._fail(f"slimckpt: async_save=stream step {self.step}: tensor {source.name} was changed in place "
-                   f"{when}; this step is not committed (a mutation slimckpt does not guard: save with "
-                   f"async_save=pool, or report the code path that changed it)")
+                   f"{when}; this step is not committed (async_save=stream reads the live shards until the "
+                   f"write ends: change them in place only through the optimizer's step, or save with "
+                   f"async_save=pool)")
 
     def begin(self, key: tuple | None, fallback: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """(the tensor to read for source `key`, whether it is the live one): its guard copy, or
@@ -193,7 +247,7 @@ class StreamCapture:
                 return source.copy, False
             if source.live is None:  # released (the write ended): nothing left to guard
                 return fallback, False
-            if source.live._version != source.version:
+            if source.changed:
                 self._changed(source, "after the save and before the writer read it")
             source.reading += 1
             return source.live, True
@@ -207,11 +261,11 @@ class StreamCapture:
         with self._cond:
             if source.reading and was_live:
                 source.reading -= 1
-                if source.live is not None and source.live._version != source.version:
+                if source.live is not None and source.changed:
                     self._changed(source, "while the writer read it")
             source.reads_left -= 1
             if source.done:
-                source.live, source.copy = None, None
+                source.release()
             self._cond.notify_all()
 
     def read_now(self, key: tuple | None, fallback: torch.Tensor) -> torch.Tensor:
@@ -264,9 +318,9 @@ class StreamCapture:
                 for source in pending:
                     if source.reading or self.copied_bytes + source.nbytes > self.budget_bytes:
                         continue
-                    if source.live._version != source.version:
+                    if source.changed:
                         self._changed(source, f"before {what} (found by its guard)")
-                    source.copy, source.live = _host_copy(source.live), None
+                    source.release(_host_copy(source.live))
                     self.copied_bytes += source.nbytes
                 if all(s.done or s.copy is not None for s in self._sources.values()):
                     break
@@ -284,7 +338,7 @@ class StreamCapture:
         with self._cond:
             self.closed = True
             for source in self._sources.values():
-                source.live, source.copy = None, None
+                source.release()
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ outcome
