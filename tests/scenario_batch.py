@@ -40,6 +40,7 @@ SCENARIOS = {
     "stream": (stream_scenario.scenario, {}, "qwen2-tied", 2),
     "tracker": (resume_scenarios.scenario_tracker, {}, "llama", 2),
     "refuse": (resume_scenarios.scenario_refuse, {}, "llama", 2),
+    "damaged_newest": (resume_scenarios.scenario_damaged_newest, {}, "llama", 2),
     "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),
     "moe_export": (hf_direct_export_scenario.scenario_moe, {"models": "qwen3-moe,deepseek-v3,qwen3-moe:divisible"}, "qwen3-moe", 2),
     "lora_export": (hf_direct_export_scenario.scenario_lora, {}, "llama", 2),

@@ -29,8 +29,8 @@ def _role_dir(tmp_path: Path, step: int, role: str = "actor") -> Path:
     return d
 
 
-def _commit(d: Path, step: int, checksums: bool = True) -> rm.Manifest:
-    files = rm.describe_files(str(d), ["dcp/__0_0.distcp", "dcp/.metadata"], checksums=checksums)
+def _commit(d: Path, step: int) -> rm.Manifest:
+    files = rm.describe_files(str(d), ["dcp/__0_0.distcp", "dcp/.metadata"])
     manifest = rm.Manifest(global_step=step, world_size=1, contents=["model"], files=files)
     rm.write_manifest(str(d), manifest)
     return manifest

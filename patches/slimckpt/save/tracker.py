@@ -38,7 +38,7 @@ SLIM_TARGETS = ("slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "slimckp
 POLL_S = 0.2
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
+def config_value(cfg: Any, key: str, default: Any = None) -> Any:
     if cfg is None:
         return default
     try:
@@ -48,11 +48,11 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
 
 
 def is_incremental(cfg: Any) -> bool:
-    return _get(cfg, "_target_") in SLIM_TARGETS and bool(_get(cfg, "incremental_save", False))
+    return config_value(cfg, "_target_") in SLIM_TARGETS and bool(config_value(cfg, "incremental_save", False))
 
 
 def is_async_incremental(cfg: Any) -> bool:
-    return is_incremental(cfg) and bool(_get(cfg, "async_save", False))
+    return is_incremental(cfg) and bool(config_value(cfg, "async_save", False))
 
 
 def watched_roles(trainer) -> list[str] | None:
@@ -61,8 +61,8 @@ def watched_roles(trainer) -> list[str] | None:
     from verl.trainer.ppo.utils import Role
 
     config = trainer.config
-    actor = _get(_get(config.actor_rollout_ref, "actor"), "checkpoint")
-    critic = _get(_get(config, "critic"), "checkpoint") if getattr(trainer, "use_critic", False) else None
+    actor = config_value(config_value(config.actor_rollout_ref, "actor"), "checkpoint")
+    critic = config_value(config_value(config, "critic"), "checkpoint") if getattr(trainer, "use_critic", False) else None
     if not is_async_incremental(actor):
         if is_async_incremental(critic):
             raise ValueError(
@@ -177,8 +177,8 @@ def wrap_trainer_save_checkpoint(original):
         watcher = getattr(self, "_slimckpt_watcher", None)
         if watcher is None:
             watcher = self._slimckpt_watcher = CommitWatcher(self.config.trainer.default_local_dir)
-            actor = _get(_get(self.config.actor_rollout_ref, "actor"), "checkpoint")
-            watcher.keep_going = _get(actor, "on_save_error", "stop") == "continue"
+            actor = config_value(config_value(self.config.actor_rollout_ref, "actor"), "checkpoint")
+            watcher.keep_going = config_value(actor, "on_save_error", "stop") == "continue"
         watcher.after_save(int(self.global_steps), roles)
         if int(self.global_steps) >= int(getattr(self, "total_training_steps", 0) or 0):
             watcher.wait()  # last step: the run ends after this, so finish the commit now
