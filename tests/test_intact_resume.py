@@ -67,7 +67,8 @@ load = intact_resume.wrap_trainer_load_checkpoint(_verl_load)
 @pytest.fixture
 def warnings(caplog):
     caplog.set_level(logging.INFO, logger="slimckpt")
-    return lambda: [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    return lambda: [r.getMessage() for r in caplog.records
+                    if r.levelno >= logging.WARNING and r.name.startswith("slimckpt")]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -165,7 +166,9 @@ def _unsealed(data: dict) -> dict:
 
 CHANGES = {  # what was done to the manifest -> the reason verify and the load give
     "seal stripped": (lambda d: _unsealed(d), "has no manifest_checksum"),
-    "format changed, seal kept": (lambda d: {**d, "format": "slimckpt-resume/0"}, "manifest itself is damaged"),
+    "format changed, seal kept": (lambda d: {**d, "format": "slimckpt-resume/0"}, "unknown format"),
+    "a size changed, seal kept": (lambda d: {**d, "files": [{**f, "bytes": f["bytes"] + 1} for f in d["files"]]},
+                                  "manifest itself is damaged"),
     "another format, resealed": (lambda d: mm.seal({**_unsealed(d), "format": "slimckpt-resume/2"}), "unknown format"),
     "no checksum_algo, resealed": (lambda d: mm.seal({k: v for k, v in _unsealed(d).items() if k != "checksum_algo"}),
                                    "KeyError"),

@@ -188,11 +188,11 @@ def _parse_manifest(role_dir: str) -> tuple[Manifest | None, Damage | None]:
         return None, _manifest_damage(role_dir, f"unreadable ({_one_line(exc)})")
     if not isinstance(data, dict):
         return None, _manifest_damage(role_dir, "unreadable (not a JSON object)")
+    if data.get("format") != FORMAT:
+        return None, _manifest_damage(role_dir, f"unknown format {data.get('format')!r} (this slimckpt reads "
+                                                f"{FORMAT!r})")
     try:
         check_seal(data)
-        if data.get("format") != FORMAT:
-            return None, _manifest_damage(role_dir, f"unknown format {data.get('format')!r} (this slimckpt reads "
-                                                    f"{FORMAT!r})")
         return Manifest.from_json(data), None
     except (CommitError, KeyError, TypeError, ValueError, AttributeError) as exc:
         return None, _manifest_damage(role_dir, _one_line(exc))

@@ -39,9 +39,9 @@ def damage_step(role_dir: str, kind: str, rng: random.Random) -> str:
         flip_byte(os.path.join(role_dir, rel), offset)
         return f"flip byte {offset} of {rel}"
     if kind == "truncate":
-        rel = rng.choice(files)
+        rel = rng.choice([f for f in files if os.path.getsize(os.path.join(role_dir, f))])
         size = os.path.getsize(os.path.join(role_dir, rel))
-        new = rng.randrange(size) if size else 0
+        new = rng.randrange(size)
         os.truncate(os.path.join(role_dir, rel), new)
         return f"truncate {rel} from {size} to {new} bytes"
     if kind == "delete":
