@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -415,6 +416,7 @@ def scenario_damaged_newest(args) -> None:
     and the next loss equal to a plain load of step 2), log one line naming the damaged file,
     move the tracker to 2 and leave step 4 on disk; resume_from_path to step 4 must refuse in one
     line. In the first trial the resumed run then saves step 3: the tracker moves to 3."""
+    import copy
     import shutil
 
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
@@ -446,13 +448,15 @@ def scenario_damaged_newest(args) -> None:
 
     reference = Run(seed=1, ckpt_config=slim_config())
     reference.manager.load_checkpoint(os.path.join(base, "global_step_2", "actor"))
-    ref_state = reference.full_state()
+    ref_state = copy.deepcopy(reference.full_state())  # the optimizer's step counts are live tensors
     ref_loss = reference.step()
     del reference
 
     trials = int(getattr(args, "trials", 0) or len(KINDS))
     rng = random.Random(int(getattr(args, "seed", 0) or 0))
-    lines = _capture_log("slimckpt.resume") if rank == 0 else []
+    # every rank runs the trainer's _load_checkpoint here (verl: the driver alone), so whichever
+    # rank reaches the damaged tracker first says it; all must agree on the one line
+    lines = _capture_log("slimckpt.resume")
     out: list[dict] = []
     for i in range(trials):
         kind = KINDS[i % len(KINDS)]
@@ -472,7 +476,8 @@ def scenario_damaged_newest(args) -> None:
             load(resumed)
         except Exception as exc:  # noqa: BLE001 - the outcome is recorded
             error = f"{type(exc).__name__}: {exc}"
-        dist.barrier()
+        said: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(said, lines[before:])
         diffs = _tensors_equal(ref_state, fresh.full_state()) if error is None else ["not loaded"]
         loss = fresh.step() if error is None else None
         refused = None
@@ -485,7 +490,7 @@ def scenario_damaged_newest(args) -> None:
         result = {"kind": kind, "damage": what[0], "error": error, "global_steps": resumed.global_steps,
                   "data": resumed.loaded_data, "diffs": diffs[:8], "loss_equal": loss == ref_loss,
                   "tracker": read_tracker(root), "step4_kept": os.path.isdir(os.path.join(root, "global_step_4", "actor")),
-                  "lines": lines[before:], "refused": refused}
+                  "lines": sorted({line for part in said for line in part}), "refused": refused}
         if i == 0:  # the resumed run saves step 3, below the damaged 4: the tracker follows
             resumed.global_steps = 3
             save(resumed)
