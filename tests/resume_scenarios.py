@@ -489,7 +489,8 @@ def scenario_damaged_newest(args) -> None:
         dist.barrier()
         result = {"kind": kind, "damage": what[0], "error": error, "global_steps": resumed.global_steps,
                   "data": resumed.loaded_data, "diffs": diffs[:8], "loss_equal": loss == ref_loss,
-                  "tracker": read_tracker(root), "step4_kept": os.path.isdir(os.path.join(root, "global_step_4", "actor")),
+                  "tracker": read_tracker(root),
+                  "step4_kept": os.path.isdir(os.path.join(root, "global_step_4", "actor")),
                   "lines": sorted({line for part in said for line in part}), "refused": refused}
         if i == 0:  # the resumed run saves step 3, below the damaged 4: the tracker follows
             resumed.global_steps = 3

@@ -70,7 +70,8 @@ def watched_roles(trainer) -> list[str] | None:
 
     config = trainer.config
     actor = config_value(config_value(config.actor_rollout_ref, "actor"), "checkpoint")
-    critic = config_value(config_value(config, "critic"), "checkpoint") if getattr(trainer, "use_critic", False) else None
+    critic = config_value(config_value(config, "critic"), "checkpoint") if getattr(trainer, "use_critic", False) \
+        else None
     if not is_async_incremental(actor):
         if is_async_incremental(critic):
             raise ValueError(
