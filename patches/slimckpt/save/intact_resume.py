@@ -19,8 +19,9 @@ What it costs: sizes and the manifests' seals of every role first (no file is re
 then the xxh3_128 checksum of every listed file, streamed in 16 MiB chunks (bounded memory),
 unless the role's checkpoint config says `verify: false`. That is one read of the step on the
 trainer's host before the ranks' own load check reads it again (each rank its share, mostly from
-the page cache on one host). verl's own format records no checksums: for such role dirs the check
-is whether verl's save finished (fsdp_config.json, no failure marker) and data.pt.
+the page cache on one host). data.pt has no recorded checksum: torch's CRC32 of each of its zip
+records is checked. verl's own format records no checksums: for such role dirs the check is
+whether verl's save finished (fsdp_config.json, no failure marker) and data.pt.
 """
 
 from __future__ import annotations
@@ -83,9 +84,11 @@ def _data(step_dir: str, checksums: bool) -> Damage | None:
         return _damage(path, "missing (it holds the dataloader's position)")
     if not checksums:
         return None
-    from ..verify.native import check_torch_file
+    # torch's CRC32 of every zip record (what `slimckpt verify` checks first): whole and unaltered,
+    # without unpickling it here; verl's own torch.load reads it next
+    from ..verify.native import check_zip_records
 
-    reason = check_torch_file(path)
+    reason = check_zip_records(path)
     return _damage(path, reason) if reason else None
 
 
