@@ -20,6 +20,16 @@ what it raised.
 The slimckpt formats (merge, incremental) are counted for the 100% claim; verl-native trials are
 reported apart: verl writes no checksums, so what is caught there is what torch's zip CRC32,
 file names, loads and shapes reveal.
+
+    python scripts/corruption_campaign.py --damaged_restarts 30 [--seed 0] [--json OUT]
+
+instead runs N restarts whose newest committed step is damaged (tests/resume_scenarios.py
+damaged_newest, one torchrun of 2 ranks: steps 2 and 4 saved async with the export through verl's
+manager, then per restart a copy with step 4 damaged one way - a flipped .distcp byte, a truncated
+or deleted file, a damaged or unsealed manifest - and a fresh model resumed through verl's
+PPOTrainer._load_checkpoint with resume_mode=auto). A restart is exact when it goes on from step 2
+with the state, RNG and next loss of a plain load of step 2, one line names the damaged file, the
+tracker names 2, step 4 is still on disk, and resume_from_path to step 4 refuses in one line.
 """
 
 from __future__ import annotations
@@ -165,6 +175,16 @@ def worker_cost(preset: str, root: str) -> None:
             check_s.append(time.perf_counter() - t)
 
     resume_state._check_committed = timed_check
+    step = {}
+    if dist.get_rank() == 0:  # resume_mode=auto's check of the step, in one process as verl's driver runs it
+        from slimckpt.save.intact_resume import check_step
+
+        torch.save({"step": 1}, os.path.join(root, "global_step_1", "data.pt"))
+        for checksums in (False, True):
+            check = check_step(root, 1, {ROLE: checksums})
+            assert check.damage is None, check.damage
+            step["auto_check_s" if checksums else "auto_sizes_s"] = round(check.seconds, 3)
+    dist.barrier()
     t0 = time.perf_counter()
     manager.load_checkpoint(path)
     load_s = time.perf_counter() - t0
@@ -172,7 +192,7 @@ def worker_cost(preset: str, root: str) -> None:
         m = read_manifest(path)
         out = {"preset": preset, "world_size": world, "bytes": sum(f.bytes for f in m.files),
                "save_s": round(save_s, 2), "timings_s": m.extra.get("timings_s"), "load_s": round(load_s, 2),
-               "load_check_s": round(check_s[0], 2)}
+               "load_check_s": round(check_s[0], 2), **step}
         with open(os.path.join(root, "cost.json"), "w") as f:
             json.dump(out, f, indent=1)
     dist.barrier()
@@ -446,6 +466,48 @@ def campaign(args: argparse.Namespace) -> dict:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def _restart_outcome(t: dict) -> str:
+    """exact, or the first way a damaged-newest-step restart went wrong."""
+    if t["error"]:
+        return "crashed"
+    if t["global_steps"] != 2 or t["data"] != {"step": 2} or t["diffs"] or not t["loss_equal"]:
+        return "wrong state"
+    if len(t["lines"]) != 1 or "\n" in t["lines"][0] or "global_step_4/actor" not in t["lines"][0]:
+        return "not one line naming the file"
+    if t["tracker"] != 2 or not t["step4_kept"]:
+        return "tracker or files changed"
+    if not t["refused"] or "\n" in t["refused"]:
+        return "resume_from_path not refused in one line"
+    return "exact"
+
+
+def damaged_restarts(trials: int, seed: int, workdir: str | None) -> dict:
+    from collections import Counter
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    work = tempfile.mkdtemp(prefix="slimckpt-damaged-restarts-", dir=workdir)
+    t0 = time.perf_counter()
+    try:
+        _torchrun(2, os.path.join(repo, "tests", "resume_scenarios.py"), "damaged_newest", "--dir", work,
+                  "--trials", str(trials), "--seed", str(seed), timeout=600 + 20 * trials)
+        with open(os.path.join(work, "damaged_newest_result.json")) as f:
+            got = json.load(f)["trials"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for t in got:
+        t["outcome"] = _restart_outcome(t)
+    by_kind: dict = {}
+    for t in got:
+        by_kind.setdefault(t["kind"], Counter())[t["outcome"]] += 1
+    return {"restarts": len(got), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
+            "outcomes": dict(Counter(t["outcome"] for t in got)),
+            "by_kind": {k: dict(v) for k, v in by_kind.items()},
+            "tracker_after_saving_3": got[0].get("tracker_after_saving_3") if got else None,
+            "not_exact": [{k: t[k] for k in ("kind", "damage", "outcome", "error", "lines")}
+                          for t in got if t["outcome"] != "exact"][:20],
+            "example_line": got[0]["lines"][0] if got and got[0]["lines"] else None}
+
+
 def render(result: dict) -> str:
     s = result["slimckpt"]
     lines = [f"slimckpt formats: {s['detected']}/{s['trials']} detected, {s['named_right_file']} naming the damaged "
@@ -480,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checksum_cost", default=None, metavar="PRESET",
                    help="instead of the campaign: time one incremental save and load of this fixture preset "
                         "(e.g. 0.25b), checksumming vs the rest (prints JSON)")
+    p.add_argument("--damaged_restarts", type=int, default=0, metavar="N",
+                   help="instead of the campaign: N resume_mode=auto restarts whose newest step is damaged "
+                        "(all must go on from the previous intact step exactly)")
     p.add_argument("--_save", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_cost", nargs=2, default=None, help=argparse.SUPPRESS)
     p.add_argument("--_load", default=None, help=argparse.SUPPRESS)
@@ -500,6 +565,13 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json_out, "w") as f:
                 json.dump(cost, f, indent=1)
         return 0
+    if args.damaged_restarts:
+        restarts = damaged_restarts(args.damaged_restarts, args.seed, args.workdir)
+        print(json.dumps(restarts, indent=1))
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(restarts, f, indent=1)
+        return 0 if restarts["outcomes"] == {"exact": restarts["restarts"]} else 1
     result = campaign(args)
     if args.json_out:
         with open(args.json_out, "w") as f:

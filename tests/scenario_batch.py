@@ -42,6 +42,7 @@ SCENARIOS = {
     "stream_raced_fsdp1": (stream_scenario.scenario_raced, {}, "llama", 1),
     "tracker": (resume_scenarios.scenario_tracker, {}, "llama", 2),
     "refuse": (resume_scenarios.scenario_refuse, {}, "llama", 2),
+    "damaged_newest": (resume_scenarios.scenario_damaged_newest, {}, "llama", 2),
     "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),
     "moe_export": (hf_direct_export_scenario.scenario_moe, {"models": "qwen3-moe,deepseek-v3,qwen3-moe:divisible"}, "qwen3-moe", 2),
     "lora_export": (hf_direct_export_scenario.scenario_lora, {}, "llama", 2),

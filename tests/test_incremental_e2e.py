@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from slimckpt.format.resume_manifest import MANIFEST_NAME, MEASURE_PREFIX
+from slimckpt.format.resume_manifest import MANIFEST_NAME
 from slimckpt.observe.save_reports import read_reports
 
 from .verl_runs import step_metrics
@@ -67,4 +67,4 @@ def test_async_save_metrics_come_with_the_commit(incremental_run):
         saves, commits = read_reports(str(step_dir), step), read_reports(str(step_dir), step, kind="commit")
         assert len(saves) == 2 and all(r["async"] and not r["committed"] and r["bytes_written"] is None for r in saves)
         assert len(commits) == 2 and all(r["committed"] and r["bytes_written"] > 0 for r in commits)
-        assert not list((step_dir / "actor").glob(MEASURE_PREFIX + "*"))
+        assert not list((step_dir / "actor").glob("slimckpt_save_rank_*"))

@@ -32,6 +32,8 @@ EXPECTED_TARGETS = {
     "verl.trainer.ppo.ray_trainer:RayPPOTrainer._save_checkpoint",
     "verl.trainer.ppo.v1.trainer_base:find_latest_ckpt_path",
     "verl.trainer.ppo.ray_trainer:find_latest_ckpt_path",
+    "verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint",
+    "verl.trainer.ppo.ray_trainer:RayPPOTrainer._load_checkpoint",
     # async_save=stream: guards before verl's FSDP engine moves or merges the shards in place
     "verl.workers.engine.fsdp.transformer_impl:offload_fsdp_model_to_cpu",
     "verl.workers.engine.fsdp.transformer_impl:load_fsdp_model_to_gpu",

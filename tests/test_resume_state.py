@@ -29,8 +29,8 @@ def _role_dir(tmp_path: Path, step: int, role: str = "actor") -> Path:
     return d
 
 
-def _commit(d: Path, step: int, checksums: bool = True) -> rm.Manifest:
-    files = rm.describe_files(str(d), ["dcp/__0_0.distcp", "dcp/.metadata"], checksums=checksums)
+def _commit(d: Path, step: int) -> rm.Manifest:
+    files = rm.describe_files(str(d), ["dcp/__0_0.distcp", "dcp/.metadata"])
     manifest = rm.Manifest(global_step=step, world_size=1, contents=["model"], files=files)
     rm.write_manifest(str(d), manifest)
     return manifest
@@ -167,15 +167,16 @@ def test_commit_watcher_gives_up_a_step_whose_role_dir_retention_removed(tmp_pat
 
     from slimckpt.save.tracker import CommitWatcher
 
+    watcher = CommitWatcher(str(tmp_path))  # this run's saves: step 1, then 2
     for role in ("actor", "critic"):
-        _commit(_role_dir(tmp_path, 2, role), 2)
         _role_dir(tmp_path, 1, role)
     (tmp_path / "global_step_1" / "data.pt").write_bytes(b"d")
     _commit(tmp_path / "global_step_1" / "actor", 1)
+    for role in ("actor", "critic"):
+        _commit(_role_dir(tmp_path, 2, role), 2)
     critic = tmp_path / "global_step_1" / "critic"
     if left == "nothing":
         shutil.rmtree(critic)
-    watcher = CommitWatcher(str(tmp_path))
     watcher.after_save(1, ["actor", "critic"])
     watcher.wait(timeout=10)
     assert rm.read_tracker(str(tmp_path)) is None
@@ -198,6 +199,24 @@ def test_commit_watcher_still_waits_for_an_unfinished_step_without_a_newer_commi
     _commit(tmp_path / "global_step_3" / "actor", 3)
     watcher.wait(timeout=10)
     assert rm.read_tracker(str(tmp_path)) == 3
+
+
+def test_commit_watcher_names_a_step_below_a_newer_commit_left_from_before_the_run(tmp_path):
+    """A resume that walked back from a damaged step 4 to step 2 saves step 3: step 4's old
+    manifest is no commit of this run, so step 3 is named once it commits (not given up)."""
+    from slimckpt.save.tracker import CommitWatcher
+
+    _commit(_role_dir(tmp_path, 4, "actor"), 4)
+    rm.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "2")
+    watcher = CommitWatcher(str(tmp_path))
+    d = _role_dir(tmp_path, 3, "actor")
+    (d.parent / "data.pt").write_bytes(b"d")
+    watcher.after_save(3, ["actor"])
+    with pytest.raises(RuntimeError, match="not committed within"):
+        watcher.wait(timeout=0.6)  # no manifest yet: still waiting, not superseded by step 4
+    _commit(d, 3)
+    watcher.wait(timeout=10)
+    assert watcher.superseded is None and rm.read_tracker(str(tmp_path)) == 3
 
 
 def test_watched_roles_follow_the_configs():

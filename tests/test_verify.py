@@ -159,31 +159,17 @@ def test_incremental_damage_load_refuses_with_verify_line(tmp_path, damage):
     assert "\n" not in str(info.value)
 
 
-def test_incremental_clean_quick_and_measure_json_ignored(tmp_path):
+def test_incremental_clean_quick_and_stray_json_is_damage(tmp_path):
     d = role_dir(tmp_path)
-    (d / "slimckpt_save_rank_0.json").write_text("{}")  # an earlier slimckpt's measure record, after the save
     report = verify_path(str(d))
     assert report.ok
-    assert any("not checked: slimckpt_save_rank_0.json" in n for n in report.notes)  # said, not skipped silently
     rm.check_committed(str(d))
     _flip(d / "dcp" / "__1_0.distcp", 3)
     assert verify_path(str(d), quick=True).ok  # sizes only
     assert not verify_path(str(d)).ok
-
-
-def test_earlier_manifest_format_still_checks(tmp_path):
-    """A manifest of the previous version: per-file crc32, no seal, no checksum_algo."""
-    d = role_dir(tmp_path)
-    data = json.loads((d / rm.MANIFEST_NAME).read_text())
-    data.pop(mm.SEAL_KEY)
-    data.pop("checksum_algo")
-    data["files"] = [{"path": f["path"], "bytes": f["bytes"], "crc32": rm.crc32_of(str(d / f["path"]))}
-                     for f in data["files"] if not f["path"].startswith("huggingface/")]
-    (d / rm.MANIFEST_NAME).write_text(json.dumps(data))
-    assert verify_path(str(d)).ok  # huggingface/ was not listed then: not an extra
-    _flip(d / "dcp" / "__0_0.distcp", 5)
-    with pytest.raises(rm.UncommittedCheckpoint, match="CRC32"):
-        rm.check_committed(str(d))
+    d = role_dir(tmp_path, step=4)
+    (d / "slimckpt_save_rank_0.json").write_text("{}")  # a file the manifest does not list
+    assert "not listed" in verify_path(str(d)).bad[0].reason
 
 
 # --------------------------------------------------------------------------- steps and roots

@@ -26,7 +26,7 @@ def _committed_role_dir(tmp_path):
     (d / "dcp").mkdir(parents=True)
     (d / "dcp" / "__0_0.distcp").write_bytes(b"x" * 4096)
     (d / "dcp" / ".metadata").write_bytes(b"m" * 64)
-    files = rm.describe_files(str(d), ["dcp/__0_0.distcp", "dcp/.metadata"], checksums=True)
+    files = rm.describe_files(str(d), ["dcp/__0_0.distcp", "dcp/.metadata"])
     rm.write_manifest(str(d), rm.Manifest(global_step=3, world_size=1, contents=["model"], files=files))
     return d
 

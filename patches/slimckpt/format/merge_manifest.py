@@ -88,10 +88,11 @@ def seal(record: dict, algo: str = DEFAULT_ALGO) -> dict:
 
 
 def check_seal(record: dict) -> None:
-    """Raise CommitError if the record's seal does not match it (records written before seals pass)."""
+    """Raise CommitError if the record has no seal or its seal does not match it."""
     sealed = record.get(SEAL_KEY)
     if sealed is None:
-        return
+        raise CommitError(f"has no {SEAL_KEY} (its seal): every manifest slimckpt writes carries one, so this one "
+                          f"was altered or is not slimckpt's")
     algo, _, want = str(sealed).partition(":")
     if bytes_checksum(_canonical(record), algo) != want:
         raise CommitError("its own checksum does not match its contents (the manifest itself is damaged)")
@@ -144,13 +145,13 @@ class Manifest:
         if not isinstance(d, dict) or "files" not in d:
             raise CommitError("not a slimckpt manifest (no 'files')")
         check_seal(d)
-        if d.get("format_version", 0) > FORMAT_VERSION:
-            raise CommitError(f"manifest format {d['format_version']} is newer than this slimckpt "
-                              f"understands ({FORMAT_VERSION}): upgrade slimckpt")
+        if d.get("format_version") != FORMAT_VERSION:
+            raise CommitError(f"unknown format_version {d.get('format_version')!r} (this slimckpt reads "
+                              f"{FORMAT_VERSION})")
         files = {k: FileEntry(int(v["size"]), str(v["checksum"])) for k, v in d["files"].items()}
-        return cls(kind=d.get("kind", ""), files=files, checksum_algo=d.get("checksum_algo", DEFAULT_ALGO),
+        return cls(kind=d.get("kind", ""), files=files, checksum_algo=str(d["checksum_algo"]),
                    tool=d.get("tool", ""), tool_version=d.get("tool_version", ""),
-                   format_version=d.get("format_version", FORMAT_VERSION), info=d.get("info", {}))
+                   format_version=FORMAT_VERSION, info=d.get("info", {}))
 
 
 def list_files(root: str) -> list[str]:

@@ -5,10 +5,11 @@ A role directory (`<root>/global_step_N/actor`) holds resume state only once
 disk and fsynced, by an atomic rename; a directory without it is a save that never finished and
 is refused at load. It lists every file of the role directory with its size and checksum
 (xxh3_128, the same check as a merge output's manifest.json: manifest.check_file), and carries a
-checksum of itself, so a truncated, missing, altered or unlisted file, or a damaged manifest, is
-caught before any tensor is read, with one message (`damage_message`) that both the load and
-`slimckpt verify` print. Manifests of earlier versions (per-file CRC32 only with `verify`, no
-seal, only the state's own files listed) still load.
+checksum of itself (its seal), so a truncated, missing, altered or unlisted file, or a damaged
+manifest, is caught before any tensor is read. `role_damage` is the one definition of an intact
+role dir: the load, `slimckpt verify` and resume_mode=auto's choice of step all ask it, and print
+its one line (`damage_message`) for the first bad file. A manifest without its seal, of another
+format, or missing a field is damaged: there is no other version of this format to accept.
 
 `latest_checkpointed_iteration.txt` (verl's tracker) is written the same way: a temporary file,
 fsync, rename. A reader sees the old step or the new one, never a torn write.
@@ -20,7 +21,6 @@ import json
 import os
 import re
 import time
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,10 +41,6 @@ MANIFEST_NAME = "slimckpt_resume.json"
 FORMAT = "slimckpt-resume/1"
 FAILED_PREFIX = "slimckpt_save_failed_rank_"
 TRACKER_NAME = "latest_checkpointed_iteration.txt"
-_CHUNK = 8 * 2**20
-# measurement reports earlier slimckpt commits wrote into a role dir after its commit (now they go to
-# <root>/slimckpt_reports): not part of the state; verify lists them as not checked
-MEASURE_PREFIX = "slimckpt_save_rank_"
 DAMAGED_FIX = "the checkpoint is damaged, resume from an earlier step"
 LOCK_SUFFIX = ".slimckpt-lock"  # slimckpt.read.locks.LOCK_SUFFIX
 
@@ -57,20 +53,14 @@ class UncommittedCheckpoint(RuntimeError):
 class FileEntry:
     path: str  # relative to the role directory
     bytes: int
-    checksum: str | None = None  # in the manifest's checksum_algo
-    crc32: int | None = None  # manifests of earlier versions (with verify)
+    checksum: str  # in the manifest's checksum_algo
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "bytes": self.bytes}
-        if self.checksum is not None:
-            out["checksum"] = self.checksum
-        if self.crc32 is not None:
-            out["crc32"] = self.crc32
-        return out
+        return {"path": self.path, "bytes": self.bytes, "checksum": self.checksum}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "FileEntry":
-        return cls(data["path"], int(data["bytes"]), data.get("checksum"), data.get("crc32"))
+        return cls(str(data["path"]), int(data["bytes"]), str(data["checksum"]))
 
 
 @dataclass
@@ -82,8 +72,7 @@ class Manifest:
     fsdp_version: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
-    # None: a manifest of an earlier version, which listed only the state's own files
-    checksum_algo: str | None = DEFAULT_ALGO
+    checksum_algo: str = DEFAULT_ALGO
 
     def to_json(self) -> dict[str, Any]:
         return seal({
@@ -108,47 +97,29 @@ class Manifest:
             fsdp_version=data.get("fsdp_version"),
             extra=dict(data.get("extra") or {}),
             format=data["format"],
-            checksum_algo=data.get("checksum_algo"),
+            checksum_algo=str(data["checksum_algo"]),
         )
 
 
-def crc32_of(path: str) -> int:
-    """CRC32 of a file read in 8 MiB chunks (bounded memory)."""
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def describe_files(root: str, relpaths: Iterable[str], checksums: bool = True,
-                   known: dict[str, str] | None = None) -> list[FileEntry]:
-    """Size and xxh3_128 of each file (checksums=False: sizes only, for tests of old manifests);
-    `known` checksums (by relative path, computed while the file was written) are not re-read."""
+def describe_files(root: str, relpaths: Iterable[str], known: dict[str, str] | None = None) -> list[FileEntry]:
+    """Size and xxh3_128 of each file; `known` checksums (by relative path, computed while the
+    file was written) are not re-read."""
     known = known or {}
     return [
         FileEntry(rel, os.path.getsize(os.path.join(root, rel)),
-                  (known.get(rel) or file_checksum(os.path.join(root, rel), DEFAULT_ALGO)) if checksums else None)
+                  known.get(rel) or file_checksum(os.path.join(root, rel), DEFAULT_ALGO))
         for rel in relpaths
     ]
 
 
 def _not_state(rel: str) -> bool:
     """Files a role dir may hold outside its manifest: the manifest (and its temp file), failure
-    markers (reported on their own), the measure JSON written after the save returns, and
-    advisory lock files of a subdir (slimckpt.read.locks puts `.<dir>.slimckpt-lock` next to a dir)."""
+    markers (reported on their own), and advisory lock files of a subdir (slimckpt.read.locks puts
+    `.<dir>.slimckpt-lock` next to a dir)."""
     name = rel.rsplit("/", 1)[-1]
     if name.endswith(LOCK_SUFFIX):
         return True
-    return "/" not in rel and (name.startswith((MANIFEST_NAME, FAILED_PREFIX, MEASURE_PREFIX)))
-
-
-def legacy_reports(role_dir: str) -> list[str]:
-    """Measurement reports an earlier slimckpt wrote into this role dir (skipped by the checks)."""
-    try:
-        return sorted(n for n in os.listdir(role_dir) if n.startswith(MEASURE_PREFIX))
-    except OSError:
-        return []
+    return "/" not in rel and (name.startswith((MANIFEST_NAME, FAILED_PREFIX)))
 
 
 def unlisted_files(role_dir: str, listed: Iterable[str]) -> list[str]:
@@ -186,30 +157,53 @@ def remove_manifest(role_dir: str) -> None:
         fsync_path(role_dir)
 
 
-def read_manifest(role_dir: str) -> Manifest:
+@dataclass(frozen=True)
+class Damage:
+    """One reason a role dir is not intact. `index` orders them the same on every rank (-1: the
+    manifest itself, then the listed files, unlisted files, failure markers); `message` is the one
+    line a refused load, `slimckpt verify` and resume_mode=auto's walk back print for it."""
+
+    index: int
+    file: str  # absolute path of the bad file
+    reason: str
+    message: str
+
+
+def _manifest_damage(role_dir: str, reason: str) -> Damage:
+    bad = BadFile(MANIFEST_NAME, reason)
+    return Damage(-1, os.path.join(role_dir, MANIFEST_NAME), reason, damage_message(role_dir, bad))
+
+
+def _parse_manifest(role_dir: str) -> tuple[Manifest | None, Damage | None]:
     path = os.path.join(role_dir, MANIFEST_NAME)
     if not os.path.isfile(path):
-        raise UncommittedCheckpoint(
+        reason = "missing: its save never finished"
+        return None, Damage(-1, path, reason, (
             f"slimckpt: {role_dir} has no {MANIFEST_NAME}: its save never finished; resume from an earlier "
-            f"global_step_* (trainer.resume_mode=resume_path trainer.resume_from_path=...) or delete this directory"
-        )
+            f"global_step_* (trainer.resume_mode=resume_path trainer.resume_from_path=...) or delete this directory"))
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError) as exc:
-        raise UncommittedCheckpoint(damage_message(role_dir, BadFile(MANIFEST_NAME, f"unreadable ({_one_line(exc)})")))
+        return None, _manifest_damage(role_dir, f"unreadable ({_one_line(exc)})")
     if not isinstance(data, dict):
-        raise UncommittedCheckpoint(damage_message(role_dir, BadFile(MANIFEST_NAME, "unreadable (not a JSON object)")))
+        return None, _manifest_damage(role_dir, "unreadable (not a JSON object)")
     if data.get("format") != FORMAT:
-        raise UncommittedCheckpoint(
-            f"slimckpt: {path} has format {data.get('format')!r}, this slimckpt reads {FORMAT!r}; "
-            f"load it with the slimckpt version that wrote it"
-        )
+        return None, _manifest_damage(role_dir, f"unknown format {data.get('format')!r} (this slimckpt reads "
+                                                f"{FORMAT!r})")
     try:
         check_seal(data)
-        return Manifest.from_json(data)
+        return Manifest.from_json(data), None
     except (CommitError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UncommittedCheckpoint(damage_message(role_dir, BadFile(MANIFEST_NAME, _one_line(exc)))) from None
+        return None, _manifest_damage(role_dir, _one_line(exc))
+
+
+def read_manifest(role_dir: str) -> Manifest:
+    """The role dir's sealed manifest; UncommittedCheckpoint with one line if it has none or it is damaged."""
+    manifest, bad = _parse_manifest(role_dir)
+    if manifest is None:
+        raise UncommittedCheckpoint(bad.message if bad else f"slimckpt: {role_dir}: no manifest")
+    return manifest
 
 
 def _one_line(exc: BaseException) -> str:
@@ -222,19 +216,10 @@ def damage_message(role_dir: str, bad: BadFile) -> str:
     return f"slimckpt: {os.path.join(role_dir, bad.name)}: {bad.reason}; {DAMAGED_FIX}"
 
 
-def _check_entry(role_dir: str, entry: FileEntry, algo: str | None, checksums: bool,
+def _check_entry(role_dir: str, entry: FileEntry, algo: str, checksums: bool,
                  on_bytes: Callable[[int], object] | None) -> str | None:
-    if entry.checksum is not None or entry.crc32 is None:
-        reason = check_file(role_dir, entry.path, entry.bytes, entry.checksum, algo or DEFAULT_ALGO, checksums,
-                            on_bytes)
-        if reason == "missing":
-            return f"missing but listed in {MANIFEST_NAME}"
-        return reason
-    # an earlier version's entry: CRC32
-    reason = check_file(role_dir, entry.path, entry.bytes, None, DEFAULT_ALGO, False, on_bytes)
-    if reason is None and checksums and crc32_of(os.path.join(role_dir, entry.path)) != entry.crc32:
-        return f"CRC32 mismatch, manifest says {entry.crc32}"
-    return reason
+    reason = check_file(role_dir, entry.path, entry.bytes, entry.checksum, algo, checksums, on_bytes)
+    return f"missing but listed in {MANIFEST_NAME}" if reason == "missing" else reason
 
 
 def share_by_bytes(sizes: Sequence[int], world: int) -> list[int]:
@@ -267,8 +252,6 @@ def find_damage(role_dir: str, manifest: Manifest, checksums: bool = True,
     if extras:
         n = len(manifest.files)
         unlisted = unlisted_files(role_dir, (e.path for e in manifest.files))
-        if manifest.checksum_algo is None:  # earlier versions listed only the state's own files
-            unlisted = [r for r in unlisted if r.startswith("dcp/") or r.rsplit("/", 1)[-1].startswith("slimckpt_")]
         bad += [(n + k, BadFile(rel, f"not listed in {MANIFEST_NAME}")) for k, rel in enumerate(unlisted)]
         n += len(unlisted)
         bad += [(n + k, BadFile(os.path.basename(m), "says this step's save failed"))
@@ -276,18 +259,31 @@ def find_damage(role_dir: str, manifest: Manifest, checksums: bool = True,
     return bad
 
 
+def role_damage(role_dir: str, checksums: bool = True, on_bytes: Callable[[int], object] | None = None,
+                share: tuple[int, int] = (0, 1), extras: bool = True) -> tuple[Manifest | None, list[Damage]]:
+    """Is this role dir intact: (its manifest or None, what is wrong, first first). Intact means a
+    manifest that parses, carries a matching seal and this format; every listed file there with its
+    size and (`checksums`) checksum; and (`extras`) no unlisted file, no failure marker.
+    `share` splits the listed files between the ranks of a load (find_damage). Reads each file
+    once in 16 MiB chunks: memory stays bounded whatever the step's size."""
+    manifest, bad = _parse_manifest(role_dir)
+    if manifest is None:
+        return None, [bad] if bad else []
+    return manifest, [Damage(i, os.path.join(role_dir, b.name), b.reason, damage_message(role_dir, b))
+                      for i, b in find_damage(role_dir, manifest, checksums, on_bytes, share, extras)]
+
+
 def check_committed(role_dir: str, checksums: bool = True) -> Manifest:
-    """The load's whole check of a role dir, one process: raise UncommittedCheckpoint with
-    damage_message of the first bad file (what `slimckpt verify` prints for it), else the manifest."""
-    manifest = read_manifest(role_dir)
-    bad = find_damage(role_dir, manifest, checksums)
-    if bad:
-        raise UncommittedCheckpoint(damage_message(role_dir, bad[0][1]))
+    """role_damage in one process: raise UncommittedCheckpoint with the first bad file's line
+    (what `slimckpt verify` prints for it), else the manifest."""
+    manifest, damage = role_damage(role_dir, checksums)
+    if damage or manifest is None:
+        raise UncommittedCheckpoint(damage[0].message if damage else f"slimckpt: {role_dir}: no manifest")
     return manifest
 
 
 def check_files(role_dir: str, files: Sequence[FileEntry], checksums: bool,
-                algo: str | None = DEFAULT_ALGO) -> None:
+                algo: str = DEFAULT_ALGO) -> None:
     """Raise UncommittedCheckpoint naming the first listed file that is missing, short or altered."""
     for entry in files:
         reason = _check_entry(role_dir, entry, algo, checksums, None)

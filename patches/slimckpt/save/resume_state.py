@@ -56,12 +56,10 @@ from ..format.resume_manifest import (
     FileEntry,
     Manifest,
     UncommittedCheckpoint,
-    damage_message,
     describe_files,
-    find_damage,
     has_manifest,
-    read_manifest,
     remove_manifest,
+    role_damage,
     unlisted_files,
     write_manifest,
 )
@@ -558,24 +556,19 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
 
 
 def _check_committed(local_path: str, group: dist.ProcessGroup, checksums: bool = True) -> Manifest:
-    """resume_manifest.check_committed shared by the ranks: each checks size and checksum of its
-    share of the listed files (about equal bytes), rank 0 also looks for unlisted files and
-    failure markers; every rank raises the same first message, the line `slimckpt verify` prints for that file."""
+    """resume_manifest.role_damage (the one definition of intact, `slimckpt verify`'s too) shared
+    by the ranks: each checks size and checksum of its share of the listed files (about equal
+    bytes), rank 0 also looks for unlisted files and failure markers; every rank raises the same
+    first message, the line `slimckpt verify` prints for that file."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    error: list[Any] = [None]
-    try:
-        manifest = read_manifest(local_path)
-    except UncommittedCheckpoint as exc:
-        manifest, error[0] = None, str(exc)
-    dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
-    if error[0] or manifest is None:  # rank 0's message, the same on every rank
-        raise UncommittedCheckpoint(error[0] or f"slimckpt: {local_path}/{MANIFEST_NAME} is unreadable on rank {rank}")
-    bad = find_damage(local_path, manifest, checksums=checksums, share=(rank, world), extras=rank == 0)
+    manifest, damage = role_damage(local_path, checksums=checksums, share=(rank, world), extras=rank == 0)
     firsts: list[Any] = [None] * world
-    dist.all_gather_object(firsts, [(i, damage_message(local_path, b)) for i, b in bad[:1]], group=group)
+    dist.all_gather_object(firsts, [(d.index, d.message) for d in damage[:1]], group=group)
     first = min((x for part in firsts for x in part), default=None)
     if first is not None:
         raise UncommittedCheckpoint(first[1])
+    if manifest is None:
+        raise UncommittedCheckpoint(f"slimckpt: {local_path}/{MANIFEST_NAME} is unreadable on rank {rank}")
     return manifest
 
 

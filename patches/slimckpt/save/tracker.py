@@ -23,13 +23,21 @@ the window between a commit and the tracker write both steps exist.
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import threading
 import time
 from typing import Any
 
 from ..log import get_logger
-from ..format.resume_manifest import failure_markers, has_manifest, read_tracker, saved_steps, write_tracker
+from ..format.resume_manifest import (
+    MANIFEST_NAME,
+    failure_markers,
+    has_manifest,
+    read_tracker,
+    saved_steps,
+    write_tracker,
+)
 
 log = get_logger("slimckpt.tracker")
 
@@ -38,7 +46,7 @@ SLIM_TARGETS = ("slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "slimckp
 POLL_S = 0.2
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
+def config_value(cfg: Any, key: str, default: Any = None) -> Any:
     if cfg is None:
         return default
     try:
@@ -48,11 +56,11 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
 
 
 def is_incremental(cfg: Any) -> bool:
-    return _get(cfg, "_target_") in SLIM_TARGETS and bool(_get(cfg, "incremental_save", False))
+    return config_value(cfg, "_target_") in SLIM_TARGETS and bool(config_value(cfg, "incremental_save", False))
 
 
 def is_async_incremental(cfg: Any) -> bool:
-    return is_incremental(cfg) and bool(_get(cfg, "async_save", False))
+    return is_incremental(cfg) and bool(config_value(cfg, "async_save", False))
 
 
 def watched_roles(trainer) -> list[str] | None:
@@ -61,8 +69,9 @@ def watched_roles(trainer) -> list[str] | None:
     from verl.trainer.ppo.utils import Role
 
     config = trainer.config
-    actor = _get(_get(config.actor_rollout_ref, "actor"), "checkpoint")
-    critic = _get(_get(config, "critic"), "checkpoint") if getattr(trainer, "use_critic", False) else None
+    actor = config_value(config_value(config.actor_rollout_ref, "actor"), "checkpoint")
+    critic = config_value(config_value(config, "critic"), "checkpoint") if getattr(trainer, "use_critic", False) \
+        else None
     if not is_async_incremental(actor):
         if is_async_incremental(critic):
             raise ValueError(
@@ -86,11 +95,26 @@ class CommitWatcher:
         self.error: str | None = None
         self.keep_going = False  # on_save_error=continue: a failed step is logged, not raised
         self.superseded: str | None = None
+        # commits already on disk when this run began saving: steps above the one a resume went on
+        # from (a damaged newest step it walked back from) are no commit of this run's
+        self._before = {path: self._commit_id(path) for path in glob.glob(
+            os.path.join(glob.escape(root), "global_step_*", "*", MANIFEST_NAME))}
+
+    @staticmethod
+    def _commit_id(manifest: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(manifest)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns  # a commit renames a new file into place: a new inode
 
     def _newer_commit(self, step: int, role: str) -> int | None:
-        """The newest step after `step` whose `role` dir is committed, if any."""
-        return next((s for s in reversed(saved_steps(self.root))
-                     if s > step and has_manifest(os.path.join(self.root, f"global_step_{s}", role))), None)
+        """The newest step after `step` whose `role` dir this run committed, if any."""
+        for s in reversed(saved_steps(self.root)):
+            manifest = os.path.join(self.root, f"global_step_{s}", role, MANIFEST_NAME)
+            if s > step and (found := self._commit_id(manifest)) is not None and self._before.get(manifest) != found:
+                return s
+        return None
 
     def _superseded(self, step: int, roles: list[str]) -> str | None:
         """Why this step is no longer there to be named, when retention got here first.
@@ -101,7 +125,9 @@ class CommitWatcher:
         dir without its manifest while a newer step of that role is committed can only be such a
         leftover: each save first waits for the previous one's write, so this step's write had
         ended by then.
-        Such a step is never named; the newer step's watcher moves the tracker."""
+        Such a step is never named; the newer step's watcher moves the tracker. Only this run's
+        commits count: a newer step left from before a resume that walked back from it (damaged)
+        deletes nothing."""
         step_dir = os.path.join(self.root, f"global_step_{step}")
         if not os.path.isdir(step_dir):
             return f"{step_dir} was deleted"
@@ -177,8 +203,8 @@ def wrap_trainer_save_checkpoint(original):
         watcher = getattr(self, "_slimckpt_watcher", None)
         if watcher is None:
             watcher = self._slimckpt_watcher = CommitWatcher(self.config.trainer.default_local_dir)
-            actor = _get(_get(self.config.actor_rollout_ref, "actor"), "checkpoint")
-            watcher.keep_going = _get(actor, "on_save_error", "stop") == "continue"
+            actor = config_value(config_value(self.config.actor_rollout_ref, "actor"), "checkpoint")
+            watcher.keep_going = config_value(actor, "on_save_error", "stop") == "continue"
         watcher.after_save(int(self.global_steps), roles)
         if int(self.global_steps) >= int(getattr(self, "total_training_steps", 0) or 0):
             watcher.wait()  # last step: the run ends after this, so finish the commit now

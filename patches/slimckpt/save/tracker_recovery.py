@@ -27,7 +27,7 @@ log = get_logger("slimckpt.tracker")
 
 
 
-def _role_complete(role_dir: str) -> bool:
+def role_complete(role_dir: str) -> bool:
     if failure_markers(role_dir):
         return False
     if has_manifest(role_dir):
@@ -41,7 +41,7 @@ def step_complete(step_dir: str) -> bool:
     if not os.path.isfile(os.path.join(step_dir, "data.pt")):
         return False
     roles = [os.path.join(step_dir, n) for n in os.listdir(step_dir) if os.path.isdir(os.path.join(step_dir, n))]
-    return bool(roles) and all(_role_complete(r) for r in roles)
+    return bool(roles) and all(role_complete(r) for r in roles)
 
 
 def newest_complete_step(root: str) -> int | None:

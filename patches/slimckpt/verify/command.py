@@ -140,22 +140,15 @@ def check_merge(report: Report, path: str, quick: bool, on_bytes: Callable[[int]
 
 
 def check_incremental(report: Report, path: str, quick: bool, on_bytes: Callable[[int], object] | None) -> None:
-    try:
-        m = rm.read_manifest(path)
-    except rm.UncommittedCheckpoint as exc:
-        report.bad.append(Problem(os.path.join(path, rm.MANIFEST_NAME), "missing or unreadable", str(exc)))
+    # the load's own definition of intact (resume_manifest.role_damage), so each line here is the
+    # line a load of this step refuses with
+    m, damage = rm.role_damage(path, checksums=not quick, on_bytes=on_bytes)
+    for d in damage:
+        report.bad.append(Problem(d.file, d.reason, d.message))
+    if m is None:
         return
-    for _, b in rm.find_damage(path, m, checksums=not quick, on_bytes=on_bytes):
-        report.bad.append(Problem(os.path.join(path, b.name), b.reason, rm.damage_message(path, b)))
     report.files += len(m.files) + 1
     report.bytes += sum(e.bytes for e in m.files)
-    legacy = rm.legacy_reports(path)
-    if legacy:
-        report.note(f"{path}: not checked: {', '.join(legacy)} (measurement reports an earlier slimckpt wrote next "
-                    f"to the state; not part of it)")
-    if m.checksum_algo is None:
-        report.note(f"{path}: written by an earlier slimckpt: CRC32 only where it ran with verify: true, and only "
-                    f"the state's own files listed (huggingface/ not covered)")
     if quick:
         report.note("--quick: sizes only, checksums not compared")
 

@@ -111,6 +111,11 @@ PATCHES: list[Patch] = [
         "checkpoint.tracker", "{trainer}._save_checkpoint", "slimckpt.save.tracker:wrap_trainer_save_checkpoint",
         "with async incremental saves, move latest_checkpointed_iteration.txt only to committed steps"),
     *_in_both_trainers(
+        "checkpoint.intact_resume", "{trainer}._load_checkpoint",
+        "slimckpt.save.intact_resume:wrap_trainer_load_checkpoint",
+        "resume_mode=auto goes on from the newest intact step when the tracker's step is damaged on disk (one line, "
+        "the tracker moved to it); resume_from_path naming a damaged step refuses in one line"),
+    *_in_both_trainers(
         "checkpoint.tracker_read", "find_latest_ckpt_path", "slimckpt.save.tracker_recovery:wrap_find_latest_ckpt_path",
         "verl writes latest_checkpointed_iteration.txt non-atomically; an empty one (a kill mid-write) resumes from "
         "the newest complete step instead of crashing on int('')"),
