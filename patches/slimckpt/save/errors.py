@@ -13,7 +13,9 @@ Every recipe's save runs inside `guarded_save`:
     save never reaches verl's register_checkpoint);
   - on_save_error=stop raises SaveFailed; continue logs the line at ERROR and returns. A lock
     conflict always stops: two runs writing one directory is a misconfiguration, and going on
-    would silently save nothing for the rest of the run.
+    would silently save nothing for the rest of the run. So does a lost rank (a collective failed
+    because a peer was killed or stalled past the group's timeout): the group is broken, and the
+    line names the rank (slimckpt.write.peers).
 
 Caveat of continue: it needs every rank to fail the same way (a full or read-only filesystem,
 a lock conflict: all ranks see it). A failure on one rank only, inside verl's save, leaves the
@@ -101,6 +103,18 @@ def describe_save_error(exc: BaseException, local_path: str, step: int) -> str:
     return f"{head}: {type(exc).__name__}: {first}{hint}"
 
 
+def peer_loss_line(exc: BaseException, local_path: str, step: int) -> str | None:
+    """One line for a save whose collective lost a rank (killed, or stalled past the process group's
+    timeout), naming it; None for any other failure."""
+    from ..write.peers import lost_ranks_line
+
+    lost = lost_ranks_line(exc)
+    if lost is None:
+        return None
+    return (f"slimckpt: saving step {step} to {local_path} failed: {lost}; step {step} is not committed and "
+            f"the tracker stays on the last committed step: restart the job (resume_mode=auto resumes from it)")
+
+
 def _group_of(manager):
     import torch.distributed as dist
 
@@ -172,12 +186,13 @@ def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-        line = describe_save_error(exc, local_path, step)
+        lost = peer_loss_line(exc, local_path, step)
+        line = lost or describe_save_error(exc, local_path, step)
         manager._slimckpt_save_failed = line
         if not isinstance(exc, LockBusy):  # a dir another trainer is writing is not ours to touch
             discard_rank_files(local_path, manager.rank)
             mark_failed(local_path, manager.rank, line)
-        if policy == "continue" and not isinstance(exc, LockBusy):
+        if policy == "continue" and not isinstance(exc, LockBusy) and lost is None:
             log.error("CHECKPOINT NOT SAVED (rank %s, on_save_error=continue, training goes on; the last committed "
                       "step stays the resume point): %s", manager.rank, line)
             return None
@@ -221,5 +236,5 @@ def save_then_restore_tracker(trainer, original, *args, **kwargs):
     return result
 
 
-__all__ = ["POLICIES", "SaveFailed", "describe_save_error", "guarded_save", "mark_failed", "restore_tracker",
+__all__ = ["POLICIES", "SaveFailed", "describe_save_error", "guarded_save", "mark_failed", "peer_loss_line", "restore_tracker",
            "root_os_error", "save_then_restore_tracker", "take_writer_lock"]
