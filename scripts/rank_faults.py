@@ -67,7 +67,7 @@ TIMEOUT_S = [20.0]
 KEEP_ALL = [False]  # --keep-dirs  # the process group's timeout of the ranks (set by --timeout before any fork)
 GOOD = ("exact", "clean")
 BAD = ("hung", "orphan", "committed-partial", "wrong-resume")
-NAMED = re.compile(r"rank (\d+) of (\d+) stopped answering|rank: (\d+) \(local_rank")
+NAMED = re.compile(r"rank (\d+) of (\d+) stopped answering|rank\s*: (\d+) \(local_rank")
 
 
 # --------------------------------------------------------------------------- processes
@@ -356,7 +356,8 @@ def save_trial(mode: str, world: int, fault: str, work: str, index: int, rng: ra
     ends = [t - t_fault for t in ended.values() if t is not None]
     trial = {"trial": index, "fault": fault, "then": then if fault == "stall" else None, "victim": victim,
              "step": step, "fault_after_save_begin_s": round(t_fault - t_ready, 4),
-             "phase_rank0": oracle.phase_at(events[0], t_fault), "phase_victim": oracle.phase_at(events[victim], t_fault),
+             "phase_rank0": oracle.phase_at(events[0], t_fault),
+             "phase_victim": oracle.phase_at(events[victim], t_fault),
              "survivors_end_s": round(max(ends), 2) if ends else None, "victim_ended": victim_end is not None,
              "named": victim in named, "named_ranks": sorted(named), "orphans": orphans, "locks_held": locks,
              "last_committed": rec.last_committed, "loaded": res.step or 0, "resume": resumed, "why": why,
@@ -419,10 +420,12 @@ def merge_calibration(world: int, work: str, fixture: str) -> dict:
     target = os.path.join(trial_dir, "out")
     t0 = time.monotonic()
     proc = torchrun(world, fixture, target, os.path.join(trial_dir, "merge.log"))
-    appeared = None
+    appeared = committed = None
     while proc.poll() is None:
         if appeared is None and (os.path.exists(partial_path(target)) or os.path.exists(target)):
             appeared = time.monotonic()
+        if committed is None and os.path.exists(target):
+            committed = time.monotonic()
         time.sleep(0.002)
     if proc.returncode != 0 or appeared is None or not rel.looks_complete("merge", target):
         raise RuntimeError(f"merge ws{world}: an uncut distributed merge failed (exit {proc.returncode}); see "
@@ -430,7 +433,8 @@ def merge_calibration(world: int, work: str, fixture: str) -> dict:
     reference = rel.file_hashes(target, skip=("manifest.json",))
     seconds = time.monotonic() - t0
     shutil.rmtree(trial_dir, ignore_errors=True)
-    return {"merge_s": seconds, "output_to_exit_s": time.monotonic() - appeared, "reference": reference}
+    return {"merge_s": seconds, "output_to_commit_s": (committed or time.monotonic()) - appeared,
+            "reference": reference}
 
 
 def merge_trial(world: int, fault: str, work: str, fixture: str, index: int, rng: random.Random, window: float,
@@ -457,7 +461,8 @@ def merge_trial(world: int, fault: str, work: str, fixture: str, index: int, rng
         os.kill(workers[victim], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     deadline = t_fault + timeout + SLACK_S
     survivors = [p for r, p in workers.items() if r != victim]
-    while time.monotonic() < deadline and (proc.poll() is None and any(os.path.exists(f"/proc/{p}") for p in survivors)):
+    while time.monotonic() < deadline and proc.poll() is None and any(_state(p) not in ("Z", "X", None)
+                                                                       for p in survivors):
         time.sleep(0.01)
     alive = [p for p in survivors if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X", None)]
     t_end = time.monotonic()
@@ -492,7 +497,8 @@ def merge_trial(world: int, fault: str, work: str, fixture: str, index: int, rng
     else:
         outcome = "exact" if merged == "complete-verified" else "clean"
     trial = {"trial": index, "fault": fault, "then": then if fault == "stall" else None, "victim": victim,
-             "hit": hit, "fault_after_output_s": round(t_fault - t_out, 4), "survivors_end_s": round(t_end - t_fault, 2),
+             "hit": hit, "fault_after_output_s": round(t_fault - t_out, 4),
+             "survivors_end_s": round(t_end - t_fault, 2),
              "named": victim in named, "named_ranks": sorted(named), "orphans": orphans, "locks_held": locks,
              "target": "complete" if complete else ("absent" if not os.path.exists(target) else "incomplete"),
              "rerun_ok": rerun_ok, "resume": merged, "outcome": outcome}
@@ -520,7 +526,7 @@ def summarize(trials: list[dict]) -> dict:
 
 
 def campaign(modes: list[str], worlds: list[int], kills: int, stalls: int, seed: int, work: str, keep: int,
-             out: str | None) -> dict:
+             out: str | None, window_s: float | None = None) -> dict:
     import reliability as rel
 
     rng = random.Random(seed)
@@ -542,8 +548,10 @@ def campaign(modes: list[str], worlds: list[int], kills: int, stalls: int, seed:
             try:
                 if mode == "merge":
                     cal = merge_calibration(world, work, fixture)
-                    window = 1.15 * cal.pop("output_to_exit_s")
+                    window = 1.15 * cal["output_to_commit_s"]
                     reference = cal.pop("reference")
+                elif window_s is not None:
+                    cal, window = {"skipped": True}, window_s
                 else:
                     cal = calibrate(mode, world, work, keep)
                     window = WINDOW_FACTOR * cal["save_to_commit_s"]
@@ -619,8 +627,9 @@ def render(data: dict) -> str:
     lines += [
         "How: a fault lands at a uniform moment within 1.3x the calibrated time from a save's start to its",
         "commit (saves of steps 1-3), or, for the merge, within 1.15x the time from `<target>.partial`'s",
-        "appearance to the end of an uncut run; the lost rank is drawn uniformly, rank 0 included. A stall is",
-        "SIGSTOP until every survivor ended (or the hang deadline), then SIGCONT or SIGKILL, alternately.",
+        "appearance to its rename into the target in an uncut run; the lost rank is drawn uniformly, rank 0",
+        "included. A stall is SIGSTOP until every survivor ended (or the hang deadline), then SIGCONT or",
+        "SIGKILL, alternately.",
         "*Lost rank named*: a survivor's output has a line naming that rank (slimckpt's `rank R of W stopped",
         "answering`, or torchrun's failure summary for the merge, whose agent ends the other workers when one",
         "dies). The process group is gloo over a FileStore (the save) or torchrun's store (the merge); every",
@@ -644,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default=os.path.join(REPO, "runs", "rank_faults"))
     p.add_argument("--json", default=OUT, help=f"results (default {os.path.relpath(OUT, REPO)})")
+    p.add_argument("--window", type=float, default=None,
+                   help="save modes: faults within this many s of a save's start, with no calibration run (default: "
+                        "1.3x the calibrated save-to-commit time, and the uncut run must resume exactly)")
     p.add_argument("--keep-dirs", action="store_true", help="keep every trial's dir (default: the bad ones)")
     p.add_argument("--render", action="store_true", help="print the report section of --json and exit")
     args = p.parse_args(argv)
@@ -676,7 +688,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     t0 = time.monotonic()
-    data = campaign(args.modes, args.worlds, args.kills, args.stalls, args.seed, args.work, args.keep, args.json)
+    data = campaign(args.modes, args.worlds, args.kills, args.stalls, args.seed, args.work, args.keep, args.json,
+                    args.window)
     data["seconds"] = round(time.monotonic() - t0, 1)
     data["command"] = "python scripts/rank_faults.py " + " ".join(argv if argv is not None else sys.argv[1:])
     data["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__, "verl": verl.__version__}

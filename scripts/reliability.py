@@ -13,7 +13,7 @@ loaded with what the savers recorded (hash of every rank's model, optimizer, sch
 before each save). Merge modes kill `slimckpt merge` (or verl's own merger) part-way, check the
 target, then rerun it.
 
-Also runs scripts/corruption_campaign.py and scripts/env_faults.py (`--json OUT`) when they exist,
+Also runs scripts/corruption_campaign.py, scripts/env_faults.py and scripts/rank_faults.py (`--json OUT`) when they exist,
 then writes docs/reliability/*.json and RELIABILITY.md.
 """
 
@@ -761,7 +761,8 @@ def main(argv: list[str] | None = None) -> int:
                                 if m["mode"] in OURS) else 1
         if not args.no_side:
             runs = {}
-            for script, name in (("corruption_campaign.py", "corruption.json"), ("env_faults.py", "env_faults.json")):
+            for script, name in (("corruption_campaign.py", "corruption.json"), ("env_faults.py", "env_faults.json"),
+                                 ("rank_faults.py", "rank_faults.json")):
                 side = side_campaign(script, os.path.join(OUT_DIR, name), args.source)
                 if side is None:
                     continue
@@ -778,6 +779,11 @@ def main(argv: list[str] | None = None) -> int:
 
         text = render_report(load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"),
                              load_json("side_runs.json"))
+        lost = load_json("rank_faults.json")
+        if lost is not None and "modes" in lost:  # one rank lost mid-save or mid-merge
+            import rank_faults
+
+            text = text.rstrip("\n") + "\n\n" + rank_faults.render(lost)
         with open(REPORT, "w") as f:
             f.write(text)
         print(f"wrote {REPORT}")

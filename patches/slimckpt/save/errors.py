@@ -31,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..read.locks import LockBusy, acquire
+from ..write.peers import causes
+from .lost_rank import peer_loss_line
 from ..log import get_logger
 
 log = get_logger("slimckpt.save")
@@ -44,24 +46,8 @@ class SaveFailed(RuntimeError):
     """A checkpoint save failed; str() is the one-line message (path and fix)."""
 
 
-def _causes(exc: BaseException):
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__]
-        failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
-        if isinstance(failures, dict):
-            for f in failures.values():
-                todo += [x for x in (f if isinstance(f, tuple) else (f,)) if isinstance(x, BaseException)]
-
-
 def root_os_error(exc: BaseException) -> OSError | None:
-    for e in _causes(exc):
+    for e in causes(exc):
         if isinstance(e, OSError) and e.errno is not None:
             return e
     return None
@@ -101,18 +87,6 @@ def describe_save_error(exc: BaseException, local_path: str, step: int) -> str:
         # torch.save's writer drops the errno: a short write is a full disk, a quota or a file size limit
         hint = " (a short write: check free space, quota and the file size limit `ulimit -f` there)"
     return f"{head}: {type(exc).__name__}: {first}{hint}"
-
-
-def peer_loss_line(exc: BaseException, local_path: str, step: int) -> str | None:
-    """One line for a save whose collective lost a rank (killed, or stalled past the process group's
-    timeout), naming it; None for any other failure."""
-    from ..write.peers import lost_ranks_line
-
-    lost = lost_ranks_line(exc)
-    if lost is None:
-        return None
-    return (f"slimckpt: saving step {step} to {local_path} failed: {lost}; step {step} is not committed and "
-            f"the tracker stays on the last committed step: restart the job (resume_mode=auto resumes from it)")
 
 
 def _group_of(manager):
@@ -236,5 +210,5 @@ def save_then_restore_tracker(trainer, original, *args, **kwargs):
     return result
 
 
-__all__ = ["POLICIES", "SaveFailed", "describe_save_error", "guarded_save", "mark_failed", "peer_loss_line", "restore_tracker",
+__all__ = ["POLICIES", "SaveFailed", "describe_save_error", "guarded_save", "mark_failed", "restore_tracker",
            "root_os_error", "save_then_restore_tracker", "take_writer_lock"]

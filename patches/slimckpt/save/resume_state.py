@@ -508,17 +508,15 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
                lora_only)
     except BaseException as exc:
         from ..format.resume_manifest import write_failure
-        from .errors import peer_loss_line
+        from .lost_rank import RankLost, peer_loss_line
 
         with contextlib.suppress(Exception):
             write_failure(local_path, manager.rank, f"step {global_step}: {type(exc).__name__}: {exc}")
         line = peer_loss_line(exc, local_path, global_step)
         if line is not None and threading.current_thread() is not threading.main_thread():
             # a background write: said now, not only when the next save or the exit waits for it
-            from .errors import SaveFailed
-
             log.error("%s", line)
-            raise SaveFailed(line) from exc
+            raise RankLost(line) from exc
         raise
 
 

@@ -7,10 +7,13 @@ thread; a killed process stops beating, and so does a stopped one (SIGSTOP stops
 When a collective fails, `silent()` watches the counters for a few beats and names the ranks whose
 counter did not move, so the error can say which rank was lost.
 
-Every store call runs in a helper thread with a bounded wait: the store lives in rank 0's process
-(or torchrun's agent), and a call to a stalled rank 0 would block until the store's own timeout.
-A store that does not answer is itself the answer: its host (rank 0 unless torchrun hosts it) is
-gone.
+Every read of the counters runs in a helper thread with a bounded wait: the store lives in rank
+0's process (or torchrun's agent), and a call to a stalled rank 0 would block until the store's own
+timeout. A store that does not answer is itself the answer: its host (rank 0 unless torchrun hosts
+it) is gone.
+
+Cost: one small store write per process per second; a failure that loses a peer waits three beats
+before it is reported.
 
 `watch()` adds a watchdog for commands that own their process group (the distributed merge):
 a collective there may legitimately wait hours for the other ranks' writes, so the group's timeout
@@ -19,11 +22,12 @@ cannot tell a slow rank from a dead one, but a beat that stops for `timeout` sec
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 BEAT_S = 1.0
@@ -60,7 +64,8 @@ def bounded(call: Callable[[], Any], timeout: float = CALL_TIMEOUT_S) -> Any:
     return value
 
 
-def _chain(exc: BaseException):
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, what caused it (__cause__, __context__), and DCP's per-rank failures, each once."""
     seen: set[int] = set()
     todo = [exc]
     while todo:
@@ -92,7 +97,7 @@ def peer_error(exc: BaseException) -> BaseException | None:
         from torch.distributed import DistError
     except ImportError:  # older torch
         DistError = None  # noqa: N806
-    for e in _chain(exc):
+    for e in causes(exc):
         if (DistError is not None and isinstance(e, DistError)) or _is_backend_words(e):
             return e
     return None
@@ -118,7 +123,8 @@ class Heartbeat:
 
     def start(self) -> "Heartbeat":
         if self._thread is None:
-            self._beat()  # the first beat before start() returns: a peer never sees this rank at 0
+            with contextlib.suppress(Exception):  # the first beat before start() returns
+                bounded(lambda: self.store.add(self._key(self.rank), 1))
             self._thread = threading.Thread(target=self._run, name="slimckpt-heartbeat", daemon=True)
             self._thread.start()
         return self
@@ -127,8 +133,10 @@ class Heartbeat:
         self._stop.set()
 
     def _beat(self) -> None:
+        # on this thread itself, unbounded: a store that blocks stops this process's beat, and a
+        # helper thread per beat would pile up for as long as it blocks
         try:
-            bounded(lambda: self.store.add(self._key(self.rank), 1))
+            self.store.add(self._key(self.rank), 1)
         except Exception:  # noqa: BLE001 - a store gone at the end of the job: nothing to beat into
             pass
 
@@ -270,5 +278,5 @@ def lost_ranks_line(exc: BaseException) -> str | None:
             f"timeout ({note or cause}; this is rank {beat.rank})")
 
 
-__all__ = ["Heartbeat", "StoreSilent", "bounded", "default_group_timeout", "describe_ranks", "is_peer_loss", "lost_ranks_line", "peer_error",
-           "process_heartbeat"]
+__all__ = ["Heartbeat", "StoreSilent", "bounded", "causes", "default_group_timeout", "describe_ranks", "is_peer_loss",
+           "lost_ranks_line", "peer_error", "process_heartbeat"]
