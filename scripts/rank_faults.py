@@ -80,25 +80,32 @@ def become_subreaper() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def children() -> dict[int, str]:
-    """pid -> command of every live child of this process (zombies reaped)."""
-    out = {}
-    me = os.getpid()
+def proc_children(parent: int):
+    """(pid, state) of each process whose parent is `parent`, from /proc."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
                 stat = f.read()
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[1]) != me:
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == parent:
+            yield int(name), fields[0]
+
+
+def children() -> dict[int, str]:
+    """pid -> command of every live child of this process (zombies reaped)."""
+    out = {}
+    for pid, state in proc_children(os.getpid()):
+        try:
+            if state == "Z":
+                os.waitpid(pid, os.WNOHANG)
                 continue
-            if fields[0] == "Z":
-                os.waitpid(int(name), os.WNOHANG)
-                continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                out[int(name)] = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
-        except (OSError, ValueError, ChildProcessError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except (OSError, ChildProcessError):
             continue
     return out
 
@@ -395,20 +402,14 @@ def torchrun(world: int, fixture: str, target: str, log: str, overwrite: bool = 
 def workers_of(agent: int) -> dict[int, int]:
     """RANK -> pid of torchrun's workers (children of its agent)."""
     out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    for pid, _ in proc_children(agent):
         try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-            if int(stat[stat.rindex(")") + 2:].split()[1]) != agent:
-                continue
-            with open(f"/proc/{name}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            if b"RANK" in env:
-                out[int(env[b"RANK"])] = int(name)
-        except (OSError, ValueError):
+        except OSError:
             continue
+        if b"RANK" in env:
+            out[int(env[b"RANK"])] = pid
     return out
 
 
@@ -666,24 +667,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.trials is not None:
         args.kills, args.stalls = args.trials, max(1, args.trials // 3)
     TIMEOUT_S[0], KEEP_ALL[0] = args.timeout, args.keep_dirs
-    for var in ("SLIMCKPT_CHECKPOINT", "SLIMCKPT_MEASURE", "SLIMCKPT_CPU"):
-        os.environ.pop(var, None)
-    os.environ.setdefault("SLIMCKPT_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    import torch
-
-    torch.set_num_threads(1)
-    import fault_trial  # noqa: F401 - torch, transformers and verl imported once, before any fork
     import reliability as rel
+
+    rel.quiet_imports()  # torch, transformers and verl imported once, before any fork
+    import torch
     import verl
-    from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: F401
-    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager  # noqa: F401
 
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -697,6 +697,30 @@ def run_sigkill(args: argparse.Namespace, argv: list[str] | None) -> dict:
     return sigkill
 
 
+def quiet_imports() -> None:
+    """Before any fork: slimckpt unset from the environment (verl's default mode must run unpatched),
+    quiet logs, one thread, and torch, transformers and verl imported once."""
+    for var in ("SLIMCKPT_CHECKPOINT", "SLIMCKPT_MEASURE", "SLIMCKPT_CPU"):
+        os.environ.pop(var, None)
+    os.environ.setdefault("SLIMCKPT_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.WARNING)
+    import torch
+
+    torch.set_num_threads(1)
+    import fault_trial  # noqa: F401
+    import transformers  # noqa: F401
+    import verl  # noqa: F401
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: F401
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -729,29 +753,11 @@ def main(argv: list[str] | None = None) -> int:
                 SOURCE_COMMIT[0] = f.read().strip()
         sys.path.insert(0, os.path.join(os.path.abspath(args.source), "patches"))
     if not args.render:
-        for var in ("SLIMCKPT_CHECKPOINT", "SLIMCKPT_MEASURE", "SLIMCKPT_CPU"):
-            os.environ.pop(var, None)  # verl's default mode must run unpatched
-        os.environ.setdefault("SLIMCKPT_LOG_LEVEL", "ERROR")
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        import warnings
-
-        warnings.filterwarnings("ignore")
-        import logging
-
-        logging.disable(logging.WARNING)
-        import torch
-
-        torch.set_num_threads(1)
-        import fault_trial  # torch, transformers, verl imported once, before any fork
+        quiet_imports()
+        import fault_trial
 
         if args.source:
             fault_trial.RECIPES_DIR = os.path.join(os.path.abspath(args.source), "recipes")
-        import transformers  # noqa: F401
-        import verl  # noqa: F401
-        from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: F401
-        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager  # noqa: F401
-
         os.makedirs(OUT_DIR, exist_ok=True)
         os.makedirs(args.work, exist_ok=True)
         if not args.side_only:

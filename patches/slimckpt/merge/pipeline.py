@@ -436,7 +436,7 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
     except Exception as exc:  # a collective that lost a rank: name it
         from ..write.peers import lost_ranks_line
 
-        lost = lost_ranks_line(exc) if beat is None else _lost_line(beat, exc)
+        lost = lost_ranks_line(exc, beat)
         if lost is None:
             raise
         raise MergeError(f"{opts.distributed_hint}: {lost}; nothing was committed ({opts.target_dir} not "
@@ -453,16 +453,6 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
 
 PEER_TIMEOUT_ENV = "SLIMCKPT_MERGE_PEER_TIMEOUT"  # seconds a rank's heartbeat may stop before the others give up
 PEER_TIMEOUT_S = 120.0
-
-
-def _lost_line(beat, exc: BaseException) -> str | None:
-    from ..write.peers import describe_ranks, is_peer_loss
-
-    if not is_peer_loss(exc):
-        return None
-    ranks, note = beat.silent()
-    return f"{describe_ranks(ranks, beat.world)} stopped answering ({note or 'a collective lost it'}; this is rank " \
-           f"{beat.rank})"
 
 
 def _watch_peers(opts: MergeOptions, store):

@@ -209,8 +209,8 @@ def describe_ranks(ranks: list[int], world: int) -> str:
 
 
 def default_group_timeout():
-    """The timeout the job gave its default process group (verl: `nccl_timeout`, 600 s), for the
-    groups we create: `new_group` would otherwise give a gloo group torch's 30 minutes, so a stalled
+    """The timeout of the job's default process group (verl 0.9.1 on GPU: NCCL's 10 minutes), for
+    the groups we create: `new_group` would otherwise give a gloo group torch's 30 minutes, so a stalled
     rank would hold every other rank in our collectives far past the job's own timeout. None when
     torch does not say."""
     import torch
@@ -218,7 +218,7 @@ def default_group_timeout():
 
     try:
         group = dist.distributed_c10d._get_default_group()
-        for device in ("cpu", "cuda"):
+        for device in ("cuda", "cpu"):  # the accelerator's first: training's collectives time out by it
             try:
                 return group._get_backend(torch.device(device)).options._timeout
             except (RuntimeError, AttributeError, ValueError):
@@ -259,12 +259,13 @@ def _short(text: str) -> str:
     return line.split(". ")[0].rstrip(".")[:160]
 
 
-def lost_ranks_line(exc: BaseException) -> str | None:
-    """For a collective that lost a peer: 'rank 1 of 3 stopped answering (...)'; None otherwise."""
+def lost_ranks_line(exc: BaseException, beat: Heartbeat | None = None) -> str | None:
+    """For a collective that lost a peer: 'rank 1 of 3 stopped answering (...)'; None otherwise.
+    `beat`: the heartbeat to ask (default: this process's, in the default group's store)."""
     error = peer_error(exc)
     if error is None:
         return None
-    beat = process_heartbeat()
+    beat = beat or process_heartbeat()
     cause = _short(str(error)) or type(error).__name__
     if beat is None:
         return f"a peer rank stopped answering ({cause})"
