@@ -363,6 +363,7 @@ def save_trial(mode: str, world: int, fault: str, work: str, index: int, rng: ra
     ends = [t - t_fault for t in ended.values() if t is not None]
     trial = {"trial": index, "fault": fault, "then": then if fault == "stall" else None, "victim": victim,
              "step": step, "fault_after_save_begin_s": round(t_fault - t_ready, 4),
+             "in_save": in_save(events[0], t_fault),
              "phase_rank0": oracle.phase_at(events[0], t_fault),
              "phase_victim": oracle.phase_at(events[victim], t_fault),
              "survivors_end_s": round(max(ends), 2) if ends else None, "victim_ended": victim_end is not None,
@@ -370,6 +371,23 @@ def save_trial(mode: str, world: int, fault: str, work: str, index: int, rng: ra
              "last_committed": rec.last_committed, "loaded": res.step or 0, "resume": resumed, "why": why,
              "tracker": found["tracker"], "outcome": outcome}
     return _keep_or_remove(trial, trial_dir)
+
+
+def in_save(events: list[oracle.Event], t: float) -> bool:
+    """Whether a save was in flight at `t` (begun, not yet committed, per rank 0's log), rather than
+    the next step's training: a fault there fails the training's collectives, not a save's."""
+    begun = [e.step for e in events if e.kind == "save-begin" and e.t <= t]
+    done = {e.step for e in events if e.kind == "committed" and e.t <= t}
+    return bool(begun) and begun[-1] not in done
+
+
+def _in_save(t: dict) -> bool:
+    """A trial's in_save (merge trials: always; older results: from rank 0's phase)."""
+    if "in_save" in t:
+        return t["in_save"]
+    if "hit" in t:  # a merge: the fault found the merge still running
+        return t["hit"]
+    return t.get("phase_rank0", "save") not in ("train", "hash", "committed", "ready", "setup")
 
 
 def _keep_or_remove(trial: dict, trial_dir: str) -> dict:
@@ -523,7 +541,8 @@ def summarize(trials: list[dict]) -> dict:
     ends = [t["survivors_end_s"] for t in trials if t["survivors_end_s"] is not None]
     return {"outcomes": oracle.tally(outcomes), "bad": sum(o in BAD for o in outcomes),
             "kills": sum(t["fault"] == "kill" for t in trials), "stalls": sum(t["fault"] == "stall" for t in trials),
-            "named": sum(t["named"] for t in trials), "end_s": oracle.quantiles(ends)}
+            "named": sum(t["named"] for t in trials), "in_save": sum(_in_save(t) for t in trials),
+            "named_in_save": sum(t["named"] for t in trials if _in_save(t)), "end_s": oracle.quantiles(ends)}
 
 
 def campaign(modes: list[str], worlds: list[int], kills: int, stalls: int, seed: int, work: str, keep: int,
@@ -603,17 +622,18 @@ def render(data: dict) -> str:
              f"(a survivor still running {data['timeout_s'] + data['slack_s']:.0f} s after the fault counts as hung), "
              f"seed {data['seed']}, {data.get('seconds', 0) / 60:.1f} min.", "",
              "| mode | kills | stalls | exact | clean | hung | orphan | committed partial | wrong resume | "
-             "lost rank named | survivors ended after (s, min/median/max) |",
+             "lost rank named: faults in a save / all | survivors ended after (s, min/median/max) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, e in data["modes"].items():
-        s = e["summary"]
+        s = summarize(e["trials"])
         c = s["outcomes"]
         q = s["end_s"]
         ended = f"{q[0]:.1f} / {q[2]:.1f} / {q[4]:.1f}" if q else "—"
         n = len(e["trials"])
         lines.append(f"| {LABELS.get(mode, mode)} | {s['kills']} | {s['stalls']} | {c.get('exact', 0)} | "
                      f"{c.get('clean', 0)} | {c.get('hung', 0)} | {c.get('orphan', 0)} | "
-                     f"{c.get('committed-partial', 0)} | {c.get('wrong-resume', 0)} | {s['named']} of {n} | {ended} |")
+                     f"{c.get('committed-partial', 0)} | {c.get('wrong-resume', 0)} | "
+                     f"{s['named_in_save']} of {s['in_save']} / {s['named']} of {n} | {ended} |")
     ours = [e for m, e in data["modes"].items() if m != "verl-default"]
     lines += ["", f"**slimckpt: {sum(e['summary']['bad'] for e in ours)} bad outcomes in "
                   f"{sum(len(e['trials']) for e in ours)} single-rank faults.**"
@@ -633,10 +653,12 @@ def render(data: dict) -> str:
         "SIGKILL, alternately.",
         "*Lost rank named*: a survivor's output has a line naming that rank (slimckpt's `rank R of W stopped",
         "answering`, or torchrun's failure summary for the merge, whose agent ends the other workers when one",
-        "dies). The process group is gloo over a FileStore (the save) or torchrun's store (the merge); every",
-        "process a trial starts is re-parented to the campaign if orphaned (PR_SET_CHILD_SUBREAPER), so none",
-        "can survive unseen; lock files are probed with a non-blocking flock once every rank is gone. verl's",
-        "own row has the same harness with slimckpt off; verl 0.9.1 has no distributed merge to compare.", ""]
+        "dies); *in a save*: a save had begun and was not committed yet at the fault (per rank 0's log), the",
+        "rest landed in the next step's training, whose collectives fail with the backend's own error.",
+        "The process group is gloo over a FileStore (the save) or torchrun's store (the merge); every process",
+        "a trial starts is re-parented to the campaign if orphaned (PR_SET_CHILD_SUBREAPER), so none can",
+        "survive unseen; lock files are probed with a non-blocking flock once every rank is gone. verl's own",
+        "row has the same harness with slimckpt off; verl 0.9.1 has no distributed merge to compare.", ""]
     return "\n".join(lines)
 
 

@@ -89,8 +89,8 @@ def run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[l
     ctx = mproc.get_context("spawn")
     q = ctx.Queue()
     parent = os.getpid()
-    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, fsync, parent),
-                                                     q), name=f"slimckpt-merge-{i}", daemon=True)
+    procs = [ctx.Process(target=_worker_entry, name=f"slimckpt-merge-{i}", daemon=True,
+                         args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, fsync, parent), q))
              for i, share in enumerate(shares)]
     for p in procs:
         p.start()
