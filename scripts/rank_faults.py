@@ -697,14 +697,15 @@ def main(argv: list[str] | None = None) -> int:
 
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    source, provenance = rel.source_note(), rel.source_commit()  # before any trial: what the trials run
     t0 = time.monotonic()
     data = campaign(args.modes, args.worlds, args.kills, args.stalls, args.seed, args.work, args.keep, args.json,
                     args.window)
     data["seconds"] = round(time.monotonic() - t0, 1)
     data["command"] = "python scripts/rank_faults.py " + " ".join(argv if argv is not None else sys.argv[1:])
     data["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__, "verl": verl.__version__}
-    data["source"] = rel.source_note()
-    data.update(rel.source_commit())
+    data["source"] = source
+    data.update(provenance)
     with open(args.json, "w") as f:
         json.dump(data, f, indent=1)
     print(render(data))
