@@ -13,7 +13,7 @@ loaded with what the savers recorded (hash of every rank's model, optimizer, sch
 before each save). Merge modes kill `slimckpt merge` (or verl's own merger) part-way, check the
 target, then rerun it.
 
-Also runs scripts/corruption_campaign.py and scripts/env_faults.py (`--json OUT`) when they exist,
+Also runs scripts/corruption_campaign.py, scripts/env_faults.py and scripts/rank_faults.py (`--json OUT`) when they exist,
 then writes docs/reliability/*.json and RELIABILITY.md.
 """
 
@@ -697,6 +697,30 @@ def run_sigkill(args: argparse.Namespace, argv: list[str] | None) -> dict:
     return sigkill
 
 
+def quiet_imports() -> None:
+    """Before any fork: slimckpt unset from the environment (verl's default mode must run unpatched),
+    quiet logs, one thread, and torch, transformers and verl imported once."""
+    for var in ("SLIMCKPT_CHECKPOINT", "SLIMCKPT_MEASURE", "SLIMCKPT_CPU"):
+        os.environ.pop(var, None)
+    os.environ.setdefault("SLIMCKPT_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.WARNING)
+    import torch
+
+    torch.set_num_threads(1)
+    import fault_trial  # noqa: F401
+    import transformers  # noqa: F401
+    import verl  # noqa: F401
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: F401
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -729,29 +753,11 @@ def main(argv: list[str] | None = None) -> int:
                 SOURCE_COMMIT[0] = f.read().strip()
         sys.path.insert(0, os.path.join(os.path.abspath(args.source), "patches"))
     if not args.render:
-        for var in ("SLIMCKPT_CHECKPOINT", "SLIMCKPT_MEASURE", "SLIMCKPT_CPU"):
-            os.environ.pop(var, None)  # verl's default mode must run unpatched
-        os.environ.setdefault("SLIMCKPT_LOG_LEVEL", "ERROR")
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        import warnings
-
-        warnings.filterwarnings("ignore")
-        import logging
-
-        logging.disable(logging.WARNING)
-        import torch
-
-        torch.set_num_threads(1)
-        import fault_trial  # torch, transformers, verl imported once, before any fork
+        quiet_imports()
+        import fault_trial
 
         if args.source:
             fault_trial.RECIPES_DIR = os.path.join(os.path.abspath(args.source), "recipes")
-        import transformers  # noqa: F401
-        import verl  # noqa: F401
-        from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: F401
-        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager  # noqa: F401
-
         os.makedirs(OUT_DIR, exist_ok=True)
         os.makedirs(args.work, exist_ok=True)
         if not args.side_only:
@@ -761,7 +767,8 @@ def main(argv: list[str] | None = None) -> int:
                                 if m["mode"] in OURS) else 1
         if not args.no_side:
             runs = {}
-            for script, name in (("corruption_campaign.py", "corruption.json"), ("env_faults.py", "env_faults.json")):
+            for script, name in (("corruption_campaign.py", "corruption.json"), ("env_faults.py", "env_faults.json"),
+                                 ("rank_faults.py", "rank_faults.json")):
                 side = side_campaign(script, os.path.join(OUT_DIR, name), args.source)
                 if side is None:
                     continue
@@ -778,6 +785,11 @@ def main(argv: list[str] | None = None) -> int:
 
         text = render_report(load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"),
                              load_json("side_runs.json"))
+        lost = load_json("rank_faults.json")
+        if lost is not None and "modes" in lost:  # one rank lost mid-save or mid-merge
+            import rank_faults
+
+            text = text.rstrip("\n") + "\n\n" + rank_faults.render(lost)
         with open(REPORT, "w") as f:
             f.write(text)
         print(f"wrote {REPORT}")

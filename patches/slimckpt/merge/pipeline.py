@@ -420,7 +420,7 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
     from ..read.locks import LockBusy
 
     _resolve_max_shard_size(opts)
-    own_group = False
+    own_group, beat = False, None
     if not dist.is_initialized():
         unset = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if unset:
@@ -432,17 +432,63 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
         dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
                                 world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(hours=4))
         own_group = True
+        beat = _watch_peers(opts, store)
     try:
         with _source_lock(opts):
             return _merge_ranks(opts, verl_fallback, dist)
     except LockBusy as exc:  # this rank's read lock (the others fail at their next collective)
         raise MergeError(str(exc)) from None
+    except Exception as exc:  # a collective that lost a rank: name it
+        from ..write.peers import lost_ranks_line
+
+        lost = lost_ranks_line(exc, beat)
+        if lost is None:
+            raise
+        raise MergeError(f"{opts.distributed_hint}: {lost}; nothing was committed ({opts.target_dir} not "
+                         f"written): rerun the merge") from None
     finally:
+        if beat is not None:
+            beat.stop()
         held = opts.__dict__.pop("_held_target_lock", None)
         if held is not None:
             held.release()
         if own_group:
             dist.destroy_process_group()
+
+
+PEER_TIMEOUT_ENV = "SLIMCKPT_MERGE_PEER_TIMEOUT"  # seconds a rank's heartbeat may stop before the others give up
+PEER_TIMEOUT_S = 120.0
+
+
+def _watch_peers(opts: MergeOptions, store):
+    """Every rank beats in the merge's store; one whose beat stops for SLIMCKPT_MERGE_PEER_TIMEOUT
+    seconds (killed, or stopped) ends the others with a line naming it. The group's own timeout is
+    hours, as a collective here may wait for the others' writes, so it cannot tell a slow rank from
+    a dead one. The exit is immediate (os._exit): the main thread is inside a collective that only
+    that timeout would end; `<target>.partial` stays uncommitted and the next run replaces it, and
+    the flocks go with the process."""
+    from ..write.peers import Heartbeat, describe_ranks
+
+    raw = os.environ.get(PEER_TIMEOUT_ENV, "")
+    try:
+        seconds = float(raw) if raw else PEER_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise MergeError(f"{PEER_TIMEOUT_ENV}={raw!r}: use a number of seconds > 0 (default {PEER_TIMEOUT_S:.0f})")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    beat = Heartbeat(store, rank, world, prefix="alive").start()
+
+    def give_up(ranks: list[int], note: str) -> None:
+        sys.stderr.write(f"slimckpt merge: error: {opts.distributed_hint}: {describe_ranks(ranks, world)} stopped "
+                         f"answering for {seconds:.0f} s ({note or 'killed or stopped'}; this is rank {rank}); nothing "
+                         f"was committed ({opts.target_dir} not written): rerun the merge, or set "
+                         f"{PEER_TIMEOUT_ENV}=<seconds> to wait longer\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    beat.watch(seconds, give_up)
+    return beat
 
 
 JOIN_TIMEOUT_ENV = "SLIMCKPT_MERGE_JOIN_TIMEOUT"  # seconds every rank of a distributed merge has to join

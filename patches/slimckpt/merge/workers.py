@@ -6,6 +6,7 @@ progress, checksums and the first error. Torchrun ranks of `--distributed_merge`
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -49,7 +50,10 @@ def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[
 
 
 def _worker_entry(args: tuple, queue) -> None:
-    local_dir, partial, mp, share, dtype, chunk_bytes, wid, fsync = args
+    local_dir, partial, mp, share, dtype, chunk_bytes, wid, fsync, parent = args
+    from ..write.forked_call import die_with_parent
+
+    die_with_parent(parent)  # a killed merge leaves no writer behind (daemon=True acts only on a normal exit)
     pending = [0]  # write_shares casts on one intra-op thread, so N workers share the cores
 
     def progress(n: int) -> None:
@@ -84,8 +88,10 @@ def run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[l
 
     ctx = mproc.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker_entry, args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, fsync), q),
-                         name=f"slimckpt-merge-{i}", daemon=True) for i, share in enumerate(shares)]
+    parent = os.getpid()
+    procs = [ctx.Process(target=_worker_entry, name=f"slimckpt-merge-{i}", daemon=True,
+                         args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, fsync, parent), q))
+             for i, share in enumerate(shares)]
     for p in procs:
         p.start()
     checksums: dict[str, str] = {}

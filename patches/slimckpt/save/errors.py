@@ -13,7 +13,9 @@ Every recipe's save runs inside `guarded_save`:
     save never reaches verl's register_checkpoint);
   - on_save_error=stop raises SaveFailed; continue logs the line at ERROR and returns. A lock
     conflict always stops: two runs writing one directory is a misconfiguration, and going on
-    would silently save nothing for the rest of the run.
+    would silently save nothing for the rest of the run. So does a lost rank (a collective failed
+    because a peer was killed or stalled past the group's timeout): the group is broken, and the
+    line names the rank (slimckpt.write.peers).
 
 Caveat of continue: it needs every rank to fail the same way (a full or read-only filesystem,
 a lock conflict: all ranks see it). A failure on one rank only, inside verl's save, leaves the
@@ -29,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..read.locks import LockBusy, acquire
+from ..write.peers import causes
+from .lost_rank import peer_loss_line
 from ..log import get_logger
 
 log = get_logger("slimckpt.save")
@@ -42,24 +46,8 @@ class SaveFailed(RuntimeError):
     """A checkpoint save failed; str() is the one-line message (path and fix)."""
 
 
-def _causes(exc: BaseException):
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__]
-        failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
-        if isinstance(failures, dict):
-            for f in failures.values():
-                todo += [x for x in (f if isinstance(f, tuple) else (f,)) if isinstance(x, BaseException)]
-
-
 def root_os_error(exc: BaseException) -> OSError | None:
-    for e in _causes(exc):
+    for e in causes(exc):
         if isinstance(e, OSError) and e.errno is not None:
             return e
     return None
@@ -172,12 +160,13 @@ def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-        line = describe_save_error(exc, local_path, step)
+        lost = peer_loss_line(exc, local_path, step)
+        line = lost or describe_save_error(exc, local_path, step)
         manager._slimckpt_save_failed = line
         if not isinstance(exc, LockBusy):  # a dir another trainer is writing is not ours to touch
             discard_rank_files(local_path, manager.rank)
             mark_failed(local_path, manager.rank, line)
-        if policy == "continue" and not isinstance(exc, LockBusy):
+        if policy == "continue" and not isinstance(exc, LockBusy) and lost is None:
             log.error("CHECKPOINT NOT SAVED (rank %s, on_save_error=continue, training goes on; the last committed "
                       "step stays the resume point): %s", manager.rank, line)
             return None

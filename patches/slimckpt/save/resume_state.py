@@ -38,6 +38,7 @@ import contextlib
 import functools
 import os
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -96,7 +97,12 @@ def checkpoint_group(manager) -> dist.ProcessGroup:
     collective order) with training. One per manager, so actor and critic never interleave."""
     group = getattr(manager, "_slimckpt_group", None)
     if group is None:
-        group = dist.new_group(backend="gloo")
+        from ..write import peers
+
+        # the job's own timeout (torch would give a gloo group 30 minutes), and a heartbeat so that a
+        # collective that loses a rank can name it
+        group = dist.new_group(backend="gloo", timeout=peers.default_group_timeout())
+        peers.process_heartbeat()
         manager._slimckpt_group = group
     return group
 
@@ -546,9 +552,15 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
                lora_only)
     except BaseException as exc:
         from ..format.resume_manifest import write_failure
+        from .lost_rank import RankLost, peer_loss_line
 
         with contextlib.suppress(Exception):
             write_failure(local_path, manager.rank, f"step {global_step}: {type(exc).__name__}: {exc}")
+        line = peer_loss_line(exc, local_path, global_step)
+        if line is not None and threading.current_thread() is not threading.main_thread():
+            # a background write: said now, not only when the next save or the exit waits for it
+            log.error("%s", line)
+            raise RankLost(line) from exc
         raise
 
 

@@ -36,7 +36,8 @@ class ChildDied(RuntimeError):
     """The child ended without a result (killed, out of memory, crashed in C code)."""
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when `parent` dies (exit at once if it already has)."""
     try:
         import ctypes
 
@@ -80,7 +81,7 @@ class ForkedCall:
             try:
                 os.close(read_end)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-                _die_with_parent(parent)
+                die_with_parent(parent)
                 try:
                     outcome: tuple[str, Any] = ("ok", fn(*args))
                 except BaseException as exc:  # noqa: BLE001 - sent to the parent
