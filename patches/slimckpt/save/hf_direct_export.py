@@ -408,15 +408,13 @@ class _BoxWriter:
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            from ..write.out_files import OutputError
+            from ..write.out_files import os_error
 
             path = os.path.join(self.hf_dir, name)
             try:
                 fd = self._fds[name] = os.open(path, os.O_WRONLY)
             except OSError as exc:
-                from ..format.merge_manifest import describe_os_error
-
-                raise OutputError(describe_os_error(exc, path)) from None
+                raise os_error(exc, path) from None
         return fd
 
     def _staged(self, src: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -434,7 +432,7 @@ class _BoxWriter:
                   source_shape: tuple[int, ...]) -> int:
         """This rank's part of output `out_name`: the elements of its box of the source (`value`,
         its local shard) that the output takes, each piece cast in chunks and pwritten in place."""
-        from ..write.out_files import OutputError, pwrite_all
+        from ..write.out_files import os_error, pwrite_all
         from ..write.share_writer import as_bytes
 
         placement = self.plan.placements[out_name]
@@ -459,10 +457,7 @@ class _BoxWriter:
                 try:
                     pwrite_all(fd, data, offset)
                 except OSError as exc:
-                    from ..format.merge_manifest import describe_os_error
-
-                    raise OutputError(describe_os_error(exc, os.path.join(self.hf_dir, placement.file),
-                                                       self.plan.total_size)) from None
+                    raise os_error(exc, os.path.join(self.hf_dir, placement.file), self.plan.total_size) from None
                 offset += len(data)
                 written += len(data)
         return written
@@ -473,7 +468,7 @@ class _BoxWriter:
         (B @ A) x scaling for the same rows (`b_rows`: B's rows of the box; `a`: all of A), a few
         rows at a time, in the output dtype as `slimckpt merge --merge_lora` computes them
         (share_writer.lora_merged)."""
-        from ..write.out_files import OutputError, pwrite_all
+        from ..write.out_files import os_error, pwrite_all
         from ..write.share_writer import as_bytes, lora_merged
 
         placement = self.plan.placements[out_name]
@@ -501,10 +496,7 @@ class _BoxWriter:
                 try:
                     pwrite_all(fd, data, offset)
                 except OSError as exc:
-                    from ..format.merge_manifest import describe_os_error
-
-                    raise OutputError(describe_os_error(exc, os.path.join(self.hf_dir, placement.file),
-                                                       self.plan.total_size)) from None
+                    raise os_error(exc, os.path.join(self.hf_dir, placement.file), self.plan.total_size) from None
                 written += len(data)
         return written
 
