@@ -369,7 +369,7 @@ def child(args: argparse.Namespace) -> int:
         if error is not None and type(error).__name__ not in message:
             message = f"{type(error).__name__}: {message}"
         rows.append({"fault": fault, "exit": "raised" if error is not None else ("continued" if continued else 0),
-                     "failed": error is not None or continued, "message": message[:400],
+                     "failed": error is not None or continued, "message": message[:1000],
                      "looks_committed": looks_committed(args.path, target), "tracker_moved": tracker_moved(target),
                      "seconds": round(time.perf_counter() - t0, 2)})
     with open(args.out, "w") as f:
@@ -453,7 +453,7 @@ def render(rows: list[dict]) -> str:
         lc = "" if r.get("looks_committed") is None else ("YES" if r["looks_committed"] else "no")
         out.append(f"| {r['path']} | {r['fault']} | {r.get('mechanism') or 'n/a'} | {r.get('exit', '')} | "
                    f"{'yes' if r.get('one_line') else 'no'} | {'yes' if r.get('names_path') else 'no'} | {lc} | {tm} | "
-                   f"{verdict(r)} | {msg[:160]} |")
+                   f"{verdict(r)} | {msg[:400]} |")
     return "\n".join(out)
 
 
@@ -499,13 +499,11 @@ def main(argv: list[str] | None = None) -> int:
         for path in paths:
             runnable, bases = [], []
             for fault in faults:
-                why = None
                 if fault == "export_full" and path not in EXPORT_PATHS:
-                    why = "no in-training export on this path"
-                elif env.mechanism(fault) is None:
-                    why = "cannot be made here (see mechanism notes)"
-                if why:
-                    rows.append({"path": path, "fault": fault, "skipped": True, "failed": None, "message": why})
+                    continue  # nothing is exported while training there
+                if env.mechanism(fault) is None:
+                    rows.append({"path": path, "fault": fault, "skipped": True, "failed": None,
+                                 "message": "cannot be made here (see mechanism notes)"})
                     continue
                 runnable.append(fault)
                 bases.append(env.base(path, fault, sizes.get(path)))
@@ -532,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                 msg = r.get("message") or ""
                 r["one_line"] = bool(msg) and not r.get("traceback")
                 r["names_path"] = base in msg or os.path.basename(base) in msg and "/" in msg
+                r["message"] = msg.replace(work, "$WORK")  # the report shows the fix, not the temp dir
                 rows.append(r)
     finally:
         env.close()

@@ -30,12 +30,18 @@ MERGE_FIXES = OsErrorFixes(full="free space or choose a --target_dir on another 
                            not_writable="choose a writable --target_dir")
 
 
+def _size(n: int) -> str:
+    if n >= 1e8:
+        return f"{n / 1e9:.2f} GB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{max(1, round(n / 1024))} KiB"
+
+
 def describe_os_error(exc: OSError, path: str, need_bytes: int | None = None,
                       fixes: OsErrorFixes = MERGE_FIXES) -> str:
     """One line naming the path and what to do about it."""
     where = exc.filename or path
     if exc.errno in DISK_FULL:
-        need = f" (this output needs {need_bytes / 1e9:.2f} GB)" if need_bytes else ""
+        need = f" (this output needs {_size(need_bytes)})" if need_bytes else ""
         return f"{where}: no space left ({os.strerror(exc.errno)}){need}; {fixes.full}"
     if exc.errno in NOT_WRITABLE:
         return f"{where}: not writable ({os.strerror(exc.errno)}); {fixes.not_writable}"

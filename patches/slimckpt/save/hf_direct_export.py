@@ -240,6 +240,18 @@ def b_rows_elsewhere(held: list[dict[str, Box]], shares: list[list[tuple[str, Bo
 # --------------------------------------------------------------------------- plan (collective)
 
 
+def _failure_line(exc: BaseException, local_path: str) -> str:
+    """This rank's failure as the line every rank raises: a full or unwritable disk in a trainer's
+    words (the export runs inside a save), anything else as it is."""
+    from ..format.os_errors import redescribe
+    from .errors import trainer_fixes
+
+    line = redescribe(exc, trainer_fixes(local_path))
+    if line is not None:
+        return line
+    return str(exc) if isinstance(exc, (ExportError, OSError, RuntimeError)) else repr(exc)
+
+
 def _collective_outcome(group, ok: bool, message: str) -> None:
     """Every rank raises the first failure any rank had."""
     outcomes: list[Any] = [None] * dist.get_world_size(group)
@@ -604,7 +616,7 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
         try:
             _lay_out(job, local_path, manager)
         except Exception as exc:  # noqa: BLE001
-            ok, message = False, str(exc) if isinstance(exc, (ExportError, OSError, RuntimeError)) else repr(exc)
+            ok, message = False, _failure_line(exc, local_path)
     _collective_outcome(group, ok, message)
 
     writer = _BoxWriter(os.path.join(local_path, HF_SUBDIR), job.plan,
@@ -652,7 +664,7 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
     except Exception as exc:  # noqa: BLE001 - reported to every rank
         with contextlib.suppress(Exception):
             writer.close(sync=False)
-        ok, message = False, str(exc) if isinstance(exc, (ExportError, OSError, RuntimeError)) else repr(exc)
+        ok, message = False, _failure_line(exc, local_path)
     _collective_outcome(group, ok, message)
     if rank == 0:
         with contextlib.suppress(OSError):  # the directory entries of the new files
