@@ -27,14 +27,14 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from ..format.os_errors import OsErrorFixes, describe_os_error, redescribe
+from ..format.os_errors import describe_os_error, redescribe
 from ..read.locks import LockBusy, acquire
 from ..log import get_logger
+from .os_fixes import trainer_fixes
 
 log = get_logger("slimckpt.save")
 
 POLICIES = ("stop", "continue")
-CONTINUE_HINT = "or set checkpoint.on_save_error=continue to train on without this save"
 
 
 class SaveFailed(RuntimeError):
@@ -62,16 +62,6 @@ def root_os_error(exc: BaseException) -> OSError | None:
         if isinstance(e, OSError) and e.errno is not None:
             return e
     return None
-
-
-def trainer_fixes(local_path: str) -> OsErrorFixes:
-    """A full or unwritable checkpoint dir in a trainer's words (a merge's are about --target_dir)."""
-    role = os.path.basename(os.path.normpath(local_path))
-    keep = f"max_{role}_ckpt_to_keep" if role in ("actor", "critic") else "max_actor_ckpt_to_keep"
-    return OsErrorFixes(
-        full=f"free space there, lower trainer.{keep}, or point trainer.default_local_dir at a larger filesystem, "
-             f"{CONTINUE_HINT}",
-        not_writable=f"make it writable or point trainer.default_local_dir at a writable directory, {CONTINUE_HINT}")
 
 
 def _os_line(exc: BaseException, local_path: str) -> str | None:

@@ -244,7 +244,7 @@ def _failure_line(exc: BaseException, local_path: str) -> str:
     """This rank's failure as the line every rank raises: a full or unwritable disk in a trainer's
     words (the export runs inside a save), anything else as it is."""
     from ..format.os_errors import redescribe
-    from .errors import trainer_fixes
+    from .os_fixes import trainer_fixes
 
     line = redescribe(exc, trainer_fixes(local_path))
     if line is not None:

@@ -29,7 +29,7 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allo
     `allow_verl_fallback` off, is refused; either way every rank ends the same way."""
     from ..merge.pipeline import merge
     from ..merge.plan import MergeError, MergeOptions
-    from .errors import trainer_fixes
+    from .os_fixes import trainer_fixes
 
     target = os.path.join(local_path, HF_SUBDIR)
     opts = MergeOptions(
