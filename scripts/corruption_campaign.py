@@ -4,8 +4,9 @@
 
 Builds three small real checkpoints once (CPU, gloo, the tiny Llama of
 slimckpt.testing.fsdp_checkpoint, 2 ranks, one torchrun of this script with --_save):
-  - incremental: a save through verl's FSDPCheckpointManager with the incremental tier (DCP
-    shards, per-rank extra state, huggingface/, slimckpt_resume.json), tracker and data.pt;
+  - incremental: a save through verl's FSDPCheckpointManager with recipes/incremental.yaml's actor
+    block as shipped (DCP shards, per-rank extra state, huggingface/ with its HF export,
+    slimckpt_resume.json), tracker and data.pt;
   - verl-native: the same model saved by verl's own code (the manager with a plain config);
   - merge output: slimckpt's merge of that checkpoint, split into several safetensors files.
 Then each trial copies one, damages it in one way and asks `slimckpt verify` (verify_path, the
@@ -104,9 +105,10 @@ def _tiny_run(ckpt_config):
 
 
 def _slim_config():
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    """+recipe=incremental's actor block as shipped (its HF export on: the export's files are damaged too)."""
+    from slimckpt.verl.recipes import recipe_checkpoint_config
 
-    return SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False)
+    return recipe_checkpoint_config("incremental")
 
 
 def worker_save(work: str) -> None:

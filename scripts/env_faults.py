@@ -16,14 +16,18 @@ Faults (how each is made; the report says which mechanism ran):
                CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER dropped (setpriv), so it bites
   lock         another process holds slimckpt's writer lock on the target (slimckpt.read.locks): a second
                `slimckpt merge` into one --target_dir, a second trainer saving the same step
+  export_full  (save paths with an in-training HF export) a tmpfs sized from a calibration save of the same
+               path: the shards, extra state and configs fit, half the export's weights do not, so the
+               disk fills while the export is written (needs mount permission, as disk_full)
 
-Paths:
+Paths (a recipe's path takes the actor's checkpoint block of recipes/<recipe>.yaml as shipped, export
+on where the recipe has it, and overrides only what its name says):
   merge              `slimckpt merge` (CLI, exit status)
   verl_merge         `python -m verl.model_merger merge --backend fsdp` with SLIMCKPT_DISABLE=1
   verl_save          verl's FSDPCheckpointManager.save_checkpoint, no recipe (verl's default)
   quickstart         +recipe=quickstart's config through verl's real manager (world size 1, gloo)
   intermediate       +recipe=intermediate: verl's save + the in-training HF export (hf_export)
-  incremental_sync   +recipe=incremental, synchronous DCP save
+  incremental_sync   +recipe=incremental: DCP save + the gather-free HF export (hf_direct_export)
   incremental_async  +recipe=incremental with async_save (the failure surfaces at the commit wait)
   quickstart_continue  quickstart with on_save_error=continue: the save returns, training goes on
 
@@ -49,11 +53,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAULTS = ["disk_full", "fsize_limit", "read_only", "permission", "lock"]
+FAULTS = ["disk_full", "fsize_limit", "read_only", "permission", "lock", "export_full"]
 MERGE_PATHS = ["merge", "verl_merge"]
 SAVE_PATHS = ["verl_save", "quickstart", "intermediate", "incremental_sync", "incremental_async",
               "quickstart_continue"]
 PATHS = MERGE_PATHS + SAVE_PATHS
+EXPORT_PATHS = ("intermediate", "incremental_sync", "incremental_async")  # the recipes that export while training
+PAGE = 4096
 FSIZE_LIMIT = 64 * 1024
 FULL_SIZE = {"merge": "256k", "save": "64k"}  # below what each writes (merge ~0.9 MB, a save >= 100 KiB)
 STEP = 7
@@ -90,6 +96,8 @@ class Env:
 
     def mechanism(self, fault: str) -> str | None:
         """How `fault` is made here, or None when it cannot be (the row says skipped)."""
+        if fault == "export_full":
+            return "tmpfs: the save without half its HF export's weights" if self.can_mount else None
         if fault == "disk_full":
             return f"tmpfs ({FULL_SIZE['merge']} merge, {FULL_SIZE['save']} save)" if self.can_mount else None
         if fault == "fsize_limit":
@@ -104,10 +112,12 @@ class Env:
             return "chmod 000, writer without CAP_DAC_OVERRIDE (setpriv)" if self.drop_caps else None
         return "slimckpt writer lock held by another process"
 
-    def base(self, path: str, fault: str) -> str:
+    def base(self, path: str, fault: str, size: int | None = None) -> str:
         """The directory a (path, fault) writes under: the checkpoint root or the target's parent."""
         where = os.path.join(self.work, path, fault)
-        if fault == "disk_full":
+        if fault == "export_full":
+            self.mount(where, str(size))
+        elif fault == "disk_full":
             self.mount(where, FULL_SIZE["merge" if path in MERGE_PATHS else "save"])
         elif fault == "read_only" and self.can_mount:
             self.mount(where, "64k", read_only=True)
@@ -235,19 +245,62 @@ def run_merge(env: Env, path: str, fault: str, source: str, base: str) -> dict:
 
 
 def _config(path: str):
+    """The actor's checkpoint config of `path`: verl's default, or its recipe's block as shipped."""
     from verl.trainer.config.config import CheckpointConfig
 
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.recipes import recipe_checkpoint_config
 
     if path == "verl_save":
         return CheckpointConfig(save_contents=["model", "optimizer", "extra"])
     if path in ("quickstart", "quickstart_continue"):
-        return SlimCheckpointConfig(recipe="quickstart", save_contents=["model"], load_contents=["model"],
-                                    measure=False, on_save_error="continue" if path.endswith("continue") else "stop")
+        return recipe_checkpoint_config("quickstart", on_save_error="continue" if path.endswith("continue") else "stop")
     if path == "intermediate":
-        return SlimCheckpointConfig(recipe="intermediate", export_hf=True, measure=False)
-    return SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False,
-                                async_save=path == "incremental_async", host_memory_budget_gb=1.0)
+        return recipe_checkpoint_config("intermediate")
+    # the recipe's 16 GiB staging budget is the machine's to check, not the fault's: 1 GiB here
+    return recipe_checkpoint_config("incremental", async_save=path == "incremental_async", host_memory_budget_gb=1.0)
+
+
+def _pages(path: str) -> int:
+    return -(-os.path.getsize(path) // PAGE) * PAGE  # tmpfs holds whole pages
+
+
+def export_full_size(base: str) -> int:
+    """A tmpfs size that holds a save like the one under `base` except half its export's weights."""
+    rest, weights = 0, 0
+    for dirpath, _dirs, files in os.walk(base):
+        for name in files:
+            size = _pages(os.path.join(dirpath, name))
+            if name.endswith(".safetensors"):
+                weights += size
+            else:
+                rest += size
+    if not weights:
+        raise RuntimeError(f"{base}: the calibration save wrote no HF export")
+    return rest + weights // 2
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    """One save of `args.path` into an ordinary directory: the size export_full mounts."""
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_RANK": "0"})
+    import torch.distributed as dist
+
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from resume_scenarios import Run
+
+    from slimckpt.save import resume_async
+    from slimckpt.verl.features import switch_on
+
+    switch_on("checkpoint")
+    dist.init_process_group("gloo")
+    run = Run(0, _config(args.path))
+    run.step()
+    run.manager.save_checkpoint(target_of(args.path, args.base), global_step=STEP, max_ckpt_to_keep=1)
+    resume_async.writer_for(run.manager).wait()
+    with open(args.out, "w") as f:
+        json.dump({"size": export_full_size(args.base)}, f)
+    dist.destroy_process_group()
+    return 0
 
 
 def write_tracker_as_trainer(root: str, path: str) -> None:
@@ -316,13 +369,27 @@ def child(args: argparse.Namespace) -> int:
         if error is not None and type(error).__name__ not in message:
             message = f"{type(error).__name__}: {message}"
         rows.append({"fault": fault, "exit": "raised" if error is not None else ("continued" if continued else 0),
-                     "failed": error is not None or continued, "message": message[:400],
+                     "failed": error is not None or continued, "message": message[:1000],
                      "looks_committed": looks_committed(args.path, target), "tracker_moved": tracker_moved(target),
                      "seconds": round(time.perf_counter() - t0, 2)})
     with open(args.out, "w") as f:
         json.dump(rows, f)
     dist.destroy_process_group()
     return 0
+
+
+def calibration_size(env: Env, path: str, port: int) -> int:
+    """export_full's tmpfs size for `path` (a calibration save in a child, on the work dir's filesystem)."""
+    base = os.path.join(env.work, "calibration", path)
+    out = base + ".json"
+    cmd = [sys.executable, os.path.abspath(__file__), "_calibrate", "--path", path, "--base", base, "--out", out,
+           "--port", str(port)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"})
+    if proc.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"calibration save of {path} failed (exit {proc.returncode}): {first_line(proc.stderr)}")
+    with open(out) as f:
+        return int(json.load(f)["size"])
 
 
 def run_saves(env: Env, path: str, faults: list[str], bases: list[str], port: int) -> list[dict]:
@@ -369,6 +436,11 @@ def verdict(row: dict) -> str:
         bad.append("tracker moved")
     if not row.get("names_path"):
         bad.append("message names no path")
+    message = row.get("message") or ""
+    if row.get("path") in SAVE_PATHS and "--target_dir" in message:
+        bad.append("a merge's fix for a trainer")  # the trainer's is trainer.default_local_dir / on_save_error
+    if row.get("fault") == "export_full" and "huggingface" not in message:
+        bad.append("did not fail in the export")
     return "ok" if not bad else "; ".join(bad)
 
 
@@ -381,7 +453,7 @@ def render(rows: list[dict]) -> str:
         lc = "" if r.get("looks_committed") is None else ("YES" if r["looks_committed"] else "no")
         out.append(f"| {r['path']} | {r['fault']} | {r.get('mechanism') or 'n/a'} | {r.get('exit', '')} | "
                    f"{'yes' if r.get('one_line') else 'no'} | {'yes' if r.get('names_path') else 'no'} | {lc} | {tm} | "
-                   f"{verdict(r)} | {msg[:160]} |")
+                   f"{verdict(r)} | {msg[:400]} |")
     return "\n".join(out)
 
 
@@ -398,9 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     for a in ("--path", "--faults", "--bases", "--out"):
         c.add_argument(a, required=True)
     c.add_argument("--port", type=int, required=True)
+    c = sub.add_parser("_calibrate", help=argparse.SUPPRESS)
+    for a in ("--path", "--base", "--out"):
+        c.add_argument(a, required=True)
+    c.add_argument("--port", type=int, required=True)
     args = p.parse_args(argv)
     if args.cmd == "_child":
         return child(args)
+    if args.cmd == "_calibrate":
+        return calibrate(args)
 
     paths = [x for x in args.paths.split(",") if x]
     faults = [x for x in args.faults.split(",") if x]
@@ -413,16 +491,22 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     try:
         source = make_source(work) if any(x in MERGE_PATHS for x in paths) else ""
+        calibrated = [x for x in paths if x in EXPORT_PATHS] if "export_full" in faults and env.can_mount else []
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            sizes = dict(zip(calibrated, pool.map(lambda x, port: calibration_size(env, x, port), calibrated,
+                                                  [29900 + 17 * i + os.getpid() % 500 for i in range(len(calibrated))])))
         plan: list[tuple[str, list[str], list[str]]] = []
         for path in paths:
             runnable, bases = [], []
             for fault in faults:
+                if fault == "export_full" and path not in EXPORT_PATHS:
+                    continue  # nothing is exported while training there
                 if env.mechanism(fault) is None:
                     rows.append({"path": path, "fault": fault, "skipped": True, "failed": None,
                                  "message": "cannot be made here (see mechanism notes)"})
                     continue
                 runnable.append(fault)
-                bases.append(env.base(path, fault))
+                bases.append(env.base(path, fault, sizes.get(path)))
             plan.append((path, runnable, bases))
 
         # one item per save path (one process, every fault) and per merge run (one CLI each)
@@ -441,9 +525,12 @@ def main(argv: list[str] | None = None) -> int:
             for r, base in zip(res, bs):
                 r["path"] = path
                 r["mechanism"] = env.mechanism(r["fault"])
+                if r["fault"] == "export_full":
+                    r["mechanism"] += f" ({sizes[path] // 1024} KiB)"
                 msg = r.get("message") or ""
                 r["one_line"] = bool(msg) and not r.get("traceback")
                 r["names_path"] = base in msg or os.path.basename(base) in msg and "/" in msg
+                r["message"] = msg.replace(work, "$WORK")  # the report shows the fix, not the temp dir
                 rows.append(r)
     finally:
         env.close()

@@ -4,10 +4,12 @@ torch, transformers and verl once. Nothing here re-implements verl's checkpoint 
 - the trainer's side is verl's own `PPOTrainer._save_checkpoint` / `_load_checkpoint` (the v1
   trainer, verl 0.9.1's default) called on a stand-in `self` holding the config keys they read;
   slimckpt's tracker patch wraps `_save_checkpoint` exactly as in a run;
-- `actor_rollout_wg` forwards each call to every rank (rank 0 broadcasts it, all ranks run it,
-  the call returns once all ranks are done, like Ray's worker-group call) and each rank runs
-  verl's real FSDPCheckpointManager on a tiny FSDP2 Llama over gloo, patched by slimckpt when
-  the mode's checkpoint config is a recipe's SlimCheckpointConfig and untouched otherwise;
+- `actor_rollout_wg` and `critic_wg` (PPO: `use_critic`) forward each call to every rank (rank 0
+  broadcasts it, all ranks run it, the call returns once all ranks are done, like Ray's
+  worker-group call) and each rank runs verl's real FSDPCheckpointManager on a tiny FSDP2 Llama
+  (the actor) and a tiny FSDP2 value model (verl's critic class) over gloo, patched by slimckpt
+  when the mode's checkpoint block is a recipe's SlimCheckpointConfig and untouched otherwise;
+- each role's `checkpoint:` block is the recipe file's as shipped (the actor's export included);
 - the merge child execs `slimckpt merge` as a fresh command, or runs verl's FSDPModelMerger.
 
 Rank 0 is the driver and worker 0 at once; a kill takes all ranks within microseconds, as a node
@@ -47,20 +49,25 @@ MERGE_MODES = ("merge", "verl-merge")
 # --------------------------------------------------------------------------- config
 
 
-def checkpoint_block(mode: str) -> dict[str, Any]:
-    """The actor's `checkpoint:` block as a run of this mode gets it: verl's generated default, or
-    the recipe file's block (plus the mode's overrides)."""
-    from omegaconf import OmegaConf
+ROLES = ("actor", "critic")
 
+
+def checkpoint_block(mode: str, role: str = "actor") -> dict[str, Any]:
+    """A role's `checkpoint:` block as a run of this mode gets it: verl's generated default, or
+    the recipe file's block as shipped (plus the mode's overrides)."""
     recipe, overrides = MODES[mode]
     if recipe is None:
         import verl
+        from omegaconf import OmegaConf
 
         path = os.path.join(os.path.dirname(verl.__file__), "trainer", "config", "_generated_ppo_trainer.yaml")
+        cfg = OmegaConf.load(path)
+        node = cfg.actor_rollout_ref.actor.checkpoint if role == "actor" else cfg.critic.checkpoint
+        block = OmegaConf.to_container(node, resolve=True)
     else:
-        path = os.path.join(RECIPES_DIR, f"{recipe}.yaml")
-    cfg = OmegaConf.load(path)
-    block = OmegaConf.to_container(cfg.actor_rollout_ref.actor.checkpoint, resolve=True)
+        from slimckpt.verl.recipes import recipe_checkpoint_block
+
+        block = recipe_checkpoint_block(recipe, role, RECIPES_DIR)
     block.update(overrides)
     return block
 
@@ -70,7 +77,7 @@ def trainer_config(mode: str, root: str, keep: int | None):
 
     return OmegaConf.create({
         "actor_rollout_ref": {"actor": {"checkpoint": checkpoint_block(mode)}},
-        "critic": {"checkpoint": {}},
+        "critic": {"checkpoint": checkpoint_block(mode, "critic")},
         "trainer": {
             "default_local_dir": root, "default_hdfs_dir": None, "resume_mode": "auto", "resume_from_path": None,
             "del_local_ckpt_after_load": False, "remove_previous_ckpt_in_save": False,
@@ -156,20 +163,21 @@ def install_slim_markers() -> None:
 # --------------------------------------------------------------------------- the ranks' model
 
 
-class Run:
-    """A tiny FSDP2 Llama, AdamW, a scheduler and verl's FSDPCheckpointManager on this rank."""
+class Model:
+    """One role on this rank: a tiny FSDP2 Llama (actor) or verl's critic class on it (a value
+    head), AdamW, a scheduler and verl's FSDPCheckpointManager."""
 
-    def __init__(self, seed: int, ckpt_config) -> None:
+    def __init__(self, role: str, ckpt_config) -> None:
         import torch
         from torch.distributed.device_mesh import init_device_mesh
-        from transformers import AutoModelForCausalLM
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-        from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp2
+        from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, build_tokenizer, wrap_fsdp2
 
-        torch.manual_seed(seed)
+        self.role = role
         args = SimpleNamespace(model="llama", vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
-        model = AutoModelForCausalLM.from_config(build_config(args))
+        kind = "llama" if role == "actor" else "critic"  # verl's value model (a token classifier, one label)
+        model = auto_class(kind).from_config(build_config(args, kind))
         mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
         self.model = wrap_fsdp2(model, mesh, "dim0", WORLD)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, weight_decay=0.01)
@@ -177,14 +185,28 @@ class Run:
         self.manager = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler,
                                              processing_class=build_tokenizer(VOCAB), checkpoint_config=ckpt_config)
 
-    def step(self) -> None:
-        import torch
-
-        ids = torch.randint(0, VOCAB, (2, 12))  # the global RNG: its saved state matters
-        self.model(input_ids=ids, labels=ids).loss.backward()
+    def step(self, ids) -> None:
+        out = self.model(input_ids=ids, labels=ids) if self.role == "actor" else self.model(input_ids=ids)
+        (out.loss if self.role == "actor" else out.logits.pow(2).mean()).backward()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+
+class Run:
+    """This rank's actor and critic (PPO), each with its own checkpoint config."""
+
+    def __init__(self, seed: int, configs: dict[str, Any]) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+        self.roles = {role: Model(role, configs[role]) for role in ROLES}
+
+    def step(self) -> None:
+        import torch
+
+        for model in self.roles.values():
+            model.step(torch.randint(0, VOCAB, (2, 12)))  # the global RNG: its saved state matters
 
 
 def _tensor_bytes(t) -> bytes:
@@ -209,19 +231,27 @@ def _feed(h, obj) -> None:
         h.update(repr(obj).encode())
 
 
+def content_key(role: str, content: str) -> str:
+    """The hash key of one role's content: the actor's are `model`, `optim`, `extra`."""
+    return content if role == "actor" else f"{role}_{content}"
+
+
 def state_hashes(run: Run) -> dict[str, str]:
-    """Per-content sha1 of this rank's state: model shards, optimizer state + param groups, lr
-    scheduler + torch RNG."""
+    """Per-content sha1 of this rank's state, per role: model shards, optimizer state + param
+    groups, lr scheduler + torch RNG."""
     import torch
 
-    optim = run.optimizer.state_dict()
-    parts = {
-        "model": run.model.state_dict(),
-        "optim": {"state": optim["state"], "groups": [{k: v for k, v in g.items() if k != "params"}
-                                                      for g in optim["param_groups"]]},
-        "extra": {"scheduler": {k: v for k, v in run.scheduler.state_dict().items() if k != "lr_lambdas"},
-                  "rng": torch.get_rng_state()},
-    }
+    parts = {}
+    for role, m in run.roles.items():
+        optim = m.optimizer.state_dict()
+        parts.update({
+            content_key(role, "model"): m.model.state_dict(),
+            content_key(role, "optim"): {"state": optim["state"], "groups": [
+                {k: v for k, v in g.items() if k != "params"} for g in optim["param_groups"]]},
+            content_key(role, "extra"): {
+                "scheduler": {k: v for k, v in m.scheduler.state_dict().items() if k != "lr_lambdas"},
+                "rng": torch.get_rng_state()},
+        })
     out = {}
     for name, obj in parts.items():
         h = hashlib.sha1()
@@ -231,23 +261,24 @@ def state_hashes(run: Run) -> dict[str, str]:
 
 
 def compared_contents(mode: str) -> list[str]:
-    load = checkpoint_block(mode).get("load_contents") or []
-    return [{"model": "model", "optimizer": "optim", "extra": "extra"}[c] for c in load if c in
-            ("model", "optimizer", "extra")]
+    """The hash keys a resume of this mode restores: each role's load_contents."""
+    names = {"model": "model", "optimizer": "optim", "extra": "extra"}
+    return [content_key(role, names[c]) for role in ROLES
+            for c in checkpoint_block(mode, role).get("load_contents") or [] if c in names]
 
 
 # --------------------------------------------------------------------------- worker group
 
 
 class WorkerGroup:
-    """verl's actor_rollout_wg as the trainer sees it: a call runs on every rank and returns when
-    all are done (an error on any rank is raised on the driver)."""
+    """verl's actor_rollout_wg / critic_wg as the trainer sees it: a call runs on every rank and
+    returns when all are done (an error on any rank is raised on the driver)."""
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
+    def __init__(self, run: Run, role: str) -> None:
+        self.run, self.role = run, role
 
     def _call(self, op: str, *args) -> None:
-        dispatch(self.run, [op, list(args)])
+        dispatch(self.run, [op, [self.role, *args]])
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
         self._call("save", local_path, hdfs_path, global_step, max_ckpt_to_keep)
@@ -258,9 +289,9 @@ class WorkerGroup:
 
 def execute(run: Run, op: str, args: list) -> None:
     if op == "save":
-        run.manager.save_checkpoint(args[0], args[1], args[2], max_ckpt_to_keep=args[3])
+        run.roles[args[0]].manager.save_checkpoint(args[1], args[2], args[3], max_ckpt_to_keep=args[4])
     elif op == "load":
-        run.manager.load_checkpoint(args[0], args[1], del_local_after_load=args[2])
+        run.roles[args[0]].manager.load_checkpoint(args[1], args[2], del_local_after_load=args[3])
     elif op == "train":
         run.step()
         _EVENTS("hash", int(args[0]), json.dumps(state_hashes(run)), sync=True)
@@ -333,9 +364,9 @@ class Callback:
 
 
 def make_trainer(mode: str, root: str, keep: int | None, run: Run, total: int):
-    trainer = SimpleNamespace(config=trainer_config(mode, root, keep), global_steps=0, use_critic=False,
+    trainer = SimpleNamespace(config=trainer_config(mode, root, keep), global_steps=0, use_critic=True,
                               trainer_mode="sync", total_training_steps=total, checkpoint_callback=Callback(),
-                              actor_rollout_wg=WorkerGroup(run))
+                              actor_rollout_wg=WorkerGroup(run, "actor"), critic_wg=WorkerGroup(run, "critic"))
     trainer.train_dataloader = Loader(trainer)
     return trainer
 
@@ -352,13 +383,13 @@ def _init(trial_dir: str, rank: int, tag: str) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=30))
 
 
-def build_checkpoint_config(mode: str):
-    """verl builds the dataclass from the block; a recipe's builds SlimCheckpointConfig, which
-    switches slimckpt's checkpoint patches on in this process."""
+def build_checkpoint_configs(mode: str) -> dict[str, Any]:
+    """Each role's config as verl builds it from the block; a recipe's builds SlimCheckpointConfig,
+    which switches slimckpt's checkpoint patches on in this process."""
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    return omega_conf_to_dataclass(OmegaConf.create(checkpoint_block(mode)))
+    return {role: omega_conf_to_dataclass(OmegaConf.create(checkpoint_block(mode, role))) for role in ROLES}
 
 
 def assert_patching(mode: str) -> None:
@@ -380,12 +411,12 @@ def saver(mode: str, trial_dir: str, rank: int, keep: int | None, steps: int) ->
 
     _init(trial_dir, rank, "save")
     _EVENTS = Events(os.path.join(trial_dir, f"events_rank_{rank}.log"))
-    config = build_checkpoint_config(mode)
+    configs = build_checkpoint_configs(mode)
     assert_patching(mode)
     install_phase_markers()
     if MODES[mode][0] is not None:
         install_slim_markers()
-    run = Run(seed=0, ckpt_config=config)
+    run = Run(seed=0, configs=configs)
     root = os.path.join(trial_dir, "ckpt")
     dist.barrier()
     _EVENTS("ready", 0)
@@ -419,8 +450,7 @@ def checker(mode: str, trial_dir: str, rank: int, keep: int | None) -> None:
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
     _init(trial_dir, rank, "check")
-    config = build_checkpoint_config(mode)
-    run = Run(seed=1234, ckpt_config=config)
+    run = Run(seed=1234, configs=build_checkpoint_configs(mode))
     out = os.path.join(trial_dir, "resume_result.json")
     if rank != 0:
         follow(run)

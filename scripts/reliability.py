@@ -5,8 +5,8 @@
     python scripts/reliability.py --render             # re-render RELIABILITY.md from docs/reliability/*.json
 
 SIGKILL campaign: for each mode, a pair of ranks (forked from this process, which imported torch,
-transformers and verl once) trains a tiny FSDP2 Llama and saves every step through verl's own
-trainer code (scripts/fault_trial.py says exactly what is real); at a uniformly random moment both
+transformers and verl once) trains a tiny FSDP2 Llama and its critic (PPO) and saves both every step,
+with the recipe files' checkpoint blocks as shipped, through verl's own trainer code (scripts/fault_trial.py says exactly what is real); at a uniformly random moment both
 ranks are SIGKILLed; a fresh pair then resumes with resume_mode=auto through verl's
 `_load_checkpoint`, and the oracle (scripts/fault_oracle.py) compares the step and the state it
 loaded with what the savers recorded (hash of every rank's model, optimizer, scheduler+RNG, fsynced
@@ -45,7 +45,7 @@ ALL_MODES = SAVE_MODES + ("merge", "verl-merge")
 CALIBRATION_STEPS = 4
 KILL_STEPS = 4  # a trial's kill lands in the save of a random step 1..KILL_STEPS
 WINDOW_FACTOR = 1.3  # ... within 1.3x the time from a save's start to its commit
-CALIBRATION_TIMEOUT_S = 60.0
+CALIBRATION_TIMEOUT_S = 180.0  # 4 saves of an actor and its critic take minutes when the CPUs are shared
 CHECK_TIMEOUT_S = 120.0
 MERGE_FIXTURE = dict(hidden=256, layers=4, vocab=32000)
 KEEP_BAD = 5  # trial dirs kept per mode for diagnosis
@@ -193,17 +193,18 @@ def resume(mode: str, trial_dir: str, keep: int | None) -> oracle.Resume:
 
 
 def leftovers(root: str) -> dict:
-    """What the kill left: tracker, step dirs and, per actor dir, whether it holds a commit record."""
+    """What the kill left: tracker, step dirs and, per step, whether its actor and critic dirs hold a
+    commit record."""
     from slimckpt.format.resume_manifest import MANIFEST_NAME, read_tracker
 
     steps = {}
     if os.path.isdir(root):
         for name in sorted(os.listdir(root)):
             if name.startswith("global_step_"):
-                actor = os.path.join(root, name, "actor")
+                actor, critic = os.path.join(root, name, "actor"), os.path.join(root, name, "critic")
                 steps[name] = {
                     "actor": os.path.isdir(actor),
-                    "manifest": os.path.exists(os.path.join(actor, MANIFEST_NAME)),
+                    "manifest": all(os.path.exists(os.path.join(d, MANIFEST_NAME)) for d in (actor, critic)),
                     "data.pt": os.path.exists(os.path.join(root, name, "data.pt")),
                 }
     tracker = None
@@ -215,7 +216,7 @@ def leftovers(root: str) -> dict:
 
 
 def tracker_names_uncommitted(mode: str, found: dict) -> bool:
-    """Incremental modes: the tracker names a step whose actor dir has no manifest or no data.pt."""
+    """Incremental modes: the tracker names a step whose actor or critic dir has no manifest, or no data.pt."""
     step = found["tracker"]
     if not mode.startswith("incremental") or step is None:
         return False
@@ -492,7 +493,8 @@ def sigkill_campaign(runs: list[tuple[str, int | None]], trials: int, seed: int,
             import fault_trial
 
             entry = {"kind": "save", "mode": mode, "max_ckpt_to_keep": keep,
-                     "checkpoint": fault_trial.checkpoint_block(mode), "trials": []}
+                     "checkpoint": fault_trial.checkpoint_block(mode),
+                     "critic_checkpoint": fault_trial.checkpoint_block(mode, "critic"), "trials": []}
             try:
                 cal = calibrate(mode, os.path.join(work, key), keep)
             except RuntimeError as exc:  # a finding in itself: reported, the campaign goes on

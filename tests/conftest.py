@@ -56,6 +56,7 @@ from .verl_runs import (  # noqa: E402,F401  (fixtures)
     incremental_run,
     ppo_run,
     ppo_twice,
+    ppo_warmup,
     verl_pool,
 )
 

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import critic_save_scenario  # noqa: E402
 import hf_direct_export_scenario  # noqa: E402
+import presave_scenario  # noqa: E402
 import resume_scenarios  # noqa: E402
 import stream_scenario  # noqa: E402
 
@@ -48,6 +49,8 @@ SCENARIOS = {
     "lora_export": (hf_direct_export_scenario.scenario_lora, {}, "llama", 2),
     "lora_only": (resume_scenarios.scenario_lora_only, {}, "llama", 2),
     "critic_save": (critic_save_scenario.scenario, {}, "llama", 2),
+    "presave": (presave_scenario.scenario, {}, "llama", 2),
+    "presave_fsdp1": (presave_scenario.scenario, {}, "llama", 1),
 }
 
 

@@ -85,6 +85,34 @@ def test_describe_disk_full_and_read_only():
     assert "not writable" in ro and "default_local_dir" in ro
 
 
+@pytest.mark.parametrize("code,fix", [(errno.ENOSPC, "larger filesystem"), (errno.EROFS, "writable directory")])
+def test_an_export_that_fails_in_training_gives_the_trainers_fix(code, fix):
+    """The export's writers describe an OS error for `slimckpt merge` (--target_dir); inside a save
+    (here as the background write's failure reaches the next save) the line is the trainer's."""
+    from slimckpt.format.os_errors import MERGE_FIXES
+    from slimckpt.merge.pipeline import _message
+    from slimckpt.write.out_files import os_error
+
+    step_dir = "/ckpt/global_step_3/critic"
+    export = os_error(OSError(code, os.strerror(code), step_dir + "/huggingface/model.safetensors"),
+                      step_dir + "/huggingface/model.safetensors", 4096)
+    assert "--target_dir" in str(export) and "--target_dir" in _message(export, MERGE_FIXES)  # the merge's words
+    try:
+        try:
+            raise export
+        except Exception as exc:
+            raise RuntimeError(f"slimckpt: the background write of step 3 to {step_dir} failed: {exc}") from exc
+    except RuntimeError as wrapped:
+        line = save_errors.describe_save_error(wrapped, step_dir.replace("_3", "_4"), 4)
+    assert "--target_dir" not in line and "\n" not in line, line
+    assert step_dir + "/huggingface/model.safetensors" in line and fix in line, line
+    assert "trainer.default_local_dir" in line and "on_save_error=continue" in line, line
+    if code == errno.ENOSPC:
+        assert "trainer.max_critic_ckpt_to_keep" in line, line  # the role whose dir is full
+    merge_line = _message(export, save_errors.trainer_fixes(step_dir))  # the in-training export's merge (hf_export)
+    assert "--target_dir" not in merge_line and "trainer.default_local_dir" in merge_line
+
+
 def test_describe_digs_through_dcp_and_torch_wrappers():
     from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
@@ -198,11 +226,17 @@ def test_env_faults_script_through_verls_manager(tmp_path):
     save (stop) and quickstart with on_save_error=continue, under a file size limit and a held lock."""
     out = tmp_path / "faults.json"
     proc = subprocess.run([sys.executable, "scripts/env_faults.py", "--json", str(out),
-                           "--paths", "incremental_sync,quickstart_continue", "--faults", "fsize_limit,lock"],
-                          cwd=REPO, capture_output=True, text=True, timeout=240)
+                           "--paths", "incremental_sync,quickstart_continue", "--faults", "fsize_limit,lock,export_full"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {(r["path"], r["fault"]): r for r in json.loads(out.read_text())["rows"]}
-    assert len(rows) == 4
+    report = json.loads(out.read_text())
+    rows = {(r["path"], r["fault"]): r for r in report["rows"]}
+    assert len(rows) == 5 and ("quickstart_continue", "export_full") not in rows  # quickstart exports nothing
+    full = rows.pop(("incremental_sync", "export_full"))
+    if report["env"]["can_mount"]:  # the recipe as shipped exports: the disk fills inside the export
+        assert full["verdict"] == "ok" and full["exit"] == "raised", full
+        assert "huggingface" in full["message"] and "trainer.default_local_dir" in full["message"], full
+        assert "--target_dir" not in full["message"], full
     for r in rows.values():
         assert r["failed"] and not r["looks_committed"] and not r["tracker_moved"], r
         assert r["one_line"] and r["names_path"], r

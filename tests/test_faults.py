@@ -93,7 +93,7 @@ def test_sigkill_campaign_slimckpt_modes(tmp_path):
            "--modes", "incremental-sync", "incremental-async", "merge",
            "--no-side", "--no-report", "--json", str(out), "--work", str(tmp_path / "work")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert out.exists(), proc.stderr[-3000:]
     data = json.loads(out.read_text())
     for key, entry in data["modes"].items():

@@ -68,3 +68,23 @@ def test_async_save_metrics_come_with_the_commit(incremental_run):
         assert len(saves) == 2 and all(r["async"] and not r["committed"] and r["bytes_written"] is None for r in saves)
         assert len(commits) == 2 and all(r["committed"] and r["bytes_written"] > 0 for r in commits)
         assert not list((step_dir / "actor").glob("slimckpt_save_rank_*"))
+
+
+def test_a_save_before_the_actors_first_update_changes_no_metric(ppo_warmup):
+    """PPO with trainer.critic_warmup=2 saving every step: the actor's step-1 save comes before its
+    first optimizer step. With +recipe=incremental (export on) every training metric of every step
+    equals verl's own run; a save that stepped the optimizer (Adam's step count 1 before the first
+    update) changes step 3's."""
+    from .test_cpu_e2e import NOT_TRAINING
+
+    verl, ours = (step_metrics(run.text) for run in ppo_warmup)
+    assert sorted(verl) == sorted(ours) == [1, 2, 3]
+    assert "actor/pg_loss" not in verl[1] and "actor/pg_loss" in verl[2]  # no actor update at step 1
+    actor = ppo_warmup[1].ckpt / "global_step_1" / "actor"
+    assert (actor / MANIFEST_NAME).is_file() and list((actor / "huggingface").glob("*.safetensors"))
+    assert (ppo_warmup[1].ckpt / "global_step_1" / "critic" / MANIFEST_NAME).is_file()
+    for step in verl:
+        keys = sorted(k for k in verl[step] if not k.startswith(NOT_TRAINING))
+        assert "critic/values/mean" in keys
+        differ = [k for k in keys if verl[step][k] != ours[step].get(k)]
+        assert not differ, f"step {step}: {differ[:5]} differ, e.g. {verl[step][differ[0]]} vs {ours[step].get(differ[0])}"

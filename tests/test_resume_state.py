@@ -522,3 +522,27 @@ def test_intermediate_tier_exports_the_adapter_of_a_lora_only_save(ws2_scenarios
     assert not any(f.startswith("model") for f in files) and r["intermediate_adapter_same"], files
     line = r["refused_intermediate"]
     assert "\n" not in line and "holds LoRA weights only" in line and "export_merge_lora=false" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["presave", "presave_fsdp1"])
+def test_a_save_before_the_first_step_changes_nothing(ws2_scenarios, scenario):
+    """An actor saved before its first update (PPO's critic_warmup), +recipe=incremental as shipped
+    (export on), sync, pool and stream, FSDP2 and FSDP1: the optimizer keeps no state, no step
+    count and no grad, the parameters and lr are untouched, the run and a resume from that step
+    train to verl's losses bit for bit (verl saves and resumes the same step), and the step
+    verifies and merges."""
+    r = scenario_result(ws2_scenarios, scenario, "presave_result.json")
+    verl = r.pop("verl")
+    assert verl["before"]["state_entries"] == 0 and verl["after"] == verl["before"]
+    assert verl["losses"] == verl["resumed"], verl
+    for mode, m in r.items():
+        assert m["export_hf"], mode
+        assert m["before"] == verl["before"], mode
+        assert m["after"] == m["before"], (mode, m["after"]["state_entries"], m["after"]["steps"], m["after"]["grads"])
+        assert m["loaded"]["state_entries"] == 0 and m["loaded"]["grads"] == 0, (mode, m["loaded"])
+        assert m["loaded"]["lr"] == verl["loaded"]["lr"], mode
+        assert m["losses"] == verl["losses"], (mode, m["losses"], verl["losses"])
+        assert m["resumed"] == verl["losses"], (mode, m["resumed"], verl["losses"])
+        assert m["verify_ok"], (mode, m["verify_bad"])
+        assert "model.safetensors" in m["merged"] or any(f.endswith(".safetensors") for f in m["merged"]), m["merged"]

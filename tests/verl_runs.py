@@ -17,6 +17,9 @@ The runs (RUNS, in the order they start; a resumed run starts after the run it r
   ppo           PPO with a critic and KL in the reward, 1 rank, +recipe=quickstart, 2 steps
   ppo_again     the same PPO run again, into another directory: the two must log the same numbers
   flowrl        FlowRL, 2 ranks, verl's own checkpoint (+hf_model) and wandb (offline), 2 steps, validated at step 2
+  ppo_warmup_verl  PPO, 1 rank, trainer.critic_warmup=2 (the actor first updates at step 2), 3 steps
+                saving every step with verl's own checkpoint
+  ppo_warmup    the same with +recipe=incremental: its step-1 save precedes the actor's first update
   incremental_resumed   +recipe=incremental resumed from incremental's step 2 to step 4
 All share one tiny model and data set (built by train_small.sh in the first run).
 """
@@ -67,6 +70,7 @@ class Spec:
 GRPO_ENV = {"NPROC": "2", "ALGO": "grpo"}
 GRPO_COMMON = ("trainer.save_freq=1", CONSOLE, "trainer.default_local_dir={root}/grpo_ckpt",
                "trainer.rollout_data_dir={root}/grpo_rollouts")
+PPO_WARMUP = ("algo=ppo", CONSOLE, "trainer.critic_warmup=2", "trainer.total_training_steps=3", "trainer.save_freq=1")
 RUNS = {
     "grpo_first": Spec(("+recipe=intermediate", *GRPO_COMMON, "trainer.total_training_steps=3"), GRPO_ENV),
     "grpo_resume": Spec(("+recipe=quickstart", *GRPO_COMMON, "trainer.total_training_steps=4",
@@ -85,6 +89,10 @@ RUNS = {
                     # verl's own hf_model save as well, to see FlowRL's head left out of it
                     "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"),
                    {"NPROC": "2", "WANDB_DIR": "{root}/flowrl_wandb"}),
+    # the actor's first save precedes its first update (critic_warmup): verl's own save, then the recipe's
+    "ppo_warmup_verl": Spec(PPO_WARMUP + ("trainer.default_local_dir={root}/ppo_warmup_verl_ckpt",), {"NPROC": "1"}),
+    "ppo_warmup": Spec(("+recipe=incremental", *PPO_WARMUP, "trainer.default_local_dir={root}/ppo_warmup_ckpt"),
+                       {"NPROC": "1"}),
     "incremental_resumed": Spec((*INCREMENTAL_ASYNC, "trainer.default_local_dir={root}/incremental_resumed_ckpt",
                                  "trainer.resume_mode=resume_path",
                                  "trainer.resume_from_path={root}/incremental_ckpt/global_step_2"),
@@ -94,7 +102,7 @@ RUNS = {
 READS = {"grpo_runs": ("grpo_first", "grpo_resume"), "incremental_run": ("incremental",),
          "incremental_resumed": ("incremental", "incremental_resumed"), "ppo_run": ("ppo",),
          "ppo_twice": ("ppo", "ppo_again"),
-         "flowrl_run": ("flowrl",)}
+         "flowrl_run": ("flowrl",), "ppo_warmup": ("ppo_warmup_verl", "ppo_warmup")}
 
 
 class RunPool:
@@ -236,6 +244,13 @@ def ppo_twice(verl_pool) -> tuple[Run, Run]:
     """Two runs of one PPO config."""
     return (Run(verl_pool.root / "ppo_ckpt", verl_pool.wait("ppo")),
             Run(verl_pool.root / "ppo_again_ckpt", verl_pool.wait("ppo_again")))
+
+
+@pytest.fixture(scope="session")
+def ppo_warmup(verl_pool) -> tuple[Run, Run]:
+    """PPO whose actor is first saved before its first update: verl's own save, then +recipe=incremental."""
+    return (Run(verl_pool.root / "ppo_warmup_verl_ckpt", verl_pool.wait("ppo_warmup_verl")),
+            Run(verl_pool.root / "ppo_warmup_ckpt", verl_pool.wait("ppo_warmup")))
 
 
 @pytest.fixture(scope="session")

@@ -5,18 +5,19 @@ each file fsync'ed, `manifest.json` (sizes and checksums of every other file) wr
 the directory renamed to `<target>` in one `rename(2)`. A dir with a manifest whose files match
 it is complete; anything named `*.partial` is not.
 
-Imports nothing of slimckpt's and no torch: used by the merger, and by `slimckpt verify`.
+Imports nothing of slimckpt's but format.os_errors, and no torch: used by the merger, and by `slimckpt verify`.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+
+from .os_errors import os_failure
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -237,7 +238,7 @@ def prepare_partial(target: str) -> str:
             shutil.rmtree(partial) if os.path.isdir(partial) and not os.path.islink(partial) else os.remove(partial)
         os.makedirs(partial)
     except OSError as exc:
-        raise CommitError(describe_os_error(exc, partial)) from None
+        raise os_failure(CommitError, exc, partial) from None
     return partial
 
 
@@ -258,7 +259,7 @@ def commit(partial: str, target: str, overwrite: bool = False) -> None:
     except OSError as exc:
         if old is not None and not os.path.exists(target):
             os.rename(old, target)
-        raise CommitError(describe_os_error(exc, target)) from None
+        raise os_failure(CommitError, exc, target) from None
     fsync_path(os.path.dirname(target))
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -298,22 +299,6 @@ def verify(root: str, checksums: bool = True, on_bytes: Callable[[int], object] 
     for rel in sorted(set(list_files(root)) - set(manifest.files)):
         bad.append(BadFile(rel, "not in the manifest"))
     return bad
-
-
-DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
-
-
-def describe_os_error(exc: OSError, path: str, need_bytes: int | None = None) -> str:
-    """One line naming the path and what to do about it."""
-    where = exc.filename or path
-    if exc.errno in DISK_FULL:
-        need = f" (this output needs {need_bytes / 1e9:.2f} GB)" if need_bytes else ""
-        return (f"{where}: no space left ({os.strerror(exc.errno)}){need}; free space or choose a "
-                f"--target_dir on another filesystem")
-    if exc.errno in NOT_WRITABLE:
-        return f"{where}: not writable ({os.strerror(exc.errno)}); choose a writable --target_dir"
-    return f"{where}: {exc.strerror or exc}"
 
 
 def iter_bad(bad: Iterable[BadFile]) -> list[str]:

@@ -50,6 +50,7 @@ from ..format.merge_manifest import (
     prepare_partial,
     write_manifest,
 )
+from ..format.os_errors import MERGE_FIXES, OsErrorFixes, redescribe
 from ..log import get_logger
 from ..write import forked_call
 from .early_write import EarlyWrite
@@ -133,12 +134,12 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
             with _source_lock(opts), _target_lock(opts):
                 return _merge_local(opts, verl_fallback)
     except (CommitError, layout.LayoutError, LockBusy) as exc:
-        raise MergeError(str(exc)) from None
+        raise MergeError(_message(exc, opts.os_fixes)) from None
     except forked_call.ChildDied as exc:  # the forked writer was killed (OOM killer, a signal): nothing was committed
         raise MergeError(f"{exc}; nothing was committed: run the merge again") from None
     except Exception as exc:
         if _is_input_or_output_error(exc):
-            raise MergeError(str(exc)) from None
+            raise MergeError(_message(exc, opts.os_fixes)) from None
         raise
 
 
@@ -398,9 +399,12 @@ def _join_or_rewrite(early: EarlyWrite, opts: MergeOptions, partial: str, mp: Me
         return write_weights(opts, partial, mp)
 
 
-def _message(exc: BaseException) -> str:
+def _message(exc: BaseException, fixes: OsErrorFixes = MERGE_FIXES) -> str:
     from ..read.locks import LockBusy
 
+    line = redescribe(exc, fixes)  # a full or unwritable output: the fix of whoever asked for the merge
+    if line is not None:
+        return line
     return str(exc) if is_user_error(exc) or isinstance(exc, (layout.LayoutError, LockBusy)) \
         else f"{type(exc).__name__}: {exc}"
 
@@ -576,7 +580,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
                 tokenizer_saved = lay_out_partial(partial, mp, hf)
                 state = ("ok", mp, partial, tokenizer_saved)
         except Exception as exc:  # noqa: BLE001 - every rank must hear about it
-            state = ("error", _message(exc))
+            state = ("error", _message(exc, opts.os_fixes))
             if partial:
                 discard_partial(partial)
     state = _bcast(dist, state)
@@ -590,7 +594,8 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
             try:
                 result = run_verl_merger(opts, verl_fallback, t0)
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - every rank must hear about it
-                outcome = ("error", _message(exc) if not isinstance(exc, SystemExit) else f"verl's merger exited: {exc}")
+                outcome = ("error", _message(exc, opts.os_fixes) if not isinstance(exc, SystemExit)
+                           else f"verl's merger exited: {exc}")
         outcome = _bcast(dist, outcome)
         if outcome[0] == "error":
             raise MergeError(outcome[1])
@@ -606,7 +611,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
         status: tuple = ("ok", run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar,
                                            opts.fsync))
     except Exception as exc:  # noqa: BLE001
-        status = ("error", _message(exc))
+        status = ("error", _message(exc, opts.os_fixes))
     finally:
         bar.close()
     statuses: list = [None] * world
@@ -621,7 +626,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
         try:
             status = ("ok", checksum_files(partial, missing[rank::world]))
         except Exception as exc:  # noqa: BLE001
-            status = ("error", _message(exc))
+            status = ("error", _message(exc, opts.os_fixes))
         dist.all_gather_object(statuses, status)
         failed = [(r, s[1]) for r, s in enumerate(statuses) if s[0] == "error"]
         for s in statuses:
@@ -637,7 +642,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
                 final = ("ok", _finish(partial, target, mp, checksums, opts, tokenizer_saved))
             except Exception as exc:  # noqa: BLE001
                 discard_partial(partial)
-                final = ("error", _message(exc))
+                final = ("error", _message(exc, opts.os_fixes))
     final = _bcast(dist, final)
     if final[0] == "error":
         raise MergeError(final[1])

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..format import layout
+from ..format.os_errors import MERGE_FIXES, OsErrorFixes
 
 if TYPE_CHECKING:
     from .hf_side import HfSide
@@ -55,6 +56,8 @@ class MergeOptions:
     # a LoRA-only checkpoint (verl's save_lora_only): True writes lora_adapter/ alone (the in-training
     # export: the base is model.path's); False refuses it (a merge makes a model, and there is no base)
     adapter_only: bool = False
+    # a full or unwritable output, in the words of whoever asked for it (the in-training export: a trainer's)
+    os_fixes: OsErrorFixes = MERGE_FIXES
 
 
 @dataclass

@@ -24,22 +24,21 @@ other ranks in verl's barrier; that is verl's collective, not slimckpt's to unwi
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from collections.abc import Callable
 from typing import Any
 
+from ..format.os_errors import describe_os_error, redescribe
 from ..read.locks import LockBusy, acquire
 from ..write.peers import causes
 from .lost_rank import peer_loss_line
 from ..log import get_logger
+from .os_fixes import trainer_fixes
 
 log = get_logger("slimckpt.save")
 
 POLICIES = ("stop", "continue")
-DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
 class SaveFailed(RuntimeError):
@@ -51,6 +50,18 @@ def root_os_error(exc: BaseException) -> OSError | None:
         if isinstance(e, OSError) and e.errno is not None:
             return e
     return None
+
+
+def _os_line(exc: BaseException, local_path: str) -> str | None:
+    """The OS error under `exc` with the trainer's fixes: one a writer described (the export's
+    files, a commit's rename) or a bare OSError (torch's, DCP's)."""
+    fixes = trainer_fixes(local_path)
+    for e in _causes(exc):
+        line = redescribe(e, fixes)
+        if line is not None:
+            return line
+    os_err = root_os_error(exc)
+    return describe_os_error(os_err, local_path, fixes=fixes) if os_err is not None else None
 
 
 def _free_bytes(path: str) -> int | None:
@@ -67,22 +78,16 @@ def describe_save_error(exc: BaseException, local_path: str, step: int) -> str:
     head = f"slimckpt: saving step {step} to {local_path} failed"
     if isinstance(exc, (LockBusy, SaveFailed)):
         return str(exc)
-    os_err = root_os_error(exc)
-    if os_err is not None:
-        where = os_err.filename or local_path
-        if os_err.errno in DISK_FULL:
-            return (f"{head}: {where}: {os.strerror(os_err.errno)}; free space there, lower "
-                    f"max_actor_ckpt_to_keep, or point trainer.default_local_dir at a larger filesystem")
-        if os_err.errno in NOT_WRITABLE:
-            return (f"{head}: {where}: not writable ({os.strerror(os_err.errno)}); make it writable or point "
-                    f"trainer.default_local_dir at a writable directory")
-        return f"{head}: {where}: {os_err.strerror or os_err}"
+    line = _os_line(exc, local_path)
+    if line is not None:
+        return f"{head}: {line}"
     first = (str(exc).strip().splitlines() or [""])[0]
     free = _free_bytes(local_path)
     hint = ""
-    if free is not None and free < 64 * 2**20:
-        hint = (f" ({free / 2**20:.1f} MiB free on that filesystem: likely full; free space or point "
-                f"trainer.default_local_dir at a larger filesystem)")
+    if "trainer.default_local_dir" in first:  # already in a trainer's words (the intermediate tier's export)
+        pass
+    elif free is not None and free < 64 * 2**20:
+        hint = f" ({free / 2**20:.1f} MiB free on that filesystem: likely full; {trainer_fixes(local_path).full})"
     elif "unexpected pos" in first or "file write failed" in first:
         # torch.save's writer drops the errno: a short write is a full disk, a quota or a file size limit
         hint = " (a short write: check free space, quota and the file size limit `ulimit -f` there)"
@@ -211,4 +216,4 @@ def save_then_restore_tracker(trainer, original, *args, **kwargs):
 
 
 __all__ = ["POLICIES", "SaveFailed", "describe_save_error", "guarded_save", "mark_failed", "restore_tracker",
-           "root_os_error", "save_then_restore_tracker", "take_writer_lock"]
+           "root_os_error", "save_then_restore_tracker", "take_writer_lock", "trainer_fixes"]

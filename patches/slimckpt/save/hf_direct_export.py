@@ -240,6 +240,18 @@ def b_rows_elsewhere(held: list[dict[str, Box]], shares: list[list[tuple[str, Bo
 # --------------------------------------------------------------------------- plan (collective)
 
 
+def _failure_line(exc: BaseException, local_path: str) -> str:
+    """This rank's failure as the line every rank raises: a full or unwritable disk in a trainer's
+    words (the export runs inside a save), anything else as it is."""
+    from ..format.os_errors import redescribe
+    from .os_fixes import trainer_fixes
+
+    line = redescribe(exc, trainer_fixes(local_path))
+    if line is not None:
+        return line
+    return str(exc) if isinstance(exc, (ExportError, OSError, RuntimeError)) else repr(exc)
+
+
 def _collective_outcome(group, ok: bool, message: str) -> None:
     """Every rank raises the first failure any rank had."""
     outcomes: list[Any] = [None] * dist.get_world_size(group)
@@ -408,15 +420,13 @@ class _BoxWriter:
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            from ..write.out_files import OutputError
+            from ..write.out_files import os_error
 
             path = os.path.join(self.hf_dir, name)
             try:
                 fd = self._fds[name] = os.open(path, os.O_WRONLY)
             except OSError as exc:
-                from ..format.merge_manifest import describe_os_error
-
-                raise OutputError(describe_os_error(exc, path)) from None
+                raise os_error(exc, path) from None
         return fd
 
     def _staged(self, src: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -434,7 +444,7 @@ class _BoxWriter:
                   source_shape: tuple[int, ...]) -> int:
         """This rank's part of output `out_name`: the elements of its box of the source (`value`,
         its local shard) that the output takes, each piece cast in chunks and pwritten in place."""
-        from ..write.out_files import OutputError, pwrite_all
+        from ..write.out_files import os_error, pwrite_all
         from ..write.share_writer import as_bytes
 
         placement = self.plan.placements[out_name]
@@ -459,10 +469,7 @@ class _BoxWriter:
                 try:
                     pwrite_all(fd, data, offset)
                 except OSError as exc:
-                    from ..format.merge_manifest import describe_os_error
-
-                    raise OutputError(describe_os_error(exc, os.path.join(self.hf_dir, placement.file),
-                                                       self.plan.total_size)) from None
+                    raise os_error(exc, os.path.join(self.hf_dir, placement.file), self.plan.total_size) from None
                 offset += len(data)
                 written += len(data)
         return written
@@ -473,7 +480,7 @@ class _BoxWriter:
         (B @ A) x scaling for the same rows (`b_rows`: B's rows of the box; `a`: all of A), a few
         rows at a time, in the output dtype as `slimckpt merge --merge_lora` computes them
         (share_writer.lora_merged)."""
-        from ..write.out_files import OutputError, pwrite_all
+        from ..write.out_files import os_error, pwrite_all
         from ..write.share_writer import as_bytes, lora_merged
 
         placement = self.plan.placements[out_name]
@@ -501,10 +508,7 @@ class _BoxWriter:
                 try:
                     pwrite_all(fd, data, offset)
                 except OSError as exc:
-                    from ..format.merge_manifest import describe_os_error
-
-                    raise OutputError(describe_os_error(exc, os.path.join(self.hf_dir, placement.file),
-                                                       self.plan.total_size)) from None
+                    raise os_error(exc, os.path.join(self.hf_dir, placement.file), self.plan.total_size) from None
                 written += len(data)
         return written
 
@@ -612,7 +616,7 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
         try:
             _lay_out(job, local_path, manager)
         except Exception as exc:  # noqa: BLE001
-            ok, message = False, str(exc) if isinstance(exc, (ExportError, OSError, RuntimeError)) else repr(exc)
+            ok, message = False, _failure_line(exc, local_path)
     _collective_outcome(group, ok, message)
 
     writer = _BoxWriter(os.path.join(local_path, HF_SUBDIR), job.plan,
@@ -660,7 +664,7 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
     except Exception as exc:  # noqa: BLE001 - reported to every rank
         with contextlib.suppress(Exception):
             writer.close(sync=False)
-        ok, message = False, str(exc) if isinstance(exc, (ExportError, OSError, RuntimeError)) else repr(exc)
+        ok, message = False, _failure_line(exc, local_path)
     _collective_outcome(group, ok, message)
     if rank == 0:
         with contextlib.suppress(OSError):  # the directory entries of the new files

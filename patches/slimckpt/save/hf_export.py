@@ -29,6 +29,7 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allo
     `allow_verl_fallback` off, is refused; either way every rank ends the same way."""
     from ..merge.pipeline import merge
     from ..merge.plan import MergeError, MergeOptions
+    from .os_fixes import trainer_fixes
 
     target = os.path.join(local_path, HF_SUBDIR)
     opts = MergeOptions(
@@ -48,6 +49,7 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allo
         merge_lora=merge_lora,
         merge_lora_hint="checkpoint.export_merge_lora=true",
         adapter_only=True,  # save_lora_only: lora_adapter/ alone (the base is model.path's)
+        os_fixes=trainer_fixes(local_path),
     )
     try:
         result = merge(opts)

@@ -124,18 +124,24 @@ def _load_options(partial: bool):
     return StateDictOptions(full_state_dict=False, cpu_offload=False, strict=not partial)
 
 
-def build_state_dict(manager, model: bool, optimizer: bool) -> dict[str, Any]:
+def build_state_dict(manager, model: bool, optimizer: bool, optimizer_state: bool | None = None) -> dict[str, Any]:
     """{"model": ..., "optim": ...} keyed by parameter name; FSDP2 gives views of the live shards
-    (no copy). FSDP1 builds its sharded state dict on the device."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    (no copy). FSDP1 builds its sharded state dict on the device. The optimizer's part is taken
+    as it is (optim_capture: a save before the first step changes nothing); for a load,
+    `optimizer_state` says whether the step holds per-parameter optimizer state to read into."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from . import optim_capture
 
     state: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if model:
             state["model"] = get_model_state_dict(manager.model, options=_options())
-        if optimizer:
-            state["optim"] = get_optimizer_state_dict(manager.model, manager.optimizer, options=_options())
+    if optimizer and optimizer_state is None:
+        state["optim"] = optim_capture.capture(manager.model, manager.optimizer, _options())
+    elif optimizer:
+        state["optim"] = optim_capture.load_template(manager.model, manager.optimizer, _options(), optimizer_state)
     return state
 
 
@@ -587,7 +593,9 @@ def _check_committed(local_path: str, group: dist.ProcessGroup, checksums: bool 
 def load_resume_state(manager, local_path: str) -> None:
     """Load model, optimizer and extra state written by save_resume_state, at any world size."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    from . import optim_capture
 
     group = checkpoint_group(manager)
     # every rank raises the same one-line error; checksums unless the config says verify: false
@@ -600,7 +608,10 @@ def load_resume_state(manager, local_path: str) -> None:
             f"slimckpt: checkpoint.load_contents asks for {missing} but {local_path} was saved with "
             f"{manifest.contents}; drop them from load_contents"
         )
-    state = build_state_dict(manager, model=manager.should_load_model, optimizer=manager.should_load_optimizer)
+    with_optim_state = manager.should_load_optimizer and \
+        optim_capture.saved_with_state(os.path.join(local_path, DCP_DIR))
+    state = build_state_dict(manager, model=manager.should_load_model, optimizer=manager.should_load_optimizer,
+                             optimizer_state=with_optim_state)
     aliases = dict(manifest.extra.get("aliases") or {})
     lora_only = bool(manifest.extra.get(LORA_ONLY_KEY)) and "model" in state
     if state:
@@ -622,8 +633,8 @@ def load_resume_state(manager, local_path: str) -> None:
             warnings.simplefilter("ignore")
             if "model" in state:
                 set_model_state_dict(manager.model, state["model"], options=_load_options(lora_only))
-            if "optim" in state:
-                set_optimizer_state_dict(manager.model, manager.optimizer, state["optim"], options=_options())
+        if "optim" in state:
+            optim_capture.apply(manager.model, manager.optimizer, state["optim"], _options())
     if manager.should_load_extra:
         load_extra(manager, local_path, manifest.world_size)
     if manager.rank == 0:

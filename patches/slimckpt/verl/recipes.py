@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("recipe", "size", "cluster", "algo")
@@ -69,6 +70,30 @@ def list_group(group: str) -> list[GroupOption]:
 
 def list_recipes() -> list[GroupOption]:
     return list_group("recipe")
+
+
+ROLE_KEYS = {"actor": "actor_rollout_ref.actor.checkpoint", "critic": "critic.checkpoint"}
+
+
+def recipe_checkpoint_block(name: str, role: str = "actor", recipes_dir: str | Path | None = None) -> dict[str, Any]:
+    """The `checkpoint:` block recipe `name` sets for `role` (actor or critic), `_target_`
+    included, read from the file as shipped (`recipes_dir`: another tree's recipes/)."""
+    from omegaconf import OmegaConf
+
+    folder = Path(recipes_dir) if recipes_dir is not None else CONF_DIR / "recipe"
+    block = OmegaConf.select(OmegaConf.load(folder / f"{name}.yaml"), ROLE_KEYS[role])
+    if block is None:
+        raise ValueError(f"slimckpt: {folder / f'{name}.yaml'} sets no {ROLE_KEYS[role]}")
+    return OmegaConf.to_container(block, resolve=True)
+
+
+def recipe_checkpoint_config(name: str, role: str = "actor", recipes_dir: str | Path | None = None,
+                             **overrides: Any) -> Any:
+    """The SlimCheckpointConfig a run with `+recipe=<name>` gets for `role`, plus `overrides`."""
+    from .checkpoint_config import SlimCheckpointConfig
+
+    block = recipe_checkpoint_block(name, role, recipes_dir)
+    return SlimCheckpointConfig(**{k: v for k, v in {**block, **overrides}.items() if k != "_target_"})
 
 
 def format_options(group: str) -> str:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from ..read import direct_io
 from ..format import layout
-from ..format.merge_manifest import DEFAULT_ALGO, describe_os_error, new_hasher
+from ..format.merge_manifest import DEFAULT_ALGO, new_hasher
+from ..format.os_errors import os_failure
 
 PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
 
@@ -33,7 +34,7 @@ class OutputError(RuntimeError):
 
 
 def os_error(exc: OSError, path: str, need: int | None = None) -> OutputError:
-    return OutputError(describe_os_error(exc, path, need))
+    return os_failure(OutputError, exc, path, need)
 
 
 def create_files(root: str, plan: layout.Plan) -> None:
