@@ -28,8 +28,13 @@ import zlib
 
 from .fsdp_checkpoint import DENSE_MODELS, PRESETS, auto_class, build_config, build_tokenizer, wrap_fsdp2
 
-# elements filled per step: bounds the int64 index temporaries to a few hundred MiB at any size
-FILL_CHUNK = 1 << 24
+# Values repeat with this period (a prime, so no row length of a real model divides it): a
+# tensor's element at flat index i holds TABLE[(i + shift(name)) % PERIOD], and filling a block
+# is copying windows of one small table, at memory speed, however large the model.
+PERIOD = 999_983
+FILL_CHUNK = 1 << 24  # elements per step of the general (non-contiguous block) path
+
+_TABLE: dict[str, object] = {}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,36 +63,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _mix(index, seed: int):
-    """A cheap integer hash of each element's index in its full tensor (int64, wrapping)."""
+def _table(dtype):
+    """TABLE twice over, so that any window of up to PERIOD values is one contiguous slice: each
+    value a hash of its index, a multiple of 2**-16 in [-0.5, 0.5) (fp32 holds it exactly)."""
     import torch
 
-    h = index * 0x9E3779B1 + seed
-    h = torch.bitwise_xor(h, torch.bitwise_right_shift(h, 17))
-    h = h * 0x85EBCA6B
-    return torch.bitwise_xor(h, torch.bitwise_right_shift(h, 13))
+    key = str(dtype)
+    if key not in _TABLE:
+        h = torch.arange(PERIOD, dtype=torch.int64) * 0x9E3779B1 + 0x2545F491
+        h = torch.bitwise_xor(h, torch.bitwise_right_shift(h, 17)) * 0x85EBCA6B
+        h = torch.bitwise_xor(h, torch.bitwise_right_shift(h, 13))
+        table = (h & 0xFFFF).to(dtype) / 65536.0 - 0.5
+        _TABLE[key] = torch.cat([table, table])
+    return _TABLE[key]
 
 
-def _seed(name: str) -> int:
-    return zlib.crc32(name.encode())
+def _shift(name: str) -> int:
+    return zlib.crc32(name.encode()) % PERIOD
 
 
-def _values(name: str, flat_index, dtype):
-    """The value of each element of tensor `name` at these flat indices of the full tensor: in
-    [-0.5, 0.5), a multiple of 2**-16 (so fp32, bf16-rounding aside, holds it exactly)."""
-    h = _mix(flat_index, _seed(name))
-    return (h & 0xFFFF).to(dtype) / 65536.0 - 0.5
+def _fill_run(name: str, out, first: int) -> None:
+    """`out` (1-D) := the values of tensor `name` at flat indices first, first + 1, ..."""
+    table = _table(out.dtype)
+    pos, done = (first + _shift(name)) % PERIOD, 0
+    while done < out.numel():
+        n = min(PERIOD - pos, out.numel() - done)
+        out[done:done + n].copy_(table[pos:pos + n])
+        done, pos = done + n, 0
 
 
 def expected_values(name: str, shape, dtype=None):
     """The full tensor `name` of the given shape as the builder fills it (a checker's reference)."""
     import torch
 
-    dtype = dtype or torch.float32
-    numel = 1
-    for d in shape:
-        numel *= d
-    return _values(name, torch.arange(numel, dtype=torch.int64), dtype).reshape(tuple(shape))
+    out = torch.empty(tuple(shape), dtype=dtype or torch.float32)
+    _fill_run(name, out.view(-1), 0)
+    return out
 
 
 def fill_local(name: str, local, global_shape, global_offset) -> None:
@@ -99,8 +110,9 @@ def fill_local(name: str, local, global_shape, global_offset) -> None:
     gstride = [1] * len(global_shape)
     for d in range(len(global_shape) - 2, -1, -1):
         gstride[d] = gstride[d + 1] * global_shape[d + 1]
-    if local.dim() == 0:
-        local.copy_(_values(name, torch.zeros((), dtype=torch.int64), local.dtype))
+    first = sum(o * st for o, st in zip(global_offset, gstride))
+    if tuple(local.shape[1:]) == tuple(global_shape[1:]) and local.is_contiguous():
+        _fill_run(name, local.view(-1), first)  # whole rows: one run of the full tensor (FSDP2's dim-0 shards)
         return
     inner = torch.zeros((), dtype=torch.int64)
     for d in range(1, local.dim()):  # flat offsets of one row of the block, in the full tensor
@@ -109,10 +121,12 @@ def fill_local(name: str, local, global_shape, global_offset) -> None:
     inner = inner.reshape(-1)
     rows_per_step = max(1, FILL_CHUNK // max(1, inner.numel()))
     flat = local.view(local.shape[0], -1)
+    table = _table(local.dtype)
     for start in range(0, local.shape[0], rows_per_step):
         stop = min(local.shape[0], start + rows_per_step)
         rows = (torch.arange(start, stop, dtype=torch.int64) + global_offset[0]) * gstride[0]
-        flat[start:stop].copy_(_values(name, rows.unsqueeze(1) + inner.unsqueeze(0), local.dtype))
+        index = (rows.unsqueeze(1) + inner.unsqueeze(0) + _shift(name)) % PERIOD
+        flat[start:stop].copy_(table[index])
 
 
 def fill_model(model) -> None:
