@@ -365,15 +365,15 @@ def render_section(result: dict) -> str:
     commit = result.get("commit") or "unknown"
     commit += " with uncommitted changes" if result.get("dirty") else ""
     return f"""{BEGIN}
-## At scale: a Llama-3-8B-shaped checkpoint (fp32, world size {result['world_size']}), merged on this host
+## At scale: {_shape_words(result)} (fp32, world size {result['world_size']}), merged on this host
 
 `{result['command']}` (`make bench-scale`), commit {commit}, {result['date']}, in {result['seconds'] / 60:.1f} minutes;
 {result.get('machine', '')}. {result['free_disk_gib']:.0f} GiB of disk free and {result['mem_available_gib']:.1f} GiB of
 memory available as it started; the 1-minute load average was {result['load_start']:.1f} at the start,
 {_span(loads, '.1f')} as the merges started (the host is shared) and {result['load_end']:.1f} at the end.
 
-The checkpoint: {built['params'] / 1e9:.2f}B parameters (preset `{result['preset']}`: Llama-3-8B's dimensions,
-untied embeddings), {built['files']} rank files of {built['shard_bytes'] / GB:.1f} GB, model only, written in
+The checkpoint: {built['params'] / 1e9:.2f}B parameters (preset `{result['preset']}` of
+`slimckpt.testing.fsdp_checkpoint`, a Llama with untied embeddings), {built['files']} rank files of {built['shard_bytes'] / GB:.1f} GB, model only, written in
 {built['wall_s']:.0f} s by `slimckpt.testing.fake_pg_checkpoint` (one rank at a time over torch's fake process
 group from a meta model, each rank's shards saved by verl's own `FSDPCheckpointManager`; the builder's peak
 was {built['peak_rss_anon'] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is sampled from outside every
@@ -396,13 +396,31 @@ The cap stands for this host's memory: {result['verl_cap'] / GiB:.1f} GiB{cap_wo
 """
 
 
+# the run README's headline quotes: a model of the size people train, not one the 1B rows already show
+HEADLINE_PARAMS = 7e9
+SHAPES = {"llama3-8b": "a Llama-3-8B-shaped checkpoint", "llama3.2-3b": "a Llama-3.2-3B-shaped checkpoint"}
+
+
+def _shape_words(result: dict) -> str:
+    return SHAPES.get(result["preset"], f"a {result['build']['params'] / 1e9:.2f}B Llama checkpoint")
+
+
+def _anchor(result: dict) -> str:
+    """GitHub's anchor of the section's heading."""
+    heading = f"At scale: {_shape_words(result)} (fp32, world size {result['world_size']}), merged on this host"
+    return re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
+
+
 def _wrap(text: str) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width=110, break_long_words=False, break_on_hyphens=False))
 
 
-def readme_block(result: dict) -> str:
+def readme_block(result: dict) -> str | None:
+    """README's headline row; None for a run below the headline's size (its section is in BENCHMARKS.md only)."""
+    if result["build"]["params"] < HEADLINE_PARAMS:
+        return None
     rows = {r["tool"]: r for r in result["rows"]}
     ours = rows[SINGLE]
     verl = result["verl"]
@@ -411,8 +429,7 @@ def readme_block(result: dict) -> str:
                  f"{verl['peak_rss_anon'] / GiB:.1f} GiB, {verl['wall_s']:.0f} s")
     return "\n".join([
         README_BEGIN,
-        f"**At scale** (`make bench-scale`, {result['date']}; [BENCHMARKS.md](BENCHMARKS.md#at-scale-a-llama-3-8b-shaped-"
-        f"checkpoint-fp32-world-size-{result['world_size']}-merged-on-this-host)):",
+        f"**At scale** (`make bench-scale`, {result['date']}; [BENCHMARKS.md](BENCHMARKS.md#{_anchor(result)})):",
         "",
         "| job | verl 0.9.1 | slimckpt |",
         "|---|---|---|",
@@ -427,20 +444,36 @@ def readme_block(result: dict) -> str:
 def publish(result: dict, args: argparse.Namespace) -> None:
     section = render_section(result)
     write_section(section, Path(args.out))
-    if args.readme:
+    block = readme_block(result)
+    if args.readme and block is None:
+        print(f"[bench-scale] {result['build']['params'] / 1e9:.2f}B is below README's headline size: README left "
+              f"as it is", flush=True)
+    elif args.readme:
         readme = Path(args.readme)
         text = readme.read_text()
         if README_BEGIN in text and README_END in text:
-            write_section(readme_block(result) + "\n", readme)
+            write_section(block + "\n", readme)
         else:
             print(f"[bench-scale] {readme} has no {README_BEGIN} ... {README_END} block: left as it is", flush=True)
     print(section)
 
 
+def _terminated(*_) -> None:
+    """A timeout's SIGTERM: the tool running now goes first (it would write on into the deleted
+    dirs), then measure's `finally` deletes what the run wrote."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    sys.exit(143)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # a timeout's or Ctrl-C's end still deletes what the run wrote (measure's finally)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _terminated)
     if args.render:
         publish(json.loads(Path(args.render).read_text()), args)
         return 0
