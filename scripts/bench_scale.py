@@ -283,10 +283,19 @@ def measure(args: argparse.Namespace) -> dict:
     disk = fastest_of(disks)
     for row in rows.values():
         row["read_bytes"] = built["shard_bytes"]
-        row["io_floor_s"] = disk.io_floor_s(row["read_bytes"], row["written_bytes"])
-    meta.update(seconds=time.time() - started, load_end=os.getloadavg()[0], disk=asdict(disk),
+        row["io_floor_s"] = io_floor_s(disks, row["read_bytes"], row["written_bytes"])
+    meta.update(floor="O_DIRECT", seconds=time.time() - started, load_end=os.getloadavg()[0], disk=asdict(disk),
                 disk_measurements=[asdict(d) for d in disks])
     return {**meta, "build": built, "rows": list(rows.values()), "verl": verl, "verl_reference": reference}
+
+
+def io_floor_s(disks: list[DiskSpeed], read_bytes: int, written_bytes: int) -> float:
+    """Bytes read at the best O_DIRECT read speed of the run plus bytes written at its best O_DIRECT
+    write speed: the merge's own path to the disk (a filesystem without O_DIRECT: the page cache's)."""
+    best = fastest_of(disks)
+    read = best.direct_read_bytes_per_s or best.read_bytes_per_s
+    write = best.direct_write_bytes_per_s or best.write_bytes_per_s
+    return read_bytes / read + written_bytes / write
 
 
 # ---------------------------------------------------------------------------------------- reporting
@@ -298,7 +307,10 @@ def _span(values: list[float], fmt: str) -> str:
 
 
 def verl_needs(result: dict) -> float:
-    """Bytes verl's merger would hold at this size: its peak per shard byte on the smaller checkpoint."""
+    """Bytes verl's merger needs at this size: its peak when it finished under the cap; when killed,
+    its peak per shard byte on the smaller checkpoint times these shards."""
+    if not result["verl"]["killed"]:
+        return result["verl"]["peak_rss_anon"]
     return result["verl_reference"]["per_shard_byte"] * result["build"]["shard_bytes"]
 
 
@@ -317,7 +329,9 @@ def verl_words(result: dict) -> str:
             f"Merged without a cap in the same run, the {ref['preset']} checkpoint at the same world size "
             f"({ref['shard_bytes'] / GB:.1f} GB of shards) took it {ref['wall_s']:.1f} s at a peak of "
             f"{ref['peak_rss_anon'] / GiB:.2f} GiB, {ref['per_shard_byte']:.2f}x its shards: at that rate the "
-            f"{result['preset']} merge needs {verl_needs(result) / GiB:.1f} GiB of anonymous memory.")
+            f"{result['preset']} merge needs {ref['per_shard_byte'] * built['shard_bytes'] / GiB:.1f} GiB of anonymous "
+            f"memory" + ("." if verl["killed"] else f" (it held {verl['peak_rss_anon'] / GiB:.1f} GiB, "
+                                                    f"{verl['peak_rss_anon'] / built['shard_bytes']:.2f}x its shards)."))
 
 
 def table(result: dict) -> str:
@@ -335,7 +349,7 @@ def table(result: dict) -> str:
     lines.append("| " + " | ".join([
         "verl 0.9.1", "1", f"{verl['peak_rss_anon'] / MiB:,.0f} MiB" + (" (killed)" if verl["killed"] else ""),
         f"killed at {verl['killed_at_s']:.0f} s" if verl["killed"] else f"{verl['wall_s']:.1f} s", "-", "-", "-",
-        f"needs {verl_needs(result) / GiB:.1f} GiB"]) + " |")
+        f"needs {verl_needs(result) / GiB:.1f} GiB" if verl["killed"] else "finished under the cap"]) + " |")
     return "\n".join(lines)
 
 
@@ -358,6 +372,8 @@ def targets(result: dict) -> str:
 def render_section(result: dict) -> str:
     built, disk = result["build"], DiskSpeed(**result["disk"])
     disks = [DiskSpeed(**d) for d in result["disk_measurements"]]
+    read_speed = disk.direct_read_bytes_per_s or disk.read_bytes_per_s
+    write_speed = disk.direct_write_bytes_per_s or disk.write_bytes_per_s
     rows = {r["tool"]: r for r in result["rows"]}
     dist = rows.get(DISTRIBUTED)
     cap_words = f" ({result['verl_cap_note']})" if result.get("verl_cap_note") else ""
@@ -379,9 +395,9 @@ group from a meta model, each rank's shards saved by verl's own `FSDPCheckpointM
 was {built['peak_rss_anon'] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is sampled from outside every
 10 ms (the merge and its forked writer, shared pages counted once; for the distributed merge the largest
 rank, its launcher left out, and {max(dist['tree_peaks']) / MiB:,.0f} MiB for the whole torchrun tree).
-The I/O floor is {built['shard_bytes'] / GB:.1f} GB read at {disk.read_bytes_per_s / GB:.2f} GB/s plus the
-output written at {disk.write_bytes_per_s / GB:.2f} GB/s, the best of the run's {len(disks)} disk measurements
-(`slimckpt.observe.diskspeed`: {'; '.join(d.describe() for d in disks)}). Each output was checked tensor for
+The I/O floor is {built['shard_bytes'] / GB:.1f} GB read at {read_speed / GB:.2f} GB/s plus the
+output written at {write_speed / GB:.2f} GB/s: O_DIRECT, the merge's path to the disk, at its best over the
+run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {'; '.join(d.describe() for d in disks)}). Each output was checked tensor for
 tensor against the shards, one tensor at a time (`python -m slimckpt.testing.merge_check`, with the last
 run's output).
 
