@@ -10,7 +10,7 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-fast quickstart bench compare faults clean
+.PHONY: help install test test-fast quickstart bench bench-scale compare faults clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
@@ -18,6 +18,7 @@ help:
 	@echo "make test         the whole test suite (installs .venv first)"
 	@echo "make test-fast    unit tests only (no torchrun, no Ray)"
 	@echo "make bench        merge/save benchmarks vs verl 0.9.1, written to BENCHMARKS.md"
+	@echo "make bench-scale  an 8B checkpoint (world size 8) merged by slimckpt and by verl 0.9.1 under a memory cap (~50 GB disk)"
 	@echo "make faults       SIGKILL/corruption/environment fault campaigns vs verl 0.9.1: RELIABILITY.md"
 	@echo "make install      create .venv and install slimckpt with its test extras"
 
@@ -66,6 +67,12 @@ bench: $(STAMP)
 	$(PY) scripts/bench.py --json docs/bench_merge.json
 	$(PY) scripts/bench_save.py --json docs/bench_save.json
 	$(PY) scripts/bench_loop.py --json docs/bench_loop.json
+
+# not part of `make bench`: needs ~50 GB of free disk (says so and stops without it), about 30 minutes;
+# BENCH_SCALE_ARGS="--verl-cap-gib 14" on a host with less memory to spare
+BENCH_SCALE_ARGS ?=
+bench-scale: $(STAMP)
+	$(PY) scripts/bench_scale.py $(BENCH_SCALE_ARGS)
 
 # SIGKILL at random moments (50 trials per mode), corruption and environment faults: RELIABILITY.md
 # FAULTS_ARGS="--trials 10 --keep 2" for a shorter run

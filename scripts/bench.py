@@ -608,12 +608,13 @@ README_BEGIN, README_END = "<!-- merge-bench:begin -->", "<!-- merge-bench:end -
 
 
 def write_keeping_save_section(path: Path, report: str) -> None:
-    """The merge report replaces the file, except the save benchmarks' marked sections
-    (scripts/bench_save.py's, scripts/bench_loop.py's: `<!-- save-...:begin -->` to its end
-    marker), kept at the end in their order (so `bench.py` alone does not drop the save results)."""
+    """The merge report replaces the file, except the other benchmarks' marked sections
+    (scripts/bench_save.py's, scripts/bench_loop.py's, scripts/bench_scale.py's: `<!-- save-...:begin -->`
+    or `<!-- scale-...:begin -->` to its end marker), kept at the end in their order (so `bench.py`
+    alone does not drop their results)."""
     old = path.read_text() if path.exists() else ""
     kept = []
-    for match in re.finditer(r"<!-- (save-[\w.-]+):begin -->.*?<!-- \1:end -->", old, flags=re.S):
+    for match in re.finditer(r"<!-- ((?:save|scale)-[\w.-]+):begin -->.*?<!-- \1:end -->", old, flags=re.S):
         kept.append(match.group(0))
     for section in kept:
         report = report.rstrip("\n") + "\n\n" + section + "\n"

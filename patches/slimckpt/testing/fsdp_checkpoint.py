@@ -45,6 +45,9 @@ PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
     "0.25b": (16, 1024, 2816, 32000, 16, 8),  # 0.254B params (llama, untied)
     "0.5b": (16, 1536, 4096, 32000, 16, 8),  # 0.514B params
     "1b": (20, 2048, 5632, 32000, 32, 8),  # 1.033B params
+    # the shapes of Llama-3.2-3B and Llama-3-8B (for slimckpt.testing.fake_pg_checkpoint: no host holds them here)
+    "llama3.2-3b": (28, 3072, 8192, 128256, 24, 8),  # 3.61B params untied (3.21B with tied embeddings)
+    "llama3-8b": (32, 4096, 14336, 128256, 32, 8),  # 8.03B params
 }
 
 
