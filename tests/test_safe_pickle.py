@@ -206,7 +206,7 @@ def test_trainer_resume_refuses_trapped_steps_on_every_rank(tmp_path):
             assert got["marker"] is (kind == "extra_state_trusted"), case
             continue
         bad = {"metadata": "dcp/.metadata", "extra": "slimckpt_extra_world_size_2_rank_0.pt",
-               "optim": "dcp/__0_0.distcp" if fmt == "incremental" else "optim_world_size_2_rank_0.pt",
+               "optim": "dcp/__" if fmt == "incremental" else "optim_world_size_2_rank_0.pt",
                "model": "model_world_size_2_rank_0.pt", "extra_state": "extra_state_world_size_2_rank_0.pt"}[kind]
         for line in got["ranks"]:
             assert line.startswith(f"PickleRefused: {tmp_path / fmt / kind / bad}"), (case, line)
