@@ -141,8 +141,7 @@ def test_merge_refuses_a_trapped_rank_file_and_trust_pickle_runs_it(trapped_nati
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("merged")]
     proc = run_cli(["merge", "--no_progress", "--trust-pickle", "--local_dir", str(trapped_native),
                     "--target_dir", str(target)])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (tmp_path / "MARKER").exists()
+    assert (tmp_path / "MARKER").exists() and "refused" not in proc.stderr  # then its keys differ from rank 1's
 
 
 @pytest.mark.pickle_refusals

@@ -10,8 +10,8 @@ reader of checkpoint files asks this module first: a pickle global is looked up 
   replace torch's classes by stand-ins (`sources`, `quick_sources`, `pt_index`, `dcp_source`)
   subclass it and resolve allowed globals their own way (`resolve`).
 - `check_bytes` / `check_file`: the same check over a pickle, or over the `data.pkl` of a
-  `torch.save` zip, without building anything (every allowed global becomes an inert stand-in),
-  for files another library unpickles itself (DCP's `.metadata`, verl's own load).
+  `torch.save` zip (read opcode by opcode, nothing built), for files another library unpickles
+  itself (DCP's `.metadata`, verl's own load).
 - `torch_safe_globals`: the list as objects, for `torch.load(weights_only=True)` under
   `torch.serialization.safe_globals`, torch's own restricted loader.
 
@@ -241,10 +241,31 @@ _GETATTR = ("builtins", "getattr")
 def check_bytes(data: bytes, path: str) -> None:
     """Raise PickleRefused if the pickle(s) in `data` (of file `path`) name a global outside ALLOWED.
 
-    Read opcode by opcode (pickletools), nothing is built or called. A global whose name the
-    pickle computes instead of spelling it out (STACK_GLOBAL of anything but two strings), an
-    extension code, or a `getattr` other than `getattr(<allowed class>, "<allowed nested name>")`
-    is refused too. Damage that stops the parse is left to the real load, which reports it."""
+    First as the restricted loader reads them (C speed; what it builds is only of allowed globals,
+    and is dropped). Where that stops early (a persistent id: a legacy torch file; damage), the
+    rest could hold anything, so the bytes are then read opcode by opcode (`scan_ops`)."""
+    if trusted():
+        return
+    stream = io.BytesIO(data)
+    try:
+        while stream.tell() < len(data):
+            unpickler = RestrictedUnpickler(stream)
+            unpickler.path = path
+            unpickler.load()
+        return
+    except PickleRefused:
+        raise
+    except Exception:  # noqa: BLE001 - not a plain pickle: every opcode, unbuilt
+        pass
+    scan_ops(data, path)
+
+
+def scan_ops(data: bytes, path: str) -> None:
+    """`check_bytes` opcode by opcode (pickletools), nothing built or called: every global the
+    pickle(s) name, wherever they are. A global whose name the pickle computes instead of spelling
+    it out (STACK_GLOBAL of anything but two strings), an extension code, or a `getattr` other
+    than `getattr(<allowed class>, "<allowed nested name>")` is refused too. Damage that stops the
+    parse is left to the real load, which reports it."""
     if trusted():
         return
     stream = io.BytesIO(data)
@@ -339,7 +360,7 @@ def _check_zip(zf: zipfile.ZipFile, path: str) -> None:
                 data = zf.read(info)
             except (zipfile.BadZipFile, OSError, EOFError, ValueError):
                 continue  # a CRC error: the real load (or verify's CRC check) reports it
-            check_bytes(data, path)
+            scan_ops(data, path)  # its persistent ids (storages) stop the restricted loader
 
 
 def torch_safe_globals() -> list:
