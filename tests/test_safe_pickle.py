@@ -219,16 +219,16 @@ def test_trainer_resume_refuses_trapped_steps_on_every_rank(tmp_path):
 
 @pytest.fixture(scope="module")
 def every_kind(tmp_path_factory):
-    """The suite's checkpoint kinds: FSDP2 (1-D mesh), FSDP1 on a mesh and without (ShardedTensor),
-    LoRA actors, verl's value model and the incremental tier's step with optimizer and extra state
-    (AdamW state after a step)."""
+    """The suite's checkpoint kinds: FSDP2 (1-D mesh) and LoRA actors with AdamW state after a step,
+    FSDP1 on a mesh and without (ShardedTensor), verl's value model and its incremental-tier step
+    (the trainer scenario above loads both formats with AdamW and SGD state)."""
     dirs = [fsdp_checkpoint(tmp_path_factory, name, CHECKPOINTS[name][0], *CHECKPOINTS[name][1])
             for name in ("fsdp2_w2", "fsdp1_qwen2_tied")]
     dirs.append(fsdp_checkpoint(tmp_path_factory, *SHARDED_TENSOR[:2], *SHARDED_TENSOR[2]))
     lora = fsdp_checkpoint(tmp_path_factory, "lora_models", 2, *LORA_ARGS)
     dirs += [lora / "llama", lora / "qwen3-moe"]
     kinds = fsdp_checkpoint(tmp_path_factory, "pickle_kinds", 2, "--models", "critic", "--export", "incremental",
-                            "--steps", "1", "--layers", "1", "--hidden", "32", "--vocab", "96")
+                            "--steps", "0", "--layers", "1", "--hidden", "32", "--vocab", "96")
     dirs += [kinds / "critic", kinds / "critic.incremental"]
     return dirs
 

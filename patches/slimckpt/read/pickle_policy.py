@@ -334,23 +334,34 @@ def check_torch_bytes(data: bytes, path: str) -> None:
         _check_zip(zf, path)
 
 
+_CHECKED: set[tuple] = set()  # files found clean in this process, by identity (a load opens one twice)
+_CHECKED_MAX = 4096
+
+
 def check_file(path: str) -> None:
     """`check_torch_bytes` of a file, reading only its pickles (never a tensor's bytes)."""
     if trusted():
         return
     try:
+        st = os.stat(path)
         is_zip = zipfile.is_zipfile(path)
     except OSError:
         return  # missing or unreadable: the real load reports it
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key in _CHECKED:
+        return
     if not is_zip:
         with open(path, "rb") as f:
             check_bytes(f.read(), path)
-        return
-    try:
-        with zipfile.ZipFile(path) as zf:
-            _check_zip(zf, path)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-        return
+    else:
+        try:
+            with zipfile.ZipFile(path) as zf:
+                _check_zip(zf, path)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            return
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()
+    _CHECKED.add(key)
 
 
 def _check_zip(zf: zipfile.ZipFile, path: str) -> None:
