@@ -247,8 +247,8 @@ def _source(key: str, name: str, meta, storage_data: dict, index_cls, dcp_dir: s
                                       f"earlier step") from None
         try:
             t = _chunk_tensor(*handles[path], info.offset, info.length, dtype, tuple(c.sizes))
-        except PickleRefused:
-            raise
+        except PickleRefused as exc:
+            raise PickleRefused(exc.path, exc.global_name, f"the record of {key!r} at byte {info.offset}") from None
         except Exception as exc:  # noqa: BLE001 - a damaged record raises from torch's zip reader or the pickle
             raise CheckpointError(f"{path}: the record of {name!r} at byte {info.offset} is not the chunk .metadata "
                                   f"describes ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}); "
