@@ -2,12 +2,36 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO_BATCH = REPO / "tests" / "scenario_batch.py"
+
+# Every refusal of slimckpt.read.pickle_policy, in this process or any it starts (torchrun ranks,
+# merge workers, verl's trainer), lands in this file: a test whose checkpoints were refused fails,
+# so every checkpoint the suite makes is proof that the restricted loader accepts it. Tests that
+# plant refused globals on purpose carry @pytest.mark.pickle_refusals.
+PICKLE_REFUSALS_ENV = "SLIMCKPT_PICKLE_REFUSALS_LOG"
+os.environ.setdefault(PICKLE_REFUSALS_ENV, tempfile.mkstemp(prefix="slimckpt-pickle-refusals-", suffix=".log")[1])
+
+
+def pickle_refusals() -> list[str]:
+    """The refusals logged so far this session ("<file>\t<global>" lines)."""
+    path = Path(os.environ[PICKLE_REFUSALS_ENV])
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture(autouse=True)
+def _no_legitimate_pickle_refused(request):
+    before = len(pickle_refusals())
+    yield
+    new = pickle_refusals()[before:]
+    if new and request.node.get_closest_marker("pickle_refusals") is None:
+        pytest.fail(f"slimckpt's restricted unpickler refused {len(new)} global(s) of a checkpoint this test made: "
+                    f"{new[:5]}; add what verl/torch wrote to slimckpt.read.pickle_policy.ALLOWED")
 
 
 def run_python(code: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -71,3 +95,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     """Tests that read a verl run go last (stable: each keeps its place among its kind)."""
     reads = [any(f in READS for f in getattr(item, "fixturenames", ())) for item in items]
     items[:] = [i for i, r in zip(items, reads) if not r] + [i for i, r in zip(items, reads) if r]
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "pickle_refusals: plants pickle globals slimckpt refuses on purpose (any "
+                                       "other test with a refusal fails: see PICKLE_REFUSALS_ENV)")

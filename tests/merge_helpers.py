@@ -50,10 +50,10 @@ def synthetic_checkpoint(root: Path, world_size: int = 1, config=None, extra: di
     return root
 
 
-def synthetic_dcp_step(root: Path, config=None) -> Path:
+def synthetic_dcp_step(root: Path, config=None, more: dict | None = None) -> Path:
     """An incremental-tier role dir made without torchrun: the model's state dict saved by DCP in
     one process (one chunk per tensor, as a world-size-1 save), committed by slimckpt_resume.json
-    as resume_state writes it."""
+    as resume_state writes it. `more`: other top-level entries saved with it ({"optim": ...})."""
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
@@ -65,11 +65,12 @@ def synthetic_dcp_step(root: Path, config=None) -> Path:
     sd = {k: v.detach().clone() for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "torch.distributed is disabled ... single process": as meant
-        dcp.save({"model": sd}, checkpoint_id=str(root / DCP_DIR), no_dist=True)
+        dcp.save({"model": sd, **(more or {})}, checkpoint_id=str(root / DCP_DIR), no_dist=True)
     (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
     config.save_pretrained(root / "huggingface")
     rels = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    write_manifest(str(root), Manifest(global_step=1, world_size=1, contents=["model"], fsdp_version=2,
+    contents = ["model"] + (["optimizer"] if "optim" in (more or {}) else [])
+    write_manifest(str(root), Manifest(global_step=1, world_size=1, contents=contents, fsdp_version=2,
                                        files=describe_files(str(root), rels), extra={"aliases": {}}))
     return root
 

@@ -53,6 +53,7 @@ def test_mapped_chunks_equal_dcps_own_load(step):
         assert torch.equal(src.pieces[0], state["model"][name]), name
 
 
+@pytest.mark.pickle_refusals
 def test_a_record_other_than_its_metadata_is_refused_in_one_line(step, tmp_path):
     import shutil
 
@@ -70,4 +71,5 @@ def test_a_record_other_than_its_metadata_is_refused_in_one_line(step, tmp_path)
     with pytest.raises(CheckpointError) as err:
         open_dcp(str(bad))
     line = str(err.value)
-    assert "\n" not in line and str(distcp) in line and "model.embed_tokens.weight" in line and "damaged" in line
+    assert "\n" not in line and str(distcp) in line and "model.embed_tokens.weight" in line
+    assert "refused: pickle global torch._utils._rebuild_tensor_v9" in line  # a global torch never writes

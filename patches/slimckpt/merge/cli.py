@@ -26,6 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --target_dir")
     p.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
                    help="allow custom model code from the checkpoint's huggingface/ dir")
+    p.add_argument("--trust-pickle", "--trust_pickle", dest="trust_pickle", action="store_true",
+                   help="unpickle any global the rank files name, as torch.load(weights_only=False) does (default: "
+                        "only what verl and torch write: tensors, DTensor/ShardedTensor metadata, containers; any "
+                        "other is refused before it runs); only for files from someone you trust")
     p.add_argument("--chunk_mb", type=int, default=DEFAULT_CHUNK_MB,
                    help=f"MiB of source read, cast and written as one piece; a writer holds about three "
                         f"(default {DEFAULT_CHUNK_MB})")
@@ -44,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..read.pickle_policy import set_trusted
+
+    set_trusted(args.trust_pickle)  # an environment variable: the writer processes it starts trust too
     opts = MergeOptions(local_dir=args.local_dir, target_dir=args.target_dir, dtype=args.dtype,
                         max_shard_size=args.max_shard_size, workers=args.workers,
                         distributed=args.distributed_merge, overwrite=args.overwrite,

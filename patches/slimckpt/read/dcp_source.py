@@ -19,7 +19,8 @@ record is unpickled with a reader that rebuilds no tensor (only shape, stride an
 Each .distcp file is mapped once (numpy's read-only memmap: torch's own from_file either copies or
 maps writable) and a chunk is a view of it; records start anywhere, so a view may be unaligned.
 
-No process group: DCP's planner is not run, the metadata is read with FileSystemReader alone.
+No process group: DCP's planner is not run, the metadata is read with FileSystemReader alone (its
+pickle checked first: dcp_pickle).
 Tied parameters (lm_head.weight viewing embed_tokens.weight) were saved once; the manifest's
 `aliases` name them, and the alias reads its target's chunks (verl's rank files hold both names).
 """
@@ -39,7 +40,9 @@ import torch
 
 from ..format.resume_manifest import MANIFEST_NAME, Manifest
 from .checkpoint_dir import DCP_DIR, CheckpointError
+from .dcp_pickle import read_metadata
 from .dcp_step import SOURCE_FORMAT, check_step
+from .pickle_policy import PickleRefused, RestrictedUnpickler
 from .sources import SourceTensor, VerlFsdpCheckpoint
 
 MODEL_PREFIX = "model."  # resume_state saves {"model": ..., "optim": ...}; DCP flattens the keys with "."
@@ -93,17 +96,17 @@ def _rebuild(storage, storage_offset, size, stride, *_rest) -> _TensorFacts:
     return _TensorFacts(str(key), dtype, int(storage_offset), tuple(size), tuple(stride))
 
 
-class _FactsUnpickler(pickle.Unpickler):
+class _FactsUnpickler(RestrictedUnpickler):
     """A record's data.pkl read for its tensor's facts: nothing but torch's tensor rebuild and
     storage classes is looked up, and no storage is loaded."""
 
-    def find_class(self, module: str, name: str):
+    def resolve(self, module: str, name: str):
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
             return _rebuild
         if module == "torch" and name.endswith("Storage"):
             return getattr(torch, name)
         if (module, name) == ("collections", "OrderedDict"):
-            return super().find_class(module, name)
+            return super().resolve(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} in a DCP tensor record")
 
     def persistent_load(self, pid):
@@ -118,7 +121,9 @@ def _chunk_tensor(f, mapping: np.ndarray, offset: int, length: int, dtype: torch
     pkl = next((r for r in records if r == "data.pkl" or r.endswith("/data.pkl")), None)
     if pkl is None:
         raise ValueError("no data.pkl in the record")
-    facts = _FactsUnpickler(io.BytesIO(bytes(reader.get_record(pkl)))).load()
+    unpickler = _FactsUnpickler(io.BytesIO(bytes(reader.get_record(pkl))))
+    unpickler.path = getattr(f, "name", unpickler.path)
+    facts = unpickler.load()
     if not isinstance(facts, _TensorFacts):
         raise ValueError(f"the record holds a {type(facts).__name__}, not a tensor")
     if facts.storage_dtype != dtype or facts.shape != tuple(sizes) or not _contiguous(facts.shape, facts.stride):
@@ -159,7 +164,6 @@ def open_dcp(local_dir: str, manifest: Manifest | None = None) -> VerlFsdpCheckp
     """The model tensors of a committed incremental step, as merge sources; raises CheckpointError.
     `manifest`: checked by `check_step` already; else it is checked here, sizes only (the merge
     checks the checksums once, before it opens the step: `check_step`)."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
 
     local_dir = os.path.abspath(local_dir)
@@ -167,7 +171,9 @@ def open_dcp(local_dir: str, manifest: Manifest | None = None) -> VerlFsdpCheckp
     dcp_dir = os.path.join(local_dir, DCP_DIR)
     meta_path = os.path.join(dcp_dir, ".metadata")
     try:
-        metadata = FileSystemReader(dcp_dir).read_metadata()
+        metadata = read_metadata(dcp_dir)
+    except PickleRefused:
+        raise
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged pickle
         raise CheckpointError(f"{meta_path}: unreadable ({type(exc).__name__}: {str(exc)[:120]}); the checkpoint "
                               f"is damaged, merge an earlier step") from None
@@ -241,6 +247,8 @@ def _source(key: str, name: str, meta, storage_data: dict, index_cls, dcp_dir: s
                                       f"earlier step") from None
         try:
             t = _chunk_tensor(*handles[path], info.offset, info.length, dtype, tuple(c.sizes))
+        except PickleRefused as exc:
+            raise PickleRefused(exc.path, exc.global_name, f"the record of {key!r} at byte {info.offset}") from None
         except Exception as exc:  # noqa: BLE001 - a damaged record raises from torch's zip reader or the pickle
             raise CheckpointError(f"{path}: the record of {name!r} at byte {info.offset} is not the chunk .metadata "
                                   f"describes ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}); "

@@ -4,8 +4,8 @@
 the byte locations that `quick_sources` gets from torch's memory map, with the standard library
 only. A rank file is what `torch.save` writes: an uncompressed zip holding `<prefix>/data.pkl`
 (the pickled state dict) and one entry `<prefix>/data/<key>` per storage. The pickle is read with
-an unpickler that knows only the few globals such a state dict names; torch's rebuild functions and
-classes are replaced by records of their arguments, and each storage entry's data offset is read
+an unpickler that looks up only the globals pickle_policy allows, and knows only the few such a state
+dict names; torch's rebuild functions and classes are replaced by records of their arguments, and each storage entry's data offset is read
 from its zip local header (what torch's mmap loader does too).
 
 Only "the simple kind" of checkpoint is indexed, the kind `quick_sources.open_quick` accepts: every
@@ -23,13 +23,13 @@ from __future__ import annotations
 import collections
 import io
 import os
-import pickle
 import struct
 import sys
 import zipfile
 from dataclasses import dataclass, field
 
 from .checkpoint_dir import check_rank_files, read_fsdp_config
+from .pickle_policy import RestrictedUnpickler
 
 # torch's dtype globals as pickled (`torch float32`) -> itemsize; str(dtype) is "torch." + name
 _ITEMSIZE: dict[str, int] = {
@@ -233,12 +233,13 @@ _GLOBALS: dict[tuple[str, str], object] = {
 _STUBS: dict[tuple[str, str], type] = {}
 
 
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file) -> None:
+class _Unpickler(RestrictedUnpickler):
+    def __init__(self, file, path: str) -> None:
         super().__init__(file)
+        self.path = path
         self.storages: dict[str, _Storage] = {}
 
-    def find_class(self, module: str, name: str):
+    def resolve(self, module: str, name: str):
         known = _GLOBALS.get((module, name))
         if known is not None:
             return known
@@ -289,7 +290,7 @@ class _RankFile:
                 pkl = entries.get(f"{prefix}/data.pkl")
                 if pkl is None:
                     raise _NotSimple("no data.pkl")
-                unpickler = _Unpickler(io.BytesIO(zf.read(_stored(pkl))))
+                unpickler = _Unpickler(io.BytesIO(zf.read(_stored(pkl))), path)
                 self.state = unpickler.load()
             for key, st in unpickler.storages.items():
                 info = entries.get(f"{prefix}/data/{key}")

@@ -8,7 +8,8 @@ keeps its state (the tensors themselves are torch's usual memory-mapped storages
 facts a merge needs are read from that state. What comes out is a guess: the merge compares it
 (`signature`) with what the real reader makes of the same files, and an early write from a
 different reading is discarded and rewritten, as a wrongly guessed layout is. Anything this reader
-does not recognise makes it return None (then the early writer uses the real reader).
+does not recognise makes it return None (then the early writer uses the real reader), and so does
+a global pickle_policy refuses (the real reader then refuses it, naming it).
 
 No torch.distributed here, by design.
 """
@@ -16,12 +17,11 @@ No torch.distributed here, by design.
 from __future__ import annotations
 
 import os
-import pickle
-import types
 
 import torch
 
 from . import sources
+from .pickle_policy import RestrictedUnpickler, pickle_module
 from .sources import SourceTensor, VerlFsdpCheckpoint
 
 
@@ -53,10 +53,10 @@ class _DTensorState(torch.Tensor):
         raise TypeError("a DTensor read by slimckpt.read.quick_sources is metadata only; use its local tensor")
 
 
-class _Unpickler(pickle.Unpickler):
+class _Unpickler(RestrictedUnpickler):
     _made: dict[tuple[str, str], type] = {}
 
-    def find_class(self, module: str, name: str):
+    def resolve(self, module: str, name: str):
         if module.startswith("torch.distributed"):
             if name == "DTensor":
                 return _DTensorState
@@ -64,12 +64,7 @@ class _Unpickler(pickle.Unpickler):
             if key not in self._made:
                 self._made[key] = type(name, (_State,), {"_slim_name": f"{module}.{name}"})
             return self._made[key]
-        return super().find_class(module, name)
-
-
-_PICKLE_MODULE = types.ModuleType("slimckpt_quick_pickle")
-_PICKLE_MODULE.Unpickler = _Unpickler  # type: ignore[attr-defined]
-_PICKLE_MODULE.load = pickle.load  # type: ignore[attr-defined]
+        return super().resolve(module, name)
 
 
 class _NotSimple(Exception):
@@ -82,8 +77,8 @@ def open_quick(local_dir: str) -> VerlFsdpCheckpoint | None:
     try:
         world, version = sources.read_fsdp_config(local_dir)
         paths = sources.check_rank_files(local_dir, world)
-        sds = [torch.load(p, mmap=True, weights_only=False, map_location="cpu", pickle_module=_PICKLE_MODULE)
-               for p in paths]
+        sds = [torch.load(p, mmap=True, weights_only=False, map_location="cpu",
+                          pickle_module=pickle_module(_Unpickler, p)) for p in paths]
         if not all(isinstance(sd, dict) for sd in sds) or any(set(sd) != set(sds[0]) for sd in sds[1:]):
             return None
         tensors = {}

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from typing import Any
 import torch
 
 from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
+from .pickle_policy import PickleRefused, RestrictedUnpickler, pickle_module
 from ..log import get_logger
 
 log = get_logger("slimckpt.sources")
@@ -129,19 +128,14 @@ class _ShardedTensorState(torch.Tensor):
         raise TypeError("a ShardedTensor read by slimckpt is metadata only; use its local shards")
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module, name):
+class _Unpickler(RestrictedUnpickler):
+    def resolve(self, module, name):
         if name.split(".")[0] == "ShardedTensor" and module.startswith("torch.distributed._shard.sharded_tensor"):
-            real = super().find_class(module, "ShardedTensor")
+            real = super().resolve(module, "ShardedTensor")
             # its pickle also names nested classes through the type (ShardedTensor.ProcessGroupState)
             _ShardedTensorState.ProcessGroupState = real.ProcessGroupState
-            return _ShardedTensorState if name == "ShardedTensor" else super().find_class(module, name)
-        return super().find_class(module, name)
-
-
-_PICKLE_MODULE = types.ModuleType("slimckpt_pickle")
-_PICKLE_MODULE.Unpickler = _Unpickler  # type: ignore[attr-defined]
-_PICKLE_MODULE.load = pickle.load  # type: ignore[attr-defined]
+            return _ShardedTensorState if name == "ShardedTensor" else super().resolve(module, name)
+        return super().resolve(module, name)
 
 
 @contextmanager
@@ -158,10 +152,11 @@ def _quiet_device_mesh() -> Iterator[None]:
 
 def load_mmap(path: str) -> Any:
     """torch.load(mmap=True) of one of verl's rank files, tensors left file-backed; verl's files hold
-    DTensors and Python objects (weights_only=False, as verl's loader uses), FSDP1's ShardedTensors
-    are read as metadata (`sharded_tensor_metadata`). Raises what torch raises."""
+    DTensors, FSDP1's ShardedTensors (read as metadata: `sharded_tensor_metadata`) and Python objects,
+    unpickled with pickle_policy's globals only (PickleRefused for any other). Raises what torch raises."""
     with _quiet_device_mesh():
-        return torch.load(path, mmap=True, weights_only=False, map_location="cpu", pickle_module=_PICKLE_MODULE)
+        return torch.load(path, mmap=True, weights_only=False, map_location="cpu",
+                          pickle_module=pickle_module(_Unpickler, path))
 
 
 def sharded_tensor_metadata(value: Any) -> Any | None:
@@ -176,6 +171,8 @@ def load_rank_file(path: str) -> dict:
                               f"or merge an earlier global_step")
     try:
         sd = load_mmap(path)
+    except PickleRefused:
+        raise
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged zip/pickle
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({reason[:160]}); it is truncated "

@@ -50,6 +50,10 @@ import torch.distributed as dist
 from ..log import get_logger
 from ..read import checkpoint_dir
 from ..read.checkpoint_dir import DCP_DIR
+from ..read.pickle_policy import trusting
+from ..read.safe_load import load_torch_file
+from ..read.step_pickles import dcp_refusals, native_refusals
+from .pickle_gate import refuse_together
 from . import hf_direct_export, rng_reshard
 from ..format.resume_manifest import (
     FAILED_PREFIX,
@@ -600,6 +604,8 @@ def load_resume_state(manager, local_path: str) -> None:
     group = checkpoint_group(manager)
     # every rank raises the same one-line error; checksums unless the config says verify: false
     manifest = _check_committed(local_path, group, bool(getattr(manager.checkpoint_config, "verify", True)))
+    extra = _extra_path(local_path, manifest.world_size, manager.rank % manifest.world_size)
+    refuse_together(group, lambda: dcp_refusals(local_path, [extra]))
 
     missing = [c for c in ("model", "optimizer", "extra")
                if c in manager.checkpoint_load_contents and c not in manifest.contents]
@@ -615,7 +621,7 @@ def load_resume_state(manager, local_path: str) -> None:
     aliases = dict(manifest.extra.get("aliases") or {})
     lora_only = bool(manifest.extra.get(LORA_ONLY_KEY)) and "model" in state
     if state:
-        from torch.distributed.checkpoint import FileSystemReader
+        from ..read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
 
         if "model" in state:
             state["model"] = {k: v for k, v in state["model"].items() if k not in aliases}
@@ -625,7 +631,9 @@ def load_resume_state(manager, local_path: str) -> None:
                 raise ValueError(f"slimckpt: {local_path} holds LoRA weights only (save_lora_only) and this model has "
                                  f"no LoRA adapter; resume with the saving run's LoRA settings "
                                  f"(actor_rollout_ref.model.lora_rank, target_modules)")
-        dcp.load(state, storage_reader=FileSystemReader(os.path.join(local_path, DCP_DIR)), process_group=group)
+        dcp_dir = os.path.join(local_path, DCP_DIR)
+        dcp.load(state, storage_reader=CheckedFileSystemReader(dcp_dir), planner=CheckedLoadPlanner(dcp_dir),
+                 process_group=group)
         if "model" in state:
             for alias, target in aliases.items():
                 state["model"][alias] = state["model"][target]
@@ -652,7 +660,7 @@ def load_extra(manager, local_path: str, saved_world: int) -> None:
     saved rank r % saved_world's (rng_reshard), since a copy would repeat that rank's draws. On
     fewer ranks, the streams of the saved ranks beyond the new world size are not resumed."""
     source = manager.rank % saved_world
-    extra = torch.load(_extra_path(local_path, saved_world, source), weights_only=False)
+    extra = load_torch_file(_extra_path(local_path, saved_world, source))
     rng = extra.get("rng")
     if rng is not None:
         if manager.rank >= saved_world:
@@ -694,9 +702,13 @@ def wrap_load_checkpoint(original):
 
         _after_saves_here(self, local_path)
         with reading_if_dir(local_path, f"loading it (rank {self.rank})"):  # retention keeps it meanwhile
-            if local_path is not None and is_resume_state(local_path):
-                return load_resume_state(self, local_path)
-            return original(self, local_path, hdfs_path, del_local_after_load)
+            with trusting(bool(getattr(self.checkpoint_config, "trust_pickle", False))):
+                if local_path is not None and is_resume_state(local_path):
+                    return load_resume_state(self, local_path)
+                if local_path is not None:  # verl's own load unpickles them unchecked
+                    refuse_together(checkpoint_group(self),
+                                    lambda: native_refusals(local_path, self.world_size, self.rank))
+                return original(self, local_path, hdfs_path, del_local_after_load)
 
     return load_checkpoint
 

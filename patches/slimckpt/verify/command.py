@@ -31,11 +31,13 @@ from dataclasses import asdict, dataclass, field
 from ..format import merge_manifest
 from ..format import resume_manifest as rm
 from ..read import in_flight
+from ..read.pickle_policy import REFUSED_PREFIX
 from . import native as verify_native
 
 HELP = "check a checkpoint dir: manifest, size and checksum of every file; exit 1 naming each bad file"
 
 MERGE_FIX = "re-create this output (slimckpt merge into a new --target_dir)"
+REFUSED_FIX = "verl and torch never write that global: do not load this checkpoint unless you trust who made it"
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 PROGRESS_MIN_BYTES = 256 << 20
 
@@ -147,6 +149,11 @@ def check_incremental(report: Report, path: str, quick: bool, on_bytes: Callable
         report.bad.append(Problem(d.file, d.reason, d.message))
     if m is None:
         return
+    if not quick:
+        from ..read.step_pickles import dcp_refusals
+
+        for refused in dcp_refusals(path):
+            report.add(refused.path, refused.reason, REFUSED_FIX)
     report.files += len(m.files) + 1
     report.bytes += sum(e.bytes for e in m.files)
     if quick:
@@ -156,7 +163,7 @@ def check_incremental(report: Report, path: str, quick: bool, on_bytes: Callable
 def check_native(report: Report, path: str, quick: bool, on_bytes: Callable[[int], object] | None) -> None:
     result = verify_native.check_native(path, on_bytes=on_bytes, quick=quick)
     for b in result.bad:
-        report.add(os.path.join(path, b.name), b.reason, verify_native.NATIVE_FIX)
+        report.add(os.path.join(path, b.name), b.reason, _fix(b.reason, verify_native.NATIVE_FIX))
     report.files += result.files
     report.bytes += result.bytes
     hf = os.path.join(path, verify_native.HF_SUBDIR)
@@ -165,6 +172,10 @@ def check_native(report: Report, path: str, quick: bool, on_bytes: Callable[[int
         check_merge(report, hf, quick, on_bytes)
     for n in result.notes:
         report.note(f"{KIND_NATIVE} ({path}): {n}" if n.startswith("files verl") else f"{KIND_NATIVE}: {n}")
+
+
+def _fix(reason: str, fix: str) -> str:
+    return REFUSED_FIX if reason.startswith(REFUSED_PREFIX) else fix
 
 
 def check_role(report: Report, path: str, kind: str, quick: bool, on_bytes) -> None:
@@ -191,7 +202,7 @@ def check_step(report: Report, path: str, quick: bool, on_bytes) -> None:
             report.bytes += os.path.getsize(sub)
             reason = None if quick else verify_native.check_torch_file(sub, on_bytes)
             if reason:
-                report.add(sub, reason, "resume from an earlier step (it holds the dataloader's position)")
+                report.add(sub, reason, _fix(reason, "resume from an earlier step (it holds the dataloader's position)"))
             report.note("data.pt (dataloader state): no checksum is recorded; checked that it is whole and loads")
     if roles == 0:
         report.add(path, "holds no role dir (actor/, critic/, ...)", "delete it; its save never wrote a role")
@@ -255,10 +266,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="sizes and names only: read no file's contents")
     p.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.add_argument("--trust-pickle", "--trust_pickle", dest="trust_pickle", action="store_true",
+                   help="load pickles naming any global (default: a global verl and torch never write is reported "
+                        "as damage, and not run)")
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+
+    from ..read.pickle_policy import set_trusted
+
+    set_trusted(args.trust_pickle)
 
     total = 0 if args.quick or args.no_progress or not sys.stderr.isatty() else tree_bytes(args.dir) \
         if os.path.isdir(args.dir) else 0

@@ -8,8 +8,9 @@ verl's FSDP save writes per rank `{model,optim,extra_state}_world_size_{W}_rank_
 - every .pt is a whole zip archive (torch's format) whose records all match the CRC32 torch's
   writer stores for each (so a truncation or a bit flip in tensor bytes is caught), whose
   archive name is the file's own name (torch names the archive after the file it writes: a
-  renamed or swapped rank file shows), and which torch.load(mmap=True) opens: tensor bytes stay
-  file-backed, never copied into anonymous memory.
+  renamed or swapped rank file shows), and which torch.load(mmap=True) opens with only the pickle
+  globals verl and torch write (read.pickle_policy; any other is reported, never run): tensor bytes
+  stay file-backed, never copied into anonymous memory.
 - model and optimizer entries agree across ranks: same keys, same global shapes, and each rank's
   shard has the rows torch.chunk gives its mesh coordinate.
 - huggingface/*.json parse; *.safetensors headers are valid and cover their files exactly.
@@ -102,10 +103,14 @@ def check_zip_records(path: str, on_bytes: Callable[[int], object] | None = None
 
 
 def _load_reason(path: str) -> tuple[object, str | None]:
+    from ..read.pickle_policy import PickleRefused
+
     try:
         from ..read.sources import load_mmap
 
         return load_mmap(path), None
+    except PickleRefused as exc:
+        return None, exc.reason
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged file
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return None, f"torch.load fails ({text[:160]})"

@@ -23,7 +23,7 @@ RECIPES = ("quickstart", "intermediate", "incremental")
 # the strings "true"/"false" (an `${oc.env:...}` interpolation) and integer strings are taken too,
 # as OmegaConf takes them for a typed field.
 BOOL_FIELDS = ("measure", "export_hf", "incremental_save", "verify", "save_lora_only",
-               "allow_verl_fallback", "export_merge_lora")
+               "allow_verl_fallback", "export_merge_lora", "trust_pickle")
 # async_save: false | true | pool | stream. true is pool (what it meant before stream existed); the
 # field keeps False / True / "stream", so every `if config.async_save` reads as before.
 ASYNC_MODES = ("false", "true", "pool", "stream")
@@ -127,6 +127,11 @@ class SlimCheckpointConfig(CheckpointConfig):
         save; with verify (default) a load checks both (the ranks share the hashing: about a
         quarter of a CPU load's time), without it sizes only, so a bit flip could load silently.
         `slimckpt verify <dir>` runs the full check offline either way.
+    trust_pickle: a resume unpickles only the globals verl and torch write (tensors, DTensor and
+        ShardedTensor metadata, containers, dtypes, RNG and lr-scheduler state, DCP's metadata:
+        slimckpt.read.pickle_policy); a checkpoint naming any other is refused before it runs, in
+        one line naming the file and the global. true unpickles anything, as verl's own load
+        (torch.load(weights_only=False)): only for checkpoints from someone you trust.
     on_save_error: what a failed save (disk full, unwritable dir, another writer) does: stop
         (raise, the default) or continue (log it at ERROR, mark the step failed, keep the tracker
         on the last committed step, train on). See slimckpt.save.errors.
@@ -145,6 +150,7 @@ class SlimCheckpointConfig(CheckpointConfig):
     on_save_error: str = "stop"
     allow_verl_fallback: bool = True
     export_merge_lora: bool = False
+    trust_pickle: bool = False
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)

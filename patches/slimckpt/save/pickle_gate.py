@@ -1,0 +1,29 @@
+"""A trainer's load refuses a booby-trapped checkpoint on every rank at once, before it starts.
+
+Each rank checks the pickles its own load would unpickle (read.step_pickles); the ranks then
+share what they found, and all raise the lowest rank's refusal (PickleRefused: the file and the
+global, one line). A refusal on one rank alone would leave the others waiting in the load's
+collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from ..read.pickle_policy import PickleRefused, trusted
+
+
+def refuse_together(group: Any, refusals: Callable[[], list[PickleRefused]]) -> None:
+    """Raise on every rank of `group` the first of any rank's `refusals()`; return when none has one."""
+    if trusted():
+        return
+    mine = refusals()
+    first = (mine[0].path, mine[0].global_name, mine[0].part) if mine else None
+    found: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(found, first, group=group)
+    hit = next((x for x in found if x is not None), None)
+    if hit is not None:
+        raise PickleRefused(*hit)
