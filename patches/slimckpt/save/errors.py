@@ -56,7 +56,7 @@ def _os_line(exc: BaseException, local_path: str) -> str | None:
     """The OS error under `exc` with the trainer's fixes: one a writer described (the export's
     files, a commit's rename) or a bare OSError (torch's, DCP's)."""
     fixes = trainer_fixes(local_path)
-    for e in _causes(exc):
+    for e in causes(exc):
         line = redescribe(e, fixes)
         if line is not None:
             return line
