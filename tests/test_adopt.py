@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from slimckpt.save.adopt import plan_resume, role_state, RoleLoad
+from slimckpt.save.adopt import RoleLoad, RoleState, plan_resume, role_state
 from slimckpt.save.adopt_startup import adopt, recipe_settings_line
 from slimckpt.verl.dryrun import compose_config
 
@@ -54,8 +54,8 @@ def config(composed: dict, name: str, tmp_path: Path, **settings: str):
 
 def test_role_state_reads_verl_and_slimckpt_layouts(tmp_path):
     step = verl_step(tmp_path, 2, contents=("model",), world=4)
-    assert role_state(str(step / "actor")).contents == ("model",)
-    assert role_state(str(step / "actor")).world_size == 4
+    assert role_state(str(step / "actor")) == RoleState("verl", ("model",))
+    assert role_state(str(verl_step(tmp_path / "full", 1) / "actor")) == RoleState("verl", FULL)
     assert role_state(str(dcp_step(tmp_path, 3) / "actor")).fmt == "slimckpt"
     assert role_state(str(tmp_path / "nothing")) is None
 
@@ -101,6 +101,7 @@ def test_plain_verl_loading_model_only_goes_no_step_back_silently(composed, tmp_
     with pytest.raises(SystemExit) as info:
         adopt(config(composed, "plain", tmp_path, **load), use_critic=False)
     assert f"trainer.resume_from_path={tmp_path}/ckpt/global_step_2" in str(info.value.code)
+    assert "where verl would go back to global_step_2" in str(info.value.code)
 
 
 def test_resume_path_to_a_step_without_the_critic_stops(composed, tmp_path):

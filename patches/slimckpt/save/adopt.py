@@ -30,7 +30,7 @@ from .tracker_recovery import newest_complete_step
 
 SHARD_CONTENTS = ("model", "optimizer", "extra")  # verl's load_contents values that name state in the shards
 MODEL_ONLY_DIR = "model_only"  # where the model-only recipes move default_local_dir
-_VERL_FILE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_\d+\.pt$")
+_VERL_FILE = re.compile(r"^(model|optim|extra_state)_world_size_\d+_rank_\d+\.pt$")
 _CONTENT_OF = {"model": "model", "optim": "optimizer", "extra_state": "extra"}
 _WHAT = {"optimizer": "the optimizer state (Adam moments, step count)", "extra": "the lr scheduler and RNG state"}
 
@@ -42,7 +42,6 @@ class RoleState:
 
     fmt: str
     contents: tuple[str, ...]
-    world_size: int | None = None
 
     def describe(self) -> str:
         kind = "slimckpt's dcp/ format" if self.fmt == "slimckpt" else "verl's rank files"
@@ -73,17 +72,15 @@ def role_state(role_dir: str) -> RoleState | None:
             manifest = read_manifest(role_dir)
         except UncommittedCheckpoint:  # the worker's loader refuses it with the one line of `slimckpt verify`
             return RoleState("slimckpt", SHARD_CONTENTS)
-        return RoleState("slimckpt", tuple(c for c in SHARD_CONTENTS if c in manifest.contents), manifest.world_size)
+        return RoleState("slimckpt", tuple(c for c in SHARD_CONTENTS if c in manifest.contents))
     try:
         names = os.listdir(role_dir)
     except OSError:
         return None
-    found = [m for m in map(_VERL_FILE.match, names) if m]
-    contents = {_CONTENT_OF[m.group(1)] for m in found}
+    contents = {_CONTENT_OF[m.group(1)] for m in map(_VERL_FILE.match, names) if m}
     if "model" not in contents:
         return None
-    worlds = {int(m.group(2)) for m in found if m.group(1) == "model"}
-    return RoleState("verl", tuple(c for c in SHARD_CONTENTS if c in contents), min(worlds))
+    return RoleState("verl", tuple(c for c in SHARD_CONTENTS if c in contents))
 
 
 def latest_step(root: str) -> int | None:
@@ -105,7 +102,7 @@ def sibling_dir(root: str) -> str:
     return os.path.join(root, MODEL_ONLY_DIR)
 
 
-def _check_role(step_dir: str, role: RoleLoad, recipe: str | None) -> tuple[str | None, list[str]]:
+def _check_role(step_dir: str, role: RoleLoad) -> tuple[str | None, list[str]]:
     """(why this run cannot load the role, or None; what loading it drops)."""
     where = os.path.join(step_dir, role.name)
     state = role_state(where)
@@ -162,7 +159,7 @@ def _judge(step_dir: str, roles: Sequence[RoleLoad], recipe: str | None, moved: 
            saves_to: str = "", mine: int | None = None) -> Decision:
     dropped: dict[str, list[str]] = {}
     for role in roles:
-        why, drops = _check_role(step_dir, role, recipe)
+        why, drops = _check_role(step_dir, role)
         if why:
             return Decision("stop", step_dir, why)
         dropped[role.name] = drops
@@ -171,11 +168,15 @@ def _judge(step_dir: str, roles: Sequence[RoleLoad], recipe: str | None, moved: 
         return Decision("keep", step_dir, f"slimckpt: resuming from {step_dir}{tail}" if tail else "")
     if recipe is None:
         # verl's own trainer would resume an older step (or none) without a word: a silent step back
-        older = (f"trainer.resume_from_path={os.path.join(saves_to, f'global_step_{mine}')}" if mine is not None
-                 else "trainer.resume_mode=disable")
-        return Decision("stop", step_dir, f"slimckpt: the newest step of this job is {step_dir}, saved by a "
-                                          f"slimckpt recipe outside trainer.default_local_dir: relaunch with "
-                                          f"+recipe=quickstart to continue from it, or pass {older} to go back")
+        if mine is None:
+            back, older = "start from step 0", "trainer.resume_mode=disable"
+        else:
+            back = f"go back to global_step_{mine}"
+            older = (f"trainer.resume_mode=resume_path "
+                     f"trainer.resume_from_path={os.path.join(saves_to, f'global_step_{mine}')}")
+        return Decision("stop", step_dir, f"slimckpt: the newest step of this job is {step_dir}, outside "
+                                          f"trainer.default_local_dir {saves_to}, where verl would {back}: relaunch "
+                                          f"with +recipe=quickstart to continue from it, or pass {older} to go back")
     already = f" (newer than its global_step_{mine})" if mine is not None else ""
     return Decision("resume", step_dir, f"slimckpt: +recipe={recipe} continues from {step_dir}, the newest step of "
                                         f"this job{already}; new steps go to {saves_to}{tail}")

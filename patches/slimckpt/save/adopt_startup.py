@@ -11,7 +11,6 @@ nothing: the driver has decided.
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 from typing import Any
@@ -118,16 +117,14 @@ def _outside_checkpointing(key: str) -> bool:
     return "checkpoint" not in parts and parts[0] != "ray_kwargs"
 
 
-def _resolved_as(config: Any, key: str, raw: Any) -> Any:
-    """`raw` (interpolations included) as `key` of this config would resolve it."""
-    from omegaconf import OmegaConf, open_dict
+def _resolved_as(config: Any, raw: Any) -> Any:
+    """`raw` (absolute interpolations included) resolved against this config."""
+    from omegaconf import OmegaConf
 
     if not (isinstance(raw, str) and "${" in raw):
-        return raw  # copying verl's whole config takes a while: only for an interpolation
-    scratch = copy.deepcopy(config)
-    with open_dict(scratch):
-        OmegaConf.update(scratch, key, raw, merge=False)
-    return _select(scratch, key)
+        return raw
+    # a node whose parent is the config resolves ${a.b} from the config's root, without a copy of it
+    return OmegaConf.create({"value": raw}, parent=config).value
 
 
 def recipe_settings_line(config: Any, recipe: str) -> str:
@@ -147,8 +144,8 @@ def recipe_settings_line(config: Any, recipe: str) -> str:
         if not _outside_checkpointing(key):
             continue
         value = _select(config, key)
-        verl_value = _resolved_as(config, key, _raw(defaults, key))
-        if value == _resolved_as(config, key, raw) and value != verl_value:
+        verl_value = _resolved_as(config, _raw(defaults, key))
+        if value == _resolved_as(config, raw) and value != verl_value:
             changed.append(f"{key}={_show(value)} (verl's default: {_show(verl_value)})")
     if not changed:
         return ""
