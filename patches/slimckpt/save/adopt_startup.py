@@ -71,8 +71,8 @@ def adopt(config: Any, use_critic: bool) -> None:
 
     if _select(config, "trainer.default_hdfs_dir") is not None:
         return  # verl refuses it itself
-    decision = plan_resume(_absolute(_select(config, "trainer.default_local_dir")), _select(config, "trainer.resume_mode"),
-                           _roles(config, use_critic), recipe_of(config),
+    decision = plan_resume(_absolute(_select(config, "trainer.default_local_dir")),
+                           _select(config, "trainer.resume_mode"), _roles(config, use_critic), recipe_of(config),
                            _absolute(_select(config, "trainer.resume_from_path")))
     if decision.action == "stop":
         raise SystemExit(decision.message)
@@ -149,11 +149,22 @@ def recipe_settings_line(config: Any, recipe: str) -> str:
             changed.append(f"{key}={_show(value)} (verl's default: {_show(verl_value)})")
     if not changed:
         return ""
-    return f"slimckpt: +recipe={recipe} also sets {', '.join(changed)}; set any of them after +recipe={recipe} to change it"
+    return (f"slimckpt: +recipe={recipe} also sets {', '.join(changed)}; "
+            f"set any of them after +recipe={recipe} to change it")
 
 
 def _show(value: Any) -> str:
     return "null" if value is None else str(value)
+
+
+def _say_recipe_settings(config: Any) -> None:
+    recipe = recipe_of(config)
+    try:
+        line = recipe_settings_line(config, recipe) if recipe else ""
+    except Exception as exc:  # noqa: BLE001 - a line of information must not stop a run
+        line = f"slimckpt: could not list what +recipe={recipe} sets outside checkpointing ({exc})"
+    if line:
+        log.warning("%s", line)
 
 
 def wrap_validate_config(original):
@@ -161,10 +172,7 @@ def wrap_validate_config(original):
     def validate_config(config, use_reference_policy: bool, use_critic: bool, *args, **kwargs):
         result = original(config, use_reference_policy, use_critic, *args, **kwargs)
         if not _in_ray_worker():
-            recipe = recipe_of(config)
-            line = recipe_settings_line(config, recipe) if recipe else ""
-            if line:
-                log.warning("%s", line)
+            _say_recipe_settings(config)
             adopt(config, use_critic)
         return result
 
