@@ -66,6 +66,11 @@ def test_model_only_recipe_continues_from_verls_step(composed, tmp_path):
     cfg = config(composed, "quickstart", tmp_path, **{"trainer.default_local_dir": f"{tmp_path}/ckpt/model_only"})
     adopt(cfg, use_critic=False)
     assert cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path == str(step)
+    decision = plan_resume(f"{tmp_path}/ckpt/model_only", "auto", [RoleLoad("actor", ("model",), True)], "quickstart")
+    message = decision.message
+    assert message.startswith(f"slimckpt: +recipe=quickstart continues from {step}, the newest step of this job")
+    assert "does not load actor optimizer+extra: the optimizer state (Adam moments, step count) and the lr " \
+           "scheduler and RNG state start afresh" in message
 
 
 def test_model_only_steps_newer_than_verls_win(tmp_path):

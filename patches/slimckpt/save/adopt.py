@@ -129,7 +129,7 @@ def _dropped_line(dropped: Mapping[str, list[str]], recipe: str | None) -> str:
     parts = [f"{role} {'+'.join(what)}" for role, what in dropped.items() if what]
     if not parts:
         return ""
-    kinds = sorted({c for what in dropped.values() for c in what})
+    kinds = [c for c in SHARD_CONTENTS if any(c in what for what in dropped.values())]
     restart = " and ".join(_WHAT[c] for c in kinds if c in _WHAT)
     by = f"+recipe={recipe}" if recipe else "checkpoint.load_contents"
     return f"; {by} does not load {', '.join(parts)}: {restart} start afresh"
