@@ -70,6 +70,8 @@ def test_recipe_added_mid_run_continues_from_the_last_step(adopt_runs, increment
     assert (saved / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     names = {p.name for p in (saved / "global_step_3" / "actor").iterdir()}
     assert "model_world_size_2_rank_0.pt" in names and not any(n.startswith("optim_") for n in names)
+    if recipe == "intermediate":  # its export of the first save after the adoption, committed
+        assert (saved / "global_step_3" / "actor" / "huggingface" / "manifest.json").is_file()
     # what the recipe sets outside the checkpoint sections, in one line (save_freq is the run's own)
     settings = slim_lines(run.text, f"+recipe={recipe} also sets")
     assert len(settings) == 1, settings
