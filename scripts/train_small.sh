@@ -15,7 +15,8 @@
 # (same addition data unless TRAIN_FILES/VAL_FILES are set). MODEL_PATH without a GPU: that model on
 # the CPU like the tiny one (only sensible for very small models).
 # Every argument except algo=... and --dry-run goes to verl unchanged, after the defaults below, so
-# it overrides them. Checkpoints go to runs/small/<algo>/checkpoints unless trainer.default_local_dir is given.
+# it overrides them. Checkpoints go to runs/small/<algo>/checkpoints unless trainer.default_local_dir or
+# CKPT_DIR is given.
 #
 # Environment:
 #   ALGO         grpo (default) | ppo | flowrl; an algo=... argument wins
@@ -30,6 +31,9 @@
 #   MODEL_PATH   a Hugging Face model dir or id instead of the tiny model
 #   TRAIN_FILES / VAL_FILES   parquet files in verl's RL format (default: the tiny addition data)
 #   PYTHON       interpreter (default .venv/bin/python if present, else python3)
+#   CKPT_DIR     trainer.default_local_dir (default runs/small/<algo>/checkpoints); set but empty: verl's own
+#                default, checkpoints/<project>/<experiment> under the working dir (moved to .../model_only
+#                by +recipe=quickstart and +recipe=intermediate, as for a user of verl's defaults)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -80,10 +84,11 @@ COMMON=(
   "data.train_files=$TRAIN"
   "data.val_files=$VAL"
   "trainer.experiment_name=small_$ALGO"
-  "trainer.default_local_dir=$REPO/runs/small/$ALGO/checkpoints"
   "trainer.logger=${LOGGER:-[console,wandb]}"
   "trainer.checkpoint_callback_class=slimckpt.observe.ckpt_metrics.CheckpointMetricsCallback"
 )
+CKPT_DIR="${CKPT_DIR-$REPO/runs/small/$ALGO/checkpoints}"
+if [[ -n "$CKPT_DIR" ]]; then COMMON+=("trainer.default_local_dir=$CKPT_DIR"); fi
 # measure every save (verl's own checkpoint config too) and keep wandb off the network unless asked
 export SLIMCKPT_MEASURE="${SLIMCKPT_MEASURE:-1}" WANDB_MODE="${WANDB_MODE:-offline}"
 export WANDB_DIR="${WANDB_DIR:-$REPO/runs/small/$ALGO}"

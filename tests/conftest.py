@@ -74,6 +74,7 @@ def scenario_result(root: Path, name: str, result_file: str) -> dict:
 # by the end-to-end modules, which run last so that the other tests overlap the runs
 from .verl_runs import (  # noqa: E402,F401  (fixtures)
     READS,
+    adopt_runs,
     flowrl_run,
     grpo_runs,
     incremental_resumed,

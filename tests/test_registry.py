@@ -42,6 +42,8 @@ EXPECTED_TARGETS = {
     "verl.workers.engine.fsdp.transformer_impl:merged_lora_context",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.ensure_checkpoint_capacity",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.register_checkpoint",
+    # feature "adopt" (slimckpt.save.adopt_startup, always on)
+    "verl.utils.config:validate_config",
     # feature "merge" (slimckpt.merge.pipeline)
     "verl.model_merger.fsdp_model_merger:FSDPModelMerger.merge_and_save",
     "verl.model_merger.base_model_merger:BaseModelMerger.save_hf_model_and_tokenizer",
@@ -85,7 +87,7 @@ def test_every_implementation_is_named_and_importable(patch):
 def test_patch_names_are_unique_and_features_known():
     names = [p.name for p in PATCHES]
     assert len(names) == len(set(names))
-    assert {p.feature for p in PATCHES} <= {"measure", "checkpoint", "merge", "cpu", "flowrl"}
+    assert {p.feature for p in PATCHES} <= {"measure", "checkpoint", "merge", "adopt", "cpu", "flowrl"}
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
@@ -221,7 +223,7 @@ def test_plain_verl_is_untouched_without_a_recipe():
     """), env={"SLIMCKPT_MEASURE": "", "SLIMCKPT_CPU": ""})
     assert res.returncode == 0, res.stderr
     assert "MODULE fsdp_checkpoint_manager.py" in res.stdout
-    assert "APPLIED []" in res.stdout
+    assert "APPLIED ['adopt.startup']" in res.stdout  # the start-up check of the resume, nothing in training
 
 
 def test_without_a_recipe_exactly_this_changes():
@@ -244,11 +246,12 @@ def test_without_a_recipe_exactly_this_changes():
     """))
     assert res.returncode == 0, res.stderr
     out = dict(line.split(" ", 1) for line in res.stdout.splitlines())
-    assert out["APPLIED"] == "[]"
+    assert out["APPLIED"] == "['adopt.startup']"
     assert out["PENDING"] == "['merge.drop_flowrl', 'merge.fsdp']"
     assert out["FINDERS"] == "['_PostImportFinder']"
     assert out["HOOKED"] == "['verl.model_merger.base_model_merger', 'verl.model_merger.fsdp_model_merger']"
-    assert out["MODULES"] == str(["slimckpt", "slimckpt.log", "slimckpt.verl", "slimckpt.verl.features",
+    assert out["MODULES"] == str(["slimckpt", "slimckpt.log", "slimckpt.save", "slimckpt.save.adopt_startup",
+                                  "slimckpt.verl", "slimckpt.verl.features",
                                   "slimckpt.verl.import_hooks", "slimckpt.verl.patch_list", "slimckpt.verl.plugin",
                                   "slimckpt.verl.registry"])
     assert out["LOGGER"] == "['NullHandler'] True INFO"

@@ -21,6 +21,10 @@ The runs (RUNS, in the order they start; a resumed run starts after the run it r
                 saving every step with verl's own checkpoint
   ppo_warmup    the same with +recipe=incremental: its step-1 save precedes the actor's first update
   incremental_resumed   +recipe=incremental resumed from incremental's step 2 to step 4
+  adopt_verl    GRPO, 2 ranks, no recipe, verl's default checkpoint dir (CKPT_DIR=""): steps 1-2
+  adopt_<recipe>  +recipe=quickstart / intermediate / incremental added to a relaunch of a copy of
+                adopt_verl's checkpoints (resume_mode=auto, verl's default dir moved by the recipe)
+  adopt_plain_after_<recipe>  the recipe dropped again on a relaunch of that copy: it must stop
 All share one tiny model and data set (built by train_small.sh in the first run).
 """
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -39,7 +44,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "train_small.sh"
-RUN_TIMEOUT_S = 400  # one run takes ~1 minute alone, up to ~2 beside the other tests
+# one run takes ~1 minute alone, up to ~2 beside the other tests; a host shared with other jobs may need more
+RUN_TIMEOUT_S = int(os.environ.get("VERL_RUN_TIMEOUT_S", "400"))
 CONSOLE = "trainer.logger=[console]"  # no wandb start-up where the test does not read wandb
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
 INCREMENTAL_ASYNC = ("+recipe=incremental", "actor_rollout_ref.actor.checkpoint.async_save=true",
@@ -65,6 +71,8 @@ class Spec:
     args: tuple[str, ...]
     env: dict = field(default_factory=dict)
     after: str | None = None  # the run whose checkpoints this one resumes from
+    copy: tuple[str, str] | None = None  # (from, to) under the pool's directory, copied before the run
+    fails: bool = False  # it must exit non-zero (a run that refuses to start)
 
 
 GRPO_ENV = {"NPROC": "2", "ALGO": "grpo"}
@@ -98,11 +106,29 @@ RUNS = {
                                  "trainer.resume_from_path={root}/incremental_ckpt/global_step_2"),
                                 GRPO_ENV, after="incremental"),
 }
+def _adopt(experiment: str, *args: str, steps: int) -> tuple[str, ...]:
+    return ("trainer.project_name=adopt", f"trainer.experiment_name={experiment}", CONSOLE, "trainer.save_freq=1",
+            f"trainer.total_training_steps={steps}", f"trainer.rollout_data_dir={{root}}/adopt_{experiment}_rollouts",
+            *args)
+
+
+ADOPT_ENV = {**GRPO_ENV, "CKPT_DIR": ""}  # verl's default dir: checkpoints/adopt/<experiment> under the pool's
+ADOPT_RECIPES = ("quickstart", "intermediate", "incremental")
+RUNS["adopt_verl"] = Spec(_adopt("verl", steps=2), ADOPT_ENV)
+for _recipe in ADOPT_RECIPES:
+    # incremental restores the optimizer too: one more step shows the update after the resume is exact
+    RUNS[f"adopt_{_recipe}"] = Spec(_adopt(_recipe, f"+recipe={_recipe}", steps=4 if _recipe == "incremental" else 3),
+                                    ADOPT_ENV, after="adopt_verl",
+                                    copy=("checkpoints/adopt/verl", f"checkpoints/adopt/{_recipe}"))
+for _recipe in ("quickstart", "incremental"):
+    RUNS[f"adopt_plain_after_{_recipe}"] = Spec(_adopt(_recipe, steps=5), ADOPT_ENV, after=f"adopt_{_recipe}",
+                                                fails=True)
 # which runs a fixture reads (with the runs they resume from): decides what a session starts
 READS = {"grpo_runs": ("grpo_first", "grpo_resume"), "incremental_run": ("incremental",),
          "incremental_resumed": ("incremental", "incremental_resumed"), "ppo_run": ("ppo",),
          "ppo_twice": ("ppo", "ppo_again"),
-         "flowrl_run": ("flowrl",), "ppo_warmup": ("ppo_warmup_verl", "ppo_warmup")}
+         "flowrl_run": ("flowrl",), "ppo_warmup": ("ppo_warmup_verl", "ppo_warmup"),
+         "adopt_runs": tuple(name for name in RUNS if name.startswith("adopt_"))}
 
 
 class RunPool:
@@ -154,6 +180,8 @@ class RunPool:
                 self.outcome[name] = f"not run: it resumes from {spec.after}, which failed"
             else:
                 try:
+                    if spec.copy:
+                        shutil.copytree(self.root / spec.copy[0], self.root / spec.copy[1])
                     self.outcome[name] = self._run(name, spec)
                     if name == "grpo_first":  # what the stopped run left, before the resumed run adds to it
                         ckpt = self.root / "grpo_ckpt"
@@ -182,6 +210,8 @@ class RunPool:
                 return f"killed after {RUN_TIMEOUT_S} s"
         if self._stop.is_set():
             return "killed: the session ended first"
+        if spec.fails:
+            return None if code != 0 else f"train_small.sh {' '.join(args)} exited 0, and it must refuse to start"
         return None if code == 0 else f"train_small.sh {' '.join(args)} exited {code}"
 
 
@@ -256,3 +286,14 @@ def ppo_warmup(verl_pool) -> tuple[Run, Run]:
 @pytest.fixture(scope="session")
 def flowrl_run(verl_pool) -> Run:
     return Run(verl_pool.root / "flowrl_ckpt", verl_pool.wait("flowrl"), wandb=verl_pool.root / "flowrl_wandb")
+
+
+@pytest.fixture(scope="session")
+def adopt_runs(verl_pool) -> dict[str, Run]:
+    """Every adopt_* run by name; `ckpt` is its experiment's verl default dir."""
+    runs = {}
+    for name in READS["adopt_runs"]:
+        experiment = name.rsplit("_", 1)[1]
+        runs[name] = Run(verl_pool.root / "checkpoints" / "adopt" / experiment, verl_pool.wait(name),
+                         rollouts=verl_pool.root / f"adopt_{experiment}_rollouts")
+    return runs

@@ -230,7 +230,8 @@ def validate(cfg) -> Report:
     _verl_call(
         report,
         "verl validate_config",
-        validate_config,
+        # verl's own: slimckpt's start-up hook around it (adopt) decides a real launch's resume
+        getattr(validate_config, "__wrapped__", validate_config),
         config=validation_cfg,
         use_reference_policy=use_ref,
         use_critic=use_critic,

@@ -1,7 +1,7 @@
 """Switching a feature on: the one way slimckpt's patches reach verl.
 
-A feature is a set of entries of `patch_list.PATCHES` ("merge", "measure", "checkpoint", "cpu", "flowrl").
-`switch_on` registers the list once, checks verl's version, then has the registry apply the
+A feature is a set of entries of `patch_list.PATCHES` ("merge", "adopt", "measure", "checkpoint",
+"cpu", "flowrl"). `switch_on` registers the list once, checks verl's version, then has the registry apply the
 feature's patches as their verl modules are imported. Who switches what on: the plugin (on every
 `import verl`, from the environment), a recipe's SlimCheckpointConfig ("checkpoint", where verl
 builds it) and FlowRLLossConfig ("flowrl").

@@ -139,6 +139,11 @@ PATCHES: list[Patch] = [
           "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.register_checkpoint", "checkpoint",
           "slimckpt.save.retention:wrap_register_checkpoint",
           why="delete old steps only once the new one is complete, never the tracker's step or a locked one"),
+    Patch("adopt.startup", "verl.utils.config:validate_config", "adopt",
+          "slimckpt.save.adopt_startup:wrap_validate_config",
+          why="in verl's driver: resume the job's newest step in either checkpoint dir and format (a recipe moves "
+              "default_local_dir), or stop in one line where the run cannot load it; name what a recipe sets "
+              "outside checkpointing"),
     *_cpu_patches(),
     Patch("merge.fsdp", "verl.model_merger.fsdp_model_merger:FSDPModelMerger.merge_and_save", "merge",
           "slimckpt.merge.verl_merger:wrap_merge_and_save",

@@ -6,14 +6,18 @@ swallows any exception at debug level; so this module logs its own failures at E
 What it switches on, and when:
 - `merge`: `python -m verl.model_merger merge --backend fsdp` goes through slimckpt's streaming
   merger (always, unless SLIMCKPT_DISABLE=1).
+- `adopt`: at start-up, in verl's driver, a run resumes its job's newest step whichever
+  checkpoint dir (a recipe's `model_only` or verl's) and format it is in, or stops in one line
+  where it cannot load it (always, unless SLIMCKPT_DISABLE=1; slimckpt.save.adopt_startup).
 - `measure`: with SLIMCKPT_MEASURE=1, verl's save_checkpoint is timed and its peak RSS sampled;
   nothing else (verl's save, retention, tracker and load stay verl's).
 - `checkpoint`: verl's FSDPCheckpointManager save/load hooks. Applied when a recipe's
   SlimCheckpointConfig is built, or when SLIMCKPT_CHECKPOINT=1 (recipes/incremental.yaml sets it in
   Ray's runtime_env, so verl's trainer actor, which never builds the config, gets the tracker patch).
 - `cpu`: the CPU platform and `hf` rollout for small runs, only with SLIMCKPT_CPU=1.
-Nothing is applied with SLIMCKPT_DISABLE=1. Without a recipe and SLIMCKPT_* variables, only the
-merger's two patches wait (an import hook) for verl's merger modules: README's "What changes
+Nothing is applied with SLIMCKPT_DISABLE=1. Without a recipe and SLIMCKPT_* variables, only `adopt`
+(a check of verl's config validation) applies, and the merger's two patches wait (an import hook)
+for verl's merger modules: README's "What changes
 without +recipe=" is the whole list, and tests/test_registry.py asserts it.
 """
 
@@ -27,7 +31,7 @@ log = get_logger("slimckpt.plugin")
 
 
 def enabled_features() -> list[str]:
-    features = ["merge"]
+    features = ["merge", "adopt"]
     if os.environ.get("SLIMCKPT_MEASURE") == "1":
         features.append("measure")
     if os.environ.get("SLIMCKPT_CHECKPOINT") == "1":
