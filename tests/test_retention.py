@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -233,6 +234,15 @@ def test_a_load_holds_a_read_lock(tmp_path):
     def original(self, local_path, hdfs_path=None, del_local_after_load=False):
         seen.append(locks.try_exclusive(local_path, "deleting it (retention)"))
 
-    wrap_load_checkpoint(original)(FakeManager(), s1)
+    import torch.distributed as dist
+
+    # the wrapped load checks the rank files' pickles with every rank of the job: a job of one here
+    manager = FakeManager()
+    manager.checkpoint_config, manager.world_size = SimpleNamespace(trust_pickle=False), 1
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        wrap_load_checkpoint(original)(manager, s1)
+    finally:
+        dist.destroy_process_group()
     assert seen == [None]
     assert locks.try_exclusive(s1, "deleting it") is not None  # released after the load

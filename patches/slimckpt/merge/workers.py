@@ -71,7 +71,7 @@ def _worker_entry(args: tuple, queue) -> None:
 
 
 def is_user_error(exc: BaseException) -> bool:
-    from ..read.sources import CheckpointError
+    from ..read.checkpoint_dir import CheckpointError  # torch-free: a dir error comes before torch loads
     from ..write.out_files import OutputError
 
     return isinstance(exc, (CheckpointError, OutputError, CommitError, MergeError))
