@@ -568,7 +568,11 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(cost, f, indent=1)
         return 0
     if args.damaged_restarts:
+        from provenance import source_commit
+
+        commit = source_commit()  # before the run: what the trials imported
         restarts = damaged_restarts(args.damaged_restarts, args.seed, args.workdir)
+        restarts["commit"] = commit
         print(json.dumps(restarts, indent=1))
         if args.json_out:
             with open(args.json_out, "w") as f:
@@ -582,6 +586,31 @@ def main(argv: list[str] | None = None) -> int:
     s = result["slimckpt"]
     ok = s["detected"] == s["trials"] and s["load_refused_same_message"] == s["load_trials"]
     return 0 if ok else 1
+
+
+def render_damaged(r: dict) -> str:
+    """RELIABILITY.md's section for a --damaged_restarts run."""
+    kinds = ", ".join(f"{kind} {sum(v.values())}" for kind, v in r["by_kind"].items())
+    outcomes = ", ".join(f"{n} {name}" for name, n in sorted(r["outcomes"].items()))
+    line = r.get("example_line", "").replace(r.get("example_line", "").split("/trial_")[0], "$WORK")
+    return "\n".join([
+        "## The newest step damaged, then `resume_mode=auto`",
+        "",
+        f"`python scripts/corruption_campaign.py --damaged_restarts {r['restarts']} --seed {r['seed']} --json OUT` "
+        f"on {r.get('commit', 'an unrecorded commit')}, {r['seconds']:.0f} s. `+recipe=incremental` (async, export on), "
+        "verl's real `FSDPCheckpointManager` and `PPOTrainer._load_checkpoint` under torchrun (gloo, 2 ranks): "
+        "steps 2 and 4 committed, step 4 then damaged on disk, and the run restarted.",
+        "",
+        f"**{outcomes} of {r['restarts']} restarts** ({kinds}). *Exact*: the run continued from step 2 with model, "
+        "optimizer and scheduler state equal to a direct load of step 2 and the same next loss, in one line naming "
+        "the damaged file; the tracker names step 2, step 4 stays on disk untouched, `resume_from_path` to step 4 "
+        "refuses in one line, and a save of step 3 afterwards moves the tracker to 3 "
+        f"(here: {r.get('tracker_after_saving_3')}). verl 0.9.1 checks nothing before its load: the same damage "
+        "fails the load or loads the damaged bytes.",
+        "",
+        f"The line a user sees: `{line}`",
+        "",
+    ])
 
 
 if __name__ == "__main__":

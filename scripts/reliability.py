@@ -13,7 +13,7 @@ loaded with what the savers recorded (hash of every rank's model, optimizer, sch
 before each save). Merge modes kill `slimckpt merge` (or verl's own merger) part-way, check the
 target, then rerun it.
 
-Also runs scripts/corruption_campaign.py, scripts/env_faults.py and scripts/rank_faults.py (`--json OUT`) when they exist,
+Also runs scripts/corruption_campaign.py (its damaged-newest-step restarts too), scripts/env_faults.py and scripts/rank_faults.py (`--json OUT`) when they exist,
 then writes docs/reliability/*.json and RELIABILITY.md.
 """
 
@@ -555,7 +555,7 @@ def summarize(entry: dict) -> dict:
     }
 
 
-def side_campaign(script: str, out: str, source: str | None = None) -> dict | None:
+def side_campaign(script: str, out: str, source: str | None = None, args: tuple[str, ...] = ()) -> dict | None:
     """Another helper's campaign script, when it exists: `python <script> --json OUT`, on the snapshot's
     slimckpt when there is one (--source/--snapshot), as the SIGKILL campaign."""
     path = os.path.join(HERE, script)
@@ -566,7 +566,8 @@ def side_campaign(script: str, out: str, source: str | None = None) -> dict | No
         env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.abspath(source), "patches")]
                                             + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, path, "--json", out], cwd=REPO, capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, path, *args, "--json", out], cwd=REPO, capture_output=True, text=True,
+                          env=env)
     seconds = time.monotonic() - t0
     if proc.returncode != 0 and not os.path.exists(out):
         return {"error": f"{script} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}",
@@ -769,12 +770,14 @@ def main(argv: list[str] | None = None) -> int:
                                 if m["mode"] in OURS) else 1
         if not args.no_side:
             runs = {}
-            for script, name in (("corruption_campaign.py", "corruption.json"), ("env_faults.py", "env_faults.json"),
-                                 ("rank_faults.py", "rank_faults.json")):
-                side = side_campaign(script, os.path.join(OUT_DIR, name), args.source)
+            for script, name, extra in (("corruption_campaign.py", "corruption.json", ()),
+                                        ("corruption_campaign.py", "damaged_restarts.json", ("--damaged_restarts", "30")),
+                                        ("env_faults.py", "env_faults.json", ()),
+                                        ("rank_faults.py", "rank_faults.json", ())):
+                side = side_campaign(script, os.path.join(OUT_DIR, name), args.source, extra)
                 if side is None:
                     continue
-                runs[script] = {"seconds": round(side["seconds"], 1), "returncode": side.get("returncode"),
+                runs[" ".join((script, *extra))] = {"seconds": round(side["seconds"], 1), "returncode": side.get("returncode"),
                                 **source_commit()}
                 print(f"{script}: {'error' if 'error' in side else 'done'} ({side['seconds']:.0f} s)", flush=True)
                 if "error" in side:
@@ -792,6 +795,11 @@ def main(argv: list[str] | None = None) -> int:
             import rank_faults
 
             text = text.rstrip("\n") + "\n\n" + rank_faults.render(lost)
+        damaged = load_json("damaged_restarts.json")
+        if damaged is not None and "outcomes" in damaged:  # the newest step damaged, then a restart
+            from corruption_campaign import render_damaged
+
+            text = text.rstrip("\n") + "\n\n" + render_damaged(damaged)
         with open(REPORT, "w") as f:
             f.write(text)
         print(f"wrote {REPORT}")
