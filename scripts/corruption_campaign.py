@@ -605,8 +605,8 @@ def render_damaged(r: dict) -> str:
         "optimizer and scheduler state equal to a direct load of step 2 and the same next loss, in one line naming "
         "the damaged file; the tracker names step 2, step 4 stays on disk untouched, `resume_from_path` to step 4 "
         "refuses in one line, and a save of step 3 afterwards moves the tracker to 3 "
-        f"(here: {r.get('tracker_after_saving_3')}). verl 0.9.1 checks nothing before its load: the same damage "
-        "fails the load or loads the damaged bytes.",
+        f"(here: {r.get('tracker_after_saving_3')}). verl 0.9.1 loads the step its tracker names without a check "
+        "of its own; this campaign runs only slimckpt's side.",
         "",
         f"The line a user sees: `{line}`",
         "",
