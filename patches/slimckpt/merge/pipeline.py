@@ -473,13 +473,7 @@ def _watch_peers(opts: MergeOptions, store):
     the flocks go with the process."""
     from ..write.peers import Heartbeat, describe_ranks
 
-    raw = os.environ.get(PEER_TIMEOUT_ENV, "")
-    try:
-        seconds = float(raw) if raw else PEER_TIMEOUT_S
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise MergeError(f"{PEER_TIMEOUT_ENV}={raw!r}: use a number of seconds > 0 (default {PEER_TIMEOUT_S:.0f})")
+    seconds = _env_seconds(PEER_TIMEOUT_ENV, PEER_TIMEOUT_S)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     beat = Heartbeat(store, rank, world, prefix="alive").start()
 
@@ -499,17 +493,23 @@ JOIN_TIMEOUT_ENV = "SLIMCKPT_MERGE_JOIN_TIMEOUT"  # seconds every rank of a dist
 JOIN_TIMEOUT_S = 600.0
 
 
-def join_timeout_s() -> float:
-    raw = os.environ.get(JOIN_TIMEOUT_ENV, "")
+def _env_seconds(name: str, default: float) -> float:
+    """A timeout in seconds from the environment variable `name` (unset: `default`); anything but
+    a number > 0 is a one-line MergeError."""
+    raw = os.environ.get(name, "")
     if not raw:
-        return JOIN_TIMEOUT_S
+        return default
     try:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        raise MergeError(f"{JOIN_TIMEOUT_ENV}={raw!r}: use a number of seconds > 0 (default {JOIN_TIMEOUT_S:.0f})")
+        raise MergeError(f"{name}={raw!r}: use a number of seconds > 0 (default {default:.0f})")
     return seconds
+
+
+def join_timeout_s() -> float:
+    return _env_seconds(JOIN_TIMEOUT_ENV, JOIN_TIMEOUT_S)
 
 
 def _join_ranks(opts: MergeOptions, dist):
