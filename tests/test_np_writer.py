@@ -290,7 +290,11 @@ def test_the_cli_writes_before_importing_torch(tmp_path):
 
 
 def _session_alive(sid: int) -> list[int]:
-    """Pids of processes still in session `sid` (a killed merge's forked writer, say)."""
+    """Pids of processes still in session `sid` (a killed merge's forked writer, say).
+
+    A process counts until every one of its threads has exited: a killed multi-threaded process
+    shows its main thread as a zombie while its other threads (a write in flight) still exit, and
+    they keep its open files, flocks included, until the last one is gone."""
     alive = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -298,9 +302,15 @@ def _session_alive(sid: int) -> list[int]:
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != sid:  # session id
+                continue
+            states = []
+            for tid in os.listdir(f"/proc/{entry}/task"):
+                with open(f"/proc/{entry}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
         except OSError:
             continue
-        if int(fields[3]) == sid and fields[0] != "Z":  # session id; zombies are waited for by their parent
+        if any(state not in ("Z", "X") for state in states):  # zombies are waited for by their parent
             alive.append(int(entry))
     return alive
 
