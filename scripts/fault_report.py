@@ -23,18 +23,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The code each row exercises (fault_report.py only renders, so it is not in any list; verl is pinned):
 # the SIGKILL campaign's drivers, slimckpt's code, and what each side campaign runs.
 FAULT_SCRIPTS = ("scripts/reliability.py", "scripts/fault_trial.py", "scripts/fault_oracle.py")
-SLIMCKPT_CODE = ("patches", "recipes")
+OUR_CODE = ("patches", "recipes")
 SIDE_CODE = {
-    "corruption_campaign.py": SLIMCKPT_CODE + ("scripts/corruption_campaign.py",),
+    "corruption_campaign.py": OUR_CODE + ("scripts/corruption_campaign.py",),
     # env_faults.py takes its checkpoint builder and its resume scenario from tests/
-    "env_faults.py": SLIMCKPT_CODE + ("scripts/env_faults.py", "tests/merge_helpers.py", "tests/resume_scenarios.py"),
+    "env_faults.py": OUR_CODE + ("scripts/env_faults.py", "tests/merge_helpers.py", "tests/resume_scenarios.py"),
 }
 STALE, UNKNOWN = "stale", "commit unknown"
 
 
 def sigkill_code(mode: str) -> tuple[str, ...]:
     """What a SIGKILL row exercises: verl's own rows the fault scripts only, slimckpt's also its code."""
-    return SLIMCKPT_CODE + FAULT_SCRIPTS if mode in OURS else FAULT_SCRIPTS
+    return OUR_CODE + FAULT_SCRIPTS if mode in OURS else FAULT_SCRIPTS
 
 
 def provenance(run: dict) -> dict:
@@ -169,7 +169,7 @@ CAUSES = (
 
 
 def check_words() -> str:
-    return (f"slimckpt's rows are checked against HEAD in {', '.join(f'`{p}`' for p in SLIMCKPT_CODE + FAULT_SCRIPTS)}"
+    return (f"slimckpt's rows are checked against HEAD in {', '.join(f'`{p}`' for p in OUR_CODE + FAULT_SCRIPTS)}"
             f"; verl's in the scripts only (verl itself is pinned)")
 
 
