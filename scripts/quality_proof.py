@@ -42,6 +42,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import source_commit  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "scripts" / "train_small.sh"
 COMPARE = REPO / "scripts" / "compare_runs.py"
@@ -276,7 +279,21 @@ def main(argv=None) -> int:
            "--table", str(docs / f"compare_{args.algo}.md"),
            "--title", f"{args.algo} on the tiny model (CPU, 2 ranks, warm start: {args.warmup_steps} supervised steps): "
                       "verl defaults vs slimckpt recipes"]
-    return subprocess.call(cmd)
+    commit = source_commit()  # before the table is written: the code the runs above ran
+    rc = subprocess.call(cmd)
+    if rc == 0:
+        add_provenance(docs / f"compare_{args.algo}.md", argv, commit)
+    return rc
+
+
+def add_provenance(table: Path, argv: list[str] | None, commit: str) -> None:
+    """The table compare_runs.py wrote, headed by the command and commit that made it."""
+    command = "python scripts/quality_proof.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    head = (f"Written by `{command.strip()}` at commit {commit}, {time.strftime('%Y-%m-%d')}; how to read it: "
+            f"[training_comparison.md](training_comparison.md).\n\n")
+    tmp = table.with_name(table.name + ".partial")
+    tmp.write_text(head + table.read_text())
+    os.replace(tmp, table)
 
 
 if __name__ == "__main__":

@@ -70,3 +70,12 @@ def test_kill_waits_for_wandb_to_hold_the_checkpoints_steps(tmp_path, monkeypatc
     logged.update({9, 10})
     assert quality_proof.kill_now(text, 12, ckpt, None)
     assert quality_proof.console_step(text) == 12
+
+
+def test_the_table_is_headed_by_its_command_and_commit(tmp_path):
+    table = tmp_path / "compare_grpo.md"
+    table.write_text("| run | steps |\n|---|---|\n")
+    quality_proof.add_provenance(table, ["--algo", "grpo", "--steps", "20"], "abc1234")
+    text = table.read_text()
+    assert text.startswith("Written by `python scripts/quality_proof.py --algo grpo --steps 20` at commit abc1234, ")
+    assert text.endswith("\n\n| run | steps |\n|---|---|\n") and not (tmp_path / "compare_grpo.md.partial").exists()
