@@ -445,7 +445,7 @@ returns (the page cache is synced before every save, outside the timed window).
 {note}
 {table(rows)}
 
-### Targets (incremental tier, issue 4 item 9)
+### Targets (incremental tier)
 
 {chr(10).join(target_lines)}
 

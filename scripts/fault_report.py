@@ -209,7 +209,7 @@ FIXED_SINCE = (
     "default path in a calibration run) - `slimckpt.save.tracker_recovery` now resumes from the newest complete step; and, "
     "with async saves at keep=1, a committed step deleted by the next commit before the tracker watcher saw it "
     "(training stopped after 120 s; seen once outside the trials) - the watcher now gives such a step up. "
-    "Found later (issue 20), when the uncut run of incremental-async@keep=1 hung twice in two: retention removes "
+    "Found later, when the uncut run of incremental-async@keep=1 hung twice in two: retention removes "
     "the step's role dir and leaves its data.pt, and the watcher gave up only a removed step dir, so it waited for "
     "a manifest that could no longer appear - since commit 6696ca6 it gives up a step whose role dir has no "
     "manifest once a newer step of that role is committed (tests/test_faults.py reproduces it).")
