@@ -110,6 +110,17 @@ class Source:
     reading: int = 0
     copy: torch.Tensor | None = None
     readers: dict[str, int] = field(default_factory=dict)
+    # the state's tensor objects (capture.state, DCP's flattened dict) whose local tensor `live` is
+    holders: list[torch.Tensor] = field(default_factory=list)
+    held: bool = False  # training moved on to a new tensor (a reload): `live` is read, never changed
+    followed: bool = False  # an offload moved it: `live` and the holders view verl's host copy
+    orphan: bool = False  # no live tensor viewed it at capture (FSDP1's state dict is made of new tensors)
+    ready: Any = None  # CUDA event: the offload's copy into `live` is complete once it has passed
+
+    @property
+    def guarded(self) -> bool:
+        """A guard must copy it (or wait for the writer) before training may change it."""
+        return not self.done and self.copy is None and self.live is not None and not self.held
 
     @property
     def done(self) -> bool:
@@ -120,8 +131,29 @@ class Source:
         return tuple(t._version for t in self.watched) != self.version
 
     def release(self, copy: torch.Tensor | None = None) -> None:
-        """Nothing reads the live tensor any more: drop it (and what watched it)."""
-        self.live, self.watched, self.copy = None, [], copy
+        """Nothing reads the live tensor any more: drop it (and what watched it). A host copy an
+        offload or reload left to the write is freed here, not when the write ends: its holders
+        (the write's own references, no training tensor) are emptied."""
+        if self.followed or self.held:
+            self.empty_holders()
+        self.live, self.watched, self.copy, self.ready = None, [], copy, None
+
+    def empty_holders(self, keep: Iterable[torch.Tensor] = ()) -> None:
+        """Drop the holders' memory: their local tensors made empty (but those in `keep`)."""
+        kept = {id(t) for t in keep}
+        with torch.no_grad():
+            for holder in self.holders:
+                if id(holder) not in kept:
+                    _local(holder).set_()
+        self.holders = []
+
+    def rewatch(self, extra: Iterable[torch.Tensor] = ()) -> None:
+        """Watch `live`, the holders and `extra` from now on, at their versions now."""
+        tensors = [self.live] if self.live is not None else []
+        for t in [*self.holders, *extra]:
+            tensors += _counters(t)
+        self.watched = list({id(t): t for t in tensors}.values())
+        self.version = tuple(t._version for t in self.watched)
 
 
 def _host_copy(t: torch.Tensor, side=None, after=None) -> torch.Tensor:
@@ -167,6 +199,10 @@ class StreamCapture:
                 self._live.setdefault(key, []).extend(_counters(t))
         self.state = self._capture(state, "")
         self._live = {}
+        self._current: dict[tuple, Source] = dict(self._sources)  # by the key of each source's tensor now
+        self._moved: dict[tuple, Source] = {}  # the keys of the host copies sources followed an offload to
+        self.followed_bytes = 0  # moved by an offload: now read from the host copy verl made
+        self.held_bytes = 0  # replaced by a reload before the writer read them: their host copy kept
         # on CUDA the writer copies to the host on its own stream, after the kernels queued so far
         self._side = self._captured = None
         device = next((s.live.device for s in self._sources.values() if s.live.device.type == "cuda"), None)
@@ -184,7 +220,10 @@ class StreamCapture:
             if key is not None and key not in self._sources:
                 watched = list({id(t): t for t in _counters(obj) + self._live.get(key, [])}.values())
                 self._sources[key] = Source(path, local, watched, tuple(t._version for t in watched),
-                                            local.numel() * local.element_size())
+                                            local.numel() * local.element_size(), holders=[obj],
+                                            orphan=key not in self._live)
+            elif key is not None and all(h is not obj for h in self._sources[key].holders):
+                self._sources[key].holders.append(obj)
             return obj  # by reference: DCP plans from the DTensor itself
         if isinstance(obj, dict):
             return {k: self._capture(v, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
@@ -201,7 +240,7 @@ class StreamCapture:
         `start`, and none reads before it."""
         with self._cond:
             for key in keys:
-                source = self._sources.get(key)
+                source = self._source(key)
                 if source is not None:
                     source.readers[reader] = source.readers.get(reader, 0) + 1
 
@@ -215,6 +254,11 @@ class StreamCapture:
                 if source.done:
                     source.release()
             self._cond.notify_all()
+
+    def _source(self, key: tuple) -> Source | None:
+        """The source a key names: its tensor at capture, or the copy it followed an offload to."""
+        source = self._sources.get(key)
+        return source if source is not None else self._moved.get(key)
 
     def key_of(self, t: torch.Tensor) -> tuple | None:
         return view_key(_local(t))
@@ -236,7 +280,7 @@ class StreamCapture:
         """(the tensor to read for source `key`, whether it is the live one): its guard copy, or
         the live tensor, marked as being read until `end`; `fallback` for a tensor that was not
         captured."""
-        source = self._sources.get(key) if key is not None else None
+        source = self._source(key) if key is not None else None
         if source is None:
             return fallback, False
         hook = READ_HOOK
@@ -250,12 +294,15 @@ class StreamCapture:
             if source.changed:
                 self._changed(source, "after the save and before the writer read it")
             source.reading += 1
-            return source.live, True
+            live, ready = source.live, source.ready
+        if ready is not None:  # an offload's non-blocking copy to the host: read it once it is done
+            ready.synchronize()
+        return live, True
 
     def end(self, key: tuple | None, was_live: bool) -> None:
         """A read of `key` is complete: check its version, count it, release the source when it
         was the last planned read."""
-        source = self._sources.get(key) if key is not None else None
+        source = self._source(key) if key is not None else None
         if source is None:
             return
         with self._cond:
@@ -268,14 +315,6 @@ class StreamCapture:
                 source.release()
             self._cond.notify_all()
 
-    def read_now(self, key: tuple | None, fallback: torch.Tensor) -> torch.Tensor:
-        """A read that completes here: the source copied to the host (a device tensor) or, for a
-        host tensor, cloned, so that nothing reads the source after `end`."""
-        t, was_live = self.begin(key, fallback)
-        host = _host_copy(t, self._side, self._captured) if was_live or t.device.type != "cpu" else t
-        self.end(key, was_live)
-        return host
-
     # DCP hands each writer thread its items one at a time on CPU (read while torch.save writes
     # it); the thread's next resolve, or the end of the DCP phase, ends the previous read.
     def dcp_begin(self, key: tuple | None, fallback: torch.Tensor) -> torch.Tensor:
@@ -284,13 +323,15 @@ class StreamCapture:
             previous = self._reading_on.pop(me, None)
         if previous is not None:
             self.end(previous[0], previous[1])
-        source = self._sources.get(key) if key is not None else None
+        source = self._source(key) if key is not None else None
         if source is None:
             return fallback
-        if fallback.device.type != "cpu":  # copied to the host here, the read is over on return
-            return self.read_now(key, fallback)
         t, was_live = self.begin(key, fallback)
-        with self._cond:
+        if t.device.type != "cpu":  # copied to the host here, the read is over on return
+            host = _host_copy(t, self._side, self._captured)
+            self.end(key, was_live)
+            return host
+        with self._cond:  # a host tensor (an offload's copy, a guard's copy): read while DCP writes it
             self._reading_on[me] = (key, was_live)
         return t
 
@@ -302,17 +343,18 @@ class StreamCapture:
 
     # ------------------------------------------------------------------ guard side
 
-    def guard(self, what: str) -> float:
+    def guard(self, what: str, which: Callable[[Source], bool] = lambda s: True) -> float:
         """Before `what` changes the shards: copy the sources not yet done (within the budget),
-        wait for the writer for the rest. Returns the seconds this call blocked."""
+        wait for the writer for the rest; `which` limits it to some sources. A source a reload
+        left behind (`held`) needs neither. Returns the seconds this call blocked."""
         started = time.perf_counter()
         with self._cond:
-            if self.closed or all(s.done or s.copy is not None for s in self._sources.values()):
+            if self.closed or not any(s.guarded and which(s) for s in self._sources.values()):
                 return 0.0
             self.guards += 1
             waited = False
             while not self.closed:
-                pending = [s for s in self._sources.values() if not s.done and s.copy is None]
+                pending = [s for s in self._sources.values() if s.guarded and which(s)]
                 if not pending:
                     break
                 for source in pending:
@@ -322,7 +364,7 @@ class StreamCapture:
                         self._changed(source, f"before {what} (found by its guard)")
                     source.release(_host_copy(source.live))
                     self.copied_bytes += source.nbytes
-                if all(s.done or s.copy is not None for s in self._sources.values()):
+                if not any(s.guarded and which(s) for s in self._sources.values()):
                     break
                 waited = True
                 self._cond.wait(timeout=1.0)
@@ -332,6 +374,105 @@ class StreamCapture:
                  "host_memory_budget_gb)%s", self.step, what, blocked, self.copied_bytes / 2**20,
                  "" if waited else ", no wait")
         return blocked
+
+    # ------------------------------------------------------------------ moves (offload, reload)
+
+    def before_move(self, tensors: list[tuple[str, Any]], what: str) -> list:
+        """verl is about to move `tensors` ((name, tensor) of a model or optimizer) to new
+        storage. The move copies them, it changes none in place: check the sources they view
+        are as captured, and stop watching the moved objects themselves (a module's move swaps
+        a DTensor parameter's contents, which gives it another version counter). Returns what
+        `after_move` needs."""
+        token = []
+        with self._cond:
+            moving = {id(c) for _, t in tensors for c in _counters(t)}
+            for name, t in tensors:
+                old = _local(t)
+                key = view_key(old)
+                source = self._current.get(key) if key is not None else None
+                if source is None or (not source.guarded and not (source.done and source.holders)):
+                    continue
+                if not source.guarded:  # read already: after the move only its holders pin the old tensor
+                    token.append((name, key, source))
+                    continue
+                if source.changed:
+                    self._changed(source, f"before {what}")
+                source.rewatch()
+                source.watched = [w for w in source.watched if id(w) not in moving] or source.watched
+                source.version = tuple(w._version for w in source.watched)
+                token.append((name, key, source))
+        return token
+
+    def after_move(self, token: list, now: dict[str, Any], offload: bool, ready: Any = None) -> None:
+        """The move is done; `now`: the same names' tensors after it. An offload: each source
+        follows its tensor to the host copy verl made (every holder of the old tensor is pointed
+        at the copy, so the device memory is released once nothing reads it). A reload: the
+        source keeps the host tensor it reads (a reference: verl's copy, not one of ours), and
+        training's changes to the new one cannot reach it, so no guard copies it."""
+        with self._cond:
+            live_now = [c for t in now.values() for c in _counters(t)]
+            for name, key, source in token:
+                new = now.get(name)
+                new_local = _local(new) if new is not None else None
+                moved = new_local is None or view_key(new_local) != key
+                if not source.guarded:
+                    if moved and source.done:  # the write needs it no more, training neither: free it
+                        source.empty_holders(keep=live_now)
+                    continue
+                if not moved:  # already where the move puts it
+                    source.rewatch([new])
+                    continue
+                if offload and new_local is not None and self._follow(source, new_local):
+                    del self._current[key]
+                    self._current[view_key(new_local)] = self._moved[view_key(new_local)] = source
+                    source.ready = ready
+                    source.rewatch([new])
+                    self.followed_bytes += source.nbytes
+                    continue
+                # a reload (or a copy the holders cannot be pointed at): keep the tensor read so far
+                del self._current[key]
+                source.held = True
+                source.rewatch()
+                self.held_bytes += source.nbytes
+            self._cond.notify_all()
+
+    def _follow(self, source: Source, new_local: torch.Tensor) -> bool:
+        """Point `source` and every holder of its tensor at `new_local`. Each holder's contents
+        are swapped with a tensor around `new_local` (torch.utils.swap_tensors, as a module's
+        move does with its parameters), so DCP's flattened dict and every other reference see
+        the copy. False where a holder cannot be swapped: the source keeps the old tensor."""
+        if tuple(new_local.shape) != tuple(source.live.shape) or new_local.dtype != source.live.dtype:
+            return False
+        # `.data`: views of the copy with version counters of their own, so that a module whose
+        # move sets `param.data` (plain parameters) and later reloads the same way does not take
+        # the tensor read here with it
+        replacements = []
+        for holder in source.holders:
+            if view_key(_local(holder)) == view_key(new_local):
+                continue
+            inner = getattr(holder, "_local_tensor", None)
+            if inner is not None:
+                from torch.distributed.tensor import DTensor
+
+                replacements.append((holder, DTensor(new_local.data, holder._spec, requires_grad=False)))
+            elif type(holder) is torch.Tensor:
+                replacements.append((holder, new_local.data))
+            else:
+                return False
+        done = []
+        try:
+            for holder, replacement in replacements:
+                torch.utils.swap_tensors(holder, replacement)
+                done.append((holder, replacement))
+        except RuntimeError as exc:  # another reference to the old tensor: undo, keep it
+            for holder, replacement in reversed(done):
+                torch.utils.swap_tensors(holder, replacement)
+            log.warning("async_save=stream step %s: %s stays on %s until written (%s)", self.step, source.name,
+                        source.live.device, exc)
+            return False
+        source.live = new_local.data
+        source.followed = True
+        return True
 
     def close(self) -> None:
         """The write ended (committed or failed): drop every reference, wake every guard."""

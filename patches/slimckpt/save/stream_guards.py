@@ -10,9 +10,21 @@ budget, wait for the writer for the rest; slimckpt.save.stream_capture):
   could change the hook table while the optimizer iterates it);
 - verl's checkpoint load: the load patch (resume_state.wrap_load_checkpoint) waits for the write;
 - verl 0.9.1's FSDP engine (verl.workers.engine.fsdp.transformer_impl, the only FSDP worker code
-  that version has): parameter and optimizer offload and reload, which move storage, and
-  merged_lora_context, which merges LoRA into the base weights in place for the weight sync;
-  wrapped through the patch registry (patch_list: checkpoint.stream_guard.*).
+  that version has): merged_lora_context, which merges LoRA into the base weights in place for
+  the weight sync; wrapped through the patch registry (patch_list: checkpoint.stream_guard.*).
+
+verl's parameter and optimizer offload and reload (the same module's offload_fsdp_model_to_cpu,
+load_fsdp_model_to_gpu, offload_fsdp_optimizer, load_fsdp_optimizer, called around the update and
+the save with param_offload / optimizer_offload) change no tensor in place: each makes new tensors
+on the other side and drops the old ones. So they run no guard; the write follows them instead
+(StreamCapture.before_move / after_move): after an offload each unread source reads the host copy
+verl made and the device tensor is released (no copy of ours, no device memory held past the
+offload but a tensor the writer is copying to the host at that moment, until that copy ends);
+after a reload an unread source keeps the host tensor verl's reload dropped, a reference until the
+writer has read it, and the update's changes to the new device tensor cannot reach it. On CUDA
+the offload's copies are non-blocking: the writer waits for an event recorded after them before
+it reads one. A source no live tensor views (FSDP1's sharded state dict, new tensors) is not
+moved by an offload: it is still copied to the host by the guard there, within the budget.
 """
 
 from __future__ import annotations
@@ -21,6 +33,8 @@ import functools
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from .stream_capture import StreamCapture
 
@@ -70,8 +84,71 @@ def _guarding(what: str):
     return wrap
 
 
-wrap_offload_model = _guarding("parameter offload (offload_fsdp_model_to_cpu)")
-wrap_load_model = _guarding("parameter reload (load_fsdp_model_to_gpu)")
-wrap_offload_optimizer = _guarding("optimizer offload (offload_fsdp_optimizer)")
-wrap_load_optimizer = _guarding("optimizer reload (load_fsdp_optimizer)")
+def model_tensors(model: Any) -> list[tuple[str, Any]]:
+    """What a module's move replaces: its parameters and buffers, by name."""
+    return [*(("p." + n, t) for n, t in model.named_parameters()), *(("b." + n, t) for n, t in model.named_buffers())]
+
+
+def optimizer_tensors(optimizer: Any) -> list[tuple[str, Any]]:
+    """What verl's optimizer offload and reload replace: the state tensors of each parameter, by
+    (group, parameter, key), in the order they walk them."""
+    out = []
+    for g, group in enumerate(getattr(optimizer, "param_groups", ())):
+        for i, param in enumerate(group["params"]):
+            for key, value in (optimizer.state.get(param) or {}).items():
+                if isinstance(value, torch.Tensor):
+                    out.append((f"{g}.{i}.{key}", value))
+    return out
+
+
+def _cuda_device(tensors: list[tuple[str, Any]]):
+    """The CUDA device of the first moved tensor on one, else None."""
+    if not torch.cuda.is_available():
+        return None
+    for _, t in tensors:
+        local = getattr(t, "_local_tensor", t)
+        if local.device.type == "cuda":
+            return local.device
+    return None
+
+
+def _following(what: str, offload: bool, tensors_of: Callable[[Any], list[tuple[str, Any]]]):
+    """verl's move of a model's or optimizer's tensors (its first argument), followed by every
+    active capture (see the module docstring)."""
+
+    def wrap(original):
+        @functools.wraps(original)
+        def moving(*args, **kwargs):
+            with _LOCK:
+                active = [c for c in _ACTIVE if not c.closed]
+            if not active or not args:
+                return original(*args, **kwargs)
+            before = tensors_of(args[0])
+            tokens = [capture.before_move(before, what) for capture in active]
+            device = _cuda_device(before)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                now = dict(tensors_of(args[0]))
+                ready = None
+                if offload and device is not None:  # verl's copies to the host are non-blocking
+                    ready = torch.cuda.Event()
+                    ready.record(torch.cuda.current_stream(device))
+                for capture, token in zip(active, tokens):
+                    capture.after_move(token, now, offload, ready)
+                if offload:  # what the move does not follow (sources no live tensor views) leaves the device here
+                    for capture in active:
+                        capture.guard(what, lambda s: s.orphan and s.live.device.type != "cpu")
+                    if device is not None:  # what the write released, returned as verl's own offload returns it
+                        torch.cuda.empty_cache()
+
+        return moving
+
+    return wrap
+
+
+wrap_offload_model = _following("parameter offload (offload_fsdp_model_to_cpu)", True, model_tensors)
+wrap_load_model = _following("parameter reload (load_fsdp_model_to_gpu)", False, model_tensors)
+wrap_offload_optimizer = _following("optimizer offload (offload_fsdp_optimizer)", True, optimizer_tensors)
+wrap_load_optimizer = _following("optimizer reload (load_fsdp_optimizer)", False, optimizer_tensors)
 wrap_merged_lora = _guarding("the LoRA merge for weight sync (merged_lora_context)")

@@ -122,13 +122,18 @@ PATCHES: list[Patch] = [
     *[
         Patch(f"checkpoint.stream_guard.{name}", f"{TRANSFORMER_IMPL}:{target}", "checkpoint",
               f"slimckpt.save.stream_guards:{make}",
-              why=f"async_save=stream: {why} only once the background write no longer reads the live shards")
+              why=f"async_save=stream: {why}")
         for name, target, make, why in (
-            ("offload_model", "offload_fsdp_model_to_cpu", "wrap_offload_model", "move parameters to host"),
-            ("load_model", "load_fsdp_model_to_gpu", "wrap_load_model", "move parameters to the device"),
-            ("offload_optimizer", "offload_fsdp_optimizer", "wrap_offload_optimizer", "move optimizer state to host"),
-            ("load_optimizer", "load_fsdp_optimizer", "wrap_load_optimizer", "move optimizer state to the device"),
-            ("merged_lora", "merged_lora_context", "wrap_merged_lora", "merge LoRA into the base weights"),
+            ("offload_model", "offload_fsdp_model_to_cpu", "wrap_offload_model",
+             "the background write follows the parameters to the host copies the offload makes"),
+            ("load_model", "load_fsdp_model_to_gpu", "wrap_load_model",
+             "the background write keeps the host parameters the reload drops until it has read them"),
+            ("offload_optimizer", "offload_fsdp_optimizer", "wrap_offload_optimizer",
+             "the background write follows the optimizer state to the host copies the offload makes"),
+            ("load_optimizer", "load_fsdp_optimizer", "wrap_load_optimizer",
+             "the background write keeps the host optimizer state the reload drops until it has read it"),
+            ("merged_lora", "merged_lora_context", "wrap_merged_lora",
+             "merge LoRA into the base weights only once the background write no longer reads the live shards"),
         )
     ],
     Patch("checkpoint.retention.before",
