@@ -173,9 +173,11 @@ def export_bytes(strategy: Strategy, hf_bytes: int, hf_dtype: str) -> int:
 
 def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_bytes: int,
              hf_bytes: int, disk_gbps: float | None, fsdp: int = 1, hf_dtype: str = "bf16",
-             rollout_s: list[float] | None = None, copy_gbps: float | None = None) -> Estimate:
+             rollout_s: list[float] | None = None, copy_gbps: float | None = None,
+             offload: Sequence[str] = ()) -> Estimate:
     """Bytes, host memory and time of one save with `strategy` at world size `world`, training
-    with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators."""
+    with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators;
+    `offload`: what verl offloads between updates ("param", "optimizer")."""
     model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
     optim_r = optim_shard_bytes(params, world, 0) if "optimizer" in strategy.contents else 0
     extra_r = extra_bytes if "extra" in strategy.contents else 0
@@ -207,7 +209,17 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
         if fsdp == 1 and staged:
             notes.append(f"FSDP1: its reshardable sharded state dict is a transient {human(staged)} copy on the "
                          f"accelerator (strategy=fsdp2 has none)")
-        if strategy.async_stream:
+        offloaded = (model_r if "param" in offload else 0) + (optim_r if "optimizer" in offload else 0)
+        if strategy.async_stream and offloaded:
+            peak = streaming
+            note = (f"streamed from the host copies verl's offload makes ({human(offloaded)}: no copy of its own, no "
+                    f"device memory past the offload) and the live shards: write_threads x (bucket_mb + largest "
+                    f"tensor shard); a reload before the write ends keeps the unread host copies alive, at most "
+                    f"{human(offloaded)}" + (f", and the next step's guard copies what is unread of the rest (at most "
+                                             f"{human(min(staged - offloaded, strategy.host_memory_budget_gb * 2**30))})"
+                                             if staged > offloaded else ""))
+            blocking = "capture only, while the rollout window >= the write (see stream mode below)"
+        elif strategy.async_stream:
             peak = streaming
             note = ("streamed from the live shards: write_threads x (bucket_mb + largest tensor shard), plus what the "
                     f"next step's guard copies if it comes before the write ends (at most "
@@ -242,7 +254,9 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
 
         budget = int(strategy.host_memory_budget_gb * 2**30)
         stream = [{**_asdict(b), "blocked_s": b.blocked_s}
-                  for b in (stream_block(model_r + optim_r, seconds, w, budget, copy_gbps)
+                  for b in (stream_block(model_r + optim_r, seconds, w, budget, copy_gbps,
+                                         (model_r if "param" in offload else 0)
+                                         + (optim_r if "optimizer" in offload else 0))
                             for w in windows_for(seconds, rollout_s))]
     return Estimate(strategy.name, model_r + optim_r + extra_r, total, export, peak, note, blocking, seconds, notes,
                     stream)
@@ -502,6 +516,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--copy-gbps", type=float, default=None,
                    help="async_save=stream: device-to-host copy bandwidth per rank, GB/s, for the guard's copy time "
                         "(without it the copy is shown in bytes)")
+    p.add_argument("--offload", choices=["none", "param", "optimizer", "both"], default="none",
+                   help="verl's actor fsdp_config.param_offload / optimizer_offload of the run (both: the 70B "
+                        "launcher's); async_save=stream then reads the offload's host copies")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=1,
                    help="FSDP version of the run: 1 = verl's strategy=fsdp (its default), 2 = strategy=fsdp2")
     p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="HF export dtype")
@@ -531,11 +548,13 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     strategies += recipe_strategies(args.recipe, overrides)
     strategies = [replace(s, **keep_given) for s in strategies]
     fsdp = int(getattr(args, "fsdp", 1))
+    offload = {"none": (), "param": ("param",), "optimizer": ("optimizer",), "both": ("param", "optimizer")}[
+        getattr(args, "offload", "none") or "none"]
     with_critic = bool(getattr(args, "critic", False))
     estimates = []
     for s in strategies:
         e = asdict(estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
-                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None)))
+                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None), offload))
         if facts.split_on_save and s.incremental and s.export_hf:
             e["notes"].append("fused MoE experts split on save: each rank writes its rows of every per-expert tensor")
         e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
@@ -548,6 +567,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "config": args.config,
         "world_size": args.world_size,
         "fsdp": fsdp,
+        "offload": list(offload),
         "parameters": facts.total_parameters,
         "tied": facts.tied,
         "split_on_save": {"fused_tensors": len(facts.split_on_save), "outputs": sum(facts.split_on_save.values())},
@@ -671,13 +691,16 @@ def print_stream(r: dict[str, Any], out=sys.stdout) -> None:
     print("stream mode (slimckpt.stream_model): training blocks only if the next optimizer step comes before the "
           "write ends;\n  its guard then copies what is unread into host memory (within host_memory_budget_gb) "
           "and waits for the writer for the rest", file=out)
-    head = ["strategy", "rollout window", "unread at the step", "guard copies", "waits for the writer", "blocked"]
+    kept = any(b.get("kept_bytes") for e in rows for b in e["stream"])
+    head = ["strategy", "rollout window", "unread at the step", *(["kept (offload's host copies)"] if kept else []),
+            "guard copies", "waits for the writer", "blocked"]
     table = []
     for e in rows:
         for b in e["stream"]:
             blocked = f"{b['blocked_s']:.1f} s" if b["blocked_s"] is not None else \
                 f"{b['wait_s']:.1f} s + copy of {human(b['copied_bytes'])}"
             table.append([e["strategy"], f"{b['window_s']:.1f} s", human(b["pending_bytes"]),
+                          *([human(b.get("kept_bytes", 0))] if kept else []),
                           human(b["copied_bytes"]), f"{b['wait_s']:.1f} s", blocked])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
     for row in [head, ["-" * n for n in widths], *table]:

@@ -14,6 +14,11 @@ Then:
     pending <= budget_bytes                  copy `pending` (a host copy, no disk), no wait
     otherwise                                copy budget_bytes, wait (pending - budget) / rate,
                                              rate = shard_bytes / write_s
+
+With verl's offload (`offloaded_bytes`: the part of the shard param_offload / optimizer_offload move
+to the host between updates) the write reads that part from the host copies the offload makes: the
+guard neither copies nor waits for it; the unread share of it (`kept_bytes`, pending in proportion)
+stays alive past the reload, in place of being freed. The guard works on the rest as above.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class StreamBlock:
     copied_bytes: int  # what the guard copies into host memory (within the budget)
     wait_s: float  # what it waits for the writer (disk bound)
     copy_s: float | None  # the copy at copy_gbps (None when no bandwidth was given)
+    kept_bytes: int = 0  # unread host copies of an offload that the reload leaves to the writer
 
     @property
     def blocked_s(self) -> float | None:
@@ -35,15 +41,16 @@ class StreamBlock:
 
 
 def stream_block(shard_bytes: int, write_s: float, window_s: float, budget_bytes: int,
-                 copy_gbps: float | None = None) -> StreamBlock:
+                 copy_gbps: float | None = None, offloaded_bytes: int = 0) -> StreamBlock:
     """The guard of the next optimizer step, `window_s` after a stream save returned."""
     if shard_bytes <= 0 or write_s <= 0 or window_s >= write_s:
         return StreamBlock(window_s, 0, 0, 0.0, 0.0 if copy_gbps else None)
     pending = int(shard_bytes * (1.0 - max(0.0, window_s) / write_s))
-    copied = min(pending, max(0, int(budget_bytes)))
-    wait = (pending - copied) * write_s / shard_bytes
+    kept = int(pending * min(1.0, max(0, offloaded_bytes) / shard_bytes))
+    copied = min(pending - kept, max(0, int(budget_bytes)))
+    wait = (pending - kept - copied) * write_s / shard_bytes
     copy_s = copied / (copy_gbps * 1e9) if copy_gbps else None
-    return StreamBlock(window_s, pending, copied, wait, copy_s)
+    return StreamBlock(window_s, pending, copied, wait, copy_s, kept)
 
 
 def windows_for(write_s: float, given: list[float] | None) -> list[float]:
