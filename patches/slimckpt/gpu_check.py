@@ -15,6 +15,9 @@ Checks (each PASS/FAIL, exit 1 on any FAIL):
   dtensor              a DTensor (1-rank mesh, gloo, no network) is staged as a DTensor with its spec
   stream_*             async_save=stream (slimckpt.gpu_check_stream): side-stream reads into pinned
                        memory, the guard's copy before an in-place update, the version check
+  offload_*, reload_*  async_save=stream under verl's param/optimizer offload (the same module): the
+                       save's offload releases the device, the writer reads the offload's host copies,
+                       a reload keeps the unread ones and the update cannot reach them
 Timings: pageable vs pinned device-to-host copy (GB/s), side-stream overlap of a copy with
 matmuls on the training stream, staging (host-blocking seconds and until the copies are done, first
 save with pool allocation and a reused pool).
@@ -228,11 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     checks, times = check_staging(device, nbytes)
     dtensor = check_dtensor(device)
     checks["dtensor"] = dtensor is True
-    from .gpu_check_stream import check_stream
+    from .gpu_check_stream import check_stream, check_stream_offload
 
     stream_checks, stream_times = check_stream(device, nbytes, shard_like_state, _clone, _overwrite)
     checks.update(stream_checks)
     times.update(stream_times)
+    offload_checks, offload_times = check_stream_offload(device, nbytes)
+    checks.update(offload_checks)
+    times.update(offload_times)
     times.update(time_copies(device, nbytes))
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "cuda": torch.version.cuda,
               "checks": checks, "dtensor_detail": None if dtensor is True else str(dtensor), "timings": times,
@@ -261,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
                                             f"(matmuls alone {t['compute_alone_s'] * 1e3:.1f} ms)"),
         ("stream: guard copy of the unread", f"{t['guard_copy_s'] * 1e3:.1f} ms "
                                              f"({t['guard_copied_bytes'] / 2**30:.2f} GiB)"),
+        ("offload: verl's round trip alone", f"{t['offload_round_trip_plain_s'] * 1e3:.1f} ms"),
+        ("offload: followed by a stream write", f"{t['offload_following_s'] * 1e3:.1f} ms "
+                                                f"(device bytes over before the save: "
+                                                f"{t['device_bytes_after_offload_over_before_save'] / 2**20:.1f} MiB)"),
+        ("offload: reload keeps unread copies", f"{t['held_bytes'] / 2**30:.2f} GiB held, RssAnon "
+                                                f"+{t['held_rss_extra_bytes'] / 2**30:.2f} GiB"),
     ]
     for name, value in rows:
         print(f"{name:<40} {value}")
