@@ -113,7 +113,7 @@ def test_a_reload_keeps_the_host_copy_until_read_and_the_step_after_it_copies_no
 
 
 def test_a_change_to_the_offloaded_host_copy_before_the_read_fails_the_step(saved):
-    model, optimizer, capture, keys = saved
+    model, _, capture, keys = saved
     offload_model(model)
     with torch.no_grad():
         model.bias.mul_(2.0)
@@ -124,7 +124,7 @@ def test_a_change_to_the_offloaded_host_copy_before_the_read_fails_the_step(save
 
 
 def test_a_change_before_the_offload_is_caught_by_the_offload(saved):
-    model, optimizer, capture, keys = saved
+    model, _, capture, _ = saved
     with torch.no_grad():
         model.weight.add_(1.0)  # nothing guards this; the offload then copies the changed values
     offload_model(model)
@@ -132,7 +132,7 @@ def test_a_change_before_the_offload_is_caught_by_the_offload(saved):
 
 
 def test_a_move_with_no_capture_in_flight_is_verls_own(saved):
-    model, optimizer, capture, keys = saved
+    model, _, capture, keys = saved
     _read_all(capture, keys)
     stream_guards.deactivate(capture)
     before = [p.data_ptr() for p in model.parameters()]
@@ -140,7 +140,7 @@ def test_a_move_with_no_capture_in_flight_is_verls_own(saved):
     assert [p.data_ptr() for p in model.parameters()] != before and capture.followed_bytes == 0
 
 
-def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest(capsys):
+def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
     from slimckpt import plan
     from slimckpt.stream_model import stream_block
 
@@ -162,12 +162,18 @@ def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest(ca
     assert row["kept_bytes"] == row["pending_bytes"] > 0 and row["copied_bytes"] == 0 and row["wait_s"] == 0.0
     assert plain.stream[0]["kept_bytes"] == 0 and plain.stream[0]["copied_bytes"] > 0
 
+    import argparse
+    import io
+
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
     config = REPO / "docs" / "configs" / "llama3-70b.json"
-    assert plan.main(["--config", str(config), "--world-size", "32", "--fsdp", "2", "--disk-gbps", "2",
-                      "--recipe", "incremental", "--set", "async_save=stream", "--rollout-s", "0",
-                      "--offload", "both"]) == 0
-    out = capsys.readouterr().out
-    assert "kept (offload's host copies)" in out and "host copies verl's offload makes" in out
+    report = plan.build_report(parser.parse_args([
+        "--config", str(config), "--world-size", "32", "--fsdp", "2", "--disk-gbps", "2", "--recipe", "incremental",
+        "--set", "async_save=stream", "--rollout-s", "0", "--offload", "both"]))
+    out = io.StringIO()
+    plan.print_report(report, out)
+    assert "kept (offload's host copies)" in out.getvalue() and "host copies verl's offload makes" in out.getvalue()
 
 
 @pytest.mark.slow

@@ -315,7 +315,4 @@ def check_stream_offload(device: torch.device, total_bytes: int, move=None,
     stream_guards.deactivate(capture)
     checks["reload_held_equal"] = capture.failure is None and capture.copied_bytes == 0 and capture.held_bytes > 0 \
         and len(out) == len(want) and all(torch.equal(t.cpu(), want[f"model.{name}"]) for name, t in out)
-    del model, optimizer
-    if cuda:
-        torch.cuda.empty_cache()
     return checks, times

@@ -362,6 +362,8 @@ class StreamCapture:
                         continue
                     if source.changed:
                         self._changed(source, f"before {what} (found by its guard)")
+                    if source.ready is not None:  # an offload's copy into it may still be running
+                        source.ready.synchronize()
                     source.release(_host_copy(source.live))
                     self.copied_bytes += source.nbytes
                 if not any(s.guarded and which(s) for s in self._sources.values()):
@@ -475,11 +477,16 @@ class StreamCapture:
         return True
 
     def close(self) -> None:
-        """The write ended (committed or failed): drop every reference, wake every guard."""
+        """The write ended (committed or failed): drop every reference, wake every guard. The
+        captured state goes too: the writer keeps its last capture (for its counters), and its
+        tensors, once training has moved on from them (a reload), are no one else's."""
         with self._cond:
             self.closed = True
             for source in self._sources.values():
                 source.release()
+                source.holders = []
+            self.state = {}
+            self._current, self._moved = {}, {}
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ outcome

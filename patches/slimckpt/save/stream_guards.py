@@ -121,15 +121,16 @@ def _following(what: str, offload: bool, tensors_of: Callable[[Any], list[tuple[
         def moving(*args, **kwargs):
             with _LOCK:
                 active = [c for c in _ACTIVE if not c.closed]
-            if not active or not args:
+            owner = args[0] if args else kwargs.get("model", kwargs.get("optimizer"))
+            if not active or owner is None:
                 return original(*args, **kwargs)
-            before = tensors_of(args[0])
+            before = tensors_of(owner)
             tokens = [capture.before_move(before, what) for capture in active]
             device = _cuda_device(before)
             try:
                 return original(*args, **kwargs)
             finally:
-                now = dict(tensors_of(args[0]))
+                now = dict(tensors_of(owner))
                 ready = None
                 if offload and device is not None:  # verl's copies to the host are non-blocking
                     ready = torch.cuda.Event()
