@@ -18,6 +18,13 @@ an event recorded at the capture (the values as of the save, not behind kernels 
 ends the read once that copy is done; a guard's copies run on the training stream, before the
 mutation is queued.
 
+Moves (verl's param/optimizer offload and reload, slimckpt.save.stream_guards): a move copies
+tensors to new storage and changes none in place, so it is followed, not guarded. After an
+offload an unread source reads the host copy and every holder of the old tensor (the state dict's
+entries, DCP's flattened dict) has its contents swapped for a tensor around that copy, so nothing
+pins the device tensor; after a reload an unread source keeps reading the host tensor (`held`: no
+guard copies it). A followed or held host tensor is freed once read (its holders emptied).
+
 Safety net: `end` compares the source's version with the captured one, and a guard compares it
 before copying. A change is recorded as the capture's failure (the first, in one line naming the
 tensor); `check_collective` raises it on every rank before the commit, so a changed tensor is
