@@ -42,6 +42,9 @@ EXPECTED_TARGETS = {
     "verl.workers.engine.fsdp.transformer_impl:merged_lora_context",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.ensure_checkpoint_capacity",
     "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.register_checkpoint",
+    # keep_best: the trainer's logged metrics recorded next to each save step
+    "verl.utils.tracking:Tracking.__init__",
+    "verl.utils.tracking:Tracking.log",
     # feature "adopt" (slimckpt.save.adopt_startup, always on)
     "verl.utils.config:validate_config",
     # feature "merge" (slimckpt.merge.pipeline)

@@ -55,6 +55,7 @@ from ..read.safe_load import load_torch_file
 from ..read.step_pickles import dcp_refusals, native_refusals
 from .pickle_gate import refuse_together
 from . import hf_direct_export, rng_reshard
+from ..format.dropped_optimizer import optimizer_dropped, resume_line
 from ..format.resume_manifest import (
     FAILED_PREFIX,
     MANIFEST_NAME,
@@ -197,6 +198,17 @@ def written_checksums(writer: Any, local_path: str) -> dict[str, str]:
     """{path relative to the role dir: checksum} of the files a storage_writer wrote."""
     sums = getattr(getattr(writer, "fs", None), "checksums", {})
     return {os.path.relpath(p, local_path).replace(os.sep, "/"): c for p, c in sums.items()}
+
+
+@contextlib.contextmanager
+def load_contents(manager, contents: list[str]) -> Iterator[None]:
+    """Run a load with only `contents` (verl's should_load_* read this list)."""
+    loaded = manager.checkpoint_load_contents
+    manager.checkpoint_load_contents = list(contents)
+    try:
+        yield
+    finally:
+        manager.checkpoint_load_contents = loaded
 
 
 @contextlib.contextmanager
@@ -445,7 +457,7 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     `original` is verl's unpatched save; it still writes everything but the shards."""
     from verl.utils.fs import local_mkdir_safe
 
-    from . import resume_async
+    from . import resume_async, retention
 
     config = manager.checkpoint_config
     lora_only = bool(manager.should_save_lora_only and manager._has_lora())
@@ -466,7 +478,7 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
 
     contents = [c for c in manager.checkpoint_save_contents if c in SHARD_CONTENTS]
     # verl's own save for huggingface/, fsdp_config.json, LoRA meta and hf_model; retention later
-    with save_contents(manager, hf_direct_export.verl_contents(manager, config)):
+    with save_contents(manager, hf_direct_export.verl_contents(manager, config)), retention.deferred(manager):
         original(manager, local_path, hdfs_path, global_step, None)
     lap("verl_save")
 
@@ -595,17 +607,29 @@ def _check_committed(local_path: str, group: dist.ProcessGroup, checksums: bool 
 
 
 def load_resume_state(manager, local_path: str) -> None:
-    """Load model, optimizer and extra state written by save_resume_state, at any world size."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    from . import optim_capture
-
+    """Load model, optimizer and extra state written by save_resume_state, at any world size; a
+    step whose optimizer state retention dropped loads the rest, saying so in one line."""
     group = checkpoint_group(manager)
     # every rank raises the same one-line error; checksums unless the config says verify: false
     manifest = _check_committed(local_path, group, bool(getattr(manager.checkpoint_config, "verify", True)))
     extra = _extra_path(local_path, manifest.world_size, manager.rank % manifest.world_size)
     refuse_together(group, lambda: dcp_refusals(local_path, [extra]))
+
+    if manager.should_load_optimizer and "optimizer" not in manifest.contents and optimizer_dropped(local_path):
+        # retention's keep_optimizer_last dropped it: the step is whole otherwise (see docs/retention.md)
+        if manager.rank == 0:
+            loads = [c for c in manager.checkpoint_load_contents if c != "optimizer"]
+            log.warning("%s", resume_line(local_path, loads))
+        with load_contents(manager, [c for c in manager.checkpoint_load_contents if c != "optimizer"]):
+            return _load_committed(manager, local_path, manifest, group)
+    return _load_committed(manager, local_path, manifest, group)
+
+
+def _load_committed(manager, local_path: str, manifest: Manifest, group: dist.ProcessGroup) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    from . import optim_capture
 
     missing = [c for c in ("model", "optimizer", "extra")
                if c in manager.checkpoint_load_contents and c not in manifest.contents]
@@ -708,6 +732,12 @@ def wrap_load_checkpoint(original):
                 if local_path is not None:  # verl's own load unpickles them unchecked
                     refuse_together(checkpoint_group(self),
                                     lambda: native_refusals(local_path, self.world_size, self.rank))
+                if local_path is not None and self.should_load_optimizer and optimizer_dropped(local_path):
+                    loads = [c for c in self.checkpoint_load_contents if c != "optimizer"]
+                    if self.rank == 0:
+                        log.warning("%s", resume_line(local_path, loads))
+                    with load_contents(self, loads):
+                        return original(self, local_path, hdfs_path, del_local_after_load)
                 return original(self, local_path, hdfs_path, del_local_after_load)
 
     return load_checkpoint

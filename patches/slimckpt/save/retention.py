@@ -22,6 +22,11 @@ Policy here (every recipe; verl's format and the incremental tier's):
     (slimckpt.read.locks; logged, retried at the next save).
   - an incremental dir loses its manifest before its files, so a delete cut short never leaves a
     dir that looks committed.
+  - with a recipe's keep_best / best_metric, the best steps by a logged metric stay as well
+    (slimckpt.save.best_metric records the metric next to each step); with keep_optimizer_last,
+    kept steps older than the newest N lose their optimizer state only (slimckpt.save.optimizer_drop,
+    under the same exclusive lock as a delete; the tracker's step keeps it). The decision itself is
+    slimckpt.format.retention_plan, pure.
 
 Disk at the peak, per role (`peak_steps`, `verl_peak_steps`; `slimckpt plan` prints the bytes): the
 peak is while a new step is written. verl holds max_keep steps then (max_keep-1 kept at the start,
@@ -36,14 +41,18 @@ adds one each while the lock is held.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..read.locks import try_exclusive
 from ..log import get_logger
-from ..format.resume_manifest import protected_dirs, remove_manifest, split_retention
+from ..format import retention_plan
+from ..format.resume_manifest import protected_dirs, remove_manifest
+from ..format.retention_plan import RetentionPolicy
+from . import best_metric, optimizer_drop
 
 log = get_logger("slimckpt.retention")
 
@@ -91,23 +100,65 @@ def delete_step_dir(path: str) -> str | None:
     return f"partly deleted: {errors[0]}" if errors else None
 
 
-def apply(paths: Sequence[str], max_keep) -> tuple[list[str], list[str]]:
-    """(still tracked, deleted) for verl's list of saved role dirs, oldest first, after the newest
-    one is complete. Deletes on disk."""
-    paths = list(paths)
+def policy_for(config, max_keep) -> RetentionPolicy:
+    """The role's policy: a recipe's checkpoint config adds keep_optimizer_last and keep_best."""
     keep_n = _valid_keep(max_keep)
-    keep, candidates = split_retention(paths, keep_n, protected_dirs(paths))
-    for path in paths[: max(0, len(paths) - (keep_n or len(paths)))]:
-        if path in keep:
-            log.info("retention keeps %s: latest_checkpointed_iteration.txt names it", os.path.abspath(path))
+    return RetentionPolicy(max_keep=keep_n, optimizer_last=getattr(config, "keep_optimizer_last", None),
+                           keep_best=int(getattr(config, "keep_best", 0) or 0),
+                           best_metric=getattr(config, "best_metric", None) or None,
+                           best_mode=str(getattr(config, "best_mode", "max") or "max"))
+
+
+def drop_step_optimizer(path: str, keep_last: int | None) -> str | None:
+    """Drop a role dir's optimizer state under its exclusive lock; None when done (or there was
+    none), else why it was kept."""
+    abs_path = os.path.abspath(path)
+    if not os.path.isdir(abs_path) or not optimizer_drop.holds_optimizer(abs_path):
+        return None
+    try:
+        lock = try_exclusive(abs_path, "dropping its optimizer state (retention)")
+    except OSError as exc:
+        return f"cannot lock it ({exc.strerror or exc})"
+    if lock is None:
+        return "a reader or writer holds its lock"
+    with lock:
+        try:
+            freed = optimizer_drop.drop_optimizer(abs_path, keep_last)
+        except optimizer_drop.NothingToDrop as why:
+            log.info("retention left %s as it is: %s", abs_path, why)
+            return None
+        except OSError as exc:
+            return f"cannot drop its optimizer state ({exc.strerror or exc})"
+    log.info("retention dropped the optimizer state of %s (%.1f MiB freed; model, extra state and export kept)",
+             abs_path, freed / 2**20)
+    return None
+
+
+def apply(paths: Sequence[str], max_keep, policy: RetentionPolicy | None = None) -> tuple[list[str], list[str]]:
+    """(still tracked, deleted) for verl's list of saved role dirs, oldest first, after the newest
+    one is complete. Deletes on disk, and drops the optimizer state the policy says to."""
+    paths = list(paths)
+    policy = policy or RetentionPolicy(max_keep=_valid_keep(max_keep))
+    metrics = best_metric.metrics_of(paths, policy.best_metric) if policy.keep_best else {}
+    decision = retention_plan.plan(paths, policy, protected_dirs(paths), metrics)
+    for path in decision.protected:
+        log.info("retention keeps %s: latest_checkpointed_iteration.txt names it", os.path.abspath(path))
+    for path in decision.best:
+        log.info("retention keeps %s: among the best %d by %s (%s %s)", os.path.abspath(path), policy.keep_best,
+                 policy.best_metric, policy.best_mode, metrics.get(path))
     deleted: list[str] = []
-    for path in candidates:
+    for path in decision.delete:
         why = delete_step_dir(path)
         if why is None:
             deleted.append(path)
             log.info("retention deleted %s", os.path.abspath(path))
         else:
             log.warning("retention kept %s: %s; it is retried at the next save", os.path.abspath(path), why)
+    for path in decision.drop_optimizer:
+        why = drop_step_optimizer(path, policy.optimizer_last)
+        if why is not None:
+            log.warning("retention kept the optimizer state of %s: %s; it is retried at the next save",
+                        os.path.abspath(path), why)
     return [p for p in paths if p not in deleted], deleted
 
 
@@ -115,11 +166,27 @@ def before_save(manager, max_keep) -> None:
     """verl deletes here; slimckpt deletes nothing until the new step is complete."""
 
 
+@contextlib.contextmanager
+def deferred(manager) -> Iterator[None]:
+    """verl's own save called inside the incremental tier's (for huggingface/ and fsdp_config.json)
+    registers the step before its shards exist: nothing may be pruned then; the commit runs
+    retention once the step is complete."""
+    manager._slimckpt_retention_deferred = True
+    try:
+        yield
+    finally:
+        manager._slimckpt_retention_deferred = False
+
+
 def after_save(manager, new_path: str, max_keep) -> list[str]:
     """Track `new_path` (complete now) and delete what retention allows; returns the deleted dirs."""
     new = os.path.abspath(new_path)
     paths = [p for p in manager.previous_saved_paths if os.path.abspath(p) != new] + [new_path]
-    manager.previous_saved_paths, deleted = apply(paths, max_keep)
+    if getattr(manager, "_slimckpt_retention_deferred", False):
+        manager.previous_saved_paths = paths
+        return []
+    policy = policy_for(getattr(manager, "checkpoint_config", None), max_keep)
+    manager.previous_saved_paths, deleted = apply(paths, max_keep, policy)
     return deleted
 
 
@@ -142,5 +209,6 @@ def wrap_register_checkpoint(original):
     return register_checkpoint
 
 
-__all__ = ["after_save", "apply", "before_save", "delete_step_dir", "peak_steps", "verl_peak_steps",
+__all__ = ["after_save", "apply", "before_save", "delete_step_dir", "drop_step_optimizer", "peak_steps", "policy_for",
+           "verl_peak_steps",
            "wrap_ensure_checkpoint_capacity", "wrap_register_checkpoint"]

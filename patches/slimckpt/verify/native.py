@@ -31,6 +31,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..format.dropped_optimizer import NATIVE_MARKER
 from ..format.merge_manifest import BadFile
 
 RANK_FILE_RE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
@@ -331,6 +332,9 @@ def check_native(role_dir: str, on_bytes: Callable[[int], object] | None = None,
         for name in names:
             m = RANK_FILE_RE.match(name)
             by_kind.setdefault(m.group(1), {})[int(m.group(3))] = name
+    dropped = os.path.isfile(os.path.join(role_dir, NATIVE_MARKER))
+    if dropped:  # retention's keep_optimizer_last: no optim file is expected, a leftover one is finished later
+        by_kind.pop("optim", None)
     if world is not None and not by_kind:
         bad.append(BadFile(f"model_world_size_{world}_rank_0.pt", "missing: no rank file of any kind"))
     for kind, ranks in sorted(by_kind.items()):
@@ -363,8 +367,11 @@ def check_native(role_dir: str, on_bytes: Callable[[int], object] | None = None,
     notes = list(NOTES)
     if quick:
         notes.insert(0, "--quick: rank files were not opened (no CRC32, load or shape check)")
+    if dropped:
+        notes.insert(0, f"optimizer state dropped by retention (keep_optimizer_last; {NATIVE_MARKER}): model and "
+                        f"extra state checked, a resume from it starts the optimizer afresh")
     others = sorted(n for n in os.listdir(role_dir) if os.path.isfile(os.path.join(role_dir, n))
-                    and not RANK_FILE_RE.match(n) and n != FSDP_CONFIG)
+                    and not RANK_FILE_RE.match(n) and n not in (FSDP_CONFIG, NATIVE_MARKER))
     if others:
         notes.append(f"files verl's format does not define, not checked: {', '.join(others[:8])}")
     return NativeResult(bad, notes, files + hf_files + 1, nbytes)

@@ -27,12 +27,15 @@ BOOL_FIELDS = ("measure", "export_hf", "incremental_save", "verify", "save_lora_
 # async_save: false | true | pool | stream. true is pool (what it meant before stream existed); the
 # field keeps False / True / "stream", so every `if config.async_save` reads as before.
 ASYNC_MODES = ("false", "true", "pool", "stream")
-INT_FIELDS = ("bucket_mb", "write_threads")
+INT_FIELDS = ("bucket_mb", "write_threads", "keep_best")
+# a whole number, or null (none/"null" from an interpolation) for "every kept step"
+OPTIONAL_INT_FIELDS = ("keep_optimizer_last",)
 FLOAT_FIELDS = ("host_memory_budget_gb",)
 ENUM_FIELDS = {
     "recipe": RECIPES,
     "export_dtype": ("auto", "bf16", "fp16", "fp32"),
     "on_save_error": ("stop", "continue"),
+    "best_mode": ("max", "min"),
 }
 
 
@@ -54,7 +57,10 @@ def _checked(key: str, value):
         if word not in ASYNC_MODES:
             raise _bad_value(key, value, "false, true (= pool), pool or stream")
         return "stream" if word == "stream" else word in ("true", "pool")
-    if key in INT_FIELDS:
+    if key in OPTIONAL_INT_FIELDS:
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~", "")):
+            return None
+    if key in INT_FIELDS or key in OPTIONAL_INT_FIELDS:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, str):
@@ -135,6 +141,13 @@ class SlimCheckpointConfig(CheckpointConfig):
     on_save_error: what a failed save (disk full, unwritable dir, another writer) does: stop
         (raise, the default) or continue (log it at ERROR, mark the step failed, keep the tracker
         on the last committed step, train on). See slimckpt.save.errors.
+    keep_optimizer_last: of the steps retention keeps (trainer.max_*_ckpt_to_keep, keep_best),
+        only the newest N keep their optimizer state; older ones keep model, extra state and the
+        HF export (null, the default: every kept step keeps it). The tracker's step always keeps
+        it. A step without it resumes model-only, saying so. See docs/retention.md.
+    keep_best / best_metric / best_mode: also keep the keep_best steps with the best value
+        (max or min) of best_metric, a metric the trainer logs at save steps (its value is
+        recorded next to the step, slimckpt_metrics.json); 0 (default) keeps none for it.
     """
 
     recipe: str = "quickstart"
@@ -151,6 +164,10 @@ class SlimCheckpointConfig(CheckpointConfig):
     allow_verl_fallback: bool = True
     export_merge_lora: bool = False
     trust_pickle: bool = False
+    keep_optimizer_last: int | None = None
+    keep_best: int = 0
+    best_metric: str | None = None
+    best_mode: str = "max"
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)
@@ -161,7 +178,7 @@ class SlimCheckpointConfig(CheckpointConfig):
 
         check_verl_version()
         present = {f.name for f in fields(self)}
-        for key in ("async_save", *BOOL_FIELDS, *INT_FIELDS, *FLOAT_FIELDS, *ENUM_FIELDS):
+        for key in ("async_save", *BOOL_FIELDS, *INT_FIELDS, *OPTIONAL_INT_FIELDS, *FLOAT_FIELDS, *ENUM_FIELDS):
             if key in present:
                 # verl's BaseConfig freezes set fields; this only normalises "true" -> True, "64" -> 64
                 object.__setattr__(self, key, _checked(key, getattr(self, key)))
@@ -186,7 +203,22 @@ class SlimCheckpointConfig(CheckpointConfig):
                 f"checkpoint.bucket_mb={self.bucket_mb}, write_threads={self.write_threads}, "
                 f"host_memory_budget_gb={self.host_memory_budget_gb}: use bucket_mb>=1, write_threads>=1, budget>=0"
             )
+        check_retention(self.keep_optimizer_last, self.keep_best, self.best_metric, self.best_mode)
         switch_on("checkpoint")
+
+
+def check_retention(keep_optimizer_last: int | None, keep_best: int, best_metric: str | None, best_mode: str) -> None:
+    """One-line ValueError for retention settings that cannot be carried out (docs/retention.md)."""
+    if keep_optimizer_last is not None and keep_optimizer_last < 1:
+        raise ValueError(f"checkpoint.keep_optimizer_last={keep_optimizer_last}: use a whole number >= 1 (the newest "
+                         f"step always keeps its optimizer state), or null to keep it in every step")
+    if keep_best < 0:
+        raise ValueError(f"checkpoint.keep_best={keep_best}: use 0 (off) or a whole number of steps")
+    if keep_best and not best_metric:
+        raise ValueError("checkpoint.keep_best needs checkpoint.best_metric: the name of a metric the trainer logs at "
+                         "save steps, e.g. best_metric=critic/score/mean")
+    if best_mode not in ("max", "min"):
+        raise ValueError(f"checkpoint.best_mode={best_mode!r}: use max or min")
 
 
 def _reject_unknown_fields(cls):

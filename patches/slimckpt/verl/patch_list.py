@@ -149,6 +149,12 @@ PATCHES: list[Patch] = [
           why="in verl's driver: resume the job's newest step in either checkpoint dir and format (a recipe moves "
               "default_local_dir), or stop in one line where the run cannot load it; name what a recipe sets "
               "outside checkpointing"),
+    Patch("checkpoint.best_metric.init", "verl.utils.tracking:Tracking.__init__", "checkpoint",
+          "slimckpt.save.best_metric:wrap_tracking_init",
+          why="in verl's trainer: note where a run whose checkpoint config has keep_best saves its steps"),
+    Patch("checkpoint.best_metric.log", "verl.utils.tracking:Tracking.log", "checkpoint",
+          "slimckpt.save.best_metric:wrap_tracking_log",
+          why="record each save step's logged metrics next to it, for retention's keep_best (only with keep_best)"),
     *_cpu_patches(),
     Patch("merge.fsdp", "verl.model_merger.fsdp_model_merger:FSDPModelMerger.merge_and_save", "merge",
           "slimckpt.merge.verl_merger:wrap_merge_and_save",
