@@ -1,19 +1,29 @@
 """slimckpt.save.adopt(_startup): the resume a run gets at start-up, on configs composed as
 `python -m verl.trainer.main_ppo` composes them, over step dirs laid out as verl and slimckpt write
-them (file names only: what is decided here is read from names and manifests). The runs of verl's
-real trainer that exercise the same decisions are tests/test_adopt_e2e.py's."""
+them (file names, fsdp_config.json, data.pt and sealed manifests: what is decided here is read from
+those, and the walk back over damaged steps is intact_resume's). The runs of verl's real trainer that
+exercise the same decisions are tests/test_adopt_e2e.py's."""
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf, open_dict
 
+from slimckpt.format import resume_manifest as rm
 from slimckpt.save.adopt import RoleLoad, RoleState, plan_resume, role_state
 from slimckpt.save.adopt_startup import adopt, recipe_settings_line
 from slimckpt.verl.dryrun import compose_config
 
 FULL = ("model", "optimizer", "extra")
+
+
+def _data_pt(step_dir: Path) -> None:
+    """The trainer's dataloader state, as verl's torch.save writes it (the intact check reads its zip records)."""
+    import torch
+
+    torch.save({"epoch": 0}, step_dir / "data.pt")
 
 
 def verl_step(root: Path, step: int, contents=FULL, world: int = 2, track: bool = True) -> Path:
@@ -23,14 +33,21 @@ def verl_step(root: Path, step: int, contents=FULL, world: int = 2, track: bool 
     for what in contents:
         for rank in range(world):
             (actor / f"{prefix[what]}_world_size_{world}_rank_{rank}.pt").write_bytes(b"x")
-    (actor.parent / "data.pt").write_bytes(b"x")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
+    _data_pt(actor.parent)
     if track:
         (root / "latest_checkpointed_iteration.txt").write_text(str(step))
     return actor.parent
 
 
-def dcp_step(root: Path, step: int) -> Path:
-    (root / f"global_step_{step}" / "actor" / "dcp").mkdir(parents=True)
+def dcp_step(root: Path, step: int, contents=FULL) -> Path:
+    """An incremental step as the tier commits it: dcp/ files listed in a sealed manifest."""
+    actor = root / f"global_step_{step}" / "actor"
+    (actor / "dcp").mkdir(parents=True)
+    (actor / "dcp" / "__0_0.distcp").write_bytes(b"x" * 8)
+    _data_pt(actor.parent)
+    rm.write_manifest(str(actor), rm.Manifest(step, 1, list(contents), rm.describe_files(str(actor),
+                                                                                         ["dcp/__0_0.distcp"])))
     (root / "latest_checkpointed_iteration.txt").write_text(str(step))
     return root / f"global_step_{step}"
 
@@ -128,3 +145,38 @@ def test_recipe_settings_line_names_what_the_run_keeps(composed, tmp_path):
     assert "save_freq" not in mine and "max_actor_ckpt_to_keep=2" in mine
     # incremental sets nothing outside the checkpoint sections but the switch of its own patches
     assert recipe_settings_line(composed["incremental"], "incremental") == ""
+
+
+def test_the_newest_step_is_the_newest_intact_one_as_intact_resume_walks_back(tmp_path):
+    """adopt's latest step is intact_resume's: a damaged step the tracker names (verl's save of it
+    did not finish) is passed over for the newest intact one below it, in either directory."""
+    from slimckpt.save.intact_resume import latest_intact_step
+
+    verl_step(tmp_path / "ckpt", 2)
+    verl_step(tmp_path / "ckpt", 4)
+    (tmp_path / "ckpt" / "global_step_4" / "actor" / "fsdp_config.json").unlink()  # its save never finished
+    newer = verl_step(tmp_path / "ckpt" / "model_only", 3, contents=("model",))
+    assert latest_intact_step(str(tmp_path / "ckpt"), {"actor": True}) == 2
+    decision = plan_resume(str(tmp_path / "ckpt"), "auto", [RoleLoad("actor", ("model",), True)], "quickstart")
+    assert decision.action == "resume" and decision.step_dir == str(newer), decision  # 3 beats the intact 2
+
+
+def test_a_step_whose_optimizer_retention_dropped_is_resumed_not_refused(tmp_path):
+    """A run that loads the optimizer, whose newest step lost it to keep_optimizer_last (the record
+    next to verl's rank files, or the manifest of a dcp/ step): resumed, saying what it drops."""
+    from slimckpt.format.dropped_optimizer import DROPPED_KEY, NATIVE_MARKER
+
+    step = verl_step(tmp_path / "ckpt", 2, contents=("model", "extra"))
+    decision = plan_resume(str(tmp_path / "ckpt"), "auto", [RoleLoad("actor", FULL, True)], "quickstart")
+    assert decision.action == "stop"  # no record: an optimizer the run loads is missing
+    (step / "actor" / NATIVE_MARKER).write_text(json.dumps({DROPPED_KEY: True, "keep_optimizer_last": 1}))
+    decision = plan_resume(str(tmp_path / "ckpt"), "auto", [RoleLoad("actor", FULL, True)], "quickstart")
+    assert decision.action == "keep" and "does not load actor optimizer" in decision.message, decision
+
+    dcp = tmp_path / "dcp"
+    actor = dcp_step(dcp, 5, contents=("model", "extra")) / "actor"
+    manifest = rm.read_manifest(str(actor))
+    manifest.extra[DROPPED_KEY] = {"keep_optimizer_last": 1}
+    rm.write_manifest(str(actor), manifest)
+    decision = plan_resume(str(dcp), "auto", [RoleLoad("actor", FULL, True)], "incremental")
+    assert decision.action == "keep" and "does not load actor optimizer" in decision.message, decision

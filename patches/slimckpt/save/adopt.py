@@ -24,9 +24,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..format.resume_manifest import TRACKER_NAME, UncommittedCheckpoint, read_manifest, read_tracker
+from ..format.dropped_optimizer import optimizer_dropped
+from ..format.resume_manifest import UncommittedCheckpoint, read_manifest
 from ..read.checkpoint_dir import DCP_DIR
-from .tracker_recovery import newest_complete_step
+from .intact_resume import latest_intact_step
 
 SHARD_CONTENTS = ("model", "optimizer", "extra")  # verl's load_contents values that name state in the shards
 MODEL_ONLY_DIR = "model_only"  # where the model-only recipes move default_local_dir
@@ -83,15 +84,12 @@ def role_state(role_dir: str) -> RoleState | None:
     return RoleState("verl", tuple(c for c in SHARD_CONTENTS if c in contents))
 
 
-def latest_step(root: str) -> int | None:
-    """The step verl's resume_mode=auto would pick in `root` (its tracker), or, when the tracker
-    is there but unreadable, the newest complete step."""
-    step = read_tracker(root)
-    if step is not None:
-        return step if os.path.isdir(os.path.join(root, f"global_step_{step}")) else None
-    if os.path.exists(os.path.join(root, TRACKER_NAME)):
-        return newest_complete_step(root)
-    return None
+def latest_step(root: str, roles: Sequence[str] = ("actor",)) -> int | None:
+    """The step resume_mode=auto resumes in `root`: intact_resume.latest_intact_step over the role
+    dirs the run loads (the tracker's step, or the newest intact one below it when it is damaged
+    or missing, as the trainer's resume then does). Sizes and seals only: the trainer's own check
+    reads the checksums before its load."""
+    return latest_intact_step(root, {r: False for r in roles})
 
 
 def sibling_dir(root: str) -> str:
@@ -115,6 +113,10 @@ def _check_role(step_dir: str, role: RoleLoad) -> tuple[str | None, list[str]]:
                 f"read: relaunch with +recipe=incremental to continue from it (exactly), or +recipe=quickstart "
                 f"(its weights; the optimizer restarts)"), []
     missing = [c for c in role.load_contents if c in SHARD_CONTENTS and c not in state.contents]
+    # retention's keep_optimizer_last: the load resumes the rest and says so (format.dropped_optimizer)
+    by_retention = "optimizer" in missing and optimizer_dropped(where) is not None
+    if by_retention:
+        missing.remove("optimizer")
     if missing:
         settings = " ".join(f"{key}.checkpoint.load_contents=[{','.join(state.contents)}]"
                             for key in ("actor_rollout_ref.actor", "critic"))
@@ -122,7 +124,7 @@ def _check_role(step_dir: str, role: RoleLoad) -> tuple[str | None, list[str]]:
                 f"also loads {'+'.join(missing)}: relaunch with +recipe=quickstart to continue from its weights "
                 f"(the optimizer restarts), or add {settings}"), []
     dropped = [c for c in state.contents if c not in role.load_contents]
-    return None, dropped
+    return None, dropped + (["optimizer"] if by_retention else [])
 
 
 def _dropped_line(dropped: Mapping[str, list[str]], recipe: str | None) -> str:
@@ -147,7 +149,8 @@ def plan_resume(local_dir: str, resume_mode: str, roles: Sequence[RoleLoad], rec
             return Decision("keep")  # verl's own assertion names the missing key
         return _judge(os.path.normpath(resume_from_path), roles, recipe, moved=False)
     here, there = os.path.normpath(local_dir), sibling_dir(local_dir)
-    mine, other = latest_step(here), latest_step(there)
+    names = [r.name for r in roles] or ["actor"]
+    mine, other = latest_step(here, names), latest_step(there, names)
     if other is None or (mine is not None and mine >= other):
         if mine is None:
             return Decision("keep")

@@ -42,6 +42,7 @@ from ..format.resume_manifest import (
     role_damage,
     saved_steps,
 )
+from ..format.dropped_optimizer import optimizer_dropped
 from ..log import get_logger
 from ..read.checkpoint_dir import DCP_DIR
 from .tracker import SLIM_TARGETS, config_value
@@ -126,6 +127,19 @@ def newest_intact(root: str, roles: dict[str, bool], at_most: int | None) -> tup
     return None, damaged
 
 
+def latest_intact_step(root: str, roles: dict[str, bool]) -> int | None:
+    """The step resume_mode=auto resumes in `root`: the tracker's when it is intact, else the newest
+    intact one below it (an empty tracker: the newest intact step); None without a tracker (verl
+    starts from scratch) or without an intact step. The one definition of "latest intact step":
+    the trainer's patch below moves the tracker to it, slimckpt.save.adopt compares the job's two
+    directories by it. A step whose optimizer retention dropped is intact (it resumes model-only:
+    every older step lost it too, so walking further back would only lose more training)."""
+    if not os.path.exists(os.path.join(root, TRACKER_NAME)):
+        return None
+    good, _ = newest_intact(root, roles, read_tracker(root))
+    return good.step if good is not None else None
+
+
 # --------------------------------------------------------------------------- the trainer patch
 
 
@@ -179,9 +193,12 @@ def _auto(root: str, roles: dict[str, bool]) -> None:
         return
     first = damaged[0].damage
     also = [c.step for c in damaged[1:]]
+    model_only = [r for r in roles if optimizer_dropped(os.path.join(root, f"global_step_{good.step}", r))]
     log.warning("slimckpt: %s: %s; resuming from global_step_%d, the newest intact step (%s now names it; "
-                "global_step_%d is left on disk as it is%s)", first.file, first.reason, good.step, TRACKER_NAME,
-                damaged[0].step, f"; also damaged: {', '.join(f'global_step_{s}' for s in also)}" if also else "")
+                "global_step_%d is left on disk as it is%s)%s", first.file, first.reason, good.step, TRACKER_NAME,
+                damaged[0].step, f"; also damaged: {', '.join(f'global_step_{s}' for s in also)}" if also else "",
+                f"; retention dropped its {'/'.join(model_only)} optimizer state: the optimizer starts afresh"
+                if model_only else "")
 
 
 def _resume_path(path: str, roles: dict[str, bool]) -> None:
