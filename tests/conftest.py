@@ -82,6 +82,7 @@ from .verl_runs import (  # noqa: E402,F401  (fixtures)
     ppo_run,
     ppo_twice,
     ppo_warmup,
+    retention_runs,
     verl_pool,
 )
 

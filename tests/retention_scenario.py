@@ -38,14 +38,12 @@ def config(fmt: str):
                                 load_contents=["model", "optimizer", "extra"], **keys)
 
 
-def on_disk(root: str) -> dict[str, list[str]]:
-    out = {}
-    for name in sorted(os.listdir(root)):
-        actor = os.path.join(root, name, "actor")
-        if name.startswith("global_step_") and os.path.isdir(actor):
-            out[name] = sorted(os.listdir(actor)) + (sorted(f"dcp/{n}" for n in os.listdir(os.path.join(actor, "dcp")))
-                                                     if os.path.isdir(os.path.join(actor, "dcp")) else [])
-    return out
+def on_disk(root: str) -> dict[str, bool]:
+    """{global_step_N: whether its actor dir holds optimizer state} for every step on disk."""
+    from slimckpt.save.optimizer_drop import holds_optimizer
+
+    return {name: holds_optimizer(os.path.join(root, name, "actor")) for name in sorted(os.listdir(root))
+            if name.startswith("global_step_") and os.path.isdir(os.path.join(root, name, "actor"))}
 
 
 def moment_size(optim: dict) -> float:
@@ -112,6 +110,7 @@ def main() -> int:
 
     # a fresh model resumes step 1 (its optimizer was dropped): model-only, one line; then the
     # newest step 5, whole
+    saving_lines = [x for x in lines.lines if "retention" in x]
     lines.lines.clear()
     torch.manual_seed(99)
     fresh = rs.Run(seed=7, ckpt_config=config(args.format))
@@ -132,7 +131,10 @@ def main() -> int:
                        "adam_moments_after_model_only": moments, "dropped_lines": dropped_lines,
                        "model5_diffs": model5_equal, "adam_moments_after_whole": moment_size(state5["optim"]),
                        "bytes": bytes_on_disk(root),
-                       "retention_lines": [x for x in lines.lines if "retention" in x]}, f, indent=1)
+                       "retention_lines": saving_lines}, f, indent=1)
+    from slimckpt.save.resume_state import finish_pending
+
+    finish_pending()
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -123,12 +123,25 @@ for _recipe in ADOPT_RECIPES:
 for _recipe in ("quickstart", "incremental"):
     RUNS[f"adopt_plain_after_{_recipe}"] = Spec(_adopt(_recipe, steps=5), ADOPT_ENV, after=f"adopt_{_recipe}",
                                                 fails=True)
+# retention that fits a large disk: the optimizer in the newest step only, the best 3 by the score kept
+# as well (steps 1 and 2 then always stay, without their optimizer); then a resume of step 1 (model-only)
+RETENTION = ("+recipe=incremental", CONSOLE, "trainer.save_freq=1", "trainer.total_training_steps=4",
+             "trainer.max_actor_ckpt_to_keep=2", "actor_rollout_ref.actor.checkpoint.keep_optimizer_last=1",
+             "actor_rollout_ref.actor.checkpoint.keep_best=3",
+             "actor_rollout_ref.actor.checkpoint.best_metric=critic/score/mean")
+RUNS["retention"] = Spec((*RETENTION, "trainer.default_local_dir={root}/retention_ckpt"), GRPO_ENV)
+RUNS["retention_resumed"] = Spec((*RETENTION[:3], "trainer.total_training_steps=2",
+                                  "trainer.default_local_dir={root}/retention_resumed_ckpt",
+                                  "trainer.resume_mode=resume_path",
+                                  "trainer.resume_from_path={root}/retention_ckpt/global_step_1"),
+                                 GRPO_ENV, after="retention")
 # which runs a fixture reads (with the runs they resume from): decides what a session starts
 READS = {"grpo_runs": ("grpo_first", "grpo_resume"), "incremental_run": ("incremental",),
          "incremental_resumed": ("incremental", "incremental_resumed"), "ppo_run": ("ppo",),
          "ppo_twice": ("ppo", "ppo_again"),
          "flowrl_run": ("flowrl",), "ppo_warmup": ("ppo_warmup_verl", "ppo_warmup"),
-         "adopt_runs": tuple(name for name in RUNS if name.startswith("adopt_"))}
+         "adopt_runs": tuple(name for name in RUNS if name.startswith("adopt_")),
+         "retention_runs": ("retention", "retention_resumed")}
 
 
 class RunPool:
@@ -297,3 +310,10 @@ def adopt_runs(verl_pool) -> dict[str, Run]:
         runs[name] = Run(verl_pool.root / "checkpoints" / "adopt" / experiment, verl_pool.wait(name),
                          rollouts=verl_pool.root / f"adopt_{experiment}_rollouts")
     return runs
+
+
+@pytest.fixture(scope="session")
+def retention_runs(verl_pool) -> tuple[Run, Run]:
+    """+recipe=incremental with keep_optimizer_last=1 and keep_best, then a resume of a step without optimizer."""
+    return (Run(verl_pool.root / "retention_ckpt", verl_pool.wait("retention")),
+            Run(verl_pool.root / "retention_resumed_ckpt", verl_pool.wait("retention_resumed")))

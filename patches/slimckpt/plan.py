@@ -26,6 +26,10 @@ Then the peak disk of the run: a role's bytes per step times the steps it holds 
 written, under verl's retention order and slimckpt's (slimckpt.save.retention.peak_steps: one step
 more, since it deletes only once the new step is complete), at trainer.max_actor_ckpt_to_keep /
 max_critic_ckpt_to_keep (as given; else each row's own: a recipe's value, verl's null = keep all).
+With a recipe's keep_optimizer_last / keep_best (`--set keep_optimizer_last=1 --set keep_best=2`)
+a second table splits the steps held into whole ones and ones without their optimizer state
+(slimckpt.format.retention_plan.steps_held), next to the same retention with the optimizer in
+every kept step and with keep_optimizer_last=1.
 The critic (`--critic`, PPO with GAE) is the actor's shapes with a one-output value head instead
 of lm_head, saving the same contents and no Hugging Face export.
 
@@ -48,6 +52,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .format.layout import dim0_row_bytes, dim0_rows
+from .format.retention_plan import RetentionPolicy, disk_bytes, steps_held
 from .save.retention import peak_steps, verl_peak_steps
 
 HELP = "predict per-rank checkpoint bytes, host memory and time from a model config (no weights)"
@@ -118,6 +123,9 @@ class Strategy:
     # trainer.max_actor_ckpt_to_keep / max_critic_ckpt_to_keep of the run (None: keep every step)
     actor_keep: int | None = None
     critic_keep: int | None = None
+    # retention's keep_optimizer_last and keep_best (slimckpt.format.retention_plan)
+    keep_optimizer_last: int | None = None
+    keep_best: int = 0
 
     @property
     def hf_model(self) -> bool:
@@ -141,6 +149,8 @@ class Strategy:
             bucket_mb=int(cfg.get("bucket_mb", defaults["bucket_mb"])),
             write_threads=int(cfg.get("write_threads", defaults["write_threads"])),
             host_memory_budget_gb=float(cfg.get("host_memory_budget_gb", defaults["host_memory_budget_gb"])),
+            keep_optimizer_last=parse_keep("keep_optimizer_last", cfg.get("keep_optimizer_last")),
+            keep_best=parse_keep("keep_best", cfg.get("keep_best")) or 0,
         )
 
 
@@ -280,6 +290,21 @@ def peak_disk(per_step: int, max_keep: int | None) -> dict[str, Any]:
             "verl_steps": verl_steps, "verl_bytes": verl_steps * per_step,
             "slimckpt_steps": slim[0], "slimckpt_bytes": slim[0] * per_step,
             "slimckpt_steps_tracker_behind": slim[1], "slimckpt_bytes_tracker_behind": slim[1] * per_step}
+
+
+def retention_disk(per_step: int, optimizer_bytes: int, max_keep: int | None, keep_optimizer_last: int | None,
+                   keep_best: int = 0) -> dict[str, Any]:
+    """Disk one role holds while a step is written under slimckpt's retention with keep_optimizer_last
+    and keep_best: whole steps, steps without their optimizer state (`optimizer_bytes` less), and
+    the bytes; with max_keep None, how much each save adds."""
+    policy = RetentionPolicy(max_keep=max_keep, optimizer_last=keep_optimizer_last, keep_best=keep_best)
+    held = steps_held(policy, peak_steps(max_keep))
+    out = {"max_ckpt_to_keep": max_keep, "keep_optimizer_last": keep_optimizer_last, "keep_best": keep_best,
+           "per_step_bytes": per_step, "optimizer_bytes": optimizer_bytes, "steps": held,
+           "bytes": disk_bytes(per_step, optimizer_bytes, held)}
+    if held is None:  # every step kept: each save adds one, without its optimizer once it is old enough
+        out["bytes_per_save"] = per_step - (optimizer_bytes if keep_optimizer_last is not None else 0)
+    return out
 
 
 def critic_params(params: Sequence[ParamSpec]) -> list[ParamSpec]:
@@ -558,10 +583,19 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         if facts.split_on_save and s.incremental and s.export_hf:
             e["notes"].append("fused MoE experts split on save: each rank writes its rows of every per-expert tensor")
         e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
+        slim = s.name.startswith("+recipe=")  # verl's own retention has no keep_optimizer_last / keep_best
+        optim = optim_total(facts.params, args.world_size, s)
+        e["retention_disk"] = {"actor": [retention_disk(e["total_write_bytes"] + e["hf_export_bytes"], optim, s.actor_keep,
+                                                        last, s.keep_best) for last in keep_choices(s, optim)]
+                               if slim else []}
         if with_critic:  # the critic saves the same contents, never an HF export
             critic = replace(s, contents=tuple(c for c in s.contents if c != "hf_model"), export_hf=False)
             c = estimate(critic_params(facts.params), args.world_size, critic, extra, 0, None, fsdp)
             e["peak_disk"]["critic"] = peak_disk(c.total_write_bytes, s.critic_keep)
+            c_optim = optim_total(critic_params(facts.params), args.world_size, critic)
+            e["retention_disk"]["critic"] = [retention_disk(c.total_write_bytes, c_optim, s.critic_keep, last,
+                                                            s.keep_best) for last in keep_choices(s, c_optim)] \
+                if slim else []
         estimates.append(e)
     return {
         "config": args.config,
@@ -584,6 +618,21 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "estimates": estimates,
         "critic": with_critic,
     }
+
+
+def optim_total(params: Sequence[ParamSpec], world: int, strategy: Strategy) -> int:
+    """AdamW bytes of all ranks, as a step of `strategy` holds them (0 when it saves no optimizer)."""
+    if "optimizer" not in strategy.contents:
+        return 0
+    return sum(optim_shard_bytes(params, world, r) for r in range(world))
+
+
+def keep_choices(strategy: Strategy, optimizer_bytes: int) -> list[int | None]:
+    """The keep_optimizer_last values the retention table compares: the row's own, every kept step
+    (null) and the newest one (1); only the row's own when it saves no optimizer state."""
+    if not optimizer_bytes:
+        return [strategy.keep_optimizer_last]
+    return list(dict.fromkeys([strategy.keep_optimizer_last, None, 1]))
 
 
 def rollout_windows(args: argparse.Namespace) -> list[float] | None:
@@ -670,6 +719,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
         print(f"  {e['strategy']}: {e['host_note']}" + "".join(f"; {n}" for n in e["notes"]), file=out)
     print_stream(r, out)
     print_peak_disk(r, out)
+    print_retention_disk(r, out)
     hf = r["hf_export"]
     files = hf["files"]
     print(f"HF export ({hf['dtype']}, max_shard_size {hf['max_shard_size']}): {len(files)} file(s), "
@@ -733,6 +783,40 @@ def print_peak_disk(r: dict[str, Any], out=sys.stdout) -> None:
           "failed save with on_save_error=continue, an async commit ahead of its watcher).", file=out)
     if not r.get("critic"):
         print("  critic not counted: pass --critic for a run with one (PPO with GAE).", file=out)
+
+
+def print_retention_disk(r: dict[str, Any], out=sys.stdout) -> None:
+    """The rows of retention_disk: per strategy that saves optimizer state (or sets keep_best), the
+    disk at each keep_optimizer_last choice."""
+    roles = ("actor", "critic") if r.get("critic") else ("actor",)
+    rows = []
+    for e in r["estimates"]:
+        for role in roles:
+            for d in e.get("retention_disk", {}).get(role, []):
+                if not d["optimizer_bytes"] and not d["keep_best"]:
+                    continue
+                last = "all kept" if d["keep_optimizer_last"] is None else f"newest {d['keep_optimizer_last']}"
+                keep = "all" if d["max_ckpt_to_keep"] is None else str(d["max_ckpt_to_keep"])
+                if d["steps"] is None:
+                    held, usual, behind = "every step", f"+{human(d['bytes_per_save'])} per save", "-"
+                else:
+                    held = f"{d['steps']['whole']} whole + {d['steps']['without_optimizer']}"
+                    usual, behind = human(d["bytes"]["usual"]), human(d["bytes"]["tracker_behind"])
+                rows.append([e["strategy"], role, keep, str(d["keep_best"]), last,
+                             f"{human(d['per_step_bytes'])} / {human(d['per_step_bytes'] - d['optimizer_bytes'])}",
+                             held, usual, behind])
+    if not rows:
+        return
+    print("retention with keep_optimizer_last / keep_best (slimckpt's order; --set keep_optimizer_last=N "
+          "--set keep_best=K):", file=out)
+    head = ["strategy", "role", "keep", "best", "optimizer in", "step whole / without optimizer",
+            "steps held (whole + without)", "peak disk", "tracker behind"]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    for row in [head, ["-" * n for n in widths], *rows]:
+        print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
+    print("  a step without its optimizer keeps model, extra state and export; the optimizer of the step before the "
+          "newest goes\n  before the next step is written (the tracker names it at the newest's commit). keep_best "
+          "counts its steps as extra ones (none among the newest).", file=out)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -43,6 +43,8 @@ FAILED_PREFIX = "slimckpt_save_failed_rank_"
 TRACKER_NAME = "latest_checkpointed_iteration.txt"
 DAMAGED_FIX = "the checkpoint is damaged, resume from an earlier step"
 LOCK_SUFFIX = ".slimckpt-lock"  # slimckpt.read.locks.LOCK_SUFFIX
+# an optimizer drop's new files and the old ones it replaces (slimckpt.save.optimizer_drop)
+DROP_DIRS = ("dcp.slimckpt-drop/", "dcp.slimckpt-old/")
 
 
 class UncommittedCheckpoint(RuntimeError):
@@ -114,10 +116,12 @@ def describe_files(root: str, relpaths: Iterable[str], known: dict[str, str] | N
 
 def _not_state(rel: str) -> bool:
     """Files a role dir may hold outside its manifest: the manifest (and its temp file), failure
-    markers (reported on their own), and advisory lock files of a subdir (slimckpt.read.locks puts
-    `.<dir>.slimckpt-lock` next to a dir)."""
+    markers (reported on their own), advisory lock files of a subdir (slimckpt.read.locks puts
+    `.<dir>.slimckpt-lock` next to a dir), and the dirs of an optimizer drop under way."""
     name = rel.rsplit("/", 1)[-1]
     if name.endswith(LOCK_SUFFIX):
+        return True
+    if rel.startswith(DROP_DIRS):  # retention's optimizer drop in progress (save.optimizer_drop)
         return True
     return "/" not in rel and (name.startswith((MANIFEST_NAME, FAILED_PREFIX)))
 

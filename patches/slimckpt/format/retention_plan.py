@@ -100,23 +100,25 @@ def steps_held(policy: RetentionPolicy, peak_steps: tuple[int, int] | None) -> d
     """Role dirs on disk while a new step is written, split into whole ones and ones without their
     optimizer state: `peak_steps` is slimckpt.save.retention.peak_steps(max_keep) (usual, tracker
     behind; None: every step is kept, no bound). The best steps count as extra ones (the worst case:
-    none of them among the newest), each without its optimizer once it is older than the newest
-    `optimizer_last`."""
+    none of them among the newest). Before a step is written the tracker names the newest committed
+    one, so retention's drops then (slimckpt.save.retention.optimizer_drops) leave the optimizer in
+    the newest `optimizer_last` of the steps it keeps and nowhere else."""
     if peak_steps is None:
         return None
     usual, behind = peak_steps
-    committed = usual - 1  # the newest kept (+ the tracker's at max_keep=1), all complete
-    # retention runs inside a step's save, before the trainer moves the tracker: the step before
-    # the newest is the tracker's then and keeps its optimizer until the next save
-    whole = committed if policy.optimizer_last is None else min(committed, max(policy.optimizer_last, 2))
     best = max(0, policy.keep_best)
-    # a best step is older than the newest kept: it keeps its optimizer only while optimizer_last
-    # reaches past them
-    best_whole = best if policy.optimizer_last is None else min(best, max(0, policy.optimizer_last - committed))
+    committed = usual - 1 + best  # the newest kept (+ the tracker's at max_keep=1) and the best, all complete
+    whole = committed
+    if policy.optimizer_last is not None:
+        keep_n = policy.max_keep or committed
+        # a best step is older than the newest: it keeps its optimizer only while the window of the
+        # newest optimizer_last reaches it at every pass, the commit's included, where the tracker's
+        # step (outside the newest at max_keep=1) takes a place in it
+        reach = max(0, policy.optimizer_last - keep_n - (1 if keep_n == 1 else 0))
+        whole = min(policy.optimizer_last, keep_n) + min(best, reach)
     return {
         "whole": whole + 1,  # + the step being written
-        "without_optimizer": committed - whole + best - best_whole,
-        "best_whole": best_whole,
+        "without_optimizer": committed - whole,
         "tracker_behind_extra": behind - usual,  # that step keeps its optimizer (the tracker's)
     }
 
@@ -126,8 +128,7 @@ def disk_bytes(step_bytes: int, optimizer_bytes: int, held: dict[str, int] | Non
     optimizer state; the usual peak and the one with the tracker behind."""
     if held is None:
         return None
-    whole = held["whole"] + held["best_whole"]
-    usual = whole * step_bytes + held["without_optimizer"] * (step_bytes - optimizer_bytes)
+    usual = held["whole"] * step_bytes + held["without_optimizer"] * (step_bytes - optimizer_bytes)
     return {"usual": usual, "tracker_behind": usual + held["tracker_behind_extra"] * step_bytes}
 
 

@@ -9,9 +9,10 @@ Both formats our recipes write:
       the optimizer's keys (so no DCP reader can load zeros or stale bytes as Adam state). Then
       the manifest for the new files is written beside the old one (`slimckpt_resume.json.drop`),
       and the switch is three renames: dcp/ aside, the new dir in, the new manifest over the old.
-      A kill anywhere leaves either the old committed step (the new files are discarded at the next
-      pass) or the new manifest beside its files (the next pass finishes the renames), never a
-      manifest naming files that are not there. Cost: one read and one write of the step's model
+      A kill before the first rename leaves the old committed step (readers ignore the two dirs;
+      the new files are discarded at the next pass), one after the last the new one; one between
+      the renames (two renames apart) leaves the step reported damaged until the next retention
+      pass of the run finishes the renames (finish_interrupted). Cost: one read and one write of the step's model
       bytes (a third of the step) on the retention's rank, bounded host memory.
   verl's rank files          `optim_world_size_*_rank_*.pt` are deleted, after the record
       (slimckpt_optimizer_dropped.json) is written.
@@ -34,6 +35,7 @@ from typing import Any
 from ..format.dropped_optimizer import DROPPED_KEY, NATIVE_MARKER
 from ..format.merge_manifest import READ_CHUNK, fsync_path, new_hasher
 from ..format.resume_manifest import (
+    DROP_DIRS,
     MANIFEST_NAME,
     FileEntry,
     Manifest,
@@ -46,8 +48,7 @@ from ..read.checkpoint_dir import DCP_DIR
 
 log = get_logger("slimckpt.retention")
 
-NEW_DIR = f"{DCP_DIR}.slimckpt-drop"
-OLD_DIR = f"{DCP_DIR}.slimckpt-old"
+NEW_DIR, OLD_DIR = (d.rstrip("/") for d in DROP_DIRS)  # not state to any reader (resume_manifest._not_state)
 NEW_MANIFEST = f"{MANIFEST_NAME}.drop"
 OPTIM_FILE = re.compile(r"^optim_world_size_\d+_rank_\d+\.pt$")
 OPTIM_ROOT = "optim"  # the optimizer's part of the incremental tier's state dict ({"model", "optim"})

@@ -304,12 +304,24 @@ def _clear_stale(local_path: str) -> None:
 # --------------------------------------------------------------------------- retention
 
 
-def make_room(manager, max_keep: int | None) -> None:
+def make_room(manager, max_keep: int | None) -> list[str]:
     """Where verl's ensure_checkpoint_capacity deletes before a save: nothing is deleted until the
-    new step is committed (slimckpt.save.retention)."""
+    new step is committed (slimckpt.save.retention); returns the steps whose optimizer state goes
+    before the new step is written (keep_optimizer_last)."""
     from . import retention
 
-    retention.before_save(manager, max_keep)
+    return retention.optimizer_drops(manager, max_keep)
+
+
+def _drop_first(manager, drops: list[str]):
+    """The optimizer drops of make_room, run where the save writes (foreground, or the background
+    writer before its shards: an async save's blocking time stays the same)."""
+    if not drops:
+        return None
+    from . import retention
+
+    return functools.partial(retention.drop_before_save, drops, getattr(manager.checkpoint_config,
+                                                                        "keep_optimizer_last", None))
 
 
 def register_committed(manager, local_path: str, max_keep: int | None) -> None:
@@ -470,8 +482,9 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     group = checkpoint_group(manager)
     manager.previous_global_step = global_step
     local_path = local_mkdir_safe(local_path)
+    drops: list[str] = []
     if manager.rank == 0:
-        make_room(manager, max_ckpt_to_keep)
+        drops = make_room(manager, max_ckpt_to_keep)
         _clear_stale(local_path)
     dist.barrier(group=group)
     lap("setup")
@@ -514,7 +527,8 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
         del state
         writer.submit(global_step, local_path, functools.partial(
             _write_and_commit, manager, capture.state, local_path, dcp_dir, global_step, contents, config, group,
-            max_ckpt_to_keep, timings, aliases, export, capture, lora_only=lora_only), capture=capture,
+            max_ckpt_to_keep, timings, aliases, export, capture, lora_only=lora_only,
+            first=_drop_first(manager, drops)), capture=capture,
             optimizer=manager.optimizer)
         return
     staged = writer.stage(state, config, step=global_step, group=group) if mode == "pool" else None
@@ -524,16 +538,16 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
         del state
         writer.submit(global_step, local_path, functools.partial(
             _write_and_commit, manager, staged, local_path, dcp_dir, global_step, contents, config, group,
-            max_ckpt_to_keep, timings, aliases, export, lora_only=lora_only))
+            max_ckpt_to_keep, timings, aliases, export, lora_only=lora_only, first=_drop_first(manager, drops)))
         return
     _write_and_commit(manager, state, local_path, dcp_dir, global_step, contents, config, group,
-                      max_ckpt_to_keep, timings, aliases, export, lora_only=lora_only)
+                      max_ckpt_to_keep, timings, aliases, export, lora_only=lora_only, first=_drop_first(manager, drops))
 
 
 def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: str, global_step: int,
                       contents: list[str], config: Any, group: dist.ProcessGroup, max_keep: int | None,
                       timings: dict[str, float], aliases: dict[str, str], export=None, capture=None,
-                      lora_only: bool = False) -> None:
+                      lora_only: bool = False, first=None) -> None:
     """DCP shards, then the HF export (both from `state`: the live shards, the staged copy in
     pool mode, or the live shards read through `capture` in stream mode), then the commit.
     Collective over `group`."""
@@ -541,6 +555,10 @@ def _write_and_commit(manager, state: dict[str, Any], local_path: str, dcp_dir: 
 
     start = time.perf_counter()
     try:
+        if first is not None:  # rank 0: retention's optimizer drops (make_room), before the shards
+            first()
+            timings["drop_optimizer"] = time.perf_counter() - start
+            start = time.perf_counter()
         known: dict[str, str] = {}
         reads = None
         if capture is not None:

@@ -162,8 +162,38 @@ def apply(paths: Sequence[str], max_keep, policy: RetentionPolicy | None = None)
     return [p for p in paths if p not in deleted], deleted
 
 
+def optimizer_drops(manager, max_keep) -> list[str]:
+    """Before a save: the committed steps whose optimizer state may go now. The tracker names the
+    newest committed step then (the previous save's retention had to spare the step before it,
+    which the tracker still named), so every step outside the newest keep_optimizer_last and the
+    tracker's loses it: one fewer optimizer on disk while the new step is written. A failed save
+    still leaves the tracker's step whole."""
+    policy = policy_for(getattr(manager, "checkpoint_config", None), max_keep)
+    paths = [p for p in manager.previous_saved_paths if os.path.isdir(p)]
+    if policy.optimizer_last is None or not paths:
+        return []
+    metrics = best_metric.metrics_of(paths, policy.best_metric) if policy.keep_best else {}
+    decision = retention_plan.plan(paths, policy, protected_dirs(paths), metrics)
+    spared = set(decision.keep) - set(decision.drop_optimizer)
+    return [p for p in paths if p not in spared]  # the ones to delete after the save lose it now too
+
+
+def drop_before_save(paths: Sequence[str], keep_last: int | None) -> None:
+    for path in paths:
+        why = drop_step_optimizer(path, keep_last)
+        if why is not None:
+            log.warning("retention kept the optimizer state of %s: %s; it is retried at the next save",
+                        os.path.abspath(path), why)
+
+
 def before_save(manager, max_keep) -> None:
-    """verl deletes here; slimckpt deletes nothing until the new step is complete."""
+    """verl deletes here; slimckpt deletes nothing until the new step is complete, and drops only
+    the optimizer state retention no longer keeps (optimizer_drops)."""
+    if getattr(manager, "_slimckpt_retention_deferred", False):
+        return  # the incremental tier's save runs them where it writes (resume_state.make_room)
+    drops = optimizer_drops(manager, max_keep)
+    if drops:
+        drop_before_save(drops, getattr(manager.checkpoint_config, "keep_optimizer_last", None))
 
 
 @contextlib.contextmanager
@@ -209,6 +239,7 @@ def wrap_register_checkpoint(original):
     return register_checkpoint
 
 
-__all__ = ["after_save", "apply", "before_save", "delete_step_dir", "drop_step_optimizer", "peak_steps", "policy_for",
+__all__ = ["after_save", "apply", "before_save", "delete_step_dir", "drop_before_save", "drop_step_optimizer",
+           "optimizer_drops", "peak_steps", "policy_for",
            "verl_peak_steps",
            "wrap_ensure_checkpoint_capacity", "wrap_register_checkpoint"]
