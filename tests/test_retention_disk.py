@@ -198,7 +198,7 @@ def test_retention_keeps_what_it_says_across_saves(tmp_path, fmt):
     }
     assert r["after_save"] == expected, r["after_save"]
     assert any("a reader or writer holds its lock" in line and "global_step_2" in line for line in r["retention_lines"])
-    assert r["bytes"]["global_step_1"] < r["bytes"]["global_step_4"] == r["bytes"]["global_step_5"]
+    assert r["bytes"]["global_step_1"] < min(r["bytes"]["global_step_4"], r["bytes"]["global_step_5"])
 
     # resume after pruning: the dropped step loads its model exactly, a fresh optimizer, one line
     assert r["model_equal_diffs"] == [] and r["adam_moments_after_model_only"] == 0.0

@@ -750,7 +750,7 @@ def wrap_load_checkpoint(original):
                 if local_path is not None:  # verl's own load unpickles them unchecked
                     refuse_together(checkpoint_group(self),
                                     lambda: native_refusals(local_path, self.world_size, self.rank))
-                if local_path is not None and self.should_load_optimizer and optimizer_dropped(local_path):
+                if local_path is not None and optimizer_dropped(local_path) and self.should_load_optimizer:
                     loads = [c for c in self.checkpoint_load_contents if c != "optimizer"]
                     if self.rank == 0:
                         log.warning("%s", resume_line(local_path, loads))

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..format import merge_manifest
 from ..format import resume_manifest as rm
+from ..format.dropped_optimizer import DROPPED_KEY
 from ..read import in_flight
 from ..read.pickle_policy import REFUSED_PREFIX
 from . import native as verify_native
@@ -156,6 +157,9 @@ def check_incremental(report: Report, path: str, quick: bool, on_bytes: Callable
             report.add(refused.path, refused.reason, REFUSED_FIX)
     report.files += len(m.files) + 1
     report.bytes += sum(e.bytes for e in m.files)
+    if DROPPED_KEY in m.extra:  # retention's keep_optimizer_last: a committed step that holds less
+        report.note(f"{path}: optimizer state dropped by retention (keep_optimizer_last): holds "
+                    f"{'+'.join(m.contents)}, a resume from it starts the optimizer afresh")
     if quick:
         report.note("--quick: sizes only, checksums not compared")
 
