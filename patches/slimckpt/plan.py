@@ -39,6 +39,7 @@ planned with its vision tower, and its export laid out as save_pretrained writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -173,9 +174,14 @@ def export_bytes(strategy: Strategy, hf_bytes: int, hf_dtype: str) -> int:
 
 def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_bytes: int,
              hf_bytes: int, disk_gbps: float | None, fsdp: int = 1, hf_dtype: str = "bf16",
-             rollout_s: list[float] | None = None, copy_gbps: float | None = None) -> Estimate:
+             rollout_s: list[float] | None = None, copy_gbps: float | None = None,
+             device: str = "accelerator") -> Estimate:
     """Bytes, host memory and time of one save with `strategy` at world size `world`, training
-    with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators."""
+    with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators, or
+    with `device="cpu"` on host memory (verl on CPU): there no save copies a tensor to the host, it
+    is there already, so only what a path allocates beside the live tensors counts (hf_model's
+    gather, a staging pool, the export's cast chunks)."""
+    on_cpu = device == "cpu"
     model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
     optim_r = optim_shard_bytes(params, world, 0) if "optimizer" in strategy.contents else 0
     extra_r = extra_bytes if "extra" in strategy.contents else 0
@@ -189,7 +195,12 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
     if not strategy.incremental:
         # torch.save copies accelerator storages to host one at a time; FSDP1's sharded model state
         # dict is taken with offload_to_cpu=True, so the whole model shard sits in host RAM first
-        if fsdp == 1 and model_r:
+        if on_cpu:
+            peak = largest if strategy.hf_model else 0
+            note = "CPU: torch.save pickles the host tensors in place"
+            if strategy.hf_model:
+                note += " (the gather's largest tensor shard in flight)"
+        elif fsdp == 1 and model_r:
             peak = model_r + largest
             note = "FSDP1: the rank's model shard offloaded to host at once, then optimizer tensors one by one"
         else:
@@ -205,15 +216,26 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
         # more than the rank holds
         streaming = min(staged, strategy.write_threads * (strategy.bucket_mb * 2**20 + largest))
         if fsdp == 1 and staged:
-            notes.append(f"FSDP1: its reshardable sharded state dict is a transient {human(staged)} copy on the "
-                         f"accelerator (strategy=fsdp2 has none)")
-        if strategy.async_stream:
+            notes.append(f"FSDP1: its reshardable sharded state dict is a transient {human(staged)} copy "
+                         f"{'in host memory, counted' if on_cpu else 'on the accelerator'} (strategy=fsdp2 has none)")
+        if on_cpu and not (strategy.async_save and not strategy.async_stream and staged <= budget_bytes(strategy)):
+            # DCP writes host tensors as they are; an export cast to another dtype goes through one
+            # bucket_mb chunk per thread
+            cast = strategy.export_hf and strategy.export_dtype != "auto"
+            peak = strategy.write_threads * strategy.bucket_mb * 2**20 if cast else 0
+            note = "CPU: written from the live host tensors" + (", the export cast in bucket_mb chunks" if cast else "")
+            peak += staged if fsdp == 1 else 0
+            blocking = ("capture only, while the rollout window >= the write (see stream mode below)"
+                        if strategy.async_stream else "whole save")
+            if strategy.async_save and not strategy.async_stream:
+                notes.append(f"over host_memory_budget_gb={strategy.host_memory_budget_gb}: saves synchronously")
+        elif strategy.async_stream:
             peak = streaming
             note = ("streamed from the live shards: write_threads x (bucket_mb + largest tensor shard), plus what the "
                     f"next step's guard copies if it comes before the write ends (at most "
                     f"{human(min(staged, strategy.host_memory_budget_gb * 2**30))}, host_memory_budget_gb)")
             blocking = "capture only, while the rollout window >= the write (see stream mode below)"
-        elif strategy.async_save and staged <= strategy.host_memory_budget_gb * 2**30:
+        elif strategy.async_save and staged <= budget_bytes(strategy):
             peak = staged
             note = "staging pool (pinned), allocated once and held for the run"
             blocking = f"staging copy of {staged / 2**30:.2f} GiB"
@@ -246,6 +268,10 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
                             for w in windows_for(seconds, rollout_s))]
     return Estimate(strategy.name, model_r + optim_r + extra_r, total, export, peak, note, blocking, seconds, notes,
                     stream)
+
+
+def budget_bytes(strategy: Strategy) -> float:
+    return strategy.host_memory_budget_gb * 2**30
 
 
 def human(n: float) -> str:
@@ -336,6 +362,20 @@ def _hf_dir(config_path: str) -> tuple[str, Any]:
     return tmp.name, tmp
 
 
+@contextlib.contextmanager
+def _quiet(logger: str):
+    """`logger`'s warnings off for a moment (errors still show)."""
+    import logging
+
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: str | int | None = None,
                 trust_remote_code: bool = False, lora: LoraSpec | None = None) -> ModelFacts:
     from .format import layout
@@ -347,7 +387,8 @@ def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: st
     root, keep = _hf_dir(config_path)
     # verl prints a warning about the missing generation config on stdout; keep stdout for the report
     with keep, contextlib.redirect_stdout(sys.stderr):
-        hf = HfSide(root, export_dtype, trust_remote_code)
+        with _quiet("slimckpt.merge"):  # its missing-generation-config warning names this temp dir: a plan writes none
+            hf = HfSide(root, export_dtype, trust_remote_code)
         model = hf.model
         state = model.state_dict()
         shapes = {n: tuple(t.shape) for n, t in state.items()}
@@ -504,6 +545,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(without it the copy is shown in bytes)")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=1,
                    help="FSDP version of the run: 1 = verl's strategy=fsdp (its default), 2 = strategy=fsdp2")
+    p.add_argument("--device", choices=["accelerator", "cpu"], default="accelerator",
+                   help="where training holds the tensors: accelerator (GPUs, NPUs: a save copies them to host) "
+                        "or cpu (verl on CPU, SLIMCKPT_CPU=1: they are host memory already)")
     p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="HF export dtype")
     p.add_argument("--max-shard-size", default=None,
                    help="HF export file size limit, e.g. 5GB (default: save_pretrained's, as verl uses)")
@@ -531,23 +575,25 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     strategies += recipe_strategies(args.recipe, overrides)
     strategies = [replace(s, **keep_given) for s in strategies]
     fsdp = int(getattr(args, "fsdp", 1))
+    device = str(getattr(args, "device", "accelerator"))
     with_critic = bool(getattr(args, "critic", False))
     estimates = []
     for s in strategies:
         e = asdict(estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
-                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None)))
+                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None), device))
         if facts.split_on_save and s.incremental and s.export_hf:
             e["notes"].append("fused MoE experts split on save: each rank writes its rows of every per-expert tensor")
         e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
         if with_critic:  # the critic saves the same contents, never an HF export
             critic = replace(s, contents=tuple(c for c in s.contents if c != "hf_model"), export_hf=False)
-            c = estimate(critic_params(facts.params), args.world_size, critic, extra, 0, None, fsdp)
+            c = estimate(critic_params(facts.params), args.world_size, critic, extra, 0, None, fsdp, device=device)
             e["peak_disk"]["critic"] = peak_disk(c.total_write_bytes, s.critic_keep)
         estimates.append(e)
     return {
         "config": args.config,
         "world_size": args.world_size,
         "fsdp": fsdp,
+        "device": device,
         "parameters": facts.total_parameters,
         "tied": facts.tied,
         "split_on_save": {"fused_tensors": len(facts.split_on_save), "outputs": sum(facts.split_on_save.values())},
