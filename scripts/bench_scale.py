@@ -440,6 +440,7 @@ def readme_block(result: dict) -> str | None:
     rows = {r["tool"]: r for r in result["rows"]}
     ours = rows[SINGLE]
     verl = result["verl"]
+    size = f"{result['build']['params'] / 1e9:.1f}"
     verl_cell = (f"killed at {verl['peak_rss_anon'] / GiB:.0f} GiB after {verl['killed_at_s']:.0f} s (needs "
                  f"{verl_needs(result) / GiB:.0f} GiB)" if verl["killed"] else
                  f"{verl['peak_rss_anon'] / GiB:.1f} GiB, {verl['wall_s']:.0f} s")
@@ -449,12 +450,23 @@ def readme_block(result: dict) -> str | None:
         "",
         "| job | verl 0.9.1 | slimckpt |",
         "|---|---|---|",
-        f"| merge a {result['build']['params'] / 1e9:.1f}B checkpoint (fp32, world size {result['world_size']}, "
+        f"| merge {_article(size)} {size}B checkpoint (fp32, world size {result['world_size']}, "
         f"{result['build']['shard_bytes'] / GB:.0f} GB) to HF | {verl_cell} | {max(ours['peaks']) / MiB:.0f} MiB, "
-        f"{median(ours['walls']):.0f} s ({floor_ratio(median(ours['walls']), ours['io_floor_s'])} the I/O floor), "
-        f"every tensor equal to the shards |",
+        f"{median(ours['walls']):.0f} s ({floor_ratio(median(ours['walls']), ours['io_floor_s'])} the I/O floor"
+        f"{_load_words(ours)}), every tensor equal to the shards |",
         README_END,
     ])
+
+
+def _article(number: str) -> str:
+    """English's article before a number read aloud: an 8.0B, an 11B, a 3.2B."""
+    return "an" if number.startswith(("8", "11", "18")) else "a"
+
+
+def _load_words(row: dict) -> str:
+    """The 1-minute load average as the merges started: what else the host ran meanwhile."""
+    loads = row.get("loads") or []
+    return f", load {_span(loads, '.0f')}" if loads else ""
 
 
 def publish(result: dict, args: argparse.Namespace) -> None:
