@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="report whose scale section to write")
     p.add_argument("--readme", default=str(REPO / "README.md"), help="README whose headline row to write; '' for none")
     p.add_argument("--render", default=None, metavar="JSON", help="re-render from an earlier run's JSON")
+    p.add_argument("--note", default=None,
+                   help="a paragraph under the section's targets, kept in the JSON (with --render: added to it)")
     return p.parse_args(argv)
 
 
@@ -408,8 +410,12 @@ The cap stands for this host's memory: {result['verl_cap'] / GiB:.1f} GiB{cap_wo
 (`--verl-cap-gib`) is 18 GiB.
 
 {targets(result)}
-{END}
+{_note(result)}{END}
 """
+
+
+def _note(result: dict) -> str:
+    return f"\n{_wrap(result['note'])}\n" if result.get("note") else ""
 
 
 # the run README's headline quotes: a model of the size people train, not one the 1B rows already show
@@ -503,12 +509,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminated)
     if args.render:
-        publish(json.loads(Path(args.render).read_text()), args)
+        result = json.loads(Path(args.render).read_text())
+        if args.note is not None:
+            result["note"] = args.note
+            Path(args.render).write_text(json.dumps(result, indent=1))
+        publish(result, args)
         return 0
     result = measure(args)
     if not result:
         return 0
     result["machine"] = machine_line()
+    if args.note:
+        result["note"] = args.note
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     publish(result, args)
