@@ -273,14 +273,17 @@ def _unshare_ok() -> bool:
 
 
 def _merge_in_tmpfs(ckpt, mount, size: str, readonly: bool, before: str = "",
-                    merge_args: str = "") -> subprocess.CompletedProcess:
+                    distributed: bool = False) -> subprocess.CompletedProcess:
     """Run the merge in a private mount namespace with a small tmpfs at `mount` (no global mount);
     `before` runs in the mount first; what the mount holds afterwards is printed as `left: ...`."""
     mount.mkdir()
     remount = f" && mount -o remount,ro {mount}" if readonly else ""
+    launch = (f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 -m slimckpt.cli"
+              if distributed else f"{sys.executable} -m slimckpt.cli")
     script = (f"mount -t tmpfs -o size={size} tmpfs {mount}{remount} && {before or 'true'} && "
-              f"{sys.executable} -m slimckpt.cli merge --no_progress --local_dir {ckpt} --target_dir {mount}/out "
-              f"{merge_args}; rc=$?; echo left: $(cd {mount} && find . -mindepth 1 | sort); exit $rc")
+              f"{launch} merge --no_progress --local_dir {ckpt} --target_dir {mount}/out "
+              f"{'--distributed_merge' if distributed else ''}; rc=$?; "
+              f"echo left: $(cd {mount} && find . -mindepth 1 | sort); exit $rc")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env,
                           timeout=300)
@@ -304,14 +307,17 @@ def _output_bytes(ckpt) -> int:
 
 
 @pytest.mark.skipif(not _unshare_ok(), reason="needs `unshare -rm` and tmpfs mounts")
-@pytest.mark.parametrize("guess", ["1", "0"], ids=["early-write", "planned-first"])
-def test_disk_too_small_is_refused_before_writing(ckpt, tmp_path, monkeypatch, guess):
+@pytest.mark.parametrize("how", ["early-write", "planned-first", pytest.param("distributed", marks=pytest.mark.slow)])
+def test_disk_too_small_is_refused_before_writing(ckpt, tmp_path, monkeypatch, how):
     """A filesystem that cannot hold the output: refused up front, naming the bytes needed and free,
     and nothing is created there (no partial, no empty files at their final size)."""
-    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", guess)
-    proc = _merge_in_tmpfs(ckpt, tmp_path / "mnt", f"{max(4, _output_bytes(ckpt) // 2048)}k", readonly=False)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    line = error_line(proc.stderr)
+    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0" if how == "planned-first" else "1")
+    proc = _merge_in_tmpfs(ckpt, tmp_path / "mnt", f"{max(4, _output_bytes(ckpt) // 2048)}k", readonly=False,
+                           distributed=how == "distributed")
+    assert proc.returncode != 0 if how == "distributed" else proc.returncode == 1, proc.stderr[-2000:]
+    lines = {ln for ln in proc.stderr.splitlines() if ln.startswith("slimckpt merge: error:")}
+    assert len(lines) == 1, proc.stderr[-3000:]  # every rank says the same line
+    line = lines.pop()
     need = _output_bytes(ckpt)
     assert "no space left" in line and "nothing was written" in line and "--target_dir" in line, line
     found = re.search(r"needs (\d+) KiB, the filesystem has (\d+) KiB free", line)
