@@ -90,3 +90,29 @@ def test_plan_prints_no_warning_naming_its_temp_dir(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "slimckpt-plan-" not in proc.stderr + proc.stdout and "WARNING" not in proc.stderr, proc.stderr
     assert "CPU: torch.save pickles the host tensors in place" in proc.stdout
+
+
+def test_hf_listing_follows_the_exporting_recipe(tmp_path, capsys):
+    """`--recipe incremental` lists the export it writes (export_dtype=auto: fp32, in its max_shard_size
+    files), not bf16 in save_pretrained's; an explicit --export-dtype still wins."""
+    import yaml
+
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
+    recipe = yaml.safe_load((REPO / "recipes" / "incremental.yaml").read_text())["actor_rollout_ref"]["actor"]["checkpoint"]
+    shard = recipe.get("max_shard_size", SlimCheckpointConfig.__dataclass_fields__["max_shard_size"].default)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}))
+    base = ["--config", str(tmp_path / "config.json"), "--world-size", "2", "--json"]
+
+    def report(*more: str) -> dict:
+        assert plan.main([*base, *more]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    ours = report("--recipe", "incremental")
+    assert ours["hf_export"]["dtype"] == "fp32" and str(ours["hf_export"]["max_shard_size"]) == str(shard)
+    inc = next(e for e in ours["estimates"] if e["strategy"] == "+recipe=incremental")
+    assert inc["hf_export_bytes"] == ours["hf_export"]["bytes"]  # the listing is the export that row writes
+    asked = report("--recipe", "incremental", "--export-dtype", "bf16")
+    assert asked["hf_export"]["dtype"] == "bf16" and asked["hf_export"]["bytes"] < ours["hf_export"]["bytes"]

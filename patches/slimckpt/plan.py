@@ -116,6 +116,7 @@ class Strategy:
     bucket_mb: int = 64
     write_threads: int = 1
     host_memory_budget_gb: float = 16.0
+    max_shard_size: str | None = None  # the export's file size limit (None: save_pretrained's)
     # trainer.max_actor_ckpt_to_keep / max_critic_ckpt_to_keep of the run (None: keep every step)
     actor_keep: int | None = None
     critic_keep: int | None = None
@@ -142,6 +143,8 @@ class Strategy:
             bucket_mb=int(cfg.get("bucket_mb", defaults["bucket_mb"])),
             write_threads=int(cfg.get("write_threads", defaults["write_threads"])),
             host_memory_budget_gb=float(cfg.get("host_memory_budget_gb", defaults["host_memory_budget_gb"])),
+            max_shard_size=str(cfg.get("max_shard_size", defaults.get("max_shard_size"))) if bool(
+                cfg.get("export_hf", False)) else None,
         )
 
 
@@ -548,9 +551,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["accelerator", "cpu"], default="accelerator",
                    help="where training holds the tensors: accelerator (GPUs, NPUs: a save copies them to host) "
                         "or cpu (verl on CPU, SLIMCKPT_CPU=1: they are host memory already)")
-    p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="HF export dtype")
+    p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default=None,
+                   help="HF listing's dtype (default: the export_dtype of the recipes that export, where they agree; "
+                        "else bf16)")
     p.add_argument("--max-shard-size", default=None,
-                   help="HF export file size limit, e.g. 5GB (default: save_pretrained's, as verl uses)")
+                   help="HF export file size limit, e.g. 5GB (default: the exporting recipes' max_shard_size, where "
+                        "they agree; else save_pretrained's, as verl uses)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--lora-rank", type=int, default=0,
                    help="a LoRA actor (verl's actor_rollout_ref.model.lora_rank): the base model frozen, only the "
@@ -569,11 +575,12 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.world_size < 1:
         raise ValueError("slimckpt plan: --world-size must be >= 1")
     keep_given, overrides = retention_overrides(args)  # a bad value fails before the model is built
-    facts = model_facts(args.config, args.export_dtype, args.max_shard_size, args.trust_remote_code, lora_spec(args))
-    extra = extra_state_bytes()
     strategies = [Strategy("verl default"), Strategy("verl + hf_model", contents=(*VERL_CONTENTS, "hf_model"))]
     strategies += recipe_strategies(args.recipe, overrides)
     strategies = [replace(s, **keep_given) for s in strategies]
+    dtype, shard_size = listing_format(strategies, args.export_dtype, args.max_shard_size)
+    facts = model_facts(args.config, dtype, shard_size, args.trust_remote_code, lora_spec(args))
+    extra = extra_state_bytes()
     fsdp = int(getattr(args, "fsdp", 1))
     device = str(getattr(args, "device", "accelerator"))
     with_critic = bool(getattr(args, "critic", False))
@@ -610,6 +617,16 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "estimates": estimates,
         "critic": with_critic,
     }
+
+
+def listing_format(strategies: Sequence[Strategy], dtype: str | None,
+                   max_shard_size: str | None) -> tuple[str, str | None]:
+    """The HF listing's dtype and file size limit: what was asked; else, where the recipes that export
+    agree on them, theirs (export_dtype=auto: fp32, as the export writes); else bf16 and save_pretrained's."""
+    exporters = {(s.export_dtype, s.max_shard_size) for s in strategies if s.export_hf}
+    theirs = next(iter(exporters)) if len(exporters) == 1 else (None, None)
+    their_dtype = {"auto": "fp32"}.get(theirs[0], theirs[0])
+    return dtype or their_dtype or "bf16", max_shard_size if max_shard_size is not None else theirs[1]
 
 
 def rollout_windows(args: argparse.Namespace) -> list[float] | None:
