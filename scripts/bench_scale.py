@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="report whose scale section to write")
     p.add_argument("--readme", default=str(REPO / "README.md"), help="README whose headline row to write; '' for none")
     p.add_argument("--render", default=None, metavar="JSON", help="re-render from an earlier run's JSON")
+    p.add_argument("--note", default=None,
+                   help="a paragraph under the section's targets, kept in the JSON (with --render: added to it)")
     return p.parse_args(argv)
 
 
@@ -408,8 +410,12 @@ The cap stands for this host's memory: {result['verl_cap'] / GiB:.1f} GiB{cap_wo
 (`--verl-cap-gib`) is 18 GiB.
 
 {targets(result)}
-{END}
+{_note(result)}{END}
 """
+
+
+def _note(result: dict) -> str:
+    return f"\n{_wrap(result['note'])}\n" if result.get("note") else ""
 
 
 # the run README's headline quotes: a model of the size people train, not one the 1B rows already show
@@ -440,6 +446,7 @@ def readme_block(result: dict) -> str | None:
     rows = {r["tool"]: r for r in result["rows"]}
     ours = rows[SINGLE]
     verl = result["verl"]
+    size = f"{result['build']['params'] / 1e9:.1f}"
     verl_cell = (f"killed at {verl['peak_rss_anon'] / GiB:.0f} GiB after {verl['killed_at_s']:.0f} s (needs "
                  f"{verl_needs(result) / GiB:.0f} GiB)" if verl["killed"] else
                  f"{verl['peak_rss_anon'] / GiB:.1f} GiB, {verl['wall_s']:.0f} s")
@@ -449,12 +456,23 @@ def readme_block(result: dict) -> str | None:
         "",
         "| job | verl 0.9.1 | slimckpt |",
         "|---|---|---|",
-        f"| merge a {result['build']['params'] / 1e9:.1f}B checkpoint (fp32, world size {result['world_size']}, "
+        f"| merge {_article(size)} {size}B checkpoint (fp32, world size {result['world_size']}, "
         f"{result['build']['shard_bytes'] / GB:.0f} GB) to HF | {verl_cell} | {max(ours['peaks']) / MiB:.0f} MiB, "
-        f"{median(ours['walls']):.0f} s ({floor_ratio(median(ours['walls']), ours['io_floor_s'])} the I/O floor), "
-        f"every tensor equal to the shards |",
+        f"{median(ours['walls']):.0f} s ({floor_ratio(median(ours['walls']), ours['io_floor_s'])} the I/O floor"
+        f"{_load_words(ours)}), every tensor equal to the shards |",
         README_END,
     ])
+
+
+def _article(number: str) -> str:
+    """English's article before a number read aloud: an 8.0B, an 11B, a 3.2B."""
+    return "an" if number.startswith(("8", "11", "18")) else "a"
+
+
+def _load_words(row: dict) -> str:
+    """The 1-minute load average as the merges started: what else the host ran meanwhile."""
+    loads = row.get("loads") or []
+    return f", load {_span(loads, '.0f')}" if loads else ""
 
 
 def publish(result: dict, args: argparse.Namespace) -> None:
@@ -491,12 +509,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminated)
     if args.render:
-        publish(json.loads(Path(args.render).read_text()), args)
+        result = json.loads(Path(args.render).read_text())
+        if args.note is not None:
+            result["note"] = args.note
+            Path(args.render).write_text(json.dumps(result, indent=1))
+        publish(result, args)
         return 0
     result = measure(args)
     if not result:
         return 0
     result["machine"] = machine_line()
+    if args.note:
+        result["note"] = args.note
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     publish(result, args)

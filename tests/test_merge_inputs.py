@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -271,24 +272,72 @@ def _unshare_ok() -> bool:
     return probe.returncode == 0
 
 
-def _merge_in_tmpfs(ckpt, mount, size: str, readonly: bool) -> subprocess.CompletedProcess:
-    """Run the merge in a private mount namespace with a small tmpfs at `mount` (no global mount)."""
+def _merge_in_tmpfs(ckpt, mount, size: str, readonly: bool, before: str = "",
+                    distributed: bool = False) -> subprocess.CompletedProcess:
+    """Run the merge in a private mount namespace with a small tmpfs at `mount` (no global mount);
+    `before` runs in the mount first; what the mount holds afterwards is printed as `left: ...`."""
     mount.mkdir()
     remount = f" && mount -o remount,ro {mount}" if readonly else ""
-    script = (f"mount -t tmpfs -o size={size} tmpfs {mount}{remount} && "
-              f"exec {sys.executable} -m slimckpt.cli merge --no_progress --local_dir {ckpt} --target_dir {mount}/out")
+    launch = (f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 -m slimckpt.cli"
+              if distributed else f"{sys.executable} -m slimckpt.cli")
+    script = (f"mount -t tmpfs -o size={size} tmpfs {mount}{remount} && {before or 'true'} && "
+              f"{launch} merge --no_progress --local_dir {ckpt} --target_dir {mount}/out "
+              f"{'--distributed_merge' if distributed else ''}; rc=$?; "
+              f"echo left: $(cd {mount} && find . -mindepth 1 | sort); exit $rc")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env,
                           timeout=300)
 
 
+def _left(proc: subprocess.CompletedProcess) -> list[str]:
+    return next(ln for ln in proc.stdout.splitlines() if ln.startswith("left:")).split()[1:]
+
+
+def _output_bytes(ckpt) -> int:
+    """The weight files' planned size: what the refusal must name."""
+    from slimckpt.merge.hf_side import HfSide, default_max_shard_size
+    from slimckpt.merge.plan import make_plan
+    from slimckpt.read.merge_input import open_source
+
+    source = open_source(str(ckpt))
+    try:
+        return make_plan(source, HfSide(str(ckpt), "bf16", False), "bf16", default_max_shard_size()).weight_bytes
+    finally:
+        source.close()
+
+
 @pytest.mark.skipif(not _unshare_ok(), reason="needs `unshare -rm` and tmpfs mounts")
-def test_disk_full_tmpfs(ckpt, tmp_path):
-    proc = _merge_in_tmpfs(ckpt, tmp_path / "mnt", "16k", readonly=False)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    line = error_line(proc.stderr)
-    assert "no space left" in line and "model.safetensors" in line
-    assert not (tmp_path / "mnt" / "out").exists()  # the mount is gone with its namespace; nothing leaked here
+@pytest.mark.parametrize("how", ["early-write", "planned-first", pytest.param("distributed", marks=pytest.mark.slow)])
+def test_disk_too_small_is_refused_before_writing(ckpt, tmp_path, monkeypatch, how):
+    """A filesystem that cannot hold the output: refused up front, naming the bytes needed and free,
+    and nothing is created there (no partial, no empty files at their final size)."""
+    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0" if how == "planned-first" else "1")
+    proc = _merge_in_tmpfs(ckpt, tmp_path / "mnt", f"{max(4, _output_bytes(ckpt) // 2048)}k", readonly=False,
+                           distributed=how == "distributed")
+    assert proc.returncode != 0 if how == "distributed" else proc.returncode == 1, proc.stderr[-2000:]
+    lines = {ln for ln in proc.stderr.splitlines() if ln.startswith("slimckpt merge: error:")}
+    assert len(lines) == 1, proc.stderr[-3000:]  # every rank says the same line
+    line = lines.pop()
+    need = _output_bytes(ckpt)
+    assert "no space left" in line and "nothing was written" in line and "--target_dir" in line, line
+    found = re.search(r"needs (\d+) KiB, the filesystem has (\d+) KiB free", line)
+    assert found, line
+    needed, free = int(found[1]), int(found[2])
+    assert needed >= round(need / 1024) and free < needed, line  # the weights and the configs beside them
+    assert _left(proc) == []
+
+
+@pytest.mark.skipif(not _unshare_ok(), reason="needs `unshare -rm` and tmpfs mounts")
+def test_stale_partial_counts_as_free(ckpt, tmp_path):
+    """A merge killed midway leaves `<target>.partial`, which the next run deletes first: its blocks
+    count as free, so the rerun on a disk that holds one output (and not two) goes through."""
+    need = _output_bytes(ckpt)
+    size_kib = (need * 3 // 2) // 1024 + 256  # room for one output and its configs, not for two
+    stale = f"mkdir {tmp_path}/mnt/out.partial && head -c {need} /dev/urandom > {tmp_path}/mnt/out.partial/model.safetensors"
+    proc = _merge_in_tmpfs(ckpt, tmp_path / "mnt", f"{size_kib}k", readonly=False, before=stale)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    left = _left(proc)
+    assert "./out/manifest.json" in left and not any(p.startswith("./out.partial") for p in left), left
 
 
 @pytest.mark.skipif(not _unshare_ok(), reason="needs `unshare -rm` and tmpfs mounts")

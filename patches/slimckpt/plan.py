@@ -43,6 +43,7 @@ planned with its vision tower, and its export laid out as save_pretrained writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -120,6 +121,7 @@ class Strategy:
     bucket_mb: int = 64
     write_threads: int = 1
     host_memory_budget_gb: float = 16.0
+    max_shard_size: str | None = None  # the export's file size limit (None: save_pretrained's)
     # trainer.max_actor_ckpt_to_keep / max_critic_ckpt_to_keep of the run (None: keep every step)
     actor_keep: int | None = None
     critic_keep: int | None = None
@@ -151,6 +153,8 @@ class Strategy:
             host_memory_budget_gb=float(cfg.get("host_memory_budget_gb", defaults["host_memory_budget_gb"])),
             keep_optimizer_last=parse_keep("keep_optimizer_last", cfg.get("keep_optimizer_last")),
             keep_best=parse_keep("keep_best", cfg.get("keep_best")) or 0,
+            max_shard_size=str(cfg.get("max_shard_size", defaults.get("max_shard_size"))) if bool(
+                cfg.get("export_hf", False)) else None,
         )
 
 
@@ -184,10 +188,14 @@ def export_bytes(strategy: Strategy, hf_bytes: int, hf_dtype: str) -> int:
 def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_bytes: int,
              hf_bytes: int, disk_gbps: float | None, fsdp: int = 1, hf_dtype: str = "bf16",
              rollout_s: list[float] | None = None, copy_gbps: float | None = None,
-             offload: Sequence[str] = ()) -> Estimate:
+             offload: Sequence[str] = (), device: str = "accelerator") -> Estimate:
     """Bytes, host memory and time of one save with `strategy` at world size `world`, training
-    with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators;
-    `offload`: what verl offloads between updates ("param", "optimizer")."""
+    with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators, or
+    with `device="cpu"` on host memory (verl on CPU): there no save copies a tensor to the host, it
+    is there already, so only what a path allocates beside the live tensors counts (hf_model's
+    gather, a staging pool, the export's cast chunks). `offload`: what verl offloads between
+    updates ("param", "optimizer")."""
+    on_cpu = device == "cpu"
     model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
     optim_r = optim_shard_bytes(params, world, 0) if "optimizer" in strategy.contents else 0
     extra_r = extra_bytes if "extra" in strategy.contents else 0
@@ -201,7 +209,12 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
     if not strategy.incremental:
         # torch.save copies accelerator storages to host one at a time; FSDP1's sharded model state
         # dict is taken with offload_to_cpu=True, so the whole model shard sits in host RAM first
-        if fsdp == 1 and model_r:
+        if on_cpu:
+            peak = largest if strategy.hf_model else 0
+            note = "CPU: torch.save pickles the host tensors in place"
+            if strategy.hf_model:
+                note += " (the gather's largest tensor shard in flight)"
+        elif fsdp == 1 and model_r:
             peak = model_r + largest
             note = "FSDP1: the rank's model shard offloaded to host at once, then optimizer tensors one by one"
         else:
@@ -217,10 +230,21 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
         # more than the rank holds
         streaming = min(staged, strategy.write_threads * (strategy.bucket_mb * 2**20 + largest))
         if fsdp == 1 and staged:
-            notes.append(f"FSDP1: its reshardable sharded state dict is a transient {human(staged)} copy on the "
-                         f"accelerator (strategy=fsdp2 has none)")
+            notes.append(f"FSDP1: its reshardable sharded state dict is a transient {human(staged)} copy "
+                         f"{'in host memory, counted' if on_cpu else 'on the accelerator'} (strategy=fsdp2 has none)")
         offloaded = (model_r if "param" in offload else 0) + (optim_r if "optimizer" in offload else 0)
-        if strategy.async_stream and offloaded:
+        if on_cpu and not (strategy.async_save and not strategy.async_stream and staged <= budget_bytes(strategy)):
+            # DCP writes host tensors as they are; an export cast to another dtype goes through one
+            # bucket_mb chunk per thread
+            cast = strategy.export_hf and strategy.export_dtype != "auto"
+            peak = strategy.write_threads * strategy.bucket_mb * 2**20 if cast else 0
+            note = "CPU: written from the live host tensors" + (", the export cast in bucket_mb chunks" if cast else "")
+            peak += staged if fsdp == 1 else 0
+            blocking = ("capture only, while the rollout window >= the write (see stream mode below)"
+                        if strategy.async_stream else "whole save")
+            if strategy.async_save and not strategy.async_stream:
+                notes.append(f"over host_memory_budget_gb={strategy.host_memory_budget_gb}: saves synchronously")
+        elif strategy.async_stream and offloaded:
             peak = streaming
             note = (f"streamed from the host copies verl's offload makes ({human(offloaded)}: no copy of its own, no "
                     f"device memory past the offload) and the live shards: write_threads x (bucket_mb + largest "
@@ -235,7 +259,7 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
                     f"next step's guard copies if it comes before the write ends (at most "
                     f"{human(min(staged, strategy.host_memory_budget_gb * 2**30))}, host_memory_budget_gb)")
             blocking = "capture only, while the rollout window >= the write (see stream mode below)"
-        elif strategy.async_save and staged <= strategy.host_memory_budget_gb * 2**30:
+        elif strategy.async_save and staged <= budget_bytes(strategy):
             peak = staged
             note = "staging pool (pinned), allocated once and held for the run"
             blocking = f"staging copy of {staged / 2**30:.2f} GiB"
@@ -270,6 +294,10 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
                             for w in windows_for(seconds, rollout_s))]
     return Estimate(strategy.name, model_r + optim_r + extra_r, total, export, peak, note, blocking, seconds, notes,
                     stream)
+
+
+def budget_bytes(strategy: Strategy) -> float:
+    return strategy.host_memory_budget_gb * 2**30
 
 
 def human(n: float) -> str:
@@ -375,6 +403,20 @@ def _hf_dir(config_path: str) -> tuple[str, Any]:
     return tmp.name, tmp
 
 
+@contextlib.contextmanager
+def _quiet(logger: str):
+    """`logger`'s warnings off for a moment (errors still show)."""
+    import logging
+
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: str | int | None = None,
                 trust_remote_code: bool = False, lora: LoraSpec | None = None) -> ModelFacts:
     from .format import layout
@@ -386,7 +428,8 @@ def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: st
     root, keep = _hf_dir(config_path)
     # verl prints a warning about the missing generation config on stdout; keep stdout for the report
     with keep, contextlib.redirect_stdout(sys.stderr):
-        hf = HfSide(root, export_dtype, trust_remote_code)
+        with _quiet("slimckpt.merge"):  # its missing-generation-config warning names this temp dir: a plan writes none
+            hf = HfSide(root, export_dtype, trust_remote_code)
         model = hf.model
         state = model.state_dict()
         shapes = {n: tuple(t.shape) for n, t in state.items()}
@@ -546,9 +589,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "launcher's); async_save=stream then reads the offload's host copies")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=1,
                    help="FSDP version of the run: 1 = verl's strategy=fsdp (its default), 2 = strategy=fsdp2")
-    p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="HF export dtype")
+    p.add_argument("--device", choices=["accelerator", "cpu"], default="accelerator",
+                   help="where training holds the tensors: accelerator (GPUs, NPUs: a save copies them to host) "
+                        "or cpu (verl on CPU, SLIMCKPT_CPU=1: they are host memory already)")
+    p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default=None,
+                   help="HF listing's dtype (default: the export_dtype of the recipes that export, where they agree; "
+                        "else bf16)")
     p.add_argument("--max-shard-size", default=None,
-                   help="HF export file size limit, e.g. 5GB (default: save_pretrained's, as verl uses)")
+                   help="HF export file size limit, e.g. 5GB (default: the exporting recipes' max_shard_size, where "
+                        "they agree; else save_pretrained's, as verl uses)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--lora-rank", type=int, default=0,
                    help="a LoRA actor (verl's actor_rollout_ref.model.lora_rank): the base model frozen, only the "
@@ -567,19 +616,21 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.world_size < 1:
         raise ValueError("slimckpt plan: --world-size must be >= 1")
     keep_given, overrides = retention_overrides(args)  # a bad value fails before the model is built
-    facts = model_facts(args.config, args.export_dtype, args.max_shard_size, args.trust_remote_code, lora_spec(args))
-    extra = extra_state_bytes()
     strategies = [Strategy("verl default"), Strategy("verl + hf_model", contents=(*VERL_CONTENTS, "hf_model"))]
     strategies += recipe_strategies(args.recipe, overrides)
     strategies = [replace(s, **keep_given) for s in strategies]
+    dtype, shard_size = listing_format(strategies, args.export_dtype, args.max_shard_size)
+    facts = model_facts(args.config, dtype, shard_size, args.trust_remote_code, lora_spec(args))
+    extra = extra_state_bytes()
     fsdp = int(getattr(args, "fsdp", 1))
     offload = {"none": (), "param": ("param",), "optimizer": ("optimizer",), "both": ("param", "optimizer")}[
         getattr(args, "offload", "none") or "none"]
+    device = str(getattr(args, "device", "accelerator"))
     with_critic = bool(getattr(args, "critic", False))
     estimates = []
     for s in strategies:
         e = asdict(estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
-                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None), offload))
+                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None), offload, device))
         if facts.split_on_save and s.incremental and s.export_hf:
             e["notes"].append("fused MoE experts split on save: each rank writes its rows of every per-expert tensor")
         e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
@@ -590,7 +641,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
                                if slim else []}
         if with_critic:  # the critic saves the same contents, never an HF export
             critic = replace(s, contents=tuple(c for c in s.contents if c != "hf_model"), export_hf=False)
-            c = estimate(critic_params(facts.params), args.world_size, critic, extra, 0, None, fsdp)
+            c = estimate(critic_params(facts.params), args.world_size, critic, extra, 0, None, fsdp, device=device)
             e["peak_disk"]["critic"] = peak_disk(c.total_write_bytes, s.critic_keep)
             c_optim = optim_total(critic_params(facts.params), args.world_size, critic)
             e["retention_disk"]["critic"] = [retention_disk(c.total_write_bytes, c_optim, s.critic_keep, last,
@@ -602,6 +653,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "world_size": args.world_size,
         "fsdp": fsdp,
         "offload": list(offload),
+        "device": device,
         "parameters": facts.total_parameters,
         "tied": facts.tied,
         "split_on_save": {"fused_tensors": len(facts.split_on_save), "outputs": sum(facts.split_on_save.values())},
@@ -633,6 +685,16 @@ def keep_choices(strategy: Strategy, optimizer_bytes: int) -> list[int | None]:
     if not optimizer_bytes:
         return [strategy.keep_optimizer_last]
     return list(dict.fromkeys([strategy.keep_optimizer_last, None, 1]))
+
+
+def listing_format(strategies: Sequence[Strategy], dtype: str | None,
+                   max_shard_size: str | None) -> tuple[str, str | None]:
+    """The HF listing's dtype and file size limit: what was asked; else, where the recipes that export
+    agree on them, theirs (export_dtype=auto: fp32, as the export writes); else bf16 and save_pretrained's."""
+    exporters = {(s.export_dtype, s.max_shard_size) for s in strategies if s.export_hf}
+    theirs = next(iter(exporters)) if len(exporters) == 1 else (None, None)
+    their_dtype = {"auto": "fp32"}.get(theirs[0], theirs[0])
+    return dtype or their_dtype or "bf16", max_shard_size if max_shard_size is not None else theirs[1]
 
 
 def rollout_windows(args: argparse.Namespace) -> list[float] | None:

@@ -10,6 +10,7 @@ Imports nothing of slimckpt's but format.os_errors, and no torch: used by the me
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -228,6 +229,33 @@ def check_target(target: str, overwrite: bool, overwrite_hint: str = "--overwrit
     parent = os.path.dirname(target)
     if not os.path.isdir(parent):
         raise CommitError(f"{parent} does not exist; create it or choose another --target_dir")
+
+
+def check_room(target: str, need_bytes: int) -> None:
+    """Refuse an output its filesystem cannot hold, before `<target>.partial` is made: CommitError
+    naming the bytes needed and free. A stale `<target>.partial` counts as free (prepare_partial
+    deletes it first: a merge killed midway must not block its own rerun); a target being replaced
+    does not (it is deleted only once the new output is committed)."""
+    target = os.path.abspath(target)
+    try:
+        free = shutil.disk_usage(os.path.dirname(target)).free
+    except OSError:
+        return  # a missing parent: check_target and prepare_partial say so in their words
+    free += _allocated_bytes(partial_path(target))
+    if need_bytes > free:
+        raise os_failure(CommitError, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), target, need_bytes, free)
+
+
+def _allocated_bytes(path: str) -> int:
+    """Disk blocks held under `path` (files made at their final size are sparse until written)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
 
 
 def prepare_partial(target: str) -> str:

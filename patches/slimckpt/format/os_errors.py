@@ -37,21 +37,26 @@ def _size(n: int) -> str:
 
 
 def describe_os_error(exc: OSError, path: str, need_bytes: int | None = None,
-                      fixes: OsErrorFixes = MERGE_FIXES) -> str:
-    """One line naming the path and what to do about it."""
+                      fixes: OsErrorFixes = MERGE_FIXES, free_bytes: int | None = None) -> str:
+    """One line naming the path and what to do about it (`free_bytes`: a refusal before writing,
+    which names what the filesystem had)."""
     where = exc.filename or path
     if exc.errno in DISK_FULL:
-        need = f" (this output needs {_size(need_bytes)})" if need_bytes else ""
+        need = f" (this output needs {_size(need_bytes)}" if need_bytes else ""
+        if need and free_bytes is not None:
+            need += f", the filesystem has {_size(free_bytes)} free; nothing was written"
+        need += ")" if need else ""
         return f"{where}: no space left ({os.strerror(exc.errno)}){need}; {fixes.full}"
     if exc.errno in NOT_WRITABLE:
         return f"{where}: not writable ({os.strerror(exc.errno)}); {fixes.not_writable}"
     return f"{where}: {exc.strerror or exc}"
 
 
-def os_failure(cls: type[Exception], exc: OSError, path: str, need_bytes: int | None = None) -> Exception:
-    """`cls(one line)` that keeps `exc`, `path` and `need_bytes` for `redescribe`."""
-    error = cls(describe_os_error(exc, path, need_bytes))
-    error.os_error, error.os_path, error.need_bytes = exc, path, need_bytes
+def os_failure(cls: type[Exception], exc: OSError, path: str, need_bytes: int | None = None,
+               free_bytes: int | None = None) -> Exception:
+    """`cls(one line)` that keeps `exc`, `path`, `need_bytes` and `free_bytes` for `redescribe`."""
+    error = cls(describe_os_error(exc, path, need_bytes, free_bytes=free_bytes))
+    error.os_error, error.os_path, error.need_bytes, error.free_bytes = exc, path, need_bytes, free_bytes
     return error
 
 
@@ -60,4 +65,5 @@ def redescribe(exc: BaseException, fixes: OsErrorFixes) -> str | None:
     os_error = getattr(exc, "os_error", None)
     if not isinstance(os_error, OSError):
         return None
-    return describe_os_error(os_error, getattr(exc, "os_path", "") or "", getattr(exc, "need_bytes", None), fixes)
+    return describe_os_error(os_error, getattr(exc, "os_path", "") or "", getattr(exc, "need_bytes", None), fixes,
+                             getattr(exc, "free_bytes", None))

@@ -15,7 +15,7 @@ from ..format.merge_manifest import discard_partial, prepare_partial
 from ..log import get_logger
 from ..write import forked_call
 from .hf_side import guess_default_max_shard_size
-from .plan import MergeOptions, MergePlan, plan_names
+from .plan import MergeOptions, MergePlan, check_output_room, plan_names
 from .workers import ProgressBar, write_weights
 
 log = get_logger("slimckpt.merge")
@@ -57,7 +57,7 @@ class EarlyWrite:
     for the GIL while the imports run Python: on the 1B merge here its writing took 6.3-7.5 s beside
     the imports, 4.6-5.0 s alone."""
 
-    def __init__(self, target: str, mp: MergePlan, signature: list[tuple], close=None) -> None:
+    def __init__(self, target: str, mp: MergePlan, signature: list[tuple], close=None, local_dir: str = "") -> None:
         from ..write.out_files import create_files
 
         self.mp = mp
@@ -66,6 +66,12 @@ class EarlyWrite:
         self.error: BaseException | None = None
         self.thread = None
         self.child: forked_call.ForkedCall | None = None
+        try:
+            check_output_room(local_dir, target, mp)  # a guess names the files the real plan does
+        except BaseException:
+            if close is not None:
+                close()
+            raise
         self.partial = prepare_partial(target)
         try:
             create_files(self.partial, mp.plan)
@@ -117,7 +123,7 @@ class EarlyWrite:
             log.debug("no early write without torch: %s", exc)
             return None
         mp = plan_names(index, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
-        early = cls(target, mp, pt_index.signature(index, names))
+        early = cls(target, mp, pt_index.signature(index, names), local_dir=opts.local_dir)
         if not early._fork(_write_weights_without_torch, opts, early.partial, mp, sources):
             discard_partial(early.partial)
             return None
@@ -145,7 +151,7 @@ class EarlyWrite:
             ckpt.close()
             return None
         mp = plan_names(ckpt, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
-        early = cls(target, mp, quick_sources.signature(ckpt, names), close=ckpt.close)
+        early = cls(target, mp, quick_sources.signature(ckpt, names), close=ckpt.close, local_dir=opts.local_dir)
         if forked_call.possible() and early._fork(write_weights, opts, early.partial, mp, ckpt):
             log.debug("early write: a child forked after torch is imported writes the weights")
             ckpt.close()  # the child keeps its own mappings of the rank files

@@ -55,7 +55,7 @@ from ..log import get_logger
 from ..write import forked_call
 from .early_write import EarlyWrite
 from .hf_side import HfSide, NeedsVerlMerger, default_max_shard_size
-from .plan import DTYPE_NAMES, MergeError, MergeOptions, MergePlan, MergeResult, make_plan
+from .plan import DTYPE_NAMES, MergeError, MergeOptions, MergePlan, MergeResult, check_output_room, make_plan
 from .workers import ProgressBar, is_user_error, run_workers, write_weights
 
 log = get_logger("slimckpt.merge")
@@ -362,6 +362,8 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
     log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
              opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
              len(mp.plan.files), opts.workers)
+    if early is None:
+        check_output_room(opts.local_dir, target, mp)
     partial = early.partial if early is not None else prepare_partial(target)
     ok = False
     try:
@@ -576,6 +578,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
                 log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d rank(s) x "
                          "%d worker(s))", opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
                          len(mp.plan.files), world, opts.workers)
+                check_output_room(opts.local_dir, target, mp)
                 partial = prepare_partial(target)
                 tokenizer_saved = lay_out_partial(partial, mp, hf)
                 state = ("ok", mp, partial, tokenizer_saved)

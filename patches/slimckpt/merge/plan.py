@@ -99,6 +99,24 @@ class MergePlan:
         return sum(f.size for f in self.plan.files)
 
 
+def check_output_room(local_dir: str, target: str, mp: MergePlan) -> None:
+    """Refuse, before anything is written, an output the target's filesystem cannot hold: the planned
+    weight files plus what is copied beside them (the checkpoint's huggingface/ dir: configs, tokenizer)."""
+    import os
+
+    from ..format.merge_manifest import check_room
+    from ..read.checkpoint_dir import HF_SUBDIR
+
+    side = 0
+    for root, _dirs, files in os.walk(os.path.join(local_dir, HF_SUBDIR)):
+        for name in files:
+            try:
+                side += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    check_room(target, mp.weight_bytes + side)
+
+
 def make_plan(ckpt, hf: "HfSide", dtype: str, max_shard_size) -> MergePlan:
     from ..read.checkpoint_dir import CheckpointError
     from .hf_side import ConfigMismatch
