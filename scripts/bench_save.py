@@ -358,6 +358,12 @@ def find(rows: list[dict], size: str, mode: str) -> dict | None:
     return next((r for r in rows if r["size"] == size and r["mode"] == mode), None)
 
 
+def label(r: dict) -> str:
+    if r.get("fsdp", 2) == 1:
+        return "verl 0.9.1 FSDP1 (no hf_model)" if r["mode"] == "verl" else f"{MODE_LABEL[r['mode']]}, FSDP1"
+    return MODE_LABEL[r["mode"]]
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| model | params | save | peak extra RssAnon (max over ranks) | per rank | wall (median) "
              "| blocking (median) | RSS vs verl | wall vs verl | HF safetensors |",
@@ -369,10 +375,7 @@ def table(rows: list[dict]) -> str:
             vs = "-" if r is base or base is None else \
                 f"{base['peak_extra'] / max(r['peak_extra'], 1):.1f}x lower"
             speed = "-" if r is base or base is None else f"{base['wall_s'] / r['wall_s']:.2f}x"
-            label = MODE_LABEL[r["mode"]]
-            if r.get("fsdp", 2) == 1:
-                label = "verl 0.9.1 FSDP1 (no hf_model)" if r["mode"] == "verl" else f"{label}, FSDP1"
-            lines.append(f"| {size} | {r['params'] / 1e9:.2f}B | {label} "
+            lines.append(f"| {size} | {r['params'] / 1e9:.2f}B | {label(r)} "
                          f"| {r['peak_extra'] / 2**20:,.0f} MiB "
                          f"| {per_rank} MiB | {r['wall_s']:.1f} s | {r['blocking_s']:.2f} s | {vs} | {speed} "
                          f"| {r['hf_safetensors'] or 'none'} |")
@@ -458,28 +461,45 @@ def render_section(result: dict) -> str:
             ) if no_export else ""
     begin, end = markers(meta.get("tag", ""))
     title = f" ({meta['tag']})" if meta.get("tag") else ""
+    fsdp = meta.get("fsdp", 2)
+    verl_saves = ("`save_contents: [model, optimizer, extra, hf_model]`" if fsdp == 2 else
+                  "`save_contents: [model, optimizer, extra]` (no `hf_model`: FSDP1's full state dict with "
+                  "offload_to_cpu crashes torch on CPU/gloo)")
+    cpu_note = ("On CPU verl's sharded save does not copy the shards (they already are host tensors); on GPU it "
+                "copies the rank's whole model and optimizer shard to\nhost RAM first, so verl's numbers here are its "
+                "lower bound." if fsdp == 2 else
+                "verl's FSDP1 save clones each chunk of its sharded state dicts (on a GPU it moves them to host RAM), "
+                "the same on CPU.")
+    if fsdp == 1:
+        target_lines = ["FSDP1's sharded state dict is a copy of the rank's shards (slimckpt.gpu_check_fsdp): on "
+                        "this CPU it lands in host memory, which is what the incremental rows' peak shows; on a GPU "
+                        "it lands on the device instead (`slimckpt plan`'s \"device added\"). The FSDP2 rows of the "
+                        "same sizes are in the `save-bench` section (FSDP2). Wall per save (spread):"]
+        target_lines += [f"- {r['size']} {label(r)}: " + ", ".join(f"{w:.1f} s" for w in r["walls"])
+                         + (" (state dict " + ", ".join(f"{t['state_dict']:.1f} s" for t in r["timings_s"]
+                                                       if t and "state_dict" in t) + ")"
+                            if any(t and "state_dict" in t for t in r["timings_s"]) else "")
+                         for r in rows]
     return f"""{begin}
 ## Save inside verl{title}: FSDP{meta.get('fsdp', 2)}, world size 2, verl 0.9.1's FSDPCheckpointManager
 
 Produced by `{meta['command']}` on {meta['date']}{f" at commit {meta['commit']}" if meta.get('commit') else ""}, in {meta['seconds'] / 60:.1f} minutes.
 Machine: {meta['machine']}.
 Each row is one fresh `torchrun` (2 ranks, gloo, CPU) that saves the same random model + AdamW state
-{meta['repeats']} time(s). verl: `save_contents: [model, optimizer, extra, hf_model]`, verl's own code
+{meta['repeats']} time(s). verl: {verl_saves}, verl's own code
 (`SLIMCKPT_DISABLE=1`). incremental: `+recipe=incremental` with `export_hf: true` (DCP resume state + the
 gather-free HF export, committed by the manifest; the actor checkpoint block of `recipes/incremental.yaml`
 as it is); async: the same with `async_save: true` and a staging budget of the machine's free memory.
 Peak extra RssAnon: each rank's peak anonymous RSS during its saves above its level before the first save
 (sampled every 5 ms from a separate process; the async staging pool is held between saves, so it counts),
 largest over ranks. Wall: until every rank's files are committed (async: until the background write is),
-median over saves. Blocking: until `save_checkpoint` returns. On CPU verl's sharded save does not copy
-the shards (they already are host tensors); on GPU it copies the rank's whole model and optimizer shard to
-host RAM first, so verl's numbers here are its lower bound. slimckpt fsyncs every file before it commits
+median over saves. Blocking: until `save_checkpoint` returns. {cpu_note} slimckpt fsyncs every file before it commits
 the step; verl's `torch.save` does not, so part of verl's bytes may still be in the page cache when its save
 returns (the page cache is synced before every save, outside the timed window).
 {note}
 {table(rows)}
 
-### Targets (incremental tier, issue 4 item 9)
+### {"Targets (incremental tier, issue 4 item 9)" if fsdp == 2 else "FSDP1"}
 
 {chr(10).join(target_lines)}
 
