@@ -364,7 +364,10 @@ def node_rows(node: dict[str, Any], estimates: list[dict[str, Any]], copy_gbps: 
             blocked = e["write_seconds"]
         else:  # pool: the staging copy
             blocked = e["rank0_write_bytes"] / (copy_gbps * 1e9) if copy_gbps else None
-        v = node_verdict(e["strategy"], e["host_peak_bytes"], node["resident_bytes"], node["local_ranks"],
+        # the critic saves after the actor: its transient memory is not added, but a pool is held for the run
+        held_pool = e["host_note"].startswith("staging pool")
+        save_host = e["host_peak_bytes"] + (e.get("critic_host_peak_bytes", 0) if held_pool else 0)
+        v = node_verdict(e["strategy"], save_host, node["resident_bytes"], node["local_ranks"],
                          node["memory_bytes"], e.get("budget_bytes"), e["rank0_write_bytes"], blocked,
                          e.get("device_bytes", 0), stream, bool(e.get("pool_over_budget")),
                          e.get("rank0_only_bytes", 0), bool(node["offload"]["actor_param"]))
@@ -694,6 +697,7 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
             critic = replace(s, contents=tuple(c for c in s.contents if c != "hf_model"), export_hf=False)
             c = estimate(critic_params(facts.params), args.world_size, critic, extra, 0, None, fsdp)
             e["peak_disk"]["critic"] = peak_disk(c.total_write_bytes, s.critic_keep)
+            e["critic_host_peak_bytes"] = c.host_peak_bytes
         estimates.append(e)
     return {
         "config": args.config,
