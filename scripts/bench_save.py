@@ -182,6 +182,21 @@ def wrap_fsdp1_from_meta(model, mesh):
                 param_init_fn=lambda m: m.to_empty(device=torch.device("cpu"), recurse=False))
 
 
+def fsdp1_need(preset: str) -> int:
+    """Host bytes an FSDP1 run of `preset` needs over all its ranks: the fp32 model and AdamW's two
+    moments, and FSDP1's sharded state dict, a copy of them (gpu_check_fsdp), plus 2 GiB."""
+    from slimckpt.testing.fsdp_checkpoint import PRESETS
+
+    layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
+    params = 2 * vocab * hidden + hidden + layers * (2 * hidden * hidden + 2 * hidden * hidden * kv // heads
+                                                     + 3 * hidden * inter + 2 * hidden)
+    return 2 * 12 * params + 2 * 2**30
+
+
+def fsdp1_fits(preset: str) -> bool:
+    return fsdp1_need(preset) <= mem_available()
+
+
 def mem_available() -> int:
     with open("/proc/meminfo") as f:
         for line in f:
@@ -547,6 +562,18 @@ def driver(args: argparse.Namespace) -> int:
     started = time.time()
     commit = source_commit()  # the code the runs use: HEAD as they start
     rows = []
+    skipped = [s for s in sizes if args.fsdp == 1 and not fsdp1_fits(s)]
+    for size in skipped:
+        print(f"[bench-save] {size} FSDP1: not run: its shards plus FSDP1's copy of them need about "
+              f"{fsdp1_need(size) / 2**30:.1f} GiB, this machine has {mem_available() / 2**30:.1f} GiB available",
+              flush=True)
+    sizes = [s for s in sizes if s not in skipped]
+    if args.fsdp == 1 and skipped:
+        args.note = (args.note + " " if args.note else "") + \
+            f"Not run (over this machine's available memory with FSDP1's copy): {', '.join(skipped)}."
+    if not sizes:
+        print("[bench-save] nothing to run: every size was skipped; the report is left as it is", flush=True)
+        return 0
     runs = [(s, m) for s in sizes for m in modes]
     with tqdm(runs, desc="save bench", unit="run") as bar:
         for size, mode in bar:
