@@ -63,9 +63,14 @@ compare: $(STAMP)
 	$(PY) scripts/quality_proof.py --algo flowrl $(COMPARE_ARGS)
 	$(PY) scripts/quality_proof.py --algo ppo --sigkill incremental $(COMPARE_ARGS)
 
+# FSDP1 rows beside FSDP2's (save and export, verl's and the incremental tier's); a size whose shards plus
+# FSDP1's copy of them exceed the machine's available memory is skipped, and the report says so
+BENCH_FSDP1_SIZES ?= 0.5b,1b
 bench: $(STAMP)
 	$(PY) scripts/bench.py --json docs/bench_merge.json
 	$(PY) scripts/bench_save.py --json docs/bench_save.json
+	$(PY) scripts/bench_save.py --fsdp 1 --sizes $(BENCH_FSDP1_SIZES) --modes verl,incremental --tag fsdp1 \
+	  --json docs/bench_save_fsdp1.json
 	$(PY) scripts/bench_loop.py --json docs/bench_loop.json
 
 # not part of `make bench`: needs ~50 GB of free disk (says so and stops without it), about 30 minutes;

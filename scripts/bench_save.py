@@ -5,10 +5,12 @@
   python scripts/bench_save.py --sizes 0.25b --repeats 1 --out /tmp/b.md --json /tmp/b.json   # a quick look
   python scripts/bench_save.py --render /tmp/b.json --out BENCHMARKS.md                       # re-render, no runs
   python scripts/bench_save.py --sizes 0.25b --modes incremental,async,stream --tag stream-0.25b   # own section
+  python scripts/bench_save.py --fsdp 1 --sizes 0.5b,1b --modes verl,incremental --tag fsdp1   # FSDP1 rows
 
 For every size and mode one fresh `torchrun` (world size 2, FSDP2, gloo, CPU) builds a Llama of
 slimckpt.testing.fsdp_checkpoint's preset with random weights and a filled AdamW state, wraps it
-like verl does (`fully_shard` per decoder layer, then the root) and saves it --repeats times
+like verl does (`fully_shard` per decoder layer, then the root; `--fsdp 1`: verl's strategy=fsdp,
+FullyShardedDataParallel with a per-layer wrap policy) and saves it --repeats times
 through verl 0.9.1's real `FSDPCheckpointManager.save_checkpoint`:
 
   verl         save_contents [model, optimizer, extra, hf_model] (verl's own code, SLIMCKPT_DISABLE=1):
@@ -122,9 +124,9 @@ class WindowSampler:
 # --------------------------------------------------------------------------- worker (one torchrun rank)
 
 
-def build_model(preset: str, world: int):
-    """The preset's Llama, sharded like verl's FSDP2 wrap; weights and AdamW state random and
-    materialised (never zero pages, which would hide their RSS)."""
+def build_model(preset: str, world: int, fsdp: int = 2):
+    """The preset's Llama, sharded like verl's FSDP2 wrap (or FSDP1's, `fsdp=1`); weights and AdamW
+    state random and materialised (never zero pages, which would hide their RSS)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
@@ -138,12 +140,15 @@ def build_model(preset: str, world: int):
         model = AutoModelForCausalLM.from_config(build_config(cfg), dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
-    model = wrap_fsdp2(model, mesh, "dim0", world)
-    model.to_empty(device="cpu")
+    if fsdp == 1:
+        model = wrap_fsdp1_from_meta(model, mesh)
+    else:
+        model = wrap_fsdp2(model, mesh, "dim0", world)
+        model.to_empty(device="cpu")
     gen = torch.Generator().manual_seed(1000 + torch.distributed.get_rank())
     with torch.no_grad():
         for p in model.parameters():
-            p.to_local().normal_(0.0, 0.02, generator=gen)
+            (p.to_local() if hasattr(p, "to_local") else p).normal_(0.0, 0.02, generator=gen)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for p in model.parameters():  # one step on zero gradients creates the state without a forward pass
         p.grad = torch.zeros_like(p)
@@ -156,6 +161,40 @@ def build_model(preset: str, world: int):
                 local.normal_(0.0, 1e-3, generator=gen).abs_()
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     return model, optimizer, scheduler, n_params, vocab
+
+
+def wrap_fsdp1_from_meta(model, mesh):
+    """FSDP1 as slimckpt.testing.fsdp_checkpoint.wrap_fsdp1 wraps it (use_orig_params, per-layer
+    units, the mesh), materialising one unit at a time from the meta model: a rank never holds the
+    whole unsharded model, as verl's rank 0 does not either."""
+    import functools
+
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    from slimckpt.testing.fsdp_checkpoint import decoder_layer_classes
+
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
+    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
+                device_id=torch.device("cpu"), device_mesh=mesh,
+                param_init_fn=lambda m: m.to_empty(device=torch.device("cpu"), recurse=False))
+
+
+def fsdp1_need(preset: str) -> int:
+    """Host bytes an FSDP1 run of `preset` needs over all its ranks: the fp32 model and AdamW's two
+    moments, and FSDP1's sharded state dict, a copy of them (gpu_check_fsdp), plus 2 GiB."""
+    from slimckpt.testing.fsdp_checkpoint import PRESETS
+
+    layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
+    params = 2 * vocab * hidden + hidden + layers * (2 * hidden * hidden + 2 * hidden * hidden * kv // heads
+                                                     + 3 * hidden * inter + 2 * hidden)
+    return 2 * 12 * params + 2 * 2**30
+
+
+def fsdp1_fits(preset: str) -> bool:
+    return fsdp1_need(preset) <= mem_available()
 
 
 def mem_available() -> int:
@@ -173,14 +212,20 @@ def staging_budget_gb(world: int) -> float:
     return max(0.0, (mem_available() - 2 * 2**30) / world / 2**30)
 
 
-def checkpoint_config(mode: str, budget_gb: float):
+def verl_contents(fsdp: int) -> list[str]:
+    """verl's save_contents here. FSDP1: no hf_model, whose full state dict (offload_to_cpu,
+    rank0_only) crashes torch on CPU/gloo; the row is verl's sharded save alone, its lower bound."""
+    return ["model", "optimizer", "extra"] + (["hf_model"] if fsdp == 2 else [])
+
+
+def checkpoint_config(mode: str, budget_gb: float, fsdp: int = 2):
     """(config, export_hf on?) for a mode. The incremental modes take the actor's checkpoint block of
     recipes/incremental.yaml as it is (export_hf, export_dtype, bucket_mb, ...) and set only
     async_save and the staging budget."""
     if mode == "verl":
         from omegaconf import OmegaConf
 
-        return OmegaConf.create({"save_contents": ["model", "optimizer", "extra", "hf_model"]}), None
+        return OmegaConf.create({"save_contents": verl_contents(fsdp)}), None
     from omegaconf import OmegaConf
 
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
@@ -209,7 +254,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     sampler = WindowSampler()
-    model, optimizer, scheduler, n_params, vocab = build_model(args.preset, world)
+    model, optimizer, scheduler, n_params, vocab = build_model(args.preset, world, args.fsdp)
     gen_dir = os.path.join(args.out, "generation_config")
     if rank == 0:  # verl saves generation_config.json from config.name_or_path, as for a pretrained model
         from transformers import GenerationConfig
@@ -222,7 +267,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.broadcast_object_list(budget, src=0)  # one budget for all ranks: rank 0's view of the machine
     if rank == 0 and args.mode in ("async", "stream"):
         print(f"[bench-save] async staging budget {budget[0]:.1f} GiB per rank (free memory now)", flush=True)
-    config, export_hf = checkpoint_config(args.mode, budget[0])
+    config, export_hf = checkpoint_config(args.mode, budget[0], args.fsdp)
     manager = FSDPCheckpointManager(model, optimizer, scheduler, processing_class=build_tokenizer(vocab),
                                     checkpoint_config=config)
     from slimckpt.save.resume_state import finish_pending
@@ -263,7 +308,7 @@ def worker(args: argparse.Namespace) -> None:
                                                    if hasattr(v, "numel"))])
     bound = None if args.mode == "verl" else \
         int(config.write_threads) * (int(config.bucket_mb) * 2**20 + largest) + 64 * 2**20
-    row = {"rank": rank, "world": world, "params": n_params, "export_hf": export_hf, "first_level": first_level,
+    row = {"rank": rank, "world": world, "fsdp": args.fsdp, "params": n_params, "export_hf": export_hf, "first_level": first_level,
            "saves": saves, "stream_bound": bound}
     rows = [None] * world
     dist.all_gather_object(rows, row)
@@ -280,7 +325,8 @@ def run_one(size: str, mode: str, args: argparse.Namespace, work: Path) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"save-{size}-{mode}-", dir=work))
     log_path = work / f"save-{size}-{mode}.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-           __file__, "--worker", "--mode", mode, "--preset", size, "--repeats", str(args.repeats), "--out", str(out)]
+           __file__, "--worker", "--mode", mode, "--preset", size, "--repeats", str(args.repeats), "--out", str(out),
+           "--fsdp", str(args.fsdp)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "patches"), os.environ.get("PYTHONPATH")]))}
     if mode == "verl":
@@ -308,7 +354,7 @@ def summarise(size: str, mode: str, ranks: list[dict]) -> dict:
     saves0 = ranks[0]["saves"]
     extra = [max(s["peak"] for s in r["saves"]) - r["first_level"] for r in ranks]
     return {
-        "size": size, "mode": mode, "params": ranks[0]["params"], "export_hf": ranks[0]["export_hf"],
+        "size": size, "mode": mode, "fsdp": ranks[0].get("fsdp", 2), "params": ranks[0]["params"], "export_hf": ranks[0]["export_hf"],
         "peak_extra_per_rank": extra, "peak_extra": max(extra),
         "wall_s": statistics.median(max(r["saves"][i]["wall_s"] for r in ranks) for i in range(len(saves0))),
         "blocking_s": statistics.median(max(r["saves"][i]["blocking_s"] for r in ranks) for i in range(len(saves0))),
@@ -327,6 +373,12 @@ def find(rows: list[dict], size: str, mode: str) -> dict | None:
     return next((r for r in rows if r["size"] == size and r["mode"] == mode), None)
 
 
+def label(r: dict) -> str:
+    if r.get("fsdp", 2) == 1:
+        return "verl 0.9.1 FSDP1 (no hf_model)" if r["mode"] == "verl" else f"{MODE_LABEL[r['mode']]}, FSDP1"
+    return MODE_LABEL[r["mode"]]
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| model | params | save | peak extra RssAnon (max over ranks) | per rank | wall (median) "
              "| blocking (median) | RSS vs verl | wall vs verl | HF safetensors |",
@@ -338,7 +390,7 @@ def table(rows: list[dict]) -> str:
             vs = "-" if r is base or base is None else \
                 f"{base['peak_extra'] / max(r['peak_extra'], 1):.1f}x lower"
             speed = "-" if r is base or base is None else f"{base['wall_s'] / r['wall_s']:.2f}x"
-            lines.append(f"| {size} | {r['params'] / 1e9:.2f}B | {MODE_LABEL[r['mode']]} "
+            lines.append(f"| {size} | {r['params'] / 1e9:.2f}B | {label(r)} "
                          f"| {r['peak_extra'] / 2**20:,.0f} MiB "
                          f"| {per_rank} MiB | {r['wall_s']:.1f} s | {r['blocking_s']:.2f} s | {vs} | {speed} "
                          f"| {r['hf_safetensors'] or 'none'} |")
@@ -424,28 +476,45 @@ def render_section(result: dict) -> str:
             ) if no_export else ""
     begin, end = markers(meta.get("tag", ""))
     title = f" ({meta['tag']})" if meta.get("tag") else ""
+    fsdp = meta.get("fsdp", 2)
+    verl_saves = ("`save_contents: [model, optimizer, extra, hf_model]`" if fsdp == 2 else
+                  "`save_contents: [model, optimizer, extra]` (no `hf_model`: FSDP1's full state dict with "
+                  "offload_to_cpu crashes torch on CPU/gloo)")
+    cpu_note = ("On CPU verl's sharded save does not copy the shards (they already are host tensors); on GPU it "
+                "copies the rank's whole model and optimizer shard to\nhost RAM first, so verl's numbers here are its "
+                "lower bound." if fsdp == 2 else
+                "verl's FSDP1 save clones each chunk of its sharded state dicts (on a GPU it moves them to host RAM), "
+                "the same on CPU.")
+    if fsdp == 1:
+        target_lines = ["FSDP1's sharded state dict is a copy of the rank's shards (slimckpt.gpu_check_fsdp): on "
+                        "this CPU it lands in host memory, which is what the incremental rows' peak shows; on a GPU "
+                        "it lands on the device instead (`slimckpt plan`'s \"device added\"). The FSDP2 rows of the "
+                        "same sizes are in the `save-bench` section (FSDP2). Wall per save (spread):"]
+        target_lines += [f"- {r['size']} {label(r)}: " + ", ".join(f"{w:.1f} s" for w in r["walls"])
+                         + (" (state dict " + ", ".join(f"{t['state_dict']:.1f} s" for t in r["timings_s"]
+                                                       if t and "state_dict" in t) + ")"
+                            if any(t and "state_dict" in t for t in r["timings_s"]) else "")
+                         for r in rows]
     return f"""{begin}
-## Save inside verl{title}: FSDP2, world size 2, verl 0.9.1's FSDPCheckpointManager
+## Save inside verl{title}: FSDP{meta.get('fsdp', 2)}, world size 2, verl 0.9.1's FSDPCheckpointManager
 
 Produced by `{meta['command']}` on {meta['date']}{f" at commit {meta['commit']}" if meta.get('commit') else ""}, in {meta['seconds'] / 60:.1f} minutes.
 Machine: {meta['machine']}.
 Each row is one fresh `torchrun` (2 ranks, gloo, CPU) that saves the same random model + AdamW state
-{meta['repeats']} time(s). verl: `save_contents: [model, optimizer, extra, hf_model]`, verl's own code
+{meta['repeats']} time(s). verl: {verl_saves}, verl's own code
 (`SLIMCKPT_DISABLE=1`). incremental: `+recipe=incremental` with `export_hf: true` (DCP resume state + the
 gather-free HF export, committed by the manifest; the actor checkpoint block of `recipes/incremental.yaml`
 as it is); async: the same with `async_save: true` and a staging budget of the machine's free memory.
 Peak extra RssAnon: each rank's peak anonymous RSS during its saves above its level before the first save
 (sampled every 5 ms from a separate process; the async staging pool is held between saves, so it counts),
 largest over ranks. Wall: until every rank's files are committed (async: until the background write is),
-median over saves. Blocking: until `save_checkpoint` returns. On CPU verl's sharded save does not copy
-the shards (they already are host tensors); on GPU it copies the rank's whole model and optimizer shard to
-host RAM first, so verl's numbers here are its lower bound. slimckpt fsyncs every file before it commits
+median over saves. Blocking: until `save_checkpoint` returns. {cpu_note} slimckpt fsyncs every file before it commits
 the step; verl's `torch.save` does not, so part of verl's bytes may still be in the page cache when its save
 returns (the page cache is synced before every save, outside the timed window).
 {note}
 {table(rows)}
 
-### Targets (incremental tier)
+### {"Targets (incremental tier)" if fsdp == 2 else "FSDP1"}
 
 {chr(10).join(target_lines)}
 
@@ -493,6 +562,18 @@ def driver(args: argparse.Namespace) -> int:
     started = time.time()
     commit = source_commit()  # the code the runs use: HEAD as they start
     rows = []
+    skipped = [s for s in sizes if args.fsdp == 1 and not fsdp1_fits(s)]
+    for size in skipped:
+        print(f"[bench-save] {size} FSDP1: not run: its shards plus FSDP1's copy of them need about "
+              f"{fsdp1_need(size) / 2**30:.1f} GiB, this machine has {mem_available() / 2**30:.1f} GiB available",
+              flush=True)
+    sizes = [s for s in sizes if s not in skipped]
+    if args.fsdp == 1 and skipped:
+        args.note = (args.note + " " if args.note else "") + \
+            f"Not run (over this machine's available memory with FSDP1's copy): {', '.join(skipped)}."
+    if not sizes:
+        print("[bench-save] nothing to run: every size was skipped; the report is left as it is", flush=True)
+        return 0
     runs = [(s, m) for s in sizes for m in modes]
     with tqdm(runs, desc="save bench", unit="run") as bar:
         for size, mode in bar:
@@ -507,9 +588,10 @@ def driver(args: argparse.Namespace) -> int:
         + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
     command += f" --modes {args.modes}" if args.modes != ",".join(MODES) else ""
     command += f" --tag {args.tag}" if args.tag else ""
+    command += f" --fsdp {args.fsdp}" if args.fsdp != 2 else ""
     result = {"rows": rows, "meta": {"command": command, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats,
                                      "seconds": time.time() - started, "machine": machine_line(), "tag": args.tag,
-                                     "commit": commit, "note": args.note}}
+                                     "commit": commit, "note": args.note, "fsdp": args.fsdp}}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     section = render_section(result)
@@ -525,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
     p.add_argument("--repeats", type=int, default=3, help="saves per run; wall and blocking are their medians")
     p.add_argument("--nproc", type=int, default=2, help="ranks (world size)")
+    p.add_argument("--fsdp", type=int, choices=[1, 2], default=2,
+                   help="2: FSDP2 (fully_shard); 1: FSDP1 (FullyShardedDataParallel, verl's strategy=fsdp)")
     p.add_argument("--timeout", type=int, default=900, help="seconds one torchrun may take before it is killed")
     p.add_argument("--work", default=str(REPO / "bench_work"), help="scratch dir for the checkpoints")
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"),

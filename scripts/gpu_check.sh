@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Checks and times slimckpt's GPU paths of async_save on one CUDA GPU, in about a minute: pool (pinned
 # pool, non-blocking device-to-host copies on a side stream, event ordering), stream (side-stream
-# reads of the live shards into pinned memory, the guard's copy, the version check catching a race)
-# and stream under verl's param/optimizer offload (the save's offload releases the device, the writer
-# reads the offload's host copies, a reload keeps the unread ones).
+# reads of the live shards into pinned memory, the guard's copy, the version check catching a race),
+# stream under verl's param/optimizer offload (the save's offload releases the device, the writer
+# reads the offload's host copies, a reload keeps the unread ones), and the incremental tier's save
+# path on FSDP1 and FSDP2 (two ranks sharing the GPU over gloo: FSDP1's state dict is a device copy
+# of the rank's shards, measured; FSDP2's is views; both round-trip through the DCP writer bit-equal).
 # Needs only torch and this repo: no verl, no network.
 #   bash scripts/gpu_check.sh                         # 1 GiB state; table on stdout, gpu_check.json
 #   PYTHON=/opt/conda/bin/python bash scripts/gpu_check.sh --gib 4 --json /tmp/gpu_check.json

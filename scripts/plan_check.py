@@ -74,7 +74,8 @@ def strategy_for(mode: str, staged: bool | None):
 
     if mode == "verl":
         return plan.Strategy("verl + hf_model", contents=(*plan.VERL_CONTENTS, "hf_model"))
-    inc = plan.recipe_strategies(["incremental"])[0]
+    # the measured saves ran with a number for host_memory_budget_gb (the recipe's auto is per node)
+    inc = replace(plan.recipe_strategies(["incremental"])[0], host_memory_budget_gb=16.0)
     if mode == "incremental":
         return inc
     if mode == "stream":

@@ -4,11 +4,24 @@
 # examples/tuning/70b/qwen2-70b_grpo_32_h800_fsdp_vllm.sh. The settings live in overrides/size/70b.yaml,
 # overrides/cluster/4x8.yaml and overrides/algo/{ppo,grpo}.yaml; this script only chooses and joins them.
 #
+# FSDP2, not verl's default FSDP1: this script passes actor_rollout_ref.actor.strategy=fsdp2 and
+# critic.strategy=fsdp2 (the reference model follows the actor). verl 0.9.1 trains, offloads and
+# saves with either. Why FSDP2 here: with FSDP1 a reshardable (+recipe=incremental) save cannot view the
+# live shards: FSDP1's sharded state dict unshards each flat parameter and clones every parameter's rows,
+# and its optimizer state dict all-gathers each unit's AdamW state and clones it likewise, so a save holds
+# a second copy of the rank's model and optimizer shards on the GPU (12 bytes x parameters / GPUs:
+# 25.4 GiB per GPU for Qwen2-72B on 32 GPUs) while it writes; verl's own FSDP1 save holds the same copy
+# in host RAM instead. FSDP2's state dict is views of the shards: no copy on either side. To run FSDP1
+# anyway: actor_rollout_ref.actor.strategy=fsdp critic.strategy=fsdp (a recipe then says at start-up what
+# each save costs, and --dry-run shows it).
+#
 # Usage:
 #   bash scripts/train_70b.sh [--dry-run] [algo=ppo|grpo|flowrl] [hydra overrides...]
 #   bash scripts/train_70b.sh +recipe=quickstart                       # PPO, model-only checkpoints
 #   bash scripts/train_70b.sh algo=grpo +recipe=quickstart trainer.save_freq=20
-#   bash scripts/train_70b.sh --dry-run +recipe=quickstart             # compose + validate here, no GPU needed
+#   bash scripts/train_70b.sh --dry-run +recipe=quickstart             # compose + validate here, no GPU needed,
+#                                                                      # then `slimckpt plan` for this configuration
+#   NODE_MEMORY_GB=2048 bash scripts/train_70b.sh --dry-run --no-print +recipe=incremental   # the plan only
 #   NNODES=2 MODEL_PATH=/shared/Llama-3.3-70B-Instruct bash scripts/train_70b.sh +recipe=quickstart
 #
 # Knobs (environment variables):
@@ -24,6 +37,11 @@
 #                       as ckpt/* to verl's trackers (slimckpt.observe.ckpt_metrics); 0 turns measuring off
 #   WANDB_MODE=offline  verl logs to console and wandb; offline unless set (online needs WANDB_API_KEY)
 #   PYTHON=python3      the interpreter that has verl and slimckpt installed
+# Knobs of --dry-run's plan (what the config cannot say; printed with the plan):
+#   NODE_MEMORY_GB=     host memory of one training node, GiB (empty: this machine's, the Ray head node)
+#   DISK_GBPS=10        aggregate write bandwidth of the checkpoint storage, GB/s
+#   ROLLOUT_S=60        seconds from a save to the next optimizer step (rollout, reward, reference passes)
+#   COPY_GBPS=10        device-to-host copy bandwidth per GPU, GB/s
 # Every other argument goes to verl unchanged ("$@"), after this script's own overrides, so it wins.
 # Passing +size=..., +cluster=... or +algo=... yourself replaces the script's choice for that group.
 #
@@ -80,6 +98,11 @@ overrides=()
 [[ $have_algo == 1 ]] || overrides+=("+algo=$ALGO")
 overrides+=(${explicit_size[@]+"${explicit_size[@]}"})
 overrides+=(
+  # FSDP2 (see the header): a reshardable save from views of the shards, no second copy on the GPU
+  "actor_rollout_ref.actor.strategy=fsdp2"
+  "critic.strategy=fsdp2"
+)
+overrides+=(
   "data.train_files=$DATA_DIR/train.parquet"
   "data.val_files=$DATA_DIR/test.parquet"
   "trainer.project_name=slimckpt_70b"
@@ -94,7 +117,9 @@ overrides+=(
 overrides+=(${user_args[@]+"${user_args[@]}"})
 
 if [[ $dry_run == 1 ]]; then
-  exec "$PYTHON" -m slimckpt.dryrun "${overrides[@]}"
+  plan=(--plan --disk-gbps "${DISK_GBPS:-10}" --rollout-s "${ROLLOUT_S:-60}" --copy-gbps "${COPY_GBPS:-10}")
+  [[ -z ${NODE_MEMORY_GB:-} ]] || plan+=(--node-memory-gb "$NODE_MEMORY_GB")
+  exec "$PYTHON" -m slimckpt.dryrun "${plan[@]}" "${overrides[@]}"
 fi
 
 # the node count verl will see: the knobs, a +cluster file or a trainer.nnodes=... argument decide it

@@ -5,14 +5,19 @@
 #   bash scripts/train_small.sh [algo=grpo|ppo|flowrl] [--dry-run] [hydra overrides for verl...]
 #   bash scripts/train_small.sh +recipe=quickstart trainer.total_training_steps=3
 #   ALGO=ppo bash scripts/train_small.sh +recipe=quickstart actor_rollout_ref.actor.use_kl_loss=true
-#   bash scripts/train_small.sh --dry-run +recipe=quickstart     # compose + validate only (slimckpt.dryrun)
+#   bash scripts/train_small.sh --dry-run +recipe=quickstart     # compose + validate (slimckpt.dryrun), then
+#                                                                # `slimckpt plan` for this configuration
 #
 # Default: on this machine's CPU (no GPU needed), a tiny model built locally by `python -m slimckpt.tiny`
 # into $TINY_ASSETS (built on first use), FSDP2 over gloo with $NPROC ranks, slimckpt's `hf` rollout;
 # groups +size=tiny +cluster=cpu +algo=$ALGO (overrides/), SLIMCKPT_CPU=1.
 # Where a GPU is visible, the CPU default refuses to start unless SLIMCKPT_CPU_FORCE=1.
 # With MODEL_PATH set and an NVIDIA GPU visible: that Hugging Face model on the GPUs with vLLM
-# (same addition data unless TRAIN_FILES/VAL_FILES are set). MODEL_PATH without a GPU: that model on
+# (same addition data unless TRAIN_FILES/VAL_FILES are set), with FSDP2 (actor_rollout_ref.actor.strategy=fsdp2,
+# critic.strategy=fsdp2) rather than verl's default FSDP1: FSDP1's sharded state dict is a clone of the
+# rank's model and optimizer shards (on the GPU for +recipe=incremental, in host RAM for verl's own save),
+# FSDP2's is views of them (scripts/train_70b.sh's header has the details); pass
+# actor_rollout_ref.actor.strategy=fsdp critic.strategy=fsdp for FSDP1. MODEL_PATH without a GPU: that model on
 # the CPU like the tiny one (only sensible for very small models).
 # Every argument except algo=... and --dry-run goes to verl unchanged, after the defaults below, so
 # it overrides them. Checkpoints go to runs/small/<algo>/checkpoints unless trainer.default_local_dir or
@@ -31,6 +36,9 @@
 #   MODEL_PATH   a Hugging Face model dir or id instead of the tiny model
 #   TRAIN_FILES / VAL_FILES   parquet files in verl's RL format (default: the tiny addition data)
 #   PYTHON       interpreter (default .venv/bin/python if present, else python3)
+#   NODE_MEMORY_GB, DISK_GBPS (10), ROLLOUT_S (60), COPY_GBPS (10)   --dry-run's plan: what the config cannot
+#                say (node memory, empty: this machine's; storage GB/s; seconds from a save to the next update;
+#                device-to-host GB/s per GPU); printed with the plan
 #   CKPT_DIR     trainer.default_local_dir (default runs/small/<algo>/checkpoints); set but empty: verl's own
 #                default, checkpoints/<project>/<experiment> under the working dir (moved to .../model_only
 #                by +recipe=quickstart and +recipe=intermediate, as for a user of verl's defaults)
@@ -100,6 +108,8 @@ if [[ -n "${MODEL_PATH:-}" ]] && has_gpu; then
   MODE=(
     "trainer.n_gpus_per_node=$NPROC"
     "trainer.nnodes=1"
+    "actor_rollout_ref.actor.strategy=fsdp2"
+    "critic.strategy=fsdp2"
     "actor_rollout_ref.rollout.name=vllm"
     "actor_rollout_ref.rollout.tensor_model_parallel_size=1"
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"
@@ -130,7 +140,9 @@ fi
 
 ARGS=("${MODE[@]}" "${COMMON[@]}" "${PASS[@]+"${PASS[@]}"}")
 if [[ $DRY_RUN == 1 ]]; then
-  exec "$PYTHON" -m slimckpt.dryrun "${ARGS[@]}"
+  PLAN=(--plan --disk-gbps "${DISK_GBPS:-10}" --rollout-s "${ROLLOUT_S:-60}" --copy-gbps "${COPY_GBPS:-10}")
+  [[ -z "${NODE_MEMORY_GB:-}" ]] || PLAN+=(--node-memory-gb "$NODE_MEMORY_GB")
+  exec "$PYTHON" -m slimckpt.dryrun "${PLAN[@]}" "${ARGS[@]}"
 fi
 echo "[train_small] $PYTHON -m verl.trainer.main_ppo ${ARGS[*]}" >&2
 exec "$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}"

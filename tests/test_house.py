@@ -16,7 +16,8 @@ PKG = REPO / "patches" / "slimckpt"
 # `log`, `env_vars` and the package's own __init__ are the ground every wing stands on.
 LAYERS = [
     ("tools", {"slimckpt.cli", "slimckpt.plan", "slimckpt.tiny", "slimckpt.gpu_check", "slimckpt.testing",
-               "slimckpt.gpu_check_stream", "slimckpt.stream_model",
+               "slimckpt.gpu_check_stream", "slimckpt.stream_model", "slimckpt.plan_node", "slimckpt.dryrun_plan",
+               "slimckpt.gpu_check_fsdp",
                # the `python -m` commands README gives, whose code lives in a wing
                "slimckpt.dryrun", "slimckpt.recipes", "slimckpt.diskspeed",
                # kept old paths (deprecated, see their docstrings)

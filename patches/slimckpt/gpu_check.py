@@ -18,6 +18,10 @@ Checks (each PASS/FAIL, exit 1 on any FAIL):
   offload_*, reload_*  async_save=stream under verl's param/optimizer offload (the same module): the
                        save's offload releases the device, the writer reads the offload's host copies,
                        a reload keeps the unread ones and the update cannot reach them
+  fsdp*                the incremental tier's save path on FSDP1 and FSDP2 (slimckpt.gpu_check_fsdp; two
+                       ranks sharing the GPU over gloo): the state dict round-trips through its DCP
+                       writer bit-equal; FSDP1's is a copy of the rank's shards (the device memory it adds
+                       is measured), FSDP2's is views that add no device memory
 Timings: pageable vs pinned device-to-host copy (GB/s), side-stream overlap of a copy with
 matmuls on the training stream, staging (host-blocking seconds and until the copies are done, first
 save with pool allocation and a reused pool).
@@ -220,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gib", type=float, default=1.0, help="size of the staged state and of the timed copy (GiB)")
     p.add_argument("--json", default="gpu_check.json", help="where to write the results")
+    p.add_argument("--fsdp-hidden", type=int, default=2048,
+                   help="hidden size of the FSDP save check's model (4 blocks; 2048: ~0.1B parameters)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device visible (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
@@ -240,8 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     checks.update(offload_checks)
     times.update(offload_times)
     times.update(time_copies(device, nbytes))
+    from .gpu_check_fsdp import check_fsdp_save
+
+    fsdp_checks, fsdp_figures = check_fsdp_save("cuda", hidden=args.fsdp_hidden)
+    checks.update(fsdp_checks)
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "cuda": torch.version.cuda,
               "checks": checks, "dtensor_detail": None if dtensor is True else str(dtensor), "timings": times,
+              "fsdp_save": fsdp_figures,
               "seconds": time.perf_counter() - started}
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
@@ -274,6 +285,15 @@ def main(argv: list[str] | None = None) -> int:
         ("offload: reload keeps unread copies", f"{t['held_bytes'] / 2**30:.2f} GiB held, RssAnon "
                                                 f"+{t['held_rss_extra_bytes'] / 2**30:.2f} GiB"),
     ]
+    for version in (1, 2):
+        ranks = fsdp_figures.get(f"fsdp{version}")
+        if not ranks:
+            rows.append((f"FSDP{version} save", fsdp_figures.get(f"fsdp{version}_error", "not run")))
+            continue
+        r = max(ranks, key=lambda x: x["device_added"] or 0)
+        rows.append((f"FSDP{version} state dict: device added", f"{(r['device_added'] or 0) / 2**20:.1f} MiB of a "
+                     f"{r['shard_bytes'] / 2**20:.1f} MiB shard (copy {r['copied_bytes'] / 2**20:.1f} MiB), "
+                     f"{r['state_dict_s'] * 1e3:.0f} ms; write {r['write_s']:.2f} s"))
     for name, value in rows:
         print(f"{name:<40} {value}")
     print(f"\nwrote {args.json} in {result['seconds']:.1f} s")

@@ -120,7 +120,7 @@ class Strategy:
     export_dtype: str = "bf16"  # auto: the parameters' dtype (fp32), as verl's hf_model writes
     bucket_mb: int = 64
     write_threads: int = 1
-    host_memory_budget_gb: float = 16.0
+    host_memory_budget_gb: float | str = 16.0  # "auto": resolved per node (resolve_auto_budget)
     max_shard_size: str | None = None  # the export's file size limit (None: save_pretrained's)
     # trainer.max_actor_ckpt_to_keep / max_critic_ckpt_to_keep of the run (None: keep every step)
     actor_keep: int | None = None
@@ -150,12 +150,18 @@ class Strategy:
             export_dtype=str(cfg.get("export_dtype", defaults["export_dtype"])),
             bucket_mb=int(cfg.get("bucket_mb", defaults["bucket_mb"])),
             write_threads=int(cfg.get("write_threads", defaults["write_threads"])),
-            host_memory_budget_gb=float(cfg.get("host_memory_budget_gb", defaults["host_memory_budget_gb"])),
+            host_memory_budget_gb=_budget_value(cfg.get("host_memory_budget_gb", defaults["host_memory_budget_gb"])),
             keep_optimizer_last=parse_keep("keep_optimizer_last", cfg.get("keep_optimizer_last")),
             keep_best=parse_keep("keep_best", cfg.get("keep_best")) or 0,
             max_shard_size=str(cfg.get("max_shard_size", defaults.get("max_shard_size"))) if bool(
                 cfg.get("export_hf", False)) else None,
         )
+
+
+def _budget_value(value: Any) -> float | str:
+    from .save.host_budget import AUTO, is_auto
+
+    return AUTO if is_auto(value) else float(value)
 
 
 @dataclass
@@ -171,6 +177,10 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     # async_save=stream: the next optimizer step's guard for each rollout window (with --disk-gbps)
     stream: list[dict[str, Any]] = field(default_factory=list)
+    device_bytes: int = 0  # what the save adds on the accelerator (FSDP1's sharded state dict)
+    budget_bytes: int | None = None  # host_memory_budget_gb as resolved for this plan (auto: per node)
+    pool_over_budget: bool = False  # async pool mode that saves synchronously
+    rank0_only_bytes: int = 0  # of host_peak_bytes, what only rank 0 holds (verl's hf_model gather)
 
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "auto": 4}  # auto: fp32 master weights, as verl keeps them
@@ -194,7 +204,8 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
     with `device="cpu"` on host memory (verl on CPU): there no save copies a tensor to the host, it
     is there already, so only what a path allocates beside the live tensors counts (hf_model's
     gather, a staging pool, the export's cast chunks). `offload`: what verl offloads between
-    updates ("param", "optimizer")."""
+    updates ("param", "optimizer"). host_memory_budget_gb must be a number here
+    (resolve_auto_budget)."""
     on_cpu = device == "cpu"
     model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
     optim_r = optim_shard_bytes(params, world, 0) if "optimizer" in strategy.contents else 0
@@ -257,7 +268,7 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
             peak = streaming
             note = ("streamed from the live shards: write_threads x (bucket_mb + largest tensor shard), plus what the "
                     f"next step's guard copies if it comes before the write ends (at most "
-                    f"{human(min(staged, strategy.host_memory_budget_gb * 2**30))}, host_memory_budget_gb)")
+                    f"{human(min(staged, float(strategy.host_memory_budget_gb) * 2**30))}, host_memory_budget_gb)")
             blocking = "capture only, while the rollout window >= the write (see stream mode below)"
         elif strategy.async_save and staged <= budget_bytes(strategy):
             peak = staged
@@ -286,18 +297,117 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
 
         from .stream_model import stream_block, windows_for
 
-        budget = int(strategy.host_memory_budget_gb * 2**30)
-        stream = [{**_asdict(b), "blocked_s": b.blocked_s}
-                  for b in (stream_block(model_r + optim_r, seconds, w, budget, copy_gbps,
+        budget = int(budget_bytes(strategy))
+        stream = [{**_asdict(b), "window_s": w, "blocked_s": b.blocked_s}
+                  for w in windows_for(seconds, rollout_s)
+                  for b in [stream_block(model_r + optim_r, seconds, w, budget, copy_gbps,
                                          (model_r if "param" in offload else 0)
-                                         + (optim_r if "optimizer" in offload else 0))
-                            for w in windows_for(seconds, rollout_s))]
+                                         + (optim_r if "optimizer" in offload else 0))]]
+    budget_b = int(budget_bytes(strategy))
+    pool_over = bool(strategy.incremental and strategy.async_save and not strategy.async_stream
+                     and model_r + optim_r > budget_b)
     return Estimate(strategy.name, model_r + optim_r + extra_r, total, export, peak, note, blocking, seconds, notes,
-                    stream)
+                    stream, device_extra_bytes(strategy, fsdp, model_r + optim_r), budget_b, pool_over,
+                    full_fp32 if strategy.hf_model and not strategy.incremental else 0)
+
+
+# --------------------------------------------------------------------------- the node (plan_node) and auto
+
+
+def device_extra_bytes(strategy: Strategy, fsdp: int, staged: int) -> int:
+    """Accelerator memory a save adds beyond training's own: the incremental tier on FSDP1 builds
+    its reshardable state dict as new device tensors (chunks cut and cloned from the flat
+    parameters and the flat optimizer state), alive while they are written; FSDP2's are views.
+    verl's own FSDP1 save offloads each chunk to host as it is made (counted in host memory)."""
+    return staged if strategy.incremental and fsdp == 1 else 0
+
+
+def resolve_auto_budget(strategy: Strategy, node_memory_bytes: int, local_ranks: int, resident: int) -> Strategy:
+    """A strategy whose host_memory_budget_gb is `auto`, with the number a rank of this node gets
+    (slimckpt.save.host_budget: half of what the node has left once `resident` per rank is held)."""
+    from .plan_node import auto_budget
+    from .save.host_budget import is_auto
+
+    if not is_auto(strategy.host_memory_budget_gb):
+        return strategy
+    return replace(strategy, host_memory_budget_gb=auto_budget(node_memory_bytes, local_ranks, resident) / 2**30)
+
+
+def node_memory_bytes(given_gb: float | None) -> tuple[int, str]:
+    """The training node's RAM: given, or this machine's MemTotal (the head node is a training node
+    in verl's multi-node set-up)."""
+    if given_gb:
+        return int(float(given_gb) * 2**30), "given"
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024, "this machine's MemTotal"
+    raise ValueError("slimckpt plan: cannot read this machine's memory; pass --node-memory-gb")
+
+
+def offload_of(args: argparse.Namespace) -> Any:
+    """verl's offload switches of the run (plan_node.Offload): `--offload` for the actor (and the
+    critic unless the namespace says otherwise, as a dry run's does)."""
+    from .plan_node import Offload
+
+    choice = getattr(args, "offload", "none") or "none"
+    param = choice in ("param", "both") or bool(getattr(args, "param_offload", False))
+    optim = choice in ("optimizer", "both") or bool(getattr(args, "optimizer_offload", False))
+    critic_param = bool(getattr(args, "critic_param_offload", param))
+    critic_optim = bool(getattr(args, "critic_optimizer_offload", optim))
+    return Offload(actor_param=param, actor_optimizer=optim, critic_param=critic_param, critic_optimizer=critic_optim,
+                   ref_param=bool(getattr(args, "ref_param_offload", False)), critic=bool(getattr(args, "critic", False)),
+                   ref=bool(getattr(args, "ref_param_offload", False)))
+
+
+def node_context(args: argparse.Namespace, params: Sequence[ParamSpec]) -> dict[str, Any]:
+    """Ranks per node, the node's memory and what verl's offload keeps on the host per rank."""
+    from .plan_node import resident_bytes
+
+    world = args.world_size
+    given_ranks = getattr(args, "gpus_per_node", None)
+    ranks = int(given_ranks) if given_ranks else min(world, 8)
+    memory, source = node_memory_bytes(getattr(args, "node_memory_gb", None))
+    offload = offload_of(args)
+    trainable = [p for p in params if p.trainable]
+    elements = sum(shard_rows(p.rows, world, 0) * p.row_bytes // p.itemsize for p in trainable)
+    critic = critic_params(params) if offload.critic else []
+    critic_elements = sum(shard_rows(p.rows, world, 0) * p.row_bytes // p.itemsize for p in critic)
+    resident = resident_bytes(model_shard_bytes(params, world, 0), elements, model_shard_bytes(critic, world, 0),
+                              critic_elements, offload)
+    return {"local_ranks": ranks, "local_ranks_given": bool(given_ranks), "memory_bytes": memory,
+            "memory_source": source, "offload": asdict(offload), "resident": resident,
+            "resident_bytes": sum(resident.values())}
+
+
+def node_rows(node: dict[str, Any], estimates: list[dict[str, Any]], copy_gbps: float | None = None
+              ) -> list[dict[str, Any]]:
+    """Each strategy's node verdict (plan_node.node_verdict): host memory per rank and node, the
+    budget, blocked seconds per save, device memory added, and what to change."""
+    from .plan_node import node_verdict
+
+    rows = []
+    for e in estimates:
+        stream = bool(e.get("stream"))
+        if stream:  # the longest over the windows planned
+            blocked = max((b["blocked_s"] for b in e["stream"] if b["blocked_s"] is not None), default=None)
+        elif e["blocking"] == "whole save":
+            blocked = e["write_seconds"]
+        else:  # pool: the staging copy
+            blocked = e["rank0_write_bytes"] / (copy_gbps * 1e9) if copy_gbps else None
+        # the critic saves after the actor: its transient memory is not added, but a pool is held for the run
+        held_pool = e["host_note"].startswith("staging pool")
+        save_host = e["host_peak_bytes"] + (e.get("critic_host_peak_bytes", 0) if held_pool else 0)
+        v = node_verdict(e["strategy"], save_host, node["resident_bytes"], node["local_ranks"],
+                         node["memory_bytes"], e.get("budget_bytes"), e["rank0_write_bytes"], blocked,
+                         e.get("device_bytes", 0), stream, bool(e.get("pool_over_budget")),
+                         e.get("rank0_only_bytes", 0))
+        rows.append({**asdict(v), "fits": v.fits})
+    return rows
 
 
 def budget_bytes(strategy: Strategy) -> float:
-    return strategy.host_memory_budget_gb * 2**30
+    return float(strategy.host_memory_budget_gb) * 2**30
 
 
 def human(n: float) -> str:
@@ -610,27 +720,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-target-parameters", default="",
                    help="verl's model.target_parameters (LoRA on nn.Parameters, e.g. fused experts), comma separated")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_node_arguments(p)
 
 
-def build_report(args: argparse.Namespace) -> dict[str, Any]:
-    if args.world_size < 1:
-        raise ValueError("slimckpt plan: --world-size must be >= 1")
+def add_node_arguments(p: argparse.ArgumentParser) -> None:
+    """The node's side: ranks per node, its memory and verl's offload (plan_node)."""
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="ranks per node (trainer.n_gpus_per_node; default: the world size, at most 8)")
+    p.add_argument("--node-memory-gb", type=float, default=None,
+                   help="host memory of a training node, GiB (default: this machine's); host_memory_budget_gb=auto "
+                        "and the per-node check use it")
+    p.add_argument("--ref-param-offload", action="store_true",
+                   help="the run has a reference model with param_offload (its bf16 params on the host)")
+
+
+def plan_strategies(args: argparse.Namespace) -> list[Strategy]:
+    """verl's two rows and the recipes asked for, with the retention overrides of `args`."""
     keep_given, overrides = retention_overrides(args)  # a bad value fails before the model is built
     strategies = [Strategy("verl default"), Strategy("verl + hf_model", contents=(*VERL_CONTENTS, "hf_model"))]
     strategies += recipe_strategies(args.recipe, overrides)
-    strategies = [replace(s, **keep_given) for s in strategies]
+    return [replace(s, **keep_given) for s in strategies]
+
+
+def plan_facts(args: argparse.Namespace, strategies: Sequence[Strategy] | None = None) -> ModelFacts:
+    """The model's facts for these arguments (a meta model: the slow part of a plan), its HF listing
+    in the dtype and file size the planned recipes export."""
+    strategies = plan_strategies(args) if strategies is None else strategies
     dtype, shard_size = listing_format(strategies, args.export_dtype, args.max_shard_size)
-    facts = model_facts(args.config, dtype, shard_size, args.trust_remote_code, lora_spec(args))
+    return model_facts(args.config, dtype, shard_size, args.trust_remote_code, lora_spec(args))
+
+
+def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> dict[str, Any]:
+    """The plan; `facts` from plan_facts(args) when a caller plans one model more than once."""
+    if args.world_size < 1:
+        raise ValueError("slimckpt plan: --world-size must be >= 1")
+    strategies = plan_strategies(args)
+    facts = plan_facts(args, strategies) if facts is None else facts
     extra = extra_state_bytes()
     fsdp = int(getattr(args, "fsdp", 1))
-    offload = {"none": (), "param": ("param",), "optimizer": ("optimizer",), "both": ("param", "optimizer")}[
-        getattr(args, "offload", "none") or "none"]
     device = str(getattr(args, "device", "accelerator"))
     with_critic = bool(getattr(args, "critic", False))
+    node = node_context(args, facts.params)
+    strategies = [resolve_auto_budget(s, node["memory_bytes"], node["local_ranks"], node["resident_bytes"])
+                  for s in strategies]
+    offload = offload_of(args)
     estimates = []
     for s in strategies:
         e = asdict(estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
-                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None), offload, device))
+                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None),
+                            offload.actor_kinds, device))
         if facts.split_on_save and s.incremental and s.export_hf:
             e["notes"].append("fused MoE experts split on save: each rank writes its rows of every per-expert tensor")
         e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
@@ -647,12 +785,13 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
             e["retention_disk"]["critic"] = [retention_disk(c.total_write_bytes, c_optim, s.critic_keep, last,
                                                             s.keep_best) for last in keep_choices(s, c_optim)] \
                 if slim else []
+            e["critic_host_peak_bytes"] = c.host_peak_bytes
         estimates.append(e)
     return {
         "config": args.config,
         "world_size": args.world_size,
         "fsdp": fsdp,
-        "offload": list(offload),
+        "offload": list(offload.actor_kinds),
         "device": device,
         "parameters": facts.total_parameters,
         "tied": facts.tied,
@@ -669,6 +808,8 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "disk_gbps": args.disk_gbps,
         "estimates": estimates,
         "critic": with_critic,
+        "node": node,
+        "node_rows": node_rows(node, estimates, getattr(args, "copy_gbps", None)),
     }
 
 
@@ -780,6 +921,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     for e in r["estimates"]:
         print(f"  {e['strategy']}: {e['host_note']}" + "".join(f"; {n}" for n in e["notes"]), file=out)
     print_stream(r, out)
+    print_node(r, out)
     print_peak_disk(r, out)
     print_retention_disk(r, out)
     hf = r["hf_export"]
@@ -817,6 +959,30 @@ def print_stream(r: dict[str, Any], out=sys.stdout) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
     for row in [head, ["-" * n for n in widths], *table]:
         print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
+
+
+def print_node(r: dict[str, Any], out=sys.stdout) -> None:
+    """Per rank and per node: verl's offload plus the save, against the node and the budget."""
+    node, rows = r.get("node"), r.get("node_rows") or []
+    if not node or not rows:
+        return
+    resident = ", ".join(f"{k} {human(v)}" for k, v in node["resident"].items()) or "nothing (no offload)"
+    ranks = f"{node['local_ranks']} ranks" + ("" if node["local_ranks_given"] else " (assumed; --gpus-per-node)")
+    print(f"per node: {ranks}, {human(node['memory_bytes'])} of host memory ({node['memory_source']}); "
+          f"held per rank between steps by verl's offload: {resident}", file=out)
+    head = ["strategy", "host / rank", "host / node", "budget / rank", "device added / rank", "blocked / save", "fits"]
+    table = []
+    for v in rows:
+        blocked = "-" if v["blocked_s"] is None else f"{v['blocked_s']:.1f} s"
+        table.append([v["strategy"], human(v["per_rank_bytes"]), human(v["per_node_bytes"]),
+                      human(v["budget_bytes"]) if v["budget_bytes"] is not None else "-",
+                      human(v["device_bytes"]) if v["device_bytes"] else "0", blocked, "yes" if v["fits"] else "NO"])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
+    for row in [head, ["-" * n for n in widths], *table]:
+        print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
+    for v in rows:
+        for problem in v["problems"]:
+            print(f"  {v['strategy']}: {problem}", file=out)
 
 
 def print_peak_disk(r: dict[str, Any], out=sys.stdout) -> None:

@@ -173,6 +173,9 @@ def wrap_validate_config(original):
         result = original(config, use_reference_policy, use_critic, *args, **kwargs)
         if not _in_ray_worker():
             _say_recipe_settings(config)
+            from .fsdp1_note import say_fsdp1_cost
+
+            say_fsdp1_cost(config, use_critic)
             adopt(config, use_critic)
         return result
 

@@ -228,17 +228,19 @@ class AsyncResumeWriter:
         """The staged copy, or None when the largest rank's state is over the host-memory budget
         (decided together over `group`, so that no rank writes in the background while another
         blocks)."""
-        need = state_bytes(state)
+        from .host_budget import budget_bytes
+
+        need, budget = state_bytes(state), budget_bytes(config)
         if group is not None:
             import torch.distributed as dist
 
-            largest = torch.tensor([need], dtype=torch.int64)
+            # the largest need against the smallest budget (host_memory_budget_gb=auto differs by node)
+            largest = torch.tensor([need, -budget], dtype=torch.int64)
             dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
-            need = int(largest.item())
-        budget = float(getattr(config, "host_memory_budget_gb", 0.0)) * 2**30
+            need, budget = int(largest[0].item()), -int(largest[1].item())
         if need > budget:
             log.warning(
-                "async_save step %s: the largest rank's state is %.2f GiB, over host_memory_budget_gb=%.2f; "
+                "async_save step %s: the largest rank's state is %.2f GiB, over host_memory_budget_gb (%.2f GiB); "
                 "streaming it synchronously instead (raise the budget to save in the background)",
                 step, need / 2**30, budget / 2**30,
             )

@@ -54,7 +54,7 @@ from ..read.pickle_policy import trusting
 from ..read.safe_load import load_torch_file
 from ..read.step_pickles import dcp_refusals, native_refusals
 from .pickle_gate import refuse_together
-from . import hf_direct_export, rng_reshard
+from . import hf_direct_export, host_budget, rng_reshard
 from ..format.dropped_optimizer import optimizer_dropped, resume_line
 from ..format.resume_manifest import (
     FAILED_PREFIX,
@@ -520,7 +520,7 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
     if mode == "stream":
         from .stream_capture import StreamCapture, live_tensors
 
-        capture = StreamCapture(state, int(float(getattr(config, "host_memory_budget_gb", 0.0)) * 2**30),
+        capture = StreamCapture(state, host_budget.budget_bytes(config),
                                 step=int(global_step), live=live_tensors(manager.model, manager.optimizer))
         lap("capture")
         timings["blocking"] = time.perf_counter() - waited

@@ -210,7 +210,8 @@ def build_tokenizer(vocab: int):
                                    eos_token="</s>", unk_token="<unk>")
 
 
-def _decoder_layer_classes(model) -> set[type]:
+def decoder_layer_classes(model) -> set[type]:
+    """The model's decoder layer classes (its _no_split_modules): one FSDP unit each, as verl wraps."""
     names = set(getattr(model, "_no_split_modules", None) or [])
     return {type(m) for m in model.modules() if type(m).__name__ in names}
 
@@ -223,7 +224,7 @@ def wrap_fsdp2(model, mesh, placement: str, fsdp_size: int):
         from verl.utils.fsdp_utils import get_shard_placement_fn
 
         kwargs["shard_placement_fn"] = get_shard_placement_fn(fsdp_size)
-    layer_classes = _decoder_layer_classes(model)
+    layer_classes = decoder_layer_classes(model)
     for module in [m for m in model.modules() if type(m) in layer_classes]:
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
@@ -238,7 +239,7 @@ def wrap_fsdp1(model, mesh, no_mesh: bool = False):
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=_decoder_layer_classes(model))
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
     strategy = ShardingStrategy.HYBRID_SHARD if mesh.ndim == 2 else ShardingStrategy.FULL_SHARD
     # verl passes sync_module_states=True and a GPU device_id; on CPU both are left out (every rank
     # builds the same weights from the same seed, so there is nothing to sync).

@@ -70,6 +70,8 @@ def _checked(key: str, value):
                 pass
         raise _bad_value(key, value, "a whole number, e.g. 64")
     if key in FLOAT_FIELDS:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"  # resolved on the rank that saves (slimckpt.save.host_budget)
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = float(value)
@@ -79,7 +81,7 @@ def _checked(key: str, value):
             except ValueError:
                 pass
         if number is None or not math.isfinite(number):
-            raise _bad_value(key, value, "a number of GiB, e.g. 16")
+            raise _bad_value(key, value, "a number of GiB, e.g. 16, or auto")
         return number
     allowed = ENUM_FIELDS[key]
     if isinstance(value, str) and value in allowed:
@@ -129,6 +131,9 @@ class SlimCheckpointConfig(CheckpointConfig):
     host_memory_budget_gb: with async_save, the most host memory (GiB) a rank may hold staged
         state in; pool: a rank whose state is larger saves synchronously (streaming) and logs it;
         stream: the most a mutation guard copies, it waits for the writer for the rest.
+        auto (the incremental recipe's): half of the node's available memory over its local
+        ranks, resolved by each rank at its first save and logged once per node
+        (slimckpt.save.host_budget); a number always wins.
     verify: the incremental tier always records size and xxh3_128 of every file of a step at
         save; with verify (default) a load checks both (the ranks share the hashing: about a
         quarter of a CPU load's time), without it sizes only, so a bit flip could load silently.
@@ -158,7 +163,7 @@ class SlimCheckpointConfig(CheckpointConfig):
     incremental_save: bool = False
     bucket_mb: int = 64
     write_threads: int = 1
-    host_memory_budget_gb: float = 16.0
+    host_memory_budget_gb: float | str = 16.0
     verify: bool = True
     on_save_error: str = "stop"
     allow_verl_fallback: bool = True
@@ -198,7 +203,8 @@ class SlimCheckpointConfig(CheckpointConfig):
                 f"checkpoint.async_save={'stream' if self.async_save == 'stream' else 'true'} needs checkpoint.incremental_save=true: verl's FSDP manager has no "
                 "async save and its trainer then never writes latest_checkpointed_iteration.txt (verl #7952)"
             )
-        if self.bucket_mb < 1 or self.write_threads < 1 or self.host_memory_budget_gb < 0:
+        budget_given = not isinstance(self.host_memory_budget_gb, str)
+        if self.bucket_mb < 1 or self.write_threads < 1 or (budget_given and self.host_memory_budget_gb < 0):
             raise ValueError(
                 f"checkpoint.bucket_mb={self.bucket_mb}, write_threads={self.write_threads}, "
                 f"host_memory_budget_gb={self.host_memory_budget_gb}: use bucket_mb>=1, write_threads>=1, budget>=0"

@@ -539,8 +539,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, extend=None, after=None) -> int:
+    """`extend(parser)` adds options (the top-level command's plan); `after(args, overrides)` runs
+    once the config passed and returns the exit status."""
     parser = build_parser()
+    if extend is not None:
+        extend(parser)
     args, overrides = parser.parse_known_args(argv)
     stray = [a for a in overrides if a.startswith("-")]
     if stray:
@@ -553,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         slim_log.setLevel(logging.WARNING)
     try:
-        return _run(args, overrides)
+        code = _run(args, overrides)
+        return after(args, overrides) if code == 0 and after is not None else code
     finally:
         slim_log.setLevel(previous)
 
