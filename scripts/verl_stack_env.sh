@@ -15,7 +15,8 @@
 # the rest in for any package that depends on torch, so everything else is resolved against the
 # CPU torch `make install` pins, and torch is swapped for 2.11.0 last, without its dependencies.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")/.."
 VENV=${1:-.venv-verl-stack}
 TORCH=${VERL_STACK_TORCH:-torch==2.11.0}
 TRANSFORMERS=${VERL_STACK_TRANSFORMERS:-transformers==5.9.0}
@@ -23,7 +24,7 @@ LIBS=${VERL_STACK_LIBS:-scripts/verl_stack_libs.txt}
 CPU_TORCH=${CPU_TORCH:-torch==2.13.0}
 PYTHON=${PYTHON:-python3}
 STAMP="$VENV/.slimckpt-verl-stack"
-want="$TORCH $TRANSFORMERS $(md5sum "$LIBS" pyproject.toml "$0" | awk '{print $1}' | tr '\n' ' ')"
+want="$TORCH $TRANSFORMERS $(md5sum "$LIBS" pyproject.toml "$SELF" | awk '{print $1}' | tr '\n' ' ')"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   echo "[verl-stack] $VENV is up to date ($TORCH, $TRANSFORMERS)"
