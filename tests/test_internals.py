@@ -90,8 +90,10 @@ def test_each_resolves_on_a_checked_release(name):
 def test_the_stack_under_test_is_a_checked_one():
     """The suite runs on the releases internals.py names (`make test`, `make test-verl-stack`):
     a new pin there must be read against every listed internal and added to CHECKED_*."""
-    assert internals.release("torch") in internals.CHECKED_TORCH
-    assert internals.release("transformers") in internals.CHECKED_TRANSFORMERS
+    have = {"torch": internals.release("torch"), "transformers": internals.release("transformers")}
+    assert have["torch"] in internals.CHECKED_TORCH and have["transformers"] in internals.CHECKED_TRANSFORMERS, (
+        f"{have}: not a stack slimckpt.internals was checked on (torch {internals.CHECKED_TORCH}, transformers "
+        f"{internals.CHECKED_TRANSFORMERS}); slimckpt runs on it through the public fallbacks, with warnings")
 
 
 def test_an_unchecked_release_warns_once_and_gives_the_fallback(monkeypatch, caplog):
