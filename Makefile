@@ -10,13 +10,14 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-fast quickstart bench bench-scale compare faults clean
+.PHONY: help install test test-fast test-verl-stack quickstart bench bench-scale compare faults clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
 	@echo "make compare      GRPO, FlowRL and PPO on CPU, verl defaults vs each recipe (and killed + resumed): docs/compare_*"
 	@echo "make test         the whole test suite (installs .venv first)"
 	@echo "make test-fast    unit tests only (no torchrun, no Ray)"
+	@echo "make test-verl-stack  the distributed/DCP/transformers tests on verl's GPU stack (torch 2.11.0, transformers 5.9.0) in .venv-verl-stack"
 	@echo "make bench        merge/save benchmarks vs verl 0.9.1, written to BENCHMARKS.md"
 	@echo "make bench-scale  an 8B checkpoint (world size 8) merged by slimckpt and by verl 0.9.1 under a memory cap (~50 GB disk)"
 	@echo "make faults       SIGKILL/corruption/environment fault campaigns vs verl 0.9.1: RELIABILITY.md"
@@ -52,6 +53,15 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# verl 0.9.1's GPU extras pin torch 2.11.0 and transformers 5.9.0; `make test` runs the CPU pins above.
+# This builds a second venv with the GPU stack's releases (CUDA build of torch, run on the CPU:
+# scripts/verl_stack_env.sh says how) and runs the test files of tests/verl_stack.txt in it.
+# VERL_STACK_TORCH=torch==2.11.0 VERL_STACK_TRANSFORMERS=transformers==5.9.0 pick other releases.
+VERL_STACK_VENV ?= .venv-verl-stack
+test-verl-stack:
+	CPU_TORCH="$(CPU_TORCH)" PYTHON="$(PYTHON)" bash scripts/verl_stack_env.sh $(VERL_STACK_VENV)
+	$(VERL_STACK_VENV)/bin/python -m pytest -q $$(grep -v '^#' tests/verl_stack.txt) $(PYTEST_ARGS)
 
 quickstart: $(STAMP)
 	$(PY) scripts/quickstart.py

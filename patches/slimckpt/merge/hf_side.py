@@ -141,8 +141,13 @@ class HfSide:
         is neither (made of several tensors, or a strided part: transposed or interleaved), and
         ConfigMismatch when a tensor transformers splits does not have the shape config.json gives it."""
         import torch
-        from transformers.core_model_loading import revert_weight_conversion
 
+        from .. import internals
+
+        revert_weight_conversion = internals.lookup("transformers.core_model_loading:revert_weight_conversion")
+        if revert_weight_conversion is None:
+            raise NeedsVerlMerger("this transformers' save-time conversion is not one slimckpt was checked on "
+                                  f"(slimckpt.internals: {', '.join(internals.CHECKED_TRANSFORMERS)})")
         meta = {n: torch.empty(shapes[n], dtype=self.torch_dtype, device="meta") for n in self._kept(names)}
         model_name = type(self.model).__name__
         try:

@@ -3,7 +3,7 @@ as merge sources (`merge_input.open_source`): the same `SourceTensor`s `sources.
 makes of verl's rank files, memory-mapped, so the merge's plan, writers, LoRA and MoE handling read
 it unchanged.
 
-What DCP's FileSystemWriter (torch 2.13, `single_file_per_rank`) leaves, checked here:
+What DCP's FileSystemWriter (torch 2.11 and 2.13, `single_file_per_rank`) leaves, checked here:
 - `dcp/.metadata`: per state-dict key (`model.<parameter name>`, `optim.…`) the global shape,
   dtype and chunks (offsets, sizes: the saving ranks' shards; replicated copies deduplicated), and
   per chunk the file, byte offset and length of its record.
@@ -12,7 +12,7 @@ What DCP's FileSystemWriter (torch 2.13, `single_file_per_rank`) leaves, checked
 
 Reading a record with DCP's FileSystemReader (`read_data`) `torch.load`s it into anonymous memory
 and copies it into the caller's tensor: the merge would hold a bucket of whole tensors. Instead
-each chunk's tensor bytes are located in its record (torch's own zip reader, `get_record_offset`,
+each chunk's tensor bytes are located in its record (its zip entries, read with Python's zipfile,
 plus the pickle's storage offset) and mapped read-only from the .distcp file: file-backed like the
 mmap of verl's rank files, so the writers' direct reads and memory bound apply as they are. A
 record is unpickled with a reader that rebuilds no tensor (only shape, stride and storage facts).
@@ -32,7 +32,9 @@ import math
 import os
 import pickle
 import re
+import struct
 import warnings
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,10 +115,51 @@ class _FactsUnpickler(RestrictedUnpickler):
         return tuple(pid)
 
 
+class ZipRecords:
+    """The entries of a torch.save zip (names, bytes, sizes, data offsets), read with Python's
+    zipfile. torch's own reader (torch._C.PyTorchFileReader) is private and differs between the
+    releases slimckpt runs on: torch 2.11's has no get_record_size."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.zip = zipfile.ZipFile(f)
+        self.infos = {i.filename: i for i in self.zip.infolist()}
+
+    def get_all_records(self) -> list[str]:
+        return list(self.infos)
+
+    def has_record(self, name: str) -> bool:
+        return name in self.infos
+
+    def get_record(self, name: str) -> bytes:
+        """The entry's stored bytes, unchecked as torch's reader leaves them (a damaged record is the
+        manifest's checksums' to find; a planted pickle global is pickle_policy's to refuse)."""
+        offset = self.get_record_offset(name)
+        self.f.seek(offset)
+        data = self.f.read(self.infos[name].file_size)
+        if len(data) != self.infos[name].file_size:
+            raise ValueError(f"record {name} is cut short")
+        return data
+
+    def get_record_size(self, name: str) -> int:
+        return self.infos[name].file_size
+
+    def get_record_offset(self, name: str) -> int:
+        info = self.infos[name]
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(f"record {name} is compressed")
+        self.f.seek(info.header_offset)
+        header = self.f.read(30)  # the local file header: its name and extra field lengths at 26 and 28
+        if len(header) != 30 or header[:4] != b"PK\x03\x04":
+            raise ValueError(f"no local header for record {name}")
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        return info.header_offset + 30 + name_len + extra_len
+
+
 def _chunk_tensor(f, mapping: np.ndarray, offset: int, length: int, dtype: torch.dtype,
                   sizes: tuple[int, ...]) -> torch.Tensor:
     """The chunk saved at [offset, offset + length) of the file `f` and `mapping` (its read-only map)."""
-    reader = torch._C.PyTorchFileReader(_Window(f, offset, length))
+    reader = ZipRecords(_Window(f, offset, length))
     records = reader.get_all_records()
     pkl = next((r for r in records if r == "data.pkl" or r.endswith("/data.pkl")), None)
     if pkl is None:

@@ -445,13 +445,17 @@ def _mesh_is_ranks(mesh: _Stub, rank: int, rf: _RankFile) -> bool:
         return False
     if isinstance(s.get("mesh"), _Tensor):  # torch releases that pickle the mesh tensor itself
         return rf.int_values(s["mesh"]) == list(range(rf.world))
-    # newer torch (2.13 here): ranks + a CuTe-style layout; the 1-D identity layout is one axis (W,):(1,)
+    # newer torch: ranks + a CuTe-style layout whose 1-D identity is (W,):(1,); torch 2.11 pickles
+    # the _MeshLayout's shape and stride itself, torch 2.13 one axis (a _FlatLayout) of it
     layout, rank_map = s.get("_layout"), s.get("_rank_map")
-    axes = layout.state.get("axes") if isinstance(layout, _Stub) else None
-    if not isinstance(rank_map, _Tensor) or not isinstance(axes, tuple) or len(axes) != 1 \
-            or not isinstance(axes[0], _Stub):
+    if not isinstance(rank_map, _Tensor) or not isinstance(layout, _Stub):
         return False
-    axis = axes[0].state
+    axis = layout.state
+    if "shape" not in axis:
+        axes = layout.state.get("axes")
+        if not isinstance(axes, tuple) or len(axes) != 1 or not isinstance(axes[0], _Stub):
+            return False
+        axis = axes[0].state
     if axis.get("shape") != (rf.world,) or axis.get("stride") != (1,):
         return False
     return rf.int_values(rank_map) == list(range(rf.world))

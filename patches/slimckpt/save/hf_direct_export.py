@@ -100,10 +100,10 @@ class ExportJob:
 def _box_of(value: Any) -> tuple[tuple[int, ...], torch.dtype, Box | None]:
     """(global shape, dtype, box this rank holds or None) of one state-dict value."""
     if hasattr(value, "to_local") and hasattr(value, "placements"):  # DTensor
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        from ..internals import dtensor_box
 
         shape = tuple(value.shape)
-        local_shape, offset = compute_local_shape_and_global_offset(shape, value.device_mesh, value.placements)
+        local_shape, offset = dtensor_box(value)
         local = value.to_local()
         if tuple(local.shape) != tuple(local_shape):
             raise ExportError(f"local shard of shape {tuple(local.shape)} where its placements "

@@ -7,7 +7,8 @@ Adam's step count 1, so its next real update is not verl's, and allocates grads 
 at save time. verl's own save takes `optimizer.state_dict()` as it is (an empty `state` then) and
 its load puts that back. Here, likewise:
 
-  - a save takes the state as it is: no initialization (with state, torch's would do nothing);
+  - a save takes the state as it is: no initialization (with state, torch's would do nothing;
+    on a torch slimckpt.internals has not checked `_init_optim_state` on, torch's runs);
   - a load of a step that holds optimizer state keeps torch's initialization: it creates the
     tensors DCP reads into, and the load overwrites all of them;
   - a load of a step without optimizer state reads its param_groups only and leaves the
@@ -31,7 +32,9 @@ def without_init() -> Iterator[None]:
     state. Where torch has no such step, nothing to undo."""
     from torch.distributed.checkpoint import state_dict as torch_state_dict
 
-    original = getattr(torch_state_dict, "_init_optim_state", None)
+    from .. import internals
+
+    original = internals.lookup("torch.distributed.checkpoint.state_dict:_init_optim_state")
     if original is None:
         yield
         return

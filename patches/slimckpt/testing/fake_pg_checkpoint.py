@@ -133,12 +133,13 @@ def fill_model(model) -> None:
     """Every parameter and persistent buffer of an FSDP2 model, filled on this rank's rows."""
     import torch
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    from ..internals import dtensor_box
 
     with torch.no_grad():
         for name, tensor in model.state_dict(keep_vars=True).items():
             if isinstance(tensor, DTensor):
-                _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+                _, offset = dtensor_box(tensor)
                 fill_local(name, tensor.to_local(), tuple(tensor.shape), tuple(offset))
             elif tensor.is_floating_point():
                 fill_local(name, tensor, tuple(tensor.shape), (0,) * tensor.dim())
@@ -193,10 +194,15 @@ def save_rank(args: argparse.Namespace, world_size: int, tokenizer=None, materia
 
 def _write_rank(args: argparse.Namespace, world_size: int, rank: int) -> int:
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from .. import internals
 
     start = time.perf_counter()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    fake_store = internals.lookup("torch.testing._internal.distributed.fake_pg:FakeStore")
+    if fake_store is None:  # torch has no public fake process group to fall back on
+        raise SystemExit(f"fake_pg_checkpoint: torch {internals.release('torch')}'s fake process group is not one "
+                         f"slimckpt was checked on; {internals.TRUST_ENV}=1 tries it anyway")
+    dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=world_size)
     try:
         tokenizer = None if args.no_tokenizer else build_tokenizer(args.vocab)
         n_params = save_rank(args, world_size, tokenizer, expect_rank=rank)

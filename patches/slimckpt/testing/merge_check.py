@@ -41,10 +41,10 @@ def _blocks(value):
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        from ..internals import dtensor_box
 
-        _, offset = compute_local_shape_and_global_offset(value.shape, value.device_mesh, value.placements)
-        return value._local_tensor, tuple(value.shape), tuple(offset)
+        _, offset = dtensor_box(value)
+        return value.to_local(), tuple(value.shape), tuple(offset)
     return value, tuple(value.shape), (0,) * value.dim()
 
 

@@ -1,7 +1,7 @@
 """DCP's FileSystemWriter, holding at most one tensor per writer thread in host memory.
 
-torch 2.13's per-file loop (`torch.distributed.checkpoint.filesystem._write_files_from_queue`)
-keeps every tensor of a file in a dict until the file is finished (it needs them only for the
+torch's per-file loop (`torch.distributed.checkpoint.filesystem._write_files_from_queue`, in
+the releases slimckpt.internals lists; on others FileSystemWriter's own loop writes) keeps every tensor of a file in a dict until the file is finished (it needs them only for the
 safetensors format). The incremental tier writes one file per rank and thread
 (`single_file_per_rank=True`), so on GPU every host copy of the rank's shards, model and
 optimizer, stays alive until the rank's file is done: the whole shard in host RAM, the copy this
@@ -25,20 +25,21 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.planner import WriteItemType
 from torch.futures import Future
 
+from .. import internals
 from ..log import get_logger
 
 log = get_logger("slimckpt.resume")
 
-try:  # torch's private per-item serializer: the file format stays torch's own
-    from torch.distributed.checkpoint.filesystem import SerializationFormat, _write_item
-    from torch.distributed.checkpoint.planner import WriteItemType
-except ImportError as exc:  # pragma: no cover - another torch than the tested ones
-    _write_item = None
-    _IMPORT_ERROR = str(exc)
-else:
-    _IMPORT_ERROR = ""
+
+def _bounded_write_item():
+    """torch's per-item serializer where this torch's writer loop was checked (the file format stays
+    torch's own), else None: FileSystemWriter's own loop then writes."""
+    write_item = internals.lookup("torch.distributed.checkpoint.filesystem:_write_item")
+    replaced = internals.lookup("torch.distributed.checkpoint.filesystem:FileSystemWriter._write_data")
+    return write_item if write_item is not None and replaced is not None else None
 
 
 def host_tensor(data: torch.Tensor) -> torch.Tensor:
@@ -54,11 +55,16 @@ class BoundedFileSystemWriter(FileSystemWriter):
     """FileSystemWriter whose writer threads each hold one tensor at a time (see the module doc)."""
 
     def _write_data(self, planner, file_queue: queue.Queue) -> Future:
-        if _write_item is None or self.serialization_format != SerializationFormat.TORCH_SAVE:
+        write_item = _bounded_write_item()
+        if write_item is None:
+            return super()._write_data(planner, file_queue)
+        from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+        if self.serialization_format != SerializationFormat.TORCH_SAVE:
             if not getattr(BoundedFileSystemWriter, "_warned", False):
                 BoundedFileSystemWriter._warned = True
-                log.warning("slimckpt: this torch's DCP writer cannot be bounded (%s): each rank file keeps its "
-                            "tensors in host memory until it is written", _IMPORT_ERROR or "safetensors format")
+                log.warning("slimckpt: DCP's safetensors format cannot be written bounded: each rank file keeps "
+                            "its tensors in host memory until it is written")
             return super()._write_data(planner, file_queue)
         results: queue.Queue = queue.Queue()
         errors: list[BaseException] = []
@@ -70,7 +76,7 @@ class BoundedFileSystemWriter(FileSystemWriter):
                         path, storage_key, items = file_queue.get_nowait()
                     except queue.Empty:
                         return
-                    results.put(self._write_file(planner, path, storage_key, items))
+                    results.put(self._write_file(planner, path, storage_key, items, write_item))
             except BaseException as exc:  # noqa: BLE001 - raised on the calling thread below
                 errors.append(exc)
 
@@ -90,17 +96,17 @@ class BoundedFileSystemWriter(FileSystemWriter):
         future.set_result(written)
         return future
 
-    def _write_file(self, planner, path: Any, storage_key: str, items: list) -> list:
+    def _write_file(self, planner, path: Any, storage_key: str, items: list, write_item: Any) -> list:
         """One rank file: its byte items, then its tensors in the order FileSystemWriter writes
         them; each tensor is released before the next one is read."""
         written = []
         with self.fs.create_stream(path, "wb") as stream:
             for item in [i for i in items if i.type == WriteItemType.BYTE_IO]:
-                written.append(_write_item(self.transforms, stream, planner.resolve_data(item), item, storage_key,
+                written.append(write_item(self.transforms, stream, planner.resolve_data(item), item, storage_key,
                                            self.serialization_format))
             for item in [i for i in items if i.type != WriteItemType.BYTE_IO]:
                 tensor = host_tensor(planner.resolve_data(item))
-                written.append(_write_item(self.transforms, stream, tensor, item, storage_key,
+                written.append(write_item(self.transforms, stream, tensor, item, storage_key,
                                            self.serialization_format))
                 del tensor
             if self.sync_files:

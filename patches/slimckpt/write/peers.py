@@ -214,16 +214,20 @@ def default_group_timeout():
     rank would hold every other rank in our collectives far past the job's own timeout. None when
     torch does not say."""
     import torch
-    import torch.distributed as dist
 
+    from .. import internals
+
+    get_default_group = internals.lookup("torch.distributed.distributed_c10d:_get_default_group")
+    if get_default_group is None:
+        return None
     try:
-        group = dist.distributed_c10d._get_default_group()
+        group = get_default_group()
         for device in ("cuda", "cpu"):  # the accelerator's first: training's collectives time out by it
             try:
                 return group._get_backend(torch.device(device)).options._timeout
             except (RuntimeError, AttributeError, ValueError):
                 continue
-    except Exception:  # noqa: BLE001 - private API: torch's default then
+    except Exception:  # noqa: BLE001 - no default group, or its backend has no options: torch's default then
         pass
     return None
 
@@ -242,11 +246,14 @@ def process_heartbeat() -> Heartbeat | None:
         return None
     with _LOCK:
         if not _PROCESS:
-            try:
-                from torch.distributed.distributed_c10d import _get_default_store
+            from .. import internals
 
-                store = dist.PrefixStore(PREFIX, _get_default_store())
-            except Exception:  # noqa: BLE001 - a torch without it: the errors just do not name ranks
+            get_default_store = internals.lookup("torch.distributed.distributed_c10d:_get_default_store")
+            if get_default_store is None:
+                return None
+            try:
+                store = dist.PrefixStore(PREFIX, get_default_store())
+            except Exception:  # noqa: BLE001 - no store to beat into: the errors just do not name ranks
                 return None
             _PROCESS.append(Heartbeat(store, dist.get_rank(), dist.get_world_size(), prefix="beat").start())
         return _PROCESS[0]
