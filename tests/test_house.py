@@ -13,7 +13,7 @@ from .conftest import REPO
 PKG = REPO / "patches" / "slimckpt"
 
 # Wings from the top down: a module may import its own wing and the wings below it, never one above.
-# `log`, `env_vars` and the package's own __init__ are the ground every wing stands on.
+# `log`, `env_vars`, `internals` and the package's own __init__ are the ground every wing stands on.
 LAYERS = [
     ("tools", {"slimckpt.cli", "slimckpt.plan", "slimckpt.tiny", "slimckpt.gpu_check", "slimckpt.testing",
                "slimckpt.gpu_check_stream", "slimckpt.stream_model", "slimckpt.plan_node", "slimckpt.dryrun_plan",
@@ -32,7 +32,7 @@ LAYERS = [
     ("flowrl", {"slimckpt.flowrl"}),
     ("cpu", {"slimckpt.cpu"}),
     ("verl", {"slimckpt.verl"}),
-    ("ground", {"slimckpt.log", "slimckpt.env_vars", "slimckpt"}),
+    ("ground", {"slimckpt.log", "slimckpt.env_vars", "slimckpt.internals", "slimckpt"}),
 ]
 
 

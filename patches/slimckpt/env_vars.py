@@ -104,6 +104,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "`1`: unpickle any global a checkpoint names, as `torch.load(weights_only=False)` does (what "
            "`--trust-pickle` and `checkpoint.trust_pickle=true` set; also for the redirected verl merger)",
            ("patches/slimckpt/read/pickle_policy.py",)),
+    EnvVar("SLIMCKPT_TRUST_INTERNALS", "flag", None, "user",
+           "`1`: on a torch or transformers release slimckpt was not checked on, use its internals anyway "
+           "where they still import, instead of the public fallback (`slimckpt/internals.py` lists them)",
+           ("patches/slimckpt/internals.py",)),
     EnvVar("SLIMCKPT_READAHEAD", "flag", "1", "bench",
            "`0`: no `posix_fadvise(WILLNEED)` on the shards a merge is about to read",
            ("patches/slimckpt/read/readahead.py",)),
