@@ -1,0 +1,216 @@
+"""A committed step's role dir opened for `slimckpt convert`, memory-mapped: its model and optimizer
+tensors as row-sharded sources (`read.sources.SourceTensor`), the optimizer's param_groups in
+verl's numbered form, and each saved rank's extra state.
+
+Two formats: slimckpt's incremental dcp/ (model and optimizer keyed by parameter name; the
+optimizer's numbering is the order of its param_groups' names, the order the saving optimizer
+held its parameters in, which is the order an optimizer built the same way numbers them) and
+verl's own rank files (already numbered). Pickles go through read.pickle_policy.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..format.resume_manifest import MANIFEST_NAME
+from ..read.checkpoint_dir import DCP_DIR, HF_SUBDIR, CheckpointError, read_fsdp_config
+from ..read.dcp_step import check_step, is_dcp_role_dir
+from ..read.pickle_policy import check_torch_bytes
+from ..read.safe_load import load_torch_file
+from ..read.sources import SourceTensor
+from .plan import ConvertError
+
+EXTRA_OURS = "slimckpt_extra_world_size_{world}_rank_{rank}.pt"  # save.resume_state.EXTRA_NAME
+EXTRA_VERL = "extra_state_world_size_{world}_rank_{rank}.pt"
+OPTIM_VERL = "optim_world_size_{world}_rank_{rank}.pt"
+OPTIM_STATE = "optim.state."
+OPTIM_GROUPS = "optim.param_groups."
+
+
+@dataclass
+class RoleSource:
+    role_dir: str
+    kind: str  # "slimckpt" or "verl"
+    world: int
+    fsdp_version: int | None
+    contents: list[str]
+    model: dict[str, SourceTensor]
+    plain: set[str]  # model entries that are plain tensors in verl's files, not DTensors
+    optim_state: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> key -> SourceTensor | value
+    param_groups: list[dict[str, Any]] = field(default_factory=list)  # "params": [index, ...]
+    has_optim_file: bool = False
+
+    @property
+    def hf_dir(self) -> str:
+        return os.path.join(self.role_dir, HF_SUBDIR)
+
+    def extra_path(self, rank: int) -> str:
+        name = EXTRA_OURS if self.kind == "slimckpt" else EXTRA_VERL
+        return os.path.join(self.role_dir, name.format(world=self.world, rank=rank))
+
+    def extra(self, rank: int) -> dict[str, Any]:
+        path = self.extra_path(rank)
+        if not os.path.isfile(path):
+            raise ConvertError(f"{path} is missing: the step holds no extra state of rank {rank}; convert a step "
+                               f"saved with 'extra' in checkpoint.save_contents")
+        return load_torch_file(path, map_location="cpu")
+
+
+def open_role(role_dir: str) -> RoleSource:
+    """The role dir as convert's source; ConvertError/CheckpointError (one line) when it is not a
+    committed, intact step."""
+    if is_dcp_role_dir(role_dir):
+        return _open_ours(role_dir)
+    return _open_verl(role_dir)
+
+
+# --------------------------------------------------------------------------- slimckpt's dcp/
+
+
+def _open_ours(role_dir: str) -> RoleSource:
+    from ..read.dcp_pickle import read_metadata
+    from ..read.dcp_source import open_dcp
+
+    manifest = check_step(role_dir, checksums=True)  # committed, every file's size and checksum
+    model = open_dcp(role_dir, manifest).tensors
+    src = RoleSource(role_dir, "slimckpt", manifest.world_size, manifest.fsdp_version, list(manifest.contents),
+                     model, set())
+    if "optimizer" not in manifest.contents:
+        return src
+    dcp_dir = os.path.join(role_dir, DCP_DIR)
+    metadata = read_metadata(dcp_dir)
+    groups = _param_groups(dcp_dir, metadata)
+    tensors = open_dcp(role_dir, manifest, prefix=OPTIM_STATE).tensors
+    per_param: dict[str, dict[str, Any]] = {}
+    for key, tensor in tensors.items():
+        fqn, _, state_key = key.rpartition(".")
+        per_param.setdefault(fqn, {})[state_key] = tensor
+    index = 0
+    for group in groups:
+        names = list(group["params"])
+        group["params"] = list(range(index, index + len(names)))
+        for name in names:
+            if name in per_param:
+                src.optim_state[index] = per_param.pop(name)
+            index += 1
+    if per_param:
+        raise ConvertError(f"{os.path.join(dcp_dir, '.metadata')}: optimizer state of {sorted(per_param)[0]!r}, a "
+                           f"parameter no param_group names; the step is damaged, convert an earlier one")
+    src.param_groups, src.has_optim_file = groups, True
+    return src
+
+
+def _param_groups(dcp_dir: str, metadata) -> list[dict[str, Any]]:
+    """The optimizer's param_groups, as DCP saved them: one pickled value per `optim.param_groups.<i>.<key>`."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    groups: dict[int, dict[str, Any]] = {}
+    for key in metadata.state_dict_metadata:
+        if not key.startswith(OPTIM_GROUPS):
+            continue
+        i, _, name = key[len(OPTIM_GROUPS):].partition(".")
+        info = metadata.storage_data[MetadataIndex(key)]
+        path = os.path.join(dcp_dir, info.relative_path)
+        with open(path, "rb") as f:
+            f.seek(info.offset)
+            data = f.read(info.length)
+        check_torch_bytes(data, path)
+        groups.setdefault(int(i), {})[name] = torch.load(io.BytesIO(data), weights_only=True)
+    if not groups:
+        raise ConvertError(f"{os.path.join(dcp_dir, '.metadata')}: the optimizer's param_groups are missing; the step "
+                           f"is damaged, convert an earlier one")
+    return [groups[i] for i in sorted(groups)]
+
+
+# --------------------------------------------------------------------------- verl's rank files
+
+
+def _open_verl(role_dir: str) -> RoleSource:
+    from torch.distributed.tensor import DTensor
+
+    from ..read.sources import open_checkpoint
+
+    world, version = read_fsdp_config(role_dir)
+    ckpt = open_checkpoint(role_dir)
+    rank0 = ckpt.state_dicts[0]
+    plain = {name for name, value in rank0.items() if isinstance(value, torch.Tensor) and not isinstance(value, DTensor)}
+    for name, tensor in ckpt.tensors.items():
+        if name not in plain and tensor.shard_dim not in (0, None):
+            raise ConvertError(f"{ckpt.model_file(0)}: {name!r} is sharded along dim {tensor.shard_dim}; convert "
+                               f"reads dim-0 shards only (verl's default placement)")
+    contents = ["model"]
+    src = RoleSource(role_dir, "verl", world, version, contents, ckpt.tensors, plain)
+    optim_paths = [os.path.join(role_dir, OPTIM_VERL.format(world=world, rank=r)) for r in range(world)]
+    present = [os.path.isfile(p) for p in optim_paths]
+    if any(present) and not all(present):
+        missing = optim_paths[present.index(False)]
+        raise ConvertError(f"{missing} is missing while other ranks' optimizer files are there; copy every rank's "
+                           f"file into {role_dir}")
+    if all(present):
+        per_rank = [load_rank_file_any(p) for p in optim_paths]
+        src.param_groups = per_rank[0].get("param_groups", [])
+        src.optim_state = _verl_optim_state(per_rank, optim_paths)
+        src.has_optim_file = True
+        contents.append("optimizer")
+    if os.path.isfile(src.extra_path(0)):
+        contents.append("extra")
+    return src
+
+
+def load_rank_file_any(path: str) -> dict:
+    """An optimizer rank file, memory-mapped, with pickle_policy's globals."""
+    from ..read.sources import load_mmap
+
+    try:
+        sd = load_mmap(path)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged zip/pickle
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConvertError(f"{path}: not a readable torch checkpoint ({reason[:160]}); it is truncated or damaged: "
+                           f"re-copy it from the training run") from None
+    if not isinstance(sd, dict) or "state" not in sd or "param_groups" not in sd:
+        raise ConvertError(f"{path}: not an optimizer state dict (no 'state'/'param_groups'); is it verl's optim file?")
+    return sd
+
+
+def _verl_optim_state(per_rank: list[dict], paths: list[str]) -> dict[int, dict[str, Any]]:
+    from torch.distributed.tensor import DTensor
+
+    out: dict[int, dict[str, Any]] = {}
+    for index, state0 in per_rank[0]["state"].items():
+        entry: dict[str, Any] = {}
+        for key, value0 in state0.items():
+            if isinstance(value0, DTensor):
+                pieces = []
+                for r, sd in enumerate(per_rank):
+                    v = sd["state"].get(index, {}).get(key)
+                    if not isinstance(v, DTensor) or tuple(v.shape) != tuple(value0.shape):
+                        raise ConvertError(f"{paths[r]}: optimizer state {index}.{key} does not match rank 0's; the "
+                                           f"files come from different runs")
+                    pieces.append(v._local_tensor)
+                if any(not p.is_shard(0) for p in value0.placements):
+                    raise ConvertError(f"{paths[0]}: optimizer state {index}.{key} is placed {value0.placements}; "
+                                       f"convert reads dim-0 shards only")
+                entry[key] = SourceTensor(f"{index}.{key}", tuple(value0.shape), value0.dtype, 0, pieces,
+                                          list(range(len(pieces))), files=list(paths))
+            elif isinstance(value0, torch.Tensor) and value0.dim() > 0:
+                raise ConvertError(f"{paths[0]}: optimizer state {index}.{key} is a plain {tuple(value0.shape)} tensor, "
+                                   f"FSDP1's flat shards; convert reads FSDP2-style (DTensor) optimizer files only")
+            else:
+                entry[key] = value0
+        out[int(index)] = entry
+    return out
+
+
+def model_shapes(src: RoleSource) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(t.shape) for name, t in src.model.items()}
+
+
+def manifest_path(role_dir: str) -> str:
+    return os.path.join(role_dir, MANIFEST_NAME)
