@@ -109,6 +109,12 @@ def main() -> int:
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
     args = p.parse_args()
     rs.FSDP_VERSION = args.fsdp
+    if args.fsdp == 1:  # verl's default FSDP1 wrapping: flat parameters (fsdp_config.use_orig_params=false)
+        import functools
+
+        from slimckpt.testing import fsdp_checkpoint
+
+        fsdp_checkpoint.wrap_fsdp1 = functools.partial(fsdp_checkpoint.wrap_fsdp1, use_orig_params=False)
     dist.init_process_group("gloo")
     try:
         globals()[f"scenario_{args.scenario}"](args)

@@ -72,9 +72,6 @@ def convert(step_dir: str, world: int, fsdp: int | None, target_dir: str | None,
         check_world_size({n: tuple(t.shape) for n, t in src.model.items() if n not in src.plain}, world, version,
                          os.path.join(src.role_dir, "huggingface", "config.json"))
         _check_model(src)
-        if version == 1 and src.has_optim_file:
-            raise ConvertError(f"{src.role_dir}: --fsdp 1 would need FSDP1's flat optimizer shards, which convert "
-                               f"does not write; resume with actor_rollout_ref.actor.strategy=fsdp2 and --fsdp 2")
     shutil.rmtree(target.partial_dir, ignore_errors=True)  # what a killed convert left
     os.makedirs(target.partial_dir)
     written = 0
@@ -101,33 +98,12 @@ def _check_model(src) -> None:
     config_path = os.path.join(src.hf_dir, "config.json")
     if not os.path.isfile(config_path):
         raise ConvertError(f"{config_path} is missing; the step's save did not finish: convert an earlier step")
-    expected = _expected_shapes(src.hf_dir)
-    if expected is None:
-        return
-    names = {n for n in src.model if not n.startswith(("lora_", "base_model."))}
-    known = {n: s for n, s in expected.items() if n in names}
-    if not known:
-        return  # a model class convert cannot build on the meta device (peft, a critic's head): names differ
-    for name, shape in known.items():
-        got = tuple(src.model[name].shape)
-        if got != shape:
-            where = src.model[name].file_of(0) if src.model[name].pieces else src.role_dir
-            raise ConvertError(f"{where}: {name!r} is {list(got)} but {config_path} makes it {list(shape)}; the "
-                               f"files come from another model: re-copy the step")
-
-
-def _expected_shapes(hf_dir: str) -> dict[str, tuple[int, ...]] | None:
-    try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        config = AutoConfig.from_pretrained(hf_dir)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        return {n: tuple(t.shape) for n, t in model.state_dict().items()}
-    except Exception as exc:  # noqa: BLE001 - a custom or non-causal model: checked by shapes across ranks only
-        log.info("convert: no meta model from %s (%s); the shapes are checked across ranks only", hf_dir, exc)
-        return None
+    if src.layout is None:
+        return  # a model class convert cannot build on the meta device: shapes were checked across ranks
+    for name, shape in src.layout.shapes.items():
+        if name in src.model and src.model[name].shape != shape:
+            raise ConvertError(f"{src.model[name].where}: {name!r} is {list(src.model[name].shape)} but {config_path} "
+                               f"makes it {list(shape)}; the files come from another model: re-copy the step")
 
 
 class _fake_world:
@@ -158,6 +134,7 @@ def _write_role(src, out_dir: str, world: int, fsdp: int, mesh) -> int:
 
     os.makedirs(out_dir)
     total = 0
+    order = target_order(src) if src.has_optim_file else ([], [])
 
     def count(n: int) -> None:
         nonlocal total
@@ -166,30 +143,93 @@ def _write_role(src, out_dir: str, world: int, fsdp: int, mesh) -> int:
     for rank in range(world):
         if "model" in src.contents:
             skel = rank_file.Skeleton(mesh)
-            obj = {name: (skel.plain((name,), t) if name in src.plain else
+            # FSDP1 on one rank runs NO_SHARD: its sharded state dict holds plain tensors
+            unsharded = fsdp == 1 and world == 1
+            obj = {name: (skel.plain((name,), t) if unsharded or name in src.plain or not t.shape else
                           skel.sharded((name,), t, row_range(t.shape[0], world, rank)))
                    for name, t in src.model.items()}
             rank_file.write(os.path.join(out_dir, f"model_world_size_{world}_rank_{rank}.pt"), obj, skel, count)
         if src.has_optim_file:
             skel = rank_file.Skeleton(mesh)
-            state = {}
-            for index, entry in src.optim_state.items():
-                state[index] = {}
-                for key, value in entry.items():
-                    path = ("state", index, key)
-                    if hasattr(value, "pieces") and len(value.shape) > 0:
-                        state[index][key] = skel.sharded(path, value, row_range(value.shape[0], world, rank))
-                    elif hasattr(value, "pieces") or hasattr(value, "dtype"):
-                        state[index][key] = skel.plain(path, value)  # the step count, the same on every rank
-                    else:
-                        state[index][key] = value
-            obj = {"state": state, "param_groups": [dict(g) for g in src.param_groups]}
+            obj = _fsdp1_optim(src, skel, order, world, rank) if fsdp == 1 else _fsdp2_optim(src, skel, order, world, rank)
             rank_file.write(os.path.join(out_dir, f"optim_world_size_{world}_rank_{rank}.pt"), obj, skel, count)
         if "extra" in src.contents:
             _write_extra(src, out_dir, world, rank)
         log.info("convert: %s rank %d of %d written", os.path.basename(src.role_dir), rank, world)
     _copy_side_files(src, out_dir, world, fsdp)
     return total
+
+
+def target_order(src) -> tuple[list, list[dict]]:
+    """The optimizer's parameters in the order the resuming optimizer numbers them, and its
+    param_groups so numbered: verl builds it over `module.parameters()`, whose order an FSDP1 step
+    (flat parameters, the root's first) does not keep. Where the names are not all known, or there
+    are several groups, the saved numbering stays."""
+    optim, groups = src.optim, src.param_groups
+    names = [p.fqn for p in optim]
+    if src.layout is None or None in names or len(groups) != 1:
+        return optim, groups
+    by_name = {p.fqn: p for p in optim}
+    ordered = [n for n, _ in src.layout.params if n in by_name]
+    if len(ordered) != len(optim):
+        return optim, groups
+    return [by_name[n] for n in ordered], [{**groups[0], "params": list(range(len(ordered)))}]
+
+
+def _state_value(skel, path: tuple, value, world: int, rank: int):
+    from .rank_file import FlatSource
+
+    if isinstance(value, FlatSource):
+        if value.shape:
+            return skel.sharded(path, value, row_range(value.shape[0], world, rank))
+        return skel.plain(path, value)  # the step count, the same on every rank
+    return value
+
+
+def _fsdp2_optim(src, skel, order, world: int, rank: int) -> dict:
+    """verl's FSDP2 optimizer file: `optimizer.state_dict()`, each state tensor a DTensor of the rank's rows."""
+    params, groups = order
+    state = {}
+    for index, param in enumerate(params):
+        if param.state:
+            state[index] = {k: _state_value(skel, ("state", index, k), v, world, rank) for k, v in param.state.items()}
+    return {"state": state, "param_groups": [dict(g) for g in groups]}
+
+
+def _fsdp1_optim(src, skel, order, world: int, rank: int) -> dict:
+    """verl's FSDP1 optimizer file (use_orig_params=False, its default): one state entry per flat
+    parameter, each tensor the rank's run of the parameters flattened one after another, padded."""
+    from .plan import flat_runs, flat_shard
+    from .rank_file import FlatSource, Run
+
+    params, groups = order
+    layout = src.layout
+    where = os.path.join(src.hf_dir, "config.json")
+    if layout is None:
+        raise ConvertError(f"{where}: no model could be built from it, so FSDP1's flat parameters are unknown; "
+                           f"convert with --fsdp 2")
+    by_name = {p.fqn: p for p in params}
+    missing = [f for unit in layout.units for f in unit if f not in by_name]
+    if missing or len(groups) != 1:
+        raise ConvertError(f"{src.role_dir}: the optimizer does not hold every parameter in one group (e.g. "
+                           f"{(missing or ['a second param_group'])[0]!r}), which FSDP1's flat parameters need; "
+                           f"convert with --fsdp 2")
+    state = {}
+    for u, unit in enumerate(layout.units):
+        with_state = [by_name[f] for f in unit if by_name[f].state]
+        if not with_state:
+            continue
+        numels = [layout.numel(f) for f in unit]
+        size = flat_shard(sum(numels), world)
+        entry = {}
+        for key, value in with_state[0].state.items():
+            if isinstance(value, FlatSource) and value.shape:
+                runs = [Run(at, by_name[unit[i]].state[key], a, b) for i, a, b, at in flat_runs(numels, world, rank)]
+                entry[key] = skel.flat(("state", u, key), size, value.dtype, runs)
+            else:
+                entry[key] = _state_value(skel, ("state", u, key), value, world, rank)
+        state[u] = entry
+    return {"state": state, "param_groups": [{**groups[0], "params": list(range(len(layout.units)))}]}
 
 
 def _write_extra(src, out_dir: str, world: int, rank: int) -> None:

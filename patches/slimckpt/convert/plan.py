@@ -86,3 +86,32 @@ def check_world_size(shapes: dict[str, tuple[int, ...]], world: int, fsdp: int, 
     if scalars and fsdp == 2 and world > 1:
         raise ConvertError(f"{where}: parameter {scalars[0]!r} is 0-d, and FSDP2 cannot shard a 0-d parameter over "
                            f"{world} ranks; convert with --world-size 1")
+
+
+def flat_offsets(numels: list[int]) -> list[int]:
+    """Where each parameter starts in an FSDP1 flat parameter built with use_orig_params=False
+    (verl's default): one after another, no alignment padding."""
+    out, at = [], 0
+    for n in numels:
+        out.append(at)
+        at += n
+    return out
+
+
+def flat_shard(total: int, world: int) -> int:
+    """Elements of each rank's shard of a flat parameter of `total` elements: FSDP1 pads the flat
+    parameter to a multiple of the world size and gives every rank the same run."""
+    return -(-total // world)
+
+
+def flat_runs(numels: list[int], world: int, rank: int) -> list[tuple[int, int, int, int]]:
+    """(parameter index, first element of it, end, where in the rank's shard) for every parameter
+    of a flat parameter that rank `rank` of `world` holds part of."""
+    size = flat_shard(sum(numels), world)
+    lo, hi = rank * size, (rank + 1) * size
+    runs = []
+    for i, (start, n) in enumerate(zip(flat_offsets(numels), numels)):
+        a, b = max(lo, start), min(hi, start + n)
+        if a < b:
+            runs.append((i, a - start, b - start, a - lo))
+    return runs

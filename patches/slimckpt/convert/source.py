@@ -22,8 +22,9 @@ from ..read.checkpoint_dir import DCP_DIR, HF_SUBDIR, CheckpointError, read_fsdp
 from ..read.dcp_step import check_step, is_dcp_role_dir
 from ..read.pickle_policy import check_torch_bytes
 from ..read.safe_load import load_torch_file
-from ..read.sources import SourceTensor
-from .plan import ConvertError
+from .layout import ModelLayout, meta_layout
+from .plan import ConvertError, flat_runs
+from .rank_file import FlatSource
 
 EXTRA_OURS = "slimckpt_extra_world_size_{world}_rank_{rank}.pt"  # save.resume_state.EXTRA_NAME
 EXTRA_VERL = "extra_state_world_size_{world}_rank_{rank}.pt"
@@ -33,16 +34,25 @@ OPTIM_GROUPS = "optim.param_groups."
 
 
 @dataclass
+class ParamState:
+    """One parameter of the optimizer: its name where known, its state (tensors as FlatSource)."""
+
+    fqn: str | None
+    state: dict[str, Any]
+
+
+@dataclass
 class RoleSource:
     role_dir: str
     kind: str  # "slimckpt" or "verl"
     world: int
     fsdp_version: int | None
     contents: list[str]
-    model: dict[str, SourceTensor]
+    model: dict[str, FlatSource]
     plain: set[str]  # model entries that are plain tensors in verl's files, not DTensors
-    optim_state: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> key -> SourceTensor | value
-    param_groups: list[dict[str, Any]] = field(default_factory=list)  # "params": [index, ...]
+    layout: ModelLayout | None = None
+    optim: list[ParamState] = field(default_factory=list)  # in the saving optimizer's numbering
+    param_groups: list[dict[str, Any]] = field(default_factory=list)  # "params": [index into optim, ...]
     has_optim_file: bool = False
 
     @property
@@ -77,9 +87,10 @@ def _open_ours(role_dir: str) -> RoleSource:
     from ..read.dcp_source import open_dcp
 
     manifest = check_step(role_dir, checksums=True)  # committed, every file's size and checksum
-    model = open_dcp(role_dir, manifest).tensors
+    model = {n: FlatSource.of(t) for n, t in open_dcp(role_dir, manifest).tensors.items()}
+    layout = meta_layout(os.path.join(role_dir, HF_SUBDIR))
     src = RoleSource(role_dir, "slimckpt", manifest.world_size, manifest.fsdp_version, list(manifest.contents),
-                     model, set())
+                     model, set(layout.buffers) & set(model) if layout else set(), layout)
     if "optimizer" not in manifest.contents:
         return src
     dcp_dir = os.path.join(role_dir, DCP_DIR)
@@ -89,14 +100,13 @@ def _open_ours(role_dir: str) -> RoleSource:
     per_param: dict[str, dict[str, Any]] = {}
     for key, tensor in tensors.items():
         fqn, _, state_key = key.rpartition(".")
-        per_param.setdefault(fqn, {})[state_key] = tensor
+        per_param.setdefault(fqn, {})[state_key] = FlatSource.of(tensor)
     index = 0
     for group in groups:
         names = list(group["params"])
         group["params"] = list(range(index, index + len(names)))
         for name in names:
-            if name in per_param:
-                src.optim_state[index] = per_param.pop(name)
+            src.optim.append(ParamState(name, per_param.pop(name, {})))
             index += 1
     if per_param:
         raise ConvertError(f"{os.path.join(dcp_dir, '.metadata')}: optimizer state of {sorted(per_param)[0]!r}, a "
@@ -144,7 +154,9 @@ def _open_verl(role_dir: str) -> RoleSource:
             raise ConvertError(f"{ckpt.model_file(0)}: {name!r} is sharded along dim {tensor.shard_dim}; convert "
                                f"reads dim-0 shards only (verl's default placement)")
     contents = ["model"]
-    src = RoleSource(role_dir, "verl", world, version, contents, ckpt.tensors, plain)
+    model = {n: FlatSource.of(t) for n, t in ckpt.tensors.items()}
+    src = RoleSource(role_dir, "verl", world, version, contents, model, plain,
+                     meta_layout(os.path.join(role_dir, HF_SUBDIR)))
     optim_paths = [os.path.join(role_dir, OPTIM_VERL.format(world=world, rank=r)) for r in range(world)]
     present = [os.path.isfile(p) for p in optim_paths]
     if any(present) and not all(present):
@@ -153,8 +165,15 @@ def _open_verl(role_dir: str) -> RoleSource:
                            f"file into {role_dir}")
     if all(present):
         per_rank = [load_rank_file_any(p) for p in optim_paths]
-        src.param_groups = per_rank[0].get("param_groups", [])
-        src.optim_state = _verl_optim_state(per_rank, optim_paths)
+        src.param_groups = [dict(g) for g in per_rank[0].get("param_groups", [])]
+        n_params = sum(len(g["params"]) for g in src.param_groups)
+        params = [n for n, _ in src.layout.params] if src.layout else []
+        if version == 1 and _is_flat(per_rank[0]):
+            _split_flat(src, per_rank, optim_paths)
+        else:
+            state = _verl_optim_state(per_rank, optim_paths)
+            names = params if len(params) == n_params else [None] * n_params
+            src.optim = [ParamState(names[i], state.get(i, {})) for i in range(n_params)]
         src.has_optim_file = True
         contents.append("optimizer")
     if os.path.isfile(src.extra_path(0)):
@@ -197,15 +216,57 @@ def _verl_optim_state(per_rank: list[dict], paths: list[str]) -> dict[int, dict[
                 if any(not p.is_shard(0) for p in value0.placements):
                     raise ConvertError(f"{paths[0]}: optimizer state {index}.{key} is placed {value0.placements}; "
                                        f"convert reads dim-0 shards only")
-                entry[key] = SourceTensor(f"{index}.{key}", tuple(value0.shape), value0.dtype, 0, pieces,
-                                          list(range(len(pieces))), files=list(paths))
+                entry[key] = FlatSource(tuple(value0.shape), value0.dtype, pieces, paths[0])
             elif isinstance(value0, torch.Tensor) and value0.dim() > 0:
-                raise ConvertError(f"{paths[0]}: optimizer state {index}.{key} is a plain {tuple(value0.shape)} tensor, "
-                                   f"FSDP1's flat shards; convert reads FSDP2-style (DTensor) optimizer files only")
+                raise ConvertError(f"{paths[0]}: optimizer state {index}.{key} is a plain {tuple(value0.shape)} tensor "
+                                   f"whose layout convert does not know (FSDP1 with use_orig_params=True?); only "
+                                   f"FSDP2's and FSDP1's default (flat) optimizer files are read")
+            elif isinstance(value0, torch.Tensor):
+                entry[key] = FlatSource.of(value0, paths[0])
             else:
                 entry[key] = value0
         out[int(index)] = entry
     return out
+
+
+def _is_flat(sd: dict) -> bool:
+    """An FSDP1 optimizer file of flat parameters: plain 1-D state tensors."""
+    return any(isinstance(v, torch.Tensor) and v.dim() == 1 and type(v) is torch.Tensor
+               for entry in sd["state"].values() for v in entry.values())
+
+
+def _split_flat(src: RoleSource, per_rank: list[dict], paths: list[str]) -> None:
+    """FSDP1's flat optimizer shards at N ranks as per-parameter state: parameter p of flat
+    parameter u is the run of u's elements it was flattened into, read from the ranks that hold it."""
+    layout = src.layout
+    if layout is None:
+        raise ConvertError(f"{paths[0]}: FSDP1 flat optimizer shards, and no model could be built from "
+                           f"{os.path.join(src.hf_dir, 'config.json')} to tell which parameters they hold")
+    groups = src.param_groups
+    if len(groups) != 1 or len(groups[0]["params"]) != len(layout.units):
+        raise ConvertError(f"{paths[0]}: {sum(len(g['params']) for g in groups)} flat parameters in "
+                           f"{len(groups)} param_groups, while verl's wrapping of this model makes {len(layout.units)}; "
+                           f"convert reads verl's default FSDP1 wrapping (one flat parameter per decoder layer)")
+    optim: list[ParamState] = []
+    for u, unit in enumerate(layout.units):
+        numels = [layout.numel(f) for f in unit]
+        state0 = per_rank[0]["state"].get(u, {})
+        per_param: list[dict[str, Any]] = [{} for _ in unit]
+        for key, value0 in state0.items():
+            if not isinstance(value0, torch.Tensor) or value0.dim() == 0:
+                for d in per_param:
+                    d[key] = FlatSource.of(value0, paths[0]) if isinstance(value0, torch.Tensor) else value0
+                continue
+            pieces: list[list[torch.Tensor]] = [[] for _ in unit]
+            for k, sd in enumerate(per_rank):
+                flat = sd["state"][u][key].reshape(-1)
+                for i, a, b, at in flat_runs(numels, src.world, k):
+                    pieces[i].append(flat[at:at + b - a])
+            for i, fqn in enumerate(unit):
+                per_param[i][key] = FlatSource(layout.shapes[fqn], value0.dtype, pieces[i], paths[0])
+        optim += [ParamState(fqn, per_param[i]) for i, fqn in enumerate(unit)]
+    src.optim = optim
+    src.param_groups = [{**groups[0], "params": list(range(len(optim)))}]
 
 
 def model_shapes(src: RoleSource) -> dict[str, tuple[int, ...]]:
