@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from ..format.resume_manifest import MANIFEST_NAME
+from ..format.resume_manifest import MANIFEST_NAME, UncommittedCheckpoint, check_committed
 from ..read.checkpoint_dir import DCP_DIR, HF_SUBDIR, CheckpointError, read_fsdp_config
-from ..read.dcp_step import check_step, is_dcp_role_dir
+from ..read.dcp_step import is_dcp_role_dir
 from ..read.pickle_policy import check_torch_bytes
 from ..read.safe_load import load_torch_file
 from .layout import ModelLayout, meta_layout
@@ -86,7 +86,17 @@ def _open_ours(role_dir: str) -> RoleSource:
     from ..read.dcp_pickle import read_metadata
     from ..read.dcp_source import open_dcp
 
-    manifest = check_step(role_dir, checksums=True)  # committed, every file's size and checksum
+    try:  # committed, every file's size and checksum
+        manifest = check_committed(role_dir, checksums=True)
+    except UncommittedCheckpoint as exc:
+        raise ConvertError(f"{str(exc).removeprefix('slimckpt: ')} (convert reads only a committed, intact step: "
+                           f"convert an earlier global_step_*)") from None
+    if "model" not in manifest.contents:
+        raise ConvertError(f"{os.path.join(role_dir, MANIFEST_NAME)}: this step was saved with contents "
+                           f"{manifest.contents}, without the model; convert a step saved with 'model'")
+    if manifest.extra.get("lora_only"):
+        raise ConvertError(f"{os.path.join(role_dir, MANIFEST_NAME)}: saved with save_lora_only (the adapter, no base "
+                           f"weights); convert does not write LoRA-only steps yet")
     model = {n: FlatSource.of(t) for n, t in open_dcp(role_dir, manifest).tensors.items()}
     layout = meta_layout(os.path.join(role_dir, HF_SUBDIR))
     src = RoleSource(role_dir, "slimckpt", manifest.world_size, manifest.fsdp_version, list(manifest.contents),
