@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="checkpoint root written (the resuming job's trainer.default_local_dir); "
                         "default: <source root>_verl_ws<M>")
     p.add_argument("--overwrite", action="store_true", help="replace the target's global_step_N if it exists")
+    p.add_argument("--no_progress", "--no-progress", dest="no_progress", action="store_true", help="no progress bar")
     p.add_argument("--trust-pickle", "--trust_pickle", dest="trust_pickle", action="store_true",
                    help="unpickle any global the step's files name, as torch.load(weights_only=False) does (default: "
                         "only what verl and torch write; any other is refused before it runs); only for files from "
@@ -49,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     set_trusted(args.trust_pickle)
     try:
-        target, summary = convert(args.step_dir, args.world_size, args.fsdp, args.target_dir, args.overwrite)
+        target, summary = convert(args.step_dir, args.world_size, args.fsdp, args.target_dir, args.overwrite,
+                                  progress=not args.no_progress and sys.stderr.isatty())
     except (ConvertError, CheckpointError) as exc:
         line = str(exc).removeprefix("slimckpt: ")
         sys.stderr.write(f"slimckpt convert: error: {line}\n")
@@ -59,8 +61,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def convert(step_dir: str, world: int, fsdp: int | None, target_dir: str | None, overwrite: bool) -> tuple[Target, str]:
+def convert(step_dir: str, world: int, fsdp: int | None, target_dir: str | None, overwrite: bool,
+            progress: bool = False) -> tuple[Target, str]:
     """Convert every role of the step; returns the target and a one-line summary."""
+    from tqdm import tqdm
+
     from .source import open_role
 
     start = time.perf_counter()
@@ -75,10 +80,13 @@ def convert(step_dir: str, world: int, fsdp: int | None, target_dir: str | None,
     shutil.rmtree(target.partial_dir, ignore_errors=True)  # what a killed convert left
     os.makedirs(target.partial_dir)
     written = 0
-    with _fake_world(world) as mesh:
+    total = sum(_tensor_bytes(src) for src in sources.values())
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert", disable=not progress,
+               file=sys.stderr)
+    with FakeWorld(world) as mesh, bar:
         for role, src in sources.items():
             written += _write_role(src, os.path.join(target.partial_dir, role), world, fsdp or src.fsdp_version or 2,
-                                   mesh)
+                                   mesh, bar.update)
     data = os.path.join(root, f"global_step_{step}", "data.pt")
     if os.path.isfile(data):  # the dataloader's state, as verl's trainer saved it
         shutil.copy2(data, os.path.join(target.partial_dir, "data.pt"))
@@ -92,21 +100,33 @@ def convert(step_dir: str, world: int, fsdp: int | None, target_dir: str | None,
                     f"trainer.n_gpus_per_node*trainer.nnodes={world}")
 
 
+HEADS = ("lm_head.", "score.")  # the causal LM's head, a critic's: the one part the two classes differ in
+
+
 def _check_model(src) -> None:
     """The step's tensors against the model its huggingface/config.json describes (names, shapes),
     so rank files of another model are refused before anything is written."""
+    from .layout import meta_layout
+
     config_path = os.path.join(src.hf_dir, "config.json")
     if not os.path.isfile(config_path):
         raise ConvertError(f"{config_path} is missing; the step's save did not finish: convert an earlier step")
-    if src.layout is None:
+    layout = src.layout or meta_layout(src.hf_dir)
+    if layout is None:
         return  # a model class convert cannot build on the meta device: shapes were checked across ranks
-    for name, shape in src.layout.shapes.items():
+    for name, shape in layout.shapes.items():
         if name in src.model and src.model[name].shape != shape:
             raise ConvertError(f"{src.model[name].where}: {name!r} is {list(src.model[name].shape)} but {config_path} "
                                f"makes it {list(shape)}; the files come from another model: re-copy the step")
+    lora = any("lora_" in n for n in src.model)
+    missing = [n for n in layout.shapes if n not in src.model and not n.startswith(HEADS)]
+    if missing and not lora:
+        first = next(iter(src.model.values()))
+        raise ConvertError(f"{first.where}: holds no {missing[0]!r}, which {config_path} describes; the files come from "
+                           f"another model: re-copy the step")
 
 
-class _fake_world:
+class FakeWorld:
     """torch's fake process group of `world` ranks and a 1-D ("fsdp",) mesh over it, as verl builds
     it: the DTensors written carry that mesh, so verl's load into its own mesh matches."""
 
@@ -129,7 +149,15 @@ class _fake_world:
         dist.destroy_process_group()
 
 
-def _write_role(src, out_dir: str, world: int, fsdp: int, mesh) -> int:
+def _tensor_bytes(src) -> int:
+    """Bytes of tensors a convert of `src` writes (every rank's files together; FSDP1's padding aside)."""
+    from .rank_file import FlatSource
+
+    tensors = list(src.model.values()) + [v for p in src.optim for v in p.state.values() if isinstance(v, FlatSource)]
+    return sum(sum(piece.numel() for piece in t.pieces) * t.pieces[0].element_size() for t in tensors if t.pieces)
+
+
+def _write_role(src, out_dir: str, world: int, fsdp: int, mesh, on_bytes=None) -> int:
     from . import rank_file
 
     os.makedirs(out_dir)
@@ -139,6 +167,8 @@ def _write_role(src, out_dir: str, world: int, fsdp: int, mesh) -> int:
     def count(n: int) -> None:
         nonlocal total
         total += n
+        if on_bytes is not None:
+            on_bytes(n)
 
     for rank in range(world):
         if "model" in src.contents:

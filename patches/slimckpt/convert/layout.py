@@ -6,7 +6,6 @@ decoder layer, from the model's `_no_split_modules`, and the root's for the rest
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..log import get_logger
@@ -28,18 +27,36 @@ class ModelLayout:
         return n
 
 
-def meta_layout(hf_dir: str) -> ModelLayout | None:
-    """None where the model cannot be built from its config (custom code, a critic's head)."""
+def meta_layout(hf_dir: str, names: set[str] | None = None) -> ModelLayout | None:
+    """The layout of the model class whose state dict has exactly `names` (a causal LM, or a
+    critic's token-classification head with one label, as verl builds them); None where no such
+    model can be built from the config (custom code): then only the files' own shapes are checked."""
     try:
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
         config = AutoConfig.from_pretrained(hf_dir)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
     except Exception as exc:  # noqa: BLE001 - checked against the files' own shapes only
-        log.info("convert: no meta model from %s (%s)", os.path.join(hf_dir, "config.json"), exc)
+        log.info("convert: no model config in %s (%s)", hf_dir, exc)
         return None
+    first = None
+    for auto, kwargs in ((AutoModelForCausalLM, {}), (AutoModelForTokenClassification, {"num_labels": 1})):
+        try:
+            if kwargs:
+                config.num_labels = kwargs["num_labels"]
+            with torch.device("meta"):
+                model = auto.from_config(config)
+        except Exception as exc:  # noqa: BLE001 - this class does not fit the config
+            log.info("convert: %s cannot build %s (%s)", auto.__name__, hf_dir, exc)
+            continue
+        layout = _layout(model)
+        if names is None or set(layout.shapes) == set(names):
+            return layout
+        first = first or layout
+    return None if names is not None else first
+
+
+def _layout(model) -> ModelLayout:
     params = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     buffers = set(shapes) - {n for n, _ in model.named_parameters(remove_duplicate=False)}

@@ -98,7 +98,7 @@ def _open_ours(role_dir: str) -> RoleSource:
         raise ConvertError(f"{os.path.join(role_dir, MANIFEST_NAME)}: saved with save_lora_only (the adapter, no base "
                            f"weights); convert does not write LoRA-only steps yet")
     model = {n: FlatSource.of(t) for n, t in open_dcp(role_dir, manifest).tensors.items()}
-    layout = meta_layout(os.path.join(role_dir, HF_SUBDIR))
+    layout = meta_layout(os.path.join(role_dir, HF_SUBDIR), set(model))
     src = RoleSource(role_dir, "slimckpt", manifest.world_size, manifest.fsdp_version, list(manifest.contents),
                      model, set(layout.buffers) & set(model) if layout else set(), layout)
     if "optimizer" not in manifest.contents:
@@ -166,7 +166,7 @@ def _open_verl(role_dir: str) -> RoleSource:
     contents = ["model"]
     model = {n: FlatSource.of(t) for n, t in ckpt.tensors.items()}
     src = RoleSource(role_dir, "verl", world, version, contents, model, plain,
-                     meta_layout(os.path.join(role_dir, HF_SUBDIR)))
+                     meta_layout(os.path.join(role_dir, HF_SUBDIR), set(model)))
     optim_paths = [os.path.join(role_dir, OPTIM_VERL.format(world=world, rank=r)) for r in range(world)]
     present = [os.path.isfile(p) for p in optim_paths]
     if any(present) and not all(present):
