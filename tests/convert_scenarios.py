@@ -4,9 +4,10 @@ CPU, a tiny Llama) through verl's real FSDPCheckpointManager:
     torchrun --nproc_per_node N tests/convert_scenarios.py save --dir D [--fsdp 1|2]
         train 3 steps; save step 3 as +recipe=incremental does (D/ours) and as verl does (D/verl),
         with the tracker; dump the full state (D/full_state.pt); train 3 more steps (the reference)
-    SLIMCKPT_DISABLE=1 torchrun --nproc_per_node M tests/convert_scenarios.py resume --dir D --ckpt ROOT
-        unpatched verl: find the step the tracker of ROOT names (verl's own find_latest_ckpt_path),
-        load it, compare the full state with D/full_state.pt, train 3 steps
+    SLIMCKPT_DISABLE=1 torchrun --nproc_per_node M tests/convert_scenarios.py resume --dir D \
+            --name X --case NAME:SAVED:ROOT [--case ...]
+        unpatched verl, for each case: find the step the tracker of ROOT names (verl's own
+        find_latest_ckpt_path), load it, compare the full state with SAVED/full_state.pt, train 3 steps
 
 Each writes D/<scenario>_ws<world>_result.json on rank 0; the test asserts on it.
 """
@@ -73,23 +74,40 @@ def scenario_save(args) -> None:
     write_result(args, "save", {"reference": reference})
 
 
-def scenario_resume(args) -> None:
+def _resume_case(saved_dir: str, root: str, ignore_group_order: bool) -> dict:
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
-    step_dir = find_latest_ckpt_path(args.ckpt)
+    step_dir = find_latest_ckpt_path(root)
     run = rs.Run(seed=1, ckpt_config=CheckpointConfig())
     torch.manual_seed(1234 + dist.get_rank())  # a state the load must replace
-    run.manager.load_checkpoint(os.path.join(step_dir, "actor"))
-    saved = torch.load(os.path.join(args.dir, "full_state.pt"), weights_only=False)
+    try:
+        run.manager.load_checkpoint(os.path.join(step_dir, "actor"))
+    except Exception as exc:  # noqa: BLE001 - a case may expect verl's own loader to fail
+        dist.barrier()
+        return {"step_dir": step_dir, "error": f"{type(exc).__name__}: {exc}"}
+    saved = torch.load(os.path.join(saved_dir, "full_state.pt"), weights_only=False)
     loaded = _full_state(run)
+    if ignore_group_order:  # a step of another FSDP version: its optimizer numbered its parameters otherwise
+        for state in (saved, loaded):
+            for group in state["optim"]["param_groups"]:
+                group["params"] = sorted(group["params"])
     diffs = rs._tensors_equal(saved["model"], loaded["model"], "model") + \
         rs._tensors_equal(saved["optim"], loaded["optim"], "optim") + \
         rs._tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")
     losses = [run.step() for _ in range(STEPS_AFTER)]
-    write_result(args, f"resume_{args.name}", {"step_dir": step_dir, "diffs": diffs[:20], "losses": losses,
-                                                "n_model": len(saved["model"]),
-                                                "slimckpt_patched": _patched()})
+    return {"step_dir": step_dir, "diffs": diffs[:20], "losses": losses, "n_model": len(saved["model"]),
+            "slimckpt_patched": _patched()}
+
+
+def scenario_resume(args) -> None:
+    """Each --case NAME:SAVED_DIR:ROOT in turn: unpatched verl resumes what the tracker of ROOT names
+    and compares the state with SAVED_DIR/full_state.pt; one result file for all."""
+    results = {}
+    for case in args.case:
+        name, saved_dir, root = case.split(":", 2)
+        results[name] = _resume_case(saved_dir, root, args.ignore_group_order)
+    write_result(args, f"resume_{args.name}", results)
 
 
 def _patched() -> bool:
@@ -104,7 +122,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("scenario", choices=["save", "resume"])
     p.add_argument("--dir", required=True)
-    p.add_argument("--ckpt", help="resume: the checkpoint root (trainer.default_local_dir)")
+    p.add_argument("--case", action="append", default=[],
+                   help="resume: NAME:SAVED_DIR:ROOT (ROOT: the checkpoint root, trainer.default_local_dir)")
+    p.add_argument("--ignore-group-order", dest="ignore_group_order", action="store_true",
+                   help="resume: compare the optimizer's param_groups as sets of names")
     p.add_argument("--name", default="", help="resume: a name for the result file")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
     args = p.parse_args()

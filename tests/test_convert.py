@@ -41,11 +41,14 @@ def convert(step_dir: Path, world: int, target: Path, fsdp: int | None = None, o
     return summary
 
 
-def resume(saved: Path, root: Path, world: int, name: str, fsdp: int = 2) -> dict:
-    """Unpatched verl at `world` ranks resumes what the tracker of `root` names."""
-    torchrun(world, "resume", "--dir", str(saved), "--ckpt", str(root), "--name", name, "--fsdp", str(fsdp),
+def resume(world: int, name: str, cases: dict[str, tuple[Path, Path]], fsdp: int = 2, *extra: str) -> dict:
+    """Unpatched verl at `world` ranks, in one torchrun: for each case (saved dir, checkpoint root),
+    resume what the root's tracker names and compare with the saved full state."""
+    out = next(iter(cases.values()))[0]
+    args = [a for case, (saved_dir, root) in cases.items() for a in ("--case", f"{case}:{saved_dir}:{root}")]
+    torchrun(world, "resume", "--dir", str(out), "--name", name, "--fsdp", str(fsdp), *args, *extra,
              env={"SLIMCKPT_DISABLE": "1"})
-    return json.loads((saved / f"resume_{name}_ws{world}_result.json").read_text())
+    return json.loads((out / f"resume_{name}_ws{world}_result.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -59,21 +62,41 @@ def saved(tmp_path_factory) -> dict[int, Path]:
     return out
 
 
+@pytest.fixture(scope="module")
+def resumed(saved, tmp_path_factory) -> dict:
+    """Every convert of this module, then unpatched verl's resumes, one torchrun per world size."""
+    t = tmp_path_factory.mktemp("converted")
+    ours = {w: saved[w] / "ours" / f"global_step_{STEP}" for w in saved}
+    summaries = {
+        "same": convert(ours[2], 2, t / "same"),
+        "ours_1to2": convert(ours[1], 2, t / "ours_1to2"),
+        "ours_2to1": convert(ours[2], 1, t / "ours_2to1"),
+        "verl_2to3": convert(saved[2] / "verl" / f"global_step_{STEP}", 3, t / "verl_2to3"),
+    }
+    results = {
+        **resume(2, "ws2", {"same": (saved[2], t / "same"), "ours_1to2": (saved[1], t / "ours_1to2")}),
+        # unconverted: verl's own loader on slimckpt's step
+        **resume(1, "ws1", {"ours_2to1": (saved[2], t / "ours_2to1"), "plain": (saved[1], saved[1] / "ours")}),
+        **resume(3, "ws3", {"verl_2to3": (saved[2], t / "verl_2to3")}),
+    }
+    return {"dir": t, "summaries": summaries, "results": results}
+
+
 def _reference(d: Path, world: int) -> list[float]:
     return json.loads((d / f"save_ws{world}_result.json").read_text())["reference"]
 
 
 @pytest.mark.slow
-def test_incremental_step_resumes_under_unpatched_verl_at_the_same_world_size(saved, tmp_path):
+def test_incremental_step_resumes_under_unpatched_verl_at_the_same_world_size(saved, resumed):
     d = saved[2]
-    summary = convert(d / "ours" / f"global_step_{STEP}", 2, tmp_path / "verl2")
-    step = tmp_path / "verl2" / f"global_step_{STEP}"
-    assert (tmp_path / "verl2" / "latest_checkpointed_iteration.txt").read_text() == str(STEP)
+    root = resumed["dir"] / "same"
+    step = root / f"global_step_{STEP}"
+    assert (root / "latest_checkpointed_iteration.txt").read_text() == str(STEP)
     assert sorted(p.name for p in (step / "actor").iterdir()) == sorted(
         p.name for p in (d / "verl" / f"global_step_{STEP}" / "actor").iterdir())  # exactly verl's files
     assert json.loads((step / "actor" / "fsdp_config.json").read_text()) == {"FSDP_version": 2, "world_size": 2}
-    assert "trainer.default_local_dir=" in summary
-    r = resume(d, tmp_path / "verl2", 2, "same")
+    assert f"trainer.default_local_dir={root}" in resumed["summaries"]["same"]
+    r = resumed["results"]["same"]
     assert r["slimckpt_patched"] is False
     assert r["step_dir"] == str(step)
     assert r["diffs"] == [] and r["n_model"] > 0, r
@@ -81,35 +104,29 @@ def test_incremental_step_resumes_under_unpatched_verl_at_the_same_world_size(sa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("saved_at,world", [(2, 1), (1, 2)])
-def test_incremental_step_resharded_loads_exactly(saved, tmp_path, saved_at, world):
-    d = saved[saved_at]
-    convert(d / "ours" / f"global_step_{STEP}", world, tmp_path / "verl")
-    r = resume(d, tmp_path / "verl", world, f"ours_{saved_at}to{world}")
+@pytest.mark.parametrize("case", ["ours_2to1", "ours_1to2"])
+def test_incremental_step_resharded_loads_exactly(resumed, case):
+    r = resumed["results"][case]
     assert r["diffs"] == [] and r["n_model"] > 0, r
 
 
 @pytest.mark.slow
-def test_verl_step_resharded_two_to_three_resumes(saved, tmp_path):
-    d = saved[2]
-    summary = convert(d / "verl" / f"global_step_{STEP}", 3, tmp_path / "verl3")
-    assert "verl at 2 ranks" in summary
-    actor = tmp_path / "verl3" / f"global_step_{STEP}" / "actor"
+def test_verl_step_resharded_two_to_three_resumes(resumed):
+    assert "verl at 2 ranks" in resumed["summaries"]["verl_2to3"]
+    actor = resumed["dir"] / "verl_2to3" / f"global_step_{STEP}" / "actor"
     assert {f"optim_world_size_3_rank_{r}.pt" for r in range(3)} <= {p.name for p in actor.iterdir()}
-    r = resume(d, tmp_path / "verl3", 3, "verl_2to3")
+    r = resumed["results"]["verl_2to3"]
     assert r["diffs"] == [] and r["n_model"] > 0, r
     assert len(r["losses"]) == 3
 
 
 @pytest.mark.slow
-def test_unpatched_verl_fails_loudly_on_an_incremental_step(saved):
+def test_unpatched_verl_fails_loudly_on_an_incremental_step(resumed):
     """Without slimckpt's patches nothing of ours runs: verl's own loader stops on the step the
     tracker names (never a silent restart from step 0)."""
-    d = saved[1]
-    proc = torchrun(1, "resume", "--dir", str(d), "--ckpt", str(d / "ours"), "--name", "plain",
-                    env={"SLIMCKPT_DISABLE": "1"}, check=False)
-    assert proc.returncode != 0
-    assert "model_world_size_1_rank_0.pt" in proc.stdout + proc.stderr
+    r = resumed["results"]["plain"]
+    assert r["step_dir"].endswith(f"global_step_{STEP}")
+    assert "model_world_size_1_rank_0.pt" in r["error"], r
 
 
 # --------------------------------------------------------------------------- the run without the recipe

@@ -334,7 +334,7 @@ def _commit(target: Target) -> None:
 def _move_tracker(target: Target) -> str:
     from ..format.resume_manifest import read_tracker, write_tracker
 
-    if write_tracker(target.root, target.step):
+    if write_tracker(target.root, target.step) or read_tracker(target.root) == target.step:
         return f"{target.tracker} names step {target.step}"
     return (f"{target.tracker} still names step {read_tracker(target.root)}, a later one: resume this step with "
             f"trainer.resume_mode=resume_path trainer.resume_from_path={target.step_dir}")
