@@ -89,9 +89,9 @@ def _resume_case(saved_dir: str, root: str, ignore_group_order: bool) -> dict:
     saved = torch.load(os.path.join(saved_dir, "full_state.pt"), weights_only=False)
     loaded = _full_state(run)
     if ignore_group_order:  # a step of another FSDP version: its optimizer numbered its parameters otherwise
-        for state in (saved, loaded):
-            for group in state["optim"]["param_groups"]:
-                group["params"] = sorted(group["params"])
+        for state in (saved, loaded):  # a full state dict with cpu_offload is empty beyond rank 0
+            groups = state["optim"].get("param_groups", [])
+            state["optim"] = {**state["optim"], "param_groups": [{**g, "params": sorted(g["params"])} for g in groups]}
     diffs = rs._tensors_equal(saved["model"], loaded["model"], "model") + \
         rs._tensors_equal(saved["optim"], loaded["optim"], "optim") + \
         rs._tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")

@@ -165,8 +165,10 @@ def _open_verl(role_dir: str) -> RoleSource:
                                f"reads dim-0 shards only (verl's default placement)")
     contents = ["model"]
     model = {n: FlatSource.of(t) for n, t in ckpt.tensors.items()}
-    src = RoleSource(role_dir, "verl", world, version, contents, model, plain,
-                     meta_layout(os.path.join(role_dir, HF_SUBDIR), set(model)))
+    layout = meta_layout(os.path.join(role_dir, HF_SUBDIR), set(model))
+    if version == 1 and world == 1:  # NO_SHARD: every parameter a plain tensor; only the buffers stay plain
+        plain = set(layout.buffers) if layout else set()
+    src = RoleSource(role_dir, "verl", world, version, contents, model, plain, layout)
     optim_paths = [os.path.join(role_dir, OPTIM_VERL.format(world=world, rank=r)) for r in range(world)]
     present = [os.path.isfile(p) for p in optim_paths]
     if any(present) and not all(present):
