@@ -22,6 +22,7 @@ LAYERS = [
                "slimckpt.dryrun", "slimckpt.recipes", "slimckpt.diskspeed",
                # kept old paths (deprecated, see their docstrings)
                "slimckpt.config", "slimckpt.ckpt_metrics", "slimckpt.plugin"}),
+    ("convert", {"slimckpt.convert"}),
     ("save", {"slimckpt.save"}),
     ("merge", {"slimckpt.merge"}),
     ("verify", {"slimckpt.verify"}),

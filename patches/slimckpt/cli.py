@@ -15,6 +15,7 @@ import sys
 from . import __version__
 
 SUBCOMMANDS: dict[str, str] = {
+    "convert": "slimckpt.convert.command",
     "merge": "slimckpt.merge.cli",
     "plan": "slimckpt.plan",
     "verify": "slimckpt.verify.command",

@@ -203,10 +203,11 @@ def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
-def open_dcp(local_dir: str, manifest: Manifest | None = None) -> VerlFsdpCheckpoint:
+def open_dcp(local_dir: str, manifest: Manifest | None = None, prefix: str = MODEL_PREFIX) -> VerlFsdpCheckpoint:
     """The model tensors of a committed incremental step, as merge sources; raises CheckpointError.
     `manifest`: checked by `check_step` already; else it is checked here, sizes only (the merge
-    checks the checksums once, before it opens the step: `check_step`)."""
+    checks the checksums once, before it opens the step: `check_step`). `prefix`: the keys read
+    (`optim.state.` for the optimizer's tensors, which `slimckpt convert` reads)."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
 
     local_dir = os.path.abspath(local_dir)
@@ -225,9 +226,9 @@ def open_dcp(local_dir: str, manifest: Manifest | None = None) -> VerlFsdpCheckp
     handles: dict[str, tuple] = {}  # path -> (open file, its mapping)
     try:
         for key, meta in metadata.state_dict_metadata.items():
-            if not key.startswith(MODEL_PREFIX):
+            if not key.startswith(prefix):
                 continue
-            name = key[len(MODEL_PREFIX):]
+            name = key[len(prefix):]
             if isinstance(meta, BytesStorageMetadata) or not isinstance(meta, TensorStorageMetadata):
                 ckpt.skipped.append(name)
                 continue
@@ -236,6 +237,8 @@ def open_dcp(local_dir: str, manifest: Manifest | None = None) -> VerlFsdpCheckp
     finally:
         for f, _mapping in handles.values():
             f.close()  # the mappings stay, held by the tensors viewing them
+    if prefix != MODEL_PREFIX:
+        return ckpt
     if not ckpt.tensors:
         raise CheckpointError(f"{meta_path}: holds no model tensors (no '{MODEL_PREFIX}*' keys); not a model save "
                               f"of the incremental tier")

@@ -100,7 +100,13 @@ def sibling_dir(root: str) -> str:
     return os.path.join(root, MODEL_ONLY_DIR)
 
 
-def _check_role(step_dir: str, role: RoleLoad) -> tuple[str | None, list[str]]:
+def convert_command(step_dir: str, world_size: int | None) -> str:
+    """The command that writes a step as verl's own rank files (slimckpt.convert)."""
+    ranks = str(world_size) if world_size else "<this run's GPUs>"
+    return f"slimckpt convert {step_dir} --to verl --world-size {ranks}"
+
+
+def _check_role(step_dir: str, role: RoleLoad, world_size: int | None = None) -> tuple[str | None, list[str]]:
     """(why this run cannot load the role, or None; what loading it drops)."""
     where = os.path.join(step_dir, role.name)
     state = role_state(where)
@@ -111,7 +117,8 @@ def _check_role(step_dir: str, role: RoleLoad) -> tuple[str | None, list[str]]:
     if state.fmt == "slimckpt" and not role.slim:
         return (f"slimckpt: {where} is in slimckpt's incremental format (dcp/), which verl's own loader cannot "
                 f"read: relaunch with +recipe=incremental to continue from it (exactly), or +recipe=quickstart "
-                f"(its weights; the optimizer restarts)"), []
+                f"(its weights; the optimizer restarts), or write it as verl's own files with "
+                f"`{convert_command(os.path.dirname(where), world_size)}` and resume from the directory it names"), []
     missing = [c for c in role.load_contents if c in SHARD_CONTENTS and c not in state.contents]
     # retention's keep_optimizer_last: the load resumes the rest and says so (format.dropped_optimizer)
     by_retention = "optimizer" in missing and optimizer_dropped(where) is not None
@@ -138,31 +145,32 @@ def _dropped_line(dropped: Mapping[str, list[str]], recipe: str | None) -> str:
 
 
 def plan_resume(local_dir: str, resume_mode: str, roles: Sequence[RoleLoad], recipe: str | None = None,
-                resume_from_path: str | None = None) -> Decision:
+                resume_from_path: str | None = None, world_size: int | None = None) -> Decision:
     """The decision for a run whose trainer.default_local_dir is `local_dir` (absolute), loading
     `roles` ("actor", and "critic" where the run has one); `recipe` is the recipe's name, None
-    without one."""
+    without one; `world_size` the run's ranks (named in the convert command a refusal gives)."""
     if resume_mode == "disable":
         return Decision("keep")
     if resume_mode == "resume_path":
         if not resume_from_path:
             return Decision("keep")  # verl's own assertion names the missing key
-        return _judge(os.path.normpath(resume_from_path), roles, recipe, moved=False)
+        return _judge(os.path.normpath(resume_from_path), roles, recipe, moved=False, world_size=world_size)
     here, there = os.path.normpath(local_dir), sibling_dir(local_dir)
     names = [r.name for r in roles] or ["actor"]
     mine, other = latest_step(here, names), latest_step(there, names)
     if other is None or (mine is not None and mine >= other):
         if mine is None:
             return Decision("keep")
-        return _judge(os.path.join(here, f"global_step_{mine}"), roles, recipe, moved=False)
-    return _judge(os.path.join(there, f"global_step_{other}"), roles, recipe, moved=True, saves_to=here, mine=mine)
+        return _judge(os.path.join(here, f"global_step_{mine}"), roles, recipe, moved=False, world_size=world_size)
+    return _judge(os.path.join(there, f"global_step_{other}"), roles, recipe, moved=True, saves_to=here, mine=mine,
+                  world_size=world_size)
 
 
 def _judge(step_dir: str, roles: Sequence[RoleLoad], recipe: str | None, moved: bool,
-           saves_to: str = "", mine: int | None = None) -> Decision:
+           saves_to: str = "", mine: int | None = None, world_size: int | None = None) -> Decision:
     dropped: dict[str, list[str]] = {}
     for role in roles:
-        why, drops = _check_role(step_dir, role)
+        why, drops = _check_role(step_dir, role, world_size)
         if why:
             return Decision("stop", step_dir, why)
         dropped[role.name] = drops

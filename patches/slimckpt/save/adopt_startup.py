@@ -63,6 +63,13 @@ def _absolute(path: str | None) -> str | None:
     return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
+def _world_size(config: Any) -> int | None:
+    try:
+        return int(_select(config, "trainer.n_gpus_per_node")) * int(_select(config, "trainer.nnodes"))
+    except (TypeError, ValueError):
+        return None
+
+
 def adopt(config: Any, use_critic: bool) -> None:
     """Decide the resume of this run; stop it (SystemExit with the one line) where it cannot."""
     from omegaconf import OmegaConf, open_dict
@@ -73,7 +80,7 @@ def adopt(config: Any, use_critic: bool) -> None:
         return  # verl refuses it itself
     decision = plan_resume(_absolute(_select(config, "trainer.default_local_dir")),
                            _select(config, "trainer.resume_mode"), _roles(config, use_critic), recipe_of(config),
-                           _absolute(_select(config, "trainer.resume_from_path")))
+                           _absolute(_select(config, "trainer.resume_from_path")), _world_size(config))
     if decision.action == "stop":
         raise SystemExit(decision.message)
     if decision.action == "resume":

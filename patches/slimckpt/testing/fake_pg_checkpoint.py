@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-contents", default="model",
                    help="verl checkpoint.save_contents, comma separated (model, optimizer, extra)")
     p.add_argument("--step", type=int, default=0, help="global_step given to save_checkpoint")
+    p.add_argument("--optimizer-state", dest="optimizer_state", action="store_true",
+                   help="give AdamW state (step 1, both moments filled like the weights) instead of none, so the "
+                        "optimizer files are full size")
     p.add_argument("--no-tokenizer", action="store_true", help="save no tokenizer in huggingface/")
     p.add_argument("--jobs", type=int, default=1, help="ranks written at once (each holds its own shards)")
     p.add_argument("--materialize", action="store_true",
@@ -184,12 +187,35 @@ def save_rank(args: argparse.Namespace, world_size: int, tokenizer=None, materia
     optimizer = scheduler = None
     if "optimizer" in contents or "extra" in contents:  # verl's --steps 0 state: AdamW with no step taken
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        if getattr(args, "optimizer_state", False):
+            _fill_optimizer(model, optimizer)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     ckpt_cfg = OmegaConf.create({"save_contents": contents, "load_contents": contents})
     manager = FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                     processing_class=tokenizer, checkpoint_config=ckpt_cfg)
     manager.save_checkpoint(local_path=args.out, global_step=args.step)
     return n_params
+
+
+def _fill_optimizer(model, optimizer) -> None:
+    """AdamW state after one step, for every parameter: the moments are DTensors like their
+    parameter, filled as tensors named `<param>.exp_avg` / `.exp_avg_sq` would be."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            state = {"step": torch.tensor(1.0)}
+            for key in ("exp_avg", "exp_avg_sq"):
+                t = torch.empty_like(p)
+                if isinstance(t, DTensor):
+                    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+                    fill_local(f"{name}.{key}", t.to_local(), tuple(t.shape), tuple(offset))
+                else:
+                    fill_local(f"{name}.{key}", t, tuple(t.shape), (0,) * t.dim())
+                state[key] = t
+            optimizer.state[p] = state
 
 
 def _write_rank(args: argparse.Namespace, world_size: int, rank: int) -> int:

@@ -231,7 +231,7 @@ def wrap_fsdp2(model, mesh, placement: str, fsdp_size: int):
     return model
 
 
-def wrap_fsdp1(model, mesh, no_mesh: bool = False):
+def wrap_fsdp1(model, mesh, no_mesh: bool = False, use_orig_params: bool = True):
     import functools
 
     import torch
@@ -244,7 +244,8 @@ def wrap_fsdp1(model, mesh, no_mesh: bool = False):
     # verl passes sync_module_states=True and a GPU device_id; on CPU both are left out (every rank
     # builds the same weights from the same seed, so there is nothing to sync).
     where = {} if no_mesh else {"device_mesh": mesh}
-    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, use_orig_params=True,
+    # use_orig_params: verl's fsdp_config.use_orig_params (verl's default is False)
+    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, use_orig_params=use_orig_params,
                 device_id=torch.device("cpu"), **where)
 
 
