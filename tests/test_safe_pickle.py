@@ -253,3 +253,16 @@ def test_every_checkpoint_kind_passes_the_restricted_loader(every_kind):
     assert checked >= 30
     assert pickle_refusals()[before:] == []
     assert not pickle_policy.trusted()
+
+
+@pytest.mark.slow
+def test_a_one_rank_fsdp1_checkpoint_of_verl_merges_and_verifies_without_trust(tmp_path_factory, tmp_path):
+    """verl's FSDP1 save at world size 1 pickles plain tensors through `_rebuild_from_type_v2(...,
+    torch.Tensor, ...)`: a global verl writes, so merge and verify accept it without --trust-pickle."""
+    actor = fsdp_checkpoint(tmp_path_factory, "fsdp1-ws1", 1, "--model", "llama", "--layers", "2", "--hidden", "64",
+                            "--fsdp-version", "1", "--steps", "1")
+    for name in ("model", "optim", "extra_state"):
+        check_file(str(actor / f"{name}_world_size_1_rank_0.pt"))  # raises PickleRefused on a foreign global
+    merged = run_cli(["merge", "--local_dir", str(actor), "--target_dir", str(tmp_path / "hf")])
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    assert (tmp_path / "hf" / "model.safetensors").exists() or list((tmp_path / "hf").glob("*.safetensors"))

@@ -69,6 +69,7 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset({
     ("torch._utils", "_rebuild_parameter_with_state"),
     ("torch._utils", "_rebuild_wrapper_subclass"),
     ("torch._tensor", "_rebuild_from_type_v2"),
+    ("torch", "Tensor"),  # the type _rebuild_from_type_v2 restores: FSDP1 at one rank saves plain tensors so
     ("torch.nn.parameter", "Parameter"),
     ("torch.serialization", "_get_layout"),
     ("torch", "Size"),
