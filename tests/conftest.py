@@ -75,6 +75,7 @@ def scenario_result(root: Path, name: str, result_file: str) -> dict:
 from .verl_runs import (  # noqa: E402,F401  (fixtures)
     READS,
     adopt_runs,
+    convert_back_run,
     flowrl_run,
     grpo_runs,
     incremental_resumed,

@@ -25,6 +25,9 @@ The runs (RUNS, in the order they start; a resumed run starts after the run it r
   adopt_<recipe>  +recipe=quickstart / intermediate / incremental added to a relaunch of a copy of
                 adopt_verl's checkpoints (resume_mode=auto, verl's default dir moved by the recipe)
   adopt_plain_after_<recipe>  the recipe dropped again on a relaunch of that copy: it must stop
+  retention, retention_resumed  keep_optimizer_last / keep_best, then a resume of a step without optimizer
+  convert_back  incremental's step 2 through `slimckpt convert --to verl --world-size 2`, resumed without
+                the recipe (verl's own load) to step 4
 All share one tiny model and data set (built by train_small.sh in the first run).
 """
 
@@ -36,6 +39,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +77,7 @@ class Spec:
     after: str | None = None  # the run whose checkpoints this one resumes from
     copy: tuple[str, str] | None = None  # (from, to) under the pool's directory, copied before the run
     fails: bool = False  # it must exit non-zero (a run that refuses to start)
+    prepare: tuple[str, ...] = ()  # a `slimckpt` command run before it (its output goes to the run's log)
 
 
 GRPO_ENV = {"NPROC": "2", "ALGO": "grpo"}
@@ -135,13 +140,21 @@ RUNS["retention_resumed"] = Spec((*RETENTION[:3], "trainer.total_training_steps=
                                   "trainer.resume_mode=resume_path",
                                   "trainer.resume_from_path={root}/retention_ckpt/global_step_1"),
                                  GRPO_ENV, after="retention")
+# leaving the incremental tier: its step 2 converted back to verl's rank files for 2 ranks, then a run
+# without the recipe (verl's own checkpoint load) resumes it to step 4, as `incremental` went on
+RUNS["convert_back"] = Spec(("trainer.total_training_steps=4", CONSOLE, "trainer.resume_mode=auto",
+                             "trainer.default_local_dir={root}/converted_ckpt",
+                             "trainer.rollout_data_dir={root}/converted_rollouts"), GRPO_ENV, after="incremental",
+                            prepare=("convert", "{root}/incremental_ckpt/global_step_2", "--to", "verl",
+                                     "--world-size", "2", "--target_dir", "{root}/converted_ckpt", "--no_progress"))
 # which runs a fixture reads (with the runs they resume from): decides what a session starts
 READS = {"grpo_runs": ("grpo_first", "grpo_resume"), "incremental_run": ("incremental",),
          "incremental_resumed": ("incremental", "incremental_resumed"), "ppo_run": ("ppo",),
          "ppo_twice": ("ppo", "ppo_again"),
          "flowrl_run": ("flowrl",), "ppo_warmup": ("ppo_warmup_verl", "ppo_warmup"),
          "adopt_runs": tuple(name for name in RUNS if name.startswith("adopt_")),
-         "retention_runs": ("retention", "retention_resumed")}
+         "retention_runs": ("retention", "retention_resumed"),
+         "convert_back_run": ("incremental", "convert_back")}
 
 
 class RunPool:
@@ -214,6 +227,14 @@ class RunPool:
         if "WANDB_DIR" in env:
             os.makedirs(env["WANDB_DIR"], exist_ok=True)
         with open(self.log(name), "w") as out:
+            if spec.prepare:
+                cmd = [sys.executable, "-m", "slimckpt.cli", *(a.format(root=self.root) for a in spec.prepare)]
+                out.write(f"$ {' '.join(cmd)}\n")
+                out.flush()
+                done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.root,
+                                      timeout=RUN_TIMEOUT_S)
+                if done.returncode != 0:
+                    return f"slimckpt {' '.join(cmd[3:])} exited {done.returncode}"
             self._proc = subprocess.Popen(["bash", str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT,
                                           env=env, cwd=self.root, start_new_session=True)
             try:
@@ -310,6 +331,12 @@ def adopt_runs(verl_pool) -> dict[str, Run]:
         runs[name] = Run(verl_pool.root / "checkpoints" / "adopt" / experiment, verl_pool.wait(name),
                          rollouts=verl_pool.root / f"adopt_{experiment}_rollouts")
     return runs
+
+
+@pytest.fixture(scope="session")
+def convert_back_run(verl_pool) -> Run:
+    """`incremental`'s step 2 converted to verl's format (2 ranks) and resumed without the recipe to step 4."""
+    return Run(verl_pool.root / "converted_ckpt", verl_pool.wait("convert_back"))
 
 
 @pytest.fixture(scope="session")
