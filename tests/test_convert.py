@@ -132,12 +132,18 @@ def test_unpatched_verl_fails_loudly_on_an_incremental_step(resumed):
 # --------------------------------------------------------------------------- the run without the recipe
 
 
-def test_a_run_without_the_recipe_names_the_convert_command(saved):
+def test_a_run_without_the_recipe_names_the_convert_command(saved, tmp_path):
     """slimckpt's start-up check (on whenever slimckpt is installed) stops a plain verl run whose
     newest step is in slimckpt's format, with one line naming the command."""
+    import torch
+
+    from slimckpt.format.resume_manifest import write_tracker
     from slimckpt.save.adopt import RoleLoad, plan_resume
 
-    root = saved[2] / "ours"
+    step = _copy_step(saved[2], tmp_path)
+    torch.save({}, step / "data.pt")  # the trainer's dataloader state: a trainer's step is intact only with it
+    root = step.parent
+    write_tracker(str(root), STEP)
     decision = plan_resume(str(root), "auto", [RoleLoad("actor", ("model", "optimizer", "extra"), False)],
                            world_size=4)
     assert decision.action == "stop"
