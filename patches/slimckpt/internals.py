@@ -69,9 +69,13 @@ INTERNALS: dict[str, Internal] = {i.name: i for i in (
              "write/peers.py: the job's store, where each rank's heartbeat lives",
              "no heartbeat: a failed collective's error does not name the rank that was lost"),
     Internal("torch.testing._internal.distributed.fake_pg:FakeStore", "torch", CHECKED_TORCH,
-             "testing/fake_pg_checkpoint.py: the fake process group (its store; importing it registers the "
-             "backend) a big checkpoint is made with",
-             "none in torch's public API: the test builder stops, saying so"),
+             "testing/fake_pg_checkpoint.py, convert/command.py: the fake process group (its store; importing it "
+             "registers the backend) a big checkpoint is made with, and convert writes another world size's "
+             "DTensors with",
+             "none in torch's public API: the test builder and convert stop, saying so"),
+    Internal("torch._subclasses.fake_tensor:FakeTensorMode", "torch", CHECKED_TORCH,
+             "convert/rank_file.py: tensors without storage, for the skeleton torch.save lays a rank file out from",
+             "none in torch's public API: convert stops, saying so"),
     Internal("transformers.core_model_loading:revert_weight_conversion", "transformers", CHECKED_TRANSFORMERS,
              "merge/hf_side.py: the names and splits (MoE experts) save_pretrained writes",
              "the merge hands the model to verl's merger, which calls save_pretrained"),

@@ -136,11 +136,16 @@ class FakeWorld:
     def __enter__(self):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        from .. import internals
 
         if dist.is_initialized():
             raise ConvertError("slimckpt convert runs as one plain process, not under torchrun")
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=self.world)
+        fake_store = internals.lookup("torch.testing._internal.distributed.fake_pg:FakeStore")
+        if fake_store is None:  # torch has no public fake process group to fall back on
+            raise ConvertError(f"slimckpt convert: torch {internals.release('torch')}'s fake process group is not one "
+                               f"slimckpt was checked on; {internals.TRUST_ENV}=1 tries it anyway")
+        dist.init_process_group("fake", store=fake_store(), rank=0, world_size=self.world)
         return init_device_mesh("cpu", (self.world,), mesh_dim_names=("fsdp",))
 
     def __exit__(self, *exc) -> None:

@@ -83,10 +83,14 @@ class Skeleton:
     """Builds the state dict to save: fake tensors, each with its Slot, found again by path after the load."""
 
     def __init__(self, mesh) -> None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from .. import internals
 
+        fake_mode = internals.lookup("torch._subclasses.fake_tensor:FakeTensorMode")
+        if fake_mode is None:  # no public way to lay out a tensor without its storage
+            raise RuntimeError(f"slimckpt convert: torch {internals.release('torch')}'s FakeTensorMode is not one "
+                               f"slimckpt was checked on; {internals.TRUST_ENV}=1 tries it anyway")
         self.mesh = mesh
-        self.mode = FakeTensorMode()
+        self.mode = fake_mode()
         self.slots: dict[tuple, Slot] = {}
 
     def _fake(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

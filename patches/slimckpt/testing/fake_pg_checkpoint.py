@@ -202,7 +202,8 @@ def _fill_optimizer(model, optimizer) -> None:
     parameter, filled as tensors named `<param>.exp_avg` / `.exp_avg_sq` would be."""
     import torch
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    from ..internals import dtensor_box
 
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -210,7 +211,7 @@ def _fill_optimizer(model, optimizer) -> None:
             for key in ("exp_avg", "exp_avg_sq"):
                 t = torch.empty_like(p)
                 if isinstance(t, DTensor):
-                    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+                    _, offset = dtensor_box(t)
                     fill_local(f"{name}.{key}", t.to_local(), tuple(t.shape), tuple(offset))
                 else:
                     fill_local(f"{name}.{key}", t, tuple(t.shape), (0,) * t.dim())
