@@ -79,17 +79,25 @@ def verl_peak_steps(max_keep) -> int | None:
     return None if keep_n is None else max(keep_n, 2)
 
 
+def _exclusive(abs_path: str, what: str):
+    """(the exclusive lock on a role dir, None) or (None, why retention leaves the dir as it is)."""
+    try:
+        lock = try_exclusive(abs_path, what)
+    except OSError as exc:
+        return None, f"cannot lock it ({exc.strerror or exc})"
+    if lock is None:
+        return None, "a reader or writer holds its lock"
+    return lock, None
+
+
 def delete_step_dir(path: str) -> str | None:
     """Delete a role dir under an exclusive lock; None when done, else why it was kept."""
     abs_path = os.path.abspath(path)
     if not os.path.exists(abs_path):
         return None
-    try:
-        lock = try_exclusive(abs_path, "deleting it (retention)")
-    except OSError as exc:
-        return f"cannot lock it ({exc.strerror or exc})"
+    lock, why = _exclusive(abs_path, "deleting it (retention)")
     if lock is None:
-        return "a reader or writer holds its lock"
+        return why
     with lock:
         try:
             remove_manifest(abs_path)  # uncommit first: a delete cut short leaves no committed-looking dir
@@ -115,12 +123,9 @@ def drop_step_optimizer(path: str, keep_last: int | None) -> str | None:
     abs_path = os.path.abspath(path)
     if not os.path.isdir(abs_path) or not optimizer_drop.holds_optimizer(abs_path):
         return None
-    try:
-        lock = try_exclusive(abs_path, "dropping its optimizer state (retention)")
-    except OSError as exc:
-        return f"cannot lock it ({exc.strerror or exc})"
+    lock, why = _exclusive(abs_path, "dropping its optimizer state (retention)")
     if lock is None:
-        return "a reader or writer holds its lock"
+        return why
     with lock:
         try:
             freed = optimizer_drop.drop_optimizer(abs_path, keep_last)
