@@ -60,3 +60,15 @@ def cli_logging() -> Iterator[logging.Logger]:
     finally:
         root.removeHandler(handler)
         root.propagate = True
+
+
+@contextlib.contextmanager
+def quieted(logger: str) -> Iterator[None]:
+    """`logger`'s warnings off for a moment (errors still show)."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)

@@ -54,6 +54,7 @@ from typing import Any
 
 from .format.layout import dim0_row_bytes, dim0_rows
 from .format.retention_plan import RetentionPolicy, disk_bytes, steps_held
+from .log import quieted
 from .save.retention import peak_steps, verl_peak_steps
 
 HELP = "predict per-rank checkpoint bytes, host memory and time from a model config (no weights)"
@@ -513,32 +514,16 @@ def _hf_dir(config_path: str) -> tuple[str, Any]:
     return tmp.name, tmp
 
 
-@contextlib.contextmanager
-def _quiet(logger: str):
-    """`logger`'s warnings off for a moment (errors still show)."""
-    import logging
-
-    log = logging.getLogger(logger)
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
 def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: str | int | None = None,
                 trust_remote_code: bool = False, lora: LoraSpec | None = None) -> ModelFacts:
     from .format import layout
     from .merge.hf_side import HfSide, default_max_shard_size
     from .merge.plan import DTYPE_NAMES
 
-    import contextlib
-
     root, keep = _hf_dir(config_path)
     # verl prints a warning about the missing generation config on stdout; keep stdout for the report
     with keep, contextlib.redirect_stdout(sys.stderr):
-        with _quiet("slimckpt.merge"):  # its missing-generation-config warning names this temp dir: a plan writes none
+        with quieted("slimckpt.merge"):  # its missing-generation-config warning names this temp dir: a plan writes none
             hf = HfSide(root, export_dtype, trust_remote_code)
         model = hf.model
         state = model.state_dict()

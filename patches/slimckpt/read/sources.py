@@ -20,10 +20,7 @@ in the checkpoint's order, with lazy per-shard views.
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +28,7 @@ import torch
 
 from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
 from .pickle_policy import PickleRefused, RestrictedUnpickler, pickle_module
-from ..log import get_logger
+from ..log import get_logger, quieted
 
 log = get_logger("slimckpt.sources")
 
@@ -138,23 +135,12 @@ class _Unpickler(RestrictedUnpickler):
         return super().resolve(module, name)
 
 
-@contextmanager
-def _quiet_device_mesh() -> Iterator[None]:
-    # torch warns on every DeviceMesh unpickled without process groups; it is harmless here
-    logger = logging.getLogger("torch.distributed.device_mesh")
-    old = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
-
-
 def load_mmap(path: str) -> Any:
     """torch.load(mmap=True) of one of verl's rank files, tensors left file-backed; verl's files hold
     DTensors, FSDP1's ShardedTensors (read as metadata: `sharded_tensor_metadata`) and Python objects,
     unpickled with pickle_policy's globals only (PickleRefused for any other). Raises what torch raises."""
-    with _quiet_device_mesh():
+    # torch warns on every DeviceMesh unpickled without process groups; it is harmless here
+    with quieted("torch.distributed.device_mesh"):
         return torch.load(path, mmap=True, weights_only=False, map_location="cpu",
                           pickle_module=pickle_module(_Unpickler, path))
 
