@@ -33,6 +33,7 @@ LAYERS = [
     ("flowrl", {"slimckpt.flowrl"}),
     ("cpu", {"slimckpt.cpu"}),
     ("verl", {"slimckpt.verl"}),
+    ("collective", {"slimckpt.collective"}),
     ("ground", {"slimckpt.log", "slimckpt.env_vars", "slimckpt.internals", "slimckpt"}),
 ]
 

@@ -1,0 +1,1 @@
+"""Agreeing across ranks: every rank of a group ends a collective step the same way."""
