@@ -199,7 +199,7 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
     from verl.trainer.config import CheckpointConfig
 
-    from slimckpt.merge import hf_side
+    from slimckpt.hf import naming as hf_side
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     resume_scenarios.MODEL = model

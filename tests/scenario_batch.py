@@ -58,7 +58,7 @@ def _module_state() -> dict:
     """Every module attribute a scenario sets or monkeypatches, to put back after it."""
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-    from slimckpt.merge.hf_side import HfSide
+    from slimckpt.hf.naming import HfSide
     from slimckpt.save import hf_direct_export, resume_state, stream_capture
 
     return {

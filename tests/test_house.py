@@ -25,6 +25,7 @@ LAYERS = [
     ("convert", {"slimckpt.convert"}),
     ("save", {"slimckpt.save"}),
     ("merge", {"slimckpt.merge"}),
+    ("hf", {"slimckpt.hf"}),
     ("verify", {"slimckpt.verify"}),
     ("write", {"slimckpt.write"}),
     ("observe", {"slimckpt.observe"}),

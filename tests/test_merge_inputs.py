@@ -295,8 +295,8 @@ def _left(proc: subprocess.CompletedProcess) -> list[str]:
 
 def _output_bytes(ckpt) -> int:
     """The weight files' planned size: what the refusal must name."""
-    from slimckpt.merge.hf_side import HfSide, default_max_shard_size
-    from slimckpt.merge.plan import make_plan
+    from slimckpt.hf.naming import HfSide, default_max_shard_size
+    from slimckpt.hf.plan import make_plan
     from slimckpt.read.merge_input import open_source
 
     source = open_source(str(ckpt))
@@ -371,7 +371,7 @@ def _tree_bytes(path) -> dict[str, bytes]:
 def force_verl_fallback(monkeypatch) -> None:
     """The streaming merge's planner says this model needs verl's merger (as for a save-time
     conversion that is not a slice of one tensor)."""
-    from slimckpt.merge import hf_side
+    from slimckpt.hf import naming as hf_side
 
     def needs_verl(self, names, shapes):
         raise hf_side.NeedsVerlMerger("transformers converts tensors of X on save (e.g. 'c' is not a part of one "

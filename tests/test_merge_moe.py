@@ -21,7 +21,7 @@ import torch
 
 from slimckpt.format import layout
 from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
-from slimckpt.merge.hf_side import HfSide, NeedsVerlMerger
+from slimckpt.hf.naming import HfSide, NeedsVerlMerger
 from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeOptions
 from slimckpt.testing.fsdp_checkpoint import MOE_MODELS, build_config, parse_args
@@ -194,7 +194,7 @@ def test_same_as_verl_merger_and_loads(families, tmp_path, family):
 def test_the_torch_free_writer_cuts_the_same_spans_from_the_rank_files(families, tmp_path):
     """The early writer's torch-free path (pt_index + np_writer), given a plan with spans, writes the
     torch writer's bytes from FSDP's dim-0 shards."""
-    from slimckpt.merge.plan import make_plan
+    from slimckpt.hf.plan import make_plan
     from slimckpt.read import pt_index
     from slimckpt.read.sources import open_checkpoint
     from slimckpt.write import np_writer

@@ -285,7 +285,7 @@ def test_a_config_that_cannot_be_planned_ends_in_one_line(tmp_path, capsys, cont
 
 
 def test_a_conversion_that_is_not_a_slice_ends_in_one_line(tmp_path, capsys, monkeypatch):
-    from slimckpt.merge.hf_side import HfSide, NeedsVerlMerger
+    from slimckpt.hf.naming import HfSide, NeedsVerlMerger
 
     def refuse(self, names, shapes):
         raise NeedsVerlMerger("transformers converts tensors of X on save (e.g. 'w' is a strided part of 'v')")

@@ -16,7 +16,7 @@ import transformers
 from transformers import LlamaConfig
 
 from slimckpt.verl import registry, leaves as verl_leaves
-from slimckpt.merge.hf_side import auto_model_class, load_generation_config
+from slimckpt.hf.naming import auto_model_class, load_generation_config
 
 
 def verl_merger_with(config=None, hf_dir=None):
@@ -112,7 +112,7 @@ def test_hf_side_does_not_import_verl(tmp_path):
     (hf_dir / "model.safetensors").unlink()
     script = textwrap.dedent(f"""
         import json, sys
-        from slimckpt.merge.hf_side import HfSide
+        from slimckpt.hf.naming import HfSide
         from slimckpt.verl.leaves import leaf
         side = HfSide({str(tmp_path / "actor")!r}, "bf16", False)
         shapes = {{n: tuple(p.shape) for n, p in side.model.named_parameters(remove_duplicate=False)}}

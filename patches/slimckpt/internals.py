@@ -77,7 +77,7 @@ INTERNALS: dict[str, Internal] = {i.name: i for i in (
              "convert/rank_file.py: tensors without storage, for the skeleton torch.save lays a rank file out from",
              "none in torch's public API: convert stops, saying so"),
     Internal("transformers.core_model_loading:revert_weight_conversion", "transformers", CHECKED_TRANSFORMERS,
-             "merge/hf_side.py: the names and splits (MoE experts) save_pretrained writes",
+             "hf/naming.py: the names and splits (MoE experts) save_pretrained writes",
              "the merge hands the model to verl's merger, which calls save_pretrained"),
 )}
 

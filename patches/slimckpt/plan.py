@@ -500,7 +500,7 @@ class LoraSpec:
 
 
 def _hf_dir(config_path: str) -> tuple[str, Any]:
-    """slimckpt.merge.hf_side.HfSide reads `<dir>/huggingface/config.json` (a checkpoint's layout); give it
+    """slimckpt.hf.naming.HfSide reads `<dir>/huggingface/config.json` (a checkpoint's layout); give it
     one that holds just this config."""
     import shutil
     import tempfile
@@ -517,8 +517,8 @@ def _hf_dir(config_path: str) -> tuple[str, Any]:
 def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: str | int | None = None,
                 trust_remote_code: bool = False, lora: LoraSpec | None = None) -> ModelFacts:
     from .format import layout
-    from .merge.hf_side import HfSide, default_max_shard_size
-    from .merge.plan import DTYPE_NAMES
+    from .format.names import DTYPE_CHOICES as DTYPE_NAMES
+    from .hf.naming import HfSide, default_max_shard_size
 
     root, keep = _hf_dir(config_path)
     # verl prints a warning about the missing generation config on stdout; keep stdout for the report
@@ -571,7 +571,7 @@ def _with_lora(model, params: list[ParamSpec], files: list[tuple[str, int]], lor
     from peft import LoraConfig, TaskType, get_peft_model
 
     from .format import layout
-    from .merge.plan import DTYPE_NAMES
+    from .format.names import DTYPE_CHOICES as DTYPE_NAMES
 
     if lora.rank < 1:
         raise ValueError(f"slimckpt plan: --lora-rank {lora.rank}: give the adapter's rank, 1 or more")

@@ -36,10 +36,10 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{max(1, round(n / 1024))} KiB"
 
 
-def describe_os_error(exc: OSError, path: str, need_bytes: int | None = None,
-                      fixes: OsErrorFixes = MERGE_FIXES, free_bytes: int | None = None) -> str:
-    """One line naming the path and what to do about it (`free_bytes`: a refusal before writing,
-    which names what the filesystem had)."""
+def describe_os_error(exc: OSError, path: str, need_bytes: int | None = None, *, fixes: OsErrorFixes,
+                      free_bytes: int | None = None) -> str:
+    """One line naming the path and what to do about it, in the words of the caller's `fixes`
+    (`free_bytes`: a refusal before writing, which names what the filesystem had)."""
     where = exc.filename or path
     if exc.errno in DISK_FULL:
         need = f" (this output needs {_size(need_bytes)}" if need_bytes else ""
@@ -54,8 +54,10 @@ def describe_os_error(exc: OSError, path: str, need_bytes: int | None = None,
 
 def os_failure(cls: type[Exception], exc: OSError, path: str, need_bytes: int | None = None,
                free_bytes: int | None = None) -> Exception:
-    """`cls(one line)` that keeps `exc`, `path`, `need_bytes` and `free_bytes` for `redescribe`."""
-    error = cls(describe_os_error(exc, path, need_bytes, free_bytes=free_bytes))
+    """`cls(one line)` that keeps `exc`, `path`, `need_bytes` and `free_bytes` for `redescribe`. The
+    line a writer raises it with is the merge's (the writers' own command); every other caller (a
+    trainer's save or export) says it again with its fixes before a user reads it."""
+    error = cls(describe_os_error(exc, path, need_bytes, fixes=MERGE_FIXES, free_bytes=free_bytes))
     error.os_error, error.os_path, error.need_bytes, error.free_bytes = exc, path, need_bytes, free_bytes
     return error
 
@@ -65,5 +67,5 @@ def redescribe(exc: BaseException, fixes: OsErrorFixes) -> str | None:
     os_error = getattr(exc, "os_error", None)
     if not isinstance(os_error, OSError):
         return None
-    return describe_os_error(os_error, getattr(exc, "os_path", "") or "", getattr(exc, "need_bytes", None), fixes,
-                             getattr(exc, "free_bytes", None))
+    return describe_os_error(os_error, getattr(exc, "os_path", "") or "", getattr(exc, "need_bytes", None),
+                             fixes=fixes, free_bytes=getattr(exc, "free_bytes", None))

@@ -6,7 +6,10 @@ import argparse
 import os
 import sys
 
-from .plan import DEFAULT_CHUNK_MB, DTYPE_NAMES, MergeError, MergeOptions
+from ..format.names import DEFAULT_CHUNK_BYTES, DTYPE_CHOICES
+from .plan import MergeError, MergeOptions
+
+DEFAULT_CHUNK_MB = DEFAULT_CHUNK_BYTES >> 20
 
 HELP = "merge a verl FSDP checkpoint into a Hugging Face model dir, streaming (bounded memory)"
 
@@ -15,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local_dir", required=True,
                    help="verl checkpoint dir holding model_world_size_*_rank_*.pt (…/global_step_N/actor)")
     p.add_argument("--target_dir", required=True, help="output dir; must not exist, be empty, or --overwrite")
-    p.add_argument("--dtype", choices=list(DTYPE_NAMES), default="bf16",
+    p.add_argument("--dtype", choices=list(DTYPE_CHOICES), default="bf16",
                    help="output dtype (verl's merger always writes bf16)")
     p.add_argument("--max_shard_size", default=None,
                    help="split weights into files of at most this size, e.g. 5GB (default: transformers' "

@@ -14,14 +14,16 @@ import sys
 from ..format.merge_manifest import discard_partial, prepare_partial
 from ..log import get_logger
 from ..write import forked_call
-from .hf_side import guess_default_max_shard_size
-from .plan import MergeOptions, MergePlan, check_output_room, plan_names
+from ..format.names import HF_SUBDIR
+from ..hf.naming import guess_default_max_shard_size
+from ..hf.plan import ExportPlan, check_output_room, plan_names
+from .plan import MergeOptions
 from .workers import ProgressBar, write_weights
 
 log = get_logger("slimckpt.merge")
 
 
-def _write_weights_without_torch(opts: MergeOptions, partial: str, mp: MergePlan, sources: dict) -> dict[str, str]:
+def _write_weights_without_torch(opts: MergeOptions, partial: str, mp: ExportPlan, sources: dict) -> dict[str, str]:
     from ..write import np_writer, writer_stats
 
     bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
@@ -57,7 +59,7 @@ class EarlyWrite:
     for the GIL while the imports run Python: on the 1B merge here its writing took 6.3-7.5 s beside
     the imports, 4.6-5.0 s alone."""
 
-    def __init__(self, target: str, mp: MergePlan, signature: list[tuple], close=None, local_dir: str = "") -> None:
+    def __init__(self, target: str, mp: ExportPlan, signature: list[tuple], close=None, local_dir: str = "") -> None:
         from ..write.out_files import create_files
 
         self.mp = mp
@@ -95,7 +97,6 @@ class EarlyWrite:
         if os.environ.get("SLIMCKPT_MERGE_GUESS", "1") == "0":
             return None
         from . import guess as merge_guess
-        from ..read.checkpoint_dir import HF_SUBDIR
 
         config = merge_guess.read_config(os.path.join(opts.local_dir, HF_SUBDIR))
         if config is None:
@@ -170,7 +171,7 @@ class EarlyWrite:
         finally:
             ckpt.close()
 
-    def matches(self, mp: MergePlan, signature: list[tuple]) -> bool:
+    def matches(self, mp: ExportPlan, signature: list[tuple]) -> bool:
         """Whether the early write wrote what the real plan, from the real reader, would."""
         return (mp.plan == self.mp.plan and list(mp.takes.items()) == list(self.mp.takes.items())
                 and signature == self.signature)

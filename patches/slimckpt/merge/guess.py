@@ -18,6 +18,7 @@ import json
 import os
 
 from ..flowrl.names import is_flowrl_param
+from ..format.names import is_lora_key
 
 TIED_TARGET = "lm_head.weight"
 TIED_SOURCE = "model.embed_tokens.weight"
@@ -41,7 +42,7 @@ def guess_output_names(names: list[str], config: dict | None,
         return None
     if shapes is not None and any(is_fused(n, shapes[n]) for n in names):
         return None
-    if any("lora_" in n for n in names) or any(not n.startswith(("model.", "lm_head.")) for n in names
+    if any(is_lora_key(n) for n in names) or any(not n.startswith(("model.", "lm_head.")) for n in names
                                                if not is_flowrl_param(n)):
         return None
     tied = config["tie_word_embeddings"] and TIED_SOURCE in names

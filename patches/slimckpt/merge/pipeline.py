@@ -17,8 +17,8 @@ Differences: no tokenizer is a warning (verl exits 1 after writing); a multi-fil
 the checkpoint's key order (verl iterates a Python set, so its split varies run to run).
 An output that transformers' save splits off a fused tensor (transformers 5 stores an MoE layer's
 experts as one `[E, 2I, H]` tensor and saves them per expert) is planned as the run of the source's
-elements it is (`hf_side.HfSide.output_sources`, `layout.Take`) and streamed like any other.
-A LoRA checkpoint is planned by `lora.plan_lora` (the base model with peft's names undone plus
+elements it is (`hf.naming.HfSide.output_sources`, `layout.Take`) and streamed like any other.
+A LoRA checkpoint is planned by `hf.lora.plan_lora` (the base model with peft's names undone plus
 `lora_adapter/`, or with `--merge_lora` the adapter merged into the base weights) and streamed the
 same way. Models whose save makes tensors that are not one run of one checkpoint
 tensor (a transpose, a concatenation) go to verl's own merger, with a log line saying so and the
@@ -51,27 +51,33 @@ from ..format.merge_manifest import (
     write_manifest,
 )
 from ..format.os_errors import MERGE_FIXES, OsErrorFixes, redescribe
+from ..collective.outcome import from_rank0, on_every_rank
 from ..log import get_logger
+from ..read.merge_input import check_source
 from ..write import forked_call
 from .early_write import EarlyWrite
-from .hf_side import HfSide, NeedsVerlMerger, default_max_shard_size
-from .plan import DTYPE_NAMES, MergeError, MergeOptions, MergePlan, MergeResult, check_output_room, make_plan
+from ..format.names import DTYPE_CHOICES, HF_SUBDIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_DIR
+from ..hf.lay_out import lay_out
+from ..hf.lora import plan_lora
+from ..hf.naming import HfSide, NeedsVerlMerger, default_max_shard_size
+from ..hf.plan import ExportPlan, check_output_room, make_plan
+from .plan import MergeError, MergeOptions, MergeResult
 from .workers import ProgressBar, is_user_error, run_workers, write_weights
+
+# lazy imports: torch, transformers and torch.distributed load only where a merge needs them (the early writer starts first)
 
 log = get_logger("slimckpt.merge")
 
 
-def _finish(partial: str, target: str, mp: MergePlan, checksums: dict[str, str], opts: MergeOptions,
+def _finish(partial: str, target: str, mp: ExportPlan, checksums: dict[str, str], opts: MergeOptions,
             tokenizer_saved: bool) -> list[str]:
     from ..verl.leaves import leaf
 
     if not mp.model_plan.files and mp.adapter_config is not None:  # save_lora_only: lora_adapter/ alone
-        from .lora import ADAPTER_CONFIG, ADAPTER_DIR
-
-        missing = [n for n in [ADAPTER_CONFIG, *(f.name.split("/")[-1] for f in mp.plan.files)]
-                   if not os.path.getsize(os.path.join(partial, ADAPTER_DIR, n))]
+        missing = [n for n in [LORA_ADAPTER_CONFIG, *(f.name.split("/")[-1] for f in mp.plan.files)]
+                   if not os.path.getsize(os.path.join(partial, LORA_ADAPTER_DIR, n))]
         if missing:
-            raise MergeError(f"Incomplete LoRA adapter output at {partial}: {ADAPTER_DIR}/{missing[0]} is empty")
+            raise MergeError(f"Incomplete LoRA adapter output at {partial}: {LORA_ADAPTER_DIR}/{missing[0]} is empty")
     else:
         try:
             leaf("output_validation").validate_hf_model_output(partial)
@@ -117,8 +123,8 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
 
     in_flight.wait_for(opts.local_dir)
 
-    if opts.dtype not in DTYPE_NAMES:
-        raise MergeError(f"--dtype {opts.dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
+    if opts.dtype not in DTYPE_CHOICES:
+        raise MergeError(f"--dtype {opts.dtype!r}: choose one of {', '.join(DTYPE_CHOICES)}")
     if opts.workers < 1:
         raise MergeError(f"--workers {opts.workers}: need at least 1")
     if opts.max_shard_size is not None:
@@ -209,7 +215,6 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     target = os.path.abspath(opts.target_dir)
     check_target(target, opts.overwrite, opts.overwrite_hint)
     from ..read import readahead
-    from ..read.merge_input import check_source
 
     # before any import: a wrong --local_dir fails in milliseconds, not after torch and transformers
     check_source(opts.local_dir)
@@ -234,7 +239,7 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     return _write_and_commit(opts, *planned, t0, early)
 
 
-def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[MergePlan, HfSide] | None:
+def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[ExportPlan, HfSide] | None:
     """The plan from the real reader; `signature`, when given, receives quick_sources.signature of it."""
     from ..read.merge_input import open_source
 
@@ -250,14 +255,12 @@ def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[Me
         ckpt.close()
 
 
-def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[MergePlan, HfSide] | None:
+def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[ExportPlan, HfSide] | None:
     """The merge plan and HF side, or None when verl's own merger has to do this checkpoint
     (logged with the host memory it takes; a MergeError instead when opts.verl_fallback is off)."""
     hf = HfSide(ckpt.local_dir, opts.dtype, opts.trust_remote_code)
     try:
         if ckpt.has_lora():
-            from .lora import plan_lora
-
             mp = plan_lora(ckpt, hf, opts.dtype, opts.max_shard_size, opts.merge_lora, opts.merge_lora_hint,
                            opts.adapter_only)
         else:
@@ -318,8 +321,6 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
         from verl.model_merger.base_model_merger import ModelMergerConfig
         from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-        from ..read.sources import HF_SUBDIR
-
         os.makedirs(opts.target_dir, exist_ok=True)
         config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=opts.local_dir,
                                    target_dir=opts.target_dir, trust_remote_code=opts.trust_remote_code,
@@ -336,27 +337,7 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
     return MergeResult(os.path.abspath(opts.target_dir), used_verl_merger=True, seconds=time.perf_counter() - t0)
 
 
-def lay_out_partial(partial: str, mp: MergePlan, hf: HfSide, weight_files: bool = True) -> bool:
-    """Configs, tokenizer, full-size weight files with their headers (unless made already), and the
-    index; returns whether a tokenizer was saved."""
-    from ..write.out_files import create_files
-
-    hf.save_configs(partial)
-    tokenizer_saved = hf.save_tokenizer(partial)
-    if mp.adapter_config is not None:
-        from .lora import write_adapter_config
-
-        write_adapter_config(partial, mp.adapter_config)
-    if weight_files:
-        create_files(partial, mp.plan)
-    index = mp.model_plan.index_json(mp.total_parameters)
-    if index is not None:
-        with open(os.path.join(partial, layout.INDEX_NAME), "w", encoding="utf-8") as f:
-            f.write(index)
-    return tokenizer_saved
-
-
-def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
+def _write_and_commit(opts: MergeOptions, mp: ExportPlan, hf: HfSide, t0: float,
                       early: EarlyWrite | None = None) -> MergeResult:
     target = os.path.abspath(opts.target_dir)
     log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
@@ -368,10 +349,10 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
     ok = False
     try:
         if early is None:
-            tokenizer_saved = lay_out_partial(partial, mp, hf)
+            tokenizer_saved = lay_out(partial, mp, hf)
             checksums = write_weights(opts, partial, mp)
         else:  # weights are being written already: configs and tokenizer meanwhile
-            tokenizer_saved = lay_out_partial(partial, mp, hf, weight_files=False)
+            tokenizer_saved = lay_out(partial, mp, hf, weight_files=False)
             checksums = _join_or_rewrite(early, opts, partial, mp)
         files = _finish(partial, target, mp, checksums, opts, tokenizer_saved)
         ok = True
@@ -386,7 +367,7 @@ def _write_and_commit(opts: MergeOptions, mp: MergePlan, hf: HfSide, t0: float,
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
 
 
-def _join_or_rewrite(early: EarlyWrite, opts: MergeOptions, partial: str, mp: MergePlan) -> dict[str, str]:
+def _join_or_rewrite(early: EarlyWrite, opts: MergeOptions, partial: str, mp: ExportPlan) -> dict[str, str]:
     """The early writer's checksums; or, where it left the weights to torch (a NaN, say), the
     weights written again by the torch writer, over the same files."""
     from ..write.np_writer import Declined
@@ -549,109 +530,81 @@ def _join_ranks(opts: MergeOptions, dist):
         time.sleep(0.2)
 
 
-def _bcast(dist, obj):
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     from ..write.share_writer import checksum_files
 
     rank, world = dist.get_rank(), dist.get_world_size()
     t0 = time.perf_counter()
     target = os.path.abspath(opts.target_dir)
-    state: tuple = ("error", "rank 0 did not plan")
-    partial = None
-    if rank == 0:
-        try:
-            opts.__dict__["_held_target_lock"] = _target_lock(opts)  # released by merge_distributed
-            check_target(target, opts.overwrite, opts.overwrite_hint)
-            from ..read.merge_input import check_source
+    said = lambda exc: _message(exc, opts.os_fixes)  # noqa: E731 - every rank's line names the caller's fix
+    as_is = lambda failure: MergeError(failure.line)  # noqa: E731
 
-            check_source(opts.local_dir)
-            planned = open_and_plan(opts)
-            if planned is None:
-                state = ("fallback",)
-            else:
-                mp, hf = planned
-                log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d rank(s) x "
-                         "%d worker(s))", opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
-                         len(mp.plan.files), world, opts.workers)
-                check_output_room(opts.local_dir, target, mp)
-                partial = prepare_partial(target)
-                tokenizer_saved = lay_out_partial(partial, mp, hf)
-                state = ("ok", mp, partial, tokenizer_saved)
-        except Exception as exc:  # noqa: BLE001 - every rank must hear about it
-            state = ("error", _message(exc, opts.os_fixes))
-            if partial:
-                discard_partial(partial)
-    state = _bcast(dist, state)
-    if state[0] == "error":
-        raise MergeError(state[1])
-    if state[0] == "fallback":
+    def plan_on_rank0():
+        opts.__dict__["_held_target_lock"] = _target_lock(opts)  # released by merge_distributed
+        check_target(target, opts.overwrite, opts.overwrite_hint)
+        check_source(opts.local_dir)
+        planned = open_and_plan(opts)
+        if planned is None:
+            return None
+        mp, hf = planned
+        log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d rank(s) x "
+                 "%d worker(s))", opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
+                 len(mp.plan.files), world, opts.workers)
+        check_output_room(opts.local_dir, target, mp)
+        partial = prepare_partial(target)
+        try:
+            return mp, partial, lay_out(partial, mp, hf)
+        except BaseException:
+            discard_partial(partial)
+            raise
+
+    planned = from_rank0(None, plan_on_rank0, as_is, said)
+    if planned is None:
         # rank 0 runs verl's merger; every rank then hears how it ended (no barrier that waits for a
         # merge that died: its error is raised on every rank)
-        result, outcome = MergeResult(target, used_verl_merger=True), ("ok", "")
-        if rank == 0:
-            try:
-                result = run_verl_merger(opts, verl_fallback, t0)
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - every rank must hear about it
-                outcome = ("error", _message(exc, opts.os_fixes) if not isinstance(exc, SystemExit)
-                           else f"verl's merger exited: {exc}")
-        outcome = _bcast(dist, outcome)
-        if outcome[0] == "error":
-            raise MergeError(outcome[1])
-        return result
-    _, mp, partial, tokenizer_saved = state
+        return from_rank0(None, lambda: run_verl_merger(opts, verl_fallback, t0), as_is,
+                          lambda exc: f"verl's merger exited: {exc}" if isinstance(exc, SystemExit) else said(exc),
+                          catch=(Exception, SystemExit))
+    mp, partial, tokenizer_saved = planned
 
-    # every rank writes its shares
+    # every rank writes its shares; then the files no single writer wrote whole are read back,
+    # spread over the ranks
     shares = layout.partition(mp.plan, world * opts.workers)[rank * opts.workers:(rank + 1) * opts.workers]
     mine = sum(mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[1]
                - mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[0] for sh in shares for s in sh)
-    bar = ProgressBar(mine, opts.progress and rank == 0, f"slimckpt merge (rank 0 of {world})")
+    on_a_rank = lambda failure: MergeError(f"merge rank {failure.rank}: {failure.line}")  # noqa: E731
     try:
-        status: tuple = ("ok", run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar,
-                                           opts.fsync))
-    except Exception as exc:  # noqa: BLE001
-        status = ("error", _message(exc, opts.os_fixes))
-    finally:
-        bar.close()
-    statuses: list = [None] * world
-    dist.all_gather_object(statuses, status)
-    failed = [(r, s[1]) for r, s in enumerate(statuses) if s[0] == "error"]
-    if not failed:
-        # files no single writer wrote whole are read back, spread over the ranks
-        checksums: dict[str, str] = {}
-        for s in statuses:
-            checksums.update(s[1])
-        missing = sorted(f.name for f in mp.plan.files if f.name not in checksums)
+        bar = ProgressBar(mine, opts.progress and rank == 0, f"slimckpt merge (rank 0 of {world})")
         try:
-            status = ("ok", checksum_files(partial, missing[rank::world]))
-        except Exception as exc:  # noqa: BLE001
-            status = ("error", _message(exc, opts.os_fixes))
-        dist.all_gather_object(statuses, status)
-        failed = [(r, s[1]) for r, s in enumerate(statuses) if s[0] == "error"]
-        for s in statuses:
-            if s[0] == "ok":
-                checksums.update(s[1])
-    final: tuple = ("error", "")
-    if rank == 0:
-        if failed:
+            written = on_every_rank(None, lambda: run_workers(opts.local_dir, partial, mp, shares, opts.dtype,
+                                                              opts.chunk_bytes, bar, opts.fsync), on_a_rank, said)
+        finally:
+            bar.close()
+        checksums = _union(dist, written)
+        missing = sorted(f.name for f in mp.plan.files if f.name not in checksums)
+        checksums.update(_union(dist, on_every_rank(None, lambda: checksum_files(partial, missing[rank::world]),
+                                                    on_a_rank, said)))
+    except MergeError:
+        if rank == 0:
             discard_partial(partial)
-            final = ("error", f"merge rank {failed[0][0]}: {failed[0][1]}")
-        else:
-            try:
-                final = ("ok", _finish(partial, target, mp, checksums, opts, tokenizer_saved))
-            except Exception as exc:  # noqa: BLE001
-                discard_partial(partial)
-                final = ("error", _message(exc, opts.os_fixes))
-    final = _bcast(dist, final)
-    if final[0] == "error":
-        raise MergeError(final[1])
+        raise
+
+    def commit_on_rank0() -> list[str]:
+        try:
+            return _finish(partial, target, mp, checksums, opts, tokenizer_saved)
+        except BaseException:
+            discard_partial(partial)
+            raise
+
+    files = from_rank0(None, commit_on_rank0, as_is, said)
     seconds = time.perf_counter() - t0
     if rank == 0:
         log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
-    return MergeResult(target, final[1], mp.weight_bytes, seconds, False, tokenizer_saved)
+    return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
 
 
+def _union(dist, mine: dict[str, str]) -> dict[str, str]:
+    """Every rank's checksums, on every rank."""
+    found: list = [None] * dist.get_world_size()
+    dist.all_gather_object(found, mine)
+    return {k: v for part in found for k, v in part.items()}

@@ -1,30 +1,16 @@
-"""What a merge is asked to do and what it will write: options, the plan (output names -> the
-safetensors layout), the result and the error a user can act on. Shared by the merge's pipeline, its
-writer processes and its two front ends (the CLI and verl's redirected merger)."""
+"""What a merge is asked to do and what it did: options and result, and the error a user can act
+on. Shared by the merge's pipeline, its writer processes and its two front ends (the CLI and
+verl's redirected merger); what it will write is a `hf.plan.ExportPlan`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from ..format import layout
+from ..format.names import DEFAULT_CHUNK_BYTES
 from ..format.os_errors import MERGE_FIXES, OsErrorFixes
+from ..hf.plan import MergeError
 
-if TYPE_CHECKING:
-    from .hf_side import HfSide
-
-DTYPE_NAMES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
-# This VM's disk serves O_DIRECT reads of 0.5-1 MiB at 1.4-1.5 GB/s, of 4 MiB at 1.3, of 16 MiB at 1.05 (the
-# kernel splits requests at 4 MiB here); per chunk the cast costs Python calls, so below 1 MiB the CPU
-# loses it again. The torch-free writer alone on the 1B checkpoint, medians of 5-6 interleaved runs over
-# three series: 2 MiB 3.95-5.21 s, 4 MiB 5.41-6.17 s, 1 MiB 4.16-4.19 s; whole CLI merges, 6 each:
-# 2 MiB 5.29 s, 4 MiB 5.67 s, 1 MiB 5.73 s. (Earlier, with the writer forked after torch, 4 MiB was as
-# fast as 8.)
-DEFAULT_CHUNK_MB = 2
-
-
-class MergeError(RuntimeError):
-    """Any failure a user can act on; str() is the one-line message."""
+__all__ = ["MergeError", "MergeOptions", "MergeResult"]
 
 
 @dataclass
@@ -39,7 +25,7 @@ class MergeOptions:
     trust_remote_code: bool = False
     progress: bool = True
     # source bytes per chunk; a writer holds 2 read buffers (direct_read) and 2 cast buffers of the output's size
-    chunk_bytes: int = DEFAULT_CHUNK_MB << 20
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     fsync: bool = True  # False: --no_fsync, faster but the output may be lost or torn by a power loss
     overwrite_hint: str = "--overwrite"
     distributed_hint: str = "--distributed_merge"  # what asked for `distributed`, for its error lines
@@ -68,77 +54,3 @@ class MergeResult:
     seconds: float = 0.0
     used_verl_merger: bool = False
     tokenizer_saved: bool = False
-
-
-@dataclass
-class MergePlan:
-    plan: layout.Plan
-    takes: dict[str, layout.Take]  # output name -> the checkpoint tensor (or the part of one) it is
-    total_parameters: int
-    world_size: int
-    fsdp_version: int | None
-    # a LoRA checkpoint's unmerged output: `plan` holds lora_adapter/adapter_model.safetensors too,
-    # `index_plan` the model's files only (model.safetensors.index.json, the manifest's weight_files);
-    # `adapter_config` is lora_adapter/adapter_config.json's text
-    index_plan: layout.Plan | None = None
-    adapter_config: str | None = None
-    source_format: str = "verl_fsdp"  # VerlFsdpCheckpoint.source_format, for the merge manifest
-
-    @property
-    def model_plan(self) -> layout.Plan:
-        """The model's weight files (without a LoRA adapter's)."""
-        return self.index_plan if self.index_plan is not None else self.plan
-
-    @property
-    def name_map(self) -> dict[str, str]:
-        """Output name -> the checkpoint name it reads."""
-        return {new: take.source for new, take in self.takes.items()}
-
-    @property
-    def weight_bytes(self) -> int:
-        return sum(f.size for f in self.plan.files)
-
-
-def check_output_room(local_dir: str, target: str, mp: MergePlan) -> None:
-    """Refuse, before anything is written, an output the target's filesystem cannot hold: the planned
-    weight files plus what is copied beside them (the checkpoint's huggingface/ dir: configs, tokenizer)."""
-    import os
-
-    from ..format.merge_manifest import check_room
-    from ..read.checkpoint_dir import HF_SUBDIR
-
-    side = 0
-    for root, _dirs, files in os.walk(os.path.join(local_dir, HF_SUBDIR)):
-        for name in files:
-            try:
-                side += os.path.getsize(os.path.join(root, name))
-            except OSError:
-                pass
-    check_room(target, mp.weight_bytes + side)
-
-
-def make_plan(ckpt, hf: "HfSide", dtype: str, max_shard_size) -> MergePlan:
-    from ..read.checkpoint_dir import CheckpointError
-    from .hf_side import ConfigMismatch
-
-    try:
-        takes = hf.output_sources(list(ckpt.tensors), {n: t.shape for n, t in ckpt.tensors.items()})
-    except ConfigMismatch as exc:  # one line naming the tensor, the rank file and the config
-        raise CheckpointError(f"{ckpt.tensors[exc.name].file_of(0)}: {exc}") from None
-    return plan_takes(ckpt, takes, dtype, max_shard_size, hf.total_parameters())
-
-
-def plan_names(ckpt, name_map: dict[str, str], dtype: str, max_shard_size, total_parameters: int) -> MergePlan:
-    """The plan of outputs that are whole checkpoint tensors ({output name: checkpoint name})."""
-    takes = {new: layout.Take(old, tuple(ckpt.tensors[old].shape)) for new, old in name_map.items()}
-    return plan_takes(ckpt, takes, dtype, max_shard_size, total_parameters)
-
-
-def plan_takes(ckpt, takes: dict[str, layout.Take], dtype: str, max_shard_size, total_parameters: int) -> MergePlan:
-    st_dtype = DTYPE_NAMES[dtype]
-    for take in takes.values():
-        take.check_source(ckpt.tensors[take.source].shape)
-    specs = [layout.TensorSpec(new, st_dtype, take.shape) for new, take in takes.items()]
-    plan = layout.plan_files(specs, max_shard_size)
-    return MergePlan(plan, takes, total_parameters, ckpt.world_size, ckpt.fsdp_version,
-                     source_format=getattr(ckpt, "source_format", "verl_fsdp"))

@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 from ..format import layout
 from ..format.merge_manifest import CommitError
-from .plan import MergeError, MergeOptions, MergePlan
+from ..hf.plan import ExportPlan
+from .plan import MergeError, MergeOptions
 
 
-def write_shares(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
+def write_shares(local_dir: str, partial: str, mp: ExportPlan, shares: list[list[layout.Segment]], dtype: str,
                   chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True, ckpt=None) -> dict[str, str]:
     """Write `shares` here, one after the other; returns checksums of files written whole. An opened
     `ckpt` is used (and left open) instead of opening `local_dir`."""
@@ -77,7 +78,7 @@ def is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, (CheckpointError, OutputError, CommitError, MergeError))
 
 
-def run_workers(local_dir: str, partial: str, mp: MergePlan, shares: list[list[layout.Segment]], dtype: str,
+def run_workers(local_dir: str, partial: str, mp: ExportPlan, shares: list[list[layout.Segment]], dtype: str,
                  chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True, ckpt=None) -> dict[str, str]:
     """One spawned process per share (a fresh interpreter: no forked OpenMP or torch threads); one
     share is written here, from `ckpt` when given."""
@@ -146,7 +147,7 @@ class ProgressBar:
             self.bar.close()
 
 
-def write_weights(opts: MergeOptions, partial: str, mp: MergePlan, ckpt=None) -> dict[str, str]:
+def write_weights(opts: MergeOptions, partial: str, mp: ExportPlan, ckpt=None) -> dict[str, str]:
     """Every weight byte of `mp` into the files `create_files` made in `partial`, with --workers
     (an opened `ckpt` is used by a single worker; more open their own)."""
     shares = layout.partition(mp.plan, opts.workers)

@@ -9,10 +9,9 @@ import json
 import os
 import re
 
+from ..format.names import DCP_DIR, FSDP_CONFIG, HF_SUBDIR  # noqa: F401 - the readers take them from here
+
 MODEL_FILE_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
-FSDP_CONFIG = "fsdp_config.json"
-HF_SUBDIR = "huggingface"
-DCP_DIR = "dcp"  # the incremental tier's torch.distributed.checkpoint files: __{rank}_{i}.distcp, .metadata
 
 
 class CheckpointError(RuntimeError):

@@ -28,15 +28,12 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 
+from ..format.names import TORCH_ITEMSIZE
 from .checkpoint_dir import check_rank_files, read_fsdp_config
 from .pickle_policy import RestrictedUnpickler
 
 # torch's dtype globals as pickled (`torch float32`) -> itemsize; str(dtype) is "torch." + name
-_ITEMSIZE: dict[str, int] = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8, "complex32": 4,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
-    "float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2fnuz": 1, "float8_e4m3fnuz": 1, "float8_e8m0fnu": 1,
-}
+_ITEMSIZE: dict[str, int] = TORCH_ITEMSIZE
 # the legacy storage classes torch.save names for the older dtypes (newer ones: UntypedStorage + dtype)
 _STORAGE_DTYPE: dict[str, str] = {
     "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",

@@ -27,18 +27,14 @@ from typing import Any
 import torch
 
 from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
+from ..format import names
 from .pickle_policy import PickleRefused, RestrictedUnpickler, pickle_module
 from ..log import get_logger, quieted
 
 log = get_logger("slimckpt.sources")
 
 
-TORCH_TO_SAFETENSORS: dict[torch.dtype, str] = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.complex64: "C64",
-}
+TORCH_TO_SAFETENSORS: dict[torch.dtype, str] = names.by_torch_dtype(torch)
 
 
 @dataclass
@@ -106,7 +102,7 @@ class VerlFsdpCheckpoint:
         return model_file(self.local_dir, self.world_size, rank)
 
     def has_lora(self) -> bool:
-        return any("lora_" in name for name in self.tensors)
+        return any(names.is_lora_key(name) for name in self.tensors)
 
     def close(self) -> None:
         self.state_dicts.clear()

@@ -36,62 +36,42 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ..collective.outcome import Failure, agree, failure_of, from_rank0
 from ..format import layout
 from ..format.export_assign import AssignError, Box, assign_writers, full_box, run_starts, take_pieces
+from ..format.names import (
+    HF_SUBDIR,
+    SAFETENSORS_OF_TORCH,
+    by_torch_dtype,
+    is_lora_key,
+    torch_dtypes_of_choices,
+)
+from ..format.os_errors import redescribe
+from ..hf import lora
+from ..hf.lay_out import lay_out
+from ..hf.naming import ConfigMismatch, HfSide, NeedsVerlMerger
+from ..hf.plan import EMPTY, ExportPlan
+from ..internals import dtensor_box
 from ..log import get_logger
+from ..write.out_files import os_error, pwrite_all
+from ..write.share_writer import as_bytes, lora_merged
+from .os_fixes import trainer_fixes
 
 log = get_logger("slimckpt.hf_direct_export")
 
-HF_SUBDIR = "huggingface"
-EXPORT_DTYPES: dict[str, torch.dtype | None] = {
-    "auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-ST_DTYPES: dict[torch.dtype, str] = {
-    torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-TORCH_DTYPES = {v: k for k, v in ST_DTYPES.items()}
+EXPORT_DTYPES: dict[str, torch.dtype | None] = {"auto": None, **torch_dtypes_of_choices(torch)}
+ST_DTYPES: dict[torch.dtype, str] = by_torch_dtype(torch, SAFETENSORS_OF_TORCH)
+TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in ST_DTYPES.items()}
 MERGE_LORA_HINT = "checkpoint.export_merge_lora=true"
 
 
 class ExportError(RuntimeError):
     """The export failed; str() is one line (raised the same on every rank)."""
-
-
-@dataclass
-class ExportJob:
-    """What this rank needs to write its part: the file plan, where each output comes from, and its
-    (output name, box of the output's source) list."""
-
-    plan: layout.Plan
-    takes: dict[str, layout.Take]  # output name -> the state-dict key (or the run of its elements) it is
-    mine: list[tuple[str, Box]]
-    source_shapes: dict[str, tuple[int, ...]]  # state-dict key -> global shape
-    total_parameters: int | None = None
-    # a LoRA actor: `plan` holds lora_adapter/adapter_model.safetensors too, `index_plan` the model's
-    # files only; `adapter_config` is lora_adapter/adapter_config.json's text (as verl's merger writes)
-    index_plan: layout.Plan | None = None
-    adapter_config: str | None = None
-    # export_merge_lora: the outputs whose B is all-gathered like A, because a writer of W's rows does
-    # not hold B's same rows (never with FSDP1/FSDP2, which cut W and B on dim 0 at the same rows)
-    gather_b: frozenset[str] = frozenset()
-
-    @property
-    def merged_outputs(self) -> list[str]:
-        """Outputs written as W + B @ A x alpha / r, in one order on every rank (each one's A is
-        all-gathered in that order)."""
-        return [n for n, t in self.takes.items() if t.delta is not None]
-
-    @property
-    def name_map(self) -> dict[str, str]:
-        """Output name -> the state-dict key it reads."""
-        return {new: take.source for new, take in self.takes.items()}
 
 
 # --------------------------------------------------------------------------- what a rank holds
@@ -100,8 +80,6 @@ class ExportJob:
 def _box_of(value: Any) -> tuple[tuple[int, ...], torch.dtype, Box | None]:
     """(global shape, dtype, box this rank holds or None) of one state-dict value."""
     if hasattr(value, "to_local") and hasattr(value, "placements"):  # DTensor
-        from ..internals import dtensor_box
-
         shape = tuple(value.shape)
         local_shape, offset = dtensor_box(value)
         local = value.to_local()
@@ -154,8 +132,6 @@ def verl_contents(manager, config: Any) -> list[str]:
 def _hf_side(manager, local_path: str):
     """hf_side.HfSide (names and config files as save_pretrained makes them) from the config verl
     just wrote; kept per manager: the model's structure does not change during a run."""
-    from ..merge.hf_side import HfSide
-
     side = getattr(manager, "_slimckpt_hf_side", None)
     if side is None:
         # bf16 as verl's hf_model builds its save model; tensors keep their own dtype under 'auto'
@@ -168,15 +144,12 @@ def _takes_and_specs(manager, local_path: str, shapes: dict[str, tuple[int, ...]
                      dtypes: dict[str, torch.dtype], aliases: dict[str, str], export_dtype: str):
     """(HfSide, {output name: Take of a state-dict key}, specs), in save_pretrained's order. A LoRA
     actor's base model is named as verl's merger names it (peft's names undone, adapter left out)."""
-    from ..merge.hf_side import ConfigMismatch, NeedsVerlMerger
-    from ..merge.lora import base_output_name, is_lora
-
     side = _hf_side(manager, local_path)
     all_shapes = dict(shapes)
     for alias, target in aliases.items():  # tied names the DCP state dropped: let HfSide decide
         all_shapes.setdefault(alias, shapes[target])
-    renamed = {base_output_name(n): n for n in all_shapes if not is_lora(n)}
-    if len(renamed) != sum(not is_lora(n) for n in all_shapes):
+    renamed = {lora.base_output_name(n): n for n in all_shapes if not is_lora_key(n)}
+    if len(renamed) != sum(not is_lora_key(n) for n in all_shapes):
         raise ExportError("two state-dict keys have one name once peft's names are undone")
     try:
         sources = side.output_sources(list(renamed), {new: all_shapes[old] for new, old in renamed.items()})
@@ -243,28 +216,14 @@ def b_rows_elsewhere(held: list[dict[str, Box]], shares: list[list[tuple[str, Bo
 def _failure_line(exc: BaseException, local_path: str) -> str:
     """This rank's failure as the line every rank raises: a full or unwritable disk in a trainer's
     words (the export runs inside a save), anything else as it is."""
-    from ..format.os_errors import redescribe
-    from .os_fixes import trainer_fixes
-
     line = redescribe(exc, trainer_fixes(local_path))
     if line is not None:
         return line
     return str(exc) if isinstance(exc, (ExportError, OSError, RuntimeError)) else repr(exc)
 
 
-def _collective_outcome(group, ok: bool, message: str) -> None:
-    """Every rank raises the first failure any rank had."""
-    outcomes: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(outcomes, (ok, message), group=group)
-    for rank, (good, text) in enumerate(outcomes):
-        if not good:
-            raise ExportError(f"HF export (rank {rank}): {text}")
-
-
-def _is_lora(name: str) -> bool:
-    from ..merge.lora import is_lora
-
-    return is_lora(name)
+def _on_a_rank(failure: Failure) -> ExportError:
+    return ExportError(f"HF export (rank {failure.rank}): {failure.line}")
 
 
 def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, layout.Take],
@@ -272,9 +231,7 @@ def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, 
     """A LoRA actor's export as verl's merger writes it: `plan` plus lora_adapter/adapter_model.safetensors
     (its tensors added to `takes`), the model's own plan (for the index) and adapter_config.json's text;
     rank and alpha from the live model's peft config, as verl's lora_train_meta.json has them."""
-    from ..merge import lora
-
-    names = [n for n in shapes if lora.is_lora(n)]
+    names = [n for n in shapes if is_lora_key(n)]
     unwrapped = getattr(manager.model, "_fsdp_wrapped_module", manager.model)
     meta = manager._get_lora_train_meta(unwrapped) if hasattr(manager, "_get_lora_train_meta") else None
     settings = lora.settings(local_path, names, shapes, meta=meta)
@@ -298,14 +255,11 @@ def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, 
         dtype = fixed or dtypes[n]
         specs.append(layout.TensorSpec(out, ST_DTYPES[dtype], shapes[n]))
         takes[out] = layout.Take(n, shapes[n])
-    adapter = layout.plan_files(specs, lora.ONE_FILE, metadata=None, pattern=lora.ADAPTER_WEIGHTS_PATTERN)
-    both = layout.Plan(files=plan.files + adapter.files, total_size=plan.total_size + adapter.total_size,
-                       placements={**plan.placements, **adapter.placements})
-    return both, plan, lora.adapter_config_text(settings)
+    return lora.with_adapter_files(plan, specs), plan, lora.adapter_config_text(settings)
 
 
 def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: dict[str, str], config: Any,
-                group) -> ExportJob | None:
+                group) -> ExportPlan | None:
     """Collective over `group`: this rank's part of the export of `model_state` (the sharded
     state dict the DCP save writes, tied aliases split off) into `local_path/huggingface/`. A LoRA
     actor's is what verl's merger writes: the base model (peft's names undone) and lora_adapter/."""
@@ -324,51 +278,44 @@ def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: 
     held: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object((mine_held, error), held, dst=dist.get_global_rank(group, 0), group=group)
 
-    payload: list[Any] = [None] * world
-    if rank == 0:
-        try:
-            errors = [e for _, e in held if e]
-            if errors:
-                raise ExportError(errors[0])
-            shapes = {n: s for n, (s, _) in meta.items()}
-            dtypes = {n: d for n, (_, d) in meta.items()}
-            export_dtype = str(getattr(config, "export_dtype", "auto"))
-            if shapes and all(_is_lora(n) for n in shapes):  # save_lora_only: the adapter alone
-                if getattr(config, "export_merge_lora", False):
-                    raise ExportError(f"{MERGE_LORA_HINT} with save_lora_only=true: the step holds no base weights "
-                                      f"to merge the adapter into; set export_merge_lora=false (the export is then "
-                                      f"lora_adapter/ alone) or save_lora_only=false")
-                side, takes = _hf_side(manager, local_path), {}
-                plan = layout.Plan(files=(), total_size=0, placements={})
-            else:
-                side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases, export_dtype)
-                plan = layout.plan_files(specs, getattr(config, "max_shard_size", "5GB"))
-            index_plan, adapter_config = None, None
-            if any(_is_lora(n) for n in shapes):
-                plan, index_plan, adapter_config = _with_adapter(manager, local_path, plan, takes, shapes, dtypes,
-                                                                 export_dtype, config)
-            for take in takes.values():
-                take.check_source(shapes[take.source])
-            holders = [h for h, _ in held]
-            shares = _shares(holders, takes, shapes, plan)
-            total = side.total_parameters()
-            used = {take.source: shapes[take.source] for take in takes.values()}
-            for take in takes.values():
-                if take.delta is not None:
-                    used.update({n: shapes[n] for n in (take.delta.a, take.delta.b)})
-            gather_b = b_rows_elsewhere(holders, shares, takes, shapes)
-            payload = [("ok", ExportJob(plan, takes, share, used, total, index_plan, adapter_config, gather_b))
-                       for share in shares]
-        except (ExportError, AssignError, layout.LayoutError) as exc:
-            payload = [("error", str(exc))] * world
-        except Exception as exc:  # noqa: BLE001 - every rank must hear about it
-            payload = [("error", f"{type(exc).__name__}: {exc}")] * world
-    box: list[Any] = [None]
-    dist.scatter_object_list(box, payload if rank == 0 else None, src=dist.get_global_rank(group, 0), group=group)
-    status, job = box[0]
-    if status != "ok":
-        raise ExportError(f"HF export of {local_path}: {job}")
-    return job
+    def plan_on_rank0() -> tuple[ExportPlan, list[list[tuple[str, Box]]], dict, frozenset[str]]:
+        errors = [e for _, e in held if e]
+        if errors:
+            raise ExportError(errors[0])
+        shapes = {n: s for n, (s, _) in meta.items()}
+        dtypes = {n: d for n, (_, d) in meta.items()}
+        export_dtype = str(getattr(config, "export_dtype", "auto"))
+        if shapes and all(is_lora_key(n) for n in shapes):  # save_lora_only: the adapter alone
+            if getattr(config, "export_merge_lora", False):
+                raise ExportError(f"{MERGE_LORA_HINT} with save_lora_only=true: the step holds no base weights "
+                                  f"to merge the adapter into; set export_merge_lora=false (the export is then "
+                                  f"lora_adapter/ alone) or save_lora_only=false")
+            side, takes, plan = _hf_side(manager, local_path), {}, EMPTY
+        else:
+            side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases, export_dtype)
+            plan = layout.plan_files(specs, getattr(config, "max_shard_size", "5GB"))
+        index_plan, adapter_config = None, None
+        if any(is_lora_key(n) for n in shapes):
+            plan, index_plan, adapter_config = _with_adapter(manager, local_path, plan, takes, shapes, dtypes,
+                                                             export_dtype, config)
+        for take in takes.values():
+            take.check_source(shapes[take.source])
+        holders = [h for h, _ in held]
+        shares = _shares(holders, takes, shapes, plan)
+        used = {take.source: shapes[take.source] for take in takes.values()}
+        for take in takes.values():
+            if take.delta is not None:
+                used.update({n: shapes[n] for n in (take.delta.a, take.delta.b)})
+        whole = ExportPlan(plan, takes, side.total_parameters(), index_plan, adapter_config)
+        return whole, shares, used, b_rows_elsewhere(holders, shares, takes, shapes)
+
+    def said(exc: BaseException) -> str:
+        return str(exc) if isinstance(exc, (ExportError, AssignError, layout.LayoutError)) \
+            else f"{type(exc).__name__}: {exc}"
+
+    whole, shares, used, gather_b = from_rank0(
+        group, plan_on_rank0, lambda failure: ExportError(f"HF export of {local_path}: {failure.line}"), said)
+    return whole.with_share(shares[rank], used, gather_b)
 
 
 # --------------------------------------------------------------------------- write (collective)
@@ -386,25 +333,13 @@ def _clear_old_weights(hf_dir: str) -> None:
                 os.remove(os.path.join(adapter_dir, name))
 
 
-def _lay_out(job: ExportJob, local_path: str, manager) -> None:
-    """Rank 0: configs as save_pretrained writes them, full-size files with headers, the index."""
-    from ..write.out_files import create_files
-
+def _lay_out(job: ExportPlan, local_path: str, manager) -> None:
+    """Rank 0: the dir as hf.lay_out makes it (configs as save_pretrained writes them, full-size
+    files with headers, the index; verl's save put the tokenizer there), over an earlier attempt's."""
     hf_dir = os.path.join(local_path, HF_SUBDIR)
     os.makedirs(hf_dir, exist_ok=True)
     _clear_old_weights(hf_dir)
-    _hf_side(manager, local_path).save_configs(hf_dir)
-    if job.adapter_config is not None:
-        from ..merge.lora import write_adapter_config
-
-        write_adapter_config(hf_dir, job.adapter_config)
-    create_files(hf_dir, job.plan)
-    index = (job.index_plan or job.plan).index_json(job.total_parameters)
-    if index is not None:
-        with open(os.path.join(hf_dir, layout.INDEX_NAME), "w", encoding="utf-8") as f:
-            f.write(index)
-            f.flush()
-            os.fsync(f.fileno())
+    lay_out(hf_dir, job, _hf_side(manager, local_path), tokenizer=False)
 
 
 class _BoxWriter:
@@ -420,8 +355,6 @@ class _BoxWriter:
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            from ..write.out_files import os_error
-
             path = os.path.join(self.hf_dir, name)
             try:
                 fd = self._fds[name] = os.open(path, os.O_WRONLY)
@@ -444,9 +377,6 @@ class _BoxWriter:
                   source_shape: tuple[int, ...]) -> int:
         """This rank's part of output `out_name`: the elements of its box of the source (`value`,
         its local shard) that the output takes, each piece cast in chunks and pwritten in place."""
-        from ..write.out_files import os_error, pwrite_all
-        from ..write.share_writer import as_bytes
-
         placement = self.plan.placements[out_name]
         spec = placement.spec
         dtype = TORCH_DTYPES[spec.dtype]
@@ -480,9 +410,6 @@ class _BoxWriter:
         (B @ A) x scaling for the same rows (`b_rows`: B's rows of the box; `a`: all of A), a few
         rows at a time, in the output dtype as `slimckpt merge --merge_lora` computes them
         (share_writer.lora_merged)."""
-        from ..write.out_files import os_error, pwrite_all
-        from ..write.share_writer import as_bytes, lora_merged
-
         placement = self.plan.placements[out_name]
         dtype = TORCH_DTYPES[placement.spec.dtype]
         itemsize = placement.spec.itemsize
@@ -586,7 +513,7 @@ class _Reads:
             self.stream.end(name)
 
 
-def sources_read(job: ExportJob, model_state: dict[str, Any]) -> list[str]:
+def sources_read(job: ExportPlan, model_state: dict[str, Any]) -> list[str]:
     """The model tensors this rank's part of the export reads, one entry per read write_export
     makes: a plain output's source once per box; a merged output's W and (held rows of) B once per
     box, A (and a gathered B) once if this rank holds a part of it."""
@@ -603,7 +530,7 @@ def sources_read(job: ExportJob, model_state: dict[str, Any]) -> list[str]:
     return names
 
 
-def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str, Any], config: Any,
+def write_export(manager, job: ExportPlan, local_path: str, model_state: dict[str, Any], config: Any,
                  group, stream_reads: Any = None) -> int:
     """Collective over `group`: rank 0 lays the files out, every rank writes its boxes from
     `model_state` (live shards in sync mode, the staged copy in pool mode), fsyncs, and all
@@ -611,13 +538,8 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
     (stream mode, stream_capture.StreamReads) hands out each source read (sources_read lists
     them) and is told when the read is over."""
     rank = dist.get_rank(group)
-    ok, message = True, ""
-    if rank == 0:
-        try:
-            _lay_out(job, local_path, manager)
-        except Exception as exc:  # noqa: BLE001
-            ok, message = False, _failure_line(exc, local_path)
-    _collective_outcome(group, ok, message)
+    describe = lambda exc: _failure_line(exc, local_path)  # noqa: E731
+    from_rank0(group, lambda: _lay_out(job, local_path, manager), _on_a_rank, describe)
 
     writer = _BoxWriter(os.path.join(local_path, HF_SUBDIR), job.plan,
                         int(getattr(config, "bucket_mb", 64)) << 20)
@@ -656,7 +578,7 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
         except Exception as exc:  # noqa: BLE001
             failure = exc
         del a, b_full
-    ok, message = True, ""
+    mine: Failure | None = None
     try:
         if failure is not None:
             raise failure
@@ -664,8 +586,8 @@ def write_export(manager, job: ExportJob, local_path: str, model_state: dict[str
     except Exception as exc:  # noqa: BLE001 - reported to every rank
         with contextlib.suppress(Exception):
             writer.close(sync=False)
-        ok, message = False, _failure_line(exc, local_path)
-    _collective_outcome(group, ok, message)
+        mine = failure_of(exc, rank, describe)
+    agree(group, mine, _on_a_rank)
     if rank == 0:
         with contextlib.suppress(OSError):  # the directory entries of the new files
             fd = os.open(os.path.join(local_path, HF_SUBDIR), os.O_RDONLY)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 
+from ..format.names import HF_SUBDIR
 from ..log import get_logger
+from .os_fixes import trainer_fixes
+
+# lazy imports: the merge pipeline and torch.distributed load only when a step is exported
 
 log = get_logger("slimckpt.hf_export")
-
-HF_SUBDIR = "huggingface"
 
 
 def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allow_verl_fallback: bool = True,
@@ -29,8 +31,6 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allo
     `allow_verl_fallback` off, is refused; either way every rank ends the same way."""
     from ..merge.pipeline import merge
     from ..merge.plan import MergeError, MergeOptions
-    from .os_fixes import trainer_fixes
-
     target = os.path.join(local_path, HF_SUBDIR)
     opts = MergeOptions(
         local_dir=local_path,

@@ -56,6 +56,7 @@ from ..read.step_pickles import dcp_refusals, native_refusals
 from .pickle_gate import refuse_together
 from . import hf_direct_export, host_budget, rng_reshard
 from ..format.dropped_optimizer import optimizer_dropped, resume_line
+from ..format.names import is_lora_key
 from ..format.resume_manifest import (
     FAILED_PREFIX,
     MANIFEST_NAME,
@@ -225,11 +226,6 @@ def save_contents(manager, contents: list[str]) -> Iterator[None]:
 # --------------------------------------------------------------------------- save_lora_only
 
 LORA_ONLY_KEY = "lora_only"  # manifest.extra: the step holds the adapter's parameters, not the base's
-
-
-def is_lora_key(name: str) -> bool:
-    """verl 0.9.1's test for what save_lora_only keeps (FSDPCheckpointManager.save_checkpoint)."""
-    return "lora_" in name or ".adapter_" in name
 
 
 def lora_only_state(model_state: dict[str, Any]) -> dict[str, Any]:

@@ -33,12 +33,10 @@ from dataclasses import dataclass
 
 from ..format.dropped_optimizer import NATIVE_MARKER
 from ..format.merge_manifest import BadFile
+from ..format.names import DEFAULT_CHUNK_BYTES, DTYPE_BYTES, FSDP_CONFIG, HF_SUBDIR
 
 RANK_FILE_RE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
-FSDP_CONFIG = "fsdp_config.json"
-HF_SUBDIR = "huggingface"
 NATIVE_FIX = "re-copy it from the training run, or resume from an earlier step"
-_CHUNK = 4 << 20
 
 NOTES = [
     "verl's format records no checksums: tensor bytes are covered only by the CRC32 torch stores per "
@@ -93,7 +91,7 @@ def check_zip_records(path: str, on_bytes: Callable[[int], object] | None = None
                 with zf.open(info) as member:
                     if info.CRC == 0 and info.file_size > 0:
                         member._expected_crc = None  # written with torch's CRC32 switched off
-                    while chunk := member.read(_CHUNK):
+                    while chunk := member.read(DEFAULT_CHUNK_BYTES):
                         if on_bytes is not None:
                             on_bytes(len(chunk))
     except zipfile.BadZipFile as exc:
@@ -217,8 +215,7 @@ def check_safetensors_header(path: str) -> str | None:
     if not isinstance(header, dict):
         return "safetensors header is not a JSON object"
     spans = []
-    sizes = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-             "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8}
+    sizes = DTYPE_BYTES
     for name, t in header.items():
         if name == "__metadata__":
             continue

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..format.names import TORCH_ITEMSIZE, TORCH_NAME_OF_CHOICE
+
 # the merge's --dtype choices, as torch names those dtypes (the sources' dtypes are spelled that way)
-OUT_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
-WIDTH = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2}
+OUT_DTYPES = {choice: "torch." + name for choice, name in TORCH_NAME_OF_CHOICE.items()}
+WIDTH = {"torch." + name: TORCH_ITEMSIZE[name] for name in TORCH_NAME_OF_CHOICE.values()}
 BLOCK = 64 * 1024  # fp32 elements per step of the bf16 rounding (256 KiB, plus as much scratch)
 
 

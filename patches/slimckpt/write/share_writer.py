@@ -30,11 +30,11 @@ import torch
 from ..read import direct_io, direct_read
 from ..format import layout
 from ..format.merge_manifest import DEFAULT_ALGO, file_checksum
+from ..format.names import DEFAULT_CHUNK_BYTES, torch_dtypes_of_choices
 from .out_files import OutputFiles, Progress
 from ..read.sources import CheckpointError, SourceTensor
 
-DEFAULT_CHUNK_BYTES = 4 << 20  # of source; out_files.PIPELINE_DEPTH staging buffers + direct_read's read buffers
-OUT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+OUT_DTYPES: dict[str, torch.dtype] = torch_dtypes_of_choices(torch)
 
 
 def as_bytes(t: torch.Tensor) -> memoryview:

@@ -26,22 +26,27 @@ import os
 from dataclasses import dataclass
 
 from ..format import layout
+from ..format.names import (
+    DTYPE_CHOICES,
+    LORA_ADAPTER_CONFIG,
+    LORA_ADAPTER_DIR,
+    LORA_ADAPTER_WEIGHTS_PATTERN,
+    LORA_TRAIN_META,
+    is_lora_key,
+)
 from ..log import get_logger
-from .plan import DTYPE_NAMES, MergeError, MergePlan, plan_takes
+from ..read.checkpoint_dir import CheckpointError
+from .naming import ConfigMismatch
+from .plan import EMPTY, ExportPlan, MergeError, plan_takes
+
+# lazy imports: peft loads only when an adapter_config.json is written
 
 log = get_logger("slimckpt.merge")
 
-LORA_MARK = "lora_"  # verl's test for an adapter key
-ADAPTER_DIR = "lora_adapter"
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS_PATTERN = ADAPTER_DIR + "/adapter_model{suffix}.safetensors"
-META_NAME = "lora_train_meta.json"
+ADAPTER_DIR, ADAPTER_CONFIG, ADAPTER_WEIGHTS_PATTERN = LORA_ADAPTER_DIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_WEIGHTS_PATTERN
+META_NAME = LORA_TRAIN_META
 A_SUFFIX, B_SUFFIX, BASE_SUFFIX = ".lora_A.default.weight", ".lora_B.default.weight", ".base_layer.weight"
 ONE_FILE = 1 << 62  # the adapter is one file, as safetensors' save_file writes it
-
-
-def is_lora(name: str) -> bool:
-    return LORA_MARK in name
 
 
 def base_output_name(name: str) -> str:
@@ -151,19 +156,16 @@ def write_adapter_config(root: str, text: str) -> None:
 
 
 def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str = "--merge_lora",
-              adapter_only: bool = False) -> MergePlan:
+              adapter_only: bool = False) -> ExportPlan:
     """The plan of a LoRA checkpoint's output (see the module doc); MergeError in one line for what
     is refused. `adapter_only`: a LoRA-only checkpoint (verl's save_lora_only) gets lora_adapter/
     alone instead of a refusal (the in-training export)."""
-    from ..read.checkpoint_dir import CheckpointError
-    from .hf_side import ConfigMismatch
-
     names = list(ckpt.tensors)
     shapes = {n: tuple(t.shape) for n, t in ckpt.tensors.items()}
-    lora_names = [n for n in names if is_lora(n)]
+    lora_names = [n for n in names if is_lora_key(n)]
     renamed: dict[str, str] = {}
     for n in names:
-        if is_lora(n):
+        if is_lora_key(n):
             continue
         new = base_output_name(n)
         if new in renamed:
@@ -189,25 +191,29 @@ def plan_lora(ckpt, hf, dtype: str, max_shard_size, merge_lora: bool, hint: str 
                  s.lora_alpha, s.r, sum(t.delta is not None for t in takes.values()), ADAPTER_DIR)
         return plan_takes(ckpt, takes, dtype, max_shard_size, total_parameters)
     model = plan_takes(ckpt, takes, dtype, max_shard_size, total_parameters) if takes else \
-        MergePlan(layout.Plan(files=(), total_size=0, placements={}), {}, total_parameters, ckpt.world_size,
-                  ckpt.fsdp_version)
+        ExportPlan(EMPTY, {}, total_parameters, world_size=ckpt.world_size, fsdp_version=ckpt.fsdp_version)
     adapter_takes = {adapter_output_name(n): layout.Take(n, shapes[n]) for n in lora_names}
     if len(adapter_takes) != len(lora_names):
         raise MergeError(f"two LoRA tensors of {ckpt.local_dir} have one name once '.default' is dropped")
-    st_dtype = DTYPE_NAMES[dtype]
-    adapter = layout.plan_files([layout.TensorSpec(n, st_dtype, t.shape) for n, t in adapter_takes.items()],
-                                ONE_FILE, metadata=None, pattern=ADAPTER_WEIGHTS_PATTERN)
-    clash = set(adapter.placements) & set(model.plan.placements)
+    st_dtype = DTYPE_CHOICES[dtype]
+    clash = sorted(set(adapter_takes) & set(model.plan.placements))
     if clash:
-        raise MergeError(f"LoRA tensor {sorted(clash)[0]!r} has a base model tensor's name")
-    both = layout.Plan(files=model.plan.files + adapter.files, total_size=model.plan.total_size + adapter.total_size,
-                       placements={**model.plan.placements, **adapter.placements})
+        raise MergeError(f"LoRA tensor {clash[0]!r} has a base model tensor's name")
+    both = with_adapter_files(model.plan, [layout.TensorSpec(n, st_dtype, t.shape) for n, t in adapter_takes.items()])
     log.info("LoRA: base model with peft's names undone, and %s/ (%d adapter tensors, r=%d, lora_alpha=%s, "
              "target modules %s), as verl's merger writes them", ADAPTER_DIR, len(adapter_takes), s.r,
              s.lora_alpha, sorted(s.target_modules))
-    return MergePlan(both, {**model.takes, **adapter_takes}, total_parameters, model.world_size, model.fsdp_version,
-                     index_plan=model.plan, adapter_config=adapter_config_text(s),
-                     source_format=getattr(ckpt, "source_format", "verl_fsdp"))
+    return ExportPlan(both, {**model.takes, **adapter_takes}, total_parameters, index_plan=model.plan,
+                      adapter_config=adapter_config_text(s), world_size=model.world_size,
+                      fsdp_version=model.fsdp_version, source_format=getattr(ckpt, "source_format", "verl_fsdp"))
+
+
+def with_adapter_files(model: layout.Plan, specs: list[layout.TensorSpec]) -> layout.Plan:
+    """`model`'s files plus lora_adapter/adapter_model.safetensors holding `specs` (one file, as
+    safetensors' save_file writes it)."""
+    adapter = layout.plan_files(specs, ONE_FILE, metadata=None, pattern=ADAPTER_WEIGHTS_PATTERN)
+    return layout.Plan(files=model.files + adapter.files, total_size=model.total_size + adapter.total_size,
+                       placements={**model.placements, **adapter.placements})
 
 
 def merged_takes(local_dir: str, takes: dict[str, layout.Take], lora_names: list[str], shapes: dict,

@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 
 from ..format.layout import Take
+from ..format.names import HF_SUBDIR, torch_dtypes_of_choices
 from ..log import get_logger
+from ..read.checkpoint_dir import CheckpointError
+
+# lazy imports: torch and transformers load only once a model is named (the early writer imports this module before them)
 
 log = get_logger("slimckpt.merge")
 
@@ -98,8 +102,6 @@ class HfSide:
         import torch
         from transformers import AutoConfig
 
-        from ..read.sources import HF_SUBDIR, CheckpointError
-
         self.hf_dir = os.path.join(local_dir, HF_SUBDIR)
         config_path = os.path.join(self.hf_dir, "config.json")
         if not os.path.isfile(config_path):
@@ -112,7 +114,7 @@ class HfSide:
         if not getattr(self.model_config, "architectures", None):
             raise CheckpointError(f"{config_path} names no \"architectures\"; add the "
                                   f"model class, e.g. \"architectures\": [\"LlamaForCausalLM\"]")
-        self.torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        self.torch_dtype = torch_dtypes_of_choices(torch)[dtype]
         auto_cls = auto_model_class(self.model_config)
         try:
             # all on meta, buffers too: transformers then skips initialising the weights (0.1-0.15 s at 1B)
