@@ -157,6 +157,17 @@ def test_arrows_between_wings_point_down():
     assert upward == []
 
 
+def test_save_and_merge_meet_only_in_the_hf_wing():
+    """The HF naming, plan and lay-out both exports use live in hf/; the one save module that
+    reaches the merge is the intermediate tier's export, which runs the merge itself."""
+    edges, _ = _edges()
+    wing = lambda m: m.split(".")[1] if m.count(".") else ""  # noqa: E731
+    across = sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
+                    if {wing(a), wing(b)} == {"save", "merge"})
+    assert across == ["slimckpt.save.hf_export -> slimckpt.merge.pipeline",
+                      "slimckpt.save.hf_export -> slimckpt.merge.plan"]
+
+
 def test_the_circle_finder_finds_a_circle():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -11,6 +11,8 @@ from .plan import MergeError, MergeOptions
 
 DEFAULT_CHUNK_MB = DEFAULT_CHUNK_BYTES >> 20
 
+# lazy imports: `slimckpt merge --help` and the argument errors come before the pipeline is imported
+
 HELP = "merge a verl FSDP checkpoint into a Hugging Face model dir, streaming (bounded memory)"
 
 

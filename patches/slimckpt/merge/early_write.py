@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from ..format.merge_manifest import discard_partial, prepare_partial
 from ..log import get_logger
 from ..write import forked_call
+from ..write.out_files import create_files
+from . import guess as merge_guess
 from ..format.names import HF_SUBDIR
 from ..hf.naming import guess_default_max_shard_size
 from ..hf.plan import ExportPlan, check_output_room, plan_names
 from .plan import MergeOptions
 from .workers import ProgressBar, write_weights
+
+# lazy imports: numpy's writer, the `.pt` index or torch's readers load in the path that runs (the point is to start before torch)
 
 log = get_logger("slimckpt.merge")
 
@@ -60,7 +65,6 @@ class EarlyWrite:
     the imports, 4.6-5.0 s alone."""
 
     def __init__(self, target: str, mp: ExportPlan, signature: list[tuple], close=None, local_dir: str = "") -> None:
-        from ..write.out_files import create_files
 
         self.mp = mp
         self.signature = signature
@@ -96,7 +100,6 @@ class EarlyWrite:
         """None when there is no safe guess; the normal path then plans first and writes after."""
         if os.environ.get("SLIMCKPT_MERGE_GUESS", "1") == "0":
             return None
-        from . import guess as merge_guess
 
         config = merge_guess.read_config(os.path.join(opts.local_dir, HF_SUBDIR))
         if config is None:
@@ -107,7 +110,6 @@ class EarlyWrite:
     def _start_without_torch(cls, opts: MergeOptions, target: str, config: dict) -> "EarlyWrite | None":
         if _torch_imported() or not forked_call.possible():
             return None  # no time to win: torch is here already; or a thread would share the imports' GIL
-        from . import guess as merge_guess
         from ..write import np_writer
         from ..read import pt_index
 
@@ -133,9 +135,7 @@ class EarlyWrite:
 
     @classmethod
     def _start_with_torch(cls, opts: MergeOptions, target: str, config: dict) -> "EarlyWrite | None":
-        import threading
 
-        from . import guess as merge_guess
         from ..read import quick_sources
         from ..read.merge_input import open_source
         from ..read.sources import CheckpointError

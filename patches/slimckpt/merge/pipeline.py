@@ -30,11 +30,13 @@ its failure is raised on every rank.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 from .. import __version__
 from ..format import layout
@@ -53,8 +55,14 @@ from ..format.merge_manifest import (
 from ..format.os_errors import MERGE_FIXES, OsErrorFixes, redescribe
 from ..collective.outcome import from_rank0, on_every_rank
 from ..log import get_logger
-from ..read.merge_input import check_source
+from ..read import in_flight, readahead
+from ..read.checkpoint_dir import CheckpointError
+from ..read.locks import LockBusy, acquire, reading
+from ..read.merge_input import check_source, open_source
+from ..verl.leaves import leaf
 from ..write import forked_call
+from ..write.out_files import OutputError, create_files
+from ..write.peers import Heartbeat, describe_ranks, lost_ranks_line
 from .early_write import EarlyWrite
 from ..format.names import DTYPE_CHOICES, HF_SUBDIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_DIR
 from ..hf.lay_out import lay_out
@@ -71,8 +79,6 @@ log = get_logger("slimckpt.merge")
 
 def _finish(partial: str, target: str, mp: ExportPlan, checksums: dict[str, str], opts: MergeOptions,
             tokenizer_saved: bool) -> list[str]:
-    from ..verl.leaves import leaf
-
     if not mp.model_plan.files and mp.adapter_config is not None:  # save_lora_only: lora_adapter/ alone
         missing = [n for n in [LORA_ADAPTER_CONFIG, *(f.name.split("/")[-1] for f in mp.plan.files)]
                    if not os.path.getsize(os.path.join(partial, LORA_ADAPTER_DIR, n))]
@@ -118,9 +124,6 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
     one is in flight."""
     # Nothing here imports torch or transformers: the early writer starts before those imports
     # (seconds), and the main thread does them while it writes.
-    from ..read import in_flight
-    from ..read.locks import LockBusy
-
     in_flight.wait_for(opts.local_dir)
 
     if opts.dtype not in DTYPE_CHOICES:
@@ -168,12 +171,7 @@ def _quick_gil_handoff() -> Iterator[None]:
 
 
 def _is_input_or_output_error(exc: BaseException) -> bool:
-    from ..read.checkpoint_dir import CheckpointError
-
-    if isinstance(exc, CheckpointError):
-        return True
-    out_files = sys.modules.get("slimckpt.write.out_files")  # not imported: exc cannot be its OutputError
-    return out_files is not None and isinstance(exc, out_files.OutputError)
+    return isinstance(exc, (CheckpointError, OutputError))
 
 
 def _resolve_max_shard_size(opts: MergeOptions) -> None:
@@ -184,8 +182,6 @@ def _resolve_max_shard_size(opts: MergeOptions) -> None:
 def _target_lock(opts: MergeOptions):
     """The exclusive lock on the target (slimckpt.read.locks), held from before `<target>.partial` is
     made until the commit: a second merge into it fails at once instead of deleting our partial."""
-    from ..read.locks import acquire
-
     target = os.path.abspath(opts.target_dir)
     try:
         return acquire(target, exclusive=True, what=f"merging {os.path.abspath(opts.local_dir)} into it",
@@ -194,18 +190,12 @@ def _target_lock(opts: MergeOptions):
         # no lock file in an unwritable or full parent: nothing can be written there either, and
         # creating `<target>.partial` next reports it in the usual words
         check_target(target, opts.overwrite, opts.overwrite_hint)
-        import contextlib
-
         return contextlib.nullcontext()
 
 
 def _source_lock(opts: MergeOptions):
     """A shared lock on the checkpoint while it is read: retention does not delete it meanwhile,
     and a step a trainer is still writing is refused."""
-    import contextlib
-
-    from ..read.locks import reading
-
     return reading(opts.local_dir, f"merging it into {os.path.abspath(opts.target_dir)}") if opts.lock_source \
         else contextlib.nullcontext()
 
@@ -214,8 +204,6 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     t0 = time.perf_counter()
     target = os.path.abspath(opts.target_dir)
     check_target(target, opts.overwrite, opts.overwrite_hint)
-    from ..read import readahead
-
     # before any import: a wrong --local_dir fails in milliseconds, not after torch and transformers
     check_source(opts.local_dir)
 
@@ -241,8 +229,6 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
 
 def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[ExportPlan, HfSide] | None:
     """The plan from the real reader; `signature`, when given, receives quick_sources.signature of it."""
-    from ..read.merge_input import open_source
-
     ckpt = open_source(opts.local_dir)
     try:
         planned = plan_or_fallback(ckpt, opts)
@@ -279,8 +265,6 @@ def verl_merger_memory(ckpt) -> tuple[int, int, int]:
     `model_world_size_W_rank_r.pt`: the fp32 shards, S bytes) plus the whole model in bf16 (2 bytes
     a parameter: the merged tensors it hands to save_pretrained). For fp32 shards that is 1.5 S,
     what README's table measured (1.5-1.7x the shards at 0.25-1B)."""
-    import math
-
     shard_bytes = 0
     for rank in range(ckpt.world_size):
         with contextlib.suppress(OSError):
@@ -375,16 +359,12 @@ def _join_or_rewrite(early: EarlyWrite, opts: MergeOptions, partial: str, mp: Ex
     try:
         return early.join()
     except Declined as exc:
-        from ..write.out_files import create_files
-
         log.info("the early writer left the weights to torch (%s): writing them again", exc)
         create_files(partial, mp.plan)
         return write_weights(opts, partial, mp)
 
 
 def _message(exc: BaseException, fixes: OsErrorFixes = MERGE_FIXES) -> str:
-    from ..read.locks import LockBusy
-
     line = redescribe(exc, fixes)  # a full or unwritable output: the fix of whoever asked for the merge
     if line is not None:
         return line
@@ -400,11 +380,7 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
     commits once all have reported. Ranks on several nodes need one filesystem for the target.
     Every rank gets the same outcome: a failure anywhere is raised on all of them.
     """
-    from datetime import timedelta
-
     import torch.distributed as dist
-
-    from ..read.locks import LockBusy
 
     _resolve_max_shard_size(opts)
     own_group, beat = False, None
@@ -426,8 +402,6 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
     except LockBusy as exc:  # this rank's read lock (the others fail at their next collective)
         raise MergeError(str(exc)) from None
     except Exception as exc:  # a collective that lost a rank: name it
-        from ..write.peers import lost_ranks_line
-
         lost = lost_ranks_line(exc, beat)
         if lost is None:
             raise
@@ -454,8 +428,6 @@ def _watch_peers(opts: MergeOptions, store):
     a dead one. The exit is immediate (os._exit): the main thread is inside a collective that only
     that timeout would end; `<target>.partial` stays uncommitted and the next run replaces it, and
     the flocks go with the process."""
-    from ..write.peers import Heartbeat, describe_ranks
-
     seconds = _env_seconds(PEER_TIMEOUT_ENV, PEER_TIMEOUT_S)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     beat = Heartbeat(store, rank, world, prefix="alive").start()
@@ -501,8 +473,6 @@ def _join_ranks(opts: MergeOptions, dist):
     that never comes (a shell that only looks like torchrun's, a node that did not start) ends
     every other rank with a line naming the missing ranks, instead of init_process_group's wait.
     Under torchrun the agent's store is used, as torch's env:// rendezvous does."""
-    from datetime import timedelta
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     seconds = join_timeout_s()

@@ -6,14 +6,21 @@ progress, checksums and the first error. Torchrun ranks of `--distributed_merge`
 
 from __future__ import annotations
 
+import multiprocessing as mproc
 import os
+import queue as queue_mod
 import sys
 from collections.abc import Callable
 
 from ..format import layout
 from ..format.merge_manifest import CommitError
+from ..read.checkpoint_dir import CheckpointError
+from ..write.forked_call import die_with_parent
+from ..write.out_files import OutputError
 from ..hf.plan import ExportPlan
 from .plan import MergeError, MergeOptions
+
+# lazy imports: torch (the cast), the torch readers and tqdm load only when weights are written
 
 
 def write_shares(local_dir: str, partial: str, mp: ExportPlan, shares: list[list[layout.Segment]], dtype: str,
@@ -52,8 +59,6 @@ def write_shares(local_dir: str, partial: str, mp: ExportPlan, shares: list[list
 
 def _worker_entry(args: tuple, queue) -> None:
     local_dir, partial, mp, share, dtype, chunk_bytes, wid, fsync, parent = args
-    from ..write.forked_call import die_with_parent
-
     die_with_parent(parent)  # a killed merge leaves no writer behind (daemon=True acts only on a normal exit)
     pending = [0]  # write_shares casts on one intra-op thread, so N workers share the cores
 
@@ -72,9 +77,6 @@ def _worker_entry(args: tuple, queue) -> None:
 
 
 def is_user_error(exc: BaseException) -> bool:
-    from ..read.checkpoint_dir import CheckpointError  # torch-free: a dir error comes before torch loads
-    from ..write.out_files import OutputError
-
     return isinstance(exc, (CheckpointError, OutputError, CommitError, MergeError))
 
 
@@ -84,9 +86,6 @@ def run_workers(local_dir: str, partial: str, mp: ExportPlan, shares: list[list[
     share is written here, from `ckpt` when given."""
     if len(shares) == 1:
         return write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress, fsync, ckpt=ckpt)
-    import multiprocessing as mproc
-    import queue as queue_mod
-
     ctx = mproc.get_context("spawn")
     q = ctx.Queue()
     parent = os.getpid()
