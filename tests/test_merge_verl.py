@@ -130,6 +130,29 @@ def test_workers_and_ranks_give_identical_bytes(tmp_path_factory, tmp_path):
     assert _dir_bytes(tmp_path / "d") == reference
 
 
+def test_a_distributed_merge_that_fails_on_one_rank_fails_on_every_rank(tmp_path_factory, tmp_path):
+    """Rank 1 runs under a file size limit (a user's `ulimit -f`): its writes fail with EFBIG, and
+    both ranks exit with the same line naming rank 1 and the merge's fix; nothing is committed."""
+    ckpt = checkpoint(tmp_path_factory, "fsdp2_w2")
+    launcher = tmp_path / "limited_rank.py"
+    launcher.write_text("import os, resource, signal, sys\n"
+                        "if os.environ['RANK'] == '1':  # EFBIG past 4 KiB (the merge ignores SIGXFSZ too)\n"
+                        "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+                        "    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+                        "from slimckpt.cli import main\n"
+                        "sys.exit(main(sys.argv[1:]))\n")
+    target = tmp_path / "d"
+    proc = torchrun(2, [str(launcher), "merge", "--distributed_merge", "--no_progress", "--local_dir", str(ckpt),
+                        "--target_dir", str(target)])
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "slimckpt merge: error:" in line]
+    assert len(errors) == 2, proc.stderr[-3000:]
+    assert all(line.split("error: ", 1)[1] == errors[0].split("error: ", 1)[1] for line in errors), errors
+    assert "merge rank 1: " in errors[0] and "File too large" in errors[0], errors[0]
+    assert "choose a --target_dir" in errors[0], errors[0]
+    assert not target.exists() and not list(tmp_path.glob("d.partial*")), sorted(os.listdir(tmp_path))
+
+
 def _verl_merger_cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "verl.model_merger", *args], env=env)
 

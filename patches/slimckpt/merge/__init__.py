@@ -1,6 +1,6 @@
 """The offline merge (`slimckpt merge`, and verl's `python -m verl.model_merger merge` redirected here):
-plan the output from the checkpoint, write it with bounded memory (here, in worker processes, or on
-torchrun ranks), commit it with a manifest; and its Hugging Face side (names, config, tokenizer).
+plan the output from the checkpoint (through `slimckpt.hf`: names, config, tokenizer, LoRA), write it
+with bounded memory (here, in worker processes, or on torchrun ranks), commit it with a manifest.
 
 Modules are imported by name (nothing is re-exported here), so the torch-free early writer can
 import `merge.guess` without pulling in the rest."""

@@ -2,7 +2,7 @@
 they import.
 
 A merge's first seconds go to importing verl and transformers (GIL-bound, no disk) only to learn
-which names `save_pretrained` keeps: that is what `hf_side.HfSide.output_names` asks a meta-device
+which names `save_pretrained` keeps: that is what `hf.naming.HfSide.output_names` asks a meta-device
 model. For the models verl trains the answer is almost always "every checkpoint name, minus
 FlowRL's log Z head, minus lm_head.weight when config.json ties the embeddings". `slimckpt merge`
 starts writing with that guess and compares it with the real answer once the imports are done:

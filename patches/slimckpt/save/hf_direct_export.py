@@ -6,7 +6,7 @@ are) and calls save_pretrained. Here (collective over the checkpoint's gloo grou
 
   plan   (foreground, at save time) every rank reports the box (dim-0 rows, or the whole tensor
          when replicated) it holds of each tensor; rank 0 names the tensors as verl's hf_model /
-         save_pretrained would (hf_side.HfSide: tied embeddings, ignored keys, save-time renames,
+         save_pretrained would (hf.naming.HfSide: tied embeddings, ignored keys, save-time renames,
          and the per-expert tensors transformers 5 splits off an MoE layer's fused experts, each a
          run of its source's elements: `layout.Take`), lays out the files (layout) and assigns every
          box of a source to one holder (export_assign), who writes its part of every output taken
@@ -130,7 +130,7 @@ def verl_contents(manager, config: Any) -> list[str]:
 
 
 def _hf_side(manager, local_path: str):
-    """hf_side.HfSide (names and config files as save_pretrained makes them) from the config verl
+    """hf.naming.HfSide (names and config files as save_pretrained makes them) from the config verl
     just wrote; kept per manager: the model's structure does not change during a run."""
     side = getattr(manager, "_slimckpt_hf_side", None)
     if side is None:
