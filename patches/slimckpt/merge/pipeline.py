@@ -36,6 +36,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 from datetime import timedelta
 
 from .. import __version__
@@ -75,6 +76,7 @@ from .workers import ProgressBar, is_user_error, run_workers, write_weights
 # lazy imports: torch, transformers and torch.distributed load only where a merge needs them (the early writer starts first)
 
 log = get_logger("slimckpt.merge")
+T = TypeVar("T")
 
 
 def _finish(partial: str, target: str, mp: ExportPlan, checksums: dict[str, str], opts: MergeOptions,
@@ -528,13 +530,14 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
             discard_partial(partial)
             raise
 
-    planned = from_rank0(None, plan_on_rank0, as_is, said)
+    planned = _plain(lambda: from_rank0(None, plan_on_rank0, as_is, said))
     if planned is None:
         # rank 0 runs verl's merger; every rank then hears how it ended (no barrier that waits for a
         # merge that died: its error is raised on every rank)
-        return from_rank0(None, lambda: run_verl_merger(opts, verl_fallback, t0), as_is,
-                          lambda exc: f"verl's merger exited: {exc}" if isinstance(exc, SystemExit) else said(exc),
-                          catch=(Exception, SystemExit))
+        return _plain(lambda: from_rank0(
+            None, lambda: run_verl_merger(opts, verl_fallback, t0), as_is,
+            lambda exc: f"verl's merger exited: {exc}" if isinstance(exc, SystemExit) else said(exc),
+            catch=(Exception, SystemExit)))
     mp, partial, tokenizer_saved = planned
 
     # every rank writes its shares; then the files no single writer wrote whole are read back,
@@ -546,14 +549,14 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     try:
         bar = ProgressBar(mine, opts.progress and rank == 0, f"slimckpt merge (rank 0 of {world})")
         try:
-            written = on_every_rank(None, lambda: run_workers(opts.local_dir, partial, mp, shares, opts.dtype,
-                                                              opts.chunk_bytes, bar, opts.fsync), on_a_rank, said)
+            written = _plain(lambda: on_every_rank(None, lambda: run_workers(
+                opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync), on_a_rank, said))
         finally:
             bar.close()
         checksums = _union(dist, written)
         missing = sorted(f.name for f in mp.plan.files if f.name not in checksums)
-        checksums.update(_union(dist, on_every_rank(None, lambda: checksum_files(partial, missing[rank::world]),
-                                                    on_a_rank, said)))
+        checksums.update(_union(dist, _plain(lambda: on_every_rank(
+            None, lambda: checksum_files(partial, missing[rank::world]), on_a_rank, said))))
     except MergeError:
         if rank == 0:
             discard_partial(partial)
@@ -566,11 +569,23 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
             discard_partial(partial)
             raise
 
-    files = from_rank0(None, commit_on_rank0, as_is, said)
+    files = _plain(lambda: from_rank0(None, commit_on_rank0, as_is, said))
     seconds = time.perf_counter() - t0
     if rank == 0:
         log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
+
+
+def _plain(outcome: Callable[[], T]) -> T:
+    """`outcome()` (a collective.outcome call), its MergeError raised with no OSError under it: the
+    line names the rank and the caller's fix already, and a trainer's failed save (the
+    intermediate tier's export) describes the OS error under an error again where it finds one."""
+    try:
+        return outcome()
+    except MergeError as exc:
+        error = exc
+    error.__cause__ = error.__context__ = None
+    raise error
 
 
 def _union(dist, mine: dict[str, str]) -> dict[str, str]:

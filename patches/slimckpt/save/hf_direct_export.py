@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,7 @@ from ..write.share_writer import as_bytes, lora_merged
 from .os_fixes import trainer_fixes
 
 log = get_logger("slimckpt.hf_direct_export")
+T = TypeVar("T")
 
 EXPORT_DTYPES: dict[str, torch.dtype | None] = {"auto": None, **torch_dtypes_of_choices(torch)}
 ST_DTYPES: dict[torch.dtype, str] = by_torch_dtype(torch, SAFETENSORS_OF_TORCH)
@@ -226,6 +228,18 @@ def _on_a_rank(failure: Failure) -> ExportError:
     return ExportError(f"HF export (rank {failure.rank}): {failure.line}")
 
 
+def _plain(outcome: Callable[[], T]) -> T:
+    """`outcome()` (a collective.outcome call), its ExportError raised with no OSError under it: the
+    line names the rank and the trainer's fix already, and a failed save describes the OS error
+    under an error again (without the rank) where it finds one."""
+    try:
+        return outcome()
+    except ExportError as exc:
+        error = exc
+    error.__cause__ = error.__context__ = None
+    raise error
+
+
 def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, layout.Take],
                   shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype], export_dtype: str, config: Any):
     """A LoRA actor's export as verl's merger writes it: `plan` plus lora_adapter/adapter_model.safetensors
@@ -313,8 +327,8 @@ def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: 
         return str(exc) if isinstance(exc, (ExportError, AssignError, layout.LayoutError)) \
             else f"{type(exc).__name__}: {exc}"
 
-    whole, shares, used, gather_b = from_rank0(
-        group, plan_on_rank0, lambda failure: ExportError(f"HF export of {local_path}: {failure.line}"), said)
+    whole, shares, used, gather_b = _plain(lambda: from_rank0(
+        group, plan_on_rank0, lambda failure: ExportError(f"HF export of {local_path}: {failure.line}"), said))
     return whole.with_share(shares[rank], used, gather_b)
 
 
@@ -539,7 +553,7 @@ def write_export(manager, job: ExportPlan, local_path: str, model_state: dict[st
     them) and is told when the read is over."""
     rank = dist.get_rank(group)
     describe = lambda exc: _failure_line(exc, local_path)  # noqa: E731
-    from_rank0(group, lambda: _lay_out(job, local_path, manager), _on_a_rank, describe)
+    _plain(lambda: from_rank0(group, lambda: _lay_out(job, local_path, manager), _on_a_rank, describe))
 
     writer = _BoxWriter(os.path.join(local_path, HF_SUBDIR), job.plan,
                         int(getattr(config, "bucket_mb", 64)) << 20)
@@ -587,7 +601,7 @@ def write_export(manager, job: ExportPlan, local_path: str, model_state: dict[st
         with contextlib.suppress(Exception):
             writer.close(sync=False)
         mine = failure_of(exc, rank, describe)
-    agree(group, mine, _on_a_rank)
+    _plain(lambda: agree(group, mine, _on_a_rank))
     if rank == 0:
         with contextlib.suppress(OSError):  # the directory entries of the new files
             fd = os.open(os.path.join(local_path, HF_SUBDIR), os.O_RDONLY)
