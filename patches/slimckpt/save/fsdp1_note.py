@@ -14,9 +14,13 @@ Printed in verl's driver (adopt_startup's validate_config hook), once, before Ra
 
 from __future__ import annotations
 
+# lazy imports: torch and transformers load only to count a model's parameters, once per run
+
 import contextlib
 import warnings
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from ..log import get_logger
 
@@ -27,8 +31,6 @@ ROLES = (("actor", "actor_rollout_ref.actor", "actor_rollout_ref.model"), ("crit
 
 
 def _select(config: Any, key: str, default: Any = None) -> Any:
-    from omegaconf import OmegaConf
-
     return OmegaConf.select(config, key, default=default, throw_on_missing=False)
 
 
