@@ -7,7 +7,7 @@ state dict all-gathers each unit's flat AdamW state and clones the rows likewise
 whole rank (fp32 model + both moments, 12 bytes per parameter / world size) stay alive until DCP has
 written them. verl's own FSDP1 save avoids the device copy only by moving every clone to the host
 (offload_to_cpu), i.e. the same bytes in host memory. So the line says how many GiB, and that
-strategy=fsdp2 has none; the first save logs the exact figure (resume_state).
+strategy=fsdp2 has none; the first save logs the exact figure (state_dicts.note_fsdp1_copy).
 
 Printed in verl's driver (adopt_startup's validate_config hook), once, before Ray starts.
 """

@@ -9,7 +9,7 @@ whose shard would exceed `host_memory_budget_gb` does not stage at all: it strea
 
 One writer per FSDPCheckpointManager, one write in flight: a new save (or a load) first waits for
 the previous write and its commit; a failure there is raised by that next call. A rank's write
-ends only once the commit's outcome is known on every rank (resume_state.commit), so a rank
+ends only once the commit's outcome is known on every rank (step_commit.commit), so a rank
 whose own files are done still waits for rank 0's manifest; a load, verify or merge of that dir
 by other code of this process waits too (slimckpt.read.in_flight). At interpreter
 exit pending writes are finished (atexit); a process killed mid-write leaves a step without its
