@@ -146,7 +146,7 @@ def worker_cost(preset: str, root: str) -> None:
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.save import resume_state
+    from slimckpt.save import resume_state, step_check
     from slimckpt.format.resume_manifest import read_manifest
     from slimckpt.testing import fsdp_checkpoint as fx
 
@@ -166,7 +166,7 @@ def worker_cost(preset: str, root: str) -> None:
     resume_state.finish_pending()
     save_s = time.perf_counter() - t0
     dist.barrier()
-    real_check = resume_state._check_committed
+    real_check = step_check.check_committed
     check_s: list[float] = []
 
     def timed_check(*a, **k):
@@ -176,7 +176,7 @@ def worker_cost(preset: str, root: str) -> None:
         finally:
             check_s.append(time.perf_counter() - t)
 
-    resume_state._check_committed = timed_check
+    step_check.check_committed = timed_check
     step = {}
     if dist.get_rank() == 0:  # resume_mode=auto's check of the step, in one process as verl's driver runs it
         from slimckpt.save.intact_resume import check_step

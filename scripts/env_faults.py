@@ -362,8 +362,10 @@ def child(args: argparse.Namespace) -> int:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             error = exc
-        continued = error is None and bool(getattr(run.manager, "_slimckpt_save_failed", None))
-        message = (str(error).strip().splitlines() or [""])[0] if error is not None else (getattr(run.manager, "_slimckpt_save_failed", None) or "")
+        from slimckpt.verl.manager_state import state_of
+
+        continued = error is None and bool(state_of(run.manager).save_failed)
+        message = (str(error).strip().splitlines() or [""])[0] if error is not None else (state_of(run.manager).save_failed or "")
         if error is not None and not str(error).strip():
             message = type(error).__name__
         if error is not None and type(error).__name__ not in message:

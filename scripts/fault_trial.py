@@ -145,9 +145,9 @@ def install_phase_markers() -> None:
 
 def install_slim_markers() -> None:
     """After slimckpt's patches are on: its commit and its async tracker write."""
-    from slimckpt.save import resume_state, tracker as resume_tracker
+    from slimckpt.save import step_commit, tracker as resume_tracker
 
-    _wrap(resume_state, "write_manifest", "manifest")
+    _wrap(step_commit, "write_manifest", "manifest")
     original = resume_tracker.write_tracker
 
     def write_tracker(root, step):

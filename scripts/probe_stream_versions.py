@@ -5,7 +5,7 @@
 
 For each layout (FSDP2 `fully_shard`; FSDP1 with use_orig_params false, verl's default, and true)
 a tiny Llama with AdamW (no slimckpt hook) takes the sharded state dict slimckpt's incremental save
-writes (slimckpt.save.resume_state.build_state_dict), then one change at a time is made as user
+writes (slimckpt.save.state_dicts.build_state_dict), then one change at a time is made as user
 code makes it, and rank 0 prints, over the state dict's tensors: how many changed value, how many
 of those moved the entry's own counter (the DTensor's, or its local tensor's), how many moved a
 counter of the live parameter or optimizer state viewing the same memory (async_save=stream's
@@ -87,7 +87,7 @@ class Snapshot:
     tensors viewing the same memory."""
 
     def __init__(self, model, optimizer) -> None:
-        from slimckpt.save.resume_state import build_state_dict
+        from slimckpt.save.state_dicts import build_state_dict
 
         state = build_state_dict(SimpleNamespace(model=model, optimizer=optimizer), model=True, optimizer=True)
         live = list(model.parameters()) + [v for s in optimizer.state.values() for v in s.values()

@@ -362,11 +362,11 @@ def scenario_lora(args) -> None:
         dirs[kind] = os.path.join(root, kind, "global_step_1", "actor")
         run.manager.checkpoint_config = slim_config(export_hf=True, **kw)
         if kw.get("async_save"):  # hold the background write back until the step below changed B in place
-            from slimckpt.save import resume_state
+            from slimckpt.save import step_write
 
-            real_writer = getattr(resume_state.storage_writer, "real", resume_state.storage_writer)
-            resume_state.storage_writer = lambda *a, **k: (time.sleep(1.0), real_writer(*a, **k))[1]
-            resume_state.storage_writer.real = real_writer
+            real_writer = getattr(step_write.storage_writer, "real", step_write.storage_writer)
+            step_write.storage_writer = lambda *a, **k: (time.sleep(1.0), real_writer(*a, **k))[1]
+            step_write.storage_writer.real = real_writer
         t0 = time.perf_counter()
         run.manager.save_checkpoint(dirs[kind], global_step=1)
         if kw.get("async_save"):  # B moves in place before the background write: only the staged copy (pool)

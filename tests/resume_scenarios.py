@@ -131,15 +131,15 @@ def scenario_resume(args) -> None:
     if args.async_save:
         # hold the background write back until training has changed every parameter in place:
         # only a real staged copy still holds the step-3 values then
-        from slimckpt.save import resume_state
+        from slimckpt.save import step_write
 
-        real_writer = resume_state.storage_writer
+        real_writer = step_write.storage_writer
 
         def late_writer(*a, **k):
             time.sleep(1.5)
             return real_writer(*a, **k)
 
-        resume_state.storage_writer = late_writer
+        step_write.storage_writer = late_writer
     run = Run(seed=0, ckpt_config=config)
     for _ in range(STEPS_BEFORE):
         run.step()
@@ -229,19 +229,19 @@ def scenario_tracker(args) -> None:
     a watcher thread checks all along that the tracker never names a step without its manifest."""
     from omegaconf import OmegaConf
 
-    from slimckpt.save import resume_state
+    from slimckpt.save import step_write
     from slimckpt.format.resume_manifest import MANIFEST_NAME, read_tracker
     from slimckpt.save.resume_state import finish_pending
     from slimckpt.save.tracker import wrap_trainer_save_checkpoint
 
     delay = 1.0
-    real_after_shards = resume_state._after_shards
+    real_after_shards = step_write._after_shards
 
     def slow_after_shards(*a, **k):  # the background write now takes >= delay seconds
         time.sleep(delay)
         return real_after_shards(*a, **k)
 
-    resume_state._after_shards = slow_after_shards
+    step_write._after_shards = slow_after_shards
     root = args.dir
     run = Run(seed=0, ckpt_config=slim_config(async_save=True, host_memory_budget_gb=1.0))
     total = 3
@@ -307,7 +307,7 @@ def scenario_tracker(args) -> None:
 
 def scenario_refuse(args) -> None:
     """A save that dies before its commit leaves a directory that every load refuses."""
-    from slimckpt.save import resume_state
+    from slimckpt.save import step_commit
     from slimckpt.format.resume_manifest import UncommittedCheckpoint
 
     outcomes: dict[str, str] = {}
@@ -315,18 +315,18 @@ def scenario_refuse(args) -> None:
     run.step()
 
     # 1. the process "dies" between the shard write and the manifest
-    real_commit = resume_state.commit
+    real_commit = step_commit.commit
 
     def crash(*a, **k):
         raise KeyboardInterrupt("simulated crash before the manifest")
 
-    resume_state.commit = crash
+    step_commit.commit = crash
     half = os.path.join(args.dir, "global_step_1", "actor")
     try:
         run.manager.save_checkpoint(half, global_step=1)
     except KeyboardInterrupt:
         outcomes["save"] = "crashed"
-    resume_state.commit = real_commit
+    step_commit.commit = real_commit
     dist.barrier()
     outcomes["half_files"] = ",".join(sorted(os.listdir(half)))
     fresh = Run(seed=1, ckpt_config=slim_config())
@@ -422,6 +422,7 @@ def scenario_damaged_newest(args) -> None:
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
     from slimckpt.format.resume_manifest import UncommittedCheckpoint, read_tracker
+    from slimckpt.save.driver_state import driver_state_of
     from slimckpt.save.resume_state import finish_pending
     from slimckpt.save.tracker import wrap_trainer_save_checkpoint
     from slimckpt.testing.damage import KINDS, damage_step
@@ -443,7 +444,7 @@ def scenario_damaged_newest(args) -> None:
             save(trainer)
     finish_pending()
     if rank == 0:
-        trainer._slimckpt_watcher.wait()
+        driver_state_of(trainer).watcher.wait()
     dist.barrier()
 
     reference = Run(seed=1, ckpt_config=slim_config())
@@ -497,7 +498,7 @@ def scenario_damaged_newest(args) -> None:
             save(resumed)
             finish_pending()
             if rank == 0:
-                resumed._slimckpt_watcher.wait()
+                driver_state_of(resumed).watcher.wait()
             dist.barrier()
             result["tracker_after_saving_3"] = read_tracker(root)
         out.append(result)

@@ -61,12 +61,12 @@ def _differ(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]
 
 
 class _Commit:
-    """resume_state.write_manifest on rank 0, held back `delay` s, or failing with ENOSPC."""
+    """step_commit.write_manifest on rank 0, held back `delay` s, or failing with ENOSPC."""
 
     def __init__(self) -> None:
-        from slimckpt.save import resume_state
+        from slimckpt.save import step_commit
 
-        self.module, self.real = resume_state, resume_state.write_manifest
+        self.module, self.real = step_commit, step_commit.write_manifest
         self.delay, self.fail = 0.0, False
 
     def __enter__(self) -> "_Commit":

@@ -59,17 +59,17 @@ def _module_state() -> dict:
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
     from slimckpt.hf.naming import HfSide
-    from slimckpt.save import hf_direct_export, resume_state, stream_capture
+    from slimckpt.save import hf_direct_export, step_commit, step_write, stream_capture
 
     return {
         (resume_scenarios, "MODEL"): resume_scenarios.MODEL,
         (resume_scenarios, "FSDP_VERSION"): resume_scenarios.FSDP_VERSION,
         (resume_scenarios, "PLACEMENT"): resume_scenarios.PLACEMENT,
         (resume_scenarios, "LORA_RANK"): resume_scenarios.LORA_RANK,
-        (resume_state, "storage_writer"): resume_state.storage_writer,
+        (step_write, "storage_writer"): step_write.storage_writer,
         (stream_capture, "READ_HOOK"): stream_capture.READ_HOOK,
-        (resume_state, "_after_shards"): resume_state._after_shards,
-        (resume_state, "commit"): resume_state.commit,
+        (step_write, "_after_shards"): step_write._after_shards,
+        (step_commit, "commit"): step_commit.commit,
         (hf_direct_export, "write_export"): hf_direct_export.write_export,
         (hf_direct_export._BoxWriter, "write_box"): hf_direct_export._BoxWriter.write_box,
         (HfSide, "output_sources"): HfSide.output_sources,

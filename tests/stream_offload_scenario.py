@@ -235,7 +235,7 @@ def phase_memory(run, d: str, result: dict, repeats: int) -> None:
     held before that mode's first save."""
     from slimckpt.observe.memory import rss_anon_bytes
     from slimckpt.save.resume_async import state_bytes
-    from slimckpt.save.resume_state import build_state_dict
+    from slimckpt.save.state_dicts import build_state_dict
 
     save(run, os.path.join(d, "warm"), 30)  # the first save's one-time allocations out of the way
     update(run)

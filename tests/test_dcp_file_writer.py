@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from slimckpt.observe.memory import RssSampler
-from slimckpt.save.resume_state import storage_writer
+from slimckpt.save.step_write import storage_writer
 
 MIB = 2**20
 

@@ -16,6 +16,8 @@ import pytest
 
 from slimckpt.read import locks
 from slimckpt.save import errors as save_errors
+from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+from slimckpt.verl.manager_state import state_of
 from slimckpt.format.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
 
 from .slim_logs import lines_of
@@ -140,7 +142,7 @@ def test_on_save_error_is_checked():
 
 
 def _manager(policy: str):
-    return SimpleNamespace(rank=0, checkpoint_config=SimpleNamespace(on_save_error=policy))
+    return SimpleNamespace(rank=0, checkpoint_config=SlimCheckpointConfig(on_save_error=policy))
 
 
 def _failing_save(role: Path):
@@ -163,7 +165,7 @@ def test_a_failed_save_is_marked_and_discarded(tmp_path, policy):
             assert save_errors.guarded_save(manager, str(role), 2, _failing_save(role)) is None
         assert "CHECKPOINT NOT SAVED" in logged.getvalue()
     assert failure_markers(str(role)) and not (role / "model_world_size_1_rank_0.pt").exists()
-    assert manager._slimckpt_save_failed and not os.path.exists(locks.lock_file_for(str(role)))
+    assert state_of(manager).save_failed and not os.path.exists(locks.lock_file_for(str(role)))
 
 
 def test_a_lock_conflict_stops_even_with_continue(tmp_path):

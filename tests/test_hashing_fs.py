@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from slimckpt.format.merge_manifest import DEFAULT_ALGO, file_checksum
-from slimckpt.save.resume_state import storage_writer, written_checksums
+from slimckpt.save.step_write import storage_writer, written_checksums
 
 
 class _Config:

@@ -349,7 +349,7 @@ def test_recipe_config_takes_yaml_booleans_and_numbers(no_switch_on):
 
     cfg = SlimCheckpointConfig(recipe="incremental", incremental_save="true", async_save=True, export_hf="False",
                                verify=False, bucket_mb="32", write_threads=2, host_memory_budget_gb=8)
-    assert (cfg.incremental_save, cfg.async_save, cfg.export_hf, cfg.verify) == (True, True, False, False)
+    assert (cfg.incremental_save, cfg.async_save, cfg.export_hf, cfg.verify) == (True, "pool", False, False)
     assert (cfg.bucket_mb, cfg.write_threads, cfg.host_memory_budget_gb) == (32, 2, 8.0)
     assert isinstance(cfg.host_memory_budget_gb, float)
 
@@ -363,8 +363,8 @@ def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on
 
     node = "actor_rollout_ref.actor.checkpoint"
     good = compose_config(["+recipe=incremental", f"{node}.async_save=true"])
-    assert omega_conf_to_dataclass(good.actor_rollout_ref.actor.checkpoint).async_save is True
-    for word, held in (("stream", "stream"), ("pool", True), ("false", False)):
+    assert omega_conf_to_dataclass(good.actor_rollout_ref.actor.checkpoint).async_save == "pool"
+    for word, held in (("stream", "stream"), ("pool", "pool"), ("false", "off")):
         cfg = compose_config(["+recipe=incremental", f"{node}.async_save={word}"])
         assert omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.checkpoint).async_save == held, word
     bad = compose_config(["+recipe=incremental", f"{node}.async_save=streem"])

@@ -397,7 +397,7 @@ def _check_resharded_rng(ckpt_root: Path, saved_world: int, world: int) -> None:
     rng_reshard does, shared with no saved rank and no other rank; both loads gave the same."""
     import torch
 
-    from slimckpt.save.resume_state import EXTRA_NAME
+    from slimckpt.save.extra_state import EXTRA_NAME
     from slimckpt.save.rng_reshard import derive_rng_state
 
     role = ckpt_root / "global_step_3" / "actor"

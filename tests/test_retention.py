@@ -187,7 +187,7 @@ def test_the_verl_patch_routes_through_the_policy(tmp_path):
 
 
 def test_resume_state_retention_uses_the_policy(tmp_path):
-    from slimckpt.save.resume_state import make_room, register_committed
+    from slimckpt.save.step_commit import make_room, register_committed
 
     m = FakeManager()
     s1 = _step(tmp_path, 1, manifest=True)
@@ -226,7 +226,7 @@ def test_random_sequences_never_lose_the_trackers_step(tmp_path, keep):
 
 def test_a_load_holds_a_read_lock(tmp_path):
     """verl's (wrapped) load_checkpoint reads under a shared lock: retention skips the dir meanwhile."""
-    from slimckpt.save.resume_state import wrap_load_checkpoint
+    from slimckpt.save.resume_load import wrap_load_checkpoint
 
     s1 = _step(tmp_path, 1)
     seen = []

@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from slimckpt.format import resume_manifest as rm
-from slimckpt.save import resume_state
+from slimckpt.save import resume_load, step_check
 
 
 @pytest.fixture
@@ -37,30 +37,37 @@ class _Stop(Exception):
 
 @pytest.mark.parametrize("verify", [True, False, None])
 def test_load_passes_the_configs_verify_to_the_check(tmp_path, monkeypatch, verify):
+    import slimckpt.verl.features as features
+    from verl.trainer.config.config import CheckpointConfig
+
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
     seen = []
 
     def check(path, group, checksums):
         seen.append(checksums)
         raise _Stop
 
-    monkeypatch.setattr(resume_state, "checkpoint_group", lambda manager: None)
-    monkeypatch.setattr(resume_state, "_check_committed", check)
-    config = SimpleNamespace() if verify is None else SimpleNamespace(verify=verify)  # None: field absent
+    monkeypatch.setattr(features, "switch_on", lambda feature: None)  # the config alone, no patches applied
+    monkeypatch.setattr(resume_load, "checkpoint_group", lambda manager: None)
+    monkeypatch.setattr(step_check, "check_committed", check)
+    # None: verl's own config, without the field
+    config = CheckpointConfig() if verify is None else SlimCheckpointConfig(verify=verify)
     with pytest.raises(_Stop):
-        resume_state.load_resume_state(SimpleNamespace(checkpoint_config=config), str(tmp_path))
+        resume_load.load_resume_state(SimpleNamespace(checkpoint_config=config), str(tmp_path))
     assert seen == [True if verify is None else verify]
 
 
 def test_same_size_damage_is_refused_only_with_verify(tmp_path, group):
     d = _committed_role_dir(tmp_path)
-    assert resume_state._check_committed(str(d), group, checksums=True).global_step == 3
+    assert step_check.check_committed(str(d), group, checksums=True).global_step == 3
     with open(d / "dcp" / "__0_0.distcp", "r+b") as f:  # one flipped byte, size unchanged
         f.seek(100)
         f.write(b"y")
     with pytest.raises(rm.UncommittedCheckpoint, match=r"__0_0\.distcp"):
-        resume_state._check_committed(str(d), group, checksums=True)
-    assert resume_state._check_committed(str(d), group, checksums=False).global_step == 3
+        step_check.check_committed(str(d), group, checksums=True)
+    assert step_check.check_committed(str(d), group, checksums=False).global_step == 3
     with open(d / "dcp" / "__0_0.distcp", "r+b") as f:  # a short file fails either way
         f.truncate(100)
     with pytest.raises(rm.UncommittedCheckpoint, match=r"__0_0\.distcp"):
-        resume_state._check_committed(str(d), group, checksums=False)
+        step_check.check_committed(str(d), group, checksums=False)

@@ -10,7 +10,7 @@ on the tensors' own device). Then:
                  optimizer tensor: a copy the save holds while it writes (FSDP1: the rank's whole
                  shards, `slimckpt plan`'s "device added"; FSDP2: none)
   device_added   on CUDA, torch's peak allocated bytes during build_state_dict above the level before
-  roundtrip      the state dict written by the incremental tier's DCP writer (resume_state.storage_writer)
+  roundtrip      the state dict written by the incremental tier's DCP writer (save.step_write.storage_writer)
                  and read back into a fresh state dict is bit-equal to it
 
 Needs only torch and this package (no verl, no transformers).
@@ -108,7 +108,8 @@ def rank_main(rank: int, world: int, fsdp: int, device_type: str, hidden: int, i
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from .save.resume_state import build_state_dict, storage_writer
+    from .save.state_dicts import build_state_dict
+    from .save.step_write import storage_writer
 
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device_type == "cuda":

@@ -26,7 +26,7 @@ from .layout import ModelLayout, meta_layout
 from .plan import ConvertError, flat_runs
 from .rank_file import FlatSource
 
-EXTRA_OURS = "slimckpt_extra_world_size_{world}_rank_{rank}.pt"  # save.resume_state.EXTRA_NAME
+EXTRA_OURS = "slimckpt_extra_world_size_{world}_rank_{rank}.pt"  # save.extra_state.EXTRA_NAME
 EXTRA_VERL = "extra_state_world_size_{world}_rank_{rank}.pt"
 OPTIM_VERL = "optim_world_size_{world}_rank_{rank}.pt"
 OPTIM_STATE = "optim.state."

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..log import get_logger
+from ..verl.manager_state import state_of
+from ..verl.checkpoint_config import SlimCheckpointConfig
 from ..read.checkpoint_dir import rank_files
 from . import save_reports
 from .memory import RssSampler
@@ -97,19 +99,20 @@ def measured_save(manager: Any, local_path: str, global_step: int, call: Callabl
     finally:
         _MEASURING.reset(token)
     blocked = time.perf_counter() - start
-    if getattr(manager, "_slimckpt_save_failed", None):
+    state = state_of(manager)
+    if state.save_failed:
         return result
     config = manager.checkpoint_config
     rank = int(manager.rank)
-    writer = getattr(manager, "_slimckpt_writer", None)
+    writer = state.writer
     in_background = writer is not None and writer.step == int(global_step)
     report = {
         "global_step": int(global_step),
         "rank": rank,
         "world_size": int(manager.world_size),
         "role": os.path.basename(os.path.normpath(local_path)),
-        "recipe": getattr(config, "recipe", None) or "verl-default",
-        "save_contents": list(getattr(config, "save_contents", []) or []),
+        "recipe": (config.recipe if isinstance(config, SlimCheckpointConfig) else None) or "verl-default",
+        "save_contents": list((config.get("save_contents") if config else None) or []),
         "async": in_background,
         "committed": not in_background,
         "blocking_seconds": blocked,

@@ -11,7 +11,7 @@ from ..format.resume_manifest import MANIFEST_NAME, Manifest, UncommittedCheckpo
 from .checkpoint_dir import DCP_DIR, HF_SUBDIR, MODEL_FILE_RE, CheckpointError
 
 SOURCE_FORMAT = "slimckpt_dcp"  # the merge manifest's source format for such a step
-LORA_ONLY_KEY = "lora_only"  # resume_state.LORA_ONLY_KEY (that module imports torch.distributed)
+LORA_ONLY_KEY = "lora_only"  # save.state_dicts.LORA_ONLY_KEY (that module imports torch.distributed)
 
 
 def is_dcp_role_dir(local_dir: str) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from .checkpoint_dir import DCP_DIR
 from .pickle_policy import PickleRefused, check_file, check_torch_bytes, trusted
 
-EXTRA_PREFIX = "slimckpt_extra_"  # save.resume_state.EXTRA_PREFIX (that module imports torch.distributed)
+EXTRA_PREFIX = "slimckpt_extra_"  # save.extra_state.EXTRA_PREFIX (that module imports torch)
 VERL_RANK_KINDS = ("model", "optim", "extra_state")  # what FSDPCheckpointManager.load_checkpoint torch.loads
 
 

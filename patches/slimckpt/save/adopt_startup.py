@@ -11,6 +11,9 @@ nothing: the driver has decided.
 
 from __future__ import annotations
 
+# lazy imports: `import verl` loads this module (the plugin applies its patch), and nothing else of
+# slimckpt may load with it (docs/configuration.md, "What changes without a recipe")
+
 import functools
 import os
 from typing import Any

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..format.resume_manifest import atomic_write_text
 from ..log import get_logger
+from .driver_state import driver_state_of
 
 log = get_logger("slimckpt.retention")
 
@@ -99,9 +100,10 @@ def wrap_tracking_init(original):
         except Exception:  # noqa: BLE001 - a config we cannot read records nothing; the run goes on
             log.debug("keep_best: cannot read the trainer config", exc_info=True)
         if root:
-            self._slimckpt_metrics_root = root if os.path.isabs(root) else os.path.join(os.getcwd(), root)
+            state = driver_state_of(self)
+            state.metrics_root = root if os.path.isabs(root) else os.path.join(os.getcwd(), root)
             log.info("keep_best: the metrics of each save step are recorded in %s/global_step_N/%s",
-                     self._slimckpt_metrics_root, METRICS_NAME)
+                     state.metrics_root, METRICS_NAME)
 
     return __init__
 
@@ -110,7 +112,7 @@ def wrap_tracking_log(original):
     @functools.wraps(original)
     def log_metrics(self, data, step, *args, **kwargs):
         result = original(self, data, step, *args, **kwargs)
-        root = getattr(self, "_slimckpt_metrics_root", None)
+        root = driver_state_of(self).metrics_root
         if root and isinstance(data, Mapping):
             step_dir = os.path.join(root, f"global_step_{int(step)}")
             if os.path.isdir(step_dir):  # a save step (the save came first in verl's loop)

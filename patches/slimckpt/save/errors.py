@@ -29,12 +29,20 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
+
+from ..collective import outcome
 from ..format.os_errors import describe_os_error, redescribe
+from ..format.resume_manifest import TRACKER_NAME, atomic_write_text, failure_markers, read_tracker, write_failure
+from ..read.checkpoint_dir import rank_files
 from ..read.locks import LockBusy, acquire
 from ..write.peers import causes
 from .lost_rank import peer_loss_line
 from ..log import get_logger
+from ..verl.manager_state import config_of, state_of
 from .os_fixes import trainer_fixes
+from .process_group import checkpoint_group
+from .resume_async import writer_for
 
 log = get_logger("slimckpt.save")
 
@@ -95,47 +103,44 @@ def describe_save_error(exc: BaseException, local_path: str, step: int) -> str:
 
 
 def _group_of(manager):
-    import torch.distributed as dist
-
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
-    from .resume_state import checkpoint_group
-
     return checkpoint_group(manager)
+
+
+def _alone(group, step: Callable[[], Any], error: outcome.ErrorFactory, describe: Callable[[BaseException], str],
+           catch: tuple[type[BaseException], ...], kind_of: Callable[[BaseException], str]) -> Any:
+    """outcome.from_rank0's outcome for a job of one process: no collective to tell it."""
+    try:
+        return step()
+    except catch as exc:
+        outcome.raise_failure(outcome.failure_of(exc, 0, describe, kind_of(exc)), error)
 
 
 def take_writer_lock(manager, local_path: str, step: int):
     """Rank 0 locks the role dir for writing; every rank raises the same LockBusy if it cannot."""
     group = _group_of(manager)
-    if group is not None and getattr(manager.checkpoint_config, "async_save", False):
-        from .resume_async import writer_for
-
+    if group is not None and config_of(manager).async_save != "off":
         writer_for(manager).wait()  # the background write of the previous step uses this group: finish it first
-    lock, error = None, None
-    if manager.rank == 0:
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
-            lock = acquire(local_path, exclusive=True, what=f"saving step {step} (rank 0 of a trainer)",
-                           fix="another trainer is saving this step into the same trainer.default_local_dir; "
-                               "give each run its own default_local_dir")
-        except LockBusy as exc:
-            error = ("busy", str(exc))
-        except OSError as exc:
-            error = ("os", describe_save_error(exc, local_path, step))
-    if group is not None:
-        import torch.distributed as dist
+    held: list[Any] = []
 
-        box = [error]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        error = box[0]
-    if error:
-        raise LockBusy(error[1]) if error[0] == "busy" else SaveFailed(error[1])
-    return lock
+    def lock_on_rank0() -> None:  # the lock stays here: every rank gets only the outcome
+        os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
+        held.append(acquire(local_path, exclusive=True, what=f"saving step {step} (rank 0 of a trainer)",
+                            fix="another trainer is saving this step into the same trainer.default_local_dir; "
+                                "give each run its own default_local_dir"))
+
+    def busy_or_failed(failure: outcome.Failure) -> BaseException:
+        return LockBusy(failure.line) if failure.kind == "busy" else SaveFailed(failure.line)
+
+    (outcome.from_rank0 if group is not None else _alone)(
+        group, lock_on_rank0, busy_or_failed,
+        describe=lambda exc: str(exc) if isinstance(exc, LockBusy) else describe_save_error(exc, local_path, step),
+        catch=(LockBusy, OSError), kind_of=lambda exc: "busy" if isinstance(exc, LockBusy) else "os")
+    return held[0] if held else None
 
 
 def mark_failed(local_path: str, rank: int, line: str) -> None:
-    from ..format.resume_manifest import write_failure
-
     try:
         write_failure(local_path, rank, line)
     except OSError as exc:  # the directory itself is what failed (read-only, gone): say so once
@@ -145,8 +150,6 @@ def mark_failed(local_path: str, rank: int, line: str) -> None:
 def discard_rank_files(local_path: str, rank: int) -> None:
     """This rank's shard files of a failed save: they are useless and take the space a full disk
     needs for the next save."""
-    from ..read.checkpoint_dir import rank_files
-
     for name in rank_files(local_path, rank):
         try:
             os.remove(os.path.join(local_path, name))
@@ -156,8 +159,9 @@ def discard_rank_files(local_path: str, rank: int) -> None:
 
 def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -> Any:
     """Run `save` under the writer lock; on failure mark the dir failed, then stop or continue."""
-    policy = getattr(manager.checkpoint_config, "on_save_error", "stop")
-    manager._slimckpt_save_failed = None
+    policy = config_of(manager).on_save_error
+    state = state_of(manager)
+    state.save_failed = None
     lock = None
     try:
         lock = take_writer_lock(manager, local_path, step)
@@ -167,7 +171,7 @@ def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         lost = peer_loss_line(exc, local_path, step)
         line = lost or describe_save_error(exc, local_path, step)
-        manager._slimckpt_save_failed = line
+        state.save_failed = line
         if not isinstance(exc, LockBusy):  # a dir another trainer is writing is not ours to touch
             discard_rank_files(local_path, manager.rank)
             mark_failed(local_path, manager.rank, line)
@@ -185,8 +189,6 @@ def restore_tracker(root: str, step: int, previous: int | None) -> bool:
     """Driver side, after the trainer's `_save_checkpoint`: if a role dir of `step` holds a failure
     marker, put latest_checkpointed_iteration.txt back to `previous` (the trainer wrote `step`).
     True if it did."""
-    from ..format.resume_manifest import TRACKER_NAME, atomic_write_text, failure_markers, read_tracker
-
     step_dir = os.path.join(root, f"global_step_{step}")
     roles = sorted(n for n in os.listdir(step_dir) if os.path.isdir(os.path.join(step_dir, n))) \
         if os.path.isdir(step_dir) else []
@@ -206,8 +208,6 @@ def restore_tracker(root: str, step: int, previous: int | None) -> bool:
 def save_then_restore_tracker(trainer, original, *args, **kwargs):
     """The trainer's synchronous `_save_checkpoint`, then `restore_tracker` (on_save_error=continue
     returns from a failed worker save, and verl then writes the tracker)."""
-    from ..format.resume_manifest import read_tracker
-
     root = trainer.config.trainer.default_local_dir
     previous = read_tracker(root)
     result = original(trainer, *args, **kwargs)

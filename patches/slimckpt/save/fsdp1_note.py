@@ -7,16 +7,20 @@ state dict all-gathers each unit's flat AdamW state and clones the rows likewise
 whole rank (fp32 model + both moments, 12 bytes per parameter / world size) stay alive until DCP has
 written them. verl's own FSDP1 save avoids the device copy only by moving every clone to the host
 (offload_to_cpu), i.e. the same bytes in host memory. So the line says how many GiB, and that
-strategy=fsdp2 has none; the first save logs the exact figure (resume_state).
+strategy=fsdp2 has none; the first save logs the exact figure (state_dicts.note_fsdp1_copy).
 
 Printed in verl's driver (adopt_startup's validate_config hook), once, before Ray starts.
 """
 
 from __future__ import annotations
 
+# lazy imports: torch and transformers load only to count a model's parameters, once per run
+
 import contextlib
 import warnings
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from ..log import get_logger
 
@@ -27,8 +31,6 @@ ROLES = (("actor", "actor_rollout_ref.actor", "actor_rollout_ref.model"), ("crit
 
 
 def _select(config: Any, key: str, default: Any = None) -> Any:
-    from omegaconf import OmegaConf
-
     return OmegaConf.select(config, key, default=default, throw_on_missing=False)
 
 

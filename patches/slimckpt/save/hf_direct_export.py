@@ -62,6 +62,7 @@ from ..log import get_logger
 from ..write.out_files import os_error, pwrite_all
 from ..write.share_writer import as_bytes, lora_merged
 from .os_fixes import trainer_fixes
+from ..verl.manager_state import state_of
 
 log = get_logger("slimckpt.hf_direct_export")
 T = TypeVar("T")
@@ -122,24 +123,22 @@ def verl_contents(manager, config: Any) -> list[str]:
     """What verl's own save still writes: everything but the shards, and no `hf_model` gather
     when the gather-free export replaces it."""
     rest = [c for c in manager.checkpoint_save_contents if c not in ("model", "optimizer", "extra")]
-    if getattr(config, "export_hf", False) and "hf_model" in rest:
+    if config.export_hf and "hf_model" in rest:
         rest.remove("hf_model")
-        if manager.rank == 0 and not getattr(manager, "_slimckpt_hf_model_noted", False):
+        if state_of(manager).note_once("hf_model") and manager.rank == 0:
             log.info("save_contents has hf_model and export_hf=true: the gather-free export writes huggingface/ "
                      "(each rank its own rows); verl's rank-0 gather is skipped")
-        manager._slimckpt_hf_model_noted = True
     return rest
 
 
 def _hf_side(manager, local_path: str):
     """hf.naming.HfSide (names and config files as save_pretrained makes them) from the config verl
     just wrote; kept per manager: the model's structure does not change during a run."""
-    side = getattr(manager, "_slimckpt_hf_side", None)
-    if side is None:
+    state = state_of(manager)
+    if state.hf_side is None:
         # bf16 as verl's hf_model builds its save model; tensors keep their own dtype under 'auto'
-        side = HfSide(local_path, "bf16", bool(getattr(manager, "trust_remote_code", False)))
-        manager._slimckpt_hf_side = side
-    return side
+        state.hf_side = HfSide(local_path, "bf16", bool(getattr(manager, "trust_remote_code", False)))
+    return state.hf_side
 
 
 def _takes_and_specs(manager, local_path: str, shapes: dict[str, tuple[int, ...]],
@@ -249,13 +248,12 @@ def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, 
     unwrapped = getattr(manager.model, "_fsdp_wrapped_module", manager.model)
     meta = manager._get_lora_train_meta(unwrapped) if hasattr(manager, "_get_lora_train_meta") else None
     settings = lora.settings(local_path, names, shapes, meta=meta)
-    if getattr(config, "export_merge_lora", False):
+    if config.export_merge_lora:
         try:
             merged = lora.merged_takes(local_path, takes, names, shapes, settings, MERGE_LORA_HINT)
         except lora.MergeError as exc:
             raise ExportError(str(exc)) from None
-        if not getattr(manager, "_slimckpt_merge_lora_noted", False):
-            manager._slimckpt_merge_lora_noted = True
+        if state_of(manager).note_once("merge_lora"):
             log.info("export_merge_lora: %d weights exported as W + B @ A x %s / %d, each rank its own rows "
                      "(A all-gathered, no W gathered); no %s/", sum(t.delta is not None for t in merged.values()),
                      settings.lora_alpha, settings.r, lora.ADAPTER_DIR)
@@ -298,16 +296,16 @@ def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: 
             raise ExportError(errors[0])
         shapes = {n: s for n, (s, _) in meta.items()}
         dtypes = {n: d for n, (_, d) in meta.items()}
-        export_dtype = str(getattr(config, "export_dtype", "auto"))
+        export_dtype = str(config.export_dtype)
         if shapes and all(is_lora_key(n) for n in shapes):  # save_lora_only: the adapter alone
-            if getattr(config, "export_merge_lora", False):
+            if config.export_merge_lora:
                 raise ExportError(f"{MERGE_LORA_HINT} with save_lora_only=true: the step holds no base weights "
                                   f"to merge the adapter into; set export_merge_lora=false (the export is then "
                                   f"lora_adapter/ alone) or save_lora_only=false")
             side, takes, plan = _hf_side(manager, local_path), {}, EMPTY
         else:
             side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases, export_dtype)
-            plan = layout.plan_files(specs, getattr(config, "max_shard_size", "5GB"))
+            plan = layout.plan_files(specs, config.max_shard_size)
         index_plan, adapter_config = None, None
         if any(is_lora_key(n) for n in shapes):
             plan, index_plan, adapter_config = _with_adapter(manager, local_path, plan, takes, shapes, dtypes,
@@ -556,7 +554,7 @@ def write_export(manager, job: ExportPlan, local_path: str, model_state: dict[st
     _plain(lambda: from_rank0(group, lambda: _lay_out(job, local_path, manager), _on_a_rank, describe))
 
     writer = _BoxWriter(os.path.join(local_path, HF_SUBDIR), job.plan,
-                        int(getattr(config, "bucket_mb", 64)) << 20)
+                        int(config.bucket_mb) << 20)
     written = 0
     failure: BaseException | None = None
     reads = _Reads(model_state, stream_reads)

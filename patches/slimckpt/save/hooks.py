@@ -7,10 +7,14 @@ untouched (measuring plain verl is the separate "measure" feature, SLIMCKPT_MEAS
 
 from __future__ import annotations
 
+# lazy imports: a tier's modules (DCP, the export) load at its first save, not when the patch
+# that imports this module is applied in every worker
+
 import functools
 
 from ..log import get_logger
 from ..observe.save_measure import measured_save
+from ..verl.checkpoint_config import SlimCheckpointConfig
 
 log = get_logger("slimckpt.save")
 
@@ -23,8 +27,6 @@ def wrap_save_checkpoint(original):
 
         if local_path is None:
             return original(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
-        from ..verl.checkpoint_config import SlimCheckpointConfig
-
         config = self.checkpoint_config
         if isinstance(config, SlimCheckpointConfig) and config.measure:
             return measured_save(self, local_path, global_step, save)
@@ -35,8 +37,6 @@ def wrap_save_checkpoint(original):
 
 def _guarded_dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep):
     """A recipe's save runs under slimckpt.save.errors (writer lock, one-line errors, on_save_error)."""
-    from ..verl.checkpoint_config import SlimCheckpointConfig
-
     if not isinstance(manager.checkpoint_config, SlimCheckpointConfig):
         return _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     from .errors import guarded_save
@@ -46,19 +46,17 @@ def _guarded_dispatch(original, manager, local_path, hdfs_path, global_step, max
 
 
 def _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep):
-    from ..verl.checkpoint_config import SlimCheckpointConfig
-
     config = manager.checkpoint_config
     if not isinstance(config, SlimCheckpointConfig):
         return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     if config.incremental_save:
-        from .resume_state import save_resume_state
+        from .resume_save import save_resume_state
 
         return save_resume_state(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     result = original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     if config.export_hf:
         from .hf_export import export_hf_from_shards
 
-        export_hf_from_shards(local_path, config.export_dtype, config.max_shard_size,
-                              getattr(config, "allow_verl_fallback", True), getattr(config, "export_merge_lora", False))
+        export_hf_from_shards(local_path, config.export_dtype, config.max_shard_size, config.allow_verl_fallback,
+                              config.export_merge_lora)
     return result

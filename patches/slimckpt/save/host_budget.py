@@ -90,7 +90,7 @@ def local_ranks() -> int:
 def budget_bytes(config: Any) -> int:
     """The config's host_memory_budget_gb in bytes; `auto` resolved on first use in this process
     (and logged once, by the node's first rank)."""
-    value = getattr(config, "host_memory_budget_gb", 0.0)
+    value = config.host_memory_budget_gb
     if not is_auto(value):
         return int(float(value) * 2**30)
     if AUTO not in _resolved:

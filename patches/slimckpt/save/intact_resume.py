@@ -47,6 +47,7 @@ from ..log import get_logger
 from ..read.checkpoint_dir import DCP_DIR
 from .tracker import SLIM_TARGETS, config_value
 from .tracker_recovery import role_complete
+from ..verify.native import check_zip_records
 
 log = get_logger("slimckpt.resume")
 
@@ -87,8 +88,6 @@ def _data(step_dir: str, checksums: bool) -> Damage | None:
         return None
     # torch's CRC32 of every zip record (what `slimckpt verify` checks first): whole and unaltered,
     # without unpickling it here; verl's own torch.load reads it next
-    from ..verify.native import check_zip_records
-
     reason = check_zip_records(path)
     return _damage(path, reason) if reason else None
 

@@ -3,6 +3,8 @@ line naming the rank (slimckpt.write.peers finds it by its heartbeat), the step 
 
 from __future__ import annotations
 
+from ..write.peers import lost_ranks_line
+
 
 class RankLost(RuntimeError):
     """A save's collective lost a rank; str() is the one-line message."""
@@ -10,8 +12,6 @@ class RankLost(RuntimeError):
 
 def peer_loss_line(exc: BaseException, local_path: str, step: int) -> str | None:
     """The line for a save that lost a rank; None for any other failure."""
-    from ..write.peers import lost_ranks_line
-
     lost = lost_ranks_line(exc)
     if lost is None:
         return None

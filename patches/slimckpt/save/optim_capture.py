@@ -23,6 +23,12 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import state_dict as torch_state_dict
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+from .. import internals
+
 STATE_PREFIX = "optim.state."  # DCP's flattened keys of the optimizer's per-parameter state
 
 
@@ -30,10 +36,6 @@ STATE_PREFIX = "optim.state."  # DCP's flattened keys of the optimizer's per-par
 def without_init() -> Iterator[None]:
     """torch's optimizer state-dict calls, minus their initialization of an optimizer without
     state. Where torch has no such step, nothing to undo."""
-    from torch.distributed.checkpoint import state_dict as torch_state_dict
-
-    from .. import internals
-
     original = internals.lookup("torch.distributed.checkpoint.state_dict:_init_optim_state")
     if original is None:
         yield
@@ -47,8 +49,6 @@ def without_init() -> Iterator[None]:
 
 def capture(model: Any, optimizer: Any, options: Any) -> dict[str, Any]:
     """The optimizer's sharded state dict as it is now (no state before the first step)."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
     with warnings.catch_warnings(), without_init():
         warnings.simplefilter("ignore")
         return get_optimizer_state_dict(model, optimizer, options=options)
@@ -56,8 +56,6 @@ def capture(model: Any, optimizer: Any, options: Any) -> dict[str, Any]:
 
 def saved_with_state(dcp_dir: str) -> bool:
     """Whether the step's DCP checkpoint holds per-parameter optimizer state."""
-    from torch.distributed.checkpoint import FileSystemReader
-
     keys = FileSystemReader(os.path.abspath(dcp_dir)).read_metadata().state_dict_metadata
     return any(k.startswith(STATE_PREFIX) for k in keys)
 
@@ -66,8 +64,6 @@ def load_template(model: Any, optimizer: Any, options: Any, with_state: bool) ->
     """What DCP loads the optimizer's part into: every state tensor when the step has them (torch
     initializes a fresh optimizer for that), else the param_groups alone."""
     if with_state:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return get_optimizer_state_dict(model, optimizer, options=options)
@@ -78,8 +74,6 @@ def load_template(model: Any, optimizer: Any, options: Any, with_state: bool) ->
 
 def apply(model: Any, optimizer: Any, loaded: dict[str, Any], options: Any) -> None:
     """Put the loaded optimizer part back; a step without state leaves the optimizer without any."""
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
     with warnings.catch_warnings(), (without_init() if not loaded.get("state") else contextlib.nullcontext()):
         warnings.simplefilter("ignore")
         set_optimizer_state_dict(model, optimizer, loaded, options=options)

@@ -23,6 +23,9 @@ state: nothing to drop. The caller holds the role dir's exclusive lock (no reade
 
 from __future__ import annotations
 
+# lazy imports: DCP's metadata reader loads only when a DCP step's optimizer is dropped (retention,
+# which imports this module, is patched into every worker)
+
 import dataclasses
 import json
 import os
@@ -39,8 +42,10 @@ from ..format.resume_manifest import (
     MANIFEST_NAME,
     FileEntry,
     Manifest,
+    UncommittedCheckpoint,
     atomic_write_text,
     has_manifest,
+    read_manifest,
     role_damage,
 )
 from ..log import get_logger
@@ -60,8 +65,6 @@ class NothingToDrop(Exception):
 
 def holds_optimizer(role_dir: str) -> bool:
     if os.path.isdir(os.path.join(role_dir, DCP_DIR)) or has_manifest(role_dir):
-        from ..format.resume_manifest import UncommittedCheckpoint, read_manifest
-
         try:
             return "optimizer" in read_manifest(role_dir).contents
         except UncommittedCheckpoint:

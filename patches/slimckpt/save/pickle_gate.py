@@ -8,12 +8,18 @@ collectives.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
+from ..collective import outcome
 from ..read.pickle_policy import PickleRefused, trusted
+
+
+def _refused(failure: outcome.Failure) -> PickleRefused:
+    return PickleRefused(*json.loads(failure.kind))
 
 
 def refuse_together(group: Any, refusals: Callable[[], list[PickleRefused]]) -> None:
@@ -21,9 +27,7 @@ def refuse_together(group: Any, refusals: Callable[[], list[PickleRefused]]) -> 
     if trusted():
         return
     mine = refusals()
-    first = (mine[0].path, mine[0].global_name, mine[0].part) if mine else None
-    found: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(found, first, group=group)
-    hit = next((x for x in found if x is not None), None)
-    if hit is not None:
-        raise PickleRefused(*hit)
+    # the refusal's fields travel as the failure's kind: every rank raises the same PickleRefused
+    failure = outcome.Failure(dist.get_rank(group), str(mine[0]),
+                              kind=json.dumps([mine[0].path, mine[0].global_name, mine[0].part])) if mine else None
+    outcome.agree(group, failure, _refused)

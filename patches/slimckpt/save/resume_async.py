@@ -9,7 +9,7 @@ whose shard would exceed `host_memory_budget_gb` does not stage at all: it strea
 
 One writer per FSDPCheckpointManager, one write in flight: a new save (or a load) first waits for
 the previous write and its commit; a failure there is raised by that next call. A rank's write
-ends only once the commit's outcome is known on every rank (resume_state.commit), so a rank
+ends only once the commit's outcome is known on every rank (step_commit.commit), so a rank
 whose own files are done still waits for rank 0's manifest; a load, verify or merge of that dir
 by other code of this process waits too (slimckpt.read.in_flight). At interpreter
 exit pending writes are finished (atexit); a process killed mid-write leaves a step without its
@@ -39,8 +39,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from ..log import get_logger
+from ..read import in_flight
+from . import stream_guards
+from .host_budget import budget_bytes
+from ..verl.manager_state import state_of
 
 log = get_logger("slimckpt.resume")
 
@@ -151,8 +157,6 @@ class StagingPool:
             if pinned and buf.numel():
                 pinned = self._pin(buf)
             if hasattr(t, "to_local"):
-                from torch.distributed.tensor import DTensor
-
                 buf = DTensor(buf, t._spec, requires_grad=False)
             buffers.append(buf)
         self._buffers, self.nbytes, self.pinned = buffers, state_bytes(buffers), pin and pinned
@@ -228,12 +232,8 @@ class AsyncResumeWriter:
         """The staged copy, or None when the largest rank's state is over the host-memory budget
         (decided together over `group`, so that no rank writes in the background while another
         blocks)."""
-        from .host_budget import budget_bytes
-
         need, budget = state_bytes(state), budget_bytes(config)
         if group is not None:
-            import torch.distributed as dist
-
             # the largest need against the smallest budget (host_memory_budget_gb=auto differs by node)
             largest = torch.tensor([need, -budget], dtype=torch.int64)
             dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
@@ -260,11 +260,7 @@ class AsyncResumeWriter:
         self._after_commit = []
         self.capture = capture
         if capture is not None:
-            from . import stream_guards
-
             self._unhook = stream_guards.activate(capture, optimizer)
-        from ..read import in_flight
-
         registered = in_flight.begin(path)  # a load, verify or merge of this dir in this process waits for it
         self._future = self._executor.submit(self._ready_then, write, capture, registered)
         self._future.add_done_callback(lambda _: in_flight.end(registered))  # also if it never ran
@@ -275,8 +271,6 @@ class AsyncResumeWriter:
             unhook()
 
     def _ready_then(self, write: Callable[[], None], capture, registered) -> None:
-        from ..read import in_flight
-
         in_flight.running(registered)
         try:
             self.pool.wait_ready()  # CUDA: the staged copies are complete before anything reads them
@@ -284,8 +278,6 @@ class AsyncResumeWriter:
         finally:
             in_flight.end(registered)
             if capture is not None:  # no guard waits for (and nothing holds) the live shards any more
-                from . import stream_guards
-
                 stream_guards.deactivate(capture)
         for callback in self._after_commit:
             try:
@@ -312,10 +304,10 @@ class AsyncResumeWriter:
 
 def writer_for(manager) -> AsyncResumeWriter:
     with _LOCK:
-        writer = getattr(manager, "_slimckpt_writer", None)
+        state = state_of(manager)
+        writer = state.writer
         if writer is None:
-            writer = AsyncResumeWriter()
-            manager._slimckpt_writer = writer
+            writer = state.writer = AsyncResumeWriter()
             _WRITERS.add(writer)
         return writer
 

@@ -53,6 +53,8 @@ from ..format import retention_plan
 from ..format.resume_manifest import protected_dirs, remove_manifest
 from ..format.retention_plan import RetentionPolicy
 from . import best_metric, optimizer_drop
+from ..verl.checkpoint_config import SlimCheckpointConfig
+from ..verl.manager_state import config_of, state_of
 
 log = get_logger("slimckpt.retention")
 
@@ -108,13 +110,12 @@ def delete_step_dir(path: str) -> str | None:
     return f"partly deleted: {errors[0]}" if errors else None
 
 
-def policy_for(config, max_keep) -> RetentionPolicy:
+def policy_for(config: SlimCheckpointConfig, max_keep) -> RetentionPolicy:
     """The role's policy: a recipe's checkpoint config adds keep_optimizer_last and keep_best."""
     keep_n = _valid_keep(max_keep)
-    return RetentionPolicy(max_keep=keep_n, optimizer_last=getattr(config, "keep_optimizer_last", None),
-                           keep_best=int(getattr(config, "keep_best", 0) or 0),
-                           best_metric=getattr(config, "best_metric", None) or None,
-                           best_mode=str(getattr(config, "best_mode", "max") or "max"))
+    return RetentionPolicy(max_keep=keep_n, optimizer_last=config.keep_optimizer_last,
+                           keep_best=int(config.keep_best or 0), best_metric=config.best_metric or None,
+                           best_mode=str(config.best_mode or "max"))
 
 
 def drop_step_optimizer(path: str, keep_last: int | None) -> str | None:
@@ -173,7 +174,7 @@ def optimizer_drops(manager, max_keep) -> list[str]:
     which the tracker still named), so every step outside the newest keep_optimizer_last and the
     tracker's loses it: one fewer optimizer on disk while the new step is written. A failed save
     still leaves the tracker's step whole."""
-    policy = policy_for(getattr(manager, "checkpoint_config", None), max_keep)
+    policy = policy_for(config_of(manager), max_keep)
     paths = [p for p in manager.previous_saved_paths if os.path.isdir(p)]
     if policy.optimizer_last is None or not paths:
         return []
@@ -194,11 +195,11 @@ def drop_before_save(paths: Sequence[str], keep_last: int | None) -> None:
 def before_save(manager, max_keep) -> None:
     """verl deletes here; slimckpt deletes nothing until the new step is complete, and drops only
     the optimizer state retention no longer keeps (optimizer_drops)."""
-    if getattr(manager, "_slimckpt_retention_deferred", False):
-        return  # the incremental tier's save runs them where it writes (resume_state.make_room)
+    if state_of(manager).retention_deferred:
+        return  # the incremental tier's save runs them where it writes (step_commit.make_room)
     drops = optimizer_drops(manager, max_keep)
     if drops:
-        drop_before_save(drops, getattr(manager.checkpoint_config, "keep_optimizer_last", None))
+        drop_before_save(drops, config_of(manager).keep_optimizer_last)
 
 
 @contextlib.contextmanager
@@ -206,21 +207,22 @@ def deferred(manager) -> Iterator[None]:
     """verl's own save called inside the incremental tier's (for huggingface/ and fsdp_config.json)
     registers the step before its shards exist: nothing may be pruned then; the commit runs
     retention once the step is complete."""
-    manager._slimckpt_retention_deferred = True
+    state = state_of(manager)
+    state.retention_deferred = True
     try:
         yield
     finally:
-        manager._slimckpt_retention_deferred = False
+        state.retention_deferred = False
 
 
 def after_save(manager, new_path: str, max_keep) -> list[str]:
     """Track `new_path` (complete now) and delete what retention allows; returns the deleted dirs."""
     new = os.path.abspath(new_path)
     paths = [p for p in manager.previous_saved_paths if os.path.abspath(p) != new] + [new_path]
-    if getattr(manager, "_slimckpt_retention_deferred", False):
+    if state_of(manager).retention_deferred:
         manager.previous_saved_paths = paths
         return []
-    policy = policy_for(getattr(manager, "checkpoint_config", None), max_keep)
+    policy = policy_for(config_of(manager), max_keep)
     manager.previous_saved_paths, deleted = apply(paths, max_keep, policy)
     return deleted
 

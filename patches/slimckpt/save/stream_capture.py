@@ -58,7 +58,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
+from ..collective import outcome
 from ..log import get_logger
 
 log = get_logger("slimckpt.resume")
@@ -461,8 +464,6 @@ class StreamCapture:
                 continue
             inner = getattr(holder, "_local_tensor", None)
             if inner is not None:
-                from torch.distributed.tensor import DTensor
-
                 replacements.append((holder, DTensor(new_local.data, holder._spec, requires_grad=False)))
             elif type(holder) is torch.Tensor:
                 replacements.append((holder, new_local.data))
@@ -499,14 +500,12 @@ class StreamCapture:
     # ------------------------------------------------------------------ outcome
 
     def check_collective(self, group) -> None:
-        """Before the commit, on every rank: raise the first rank's recorded failure, one line."""
-        import torch.distributed as dist
-
-        messages: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(messages, self.failure, group=group)
-        for rank, message in enumerate(messages):
-            if message:
-                raise StreamMutationError(message if rank == dist.get_rank(group) else f"{message} (rank {rank})")
+        """Before the commit, on every rank: raise the first rank's recorded failure, one line
+        (naming the rank it happened on, on the other ranks)."""
+        rank = dist.get_rank(group)
+        mine = outcome.Failure(rank, self.failure) if self.failure else None
+        outcome.agree(group, mine, lambda failure: StreamMutationError(
+            failure.line if failure.rank == rank else f"{failure.line} (rank {failure.rank})"))
 
 
 class StreamReads:

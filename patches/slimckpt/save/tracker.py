@@ -22,6 +22,9 @@ the window between a commit and the tracker write both steps exist.
 
 from __future__ import annotations
 
+# lazy imports: torch-free for the driver's resume check (intact_resume, adopt); verl's Role and
+# the save's error handling (torch.distributed) load only in the trainer's save
+
 import functools
 import glob
 import os
@@ -30,6 +33,7 @@ import time
 from typing import Any
 
 from ..log import get_logger
+from .driver_state import driver_state_of
 from ..format.resume_manifest import (
     MANIFEST_NAME,
     failure_markers,
@@ -200,9 +204,10 @@ def wrap_trainer_save_checkpoint(original):
 
             return save_then_restore_tracker(self, original, *args, **kwargs)
         result = original(self, *args, **kwargs)  # verl skips its tracker write: actor async_save=true
-        watcher = getattr(self, "_slimckpt_watcher", None)
+        state = driver_state_of(self)
+        watcher = state.watcher
         if watcher is None:
-            watcher = self._slimckpt_watcher = CommitWatcher(self.config.trainer.default_local_dir)
+            watcher = state.watcher = CommitWatcher(self.config.trainer.default_local_dir)
             actor = config_value(config_value(self.config.actor_rollout_ref, "actor"), "checkpoint")
             watcher.keep_going = config_value(actor, "on_save_error", "stop") == "continue"
         watcher.after_save(int(self.global_steps), roles)

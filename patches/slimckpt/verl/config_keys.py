@@ -15,8 +15,11 @@ or one of FREE_FORM: sections verl passes through as keyword arguments).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 # passed on as **kwargs (ray.init), so any key is legitimate there
 FREE_FORM = ("ray_kwargs.ray_init",)
@@ -24,8 +27,6 @@ FREE_FORM = ("ray_kwargs.ray_init",)
 
 def flatten_keys(node: Any, prefix: str = "") -> list[str]:
     """Dotted paths of every leaf (and every empty mapping) of a plain or OmegaConf mapping."""
-    from omegaconf import DictConfig, OmegaConf
-
     if isinstance(node, DictConfig):
         node = OmegaConf.to_container(node, resolve=False)
     if not isinstance(node, dict) or not node:
@@ -43,8 +44,6 @@ def is_known(base, dotted: str, overlay: Any = None) -> bool:
     `overlay` is the file that sets the key: its own `_target_` at a level (a recipe swapping in
     SlimCheckpointConfig) decides which dataclass fields are accepted there.
     """
-    from omegaconf import DictConfig
-
     node: Any = base
     over: Any = overlay
     parts = dotted.split(".")
@@ -83,15 +82,11 @@ def unknown_keys(base, keys: list[str], overlay: Any = None) -> list[str]:
 
 def unknown_keys_in_file(base, path: Path) -> list[str]:
     """Keys a `# @package _global_` YAML file sets that verl's config does not have."""
-    from omegaconf import OmegaConf
-
     overlay = OmegaConf.load(path)
     return unknown_keys(base, flatten_keys(overlay), overlay)
 
 
 def _dataclass_fields(target: str) -> set[str]:
-    import importlib
-
     module_name, _, attr = target.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), attr)

@@ -105,7 +105,7 @@ PATCHES: list[Patch] = [
     Patch("checkpoint.save", f"{CKPT_MANAGER}.save_checkpoint", "checkpoint", "slimckpt.save.hooks:wrap_save_checkpoint",
           why="route recipe saves through slimckpt (measured unless the recipe's measure=false)"),
     Patch("checkpoint.load", f"{CKPT_MANAGER}.load_checkpoint", "checkpoint",
-          "slimckpt.save.resume_state:wrap_load_checkpoint",
+          "slimckpt.save.resume_load:wrap_load_checkpoint",
           why="load the incremental tier's DCP resume state (any world size); verl's own format otherwise"),
     *_in_both_trainers(
         "checkpoint.tracker", "{trainer}._save_checkpoint", "slimckpt.save.tracker:wrap_trainer_save_checkpoint",
