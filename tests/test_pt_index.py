@@ -12,8 +12,8 @@ import zipfile
 import pytest
 import torch
 
-from slimckpt.read import pt_index, quick_sources
-from slimckpt.read.sources import open_checkpoint
+from slimckpt.read import pt_index
+from slimckpt.read.sources import open_checkpoint, signature
 
 from .conftest import run_python
 from .merge_helpers import fsdp_checkpoint, synthetic_checkpoint
@@ -50,9 +50,9 @@ def assert_reads_like_the_real_reader(local_dir) -> pt_index.IndexedCheckpoint:
                                                                         real.fsdp_version)
     assert list(index.tensors) == list(real.tensors)
     names = {k: k for k in real.tensors}
-    assert pt_index.signature(index, names) == quick_sources.signature(real, names)
+    assert pt_index.signature(index, names) == signature(real, names)
     renamed = {f"out.{k}": k for k in list(real.tensors)[::2]}
-    assert pt_index.signature(index, renamed) == quick_sources.signature(real, renamed)
+    assert pt_index.signature(index, renamed) == signature(real, renamed)
     for key, st in real.tensors.items():
         it = index.tensors[key]
         assert it.itemsize == st.pieces[0].element_size() and it.dtype == str(st.dtype)
