@@ -4,11 +4,10 @@ torch.distributed.checkpoint unpickles two things with plain pickle: `dcp/.metad
 (FileSystemReader.read_metadata: `pickle.load`) and every non-tensor record of the `.distcp`
 files (DefaultLoadPlanner.load_bytes: `torch.load(weights_only=False)`: the optimizer's
 param_groups and other Python values). Its tensor records it reads with `weights_only=True`
-already. Here `.metadata` is unpickled by pickle_policy's RestrictedUnpickler itself (what
-FileSystemReader does after its `pickle.load` is kept), and a byte record is checked with
-pickle_policy before DCP's planner unpickles it (it sets the value at its place in the nested
-state dict with DCP's own private helpers), so a booby-trapped step is refused (PickleRefused,
-naming the file and the global) before any of it runs.
+already. Here both are unpickled by pickle_policy's RestrictedUnpickler instead: `.metadata`
+directly (what FileSystemReader does after its `pickle.load` is kept), a byte record by the one
+`.pt` reader (`pt_tensors.load_bytes`), its value then set where DCP's planner sets it. A
+booby-trapped step is refused (PickleRefused, naming the file and the global) before any of it runs.
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
-from .pickle_policy import PickleRefused, RestrictedUnpickler, check_torch_bytes
+from . import pt_tensors
+from .pickle_policy import PickleRefused, RestrictedUnpickler
 
 METADATA_NAME = ".metadata"
 
@@ -41,19 +41,41 @@ class CheckedFileSystemReader(FileSystemReader):
 
 
 class CheckedLoadPlanner(DefaultLoadPlanner):
-    """DefaultLoadPlanner whose non-tensor records are checked before DCP unpickles them."""
+    """DefaultLoadPlanner whose non-tensor records are unpickled with pickle_policy's globals only."""
 
     def __init__(self, dcp_dir: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self.dcp_dir = dcp_dir
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        fqn = read_item.dest_index.fqn
         try:
-            check_torch_bytes(value.getvalue(), self.dcp_dir)
+            obj = pt_tensors.load_bytes(value.getvalue(), self.dcp_dir)
         except PickleRefused as exc:
-            raise PickleRefused(exc.path, exc.global_name, f"the record of {read_item.dest_index.fqn}") from None
-        value.seek(0)
-        super().load_bytes(read_item, value)
+            raise PickleRefused(exc.path, exc.global_name, f"the record of {fqn}") from None
+        if self.flatten_state_dict:  # where DefaultLoadPlanner.load_bytes puts it
+            _set_at(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
+def _set_at(root, path: tuple, value) -> None:
+    """root[path[0]][path[1]]... = value, making the dicts (str keys) and lists (int keys) on the way
+    that the state dict does not hold yet, lists padded with None."""
+    node = root
+    for key, after in zip(path, path[1:]):
+        empty = {} if type(after) is str else []
+        if isinstance(node, dict):
+            node = node.setdefault(key, empty)
+            continue
+        node.extend([None] * (key + 1 - len(node)))
+        if node[key] is None:
+            node[key] = empty
+        node = node[key]
+    last = path[-1]
+    if type(last) is int:
+        node.extend([None] * (last + 1 - len(node)))
+    node[last] = value
 
 
 def read_metadata(dcp_dir: str):

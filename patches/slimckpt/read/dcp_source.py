@@ -31,6 +31,7 @@ import os
 import re
 
 import torch
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
 
 from ..format.resume_manifest import MANIFEST_NAME, Manifest
 from . import pt_index, pt_tensors
@@ -74,8 +75,6 @@ def open_dcp(local_dir: str, manifest: Manifest | None = None, prefix: str = MOD
     `manifest`: checked by `check_step` already; else it is checked here, sizes only (the merge
     checks the checksums once, before it opens the step: `check_step`). `prefix`: the keys read
     (`optim.state.` for the optimizer's tensors, which `slimckpt convert` reads)."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
-
     local_dir = os.path.abspath(local_dir)
     manifest = manifest or check_step(local_dir, checksums=False)
     dcp_dir = os.path.join(local_dir, DCP_DIR)
