@@ -149,6 +149,8 @@ def _source(key: str, name: str, meta, storage_data: dict, index_cls, dcp_dir: s
         if path not in handles:
             try:
                 handles[path] = pt_tensors.mapping(path, pt_tensors.READ)
+                if handles[path] is None:
+                    raise ValueError("cannot mmap an empty file")
             except (OSError, ValueError) as exc:
                 raise CheckpointError(f"{path}: cannot be read ({exc}); the checkpoint is damaged, merge an "
                                       f"earlier step") from None

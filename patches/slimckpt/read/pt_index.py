@@ -329,7 +329,11 @@ class ZipRecords:
 
     def __init__(self, f, base: int = 0, length: int | None = None) -> None:
         self.f, self.base = f, base
-        self.zip = zipfile.ZipFile(f if base == 0 and length is None else _Window(f, base, length or 0))
+        if base == 0 and length is None:
+            self.zip = zipfile.ZipFile(f)
+        else:
+            end = length if length is not None else os.fstat(f.fileno()).st_size - base
+            self.zip = zipfile.ZipFile(_Window(f, base, end))
         self.infos = {i.filename: i for i in self.zip.infolist()}
         if not self.infos:
             raise _NotSimple("an empty zip archive")

@@ -3,7 +3,8 @@
 `load` reads a `.pt` file as `torch.load(map_location="cpu")` would, through the same zip reader
 and the same `RestrictedUnpickler` subclass as the torch-free index (`pt_index.RecordUnpickler`),
 but with pickle_policy's allowed globals resolved to torch's (and numpy's) own objects: DTensors,
-device meshes, placements, ShardedTensor metadata, an lr scheduler's state, RNG states. Only the
+device meshes, placements, an lr scheduler's state, RNG states; FSDP1's ShardedTensor as a
+stand-in of its metadata and local shards (`ShardedTensorState`: no process group needed). Only the
 storages are ours: each one is a view of the file at the offset the index found, over one
 memory map per file (`access`):
 
@@ -85,9 +86,28 @@ def record_tensor(buffer, record: pt_index.TensorRecord) -> torch.Tensor:
                  record.stride, record.storage_offset)
 
 
+class ShardedTensorState(torch.Tensor):
+    """Stand-in for FSDP1's ShardedTensor while unpickling: keeps its state, needs no process group
+    (the real class demands a live one of the saving rank)."""
+
+    def __setstate__(self, state):  # (local_shards, metadata, pg_state, sharding_spec, init_rrefs)
+        self._slim_local_shards = state[0]
+        self._slim_metadata = state[1]
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise TypeError("a ShardedTensor read by slimckpt is metadata only; use its local shards")
+
+
+def sharded_tensor_metadata(value: Any) -> Any | None:
+    """The metadata of an FSDP1 ShardedTensor as `load` reads it; None for any other value."""
+    return value._slim_metadata if isinstance(value, ShardedTensorState) else None
+
+
 class TorchUnpickler(pt_index.RecordUnpickler):
     """pt_index's unpickler with torch's own objects: tensors are views of `buffer` (a `mapping` of
-    the file; None: each storage read into memory), every other allowed global is the real one."""
+    the file; None: each storage read into memory), FSDP1's ShardedTensor is `ShardedTensorState`,
+    every other allowed global is the real one."""
 
     def __init__(self, file, path: str, records: pt_index.ZipRecords, buffer=None) -> None:
         super().__init__(file, path, records)
@@ -99,6 +119,11 @@ class TorchUnpickler(pt_index.RecordUnpickler):
             return self._rebuild_v2 if name.endswith("v2") else self._rebuild_v3
         if module == "torch" and name in pt_index.STORAGE_TYPES:
             return pt_index.STORAGE_TYPES[name]  # only ever named in a persistent id: the index's record
+        if name.split(".")[0] == "ShardedTensor" and module.startswith("torch.distributed._shard.sharded_tensor"):
+            real = RestrictedUnpickler.resolve(self, module, "ShardedTensor")
+            # its pickle also names nested classes through the type (ShardedTensor.ProcessGroupState)
+            ShardedTensorState.ProcessGroupState = real.ProcessGroupState
+            return ShardedTensorState if name == "ShardedTensor" else RestrictedUnpickler.resolve(self, module, name)
         real = RestrictedUnpickler.resolve(self, module, name)
         if (module, name) == ("torch._utils", "_rebuild_wrapper_subclass"):
             # torch.load(map_location="cpu") puts a tensor subclass (DTensor) on the CPU too
@@ -137,12 +162,12 @@ class TorchUnpickler(pt_index.RecordUnpickler):
         return self._tensor(storage, storage_offset, size, stride, dtype, requires_grad, metadata)
 
 
-def load(path: str, access: int | None = COPY, unpickler: type[TorchUnpickler] = TorchUnpickler) -> Any:
+def load(path: str, access: int | None = COPY) -> Any:
     """The object a `.pt` file holds, as `torch.load(path, map_location="cpu", mmap=access is not None)`
     gives it, unpickled with pickle_policy's globals only (PickleRefused for any other); raises
     pt_index.NotATorchFile (or OSError) for a file torch.save did not write as it does."""
     buffer = mapping(path, access) if access is not None else None
-    return pt_index.PtFile(path, unpickler, buffer=buffer).state
+    return pt_index.PtFile(path, TorchUnpickler, buffer=buffer).state
 
 
 def load_bytes(data: bytes, path: str) -> Any:

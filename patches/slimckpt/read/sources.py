@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from . import pt_index, pt_tensors
+from .pt_tensors import ShardedTensorState, sharded_tensor_metadata  # noqa: F401 - verify's reader of them
 from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
 from .direct_read import MappedFiles
 from .pickle_policy import PickleRefused
@@ -119,28 +120,6 @@ class VerlFsdpCheckpoint:
         self.tensors.clear()
 
 
-class _ShardedTensorState(torch.Tensor):
-    """Stand-in for FSDP1's ShardedTensor while unpickling: keeps its state, needs no process group."""
-
-    def __setstate__(self, state):  # (local_shards, metadata, pg_state, sharding_spec, init_rrefs)
-        self._slim_local_shards = state[0]
-        self._slim_metadata = state[1]
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        raise TypeError("a ShardedTensor read by slimckpt is metadata only; use its local shards")
-
-
-class _Unpickler(pt_tensors.TorchUnpickler):
-    def resolve(self, module, name):
-        if name.split(".")[0] == "ShardedTensor" and module.startswith("torch.distributed._shard.sharded_tensor"):
-            real = super().resolve(module, "ShardedTensor")
-            # its pickle also names nested classes through the type (ShardedTensor.ProcessGroupState)
-            _ShardedTensorState.ProcessGroupState = real.ProcessGroupState
-            return _ShardedTensorState if name == "ShardedTensor" else super().resolve(module, name)
-        return super().resolve(module, name)
-
-
 def load_mmap(path: str) -> Any:
     """One of verl's rank files as torch.load(mmap=True) reads it, tensors left file-backed; verl's
     files hold DTensors, FSDP1's ShardedTensors (read as metadata: `sharded_tensor_metadata`) and
@@ -148,12 +127,7 @@ def load_mmap(path: str) -> Any:
     Raises pt_index.NotATorchFile, OSError, or what a damaged pickle raises."""
     # torch warns on every DeviceMesh unpickled without process groups; it is harmless here
     with quieted("torch.distributed.device_mesh"):
-        return pt_tensors.load(path, pt_tensors.COPY, _Unpickler)
-
-
-def sharded_tensor_metadata(value: Any) -> Any | None:
-    """The metadata of an FSDP1 ShardedTensor as `load_mmap` reads it; None for any other value."""
-    return value._slim_metadata if isinstance(value, _ShardedTensorState) else None
+        return pt_tensors.load(path, pt_tensors.COPY)
 
 
 def load_rank_file(path: str) -> dict:
@@ -237,7 +211,7 @@ def _source_tensor(ckpt: VerlFsdpCheckpoint, key: str, plain_ranks: list[int]) -
     v0 = ckpt.state_dicts[0][key]
     if isinstance(v0, dtensor):
         return _from_dtensor(ckpt, key)
-    if isinstance(v0, _ShardedTensorState):
+    if isinstance(v0, ShardedTensorState):
         return _from_sharded_tensor(ckpt, key)
     pieces, ranks = [], []
     for r in plain_ranks:
@@ -301,7 +275,7 @@ def _from_sharded_tensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
     by_offset = []
     for r in range(ckpt.world_size):
         st = ckpt.state_dicts[r][key]
-        if not isinstance(st, _ShardedTensorState):
+        if not isinstance(st, ShardedTensorState):
             raise CheckpointError(f"{ckpt.model_file(r)}: entry {key!r} is not a ShardedTensor like rank 0's")
         for shard in st._slim_local_shards:
             md = shard.metadata
