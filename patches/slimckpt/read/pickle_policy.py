@@ -28,7 +28,6 @@ import io
 import os
 import pickle
 import pickletools
-import types
 import zipfile
 from collections.abc import Iterator
 
@@ -218,15 +217,6 @@ class RestrictedUnpickler(pickle.Unpickler):
         module, name = self.__dict__.get("_names", {}).get(id(owner), ("builtins", "getattr"))
         check_global(module, f"{name}.{attr}" if type(attr) is str else f"{name}.?", self.path)
         return getattr(owner, attr)
-
-
-def pickle_module(unpickler: type[RestrictedUnpickler], path: str) -> types.ModuleType:
-    """A `pickle_module` for `torch.load` whose Unpickler is `unpickler`, naming `path` in refusals."""
-    named = type(unpickler.__name__, (unpickler,), {"path": path})
-    module = types.ModuleType("slimckpt_restricted_pickle")
-    module.Unpickler = named  # type: ignore[attr-defined]
-    module.load = pickle.load  # type: ignore[attr-defined]
-    return module
 
 
 # --- checking a pickle without building it ---
