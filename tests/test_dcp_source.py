@@ -73,3 +73,38 @@ def test_a_record_other_than_its_metadata_is_refused_in_one_line(step, tmp_path)
     line = str(err.value)
     assert "\n" not in line and str(distcp) in line and "model.embed_tokens.weight" in line
     assert "refused: pickle global torch._utils._rebuild_tensor_v9" in line  # a global torch never writes
+
+
+def test_checked_reader_and_planner_load_what_dcps_own_load(tmp_path, monkeypatch):
+    """DCP's .metadata and byte records read through pickle_policy's unpickler (dcp_pickle) give what
+    DCP's own reader and planner give: nested values, lists, tuples and tensors where DCP puts them."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from slimckpt.read import pt_tensors
+    from slimckpt.read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner, read_metadata
+
+    records = []  # the byte records our reader unpickled (watched, still read by it)
+    real_load_bytes = pt_tensors.load_bytes
+    monkeypatch.setattr(pt_tensors, "load_bytes", lambda data, path: records.append(path) or real_load_bytes(data, path))
+
+    groups = [{"lr": 0.1, "betas": (0.9, 0.99), "params": ["a", "b"], "name": None}, {"lr": 0.2, "params": ["c"]}]
+    step = synthetic_dcp_step(tmp_path / "actor", more={"optim": {"param_groups": groups, "extra": [1, "x"]}})
+    dcp_dir = str(step / "dcp")
+
+    def load(**kw):
+        state = {"model": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in open_dcp(str(step)).tensors.items()},
+                 "optim": {"param_groups": [{"lr": 0.0, "betas": (0.0, 0.0), "params": [], "name": "?"},
+                                            {"lr": 0.0, "params": []}], "extra": [0, ""]}}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # single-process load, as meant
+            dcp.load(state, checkpoint_id=dcp_dir, no_dist=True, **kw)
+        return state
+
+    ours, theirs = load(storage_reader=CheckedFileSystemReader(dcp_dir), planner=CheckedLoadPlanner(dcp_dir)), load()
+    assert ours["optim"] == theirs["optim"] and ours["optim"]["param_groups"] == groups
+    assert len(records) >= len(groups)  # each group's values were records of ours
+    assert all(torch.equal(ours["model"][k], theirs["model"][k]) for k in theirs["model"])
+    meta, real = read_metadata(dcp_dir), dcp.FileSystemReader(dcp_dir).read_metadata()
+    assert meta.state_dict_metadata == real.state_dict_metadata and meta.storage_data == real.storage_data

@@ -127,9 +127,9 @@ def test_a_checked_release_without_the_internal_fails_loudly(monkeypatch):
 
 
 def test_dcp_records_are_read_where_torchs_own_reader_reads_them(tmp_path):
-    """read/dcp_source.py reads a DCP record's zip with Python's zipfile, not torch's private
+    """read/pt_index.py reads a torch.save zip (a DCP record) with Python's zipfile, not torch's private
     reader (torch 2.11's has no get_record_size): same entries, bytes and offsets."""
-    from slimckpt.read.dcp_source import ZipRecords
+    from slimckpt.read.pt_index import ZipRecords
 
     buf = io.BytesIO()
     torch.save(torch.arange(1000, dtype=torch.float32)[100:400], buf)

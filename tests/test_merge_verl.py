@@ -212,25 +212,24 @@ def test_fsdp1_sharded_tensor_format(tmp_path_factory, tmp_path):
 
 @pytest.mark.parametrize("name", [*CHECKPOINTS, SHARDED_TENSOR[0]])
 def test_quick_reader_agrees_with_the_real_one_or_stands_down(tmp_path_factory, tmp_path, name):
-    """The early writer's reader (slimckpt.read.quick_sources, no torch.distributed) must read what the real
+    """The early writer's reader (slimckpt.read.sources.open_indexed, no torch.distributed) must read what the real
     reader reads, byte location for byte location, or return None; and a merge whose early write came
     from it is not rewritten."""
     from slimckpt.merge import guess as merge_guess
-    from slimckpt.read import quick_sources
-    from slimckpt.read.sources import open_checkpoint
+    from slimckpt.read.sources import open_checkpoint, open_indexed, signature
 
     if name == SHARDED_TENSOR[0]:
         ckpt = fsdp_checkpoint(tmp_path_factory, name, SHARDED_TENSOR[1], *SHARDED_TENSOR[2])
     else:
         ckpt = checkpoint(tmp_path_factory, name)
-    quick = quick_sources.open_quick(str(ckpt))
+    quick = open_indexed(str(ckpt))
     simple = name in ("fsdp2_w2", "fsdp2_w3_uneven", "fsdp1_qwen2_tied")  # 1-D meshes
     assert (quick is not None) == simple
     if quick is None:
         return
     real = open_checkpoint(str(ckpt))
     names = {k: k for k in real.tensors}
-    assert quick_sources.signature(quick, names) == quick_sources.signature(real, names)
+    assert signature(quick, names) == signature(real, names)
     assert {k: t.shard_dim for k, t in quick.tensors.items()} == {k: t.shard_dim for k, t in real.tensors.items()}
     if merge_guess.read_config(str(ckpt / "huggingface")) is not None:
         with lines_of(merge_log) as logged:

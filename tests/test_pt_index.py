@@ -12,8 +12,10 @@ import zipfile
 import pytest
 import torch
 
-from slimckpt.read import pt_index, quick_sources
-from slimckpt.read.sources import open_checkpoint
+from slimckpt.observe.memory import rss_anon_bytes
+from slimckpt.read import pt_index, pt_tensors
+from slimckpt.read.direct_read import MappedFiles
+from slimckpt.read.sources import open_checkpoint, open_indexed, signature
 
 from .conftest import run_python
 from .merge_helpers import fsdp_checkpoint, synthetic_checkpoint
@@ -50,9 +52,9 @@ def assert_reads_like_the_real_reader(local_dir) -> pt_index.IndexedCheckpoint:
                                                                         real.fsdp_version)
     assert list(index.tensors) == list(real.tensors)
     names = {k: k for k in real.tensors}
-    assert pt_index.signature(index, names) == quick_sources.signature(real, names)
+    assert pt_index.signature(index, names) == signature(real, names)
     renamed = {f"out.{k}": k for k in list(real.tensors)[::2]}
-    assert pt_index.signature(index, renamed) == quick_sources.signature(real, renamed)
+    assert pt_index.signature(index, renamed) == signature(real, renamed)
     for key, st in real.tensors.items():
         it = index.tensors[key]
         assert it.itemsize == st.pieces[0].element_size() and it.dtype == str(st.dtype)
@@ -86,6 +88,77 @@ def test_plain_checkpoint(plain):
     a, b = index.tensors["extra.view_a"].pieces[0], index.tensors["extra.view_b"].pieces[0]
     assert b.offset - a.offset == 2 * 4 * 4  # two rows of four float32 further into the same storage
     assert pt_index.signature(index, {"e": "extra.empty"})[0][7][0][0] is None  # no bytes: no location
+
+
+def _same(ours, theirs, where="") -> None:
+    """ours == theirs, tensors by dtype, shape, stride, storage offset and bytes; the rest by value."""
+    assert type(ours) is type(theirs), (where, type(ours), type(theirs))
+    if isinstance(theirs, torch.Tensor):
+        assert (ours.dtype, ours.shape, ours.stride(), ours.storage_offset(), ours.requires_grad) == \
+            (theirs.dtype, theirs.shape, theirs.stride(), theirs.storage_offset(), theirs.requires_grad), where
+        assert torch.equal(ours, theirs), where
+    elif isinstance(theirs, dict):
+        assert list(ours) == list(theirs), where
+        for k in theirs:
+            _same(ours[k], theirs[k], f"{where}.{k}")
+    elif isinstance(theirs, (list, tuple)):
+        assert len(ours) == len(theirs), where
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            _same(a, b, f"{where}[{i}]")
+    else:
+        assert ours == theirs, where
+
+
+def test_torch_side_reads_what_torch_load_reads_mapped(plain, tmp_path):
+    """pt_tensors.load of a rank file and of other entries: torch.load's objects (mapped or read), views
+    of one storage still one storage, every tensor a view of the file where the index's records say."""
+    path = str(plain / "model_world_size_2_rank_0.pt")
+    extra = {"legacy": torch.arange(6, dtype=torch.int32), "param": torch.nn.Parameter(torch.ones(3, 2)),
+             "nested": [{"a": torch.zeros(2, 0)}, (1, "x")]}
+    other = str(tmp_path / "other.pt")
+    torch.save(extra, other)
+    for p in (path, other):
+        _same(pt_tensors.load(p), torch.load(p, mmap=True, weights_only=False, map_location="cpu"))
+        _same(pt_tensors.load(p, access=None), torch.load(p, weights_only=False, map_location="cpu"))
+    ours = pt_tensors.load(path)
+    a, b = ours["extra.view_a"], ours["extra.view_b"]
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    files = MappedFiles([path])
+    records = dict(pt_index.tensor_records(pt_index.PtFile(path).state))
+    assert list(records) == [(k,) for k in ours]
+    for key, t in ours.items():
+        assert records[(key,)].shape == tuple(t.shape) and records[(key,)].stride == t.stride()
+        if t.numel():
+            assert files.locate(t) == (path, records[(key,)].offset), key
+
+
+def test_mapped_tensors_stay_out_of_anonymous_memory(tmp_path):
+    """Reading every byte of a mapped file's tensors grows no anonymous memory (the merge's bounded-RSS
+    figures depend on it); the same file read into memory does, by its size."""
+    path = str(tmp_path / "big.pt")
+    torch.save({"w": torch.ones(16 << 20, dtype=torch.float32)}, path)  # 64 MiB
+
+    def growth(access) -> int:
+        before = rss_anon_bytes()
+        t = pt_tensors.load(path, access=access)["w"]
+        assert int(t.view(torch.int32)[::1024].sum()) == int(torch.ones(1).view(torch.int32)) * (t.numel() // 1024)
+        grown = rss_anon_bytes() - before
+        del t
+        return grown
+
+    assert growth(pt_tensors.COPY) < 8 << 20
+    assert growth(None) > 48 << 20
+
+
+def test_open_indexed_is_the_full_readers_reading(plain):
+    """The early writer's reader (the index's tensors, no torch.distributed unpickled) gives the full
+    reader's tensors, byte for byte and location for location."""
+    quick, real = open_indexed(str(plain)), open_checkpoint(str(plain))
+    names = {k: k for k in real.tensors}
+    assert signature(quick, names) == signature(real, names)
+    for key, st in real.tensors.items():
+        for p, q in zip(st.pieces, quick.tensors[key].pieces, strict=True):
+            assert torch.equal(p, q) and p.stride() == q.stride(), key
 
 
 @pytest.mark.parametrize("world_size", [1, 3])

@@ -2,23 +2,25 @@
 
 verl's own save pickles a dict whose tensors are all in memory. Here the dict is first built of
 fake tensors (no storage) and saved with torch's `skip_data`, which lays out every storage at its
-final size and offset without writing its bytes; the file is then mapped shared (`torch.load`,
-mmap, MAP_SHARED) and each tensor's bytes are copied in from the memory-mapped source, one
-tensor at a time. Neither side's bytes pass through anonymous memory: both are page cache, and
+final size and offset without writing its bytes; the one `.pt` reader (`read.pt_index`) then finds
+each tensor's bytes in the file, which is mapped shared (MAP_SHARED), and each tensor's bytes are
+copied in from the memory-mapped source, one tensor at a time. Neither side's bytes pass through anonymous memory: both are page cache, and
 the file is fsynced before the step is committed. The result loads with plain `torch.load`
 exactly as verl's own file does (same structure, DTensors on the same mesh).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor, Shard
 
+from .. import internals
+from ..read import pt_index, pt_tensors
 from ..read.sources import SourceTensor
 
 
@@ -83,8 +85,6 @@ class Skeleton:
     """Builds the state dict to save: fake tensors, each with its Slot, found again by path after the load."""
 
     def __init__(self, mesh) -> None:
-        from .. import internals
-
         fake_mode = internals.lookup("torch._subclasses.fake_tensor:FakeTensorMode")
         if fake_mode is None:  # no public way to lay out a tensor without its storage
             raise RuntimeError(f"slimckpt convert: torch {internals.release('torch')}'s FakeTensorMode is not one "
@@ -99,8 +99,6 @@ class Skeleton:
 
     def sharded(self, path: tuple, source: FlatSource, rows: tuple[int, int]):
         """A DTensor of `source`'s global shape, Shard(0) on the mesh, holding `rows` locally."""
-        from torch.distributed.tensor import DTensor, Shard
-
         shape = source.shape
         local = self._fake((rows[1] - rows[0], *shape[1:]), source.dtype)
         stride = tuple(int(s) for s in torch.empty(shape, device="meta").stride())
@@ -131,19 +129,17 @@ def _at(obj: Any, path: tuple) -> Any:
 
 def write(path: str, obj: Any, skeleton: Skeleton, on_bytes: Callable[[int], object] | None = None) -> None:
     """Save `obj` (built with `skeleton`) to `path`, then fill and fsync it."""
-    from torch.distributed.tensor import DTensor
-
     with torch.serialization.skip_data(materialize_fake_tensors=True):
         torch.save(obj, path)
-    # our own file, just written: torch's loader rebuilds its DTensors and meshes
-    with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
-        mapped = torch.load(path, mmap=True, weights_only=False, map_location="cpu")
+    laid_out = pt_index.PtFile(path).state  # our own file, just written: where each tensor's bytes go
+    buffer = pt_tensors.mapping(path, pt_tensors.WRITE)
     try:
         with torch.no_grad():
             for where, slot in skeleton.slots.items():
-                dest = _at(mapped, where)
-                if isinstance(dest, DTensor):
-                    dest = dest._local_tensor
+                record = _at(laid_out, where)
+                if isinstance(record, pt_index.DTensorStub):
+                    record = record.state["_local_tensor"]
+                dest = pt_tensors.record_tensor(buffer, record)
                 flat = dest.view(-1)
                 if slot.zero:
                     flat.zero_()
@@ -151,8 +147,13 @@ def write(path: str, obj: Any, skeleton: Skeleton, on_bytes: Callable[[int], obj
                     run.source.copy_into(flat[run.at:run.at + run.stop - run.start], run.start, run.stop)
                 if on_bytes is not None:
                     on_bytes(dest.numel() * dest.element_size())
+                del dest, flat  # the map is closed below: no view of it may outlive the loop
     finally:
-        del mapped
+        if buffer is not None:
+            try:
+                buffer.close()
+            except BufferError:  # a view still held (an error mid-copy): the map closes when it goes
+                pass
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

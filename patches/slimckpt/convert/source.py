@@ -5,23 +5,28 @@ verl's numbered form, and each saved rank's extra state.
 Two formats: slimckpt's incremental dcp/ (model and optimizer keyed by parameter name; the
 optimizer's numbering is the order of its param_groups' names, the order the saving optimizer
 held its parameters in, which is the order an optimizer built the same way numbers them) and
-verl's own rank files (already numbered). Pickles go through read.pickle_policy.
+verl's own rank files (already numbered). Every file and record is read by the one `.pt` reader
+(read.pt_index, tensors by read.pt_tensors) with read.pickle_policy's globals.
 """
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.tensor import DTensor
 
 from ..format.resume_manifest import MANIFEST_NAME, UncommittedCheckpoint, check_committed
+from ..read import pt_tensors
 from ..read.checkpoint_dir import DCP_DIR, HF_SUBDIR, CheckpointError, read_fsdp_config
+from ..read.dcp_pickle import read_metadata
+from ..read.dcp_source import open_dcp
 from ..read.dcp_step import is_dcp_role_dir
-from ..read.pickle_policy import check_torch_bytes
 from ..read.safe_load import load_torch_file
+from ..read.sources import load_mmap, open_checkpoint
 from .layout import ModelLayout, meta_layout
 from .plan import ConvertError, flat_runs
 from .rank_file import FlatSource
@@ -83,9 +88,6 @@ def open_role(role_dir: str) -> RoleSource:
 
 
 def _open_ours(role_dir: str) -> RoleSource:
-    from ..read.dcp_pickle import read_metadata
-    from ..read.dcp_source import open_dcp
-
     try:  # committed, every file's size and checksum
         manifest = check_committed(role_dir, checksums=True)
     except UncommittedCheckpoint as exc:
@@ -127,8 +129,6 @@ def _open_ours(role_dir: str) -> RoleSource:
 
 def _param_groups(dcp_dir: str, metadata) -> list[dict[str, Any]]:
     """The optimizer's param_groups, as DCP saved them: one pickled value per `optim.param_groups.<i>.<key>`."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex
-
     groups: dict[int, dict[str, Any]] = {}
     for key in metadata.state_dict_metadata:
         if not key.startswith(OPTIM_GROUPS):
@@ -139,8 +139,7 @@ def _param_groups(dcp_dir: str, metadata) -> list[dict[str, Any]]:
         with open(path, "rb") as f:
             f.seek(info.offset)
             data = f.read(info.length)
-        check_torch_bytes(data, path)
-        groups.setdefault(int(i), {})[name] = torch.load(io.BytesIO(data), weights_only=True)
+        groups.setdefault(int(i), {})[name] = pt_tensors.load_bytes(data, path)
     if not groups:
         raise ConvertError(f"{os.path.join(dcp_dir, '.metadata')}: the optimizer's param_groups are missing; the step "
                            f"is damaged, convert an earlier one")
@@ -151,10 +150,6 @@ def _param_groups(dcp_dir: str, metadata) -> list[dict[str, Any]]:
 
 
 def _open_verl(role_dir: str) -> RoleSource:
-    from torch.distributed.tensor import DTensor
-
-    from ..read.sources import open_checkpoint
-
     world, version = read_fsdp_config(role_dir)
     ckpt = open_checkpoint(role_dir)
     rank0 = ckpt.state_dicts[0]
@@ -195,8 +190,6 @@ def _open_verl(role_dir: str) -> RoleSource:
 
 def load_rank_file_any(path: str) -> dict:
     """An optimizer rank file, memory-mapped, with pickle_policy's globals."""
-    from ..read.sources import load_mmap
-
     try:
         sd = load_mmap(path)
     except CheckpointError:
@@ -211,8 +204,6 @@ def load_rank_file_any(path: str) -> dict:
 
 
 def _verl_optim_state(per_rank: list[dict], paths: list[str]) -> dict[int, dict[str, Any]]:
-    from torch.distributed.tensor import DTensor
-
     out: dict[int, dict[str, Any]] = {}
     for index, state0 in per_rank[0]["state"].items():
         entry: dict[str, Any] = {}

@@ -59,7 +59,7 @@ class EarlyWrite:
 
     First choice: a child forked before torch is imported, which reads the rank files with
     `pt_index` and writes with `np_writer` (no torch: it starts 1.3-4 s sooner). Else, once torch
-    is imported, `quick_sources` and the torch writer, in a forked child where that is safe
+    is imported, the same index's tensors (`sources.open_indexed`) and the torch writer, in a forked child where that is safe
     (`forked_call`), or on a thread. In a thread, the pipeline's read, cast and write threads wait
     for the GIL while the imports run Python: on the 1B merge here its writing took 6.3-7.5 s beside
     the imports, 4.6-5.0 s alone."""
@@ -135,12 +135,10 @@ class EarlyWrite:
 
     @classmethod
     def _start_with_torch(cls, opts: MergeOptions, target: str, config: dict) -> "EarlyWrite | None":
-
-        from ..read import quick_sources
         from ..read.merge_input import open_source
-        from ..read.sources import CheckpointError
+        from ..read.sources import CheckpointError, open_indexed, signature
 
-        ckpt = quick_sources.open_quick(opts.local_dir)  # no torch.distributed import: 0.9 s sooner
+        ckpt = open_indexed(opts.local_dir)  # no torch.distributed import: 0.9 s sooner
         if ckpt is None:
             try:
                 ckpt = open_source(opts.local_dir)
@@ -152,7 +150,7 @@ class EarlyWrite:
             ckpt.close()
             return None
         mp = plan_names(ckpt, names, opts.dtype, opts.max_shard_size or guess_default_max_shard_size(), 0)
-        early = cls(target, mp, quick_sources.signature(ckpt, names), close=ckpt.close, local_dir=opts.local_dir)
+        early = cls(target, mp, signature(ckpt, names), close=ckpt.close, local_dir=opts.local_dir)
         if forked_call.possible() and early._fork(write_weights, opts, early.partial, mp, ckpt):
             log.debug("early write: a child forked after torch is imported writes the weights")
             ckpt.close()  # the child keeps its own mappings of the rank files

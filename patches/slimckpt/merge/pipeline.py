@@ -230,12 +230,12 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
 
 
 def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[ExportPlan, HfSide] | None:
-    """The plan from the real reader; `signature`, when given, receives quick_sources.signature of it."""
+    """The plan from the real reader; `signature`, when given, receives sources.signature of it."""
     ckpt = open_source(opts.local_dir)
     try:
         planned = plan_or_fallback(ckpt, opts)
         if planned is not None and signature is not None:
-            from ..read.quick_sources import signature as signature_of
+            from ..read.sources import signature as signature_of
 
             signature.extend(signature_of(ckpt, planned[0].name_map))
         return planned

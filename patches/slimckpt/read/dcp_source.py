@@ -12,12 +12,11 @@ What DCP's FileSystemWriter (torch 2.11 and 2.13, `single_file_per_rank`) leaves
 
 Reading a record with DCP's FileSystemReader (`read_data`) `torch.load`s it into anonymous memory
 and copies it into the caller's tensor: the merge would hold a bucket of whole tensors. Instead
-each chunk's tensor bytes are located in its record (its zip entries, read with Python's zipfile,
-plus the pickle's storage offset) and mapped read-only from the .distcp file: file-backed like the
-mmap of verl's rank files, so the writers' direct reads and memory bound apply as they are. A
-record is unpickled with a reader that rebuilds no tensor (only shape, stride and storage facts).
-Each .distcp file is mapped once (numpy's read-only memmap: torch's own from_file either copies or
-maps writable) and a chunk is a view of it; records start anywhere, so a view may be unaligned.
+each record is read by the one `.pt` reader (`pt_index.PtFile` over the record's bytes: its zip
+entries, its pickle as tensor records, no tensor built) and the chunk's bytes are mapped read-only
+from the .distcp file (`pt_tensors`): file-backed like verl's rank files, so the writers' direct
+reads and memory bound apply as they are. Each .distcp file is mapped once and a chunk is a view
+of it; records start anywhere, so a view may be unaligned.
 
 No process group: DCP's planner is not run, the metadata is read with FileSystemReader alone (its
 pickle checked first: dcp_pickle).
@@ -27,170 +26,38 @@ Tied parameters (lm_head.weight viewing embed_tokens.weight) were saved once; th
 
 from __future__ import annotations
 
-import io
 import math
 import os
-import pickle
 import re
-import struct
-import warnings
-import zipfile
-from dataclasses import dataclass
 
-import numpy as np
 import torch
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
 
 from ..format.resume_manifest import MANIFEST_NAME, Manifest
+from . import pt_index, pt_tensors
 from .checkpoint_dir import DCP_DIR, CheckpointError
 from .dcp_pickle import read_metadata
 from .dcp_step import SOURCE_FORMAT, check_step
-from .pickle_policy import PickleRefused, RestrictedUnpickler
+from .pickle_policy import PickleRefused
 from .sources import SourceTensor, VerlFsdpCheckpoint
 
 MODEL_PREFIX = "model."  # resume_state saves {"model": ..., "optim": ...}; DCP flattens the keys with "."
 _RANK_OF_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
 
 
-class _Window(io.RawIOBase):
-    """Bytes [offset, offset + length) of an open file, as a file of their own (one DCP record)."""
-
-    def __init__(self, f, offset: int, length: int) -> None:
-        super().__init__()
-        self.f, self.offset, self.length, self.pos = f, offset, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.length + pos
-        return self.pos
-
-    def readinto(self, buf) -> int:
-        n = max(0, min(len(buf), self.length - self.pos))
-        self.f.seek(self.offset + self.pos)
-        got = self.f.readinto(memoryview(buf)[:n])
-        self.pos += got
-        return got
-
-
-@dataclass(frozen=True)
-class _TensorFacts:
-    storage_key: str
-    storage_dtype: torch.dtype
-    storage_offset: int  # in elements
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-
-
-def _rebuild(storage, storage_offset, size, stride, *_rest) -> _TensorFacts:
-    _typename, storage_type, key, _location, _numel = storage
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the legacy storage classes warn on use; only their dtype is read
-        dtype = getattr(storage_type, "dtype", None)
-    if not isinstance(dtype, torch.dtype):
-        raise pickle.UnpicklingError(f"storage type {storage_type!r}")
-    return _TensorFacts(str(key), dtype, int(storage_offset), tuple(size), tuple(stride))
-
-
-class _FactsUnpickler(RestrictedUnpickler):
-    """A record's data.pkl read for its tensor's facts: nothing but torch's tensor rebuild and
-    storage classes is looked up, and no storage is loaded."""
-
-    def resolve(self, module: str, name: str):
-        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-            return _rebuild
-        if module == "torch" and name.endswith("Storage"):
-            return getattr(torch, name)
-        if (module, name) == ("collections", "OrderedDict"):
-            return super().resolve(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} in a DCP tensor record")
-
-    def persistent_load(self, pid):
-        return tuple(pid)
-
-
-class ZipRecords:
-    """The entries of a torch.save zip (names, bytes, sizes, data offsets), read with Python's
-    zipfile. torch's own reader (torch._C.PyTorchFileReader) is private and differs between the
-    releases slimckpt runs on: torch 2.11's has no get_record_size."""
-
-    def __init__(self, f) -> None:
-        self.f = f
-        self.zip = zipfile.ZipFile(f)
-        self.infos = {i.filename: i for i in self.zip.infolist()}
-
-    def get_all_records(self) -> list[str]:
-        return list(self.infos)
-
-    def has_record(self, name: str) -> bool:
-        return name in self.infos
-
-    def get_record(self, name: str) -> bytes:
-        """The entry's stored bytes, unchecked as torch's reader leaves them (a damaged record is the
-        manifest's checksums' to find; a planted pickle global is pickle_policy's to refuse)."""
-        offset = self.get_record_offset(name)
-        self.f.seek(offset)
-        data = self.f.read(self.infos[name].file_size)
-        if len(data) != self.infos[name].file_size:
-            raise ValueError(f"record {name} is cut short")
-        return data
-
-    def get_record_size(self, name: str) -> int:
-        return self.infos[name].file_size
-
-    def get_record_offset(self, name: str) -> int:
-        info = self.infos[name]
-        if info.compress_type != zipfile.ZIP_STORED:
-            raise ValueError(f"record {name} is compressed")
-        self.f.seek(info.header_offset)
-        header = self.f.read(30)  # the local file header: its name and extra field lengths at 26 and 28
-        if len(header) != 30 or header[:4] != b"PK\x03\x04":
-            raise ValueError(f"no local header for record {name}")
-        name_len, extra_len = struct.unpack("<HH", header[26:30])
-        return info.header_offset + 30 + name_len + extra_len
-
-
-def _chunk_tensor(f, mapping: np.ndarray, offset: int, length: int, dtype: torch.dtype,
+def _chunk_tensor(path: str, mapping, offset: int, length: int, dtype: torch.dtype,
                   sizes: tuple[int, ...]) -> torch.Tensor:
-    """The chunk saved at [offset, offset + length) of the file `f` and `mapping` (its read-only map)."""
-    reader = ZipRecords(_Window(f, offset, length))
-    records = reader.get_all_records()
-    pkl = next((r for r in records if r == "data.pkl" or r.endswith("/data.pkl")), None)
-    if pkl is None:
-        raise ValueError("no data.pkl in the record")
-    unpickler = _FactsUnpickler(io.BytesIO(bytes(reader.get_record(pkl))))
-    unpickler.path = getattr(f, "name", unpickler.path)
-    facts = unpickler.load()
-    if not isinstance(facts, _TensorFacts):
-        raise ValueError(f"the record holds a {type(facts).__name__}, not a tensor")
-    if facts.storage_dtype != dtype or facts.shape != tuple(sizes) or not _contiguous(facts.shape, facts.stride):
-        raise ValueError(f"it holds {facts.storage_dtype} {list(facts.shape)} stride {list(facts.stride)}, the "
+    """The chunk saved at [offset, offset + length) of the file `path` and `mapping` (its read-only map)."""
+    record = pt_index.PtFile(path, base=offset, length=length).state
+    if not isinstance(record, pt_index.TensorRecord):
+        raise ValueError(f"the record holds a {type(record).__name__}, not a tensor")
+    saved = pt_tensors.torch_dtype(record.dtype)
+    if saved != dtype or record.shape != tuple(sizes) or not _contiguous(record.shape, record.stride):
+        raise ValueError(f"it holds {saved} {list(record.shape)} stride {list(record.stride)}, the "
                          f".metadata says {dtype} {list(sizes)} contiguous")
-    prefix = pkl[: -len("data.pkl")]
-    data_record = f"{prefix}data/{facts.storage_key}"
-    byteorder = f"{prefix}byteorder"
-    if reader.has_record(byteorder) and bytes(reader.get_record(byteorder)).decode() != "little":
-        raise ValueError("a big-endian record")
-    width = torch.empty((), dtype=dtype).element_size()
-    numel = math.prod(sizes)
-    start = facts.storage_offset * width
-    if start + numel * width > reader.get_record_size(data_record):
-        raise ValueError(f"its storage {data_record} is shorter than the tensor")
-    if numel == 0:
+    if math.prod(sizes) == 0:
         return torch.empty(sizes, dtype=dtype)
-    file_offset = offset + reader.get_record_offset(data_record) + start
-    # a view of the file's one mapping; its start need not be aligned to the width: torch checks the
-    # storage offset (0 here) for view(dtype), and x86 and arm64 load unaligned data
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "not writable": the merge never writes a source
-        raw = torch.from_numpy(mapping[file_offset:file_offset + numel * width])
-    return raw.view(dtype).view(sizes)
+    return pt_tensors.tensor_at(mapping, record.offset, dtype, tuple(sizes))
 
 
 def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -208,8 +75,6 @@ def open_dcp(local_dir: str, manifest: Manifest | None = None, prefix: str = MOD
     `manifest`: checked by `check_step` already; else it is checked here, sizes only (the merge
     checks the checksums once, before it opens the step: `check_step`). `prefix`: the keys read
     (`optim.state.` for the optimizer's tensors, which `slimckpt convert` reads)."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
-
     local_dir = os.path.abspath(local_dir)
     manifest = manifest or check_step(local_dir, checksums=False)
     dcp_dir = os.path.join(local_dir, DCP_DIR)
@@ -223,20 +88,16 @@ def open_dcp(local_dir: str, manifest: Manifest | None = None, prefix: str = MOD
                               f"is damaged, merge an earlier step") from None
     ckpt = VerlFsdpCheckpoint(local_dir=local_dir, world_size=manifest.world_size, fsdp_version=manifest.fsdp_version,
                               state_dicts=[], tensors={}, mesh=None, source_format=SOURCE_FORMAT)
-    handles: dict[str, tuple] = {}  # path -> (open file, its mapping)
-    try:
-        for key, meta in metadata.state_dict_metadata.items():
-            if not key.startswith(prefix):
-                continue
-            name = key[len(prefix):]
-            if isinstance(meta, BytesStorageMetadata) or not isinstance(meta, TensorStorageMetadata):
-                ckpt.skipped.append(name)
-                continue
-            ckpt.tensors[name] = _source(key, name, meta, metadata.storage_data, MetadataIndex, dcp_dir, handles,
-                                         meta_path)
-    finally:
-        for f, _mapping in handles.values():
-            f.close()  # the mappings stay, held by the tensors viewing them
+    handles: dict[str, object] = {}  # path -> its mapping, held by the tensors viewing it
+    for key, meta in metadata.state_dict_metadata.items():
+        if not key.startswith(prefix):
+            continue
+        name = key[len(prefix):]
+        if isinstance(meta, BytesStorageMetadata) or not isinstance(meta, TensorStorageMetadata):
+            ckpt.skipped.append(name)
+            continue
+        ckpt.tensors[name] = _source(key, name, meta, metadata.storage_data, MetadataIndex, dcp_dir, handles,
+                                     meta_path)
     if prefix != MODEL_PREFIX:
         return ckpt
     if not ckpt.tensors:
@@ -287,12 +148,14 @@ def _source(key: str, name: str, meta, storage_data: dict, index_cls, dcp_dir: s
                                   f"{info.transform_descriptors}, which the merge does not read")
         if path not in handles:
             try:
-                handles[path] = (open(path, "rb"), np.memmap(path, dtype=np.uint8, mode="r"))
+                handles[path] = pt_tensors.mapping(path, pt_tensors.READ)
+                if handles[path] is None:
+                    raise ValueError("cannot mmap an empty file")
             except (OSError, ValueError) as exc:
                 raise CheckpointError(f"{path}: cannot be read ({exc}); the checkpoint is damaged, merge an "
                                       f"earlier step") from None
         try:
-            t = _chunk_tensor(*handles[path], info.offset, info.length, dtype, tuple(c.sizes))
+            t = _chunk_tensor(path, handles[path], info.offset, info.length, dtype, tuple(c.sizes))
         except PickleRefused as exc:
             raise PickleRefused(exc.path, exc.global_name, f"the record of {key!r} at byte {info.offset}") from None
         except Exception as exc:  # noqa: BLE001 - a damaged record raises from torch's zip reader or the pickle

@@ -5,6 +5,7 @@ is imported, so a wrong or damaged input fails before seconds of imports.
 
 from __future__ import annotations
 
+# lazy imports: torch-free until a reader opens the input, so a wrong --local_dir fails before torch is imported
 from . import dcp_step
 from .checkpoint_dir import check_rank_files, read_fsdp_config
 

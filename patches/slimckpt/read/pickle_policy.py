@@ -6,14 +6,13 @@ reader of checkpoint files asks this module first: a pickle global is looked up 
 `ALLOWED`, and anything else is refused before it runs, naming the file and the global
 (`PickleRefused`). The readers enforce it in three ways, all from this one list:
 
-- `RestrictedUnpickler`: a `pickle.Unpickler` whose `find_class` checks the list; the readers that
-  replace torch's classes by stand-ins (`sources`, `quick_sources`, `pt_index`, `dcp_source`)
-  subclass it and resolve allowed globals their own way (`resolve`).
+- `RestrictedUnpickler`: a `pickle.Unpickler` whose `find_class` checks the list: **the** unpickler
+  of every checkpoint pickle slimckpt reads itself. The one `.pt` reader (`pt_index`, and
+  `pt_tensors` where torch is loaded) subclasses it and resolves allowed globals its own way
+  (`resolve`); DCP's `.metadata` is read with it (`dcp_pickle`).
 - `check_bytes` / `check_file`: the same check over a pickle, or over the `data.pkl` of a
   `torch.save` zip (read opcode by opcode, nothing built), for files another library unpickles
-  itself (DCP's `.metadata`, verl's own load).
-- `torch_safe_globals`: the list as objects, for `torch.load(weights_only=True)` under
-  `torch.serialization.safe_globals`, torch's own restricted loader.
+  itself (DCP's byte records, verl's own load).
 
 Opt-out, for exotic but trusted files: `SLIMCKPT_TRUST_PICKLE=1` (what `--trust-pickle` and the
 trainer's `checkpoint.trust_pickle` set) allows every global, as `torch.load(weights_only=False)`.
@@ -29,7 +28,6 @@ import io
 import os
 import pickle
 import pickletools
-import types
 import zipfile
 from collections.abc import Iterator
 
@@ -221,15 +219,6 @@ class RestrictedUnpickler(pickle.Unpickler):
         return getattr(owner, attr)
 
 
-def pickle_module(unpickler: type[RestrictedUnpickler], path: str) -> types.ModuleType:
-    """A `pickle_module` for `torch.load` whose Unpickler is `unpickler`, naming `path` in refusals."""
-    named = type(unpickler.__name__, (unpickler,), {"path": path})
-    module = types.ModuleType("slimckpt_restricted_pickle")
-    module.Unpickler = named  # type: ignore[attr-defined]
-    module.load = pickle.load  # type: ignore[attr-defined]
-    return module
-
-
 # --- checking a pickle without building it ---
 
 _STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING",
@@ -373,19 +362,3 @@ def _check_zip(zf: zipfile.ZipFile, path: str) -> None:
             except (zipfile.BadZipFile, OSError, EOFError, ValueError):
                 continue  # a CRC error: the real load (or verify's CRC check) reports it
             scan_ops(data, path)  # its persistent ids (storages) stop the restricted loader
-
-
-def torch_safe_globals() -> list:
-    """ALLOWED as objects, for `torch.serialization.safe_globals` (what this torch and numpy have)."""
-    import importlib
-
-    out = []
-    for module, name in sorted(ALLOWED):
-        try:
-            obj = importlib.import_module(module)
-            for part in name.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError):
-            continue
-        out.append((obj, f"{module}.{name}"))
-    return out

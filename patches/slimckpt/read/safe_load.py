@@ -1,43 +1,21 @@
-"""`torch.load` of a checkpoint file with pickle_policy's globals only.
+"""A small checkpoint file (verl's extra state, slimckpt's) loaded with pickle_policy's globals only.
 
-A file is checked with pickle_policy first (the refusal names the file and the global, whatever
-torch's message says), then loaded by torch's own restricted loader (`weights_only=True`) allowed
-pickle_policy's globals: what verl's extra state holds (lr scheduler, torch/numpy/Python RNG
-states) loads; nothing outside the list is ever looked up.
+The one `.pt` reader (`pt_index`, tensors by `pt_tensors`) with its storages read into memory, as
+`torch.load(map_location="cpu")` leaves them: what verl's extra state holds (lr scheduler,
+torch/numpy/Python RNG states) loads; a global outside the list is refused (PickleRefused, naming
+the file and the global) before it is looked up, and nothing else is ever looked up.
 """
 
 from __future__ import annotations
 
-import functools
-import pickle
-import re
-import warnings
 from typing import Any
 
-from .pickle_policy import PickleRefused, check_file, torch_safe_globals, trusted
-
-_TORCH_REFUSAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+from . import pt_tensors
 
 
-@functools.lru_cache(maxsize=1)
-def _safe_globals() -> tuple:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # numpy.core is deprecated under numpy 2 (numpy._core)
-        return tuple(torch_safe_globals())
-
-
-def load_torch_file(path: str, **kwargs: Any) -> Any:
-    """torch.load(path) with pickle_policy's globals only; raises PickleRefused (or what torch raises)."""
-    import torch
-
-    if trusted():
-        return torch.load(path, weights_only=False, **kwargs)
-    check_file(path)
-    try:
-        with torch.serialization.safe_globals(list(_safe_globals())):
-            return torch.load(path, weights_only=True, **kwargs)
-    except pickle.UnpicklingError as exc:
-        m = _TORCH_REFUSAL.search(str(exc))
-        if m:
-            raise PickleRefused(path, m.group(1)) from None
-        raise
+def load_torch_file(path: str, map_location: str = "cpu") -> Any:
+    """The object `path` holds, its tensors on the CPU; raises PickleRefused, pt_index.NotATorchFile
+    (not what torch.save writes) or OSError."""
+    if map_location != "cpu":
+        raise ValueError(f"load_torch_file loads onto the CPU only, not {map_location!r}")
+    return pt_tensors.load(path, access=None)

@@ -13,22 +13,29 @@ What the model files hold (checked on verl 0.9.1 / torch 2.13):
   group of the saving rank; they are read here through a stand-in class (offsets included).
 - Tensors FSDP does not shard (buffers, ignored params): plain tensors stored on every rank.
 
-Every file is opened with `torch.load(mmap=True)`: shard bytes stay file-backed (page cache),
-never a whole rank file in anonymous memory. The result is one `SourceTensor` per state-dict key,
-in the checkpoint's order, with lazy per-shard views.
+Every file is read by the one `.pt` reader (`pt_index`, its tensors made by `pt_tensors` from the
+offsets it finds, over a private memory map as `torch.load(mmap=True)` makes): shard bytes stay
+file-backed (page cache), never a whole rank file in anonymous memory. The result is one
+`SourceTensor` per state-dict key, in the checkpoint's order, with lazy per-shard views.
+`open_indexed` makes the same of `pt_index.open_index` (the simple kind) without unpickling any
+torch.distributed class: the merge's early writer, once torch is imported.
 """
 
 from __future__ import annotations
 
+# lazy imports: torch.distributed.tensor only once a DTensor is looked at (open_indexed skips it: 0.9 s)
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from . import pt_index, pt_tensors
+from .pt_tensors import ShardedTensorState, sharded_tensor_metadata  # noqa: F401 - verify's reader of them
 from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
 from ..format import names
-from .pickle_policy import PickleRefused, RestrictedUnpickler, pickle_module
+from .direct_read import MappedFiles
+from .pickle_policy import PickleRefused
 from ..log import get_logger, quieted
 
 log = get_logger("slimckpt.sources")
@@ -109,41 +116,14 @@ class VerlFsdpCheckpoint:
         self.tensors.clear()
 
 
-class _ShardedTensorState(torch.Tensor):
-    """Stand-in for FSDP1's ShardedTensor while unpickling: keeps its state, needs no process group."""
-
-    def __setstate__(self, state):  # (local_shards, metadata, pg_state, sharding_spec, init_rrefs)
-        self._slim_local_shards = state[0]
-        self._slim_metadata = state[1]
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        raise TypeError("a ShardedTensor read by slimckpt is metadata only; use its local shards")
-
-
-class _Unpickler(RestrictedUnpickler):
-    def resolve(self, module, name):
-        if name.split(".")[0] == "ShardedTensor" and module.startswith("torch.distributed._shard.sharded_tensor"):
-            real = super().resolve(module, "ShardedTensor")
-            # its pickle also names nested classes through the type (ShardedTensor.ProcessGroupState)
-            _ShardedTensorState.ProcessGroupState = real.ProcessGroupState
-            return _ShardedTensorState if name == "ShardedTensor" else super().resolve(module, name)
-        return super().resolve(module, name)
-
-
 def load_mmap(path: str) -> Any:
-    """torch.load(mmap=True) of one of verl's rank files, tensors left file-backed; verl's files hold
-    DTensors, FSDP1's ShardedTensors (read as metadata: `sharded_tensor_metadata`) and Python objects,
-    unpickled with pickle_policy's globals only (PickleRefused for any other). Raises what torch raises."""
+    """One of verl's rank files as torch.load(mmap=True) reads it, tensors left file-backed; verl's
+    files hold DTensors, FSDP1's ShardedTensors (read as metadata: `sharded_tensor_metadata`) and
+    Python objects, unpickled with pickle_policy's globals only (PickleRefused for any other).
+    Raises pt_index.NotATorchFile, OSError, or what a damaged pickle raises."""
     # torch warns on every DeviceMesh unpickled without process groups; it is harmless here
     with quieted("torch.distributed.device_mesh"):
-        return torch.load(path, mmap=True, weights_only=False, map_location="cpu",
-                          pickle_module=pickle_module(_Unpickler, path))
-
-
-def sharded_tensor_metadata(value: Any) -> Any | None:
-    """The metadata of an FSDP1 ShardedTensor as `load_mmap` reads it; None for any other value."""
-    return value._slim_metadata if isinstance(value, _ShardedTensorState) else None
+        return pt_tensors.load(path, pt_tensors.COPY)
 
 
 def load_rank_file(path: str) -> dict:
@@ -227,7 +207,7 @@ def _source_tensor(ckpt: VerlFsdpCheckpoint, key: str, plain_ranks: list[int]) -
     v0 = ckpt.state_dicts[0][key]
     if isinstance(v0, dtensor):
         return _from_dtensor(ckpt, key)
-    if isinstance(v0, _ShardedTensorState):
+    if isinstance(v0, ShardedTensorState):
         return _from_sharded_tensor(ckpt, key)
     pieces, ranks = [], []
     for r in plain_ranks:
@@ -291,7 +271,7 @@ def _from_sharded_tensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
     by_offset = []
     for r in range(ckpt.world_size):
         st = ckpt.state_dicts[r][key]
-        if not isinstance(st, _ShardedTensorState):
+        if not isinstance(st, ShardedTensorState):
             raise CheckpointError(f"{ckpt.model_file(r)}: entry {key!r} is not a ShardedTensor like rank 0's")
         for shard in st._slim_local_shards:
             md = shard.metadata
@@ -311,3 +291,47 @@ def _from_sharded_tensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
     if expect != (shape[0] if shape else 1):
         raise CheckpointError(f"{ckpt.local_dir}: shards of {key!r} cover {expect} of {shape[0]} rows")
     return SourceTensor(key, shape, pieces[0].dtype, 0, pieces, ranks)
+
+
+def open_indexed(local_dir: str) -> VerlFsdpCheckpoint | None:
+    """The checkpoint as `open_checkpoint` reads it, made from `pt_index.open_index` (no
+    torch.distributed class unpickled: 0.9 s sooner), when it is the simple kind; else None."""
+    index = pt_index.open_index(local_dir)
+    if index is None:
+        return None
+    maps: dict[str, Any] = {}
+    tensors: dict[str, SourceTensor] = {}
+    try:
+        for key, it in index.tensors.items():
+            dtype = getattr(torch, it.dtype.removeprefix("torch."))
+            pieces = []
+            for p in it.pieces:
+                if p.path not in maps:
+                    maps[p.path] = pt_tensors.mapping(p.path)
+                pieces.append(pt_tensors.tensor_at(maps[p.path], p.offset, dtype, p.shape, p.stride))
+            st = SourceTensor(key, it.shape, dtype, it.shard_dim, pieces, list(it.ranks),
+                              replicated_dtensor=it.replicated_dtensor)
+            st.local_dir, st.world_size = index.local_dir, index.world_size
+            tensors[key] = st
+    except (OSError, ValueError, RuntimeError):  # changed since it was indexed: the full reader reports it
+        return None
+    return VerlFsdpCheckpoint(local_dir=index.local_dir, world_size=index.world_size, fsdp_version=index.fsdp_version,
+                              state_dicts=[], tensors=tensors, mesh=None)
+
+
+def signature(ckpt: VerlFsdpCheckpoint, name_map: dict[str, str]) -> list[tuple]:
+    """What the merge's bytes depend on, per output tensor: source shape, dtype, sharding, ranks, and
+    where each piece sits in which file. Equal signatures write equal bytes (`pt_index.signature`
+    makes the same list from the index alone)."""
+    paths = sorted({st.file_of(k) for st in ckpt.tensors.values() for k in range(len(st.pieces))})
+    files = MappedFiles(paths)
+    out = []
+    for new, old in name_map.items():
+        st = ckpt.tensors[old]
+        pieces = []
+        for p in st.pieces:
+            where = files.locate(p)
+            pieces.append((where, tuple(p.shape), tuple(p.stride()), str(p.dtype)))
+        out.append((new, old, tuple(st.shape), str(st.dtype), st.shard_dim, tuple(st.ranks),
+                    st.replicated_dtensor, tuple(pieces)))
+    return out

@@ -14,6 +14,7 @@ honest, so these checks run on committed steps too.
 
 from __future__ import annotations
 
+# lazy imports: torch-free (verify and the native check run without torch) until a dcp/ step's byte records are read
 import os
 from collections.abc import Iterable
 
