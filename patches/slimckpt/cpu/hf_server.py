@@ -9,11 +9,11 @@ run one after another, each with KV-cached decoding.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import torch
 
+from .. import env_vars
 from ..log import get_logger
 from .sampling import SampleKey, generate, sample_seed
 
@@ -25,7 +25,7 @@ class HFRolloutServer:
         from transformers import AutoModelForCausalLM, GenerationConfig
 
         # Requests run serially; more threads than this only contend with the trainer ranks.
-        torch.set_num_threads(int(os.environ.get("SLIMCKPT_ROLLOUT_THREADS", "1")))
+        torch.set_num_threads(env_vars.integer("SLIMCKPT_ROLLOUT_THREADS"))
         self.config = config
         self.replica_rank = replica_rank
         self.global_steps: Optional[int] = None

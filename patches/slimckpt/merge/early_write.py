@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import env_vars
 from ..format.merge_manifest import discard_partial, prepare_partial
 from ..log import get_logger
 from ..write import forked_call
@@ -92,7 +93,7 @@ class EarlyWrite:
     @classmethod
     def start(cls, opts: MergeOptions, target: str) -> "EarlyWrite | None":
         """None when there is no safe guess; the normal path then plans first and writes after."""
-        if os.environ.get("SLIMCKPT_MERGE_GUESS", "1") == "0":
+        if not env_vars.flag("SLIMCKPT_MERGE_GUESS"):
             return None
         from . import guess as merge_guess
         from ..read.checkpoint_dir import HF_SUBDIR

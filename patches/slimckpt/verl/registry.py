@@ -10,7 +10,6 @@ behaviour nobody tested.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -19,7 +18,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .. import SUPPORTED_VERL, __version__
+from .. import SUPPORTED_VERL, __version__, env_vars
 from .import_hooks import cancel, when_imported
 from ..log import get_logger
 
@@ -46,7 +45,7 @@ def check_verl_version(spec: str = SUPPORTED_VERL, installed: str | None = None)
     installed = installed or installed_verl_version()
     if Version(installed) in SpecifierSet(spec):
         return installed
-    if os.environ.get(ALLOW_ENV) == installed:
+    if env_vars.text(ALLOW_ENV) == installed:
         log.warning("verl %s is outside slimckpt %s's tested range (verl%s); %s=%s says go ahead",
                     installed, __version__, spec, ALLOW_ENV, installed)
         return installed

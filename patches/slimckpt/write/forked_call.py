@@ -23,13 +23,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .. import env_vars
+
 PR_SET_PDEATHSIG = 1
 
 
 def possible() -> bool:
     """Whether fork is available and safe here (Linux, this thread alone, not disabled)."""
     return (sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
-            and os.environ.get("SLIMCKPT_MERGE_FORK", "1") != "0")
+            and env_vars.flag("SLIMCKPT_MERGE_FORK"))
 
 
 class ChildDied(RuntimeError):
