@@ -253,8 +253,8 @@ def test_without_a_recipe_exactly_this_changes():
     assert out["PENDING"] == "['merge.drop_flowrl', 'merge.fsdp']"
     assert out["FINDERS"] == "['_PostImportFinder']"
     assert out["HOOKED"] == "['verl.model_merger.base_model_merger', 'verl.model_merger.fsdp_model_merger']"
-    assert out["MODULES"] == str(["slimckpt", "slimckpt.log", "slimckpt.save", "slimckpt.save.adopt_startup",
-                                  "slimckpt.verl", "slimckpt.verl.features",
+    assert out["MODULES"] == str(["slimckpt", "slimckpt.env_vars", "slimckpt.log", "slimckpt.save",
+                                  "slimckpt.save.adopt_startup", "slimckpt.verl", "slimckpt.verl.features",
                                   "slimckpt.verl.import_hooks", "slimckpt.verl.patch_list", "slimckpt.verl.plugin",
                                   "slimckpt.verl.registry"])
     assert out["LOGGER"] == "['NullHandler'] True INFO"
