@@ -140,7 +140,7 @@ class EarlyWrite:
         from ..read.merge_input import open_source
         from ..read.sources import CheckpointError
 
-        ckpt = quick_sources.open_quick(opts.local_dir)  # no torch.distributed import: 0.9 s sooner
+        ckpt = quick_sources.open_quick(opts.local_dir)  # no torch.distributed import (measured: BENCHMARKS.md)
         if ckpt is None:
             try:
                 ckpt = open_source(opts.local_dir)

@@ -115,7 +115,7 @@ class HfSide:
         self.torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
         auto_cls = auto_model_class(self.model_config)
         try:
-            # all on meta, buffers too: transformers then skips initialising the weights (0.1-0.15 s at 1B)
+            # all on meta, buffers too: transformers then skips initialising the weights (measured: BENCHMARKS.md)
             with torch.device("meta"):
                 model = auto_cls.from_config(self.model_config, dtype=self.torch_dtype,
                                              trust_remote_code=trust_remote_code)

@@ -14,12 +14,9 @@ if TYPE_CHECKING:
     from .hf_side import HfSide
 
 DTYPE_NAMES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
-# This VM's disk serves O_DIRECT reads of 0.5-1 MiB at 1.4-1.5 GB/s, of 4 MiB at 1.3, of 16 MiB at 1.05 (the
-# kernel splits requests at 4 MiB here); per chunk the cast costs Python calls, so below 1 MiB the CPU
-# loses it again. The torch-free writer alone on the 1B checkpoint, medians of 5-6 interleaved runs over
-# three series: 2 MiB 3.95-5.21 s, 4 MiB 5.41-6.17 s, 1 MiB 4.16-4.19 s; whole CLI merges, 6 each:
-# 2 MiB 5.29 s, 4 MiB 5.67 s, 1 MiB 5.73 s. (Earlier, with the writer forked after torch, 4 MiB was as
-# fast as 8.)
+# Larger O_DIRECT reads than a few MiB are slower (the kernel splits requests), and per chunk the cast
+# costs Python calls, so below 1 MiB the CPU loses it again: 2 MiB merged fastest
+# (measured: BENCHMARKS.md, Figures quoted in the code)
 DEFAULT_CHUNK_MB = 2
 
 
