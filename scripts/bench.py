@@ -327,7 +327,7 @@ def largest_output_tensor_bytes(size: str) -> int:
 
 
 def moe_targets(rows: list[MergeRow]) -> str:
-    """The MoE row's targets (issue 17): the dense rows' flat memory bound, and at least as fast as
+    """The MoE row's targets: the dense rows' flat memory bound, and at least as fast as
     verl's merger in both of its orders."""
     lines = []
     for size in [s for s in dict.fromkeys(r.size for r in rows) if s in MOE_SIZES]:
