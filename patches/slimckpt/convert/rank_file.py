@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor, Shard
 
+from .. import internals
 from ..read.sources import SourceTensor
 
 
@@ -83,8 +85,6 @@ class Skeleton:
     """Builds the state dict to save: fake tensors, each with its Slot, found again by path after the load."""
 
     def __init__(self, mesh) -> None:
-        from .. import internals
-
         fake_mode = internals.lookup("torch._subclasses.fake_tensor:FakeTensorMode")
         if fake_mode is None:  # no public way to lay out a tensor without its storage
             raise RuntimeError(f"slimckpt convert: torch {internals.release('torch')}'s FakeTensorMode is not one "
@@ -99,8 +99,6 @@ class Skeleton:
 
     def sharded(self, path: tuple, source: FlatSource, rows: tuple[int, int]):
         """A DTensor of `source`'s global shape, Shard(0) on the mesh, holding `rows` locally."""
-        from torch.distributed.tensor import DTensor, Shard
-
         shape = source.shape
         local = self._fake((rows[1] - rows[0], *shape[1:]), source.dtype)
         stride = tuple(int(s) for s in torch.empty(shape, device="meta").stride())
@@ -131,8 +129,6 @@ def _at(obj: Any, path: tuple) -> Any:
 
 def write(path: str, obj: Any, skeleton: Skeleton, on_bytes: Callable[[int], object] | None = None) -> None:
     """Save `obj` (built with `skeleton`) to `path`, then fill and fsync it."""
-    from torch.distributed.tensor import DTensor
-
     with torch.serialization.skip_data(materialize_fake_tensors=True):
         torch.save(obj, path)
     # our own file, just written: torch's loader rebuilds its DTensors and meshes

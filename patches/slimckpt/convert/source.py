@@ -16,12 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.tensor import DTensor
 
 from ..format.resume_manifest import MANIFEST_NAME, UncommittedCheckpoint, check_committed
 from ..read.checkpoint_dir import DCP_DIR, HF_SUBDIR, CheckpointError, read_fsdp_config
+from ..read.dcp_pickle import read_metadata
+from ..read.dcp_source import open_dcp
 from ..read.dcp_step import is_dcp_role_dir
 from ..read.pickle_policy import check_torch_bytes
 from ..read.safe_load import load_torch_file
+from ..read.sources import load_mmap, open_checkpoint
 from .layout import ModelLayout, meta_layout
 from .plan import ConvertError, flat_runs
 from .rank_file import FlatSource
@@ -83,9 +88,6 @@ def open_role(role_dir: str) -> RoleSource:
 
 
 def _open_ours(role_dir: str) -> RoleSource:
-    from ..read.dcp_pickle import read_metadata
-    from ..read.dcp_source import open_dcp
-
     try:  # committed, every file's size and checksum
         manifest = check_committed(role_dir, checksums=True)
     except UncommittedCheckpoint as exc:
@@ -127,8 +129,6 @@ def _open_ours(role_dir: str) -> RoleSource:
 
 def _param_groups(dcp_dir: str, metadata) -> list[dict[str, Any]]:
     """The optimizer's param_groups, as DCP saved them: one pickled value per `optim.param_groups.<i>.<key>`."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex
-
     groups: dict[int, dict[str, Any]] = {}
     for key in metadata.state_dict_metadata:
         if not key.startswith(OPTIM_GROUPS):
@@ -151,10 +151,6 @@ def _param_groups(dcp_dir: str, metadata) -> list[dict[str, Any]]:
 
 
 def _open_verl(role_dir: str) -> RoleSource:
-    from torch.distributed.tensor import DTensor
-
-    from ..read.sources import open_checkpoint
-
     world, version = read_fsdp_config(role_dir)
     ckpt = open_checkpoint(role_dir)
     rank0 = ckpt.state_dicts[0]
@@ -195,8 +191,6 @@ def _open_verl(role_dir: str) -> RoleSource:
 
 def load_rank_file_any(path: str) -> dict:
     """An optimizer rank file, memory-mapped, with pickle_policy's globals."""
-    from ..read.sources import load_mmap
-
     try:
         sd = load_mmap(path)
     except CheckpointError:
@@ -211,8 +205,6 @@ def load_rank_file_any(path: str) -> dict:
 
 
 def _verl_optim_state(per_rank: list[dict], paths: list[str]) -> dict[int, dict[str, Any]]:
-    from torch.distributed.tensor import DTensor
-
     out: dict[int, dict[str, Any]] = {}
     for index, state0 in per_rank[0]["state"].items():
         entry: dict[str, Any] = {}

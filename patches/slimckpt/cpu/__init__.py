@@ -12,6 +12,7 @@ All of them reach verl only through feature "cpu" of slimckpt.verl.patch_list, w
 plugin switches on at `import verl` with SLIMCKPT_CPU=1. `check_host` refuses a machine with a GPU.
 """
 
+# lazy imports: torch only to look for a GPU: the plugin imports this package at `import verl`
 from __future__ import annotations
 
 from .. import env_vars

@@ -9,9 +9,12 @@ run one after another, each with KV-cached decoding.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Optional
 
 import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+from verl.workers.rollout.replica import TokenOutput
 
 from .. import env_vars
 from ..log import get_logger
@@ -22,8 +25,6 @@ log = get_logger("slimckpt.cpu.hf_server")
 
 class HFRolloutServer:
     def __init__(self, config: Any, model_path: str, replica_rank: int, attn_implementation: str = "sdpa") -> None:
-        from transformers import AutoModelForCausalLM, GenerationConfig
-
         # Requests run serially; more threads than this only contend with the trainer ranks.
         torch.set_num_threads(env_vars.integer("SLIMCKPT_ROLLOUT_THREADS"))
         self.config = config
@@ -69,8 +70,6 @@ class HFRolloutServer:
         sample_key: Optional[dict] = None,
         **_: Any,
     ):
-        from verl.workers.rollout.replica import TokenOutput
-
         if image_data or video_data or audio_data:
             raise NotImplementedError("the hf rollout is text-only")
         prompt_ids = [int(t) for t in prompt_ids]
@@ -157,8 +156,6 @@ class HFRolloutServer:
 
     def get_state_digest(self) -> str:
         """sha256 over the weights, for tests comparing rollout and actor weights."""
-        import hashlib
-
         h = hashlib.sha256()
         for name, tensor in sorted(self.model.state_dict().items()):
             h.update(name.encode())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import threading
 import time
 from dataclasses import dataclass, fields
 
@@ -101,8 +102,6 @@ def _read(path: str, direct: bool, chunk: int = CHUNK) -> float:
 
 def _mixed(read_path: str, write_path: str, size: int) -> float:
     """A merge's pattern: read `size` bytes (fp32 shards) while writing size/2 (bf16 output)."""
-    import threading
-
     if not os.path.exists(read_path):
         return 0.0
     results: list[float] = []

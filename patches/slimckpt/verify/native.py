@@ -20,6 +20,7 @@ timestamps, harmless to a load), the meaning of JSON and tokenizer files that st
 whether the state is the one the run wrote (no checksum of the whole was ever recorded).
 """
 
+# lazy imports: torch only for a native step's sharded tensors; `slimckpt verify` reads manifests and indexes torch-free
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 from ..format.dropped_optimizer import NATIVE_MARKER
 from ..format.merge_manifest import BadFile
+from ..read.pickle_policy import PickleRefused
 
 RANK_FILE_RE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
 FSDP_CONFIG = "fsdp_config.json"
@@ -104,8 +106,6 @@ def check_zip_records(path: str, on_bytes: Callable[[int], object] | None = None
 
 
 def _load_reason(path: str) -> tuple[object, str | None]:
-    from ..read.pickle_policy import PickleRefused
-
     try:
         from ..read.sources import load_mmap
 

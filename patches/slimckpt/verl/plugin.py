@@ -21,6 +21,7 @@ for verl's merger modules: README's "What changes
 without +recipe=" is the whole list, and tests/test_registry.py asserts it.
 """
 
+# lazy imports: verl imports this module in every process: with SLIMCKPT_DISABLE=1 nothing more loads
 from __future__ import annotations
 
 from .. import env_vars

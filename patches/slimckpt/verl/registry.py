@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import Any
 
@@ -33,8 +34,6 @@ class UnsupportedVerlVersion(RuntimeError):
 
 def installed_verl_version() -> str:
     """verl's version without importing verl (the plugin runs while `import verl` is under way)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("verl")
     except PackageNotFoundError as exc:  # pragma: no cover - slimckpt depends on verl

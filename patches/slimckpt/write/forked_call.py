@@ -14,6 +14,7 @@ releases).
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import pickle
@@ -41,8 +42,6 @@ class ChildDied(RuntimeError):
 def die_with_parent(parent: int) -> None:
     """SIGKILL this process when `parent` dies (exit at once if it already has)."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
