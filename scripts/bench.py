@@ -158,7 +158,8 @@ def bench_merge(size: str, work: Path, repeats: int, warm_repeats: int | None = 
     stats: dict[str, list[dict]] = {tool: [] for tool in commands}
     stats_file = work / "writer_stats.json"
     written: dict[str, int] = {}
-    # the tools take turns, run after run: this VM's CPU and disk speeds drift by 1.5x within minutes,
+    # the tools take turns, run after run: a shared machine's CPU and disk speeds drift within minutes
+    # (measured: BENCHMARKS.md, Figures quoted in the code),
     # and a slow minute should fall on every tool, not on one tool's block of runs
     for i in range(repeats):
         for tool, (cmd, env) in commands.items():
@@ -326,7 +327,7 @@ def largest_output_tensor_bytes(size: str) -> int:
 
 
 def moe_targets(rows: list[MergeRow]) -> str:
-    """The MoE row's targets (issue 17): the dense rows' flat memory bound, and at least as fast as
+    """The MoE row's targets: the dense rows' flat memory bound, and at least as fast as
     verl's merger in both of its orders."""
     lines = []
     for size in [s for s in dict.fromkeys(r.size for r in rows) if s in MOE_SIZES]:
@@ -611,11 +612,11 @@ SUMMARY_DOC = REPO / "docs" / "merge.md"  # the merge's user doc; README quotes 
 def write_keeping_save_section(path: Path, report: str) -> None:
     """The merge report replaces the file, except the other benchmarks' marked sections
     (scripts/bench_save.py's, scripts/bench_loop.py's, scripts/bench_scale.py's: `<!-- save-...:begin -->`
-    or `<!-- scale-...:begin -->` to its end marker), kept at the end in their order (so `bench.py`
-    alone does not drop their results)."""
+    or `<!-- scale-...:begin -->` to its end marker; the hand-written `<!-- code-...:begin -->`), kept at
+    the end in their order (so `bench.py` alone does not drop their results)."""
     old = path.read_text() if path.exists() else ""
     kept = []
-    for match in re.finditer(r"<!-- ((?:save|scale)-[\w.-]+):begin -->.*?<!-- \1:end -->", old, flags=re.S):
+    for match in re.finditer(r"<!-- ((?:save|scale|code)-[\w.-]+):begin -->.*?<!-- \1:end -->", old, flags=re.S):
         kept.append(match.group(0))
     for section in kept:
         report = report.rstrip("\n") + "\n\n" + section + "\n"

@@ -302,7 +302,7 @@ def worker(args: argparse.Namespace) -> None:
             shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         dist.barrier()
     sampler.close()
-    # issue 21's bound on a streaming save's extra host memory: write_threads x (bucket + largest shard) + 64 MiB
+    # the bound on a streaming save's extra host memory: write_threads x (bucket + largest shard) + 64 MiB
     largest = max(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else t.numel() * t.element_size()
                   for t in [*model.parameters(), *(v for st in optimizer.state.values() for v in st.values()
                                                    if hasattr(v, "numel"))])

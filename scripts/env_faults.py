@@ -2,7 +2,7 @@
 """Environment faults x write paths: does each failure give one clear line, fail (nonzero exit or
 an exception), and leave nothing that looks committed? verl's own paths are run next to ours.
 
-    python scripts/env_faults.py                     # table on stdout (about 1-2 min on 2 cores)
+    python scripts/env_faults.py                     # table on stdout (time: BENCHMARKS.md, Figures quoted in the code)
     python scripts/env_faults.py --json faults.json  # + the rows as JSON (scripts/reliability.py)
     python scripts/env_faults.py --paths merge,verl_merge --faults lock
 

@@ -2,7 +2,7 @@
 _save_checkpoint over two FSDP2 ranks, async incremental saves, max_actor_ckpt_to_keep=1) with the
 tracker's watcher made to look late: its first look at step N waits until retention has deleted
 step N's actor dir, which happens once step N+1 committed. That is the race `make faults` lost at
-random (issue 20), made certain. Prints one JSON line: the calibration's result and, per step, whether
+random, made certain. Prints one JSON line: the calibration's result and, per step, whether
 the watcher's first look found the actor dir gone.
 
 Usage: python tests/keep1_scenario.py WORK_DIR [MODE]   (MODE: incremental-async, the default, or

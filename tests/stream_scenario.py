@@ -208,7 +208,7 @@ def scenario(args) -> None:
 
 
 def _add_then_step(run, rank: int) -> None:
-    """The issue's user code: every parameter changed in place, then the optimizer step."""
+    """User code as a training loop writes it: every parameter changed in place, then the optimizer step."""
     with torch.no_grad():
         for p in run.model.parameters():
             p.add_(1.0)

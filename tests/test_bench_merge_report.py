@@ -22,7 +22,8 @@ def _disk(read, write, mixed):
 
 
 def _rows(walls_1b, verl_orders=(bench.VERL_COLD, bench.VERL_WARM)):
-    """verl cold (after slimckpt's runs) slower than warm (directly after its own merge), as on this VM."""
+    """verl cold (after slimckpt's runs) slower than warm (directly after its own merge), as BENCHMARKS.md's
+    merge section measured."""
     rows = []
     for size, params, read, peak_verl, verl_wall in (("0.25b", 0.25e9, 1 * GB, 1700, 8.0),
                                                      ("1b", 1.03e9, 4 * GB, 6200, 21.0)):

@@ -57,7 +57,7 @@ def runs(tmp_path_factory):
     return root
 
 
-@pytest.mark.slow  # five wandb runs written by the wandb library (~20 s)
+@pytest.mark.slow  # five wandb runs written by the wandb library (measured: BENCHMARKS.md)
 def test_reader_reads_history_and_joins_a_resumed_run(runs):
     ref = load(f"ref={runs / 'ref'}")
     assert sorted(ref.rows) == [1, 2, 3, 4, 5, 6]
@@ -68,7 +68,7 @@ def test_reader_reads_history_and_joins_a_resumed_run(runs):
     assert resumed.series("critic/score/mean") == ref.series("critic/score/mean")
 
 
-@pytest.mark.slow  # five wandb runs written by the wandb library (~20 s)
+@pytest.mark.slow  # five wandb runs written by the wandb library (measured: BENCHMARKS.md)
 def test_reader_stops_cleanly_at_a_truncated_tail(runs, tmp_path):
     """A SIGKILLed trainer leaves a .wandb file cut anywhere: the complete records still count."""
     src = next((runs / "ref").glob("**/run-*.wandb"))
@@ -98,7 +98,7 @@ def test_reader_rejects_what_is_not_a_run(tmp_path):
         list(iter_records(bad))
 
 
-@pytest.mark.slow  # five wandb runs written by the wandb library (~20 s)
+@pytest.mark.slow  # five wandb runs written by the wandb library (measured: BENCHMARKS.md)
 def test_compare_runs_writes_png_and_table(runs, tmp_path):
     out, table = tmp_path / "cmp.png", tmp_path / "cmp.md"
     proc = subprocess.run(

@@ -1,4 +1,4 @@
-"""The coverage matrix (issue 17 item 4): tiny models of every family verl users train, saved through
+"""The coverage matrix: tiny models of every family verl users train, saved through
 verl 0.9.1's own FSDPCheckpointManager (slimckpt.testing.fsdp_checkpoint, gloo on CPU), and for each:
 
 - `slimckpt merge` (in this process, streamed) writes every file verl's merger writes, byte for byte

@@ -186,7 +186,7 @@ def _refuse_o_direct_at_open(monkeypatch) -> None:
 
 
 def test_falling_back_to_the_page_cache_is_logged_once(tmp_path, monkeypatch, odd_sources):
-    """The fallback was silent, and it cost 7.9 s instead of 4.2 s at 1B in one run (issue 19)."""
+    """The fallback was once silent, and slower (measured: BENCHMARKS.md, Figures quoted in the code)."""
     want = _write(tmp_path, "direct", odd_sources, 64 << 10)
     monkeypatch.setattr(direct_io, "_fallback_logged", False)
     _refuse_o_direct_at_open(monkeypatch)

@@ -1,4 +1,4 @@
-"""Environment faults (issue 5, item 3): a full disk, a read-only or unwritable directory, two writers on
+"""Environment faults: a full disk, a read-only or unwritable directory, two writers on
 one target give one clear line, fail or continue as configured, and leave nothing that looks committed."""
 
 from __future__ import annotations

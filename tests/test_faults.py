@@ -110,7 +110,7 @@ def test_sigkill_campaign_slimckpt_modes(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["incremental-async", "incremental-stream"])
 def test_async_keep1_saves_go_on_when_retention_beats_the_tracker_watcher(tmp_path, mode):
-    """Issue 20: async incremental saves at max_actor_ckpt_to_keep=1 through the trainer-level path
+    """Async incremental saves at max_actor_ckpt_to_keep=1 through the trainer-level path
     of `make faults`, with the watcher's first look at each step held until retention has deleted
     that step's actor dir. On the broken watcher the uncut run hangs (then a gloo timeout); fixed,
     the four saves go through and the resume is exact at the last step. async_save=stream keeps

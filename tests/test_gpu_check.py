@@ -1,5 +1,5 @@
 """The GPU staging paths on a CPU-only machine: the guarded code imports and takes the plain path,
-and the GPU check says plainly that it needs CUDA (scripts/gpu_check.sh, issue 4 item 10)."""
+and the GPU check says plainly that it needs CUDA (scripts/gpu_check.sh)."""
 
 import os
 import subprocess

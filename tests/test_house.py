@@ -3,9 +3,12 @@ import circles, no private name imported from another module, and arrows between
 down only. Imports are read from the source (module- and function-level, relative and absolute)."""
 
 import ast
+import io
 import json
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 from .conftest import REPO
@@ -221,3 +224,55 @@ def test_old_paths_that_configs_and_commands_name_still_work():
     for command in (["slimckpt.recipes"], ["slimckpt.diskspeed", "--help"], ["slimckpt.dryrun", "--help"]):
         proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=300, cwd=REPO)
         assert proc.returncode == 0 and proc.stdout.strip(), (command, proc.stderr[-2000:])
+
+
+# -- no issue numbers in code ------------------------------------------------------------------
+# The project's issues are no reader's business: a comment or string says why, not which ticket.
+# Upstream references stay ("verl #7952", "verl has no such option, its issue #4553"). A `#` must
+# touch its digits (`# 63 bits` is a comment, not a reference); a six-digit colour is not matched.
+ISSUE_REF = re.compile(r"\bissues?\s*#?\d{1,5}\b|(?<![\w&/#])#\d{1,5}\b", re.I)
+UPSTREAM = re.compile(r"\b(verl|torch|pytorch|transformers|its)\b[^.;:]{0,20}$", re.I)
+CODE_TREES = ("patches", "scripts", "tests")
+
+
+def _prose_of(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and string of a Python file; of every line of a shell script."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return list(enumerate(text.splitlines(), 1))
+    kinds = {tokenize.COMMENT, tokenize.STRING} | ({tokenize.FSTRING_MIDDLE} if hasattr(tokenize, "FSTRING_MIDDLE")
+                                                   else set())
+    return [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+            if tok.type in kinds]
+
+
+def issue_references(root: Path) -> list[str]:
+    found = []
+    for tree in CODE_TREES:
+        for path in sorted((root / tree).rglob("*")):
+            if path.suffix not in (".py", ".sh") or ".venv" in path.parts or "__pycache__" in path.parts:
+                continue
+            for line, text in _prose_of(path):
+                for m in ISSUE_REF.finditer(text):
+                    if not UPSTREAM.search(text[:m.start()]):
+                        found.append(f"{path.relative_to(root)}:{line} {m.group(0)!r}")
+    return found
+
+
+def test_no_issue_numbers_in_code():
+    assert issue_references(REPO) == [], "say why in the comment, not which issue (upstream: 'verl #1234')"
+
+
+def test_the_issue_scan_finds_a_reference_and_spares_upstream_ones(tmp_path):
+    n = "19"  # the planted numbers are put together at run time: the scan of this file must not see them
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "a.py").write_text(
+        f'x = 1  # fixed in issue {n}\n'
+        f'"""Docstring (Issue {n[0]}, item 3)."""\n'
+        f'y = f"{{x}} see #{n}7"\n'
+        '# verl #7952; verl has no such option, its issue #4553\n'
+        '# 63 bits, colour #1f77b4, #a1b2c3\n')
+    (tmp_path / "scripts" / "b.sh").write_text(f'# after #{n}1\necho "#x"\n')
+    assert issue_references(tmp_path) == [
+        f"scripts/a.py:1 'issue {n}'", f"scripts/a.py:2 'Issue {n[0]}'", f"scripts/a.py:3 '#{n}7'",
+        f"scripts/b.sh:1 '#{n}1'"]

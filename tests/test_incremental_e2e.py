@@ -47,7 +47,7 @@ def test_incremental_async_commits_and_resumes_exactly(incremental_run, incremen
 
 
 def test_async_save_metrics_come_with_the_commit(incremental_run):
-    """Issue 19: an async save reported its blocking seconds as `seconds`, bytes before its files
+    """An async save once reported its blocking seconds as `seconds`, bytes before its files
     existed and an RSS window that missed the background write."""
     logged = {step: {k: float(v) for k, v in metrics.items() if k.startswith("ckpt/")}
               for step, metrics in step_metrics(incremental_run.text).items()}

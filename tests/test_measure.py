@@ -58,8 +58,8 @@ def test_forked_child_shared_pages_count_once():
     res = run_measured([sys.executable, "-c", code])
     assert res.returncode == 0
     assert res.total_peak >= 480 * 2**20  # the double count the Pss sum avoids
-    # ~303 MiB normally; one fresh-clone CI run on a slow VM sampled 370 MiB (cause not found: the
-    # sampler reads the two processes' Pss one after the other); still far below the double count
+    # ~300 MiB normally, more on a slow machine (the sampler reads the two processes' Pss one after the
+    # other; measured: BENCHMARKS.md, Figures quoted in the code); still far below the double count
     assert 290 * 2**20 <= res.shared_peak <= 420 * 2**20
     assert res.physical_peak == max(res.max_peak, res.shared_peak)
 
@@ -76,7 +76,7 @@ def test_fastest_of_takes_each_bandwidth_at_its_best():
 
 def test_direct_io_is_measured_at_each_request_size_and_the_faster_kept(tmp_path, monkeypatch):
     """A disk that serves small O_DIRECT requests faster than large ones gets the small ones' speed as
-    its floor, not the large ones' (this VM's disk does: 1.3 vs 1.05 GB/s)."""
+    its floor, not the large ones' (measured: BENCHMARKS.md, Figures quoted in the code)."""
     from slimckpt.observe import diskspeed
 
     seen = []

@@ -551,7 +551,7 @@ def test_distributed_flag_outside_torchrun(ckpt, tmp_path, capsys, monkeypatch):
 
 def test_redirect_goes_distributed_only_when_asked(ckpt, tmp_path, monkeypatch):
     """verl's merger command in a shell with WORLD_SIZE/RANK (any torchrun, SLURM or PyTorchJob shell)
-    merged distributed and init_process_group waited up to 4 hours for ranks that never came (issue 19):
+    merged distributed and init_process_group waited up to 4 hours for ranks that never came:
     the ranks share the merge only with SLIMCKPT_MERGE_DISTRIBUTED=1."""
     from verl.model_merger.base_model_merger import ModelMergerConfig
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger

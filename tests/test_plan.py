@@ -104,7 +104,7 @@ def test_export_bytes_follow_the_dtype_each_save_writes():
     assert plan.export_bytes(plan.Strategy("mid", export_hf=True, export_dtype="bf16"), bf16, "bf16") == 1000
 
 
-# --------------------------------------------------------------------------- peak disk (issue 19, item 7)
+# --------------------------------------------------------------------------- peak disk
 
 
 class _Manager:

@@ -253,8 +253,8 @@ def test_without_a_recipe_exactly_this_changes():
     assert out["PENDING"] == "['merge.drop_flowrl', 'merge.fsdp']"
     assert out["FINDERS"] == "['_PostImportFinder']"
     assert out["HOOKED"] == "['verl.model_merger.base_model_merger', 'verl.model_merger.fsdp_model_merger']"
-    assert out["MODULES"] == str(["slimckpt", "slimckpt.log", "slimckpt.save", "slimckpt.save.adopt_startup",
-                                  "slimckpt.verl", "slimckpt.verl.features",
+    assert out["MODULES"] == str(["slimckpt", "slimckpt.env_vars", "slimckpt.log", "slimckpt.save",
+                                  "slimckpt.save.adopt_startup", "slimckpt.verl", "slimckpt.verl.features",
                                   "slimckpt.verl.import_hooks", "slimckpt.verl.patch_list", "slimckpt.verl.plugin",
                                   "slimckpt.verl.registry"])
     assert out["LOGGER"] == "['NullHandler'] True INFO"
@@ -333,7 +333,7 @@ def no_switch_on(monkeypatch):
     ("recipe", 3, "quickstart"),
 ])
 def test_recipe_config_type_checks_every_field_in_one_line(no_switch_on, key, value, allowed):
-    """A non-empty string is true: without the check `async_save=stream` ran as true (issue 19)."""
+    """A non-empty string is true: without the check `async_save=stream` ran as true."""
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     kwargs = {"recipe": "incremental", "incremental_save": True, key: value}
@@ -381,7 +381,7 @@ def test_async_mode_reads_every_spelling():
 
 def test_bad_log_level_falls_back_to_info_and_keeps_slimckpt_on():
     """An invalid SLIMCKPT_LOG_LEVEL raised at import, outside the plugin's try; verl swallowed it
-    and slimckpt (SLIMCKPT_MEASURE, SLIMCKPT_CPU) silently switched off (issue 19)."""
+    and slimckpt (SLIMCKPT_MEASURE, SLIMCKPT_CPU) silently switched off."""
     res = run_python(textwrap.dedent("""
         import verl
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M

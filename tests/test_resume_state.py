@@ -160,7 +160,7 @@ def test_commit_watcher_gives_up_a_step_retention_deleted(tmp_path):
 
 @pytest.mark.parametrize("left", ["nothing", "manifest_removed"])
 def test_commit_watcher_gives_up_a_step_whose_role_dir_retention_removed(tmp_path, left):
-    """Issue 20: retention removes the role dir (verl tracks role dirs) and leaves the step dir with
+    """Retention removes the role dir (verl tracks role dirs) and leaves the step dir with
     data.pt; a delete cut short leaves the dir without its manifest. Once a newer step of that role
     is committed, the watcher gives the old step up without naming it, for any watched role."""
     import shutil

@@ -1,4 +1,4 @@
-"""Retention never deletes the last committed step, nor one being read or written (issue 5, item 4),
+"""Retention never deletes the last committed step, nor one being read or written,
 and verl 0.9.1's own retention, for comparison, does."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Measuring observes and changes nothing (issue 19): SLIMCKPT_MEASURE=1 on plain verl wraps verl's
+"""Measuring observes and changes nothing: SLIMCKPT_MEASURE=1 on plain verl wraps verl's
 save in a timer and an RSS sampler, and every other checkpoint path (retention, tracker, load)
 stays verl's own; reports go outside the checkpoint; async saves report their write at the commit."""
 

@@ -1,15 +1,19 @@
-"""Every `SLIMCKPT_*` environment variable, declared once: name, type, default, meaning, and who it is for.
+"""Every `SLIMCKPT_*` environment variable, declared once (name, type, default, meaning, who it is for)
+and read here only: the package's modules ask `flag`, `integer`, `seconds`, `path` or `text` for a
+declared name, never `os.environ` (`tests/test_house.py` holds them to it).
 
-The modules that read a variable still read it themselves (the `read_in` column names them);
-this table is what the documentation is generated from and what `tests/test_env_vars.py` holds
-the code to: a `SLIMCKPT_` name used anywhere in patches/, scripts/ or tests/ must be declared
-here, and docs/configuration.md's table must be this module's `--markdown` output.
+`tests/test_env_vars.py` holds the rest of the code to this table: a `SLIMCKPT_` name used anywhere
+in patches/, scripts/ or tests/ must be declared here, and docs/configuration.md's table must be
+this module's `--markdown` output.
 
 Kinds:
   - user:  a switch a user sets (or a launcher sets for them);
   - bench: a knob that turns one piece of the merge's speed machinery off or records its timings,
            for benchmarks and diagnosis; the defaults are what users get;
   - test:  read by the test suite only.
+
+A variable set to the empty string counts as unset. The readers look at the environment on every
+call (a test's monkeypatch, or `set_flag` before a load, is seen at once).
 
 Torch-free and import-free (nothing of ours): any module, script or test may import it.
 
@@ -20,6 +24,7 @@ Torch-free and import-free (nothing of ours): any module, script or test may imp
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -32,105 +37,159 @@ TYPES = ("flag", "int", "seconds", "path", "level", "version")
 @dataclass(frozen=True)
 class EnvVar:
     """One variable. `default` is the value the code assumes when it is unset (None: unset means off
-    or none); a `flag` is on only when set to `1` unless its default is `1`, when `0` turns it off."""
+    or none); a `flag` is on only when set to one of `on` (`1`) unless its default is `1`, when `0`
+    turns it off."""
 
     name: str
     type: str
     default: str | None
     kind: str
     meaning: str
-    read_in: tuple[str, ...]  # files (relative to the repo) that read it
+    on: tuple[str, ...] = ("1",)  # a default-off flag's values that turn it on (compared stripped, lower-case)
 
 
 VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("SLIMCKPT_DISABLE", "flag", None, "user",
-           "`1`: the verl plugin applies nothing (plain verl, its merger included); the Hydra search path stays",
-           ("patches/slimckpt/verl/plugin.py",)),
+           "`1`: the verl plugin applies nothing (plain verl, its merger included); the Hydra search path stays"),
     EnvVar("SLIMCKPT_MEASURE", "flag", None, "user",
            "`1`: verl's own save is timed and its peak RSS sampled (retention, tracker and load stay verl's); "
-           "reports go to `<default_local_dir>/slimckpt_reports/`. The launchers set it",
-           ("patches/slimckpt/verl/plugin.py",)),
+           "reports go to `<default_local_dir>/slimckpt_reports/`. The launchers set it"),
     EnvVar("SLIMCKPT_METRICS_FILE", "path", None, "user",
-           "every save report (and async commit report) is also appended to this file as one JSON line",
-           ("patches/slimckpt/observe/save_measure.py",)),
+           "every save report (and async commit report) is also appended to this file as one JSON line"),
     EnvVar("SLIMCKPT_CHECKPOINT", "flag", None, "user",
            "`1`: the checkpoint feature (save/load hooks, retention, async tracker) without a recipe's config "
-           "object; `recipes/incremental.yaml` sets it for Ray's trainer actor",
-           ("patches/slimckpt/verl/plugin.py", "recipes/incremental.yaml")),
+           "object; `recipes/incremental.yaml` sets it for Ray's trainer actor"),
     EnvVar("SLIMCKPT_CPU", "flag", None, "user",
-           "`1`: verl's trainer on a host without an accelerator (platform `cpu`, gloo, rollout `hf`)",
-           ("patches/slimckpt/cpu/__init__.py", "patches/slimckpt/verl/plugin.py")),
+           "`1`: verl's trainer on a host without an accelerator (platform `cpu`, gloo, rollout `hf`)"),
     EnvVar("SLIMCKPT_CPU_FORCE", "flag", None, "user",
-           "`1`: allow `SLIMCKPT_CPU=1` where a GPU is visible",
-           ("patches/slimckpt/cpu/__init__.py",)),
+           "`1`: allow `SLIMCKPT_CPU=1` where a GPU is visible"),
     EnvVar("SLIMCKPT_ROLLOUT_THREADS", "int", "1", "user",
-           "torch threads of the CPU `hf` rollout server",
-           ("patches/slimckpt/cpu/hf_server.py",)),
+           "torch threads of the CPU `hf` rollout server"),
     EnvVar("SLIMCKPT_LOG_LEVEL", "level", "INFO", "user",
-           "level of the `slimckpt` logger; an unknown value falls back to INFO with a warning",
-           ("patches/slimckpt/log.py",)),
+           "level of the `slimckpt` logger; an unknown value falls back to INFO with a warning"),
     EnvVar("SLIMCKPT_ALLOW_UNTESTED_VERL", "version", None, "user",
-           "a verl version: apply the patches to that verl anyway (only 0.9.1 is tested)",
-           ("patches/slimckpt/verl/registry.py",)),
+           "a verl version: apply the patches to that verl anyway (only 0.9.1 is tested)"),
     EnvVar("SLIMCKPT_DIRECT_IO", "flag", "1", "user",
            "`0`: merges read and write through the page cache instead of O_DIRECT (a filesystem that "
-           "refuses O_DIRECT falls back by itself, with one warning)",
-           ("patches/slimckpt/read/direct_io.py",)),
+           "refuses O_DIRECT falls back by itself, with one warning)"),
     EnvVar("SLIMCKPT_MERGE_WORKERS", "int", "1", "user",
-           "writer processes of the redirected `python -m verl.model_merger merge` (`slimckpt merge --workers`)",
-           ("patches/slimckpt/merge/verl_merger.py",)),
+           "writer processes of the redirected `python -m verl.model_merger merge` (`slimckpt merge --workers`)"),
     EnvVar("SLIMCKPT_MERGE_OVERWRITE", "flag", None, "user",
-           "`1`: the redirected verl merger replaces a non-empty target dir",
-           ("patches/slimckpt/merge/verl_merger.py",)),
+           "`1`: the redirected verl merger replaces a non-empty target dir"),
     EnvVar("SLIMCKPT_MERGE_DISTRIBUTED", "flag", None, "user",
            "`1`: the redirected verl merger under torchrun shares the work across ranks "
-           "(`slimckpt merge --distributed_merge`)",
-           ("patches/slimckpt/merge/verl_merger.py",)),
+           "(`slimckpt merge --distributed_merge`)"),
     EnvVar("SLIMCKPT_MERGE_JOIN_TIMEOUT", "seconds", "600", "user",
-           "seconds every rank of a distributed merge has to join; then one line names the missing ranks",
-           ("patches/slimckpt/merge/pipeline.py",)),
+           "seconds every rank of a distributed merge has to join; then one line names the missing ranks"),
     EnvVar("SLIMCKPT_MERGE_PEER_TIMEOUT", "seconds", "120", "user",
            "seconds a rank of a distributed merge may stop answering (killed, stopped) before the others end, "
-           "in one line naming it",
-           ("patches/slimckpt/merge/pipeline.py",)),
+           "in one line naming it"),
     EnvVar("SLIMCKPT_MERGE_NO_VERL_FALLBACK", "flag", None, "user",
            "`1`: the redirected verl merger refuses, in one line, a checkpoint the streaming merge does not "
-           "handle instead of running verl's own merger on it (`slimckpt merge --no_verl_fallback`)",
-           ("patches/slimckpt/merge/verl_merger.py",)),
+           "handle instead of running verl's own merger on it (`slimckpt merge --no_verl_fallback`)"),
     EnvVar("SLIMCKPT_PROGRESS", "flag", None, "user",
-           "`1`: progress bars in the redirected verl merger when stderr is not a terminal",
-           ("patches/slimckpt/merge/verl_merger.py",)),
+           "`1`: progress bars in the redirected verl merger when stderr is not a terminal"),
     EnvVar("SLIMCKPT_TRUST_PICKLE", "flag", None, "user",
            "`1`: unpickle any global a checkpoint names, as `torch.load(weights_only=False)` does (what "
            "`--trust-pickle` and `checkpoint.trust_pickle=true` set; also for the redirected verl merger)",
-           ("patches/slimckpt/read/pickle_policy.py",)),
+           on=("1", "true", "yes")),
     EnvVar("SLIMCKPT_TRUST_INTERNALS", "flag", None, "user",
            "`1`: on a torch or transformers release slimckpt was not checked on, use its internals anyway "
-           "where they still import, instead of the public fallback (`slimckpt/internals.py` lists them)",
-           ("patches/slimckpt/internals.py",)),
+           "where they still import, instead of the public fallback (`slimckpt/internals.py` lists them)"),
     EnvVar("SLIMCKPT_READAHEAD", "flag", "1", "bench",
-           "`0`: no `posix_fadvise(WILLNEED)` on the shards a merge is about to read",
-           ("patches/slimckpt/read/readahead.py",)),
+           "`0`: no `posix_fadvise(WILLNEED)` on the shards a merge is about to read"),
     EnvVar("SLIMCKPT_MERGE_FORK", "flag", "1", "bench",
-           "`0`: no writer child forked before torch is imported (it starts writing during the imports)",
-           ("patches/slimckpt/write/forked_call.py",)),
+           "`0`: no writer child forked before torch is imported (it starts writing during the imports)"),
     EnvVar("SLIMCKPT_MERGE_GUESS", "flag", "1", "bench",
-           "`0`: that early writer does not start on a layout guessed from `config.json` (same bytes, slower)",
-           ("patches/slimckpt/merge/early_write.py",)),
+           "`0`: that early writer does not start on a layout guessed from `config.json` (same bytes, slower)"),
     EnvVar("SLIMCKPT_MERGE_STATS", "path", None, "bench",
            "the merge's torch-free writer writes where its time went (reading, waiting, casting) to this file "
-           "as JSON",
-           ("patches/slimckpt/write/writer_stats.py",)),
+           "as JSON"),
     EnvVar("SLIMCKPT_PICKLE_REFUSALS_LOG", "path", None, "test",
            "every pickle global refused is appended to this file (the test suite fails a test whose "
-           "checkpoints got one)",
-           ("patches/slimckpt/read/pickle_policy.py",)),
+           "checkpoints got one)"),
     EnvVar("SLIMCKPT_WRITE_SUPPORT_TABLE", "flag", None, "test",
-           "`1`: `tests/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run",
-           ("tests/test_coverage_matrix.py",)),
+           "`1`: `tests/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run"),
 )
 
 BY_NAME = {v.name: v for v in VARIABLES}
+
+
+class BadValue(ValueError):
+    """A variable set to something its type does not take; the message is one line naming it."""
+
+
+def declared(name: str) -> EnvVar:
+    """The declaration of `name`; a name nobody declared is a bug in the caller, said in one line."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name} is not declared in slimckpt/env_vars.py: add it to VARIABLES") from None
+
+
+def _raw(name: str, want: str) -> str | None:
+    var = declared(name)
+    if var.type != want and not (want == "text" and var.type in ("level", "version")):
+        raise TypeError(f"{name} is a {var.type} in slimckpt/env_vars.py, not read as {want}")
+    return os.environ.get(name) or None
+
+
+def flag(name: str) -> bool:
+    """Whether a flag is on: a default-`1` flag is off only when set to `0`; any other is on only when
+    set to one of its declared `on` values."""
+    raw = _raw(name, "flag")
+    var = BY_NAME[name]
+    if var.default == "1":
+        return raw != "0"
+    return raw is not None and raw.strip().lower() in var.on
+
+
+def integer(name: str) -> int:
+    """A whole number (unset: the declared default)."""
+    raw = _raw(name, "int")
+    if raw is None:
+        return int(BY_NAME[name].default or 0)
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadValue(f"{name}={raw!r}: use a whole number (default {BY_NAME[name].default})") from None
+
+
+def seconds(name: str) -> float:
+    """A duration in seconds > 0 (unset: the declared default)."""
+    raw = _raw(name, "seconds")
+    default = float(BY_NAME[name].default or 0)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise BadValue(f"{name}={raw!r}: use a number of seconds > 0 (default {default:.0f})")
+    return value
+
+
+def path(name: str) -> str | None:
+    """A file the user named, or None when unset."""
+    return _raw(name, "path")
+
+
+def text(name: str) -> str | None:
+    """The value as set (a `level` or `version`), or the declared default when unset."""
+    raw = _raw(name, "text")
+    return raw if raw is not None else BY_NAME[name].default
+
+
+def set_flag(name: str, on: bool) -> None:
+    """Turn a flag on (`1`) or back to unset, in this process and the processes it starts."""
+    if declared(name).type != "flag":
+        raise TypeError(f"{name} is a {BY_NAME[name].type} in slimckpt/env_vars.py, not a flag")
+    if on:
+        os.environ[name] = "1"
+    else:
+        os.environ.pop(name, None)
+
 
 TABLE_BEGIN, TABLE_END = "<!-- env-vars:begin -->", "<!-- env-vars:end -->"
 COMMAND = "python -m slimckpt.env_vars --write docs/configuration.md"

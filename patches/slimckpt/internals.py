@@ -23,11 +23,11 @@ global a release renames is refused by name (tests/test_safe_pickle.py runs on b
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+from . import env_vars
 from .log import get_logger
 
 log = get_logger("slimckpt.internals")
@@ -125,7 +125,7 @@ def lookup(name: str) -> Any | None:
                 f"{internal.package} {have} has no {name} ({type(exc).__name__}: {exc}), though slimckpt was "
                 f"checked on {internal.package} {have}: reinstall {internal.package}, or report it with "
                 f"`pip show {internal.package}`") from None
-    trusted = os.environ.get(TRUST_ENV) == "1"
+    trusted = env_vars.flag(TRUST_ENV)
     obj = None
     if trusted:
         try:

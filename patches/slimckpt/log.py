@@ -17,6 +17,8 @@ import os
 import sys
 from collections.abc import Iterator
 
+from . import env_vars
+
 _LOGGER_NAME = "slimckpt"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _ALIASES = ("WARN", "FATAL", "NOTSET")  # what logging also takes
@@ -30,7 +32,7 @@ def get_logger(name: str = _LOGGER_NAME) -> logging.Logger:
         root.propagate = True
         # get_logger runs at import, outside the plugin's try, and verl swallows a plugin's
         # exception at debug level: a bad level must not raise, or slimckpt silently switches off
-        wanted = os.environ.get(LEVEL_ENV) or "INFO"  # set but empty: the default
+        wanted = env_vars.text(LEVEL_ENV) or "INFO"  # set but empty: the default
         level = wanted.strip().upper()
         known = level in LEVELS or level in _ALIASES
         root.setLevel(level if known else "INFO")

@@ -8,6 +8,7 @@ files are written one tensor at a time from the memory-mapped source (rank_file)
 does the tracker move. A convert that is killed leaves a `.partial` dir that verl never looks at.
 """
 
+# lazy imports: torch-free until a conversion runs (`--help`, the plan); torch and the rank files then
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,16 @@ import shutil
 import sys
 import time
 
+from tqdm import tqdm
+
+from .. import internals
+from ..format.merge_manifest import fsync_path
+from ..format.resume_manifest import read_tracker, write_tracker
 from ..log import get_logger
-from .plan import ConvertError, Target, check_world_size, parse_step_dir, plan_target, row_range
+from ..read.checkpoint_dir import CheckpointError
+from ..read.pickle_policy import set_trusted
+from .layout import meta_layout
+from .plan import ConvertError, Target, check_world_size, flat_runs, flat_shard, parse_step_dir, plan_target, row_range
 
 log = get_logger("slimckpt.convert")
 
@@ -45,9 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..read.checkpoint_dir import CheckpointError
-    from ..read.pickle_policy import set_trusted
-
     set_trusted(args.trust_pickle)
     try:
         target, summary = convert(args.step_dir, args.world_size, args.fsdp, args.target_dir, args.overwrite,
@@ -64,8 +70,6 @@ def run(args: argparse.Namespace) -> int:
 def convert(step_dir: str, world: int, fsdp: int | None, target_dir: str | None, overwrite: bool,
             progress: bool = False) -> tuple[Target, str]:
     """Convert every role of the step; returns the target and a one-line summary."""
-    from tqdm import tqdm
-
     from .source import open_role
 
     start = time.perf_counter()
@@ -106,8 +110,6 @@ HEADS = ("lm_head.", "score.")  # the causal LM's head, a critic's: the one part
 def _check_model(src) -> None:
     """The step's tensors against the model its huggingface/config.json describes (names, shapes),
     so rank files of another model are refused before anything is written."""
-    from .layout import meta_layout
-
     config_path = os.path.join(src.hf_dir, "config.json")
     if not os.path.isfile(config_path):
         raise ConvertError(f"{config_path} is missing; the step's save did not finish: convert an earlier step")
@@ -136,8 +138,6 @@ class FakeWorld:
     def __enter__(self):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-
-        from .. import internals
 
         if dist.is_initialized():
             raise ConvertError("slimckpt convert runs as one plain process, not under torchrun")
@@ -234,7 +234,6 @@ def _fsdp2_optim(src, skel, order, world: int, rank: int) -> dict:
 def _fsdp1_optim(src, skel, order, world: int, rank: int) -> dict:
     """verl's FSDP1 optimizer file (use_orig_params=False, its default): one state entry per flat
     parameter, each tensor the rank's run of the parameters flattened one after another, padded."""
-    from .plan import flat_runs, flat_shard
     from .rank_file import FlatSource, Run
 
     params, groups = order
@@ -309,8 +308,6 @@ def _copy_side_files(src, out_dir: str, world: int, fsdp: int) -> None:
 
 
 def _fsync_tree(top: str) -> None:
-    from ..format.merge_manifest import fsync_path
-
     for dirpath, _dirs, files in os.walk(top):
         for name in files:
             fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
@@ -323,8 +320,6 @@ def _fsync_tree(top: str) -> None:
 
 def _commit(target: Target) -> None:
     """Rename the finished `.partial` into place (an existing step moved aside first, under --overwrite)."""
-    from ..format.merge_manifest import fsync_path
-
     _fsync_tree(target.partial_dir)
     old = None
     if os.path.exists(target.step_dir):
@@ -337,8 +332,6 @@ def _commit(target: Target) -> None:
 
 
 def _move_tracker(target: Target) -> str:
-    from ..format.resume_manifest import read_tracker, write_tracker
-
     if write_tracker(target.root, target.step) or read_tracker(target.root) == target.step:
         return f"{target.tracker} names step {target.step}"
     return (f"{target.tracker} still names step {read_tracker(target.root)}, a later one: resume this step with "

@@ -4,6 +4,7 @@ buffers (plain tensors in verl's files), and FSDP1's flat parameters as verl wra
 decoder layer, from the model's `_no_split_modules`, and the root's for the rest, first).
 """
 
+# lazy imports: torch and transformers only when a model's layout is built on the meta device
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -12,10 +12,10 @@ All of them reach verl only through feature "cpu" of slimckpt.verl.patch_list, w
 plugin switches on at `import verl` with SLIMCKPT_CPU=1. `check_host` refuses a machine with a GPU.
 """
 
+# lazy imports: torch only to look for a GPU: the plugin imports this package at `import verl`
 from __future__ import annotations
 
-import os
-
+from .. import env_vars
 from ..log import get_logger
 
 log = get_logger("slimckpt.cpu")
@@ -28,7 +28,7 @@ def check_host() -> None:
     """Refuse to run on CPU where a GPU is visible, unless the user insists (SLIMCKPT_CPU_FORCE=1)."""
     import torch
 
-    if torch.cuda.is_available() and os.environ.get(FORCE_ENV) != "1":
+    if torch.cuda.is_available() and not env_vars.flag(FORCE_ENV):
         raise SystemExit(
             f"[slimckpt] {ENABLE_ENV}=1 asks verl to train on the CPU, but this machine has a CUDA GPU: "
             f"unset {ENABLE_ENV} to train on the GPU, or also set {FORCE_ENV}=1 to run on the CPU anyway"

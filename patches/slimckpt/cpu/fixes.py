@@ -4,10 +4,15 @@ Each `*_patch(original)` builds the replacement for one entry in slimckpt.verl.p
 of them is applied only with SLIMCKPT_CPU=1.
 """
 
+# lazy imports: each patch imports verl's and torch's pieces when it is built (applied while `import verl` runs)
 from __future__ import annotations
 
 import functools
+import os
+from datetime import timedelta
 from typing import Any, Callable
+
+from . import check_host
 
 GLOO = "gloo"
 
@@ -17,7 +22,6 @@ def detect_platform_patch(original: Callable[[], str]) -> Callable[[], str]:
 
     Building the replacement is also where CPU mode refuses a machine with a GPU, because this
     patch is applied at `import verl`, before anything asks verl for its platform."""
-    from . import check_host
     from .platform import NAME
 
     check_host()
@@ -50,9 +54,6 @@ def process_group_torchrun_patch(original: Callable) -> Callable:
 
     @functools.wraps(original)
     def initialize_global_process_group(timeout_second=36000):
-        import os
-        from datetime import timedelta
-
         import torch.distributed as dist
 
         dist.init_process_group(backend=GLOO, timeout=timedelta(seconds=timeout_second),

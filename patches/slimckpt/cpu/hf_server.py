@@ -9,11 +9,14 @@ run one after another, each with KV-cached decoding.
 
 from __future__ import annotations
 
-import os
+import hashlib
 from typing import Any, Optional
 
 import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+from verl.workers.rollout.replica import TokenOutput
 
+from .. import env_vars
 from ..log import get_logger
 from .sampling import SampleKey, generate, sample_seed
 
@@ -22,10 +25,8 @@ log = get_logger("slimckpt.cpu.hf_server")
 
 class HFRolloutServer:
     def __init__(self, config: Any, model_path: str, replica_rank: int, attn_implementation: str = "sdpa") -> None:
-        from transformers import AutoModelForCausalLM, GenerationConfig
-
         # Requests run serially; more threads than this only contend with the trainer ranks.
-        torch.set_num_threads(int(os.environ.get("SLIMCKPT_ROLLOUT_THREADS", "1")))
+        torch.set_num_threads(env_vars.integer("SLIMCKPT_ROLLOUT_THREADS"))
         self.config = config
         self.replica_rank = replica_rank
         self.global_steps: Optional[int] = None
@@ -69,8 +70,6 @@ class HFRolloutServer:
         sample_key: Optional[dict] = None,
         **_: Any,
     ):
-        from verl.workers.rollout.replica import TokenOutput
-
         if image_data or video_data or audio_data:
             raise NotImplementedError("the hf rollout is text-only")
         prompt_ids = [int(t) for t in prompt_ids]
@@ -157,8 +156,6 @@ class HFRolloutServer:
 
     def get_state_digest(self) -> str:
         """sha256 over the weights, for tests comparing rollout and actor weights."""
-        import hashlib
-
         h = hashlib.sha256()
         for name, tensor in sorted(self.model.state_dict().items()):
             h.update(name.encode())

@@ -13,6 +13,7 @@ import contextlib
 import types
 from typing import Any, Optional
 
+import psutil
 import torch
 
 from verl.plugin.platform.platform_base import PlatformBase
@@ -21,8 +22,6 @@ NAME = "cpu"
 
 
 def _host_memory() -> tuple[int, int]:
-    import psutil
-
     vm = psutil.virtual_memory()
     return vm.available, vm.total
 

@@ -2,6 +2,7 @@
 (feature "cpu"): the platform, the `hf` rollout's two halves and the FSDP engines for device cpu.
 Each builder receives the table it adds to and returns the value of its entry."""
 
+# lazy imports: each builder imports its class when verl's table asks for it (the classes import verl's workers)
 from __future__ import annotations
 
 from typing import Any, Callable

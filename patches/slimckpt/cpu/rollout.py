@@ -8,6 +8,7 @@
   its server.
 """
 
+# lazy imports: the server's module (transformers) only in the Ray actor a replica starts
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ import torch
 
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
+from verl.workers.rollout.utils import ensure_async_iterator
 
 NAME = "hf"
 
@@ -82,8 +84,6 @@ class HFServerAdapter(BaseRollout):
     @torch.no_grad()
     async def update_weights(self, weights: Any, global_steps: Optional[int] = None,
                              wire_format: str = "named_tensors", **kwargs: Any) -> None:
-        from verl.workers.rollout.utils import ensure_async_iterator
-
         if wire_format != "named_tensors":
             raise NotImplementedError(f"hf rollout: wire_format={wire_format!r} (only named_tensors)")
         if kwargs.get("peft_config") is not None:

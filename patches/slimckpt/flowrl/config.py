@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from verl.workers.config import PolicyLossConfig
 
+from ..verl.features import switch_on
+from ..verl.registry import check_verl_version
 from .loss import DEFAULT_BETA, DEFAULT_MAX_WEIGHT, LOSS_MODE
 
 
@@ -69,8 +71,6 @@ def activate(settings: HeadSettings) -> None:
     """Remember the head this process's actor gets, then switch the "flowrl" feature on (the policy
     loss joins verl's registry and the engine patches apply; idempotent)."""
     global _ACTIVE
-    from ..verl.features import switch_on
-    from ..verl.registry import check_verl_version
 
     check_verl_version()
     _ACTIVE = settings

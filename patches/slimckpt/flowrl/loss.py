@@ -16,6 +16,7 @@ and the registered loss below reads them there. Everything else (batch normalisa
 micro-batches and data-parallel ranks, metric plumbing) stays verl's.
 """
 
+# lazy imports: verl's core_algos only when the loss runs (the feature registers it while verl's trainer imports)
 from __future__ import annotations
 
 import contextlib

@@ -15,12 +15,14 @@ like the original unless the actor carries FlowRL's log Z head (only +algo=flowr
   model merger's `save_hf_model_and_tokenizer`: drop FlowRL's parameters (`is_flowrl_param`).
 """
 
+# lazy imports: the wrappers import torch, verl's helpers and the head when they first run (patched at `import verl`)
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from typing import Any
 
+from ..log import get_logger
 from .names import is_flowrl_param
 
 
@@ -150,8 +152,6 @@ def wrap_save_hf_model(original: Callable) -> Callable:
     def save_hf_model_and_tokenizer(self, state_dict):
         dropped = [k for k in state_dict if is_flowrl_param(k)]
         if dropped:
-            from ..log import get_logger
-
             get_logger("slimckpt.flowrl").info("HF export leaves out FlowRL's log Z head (%d tensors)", len(dropped))
             state_dict = {k: v for k, v in state_dict.items() if not is_flowrl_param(k)}
         return original(self, state_dict)

@@ -117,7 +117,7 @@ class HfSide:
         self.torch_dtype = torch_dtypes_of_choices(torch)[dtype]
         auto_cls = auto_model_class(self.model_config)
         try:
-            # all on meta, buffers too: transformers then skips initialising the weights (0.1-0.15 s at 1B)
+            # all on meta, buffers too: transformers then skips initialising the weights (measured: BENCHMARKS.md)
             with torch.device("meta"):
                 model = auto_cls.from_config(self.model_config, dtype=self.torch_dtype,
                                              trust_remote_code=trust_remote_code)

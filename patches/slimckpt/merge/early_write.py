@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 
+from .. import env_vars
 from ..format.merge_manifest import discard_partial, prepare_partial
 from ..log import get_logger
 from ..write import forked_call
@@ -98,7 +99,7 @@ class EarlyWrite:
     @classmethod
     def start(cls, opts: MergeOptions, target: str) -> "EarlyWrite | None":
         """None when there is no safe guess; the normal path then plans first and writes after."""
-        if os.environ.get("SLIMCKPT_MERGE_GUESS", "1") == "0":
+        if not env_vars.flag("SLIMCKPT_MERGE_GUESS"):
             return None
 
         config = merge_guess.read_config(os.path.join(opts.local_dir, HF_SUBDIR))
@@ -138,7 +139,7 @@ class EarlyWrite:
         from ..read.merge_input import open_source
         from ..read.sources import CheckpointError, open_indexed, signature
 
-        ckpt = open_indexed(opts.local_dir)  # no torch.distributed import: 0.9 s sooner
+        ckpt = open_indexed(opts.local_dir)  # no torch.distributed import (measured: BENCHMARKS.md)
         if ckpt is None:
             try:
                 ckpt = open_source(opts.local_dir)

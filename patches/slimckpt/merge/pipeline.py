@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 from datetime import timedelta
 
-from .. import __version__
+from .. import __version__, env_vars
 from ..format import layout
 from ..format.merge_manifest import (
     DEFAULT_ALGO,
@@ -420,7 +420,6 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
 
 
 PEER_TIMEOUT_ENV = "SLIMCKPT_MERGE_PEER_TIMEOUT"  # seconds a rank's heartbeat may stop before the others give up
-PEER_TIMEOUT_S = 120.0
 
 
 def _watch_peers(opts: MergeOptions, store):
@@ -430,7 +429,7 @@ def _watch_peers(opts: MergeOptions, store):
     a dead one. The exit is immediate (os._exit): the main thread is inside a collective that only
     that timeout would end; `<target>.partial` stays uncommitted and the next run replaces it, and
     the flocks go with the process."""
-    seconds = _env_seconds(PEER_TIMEOUT_ENV, PEER_TIMEOUT_S)
+    seconds = _env_seconds(PEER_TIMEOUT_ENV)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     beat = Heartbeat(store, rank, world, prefix="alive").start()
 
@@ -447,26 +446,19 @@ def _watch_peers(opts: MergeOptions, store):
 
 
 JOIN_TIMEOUT_ENV = "SLIMCKPT_MERGE_JOIN_TIMEOUT"  # seconds every rank of a distributed merge has to join
-JOIN_TIMEOUT_S = 600.0
 
 
-def _env_seconds(name: str, default: float) -> float:
-    """A timeout in seconds from the environment variable `name` (unset: `default`); anything but
-    a number > 0 is a one-line MergeError."""
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
+def _env_seconds(name: str) -> float:
+    """A timeout in seconds from the environment variable `name` (unset: its declared default); anything
+    but a number > 0 is a one-line MergeError."""
     try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise MergeError(f"{name}={raw!r}: use a number of seconds > 0 (default {default:.0f})")
-    return seconds
+        return env_vars.seconds(name)
+    except env_vars.BadValue as exc:
+        raise MergeError(str(exc)) from None
 
 
 def join_timeout_s() -> float:
-    return _env_seconds(JOIN_TIMEOUT_ENV, JOIN_TIMEOUT_S)
+    return _env_seconds(JOIN_TIMEOUT_ENV)
 
 
 def _join_ranks(opts: MergeOptions, dist):

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from .. import env_vars
 from ..log import get_logger
 from .pipeline import merge
 from .plan import MergeError, MergeOptions
@@ -48,19 +49,19 @@ def wrap_merge_and_save(original: Callable) -> Callable:
         if cfg.use_cpu_initialization:
             log.info("slimckpt: --use_cpu_initialization has no effect on the streaming merge (no model is "
                      "materialised on any device)")
-        distributed = os.environ.get(DISTRIBUTED_ENV) == "1"
+        distributed = env_vars.flag(DISTRIBUTED_ENV)
         if not distributed and os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1") and "RANK" in os.environ:
             log.warning("slimckpt: WORLD_SIZE=%s but %s is not 1: this process merges alone (as verl's merger "
                         "would); set %s=1 to share the merge across the torchrun ranks",
                         os.environ["WORLD_SIZE"], DISTRIBUTED_ENV, DISTRIBUTED_ENV)
         opts = MergeOptions(local_dir=cfg.local_dir, target_dir=cfg.target_dir,
                             trust_remote_code=cfg.trust_remote_code,
-                            overwrite=os.environ.get(OVERWRITE_ENV) == "1", overwrite_hint=f"{OVERWRITE_ENV}=1",
-                            workers=int(os.environ.get(WORKERS_ENV, "1")), distributed=distributed,
+                            overwrite=env_vars.flag(OVERWRITE_ENV), overwrite_hint=f"{OVERWRITE_ENV}=1",
+                            workers=env_vars.integer(WORKERS_ENV), distributed=distributed,
                             distributed_hint=f"{DISTRIBUTED_ENV}=1",
-                            verl_fallback=os.environ.get(NO_FALLBACK_ENV) != "1",
+                            verl_fallback=not env_vars.flag(NO_FALLBACK_ENV),
                             verl_fallback_hint=f"{NO_FALLBACK_ENV}=1",
-                            progress=sys.stderr.isatty() or os.environ.get("SLIMCKPT_PROGRESS") == "1")
+                            progress=sys.stderr.isatty() or env_vars.flag("SLIMCKPT_PROGRESS"))
         log.info("slimckpt: 'python -m verl.model_merger merge --backend fsdp' runs slimckpt's streaming merge "
                  "(SLIMCKPT_DISABLE=1 runs verl's own)")
         try:

@@ -40,8 +40,8 @@ def write_shares(local_dir: str, partial: str, mp: ExportPlan, shares: list[list
     checksums: dict[str, str] = {}
     # One intra-op thread for the casts: the read and write threads (and, during an early write,
     # the imports) already keep the cores busy, and an OpenMP cast whose second thread is not
-    # running waits for it. Measured here on 2 cores, fp32 -> bf16: 9.2 GB/s on 1 thread, 1.5 GB/s
-    # on 2 with the other core busy. Restored after: an in-training export shares the process.
+    # running waits for it (measured: BENCHMARKS.md, Figures quoted in the code).
+    # Restored after: an in-training export shares the process.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

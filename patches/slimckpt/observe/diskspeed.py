@@ -5,9 +5,9 @@ Both ways to reach the disk are measured: through the page cache (what `torch.sa
 and plain `open()` use) and with O_DIRECT (what slimckpt's merge uses, see `direct_io`). They
 can differ by 4x on a VM whose page-cache pages are slow to come by. The I/O floor of a job uses
 the faster of the two, so it is what the disk can do, not what one path happens to get.
-O_DIRECT is measured with two request sizes, for the same reason: this VM's disk moved 1 MiB
-requests at 1.26-1.39 GB/s and 16 MiB ones at 1.02-1.07 (writes; reads alike), so a floor from 16 MiB
-alone would be 25% too easy to come close to.
+O_DIRECT is measured with two request sizes, for the same reason: a disk can move 1 MiB requests
+faster than 16 MiB ones, and a floor from 16 MiB alone would then be too easy to come close to
+(measured: BENCHMARKS.md, Figures quoted in the code).
 
 `python -m slimckpt.diskspeed DIR` prints them.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import threading
 import time
 from dataclasses import dataclass, fields
 
@@ -101,8 +102,6 @@ def _read(path: str, direct: bool, chunk: int = CHUNK) -> float:
 
 def _mixed(read_path: str, write_path: str, size: int) -> float:
     """A merge's pattern: read `size` bytes (fp32 shards) while writing size/2 (bf16 output)."""
-    import threading
-
     if not os.path.exists(read_path):
         return 0.0
     results: list[float] = []

@@ -11,6 +11,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+import psutil
+
 
 def rss_anon_bytes(pid: int | str = "self") -> int:
     """RssAnon of a process in bytes; 0 when the process is gone."""
@@ -118,8 +120,6 @@ def sample_tree(root_pid: int, interval_s: float = 0.01, stop: threading.Event |
 def sample_tree_peaks(root_pid: int, interval_s: float = 0.01, stop: threading.Event | None = None,
                       pss_interval_s: float = 0.05) -> TreePeaks:
     """`sample_tree`, plus the summed Pss_Anon of the tree whenever it has several processes."""
-    import psutil
-
     peaks: dict[int, int] = {}
     shared = 0
     next_pss = 0.0

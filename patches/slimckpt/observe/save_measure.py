@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import env_vars
 from ..log import get_logger
 from ..verl.manager_state import state_of
 from ..verl.checkpoint_config import SlimCheckpointConfig
@@ -64,7 +65,7 @@ def record(report: dict[str, Any], local_path: str, rank: int, kind: str) -> Non
     save_reports.write_report(report, local_path, rank, kind)
     if rank == 0:
         save_reports.prune(save_reports.checkpoint_root(os.path.dirname(os.path.normpath(local_path))))
-    target = os.environ.get(METRICS_FILE_ENV)
+    target = env_vars.path(METRICS_FILE_ENV)
     if target:
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
         with open(target, "a") as f:

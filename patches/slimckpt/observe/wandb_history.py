@@ -12,6 +12,7 @@ CRC32C); a run killed mid-write ends with a truncated chunk, which ends the scan
 Online runs (`entity/project/run_id`) go through `wandb.Api().run(path).scan_history()`.
 """
 
+# lazy imports: wandb (seconds to import) only when a run's history is read through it
 from __future__ import annotations
 
 import json

@@ -26,6 +26,7 @@ import mmap
 import os
 import threading
 
+from .. import env_vars
 from ..log import get_logger
 
 log = get_logger(__name__)
@@ -40,7 +41,7 @@ _fallback_logged = False  # once per process: a merge opens hundreds of files on
 
 
 def enabled() -> bool:
-    return hasattr(os, "O_DIRECT") and os.environ.get(ENV, "1") != "0"
+    return hasattr(os, "O_DIRECT") and env_vars.flag(ENV)
 
 
 def align_down(n: int, align: int = ALIGN) -> int:

@@ -23,8 +23,8 @@ from . import direct_io
 from .checkpoint_dir import CheckpointError
 
 READERS = 1  # reads in flight. With the writer in a forked child (no GIL shared with imports), one reader
-# a chunk ahead kept the 1B merge as fast as two readers two chunks ahead (6.5-7.7 s vs 7.1-8.5 s here),
-# with 20-40 MiB less memory (fewer buffers, and no malloc arena of a second reader thread)
+# a chunk ahead is as fast as two readers two chunks ahead, with less memory (fewer buffers, and no
+# malloc arena of a second reader thread); measured: BENCHMARKS.md, Figures quoted in the code
 DEPTH = 1  # buffers beyond one per reader: the chunk being cast while the next is read
 
 

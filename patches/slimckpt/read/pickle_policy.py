@@ -31,6 +31,7 @@ import pickletools
 import zipfile
 from collections.abc import Iterator
 
+from .. import env_vars
 from .checkpoint_dir import CheckpointError
 
 TRUST_ENV = "SLIMCKPT_TRUST_PICKLE"
@@ -146,13 +147,13 @@ class PickleRefused(CheckpointError):
 
 def trusted() -> bool:
     """Whether every global is allowed (SLIMCKPT_TRUST_PICKLE=1)."""
-    return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes")
+    return env_vars.flag(TRUST_ENV)
 
 
 def set_trusted(on: bool) -> None:
     """Allow every global in this process and the processes it starts (--trust-pickle)."""
     if on:
-        os.environ[TRUST_ENV] = "1"
+        env_vars.set_flag(TRUST_ENV, True)
 
 
 @contextlib.contextmanager
@@ -161,11 +162,11 @@ def trusting(on: bool) -> Iterator[None]:
     if not on or trusted():
         yield
         return
-    os.environ[TRUST_ENV] = "1"
+    env_vars.set_flag(TRUST_ENV, True)
     try:
         yield
     finally:
-        os.environ.pop(TRUST_ENV, None)
+        env_vars.set_flag(TRUST_ENV, False)
 
 
 def _canonical(module: str, name: str) -> tuple[str, str]:
@@ -187,7 +188,7 @@ def check_global(module: str, name: str, path: str) -> None:
 
 
 def refuse(global_name: str, path: str) -> None:
-    log = os.environ.get(REFUSALS_LOG_ENV)
+    log = env_vars.path(REFUSALS_LOG_ENV)
     if log:
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"{path}\t{global_name}\n")

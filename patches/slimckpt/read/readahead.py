@@ -16,6 +16,7 @@ import os
 import re
 import threading
 
+from .. import env_vars
 from . import direct_io
 
 RANK_FILE = re.compile(r"^model_world_size_\d+_rank_\d+\.pt$")
@@ -64,7 +65,7 @@ def _advise(paths_and_lengths: list[tuple[str, int]]) -> None:
 def start(local_dir: str, fraction: float = MEM_FRACTION) -> threading.Thread | None:
     """Advise the model rank files of `local_dir` on a daemon thread (the syscall can block while it
     queues I/O); returns the thread, or None when there is nothing to do or no fadvise."""
-    if not hasattr(os, "posix_fadvise") or os.environ.get("SLIMCKPT_READAHEAD", "1") == "0":
+    if not hasattr(os, "posix_fadvise") or not env_vars.flag("SLIMCKPT_READAHEAD"):
         return None
     try:
         names = sorted(n for n in os.listdir(local_dir) if RANK_FILE.match(n))

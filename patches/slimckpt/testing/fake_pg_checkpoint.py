@@ -17,6 +17,7 @@ Under torchrun with `--materialize`, every rank builds the whole model on the ho
 group: the reference the fake-group files are tested against.
 """
 
+# lazy imports: torch, transformers and verl only when a checkpoint is built (`--help`, the presets torch-free)
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,11 @@ import json
 import os
 import sys
 import time
+import traceback
 import zlib
 
+from .. import internals
+from ..internals import dtensor_box
 from .fsdp_checkpoint import DENSE_MODELS, PRESETS, auto_class, build_config, build_tokenizer, wrap_fsdp2
 
 # Values repeat with this period (a prime, so no row length of a real model divides it): a
@@ -137,8 +141,6 @@ def fill_model(model) -> None:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from ..internals import dtensor_box
-
     with torch.no_grad():
         for name, tensor in model.state_dict(keep_vars=True).items():
             if isinstance(tensor, DTensor):
@@ -173,7 +175,6 @@ def save_rank(args: argparse.Namespace, world_size: int, tokenizer=None, materia
     import torch
     from omegaconf import OmegaConf
     from torch.distributed.tensor import DTensor
-
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     model = build_sharded(args, world_size, materialize)
@@ -203,8 +204,6 @@ def _fill_optimizer(model, optimizer) -> None:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from ..internals import dtensor_box
-
     with torch.no_grad():
         for name, p in model.named_parameters():
             state = {"step": torch.tensor(1.0)}
@@ -221,8 +220,6 @@ def _fill_optimizer(model, optimizer) -> None:
 
 def _write_rank(args: argparse.Namespace, world_size: int, rank: int) -> int:
     import torch.distributed as dist
-
-    from .. import internals
 
     start = time.perf_counter()
     fake_store = internals.lookup("torch.testing._internal.distributed.fake_pg:FakeStore")
@@ -246,7 +243,6 @@ def write_fake(args: argparse.Namespace, world_size: int, ranks: list[int], jobs
     meshes that compare equal across ranks, would hand a later rank the first rank's mesh."""
     import torch  # noqa: F401 - imported before the fork, once for every rank
     import transformers  # noqa: F401
-
     import verl.utils.checkpoint.fsdp_checkpoint_manager  # noqa: F401
 
     if len(ranks) == 1:
@@ -270,7 +266,6 @@ def write_fake(args: argparse.Namespace, world_size: int, ranks: list[int], jobs
                 _write_rank(args, world_size, rank)
                 code = 0
             except BaseException:  # noqa: BLE001 - reported here, the parent names the rank
-                import traceback
 
                 traceback.print_exc()
             finally:

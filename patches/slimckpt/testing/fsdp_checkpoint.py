@@ -31,13 +31,17 @@ steps first so the optimizer file holds real state (costs 3x the model in memory
 --steps 0).
 """
 
+# lazy imports: torch, transformers, peft and verl only when a checkpoint is built (the presets torch-free)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
+import traceback
 
 # sizes the merge/save benchmarks use: (layers, hidden, intermediate, vocab, heads, kv_heads)
 PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -232,8 +236,6 @@ def wrap_fsdp2(model, mesh, placement: str, fsdp_size: int):
 
 
 def wrap_fsdp1(model, mesh, no_mesh: bool = False, use_orig_params: bool = True):
-    import functools
-
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
@@ -298,8 +300,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _record_error(path: str, exc: BaseException) -> None:
-    import traceback
-
     import torch.distributed as dist
 
     if dist.get_rank() == 0:
@@ -311,12 +311,9 @@ def _record_error(path: str, exc: BaseException) -> None:
 def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int) -> int:
     """Build model `name` (seeded), wrap it as verl does, and save it with verl's manager into `out`
     (then, with --export, each tier's in-training export of the same model into `<out>.<tier>`)."""
-    import shutil
-
     import torch
     from omegaconf import OmegaConf
     from transformers import GenerationConfig
-
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     torch.manual_seed(args.seed)

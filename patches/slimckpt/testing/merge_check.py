@@ -8,6 +8,7 @@ output's dtype, and let go before the next. Memory stays about one rank's block 
 tensor, whatever the model's size.
 """
 
+# lazy imports: torch and safetensors only when a merge is checked (`--help` stays torch-free)
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,8 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
+
+from ..internals import dtensor_box
 
 
 @dataclass
@@ -41,8 +44,6 @@ def _blocks(value):
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
-        from ..internals import dtensor_box
-
         _, offset = dtensor_box(value)
         return value.to_local(), tuple(value.shape), tuple(offset)
     return value, tuple(value.shape), (0,) * value.dim()

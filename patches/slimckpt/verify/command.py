@@ -28,11 +28,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from tqdm import tqdm
+
 from ..format import merge_manifest
 from ..format import resume_manifest as rm
 from ..format.dropped_optimizer import DROPPED_KEY
 from ..read import in_flight
-from ..read.pickle_policy import REFUSED_PREFIX
+from ..read.pickle_policy import REFUSED_PREFIX, set_trusted
+from ..read.step_pickles import dcp_refusals
 from . import native as verify_native
 
 HELP = "check a checkpoint dir: manifest, size and checksum of every file; exit 1 naming each bad file"
@@ -151,8 +154,6 @@ def check_incremental(report: Report, path: str, quick: bool, on_bytes: Callable
     if m is None:
         return
     if not quick:
-        from ..read.step_pickles import dcp_refusals
-
         for refused in dcp_refusals(path):
             report.add(refused.path, refused.reason, REFUSED_FIX)
     report.files += len(m.files) + 1
@@ -276,10 +277,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from ..read.pickle_policy import set_trusted
-
     set_trusted(args.trust_pickle)
 
     total = 0 if args.quick or args.no_progress or not sys.stderr.isatty() else tree_bytes(args.dir) \

@@ -20,6 +20,7 @@ timestamps, harmless to a load), the meaning of JSON and tokenizer files that st
 whether the state is the one the run wrote (no checksum of the whole was ever recorded).
 """
 
+# lazy imports: torch only for a native step's sharded tensors; `slimckpt verify` reads manifests and indexes torch-free
 from __future__ import annotations
 
 import json
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from ..format.dropped_optimizer import NATIVE_MARKER
 from ..format.merge_manifest import BadFile
 from ..format.names import DEFAULT_CHUNK_BYTES, DTYPE_BYTES, FSDP_CONFIG, HF_SUBDIR
+from ..read.pickle_policy import PickleRefused
 
 RANK_FILE_RE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
 NATIVE_FIX = "re-copy it from the training run, or resume from an earlier step"
@@ -102,8 +104,6 @@ def check_zip_records(path: str, on_bytes: Callable[[int], object] | None = None
 
 
 def _load_reason(path: str) -> tuple[object, str | None]:
-    from ..read.pickle_policy import PickleRefused
-
     try:
         from ..read.sources import load_mmap
 

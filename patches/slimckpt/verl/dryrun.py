@@ -29,19 +29,26 @@ the model path is not a local directory, its keys are checked against HFModelCon
 only, and the report says so.
 """
 
+# lazy imports: Hydra, omegaconf and verl only once a config is composed (`--help` is instant)
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import difflib
+import importlib
 import io
 import logging
 import os
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..log import get_logger
+from .config_keys import unknown_keys, unknown_keys_in_file
+from .recipes import GROUPS, format_options, list_group
 
 # verl's trainer module and config name, as in verl/trainer/main_ppo.py's @hydra.main
 CONFIG_MODULE = "verl.trainer.config"
@@ -92,8 +99,6 @@ def compose_config(overrides: list[str], config_name: str = DEFAULT_CONFIG_NAME)
 
 
 def _missing_config_error(e: Exception, config_name: str) -> DryRunError:
-    from .recipes import GROUPS, format_options
-
     text = str(e)
     m = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
     if m and m.group(1) in GROUPS:
@@ -124,8 +129,6 @@ def _hydra_error(e: Exception, config_name: str) -> DryRunError:
         base = _base_config(config_name)
         parent = OmegaConf.select(base, parent_key) if parent_key else base
         if OmegaConf.is_dict(parent):
-            import difflib
-
             close = difflib.get_close_matches(leaf, [str(k) for k in parent.keys()], n=1, cutoff=0.6)
             if close:
                 hint = f" (did you mean {parent_key + '.' if parent_key else ''}{close[0]}?)"
@@ -151,9 +154,6 @@ _ADD = re.compile(r"^\+\+?([A-Za-z_][\w.\-]*)=")
 def check_added_keys(overrides: list[str], config_name: str = DEFAULT_CONFIG_NAME, composed=None) -> list[str]:
     """Raise if a slimckpt group file named in `overrides` sets a key verl does not have (Hydra
     would add it silently); return warnings for such keys added on the command line with `+`."""
-    from .config_keys import unknown_keys, unknown_keys_in_file
-    from .recipes import GROUPS, list_group
-
     wanted = [(m.group(1), o.split("=", 1)[1]) for o in overrides if (m := _ADD.match(o))]
     group_files = [(g, v) for g, v in wanted if g in GROUPS]
     cli_keys = [g for g, _ in wanted if g not in GROUPS]
@@ -191,10 +191,7 @@ def _base_config(config_name: str):
 
 def validate(cfg) -> Report:
     """Run verl's pre-flight checks on a composed config; raise DryRunError on the first failure."""
-    import copy
-
     from omegaconf import OmegaConf
-
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
     report = Report()
@@ -284,7 +281,6 @@ def _check_missing(cfg, use_critic: bool) -> None:
 def _check_model(report: Report, cfg, key: str) -> bool:
     """True if the model config was fully built from local files; False if only its keys were checked."""
     from omegaconf import OmegaConf
-
     from verl.workers.config import HFModelConfig
 
     section = OmegaConf.select(cfg, key)
@@ -311,7 +307,6 @@ def _check_ref(report: Report, cfg) -> None:
 
     # what ActorRolloutRefWorker.init_model does to the ref section before building it
     # (verl/workers/engine_workers.py): the ref reuses the actor's config class with log_prob_* keys
-    import copy
 
     ref = copy.deepcopy(cfg.actor_rollout_ref.ref)
     with open_dict(ref):
@@ -348,8 +343,6 @@ def _check_rollout(report: Report, cfg) -> None:
 def _check_registries(report: Report, cfg) -> None:
     """Names verl looks up in its registries only once workers run (rollout backend, advantage
     estimator, policy loss); a typo there otherwise costs a full start-up."""
-    import importlib
-
     from verl.trainer.ppo import core_algos
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
@@ -467,8 +460,6 @@ def _verl_call(report: Report, key: str, fn, *args, **kwargs) -> Any:
 
 
 def _quiet(report: Report, fn, *args):
-    import warnings
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fn(*args)

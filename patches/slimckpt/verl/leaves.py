@@ -19,6 +19,8 @@ import os
 import sys
 from types import ModuleType
 
+from .registry import UnsupportedVerlVersion, check_verl_version
+
 # name -> path inside the installed verl package (verl 0.9.1's layout)
 LEAVES = {
     "tokenizer": os.path.join("utils", "tokenizer", "tokenizer.py"),
@@ -32,8 +34,6 @@ def verl_dir() -> str:
     """The installed verl package's directory, found without importing verl."""
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
-        from .registry import UnsupportedVerlVersion
-
         raise UnsupportedVerlVersion("verl is not installed; slimckpt needs it (pip install verl==0.9.1)")
     return list(spec.submodule_search_locations)[0]
 
@@ -44,7 +44,6 @@ def leaf(name: str) -> ModuleType:
     module = sys.modules.get(key)
     if module is not None:
         return module
-    from .registry import check_verl_version
 
     check_verl_version()
     path = os.path.join(verl_dir(), LEAVES[name])

@@ -33,7 +33,7 @@ class ManagerState:
     retention_deferred: bool = False
     """True while verl's own save runs inside the incremental tier's: retention waits for the commit."""
     hf_side: Any = None
-    """The export's merge.hf_side.HfSide: the model's structure does not change during a run."""
+    """The export's hf.naming.HfSide: the model's structure does not change during a run."""
     noted: set[str] = field(default_factory=set)
     """The once-per-manager log lines already said (note_once)."""
     _config: SlimCheckpointConfig | None = None

@@ -21,10 +21,10 @@ for verl's merger modules: README's "What changes
 without +recipe=" is the whole list, and tests/test_registry.py asserts it.
 """
 
+# lazy imports: verl imports this module in every process: with SLIMCKPT_DISABLE=1 nothing more loads
 from __future__ import annotations
 
-import os
-
+from .. import env_vars
 from ..log import get_logger
 
 log = get_logger("slimckpt.plugin")
@@ -32,18 +32,18 @@ log = get_logger("slimckpt.plugin")
 
 def enabled_features() -> list[str]:
     features = ["merge", "adopt"]
-    if os.environ.get("SLIMCKPT_MEASURE") == "1":
+    if env_vars.flag("SLIMCKPT_MEASURE"):
         features.append("measure")
-    if os.environ.get("SLIMCKPT_CHECKPOINT") == "1":
+    if env_vars.flag("SLIMCKPT_CHECKPOINT"):
         features.append("checkpoint")
-    if os.environ.get("SLIMCKPT_CPU") == "1":
+    if env_vars.flag("SLIMCKPT_CPU"):
         features.append("cpu")
     return features
 
 
 def load() -> list[str]:
     """Apply the patches this process asks for; returns the features switched on."""
-    if os.environ.get("SLIMCKPT_DISABLE") == "1":
+    if env_vars.flag("SLIMCKPT_DISABLE"):
         log.debug("SLIMCKPT_DISABLE=1: verl runs unpatched")
         return []
     from .features import switch_on

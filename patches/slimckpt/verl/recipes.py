@@ -11,8 +11,10 @@ The groups live in recipes/ and overrides/<group>/ and reach Hydra through the s
 slimckpt/conf/ (see hydra_plugins/slimckpt_searchpath).
 """
 
+# lazy imports: omegaconf and the config class only when a recipe is loaded (listing them reads file names)
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,8 +108,6 @@ def format_options(group: str) -> str:
 
 
 def main() -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python -m slimckpt.recipes",
         description="List slimckpt's Hydra config groups (recipes and overrides) with their descriptions.",

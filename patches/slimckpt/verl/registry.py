@@ -10,16 +10,16 @@ behaviour nobody tested.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .. import SUPPORTED_VERL, __version__
+from .. import SUPPORTED_VERL, __version__, env_vars
 from .import_hooks import cancel, when_imported
 from ..log import get_logger
 
@@ -34,8 +34,6 @@ class UnsupportedVerlVersion(RuntimeError):
 
 def installed_verl_version() -> str:
     """verl's version without importing verl (the plugin runs while `import verl` is under way)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("verl")
     except PackageNotFoundError as exc:  # pragma: no cover - slimckpt depends on verl
@@ -46,7 +44,7 @@ def check_verl_version(spec: str = SUPPORTED_VERL, installed: str | None = None)
     installed = installed or installed_verl_version()
     if Version(installed) in SpecifierSet(spec):
         return installed
-    if os.environ.get(ALLOW_ENV) == installed:
+    if env_vars.text(ALLOW_ENV) == installed:
         log.warning("verl %s is outside slimckpt %s's tested range (verl%s); %s=%s says go ahead",
                     installed, __version__, spec, ALLOW_ENV, installed)
         return installed

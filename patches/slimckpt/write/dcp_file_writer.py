@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import SerializationFormat
 from torch.distributed.checkpoint.planner import WriteItemType
 from torch.futures import Future
 
@@ -58,7 +59,6 @@ class BoundedFileSystemWriter(FileSystemWriter):
         write_item = _bounded_write_item()
         if write_item is None:
             return super()._write_data(planner, file_queue)
-        from torch.distributed.checkpoint.filesystem import SerializationFormat
 
         if self.serialization_format != SerializationFormat.TORCH_SAVE:
             if not getattr(BoundedFileSystemWriter, "_warned", False):

@@ -14,6 +14,7 @@ releases).
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import pickle
@@ -23,13 +24,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .. import env_vars
+
 PR_SET_PDEATHSIG = 1
 
 
 def possible() -> bool:
     """Whether fork is available and safe here (Linux, this thread alone, not disabled)."""
     return (sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
-            and os.environ.get("SLIMCKPT_MERGE_FORK", "1") != "0")
+            and env_vars.flag("SLIMCKPT_MERGE_FORK"))
 
 
 class ChildDied(RuntimeError):
@@ -39,8 +42,6 @@ class ChildDied(RuntimeError):
 def die_with_parent(parent: int) -> None:
     """SIGKILL this process when `parent` dies (exit at once if it already has)."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):

@@ -20,6 +20,7 @@ a collective there may legitimately wait hours for the other ranks' writes, so t
 cannot tell a slow rank from a dead one, but a beat that stops for `timeout` seconds can.
 """
 
+# lazy imports: torch only where a process group exists (its error type, its store); describing ranks is torch-free
 from __future__ import annotations
 
 import contextlib
@@ -29,6 +30,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from .. import internals
 
 BEAT_S = 1.0
 CALL_TIMEOUT_S = 5.0
@@ -215,8 +218,6 @@ def default_group_timeout():
     torch does not say."""
     import torch
 
-    from .. import internals
-
     get_default_group = internals.lookup("torch.distributed.distributed_c10d:_get_default_group")
     if get_default_group is None:
         return None
@@ -246,8 +247,6 @@ def process_heartbeat() -> Heartbeat | None:
         return None
     with _LOCK:
         if not _PROCESS:
-            from .. import internals
-
             get_default_store = internals.lookup("torch.distributed.distributed_c10d:_get_default_store")
             if get_default_store is None:
                 return None

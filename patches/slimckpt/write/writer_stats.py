@@ -15,6 +15,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from .. import env_vars
+
 STATS_ENV = "SLIMCKPT_MERGE_STATS"
 
 
@@ -49,4 +51,4 @@ class WriterStats:
 
 def requested_path() -> str | None:
     """FILE of SLIMCKPT_MERGE_STATS=FILE, or None when not asked for."""
-    return os.environ.get(STATS_ENV) or None
+    return env_vars.path(STATS_ENV)
