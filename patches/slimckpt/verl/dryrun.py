@@ -1,4 +1,4 @@
-"""`python -m slimckpt.dryrun <hydra overrides...>`: compose verl's PPO config exactly as
+"""`slimckpt dryrun <hydra overrides...>`: compose verl's PPO config exactly as
 `python -m verl.trainer.main_ppo` would, print it, and validate it against verl's own config
 dataclasses without starting Ray, loading weights or touching a GPU.
 
@@ -33,15 +33,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import difflib
+import importlib
 import io
 import logging
 import os
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..log import get_logger
+from .config_keys import unknown_keys, unknown_keys_in_file
+from .recipes import GROUPS, format_options, list_group
+
+# lazy imports: hydra, omegaconf and verl load only once a config is composed (`slimckpt --help` imports this module)
 
 # verl's trainer module and config name, as in verl/trainer/main_ppo.py's @hydra.main
 CONFIG_MODULE = "verl.trainer.config"
@@ -92,8 +100,6 @@ def compose_config(overrides: list[str], config_name: str = DEFAULT_CONFIG_NAME)
 
 
 def _missing_config_error(e: Exception, config_name: str) -> DryRunError:
-    from .recipes import GROUPS, format_options
-
     text = str(e)
     m = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
     if m and m.group(1) in GROUPS:
@@ -124,8 +130,6 @@ def _hydra_error(e: Exception, config_name: str) -> DryRunError:
         base = _base_config(config_name)
         parent = OmegaConf.select(base, parent_key) if parent_key else base
         if OmegaConf.is_dict(parent):
-            import difflib
-
             close = difflib.get_close_matches(leaf, [str(k) for k in parent.keys()], n=1, cutoff=0.6)
             if close:
                 hint = f" (did you mean {parent_key + '.' if parent_key else ''}{close[0]}?)"
@@ -151,9 +155,6 @@ _ADD = re.compile(r"^\+\+?([A-Za-z_][\w.\-]*)=")
 def check_added_keys(overrides: list[str], config_name: str = DEFAULT_CONFIG_NAME, composed=None) -> list[str]:
     """Raise if a slimckpt group file named in `overrides` sets a key verl does not have (Hydra
     would add it silently); return warnings for such keys added on the command line with `+`."""
-    from .config_keys import unknown_keys, unknown_keys_in_file
-    from .recipes import GROUPS, list_group
-
     wanted = [(m.group(1), o.split("=", 1)[1]) for o in overrides if (m := _ADD.match(o))]
     group_files = [(g, v) for g, v in wanted if g in GROUPS]
     cli_keys = [g for g, _ in wanted if g not in GROUPS]
@@ -191,8 +192,6 @@ def _base_config(config_name: str):
 
 def validate(cfg) -> Report:
     """Run verl's pre-flight checks on a composed config; raise DryRunError on the first failure."""
-    import copy
-
     from omegaconf import OmegaConf
 
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -311,8 +310,6 @@ def _check_ref(report: Report, cfg) -> None:
 
     # what ActorRolloutRefWorker.init_model does to the ref section before building it
     # (verl/workers/engine_workers.py): the ref reuses the actor's config class with log_prob_* keys
-    import copy
-
     ref = copy.deepcopy(cfg.actor_rollout_ref.ref)
     with open_dict(ref):
         ref.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
@@ -348,8 +345,6 @@ def _check_rollout(report: Report, cfg) -> None:
 def _check_registries(report: Report, cfg) -> None:
     """Names verl looks up in its registries only once workers run (rollout backend, advantage
     estimator, policy loss); a typo there otherwise costs a full start-up."""
-    import importlib
-
     from verl.trainer.ppo import core_algos
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
@@ -467,8 +462,6 @@ def _verl_call(report: Report, key: str, fn, *args, **kwargs) -> Any:
 
 
 def _quiet(report: Report, fn, *args):
-    import warnings
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fn(*args)
@@ -508,7 +501,7 @@ def _select(cfg, keys: list[str]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m slimckpt.dryrun",
+        prog="slimckpt dryrun",
         description=(
             "Compose verl's PPO config as `python -m verl.trainer.main_ppo` would, print it and validate it "
             "against verl's config dataclasses. No Ray, no GPU, no model weights. Every argument that is not an "
@@ -516,8 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "examples:\n"
-            "  python -m slimckpt.dryrun +recipe=quickstart +size=70b +cluster=4x8 +algo=ppo\n"
-            "  python -m slimckpt.dryrun --show actor_rollout_ref.actor.checkpoint,trainer.save_freq "
+            "  slimckpt dryrun +recipe=quickstart +size=70b +cluster=4x8 +algo=ppo\n"
+            "  slimckpt dryrun --show actor_rollout_ref.actor.checkpoint,trainer.save_freq "
             "+recipe=quickstart +size=7b\n"
             "  bash scripts/train_70b.sh --dry-run +recipe=quickstart   (the launcher calls this)\n"
             "exit status: 0 config OK, 1 verl would reject the config, 2 Hydra could not compose it"
@@ -615,9 +608,3 @@ def _fail(e: DryRunError) -> None:
     if e.details:
         print(e.details, file=sys.stderr)
 
-
-if __name__ == "__main__":
-    from slimckpt.log import cli_logging
-
-    with cli_logging():
-        raise SystemExit(main())
