@@ -28,7 +28,7 @@ from ..log import get_logger
 log = get_logger("slimckpt.retention")
 
 METRICS_NAME = "slimckpt_metrics.json"
-SLIM_TARGETS = ("slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "slimckpt.config.SlimCheckpointConfig")
+SLIM_TARGETS = ("slimckpt.verl.checkpoint_config.SlimCheckpointConfig",)
 
 
 def _number(value: Any) -> float | None:
