@@ -23,6 +23,7 @@ from .cost import (VERL_CONTENTS, ParamSpec, Strategy, critic_params, estimate, 
 from .meta_model import LoraSpec, ModelFacts, extra_state_bytes, model_facts
 from .node import Offload, node_rows, resident_bytes
 
+
 def recipe_strategies(names: Sequence[str] | None, overrides: Sequence[str] = ()) -> list[Strategy]:
     """The actor checkpoint config of each recipe, with `key=value` overrides applied to all."""
     options = {o.name: o for o in list_group("recipe")}

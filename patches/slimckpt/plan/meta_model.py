@@ -30,6 +30,7 @@ from .cost import ParamSpec
 
 # lazy imports: torch, numpy and peft load only when a model is measured (`slimckpt --help` imports the plan's command)
 
+
 @dataclass
 class ModelFacts:
     params: list[ParamSpec]

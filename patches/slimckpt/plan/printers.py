@@ -8,6 +8,7 @@ from typing import Any
 
 from .cost import human
 
+
 def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     w = r["world_size"]
     print(f"model: {r['config']}: {r['parameters']:,} parameters, fp32 {human(r['fp32_model_bytes'])}"
