@@ -486,7 +486,7 @@ def render_section(result: dict) -> str:
                 "verl's FSDP1 save clones each chunk of its sharded state dicts (on a GPU it moves them to host RAM), "
                 "the same on CPU.")
     if fsdp == 1:
-        target_lines = ["FSDP1's sharded state dict is a copy of the rank's shards (slimckpt.gpu_check_fsdp): on "
+        target_lines = ["FSDP1's sharded state dict is a copy of the rank's shards (slimckpt.testing.gpu_check_fsdp): on "
                         "this CPU it lands in host memory, which is what the incremental rows' peak shows; on a GPU "
                         "it lands on the device instead (`slimckpt plan`'s \"device added\"). The FSDP2 rows of the "
                         "same sizes are in the `save-bench` section (FSDP2). Wall per save (spread):"]

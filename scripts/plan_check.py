@@ -70,12 +70,12 @@ def preset_config(size: str, root: str) -> str:
 
 
 def strategy_for(mode: str, staged: bool | None):
-    from slimckpt import plan
+    from slimckpt.plan import build, cost
 
     if mode == "verl":
-        return plan.Strategy("verl + hf_model", contents=(*plan.VERL_CONTENTS, "hf_model"))
+        return cost.Strategy("verl + hf_model", contents=(*cost.VERL_CONTENTS, "hf_model"))
     # the measured saves ran with a number for host_memory_budget_gb (the recipe's auto is per node)
-    inc = replace(plan.recipe_strategies(["incremental"])[0], host_memory_budget_gb=16.0)
+    inc = replace(build.recipe_strategies(["incremental"])[0], host_memory_budget_gb=16.0)
     if mode == "incremental":
         return inc
     if mode == "stream":
@@ -85,17 +85,17 @@ def strategy_for(mode: str, staged: bool | None):
 
 
 def points(bench: dict, world: int) -> list[Point]:
-    from slimckpt import plan
+    from slimckpt.plan import cost, meta_model
 
-    extra = plan.extra_state_bytes()
+    extra = meta_model.extra_state_bytes()
     out = []
     with tempfile.TemporaryDirectory(prefix="plan-check-") as root:
         facts = {}
         for row in bench["rows"]:
             if row["size"] not in facts:
-                facts[row["size"]] = plan.model_facts(preset_config(row["size"], root))
+                facts[row["size"]] = meta_model.model_facts(preset_config(row["size"], root))
             f = facts[row["size"]]
-            e = plan.estimate(f.params, world, strategy_for(row["mode"], row.get("staged")), extra, f.hf_bytes, None,
+            e = cost.estimate(f.params, world, strategy_for(row["mode"], row.get("staged")), extra, f.hf_bytes, None,
                               fsdp=2, hf_dtype=f.hf_dtype, device="cpu")
             peaks = row["peak_extra_per_rank"]
             out.append(Point(row["size"], row["mode"], row["params"], e.total_write_bytes + e.hf_export_bytes,

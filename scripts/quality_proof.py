@@ -16,7 +16,7 @@ offline (runs/compare/<algo>/<variant>/wandb) and gets the ckpt/* save metrics. 
 scripts/compare_runs.py draws docs/compare_<algo>.png and writes docs/compare_<algo>.md (the
 table, "identical" where a curve equals verl's defaults bit for bit).
 
-The policy starts warm: `python -m slimckpt.tiny --warmup-steps S` (a few seconds of supervised
+The policy starts warm: `python -m slimckpt.testing.tiny --warmup-steps S` (a few seconds of supervised
 steps on the addition task, built once into runs/tiny_assets and reused) leaves the tiny model
 right about a third of the time (greedy validation ~0.3), so the RL curves rise visibly within
 the run. Every run validates before its first step (trainer.val_before_train=true), a resumed one
@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="run variants again even if they finished before")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per training run (default: %(default)s)")
     p.add_argument("--warmup-steps", type=int, default=150,
-                   help="supervised warm-up steps of the tiny model before RL (python -m slimckpt.tiny; "
+                   help="supervised warm-up steps of the tiny model before RL (python -m slimckpt.testing.tiny; "
                         "default: %(default)s; 0: random weights)")
     p.add_argument("--max-operand", type=int, default=4, help="the task's a+b= use 0..this (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=2, help="variants run side by side (default: %(default)s)")
@@ -193,7 +193,7 @@ def build_assets(args: argparse.Namespace, env: dict) -> Path:
     """The warm-started tiny model and its data, built once (reused while their inputs match)."""
     name = f"llama-op{args.max_operand}-warm{args.warmup_steps}"
     out = REPO / "runs" / "tiny_assets" / name
-    subprocess.run([sys.executable, "-m", "slimckpt.tiny", "--out", str(out), "--reuse",
+    subprocess.run([sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(out), "--reuse",
                     "--warmup-steps", str(args.warmup_steps), "--max-operand", str(args.max_operand)],
                    check=True, env=env, stdout=subprocess.DEVNULL)
     return out

@@ -119,11 +119,11 @@ overrides+=(${user_args[@]+"${user_args[@]}"})
 if [[ $dry_run == 1 ]]; then
   plan=(--plan --disk-gbps "${DISK_GBPS:-10}" --rollout-s "${ROLLOUT_S:-60}" --copy-gbps "${COPY_GBPS:-10}")
   [[ -z ${NODE_MEMORY_GB:-} ]] || plan+=(--node-memory-gb "$NODE_MEMORY_GB")
-  exec "$PYTHON" -m slimckpt.dryrun "${plan[@]}" "${overrides[@]}"
+  exec "$PYTHON" -m slimckpt.cli dryrun "${plan[@]}" "${overrides[@]}"
 fi
 
 # the node count verl will see: the knobs, a +cluster file or a trainer.nnodes=... argument decide it
-nnodes=$("$PYTHON" -m slimckpt.dryrun --no-validate --show trainer.nnodes "${overrides[@]}" 2>/dev/null |
+nnodes=$("$PYTHON" -m slimckpt.cli dryrun --no-validate --show trainer.nnodes "${overrides[@]}" 2>/dev/null |
   sed -n 's/^trainer.nnodes: //p') || true
 NNODES=${nnodes:-$NNODES}
 if [[ $NNODES =~ ^[0-9]+$ && $NNODES -gt 1 ]]; then

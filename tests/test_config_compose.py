@@ -1,5 +1,5 @@
 """Every YAML in recipes/ and overrides/<group>/ composes with verl 0.9.1's real config, sets only
-keys verl has, composes with every file of every other group, and passes slimckpt.dryrun's
+keys verl has, composes with every file of every other group, and passes `slimckpt dryrun`'s
 validation (verl's own validate_config and config dataclasses) in full recipe + size + cluster +
 algo combinations chosen so that every file meets every file of every other group (all pairs).
 Files are discovered by globbing, so a new recipe or override is covered without editing this file.
@@ -91,7 +91,7 @@ def test_yaml_header(path: Path):
     assert lines[1].startswith("# "), f"{path}: the package line must be followed by a header comment"
     header = "\n".join(header_comment(path))
     assert lines[1].startswith(f"# {path.stem}: "), f"{path}: header must open with '{path.stem}: <what it does>'"
-    assert re.search(r"(python -m [\w.]+|bash scripts/\w+\.sh)[^\n]*\+\w+=", header), (
+    assert re.search(r"(python -m [\w.]+|slimckpt \w+|bash scripts/\w+\.sh)[^\n]*\+\w+=", header), (
         f"{path}: header must show the exact command that uses it"
     )
     assert re.search(r"[Oo]verride", header), f"{path}: header must give an override example"

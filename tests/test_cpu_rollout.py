@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from slimckpt import tiny
+from slimckpt.testing import tiny
 from slimckpt.cpu.sampling import SampleKey, generate, sample_seed
 
 from .conftest import run_python

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt.plan_node import auto_budget
+from slimckpt.plan.node import auto_budget
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_70B = REPO / "scripts" / "train_70b.sh"
@@ -25,19 +25,19 @@ RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
 
 
 def launcher_argv(script: Path, *args: str, env: dict | None = None) -> list[str]:
-    """The exact arguments the launcher hands slimckpt.dryrun (PYTHON=echo prints them)."""
+    """The exact arguments the launcher hands `slimckpt dryrun` (PYTHON=echo prints them)."""
     full = {**os.environ, "PYTHON": "echo", **(env or {})}
     for knob in ("NNODES", "GPUS_PER_NODE", "MODEL_PATH", "ALGO"):
         full.pop(knob, None)
     out = subprocess.run(["bash", str(script), "--dry-run", *args], env=full, capture_output=True, text=True,
                          check=True, cwd=REPO, timeout=60).stdout.strip().splitlines()[-1]
     argv = shlex.split(out)
-    assert argv[:2] == ["-m", "slimckpt.dryrun"] and "--plan" in argv
-    return argv[2:]
+    assert argv[:3] == ["-m", "slimckpt.cli", "dryrun"] and "--plan" in argv
+    return argv[3:]
 
 
 def dry_run(argv: list[str], capsys) -> tuple[int, str, str]:
-    from slimckpt.dryrun import main
+    from slimckpt.plan.dryrun import main
 
     code = main(argv)
     captured = capsys.readouterr()
@@ -133,7 +133,7 @@ def test_small_launcher_plans_its_local_tiny_model(tmp_path):
 
 
 def test_a_model_without_a_config_here_is_skipped_in_one_line(capsys):
-    from slimckpt.dryrun_plan import Assumptions, run
+    from slimckpt.plan.dryrun import Assumptions, run
 
     code = run(["+size=70b", "+cluster=4x8", "+algo=grpo", "+recipe=quickstart",
                 "actor_rollout_ref.model.path=some-org/not-here-70B"], Assumptions(), out=sys.stdout)

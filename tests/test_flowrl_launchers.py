@@ -1,5 +1,5 @@
 """algo=flowrl through both launchers' --dry-run: the composed config selects FlowRL's loss config
-and the ckpt/* metrics callback, and slimckpt.dryrun validates it (loss 'flowrl' registered)."""
+and the ckpt/* metrics callback, and `slimckpt dryrun` validates it (loss 'flowrl' registered)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def test_gpu_check_without_cuda_says_so_and_imports_no_verl(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "no CUDA device visible" in proc.stderr and "Nothing was run" in proc.stderr
     assert not (tmp_path / "gpu_check.json").exists()
-    code = ("import sys, slimckpt.gpu_check, slimckpt.save.resume_async; "
+    code = ("import sys, slimckpt.testing.gpu_check, slimckpt.save.resume_async; "
             "sys.exit(any(m == 'verl' or m.startswith('verl.') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO / "patches")},
                           timeout=120).returncode == 0
@@ -53,7 +53,7 @@ def test_gpu_check_of_stream_under_offload_passes_with_a_real_move_and_fails_wit
     """gpu_check's offload + stream checks on a CPU: with a move that copies (what `.to` does
     between devices) they pass; with `.to("cpu")`, which moves nothing on a CPU, the offload
     releases nothing and its check fails."""
-    from slimckpt.gpu_check_stream import check_stream_offload
+    from slimckpt.testing.gpu_check_stream import check_stream_offload
 
     checks, times = check_stream_offload(torch.device("cpu"), 3 * 2**20, move=lambda t, to: t.clone())
     assert checks == {"offload_releases_device": True, "offload_read_equal": True, "reload_held_equal": True}

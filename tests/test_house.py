@@ -18,13 +18,8 @@ PKG = REPO / "patches" / "slimckpt"
 # Wings from the top down: a module may import its own wing and the wings below it, never one above.
 # `log`, `env_vars`, `internals` and the package's own __init__ are the ground every wing stands on.
 LAYERS = [
-    ("tools", {"slimckpt.cli", "slimckpt.plan", "slimckpt.tiny", "slimckpt.gpu_check", "slimckpt.testing",
-               "slimckpt.gpu_check_stream", "slimckpt.stream_model", "slimckpt.plan_node", "slimckpt.dryrun_plan",
-               "slimckpt.gpu_check_fsdp",
-               # the `python -m` commands README gives, whose code lives in a wing
-               "slimckpt.dryrun", "slimckpt.recipes", "slimckpt.diskspeed",
-               # kept old paths (deprecated, see their docstrings)
-               "slimckpt.config", "slimckpt.ckpt_metrics", "slimckpt.plugin"}),
+    ("tools", {"slimckpt.cli", "slimckpt.testing"}),
+    ("plan", {"slimckpt.plan"}),
     ("convert", {"slimckpt.convert"}),
     ("save", {"slimckpt.save"}),
     ("merge", {"slimckpt.merge"}),
@@ -203,25 +198,20 @@ def test_patches_are_applied_only_by_switching_a_feature_on():
     assert callers == {"slimckpt.verl.features"}
 
 
-def test_old_paths_that_configs_and_commands_name_still_work():
+def test_paths_that_configs_and_commands_name_work():
     from omegaconf import OmegaConf
 
-    import slimckpt.ckpt_metrics
-    import slimckpt.config
-    from slimckpt.observe.ckpt_metrics import CheckpointMetricsCallback
     from slimckpt.save.tracker import is_incremental
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
-    assert slimckpt.config.SlimCheckpointConfig is SlimCheckpointConfig
-    assert slimckpt.ckpt_metrics.CheckpointMetricsCallback is CheckpointMetricsCallback
-    for target in ("slimckpt.config.SlimCheckpointConfig", "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"):
-        assert is_incremental(OmegaConf.create({"_target_": target, "incremental_save": True}))
-    code = ("import importlib.metadata as md, slimckpt.plugin, slimckpt.verl.plugin as p; "
+    assert is_incremental(OmegaConf.create({"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig",
+                                            "incremental_save": True}))
+    code = ("import importlib.metadata as md, slimckpt.verl.plugin as p; "
             "print([e.value for e in md.entry_points(group='verl.plugins') if e.name == 'slimckpt'])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "['slimckpt.verl.plugin']"
-    for command in (["slimckpt.recipes"], ["slimckpt.diskspeed", "--help"], ["slimckpt.dryrun", "--help"]):
+    for command in (["slimckpt.cli", "recipes"], ["slimckpt.cli", "diskspeed", "--help"],
+                    ["slimckpt.cli", "dryrun", "--help"], ["slimckpt.plan", "--help"]):
         proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=300, cwd=REPO)
         assert proc.returncode == 0 and proc.stdout.strip(), (command, proc.stderr[-2000:])
 

@@ -1,5 +1,5 @@
 """The launchers' --dry-run: the same overrides as a real run, composed and validated by
-slimckpt.dryrun on this CPU machine (no GPU, no model files, no Ray)."""
+`slimckpt dryrun` on this CPU machine (no GPU, no model files, no Ray)."""
 
 from __future__ import annotations
 

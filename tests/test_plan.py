@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from slimckpt import plan
+from slimckpt.plan import build, command, cost, meta_model, printers
 
 # a 2-layer Llama: vocab 1000, hidden 64, intermediate 128, 4 heads, 2 kv heads (head_dim 16)
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
@@ -25,37 +25,37 @@ def test_shard_rows_follow_torch_chunk():
 
     for rows in (1, 2, 7, 64, 1000, 1001):
         for world in (1, 2, 3, 8):
-            got = [plan.shard_rows(rows, world, r) for r in range(world)]
+            got = [cost.shard_rows(rows, world, r) for r in range(world)]
             want = [c.shape[0] for c in torch.arange(rows).chunk(world)] + [0] * world
             assert got == want[:world], (rows, world)
 
 
 def test_bytes_add_up_over_ranks():
-    params = [plan.ParamSpec("a", (1000, 64)), plan.ParamSpec("b", (7,)), plan.ParamSpec("c", (3, 5), False)]
+    params = [cost.ParamSpec("a", (1000, 64)), cost.ParamSpec("b", (7,)), cost.ParamSpec("c", (3, 5), False)]
     full = sum(p.nbytes for p in params)
     for world in (1, 2, 3, 8):
-        assert sum(plan.model_shard_bytes(params, world, r) for r in range(world)) == full
-    assert plan.optim_shard_bytes(params, 1, 0) == 2 * (1000 * 64 + 7) * 4 + 2 * plan.STEP_BYTES
-    assert plan.largest_shard_bytes(params, 3, 0) == 334 * 64 * 4
+        assert sum(cost.model_shard_bytes(params, world, r) for r in range(world)) == full
+    assert cost.optim_shard_bytes(params, 1, 0) == 2 * (1000 * 64 + 7) * 4 + 2 * cost.STEP_BYTES
+    assert cost.largest_shard_bytes(params, 3, 0) == 334 * 64 * 4
 
 
 def test_streaming_memory_is_bounded_by_bucket_not_model():
-    params = [plan.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]  # 2.5 GiB fp32
+    params = [cost.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]  # 2.5 GiB fp32
     shard = 2048 * 4096 * 4
-    default = plan.estimate(params, 2, plan.Strategy("verl"), 0, 0, None, fsdp=1)
-    default2 = plan.estimate(params, 2, plan.Strategy("verl"), 0, 0, None, fsdp=2)
-    inc = plan.estimate(params, 2, plan.Strategy("inc", incremental=True, bucket_mb=64), 0, 0, None)
+    default = cost.estimate(params, 2, cost.Strategy("verl"), 0, 0, None, fsdp=1)
+    default2 = cost.estimate(params, 2, cost.Strategy("verl"), 0, 0, None, fsdp=2)
+    inc = cost.estimate(params, 2, cost.Strategy("inc", incremental=True, bucket_mb=64), 0, 0, None)
     # FSDP1: verl offloads the whole model shard, then torch.save copies optimizer tensors one by one
-    assert default.host_peak_bytes == plan.model_shard_bytes(params, 2, 0) + shard
+    assert default.host_peak_bytes == cost.model_shard_bytes(params, 2, 0) + shard
     assert default2.host_peak_bytes == shard
     assert inc.host_peak_bytes == 64 * 2**20 + shard
     assert any("transient" in n for n in inc.notes)  # FSDP1's device-side copy is stated
-    assert not plan.estimate(params, 2, plan.Strategy("inc", incremental=True), 0, 0, None, fsdp=2).notes
-    staged = plan.estimate(params, 2, plan.Strategy("a", incremental=True, async_save=True,
+    assert not cost.estimate(params, 2, cost.Strategy("inc", incremental=True), 0, 0, None, fsdp=2).notes
+    staged = cost.estimate(params, 2, cost.Strategy("a", incremental=True, async_save=True,
                                                     host_memory_budget_gb=16), 0, 0, 2.0)
-    staged_bytes = plan.model_shard_bytes(params, 2, 0) + plan.optim_shard_bytes(params, 2, 0)
+    staged_bytes = cost.model_shard_bytes(params, 2, 0) + cost.optim_shard_bytes(params, 2, 0)
     assert staged.host_peak_bytes == staged_bytes and "staging" in staged.blocking
-    over = plan.estimate(params, 2, plan.Strategy("a", incremental=True, async_save=True,
+    over = cost.estimate(params, 2, cost.Strategy("a", incremental=True, async_save=True,
                                                   host_memory_budget_gb=1), 0, 0, 2.0)
     assert over.host_peak_bytes == inc.host_peak_bytes and over.blocking == "whole save"
     assert staged.write_seconds == pytest.approx(staged.total_write_bytes / 2e9)
@@ -66,22 +66,22 @@ def test_report_for_a_known_config(tmp_path):
     cfg.write_text(json.dumps(TINY))
     args = argparse.Namespace(config=str(cfg), world_size=2, recipe=["incremental", "quickstart"], disk_gbps=2.0,
                               export_dtype="bf16", max_shard_size=None, trust_remote_code=False, json=True)
-    r = plan.build_report(args)
+    r = build.build_report(args)
     assert r["parameters"] == PARAMS and r["tied"] == []
     assert r["fp32_model_bytes"] == 4 * PARAMS
     assert r["rank0_model_shard_bytes"] == 4 * PARAMS // 2  # every dim 0 here is even
-    assert r["rank0_optimizer_shard_bytes"] == 2 * 4 * PARAMS // 2 + plan.STEP_BYTES * N_TENSORS
+    assert r["rank0_optimizer_shard_bytes"] == 2 * 4 * PARAMS // 2 + cost.STEP_BYTES * N_TENSORS
     assert r["hf_export"]["files"][0]["name"] == "model.safetensors"
     assert r["hf_export"]["bytes"] > 2 * PARAMS  # bf16 data + header
     by = {e["strategy"]: e for e in r["estimates"]}
     extra = r["extra_bytes_per_rank"]
-    assert by["verl default"]["total_write_bytes"] == 4 * PARAMS * 3 + 2 * (plan.STEP_BYTES * N_TENSORS + extra)
+    assert by["verl default"]["total_write_bytes"] == 4 * PARAMS * 3 + 2 * (cost.STEP_BYTES * N_TENSORS + extra)
     assert by["+recipe=incremental"]["total_write_bytes"] == by["verl default"]["total_write_bytes"]
     assert by["+recipe=quickstart"]["total_write_bytes"] == 4 * PARAMS
     assert by["verl + hf_model"]["host_peak_bytes"] == by["verl default"]["host_peak_bytes"] + 4 * PARAMS
     assert by["verl default"]["host_peak_bytes"] == r["rank0_model_shard_bytes"] + r["largest_tensor_shard_bytes"]
     out = io.StringIO()
-    plan.print_report(r, out)
+    printers.print_report(r, out)
     assert "+recipe=incremental" in out.getvalue() and "model.safetensors" in out.getvalue()
 
 
@@ -89,7 +89,7 @@ def test_tied_embeddings_are_counted_once(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({**TINY, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
                                "tie_word_embeddings": True}))
-    facts = plan.model_facts(str(cfg))
+    facts = meta_model.model_facts(str(cfg))
     assert facts.tied == ["lm_head.weight"]
     assert sum(p.nbytes for p in facts.params) == 4 * facts.total_parameters
 
@@ -97,11 +97,11 @@ def test_tied_embeddings_are_counted_once(tmp_path):
 def test_export_bytes_follow_the_dtype_each_save_writes():
     """verl's hf_model and export_dtype=auto write the parameters' fp32; the intermediate recipe bf16."""
     bf16 = 1000
-    assert plan.export_bytes(plan.Strategy("verl"), bf16, "bf16") == 0
-    assert plan.export_bytes(plan.Strategy("hf", contents=("model", "hf_model")), bf16, "bf16") == 2000
-    assert plan.export_bytes(plan.Strategy("inc", incremental=True, export_hf=True, export_dtype="auto"),
+    assert cost.export_bytes(cost.Strategy("verl"), bf16, "bf16") == 0
+    assert cost.export_bytes(cost.Strategy("hf", contents=("model", "hf_model")), bf16, "bf16") == 2000
+    assert cost.export_bytes(cost.Strategy("inc", incremental=True, export_hf=True, export_dtype="auto"),
                              bf16, "bf16") == 2000
-    assert plan.export_bytes(plan.Strategy("mid", export_hf=True, export_dtype="bf16"), bf16, "bf16") == 1000
+    assert cost.export_bytes(cost.Strategy("mid", export_hf=True, export_dtype="bf16"), bf16, "bf16") == 1000
 
 
 # --------------------------------------------------------------------------- peak disk
@@ -175,7 +175,7 @@ def test_peak_steps_with_the_tracker_behind(tmp_path):
 
 def test_peak_disk_for_keep_1_2_and_unset():
     per_step = 1000
-    one, two, unset = plan.peak_disk(per_step, 1), plan.peak_disk(per_step, 2), plan.peak_disk(per_step, None)
+    one, two, unset = cost.peak_disk(per_step, 1), cost.peak_disk(per_step, 2), cost.peak_disk(per_step, None)
     assert (one["verl_bytes"], one["slimckpt_bytes"], one["slimckpt_bytes_tracker_behind"]) == (2000, 3000, 3000)
     assert (two["verl_bytes"], two["slimckpt_bytes"], two["slimckpt_bytes_tracker_behind"]) == (2000, 3000, 4000)
     for d in (one, two):
@@ -195,7 +195,7 @@ def test_report_peak_disk(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
     # unset: each row keeps what its config does (verl's null, incremental sets none, quickstart 2)
-    r = plan.build_report(_args(cfg, critic=True))
+    r = build.build_report(_args(cfg, critic=True))
     by = {e["strategy"]: e["peak_disk"] for e in r["estimates"]}
     assert by["verl default"]["actor"]["grows_without_bound"]
     assert by["+recipe=incremental"]["actor"]["grows_without_bound"]
@@ -205,22 +205,22 @@ def test_report_peak_disk(tmp_path, capsys):
     # the critic: lm_head (1000 x 64) swapped for a one-output value head, no HF export
     assert quick["critic"]["per_step_bytes"] == 4 * (PARAMS - 1000 * 64 + 64)
     out = io.StringIO()
-    plan.print_report(r, out)
+    printers.print_report(r, out)
     assert "grows without bound" in out.getvalue() and "critic" in out.getvalue()
 
     # given: every row at the same keep, option and --set alike; per step = resume state + HF export
     for kw in ({"max_actor_ckpt_to_keep": "1"}, {"overrides": ["trainer.max_actor_ckpt_to_keep=1"]}):
-        r = plan.build_report(_args(cfg, **kw))
+        r = build.build_report(_args(cfg, **kw))
         for e in r["estimates"]:
             d = e["peak_disk"]["actor"]
             assert d["per_step_bytes"] == e["total_write_bytes"] + e["hf_export_bytes"]
             assert (d["verl_steps"], d["slimckpt_steps"]) == (2, 3)
             assert d["slimckpt_bytes"] - d["verl_bytes"] == d["per_step_bytes"]
             assert "critic" not in e["peak_disk"]
-    r = plan.build_report(_args(cfg, max_actor_ckpt_to_keep="none"))
+    r = build.build_report(_args(cfg, max_actor_ckpt_to_keep="none"))
     assert all(e["peak_disk"]["actor"]["grows_without_bound"] for e in r["estimates"])
     # the JSON output carries it
-    assert plan.run(_args(cfg, max_actor_ckpt_to_keep="2")) == 0
+    assert command.run(_args(cfg, max_actor_ckpt_to_keep="2")) == 0
     printed = json.loads(capsys.readouterr().out)
     assert {e["peak_disk"]["actor"]["slimckpt_steps"] for e in printed["estimates"]} == {3}
 
@@ -230,7 +230,7 @@ def test_report_peak_disk(tmp_path, capsys):
                                      "trainer.max_critic_ckpt_to_keep"),
                                     ({"overrides": ["trainer.save_freq=3"]}, "trainer.save_freq")])
 def test_bad_retention_value_is_one_line_naming_the_key(tmp_path, capsys, kw, key):
-    assert plan.run(_args(tmp_path / "never-read.json", **kw)) == 2
+    assert command.run(_args(tmp_path / "never-read.json", **kw)) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and key in err
 
@@ -251,7 +251,7 @@ def test_an_moe_config_is_planned(tmp_path):
     """Fused experts ([128, 1536, 2048] and [128, 2048, 768] per layer) are what FSDP shards; the HF
     export holds them split per expert, as save_pretrained writes them."""
     cfg = qwen3_30b_a3b_config(tmp_path)
-    r = plan.build_report(_args(cfg, world_size=16))
+    r = build.build_report(_args(cfg, world_size=16))
     V, H, L, E, I = 151936, 2048, 48, 128, 768
     per_layer = H * 4096 + 2 * H * 512 + 4096 * H + 2 * 128 + 2 * H + E * H + E * 2 * I * H + E * H * I
     params = 2 * V * H + L * per_layer + H
@@ -265,9 +265,9 @@ def test_an_moe_config_is_planned(tmp_path):
     assert by["verl + hf_model"]["host_peak_bytes"] == by["verl default"]["host_peak_bytes"] + 4 * params
     assert any("split on save" in n for n in by["+recipe=incremental"]["notes"])
     buf = io.StringIO()
-    plan.print_report(r, buf)
+    printers.print_report(r, buf)
     out = buf.getvalue()
-    assert plan.run(_args(cfg, world_size=16)) == 0  # the command: --json here
+    assert command.run(_args(cfg, world_size=16)) == 0  # the command: --json here
     assert "30,532,122,624 parameters" in out and "96 tensors, split into 18432 per-expert tensors" in out
 
 
@@ -279,7 +279,7 @@ def test_an_moe_config_is_planned(tmp_path):
 def test_a_config_that_cannot_be_planned_ends_in_one_line(tmp_path, capsys, content, says):
     cfg = tmp_path / "config.json"
     cfg.write_text(content if isinstance(content, str) else json.dumps(content))
-    assert plan.run(_args(cfg, world_size=8)) == 2
+    assert command.run(_args(cfg, world_size=8)) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "WARNING" not in line]
     assert len(err) == 1 and err[0].startswith("slimckpt plan:") and says in err[0], err
 
@@ -293,7 +293,7 @@ def test_a_conversion_that_is_not_a_slice_ends_in_one_line(tmp_path, capsys, mon
     monkeypatch.setattr(HfSide, "output_sources", refuse)
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
-    assert plan.run(_args(cfg, world_size=8)) == 2
+    assert command.run(_args(cfg, world_size=8)) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "WARNING" not in line]
     assert len(err) == 1 and "NeedsVerlMerger" in err[0] and "strided part" in err[0]
 
@@ -321,7 +321,7 @@ def test_a_lora_config_is_planned_as_peft_builds_the_actor(tmp_path, model, targ
     from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, parse_args
 
     cfg = _save_config(tmp_path, model)
-    r = plan.build_report(_args(cfg, world_size=3, lora_rank=8, lora_alpha=16, lora_target_modules=targets,
+    r = build.build_report(_args(cfg, world_size=3, lora_rank=8, lora_alpha=16, lora_target_modules=targets,
                                 lora_exclude_modules=""))
     torch.manual_seed(0)
     real = auto_class(model).from_config(build_config(parse_args(["--out", "x", "--model", model, "--experts", "3",
@@ -330,19 +330,19 @@ def test_a_lora_config_is_planned_as_peft_builds_the_actor(tmp_path, model, targ
     peft_targets = "all-linear" if targets == "all-linear" else targets.split(",")
     peft = get_peft_model(real, LoraConfig(r=8, lora_alpha=16, target_modules=peft_targets, task_type="CAUSAL_LM"))
     adapter = {n.removeprefix("base_model.model."): tuple(p.shape) for n, p in peft.named_parameters() if p.requires_grad}
-    facts = plan.model_facts(str(cfg), lora=plan.lora_spec(_args(cfg, lora_rank=8, lora_target_modules=targets)))
+    facts = meta_model.model_facts(str(cfg), lora=build.lora_spec(_args(cfg, lora_rank=8, lora_target_modules=targets)))
     assert {p.name: p.shape for p in facts.params if p.trainable} == adapter
     lora = r["lora"]
     assert lora["parameters"] == sum(a * b for a, b in adapter.values()) and lora["rank"] == 8
     assert r["parameters"] == base_params + lora["parameters"]
     trainable = [p for p in facts.params if p.trainable]
-    assert r["rank0_optimizer_shard_bytes"] == plan.optim_shard_bytes(trainable, 3, 0)
-    assert r["rank0_model_shard_bytes"] == plan.model_shard_bytes(facts.params, 3, 0)
+    assert r["rank0_optimizer_shard_bytes"] == cost.optim_shard_bytes(trainable, 3, 0)
+    assert r["rank0_model_shard_bytes"] == cost.model_shard_bytes(facts.params, 3, 0)
     files = {f["name"]: f["bytes"] for f in r["hf_export"]["files"]}
     assert 2 * lora["parameters"] < files["lora_adapter/adapter_model.safetensors"] == lora["adapter_bytes"]
     assert r["hf_export"]["bytes"] == sum(files.values())
     buf = io.StringIO()
-    plan.print_report(r, buf)
+    printers.print_report(r, buf)
     assert f"LoRA rank 8 (alpha 16) on {lora['modules']} modules (target_modules={targets}" in buf.getvalue()
     if model == "qwen3-moe" and targets == "all-linear":
         assert any(".experts." in n for n in adapter)  # LoRA on the fused experts: planned too
@@ -357,7 +357,7 @@ def test_a_vision_language_config_is_planned(tmp_path):
     from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, parse_args
 
     cfg = _save_config(tmp_path / "cfg", "qwen2.5-vl")
-    r = plan.build_report(_args(cfg, world_size=3))
+    r = build.build_report(_args(cfg, world_size=3))
     model = auto_class("qwen2.5-vl").from_config(
         build_config(parse_args(["--out", "x", "--model", "qwen2.5-vl", "--hidden", "64", "--vocab", "256"])),
         dtype=torch.bfloat16)
@@ -369,7 +369,7 @@ def test_a_vision_language_config_is_planned(tmp_path):
     with safe_open(str(saved), "pt") as f:
         assert any(k.startswith("visual.") for k in f.keys())  # the original layout, as save_pretrained writes it
     buf = io.StringIO()
-    plan.print_report(r, buf)
+    printers.print_report(r, buf)
     assert f"vision tower: {r['vision_parameters']:,} parameters" in buf.getvalue()
 
 
@@ -380,13 +380,13 @@ def test_a_vision_language_config_is_planned(tmp_path):
 def test_a_lora_config_it_cannot_plan_ends_in_one_line(tmp_path, capsys, kw, says):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
-    assert plan.run(_args(cfg, **kw)) == 2
+    assert command.run(_args(cfg, **kw)) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "WARNING" not in line]
     assert len(err) == 1 and err[0].startswith("slimckpt plan:") and says in err[0], err
 
 
 def test_stream_model_blocks_only_when_the_step_comes_before_the_write_ends():
-    from slimckpt.stream_model import stream_block, windows_for
+    from slimckpt.plan.stream import stream_block, windows_for
 
     gib = 2**30
     # 10 GiB written in 100 s; the next step 100 s or later after the save: nothing to do
@@ -405,17 +405,17 @@ def test_stream_model_blocks_only_when_the_step_comes_before_the_write_ends():
 
 
 def test_plan_stream_rows_follow_the_rollout_window():
-    params = [plan.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]
-    strategy = plan.Strategy("s", incremental=True, async_save=True, async_stream=True, host_memory_budget_gb=0.5)
-    est = plan.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[0.0, 1e6])
-    shard = plan.model_shard_bytes(params, 2, 0) + plan.optim_shard_bytes(params, 2, 0)
+    params = [cost.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]
+    strategy = cost.Strategy("s", incremental=True, async_save=True, async_stream=True, host_memory_budget_gb=0.5)
+    est = cost.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[0.0, 1e6])
+    shard = cost.model_shard_bytes(params, 2, 0) + cost.optim_shard_bytes(params, 2, 0)
     assert est.host_peak_bytes == 64 * 2**20 + 2048 * 4096 * 4  # the sync bound: no pool
     first, last = est.stream
     assert first["pending_bytes"] == shard and first["copied_bytes"] == 2**29
     assert first["wait_s"] == pytest.approx(est.write_seconds * (1 - 2**29 / shard))
     assert last["pending_bytes"] == 0 and last["wait_s"] == 0.0
-    assert plan.Strategy.from_checkpoint_config("x", {"async_save": "stream"}).async_stream
-    pool = plan.Strategy.from_checkpoint_config("x", {"async_save": "pool"})
+    assert cost.Strategy.from_checkpoint_config("x", {"async_save": "stream"}).async_stream
+    pool = cost.Strategy.from_checkpoint_config("x", {"async_save": "pool"})
     assert pool.async_save and not pool.async_stream
 
 
@@ -434,13 +434,13 @@ def test_node_counts_verl_offload_and_resolves_auto_against_what_is_left(tmp_pat
     cfg.write_text(json.dumps(TINY))
     args = _node_args(cfg, param_offload=True, optimizer_offload=True, critic=True,
                       overrides=["host_memory_budget_gb=auto", "async_save=true"])
-    r = plan.build_report(args)
+    r = build.build_report(args)
     node = r["node"]
     model_r, optim_r = r["rank0_model_shard_bytes"], r["rank0_optimizer_shard_bytes"]
     held = node["resident"]
     assert held["actor params (fp32)"] == model_r
     # AdamW's two fp32 moments of the rank's elements (its per-tensor step is not offloaded state)
-    assert held["actor AdamW state"] == optim_r - plan.STEP_BYTES * N_TENSORS
+    assert held["actor AdamW state"] == optim_r - cost.STEP_BYTES * N_TENSORS
     assert "critic params (fp32)" in held and "ref params (bf16)" not in held
     est = next(e for e in r["estimates"] if e["strategy"].startswith("+recipe=incremental"))
     want = (2**30 - 8 * node["resident_bytes"]) // 2 // 8  # half of what 8 ranks leave of 1 GiB
@@ -451,7 +451,7 @@ def test_node_counts_verl_offload_and_resolves_auto_against_what_is_left(tmp_pat
     assert row["per_rank_bytes"] == node["resident_bytes"] + est["host_peak_bytes"] + est["critic_host_peak_bytes"]
     assert row["per_node_bytes"] == 8 * row["per_rank_bytes"]
     # an explicit number wins over auto
-    fixed = plan.build_report(_node_args(cfg, overrides=["host_memory_budget_gb=0.00001", "async_save=true"]))
+    fixed = build.build_report(_node_args(cfg, overrides=["host_memory_budget_gb=0.00001", "async_save=true"]))
     est = next(e for e in fixed["estimates"] if e["strategy"].startswith("+recipe=incremental"))
     assert est["budget_bytes"] == int(0.00001 * 2**30) and est["pool_over_budget"]
     row = next(v for v in fixed["node_rows"] if v["strategy"] == est["strategy"])
@@ -462,7 +462,7 @@ def test_node_verdicts_name_what_to_change(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
     # a node too small for its ranks' share of verl's hf_model gather (rank 0 alone holds the full model)
-    r = plan.build_report(_node_args(cfg, node_memory_gb=1e-5, recipe=["quickstart"]))
+    r = build.build_report(_node_args(cfg, node_memory_gb=1e-5, recipe=["quickstart"]))
     rows = {v["strategy"]: v for v in r["node_rows"]}
     by = {e["strategy"]: e for e in r["estimates"]}
     hf = rows["verl + hf_model"]
@@ -470,25 +470,25 @@ def test_node_verdicts_name_what_to_change(tmp_path):
     assert hf["per_node_bytes"] == 8 * (by["verl + hf_model"]["host_peak_bytes"] - full) + full
     assert not hf["fits"] and "over the node's" in hf["problems"][0]
     # FSDP1's incremental save adds its shards on the accelerator; FSDP2's nothing
-    one = plan.build_report(_node_args(cfg, fsdp=1, node_memory_gb=64))
-    two = plan.build_report(_node_args(cfg, fsdp=2, node_memory_gb=64))
+    one = build.build_report(_node_args(cfg, fsdp=1, node_memory_gb=64))
+    two = build.build_report(_node_args(cfg, fsdp=2, node_memory_gb=64))
     inc1 = next(v for v in one["node_rows"] if v["strategy"].startswith("+recipe=incremental"))
     inc2 = next(v for v in two["node_rows"] if v["strategy"].startswith("+recipe=incremental"))
     assert inc1["device_bytes"] == one["rank0_model_shard_bytes"] + one["rank0_optimizer_shard_bytes"]
     assert any("strategy=fsdp2" in p for p in inc1["problems"]) and inc2["device_bytes"] == 0 and inc2["fits"]
     assert all(v["device_bytes"] == 0 for v in one["node_rows"] if not v["strategy"].startswith("+recipe=incremental"))
     out = io.StringIO()
-    plan.print_report(one, out)
+    printers.print_report(one, out)
     assert "device added / rank" in out.getvalue() and "per node: 8 ranks" in out.getvalue()
 
 
 def test_the_node_plan_under_offload_keeps_the_stream_window(tmp_path):
     """With verl's offload, a stream write reads the offload's host copies: a rollout window that
     outlasts the write blocks nothing and copies nothing, as without offload."""
-    params = [plan.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]
-    strategy = plan.Strategy("s", incremental=True, async_save=True, async_stream=True, host_memory_budget_gb=64)
-    free = plan.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[1e6], copy_gbps=5.0)
-    off = plan.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[1e6], copy_gbps=5.0,
+    params = [cost.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]
+    strategy = cost.Strategy("s", incremental=True, async_save=True, async_stream=True, host_memory_budget_gb=64)
+    free = cost.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[1e6], copy_gbps=5.0)
+    off = cost.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[1e6], copy_gbps=5.0,
                         offload=("param", "optimizer"))
     assert free.stream[0]["blocked_s"] == 0.0 and off.stream[0]["blocked_s"] == 0.0
     assert off.stream[0]["window_s"] == 1e6 and off.stream[0]["copied_bytes"] == 0

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from slimckpt import plan
+from slimckpt.plan import command, cost
 
 from .conftest import REPO
 
@@ -60,21 +60,21 @@ def test_the_committed_table_is_what_the_plan_says_now(check, found):
 
 
 def test_cpu_and_accelerator_differ_only_where_a_copy_to_host_is_made():
-    params = [plan.ParamSpec("embed", (1000, 64)), plan.ParamSpec("w", (64, 64))]
-    largest = plan.largest_shard_bytes(params, 2, 0)
-    staged = plan.model_shard_bytes(params, 2, 0) + plan.optim_shard_bytes(params, 2, 0)
-    inc = plan.Strategy("inc", incremental=True, export_hf=True, export_dtype="auto")
-    est = lambda s, device, fsdp=2: plan.estimate(params, 2, s, 0, 0, None, fsdp=fsdp, device=device)  # noqa: E731
+    params = [cost.ParamSpec("embed", (1000, 64)), cost.ParamSpec("w", (64, 64))]
+    largest = cost.largest_shard_bytes(params, 2, 0)
+    staged = cost.model_shard_bytes(params, 2, 0) + cost.optim_shard_bytes(params, 2, 0)
+    inc = cost.Strategy("inc", incremental=True, export_hf=True, export_dtype="auto")
+    est = lambda s, device, fsdp=2: cost.estimate(params, 2, s, 0, 0, None, fsdp=fsdp, device=device)  # noqa: E731
     assert est(inc, "accelerator").host_peak_bytes == min(staged, 64 * 2**20 + largest)
     assert est(inc, "cpu").host_peak_bytes == 0  # DCP writes the host tensors as they are
     assert est(inc, "cpu", fsdp=1).host_peak_bytes == staged  # FSDP1's reshardable copy is host memory there
-    cast = plan.Strategy("inc", incremental=True, export_hf=True, export_dtype="bf16", bucket_mb=8, write_threads=2)
+    cast = cost.Strategy("inc", incremental=True, export_hf=True, export_dtype="bf16", bucket_mb=8, write_threads=2)
     assert est(cast, "cpu").host_peak_bytes == 2 * 8 * 2**20
-    pool = plan.Strategy("inc", incremental=True, async_save=True, host_memory_budget_gb=1)
+    pool = cost.Strategy("inc", incremental=True, async_save=True, host_memory_budget_gb=1)
     assert est(pool, "cpu").host_peak_bytes == est(pool, "accelerator").host_peak_bytes == staged
-    assert est(plan.Strategy("verl"), "cpu").host_peak_bytes == 0
-    assert est(plan.Strategy("verl"), "cpu", fsdp=1).host_peak_bytes == 0  # offload_to_cpu of a host tensor copies nothing
-    hf = plan.Strategy("verl", contents=(*plan.VERL_CONTENTS, "hf_model"))
+    assert est(cost.Strategy("verl"), "cpu").host_peak_bytes == 0
+    assert est(cost.Strategy("verl"), "cpu", fsdp=1).host_peak_bytes == 0  # offload_to_cpu of a host tensor copies nothing
+    hf = cost.Strategy("verl", contents=(*cost.VERL_CONTENTS, "hf_model"))
     full = sum(p.nbytes for p in params)
     assert est(hf, "cpu").host_peak_bytes == est(hf, "accelerator").host_peak_bytes == largest + full
 
@@ -107,7 +107,7 @@ def test_hf_listing_follows_the_exporting_recipe(tmp_path, capsys):
     base = ["--config", str(tmp_path / "config.json"), "--world-size", "2", "--json"]
 
     def report(*more: str) -> dict:
-        assert plan.main([*base, *more]) == 0
+        assert command.main([*base, *more]) == 0
         return json.loads(capsys.readouterr().out)
 
     ours = report("--recipe", "incremental")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt import plan as slim_plan
+from slimckpt.plan import cost
 from slimckpt.format import retention_plan as rp
 from slimckpt.save import best_metric
 
@@ -103,12 +103,12 @@ def test_steps_held_is_what_retention_leaves_on_disk(max_keep, optimizer_last, k
 
 def test_plan_prices_each_choice(tmp_path):
     """`slimckpt plan` rows: a whole step costs step bytes, one without its optimizer those less."""
-    out = slim_plan.retention_disk(10_000, 6_000, 3, 1, keep_best=2)
+    out = cost.retention_disk(10_000, 6_000, 3, 1, keep_best=2)
     held = out["steps"]
     assert out["bytes"]["usual"] == held["whole"] * 10_000 + held["without_optimizer"] * 4_000
-    every = slim_plan.retention_disk(10_000, 6_000, 3, None, keep_best=2)
+    every = cost.retention_disk(10_000, 6_000, 3, None, keep_best=2)
     assert every["bytes"]["usual"] > out["bytes"]["usual"]
-    assert slim_plan.retention_disk(10_000, 6_000, None, 1)["bytes_per_save"] == 4_000
+    assert cost.retention_disk(10_000, 6_000, None, 1)["bytes_per_save"] == 4_000
 
 
 def test_plan_prints_the_retention_table(tmp_path):

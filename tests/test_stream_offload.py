@@ -141,8 +141,8 @@ def test_a_move_with_no_capture_in_flight_is_verls_own(saved):
 
 
 def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
-    from slimckpt import plan
-    from slimckpt.stream_model import stream_block
+    from slimckpt.plan import build, command, cost, printers
+    from slimckpt.plan.stream import stream_block
 
     gib = 2**30
     both = stream_block(12 * gib, 100.0, 25.0, 2 * gib, offloaded_bytes=12 * gib)
@@ -152,10 +152,10 @@ def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
     assert part.kept_bytes == 4 * gib and part.copied_bytes == 2 * gib
     assert part.wait_s == pytest.approx(100.0 * 6 / 12)  # the writer's time for the 6 GiB neither kept nor copied
 
-    params = [plan.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]
-    strategy = plan.Strategy("s", incremental=True, async_save=True, async_stream=True, host_memory_budget_gb=0.5)
-    est = plan.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[0.0], offload=("param", "optimizer"))
-    plain = plan.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[0.0])
+    params = [cost.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]
+    strategy = cost.Strategy("s", incremental=True, async_save=True, async_stream=True, host_memory_budget_gb=0.5)
+    est = cost.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[0.0], offload=("param", "optimizer"))
+    plain = cost.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[0.0])
     assert est.host_peak_bytes == plain.host_peak_bytes  # the sync bound, no pool
     assert "host copies verl's offload makes" in est.host_note and "no copy of its own" in est.host_note
     (row,) = est.stream
@@ -166,13 +166,13 @@ def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
     import io
 
     parser = argparse.ArgumentParser()
-    plan.add_arguments(parser)
+    command.add_arguments(parser)
     config = REPO / "docs" / "configs" / "llama3-70b.json"
-    report = plan.build_report(parser.parse_args([
+    report = build.build_report(parser.parse_args([
         "--config", str(config), "--world-size", "32", "--fsdp", "2", "--disk-gbps", "2", "--recipe", "incremental",
         "--set", "async_save=stream", "--rollout-s", "0", "--offload", "both"]))
     out = io.StringIO()
-    plan.print_report(report, out)
+    printers.print_report(report, out)
     assert "kept (offload's host copies)" in out.getvalue() and "host copies verl's offload makes" in out.getvalue()
 
 

@@ -1,4 +1,4 @@
-"""slimckpt.tiny: deterministic local assets, a ChatML tokenizer, verl-format RL data, the reward."""
+"""slimckpt.testing.tiny: deterministic local assets, a ChatML tokenizer, verl-format RL data, the reward."""
 
 import hashlib
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from slimckpt import tiny
+from slimckpt.testing import tiny
 
 
 def _digests(root: Path) -> dict[str, str]:
@@ -115,12 +115,12 @@ def test_verl_dataset_reads_it(assets, tmp_path):
 
 
 def test_cli(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "slimckpt.tiny", "--out", str(tmp_path), "--model", "qwen2-tied"],
+    out = subprocess.run([sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--model", "qwen2-tied"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"model_path={tmp_path / 'model'}" in out.stdout
     assert (tmp_path / "model" / "config.json").exists() and (tmp_path / "data" / "val.parquet").exists()
-    help_ = subprocess.run([sys.executable, "-m", "slimckpt.tiny", "--help"], capture_output=True, text=True)
+    help_ = subprocess.run([sys.executable, "-m", "slimckpt.testing.tiny", "--help"], capture_output=True, text=True)
     assert help_.returncode == 0 and "--model" in help_.stdout
 
 
@@ -167,7 +167,7 @@ def test_warm_up_is_deterministic_cached_by_its_inputs_and_learns(tmp_path, asse
 def test_teacher_errs_at_each_questions_own_rate_within_the_bounds():
     import random
 
-    from slimckpt.tiny_warmup import teacher_label
+    from slimckpt.testing.tiny_warmup import teacher_label
 
     rng = random.Random(0)
     rates = []
@@ -181,7 +181,7 @@ def test_teacher_errs_at_each_questions_own_rate_within_the_bounds():
 
 def test_cli_reuse_keeps_matching_assets_and_rebuilds_others(tmp_path):
     def cli(*extra):
-        out = subprocess.run([sys.executable, "-m", "slimckpt.tiny", "--out", str(tmp_path), "--reuse", *extra],
+        out = subprocess.run([sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--reuse", *extra],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         return json.loads((tmp_path / "tiny.json").read_text()), (tmp_path / "model" / "model.safetensors").stat()

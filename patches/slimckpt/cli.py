@@ -2,24 +2,33 @@
 
 A subcommand module exposes `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`.
 To add one, add its module to SUBCOMMANDS; it is imported only when chosen (so `slimckpt --help`
-stays fast and one broken subcommand does not take the others down).
+stays fast and one broken subcommand does not take the others down). A command that parses its own
+arguments (the dry run's Hydra overrides mix with its options) is listed in OWN_PARSER instead: its
+module exposes `HELP` and `main(argv) -> int`, and gets every argument after its name.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
+import logging
 import os
 import sys
 
 from . import __version__
+from .log import cli_logging
 
 SUBCOMMANDS: dict[str, str] = {
     "convert": "slimckpt.convert.command",
+    "diskspeed": "slimckpt.observe.diskspeed",
+    "dryrun": "slimckpt.plan.dryrun",
     "merge": "slimckpt.merge.cli",
-    "plan": "slimckpt.plan",
+    "plan": "slimckpt.plan.command",
+    "recipes": "slimckpt.verl.recipes",
     "verify": "slimckpt.verify.command",
 }
+OWN_PARSER = frozenset({"diskspeed", "dryrun", "recipes"})
 
 
 def _help_line(module_name: str) -> str:
@@ -36,7 +45,9 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     chosen = chosen if chosen in SUBCOMMANDS else None
     for name, module_name in SUBCOMMANDS.items():
-        if name == chosen:
+        if name == chosen and name in OWN_PARSER:
+            sub.add_parser(name, add_help=False)
+        elif name == chosen:
             module = importlib.import_module(module_name)
             p = sub.add_parser(name, help=module.HELP, description=module.HELP)
             module.add_arguments(p)
@@ -49,12 +60,13 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, chosen = build_parser(argv)
+    if chosen in OWN_PARSER and argv.index(chosen) == 0:
+        with cli_logging():
+            return int(importlib.import_module(SUBCOMMANDS[chosen]).main(argv[1:]) or 0)
     args = parser.parse_args(argv)
     if chosen is None or not hasattr(args, "_run"):
         parser.print_help()
         return 2
-    from .log import cli_logging
-
     with cli_logging():
         return int(args._run(args) or 0)
 
@@ -72,12 +84,8 @@ def entry() -> None:
     costs one pass over all of them (0.36 s at 1B). A command runs for seconds to minutes and
     frees its buffers by reference counting; reference cycles (a caught exception's traceback)
     wait for the exit."""
-    import gc
-
     gc.disable()
     rc = main()
-    import logging
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

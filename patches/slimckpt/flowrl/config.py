@@ -2,7 +2,7 @@
 
 overrides/algo/flowrl.yaml points `actor_rollout_ref.actor.policy_loss._target_` here. verl builds
 this dataclass wherever it builds the actor's config: in the driver (validate_config, and
-`python -m slimckpt.dryrun`) and in every actor worker before the model is built. Building it is
+`slimckpt dryrun`) and in every actor worker before the model is built. Building it is
 what switches FlowRL on in that process: the "flowrl" feature of slimckpt.verl.patch_list (the
 policy loss "flowrl" in verl's registry, and the engine patches). Without +algo=flowrl it is never built and
 verl runs unchanged.

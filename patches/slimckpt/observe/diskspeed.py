@@ -9,7 +9,7 @@ O_DIRECT is measured with two request sizes, for the same reason: a disk can mov
 faster than 16 MiB ones, and a floor from 16 MiB alone would then be too easy to come close to
 (measured: BENCHMARKS.md, Figures quoted in the code).
 
-`python -m slimckpt.diskspeed DIR` prints them.
+`slimckpt diskspeed DIR` prints them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 from ..read import direct_io
 from .measure import evict_from_page_cache
 
+HELP = "a directory's sequential disk bandwidth: through the page cache, with O_DIRECT, and both at once"
 CHUNK = 16 * 2**20  # through the page cache (the kernel splits and reads ahead on its own)
 DIRECT_CHUNKS = (2**20, 16 * 2**20)  # O_DIRECT: each measured, the faster kept
 
@@ -146,7 +147,7 @@ def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m slimckpt.diskspeed", description="Sequential bandwidth of a directory's filesystem, through the page "
+    p = argparse.ArgumentParser(prog="slimckpt diskspeed", description="Sequential bandwidth of a directory's filesystem, through the page "
                                 "cache, with O_DIRECT, and with O_DIRECT reads and writes at once (as a merge does).")
     p.add_argument("directory", help="a directory on the filesystem to measure (a scratch file is written there)")
     p.add_argument("--size_gb", type=float, default=1.0, help="bytes per round, in GiB (default 1)")

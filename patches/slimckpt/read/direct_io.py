@@ -5,7 +5,7 @@ Why bypass it: a merge reads every shard byte once and writes every output byte 
 them buys nothing, and on some hosts filling the page cache is the slowest part of the job. On the
 development VM (ext4 on virtio) a cold buffered read ran at 0.35 GB/s and a buffered write into
 new pages at 0.3 GB/s, while O_DIRECT reads ran at 1.1-1.9 GB/s and O_DIRECT writes at 1.3-2.3 GB/s
-(`python -m slimckpt.diskspeed <dir>` measures both). A 70B merge through the page cache would also push everything
+(`slimckpt diskspeed <dir>` measures both). A 70B merge through the page cache would also push everything
 else on the host out of it.
 
 O_DIRECT needs the file offset, the length and the memory address aligned to the device's logical

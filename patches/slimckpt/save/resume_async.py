@@ -24,7 +24,7 @@ staged copy consistent: the training stream waits for the copies' event before a
 the same event before it reads the pool. Sources are marked as used by the side stream so the
 caching allocator cannot hand their memory to training before the copies end (FSDP1's sharded
 state dict is a temporary). On CPU none of this runs: plain copies into pageable memory.
-`python -m slimckpt.gpu_check` (scripts/gpu_check.sh) checks and times these paths on a GPU.
+`python -m slimckpt.testing.gpu_check` (scripts/gpu_check.sh) checks and times these paths on a GPU.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m slimckpt.dryrun <hydra overrides...>`: compose verl's PPO config exactly as
+"""`slimckpt dryrun <hydra overrides...>`: compose verl's PPO config exactly as
 `python -m verl.trainer.main_ppo` would, print it, and validate it against verl's own config
 dataclasses without starting Ray, loading weights or touching a GPU.
 
@@ -49,6 +49,7 @@ from typing import Any
 from ..log import get_logger
 from .config_keys import unknown_keys, unknown_keys_in_file
 from .recipes import GROUPS, format_options, list_group
+
 
 # verl's trainer module and config name, as in verl/trainer/main_ppo.py's @hydra.main
 CONFIG_MODULE = "verl.trainer.config"
@@ -307,7 +308,6 @@ def _check_ref(report: Report, cfg) -> None:
 
     # what ActorRolloutRefWorker.init_model does to the ref section before building it
     # (verl/workers/engine_workers.py): the ref reuses the actor's config class with log_prob_* keys
-
     ref = copy.deepcopy(cfg.actor_rollout_ref.ref)
     with open_dict(ref):
         ref.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
@@ -499,7 +499,7 @@ def _select(cfg, keys: list[str]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m slimckpt.dryrun",
+        prog="slimckpt dryrun",
         description=(
             "Compose verl's PPO config as `python -m verl.trainer.main_ppo` would, print it and validate it "
             "against verl's config dataclasses. No Ray, no GPU, no model weights. Every argument that is not an "
@@ -507,8 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "examples:\n"
-            "  python -m slimckpt.dryrun +recipe=quickstart +size=70b +cluster=4x8 +algo=ppo\n"
-            "  python -m slimckpt.dryrun --show actor_rollout_ref.actor.checkpoint,trainer.save_freq "
+            "  slimckpt dryrun +recipe=quickstart +size=70b +cluster=4x8 +algo=ppo\n"
+            "  slimckpt dryrun --show actor_rollout_ref.actor.checkpoint,trainer.save_freq "
             "+recipe=quickstart +size=7b\n"
             "  bash scripts/train_70b.sh --dry-run +recipe=quickstart   (the launcher calls this)\n"
             "exit status: 0 config OK, 1 verl would reject the config, 2 Hydra could not compose it"
@@ -606,9 +606,3 @@ def _fail(e: DryRunError) -> None:
     if e.details:
         print(e.details, file=sys.stderr)
 
-
-if __name__ == "__main__":
-    from slimckpt.log import cli_logging
-
-    with cli_logging():
-        raise SystemExit(main())

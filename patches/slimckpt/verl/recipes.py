@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("recipe", "size", "cluster", "algo")
+HELP = "list slimckpt's Hydra config groups (recipes and overrides) with their descriptions"
 PACKAGE_LINE = "# @package _global_"
 
 
@@ -107,21 +109,13 @@ def format_options(group: str) -> str:
     return "\n".join(f"  {o.override:<{width}}  {o.description}" for o in options)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m slimckpt.recipes",
-        description="List slimckpt's Hydra config groups (recipes and overrides) with their descriptions.",
-    )
+def main(argv: list[str] | None = None) -> int:
+    """`slimckpt recipes [GROUP]`."""
+    parser = argparse.ArgumentParser(prog="slimckpt recipes", description=HELP)
     parser.add_argument("group", nargs="?", choices=GROUPS, help="list only this group (default: all)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for group in [args.group] if args.group else GROUPS:
         print(f"{group}:")
         print(format_options(group))
     return 0
 
-
-if __name__ == "__main__":
-    from slimckpt.log import cli_logging
-
-    with cli_logging():
-        raise SystemExit(main())

@@ -3,7 +3,7 @@
 Two ranks (spawned processes sharing the device, gloo: no network, no second GPU needed) wrap the
 same stack of blocks with FSDP1 (FullyShardedDataParallel per block, use_orig_params, as verl's
 strategy=fsdp) or FSDP2 (fully_shard per block, as strategy=fsdp2), give AdamW its state, and take
-the save's state dict exactly as resume_state does (build_state_dict: model + optimizer, sharded,
+the save's state dict exactly as the incremental tier does (build_state_dict: model + optimizer, sharded,
 on the tensors' own device). Then:
 
   copied_bytes   bytes of state-dict tensors that do not share storage with a live parameter or
@@ -26,6 +26,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import ShardingStrategy, fully_shard
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+from ..save.resume_async import tensors_in
+from ..save.state_dicts import build_state_dict
+from ..save.step_write import storage_writer
 
 BLOCKS = 4
 
@@ -44,27 +54,17 @@ def _model(hidden: int, device: torch.device) -> torch.nn.Module:
 def _wrap(model: torch.nn.Module, fsdp: int, device: torch.device) -> torch.nn.Module:
     blocks = [m for m in model if isinstance(m, Block)]
     if fsdp == 2:
-        from torch.distributed.fsdp import fully_shard
-
         for block in blocks:
             fully_shard(block)
         fully_shard(model)
         return model
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
     return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}),
                 sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True, device_id=device)
 
 
 def _live_storages(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
-    from .save.resume_async import tensors_in
-
     live = [*model.parameters(), *model.buffers(), *tensors_in(optimizer.state)]
     if hasattr(model, "_fsdp_wrapped_module") or any(hasattr(m, "_handle") for m in model.modules()):
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
         live += [m._handle.flat_param for m in FSDP.fsdp_modules(model) if getattr(m, "_handle", None) is not None]
     out = set()
     for t in live:
@@ -75,8 +75,6 @@ def _live_storages(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 
 def _locals(state: Any):
-    from .save.resume_async import tensors_in
-
     for t in tensors_in(state):
         if hasattr(t, "local_shards"):  # ShardedTensor (FSDP1)
             yield from (s.tensor for s in t.local_shards())
@@ -105,12 +103,6 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def rank_main(rank: int, world: int, fsdp: int, device_type: str, hidden: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
-    from .save.state_dicts import build_state_dict
-    from .save.step_write import storage_writer
-
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device_type == "cuda":
         torch.cuda.set_device(device)
@@ -174,8 +166,6 @@ def _clone(value: Any) -> Any:
 
 def check_fsdp_save(device_type: str, hidden: int = 512, world: int = 2) -> tuple[dict[str, bool], dict[str, Any]]:
     """Both FSDP versions, `world` spawned ranks each; the checks and the per-version figures."""
-    import torch.multiprocessing as mp
-
     checks: dict[str, bool] = {}
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="slimckpt-fsdp-check-") as tmp:

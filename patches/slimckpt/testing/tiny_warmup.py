@@ -21,6 +21,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+# lazy imports: torch loads only when a warm-up runs (slimckpt.testing.tiny imports this module and must stay torch-free)
+
 
 @dataclass(frozen=True)
 class WarmUp:

@@ -1,6 +1,6 @@
 """Tiny models, tokenizer, RL data and reward for CPU runs of verl, built locally and deterministically.
 
-Nothing is downloaded. `python -m slimckpt.tiny --out DIR` writes:
+Nothing is downloaded. `python -m slimckpt.testing.tiny --out DIR` writes:
 
   DIR/model/      a Hugging Face model dir (config.json, model.safetensors, generation_config.json,
                   tokenizer files): a 2-layer Llama, or a 2-layer Qwen2 with tied embeddings
@@ -9,12 +9,12 @@ Nothing is downloaded. `python -m slimckpt.tiny --out DIR` writes:
                   messages), `data_source`, `reward_model` {style, ground_truth}, `extra_info` {index, ...}
 
 With --warmup-steps S the model is not left random: S short supervised steps on the task (a few
-seconds for 150) from an unreliable teacher (slimckpt.tiny_warmup) give RL a policy that is right
+seconds for 150) from an unreliable teacher (slimckpt.testing.tiny_warmup) give RL a policy that is right
 about a third of the time. tiny.json records every input of the build; with --reuse a directory
 whose tiny.json matches is kept as it is (scripts/train_small.sh and quality_proof.py build so).
 
 The reward is `compute_score` in this module; verl loads it with
-  reward.custom_reward_function.path=pkg://slimckpt.tiny reward.custom_reward_function.name=compute_score
+  reward.custom_reward_function.path=pkg://slimckpt.testing.tiny reward.custom_reward_function.name=compute_score
 
 The same seed gives the same bytes. Importing this module is cheap (no torch): verl's reward workers
 import it only for `compute_score`.
@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .tiny_warmup import WarmUp, warm_up
+
+# lazy imports: torch and pyarrow load only when assets are built (verl's reward workers import this module for compute_score)
 
 DATA_SOURCE = "slimckpt/tiny_add"
 MODELS = ("llama", "qwen2-tied")
@@ -224,7 +226,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m slimckpt.tiny",
+        prog="python -m slimckpt.testing.tiny",
         description="Build a tiny model, tokenizer and addition RL dataset locally (nothing is downloaded).",
     )
     parser.add_argument("--out", required=True, type=Path, help="output directory (model/ and data/ go here)")

@@ -1,4 +1,4 @@
-"""Check and time async_save's GPU paths on one CUDA device: `python -m slimckpt.gpu_check`.
+"""Check and time async_save's GPU paths on one CUDA device: `python -m slimckpt.testing.gpu_check`.
 
 Needs only torch and this package (scripts/gpu_check.sh sets PYTHONPATH=patches); imports nothing
 of verl, runs in about a minute, exits 2 with one line when no CUDA device is visible.
@@ -13,12 +13,12 @@ Checks (each PASS/FAIL, exit 1 on any FAIL):
   exact_storages       every staged tensor owns a storage of exactly its bytes (no power-of-two rounding
                        of pinned blocks; DCP writes it without cloning it first)
   dtensor              a DTensor (1-rank mesh, gloo, no network) is staged as a DTensor with its spec
-  stream_*             async_save=stream (slimckpt.gpu_check_stream): side-stream reads into pinned
+  stream_*             async_save=stream (slimckpt.testing.gpu_check_stream): side-stream reads into pinned
                        memory, the guard's copy before an in-place update, the version check
   offload_*, reload_*  async_save=stream under verl's param/optimizer offload (the same module): the
                        save's offload releases the device, the writer reads the offload's host copies,
                        a reload keeps the unread ones and the update cannot reach them
-  fsdp*                the incremental tier's save path on FSDP1 and FSDP2 (slimckpt.gpu_check_fsdp; two
+  fsdp*                the incremental tier's save path on FSDP1 and FSDP2 (slimckpt.testing.gpu_check_fsdp; two
                        ranks sharing the GPU over gloo): the state dict round-trips through its DCP
                        writer bit-equal; FSDP1's is a copy of the rank's shards (the device memory it adds
                        is measured), FSDP2's is views that add no device memory
@@ -39,6 +39,13 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from ..save.resume_async import StagingPool, local_tensor, state_bytes, tensors_in
+from .gpu_check_fsdp import check_fsdp_save
+from .gpu_check_stream import check_stream, check_stream_offload
 
 NO_CUDA = 2
 
@@ -86,8 +93,6 @@ def _pairs(a: Any, b: Any):
 
 
 def _equal(staged: Any, reference: Any) -> bool:
-    from .save.resume_async import local_tensor
-
     for s, r in _pairs(staged, reference):
         s, r = local_tensor(s), local_tensor(r)
         if s.device.type != "cpu" or s.dtype != r.dtype or s.shape != r.shape:
@@ -99,16 +104,12 @@ def _equal(staged: Any, reference: Any) -> bool:
 
 def _overwrite(state: dict[str, Any]) -> None:
     """What an optimizer step does to the sources: in-place, on the training stream."""
-    from .save.resume_async import tensors_in
-
     for t in tensors_in(state):
         if t.device.type == "cuda" and t.numel():
             t.add_(1)
 
 
 def check_staging(device: torch.device, total_bytes: int) -> tuple[dict[str, bool], dict[str, float]]:
-    from .save.resume_async import StagingPool, local_tensor, tensors_in, state_bytes
-
     checks, times = {}, {}
     state = shard_like_state(total_bytes, device)
     nbytes = state_bytes(state)
@@ -158,12 +159,6 @@ def _clone(state: Any) -> Any:
 
 def check_dtensor(device: torch.device) -> bool | str:
     """A DTensor on a 1-rank mesh is staged as a DTensor with the same placements."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-
-    from .save.resume_async import StagingPool
-
     store = os.path.join(tempfile.mkdtemp(prefix="slimckpt-gpu-check-"), "store")
     try:
         backend = "cpu:gloo,cuda:nccl" if dist.is_nccl_available() else "gloo"
@@ -220,7 +215,7 @@ def _on(stream, fn) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m slimckpt.gpu_check", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m slimckpt.testing.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gib", type=float, default=1.0, help="size of the staged state and of the timed copy (GiB)")
     p.add_argument("--json", default="gpu_check.json", help="where to write the results")
@@ -237,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     checks, times = check_staging(device, nbytes)
     dtensor = check_dtensor(device)
     checks["dtensor"] = dtensor is True
-    from .gpu_check_stream import check_stream, check_stream_offload
-
     stream_checks, stream_times = check_stream(device, nbytes, shard_like_state, _clone, _overwrite)
     checks.update(stream_checks)
     times.update(stream_times)
@@ -246,8 +239,6 @@ def main(argv: list[str] | None = None) -> int:
     checks.update(offload_checks)
     times.update(offload_times)
     times.update(time_copies(device, nbytes))
-    from .gpu_check_fsdp import check_fsdp_save
-
     fsdp_checks, fsdp_figures = check_fsdp_save("cuda", hidden=args.fsdp_hidden)
     checks.update(fsdp_checks)
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "cuda": torch.version.cuda,

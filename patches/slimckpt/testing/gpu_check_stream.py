@@ -1,4 +1,4 @@
-"""async_save=stream on one CUDA device, for `python -m slimckpt.gpu_check` (no verl, no DCP):
+"""async_save=stream on one CUDA device, for `python -m slimckpt.testing.gpu_check` (no verl, no DCP):
 the writer's side-stream reads into pinned memory, a guard's copy before an in-place update, and
 the version check catching an unguarded in-place update that races the writer.
 
@@ -16,12 +16,19 @@ Timings: the writer's reads alone, with the matmuls at once (overlap), and the g
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..observe.memory import rss_anon_bytes
+from ..save import stream_capture, stream_guards
+from ..save.resume_async import tensors_in
+from ..save.stream_capture import StreamCapture, live_tensors
 
 
 def _reader(capture, keys_and_live, out: list) -> threading.Thread:
@@ -39,9 +46,6 @@ def _reader(capture, keys_and_live, out: list) -> threading.Thread:
 
 
 def _capture(state: dict[str, Any], budget: int, step: int, device: torch.device):
-    from .save.resume_async import tensors_in
-    from .save.stream_capture import StreamCapture
-
     capture = StreamCapture(state, budget, step)
     items = [(capture.key_of(t), t) for t in tensors_in(capture.state) if t.device.type == device.type and t.numel()]
     capture.plan_reads("dcp", [k for k, _ in items])
@@ -61,8 +65,6 @@ def check_stream(device: torch.device, total_bytes: int, make_state: Callable[..
                  ) -> tuple[dict[str, bool], dict[str, float]]:
     """gpu_check's shard-like state (`make_state`), its deep copy to the host (`clone`) and its
     optimizer-step stand-in (`overwrite`, in place on the training stream)."""
-    from .save import stream_capture
-
     checks, times = {}, {}
     state = make_state(total_bytes, device, seed=1)
     torch.cuda.synchronize()
@@ -143,8 +145,6 @@ def verl_moves(device: torch.device, move: Callable[[torch.Tensor, Any], torch.T
     load_fsdp2_model_to_gpu, offload_fsdp_optimizer, load_fsdp_optimizer), restated without verl,
     wrapped as slimckpt's patch registry wraps verl's own. `move(t, to)` stands for `t.to(to,
     non_blocking=True)` (a test on a CPU passes one that copies: `.to("cpu")` there moves nothing)."""
-    from .save import stream_guards
-
     def to(t: torch.Tensor, where: Any) -> torch.Tensor:
         return t.to(where, non_blocking=True) if move is None else move(t, where)
 
@@ -204,14 +204,6 @@ def check_stream_offload(device: torch.device, total_bytes: int, move=None,
                                no guard sees, offload): it reads the values at the save, nothing copied
     Timings: the save's offload with the capture following it, and verl's alone; host memory
     (RssAnon) the held copies add past the reload. `move`: see verl_moves."""
-    import gc
-
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    from .observe.memory import rss_anon_bytes
-    from .save import stream_capture, stream_guards
-    from .save.stream_capture import StreamCapture, live_tensors
-
     cuda = device.type == "cuda"
 
     def sync() -> None:

@@ -9,14 +9,15 @@ has left once the offloaded copies are resident, over its local ranks.
 
 async_save=stream under offload reads the host copies verl's offload makes (save.stream_guards), so
 the writer keeps the whole rollout window and the offload adds no copy of its own: the window
-arithmetic is plan.estimate's (stream_model.stream_block with the offloaded bytes).
+arithmetic is cost.estimate's (stream.stream_block with the offloaded bytes).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from .save.host_budget import AUTO_SHARE, auto_budget_bytes
+from ..save.host_budget import AUTO_SHARE, auto_budget_bytes
 
 BF16 = 2
 FP32 = 4
@@ -121,4 +122,29 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-__all__ = ["AUTO_SHARE", "BLOCK_LIMIT_S", "NodeVerdict", "Offload", "auto_budget", "node_verdict", "resident_bytes"]
+def node_rows(node: dict[str, Any], estimates: list[dict[str, Any]], copy_gbps: float | None = None
+              ) -> list[dict[str, Any]]:
+    """Each strategy's node verdict (node_verdict): host memory per rank and node, the
+    budget, blocked seconds per save, device memory added, and what to change."""
+    rows = []
+    for e in estimates:
+        stream = bool(e.get("stream"))
+        if stream:  # the longest over the windows planned
+            blocked = max((b["blocked_s"] for b in e["stream"] if b["blocked_s"] is not None), default=None)
+        elif e["blocking"] == "whole save":
+            blocked = e["write_seconds"]
+        else:  # pool: the staging copy
+            blocked = e["rank0_write_bytes"] / (copy_gbps * 1e9) if copy_gbps else None
+        # the critic saves after the actor: its transient memory is not added, but a pool is held for the run
+        held_pool = e["host_note"].startswith("staging pool")
+        save_host = e["host_peak_bytes"] + (e.get("critic_host_peak_bytes", 0) if held_pool else 0)
+        v = node_verdict(e["strategy"], save_host, node["resident_bytes"], node["local_ranks"],
+                         node["memory_bytes"], e.get("budget_bytes"), e["rank0_write_bytes"], blocked,
+                         e.get("device_bytes", 0), stream, bool(e.get("pool_over_budget")),
+                         e.get("rank0_only_bytes", 0))
+        rows.append({**asdict(v), "fits": v.fits})
+    return rows
+
+
+__all__ = ["AUTO_SHARE", "BLOCK_LIMIT_S", "NodeVerdict", "Offload", "auto_budget", "node_rows", "node_verdict",
+           "resident_bytes"]

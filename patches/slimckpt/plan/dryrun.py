@@ -1,7 +1,9 @@
-"""The dry run's plan: `slimckpt plan` for the configuration a launcher composed, before any GPU.
+"""`slimckpt dryrun [--plan] <hydra overrides...>`: the dry run's command (its checks are in
+`slimckpt.verl.dryrun`, next to the rest of what slimckpt knows of verl's config), and with --plan,
+`slimckpt plan` for the configuration a launcher composed, before any GPU.
 
-`python -m slimckpt.dryrun --plan <hydra overrides...>` (what `bash scripts/train_70b.sh --dry-run`
-and `train_small.sh --dry-run` run) validates the config, then calls `run` here: it reads off the
+`slimckpt dryrun --plan <hydra overrides...>` (what `bash scripts/train_70b.sh --dry-run` and
+`train_small.sh --dry-run` run) validates the config, then calls `run` here: it reads off the
 composed config everything `slimckpt plan` needs (the model's config.json, world size and ranks per
 node, FSDP version, verl's offload switches, the critic and reference model, LoRA, the actor's
 checkpoint block and retention) and prints, for the run's own save:
@@ -30,7 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SHIPPED = Path(__file__).resolve().parent / "model_configs"
+from ..verl.dryrun import compose_config
+from ..verl.dryrun import main as verl_main
+from .build import build_report, plan_facts
+from .printers import print_report
+
+# lazy imports: omegaconf, verl's trainer and huggingface_hub load only once a config is composed and planned
+
+HELP = "compose verl's PPO config as main_ppo would, print and validate it (no Ray, no GPU); --plan: what its saves cost"
+SHIPPED = Path(__file__).resolve().parent.parent / "model_configs"
 # assumed where the config cannot say (printed with the plan, each with the option that changes it)
 DEFAULT_DISK_GBPS = 10.0
 DEFAULT_ROLLOUT_S = 60.0
@@ -150,8 +160,6 @@ def own_rows(report: dict[str, Any], row: str, label: str) -> dict[str, Any]:
 def stream_alternative(cfg, assumed: Assumptions, config_json: str, what: dict[str, Any], facts: Any
                        ) -> dict[str, Any] | None:
     """The incremental recipe as it is, with async_save=stream instead: what turning it on gives."""
-    from .plan import build_report
-
     ckpt = what["checkpoint"]
     if not (what["recipe"] and ckpt.get("incremental_save")) or str(ckpt.get("async_save")).lower() == "stream":
         return None
@@ -180,9 +188,6 @@ def verdict_lines(report: dict[str, Any], alternative: dict[str, Any] | None, nn
 def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
     """Compose, plan and print (on stderr: stdout is the composed config); 0 either way (the
     verdict lines say whether the save fits), 2 when the plan cannot be made."""
-    from .plan import build_report, print_report
-    from .verl.dryrun import compose_config
-
     out = out if out is not None else sys.stderr
     cfg = compose_config(overrides)
     model = str(_select(cfg, "actor_rollout_ref.model.path"))
@@ -192,8 +197,6 @@ def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
               f"slimckpt/model_configs/; run `slimckpt plan --config <its config.json> --world-size "
               f"{int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)}` where it is", file=out)
         return 0
-    from .plan import plan_facts
-
     try:
         args, what = plan_namespace(cfg, assumed, config_json)
         facts = plan_facts(args)
@@ -214,3 +217,17 @@ def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
     for line in lines:
         print(line, file=out)
     return 0
+
+
+def _after(args: argparse.Namespace, overrides: list[str]) -> int:
+    if not getattr(args, "plan", False) or args.no_validate or args.show:
+        return 0
+    assumed = Assumptions(disk_gbps=args.disk_gbps, rollout_s=args.rollout_s, copy_gbps=args.copy_gbps,
+                          node_memory_gb=args.node_memory_gb)
+    return run(overrides, assumed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: verl's dry run with the plan's options, then the plan once the config passed."""
+    return verl_main(argv, extend=add_arguments, after=_after)
+

@@ -1,0 +1,10 @@
+"""`python -m slimckpt.plan ...`: the same command as `slimckpt plan ...`."""
+
+import sys
+
+from ..log import cli_logging
+from .command import main
+
+if __name__ == "__main__":
+    with cli_logging():
+        sys.exit(main())
