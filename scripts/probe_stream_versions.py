@@ -26,8 +26,6 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-
 VOCAB = 64
 
 
@@ -37,7 +35,7 @@ def build(layout: str):
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
     from transformers import AutoModelForCausalLM
 
-    import resume_scenarios
+    from slimckpt.testing import resume_scenarios
     from slimckpt.testing.fsdp_checkpoint import build_config, wrap_fsdp2
 
     torch.manual_seed(0)

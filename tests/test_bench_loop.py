@@ -1,12 +1,6 @@
-"""scripts/bench_loop.py's report logic (no runs): save reports -> one row per save -> the section."""
+"""scripts/bench/loop.py's report logic (no runs): save reports -> one row per save -> the section."""
 
-import importlib.util
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("bench_loop", REPO / "scripts" / "bench_loop.py")
-bench_loop = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_loop)
+from scripts.bench import loop as bench_loop
 
 MiB = 2**20
 
@@ -42,7 +36,7 @@ def test_a_save_without_its_commit_report_is_not_counted_and_sync_saves_are_thei
 def test_section_is_replaced_between_its_markers(tmp_path):
     rows = [bench_loop.summarise(m, bench_loop.per_save(_reports(1, b) + _reports(2, b, committed=m == "sync")))
             for m, b in (("sync", 2.0), ("stream", 0.02))]
-    result = {"rows": rows, "meta": {"command": "python scripts/bench_loop.py", "date": "2026-12-01",
+    result = {"rows": rows, "meta": {"command": "python -m scripts.bench.loop", "date": "2026-12-01",
                                      "commit": "abc1234", "steps": 2, "seconds": 60.0, "machine": "test",
                                      "note": "a note"}}
     report = tmp_path / "BENCHMARKS.md"

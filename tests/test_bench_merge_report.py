@@ -1,18 +1,11 @@
-"""scripts/bench.py's report logic (no runs): targets are judged from the rows as measured, and the
+"""scripts/bench/merge.py's report logic (no runs): targets are judged from the rows as measured, and the
 words under the targets table state what the rows and disk measurements say."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
+from scripts.bench import merge as bench
 from slimckpt.observe.measure import RunResult
-
-REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("bench_merge", REPO / "scripts" / "bench.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_merge"] = bench  # its dataclasses look their module up there
-_spec.loader.exec_module(bench)
 
 GB, MiB = 10**9, 2**20
 
@@ -133,7 +126,7 @@ def _run_json(tmp_path, verl_walls_1b=(14.0, 21.0), warm_walls_small=(5.0, 5.2))
 
     saved = {"rows": [asdict(r) for r in rows], "disk": asdict(disk), "disk_measurements": [asdict(disk)],
              "sizes": "0.25b,1b", "repeats": 3, "seconds": 600.0, "date": "2026-01-02", "imports_s": 2.2,
-             "command": "python scripts/bench.py --repeats 3", "commit": "abc1234", "dirty": False,
+             "command": "python -m scripts.bench.merge --repeats 3", "commit": "abc1234", "dirty": False,
              "load_average_1min": {"start": 1.5, "end": 2.25, "merges": [1.0, 3.5, 2.0]}, "machine": "x86_64, 2 cores"}
     path = tmp_path / "bench_merge.json"
     path.write_text(json.dumps(saved))
@@ -179,7 +172,7 @@ def test_warm_and_cold_verl_each_get_a_row_and_a_speed_up(tmp_path, monkeypatch)
     assert ("At 1b slimckpt took 4.2 s: 3.33x faster than verl's warm merge (14.0 s) and 5.00x faster than verl's "
             "cold merge (21.0 s). It took 2.51x the I/O floor.") in text
     assert "goal" not in text and "met" not in text.split()  # targets are BENCHMARKS.md's, not the user doc's
-    assert "(`python scripts/bench.py --repeats 3`, commit abc1234, 2026-01-02)" in text
+    assert "(`python -m scripts.bench.merge --repeats 3`, commit abc1234, 2026-01-02)" in text
     assert "The machine was shared: its 1-minute load average was 1.00-3.50 (median 2.00) as the merges started." \
         in text
 

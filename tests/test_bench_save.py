@@ -1,14 +1,9 @@
-"""scripts/bench_save.py's report logic (no runs): its section of BENCHMARKS.md is replaced between
+"""scripts/bench/save.py's report logic (no runs): its section of BENCHMARKS.md is replaced between
 its markers and nothing else is touched; the targets are judged from the rows as measured."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("bench_save", REPO / "scripts" / "bench_save.py")
-bench_save = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_save)
+from scripts.bench import merge as bench, save as bench_save
 
 MiB = 2**20
 
@@ -23,7 +18,7 @@ def _row(size, mode, peak_mib, wall, blocking=None, export=True, params=1e9, sta
 
 
 def _result(rows):
-    return {"rows": rows, "meta": {"command": "python scripts/bench_save.py", "date": "2026-01-01", "repeats": 3,
+    return {"rows": rows, "meta": {"command": "python -m scripts.bench.save", "date": "2026-01-01", "repeats": 3,
                                    "seconds": 60.0, "machine": "test"}}
 
 
@@ -80,10 +75,6 @@ def test_async_target_falls_back_to_the_largest_size_whose_pool_fitted():
 
 
 def test_merge_bench_keeps_the_save_section(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench"] = bench  # its dataclasses look their module up there
-    spec.loader.exec_module(bench)
     out = tmp_path / "BENCHMARKS.md"
     out.write_text("old merge table\n\n<!-- save-bench:begin -->\nsave rows\n<!-- save-bench:end -->\n")
     bench.write_keeping_save_section(out, "new merge table\n")
@@ -93,10 +84,6 @@ def test_merge_bench_keeps_the_save_section(tmp_path):
 
 
 def test_merge_bench_keeps_every_save_section(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench"] = bench
-    spec.loader.exec_module(bench)
     out = tmp_path / "BENCHMARKS.md"
     out.write_text("old\n\n<!-- save-bench:begin -->\nA\n<!-- save-bench:end -->\nx\n"
                    "<!-- save-loop:begin -->\nB\n<!-- save-loop:end -->\n<!-- save-loop-0.25b:begin -->\nC\n"

@@ -1,10 +1,10 @@
-"""scripts/bench_scale.py's pieces that a run depends on and that `make test` can afford: the memory
+"""scripts/bench/scale.py's pieces that a run depends on and that `make test` can afford: the memory
 cap that stops verl's merger, the free-disk refusal, the report kept by `make bench`, and the
 committed section rendered from the committed JSON."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -13,16 +13,8 @@ from pathlib import Path
 
 from .conftest import REPO
 
-SCRIPTS = REPO / "scripts"
-
-
 def _load(name: str):
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"scripts.bench.{name}")
 
 
 # a process that grows its anonymous memory by 32 MiB every 20 ms, to 1 GiB, and then sleeps
@@ -31,7 +23,7 @@ GROW = ("import time\nheld = []\nfor i in range(32):\n    held.append(bytearray(
 
 
 def test_capped_run_is_killed_past_its_cap():
-    scale = _load("bench_scale")
+    scale = _load("scale")
     cap = 256 << 20
     start = time.perf_counter()
     got = scale.run_capped([sys.executable, "-c", GROW], {}, cap)
@@ -42,7 +34,7 @@ def test_capped_run_is_killed_past_its_cap():
 
 
 def test_capped_run_below_its_cap_finishes():
-    scale = _load("bench_scale")
+    scale = _load("scale")
     got = scale.run_capped([sys.executable, "-c", "import time; x = b'1' * (64 << 20); time.sleep(0.5); print('done')"], {}, 1 << 30)
     assert not got["killed"] and got["returncode"] == 0 and "done" in got["output_tail"]
     assert got["peak_rss_anon"] >= 64 << 20
@@ -50,7 +42,7 @@ def test_capped_run_below_its_cap_finishes():
 
 def test_too_little_disk_is_said_and_nothing_is_measured(tmp_path):
     out = tmp_path / "B.md"
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_scale.py"), "--min-free-gib", "1e9", "--work",
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.scale", "--min-free-gib", "1e9", "--work",
                            str(tmp_path / "w"), "--json", str(tmp_path / "s.json"), "--out", str(out), "--readme", ""],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -59,7 +51,7 @@ def test_too_little_disk_is_said_and_nothing_is_measured(tmp_path):
 
 
 def test_merge_bench_keeps_the_scale_section(tmp_path):
-    bench = _load("bench")
+    bench = _load("merge")
     out = tmp_path / "BENCHMARKS.md"
     out.write_text("old\n\n<!-- scale-bench:begin -->\nS\n<!-- scale-bench:end -->\n")
     bench.write_keeping_save_section(out, "new\n")
@@ -67,7 +59,7 @@ def test_merge_bench_keeps_the_scale_section(tmp_path):
 
 
 def test_committed_section_and_headline_are_the_committed_json_rendered(tmp_path):
-    scale = _load("bench_scale")
+    scale = _load("scale")
     result = json.loads((REPO / "docs" / "bench_scale.json").read_text())
     section = scale.render_section(result)
     assert section.strip() in (REPO / "BENCHMARKS.md").read_text()

@@ -1,4 +1,4 @@
-"""scripts/compare_runs.py and its wandb reader on real wandb offline runs (written by the wandb
+"""scripts/compare/runs.py and its wandb reader on real wandb offline runs (written by the wandb
 library in a subprocess, a few seconds each), and the ckpt/* summary of per-rank save reports."""
 
 import json
@@ -15,7 +15,7 @@ from slimckpt.observe.wandb_history import iter_records, load
 
 from .conftest import REPO, run_python
 
-COMPARE = REPO / "scripts" / "compare_runs.py"
+COMPARE = ("-m", "scripts.compare.runs")
 
 
 def _wandb_run(wandb_dir: Path, rows: dict[int, dict[str, float]]) -> None:
@@ -102,9 +102,9 @@ def test_reader_rejects_what_is_not_a_run(tmp_path):
 def test_compare_runs_writes_png_and_table(runs, tmp_path):
     out, table = tmp_path / "cmp.png", tmp_path / "cmp.md"
     proc = subprocess.run(
-        [sys.executable, str(COMPARE), f"ref={runs / 'ref'}", f"same={runs / 'same'}", f"other={runs / 'other'}",
+        [sys.executable, *COMPARE, f"ref={runs / 'ref'}", f"same={runs / 'same'}", f"other={runs / 'other'}",
          f"resumed={runs / 'resumed'}", "--out", str(out), "--table", str(table)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
@@ -121,8 +121,8 @@ def test_compare_runs_writes_png_and_table(runs, tmp_path):
 
 def test_compare_runs_bad_path_is_one_line_and_no_png(tmp_path):
     out = tmp_path / "x.png"
-    proc = subprocess.run([sys.executable, str(COMPARE), str(tmp_path / "missing" / "dir"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, *COMPARE, str(tmp_path / "missing" / "dir"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and not out.exists()
     assert proc.stderr.strip().count("\n") == 0 and "compare_runs.py:" in proc.stderr
 

@@ -24,13 +24,13 @@ INTERNAL = [
 ]
 HASH = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
 GENERATED = {  # page -> the command that writes it
-    "docs/quickstart.md": "python scripts/quickstart.py",
+    "docs/quickstart.md": "python -m scripts.quickstart",
     "docs/support_matrix.md": "tests/test_coverage_matrix.py",
     "docs/configuration.md": "python -m slimckpt.env_vars --write docs/configuration.md",
-    "docs/merge.md": "python scripts/bench.py",
-    "docs/compare_grpo.md": "python scripts/quality_proof.py",
-    "docs/compare_flowrl.md": "python scripts/quality_proof.py",
-    "docs/compare_ppo.md": "python scripts/quality_proof.py",
+    "docs/merge.md": "python -m scripts.bench.merge",
+    "docs/compare_grpo.md": "python -m scripts.compare.quality_proof",
+    "docs/compare_flowrl.md": "python -m scripts.compare.quality_proof",
+    "docs/compare_ppo.md": "python -m scripts.compare.quality_proof",
 }
 
 

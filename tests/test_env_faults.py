@@ -191,7 +191,7 @@ def test_restore_tracker_after_a_failed_step(tmp_path):
 
 
 def test_two_merges_into_one_target(tmp_path):
-    from tests.merge_helpers import synthetic_checkpoint
+    from slimckpt.testing.synthetic import synthetic_checkpoint
 
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
@@ -206,7 +206,7 @@ def test_two_merges_into_one_target(tmp_path):
 
 
 def test_merge_refuses_a_step_being_written(tmp_path):
-    from tests.merge_helpers import synthetic_checkpoint
+    from slimckpt.testing.synthetic import synthetic_checkpoint
 
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
@@ -222,10 +222,10 @@ def test_merge_refuses_a_step_being_written(tmp_path):
 
 @pytest.mark.slow
 def test_env_faults_script_through_verls_manager(tmp_path):
-    """scripts/env_faults.py through verl's real FSDPCheckpointManager: the synchronous incremental
+    """scripts/faults/env.py through verl's real FSDPCheckpointManager: the synchronous incremental
     save (stop) and quickstart with on_save_error=continue, under a file size limit and a held lock."""
     out = tmp_path / "faults.json"
-    proc = subprocess.run([sys.executable, "scripts/env_faults.py", "--json", str(out),
+    proc = subprocess.run([sys.executable, "-m", "scripts.faults.env", "--json", str(out),
                            "--paths", "incremental_sync,quickstart_continue", "--faults", "fsize_limit,lock,export_full"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

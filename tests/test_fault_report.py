@@ -1,4 +1,4 @@
-"""RELIABILITY.md's renderer (scripts/fault_report.py) flags rows that ran on code older than HEAD's:
+"""RELIABILITY.md's renderer (scripts/faults/report.py) flags rows that ran on code older than HEAD's:
 checked with git in a scratch repository, no campaign run."""
 
 import json
@@ -7,12 +7,9 @@ import sys
 
 import pytest
 
+from scripts.faults import reliability, report
+
 from .conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-
-import fault_report as report  # noqa: E402
-import reliability  # noqa: E402
 
 SLIM = report.sigkill_code("quickstart")
 VERL = report.sigkill_code("verl-default")
@@ -39,8 +36,8 @@ def scratch(tmp_path):
     root.mkdir()
     _git(root, "init", "-q")
     first = _commit(root, {"patches/slimckpt/a.py": "x = 1\n", "recipes/quickstart.yaml": "a: 1\n",
-                           "scripts/reliability.py": "# driver\n", "scripts/fault_trial.py": "# trial\n",
-                           "scripts/corruption_campaign.py": "# corruption\n", "docs/notes.md": "notes\n"}, "first")
+                           "scripts/faults/reliability.py": "# driver\n", "scripts/faults/trial.py": "# trial\n",
+                           "scripts/faults/corruption.py": "# corruption\n", "docs/notes.md": "notes\n"}, "first")
     return root, first
 
 
@@ -65,8 +62,8 @@ def test_a_row_older_than_a_change_to_patches_is_stale_and_says_what_changed(scr
                          f"`patches/slimckpt/a.py`")
     # verl's rows exercise the fault scripts only: slimckpt's code moving leaves them as they are
     assert report.staleness({"commit": first}, VERL, str(root)) is None
-    _commit(root, {"scripts/fault_trial.py": "# trial, changed\n"}, "driver")
-    assert "`scripts/fault_trial.py`" in report.staleness({"commit": first}, VERL, str(root)).note
+    _commit(root, {"scripts/faults/trial.py": "# trial, changed\n"}, "driver")
+    assert "`scripts/faults/trial.py`" in report.staleness({"commit": first}, VERL, str(root)).note
 
 
 def test_what_cannot_be_checked_is_flagged_commit_unknown(scratch):
@@ -129,7 +126,7 @@ def test_each_row_keeps_the_commit_of_the_file_it_came_from(tmp_path, monkeypatc
         main.pop(key, None)
     main["source"] = "a clean export of commit 1111111aaaaa (patches/ and recipes/)"
     extra = _sigkill(("merge",))
-    extra.update(command="python scripts/reliability.py --modes merge", commit="2222222bbbbb", dirty=False)
+    extra.update(command="python -m scripts.faults.reliability --modes merge", commit="2222222bbbbb", dirty=False)
     (tmp_path / "sigkill.json").write_text(json.dumps(main))
     (tmp_path / "sigkill_merge.json").write_text(json.dumps(extra))
     monkeypatch.setattr(reliability, "OUT_DIR", str(tmp_path))

@@ -1,4 +1,4 @@
-"""The SIGKILL campaign (scripts/reliability.py): the oracle's classification (fast) and a short
+"""The SIGKILL campaign (scripts/faults/reliability.py): the oracle's classification (fast) and a short
 campaign over slimckpt's modes (slow: forks tiny FSDP2 ranks, kills them, resumes)."""
 
 import json
@@ -10,9 +10,7 @@ import pytest
 
 from .conftest import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-
-import fault_oracle as oracle  # noqa: E402
+from scripts.faults import oracle
 
 H = {"model": "m", "optim": "o", "extra": "e"}
 
@@ -89,7 +87,7 @@ def test_merge_outcomes():
 def test_sigkill_campaign_slimckpt_modes(tmp_path):
     out = tmp_path / "sigkill.json"
     # quickstart (verl's save path under slimckpt's retention) and verl's own modes: `make faults` only
-    cmd = [sys.executable, str(REPO / "scripts" / "reliability.py"), "--trials", "2", "--keep", "2",
+    cmd = [sys.executable, "-m", "scripts.faults.reliability", "--trials", "2", "--keep", "2",
            "--modes", "incremental-sync", "incremental-async", "merge",
            "--no-side", "--no-report", "--json", str(out), "--work", str(tmp_path / "work")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -115,7 +113,7 @@ def test_async_keep1_saves_go_on_when_retention_beats_the_tracker_watcher(tmp_pa
     that step's actor dir. On the broken watcher the uncut run hangs (then a gloo timeout); fixed,
     the four saves go through and the resume is exact at the last step. async_save=stream keeps
     the same retention and tracker behaviour."""
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "keep1_scenario.py"), str(tmp_path / "work"), mode],
+    proc = subprocess.run([sys.executable, "-m", "tests.scenarios.keep1", str(tmp_path / "work"), mode],
                           capture_output=True, text=True, timeout=400, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

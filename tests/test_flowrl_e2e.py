@@ -86,8 +86,9 @@ def test_save_metrics_logged_to_wandb_and_readable_by_compare_runs(flowrl_run, t
         assert len(reports) == 2 and json.loads(reports[0].read_text())["global_step"] == step
     out, table = tmp_path / "cmp.png", tmp_path / "cmp.md"
     wandb_runs = flowrl_run.wandb / "wandb"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), f"flowrl={wandb_runs}",
-                           "--out", str(out), "--table", str(table)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "scripts.compare.runs", f"flowrl={wandb_runs}",
+                           "--out", str(out), "--table", str(table)], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in table.read_text().splitlines() if line.startswith("| `flowrl`"))
     cells = [c.strip() for c in row.split("|")[1:-1]]

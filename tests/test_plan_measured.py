@@ -3,31 +3,19 @@ host memory of every committed point agree, and docs/plan_check.md shows what th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
 import pytest
 
+from scripts.bench import plan_check
 from slimckpt import plan
 
 from .conftest import REPO
 
-SCRIPTS = REPO / "scripts"
-
-
-def _plan_check():
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("plan_check", SCRIPTS / "plan_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plan_check"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def check():
-    return _plan_check()
+    return plan_check
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +44,7 @@ def test_verl_hf_model_is_planned_as_the_whole_model_on_rank_0(found):
 def test_the_committed_table_is_what_the_plan_says_now(check, found):
     bench, points = found
     committed = (REPO / "docs" / "plan_check.md").read_text()
-    assert check.table(points, bench["meta"]) in committed, "run: python scripts/plan_check.py --out docs/plan_check.md"
+    assert check.table(points, bench["meta"]) in committed, "run: python -m scripts.bench.plan_check --out docs/plan_check.md"
 
 
 def test_cpu_and_accelerator_differ_only_where_a_copy_to_host_is_made():

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
+from scripts import provenance
+
 REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("provenance", REPO / "scripts" / "provenance.py")
-provenance = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(provenance)
 
 
 def test_head_and_only_code_changes_count():

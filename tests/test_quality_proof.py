@@ -1,13 +1,7 @@
-"""scripts/quality_proof.py's plan (which runs each variant makes, where the kill goes) and its
+"""scripts/compare/quality_proof.py's plan (which runs each variant makes, where the kill goes) and its
 reuse of finished variants, without starting verl: `train` is replaced by a recorder."""
 
-import importlib.util
-
-from .conftest import REPO
-
-_spec = importlib.util.spec_from_file_location("quality_proof", REPO / "scripts" / "quality_proof.py")
-quality_proof = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(quality_proof)
+from scripts.compare import quality_proof
 
 
 def test_plan_has_every_variant_and_kills_two_steps_after_the_stop():
@@ -77,5 +71,5 @@ def test_the_table_is_headed_by_its_command_and_commit(tmp_path):
     table.write_text("| run | steps |\n|---|---|\n")
     quality_proof.add_provenance(table, ["--algo", "grpo", "--steps", "20"], "abc1234")
     text = table.read_text()
-    assert text.startswith("Written by `python scripts/quality_proof.py --algo grpo --steps 20` at commit abc1234, ")
+    assert text.startswith("Written by `python -m scripts.compare.quality_proof --algo grpo --steps 20` at commit abc1234, ")
     assert text.endswith("\n\n| run | steps |\n|---|---|\n") and not (tmp_path / "compare_grpo.md.partial").exists()

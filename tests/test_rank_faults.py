@@ -1,5 +1,5 @@
 """One rank lost while the others are in a save's collectives: the heartbeat that names it (fast, a
-store in this process) and scripts/rank_faults.py's campaign (slow: forks tiny FSDP2 ranks over
+store in this process) and scripts/faults/ranks.py's campaign (slow: forks tiny FSDP2 ranks over
 gloo, SIGKILLs or SIGSTOPs one of them mid-save, resumes)."""
 
 import json
@@ -93,7 +93,7 @@ def test_one_rank_killed_or_stalled_mid_save(tmp_path):
     it; nothing partial committed, no orphan or held lock, the relaunch resumes exactly."""
     out = tmp_path / "rank_faults.json"
     timeout = 4.0
-    cmd = [sys.executable, str(REPO / "scripts" / "rank_faults.py"), "--kills", "1", "--stalls", "1",
+    cmd = [sys.executable, "-m", "scripts.faults.ranks", "--kills", "1", "--stalls", "1",
            "--worlds", "2", "--timeout", str(timeout), "--window", "0.4", "--json", str(out),
            "--work", str(tmp_path / "work"), "--modes", "incremental-sync", "incremental-async", "incremental-stream"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -329,7 +329,7 @@ def test_small_campaign_detects_every_corruption(tmp_path):
     check refuses each incremental one with verify's own line. The undamaged sources verify clean."""
     out = tmp_path / "c.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "corruption_campaign.py"), "--trials", "20",
+    proc = subprocess.run([sys.executable, "-m", "scripts.faults.corruption", "--trials", "20",
                            "--native_trials", "7", "--no_real_load", "--seed", "3", "--json", str(out),
                            "--workdir", str(tmp_path)], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=400)

@@ -13,7 +13,7 @@ CPU (scripts/train_small.sh), one algorithm at a time, N steps with validation e
 
 Every run saves every --save-freq steps and validates every --test-freq steps, logs to wandb
 offline (runs/compare/<algo>/<variant>/wandb) and gets the ckpt/* save metrics. Then
-scripts/compare_runs.py draws docs/compare_<algo>.png and writes docs/compare_<algo>.md (the
+scripts/compare/runs.py draws docs/compare_<algo>.png and writes docs/compare_<algo>.md (the
 table, "identical" where a curve equals verl's defaults bit for bit).
 
 The policy starts warm: `python -m slimckpt.tiny --warmup-steps S` (a few seconds of supervised
@@ -42,12 +42,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import source_commit  # noqa: E402
+from scripts.provenance import source_commit
+from slimckpt.observe.wandb_history import HistoryError, RunHistory, read_offline_run, run_dirs
+from slimckpt.verl.recipes import list_recipes
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "scripts" / "train_small.sh"
-COMPARE = REPO / "scripts" / "compare_runs.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -78,9 +78,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def recipes(arg: str | None) -> list[str]:
     if arg:
         return [r for r in arg.split(",") if r]
-    sys.path.insert(0, str(REPO / "patches"))
-    from slimckpt.verl.recipes import list_recipes
-
     return [o.name for o in list_recipes()]
 
 
@@ -103,9 +100,6 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 def wandb_steps(wandb_dir: str | None) -> set[int]:
     """The steps whose training metrics the newest offline wandb run below wandb_dir has in its file."""
-    sys.path.insert(0, str(REPO / "patches"))
-    from slimckpt.observe.wandb_history import HistoryError, RunHistory, read_offline_run, run_dirs
-
     runs = run_dirs(wandb_dir) if wandb_dir and os.path.isdir(wandb_dir) else []
     if not runs:
         return set()
@@ -274,13 +268,13 @@ def main(argv=None) -> int:
         step = int(killed.rsplit(KILL_NOTE, 1)[1].split()[0])
         marks.append(f"{step}=SIGKILL of {r}_sigkill's whole process tree after this step, "
                      "resumed from its last checkpoint")
-    cmd = [sys.executable, str(COMPARE), *specs, *(f"--mark={m}" for m in marks),
+    cmd = [sys.executable, "-m", "scripts.compare.runs", *specs, *(f"--mark={m}" for m in marks),
            "--out", str(docs / f"compare_{args.algo}.png"),
            "--table", str(docs / f"compare_{args.algo}.md"),
            "--title", f"{args.algo} on the tiny model (CPU, 2 ranks, warm start: {args.warmup_steps} supervised steps): "
                       "verl defaults vs slimckpt recipes"]
     commit = source_commit()  # before the table is written: the code the runs above ran
-    rc = subprocess.call(cmd)
+    rc = subprocess.call(cmd, cwd=REPO)
     if rc == 0:
         add_provenance(docs / f"compare_{args.algo}.md", argv, commit)
     return rc
@@ -288,7 +282,7 @@ def main(argv=None) -> int:
 
 def add_provenance(table: Path, argv: list[str] | None, commit: str) -> None:
     """The table compare_runs.py wrote, headed by the command and commit that made it."""
-    command = "python scripts/quality_proof.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m scripts.compare.quality_proof " + " ".join(sys.argv[1:] if argv is None else argv)
     head = (f"Written by `{command.strip()}` at commit {commit}, {time.strftime('%Y-%m-%d')}; how to read it: "
             f"[training_comparison.md](training_comparison.md).\n\n")
     tmp = table.with_name(table.name + ".partial")

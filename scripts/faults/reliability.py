@@ -1,19 +1,19 @@
 """`make faults`: crash-safety figures of slimckpt next to verl 0.9.1's own checkpoint path, on CPU.
 
-    python scripts/reliability.py                      # 50 SIGKILL trials per mode + the other campaigns
-    python scripts/reliability.py --trials 5 --modes incremental-async merge
-    python scripts/reliability.py --render             # re-render RELIABILITY.md from docs/reliability/*.json
+    python -m scripts.faults.reliability                      # 50 SIGKILL trials per mode + the other campaigns
+    python -m scripts.faults.reliability --trials 5 --modes incremental-async merge
+    python -m scripts.faults.reliability --render             # re-render RELIABILITY.md from docs/reliability/*.json
 
 SIGKILL campaign: for each mode, a pair of ranks (forked from this process, which imported torch,
 transformers and verl once) trains a tiny FSDP2 Llama and its critic (PPO) and saves both every step,
-with the recipe files' checkpoint blocks as shipped, through verl's own trainer code (scripts/fault_trial.py says exactly what is real); at a uniformly random moment both
+with the recipe files' checkpoint blocks as shipped, through verl's own trainer code (scripts/faults/trial.py says exactly what is real); at a uniformly random moment both
 ranks are SIGKILLed; a fresh pair then resumes with resume_mode=auto through verl's
-`_load_checkpoint`, and the oracle (scripts/fault_oracle.py) compares the step and the state it
+`_load_checkpoint`, and the oracle (scripts/faults/oracle.py) compares the step and the state it
 loaded with what the savers recorded (hash of every rank's model, optimizer, scheduler+RNG, fsynced
 before each save). Merge modes kill `slimckpt merge` (or verl's own merger) part-way, check the
 target, then rerun it.
 
-Also runs scripts/corruption_campaign.py (its damaged-newest-step restarts too), scripts/env_faults.py and scripts/rank_faults.py (`--json OUT`) when they exist,
+Also runs scripts/faults/corruption.py (its damaged-newest-step restarts too), scripts/faults/env.py and scripts/faults/ranks.py (`--json OUT`) when they exist,
 then writes docs/reliability/*.json and RELIABILITY.md.
 """
 
@@ -31,12 +31,14 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+# lazy imports: slimckpt, torch and verl load after main() put --source's patches/ first and quiet_imports()
+# set the environment they read at import
+from scripts.faults import oracle, trial as fault_trial
+from scripts.faults.corruption import render_damaged
+from scripts.faults.ranks_report import render as render_rank_faults
+from scripts.faults.report import FAULT_SCRIPTS, OURS, SIDE_CODE, SIDE_MODULES, provenance, render_report
 
-import fault_oracle as oracle  # noqa: E402
-from fault_report import FAULT_SCRIPTS, OURS, SIDE_CODE, provenance  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 OUT_DIR = os.path.join(REPO, "docs", "reliability")
 REPORT = os.path.join(REPO, "RELIABILITY.md")
@@ -66,7 +68,6 @@ def _die_with_parent() -> None:
 
 def fork(body, *args, log: str | None = None) -> int:
     """A child running `body(*args)`; its stdout/stderr go to `log` (verl prints a lot)."""
-    import fault_trial
 
     sys.stdout.flush()
     sys.stderr.flush()
@@ -171,7 +172,6 @@ def wait_save_begin(trial_dir: str, pids: list[int], step: int, timeout: float =
 
 
 def resume(mode: str, trial_dir: str, keep: int | None) -> oracle.Resume:
-    import fault_trial
 
     pids = [fork(fault_trial.checker, mode, trial_dir, r, keep, log=os.path.join(trial_dir, f"check_rank_{r}.log"))
             for r in range(2)]
@@ -229,7 +229,6 @@ def tracker_names_uncommitted(mode: str, found: dict) -> bool:
 def calibrate(mode: str, work: str, keep: int | None) -> dict:
     """An uncut run of CALIBRATION_STEPS saves: the train+save period, and a resume that must be
     exact at the last step (checks the oracle itself)."""
-    import fault_trial
 
     trial_dir = fresh_dir(os.path.join(work, mode, "calibration"))
     pids = [fork(fault_trial.saver, mode, trial_dir, r, keep, CALIBRATION_STEPS,
@@ -258,7 +257,6 @@ def calibrate(mode: str, work: str, keep: int | None) -> dict:
 def save_trial(mode: str, work: str, index: int, rng: random.Random, window: float, keep: int | None) -> dict:
     """Kill both ranks at a uniform moment within `window` s of the start of the save of a random
     step 1..KILL_STEPS (so retention has run from step 2 or 3 on)."""
-    import fault_trial
 
     trial_dir = fresh_dir(os.path.join(work, mode, f"trial_{index:03d}"))
     pids = [fork(fault_trial.saver, mode, trial_dir, r, keep, fault_trial.MAX_STEPS,
@@ -359,7 +357,6 @@ def target_correct(kind: str, target: str, reference: dict[str, str]) -> bool:
 
 
 def merge_fixture(work: str) -> str:
-    import fault_trial
 
     out = os.path.join(work, "merge_fixture", "global_step_1", "actor")
     if os.path.exists(os.path.join(out, "fsdp_config.json")):
@@ -386,7 +383,6 @@ def start_merge(kind: str, fixture: str, target: str, overwrite: bool,
                 log: str) -> tuple[int, float, float | None, int | None]:
     """Fork a merge and poll (1 ms) until its output appears or it exits:
     (pid, start, when the output appeared, wait status if it already exited)."""
-    import fault_trial
 
     t0 = time.monotonic()
     pid = fork(fault_trial.merge_child, kind, fixture, target, overwrite, log=log)
@@ -490,7 +486,6 @@ def sigkill_campaign(runs: list[tuple[str, int | None]], trials: int, seed: int,
         key = run_key(mode, keep)
         t0 = time.monotonic()
         if mode in SAVE_MODES:
-            import fault_trial
 
             entry = {"kind": "save", "mode": mode, "max_ckpt_to_keep": keep,
                      "checkpoint": fault_trial.checkpoint_block(mode),
@@ -558,15 +553,15 @@ def summarize(entry: dict) -> dict:
 def side_campaign(script: str, out: str, source: str | None = None, args: tuple[str, ...] = ()) -> dict | None:
     """Another helper's campaign script, when it exists: `python <script> --json OUT`, on the snapshot's
     slimckpt when there is one (--source/--snapshot), as the SIGKILL campaign."""
-    path = os.path.join(HERE, script)
-    if not os.path.exists(path):
+    module = SIDE_MODULES[script]
+    if not os.path.exists(os.path.join(REPO, *module.split(".")) + ".py"):
         return None
     env = dict(os.environ)
     if source:
         env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.abspath(source), "patches")]
                                             + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, path, *args, "--json", out], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", module, *args, "--json", out], cwd=REPO, capture_output=True, text=True,
                           env=env)
     seconds = time.monotonic() - t0
     if proc.returncode != 0 and not os.path.exists(out):
@@ -690,7 +685,7 @@ def run_sigkill(args: argparse.Namespace, argv: list[str] | None) -> dict:
     sigkill = sigkill_campaign(runs, args.trials, args.seed, args.work, out_path)
     sigkill["seconds"] = round(time.monotonic() - t0, 1)
     sigkill["load_average_1min"] = {"start": round(load_start, 1), "end": round(os.getloadavg()[0], 1)}
-    sigkill["command"] = "python scripts/reliability.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    sigkill["command"] = "python -m scripts.faults.reliability " + " ".join(argv if argv is not None else sys.argv[1:])
     sigkill["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                           "verl": verl.__version__}
     sigkill["source"] = source_note()
@@ -717,7 +712,6 @@ def quiet_imports() -> None:
     import torch
 
     torch.set_num_threads(1)
-    import fault_trial  # noqa: F401
     import transformers  # noqa: F401
     import verl  # noqa: F401
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: F401
@@ -757,7 +751,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.path.join(os.path.abspath(args.source), "patches"))
     if not args.render:
         quiet_imports()
-        import fault_trial
 
         if args.source:
             fault_trial.RECIPES_DIR = os.path.join(os.path.abspath(args.source), "recipes")
@@ -786,19 +779,13 @@ def main(argv: list[str] | None = None) -> int:
             with open(os.path.join(OUT_DIR, "side_runs.json"), "w") as f:
                 json.dump(runs, f, indent=1)
     if not args.no_report:
-        from fault_report import render_report
-
         text = render_report(load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"),
                              load_json("side_runs.json"))
         lost = load_json("rank_faults.json")
         if lost is not None and "modes" in lost:  # one rank lost mid-save or mid-merge
-            import rank_faults
-
-            text = text.rstrip("\n") + "\n\n" + rank_faults.render(lost)
+            text = text.rstrip("\n") + "\n\n" + render_rank_faults(lost)
         damaged = load_json("damaged_restarts.json")
         if damaged is not None and "outcomes" in damaged:  # the newest step damaged, then a restart
-            from corruption_campaign import render_damaged
-
             text = text.rstrip("\n") + "\n\n" + render_damaged(damaged)
         with open(REPORT, "w") as f:
             f.write(text)

@@ -1,4 +1,4 @@
-"""Children of the SIGKILL campaign (scripts/reliability.py), forked from a parent that imported
+"""Children of the SIGKILL campaign (scripts/faults/reliability.py), forked from a parent that imported
 torch, transformers and verl once. Nothing here re-implements verl's checkpoint decisions:
 
 - the trainer's side is verl's own `PPOTrainer._save_checkpoint` / `_load_checkpoint` (the v1
@@ -28,7 +28,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES_DIR = os.path.join(REPO, "recipes")  # reliability.py --source points it at a snapshot's recipes/
 WORLD = 2
 VOCAB = 64

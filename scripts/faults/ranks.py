@@ -1,12 +1,12 @@
 """One rank lost while the others are inside a save's or a distributed merge's collectives.
 
-    python scripts/rank_faults.py                         # the full campaign (see --kills/--stalls)
-    python scripts/rank_faults.py --kills 4 --stalls 2 --modes incremental-async merge
-    python scripts/rank_faults.py --render                # print the RELIABILITY.md section of the JSON
+    python -m scripts.faults.ranks                         # the full campaign (see --kills/--stalls)
+    python -m scripts.faults.ranks --kills 4 --stalls 2 --modes incremental-async merge
+    python -m scripts.faults.ranks --render                # print the RELIABILITY.md section of the JSON
 
 `make faults` SIGKILLs every rank at once (a preempted job). Here ONE rank of 2 or 3 is SIGKILLed
 (a node dies) or SIGSTOPped for longer than the process group's timeout, then SIGCONTed or
-SIGKILLed (a node that hangs), at a uniform moment of a save (the ranks run scripts/fault_trial.py's
+SIGKILLed (a node that hangs), at a uniform moment of a save (the ranks run scripts/faults/trial.py's
 saver: verl's own `_save_checkpoint` and FSDPCheckpointManager on a tiny FSDP2 Llama over gloo,
 with the process group's timeout set short, `--timeout`) or of `slimckpt merge --distributed_merge`
 under torchrun. Each trial is classified:
@@ -16,7 +16,7 @@ under torchrun. Each trial is classified:
   every process it starts), or a slimckpt lock file was still locked once every rank was gone;
 - **committed partial** (bad): the tracker names a step without its manifest, or the resume loaded
   a step whose state is not the one recorded before its save;
-- **wrong resume** (bad): any other bad outcome of scripts/fault_oracle.py (a committed step lost,
+- **wrong resume** (bad): any other bad outcome of scripts/faults/oracle.py (a committed step lost,
   the resume crashed);
 - **exact** / **clean**: the relaunch resumed exactly the last committed step (or one whose commit
   point had just passed), or started clean when nothing was committed yet. For a merge: no target
@@ -41,14 +41,13 @@ import time
 import traceback
 from datetime import timedelta
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+from scripts.faults import oracle, reliability as rel, trial as fault_trial
+from scripts.faults.ranks_report import BAD, render, summarize
 
-import fault_oracle as oracle  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 OUT = os.path.join(REPO, "docs", "reliability", "rank_faults.json")
-# mode -> (recipe or None, checkpoint overrides); the first four are scripts/fault_trial.py's
+# mode -> (recipe or None, checkpoint overrides); the first four are scripts/faults/trial.py's
 SAVE_MODES = {
     "verl-default": (None, {}),
     "incremental-sync": ("incremental", {"async_save": False}),
@@ -65,8 +64,6 @@ SLACK_S = 15.0  # beyond the group's timeout: naming the lost rank (a few heartb
 WINDOW_FACTOR = 1.3
 TIMEOUT_S = [20.0]
 KEEP_ALL = [False]  # --keep-dirs  # the process group's timeout of the ranks (set by --timeout before any fork)
-GOOD = ("exact", "clean")
-BAD = ("hung", "orphan", "committed-partial", "wrong-resume")
 NAMED = re.compile(r"rank (\d+) of (\d+) stopped answering|rank\s*: (\d+) \(local_rank")
 
 
@@ -204,7 +201,6 @@ def init_group(trial_dir: str, rank: int, tag: str) -> None:
     """fault_trial's process group with this campaign's (short) timeout."""
     import torch
     import torch.distributed as dist
-    import fault_trial
 
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(trial_dir, f"store_{tag}"), fault_trial.WORLD)
@@ -216,7 +212,6 @@ def rank_saver(mode: str, trial_dir: str, rank: int, keep: int | None, steps: in
     """fault_trial's saver; a failure ends this rank as an interpreter exit would (atexit: slimckpt
     finishes, or fails, the background write in flight), so what it says about a lost peer is in the
     log."""
-    import fault_trial
 
     try:
         fault_trial.saver(mode, trial_dir, rank, keep, steps)
@@ -233,7 +228,6 @@ def run_or_raise(run, message: list) -> None:
     """fault_trial's worker-group call, as Ray's is when a worker fails: the failing rank raises at
     once (fault_trial's gathers every rank's error first, one more collective with the lost rank,
     which would hold this rank for another group timeout)."""
-    import fault_trial
     import torch.distributed as dist
 
     fault_trial.execute(run, message[0], message[1])
@@ -243,7 +237,6 @@ def run_or_raise(run, message: list) -> None:
 
 def setup_children(world: int) -> None:
     """Before any fork: the ranks' world size, our group timeout, our modes, Ray's failure semantics."""
-    import fault_trial
 
     fault_trial.WORLD = world
     fault_trial._init = init_group
@@ -252,7 +245,6 @@ def setup_children(world: int) -> None:
 
 
 def fork_ranks(body, world: int, trial_dir: str, prefix: str, *args) -> list[int]:
-    import reliability as rel
 
     return [rel.fork(body, *args[:1], trial_dir, r, *args[1:], log=os.path.join(trial_dir, f"{prefix}_rank_{r}.log"))
             for r in range(world)]
@@ -268,7 +260,6 @@ def read_events(trial_dir: str, world: int) -> dict[int, list[oracle.Event]]:
 
 
 def resume(mode: str, trial_dir: str, keep: int | None, world: int) -> oracle.Resume:
-    import fault_trial
 
     pids = fork_ranks(fault_trial.checker, world, trial_dir, "check", mode, keep)
     ended = wait_until(pids, time.monotonic() + 120.0)
@@ -296,7 +287,6 @@ def resume(mode: str, trial_dir: str, keep: int | None, world: int) -> oracle.Re
 def calibrate(mode: str, world: int, work: str, keep: int | None) -> dict:
     """An uncut run of KILL_STEPS saves: the time from a save's start to its commit, and a resume
     that must be exact."""
-    import reliability as rel
 
     trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", "calibration"))
     pids = fork_ranks(rank_saver, world, trial_dir, "save", mode, keep, KILL_STEPS)
@@ -317,7 +307,6 @@ def calibrate(mode: str, world: int, work: str, keep: int | None) -> dict:
 
 def save_trial(mode: str, world: int, fault: str, work: str, index: int, rng: random.Random, window: float,
                keep: int | None) -> dict:
-    import reliability as rel
 
     timeout = TIMEOUT_S[0]
     trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", f"{fault}_{index:03d}"))
@@ -381,15 +370,6 @@ def in_save(events: list[oracle.Event], t: float) -> bool:
     return bool(begun) and begun[-1] not in done
 
 
-def _in_save(t: dict) -> bool:
-    """A trial's in_save (merge trials: always; older results: from rank 0's phase)."""
-    if "in_save" in t:
-        return t["in_save"]
-    if "hit" in t:  # a merge: the fault found the merge still running
-        return t["hit"]
-    return t.get("phase_rank0", "save") not in ("train", "hash", "committed", "ready", "setup")
-
-
 def _keep_or_remove(trial: dict, trial_dir: str) -> dict:
     if trial["outcome"] in BAD or KEEP_ALL[0]:
         trial["kept_dir"] = trial_dir
@@ -432,7 +412,6 @@ def workers_of(agent: int) -> dict[int, int]:
 
 
 def merge_calibration(world: int, work: str, fixture: str) -> dict:
-    import reliability as rel
     from slimckpt.format.merge_manifest import partial_path
 
     trial_dir = rel.fresh_dir(os.path.join(work, f"merge@ws{world}", "calibration"))
@@ -458,7 +437,6 @@ def merge_calibration(world: int, work: str, fixture: str) -> dict:
 
 def merge_trial(world: int, fault: str, work: str, fixture: str, index: int, rng: random.Random, window: float,
                 reference: dict[str, str]) -> dict:
-    import reliability as rel
     from slimckpt.format.merge_manifest import partial_path
 
     timeout = TIMEOUT_S[0]
@@ -536,18 +514,8 @@ def _state(pid: int) -> str | None:
 # --------------------------------------------------------------------------- campaign
 
 
-def summarize(trials: list[dict]) -> dict:
-    outcomes = [t["outcome"] for t in trials]
-    ends = [t["survivors_end_s"] for t in trials if t["survivors_end_s"] is not None]
-    return {"outcomes": oracle.tally(outcomes), "bad": sum(o in BAD for o in outcomes),
-            "kills": sum(t["fault"] == "kill" for t in trials), "stalls": sum(t["fault"] == "stall" for t in trials),
-            "named": sum(t["named"] for t in trials), "in_save": sum(_in_save(t) for t in trials),
-            "named_in_save": sum(t["named"] for t in trials if _in_save(t)), "end_s": oracle.quantiles(ends)}
-
-
 def campaign(modes: list[str], worlds: list[int], kills: int, stalls: int, seed: int, work: str, keep: int,
              out: str | None, window_s: float | None = None) -> dict:
-    import reliability as rel
 
     rng = random.Random(seed)
     result: dict = {"kills_per_mode": kills, "stalls_per_mode": stalls, "world_sizes": worlds, "seed": seed,
@@ -602,66 +570,6 @@ def campaign(modes: list[str], worlds: list[int], kills: int, stalls: int, seed:
 # --------------------------------------------------------------------------- report
 
 
-LABELS = {
-    "verl-default": "verl 0.9.1 default (slimckpt off)",
-    "incremental-sync": "`+recipe=incremental` (export on)",
-    "incremental-async": "`+recipe=incremental` `async_save=true` (export on)",
-    "incremental-stream": "`+recipe=incremental` `async_save=stream` (export on)",
-    "incremental-sync-noexport": "`+recipe=incremental` `export_hf=false`",
-    "incremental-async-noexport": "`+recipe=incremental` `async_save=true` `export_hf=false`",
-    "incremental-stream-noexport": "`+recipe=incremental` `async_save=stream` `export_hf=false`",
-    "merge": "`torchrun ... slimckpt merge --distributed_merge`",
-}
-
-
-def render(data: dict) -> str:
-    """The RELIABILITY.md section."""
-    lines = ["## One rank lost mid-save or mid-merge", "",
-             f"`{data.get('command', 'python scripts/rank_faults.py')}` on {data.get('source', '?')}; "
-             f"world sizes {', '.join(map(str, data['world_sizes']))}, process group timeout {data['timeout_s']:.0f} s "
-             f"(a survivor still running {data['timeout_s'] + data['slack_s']:.0f} s after the fault counts as hung), "
-             f"seed {data['seed']}, {data.get('seconds', 0) / 60:.1f} min.", "",
-             "| mode | kills | stalls | exact | clean | hung | orphan | committed partial | wrong resume | "
-             "lost rank named: faults in a save / all | survivors ended after (s, min/median/max) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for mode, e in data["modes"].items():
-        s = summarize(e["trials"])
-        c = s["outcomes"]
-        q = s["end_s"]
-        ended = f"{q[0]:.1f} / {q[2]:.1f} / {q[4]:.1f}" if q else "—"
-        n = len(e["trials"])
-        lines.append(f"| {LABELS.get(mode, mode)} | {s['kills']} | {s['stalls']} | {c.get('exact', 0)} | "
-                     f"{c.get('clean', 0)} | {c.get('hung', 0)} | {c.get('orphan', 0)} | "
-                     f"{c.get('committed-partial', 0)} | {c.get('wrong-resume', 0)} | "
-                     f"{s['named_in_save']} of {s['in_save']} / {s['named']} of {n} | {ended} |")
-    ours = [e for m, e in data["modes"].items() if m != "verl-default"]
-    lines += ["", f"**slimckpt: {sum(e['summary']['bad'] for e in ours)} bad outcomes in "
-                  f"{sum(len(e['trials']) for e in ours)} single-rank faults.**"
-              + (f" verl 0.9.1's own save path: {data['modes']['verl-default']['summary']['bad']} bad in "
-                 f"{len(data['modes']['verl-default']['trials'])}." if "verl-default" in data["modes"] else ""), ""]
-    errors = [f"- {m}: {err}" for m, e in data["modes"].items() for err in e.get("errors", [])]
-    bad = [f"- {m} ws{t['world']} {t['fault']} {t['trial']}: {t['outcome']} (victim rank {t['victim']}, "
-           f"{t.get('why') or t.get('resume')}; orphans {t['orphans']}, locks {t['locks_held']})"
-           for m, e in data["modes"].items() for t in e["trials"] if t["outcome"] in BAD]
-    if errors or bad:
-        lines += ["What went wrong:", "", *errors, *bad[:12], ""]
-    lines += [
-        "How: a fault lands at a uniform moment within 1.3x the calibrated time from a save's start to its",
-        "commit (saves of steps 1-3), or, for the merge, within 1.15x the time from `<target>.partial`'s",
-        "appearance to its rename into the target in an uncut run; the lost rank is drawn uniformly, rank 0",
-        "included. A stall is SIGSTOP until every survivor ended (or the hang deadline), then SIGCONT or",
-        "SIGKILL, alternately.",
-        "*Lost rank named*: a survivor's output has a line naming that rank (slimckpt's `rank R of W stopped",
-        "answering`, or torchrun's failure summary for the merge, whose agent ends the other workers when one",
-        "dies); *in a save*: a save had begun and was not committed yet at the fault (per rank 0's log), the",
-        "rest landed in the next step's training, whose collectives fail with the backend's own error.",
-        "The process group is gloo over a FileStore (the save) or torchrun's store (the merge); every process",
-        "a trial starts is re-parented to the campaign if orphaned (PR_SET_CHILD_SUBREAPER), so none can",
-        "survive unseen; lock files are probed with a non-blocking flock once every rank is gone. verl's own",
-        "row has the same harness with slimckpt off; verl 0.9.1 has no distributed merge to compare.", ""]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -689,7 +597,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.trials is not None:
         args.kills, args.stalls = args.trials, max(1, args.trials // 3)
     TIMEOUT_S[0], KEEP_ALL[0] = args.timeout, args.keep_dirs
-    import reliability as rel
 
     rel.quiet_imports()  # torch, transformers and verl imported once, before any fork
     import torch
@@ -702,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     data = campaign(args.modes, args.worlds, args.kills, args.stalls, args.seed, args.work, args.keep, args.json,
                     args.window)
     data["seconds"] = round(time.monotonic() - t0, 1)
-    data["command"] = "python scripts/rank_faults.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    data["command"] = "python -m scripts.faults.ranks " + " ".join(argv if argv is not None else sys.argv[1:])
     data["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__, "verl": verl.__version__}
     data["source"] = source
     data.update(provenance)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """`slimckpt plan` next to the saves `make bench` measured: bytes and rank 0's host memory, predicted and measured.
 
-  python scripts/plan_check.py                         # print the table (docs/bench_save.json's saves)
-  python scripts/plan_check.py --out docs/plan_check.md   # write it into that file's marked section
-  python scripts/plan_check.py --json docs/bench_save.json --world-size 2
+  python -m scripts.bench.plan_check                         # print the table (docs/bench_save.json's saves)
+  python -m scripts.bench.plan_check --out docs/plan_check.md   # write it into that file's marked section
+  python -m scripts.bench.plan_check --json docs/bench_save.json --world-size 2
 
-Every committed save of scripts/bench_save.py (a Llama preset of slimckpt.testing.fsdp_checkpoint,
+Every committed save of scripts/bench/save.py (a Llama preset of slimckpt.testing.fsdp_checkpoint,
 FSDP2, world size 2, on CPU: model, optimizer and extra state, with verl's hf_model or the
 incremental recipe's export) is planned from the preset's config.json with `--device cpu --fsdp 2`:
 the plan is what `slimckpt plan` prints for it. A point agrees when the bytes written are within
@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- plan-check:begin -->", "<!-- plan-check:end -->"
 BYTES_TOLERANCE = 0.001
 MEMORY_TOLERANCE = 0.15
@@ -109,7 +109,7 @@ def table(found: list[Point], meta: dict) -> str:
     lines = [f"{BEGIN}",
              f"`slimckpt plan --device cpu --fsdp 2 --world-size 2` for each save `make bench` measured "
              f"(docs/bench_save.json, commit {meta.get('commit', '?')}, {meta.get('date', '?')}; "
-             f"`python scripts/plan_check.py --out docs/plan_check.md`). Bytes agree within "
+             f"`python -m scripts.bench.plan_check --out docs/plan_check.md`). Bytes agree within "
              f"{BYTES_TOLERANCE:.1%} (the plan leaves out pickle framing, headers, configs, manifests); host "
              f"memory is rank 0's extra peak RssAnon, agreeing within {MEMORY_TOLERANCE:.0%} or "
              f"{MEMORY_SLACK // MiB} MiB, whichever is larger.",
@@ -138,7 +138,7 @@ def write_section(section: str, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", default=str(REPO / "docs" / "bench_save.json"), help="scripts/bench_save.py's results")
+    p.add_argument("--json", default=str(REPO / "docs" / "bench_save.json"), help="scripts/bench/save.py's results")
     p.add_argument("--world-size", type=int, default=2, help="the bench's ranks (its --nproc)")
     p.add_argument("--out", default=None, help="a markdown file whose plan-check section to write")
     args = p.parse_args(argv)

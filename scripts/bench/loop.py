@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Saves inside verl's real training loop: async_save off / pool / stream, side by side.
 
-  python scripts/bench_loop.py                                  # 3 runs (sync, pool, stream) -> BENCHMARKS.md
-  python scripts/bench_loop.py --steps 4 --out /tmp/b.md --json /tmp/b.json      # a quick look
-  python scripts/bench_loop.py --size 0.25b --steps 4 --json docs/bench_loop_0.25b.json   # a 0.26B Llama
+  python -m scripts.bench.loop                                  # 3 runs (sync, pool, stream) -> BENCHMARKS.md
+  python -m scripts.bench.loop --steps 4 --out /tmp/b.md --json /tmp/b.json      # a quick look
+  python -m scripts.bench.loop --size 0.25b --steps 4 --json docs/bench_loop_0.25b.json   # a 0.26B Llama
       (its actor update peaks at ~5 GiB per rank: on a 24 GB machine shared with other runs Ray's
       memory monitor killed it; not part of `make bench`)
-  python scripts/bench_loop.py --render docs/bench_loop.json --out BENCHMARKS.md  # re-render, no runs
+  python -m scripts.bench.loop --render docs/bench_loop.json --out BENCHMARKS.md  # re-render, no runs
 
 Each mode is one run of verl 0.9.1's `python -m verl.trainer.main_ppo` (scripts/train_small.sh: GRPO,
 2 ranks, FSDP2 over gloo on the CPU, slimckpt's hf rollout, the tiny model) with `+recipe=incremental`
@@ -36,12 +36,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_save import write_section  # noqa: E402  one way to replace a marked section of BENCHMARKS.md
-from provenance import source_commit  # noqa: E402
+from scripts.bench.save import write_section  # one way to replace a marked section of BENCHMARKS.md
+from scripts.provenance import source_commit
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODES = {"sync": "false", "pool": "pool", "stream": "stream"}
 MARKERS = "<!-- save-loop{}:begin -->", "<!-- save-loop{}:end -->"
 
@@ -223,7 +222,7 @@ def main() -> int:
             print(f"[bench-loop] {mode}: {rows[-1]['blocked']}, rss {rows[-1]['extra_rss']}, "
                   f"commit {rows[-1]['to_commit']}", flush=True)
         result = {"rows": rows, "meta": {
-            "command": "python scripts/bench_loop.py" + (f" --steps {args.steps}" if args.steps != 6 else "")
+            "command": "python -m scripts.bench.loop" + (f" --steps {args.steps}" if args.steps != 6 else "")
             + (f" --size {args.size}" if args.size != "tiny" else ""),
             "date": time.strftime("%Y-%m-%d"), "commit": commit, "steps": args.steps,
             "size": args.size,

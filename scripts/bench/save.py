@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Save benchmark: verl 0.9.1's own FSDPCheckpointManager save vs +recipe=incremental, same run.
 
-  python scripts/bench_save.py                                   # 0.25b,0.5b,1b, 3 saves each -> BENCHMARKS.md
-  python scripts/bench_save.py --sizes 0.25b --repeats 1 --out /tmp/b.md --json /tmp/b.json   # a quick look
-  python scripts/bench_save.py --render /tmp/b.json --out BENCHMARKS.md                       # re-render, no runs
-  python scripts/bench_save.py --sizes 0.25b --modes incremental,async,stream --tag stream-0.25b   # own section
-  python scripts/bench_save.py --fsdp 1 --sizes 0.5b,1b --modes verl,incremental --tag fsdp1   # FSDP1 rows
+  python -m scripts.bench.save                                   # 0.25b,0.5b,1b, 3 saves each -> BENCHMARKS.md
+  python -m scripts.bench.save --sizes 0.25b --repeats 1 --out /tmp/b.md --json /tmp/b.json   # a quick look
+  python -m scripts.bench.save --render /tmp/b.json --out BENCHMARKS.md                       # re-render, no runs
+  python -m scripts.bench.save --sizes 0.25b --modes incremental,async,stream --tag stream-0.25b   # own section
+  python -m scripts.bench.save --fsdp 1 --sizes 0.5b,1b --modes verl,incremental --tag fsdp1   # FSDP1 rows
 
 For every size and mode one fresh `torchrun` (world size 2, FSDP2, gloo, CPU) builds a Llama of
 slimckpt.testing.fsdp_checkpoint's preset with random weights and a filled AdamW state, wraps it
@@ -50,11 +50,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scripts.provenance import source_commit
 
-from provenance import source_commit  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SIZES = ("0.25b", "0.5b", "1b")
 MODES = ("verl", "incremental", "async", "stream")
 MODE_LABEL = {"verl": "verl 0.9.1 (hf_model)", "incremental": "incremental (sync)", "async": "incremental (async)",
@@ -99,8 +97,8 @@ class WindowSampler:
     """The worker's handle on its sampler process."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--sample-pid", str(os.getpid())],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "scripts.bench.save", "--sample-pid", str(os.getpid())],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
 
     def _ask(self, command: str) -> int:
         self.proc.stdin.write(command + "\n")
@@ -325,7 +323,7 @@ def run_one(size: str, mode: str, args: argparse.Namespace, work: Path) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"save-{size}-{mode}-", dir=work))
     log_path = work / f"save-{size}-{mode}.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-           __file__, "--worker", "--mode", mode, "--preset", size, "--repeats", str(args.repeats), "--out", str(out),
+           "-m", "scripts.bench.save", "--worker", "--mode", mode, "--preset", size, "--repeats", str(args.repeats), "--out", str(out),
            "--fsdp", str(args.fsdp)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "patches"), os.environ.get("PYTHONPATH")]))}
@@ -333,7 +331,7 @@ def run_one(size: str, mode: str, args: argparse.Namespace, work: Path) -> dict:
         env["SLIMCKPT_DISABLE"] = "1"
     try:
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
             try:
                 code = proc.wait(timeout=args.timeout)
             except subprocess.TimeoutExpired:
@@ -527,7 +525,7 @@ Async blocking time, by phase (rank 0, last save, seconds):
 
 def write_section(section: str, path: Path) -> None:
     """Replace this benchmark's marked section of the report (or append it); the rest of the file
-    (scripts/bench.py's merge section) is left as it is."""
+    (scripts/bench/merge.py's merge section) is left as it is."""
     begin, end = section.split("\n", 1)[0], section.rstrip("\n").rsplit("\n", 1)[1]
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     if begin in text and end in text:
@@ -584,7 +582,7 @@ def driver(args: argparse.Namespace) -> int:
                        f"(ranks {[round(v / 2**20) for v in row['peak_extra_per_rank']]}), wall {row['wall_s']:.1f} s, "
                        f"blocking {row['blocking_s']:.2f} s, HF safetensors {row['hf_safetensors']}, "
                        f"timings {row['timings_s'][-1]}")
-    command = "python scripts/bench_save.py" + (f" --sizes {args.sizes}" if args.sizes != ",".join(SIZES) else "") \
+    command = "python -m scripts.bench.save" + (f" --sizes {args.sizes}" if args.sizes != ",".join(SIZES) else "") \
         + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
     command += f" --modes {args.modes}" if args.modes != ",".join(MODES) else ""
     command += f" --tag {args.tag}" if args.tag else ""

@@ -1,14 +1,15 @@
-"""RELIABILITY.md from docs/reliability/*.json (scripts/reliability.py writes them; `--render` re-renders).
+"""RELIABILITY.md from docs/reliability/*.json (scripts/faults/reliability.py writes them; `--render` re-renders).
 
 Every row is checked against HEAD (`staleness`): a row whose recorded commit differs from HEAD in the
 code that row exercises is marked **[stale]** and a line under its table names the commit and the
 paths changed since; one whose commit is not recorded, not in the repository, or cannot be checked
-(no git) is marked **[commit unknown]**. Re-rendering (`python scripts/reliability.py --render`)
+(no git) is marked **[commit unknown]**. Re-rendering (`python -m scripts.faults.reliability --render`)
 re-checks without rerunning anything.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -16,19 +17,22 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import fault_oracle as oracle
+from scripts.faults import oracle
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The code each row exercises (fault_report.py only renders, so it is not in any list; verl is pinned):
 # the SIGKILL campaign's drivers, slimckpt's code, and what each side campaign runs.
-FAULT_SCRIPTS = ("scripts/reliability.py", "scripts/fault_trial.py", "scripts/fault_oracle.py")
+FAULT_SCRIPTS = ("scripts/faults/reliability.py", "scripts/faults/trial.py", "scripts/faults/oracle.py")
 OUR_CODE = ("patches", "recipes")
 SIDE_CODE = {
-    "corruption_campaign.py": OUR_CODE + ("scripts/corruption_campaign.py",),
-    # env_faults.py takes its checkpoint builder and its resume scenario from tests/
-    "env_faults.py": OUR_CODE + ("scripts/env_faults.py", "tests/merge_helpers.py", "tests/resume_scenarios.py"),
+    "corruption_campaign.py": OUR_CODE + ("scripts/faults/corruption.py",),
+    # env_faults.py takes its checkpoint builder and its resume scenario from slimckpt.testing (in patches)
+    "env_faults.py": OUR_CODE + ("scripts/faults/env.py",),
 }
+# the campaigns `make faults` runs besides the SIGKILL one, by the name side_runs.json records them under
+SIDE_MODULES = {"corruption_campaign.py": "scripts.faults.corruption", "env_faults.py": "scripts.faults.env",
+                "rank_faults.py": "scripts.faults.ranks"}
 STALE, UNKNOWN = "stale", "commit unknown"
 
 
@@ -281,9 +285,9 @@ def _side(title: str, side: dict | None, script: str, name: str, seconds: float 
           flag: Flag | None = None) -> list[str]:
     """Another campaign's section, rendered by that script's own `render`."""
     if side is None:
-        return [f"## {title}", "", f"Not run: no docs/reliability/{name} (`scripts/{script}` missing or skipped).", ""]
+        return [f"## {title}", "", f"Not run: no docs/reliability/{name} (`{SIDE_MODULES[script]}` missing or skipped).", ""]
     took = f", {seconds / 60:.1f} min here" if seconds else ""
-    out = [f"## {title}", "", f"`python scripts/{script} --json docs/reliability/{name}` (run by `make faults`{took}; "
+    out = [f"## {title}", "", f"`python -m {SIDE_MODULES[script]} --json docs/reliability/{name}` (run by `make faults`{took}; "
                               f"rendered by that script).", ""]
     if flag is not None:
         out += [f"**[{flag.marker}]** every figure of this section: {flag.note} "
@@ -291,9 +295,7 @@ def _side(title: str, side: dict | None, script: str, name: str, seconds: float 
     if "error" in side:
         return out + [f"Failed: {side['error']}", ""]
     try:
-        import importlib
-
-        module = importlib.import_module(script[:-3])
+        module = importlib.import_module(SIDE_MODULES[script])
         if "rows" in side:
             return out + [module.render(side["rows"]), ""]
         return out + ["```", module.render(side), "```", ""]
@@ -309,7 +311,7 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
     check = check or Checker()
     lines = ["# Reliability", "",
              "What a crash does to a checkpoint, measured. Every figure here is written by one command,",
-             "`make faults` (`python scripts/reliability.py`), from the JSON in `docs/reliability/`.", ""]
+             "`make faults` (`python -m scripts.faults.reliability`), from the JSON in `docs/reliability/`.", ""]
     if sigkill is None:
         return "\n".join(lines + ["No SIGKILL results yet: run `make faults`.", ""])
     modes = sigkill["modes"]
@@ -337,7 +339,7 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         f"{m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}, verl {m.get('verl', '?')}; "
         f"the rows below took {sigkill.get('seconds', 0) / 60:.1f} min"
         + (f"; slimckpt source: {sigkill['source']}" if sigkill.get("source") else "") + ". Commands:", "",
-        *[f"- `{c}`" for c in [sigkill.get("command", "python scripts/reliability.py")]
+        *[f"- `{c}`" for c in [sigkill.get("command", "python -m scripts.faults.reliability")]
           + list(sigkill.get("extra_commands", []))], "",
         f"**slimckpt: {ours_bad} bad outcomes in {ours_n} kills. verl 0.9.1's own paths: {verl_bad} bad in "
         f"{verl_n}.**" + (f" {len(flagged)} of the {len(flags)} rows below ran on code that is not HEAD's or cannot "
@@ -394,7 +396,7 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "  cut or kernel crash also drops unsynced pages, so what matters then is fsync (slimckpt fsyncs files,",
         "  the manifest and the tracker before the rename; verl fsyncs nothing). Not simulated here.",
         "- **One rank dying alone** or stalling: not here, in the section \"One rank lost mid-save or mid-merge\"",
-        "  below (scripts/rank_faults.py). Network filesystems (rename and fsync semantics differ on",
+        "  below (scripts/faults/ranks.py). Network filesystems (rename and fsync semantics differ on",
         "  NFS/Lustre); GPU runs (device-to-host copies, pinned staging) — the save paths are the same code,",
         "  but timing differs.",
         "- A tiny model: a save takes a fraction of a second, so a kill lands in each phase in proportion to its",

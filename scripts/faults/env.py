@@ -2,9 +2,9 @@
 """Environment faults x write paths: does each failure give one clear line, fail (nonzero exit or
 an exception), and leave nothing that looks committed? verl's own paths are run next to ours.
 
-    python scripts/env_faults.py                     # table on stdout (about 1-2 min on 2 cores)
-    python scripts/env_faults.py --json faults.json  # + the rows as JSON (scripts/reliability.py)
-    python scripts/env_faults.py --paths merge,verl_merge --faults lock
+    python -m scripts.faults.env                     # table on stdout (about 1-2 min on 2 cores)
+    python -m scripts.faults.env --json faults.json  # + the rows as JSON (scripts/faults/reliability.py)
+    python -m scripts.faults.env --paths merge,verl_merge --faults lock
 
 Faults (how each is made; the report says which mechanism ran):
   disk_full    a tmpfs mounted at a few hundred KiB (needs mount permission: root or CAP_SYS_ADMIN;
@@ -52,7 +52,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# lazy imports: a child sets its rank environment and resource limits before torch and slimckpt load
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = ["disk_full", "fsize_limit", "read_only", "permission", "lock", "export_full"]
 MERGE_PATHS = ["merge", "verl_merge"]
 SAVE_PATHS = ["verl_save", "quickstart", "intermediate", "incremental_sync", "incremental_async",
@@ -185,12 +186,10 @@ def tracker_moved(target: str) -> bool:
 
 def make_source(work: str) -> str:
     """A small verl FSDP checkpoint (one rank), big enough to fill the tmpfs when merged."""
-    sys.path.insert(0, REPO)
-    from tests.merge_helpers import synthetic_checkpoint, tiny_llama_config
-
     from pathlib import Path
 
     from slimckpt.testing.fsdp_checkpoint import build_tokenizer
+    from slimckpt.testing.synthetic import synthetic_checkpoint, tiny_llama_config
 
     cfg = tiny_llama_config(vocab_size=512, hidden_size=128, intermediate_size=256)
     actor = synthetic_checkpoint(Path(work) / "source" / "global_step_1" / "actor", 1, cfg)
@@ -285,10 +284,8 @@ def calibrate(args: argparse.Namespace) -> int:
                        "LOCAL_RANK": "0"})
     import torch.distributed as dist
 
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    from resume_scenarios import Run
-
     from slimckpt.save import resume_async
+    from slimckpt.testing.resume_scenarios import Run
     from slimckpt.verl.features import switch_on
 
     switch_on("checkpoint")
@@ -324,10 +321,8 @@ def child(args: argparse.Namespace) -> int:
                        "LOCAL_RANK": "0"})
     import torch.distributed as dist
 
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    from resume_scenarios import Run
-
     from slimckpt.save import resume_async
+    from slimckpt.testing.resume_scenarios import Run
     from slimckpt.verl.features import switch_on
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -382,7 +377,7 @@ def calibration_size(env: Env, path: str, port: int) -> int:
     """export_full's tmpfs size for `path` (a calibration save in a child, on the work dir's filesystem)."""
     base = os.path.join(env.work, "calibration", path)
     out = base + ".json"
-    cmd = [sys.executable, os.path.abspath(__file__), "_calibrate", "--path", path, "--base", base, "--out", out,
+    cmd = [sys.executable, "-m", "scripts.faults.env", "_calibrate", "--path", path, "--base", base, "--out", out,
            "--port", str(port)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"})
@@ -403,7 +398,7 @@ def run_saves(env: Env, path: str, faults: list[str], bases: list[str], port: in
             holders.append(locks.acquire(target, exclusive=True, what="saving step 7 (env_faults' other trainer)",
                                          fix=""))
     out = os.path.join(env.work, f"{path}.rows.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "_child", "--path", path, "--faults", ",".join(faults),
+    cmd = [sys.executable, "-m", "scripts.faults.env", "_child", "--path", path, "--faults", ",".join(faults),
            "--bases", ",".join(bases), "--out", out, "--port", str(port)]
     if env.drop_caps:
         cmd = DROP_CAPS + cmd

@@ -2,8 +2,8 @@
 """Scale benchmark: merging a Llama-3-8B-shaped verl checkpoint, slimckpt against verl 0.9.1's merger.
 
   make bench-scale                                    # 8B, world size 8, 3 runs per tool -> BENCHMARKS.md
-  python scripts/bench_scale.py --preset 1b --world-size 4 --repeats 1 --out /tmp/s.md --readme ''   # a quick look
-  python scripts/bench_scale.py --render docs/bench_scale.json      # re-render the section, no runs
+  python -m scripts.bench.scale --preset 1b --world-size 4 --repeats 1 --out /tmp/s.md --readme ''   # a quick look
+  python -m scripts.bench.scale --render docs/bench_scale.json      # re-render the section, no runs
 
 The checkpoint (fp32, model only) is written by slimckpt.testing.fake_pg_checkpoint: one rank at
 a time over torch's fake process group, each rank's FSDP2 shards saved by verl's own
@@ -37,16 +37,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench import floor_ratio, source_commit  # noqa: E402
-from bench_save import machine_line, mem_available, write_section  # noqa: E402
+from scripts.bench.merge import floor_ratio, source_commit
+from scripts.bench.save import machine_line, mem_available, write_section
 
 from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed  # noqa: E402
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured  # noqa: E402
 from slimckpt.observe.memory import rss_anon_bytes  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- scale-bench:begin -->", "<!-- scale-bench:end -->"
 README_BEGIN, README_END = "<!-- scale-headline:begin -->", "<!-- scale-headline:end -->"
 SINGLE, DISTRIBUTED = "slimckpt merge", "slimckpt merge --distributed_merge"
@@ -251,7 +250,7 @@ def measure(args: argparse.Namespace) -> dict:
         return {}
     started = time.time()
     cap, cap_note = choose_cap(args.verl_cap_gib)
-    meta = {"command": "python scripts/bench_scale.py " + " ".join(sys.argv[1:]), **source_commit(),
+    meta = {"command": "python -m scripts.bench.scale " + " ".join(sys.argv[1:]), **source_commit(),
             "date": time.strftime("%Y-%m-%d"), "preset": args.preset, "world_size": args.world_size,
             "repeats": args.repeats, "workers": args.workers, "free_disk_gib": free / GiB,
             "mem_available_gib": mem_available() / GiB, "verl_cap": cap, "verl_cap_requested_gib": args.verl_cap_gib,

@@ -1,4 +1,4 @@
-"""The oracle of the SIGKILL campaign (scripts/reliability.py): what a trial's children recorded,
+"""The oracle of the SIGKILL campaign (scripts/faults/reliability.py): what a trial's children recorded,
 what a resume after the kill was allowed to load, and the outcome class. Pure: no torch.
 
 Each saver rank appends one line per event to `events_rank_{r}.log` (written with os.write, so a

@@ -1,6 +1,6 @@
 """Corruption campaign for `slimckpt verify` and the incremental tier's load check.
 
-    python scripts/corruption_campaign.py [--trials 120] [--native_trials 60] [--seed 0] [--json OUT]
+    python -m scripts.faults.corruption [--trials 120] [--native_trials 60] [--seed 0] [--json OUT]
 
 Builds three small real checkpoints once (CPU, gloo, the tiny Llama of
 slimckpt.testing.fsdp_checkpoint, 2 ranks, one torchrun of this script with --_save):
@@ -22,9 +22,9 @@ The slimckpt formats (merge, incremental) are counted for the 100% claim; verl-n
 reported apart: verl writes no checksums, so what is caught there is what torch's zip CRC32,
 file names, loads and shapes reveal.
 
-    python scripts/corruption_campaign.py --damaged_restarts 30 [--seed 0] [--json OUT]
+    python -m scripts.faults.corruption --damaged_restarts 30 [--seed 0] [--json OUT]
 
-instead runs N restarts whose newest committed step is damaged (tests/resume_scenarios.py
+instead runs N restarts whose newest committed step is damaged (patches/slimckpt/testing/resume_scenarios.py
 damaged_newest, one torchrun of 2 ranks: steps 2 and 4 saved async with the export through verl's
 manager, then per restart a copy with step 4 damaged one way - a flipped .distcp byte, a truncated
 or deleted file, a damaged or unsealed manifest - and a fresh model resumed through verl's
@@ -46,7 +46,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from scripts.provenance import source_commit
+
 KINDS = ("truncate", "bitflip", "bitflip_header", "delete", "swap", "extra", "manifest")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLIM_FORMATS = ("merge", "incremental")
 ROLE = "actor"
 STEP = 1
@@ -57,7 +60,7 @@ STEP = 1
 
 def _run(cmd: list[str], timeout: int = 300) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"corruption_campaign: {' '.join(cmd[:6])} ... failed:\n{proc.stdout[-2000:]}\n"
                          f"{proc.stderr[-4000:]}")
@@ -74,7 +77,7 @@ def build_sources(work: str) -> dict[str, str]:
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeOptions
 
-    _torchrun(2, os.path.abspath(__file__), "--_save", work)
+    _torchrun(2, "-m", "scripts.faults.corruption", "--_save", work)
     native = os.path.join(work, "native", f"global_step_{STEP}", ROLE)
     merged = os.path.join(work, "merged")
     merge(MergeOptions(local_dir=native, target_dir=merged, max_shard_size="80KB", progress=False))
@@ -204,7 +207,7 @@ def worker_cost(preset: str, root: str) -> None:
 def checksum_cost(preset: str, workdir: str | None) -> dict:
     work = tempfile.mkdtemp(prefix="slimckpt-checksum-cost-", dir=workdir)
     try:
-        _torchrun(2, os.path.abspath(__file__), "--_cost", preset, work, timeout=900)
+        _torchrun(2, "-m", "scripts.faults.corruption", "--_cost", preset, work, timeout=900)
         with open(os.path.join(work, "cost.json")) as f:
             return json.load(f)
     finally:
@@ -432,7 +435,7 @@ def campaign(args: argparse.Namespace) -> dict:
             listing = os.path.join(work, "load_dirs.json")
             with open(listing, "w") as f:
                 json.dump([t["dir"] for t in real], f)
-            _torchrun(2, os.path.abspath(__file__), "--_load", listing, timeout=600)
+            _torchrun(2, "-m", "scripts.faults.corruption", "--_load", listing, timeout=600)
             with open(listing + ".result.json") as f:
                 loaded = json.load(f)
             for t in real:
@@ -486,11 +489,10 @@ def _restart_outcome(t: dict) -> str:
 def damaged_restarts(trials: int, seed: int, workdir: str | None) -> dict:
     from collections import Counter
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     work = tempfile.mkdtemp(prefix="slimckpt-damaged-restarts-", dir=workdir)
     t0 = time.perf_counter()
     try:
-        _torchrun(2, os.path.join(repo, "tests", "resume_scenarios.py"), "damaged_newest", "--dir", work,
+        _torchrun(2, "-m", "slimckpt.testing.resume_scenarios", "damaged_newest", "--dir", work,
                   "--trials", str(trials), "--seed", str(seed), timeout=600 + 20 * trials)
         with open(os.path.join(work, "damaged_newest_result.json")) as f:
             got = json.load(f)["trials"]
@@ -568,8 +570,6 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(cost, f, indent=1)
         return 0
     if args.damaged_restarts:
-        from provenance import source_commit
-
         commit = source_commit()  # before the run: what the trials imported
         restarts = damaged_restarts(args.damaged_restarts, args.seed, args.workdir)
         restarts["commit"] = commit
@@ -596,7 +596,7 @@ def render_damaged(r: dict) -> str:
     return "\n".join([
         "## The newest step damaged, then `resume_mode=auto`",
         "",
-        f"`python scripts/corruption_campaign.py --damaged_restarts {r['restarts']} --seed {r['seed']} --json OUT` "
+        f"`python -m scripts.faults.corruption --damaged_restarts {r['restarts']} --seed {r['seed']} --json OUT` "
         f"on {r.get('commit', 'an unrecorded commit')}, {r['seconds']:.0f} s. `+recipe=incremental` (async, export on), "
         "verl's real `FSDPCheckpointManager` and `PPOTrainer._load_checkpoint` under torchrun (gloo, 2 ranks): "
         "steps 2 and 4 committed, step 4 then damaged on disk, and the run restarted.",

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What slimckpt's pickle check (slimckpt.read.pickle_policy) costs a merge and a resume, same run.
 
-  torchrun --nproc_per_node 2 scripts/bench_pickle_check.py --out /tmp/pc --size-preset 0.25b --repeats 3
+  torchrun --nproc_per_node 2 -m scripts.bench.pickle_check --out /tmp/pc --size-preset 0.25b --repeats 3
 
 Saves one step of a Llama (FSDP2, gloo, CPU, AdamW state after one step) through verl's real
 FSDPCheckpointManager twice: verl's own format (the quickstart recipe) and the incremental tier's

@@ -2,7 +2,7 @@
 """slimckpt benchmarks, measured side by side with verl 0.9.1 in the same run.
 
   make bench                               # all sizes, 3 repeats, writes BENCHMARKS.md + docs/*.png
-  python scripts/bench.py --sizes 0.25b --repeats 1 --out /tmp/b.md   # a quick look
+  python -m scripts.bench.merge --sizes 0.25b --repeats 1 --out /tmp/b.md   # a quick look
 
 Merge: FSDP2 checkpoints (world size 2, made by verl's own FSDPCheckpointManager) of Llama models
 of about 0.25B, 0.5B and 1B parameters, merged to HF safetensors by `python -m verl.model_merger`
@@ -39,7 +39,7 @@ from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured
 from slimckpt.write.writer_stats import STATS_ENV, WriterStats
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # Presets of the checkpoint builder (Llama, untied embeddings, vocab 32000): about 0.25B, 0.5B, 1B parameters.
 from slimckpt.testing.fsdp_checkpoint import PRESETS  # noqa: E402
@@ -487,7 +487,7 @@ def _git(*args: str) -> str | None:
 
 
 # what a merge run exercises: slimckpt's code and this script (verl is pinned)
-CODE_PATHS = ("patches", "scripts/bench.py")
+CODE_PATHS = ("patches", "scripts/bench/merge.py")
 
 
 def source_commit() -> dict:
@@ -507,7 +507,7 @@ def _commit_words(meta: dict) -> str:
 def _make_bench_words() -> str:
     """How `make bench` calls this script, read from the Makefile."""
     try:
-        line = next(ln.strip() for ln in (REPO / "Makefile").read_text().splitlines() if "scripts/bench.py" in ln)
+        line = next(ln.strip() for ln in (REPO / "Makefile").read_text().splitlines() if "scripts.bench.merge" in ln)
     except (OSError, StopIteration):
         return "`make bench` not found"
     return f"`make bench` runs `{line.replace('$(PY)', 'python')}`"
@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    meta = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    meta = {"command": "python -m scripts.bench.merge " + " ".join(sys.argv[1:] if argv is None else argv),
             **source_commit(), "load_average_1min": {"start": os.getloadavg()[0]}}
     disks = [measure_disk_speed(str(work))]
     meta["machine"] = machine_line(disks[0])
@@ -610,7 +610,7 @@ SUMMARY_DOC = REPO / "docs" / "merge.md"  # the merge's user doc; README quotes 
 
 def write_keeping_save_section(path: Path, report: str) -> None:
     """The merge report replaces the file, except the other benchmarks' marked sections
-    (scripts/bench_save.py's, scripts/bench_loop.py's, scripts/bench_scale.py's: `<!-- save-...:begin -->`
+    (scripts/bench/save.py's, scripts/bench/loop.py's, scripts/bench/scale.py's: `<!-- save-...:begin -->`
     or `<!-- scale-...:begin -->` to its end marker), kept at the end in their order (so `bench.py`
     alone does not drop their results)."""
     old = path.read_text() if path.exists() else ""
@@ -675,7 +675,7 @@ def summary_block(rows: list[MergeRow], meta: dict) -> str:
     if VERL_WARM in verl_tools and VERL_COLD in verl_tools:
         words.append("verl's merger runs twice in each turn of the bench, back to back: *cold* after the "
                      "slimckpt merges, *warm* directly after its own cold merge.")
-    words.append(f"This run (`{meta.get('command', 'python scripts/bench.py')}`, {_commit_words(meta)}, "
+    words.append(f"This run (`{meta.get('command', 'python -m scripts.bench.merge')}`, {_commit_words(meta)}, "
                  f"{meta['date']}) measured the disk at best at {disk.write_bytes_per_s / gb:.2f} GB/s written and "
                  f"{disk.read_bytes_per_s / gb:.2f} GB/s read"
                  + (f" ({disk.direct_read_bytes_per_s / gb:.2f} GB/s read with O_DIRECT)"
@@ -743,7 +743,7 @@ def render_report(rows: list[MergeRow], meta: dict, args) -> str:
     orders = _order_words(rows)
     return f"""# Benchmarks
 
-The merge section: `{meta.get('command', 'python scripts/bench.py')}` (sizes {meta['sizes']}, {meta['repeats']} repeats;
+The merge section: `{meta.get('command', 'python -m scripts.bench.merge')}` (sizes {meta['sizes']}, {meta['repeats']} repeats;
 {_make_bench_words()}), on {_commit_words(meta)}, {meta['date']}, in {meta['seconds'] / 60:.1f} minutes.
 Machine: {machine}; disk measured in this run: {disk.describe()} (fastest of the run's measurements).{_load_words(meta)}
 verl 0.9.1 and slimckpt are measured in the same run, on the same checkpoint files.

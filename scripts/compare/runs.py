@@ -10,9 +10,9 @@ form one curve: a run resumed from a checkpoint continues the killed run's curve
 logged the same step the later run wins.
 
 Examples:
-  python scripts/compare_runs.py runs/compare/grpo/default runs/compare/grpo/quickstart --out cmp.png
-  python scripts/compare_runs.py verl=runs/a/wandb resumed=runs/b/wandb/offline-run-1,runs/b/wandb/offline-run-2
-  python scripts/compare_runs.py me/slimckpt_tiny/abc123 me/slimckpt_tiny/def456 --table cmp.md
+  python -m scripts.compare.runs runs/compare/grpo/default runs/compare/grpo/quickstart --out cmp.png
+  python -m scripts.compare.runs verl=runs/a/wandb resumed=runs/b/wandb/offline-run-1,runs/b/wandb/offline-run-2
+  python -m scripts.compare.runs me/slimckpt_tiny/abc123 me/slimckpt_tiny/def456 --table cmp.md
 
 The table's "vs <reference>" columns compare each curve with the first RUN (or --reference) step
 by step: "identical" means every logged value at every common step is bit-for-bit equal and both
@@ -29,9 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "patches"))
-
-from slimckpt.observe.wandb_history import HistoryError, RunHistory, load  # noqa: E402
+from slimckpt.observe.wandb_history import HistoryError, RunHistory, load
 
 REWARD_KEY = "critic/score/mean"
 MEMORY_KEY = "ckpt/peak_rss_extra_gb"
