@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
-import os
 import sys
 import warnings
 from types import SimpleNamespace

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -137,8 +138,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def provenance(args: argparse.Namespace, load_before: float) -> str:
     """Which code and machine the table comes from: the commit (and whether the tree was dirty)."""
-    import platform
-
     commit = source_commit(short=12)
 
     return (f"# make quickstart\n\nProduced by `make quickstart` (`python -m scripts.quickstart --steps {args.steps} "

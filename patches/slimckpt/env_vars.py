@@ -1,7 +1,7 @@
 """Every `SLIMCKPT_*` environment variable, declared once: name, type, default, meaning, and who it is for.
 
 The modules that read a variable still read it themselves (the `read_in` column names them);
-this table is what the documentation is generated from and what `tests/test_env_vars.py` holds
+this table is what the documentation is generated from and what `tests/unit/test_env_vars.py` holds
 the code to: a `SLIMCKPT_` name used anywhere in patches/, scripts/ or tests/ must be declared
 here, and docs/configuration.md's table must be this module's `--markdown` output.
 
@@ -126,8 +126,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "checkpoints got one)",
            ("patches/slimckpt/read/pickle_policy.py",)),
     EnvVar("SLIMCKPT_WRITE_SUPPORT_TABLE", "flag", None, "test",
-           "`1`: `tests/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run",
-           ("tests/test_coverage_matrix.py",)),
+           "`1`: `tests/multiprocess/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run",
+           ("tests/multiprocess/test_coverage_matrix.py",)),
 )
 
 BY_NAME = {v.name: v for v in VARIABLES}
@@ -156,7 +156,7 @@ def _commit(repo: Path) -> str:
 
 def provenance(commit: str) -> str:
     return (f"Generated from `patches/slimckpt/env_vars.py` by `{COMMAND}` at commit {commit}; "
-            f"`tests/test_env_vars.py` fails when it is out of date.")
+            f"`tests/unit/test_env_vars.py` fails when it is out of date.")
 
 
 def block(commit: str) -> str:

@@ -26,11 +26,12 @@ import argparse
 import json
 import math
 import os
-import re
 import platform
+import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -714,8 +715,6 @@ def summary_block(rows: list[MergeRow], meta: dict) -> str:
 
 
 def _wrap(text: str, width: int = 110) -> list[str]:
-    import textwrap
-
     return textwrap.wrap(text, width=width, break_long_words=False, break_on_hyphens=False)
 
 

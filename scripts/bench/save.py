@@ -36,6 +36,8 @@ refuses export_hf they run without the export, and the report says so.
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import math
 import os
@@ -165,8 +167,6 @@ def wrap_fsdp1_from_meta(model, mesh):
     """FSDP1 as slimckpt.testing.fsdp_checkpoint.wrap_fsdp1 wraps it (use_orig_params, per-layer
     units, the mesh), materialising one unit at a time from the meta model: a rank never holds the
     whole unsharded model, as verl's rank 0 does not either."""
-    import functools
-
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
@@ -242,8 +242,6 @@ def checkpoint_config(mode: str, budget_gb: float, fsdp: int = 2):
 
 
 def worker(args: argparse.Namespace) -> None:
-    import gc
-
     import torch.distributed as dist
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 

@@ -32,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import asdict
@@ -433,8 +434,6 @@ def _anchor(result: dict) -> str:
 
 
 def _wrap(text: str) -> str:
-    import textwrap
-
     return "\n".join(textwrap.wrap(text, width=110, break_long_words=False, break_on_hyphens=False))
 
 

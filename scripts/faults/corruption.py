@@ -40,6 +40,7 @@ import json
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -273,8 +274,6 @@ def _flip(path: str, offset: int, bit: int) -> None:
 
 
 def _safetensors_header_end(path: str) -> int:
-    import struct
-
     with open(path, "rb") as f:
         return 8 + struct.unpack("<Q", f.read(8))[0]
 
@@ -492,7 +491,7 @@ def damaged_restarts(trials: int, seed: int, workdir: str | None) -> dict:
     work = tempfile.mkdtemp(prefix="slimckpt-damaged-restarts-", dir=workdir)
     t0 = time.perf_counter()
     try:
-        _torchrun(2, "-m", "slimckpt.testing.resume_scenarios", "damaged_newest", "--dir", work,
+        _torchrun(2, "-m", "slimckpt.testing.launch", "slimckpt.testing.resume_scenarios", "damaged_newest", "--dir", work,
                   "--trials", str(trials), "--seed", str(seed), timeout=600 + 20 * trials)
         with open(os.path.join(work, "damaged_newest_result.json")) as f:
             got = json.load(f)["trials"]

@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -201,8 +202,6 @@ def _preexec(fault: str):
     def fn() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         if fault == "fsize_limit":
-            import resource
-
             resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     return fn
 
@@ -315,8 +314,6 @@ def write_tracker_as_trainer(root: str, path: str) -> None:
 
 def child(args: argparse.Namespace) -> int:
     """One save path, every fault in turn, in one process (world size 1, gloo)."""
-    import resource
-
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1",
                        "LOCAL_RANK": "0"})
     import torch.distributed as dist

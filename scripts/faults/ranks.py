@@ -29,6 +29,8 @@ how long the survivors took to end after the fault.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import fcntl
 import json
 import os
 import random
@@ -72,8 +74,6 @@ NAMED = re.compile(r"rank (\d+) of (\d+) stopped answering|rank\s*: (\d+) \(loca
 
 def become_subreaper() -> None:
     """Orphans of the trials' processes are re-parented here, so none can hide."""
-    import ctypes
-
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
@@ -124,8 +124,6 @@ def reap_orphans(known: set[int]) -> list[str]:
 
 def held_locks(root: str) -> list[str]:
     """slimckpt lock files under `root` that someone still holds."""
-    import fcntl
-
     held = []
     for dirpath, _, names in os.walk(root):
         for name in names:

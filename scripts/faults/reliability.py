@@ -20,8 +20,10 @@ then writes docs/reliability/*.json and RELIABILITY.md.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
+import logging
 import os
 import platform
 import random
@@ -30,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 # lazy imports: slimckpt, torch and verl load after main() put --source's patches/ first and quiet_imports()
 # set the environment they read at import
@@ -59,8 +62,6 @@ KEEP_BAD = 5  # trial dirs kept per mode for diagnosis
 def _die_with_parent() -> None:
     """A child SIGKILLed when the campaign dies (else a rank waits in a collective forever)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -703,10 +704,8 @@ def quiet_imports() -> None:
     os.environ.setdefault("SLIMCKPT_LOG_LEVEL", "ERROR")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import warnings
 
     warnings.filterwarnings("ignore")
-    import logging
 
     logging.disable(logging.WARNING)
     import torch

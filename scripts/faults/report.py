@@ -216,7 +216,7 @@ FIXED_SINCE = (
     "Found later, when the uncut run of incremental-async@keep=1 hung twice in two: retention removes "
     "the step's role dir and leaves its data.pt, and the watcher gave up only a removed step dir, so it waited for "
     "a manifest that could no longer appear - since commit 6696ca6 it gives up a step whose role dir has no "
-    "manifest once a newer step of that role is committed (tests/test_faults.py reproduces it).")
+    "manifest once a newer step of that role is committed (tests/e2e/test_faults.py reproduces it).")
 
 
 def _merge_findings(modes: dict[str, Any]) -> list[str]:

@@ -19,9 +19,12 @@ the DCP plan run as they do on a cluster.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
+import signal
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -40,7 +43,7 @@ MODES: dict[str, tuple[str | None, dict[str, Any]]] = {
     "quickstart": ("quickstart", {}),
     "incremental-sync": ("incremental", {"async_save": False}),
     "incremental-async": ("incremental", {"async_save": True}),
-    # not in reliability.py's SAVE_MODES (make faults): tests/keep1_scenario.py runs it
+    # not in reliability.py's SAVE_MODES (make faults): tests/scenarios/keep1.py runs it
     "incremental-stream": ("incremental", {"async_save": "stream"}),
 }
 MERGE_MODES = ("merge", "verl-merge")
@@ -502,8 +505,6 @@ def merge_child(kind: str, local_dir: str, target: str, overwrite: bool) -> int:
     one) its writer is the one forked after torch's import, while the command a user runs forks
     its writer before importing torch (`slimckpt.write.np_writer`). The exec keeps this pid, so the
     campaign kills and waits for it as before; the writer dies with it (PR_SET_PDEATHSIG)."""
-    import sys
-
     if kind == "merge":
         import slimckpt
 
@@ -533,9 +534,6 @@ def merge_child(kind: str, local_dir: str, target: str, overwrite: bool) -> int:
 
 def run_child(body, *args) -> None:
     """Body of a forked child: never returns into the parent's code."""
-    import faulthandler
-    import signal
-
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     code = 0
     try:

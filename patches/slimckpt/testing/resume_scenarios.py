@@ -1,12 +1,13 @@
-"""Multi-process scenarios for the incremental tier, run by tests/test_resume_state.py under torchrun
+"""Multi-process scenarios for the incremental tier, run by tests/multiprocess/test_resume_state.py and
+`make faults` (scripts/faults/corruption.py) under torchrun
 (gloo, CPU, FSDP2, a tiny Llama) through verl's real FSDPCheckpointManager:
 
-    torchrun --nproc_per_node 2 tests/resume_scenarios.py resume --dir D [--async]
-    torchrun --nproc_per_node 1 tests/resume_scenarios.py reshard --dir D     (after `resume` at 2)
-    torchrun --nproc_per_node 3 tests/resume_scenarios.py reshard --dir D --save-to D3  (D3: a step-3 save at 3)
-    torchrun --nproc_per_node 2 tests/resume_scenarios.py tracker --dir D
-    torchrun --nproc_per_node 2 tests/resume_scenarios.py refuse --dir D
-    torchrun --nproc_per_node 2 tests/resume_scenarios.py damaged_newest --dir D [--trials N --seed S]
+    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios resume --dir D [--async]
+    torchrun --nproc_per_node 1 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios reshard --dir D     (after `resume` at 2)
+    torchrun --nproc_per_node 3 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios reshard --dir D --save-to D3  (D3: a step-3 save at 3)
+    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios tracker --dir D
+    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios refuse --dir D
+    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios damaged_newest --dir D [--trials N --seed S]
 
 Each writes D/<scenario>[_async]_result.json on rank 0; the test asserts on it.
 """
@@ -17,7 +18,6 @@ import argparse
 import json
 import os
 import random
-import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+# lazy imports: verl, transformers and slimckpt's save path load inside a scenario, after it set the switches
+# and module settings they read
 VOCAB, STEPS_BEFORE, STEPS_AFTER, SAVE_STEP = 64, 3, 3, 3
 
 
@@ -614,7 +616,7 @@ def _lora_only_step(root: str, full: str, lora: str) -> dict:
     }
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("scenario", choices=["resume", "reshard", "tracker", "refuse", "damaged_newest"])
     p.add_argument("--dir", required=True)
@@ -624,17 +626,10 @@ def main() -> int:
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
     p.add_argument("--trials", type=int, default=0, help="damaged_newest: restarts (default one per damage kind)")
     p.add_argument("--seed", type=int, default=0, help="damaged_newest: where the damage falls")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> None:
     global MODEL, FSDP_VERSION
     MODEL, FSDP_VERSION = args.model, args.fsdp
-    dist.init_process_group("gloo")
-    try:
-        globals()[f"scenario_{args.scenario}"](args)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    globals()[f"scenario_{args.scenario}"](args)

@@ -295,7 +295,7 @@ class ShareWriter:
         placement = self.plan.placements[item.name]
         a = self._source_rows(a_src, 0, a_src.shape[0])
         # an eighth of a chunk of rows: W in the output dtype, B @ A in fp32 and the result are held at
-        # once, and freed blocks stay in the allocator's heap; measured (tests/test_merge_memory.py) at
+        # once, and freed blocks stay in the allocator's heap; measured (tests/unit/test_merge_memory.py) at
         # 16 MiB chunks: a quarter cost 18 MiB more than a plain merge's peak, an eighth nothing
         step = max(1, self._rows_per_chunk(w_src.pieces[0]) // 8)
         offset = placement.rows_to_bytes(item.start, item.end)[0]
