@@ -25,6 +25,8 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+# lazy imports: transformers, FSDP and slimckpt load per layout, once the process group is up
+
 VOCAB = 64
 
 

@@ -40,6 +40,8 @@ from pathlib import Path
 from scripts.bench.save import write_section  # one way to replace a marked section of BENCHMARKS.md
 from scripts.provenance import source_commit
 
+# lazy imports: torch and transformers load only where a size's model is built; --render needs neither
+
 REPO = Path(__file__).resolve().parents[2]
 MODES = {"sync": "false", "pool": "pool", "stream": "stream"}
 MARKERS = "<!-- save-loop{}:begin -->", "<!-- save-loop{}:end -->"

@@ -45,6 +45,8 @@ REPO = Path(__file__).resolve().parents[2]
 # Presets of the checkpoint builder (Llama, untied embeddings, vocab 32000): about 0.25B, 0.5B, 1B parameters.
 from slimckpt.testing.fsdp_checkpoint import PRESETS  # noqa: E402
 
+# lazy imports: torch and matplotlib load where a run measures or plots; --render and the report logic stay light
+
 DENSE_SIZES = ("0.25b", "0.5b", "1b")
 # mixture-of-experts rows: {size: (family, dims preset, routed experts)}. transformers 5 stores the
 # experts fused ([E, 2I, H] and [E, H, I] per layer) and save_pretrained, which verl's merger calls,

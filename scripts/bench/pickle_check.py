@@ -30,6 +30,8 @@ import torch.distributed as dist
 
 from slimckpt.read.pickle_policy import TRUST_ENV
 
+# lazy imports: verl, transformers and slimckpt's save path load on each rank, inside the measured run
+
 
 def _run(args):
     from torch.distributed.device_mesh import init_device_mesh

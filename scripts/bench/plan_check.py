@@ -29,6 +29,8 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+# lazy imports: slimckpt's planner and the model builder (torch) load when the table is computed, not for --help
+
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- plan-check:begin -->", "<!-- plan-check:end -->"
 BYTES_TOLERANCE = 0.001

@@ -54,6 +54,8 @@ from pathlib import Path
 
 from scripts.provenance import source_commit
 
+# lazy imports: torch, verl and slimckpt load in the worker ranks only; the driver and its RSS sampler stay torch-free
+
 REPO = Path(__file__).resolve().parents[2]
 SIZES = ("0.25b", "0.5b", "1b")
 MODES = ("verl", "incremental", "async", "stream")

@@ -46,6 +46,8 @@ from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured  # noqa: E402
 from slimckpt.observe.memory import rss_anon_bytes  # noqa: E402
 
+# lazy imports: psutil loads where a capped merge is watched
+
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- scale-bench:begin -->", "<!-- scale-bench:end -->"
 README_BEGIN, README_END = "<!-- scale-headline:begin -->", "<!-- scale-headline:end -->"

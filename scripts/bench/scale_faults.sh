@@ -2,7 +2,7 @@
 # The scale checkpoint's bad-input checks: a merge SIGKILLed once its processes have written KILL_AT
 # bytes leaves no target and an unfinished partial (slimckpt verify says so); the rerun over that stale
 # partial commits and verifies; a 4 GiB filesystem is refused before anything is written there.
-#   scripts/bench/scale_faults.sh CHECKPOINT_ACTOR_DIR WORK_DIR      (keep one: bench_scale.py --keep)
+#   scripts/bench/scale_faults.sh CHECKPOINT_ACTOR_DIR WORK_DIR      (keep one: python -m scripts.bench.scale --keep)
 #   KILL_AT=8000000000 PY=.venv/bin/python scripts/bench/scale_faults.sh ...
 # Needs the output's room under WORK_DIR, and `unshare -rm` (a private mount namespace) for the small filesystem.
 set -u

@@ -46,6 +46,8 @@ from scripts.provenance import source_commit
 from slimckpt.observe.wandb_history import HistoryError, RunHistory, read_offline_run, run_dirs
 from slimckpt.verl.recipes import list_recipes
 
+# lazy imports: psutil and tqdm load where runs are watched or killed; the plan and the report need neither
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "scripts" / "train_small.sh"
 

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from slimckpt.observe.wandb_history import HistoryError, RunHistory, load
 
+# lazy imports: matplotlib loads only to draw the PNG
+
 REWARD_KEY = "critic/score/mean"
 MEMORY_KEY = "ckpt/peak_rss_extra_gb"
 HOST_RSS_KEY = "ckpt/peak_host_rss_gb"

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 
 from scripts.provenance import source_commit
 
+# lazy imports: torch, verl and slimckpt load in the torchrun children and in the phase that needs them
+
 KINDS = ("truncate", "bitflip", "bitflip_header", "delete", "swap", "extra", "manifest")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLIM_FORMATS = ("merge", "incremental")

@@ -46,6 +46,8 @@ from datetime import timedelta
 from scripts.faults import oracle, reliability as rel, trial as fault_trial
 from scripts.faults.ranks_report import BAD, render, summarize
 
+# lazy imports: torch, verl and slimckpt load after reliability.quiet_imports() set the environment they read, before the forks
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 OUT = os.path.join(REPO, "docs", "reliability", "rank_faults.json")

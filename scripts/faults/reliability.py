@@ -610,7 +610,7 @@ def source_note() -> str:
 
 
 def source_commit() -> dict:
-    """What the renderer checks each row against HEAD with (fault_report.staleness): the commit of the
+    """What the renderer checks each row against HEAD with (report.staleness): the commit of the
     slimckpt the trials ran, and whether code taken from the working tree had uncommitted changes
     (the snapshot's patches/ and recipes/ are clean by construction; the scripts always come from
     the working tree). {"commit": None} when git cannot say."""
@@ -645,7 +645,7 @@ def load_sigkill() -> dict | None:
         return None
     main.setdefault("extra_commands", [])
     sources = {key: main.get("source", "") for key in main["modes"]}
-    # each row's commit, for fault_report.staleness (older JSONs name it in "source" only)
+    # each row's commit, for report.staleness (older JSONs name it in "source" only)
     main["provenance"] = {key: provenance(main) for key in main["modes"]}
     for name in sorted(os.listdir(OUT_DIR)):
         if name.startswith("sigkill_") and name.endswith(".json"):

@@ -21,13 +21,13 @@ from scripts.faults import oracle
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The code each row exercises (fault_report.py only renders, so it is not in any list; verl is pinned):
+# The code each row exercises (this module only renders, so it is not in any list; verl is pinned):
 # the SIGKILL campaign's drivers, slimckpt's code, and what each side campaign runs.
 FAULT_SCRIPTS = ("scripts/faults/reliability.py", "scripts/faults/trial.py", "scripts/faults/oracle.py")
 OUR_CODE = ("patches", "recipes")
 SIDE_CODE = {
     "corruption_campaign.py": OUR_CODE + ("scripts/faults/corruption.py",),
-    # env_faults.py takes its checkpoint builder and its resume scenario from slimckpt.testing (in patches)
+    # the environment campaign takes its checkpoint builder and its resume scenario from slimckpt.testing (in patches)
     "env_faults.py": OUR_CODE + ("scripts/faults/env.py",),
 }
 # the campaigns `make faults` runs besides the SIGKILL one, by the name side_runs.json records them under

@@ -31,6 +31,8 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
+# lazy imports: torch, verl and slimckpt load in the forked children, after the campaign's quiet_imports()
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES_DIR = os.path.join(REPO, "recipes")  # reliability.py --source points it at a snapshot's recipes/
 WORLD = 2

@@ -16,6 +16,8 @@ from safetensors.torch import load_file
 
 from slimckpt.testing.synthetic import synthetic_checkpoint, tiny_llama_config  # noqa: F401  (the tests' names)
 
+# lazy imports: transformers, verl and DCP load in the tests that use them, so importing the helpers stays quick
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE_TIMEOUT = 240
 

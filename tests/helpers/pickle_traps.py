@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+# lazy imports: DCP and slimckpt's manifest load in the traps that write them
+
 TRAPPED_GLOBAL = "posix.system"  # how os.system pickles on Linux
 
 

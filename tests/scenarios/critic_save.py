@@ -14,6 +14,8 @@ import torch.distributed as dist
 
 from slimckpt.testing import resume_scenarios  # the tiny model's sizes and the slimckpt config
 
+# lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
+
 
 def scenario(args) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

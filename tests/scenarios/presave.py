@@ -18,6 +18,8 @@ import torch.distributed as dist
 
 from slimckpt.testing import resume_scenarios  # the tiny model's Run and the slimckpt config
 
+# lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
+
 STEPS = 3
 MODES = {"sync": False, "pool": True, "stream": "stream"}
 

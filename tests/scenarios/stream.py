@@ -36,6 +36,8 @@ import torch.distributed as dist
 
 from slimckpt.testing import resume_scenarios as rs
 
+# lazy imports: slimckpt's stream capture and torch's internals load inside the scenario, after the batch set the module settings they read
+
 MANIFEST = "slimckpt_resume.json"
 
 
