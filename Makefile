@@ -64,36 +64,36 @@ test-verl-stack:
 	$(VERL_STACK_VENV)/bin/python -m pytest -q $$(grep -v '^#' tests/verl_stack.txt) $(PYTEST_ARGS)
 
 quickstart: $(STAMP)
-	$(PY) scripts/quickstart.py
+	$(PY) -m scripts.quickstart
 
 # COMPARE_ARGS="--steps 10 --stop-at 5" for a shorter proof; finished runs in runs/compare are reused (--force redoes them)
 COMPARE_ARGS ?=
 compare: $(STAMP)
-	$(PY) scripts/quality_proof.py --algo grpo --sigkill incremental $(COMPARE_ARGS)
-	$(PY) scripts/quality_proof.py --algo flowrl $(COMPARE_ARGS)
-	$(PY) scripts/quality_proof.py --algo ppo --sigkill incremental $(COMPARE_ARGS)
+	$(PY) -m scripts.compare.quality_proof --algo grpo --sigkill incremental $(COMPARE_ARGS)
+	$(PY) -m scripts.compare.quality_proof --algo flowrl $(COMPARE_ARGS)
+	$(PY) -m scripts.compare.quality_proof --algo ppo --sigkill incremental $(COMPARE_ARGS)
 
 # FSDP1 rows beside FSDP2's (save and export, verl's and the incremental tier's); a size whose shards plus
 # FSDP1's copy of them exceed the machine's available memory is skipped, and the report says so
 BENCH_FSDP1_SIZES ?= 0.5b,1b
 bench: $(STAMP)
-	$(PY) scripts/bench.py --json docs/bench_merge.json
-	$(PY) scripts/bench_save.py --json docs/bench_save.json
-	$(PY) scripts/bench_save.py --fsdp 1 --sizes $(BENCH_FSDP1_SIZES) --modes verl,incremental --tag fsdp1 \
+	$(PY) -m scripts.bench.merge --json docs/bench_merge.json
+	$(PY) -m scripts.bench.save --json docs/bench_save.json
+	$(PY) -m scripts.bench.save --fsdp 1 --sizes $(BENCH_FSDP1_SIZES) --modes verl,incremental --tag fsdp1 \
 	  --json docs/bench_save_fsdp1.json
-	$(PY) scripts/bench_loop.py --json docs/bench_loop.json
+	$(PY) -m scripts.bench.loop --json docs/bench_loop.json
 
 # not part of `make bench`: needs ~50 GB of free disk (says so and stops without it), about 30 minutes;
 # BENCH_SCALE_ARGS="--verl-cap-gib 14" on a host with less memory to spare
 BENCH_SCALE_ARGS ?=
 bench-scale: $(STAMP)
-	$(PY) scripts/bench_scale.py $(BENCH_SCALE_ARGS)
+	$(PY) -m scripts.bench.scale $(BENCH_SCALE_ARGS)
 
 # SIGKILL at random moments (50 trials per mode), corruption and environment faults: RELIABILITY.md
 # FAULTS_ARGS="--trials 10 --keep 2" for a shorter run
 FAULTS_ARGS ?=
 faults: $(STAMP)
-	$(PY) scripts/reliability.py $(FAULTS_ARGS)
+	$(PY) -m scripts.faults.reliability $(FAULTS_ARGS)
 
 clean:
 	rm -rf runs bench_work .pytest_cache

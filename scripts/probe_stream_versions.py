@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
-import os
 import sys
 import warnings
 from types import SimpleNamespace
@@ -26,7 +25,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+# lazy imports: transformers, FSDP and slimckpt load per layout, once the process group is up
 
 VOCAB = 64
 
@@ -37,7 +36,7 @@ def build(layout: str):
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
     from transformers import AutoModelForCausalLM
 
-    import resume_scenarios
+    from slimckpt.testing import resume_scenarios
     from slimckpt.testing.fsdp_checkpoint import build_config, wrap_fsdp2
 
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """Which code a measurement ran: HEAD as the run starts, and whether the code it runs differed from it.
 
-Shared by the scripts that write numbers into README/BENCHMARKS (bench_save.py, bench_loop.py,
-quickstart.py). Only the code paths count as "uncommitted changes": a campaign writing its JSON
+Shared by the scripts that write numbers into README/BENCHMARKS (scripts.bench, scripts.faults,
+scripts.compare, scripts.quickstart). Only the code paths count as "uncommitted changes": a campaign writing its JSON
 into docs/ at the same time does not change what a benchmark ran.
 """
 

@@ -4,7 +4,7 @@ with verl's default checkpoint settings and with `+recipe=quickstart`, saving ev
 side-by-side table of what the recipe changed.
 
   make quickstart                       # 3 steps each, 2 ranks, wandb offline under runs/quickstart
-  python scripts/quickstart.py --steps 5 --ranks 1
+  python -m scripts.quickstart --steps 5 --ranks 1
   WANDB_MODE=online make quickstart     # upload the two runs
 
 Each save is measured inside verl's workers (SLIMCKPT_MEASURE=1): peak anonymous RSS above the
@@ -16,12 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from statistics import median
+
+from scripts.provenance import source_commit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -135,14 +138,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def provenance(args: argparse.Namespace, load_before: float) -> str:
     """Which code and machine the table comes from: the commit (and whether the tree was dirty)."""
-    import platform
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from provenance import source_commit
-
     commit = source_commit(short=12)
 
-    return (f"# make quickstart\n\nProduced by `make quickstart` (`python scripts/quickstart.py --steps {args.steps} "
+    return (f"# make quickstart\n\nProduced by `make quickstart` (`python -m scripts.quickstart --steps {args.steps} "
             f"--ranks {args.ranks}`) on commit {commit}, {time.strftime('%Y-%m-%d')}; {platform.machine()}, "
             f"{os.cpu_count()} cores, 1-minute load average {load_before:.1f} at the start and "
             f"{os.getloadavg()[0]:.1f} at the end. Both runs are verl 0.9.1's `main_ppo` (GRPO, tiny model, CPU) with "

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIO_BATCH = REPO / "tests" / "scenario_batch.py"
 
 # Every refusal of slimckpt.read.pickle_policy, in this process or any it starts (torchrun ranks,
 # merge workers, verl's trainer), lands in this file: a test whose checkpoints were refused fails,
@@ -16,6 +15,8 @@ SCENARIO_BATCH = REPO / "tests" / "scenario_batch.py"
 # plant refused globals on purpose carry @pytest.mark.pickle_refusals.
 PICKLE_REFUSALS_ENV = "SLIMCKPT_PICKLE_REFUSALS_LOG"
 os.environ.setdefault(PICKLE_REFUSALS_ENV, tempfile.mkstemp(prefix="slimckpt-pickle-refusals-", suffix=".log")[1])
+
+from slimckpt.testing.launch import launch  # noqa: E402  (slimckpt imported once the log above is set)
 
 
 def pickle_refusals() -> list[str]:
@@ -48,16 +49,14 @@ def repo() -> Path:
 
 @pytest.fixture(scope="session")
 def ws2_scenarios(tmp_path_factory) -> Path:
-    """tests/scenario_batch.py: the 2-rank torchrun scenarios of tests/test_resume_state.py and
-    tests/test_hf_direct_export.py in one torchrun (one start-up instead of six); the result of
+    """tests/scenarios/batch.py: the 2-rank torchrun scenarios of tests/multiprocess/test_resume_state.py and
+    tests/multiprocess/test_hf_direct_export.py in one torchrun (one start-up instead of six); the result of
     scenario NAME is under <dir>/NAME (read it with scenario_result)."""
     root = tmp_path_factory.mktemp("ws2_scenarios")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(SCENARIO_BATCH), "--dir", str(root)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
-    (root / "batch.log").write_text(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run = launch(2, "tests.scenarios.batch", "--dir", str(root), timeout=600, cwd=REPO,
+                 env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"})
+    (root / "batch.log").write_text(run.proc.stdout + run.proc.stderr)
+    assert run.proc.returncode == 0, run.output
     return root
 
 
@@ -70,9 +69,9 @@ def scenario_result(root: Path, name: str, result_file: str) -> dict:
     return json.loads(path.read_text())
 
 
-# verl trainer runs (tests/verl_runs.py): started in the background at the session's first test, read
+# verl trainer runs (tests/helpers/verl_runs.py): started in the background at the session's first test, read
 # by the end-to-end modules, which run last so that the other tests overlap the runs
-from .verl_runs import (  # noqa: E402,F401  (fixtures)
+from .helpers.verl_runs import (  # noqa: E402,F401  (fixtures)
     READS,
     adopt_runs,
     convert_back_run,

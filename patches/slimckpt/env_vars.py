@@ -2,7 +2,7 @@
 and read here only: the package's modules ask `flag`, `integer`, `seconds`, `path` or `text` for a
 declared name, never `os.environ` (`tests/test_house.py` holds them to it).
 
-`tests/test_env_vars.py` holds the rest of the code to this table: a `SLIMCKPT_` name used anywhere
+`tests/unit/test_env_vars.py` holds the rest of the code to this table: a `SLIMCKPT_` name used anywhere
 in patches/, scripts/ or tests/ must be declared here, and docs/configuration.md's table must be
 this module's `--markdown` output.
 
@@ -109,7 +109,7 @@ VARIABLES: tuple[EnvVar, ...] = (
            "every pickle global refused is appended to this file (the test suite fails a test whose "
            "checkpoints got one)"),
     EnvVar("SLIMCKPT_WRITE_SUPPORT_TABLE", "flag", None, "test",
-           "`1`: `tests/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run"),
+           "`1`: `tests/multiprocess/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run"),
 )
 
 BY_NAME = {v.name: v for v in VARIABLES}
@@ -215,7 +215,7 @@ def _commit(repo: Path) -> str:
 
 def provenance(commit: str) -> str:
     return (f"Generated from `patches/slimckpt/env_vars.py` by `{COMMAND}` at commit {commit}; "
-            f"`tests/test_env_vars.py` fails when it is out of date.")
+            f"`tests/unit/test_env_vars.py` fails when it is out of date.")
 
 
 def block(commit: str) -> str:

@@ -10,7 +10,7 @@ With this patch (feature "cpu", i.e. small runs with SLIMCKPT_CPU=1, where slimc
 already seeds every sample) a batch is ordered by the prompt's position in the step's dataloader
 batch, then by rollout index (session) and output index: the same batch, in the same order, every
 run. Together with seeded sampling, two runs of one config log bit-identical curves, which is what
-scripts/quality_proof.py relies on to show that a recipe leaves training unchanged.
+scripts/compare/quality_proof.py relies on to show that a recipe leaves training unchanged.
 """
 
 from __future__ import annotations

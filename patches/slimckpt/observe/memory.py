@@ -43,7 +43,7 @@ class RssSampler:
 
     Used as a context manager around a save; `result` holds baseline and peak. A thread can miss
     a spike shorter than its interval while C code holds the GIL, so benchmarks sample from a
-    separate process (`scripts/bench.py`); plateaus, which is what checkpoint buffers are, are seen.
+    separate process (`scripts/bench/merge.py`); plateaus, which is what checkpoint buffers are, are seen.
     """
 
     def __init__(self, pid: int | str = "self", interval_s: float = 0.005) -> None:

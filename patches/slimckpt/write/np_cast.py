@@ -5,7 +5,7 @@ fp32 -> bf16 is round-to-nearest-even on the bit pattern, as torch's CPU cast do
 is numpy's IEEE cast, which rounds (and overflows, and makes subnormals) as torch's does.
 NaN is where the two differ: torch's vectorised cast writes 0xFFFF for any NaN, its scalar one
 0x7FC0, and other CPUs may differ again. A chunk with a NaN raises `HasNaN`, and the caller has
-torch do the whole tensor. (Tested against torch in tests/test_np_writer.py.)
+torch do the whole tensor. (Tested against torch in tests/unit/test_np_writer.py.)
 
 No torch here, by design.
 """

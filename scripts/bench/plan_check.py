@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""`slimckpt plan` next to the saves `make bench` measured: bytes and rank 0's host memory, predicted and measured.
+
+  python -m scripts.bench.plan_check                         # print the table (docs/bench_save.json's saves)
+  python -m scripts.bench.plan_check --out docs/plan_check.md   # write it into that file's marked section
+  python -m scripts.bench.plan_check --json docs/bench_save.json --world-size 2
+
+Every committed save of scripts/bench/save.py (a Llama preset of slimckpt.testing.fsdp_checkpoint,
+FSDP2, world size 2, on CPU: model, optimizer and extra state, with verl's hf_model or the
+incremental recipe's export) is planned from the preset's config.json with `--device cpu --fsdp 2`:
+the plan is what `slimckpt plan` prints for it. A point agrees when the bytes written are within
+BYTES_TOLERANCE (the plan leaves out pickle framing, safetensors headers, configs and manifests) and
+rank 0's extra host memory within MEMORY_TOLERANCE of the measured peak or MEMORY_SLACK, whichever
+is larger (a few MiB of allocator and Python objects are no model bytes). The async row is planned
+with the staging budget the bench had: the bench sizes it to the host's free memory, and records
+whether the pool was used.
+
+Time is not compared here: bench_save measures no disk speed in the same run, and its writes land
+in the page cache of a shared host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+# lazy imports: slimckpt's planner and the model builder (torch) load when the table is computed, not for --help
+
+REPO = Path(__file__).resolve().parents[2]
+BEGIN, END = "<!-- plan-check:begin -->", "<!-- plan-check:end -->"
+BYTES_TOLERANCE = 0.001
+MEMORY_TOLERANCE = 0.15
+MEMORY_SLACK = 64 * 2**20
+MiB = 2**20
+MODE_LABEL = {"verl": "verl 0.9.1 (hf_model)", "incremental": "+recipe=incremental", "async": "incremental, async",
+              "stream": "incremental, async=stream"}
+
+
+@dataclass
+class Point:
+    size: str
+    mode: str
+    params: int
+    planned_bytes: int
+    measured_bytes: int
+    planned_host: int
+    measured_host: int  # rank 0's peak extra RssAnon over the saves
+    measured_others: list[int]
+    note: str
+
+    @property
+    def bytes_ok(self) -> bool:
+        return abs(self.measured_bytes - self.planned_bytes) <= BYTES_TOLERANCE * self.measured_bytes
+
+    @property
+    def host_ok(self) -> bool:
+        return abs(self.measured_host - self.planned_host) <= max(MEMORY_TOLERANCE * self.measured_host, MEMORY_SLACK)
+
+
+def preset_config(size: str, root: str) -> str:
+    """The preset's config.json, as the bench's model is built from it."""
+    from slimckpt.testing import fsdp_checkpoint
+
+    path = os.path.join(root, size)
+    fsdp_checkpoint.build_config(fsdp_checkpoint.parse_args(["--out", path, "--size-preset", size])).save_pretrained(path)
+    return path
+
+
+def strategy_for(mode: str, staged: bool | None):
+    from slimckpt.plan import build, cost
+
+    if mode == "verl":
+        return cost.Strategy("verl + hf_model", contents=(*cost.VERL_CONTENTS, "hf_model"))
+    # the measured saves ran with a number for host_memory_budget_gb (the recipe's auto is per node)
+    inc = replace(build.recipe_strategies(["incremental"])[0], host_memory_budget_gb=16.0)
+    if mode == "incremental":
+        return inc
+    if mode == "stream":
+        return replace(inc, async_save=True, async_stream=True)
+    # the bench's budget was the host's free memory then: the pool was used, or it was not
+    return replace(inc, async_save=True, host_memory_budget_gb=1e6 if staged else 0.0)
+
+
+def points(bench: dict, world: int) -> list[Point]:
+    from slimckpt.plan import cost, meta_model
+
+    extra = meta_model.extra_state_bytes()
+    out = []
+    with tempfile.TemporaryDirectory(prefix="plan-check-") as root:
+        facts = {}
+        for row in bench["rows"]:
+            if row["size"] not in facts:
+                facts[row["size"]] = meta_model.model_facts(preset_config(row["size"], root))
+            f = facts[row["size"]]
+            e = cost.estimate(f.params, world, strategy_for(row["mode"], row.get("staged")), extra, f.hf_bytes, None,
+                              fsdp=2, hf_dtype=f.hf_dtype, device="cpu")
+            peaks = row["peak_extra_per_rank"]
+            out.append(Point(row["size"], row["mode"], row["params"], e.total_write_bytes + e.hf_export_bytes,
+                             row["bytes_on_disk"], e.host_peak_bytes, peaks[0], peaks[1:],
+                             "pool not used: the host lacked the memory" if row["mode"] == "async" and
+                             row.get("staged") is False else ""))
+    return out
+
+
+def table(found: list[Point], meta: dict) -> str:
+    lines = [f"{BEGIN}",
+             f"`slimckpt plan --device cpu --fsdp 2 --world-size 2` for each save `make bench` measured "
+             f"(docs/bench_save.json, commit {meta.get('commit', '?')}, {meta.get('date', '?')}; "
+             f"`python -m scripts.bench.plan_check --out docs/plan_check.md`). Bytes agree within "
+             f"{BYTES_TOLERANCE:.1%} (the plan leaves out pickle framing, headers, configs, manifests); host "
+             f"memory is rank 0's extra peak RssAnon, agreeing within {MEMORY_TOLERANCE:.0%} or "
+             f"{MEMORY_SLACK // MiB} MiB, whichever is larger.",
+             "",
+             "| model | save | bytes planned | bytes measured | rank 0 host planned | rank 0 measured | other rank | agrees |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in found:
+        ok = "yes" if p.bytes_ok and p.host_ok else "**no**"
+        lines.append(f"| {p.params / 1e9:.2f}B | {MODE_LABEL.get(p.mode, p.mode)} | {p.planned_bytes / 1e9:.3f} GB | "
+                     f"{p.measured_bytes / 1e9:.3f} GB | {p.planned_host / MiB:,.0f} MiB | {p.measured_host / MiB:,.0f} MiB"
+                     f" | {', '.join(f'{x / MiB:,.0f}' for x in p.measured_others)} MiB | {ok}"
+                     + (f" ({p.note})" if p.note else "") + " |")
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def write_section(section: str, path: Path) -> None:
+    text = path.read_text() if path.exists() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "") + section
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default=str(REPO / "docs" / "bench_save.json"), help="scripts/bench/save.py's results")
+    p.add_argument("--world-size", type=int, default=2, help="the bench's ranks (its --nproc)")
+    p.add_argument("--out", default=None, help="a markdown file whose plan-check section to write")
+    args = p.parse_args(argv)
+    bench = json.loads(Path(args.json).read_text())
+    found = points(bench, args.world_size)
+    section = table(found, bench.get("meta", {}))
+    if args.out:
+        write_section(section, Path(args.out))
+    print(section, end="")
+    return 0 if all(pt.bytes_ok and pt.host_ok for pt in found) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

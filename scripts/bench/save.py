@@ -1,0 +1,642 @@
+#!/usr/bin/env python
+"""Save benchmark: verl 0.9.1's own FSDPCheckpointManager save vs +recipe=incremental, same run.
+
+  python -m scripts.bench.save                                   # 0.25b,0.5b,1b, 3 saves each -> BENCHMARKS.md
+  python -m scripts.bench.save --sizes 0.25b --repeats 1 --out /tmp/b.md --json /tmp/b.json   # a quick look
+  python -m scripts.bench.save --render /tmp/b.json --out BENCHMARKS.md                       # re-render, no runs
+  python -m scripts.bench.save --sizes 0.25b --modes incremental,async,stream --tag stream-0.25b   # own section
+  python -m scripts.bench.save --fsdp 1 --sizes 0.5b,1b --modes verl,incremental --tag fsdp1   # FSDP1 rows
+
+For every size and mode one fresh `torchrun` (world size 2, FSDP2, gloo, CPU) builds a Llama of
+slimckpt.testing.fsdp_checkpoint's preset with random weights and a filled AdamW state, wraps it
+like verl does (`fully_shard` per decoder layer, then the root; `--fsdp 1`: verl's strategy=fsdp,
+FullyShardedDataParallel with a per-layer wrap policy) and saves it --repeats times
+through verl 0.9.1's real `FSDPCheckpointManager.save_checkpoint`:
+
+  verl         save_contents [model, optimizer, extra, hf_model] (verl's own code, SLIMCKPT_DISABLE=1):
+               the sharded .pt files plus the hf_model gather on rank 0
+  incremental  SlimCheckpointConfig(recipe=incremental, incremental_save, export_hf): DCP resume
+               state streamed tensor by tensor, the gather-free HF export, manifest commit
+  async        the same with async_save=true: staged into a host pool, written in the background
+  stream       the same with async_save=stream: the live shards written in the background, no pool
+               (no optimizer step between the saves: the rollout window here is longer than the write)
+
+Measured per save and rank: peak anonymous RSS (RssAnon, sampled every 5 ms by a separate
+process per rank, so a GIL-holding save cannot hide a spike) above the rank's level just before
+the first save of the run (so a staging pool held between saves counts); wall time of the save
+until every rank's files are committed (for async: until the background write is committed);
+blocking time (until save_checkpoint returns). The report takes the largest peak over ranks and
+saves, and medians of the times. Each save's directory is deleted before the next one.
+
+The incremental modes use the actor checkpoint block of recipes/incremental.yaml unchanged
+(export_hf, export_dtype, bucket_mb, write_threads, measure); in a tree whose incremental tier
+refuses export_hf they run without the export, and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import math
+import os
+import platform
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scripts.provenance import source_commit
+
+# lazy imports: torch, verl and slimckpt load in the worker ranks only; the driver and its RSS sampler stay torch-free
+
+REPO = Path(__file__).resolve().parents[2]
+SIZES = ("0.25b", "0.5b", "1b")
+MODES = ("verl", "incremental", "async", "stream")
+MODE_LABEL = {"verl": "verl 0.9.1 (hf_model)", "incremental": "incremental (sync)", "async": "incremental (async)",
+              "stream": "incremental (async stream)"}
+BEGIN, END = "<!-- save-bench:begin -->", "<!-- save-bench:end -->"
+
+
+def markers(tag: str = "") -> tuple[str, str]:
+    """The report's section markers; a --tag run gets a section of its own beside the full one."""
+    return (BEGIN, END) if not tag else (f"<!-- save-bench-{tag}:begin -->", f"<!-- save-bench-{tag}:end -->")
+SAMPLE_INTERVAL_S = 0.005
+
+
+# --------------------------------------------------------------------------- RSS sampler process
+
+
+def sampler_main(pid: int) -> int:
+    """Sample RssAnon of `pid` until stdin closes. Commands on stdin: `start` opens a window
+    (prints the level now), `stop` closes it (prints the window's peak)."""
+    from slimckpt.observe.memory import rss_anon_bytes
+
+    peak, active = 0, False
+    while True:
+        ready, _, _ = select.select([sys.stdin], [], [], SAMPLE_INTERVAL_S)
+        if active:
+            peak = max(peak, rss_anon_bytes(pid))
+        if not ready:
+            continue
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        now = rss_anon_bytes(pid)
+        if line.strip() == "start":
+            peak, active = now, True
+            print(now, flush=True)
+        elif line.strip() == "stop":
+            active = False
+            print(max(peak, now), flush=True)
+
+
+class WindowSampler:
+    """The worker's handle on its sampler process."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "scripts.bench.save", "--sample-pid", str(os.getpid())],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+
+    def _ask(self, command: str) -> int:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the RSS sampler process exited (code {self.proc.poll()})")
+        return int(line)
+
+    def start(self) -> int:
+        return self._ask("start")
+
+    def stop(self) -> int:
+        return self._ask("stop")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- worker (one torchrun rank)
+
+
+def build_model(preset: str, world: int, fsdp: int = 2):
+    """The preset's Llama, sharded like verl's FSDP2 wrap (or FSDP1's, `fsdp=1`); weights and AdamW
+    state random and materialised (never zero pages, which would hide their RSS)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+
+    from slimckpt.testing.fsdp_checkpoint import PRESETS, build_config, wrap_fsdp2
+
+    layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
+    cfg = argparse.Namespace(model="llama", layers=layers, hidden=hidden, intermediate=inter, vocab=vocab,
+                             heads=heads, kv_heads=kv)
+    with torch.device("meta"):  # each rank materialises only its own shard
+        model = AutoModelForCausalLM.from_config(build_config(cfg), dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    if fsdp == 1:
+        model = wrap_fsdp1_from_meta(model, mesh)
+    else:
+        model = wrap_fsdp2(model, mesh, "dim0", world)
+        model.to_empty(device="cpu")
+    gen = torch.Generator().manual_seed(1000 + torch.distributed.get_rank())
+    with torch.no_grad():
+        for p in model.parameters():
+            (p.to_local() if hasattr(p, "to_local") else p).normal_(0.0, 0.02, generator=gen)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():  # one step on zero gradients creates the state without a forward pass
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                local = state[key].to_local() if hasattr(state[key], "to_local") else state[key]
+                local.normal_(0.0, 1e-3, generator=gen).abs_()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    return model, optimizer, scheduler, n_params, vocab
+
+
+def wrap_fsdp1_from_meta(model, mesh):
+    """FSDP1 as slimckpt.testing.fsdp_checkpoint.wrap_fsdp1 wraps it (use_orig_params, per-layer
+    units, the mesh), materialising one unit at a time from the meta model: a rank never holds the
+    whole unsharded model, as verl's rank 0 does not either."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    from slimckpt.testing.fsdp_checkpoint import decoder_layer_classes
+
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
+    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
+                device_id=torch.device("cpu"), device_mesh=mesh,
+                param_init_fn=lambda m: m.to_empty(device=torch.device("cpu"), recurse=False))
+
+
+def fsdp1_need(preset: str) -> int:
+    """Host bytes an FSDP1 run of `preset` needs over all its ranks: the fp32 model and AdamW's two
+    moments, and FSDP1's sharded state dict, a copy of them (gpu_check_fsdp), plus 2 GiB."""
+    from slimckpt.testing.fsdp_checkpoint import PRESETS
+
+    layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
+    params = 2 * vocab * hidden + hidden + layers * (2 * hidden * hidden + 2 * hidden * hidden * kv // heads
+                                                     + 3 * hidden * inter + 2 * hidden)
+    return 2 * 12 * params + 2 * 2**30
+
+
+def fsdp1_fits(preset: str) -> bool:
+    return fsdp1_need(preset) <= mem_available()
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def staging_budget_gb(world: int) -> float:
+    """async: what each rank may stage, from the memory this machine has free right now (less
+    2 GiB), so a pool that cannot fit streams synchronously (and the report says so) instead of
+    pushing a shared machine into the OOM killer."""
+    return max(0.0, (mem_available() - 2 * 2**30) / world / 2**30)
+
+
+def verl_contents(fsdp: int) -> list[str]:
+    """verl's save_contents here. FSDP1: no hf_model, whose full state dict (offload_to_cpu,
+    rank0_only) crashes torch on CPU/gloo; the row is verl's sharded save alone, its lower bound."""
+    return ["model", "optimizer", "extra"] + (["hf_model"] if fsdp == 2 else [])
+
+
+def checkpoint_config(mode: str, budget_gb: float, fsdp: int = 2):
+    """(config, export_hf on?) for a mode. The incremental modes take the actor's checkpoint block of
+    recipes/incremental.yaml as it is (export_hf, export_dtype, bucket_mb, ...) and set only
+    async_save and the staging budget."""
+    if mode == "verl":
+        from omegaconf import OmegaConf
+
+        return OmegaConf.create({"save_contents": verl_contents(fsdp)}), None
+    from omegaconf import OmegaConf
+
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
+    recipe = OmegaConf.load(REPO / "recipes" / "incremental.yaml").actor_rollout_ref.actor.checkpoint
+    fields = {k: v for k, v in OmegaConf.to_container(recipe, resolve=True).items() if not k.startswith("_")}
+    fields.update(async_save={"async": True, "stream": "stream"}.get(mode, False), host_memory_budget_gb=budget_gb)
+    try:
+        config = SlimCheckpointConfig(**fields)
+    except ValueError as exc:  # a tree whose incremental tier has no HF export yet
+        if "export" not in str(exc):
+            raise
+        fields.update(export_hf=False, export_dtype="bf16")
+        config = SlimCheckpointConfig(**fields)
+    return config, bool(config.export_hf)
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from slimckpt.testing.fsdp_checkpoint import build_tokenizer
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sampler = WindowSampler()
+    model, optimizer, scheduler, n_params, vocab = build_model(args.preset, world, args.fsdp)
+    gen_dir = os.path.join(args.out, "generation_config")
+    if rank == 0:  # verl saves generation_config.json from config.name_or_path, as for a pretrained model
+        from transformers import GenerationConfig
+
+        GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(gen_dir)
+    dist.barrier()
+    model.config.name_or_path = gen_dir
+    dist.barrier()
+    budget = [staging_budget_gb(world)]
+    dist.broadcast_object_list(budget, src=0)  # one budget for all ranks: rank 0's view of the machine
+    if rank == 0 and args.mode in ("async", "stream"):
+        print(f"[bench-save] async staging budget {budget[0]:.1f} GiB per rank (free memory now)", flush=True)
+    config, export_hf = checkpoint_config(args.mode, budget[0], args.fsdp)
+    manager = FSDPCheckpointManager(model, optimizer, scheduler, processing_class=build_tokenizer(vocab),
+                                    checkpoint_config=config)
+    from slimckpt.save.resume_state import finish_pending
+
+    saves = []
+    first_level = None
+    for i in range(args.repeats):
+        path = os.path.join(args.out, f"global_step_{i + 1}", "actor")
+        gc.collect()
+        os.sync()  # no dirty pages of earlier writes left for this save to wait on
+        dist.barrier()
+        level = sampler.start()
+        first_level = level if first_level is None else first_level
+        t0 = time.perf_counter()
+        manager.save_checkpoint(path, global_step=i + 1)
+        blocking = time.perf_counter() - t0
+        finish_pending()
+        dist.barrier()
+        wall = time.perf_counter() - t0
+        peak = sampler.stop()
+        save = {"blocking_s": blocking, "wall_s": wall, "level_before": level, "peak": peak}
+        if rank == 0:
+            hf = Path(path) / "huggingface"
+            save["hf_safetensors"] = len(list(hf.glob("*.safetensors"))) if hf.is_dir() else 0
+            save["bytes_on_disk"] = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+            manifest = Path(path) / "slimckpt_resume.json"
+            if manifest.exists():
+                save["timings_s"] = json.loads(manifest.read_text()).get("extra", {}).get("timings_s", {})
+        saves.append(save)
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        dist.barrier()
+    sampler.close()
+    # the bound on a streaming save's extra host memory: write_threads x (bucket + largest shard) + 64 MiB
+    largest = max(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else t.numel() * t.element_size()
+                  for t in [*model.parameters(), *(v for st in optimizer.state.values() for v in st.values()
+                                                   if hasattr(v, "numel"))])
+    bound = None if args.mode == "verl" else \
+        int(config.write_threads) * (int(config.bucket_mb) * 2**20 + largest) + 64 * 2**20
+    row = {"rank": rank, "world": world, "fsdp": args.fsdp, "params": n_params, "export_hf": export_hf, "first_level": first_level,
+           "saves": saves, "stream_bound": bound}
+    rows = [None] * world
+    dist.all_gather_object(rows, row)
+    if rank == 0:
+        Path(args.out, "result.json").write_text(json.dumps(rows))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_one(size: str, mode: str, args: argparse.Namespace, work: Path) -> dict:
+    out = Path(tempfile.mkdtemp(prefix=f"save-{size}-{mode}-", dir=work))
+    log_path = work / f"save-{size}-{mode}.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
+           "-m", "scripts.bench.save", "--worker", "--mode", mode, "--preset", size, "--repeats", str(args.repeats), "--out", str(out),
+           "--fsdp", str(args.fsdp)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "patches"), os.environ.get("PYTHONPATH")]))}
+    if mode == "verl":
+        env["SLIMCKPT_DISABLE"] = "1"
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+            try:
+                code = proc.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks: their own session
+                proc.wait()
+                raise SystemExit(f"[bench-save] {size} {mode}: no result after {args.timeout} s; killed. "
+                                 f"Log: {log_path}; raise --timeout or use fewer --repeats")
+        if code != 0:
+            tail = log_path.read_text()[-3000:]
+            raise SystemExit(f"[bench-save] {size} {mode} failed (exit {code}); log {log_path}:\n{tail}")
+        ranks = json.loads((out / "result.json").read_text())
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return summarise(size, mode, ranks)
+
+
+def summarise(size: str, mode: str, ranks: list[dict]) -> dict:
+    saves0 = ranks[0]["saves"]
+    extra = [max(s["peak"] for s in r["saves"]) - r["first_level"] for r in ranks]
+    return {
+        "size": size, "mode": mode, "fsdp": ranks[0].get("fsdp", 2), "params": ranks[0]["params"], "export_hf": ranks[0]["export_hf"],
+        "peak_extra_per_rank": extra, "peak_extra": max(extra),
+        "wall_s": statistics.median(max(r["saves"][i]["wall_s"] for r in ranks) for i in range(len(saves0))),
+        "blocking_s": statistics.median(max(r["saves"][i]["blocking_s"] for r in ranks) for i in range(len(saves0))),
+        "walls": [max(r["saves"][i]["wall_s"] for r in ranks) for i in range(len(saves0))],
+        "blockings": [max(r["saves"][i]["blocking_s"] for r in ranks) for i in range(len(saves0))],
+        "hf_safetensors": saves0[0].get("hf_safetensors", 0), "bytes_on_disk": saves0[0].get("bytes_on_disk", 0),
+        "timings_s": [s.get("timings_s") for s in saves0],
+        # async only: False when the pool was over the budget and the save streamed synchronously
+        "staged": all("stage" in (s.get("timings_s") or {}) for s in saves0) if mode == "async" else None,
+        "first_blocking_s": max(r["saves"][0]["blocking_s"] for r in ranks),
+        "stream_bound": ranks[0].get("stream_bound"),
+    }
+
+
+def find(rows: list[dict], size: str, mode: str) -> dict | None:
+    return next((r for r in rows if r["size"] == size and r["mode"] == mode), None)
+
+
+def label(r: dict) -> str:
+    if r.get("fsdp", 2) == 1:
+        return "verl 0.9.1 FSDP1 (no hf_model)" if r["mode"] == "verl" else f"{MODE_LABEL[r['mode']]}, FSDP1"
+    return MODE_LABEL[r["mode"]]
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | params | save | peak extra RssAnon (max over ranks) | per rank | wall (median) "
+             "| blocking (median) | RSS vs verl | wall vs verl | HF safetensors |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for size in dict.fromkeys(r["size"] for r in rows):
+        base = find(rows, size, "verl")
+        for r in (x for x in rows if x["size"] == size):
+            per_rank = " / ".join(f"{v / 2**20:,.0f}" for v in r["peak_extra_per_rank"])
+            vs = "-" if r is base or base is None else \
+                f"{base['peak_extra'] / max(r['peak_extra'], 1):.1f}x lower"
+            speed = "-" if r is base or base is None else f"{base['wall_s'] / r['wall_s']:.2f}x"
+            lines.append(f"| {size} | {r['params'] / 1e9:.2f}B | {label(r)} "
+                         f"| {r['peak_extra'] / 2**20:,.0f} MiB "
+                         f"| {per_rank} MiB | {r['wall_s']:.1f} s | {r['blocking_s']:.2f} s | {vs} | {speed} "
+                         f"| {r['hf_safetensors'] or 'none'} |")
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
+    sizes = sorted(dict.fromkeys(r["size"] for r in rows), key=lambda s: SIZES.index(s))
+    big = sizes[-1]
+    verl, sync, asyn = (find(rows, big, m) for m in ("verl", "incremental", "async"))
+    stream = find(rows, big, "stream")
+    checks: list[tuple[str, bool, str]] = []
+    if verl and sync:
+        exported = bool(sync["export_hf"]) and sync["hf_safetensors"] > 0
+        ratio = verl["peak_extra"] / max(sync["peak_extra"], 1)
+        checks.append((f"per-rank extra peak RssAnon of a save with the HF export >= 10x lower than verl's hf_model "
+                       f"save ({big})", exported and ratio >= 10,
+                       f"{ratio:.1f}x" + ("" if exported else
+                                          " (this save had no HF export: export_hf not available)")))
+        checks.append((f"save wall no worse than verl's ({big}, sync)", sync["wall_s"] <= verl["wall_s"],
+                       f"{sync['wall_s']:.1f} s vs {verl['wall_s']:.1f} s"))
+    ours = [r for r in (find(rows, s, "incremental") for s in sizes) if r]
+    theirs = [r for r in (find(rows, s, "verl") for s in sizes) if r]
+    if len(ours) >= 2:
+        lo, hi = ours[0]["peak_extra"], ours[-1]["peak_extra"]
+        flat = hi <= 1.5 * lo or hi - lo <= 64 * 2**20
+        grew = "" if len(theirs) < 2 else \
+            f"; verl's grows {theirs[-1]['peak_extra'] / max(theirs[0]['peak_extra'], 1):.1f}x"
+        checks.append((f"our peak roughly flat from {ours[0]['size']} to {ours[-1]['size']} (at most 1.5x or +64 MiB "
+                       f"while the model grows {ours[-1]['params'] / ours[0]['params']:.1f}x)", flat,
+                       f"{lo / 2**20:,.0f} -> {hi / 2**20:,.0f} MiB{grew}"))
+    if asyn and asyn.get("staged") is False:
+        # the pool (the rank's whole model + optimizer shard) did not fit this machine's free memory
+        # at the largest size: judge the largest size where it did, and say so
+        fitted = [s for s in sizes if (find(rows, s, "async") or {}).get("staged") and find(rows, s, "incremental")]
+        if fitted:
+            big = fitted[-1]
+            sync, asyn = find(rows, big, "incremental"), find(rows, big, "async")
+    if sync and asyn:
+        share = asyn["blocking_s"] / sync["wall_s"]
+        how = "" if asyn.get("staged", True) else \
+            " (the staging pool did not fit this machine's free memory: the async save streamed synchronously)"
+        if big != sizes[-1]:
+            how += f" ({sizes[-1]}: the staging pool did not fit this machine's free memory)"
+        checks.append((f"async blocking <= 10% of the synchronous save ({big}, median of the saves)",
+                       share <= 0.10 and asyn.get("staged", True),
+                       f"{asyn['blocking_s']:.2f} s = {math.ceil(round(1000 * share, 6)) / 10:.1f}% of {sync['wall_s']:.2f} s; first save "
+                       f"(allocates the pool) {asyn.get('first_blocking_s', asyn['blockings'][0]):.2f} s{how}"))
+    sync_big = find(rows, sizes[-1], "incremental")
+    if stream and stream.get("stream_bound"):
+        checks.append((f"stream: extra peak RssAnon within the sync bound, write_threads x (bucket_mb + largest shard) "
+                       f"+ 64 MiB ({sizes[-1]})", stream["peak_extra"] <= stream["stream_bound"],
+                       f"{stream['peak_extra'] / 2**20:,.0f} MiB vs {stream['stream_bound'] / 2**20:,.0f} MiB"))
+    if stream and sync_big:
+        share = stream["blocking_s"] / sync_big["wall_s"]
+        checks.append((f"stream: blocking <= 2% of the synchronous save ({sizes[-1]}; nothing changes the shards "
+                       f"before the write ends here: the rollout window is longer than the write)", share <= 0.02,
+                       f"{stream['blocking_s']:.2f} s = {math.ceil(round(1000 * share, 6)) / 10:.1f}% of "
+                       f"{sync_big['wall_s']:.2f} s"))
+    return checks
+
+
+def breakdown(rows: list[dict]) -> str:
+    """Where the async save's blocking time goes (rank 0, last save, from the manifest)."""
+    lines = []
+    for r in rows:
+        if r["mode"] != "async" or not r["timings_s"] or not r["timings_s"][-1]:
+            continue
+        t = r["timings_s"][-1]
+        parts = ", ".join(f"{k} {v:.2f} s" for k, v in t.items())
+        lines.append(f"- {r['size']}: {parts}")
+    return "\n".join(lines)
+
+
+def render_section(result: dict) -> str:
+    rows, meta = result["rows"], result["meta"]
+    checks = targets(rows)
+    target_lines = ["| target | met | measured |", "|---|---|---|"]
+    target_lines += [f"| {name} | {'✓' if ok else '✗'} | {value} |" for name, ok, value in checks]
+    no_export = [r for r in rows if r["mode"] != "verl" and not r["export_hf"]]
+    note = ("\n**These incremental saves ran without the HF export** (this tree's SlimCheckpointConfig refused "
+            "export_hf with incremental_save), so they are not yet the save the targets ask for.\n"
+            ) if no_export else ""
+    begin, end = markers(meta.get("tag", ""))
+    title = f" ({meta['tag']})" if meta.get("tag") else ""
+    fsdp = meta.get("fsdp", 2)
+    verl_saves = ("`save_contents: [model, optimizer, extra, hf_model]`" if fsdp == 2 else
+                  "`save_contents: [model, optimizer, extra]` (no `hf_model`: FSDP1's full state dict with "
+                  "offload_to_cpu crashes torch on CPU/gloo)")
+    cpu_note = ("On CPU verl's sharded save does not copy the shards (they already are host tensors); on GPU it "
+                "copies the rank's whole model and optimizer shard to\nhost RAM first, so verl's numbers here are its "
+                "lower bound." if fsdp == 2 else
+                "verl's FSDP1 save clones each chunk of its sharded state dicts (on a GPU it moves them to host RAM), "
+                "the same on CPU.")
+    if fsdp == 1:
+        target_lines = ["FSDP1's sharded state dict is a copy of the rank's shards (slimckpt.testing.gpu_check_fsdp): on "
+                        "this CPU it lands in host memory, which is what the incremental rows' peak shows; on a GPU "
+                        "it lands on the device instead (`slimckpt plan`'s \"device added\"). The FSDP2 rows of the "
+                        "same sizes are in the `save-bench` section (FSDP2). Wall per save (spread):"]
+        target_lines += [f"- {r['size']} {label(r)}: " + ", ".join(f"{w:.1f} s" for w in r["walls"])
+                         + (" (state dict " + ", ".join(f"{t['state_dict']:.1f} s" for t in r["timings_s"]
+                                                       if t and "state_dict" in t) + ")"
+                            if any(t and "state_dict" in t for t in r["timings_s"]) else "")
+                         for r in rows]
+    return f"""{begin}
+## Save inside verl{title}: FSDP{meta.get('fsdp', 2)}, world size 2, verl 0.9.1's FSDPCheckpointManager
+
+Produced by `{meta['command']}` on {meta['date']}{f" at commit {meta['commit']}" if meta.get('commit') else ""}, in {meta['seconds'] / 60:.1f} minutes.
+Machine: {meta['machine']}.
+Each row is one fresh `torchrun` (2 ranks, gloo, CPU) that saves the same random model + AdamW state
+{meta['repeats']} time(s). verl: {verl_saves}, verl's own code
+(`SLIMCKPT_DISABLE=1`). incremental: `+recipe=incremental` with `export_hf: true` (DCP resume state + the
+gather-free HF export, committed by the manifest; the actor checkpoint block of `recipes/incremental.yaml`
+as it is); async: the same with `async_save: true` and a staging budget of the machine's free memory.
+Peak extra RssAnon: each rank's peak anonymous RSS during its saves above its level before the first save
+(sampled every 5 ms from a separate process; the async staging pool is held between saves, so it counts),
+largest over ranks. Wall: until every rank's files are committed (async: until the background write is),
+median over saves. Blocking: until `save_checkpoint` returns. {cpu_note} slimckpt fsyncs every file before it commits
+the step; verl's `torch.save` does not, so part of verl's bytes may still be in the page cache when its save
+returns (the page cache is synced before every save, outside the timed window).
+{note}
+{table(rows)}
+
+### {"Targets (incremental tier)" if fsdp == 2 else "FSDP1"}
+
+{chr(10).join(target_lines)}
+
+Async blocking time, by phase (rank 0, last save, seconds):
+{breakdown(rows) or '- (no async rows)'}
+{meta.get('note', '')}
+{end}
+"""
+
+
+def write_section(section: str, path: Path) -> None:
+    """Replace this benchmark's marked section of the report (or append it); the rest of the file
+    (scripts/bench/merge.py's merge section) is left as it is."""
+    begin, end = section.split("\n", 1)[0], section.rstrip("\n").rsplit("\n", 1)[1]
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+        text = head + section.rstrip("\n") + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def machine_line() -> str:
+    import torch
+
+    return (f"{platform.machine()}, {os.cpu_count()} cores, "
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
+            f"torch {torch.__version__}")
+
+
+def driver(args: argparse.Namespace) -> int:
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [s for s in sizes if s not in SIZES] + [m for m in modes if m not in MODES]
+    if bad:
+        raise SystemExit(f"[bench-save] unknown size/mode {bad}; sizes: {list(SIZES)}, modes: {list(MODES)}")
+    from tqdm import tqdm
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    commit = source_commit()  # the code the runs use: HEAD as they start
+    rows = []
+    skipped = [s for s in sizes if args.fsdp == 1 and not fsdp1_fits(s)]
+    for size in skipped:
+        print(f"[bench-save] {size} FSDP1: not run: its shards plus FSDP1's copy of them need about "
+              f"{fsdp1_need(size) / 2**30:.1f} GiB, this machine has {mem_available() / 2**30:.1f} GiB available",
+              flush=True)
+    sizes = [s for s in sizes if s not in skipped]
+    if args.fsdp == 1 and skipped:
+        args.note = (args.note + " " if args.note else "") + \
+            f"Not run (over this machine's available memory with FSDP1's copy): {', '.join(skipped)}."
+    if not sizes:
+        print("[bench-save] nothing to run: every size was skipped; the report is left as it is", flush=True)
+        return 0
+    runs = [(s, m) for s in sizes for m in modes]
+    with tqdm(runs, desc="save bench", unit="run") as bar:
+        for size, mode in bar:
+            bar.set_postfix_str(f"{size} {mode}")
+            row = run_one(size, mode, args, work)
+            rows.append(row)
+            tqdm.write(f"[bench-save] {size} {mode}: peak extra {row['peak_extra'] / 2**20:,.0f} MiB "
+                       f"(ranks {[round(v / 2**20) for v in row['peak_extra_per_rank']]}), wall {row['wall_s']:.1f} s, "
+                       f"blocking {row['blocking_s']:.2f} s, HF safetensors {row['hf_safetensors']}, "
+                       f"timings {row['timings_s'][-1]}")
+    command = "python -m scripts.bench.save" + (f" --sizes {args.sizes}" if args.sizes != ",".join(SIZES) else "") \
+        + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
+    command += f" --modes {args.modes}" if args.modes != ",".join(MODES) else ""
+    command += f" --tag {args.tag}" if args.tag else ""
+    command += f" --fsdp {args.fsdp}" if args.fsdp != 2 else ""
+    result = {"rows": rows, "meta": {"command": command, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats,
+                                     "seconds": time.time() - started, "machine": machine_line(), "tag": args.tag,
+                                     "commit": commit, "note": args.note, "fsdp": args.fsdp}}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    section = render_section(result)
+    if args.out:
+        write_section(section, Path(args.out))
+    print(section)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, from: " + ", ".join(SIZES))
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
+    p.add_argument("--repeats", type=int, default=3, help="saves per run; wall and blocking are their medians")
+    p.add_argument("--nproc", type=int, default=2, help="ranks (world size)")
+    p.add_argument("--fsdp", type=int, choices=[1, 2], default=2,
+                   help="2: FSDP2 (fully_shard); 1: FSDP1 (FullyShardedDataParallel, verl's strategy=fsdp)")
+    p.add_argument("--timeout", type=int, default=900, help="seconds one torchrun may take before it is killed")
+    p.add_argument("--work", default=str(REPO / "bench_work"), help="scratch dir for the checkpoints")
+    p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"),
+                   help="report whose save-bench section is (re)written; '' for none")
+    p.add_argument("--json", default=None, help="also write the raw results here")
+    p.add_argument("--tag", default="", help="write a section of its own (markers save-bench-TAG), e.g. for a run "
+                                              "of some sizes or modes only, leaving the full section as it is")
+    p.add_argument("--note", default="", help="a paragraph under the section's targets")
+    p.add_argument("--render", default=None, metavar="JSON", help="re-render --out from a --json file (no runs)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--preset", help=argparse.SUPPRESS)
+    p.add_argument("--sample-pid", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.sample_pid:
+        return sampler_main(args.sample_pid)
+    if args.worker:
+        worker(args)
+        return 0
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    if args.render:
+        result = json.loads(Path(args.render).read_text())
+        section = render_section(result)
+        if args.out:
+            write_section(section, Path(args.out))
+        print(section)
+        return 0
+    return driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,531 @@
+#!/usr/bin/env python
+"""Scale benchmark: merging a Llama-3-8B-shaped verl checkpoint, slimckpt against verl 0.9.1's merger.
+
+  make bench-scale                                    # 8B, world size 8, 3 runs per tool -> BENCHMARKS.md
+  python -m scripts.bench.scale --preset 1b --world-size 4 --repeats 1 --out /tmp/s.md --readme ''   # a quick look
+  python -m scripts.bench.scale --render docs/bench_scale.json      # re-render the section, no runs
+
+The checkpoint (fp32, model only) is written by slimckpt.testing.fake_pg_checkpoint: one rank at
+a time over torch's fake process group, each rank's FSDP2 shards saved by verl's own
+FSDPCheckpointManager, so no process ever holds the model. Then, in the same run:
+
+  slimckpt merge, and torchrun --nproc_per_node 2 ... --distributed_merge: peak anonymous RSS
+    (sampled from outside), wall, and wall over the I/O floor (bytes read / read bandwidth + bytes
+    written / write bandwidth, the bandwidths measured in this run), --repeats runs each, turn by
+    turn; each output checked tensor for tensor against the shards (slimckpt.testing.merge_check).
+  verl's merger (SLIMCKPT_DISABLE=1) under a memory cap: its process tree is killed when its
+    anonymous RSS passes --verl-cap-gib, as the OOM killer would; the report says how far it got
+    and what it would have needed, from verl's own peak per byte of shards on a smaller checkpoint
+    (--ref-preset, same world size) merged without a cap in the same run.
+
+The run needs --min-free-gib of free disk where --work is (the shards, one merge output, the smaller
+checkpoint); without it it says so and exits 0. Everything it writes under --work is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+
+from scripts.bench.merge import floor_ratio, source_commit
+from scripts.bench.save import machine_line, mem_available, write_section
+
+from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed  # noqa: E402
+from slimckpt.observe.measure import evict_from_page_cache, median, run_measured  # noqa: E402
+from slimckpt.observe.memory import rss_anon_bytes  # noqa: E402
+
+# lazy imports: psutil loads where a capped merge is watched
+
+REPO = Path(__file__).resolve().parents[2]
+BEGIN, END = "<!-- scale-bench:begin -->", "<!-- scale-bench:end -->"
+README_BEGIN, README_END = "<!-- scale-headline:begin -->", "<!-- scale-headline:end -->"
+SINGLE, DISTRIBUTED = "slimckpt merge", "slimckpt merge --distributed_merge"
+GiB, MiB, GB = 2**30, 2**20, 1e9
+ENV = {"OMP_NUM_THREADS": "2", "SLIMCKPT_LOG_LEVEL": "WARNING"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="llama3-8b", help="slimckpt.testing.fsdp_checkpoint size preset")
+    p.add_argument("--world-size", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3, help="merges per slimckpt tool")
+    p.add_argument("--workers", type=int, default=2, help="torchrun ranks of the distributed merge")
+    p.add_argument("--verl-cap-gib", type=float, default=18.0,
+                   help="anonymous RSS at which verl's merger is killed (lowered, and the report says so, when "
+                        "the host has less available)")
+    p.add_argument("--ref-preset", default="0.5b", help="the smaller checkpoint verl's merger runs on without a cap")
+    p.add_argument("--build-jobs", type=int, default=1,
+                   help="ranks the builder writes at once (each holds its rank's shards: 4 GB at 8B, world size 8)")
+    p.add_argument("--min-free-gib", type=float, default=50.0, help="free disk the run needs under --work")
+    p.add_argument("--work", default=str(REPO / "bench_work" / "scale"))
+    p.add_argument("--keep", action="store_true", help="keep the checkpoints under --work")
+    p.add_argument("--json", default=str(REPO / "docs" / "bench_scale.json"))
+    p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="report whose scale section to write")
+    p.add_argument("--readme", default=str(REPO / "README.md"), help="README whose headline row to write; '' for none")
+    p.add_argument("--render", default=None, metavar="JSON", help="re-render from an earlier run's JSON")
+    p.add_argument("--note", default=None,
+                   help="a paragraph under the section's targets, kept in the JSON (with --render: added to it)")
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+def build(preset: str, world: int, out: Path, jobs: int = 1) -> dict:
+    """The checkpoint, written by the fake-process-group builder; measured like the merges."""
+    cmd = [sys.executable, "-m", "slimckpt.testing.fake_pg_checkpoint", "--out", str(out), "--world-size", str(world),
+           "--size-preset", preset, "--save-contents", "model", "--jobs", str(jobs)]
+    print(f"[bench-scale] building {preset} at world size {world}: {' '.join(cmd)}", flush=True)
+    res = run_measured(cmd, env=ENV)
+    if res.returncode != 0:
+        raise SystemExit(f"[bench-scale] the builder failed (exit {res.returncode}):\n{res.output[-3000:]}")
+    info = json.loads(next(ln for ln in res.output.splitlines() if ln.startswith("{") and '"params"' in ln))
+    shards = shard_files(out)
+    info.update(wall_s=res.wall_s, peak_rss_anon=res.max_peak, shard_bytes=sum(p.stat().st_size for p in shards),
+                files=len(shards))
+    print(f"[bench-scale] built {info['params'] / 1e9:.2f}B params, {info['shard_bytes'] / GB:.1f} GB in "
+          f"{len(shards)} rank files, {res.wall_s:.0f} s, builder peak {res.max_peak / GiB:.1f} GiB", flush=True)
+    return info
+
+
+def shard_files(ckpt: Path) -> list[Path]:
+    return sorted(ckpt.glob("model_world_size_*_rank_*.pt"))
+
+
+def merge_command(tool: str, ckpt: Path, target: Path, workers: int) -> list[str]:
+    merge = ["-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt), "--target_dir", str(target), "--overwrite",
+             "--no_progress"]
+    if tool == SINGLE:
+        return [sys.executable, *merge]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={workers}", *merge,
+            "--distributed_merge"]
+
+
+def clean(target: Path) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.rmtree(str(target) + ".partial", ignore_errors=True)
+
+
+def check_output(ckpt: Path, target: Path) -> dict:
+    """slimckpt.testing.merge_check in its own process: every output tensor against the shards."""
+    res = run_measured([sys.executable, "-m", "slimckpt.testing.merge_check", "--shards", str(ckpt),
+                        "--merged", str(target)], env=ENV)
+    line = next((ln for ln in res.output.splitlines() if ln.startswith("{")), "{}")
+    found = json.loads(line)
+    found.update(wall_s=res.wall_s, peak_rss_anon=res.max_peak, returncode=res.returncode)
+    print(f"[bench-scale] checked {target.name}: ok={found.get('ok')} {found.get('tensors')} tensors, "
+          f"{res.wall_s:.0f} s", flush=True)
+    return found
+
+
+def merge_runs(ckpt: Path, work: Path, repeats: int, workers: int) -> dict[str, dict]:
+    inputs = [str(p) for p in shard_files(ckpt)]
+    rows: dict[str, dict] = {t: {"tool": t, "walls": [], "peaks": [], "rank_peaks": [], "tree_peaks": [],
+                                 "loads": [], "written_bytes": 0, "check": None} for t in (SINGLE, DISTRIBUTED)}
+    for i in range(repeats):
+        for tool, row in rows.items():
+            target = work / "merged"
+            clean(target)
+            os.sync()
+            evict_from_page_cache(inputs)
+            row["loads"].append(round(os.getloadavg()[0], 2))
+            res = run_measured(merge_command(tool, ckpt, target, workers), env=ENV)
+            files = list(target.glob("*.safetensors"))
+            if res.returncode != 0 or not files:
+                raise SystemExit(f"[bench-scale] {tool} failed (exit {res.returncode}):\n{res.output[-3000:]}")
+            row["written_bytes"] = sum(f.stat().st_size for f in files)
+            row["walls"].append(res.wall_s)
+            # one process's merge: parent and forked writer, shared pages once; torchrun's: each rank's
+            # process tree apart from the launcher
+            launcher = next(iter(res.peaks), None)  # the sampler sees the root first
+            ranks = {pid: peak for pid, peak in res.peaks.items() if pid != launcher}
+            row["peaks"].append(res.physical_peak if tool == SINGLE else max(ranks.values(), default=0))
+            row["rank_peaks"].append(max(ranks.values(), default=0))
+            row["tree_peaks"].append(res.physical_peak)
+            print(f"[bench-scale] {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, peak {row['peaks'][-1] / MiB:.0f} MiB"
+                  f" (load {row['loads'][-1]:.1f})", flush=True)
+            if i == repeats - 1:
+                row["check"] = check_output(ckpt, target)
+            clean(target)
+    return rows
+
+
+def run_capped(cmd: list[str], env: dict, cap: int, interval_s: float = 0.02) -> dict:
+    """`cmd`, its process group killed (SIGKILL) once its tree's summed RssAnon passes `cap`.
+    Returns wall, peak, whether and when it was killed, what it had read and printed by then."""
+    import psutil
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(4096), b"")), daemon=True)
+    reader.start()
+    peak, killed_at, read_bytes, timeline = 0, None, 0, []
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        now = sum(rss_anon_bytes(p.pid) for p in procs)
+        peak = max(peak, now)
+        try:
+            read_bytes = max(read_bytes, sum(p.io_counters().read_chars for p in procs))
+        except (psutil.Error, AttributeError):
+            pass
+        if not timeline or time.perf_counter() - start - timeline[-1][0] >= 0.5:
+            timeline.append((round(time.perf_counter() - start, 2), now))
+        if now > cap:
+            killed_at = time.perf_counter() - start
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(interval_s)
+    proc.wait()
+    reader.join(timeout=10)
+    output = b"".join(chunks).decode(errors="replace")
+    loaded = re.findall(r"Loading (\d+) FSDP shards:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)", output)
+    return {"wall_s": time.perf_counter() - start, "peak_rss_anon": peak, "killed": killed_at is not None,
+            "killed_at_s": killed_at, "returncode": proc.returncode, "read_bytes": read_bytes,
+            "shards_loaded": int(loaded[-1][1]) if loaded else 0, "output_tail": output[-1500:],
+            "timeline": timeline}
+
+
+def verl_command(ckpt: Path, target: Path) -> list[str]:
+    return [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(ckpt),
+            "--target_dir", str(target)]
+
+
+def verl_reference(preset: str, world: int, work: Path, jobs: int = 1) -> dict:
+    """verl's merger without a cap on a smaller checkpoint of the same world size: its peak per byte of shards."""
+    ckpt = work / f"ref_{preset}_ws{world}" / "actor"
+    info = build(preset, world, ckpt, jobs)
+    target = work / "ref_merged"
+    clean(target)
+    os.sync()
+    evict_from_page_cache([str(p) for p in shard_files(ckpt)])
+    res = run_measured(verl_command(ckpt, target), env={**ENV, "SLIMCKPT_DISABLE": "1"})
+    files = list(target.glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"[bench-scale] verl's merger wrote nothing on {ckpt} (exit {res.returncode}):\n"
+                         f"{res.output[-3000:]}")
+    row = {"preset": preset, "params": info["params"], "shard_bytes": info["shard_bytes"], "wall_s": res.wall_s,
+           "peak_rss_anon": res.max_peak, "per_shard_byte": res.max_peak / info["shard_bytes"]}
+    print(f"[bench-scale] verl's merger on {preset}: {res.wall_s:.1f} s, peak {res.max_peak / GiB:.2f} GiB = "
+          f"{row['per_shard_byte']:.2f}x its {info['shard_bytes'] / GB:.1f} GB of shards", flush=True)
+    clean(target)
+    shutil.rmtree(ckpt.parent, ignore_errors=True)
+    return row
+
+
+def choose_cap(requested_gib: float) -> tuple[int, str]:
+    """The cap, lowered below what the host has available (other work shares it) so that the kill is
+    ours, not the kernel's; and why, when lowered."""
+    cap = int(requested_gib * GiB)
+    avail = mem_available()
+    room = avail - 2 * GiB
+    if room < cap:
+        return room, (f"lowered from {requested_gib:g} GiB: the host had {avail / GiB:.1f} GiB available when the "
+                      f"run started")
+    return cap, ""
+
+
+def measure(args: argparse.Namespace) -> dict:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(work).free
+    if free < args.min_free_gib * GiB:
+        print(f"[bench-scale] {work} has {free / GiB:.0f} GiB free; the {args.preset} run needs {args.min_free_gib:g} "
+              f"GiB (the shards, one merge output, a smaller checkpoint): nothing measured. Free disk there, or "
+              f"pass --work on a larger disk.", flush=True)
+        return {}
+    started = time.time()
+    cap, cap_note = choose_cap(args.verl_cap_gib)
+    meta = {"command": "python -m scripts.bench.scale " + " ".join(sys.argv[1:]), **source_commit(),
+            "date": time.strftime("%Y-%m-%d"), "preset": args.preset, "world_size": args.world_size,
+            "repeats": args.repeats, "workers": args.workers, "free_disk_gib": free / GiB,
+            "mem_available_gib": mem_available() / GiB, "verl_cap": cap, "verl_cap_requested_gib": args.verl_cap_gib,
+            "verl_cap_note": cap_note, "load_start": os.getloadavg()[0]}
+    print(f"[bench-scale] {free / GiB:.0f} GiB free disk, {meta['mem_available_gib']:.1f} GiB available memory, "
+          f"verl cap {cap / GiB:.1f} GiB {cap_note}", flush=True)
+    try:
+        reference = verl_reference(args.ref_preset, args.world_size, work, args.build_jobs)
+        ckpt = work / f"ckpt_{args.preset}_ws{args.world_size}" / "actor"
+        built = build(args.preset, args.world_size, ckpt, args.build_jobs)
+        disks = [measure_disk_speed(str(work))]
+        print(f"[bench-scale] disk: {disks[-1].describe()}", flush=True)
+        rows = merge_runs(ckpt, work, args.repeats, args.workers)
+        disks.append(measure_disk_speed(str(work)))
+        print(f"[bench-scale] disk: {disks[-1].describe()}", flush=True)
+        target = work / "verl_merged"
+        clean(target)
+        os.sync()
+        evict_from_page_cache([str(p) for p in shard_files(ckpt)])
+        print(f"[bench-scale] verl's merger under a {cap / GiB:.1f} GiB cap", flush=True)
+        verl = run_capped(verl_command(ckpt, target), {**ENV, "SLIMCKPT_DISABLE": "1"}, cap)
+        verl["wrote_bytes"] = sum(f.stat().st_size for f in target.glob("*.safetensors")) if target.exists() else 0
+        clean(target)
+        print(f"[bench-scale] verl: killed={verl['killed']} at {verl['killed_at_s'] or verl['wall_s']:.0f} s, peak "
+              f"{verl['peak_rss_anon'] / GiB:.1f} GiB, {verl['shards_loaded']} shards loaded", flush=True)
+        disks.append(measure_disk_speed(str(work)))
+    finally:
+        if not args.keep:
+            for child in work.glob("*"):
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+    disk = fastest_of(disks)
+    for row in rows.values():
+        row["read_bytes"] = built["shard_bytes"]
+        row["io_floor_s"] = io_floor_s(disks, row["read_bytes"], row["written_bytes"])
+    meta.update(floor="O_DIRECT", seconds=time.time() - started, load_end=os.getloadavg()[0], disk=asdict(disk),
+                disk_measurements=[asdict(d) for d in disks])
+    return {**meta, "build": built, "rows": list(rows.values()), "verl": verl, "verl_reference": reference}
+
+
+def io_floor_s(disks: list[DiskSpeed], read_bytes: int, written_bytes: int) -> float:
+    """Bytes read at the best O_DIRECT read speed of the run plus bytes written at its best O_DIRECT
+    write speed: the merge's own path to the disk (a filesystem without O_DIRECT: the page cache's)."""
+    best = fastest_of(disks)
+    read = best.direct_read_bytes_per_s or best.read_bytes_per_s
+    write = best.direct_write_bytes_per_s or best.write_bytes_per_s
+    return read_bytes / read + written_bytes / write
+
+
+# ---------------------------------------------------------------------------------------- reporting
+
+
+def _span(values: list[float], fmt: str) -> str:
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def verl_needs(result: dict) -> float:
+    """Bytes verl's merger needs at this size: its peak when it finished under the cap; when killed,
+    its peak per shard byte on the smaller checkpoint times these shards."""
+    if not result["verl"]["killed"]:
+        return result["verl"]["peak_rss_anon"]
+    return result["verl_reference"]["per_shard_byte"] * result["build"]["shard_bytes"]
+
+
+def verl_words(result: dict) -> str:
+    verl, ref, built = result["verl"], result["verl_reference"], result["build"]
+    cap = result["verl_cap"]
+    if verl["killed"]:
+        got = (f"killed at {verl['killed_at_s']:.0f} s when its anonymous RSS passed {cap / GiB:.1f} GiB, having "
+               f"loaded {verl['shards_loaded']} of {built['files']} rank files completely and read "
+               f"{verl['read_bytes'] / GB:.1f} of their {built['shard_bytes'] / GB:.1f} GB; it wrote "
+               f"{verl['wrote_bytes'] / GB:.1f} GB")
+    else:
+        got = (f"not killed: it finished in {verl['wall_s']:.0f} s at a peak of {verl['peak_rss_anon'] / GiB:.1f} GiB "
+               f"(exit {verl['returncode']})")
+    return (f"verl's merger (`python -m verl.model_merger merge --backend fsdp`, `SLIMCKPT_DISABLE=1`) was {got}. "
+            f"Merged without a cap in the same run, the {ref['preset']} checkpoint at the same world size "
+            f"({ref['shard_bytes'] / GB:.1f} GB of shards) took it {ref['wall_s']:.1f} s at a peak of "
+            f"{ref['peak_rss_anon'] / GiB:.2f} GiB, {ref['per_shard_byte']:.2f}x its shards: at that rate the "
+            f"{result['preset']} merge needs {ref['per_shard_byte'] * built['shard_bytes'] / GiB:.1f} GiB of anonymous "
+            f"memory" + ("." if verl["killed"] else f" (it held {verl['peak_rss_anon'] / GiB:.1f} GiB, "
+                                                    f"{verl['peak_rss_anon'] / built['shard_bytes']:.2f}x its shards)."))
+
+
+def table(result: dict) -> str:
+    head = ["tool", "runs", "peak RssAnon", "wall (median)", "walls", "I/O floor", "wall / floor", "output checked"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["rows"]:
+        check = r.get("check") or {}
+        checked = (f"{check['tensors']} tensors equal" if check.get("ok") else
+                   f"**{len(check.get('problems') or [])} problems**" if check else "not checked")
+        lines.append("| " + " | ".join([
+            r["tool"] + (f" ({result['workers']} ranks)" if r["tool"] == DISTRIBUTED else ""), str(len(r["walls"])),
+            f"{max(r['peaks']) / MiB:,.0f} MiB", f"{median(r['walls']):.1f} s", _span(r["walls"], ".1f") + " s",
+            f"{r['io_floor_s']:.1f} s", floor_ratio(median(r["walls"]), r["io_floor_s"]), checked]) + " |")
+    verl = result["verl"]
+    lines.append("| " + " | ".join([
+        "verl 0.9.1", "1", f"{verl['peak_rss_anon'] / MiB:,.0f} MiB" + (" (killed)" if verl["killed"] else ""),
+        f"killed at {verl['killed_at_s']:.0f} s" if verl["killed"] else f"{verl['wall_s']:.1f} s", "-", "-", "-",
+        f"needs {verl_needs(result) / GiB:.1f} GiB" if verl["killed"] else "finished under the cap"]) + " |")
+    return "\n".join(lines)
+
+
+def targets(result: dict) -> str:
+    checks = []
+    for r in result["rows"]:
+        peak, ratio = max(r["peaks"]), median(r["walls"]) / r["io_floor_s"]
+        checks.append((f"{r['tool']}: peak RssAnon at most 300 MiB", peak <= 300 * MiB, f"{peak / MiB:.0f} MiB"))
+        spread = f"{floor_ratio(min(r['walls']), r['io_floor_s'])}-{floor_ratio(max(r['walls']), r['io_floor_s'])}"
+        checks.append((f"{r['tool']}: wall at most 1.3x the I/O floor", ratio <= 1.3,
+                       f"{floor_ratio(median(r['walls']), r['io_floor_s'])} (runs {spread})"))
+        check = r.get("check") or {}
+        checks.append((f"{r['tool']}: output equal to the shards, tensor for tensor", bool(check.get("ok")),
+                       f"{check.get('tensors', 0)} tensors, {check.get('elements', 0) / 1e9:.2f}B elements"))
+    lines = ["| target | met | measured |", "|---|---|---|"]
+    lines += [f"| {name} | {'yes' if ok else '**no**'} | {value} |" for name, ok, value in checks]
+    return "\n".join(lines)
+
+
+def render_section(result: dict) -> str:
+    built, disk = result["build"], DiskSpeed(**result["disk"])
+    disks = [DiskSpeed(**d) for d in result["disk_measurements"]]
+    read_speed = disk.direct_read_bytes_per_s or disk.read_bytes_per_s
+    write_speed = disk.direct_write_bytes_per_s or disk.write_bytes_per_s
+    rows = {r["tool"]: r for r in result["rows"]}
+    dist = rows.get(DISTRIBUTED)
+    cap_words = f" ({result['verl_cap_note']})" if result.get("verl_cap_note") else ""
+    loads = [x for r in result["rows"] for x in r["loads"]]
+    commit = result.get("commit") or "unknown"
+    commit += " with uncommitted changes" if result.get("dirty") else ""
+    return f"""{BEGIN}
+## At scale: {_shape_words(result)} (fp32, world size {result['world_size']}), merged on this host
+
+`{result['command']}` (`make bench-scale`), commit {commit}, {result['date']}, in {result['seconds'] / 60:.1f} minutes;
+{result.get('machine', '')}. {result['free_disk_gib']:.0f} GiB of disk free and {result['mem_available_gib']:.1f} GiB of
+memory available as it started; the 1-minute load average was {result['load_start']:.1f} at the start,
+{_span(loads, '.1f')} as the merges started (the host is shared) and {result['load_end']:.1f} at the end.
+
+The checkpoint: {built['params'] / 1e9:.2f}B parameters (preset `{result['preset']}` of
+`slimckpt.testing.fsdp_checkpoint`, a Llama with untied embeddings), {built['files']} rank files of {built['shard_bytes'] / GB:.1f} GB, model only, written in
+{built['wall_s']:.0f} s by `slimckpt.testing.fake_pg_checkpoint` (one rank at a time over torch's fake process
+group from a meta model, each rank's shards saved by verl's own `FSDPCheckpointManager`; the builder's peak
+was {built['peak_rss_anon'] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is sampled from outside every
+10 ms (the merge and its forked writer, shared pages counted once; for the distributed merge the largest
+rank, its launcher left out, and {max(dist['tree_peaks']) / MiB:,.0f} MiB for the whole torchrun tree).
+The I/O floor is {built['shard_bytes'] / GB:.1f} GB read at {read_speed / GB:.2f} GB/s plus the
+output written at {write_speed / GB:.2f} GB/s: O_DIRECT, the merge's path to the disk, at its best over the
+run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {'; '.join(d.describe() for d in disks)}). Each output was checked tensor for
+tensor against the shards, one tensor at a time (`python -m slimckpt.testing.merge_check`, with the last
+run's output).
+
+{table(result)}
+
+{_wrap(verl_words(result))}
+The cap stands for this host's memory: {result['verl_cap'] / GiB:.1f} GiB{cap_words}; the documented default
+(`--verl-cap-gib`) is 18 GiB.
+
+{targets(result)}
+{_note(result)}{END}
+"""
+
+
+def _note(result: dict) -> str:
+    return f"\n{_wrap(result['note'])}\n" if result.get("note") else ""
+
+
+# the run README's headline quotes: a model of the size people train, not one the 1B rows already show
+HEADLINE_PARAMS = 7e9
+SHAPES = {"llama3-8b": "a Llama-3-8B-shaped checkpoint", "llama3.2-3b": "a Llama-3.2-3B-shaped checkpoint"}
+
+
+def _shape_words(result: dict) -> str:
+    return SHAPES.get(result["preset"], f"a {result['build']['params'] / 1e9:.2f}B Llama checkpoint")
+
+
+def _anchor(result: dict) -> str:
+    """GitHub's anchor of the section's heading."""
+    heading = f"At scale: {_shape_words(result)} (fp32, world size {result['world_size']}), merged on this host"
+    return re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
+
+
+def _wrap(text: str) -> str:
+    return "\n".join(textwrap.wrap(text, width=110, break_long_words=False, break_on_hyphens=False))
+
+
+def readme_block(result: dict) -> str | None:
+    """README's headline row; None for a run below the headline's size (its section is in BENCHMARKS.md only)."""
+    if result["build"]["params"] < HEADLINE_PARAMS:
+        return None
+    rows = {r["tool"]: r for r in result["rows"]}
+    ours = rows[SINGLE]
+    verl = result["verl"]
+    size = f"{result['build']['params'] / 1e9:.1f}"
+    verl_cell = (f"killed at {verl['peak_rss_anon'] / GiB:.0f} GiB after {verl['killed_at_s']:.0f} s (needs "
+                 f"{verl_needs(result) / GiB:.0f} GiB)" if verl["killed"] else
+                 f"{verl['peak_rss_anon'] / GiB:.1f} GiB, {verl['wall_s']:.0f} s")
+    return "\n".join([
+        README_BEGIN,
+        f"**At scale** (`make bench-scale`, {result['date']}; [BENCHMARKS.md](BENCHMARKS.md#{_anchor(result)})):",
+        "",
+        "| job | verl 0.9.1 | slimckpt |",
+        "|---|---|---|",
+        f"| merge {_article(size)} {size}B checkpoint (fp32, world size {result['world_size']}, "
+        f"{result['build']['shard_bytes'] / GB:.0f} GB) to HF | {verl_cell} | {max(ours['peaks']) / MiB:.0f} MiB, "
+        f"{median(ours['walls']):.0f} s ({floor_ratio(median(ours['walls']), ours['io_floor_s'])} the I/O floor"
+        f"{_load_words(ours)}), every tensor equal to the shards |",
+        README_END,
+    ])
+
+
+def _article(number: str) -> str:
+    """English's article before a number read aloud: an 8.0B, an 11B, a 3.2B."""
+    return "an" if number.startswith(("8", "11", "18")) else "a"
+
+
+def _load_words(row: dict) -> str:
+    """The 1-minute load average as the merges started: what else the host ran meanwhile."""
+    loads = row.get("loads") or []
+    return f", load {_span(loads, '.0f')}" if loads else ""
+
+
+def publish(result: dict, args: argparse.Namespace) -> None:
+    section = render_section(result)
+    write_section(section, Path(args.out))
+    block = readme_block(result)
+    if args.readme and block is None:
+        print(f"[bench-scale] {result['build']['params'] / 1e9:.2f}B is below README's headline size: README left "
+              f"as it is", flush=True)
+    elif args.readme:
+        readme = Path(args.readme)
+        text = readme.read_text()
+        if README_BEGIN in text and README_END in text:
+            write_section(block + "\n", readme)
+        else:
+            print(f"[bench-scale] {readme} has no {README_BEGIN} ... {README_END} block: left as it is", flush=True)
+    print(section)
+
+
+def _terminated(*_) -> None:
+    """A timeout's SIGTERM: the tool running now goes first (it would write on into the deleted
+    dirs), then measure's `finally` deletes what the run wrote."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    sys.exit(143)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
+    if args.render:
+        result = json.loads(Path(args.render).read_text())
+        if args.note is not None:
+            result["note"] = args.note
+            Path(args.render).write_text(json.dumps(result, indent=1))
+        publish(result, args)
+        return 0
+    result = measure(args)
+    if not result:
+        return 0
+    result["machine"] = machine_line()
+    if args.note:
+        result["note"] = args.note
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    publish(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,623 @@
+"""One rank lost while the others are inside a save's or a distributed merge's collectives.
+
+    python -m scripts.faults.ranks                         # the full campaign (see --kills/--stalls)
+    python -m scripts.faults.ranks --kills 4 --stalls 2 --modes incremental-async merge
+    python -m scripts.faults.ranks --render                # print the RELIABILITY.md section of the JSON
+
+`make faults` SIGKILLs every rank at once (a preempted job). Here ONE rank of 2 or 3 is SIGKILLed
+(a node dies) or SIGSTOPped for longer than the process group's timeout, then SIGCONTed or
+SIGKILLed (a node that hangs), at a uniform moment of a save (the ranks run scripts/faults/trial.py's
+saver: verl's own `_save_checkpoint` and FSDPCheckpointManager on a tiny FSDP2 Llama over gloo,
+with the process group's timeout set short, `--timeout`) or of `slimckpt merge --distributed_merge`
+under torchrun. Each trial is classified:
+
+- **hung** (bad): a surviving rank was still running `--timeout` + SLACK_S after the fault;
+- **orphan** (bad): a process of the trial outlived its rank (the campaign is the subreaper of
+  every process it starts), or a slimckpt lock file was still locked once every rank was gone;
+- **committed partial** (bad): the tracker names a step without its manifest, or the resume loaded
+  a step whose state is not the one recorded before its save;
+- **wrong resume** (bad): any other bad outcome of scripts/faults/oracle.py (a committed step lost,
+  the resume crashed);
+- **exact** / **clean**: the relaunch resumed exactly the last committed step (or one whose commit
+  point had just passed), or started clean when nothing was committed yet. For a merge: no target
+  that looks complete unless it is complete and correct, and the rerun succeeded.
+
+Separately each trial records whether a survivor's output had one line naming the lost rank, and
+how long the survivors took to end after the fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import fcntl
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+from scripts.faults import oracle, reliability as rel, trial as fault_trial
+from scripts.faults.ranks_report import BAD, render, summarize
+
+# lazy imports: torch, verl and slimckpt load after reliability.quiet_imports() set the environment they read, before the forks
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+OUT = os.path.join(REPO, "docs", "reliability", "rank_faults.json")
+# mode -> (recipe or None, checkpoint overrides); the first four are scripts/faults/trial.py's
+SAVE_MODES = {
+    "verl-default": (None, {}),
+    "incremental-sync": ("incremental", {"async_save": False}),
+    "incremental-async": ("incremental", {"async_save": True}),
+    "incremental-stream": ("incremental", {"async_save": "stream"}),
+    "incremental-sync-noexport": ("incremental", {"async_save": False, "export_hf": False}),
+    "incremental-async-noexport": ("incremental", {"async_save": True, "export_hf": False}),
+    "incremental-stream-noexport": ("incremental", {"async_save": "stream", "export_hf": False}),
+}
+MODES = tuple(SAVE_MODES) + ("merge",)
+KILL_STEPS = 3  # the fault lands in the save of a random step 1..KILL_STEPS
+STEPS = 40  # savers run this many steps unless a fault ends them
+SLACK_S = 15.0  # beyond the group's timeout: naming the lost rank (a few heartbeats) and exiting
+WINDOW_FACTOR = 1.3
+TIMEOUT_S = [20.0]
+KEEP_ALL = [False]  # --keep-dirs  # the process group's timeout of the ranks (set by --timeout before any fork)
+NAMED = re.compile(r"rank (\d+) of (\d+) stopped answering|rank\s*: (\d+) \(local_rank")
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def become_subreaper() -> None:
+    """Orphans of the trials' processes are re-parented here, so none can hide."""
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def proc_children(parent: int):
+    """(pid, state) of each process whose parent is `parent`, from /proc."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == parent:
+            yield int(name), fields[0]
+
+
+def children() -> dict[int, str]:
+    """pid -> command of every live child of this process (zombies reaped)."""
+    out = {}
+    for pid, state in proc_children(os.getpid()):
+        try:
+            if state == "Z":
+                os.waitpid(pid, os.WNOHANG)
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except (OSError, ChildProcessError):
+            continue
+    return out
+
+
+def reap_orphans(known: set[int]) -> list[str]:
+    """Kill and reap children that are not the trial's own processes; their commands."""
+    found = []
+    for pid, cmd in children().items():
+        if pid in known:
+            continue
+        found.append(cmd or str(pid))
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (OSError, ChildProcessError):
+            pass
+    return found
+
+
+def held_locks(root: str) -> list[str]:
+    """slimckpt lock files under `root` that someone still holds."""
+    held = []
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".slimckpt-lock"):
+                path = os.path.join(dirpath, name)
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    held.append(os.path.relpath(path, root))
+                finally:
+                    os.close(fd)
+    return held
+
+
+def wait_until(pids: list[int], deadline: float) -> dict[int, float | None]:
+    """pid -> when it ended (None: still running at `deadline`)."""
+    ended: dict[int, float | None] = {}
+    while len(ended) < len(pids) and time.monotonic() < deadline:
+        for pid in pids:
+            if pid in ended:
+                continue
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                ended[pid] = time.monotonic()
+        time.sleep(0.01)
+    return {pid: ended.get(pid) for pid in pids}
+
+
+def end(pids: list[int]) -> None:
+    """Stack dumps (faulthandler, SIGUSR1) into the logs of forked ranks, then SIGKILL and reap."""
+    for pid in pids:
+        with_signal(pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    for pid in pids:
+        with_signal(pid, signal.SIGCONT)
+        with_signal(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def with_signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def named_ranks(paths: list[str]) -> set[int]:
+    """Ranks that a line of these logs names as lost (ours, or torchrun's failure summary)."""
+    found: set[int] = set()
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path, errors="replace") as f:
+            for m in NAMED.finditer(f.read()):
+                found.add(int(m.group(1) if m.group(1) is not None else m.group(3)))
+    return found
+
+
+# --------------------------------------------------------------------------- ranks
+
+
+def init_group(trial_dir: str, rank: int, tag: str) -> None:
+    """fault_trial's process group with this campaign's (short) timeout."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(trial_dir, f"store_{tag}"), fault_trial.WORLD)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=fault_trial.WORLD,
+                            timeout=timedelta(seconds=TIMEOUT_S[0]))
+
+
+def rank_saver(mode: str, trial_dir: str, rank: int, keep: int | None, steps: int) -> None:
+    """fault_trial's saver; a failure ends this rank as an interpreter exit would (atexit: slimckpt
+    finishes, or fails, the background write in flight), so what it says about a lost peer is in the
+    log."""
+
+    try:
+        fault_trial.saver(mode, trial_dir, rank, keep, steps)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        from slimckpt.save.resume_state import finish_pending
+
+        finish_pending()
+        raise
+
+
+def run_or_raise(run, message: list) -> None:
+    """fault_trial's worker-group call, as Ray's is when a worker fails: the failing rank raises at
+    once (fault_trial's gathers every rank's error first, one more collective with the lost rank,
+    which would hold this rank for another group timeout)."""
+    import torch.distributed as dist
+
+    fault_trial.execute(run, message[0], message[1])
+    errors: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, None)
+
+
+def setup_children(world: int) -> None:
+    """Before any fork: the ranks' world size, our group timeout, our modes, Ray's failure semantics."""
+
+    fault_trial.WORLD = world
+    fault_trial._init = init_group
+    fault_trial._run_and_gather = run_or_raise
+    fault_trial.MODES.update(SAVE_MODES)
+
+
+def fork_ranks(body, world: int, trial_dir: str, prefix: str, *args) -> list[int]:
+
+    return [rel.fork(body, *args[:1], trial_dir, r, *args[1:], log=os.path.join(trial_dir, f"{prefix}_rank_{r}.log"))
+            for r in range(world)]
+
+
+def read_events(trial_dir: str, world: int) -> dict[int, list[oracle.Event]]:
+    out = {}
+    for rank in range(world):
+        path = os.path.join(trial_dir, f"events_rank_{rank}.log")
+        with open(path) if os.path.exists(path) else open(os.devnull) as f:
+            out[rank] = oracle.parse_events(f.read())
+    return out
+
+
+def resume(mode: str, trial_dir: str, keep: int | None, world: int) -> oracle.Resume:
+
+    pids = fork_ranks(fault_trial.checker, world, trial_dir, "check", mode, keep)
+    ended = wait_until(pids, time.monotonic() + 120.0)
+    hung = [p for p, t in ended.items() if t is None]
+    if hung:
+        end(hung)
+    compared = fault_trial.compared_contents(mode)
+    result_path = os.path.join(trial_dir, "resume_result.json")
+    if hung or not os.path.exists(result_path):
+        return oracle.Resume(None, f"resume process died ({'hung' if hung else 'no result'})", {}, compared)
+    with open(result_path) as f:
+        result = json.load(f)
+    hashes = {}
+    for rank in range(world):
+        path = os.path.join(trial_dir, f"resume_hash_rank_{rank}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                hashes[rank] = json.load(f)
+    return oracle.Resume(result["step"] or None, result["error"], hashes, compared)
+
+
+# --------------------------------------------------------------------------- save trials
+
+
+def calibrate(mode: str, world: int, work: str, keep: int | None) -> dict:
+    """An uncut run of KILL_STEPS saves: the time from a save's start to its commit, and a resume
+    that must be exact."""
+
+    trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", "calibration"))
+    pids = fork_ranks(rank_saver, world, trial_dir, "save", mode, keep, KILL_STEPS)
+    ended = wait_until(pids, time.monotonic() + 120.0)
+    if any(t is None for t in ended.values()):
+        end([p for p, t in ended.items() if t is None])
+        raise RuntimeError(f"{mode} ws{world}: the uncut run hung; see {trial_dir}")
+    events = read_events(trial_dir, world)
+    rec = oracle.build_record(events)
+    outcome, why = oracle.classify(rec, resume(mode, trial_dir, keep, world))
+    if outcome != "exact":
+        raise RuntimeError(f"{mode} ws{world}: the uncut run does not resume exactly ({why}); see {trial_dir}")
+    begun = {e.step: e.t for e in events[0] if e.kind == "save-begin"}
+    commit_s = [e.t - begun[e.step] for e in events[0] if e.kind == "committed" and e.step in begun]
+    shutil.rmtree(trial_dir, ignore_errors=True)
+    return {"save_to_commit_s": oracle.quantiles(commit_s)[2]}
+
+
+def save_trial(mode: str, world: int, fault: str, work: str, index: int, rng: random.Random, window: float,
+               keep: int | None) -> dict:
+
+    timeout = TIMEOUT_S[0]
+    trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", f"{fault}_{index:03d}"))
+    pids = fork_ranks(rank_saver, world, trial_dir, "save", mode, keep, STEPS)
+    victim = rng.randrange(world)
+    step = rng.randint(1, KILL_STEPS)
+    delay = rng.uniform(0.0, window)
+    then = "kill" if index % 2 else "cont"  # a stalled rank is resumed or killed afterwards
+    t_ready = rel.wait_save_begin(trial_dir, pids, step)
+    time.sleep(max(0.0, t_ready + delay - time.monotonic()))
+    t_fault = time.monotonic()
+    os.kill(pids[victim], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    survivors = [p for i, p in enumerate(pids) if i != victim]
+    ended = wait_until(survivors, t_fault + timeout + SLACK_S)
+    hung = [p for p, t in ended.items() if t is None]
+    if fault == "stall":
+        with_signal(pids[victim], signal.SIGCONT if then == "cont" else signal.SIGKILL)
+    victim_end = wait_until([pids[victim]], time.monotonic() + timeout + SLACK_S)[pids[victim]]
+    stuck = hung + ([pids[victim]] if victim_end is None else [])
+    if stuck:
+        end(stuck)
+    orphans = reap_orphans(set())
+    root = os.path.join(trial_dir, "ckpt")
+    locks = held_locks(root)
+    events = read_events(trial_dir, world)
+    rec = oracle.build_record(events)
+    found = rel.leftovers(root)
+    res = resume(mode, trial_dir, keep, world)
+    resumed, why = oracle.classify(rec, res)
+    orphans += reap_orphans(set())
+    named = named_ranks([os.path.join(trial_dir, f"save_rank_{r}.log") for r in range(world) if r != victim])
+    partial = rel.tracker_names_uncommitted(mode, found) or resumed == "loaded-partial"
+    if hung:
+        outcome = "hung"
+    elif orphans or locks:
+        outcome = "orphan"
+    elif partial:
+        outcome = "committed-partial"
+    elif resumed in oracle.BAD:
+        outcome = "wrong-resume"
+    else:
+        outcome = "exact" if resumed == "exact" else "clean"
+    ends = [t - t_fault for t in ended.values() if t is not None]
+    trial = {"trial": index, "fault": fault, "then": then if fault == "stall" else None, "victim": victim,
+             "step": step, "fault_after_save_begin_s": round(t_fault - t_ready, 4),
+             "in_save": in_save(events[0], t_fault),
+             "phase_rank0": oracle.phase_at(events[0], t_fault),
+             "phase_victim": oracle.phase_at(events[victim], t_fault),
+             "survivors_end_s": round(max(ends), 2) if ends else None, "victim_ended": victim_end is not None,
+             "named": victim in named, "named_ranks": sorted(named), "orphans": orphans, "locks_held": locks,
+             "last_committed": rec.last_committed, "loaded": res.step or 0, "resume": resumed, "why": why,
+             "tracker": found["tracker"], "outcome": outcome}
+    return _keep_or_remove(trial, trial_dir)
+
+
+def in_save(events: list[oracle.Event], t: float) -> bool:
+    """Whether a save was in flight at `t` (begun, not yet committed, per rank 0's log), rather than
+    the next step's training: a fault there fails the training's collectives, not a save's."""
+    begun = [e.step for e in events if e.kind == "save-begin" and e.t <= t]
+    done = {e.step for e in events if e.kind == "committed" and e.t <= t}
+    return bool(begun) and begun[-1] not in done
+
+
+def _keep_or_remove(trial: dict, trial_dir: str) -> dict:
+    if trial["outcome"] in BAD or KEEP_ALL[0]:
+        trial["kept_dir"] = trial_dir
+    else:
+        shutil.rmtree(trial_dir, ignore_errors=True)
+    return trial
+
+
+# --------------------------------------------------------------------------- merge trials
+
+
+def torchrun(world: int, fixture: str, target: str, log: str, overwrite: bool = False) -> subprocess.Popen:
+    import slimckpt
+
+    source = os.path.dirname(os.path.dirname(os.path.abspath(slimckpt.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "OMP_NUM_THREADS": "1", "SLIMCKPT_MERGE_PEER_TIMEOUT": str(TIMEOUT_S[0])}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+            "-m", "slimckpt.cli", "merge", "--local_dir", fixture, "--target_dir", target, "--distributed_merge",
+            "--no_progress"] + (["--overwrite"] if overwrite else [])
+    out = open(log, "ab")
+    try:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    finally:
+        out.close()
+
+
+def workers_of(agent: int) -> dict[int, int]:
+    """RANK -> pid of torchrun's workers (children of its agent)."""
+    out = {}
+    for pid, _ in proc_children(agent):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if b"RANK" in env:
+            out[int(env[b"RANK"])] = pid
+    return out
+
+
+def merge_calibration(world: int, work: str, fixture: str) -> dict:
+    from slimckpt.format.merge_manifest import partial_path
+
+    trial_dir = rel.fresh_dir(os.path.join(work, f"merge@ws{world}", "calibration"))
+    target = os.path.join(trial_dir, "out")
+    t0 = time.monotonic()
+    proc = torchrun(world, fixture, target, os.path.join(trial_dir, "merge.log"))
+    appeared = committed = None
+    while proc.poll() is None:
+        if appeared is None and (os.path.exists(partial_path(target)) or os.path.exists(target)):
+            appeared = time.monotonic()
+        if committed is None and os.path.exists(target):
+            committed = time.monotonic()
+        time.sleep(0.002)
+    if proc.returncode != 0 or appeared is None or not rel.looks_complete("merge", target):
+        raise RuntimeError(f"merge ws{world}: an uncut distributed merge failed (exit {proc.returncode}); see "
+                           f"{trial_dir}")
+    reference = rel.file_hashes(target, skip=("manifest.json",))
+    seconds = time.monotonic() - t0
+    shutil.rmtree(trial_dir, ignore_errors=True)
+    return {"merge_s": seconds, "output_to_commit_s": (committed or time.monotonic()) - appeared,
+            "reference": reference}
+
+
+def merge_trial(world: int, fault: str, work: str, fixture: str, index: int, rng: random.Random, window: float,
+                reference: dict[str, str]) -> dict:
+    from slimckpt.format.merge_manifest import partial_path
+
+    timeout = TIMEOUT_S[0]
+    trial_dir = rel.fresh_dir(os.path.join(work, f"merge@ws{world}", f"{fault}_{index:03d}"))
+    target = os.path.join(trial_dir, "out")
+    log = os.path.join(trial_dir, "merge.log")
+    victim = rng.randrange(world)
+    delay = rng.uniform(0.0, window)
+    then = "kill" if index % 2 else "cont"
+    proc = torchrun(world, fixture, target, log)
+    while proc.poll() is None and not (os.path.exists(partial_path(target)) or os.path.exists(target)):
+        time.sleep(0.002)
+    t_out = time.monotonic()
+    time.sleep(max(0.0, t_out + delay - time.monotonic()))
+    workers = workers_of(proc.pid)
+    t_fault = time.monotonic()
+    hit = victim in workers and proc.poll() is None
+    if hit:
+        os.kill(workers[victim], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    deadline = t_fault + timeout + SLACK_S
+    survivors = [p for r, p in workers.items() if r != victim]
+    while time.monotonic() < deadline and proc.poll() is None and any(_state(p) not in ("Z", "X", None)
+                                                                       for p in survivors):
+        time.sleep(0.01)
+    alive = [p for p in survivors if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X", None)]
+    t_end = time.monotonic()
+    hung = bool(alive)
+    if fault == "stall" and victim in workers:
+        with_signal(workers[victim], signal.SIGCONT if then == "cont" else signal.SIGKILL)
+    try:
+        proc.wait(timeout=timeout + SLACK_S + 30.0)  # torchrun's agent gives its workers 30 s after a SIGTERM
+    except subprocess.TimeoutExpired:
+        hung = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    orphans = reap_orphans(set())
+    locks = held_locks(os.path.dirname(fixture)) + held_locks(trial_dir)
+    complete = rel.looks_complete("merge", target)
+    correct = complete and rel.target_correct("merge", target, reference)
+    rerun = torchrun(world, fixture, target, os.path.join(trial_dir, "rerun.log"), overwrite=True)
+    rerun.wait()
+    rerun_ok = rerun.returncode == 0 and rel.looks_complete("merge", target) and \
+        rel.target_correct("merge", target, reference)
+    orphans += reap_orphans(set())
+    merged = oracle.classify_merge(complete, correct, correct, rerun_ok)
+    named = named_ranks([log])
+    if hung:
+        outcome = "hung"
+    elif orphans or locks:
+        outcome = "orphan"
+    elif merged == "looks-complete-but-broken":
+        outcome = "committed-partial"
+    elif merged == "rerun-failed":
+        outcome = "wrong-resume"
+    else:
+        outcome = "exact" if merged == "complete-verified" else "clean"
+    trial = {"trial": index, "fault": fault, "then": then if fault == "stall" else None, "victim": victim,
+             "hit": hit, "fault_after_output_s": round(t_fault - t_out, 4),
+             "survivors_end_s": round(t_end - t_fault, 2),
+             "named": victim in named, "named_ranks": sorted(named), "orphans": orphans, "locks_held": locks,
+             "target": "complete" if complete else ("absent" if not os.path.exists(target) else "incomplete"),
+             "rerun_ok": rerun_ok, "resume": merged, "outcome": outcome}
+    return _keep_or_remove(trial, trial_dir)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2:].split()[0]
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------- campaign
+
+
+def campaign(modes: list[str], worlds: list[int], kills: int, stalls: int, seed: int, work: str, keep: int,
+             out: str | None, window_s: float | None = None) -> dict:
+
+    rng = random.Random(seed)
+    result: dict = {"kills_per_mode": kills, "stalls_per_mode": stalls, "world_sizes": worlds, "seed": seed,
+                    "timeout_s": TIMEOUT_S[0], "slack_s": SLACK_S, "keep": keep, "modes": {}}
+    become_subreaper()
+    for mode in modes:
+        t0 = time.monotonic()
+        entry: dict = {"mode": mode, "trials": [], "calibration": {}}
+        fixture = None
+        if mode == "merge":
+            setup_children(2)  # the fixture is a world-size-2 verl checkpoint (reliability.merge_fixture)
+            fixture = rel.merge_fixture(work)
+        for wi, world in enumerate(worlds):
+            # kills and stalls shared out over the world sizes (the first gets the remainder)
+            n_kill = kills // len(worlds) + (kills % len(worlds) if wi == 0 else 0)
+            n_stall = stalls // len(worlds) + (stalls % len(worlds) if wi == 0 else 0)
+            setup_children(world)
+            try:
+                if mode == "merge":
+                    cal = merge_calibration(world, work, fixture)
+                    window = 1.15 * cal["output_to_commit_s"]
+                    reference = cal.pop("reference")
+                elif window_s is not None:
+                    cal, window = {"skipped": True}, window_s
+                else:
+                    cal = calibrate(mode, world, work, keep)
+                    window = WINDOW_FACTOR * cal["save_to_commit_s"]
+            except RuntimeError as exc:
+                entry.setdefault("errors", []).append(str(exc))
+                print(f"{mode} ws{world}: {exc}", flush=True)
+                continue
+            entry["calibration"][f"ws{world}"] = {**cal, "window_s": window}
+            for fault, n in (("kill", n_kill), ("stall", n_stall)):
+                for i in range(n):
+                    if mode == "merge":
+                        trial = merge_trial(world, fault, work, fixture, i, rng, window, reference)
+                    else:
+                        trial = save_trial(mode, world, fault, work, i, rng, window, keep)
+                    trial["world"] = world
+                    entry["trials"].append(trial)
+                    print(f"{mode} ws{world} {fault} {i}: {trial['outcome']} (victim {trial['victim']}, named "
+                          f"{trial['named']}, survivors ended {trial['survivors_end_s']} s)", flush=True)
+        entry["summary"] = summarize(entry["trials"])
+        entry["seconds"] = round(time.monotonic() - t0, 1)
+        result["modes"][mode] = entry
+        if out:
+            with open(out, "w") as f:
+                json.dump({**result, "partial": True}, f, indent=1)
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--kills", type=int, default=30, help="single-rank SIGKILLs per mode, over all world sizes (30)")
+    p.add_argument("--stalls", type=int, default=10, help="single-rank stalls per mode, over all world sizes (10)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="shorthand: N kills and max(1, N // 3) stalls per mode")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--worlds", type=int, nargs="+", default=[2, 3], help="world sizes (default 2 3)")
+    p.add_argument("--timeout", type=float, default=20.0, help="the ranks' process group timeout, s (default 20)")
+    p.add_argument("--keep", type=int, default=2, help="trainer.max_actor_ckpt_to_keep (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", default=os.path.join(REPO, "runs", "rank_faults"))
+    p.add_argument("--json", default=OUT, help=f"results (default {os.path.relpath(OUT, REPO)})")
+    p.add_argument("--window", type=float, default=None,
+                   help="save modes: faults within this many s of a save's start, with no calibration run (default: "
+                        "1.3x the calibrated save-to-commit time, and the uncut run must resume exactly)")
+    p.add_argument("--keep-dirs", action="store_true", help="keep every trial's dir (default: the bad ones)")
+    p.add_argument("--render", action="store_true", help="print the report section of --json and exit")
+    args = p.parse_args(argv)
+    if args.render:
+        with open(args.json) as f:
+            print(render(json.load(f)))
+        return 0
+    if args.trials is not None:
+        args.kills, args.stalls = args.trials, max(1, args.trials // 3)
+    TIMEOUT_S[0], KEEP_ALL[0] = args.timeout, args.keep_dirs
+
+    rel.quiet_imports()  # torch, transformers and verl imported once, before any fork
+    import torch
+    import verl
+
+    os.makedirs(args.work, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    source, provenance = rel.source_note(), rel.source_commit()  # before any trial: what the trials run
+    t0 = time.monotonic()
+    data = campaign(args.modes, args.worlds, args.kills, args.stalls, args.seed, args.work, args.keep, args.json,
+                    args.window)
+    data["seconds"] = round(time.monotonic() - t0, 1)
+    data["command"] = "python -m scripts.faults.ranks " + " ".join(argv if argv is not None else sys.argv[1:])
+    data["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__, "verl": verl.__version__}
+    data["source"] = source
+    data.update(provenance)
+    with open(args.json, "w") as f:
+        json.dump(data, f, indent=1)
+    print(render(data))
+    return 0 if all(e["summary"]["bad"] == 0 for m, e in data["modes"].items() if m != "verl-default") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

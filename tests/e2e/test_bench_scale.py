@@ -1,0 +1,74 @@
+"""scripts/bench/scale.py's pieces that a run depends on and that `make test` can afford: the memory
+cap that stops verl's merger, the free-disk refusal, the report kept by `make bench`, and the
+committed section rendered from the committed JSON."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..conftest import REPO
+
+def _load(name: str):
+    return importlib.import_module(f"scripts.bench.{name}")
+
+
+# a process that grows its anonymous memory by 32 MiB every 20 ms, to 1 GiB, and then sleeps
+GROW = ("import time\nheld = []\nfor i in range(32):\n    held.append(bytearray(32 << 20))\n    "
+        "print(f'step {i}', flush=True)\n    time.sleep(0.02)\ntime.sleep(30)\n")
+
+
+def test_capped_run_is_killed_past_its_cap():
+    scale = _load("scale")
+    cap = 256 << 20
+    start = time.perf_counter()
+    got = scale.run_capped([sys.executable, "-c", GROW], {}, cap)
+    assert got["killed"] and got["returncode"] == -9, got
+    assert cap < got["peak_rss_anon"] < cap + (160 << 20), got["peak_rss_anon"]
+    assert time.perf_counter() - start < 20
+    assert "step 3" in got["output_tail"] and "step 31" not in got["output_tail"]
+
+
+def test_capped_run_below_its_cap_finishes():
+    scale = _load("scale")
+    got = scale.run_capped([sys.executable, "-c", "import time; x = b'1' * (64 << 20); time.sleep(0.5); print('done')"], {}, 1 << 30)
+    assert not got["killed"] and got["returncode"] == 0 and "done" in got["output_tail"]
+    assert got["peak_rss_anon"] >= 64 << 20
+
+
+def test_too_little_disk_is_said_and_nothing_is_measured(tmp_path):
+    out = tmp_path / "B.md"
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.scale", "--min-free-gib", "1e9", "--work",
+                           str(tmp_path / "w"), "--json", str(tmp_path / "s.json"), "--out", str(out), "--readme", ""],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "GiB free" in proc.stdout and "nothing measured" in proc.stdout
+    assert not out.exists() and not (tmp_path / "s.json").exists()
+
+
+def test_merge_bench_keeps_the_scale_section(tmp_path):
+    bench = _load("merge")
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("old\n\n<!-- scale-bench:begin -->\nS\n<!-- scale-bench:end -->\n")
+    bench.write_keeping_save_section(out, "new\n")
+    assert out.read_text() == "new\n\n<!-- scale-bench:begin -->\nS\n<!-- scale-bench:end -->\n"
+
+
+def test_committed_section_and_headline_are_the_committed_json_rendered(tmp_path):
+    scale = _load("scale")
+    result = json.loads((REPO / "docs" / "bench_scale.json").read_text())
+    section = scale.render_section(result)
+    assert section.strip() in (REPO / "BENCHMARKS.md").read_text()
+    block, readme = scale.readme_block(result), (REPO / "README.md").read_text()
+    if block is None:  # a run below the headline's size leaves README's block as it is
+        assert result["build"]["params"] < scale.HEADLINE_PARAMS
+    else:
+        assert block.strip() in readme
+    # what the section claims follows from the JSON: the floor ratio of each tool's median wall
+    for row in result["rows"]:
+        ratio = scale.floor_ratio(scale.median(row["walls"]), row["io_floor_s"])
+        assert f"| {ratio} |" in section

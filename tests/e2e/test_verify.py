@@ -1,0 +1,359 @@
+"""slimckpt verify: each detection on small synthetic dirs (fast, no torchrun), the CLI's lines and
+exit codes, the load check's message equal to verify's line, and a small corruption campaign on
+real checkpoints (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from slimckpt import cli
+from slimckpt.format import merge_manifest as mm
+from slimckpt.format import resume_manifest as rm
+from slimckpt.verify.command import KIND_INCREMENTAL, KIND_MERGE, KIND_NATIVE, detect, verify_path
+from slimckpt.verify.native import check_safetensors_header
+
+from ..conftest import REPO
+from ..helpers.merge_helpers import synthetic_checkpoint
+
+
+def _write(path, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _flip(path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ 1]))
+
+
+def merge_dir(tmp_path, name="out"):
+    partial = mm.prepare_partial(str(tmp_path / name))
+    for rel, data in {"model-00001-of-00002.safetensors": b"a" * 300, "model-00002-of-00002.safetensors": b"b" * 300,
+                      "config.json": b'{"model_type": "llama"}'}.items():
+        _write(os.path.join(partial, rel), data)
+    mm.write_manifest(partial, mm.Manifest(kind="hf_export", files=mm.build_entries(partial), tool_version="t"))
+    mm.commit(partial, str(tmp_path / name))
+    return tmp_path / name
+
+
+def role_dir(tmp_path, step=3, role="actor", world=2):
+    d = tmp_path / f"global_step_{step}" / role
+    rels = []
+    for r in range(world):
+        _write(str(d / "dcp" / f"__{r}_0.distcp"), bytes([r]) * 200)
+        _write(str(d / f"slimckpt_extra_world_size_{world}_rank_{r}.pt"), b"e" * 50)
+        rels += [f"dcp/__{r}_0.distcp", f"slimckpt_extra_world_size_{world}_rank_{r}.pt"]
+    _write(str(d / "dcp" / ".metadata"), b"m" * 40)
+    _write(str(d / "huggingface" / "config.json"), b'{"model_type": "llama"}')
+    rels += ["dcp/.metadata", "huggingface/config.json"]
+    files = rm.describe_files(str(d), rels)
+    rm.write_manifest(str(d), rm.Manifest(global_step=step, world_size=world, contents=["model"], files=files))
+    return d
+
+
+def lines(report) -> list[str]:
+    return [p.message for p in report.bad]
+
+
+# --------------------------------------------------------------------------- merge outputs
+
+
+@pytest.mark.parametrize("damage,reason", [
+    ("flip", "xxh3_128"), ("truncate", "size 299 bytes"), ("delete", "missing"), ("extra", "not in the manifest"),
+    ("swap", "xxh3_128")])
+def test_merge_output_damage_is_named(tmp_path, damage, reason):
+    out = merge_dir(tmp_path)
+    a, b = out / "model-00001-of-00002.safetensors", out / "model-00002-of-00002.safetensors"
+    if damage == "flip":
+        _flip(a, 17)
+    elif damage == "truncate":
+        os.truncate(a, 299)
+    elif damage == "delete":
+        a.unlink()
+    elif damage == "extra":
+        (out / "stray.bin").write_bytes(b"x")
+    else:
+        a.rename(out / "t")
+        b.rename(a)
+        (out / "t").rename(b)
+    assert verify_path(str(tmp_path / "out")).ok is False
+    report = verify_path(str(out))
+    assert detect(str(out)) == KIND_MERGE
+    named = {os.path.basename(p.file) for p in report.bad}
+    assert ("stray.bin" if damage == "extra" else a.name) in named
+    assert all(m.startswith("slimckpt: ") and "\n" not in m and "slimckpt merge" in m for m in lines(report))
+    assert any(reason in m for m in lines(report))
+
+
+def test_manifest_seal_catches_a_change_that_still_parses(tmp_path):
+    out = merge_dir(tmp_path)
+    path = out / mm.MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["files"]["config.json"]["size"] += 0  # unchanged record: still whole
+    path.write_text(json.dumps(data))
+    assert verify_path(str(out)).ok
+    data["files"]["config.json"]["checksum"] = "0" * 32  # valid JSON, wrong record
+    path.write_text(json.dumps(data))
+    report = verify_path(str(out))
+    assert [os.path.basename(p.file) for p in report.bad] == [mm.MANIFEST_NAME]
+    assert "manifest itself is damaged" in report.bad[0].reason
+
+
+def test_merge_output_without_manifest_or_partial(tmp_path):
+    out = merge_dir(tmp_path)
+    (out / mm.MANIFEST_NAME).unlink()
+    report = verify_path(str(out))
+    assert [os.path.basename(p.file) for p in report.bad] == [mm.MANIFEST_NAME]
+    part = tmp_path / "x.partial"
+    shutil.copytree(out, part)
+    assert "unfinished merge" in verify_path(str(part)).bad[0].reason
+
+
+# --------------------------------------------------------------------------- incremental role dirs
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "swap", "extra_dcp", "extra_top", "marker",
+                                    "manifest_flip", "manifest_truncate", "manifest_delete"])
+def test_incremental_damage_load_refuses_with_verify_line(tmp_path, damage):
+    d = role_dir(tmp_path)
+    a = d / "dcp" / "__0_0.distcp"
+    if damage == "flip":
+        _flip(a, 100)
+    elif damage == "truncate":
+        os.truncate(a, 10)
+    elif damage == "delete":
+        a.unlink()
+    elif damage == "swap":
+        a.rename(d / "t")
+        (d / "dcp" / "__1_0.distcp").rename(a)
+        (d / "t").rename(d / "dcp" / "__1_0.distcp")
+    elif damage == "extra_dcp":
+        (d / "dcp" / "__2_0.distcp").write_bytes(b"z")
+    elif damage == "extra_top":
+        (d / "notes.txt").write_text("x")
+    elif damage == "marker":
+        rm.write_failure(str(d), 1, "boom")
+    elif damage == "manifest_flip":
+        _flip(d / rm.MANIFEST_NAME, 60)
+    elif damage == "manifest_truncate":
+        os.truncate(d / rm.MANIFEST_NAME, 30)
+    else:
+        (d / rm.MANIFEST_NAME).unlink()
+    report = verify_path(str(d))
+    assert not report.ok and detect(str(d)) == KIND_INCREMENTAL
+    with pytest.raises(rm.UncommittedCheckpoint) as info:
+        rm.check_committed(str(d))
+    assert str(info.value) in lines(report)  # the load's one line is verify's line
+    assert "\n" not in str(info.value)
+
+
+def test_incremental_clean_quick_and_stray_json_is_damage(tmp_path):
+    d = role_dir(tmp_path)
+    report = verify_path(str(d))
+    assert report.ok
+    rm.check_committed(str(d))
+    _flip(d / "dcp" / "__1_0.distcp", 3)
+    assert verify_path(str(d), quick=True).ok  # sizes only
+    assert not verify_path(str(d)).ok
+    d = role_dir(tmp_path, step=4)
+    (d / "slimckpt_save_rank_0.json").write_text("{}")  # a file the manifest does not list
+    assert "not listed" in verify_path(str(d)).bad[0].reason
+
+
+# --------------------------------------------------------------------------- steps and roots
+
+
+def test_root_checks_every_step_and_the_tracker(tmp_path):
+    role_dir(tmp_path, step=1)
+    role_dir(tmp_path, step=2)
+    torch.save({"step": 2}, tmp_path / "global_step_2" / "data.pt")
+    rm.write_tracker(str(tmp_path), 2)
+    report = verify_path(str(tmp_path))
+    assert report.ok, lines(report)
+    assert {c["kind"] for c in report.checked} >= {"checkpoint root", "step", KIND_INCREMENTAL}
+
+    _flip(tmp_path / "global_step_2" / "actor" / "dcp" / ".metadata", 0)
+    bad = lines(verify_path(str(tmp_path)))
+    assert any(".metadata" in m for m in bad)
+    assert any(rm.TRACKER_NAME in m and "names step 2, which is damaged" in m and "echo 1 >" in m for m in bad)
+
+    rm.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "7")
+    assert any("names step 7, which does not exist" in m for m in lines(verify_path(str(tmp_path))))
+    os.truncate(tmp_path / "global_step_2" / "data.pt", 20)
+    assert any("data.pt" in m for m in lines(verify_path(str(tmp_path / "global_step_2"))))
+
+
+def test_interrupted_step_is_named(tmp_path):
+    (tmp_path / "global_step_5" / "actor" / "huggingface").mkdir(parents=True)
+    (tmp_path / "global_step_5" / "actor" / "huggingface" / "config.json").write_text("{}")
+    report = verify_path(str(tmp_path / "global_step_5"))
+    assert not report.ok and "interrupted save" in report.bad[0].message
+
+
+# --------------------------------------------------------------------------- verl-native (synthetic)
+
+
+def _record_offset(path, suffix: str) -> int:
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        info = next(i for i in zf.infolist() if i.filename.endswith(suffix))
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+    return info.header_offset + 30 + name_len + extra_len
+
+
+@pytest.fixture
+def native(tmp_path):
+    return synthetic_checkpoint(tmp_path / "global_step_1" / "actor", world_size=2)
+
+
+def test_native_clean_says_what_it_could_not_check(native):
+    report = verify_path(str(native))
+    assert report.ok, lines(report)
+    assert detect(str(native)) == KIND_NATIVE
+    assert any("no checksums" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("damage,named,reason", [
+    ("swap", "model_world_size_2_rank_0.pt", "renamed or swapped"),
+    ("delete", "model_world_size_2_rank_1.pt", "missing"),
+    ("stale", "model_world_size_4_rank_3.pt", "stale file"),
+    ("truncate", "model_world_size_2_rank_1.pt", "zip"),
+    ("data_flip", "model_world_size_2_rank_1.pt", "CRC"),
+    ("world", "fsdp_config.json", "says world size 3, the rank files are of world size 2"),
+    ("config", "config.json", "not valid JSON"),
+    ("tokenizer", "tokenizer_config.json", "missing"),
+    ("shape", "model_world_size_2_rank_1.pt", "shape"),
+])
+def test_native_damage_is_named(native, tmp_path, damage, named, reason):
+    r0, r1 = native / "model_world_size_2_rank_0.pt", native / "model_world_size_2_rank_1.pt"
+    if damage == "swap":
+        r0.rename(native / "t")
+        r1.rename(r0)
+        (native / "t").rename(r1)
+    elif damage == "delete":
+        r1.unlink()
+    elif damage == "stale":
+        shutil.copyfile(r0, native / "model_world_size_4_rank_3.pt")
+    elif damage == "truncate":
+        os.truncate(r1, os.path.getsize(r1) - 100)
+    elif damage == "data_flip":  # a byte of a tensor's record (not zip padding between records)
+        _flip(r1, _record_offset(r1, "/data/0") + 5)
+    elif damage == "world":
+        (native / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 3}))
+    elif damage == "tokenizer":
+        (native / "huggingface" / "tokenizer.json").write_text("{}")  # a tokenizer file without its config
+    elif damage == "config":
+        cfg = native / "huggingface" / "config.json"
+        cfg.write_text(cfg.read_text()[:-5])
+    else:
+        sd = torch.load(r1, weights_only=True)
+        key = next(iter(sd))
+        sd[key] = torch.zeros(3, 3)
+        torch.save(sd, r1)
+    report = verify_path(str(native))
+    msgs = lines(report)
+    assert not report.ok
+    hit = [m for m in msgs if named in m]
+    assert hit and any(reason in m for m in hit), msgs
+
+
+def test_safetensors_header_checks(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "m.safetensors"
+    save_file({"a": torch.zeros(4, 4), "b": torch.ones(3)}, str(path))
+    assert check_safetensors_header(str(path)) is None
+    os.truncate(path, os.path.getsize(path) - 4)
+    assert "ends at" in check_safetensors_header(str(path))
+    save_file({"a": torch.zeros(4, 4)}, str(path))
+    _flip(path, 0)  # header length
+    assert check_safetensors_header(str(path)) is not None
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_exit_codes_and_lines(tmp_path, capsys):
+    out = merge_dir(tmp_path)
+    assert cli.main(["verify", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("OK: ")
+    os.truncate(out / "config.json", 3)
+    assert cli.main(["verify", str(out)]) == 1
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].startswith(f"slimckpt: {out / 'config.json'}: size 3 bytes") and text[-1].startswith("BAD: ")
+    assert cli.main(["verify", str(out), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is False and data["bad"][0]["file"] == str(out / "config.json")
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["verify", str(tmp_path / "empty")]) == 2
+    assert "not a checkpoint dir" in capsys.readouterr().err
+
+
+def test_cli_help_lists_verify():
+    proc = subprocess.run([sys.executable, "-m", "slimckpt.cli", "verify", "--help"], capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0 and "--quick" in proc.stdout and "--json" in proc.stdout
+
+
+def test_header_length_helper_matches_safetensors(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
+    with open(tmp_path / "x.safetensors", "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    assert n + 8 + 8 == os.path.getsize(tmp_path / "x.safetensors")
+
+
+# --------------------------------------------------------------------------- campaign (slow)
+
+
+@pytest.mark.slow
+def test_small_campaign_detects_every_corruption(tmp_path):
+    """20 corruptions of a real merge output and a real incremental save (plus 7 of a verl-native
+    one, reported apart): verify flags and names every one on slimckpt's formats, and the load
+    check refuses each incremental one with verify's own line. The undamaged sources verify clean."""
+    out = tmp_path / "c.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "scripts.faults.corruption", "--trials", "20",
+                           "--native_trials", "7", "--no_real_load", "--seed", "3", "--json", str(out),
+                           "--workdir", str(tmp_path)], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    s = r["slimckpt"]
+    assert s["trials"] == 20 and s["detected"] == 20 and s["named_right_file"] == 20, r["missed"]
+    assert s["load_refused_same_message"] == s["load_trials"] == 10
+    assert r["clean_sources_ok"] == ["incremental", "merge", "native"]
+    assert r["native"]["trials"] == 7
+
+
+def test_load_check_shares_bytes_evenly_across_ranks():
+    # two big rank shards must go to different ranks, whatever their order in the manifest
+    assert rm.share_by_bytes([100, 5, 3, 1, 100, 3], 2) == [0, 0, 1, 0, 1, 1]
+    sizes = [100, 5, 3, 1, 100, 3]
+    owner = rm.share_by_bytes(sizes, 2)
+    per_rank = [sum(s for s, o in zip(sizes, owner) if o == r) for r in range(2)]
+    assert max(per_rank) - min(per_rank) <= 5
+    assert rm.share_by_bytes([7], 4) == [0]
+
+
+def test_lock_files_next_to_a_subdir_are_not_extras(tmp_path):
+    d = role_dir(tmp_path)
+    (d / ".huggingface.slimckpt-lock").write_text("pid 1 on host h: exporting")
+    assert verify_path(str(d)).ok
+    rm.check_committed(str(d))

@@ -1,0 +1,1 @@
+"""Tests whose ranks are processes: torchrun, mp.spawn or forked ranks over gloo on the CPU."""

@@ -1,0 +1,134 @@
+"""RELIABILITY.md's renderer (scripts/faults/report.py) flags rows that ran on code older than HEAD's:
+checked with git in a scratch repository, no campaign run."""
+
+import json
+import subprocess
+
+import pytest
+
+from scripts.faults import reliability, report
+
+from ..conftest import REPO
+
+SLIM = report.sigkill_code("quickstart")
+VERL = report.sigkill_code("verl-default")
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _commit(repo, files, message):
+    for name, text in files.items():
+        path = repo / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", message)
+    return _git(repo, "rev-parse", "--short=12", "HEAD")
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    _git(root, "init", "-q")
+    first = _commit(root, {"patches/slimckpt/a.py": "x = 1\n", "recipes/quickstart.yaml": "a: 1\n",
+                           "scripts/faults/reliability.py": "# driver\n", "scripts/faults/trial.py": "# trial\n",
+                           "scripts/faults/corruption.py": "# corruption\n", "docs/notes.md": "notes\n"}, "first")
+    return root, first
+
+
+def test_a_row_at_head_is_not_flagged(scratch):
+    root, first = scratch
+    assert report.staleness({"commit": first, "dirty": False}, SLIM, str(root)) is None
+    assert report.staleness({"commit": first, "dirty": False}, VERL, str(root)) is None
+
+
+def test_changes_to_docs_only_flag_nothing(scratch):
+    root, first = scratch
+    _commit(root, {"docs/notes.md": "more notes\n", "README.md": "readme\n"}, "docs")
+    assert report.staleness({"commit": first}, SLIM, str(root)) is None
+
+
+def test_a_row_older_than_a_change_to_patches_is_stale_and_says_what_changed(scratch):
+    root, first = scratch
+    head = _commit(root, {"patches/slimckpt/a.py": "x = 2\n", "docs/notes.md": "changed too\n"}, "code")
+    flag = report.staleness({"commit": first, "dirty": False}, SLIM, str(root))
+    assert flag.marker == report.STALE
+    assert flag.note == (f"run on {first}; 1 commit(s) up to {head} (HEAD when this was rendered) changed "
+                         f"`patches/slimckpt/a.py`")
+    # verl's rows exercise the fault scripts only: slimckpt's code moving leaves them as they are
+    assert report.staleness({"commit": first}, VERL, str(root)) is None
+    _commit(root, {"scripts/faults/trial.py": "# trial, changed\n"}, "driver")
+    assert "`scripts/faults/trial.py`" in report.staleness({"commit": first}, VERL, str(root)).note
+
+
+def test_what_cannot_be_checked_is_flagged_commit_unknown(scratch):
+    root, first = scratch
+    unknown = [report.staleness(prov, SLIM, str(root)) for prov in (
+        {"commit": None}, None, {"commit": "0123456789ab"}, {"commit": first, "dirty": True})]
+    assert all(f.marker == report.UNKNOWN for f in unknown)
+    assert "not a commit of this repository" in unknown[2].note and "uncommitted changes" in unknown[3].note
+    no_git = report.staleness({"commit": first}, SLIM, str(root), run_git=lambda *a: None)
+    assert no_git.marker == report.UNKNOWN and "git is not available" in no_git.note
+
+
+def test_provenance_reads_the_record_or_an_older_jsons_source_sentence():
+    assert report.provenance({"commit": "abc1234", "dirty": False}) == {"commit": "abc1234", "dirty": False}
+    assert report.provenance({"source": "a clean export of commit 6a59751396e0 (patches/ and recipes/)"}) == \
+        {"commit": "6a59751396e0", "dirty": False}
+    assert report.provenance({"source": "the working tree at 1234abc with uncommitted changes"}) == \
+        {"commit": "1234abc", "dirty": True}
+    assert report.provenance({"source": "/elsewhere (SLIMCKPT source outside the repo; repo HEAD 1234abc)"}) == \
+        {"commit": None, "dirty": None}
+    assert report.provenance({}) == {"commit": None, "dirty": None}
+
+
+def _sigkill(modes):
+    """The committed campaign's JSON, cut to the given rows."""
+    sigkill = json.loads((REPO / "docs" / "reliability" / "sigkill.json").read_text())
+    sigkill["modes"] = {k: v for k, v in sigkill["modes"].items() if k in modes}
+    return sigkill
+
+
+def test_the_report_marks_stale_rows_and_names_the_commit_under_their_table(scratch):
+    root, first = scratch
+    sigkill = _sigkill(("verl-default@keep=2", "quickstart@keep=2", "merge", "verl-merge"))
+    sigkill["provenance"] = {key: {"commit": first, "dirty": False} for key in sigkill["modes"]}
+    side_runs = {"corruption_campaign.py": {"seconds": 1.0, "commit": first, "dirty": False},
+                 "env_faults.py": {"seconds": 1.0}}  # an older run: no commit recorded
+    check = report.Checker(str(root))
+    fresh = report.render_report(sigkill, None, None, side_runs, check=check)
+    assert "**[" not in fresh.split("## Corruption")[0]  # every SIGKILL row at HEAD
+    _commit(root, {"patches/slimckpt/a.py": "x = 3\n"}, "code")
+    text = report.render_report(sigkill, {"seed": 0}, None, side_runs, check=report.Checker(str(root)))
+    lines = text.splitlines()
+    quickstart = next(ln for ln in lines if ln.startswith("| slimckpt `+recipe=quickstart`"))
+    verl = next(ln for ln in lines if ln.startswith("| verl 0.9.1 default"))
+    merge = next(ln for ln in lines if ln.startswith("| `slimckpt merge`"))
+    verl_merge = next(ln for ln in lines if ln.startswith("| verl 0.9.1 `FSDPModelMerger`"))
+    assert "**[stale]**" in quickstart and "**[stale]**" in merge
+    assert "**[" not in verl and "**[" not in verl_merge
+    assert f"**[stale]** quickstart@keep=2: run on {first}; 1 commit(s) up to " in text
+    assert f"**[stale]** merge: run on {first};" in text and "`patches/slimckpt/a.py`" in text
+    assert "2 of the 4 rows below ran on code that is not HEAD's" in text
+    corruption = text.split("## Corruption")[1].split("## Environment")[0]
+    assert f"**[stale]** every figure of this section: run on {first};" in corruption
+
+
+def test_each_row_keeps_the_commit_of_the_file_it_came_from(tmp_path, monkeypatch):
+    """sigkill_*.json rows replace sigkill.json's, and bring their own commit."""
+    main = _sigkill(("verl-default@keep=2", "merge"))
+    for key in ("commit", "dirty"):  # an older sigkill.json: its commit only in the "source" sentence
+        main.pop(key, None)
+    main["source"] = "a clean export of commit 1111111aaaaa (patches/ and recipes/)"
+    extra = _sigkill(("merge",))
+    extra.update(command="python -m scripts.faults.reliability --modes merge", commit="2222222bbbbb", dirty=False)
+    (tmp_path / "sigkill.json").write_text(json.dumps(main))
+    (tmp_path / "sigkill_merge.json").write_text(json.dumps(extra))
+    monkeypatch.setattr(reliability, "OUT_DIR", str(tmp_path))
+    loaded = reliability.load_sigkill()
+    assert loaded["provenance"] == {"verl-default@keep=2": {"commit": "1111111aaaaa", "dirty": False},
+                                    "merge": {"commit": "2222222bbbbb", "dirty": False}}

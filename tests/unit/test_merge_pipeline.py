@@ -1,0 +1,179 @@
+"""The merge's overlaps: cast/write pipelining in slimckpt.write.share_writer, the readahead plan, and writing
+from a guessed layout while verl/transformers import (slimckpt.merge.guess) — a wrong guess must
+cost time only, never change a byte."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import torch
+
+from slimckpt.format import layout
+from slimckpt.merge import early_write, guess as merge_guess
+from slimckpt.merge import pipeline as merge
+from slimckpt.read import readahead
+from slimckpt.read.sources import SourceTensor
+from slimckpt.write.out_files import OutputError, create_files
+from slimckpt.write.share_writer import ShareWriter
+
+from ..helpers.merge_helpers import full_disk_after_headers, synthetic_checkpoint, tiny_llama_config
+from ..helpers.slim_logs import lines_of
+
+
+def test_guess_drops_flowrl_and_tied_head_only():
+    names = ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight",
+             "model.flowrl_log_z.0.weight"]
+    assert list(merge_guess.guess_output_names(names, {"tie_word_embeddings": False})) == names[:3]
+    assert list(merge_guess.guess_output_names(names, {"tie_word_embeddings": True})) == names[:2]
+
+
+@pytest.mark.parametrize("names,config", [
+    (["model.a"], {}),  # tie setting not stated: the model class decides, so no guess
+    (["model.a"], None),
+    (["model.q_proj.lora_A.weight"], {"tie_word_embeddings": False}),
+    (["visual.patch_embed.weight"], {"tie_word_embeddings": False}),  # names outside model./lm_head.
+])
+def test_no_guess_where_transformers_might_differ(names, config):
+    assert merge_guess.guess_output_names(names, config) is None
+
+
+def test_readahead_plan_fits_the_budget():
+    sizes = {"a": 600, "b": 400}
+    assert readahead.plan(sizes, 2000) == sizes
+    assert readahead.plan(sizes, 500) == {"a": 300, "b": 200}
+    assert readahead.plan(sizes, 0) == {"a": 0, "b": 0}
+
+
+def _merge(local, target, **kw):
+    return merge.merge(merge.MergeOptions(local_dir=str(local), target_dir=str(target), progress=False, **kw))
+
+
+def _bytes_of(d):
+    return {n: (d / n).read_bytes() for n in sorted(os.listdir(d)) if n.endswith((".safetensors", ".json"))
+            and n != "manifest.json"}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_guessed_and_planned_merges_are_byte_identical(tmp_path, monkeypatch, tied):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_llama_config(tie_word_embeddings=tied))
+    _merge(ckpt, tmp_path / "guessed")
+    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0")
+    _merge(ckpt, tmp_path / "planned")
+    assert _bytes_of(tmp_path / "guessed") == _bytes_of(tmp_path / "planned")
+
+
+def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=1)
+    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0")
+    _merge(ckpt, tmp_path / "planned")
+    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "1")
+    real = merge_guess.guess_output_names
+    monkeypatch.setattr(merge_guess, "guess_output_names",
+                        lambda names, config, shapes=None: {k: v for k, v in real(names, config, shapes).items()
+                                                            if k != "lm_head.weight"})
+    with lines_of(merge.log) as logged:
+        _merge(ckpt, tmp_path / "guessed")
+    assert "guessed layout differs" in logged.getvalue()
+    assert _bytes_of(tmp_path / "guessed") == _bytes_of(tmp_path / "planned")
+    assert not (tmp_path / "guessed.partial").exists()
+
+
+def _count_forks(monkeypatch) -> list:
+    from slimckpt.write import forked_call
+
+    made = []
+    real = forked_call.ForkedCall
+
+    class Counting(real):
+        def __init__(self, *a, **k):
+            made.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(forked_call, "ForkedCall", Counting)
+    monkeypatch.setattr(forked_call, "possible", lambda: True)  # pytest's own threads would say no
+    return made
+
+
+def test_forked_and_threaded_early_writes_are_byte_identical(tmp_path, monkeypatch):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
+    monkeypatch.setenv("SLIMCKPT_MERGE_FORK", "0")
+    _merge(ckpt, tmp_path / "threaded")
+    monkeypatch.undo()
+    made = _count_forks(monkeypatch)
+    _merge(ckpt, tmp_path / "forked")
+    assert made == [1]
+    assert _bytes_of(tmp_path / "forked") == _bytes_of(tmp_path / "threaded")
+
+
+def test_a_failed_write_in_the_forked_writer_is_the_users_error(tmp_path, monkeypatch):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
+    made = _count_forks(monkeypatch)
+    full_disk_after_headers(monkeypatch)
+    with pytest.raises(merge.MergeError, match=r"model.*safetensors.*(space|full)"):
+        _merge(ckpt, tmp_path / "out")
+    assert made == [1]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_a_failed_background_write_surfaces_and_stops(tmp_path, monkeypatch):
+    full = torch.randn(64, 32)
+    src = SourceTensor("w", tuple(full.shape), full.dtype, 0, list(torch.chunk(full, 2)), [0, 1])
+    plan = layout.plan_files([layout.TensorSpec("w", "BF16", tuple(full.shape))], "5GB")
+    create_files(str(tmp_path), plan)
+    calls = []
+
+    def failing(fd, data, off):
+        calls.append(len(data))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", failing)
+    writer = ShareWriter(str(tmp_path), plan, {"w": src}, torch.bfloat16, chunk_bytes=256)
+    with pytest.raises(OutputError, match="model.safetensors"):
+        writer.write_share(layout.partition(plan, 1)[0])
+    assert len(calls) == 1  # writes after the failed one are dropped, not attempted
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_no_fsync_skips_only_the_weight_fsyncs(tmp_path, monkeypatch, durable):
+    full = torch.randn(16, 8)
+    src = SourceTensor("w", tuple(full.shape), full.dtype, 0, list(torch.chunk(full, 2)), [0, 1])
+    plan = layout.plan_files([layout.TensorSpec("w", "BF16", tuple(full.shape))], "5GB")
+    create_files(str(tmp_path), plan)
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    writer = ShareWriter(str(tmp_path), plan, {"w": src}, torch.bfloat16, fsync=durable)
+    writer.write_share(layout.partition(plan, 1)[0])
+    assert bool(synced) == durable
+    assert "model.safetensors" in writer.checksums  # the manifest's checksums are there either way
+
+
+def test_a_failed_fork_writes_on_a_thread_instead(tmp_path, monkeypatch):
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
+    monkeypatch.setenv("SLIMCKPT_MERGE_FORK", "0")
+    _merge(ckpt, tmp_path / "threaded")
+    monkeypatch.delenv("SLIMCKPT_MERGE_FORK")
+    made = _count_forks(monkeypatch)
+
+    def no_fork():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    _merge(ckpt, tmp_path / "out")
+    assert made == [1]  # a fork was tried
+    assert _bytes_of(tmp_path / "out") == _bytes_of(tmp_path / "threaded")
+
+
+def test_a_killed_writer_child_is_a_one_line_error_and_nothing_is_committed(tmp_path, monkeypatch):
+    import signal
+
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
+    made = _count_forks(monkeypatch)
+    monkeypatch.setattr(early_write, "write_weights", lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
+    with pytest.raises(merge.MergeError,
+                       match=r"writer process .* without a result \(killed by signal SIGKILL.*run the merge again"):
+        _merge(ckpt, tmp_path / "out")
+    assert made == [1]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()

@@ -1,0 +1,248 @@
+"""Retention never deletes the last committed step, nor one being read or written,
+and verl 0.9.1's own retention, for comparison, does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from slimckpt.read import locks
+from slimckpt.save import retention
+from slimckpt.format.resume_manifest import MANIFEST_NAME, TRACKER_NAME
+
+from ..helpers.slim_logs import lines_of
+
+
+class FakeManager:
+    """The retention state of verl's BaseCheckpointManager (rank 0): its list of saved role dirs."""
+
+    rank = 0
+
+    def __init__(self) -> None:
+        self.previous_saved_paths: list[str] = []
+
+    def remove_previous_save_local_path(self, path):
+        from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+        BaseCheckpointManager.remove_previous_save_local_path(self, path)
+
+
+def _step(root: Path, n: int, manifest: bool = False) -> str:
+    role = root / f"global_step_{n}" / "actor"
+    role.mkdir(parents=True)
+    (role / "model_world_size_1_rank_0.pt").write_bytes(b"x" * 10)
+    if manifest:
+        (role / MANIFEST_NAME).write_text("{}")
+    return str(role)
+
+
+def _tracker(root: Path, n: int) -> None:
+    (root / TRACKER_NAME).write_text(str(n))
+
+
+def _verl(name: str):
+    """verl's own method, unpatched (the registry may have patched the class in this process)."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    fn = getattr(BaseCheckpointManager, name)
+    return getattr(fn, "__wrapped__", fn)
+
+
+# --------------------------------------------------------------------------- verl's behaviour
+
+
+def test_verl_deletes_the_trackers_step_before_the_new_save(tmp_path):
+    """max_keep=2, step 2 saved on the actor but its critic failed (tracker still at 1): verl's
+    ensure_checkpoint_capacity at the start of step 3's save deletes step 1, the only committed one."""
+    m = FakeManager()
+    s1, s2 = _step(tmp_path, 1), _step(tmp_path, 2)
+    m.previous_saved_paths = [s1, s2]
+    _tracker(tmp_path, 1)
+    _verl("ensure_checkpoint_capacity")(m, 2)
+    assert not os.path.exists(s1)  # the tracker now names a deleted step
+
+
+def test_verl_register_deletes_the_trackers_step_with_keep_1(tmp_path):
+    m = FakeManager()
+    s1 = _step(tmp_path, 1)
+    m.previous_saved_paths = [s1]
+    _tracker(tmp_path, 1)
+    s2 = _step(tmp_path, 2)
+    _verl("register_checkpoint")(m, s2, 1)  # inside the actor's save, before the trainer writes the tracker
+    assert not os.path.exists(s1)
+
+
+def test_verl_deletes_a_step_being_read(tmp_path):
+    m = FakeManager()
+    s1 = _step(tmp_path, 1)
+    _tracker(tmp_path, 2)
+    m.previous_saved_paths = [s1]
+    with locks.reading(s1, "merging it"):
+        _verl("register_checkpoint")(m, _step(tmp_path, 2), 1)
+        assert not os.path.exists(s1)
+
+
+# --------------------------------------------------------------------------- slimckpt's policy
+
+
+def test_nothing_is_deleted_before_a_save(tmp_path):
+    m = FakeManager()
+    m.previous_saved_paths = [_step(tmp_path, n) for n in (1, 2, 3)]
+    retention.before_save(m, 2)
+    assert all(os.path.exists(p) for p in m.previous_saved_paths) and len(m.previous_saved_paths) == 3
+
+
+def test_keep_1_keeps_the_trackers_step_until_the_tracker_moves(tmp_path):
+    m = FakeManager()
+    s1 = _step(tmp_path, 1)
+    retention.after_save(m, s1, 1)
+    _tracker(tmp_path, 1)
+    s2 = _step(tmp_path, 2)
+    assert retention.after_save(m, s2, 1) == []  # the tracker still names step 1
+    assert os.path.exists(s1) and m.previous_saved_paths == [s1, s2]
+    _tracker(tmp_path, 2)
+    s3 = _step(tmp_path, 3)
+    assert retention.after_save(m, s3, 1) == [s1]  # step 2 is the tracker's now
+    assert not os.path.exists(s1) and os.path.exists(s2) and m.previous_saved_paths == [s2, s3]
+
+
+def test_keep_2_failed_critic_keeps_the_committed_step(tmp_path):
+    m = FakeManager()
+    s1, s2 = _step(tmp_path, 1), _step(tmp_path, 2)
+    m.previous_saved_paths = [s1, s2]
+    _tracker(tmp_path, 1)
+    retention.before_save(m, 2)
+    s3 = _step(tmp_path, 3)
+    retention.after_save(m, s3, 2)
+    assert os.path.exists(s1)  # verl deleted it (test above); here the tracker protects it
+
+
+def test_keep_none_or_zero_keeps_everything(tmp_path):
+    for keep in (None, 0, -1):
+        m = FakeManager()
+        for n in range(1, 4):
+            retention.after_save(m, str(tmp_path / f"k{keep}" / f"global_step_{n}" / "actor"), keep)
+        assert len(m.previous_saved_paths) == 3
+
+
+def test_a_locked_step_is_skipped_then_deleted_at_the_next_save(tmp_path):
+    m = FakeManager()
+    s1 = _step(tmp_path, 1)
+    retention.after_save(m, s1, 1)
+    _tracker(tmp_path, 2)
+    with locks.reading(s1, "merging it"), lines_of(retention.log) as logged:
+        assert retention.after_save(m, _step(tmp_path, 2), 1) == []
+    assert os.path.exists(s1) and "holds its lock" in logged.getvalue()
+    _tracker(tmp_path, 3)
+    assert retention.after_save(m, _step(tmp_path, 3), 1) == [s1, str(tmp_path / "global_step_2" / "actor")]
+    assert not os.path.exists(s1)
+
+
+def test_a_step_locked_by_another_process_is_kept(tmp_path):
+    m = FakeManager()
+    s1 = _step(tmp_path, 1)
+    retention.after_save(m, s1, 1)
+    code = ("import sys, time; from slimckpt.read import locks\n"
+            "with locks.reading(sys.argv[1], 'reading it'):\n print('held', flush=True); time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, s1], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert retention.after_save(m, _step(tmp_path, 2), 1) == []
+        assert os.path.exists(s1)
+    finally:
+        proc.kill()
+        proc.wait()
+    # the kernel dropped the killed reader's lock: nothing stale blocks
+    assert retention.after_save(m, _step(tmp_path, 3), 1) == [s1, str(tmp_path / "global_step_2" / "actor")]
+
+
+def test_an_incremental_step_loses_its_manifest_first(tmp_path, monkeypatch):
+    s1 = _step(tmp_path, 1, manifest=True)
+    import shutil
+
+    monkeypatch.setattr(shutil, "rmtree", lambda *a, **k: None)  # a delete cut short
+    assert retention.delete_step_dir(s1) is None
+    assert not os.path.exists(os.path.join(s1, MANIFEST_NAME))
+
+
+def test_the_verl_patch_routes_through_the_policy(tmp_path):
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    from slimckpt.verl.features import switch_on
+
+    switch_on("checkpoint")
+    m = FakeManager()
+    s1, s2 = _step(tmp_path, 1), _step(tmp_path, 2)
+    m.previous_saved_paths = [s1, s2]
+    _tracker(tmp_path, 1)
+    BaseCheckpointManager.ensure_checkpoint_capacity(m, 2)
+    assert os.path.exists(s1) and os.path.exists(s2)
+    BaseCheckpointManager.register_checkpoint(m, _step(tmp_path, 3), 1)
+    assert os.path.exists(s1) and not os.path.exists(s2)  # s1: the tracker's; s2: older than the newest, unprotected
+
+
+def test_resume_state_retention_uses_the_policy(tmp_path):
+    from slimckpt.save.step_commit import make_room, register_committed
+
+    m = FakeManager()
+    s1 = _step(tmp_path, 1, manifest=True)
+    register_committed(m, s1, 1)
+    _tracker(tmp_path, 1)
+    make_room(m, 1)
+    s2 = _step(tmp_path, 2, manifest=True)
+    register_committed(m, s2, 1)
+    assert os.path.exists(s1)
+    _tracker(tmp_path, 2)
+    register_committed(m, _step(tmp_path, 3, manifest=True), 1)
+    assert not os.path.exists(s1)
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_random_sequences_never_lose_the_trackers_step(tmp_path, keep):
+    """Saves that succeed or fail at random, the tracker moving only on success: after every save
+    the tracker's step is on disk and at most keep+1 steps are."""
+    import random
+
+    rng = random.Random(keep)
+    m = FakeManager()
+    tracker = None
+    for n in range(1, 40):
+        path = _step(tmp_path, n)
+        if rng.random() < 0.3:  # the save failed: verl never registers it
+            continue
+        retention.after_save(m, path, keep)
+        if rng.random() < 0.8:  # the trainer wrote the tracker (else e.g. the critic failed)
+            tracker = n
+            _tracker(tmp_path, n)
+        if tracker is not None:
+            assert os.path.isdir(tmp_path / f"global_step_{tracker}" / "actor")
+        assert len(m.previous_saved_paths) <= keep + 1
+
+
+def test_a_load_holds_a_read_lock(tmp_path):
+    """verl's (wrapped) load_checkpoint reads under a shared lock: retention skips the dir meanwhile."""
+    from slimckpt.save.resume_load import wrap_load_checkpoint
+
+    s1 = _step(tmp_path, 1)
+    seen = []
+
+    def original(self, local_path, hdfs_path=None, del_local_after_load=False):
+        seen.append(locks.try_exclusive(local_path, "deleting it (retention)"))
+
+    import torch.distributed as dist
+
+    # the wrapped load checks the rank files' pickles with every rank of the job: a job of one here
+    manager = FakeManager()
+    manager.checkpoint_config, manager.world_size = SimpleNamespace(trust_pickle=False), 1
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        wrap_load_checkpoint(original)(manager, s1)
+    finally:
+        dist.destroy_process_group()
+    assert seen == [None]
+    assert locks.try_exclusive(s1, "deleting it") is not None  # released after the load
