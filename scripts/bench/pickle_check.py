@@ -77,7 +77,7 @@ def main() -> int:
     rank = dist.get_rank()
     out = Path(args.out)
     from slimckpt.save.resume_state import finish_pending
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     run = _run(args)
     configs = {"native": SlimCheckpointConfig(recipe="quickstart", measure=False),

@@ -228,7 +228,7 @@ def checkpoint_config(mode: str, budget_gb: float, fsdp: int = 2):
         return OmegaConf.create({"save_contents": verl_contents(fsdp)}), None
     from omegaconf import OmegaConf
 
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     recipe = OmegaConf.load(REPO / "recipes" / "incremental.yaml").actor_rollout_ref.actor.checkpoint
     fields = {k: v for k, v in OmegaConf.to_container(recipe, resolve=True).items() if not k.startswith("_")}

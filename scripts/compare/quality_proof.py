@@ -44,7 +44,7 @@ from pathlib import Path
 
 from scripts.provenance import source_commit
 from slimckpt.observe.wandb_history import HistoryError, RunHistory, read_offline_run, run_dirs
-from slimckpt.verl.recipes import list_recipes
+from slimckpt.verl_seam.recipes import list_recipes
 
 # lazy imports: psutil and tqdm load where runs are watched or killed; the plan and the report need neither
 

@@ -112,7 +112,7 @@ def _tiny_run(ckpt_config):
 
 def _slim_config():
     """+recipe=incremental's actor block as shipped (its HF export on: the export's files are damaged too)."""
-    from slimckpt.verl.recipes import recipe_checkpoint_config
+    from slimckpt.verl_seam.recipes import recipe_checkpoint_config
 
     return recipe_checkpoint_config("incremental")
 

@@ -246,7 +246,7 @@ def _config(path: str):
     """The actor's checkpoint config of `path`: verl's default, or its recipe's block as shipped."""
     from verl.trainer.config.config import CheckpointConfig
 
-    from slimckpt.verl.recipes import recipe_checkpoint_config
+    from slimckpt.verl_seam.recipes import recipe_checkpoint_config
 
     if path == "verl_save":
         return CheckpointConfig(save_contents=["model", "optimizer", "extra"])
@@ -285,7 +285,7 @@ def calibrate(args: argparse.Namespace) -> int:
 
     from slimckpt.save import resume_async
     from slimckpt.testing.resume_scenarios import Run
-    from slimckpt.verl.features import switch_on
+    from slimckpt.verl_seam.features import switch_on
 
     switch_on("checkpoint")
     dist.init_process_group("gloo")
@@ -320,7 +320,7 @@ def child(args: argparse.Namespace) -> int:
 
     from slimckpt.save import resume_async
     from slimckpt.testing.resume_scenarios import Run
-    from slimckpt.verl.features import switch_on
+    from slimckpt.verl_seam.features import switch_on
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     switch_on("checkpoint")  # as a recipe's config does; verl_save's plain config bypasses it
@@ -354,7 +354,7 @@ def child(args: argparse.Namespace) -> int:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             error = exc
-        from slimckpt.verl.manager_state import state_of
+        from slimckpt.verl_seam.manager_state import state_of
 
         continued = error is None and bool(state_of(run.manager).save_failed)
         message = (str(error).strip().splitlines() or [""])[0] if error is not None else (state_of(run.manager).save_failed or "")

@@ -70,7 +70,7 @@ def checkpoint_block(mode: str, role: str = "actor") -> dict[str, Any]:
         node = cfg.actor_rollout_ref.actor.checkpoint if role == "actor" else cfg.critic.checkpoint
         block = OmegaConf.to_container(node, resolve=True)
     else:
-        from slimckpt.verl.recipes import recipe_checkpoint_block
+        from slimckpt.verl_seam.recipes import recipe_checkpoint_block
 
         block = recipe_checkpoint_block(recipe, role, RECIPES_DIR)
     block.update(overrides)

@@ -16,8 +16,8 @@ import pytest
 
 from slimckpt.read import locks
 from slimckpt.save import errors as save_errors
-from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
-from slimckpt.verl.manager_state import state_of
+from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+from slimckpt.verl_seam.manager_state import state_of
 from slimckpt.format.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
 
 from ..helpers.slim_logs import lines_of
@@ -129,7 +129,7 @@ def test_describe_digs_through_dcp_and_torch_wrappers():
 
 
 def test_on_save_error_is_checked():
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     assert SlimCheckpointConfig().on_save_error == "stop"
     with pytest.raises(ValueError, match="did you mean 'continue'"):

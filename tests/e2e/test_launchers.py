@@ -51,7 +51,7 @@ def test_train_70b_dry_run_ppo():
     assert cfg["critic"]["fsdp"]["param_offload"] is True
     assert cfg["data"]["train_files"] == os.path.expanduser("~/data/gsm8k/train.parquet")
     # the recipe passed through "$@"
-    assert arr["actor"]["checkpoint"]["_target_"] == "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
+    assert arr["actor"]["checkpoint"]["_target_"] == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
     assert arr["actor"]["checkpoint"]["save_contents"] == ["model"]
     assert cfg["trainer"]["save_freq"] == 10
 
@@ -107,5 +107,5 @@ def test_train_70b_rejects_unknown_algo_before_python():
 def test_train_small_dry_run():
     proc = _run(TRAIN_SMALL, "--dry-run", "+recipe=quickstart")
     cfg = _composed(proc)
-    assert cfg["actor_rollout_ref"]["actor"]["checkpoint"]["_target_"] == "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
+    assert cfg["actor_rollout_ref"]["actor"]["checkpoint"]["_target_"] == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
     assert cfg["trainer"]["device"] == "cpu"

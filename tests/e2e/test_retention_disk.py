@@ -128,7 +128,7 @@ def test_plan_prints_the_retention_table(tmp_path):
 
 
 def test_the_config_refuses_settings_retention_cannot_carry_out():
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     for kwargs, key in (({"keep_optimizer_last": 0}, "keep_optimizer_last"), ({"keep_best": 2}, "best_metric"),
                         ({"best_mode": "avg"}, "best_mode"), ({"keep_optimizer_last": "two"}, "keep_optimizer_last")):
@@ -141,12 +141,12 @@ def test_the_config_refuses_settings_retention_cannot_carry_out():
 def test_the_trainers_tracking_records_metrics_at_save_steps_only(tmp_path):
     """verl's Tracking (what both trainers log through), built with a config asking for keep_best:
     each log call at a step whose dir exists adds its numbers to that step's metrics file."""
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
     from verl.utils.tracking import Tracking
 
     SlimCheckpointConfig()  # a recipe's config switches the checkpoint patches on, as in verl's trainer
     (tmp_path / "global_step_2").mkdir()
-    target = "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
+    target = "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
     config = {"trainer": {"default_local_dir": str(tmp_path)},
               "actor_rollout_ref": {"actor": {"checkpoint": {"_target_": target, "keep_best": 1,
                                                              "best_metric": "val/score"}}}}

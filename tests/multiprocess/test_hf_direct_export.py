@@ -204,7 +204,7 @@ def test_take_pieces_joins_runs_and_skips_what_it_does_not_need():
 
 
 def test_config_accepts_auto_only_for_the_incremental_tier():
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     ok = SlimCheckpointConfig(recipe="incremental", incremental_save=True, export_hf=True, export_dtype="auto",
                               save_contents=["model", "optimizer", "extra", "hf_model"])

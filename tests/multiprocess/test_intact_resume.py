@@ -42,7 +42,7 @@ class Trainer:
     find_latest_ckpt_path (or resume_from_path) gives it."""
 
     def __init__(self, root, mode="auto", path=None, verify=True, target=None):
-        checkpoint = {"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "incremental_save": True,
+        checkpoint = {"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True,
                       "verify": verify}
         if target is not None:
             checkpoint["_target_"] = target

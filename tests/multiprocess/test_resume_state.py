@@ -228,7 +228,7 @@ def test_watched_roles_follow_the_configs():
                                    "critic": {"checkpoint": critic}})
         return type("T", (), {"config": config, "use_critic": use_critic})()
 
-    slim = {"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
+    slim = {"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
     verl = {"_target_": "verl.trainer.config.CheckpointConfig"}
     assert watched_roles(trainer({**slim, "async_save": False}, slim)) is None
     assert watched_roles(trainer({**slim, "async_save": True}, {**slim, "async_save": True})) == ["actor", "critic"]
@@ -245,7 +245,7 @@ def test_misspelled_field_names_the_field_and_the_valid_ones():
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    cfg = OmegaConf.create({"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "recipe": "incremental",
+    cfg = OmegaConf.create({"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "recipe": "incremental",
                             "bukcet_mb": 3})
     with pytest.raises(Exception) as info:
         omega_conf_to_dataclass(cfg)
@@ -254,7 +254,7 @@ def test_misspelled_field_names_the_field_and_the_valid_ones():
 
 
 def test_async_without_incremental_is_rejected():
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     with pytest.raises(ValueError, match="incremental_save=true"):
         SlimCheckpointConfig(recipe="incremental", async_save=True)

@@ -201,7 +201,7 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     from verl.trainer.config import CheckpointConfig
 
     from slimckpt.hf import naming as hf_side
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     resume_scenarios.MODEL = model
     root = os.path.join(args.dir, name or model)
@@ -329,7 +329,7 @@ def scenario_lora(args) -> None:
     peft's merge_and_unload() of the reference."""
     from verl.trainer.config import CheckpointConfig
 
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     resume_scenarios.LORA_RANK = 4
     root = args.dir

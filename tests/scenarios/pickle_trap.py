@@ -32,7 +32,7 @@ TRAPS = {
 
 
 def _config(fmt: str, **kw):
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     if fmt == "incremental":
         return resume_scenarios.slim_config(**kw)

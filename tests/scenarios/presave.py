@@ -69,7 +69,7 @@ def _save_train_resume(config, root: str, fresh_config) -> dict:
 def scenario(args) -> None:
     from verl.trainer.config import CheckpointConfig
 
-    from slimckpt.verl.recipes import recipe_checkpoint_config
+    from slimckpt.verl_seam.recipes import recipe_checkpoint_config
 
     result = {"verl": _save_train_resume(CheckpointConfig(), os.path.join(args.dir, "verl"), CheckpointConfig())}
     for name, mode in MODES.items():

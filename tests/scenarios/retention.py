@@ -28,7 +28,7 @@ SCORES = {1: 0.9, 2: 0.1, 3: 0.2, 4: 0.3, 5: 0.4}  # step 1 is the best, and the
 
 
 def config(fmt: str):
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     keys = dict(keep_optimizer_last=1, keep_best=1, best_metric="val/score", best_mode="max", measure=False)
     if fmt == "incremental":

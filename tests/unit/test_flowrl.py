@@ -164,7 +164,7 @@ def test_flowrl_config_registers_the_loss_and_applies_the_patches():
         """
         from verl.trainer.ppo import core_algos
         from verl.workers.utils import losses
-        from slimckpt.verl.registry import REGISTRY
+        from slimckpt.verl_seam.registry import REGISTRY
         assert "flowrl" not in core_algos.POLICY_LOSS_REGISTRY
         from slimckpt.flowrl.config import FlowRLLossConfig, active_head_settings
         cfg = FlowRLLossConfig(beta=15.0, log_z_hidden_size=32)

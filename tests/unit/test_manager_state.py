@@ -13,15 +13,15 @@ import typing
 import pytest
 from verl.trainer.config.config import CheckpointConfig
 
-from slimckpt.verl import checkpoint_config as cc
-from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
-from slimckpt.verl.manager_state import ManagerState, config_of, default_config, state_of
+from slimckpt.verl_seam import checkpoint_config as cc
+from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+from slimckpt.verl_seam.manager_state import ManagerState, config_of, default_config, state_of
 
 
 @pytest.fixture
 def no_switch_on(monkeypatch):
     """Build SlimCheckpointConfig in this process without applying the checkpoint patches."""
-    import slimckpt.verl.features as features
+    import slimckpt.verl_seam.features as features
 
     calls: list[str] = []
     monkeypatch.setattr(features, "switch_on", lambda feature: calls.append(feature))

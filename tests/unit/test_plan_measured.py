@@ -85,7 +85,7 @@ def test_hf_listing_follows_the_exporting_recipe(tmp_path, capsys):
     files), not bf16 in save_pretrained's; an explicit --export-dtype still wins."""
     import yaml
 
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     recipe = yaml.safe_load((REPO / "recipes" / "incremental.yaml").read_text())["actor_rollout_ref"]["actor"]["checkpoint"]
     shard = recipe.get("max_shard_size", SlimCheckpointConfig.__dataclass_fields__["max_shard_size"].default)

@@ -8,8 +8,8 @@ import types
 import pytest
 
 from slimckpt import SUPPORTED_VERL
-from slimckpt.verl.patch_list import PATCHES
-from slimckpt.verl.registry import Patch, Registry, UnsupportedVerlVersion, check_verl_version, resolve, resolve_table
+from slimckpt.verl_seam.patch_list import PATCHES
+from slimckpt.verl_seam.registry import Patch, Registry, UnsupportedVerlVersion, check_verl_version, resolve, resolve_table
 
 from ..conftest import REPO, run_python
 
@@ -220,7 +220,7 @@ def test_plain_verl_is_untouched_without_a_recipe():
     res = run_python(textwrap.dedent("""
         import verl
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
-        from slimckpt.verl.registry import REGISTRY
+        from slimckpt.verl_seam.registry import REGISTRY
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
         print("APPLIED", REGISTRY.applied())
     """), env={"SLIMCKPT_MEASURE": "", "SLIMCKPT_CPU": ""})
@@ -237,8 +237,8 @@ def test_without_a_recipe_exactly_this_changes():
             del os.environ[k]
         before = list(sys.meta_path)
         import verl
-        from slimckpt.verl import import_hooks
-        from slimckpt.verl.registry import REGISTRY
+        from slimckpt.verl_seam import import_hooks
+        from slimckpt.verl_seam.registry import REGISTRY
         print("APPLIED", REGISTRY.applied())
         print("PENDING", sorted(REGISTRY._pending))
         print("FINDERS", [type(f).__name__ for f in sys.meta_path if f not in before])
@@ -254,9 +254,9 @@ def test_without_a_recipe_exactly_this_changes():
     assert out["FINDERS"] == "['_PostImportFinder']"
     assert out["HOOKED"] == "['verl.model_merger.base_model_merger', 'verl.model_merger.fsdp_model_merger']"
     assert out["MODULES"] == str(["slimckpt", "slimckpt.env_vars", "slimckpt.log", "slimckpt.save",
-                                  "slimckpt.save.adopt_startup", "slimckpt.verl", "slimckpt.verl.features",
-                                  "slimckpt.verl.import_hooks", "slimckpt.verl.patch_list", "slimckpt.verl.plugin",
-                                  "slimckpt.verl.registry"])
+                                  "slimckpt.save.adopt_startup", "slimckpt.verl_seam", "slimckpt.verl_seam.features",
+                                  "slimckpt.verl_seam.import_hooks", "slimckpt.verl_seam.patch_list", "slimckpt.verl_seam.plugin",
+                                  "slimckpt.verl_seam.registry"])
     assert out["LOGGER"] == "['NullHandler'] True INFO"
     doc = (REPO / "docs" / "configuration.md").read_text()
     assert "tests/unit/test_registry.py::test_without_a_recipe_exactly_this_changes" in doc
@@ -265,7 +265,7 @@ def test_without_a_recipe_exactly_this_changes():
 def test_disable_switch_applies_nothing():
     res = run_python(textwrap.dedent("""
         import verl
-        from slimckpt.verl.registry import REGISTRY
+        from slimckpt.verl_seam.registry import REGISTRY
         print("PATCHES", len(REGISTRY.patches()), "APPLIED", REGISTRY.applied())
     """), env={"SLIMCKPT_DISABLE": "1", "SLIMCKPT_MEASURE": "1"})
     assert res.returncode == 0, res.stderr
@@ -275,7 +275,7 @@ def test_disable_switch_applies_nothing():
 def test_recipe_config_switches_on_checkpoint_patches_with_a_log_line():
     res = run_python(textwrap.dedent("""
         import verl
-        from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+        from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
         cfg = SlimCheckpointConfig(recipe="quickstart", save_contents=["model"], load_contents=["model"])
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
@@ -287,9 +287,9 @@ def test_recipe_config_switches_on_checkpoint_patches_with_a_log_line():
 
 def test_recipe_config_fails_loudly_on_unsupported_verl():
     res = run_python(textwrap.dedent("""
-        import slimckpt.verl.registry as r
+        import slimckpt.verl_seam.registry as r
         r.installed_verl_version = lambda: "0.12.0"
-        from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+        from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
         SlimCheckpointConfig(recipe="quickstart")
     """))
     assert res.returncode != 0
@@ -297,7 +297,7 @@ def test_recipe_config_fails_loudly_on_unsupported_verl():
 
 
 def test_recipe_config_rejects_unknown_recipe_and_conflicting_export():
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     with pytest.raises(ValueError, match="not a slimckpt recipe"):
         SlimCheckpointConfig(recipe="turbo")
@@ -308,7 +308,7 @@ def test_recipe_config_rejects_unknown_recipe_and_conflicting_export():
 @pytest.fixture
 def no_switch_on(monkeypatch):
     """Build SlimCheckpointConfig in this process without applying the checkpoint patches."""
-    import slimckpt.verl.features as features
+    import slimckpt.verl_seam.features as features
 
     monkeypatch.setattr(features, "switch_on", lambda feature: None)
 
@@ -334,7 +334,7 @@ def no_switch_on(monkeypatch):
 ])
 def test_recipe_config_type_checks_every_field_in_one_line(no_switch_on, key, value, allowed):
     """A non-empty string is true: without the check `async_save=stream` ran as true."""
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     kwargs = {"recipe": "incremental", "incremental_save": True, key: value}
     with pytest.raises(ValueError) as err:
@@ -345,7 +345,7 @@ def test_recipe_config_type_checks_every_field_in_one_line(no_switch_on, key, va
 
 
 def test_recipe_config_takes_yaml_booleans_and_numbers(no_switch_on):
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     cfg = SlimCheckpointConfig(recipe="incremental", incremental_save="true", async_save=True, export_hf="False",
                                verify=False, bucket_mb="32", write_threads=2, host_memory_budget_gb=8)
@@ -359,7 +359,7 @@ def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on
     async_save takes it (and pool), any other string fails in one line."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from slimckpt.verl.dryrun import compose_config
+    from slimckpt.verl_seam.dryrun import compose_config
 
     node = "actor_rollout_ref.actor.checkpoint"
     good = compose_config(["+recipe=incremental", f"{node}.async_save=true"])
@@ -373,7 +373,7 @@ def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on
 
 
 def test_async_mode_reads_every_spelling():
-    from slimckpt.verl.checkpoint_config import async_mode
+    from slimckpt.verl_seam.checkpoint_config import async_mode
 
     assert [async_mode(v) for v in (None, False, "false", True, "true", "pool", "stream", "Stream")] == \
         ["off", "off", "off", "pool", "pool", "pool", "stream", "stream"]

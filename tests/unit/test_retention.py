@@ -173,7 +173,7 @@ def test_an_incremental_step_loses_its_manifest_first(tmp_path, monkeypatch):
 def test_the_verl_patch_routes_through_the_policy(tmp_path):
     from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 
-    from slimckpt.verl.features import switch_on
+    from slimckpt.verl_seam.features import switch_on
 
     switch_on("checkpoint")
     m = FakeManager()

@@ -29,7 +29,7 @@ def test_measured_plain_verl_runs_verls_own_checkpoint_code():
         import verl.trainer.ppo.v1.trainer_base as v1, verl.trainer.ppo.ray_trainer as legacy
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
         from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager as B
-        from slimckpt.verl.registry import REGISTRY
+        from slimckpt.verl_seam.registry import REGISTRY
         def where(f):
             return inspect.unwrap(f).__code__.co_filename.split("site-packages/")[-1], f.__code__.co_filename.rsplit("/", 1)[-1]
         for name, f in [("load", M.load_checkpoint), ("ensure_capacity", B.ensure_checkpoint_capacity),

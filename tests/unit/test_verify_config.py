@@ -37,10 +37,10 @@ class _Stop(Exception):
 
 @pytest.mark.parametrize("verify", [True, False, None])
 def test_load_passes_the_configs_verify_to_the_check(tmp_path, monkeypatch, verify):
-    import slimckpt.verl.features as features
+    import slimckpt.verl_seam.features as features
     from verl.trainer.config.config import CheckpointConfig
 
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     seen = []
 

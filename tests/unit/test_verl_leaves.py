@@ -1,5 +1,5 @@
 """The merge's Hugging Face side without `import verl`: verl's own helper files loaded by path
-(`slimckpt.verl.leaves`), and the two small choices of verl's BaseModelMerger that `hf_side`
+(`slimckpt.verl_seam.leaves`), and the two small choices of verl's BaseModelMerger that `hf_side`
 makes itself (auto class, generation config), held to verl's answers."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import transformers
 from transformers import LlamaConfig
 
-from slimckpt.verl import registry, leaves as verl_leaves
+from slimckpt.verl_seam import registry, leaves as verl_leaves
 from slimckpt.hf.naming import auto_model_class, load_generation_config
 
 
@@ -113,7 +113,7 @@ def test_hf_side_does_not_import_verl(tmp_path):
     script = textwrap.dedent(f"""
         import json, sys
         from slimckpt.hf.naming import HfSide
-        from slimckpt.verl.leaves import leaf
+        from slimckpt.verl_seam.leaves import leaf
         side = HfSide({str(tmp_path / "actor")!r}, "bf16", False)
         shapes = {{n: tuple(p.shape) for n, p in side.model.named_parameters(remove_duplicate=False)}}
         mapping = side.output_names(list(shapes), shapes)

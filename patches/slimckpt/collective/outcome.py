@@ -16,6 +16,7 @@ the cause for callers that describe OS errors. With no process group (one proces
 step runs alone and its error is raised as the same type.
 """
 
+# lazy imports: torch.distributed only when a group is active (the torch-free merge CLI imports this module)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence

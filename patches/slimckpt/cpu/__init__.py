@@ -8,7 +8,7 @@ Pieces, each in its own module:
   sampling.py       seeded KV-cached sampling; hf_server.py / rollout.py: the `hf` rollout backend
   batch_order.py    a step's trajectories in dataset order, so CPU runs repeat bit for bit
 
-All of them reach verl only through feature "cpu" of slimckpt.verl.patch_list, which slimckpt's
+All of them reach verl only through feature "cpu" of slimckpt.verl_seam.patch_list, which slimckpt's
 plugin switches on at `import verl` with SLIMCKPT_CPU=1. `check_host` refuses a machine with a GPU.
 """
 

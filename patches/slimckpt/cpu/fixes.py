@@ -1,6 +1,6 @@
 """Replacements for the verl 0.9.1 attributes that assume an accelerator (feature "cpu").
 
-Each `*_patch(original)` builds the replacement for one entry in slimckpt.verl.patch_list; every one
+Each `*_patch(original)` builds the replacement for one entry in slimckpt.verl_seam.patch_list; every one
 of them is applied only with SLIMCKPT_CPU=1.
 """
 

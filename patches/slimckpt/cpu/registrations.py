@@ -1,4 +1,4 @@
-"""The entries CPU mode adds to verl's tables, one builder per entry of slimckpt.verl.patch_list
+"""The entries CPU mode adds to verl's tables, one builder per entry of slimckpt.verl_seam.patch_list
 (feature "cpu"): the platform, the `hf` rollout's two halves and the FSDP engines for device cpu.
 Each builder receives the table it adds to and returns the value of its entry."""
 

@@ -3,7 +3,7 @@
 Chosen with `+algo=flowrl` (overrides/algo/flowrl.yaml), which points the actor's
 `policy_loss._target_` at `slimckpt.flowrl.config.FlowRLLossConfig`. Building that config (in the
 driver's validation and in each actor worker, before the model is built) registers the policy
-loss "flowrl" in verl's registry and applies the "flowrl" patches (slimckpt.verl.patch_list).
+loss "flowrl" in verl's registry and applies the "flowrl" patches (slimckpt.verl_seam.patch_list).
 
 Pieces:
   names.py     which parameters belong to FlowRL (`is_flowrl_param`): every HF export, the

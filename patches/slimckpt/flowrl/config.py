@@ -3,7 +3,7 @@
 overrides/algo/flowrl.yaml points `actor_rollout_ref.actor.policy_loss._target_` here. verl builds
 this dataclass wherever it builds the actor's config: in the driver (validate_config, and
 `slimckpt dryrun`) and in every actor worker before the model is built. Building it is
-what switches FlowRL on in that process: the "flowrl" feature of slimckpt.verl.patch_list (the
+what switches FlowRL on in that process: the "flowrl" feature of slimckpt.verl_seam.patch_list (the
 policy loss "flowrl" in verl's registry, and the engine patches). Without +algo=flowrl it is never built and
 verl runs unchanged.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from verl.workers.config import PolicyLossConfig
 
-from ..verl.features import switch_on
-from ..verl.registry import check_verl_version
+from ..verl_seam.features import switch_on
+from ..verl_seam.registry import check_verl_version
 from .loss import DEFAULT_BETA, DEFAULT_MAX_WEIGHT, LOSS_MODE
 
 

@@ -1,4 +1,4 @@
-"""What the "flowrl" patches (listed in slimckpt.verl.patch_list) do to verl 0.9.1.
+"""What the "flowrl" patches (listed in slimckpt.verl_seam.patch_list) do to verl 0.9.1.
 
 Each function takes verl's original and returns the replacement; each replacement behaves exactly
 like the original unless the actor carries FlowRL's log Z head (only +algo=flowrl adds it).

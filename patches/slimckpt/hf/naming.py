@@ -60,7 +60,7 @@ def auto_model_class(config):
     architecture when the model has remote code, else by the architecture's suffix."""
     import transformers
 
-    from ..verl.leaves import leaf
+    from ..verl_seam.leaves import leaf
 
     arch = config.architectures[0]
     vision = leaf("transformers_compat").get_auto_model_for_vision2seq
@@ -194,7 +194,7 @@ class HfSide:
         """The names save_pretrained writes of `names`: FlowRL's head, tied targets (verl's
         drop_tied_target_keys) and `_keys_to_ignore_on_save` left out."""
         from ..flowrl.names import is_flowrl_param
-        from ..verl.leaves import leaf
+        from ..verl_seam.leaves import leaf
 
         # FlowRL's log Z head is trained with the actor but is no part of the language model
         keep: dict[str, object] = {n: None for n in names if not is_flowrl_param(n)}
@@ -234,7 +234,7 @@ class HfSide:
         """Processor and tokenizer through verl's loaders; False (with a warning) when there is none."""
         import warnings
 
-        from ..verl.leaves import leaf
+        from ..verl_seam.leaves import leaf
 
         verl_tokenizer = leaf("tokenizer")
         with warnings.catch_warnings():

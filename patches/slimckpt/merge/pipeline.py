@@ -60,7 +60,7 @@ from ..read import in_flight, readahead
 from ..read.checkpoint_dir import CheckpointError
 from ..read.locks import LockBusy, acquire, reading
 from ..read.merge_input import check_source, open_source
-from ..verl.leaves import leaf
+from ..verl_seam.leaves import leaf
 from ..write import forked_call
 from ..write.out_files import OutputError, create_files
 from ..write.peers import Heartbeat, describe_ranks, lost_ranks_line

@@ -1,5 +1,5 @@
 """verl's `python -m verl.model_merger merge --backend fsdp`, redirected to the streaming merge
-(patch "merge.fsdp" in slimckpt.verl.patch_list)."""
+(patch "merge.fsdp" in slimckpt.verl_seam.patch_list)."""
 
 from __future__ import annotations
 

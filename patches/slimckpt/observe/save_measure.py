@@ -29,8 +29,8 @@ from typing import Any
 
 from .. import env_vars
 from ..log import get_logger
-from ..verl.manager_state import state_of
-from ..verl.checkpoint_config import SlimCheckpointConfig
+from ..verl_seam.manager_state import state_of
+from ..verl_seam.checkpoint_config import SlimCheckpointConfig
 from ..read.checkpoint_dir import rank_files
 from . import save_reports
 from .memory import RssSampler

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ..verl.recipes import list_group
+from ..verl_seam.recipes import list_group
 from .cost import (VERL_CONTENTS, ParamSpec, Strategy, critic_params, estimate, keep_choices, largest_shard_bytes,
                    listing_format, model_shard_bytes, optim_shard_bytes, optim_total, parse_keep, peak_disk,
                    resolve_auto_budget, retention_disk, shard_rows)

@@ -111,7 +111,7 @@ class Strategy:
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict[str, Any]) -> "Strategy":
-        from ..verl.checkpoint_config import SlimCheckpointConfig, async_mode
+        from ..verl_seam.checkpoint_config import SlimCheckpointConfig, async_mode
 
         defaults = {f.name: f.default for f in fields(SlimCheckpointConfig) if f.default is not MISSING}
         return cls(

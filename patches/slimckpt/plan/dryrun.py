@@ -1,5 +1,5 @@
 """`slimckpt dryrun [--plan] <hydra overrides...>`: the dry run's command (its checks are in
-`slimckpt.verl.dryrun`, next to the rest of what slimckpt knows of verl's config), and with --plan,
+`slimckpt.verl_seam.dryrun`, next to the rest of what slimckpt knows of verl's config), and with --plan,
 `slimckpt plan` for the configuration a launcher composed, before any GPU.
 
 `slimckpt dryrun --plan <hydra overrides...>` (what `bash scripts/train_70b.sh --dry-run` and
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..verl.dryrun import compose_config
-from ..verl.dryrun import main as verl_main
+from ..verl_seam.dryrun import compose_config
+from ..verl_seam.dryrun import main as verl_main
 from .build import build_report, plan_facts
 from .printers import print_report
 

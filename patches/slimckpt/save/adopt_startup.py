@@ -22,7 +22,7 @@ from ..log import get_logger
 
 log = get_logger("slimckpt.adopt")
 
-SLIM_TARGET = "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
+SLIM_TARGET = "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
 ROLE_KEYS = (("actor", "actor_rollout_ref.actor"), ("critic", "critic"))
 
 
@@ -142,7 +142,7 @@ def recipe_settings_line(config: Any, recipe: str) -> str:
     the recipe's value and it is not verl's default ("" when nothing is left)."""
     from omegaconf import OmegaConf
 
-    from ..verl.recipes import CONF_DIR
+    from ..verl_seam.recipes import CONF_DIR
 
     path = CONF_DIR / "recipe" / f"{recipe}.yaml"
     if not path.is_file():

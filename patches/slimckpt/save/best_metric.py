@@ -29,7 +29,7 @@ from .driver_state import driver_state_of
 log = get_logger("slimckpt.retention")
 
 METRICS_NAME = "slimckpt_metrics.json"
-SLIM_TARGETS = ("slimckpt.verl.checkpoint_config.SlimCheckpointConfig",)
+SLIM_TARGETS = ("slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig",)
 
 
 def _number(value: Any) -> float | None:

@@ -39,7 +39,7 @@ from ..read.locks import LockBusy, acquire
 from ..write.peers import causes
 from .lost_rank import peer_loss_line
 from ..log import get_logger
-from ..verl.manager_state import config_of, state_of
+from ..verl_seam.manager_state import config_of, state_of
 from .os_fixes import trainer_fixes
 from .process_group import checkpoint_group
 from .resume_async import writer_for

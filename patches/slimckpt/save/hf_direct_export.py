@@ -62,7 +62,7 @@ from ..log import get_logger
 from ..write.out_files import os_error, pwrite_all
 from ..write.share_writer import as_bytes, lora_merged
 from .os_fixes import trainer_fixes
-from ..verl.manager_state import state_of
+from ..verl_seam.manager_state import state_of
 
 log = get_logger("slimckpt.hf_direct_export")
 T = TypeVar("T")

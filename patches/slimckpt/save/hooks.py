@@ -14,7 +14,7 @@ import functools
 
 from ..log import get_logger
 from ..observe.save_measure import measured_save
-from ..verl.checkpoint_config import SlimCheckpointConfig
+from ..verl_seam.checkpoint_config import SlimCheckpointConfig
 
 log = get_logger("slimckpt.save")
 

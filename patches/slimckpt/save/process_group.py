@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ..write import peers
-from ..verl.manager_state import state_of
+from ..verl_seam.manager_state import state_of
 
 
 def checkpoint_group(manager) -> dist.ProcessGroup:

@@ -46,7 +46,7 @@ from ..log import get_logger
 from ..read import in_flight
 from . import stream_guards
 from .host_budget import budget_bytes
-from ..verl.manager_state import state_of
+from ..verl_seam.manager_state import state_of
 
 log = get_logger("slimckpt.resume")
 

@@ -29,7 +29,7 @@ from ..read.step_pickles import dcp_refusals, native_refusals
 from . import resume_async, step_check
 from .contents import load_contents
 from .extra_state import extra_path, load_extra
-from ..verl.manager_state import config_of
+from ..verl_seam.manager_state import config_of
 from .pickle_gate import refuse_together
 from .process_group import checkpoint_group, made_group
 from .resume_state import is_resume_state

@@ -21,7 +21,7 @@ from verl.utils.fs import local_mkdir_safe
 from . import hf_direct_export, host_budget, resume_async, retention, step_write
 from .contents import save_contents
 from .extra_state import save_extra
-from ..verl.manager_state import config_of
+from ..verl_seam.manager_state import config_of
 from .process_group import checkpoint_group
 from .save_context import SaveContext
 from .state_dicts import build_state_dict, lora_only_state, note_fsdp1_copy, note_lora_only, split_aliases

@@ -53,8 +53,8 @@ from ..format import retention_plan
 from ..format.resume_manifest import protected_dirs, remove_manifest
 from ..format.retention_plan import RetentionPolicy
 from . import best_metric, optimizer_drop
-from ..verl.checkpoint_config import SlimCheckpointConfig
-from ..verl.manager_state import config_of, state_of
+from ..verl_seam.checkpoint_config import SlimCheckpointConfig
+from ..verl_seam.manager_state import config_of, state_of
 
 log = get_logger("slimckpt.retention")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..read.checkpoint_dir import DCP_DIR
-from ..verl.checkpoint_config import SlimCheckpointConfig
+from ..verl_seam.checkpoint_config import SlimCheckpointConfig
 
 
 @dataclass(frozen=True)

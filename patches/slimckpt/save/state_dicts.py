@@ -18,7 +18,7 @@ from verl.utils.fsdp_utils import fsdp_version
 from ..format.names import is_lora_key
 from ..log import get_logger
 from . import optim_capture
-from ..verl.manager_state import state_of
+from ..verl_seam.manager_state import state_of
 from .resume_async import state_bytes
 
 log = get_logger("slimckpt.resume")

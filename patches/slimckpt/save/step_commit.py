@@ -36,7 +36,7 @@ from ..read import checkpoint_dir
 from ..read.checkpoint_dir import DCP_DIR
 from . import hf_direct_export, retention
 from .extra_state import EXTRA_NAME, EXTRA_PREFIX
-from ..verl.manager_state import config_of
+from ..verl_seam.manager_state import config_of
 from .save_context import SaveContext
 from .state_dicts import LORA_ONLY_KEY
 

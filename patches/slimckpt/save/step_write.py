@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 
 from ..format.resume_manifest import write_failure
 from ..log import get_logger
-from ..verl.checkpoint_config import SlimCheckpointConfig
+from ..verl_seam.checkpoint_config import SlimCheckpointConfig
 from ..write.dcp_file_writer import BoundedFileSystemWriter
 from ..write.hashing_fs import HashingFileSystem
 from . import hf_direct_export, step_commit

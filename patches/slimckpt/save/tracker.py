@@ -46,7 +46,7 @@ from ..format.resume_manifest import (
 log = get_logger("slimckpt.tracker")
 
 # the recipes' _target_, and the path configs written before the package was split still name
-SLIM_TARGETS = ("slimckpt.verl.checkpoint_config.SlimCheckpointConfig",)
+SLIM_TARGETS = ("slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig",)
 POLL_S = 0.2
 
 

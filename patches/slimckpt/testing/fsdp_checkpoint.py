@@ -374,7 +374,7 @@ def save_export(manager, tier: str, out: str, step: int) -> None:
     with export_merge_lora, a LoRA actor's adapter merged into the base weights) or `intermediate`
     (model only, its streaming export through merge(), bf16); the export lands in <out>/huggingface."""
     from slimckpt.save.resume_state import finish_pending
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     saved = manager.checkpoint_config, manager.checkpoint_save_contents
     if tier in ("incremental", "incremental-merged"):

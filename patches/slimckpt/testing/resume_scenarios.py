@@ -95,7 +95,7 @@ class Run:
 
 
 def slim_config(**kw):
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     return SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False, **kw)
 
@@ -253,7 +253,7 @@ def scenario_tracker(args) -> None:
 
         config = OmegaConf.create({
             "actor_rollout_ref": {"actor": {"checkpoint": {
-                "_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "incremental_save": True, "async_save": True}}},
+                "_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True, "async_save": True}}},
             "critic": {"checkpoint": {}},
             "trainer": {"default_local_dir": root},
         })
@@ -354,7 +354,7 @@ def scenario_refuse(args) -> None:
     write_result(args, "refuse", outcomes)
 
 
-SLIM_TARGET = "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
+SLIM_TARGET = "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
 
 
 class VerlTrainerShim:
@@ -536,7 +536,7 @@ def scenario_lora_only(args) -> None:
     run.manager.save_checkpoint(lora, global_step=2)
     finish_pending()
     # +recipe=intermediate with save_lora_only: verl's LoRA-only .pt shards, exported as lora_adapter/ alone
-    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     run.manager.checkpoint_save_contents = ["model"]
     for merge_lora in (False, True):

@@ -286,7 +286,7 @@ def _reject_unknown_fields(cls):
             hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, valid, 1)) else repr(k)
                      for k in unknown]
             raise TypeError(
-                f"checkpoint: unknown field {', '.join(hints)} for slimckpt.verl.checkpoint_config.SlimCheckpointConfig; "
+                f"checkpoint: unknown field {', '.join(hints)} for slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig; "
                 f"valid fields: {', '.join(valid)}"
             )
         generated(self, *args, **kwargs)
