@@ -10,13 +10,14 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-fast test-verl-stack quickstart bench bench-scale compare faults clean
+.PHONY: help install lint format test test-fast test-verl-stack quickstart bench bench-scale compare faults clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
 	@echo "make compare      GRPO, FlowRL and PPO on CPU, verl defaults vs each recipe (and killed + resumed): docs/compare_*"
 	@echo "make test         the whole test suite (installs .venv first)"
-	@echo "make test-fast    unit tests only (no torchrun, no Ray)"
+	@echo "make test-fast    the fast tests of every folder (not marked slow: no torchrun, no Ray)"
+	@echo "make lint         ruff: the formatting and the lint rules of pyproject.toml (make format rewrites)"
 	@echo "make test-verl-stack  the distributed/DCP/transformers tests on verl's GPU stack (torch 2.11.0, transformers 5.9.0) in .venv-verl-stack"
 	@echo "make bench        merge/save benchmarks vs verl 0.9.1, written to BENCHMARKS.md"
 	@echo "make bench-scale  an 8B checkpoint (world size 8) merged by slimckpt and by verl 0.9.1 under a memory cap (~50 GB disk)"
@@ -47,6 +48,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

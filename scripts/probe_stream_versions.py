@@ -47,8 +47,13 @@ def build(layout: str):
     else:
         layers = {type(m) for m in model.modules() if type(m).__name__.endswith("DecoderLayer")}
         policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layers)
-        model = FSDP(model, auto_wrap_policy=policy, use_orig_params=layout == "fsdp1_orig",
-                     device_id=torch.device("cpu"), device_mesh=mesh)
+        model = FSDP(
+            model,
+            auto_wrap_policy=policy,
+            use_orig_params=layout == "fsdp1_orig",
+            device_id=torch.device("cpu"),
+            device_mesh=mesh,
+        )
     return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
 
 
@@ -89,16 +94,18 @@ class Snapshot:
         from slimckpt.save.state_dicts import build_state_dict
 
         state = build_state_dict(SimpleNamespace(model=model, optimizer=optimizer), model=True, optimizer=True)
-        live = list(model.parameters()) + [v for s in optimizer.state.values() for v in s.values()
-                                           if isinstance(v, torch.Tensor)]
+        live = list(model.parameters()) + [
+            v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        ]
         by_key: dict[tuple, list[torch.Tensor]] = {}
         for t in live:
             by_key.setdefault(key(t), []).extend(counters(t))
         self.rows = []
         for name, t in leaves(state):
             own, alive = counters(t), by_key.get(key(t), [])
-            self.rows.append((name, t, local(t).detach().clone(), own, [c._version for c in own], alive,
-                              [c._version for c in alive]))
+            self.rows.append(
+                (name, t, local(t).detach().clone(), own, [c._version for c in own], alive, [c._version for c in alive])
+            )
 
     def report(self, tag: str) -> None:
         changed = own = alive = neither = viewing = 0
@@ -113,17 +120,24 @@ class Snapshot:
             alive += moved_alive
             neither += not (moved_own or moved_alive)
         if dist.get_rank() == 0:
-            print(f"{tag:44s} of {len(self.rows)} tensors ({viewing} view live memory): {changed} changed; "
-                  f"entry counter moved {own}, live counter moved {alive}, no counter {neither}", flush=True)
+            print(
+                f"{tag:44s} of {len(self.rows)} tensors ({viewing} view live memory): {changed} changed; "
+                f"entry counter moved {own}, live counter moved {alive}, no counter {neither}",
+                flush=True,
+            )
 
 
 def add(how: str):
     def change(model, optimizer) -> None:
         with torch.no_grad():
             for p in model.parameters():
-                {"p.add_": lambda: p.add_(1.0), "p.data.add_": lambda: p.data.add_(1.0),
-                 "p.to_local().add_": lambda: (p.to_local() if hasattr(p, "to_local") else p).add_(1.0),
-                 "p.copy_": lambda: p.copy_(p + 1)}[how]()
+                {
+                    "p.add_": lambda: p.add_(1.0),
+                    "p.data.add_": lambda: p.data.add_(1.0),
+                    "p.to_local().add_": lambda: (p.to_local() if hasattr(p, "to_local") else p).add_(1.0),
+                    "p.copy_": lambda: p.copy_(p + 1),
+                }[how]()
+
     return change
 
 
@@ -157,10 +171,14 @@ def forward_backward(model, optimizer) -> None:
 
 
 CHANGES = {
-    "p.add_(1.0) under no_grad": add("p.add_"), "p.copy_(p + 1)": add("p.copy_"),
-    "p.to_local().add_(1.0)": add("p.to_local().add_"), "p.data.add_(1.0)": add("p.data.add_"),
-    "AdamW step (no hook)": optimizer_step, "model load_state_dict": model_load_state_dict,
-    "optimizer.load_state_dict": optimizer_load_state_dict, "forward + backward (control)": forward_backward,
+    "p.add_(1.0) under no_grad": add("p.add_"),
+    "p.copy_(p + 1)": add("p.copy_"),
+    "p.to_local().add_(1.0)": add("p.to_local().add_"),
+    "p.data.add_(1.0)": add("p.data.add_"),
+    "AdamW step (no hook)": optimizer_step,
+    "model load_state_dict": model_load_state_dict,
+    "optimizer.load_state_dict": optimizer_load_state_dict,
+    "forward + backward (control)": forward_backward,
 }
 
 

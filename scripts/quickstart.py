@@ -50,10 +50,18 @@ def run_one(name: str, extra: list[str], out: Path, steps: int, ranks: int) -> d
         # the quickstart is the CPU demo, also on a machine that has a GPU
         "SLIMCKPT_CPU_FORCE": "1",
     }
-    cmd = ["bash", str(REPO / "scripts" / "train_small.sh"), *extra,
-           f"trainer.total_training_steps={steps}", "trainer.save_freq=1", "trainer.test_freq=-1",
-           f"trainer.default_local_dir={ckpt}", "trainer.project_name=slimckpt-quickstart",
-           f"trainer.experiment_name={run_dir.name}", "trainer.logger=[console,wandb]"]
+    cmd = [
+        "bash",
+        str(REPO / "scripts" / "train_small.sh"),
+        *extra,
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=1",
+        "trainer.test_freq=-1",
+        f"trainer.default_local_dir={ckpt}",
+        "trainer.project_name=slimckpt-quickstart",
+        f"trainer.experiment_name={run_dir.name}",
+        "trainer.logger=[console,wandb]",
+    ]
     print(f"\n[quickstart] {name}: {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
     with open(run_dir / "train.log", "w") as log:
@@ -61,15 +69,20 @@ def run_one(name: str, extra: list[str], out: Path, steps: int, ranks: int) -> d
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         tail = (run_dir / "train.log").read_text()[-4000:]
-        raise SystemExit(f"[quickstart] the '{name}' run failed (exit {proc.returncode}); log: {run_dir / 'train.log'}\n{tail}")
+        raise SystemExit(
+            f"[quickstart] the '{name}' run failed (exit {proc.returncode}); log: {run_dir / 'train.log'}\n{tail}"
+        )
     print(f"[quickstart] {name}: done in {seconds:.0f} s (log {run_dir / 'train.log'})", flush=True)
     return summarize(name, run_dir, ckpt, metrics, seconds)
 
 
 def summarize(name: str, run_dir: Path, ckpt: Path, metrics: Path, seconds: float) -> dict:
     # sync saves only here: each one's "save" report is complete (an async save adds a "commit" one)
-    records = [r for r in (json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
-               if r.get("kind", "save") == "save"]
+    records = [
+        r
+        for r in (json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
+        if r.get("kind", "save") == "save"
+    ]
     if not records:
         raise SystemExit(f"[quickstart] no save metrics in {metrics}: did the run save a checkpoint?")
     steps = sorted({r["global_step"] for r in records})
@@ -102,8 +115,13 @@ def table(rows: list[dict], wandb: bool = True) -> str:
         ["bytes on disk per checkpoint (median)", *[f"{r['checkpoint_bytes'] / 2**20:.2f} MiB" for r in rows]],
         ["checkpoints kept at the end (actor/)", *[str(r["checkpoints_kept"]) for r in rows]],
         ["actor save seconds (median, slowest rank)", *[f"{r['save_seconds']:.2f} s" for r in rows]],
-        *[[f"peak extra host RSS of the save, rank {k}",
-           *[f"{r['peak_rss_extra_per_rank'].get(k, 0) / 2**20:.1f} MiB" for r in rows]] for k in ranks],
+        *[
+            [
+                f"peak extra host RSS of the save, rank {k}",
+                *[f"{r['peak_rss_extra_per_rank'].get(k, 0) / 2**20:.1f} MiB" for r in rows],
+            ]
+            for k in ranks
+        ],
         ["whole run", *[f"{r['run_seconds']:.0f} s" for r in rows]],
     ]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
@@ -120,8 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="training steps per run (a save after each)")
     parser.add_argument("--ranks", type=int, default=2, help="FSDP ranks (CPU processes) per run")
     parser.add_argument("--out", default=str(REPO / "runs" / "quickstart"), help="where runs, checkpoints, wandb go")
-    parser.add_argument("--doc", default=str(REPO / "docs" / "quickstart.md"),
-                        help="the committed copy of the table, with the commit and machine it ran on ('' for none)")
+    parser.add_argument(
+        "--doc",
+        default=str(REPO / "docs" / "quickstart.md"),
+        help="the committed copy of the table, with the commit and machine it ran on ('' for none)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     load_before = os.getloadavg()[0]
@@ -131,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.doc:
         Path(args.doc).write_text(provenance(args, load_before) + "\n\n" + table(rows, wandb=False) + "\n")
     print("\n" + text)
-    print(f"\n(table saved to {out / 'summary.md'}{' and ' + args.doc if args.doc else ''}; "
-          f"`wandb sync <dir>` uploads an offline run)")
+    print(
+        f"\n(table saved to {out / 'summary.md'}{' and ' + args.doc if args.doc else ''}; "
+        f"`wandb sync <dir>` uploads an offline run)"
+    )
     return 0
 
 
@@ -140,12 +163,14 @@ def provenance(args: argparse.Namespace, load_before: float) -> str:
     """Which code and machine the table comes from: the commit (and whether the tree was dirty)."""
     commit = source_commit(short=12)
 
-    return (f"# make quickstart\n\nProduced by `make quickstart` (`python -m scripts.quickstart --steps {args.steps} "
-            f"--ranks {args.ranks}`) on commit {commit}, {time.strftime('%Y-%m-%d')}; {platform.machine()}, "
-            f"{os.cpu_count()} cores, 1-minute load average {load_before:.1f} at the start and "
-            f"{os.getloadavg()[0]:.1f} at the end. Both runs are verl 0.9.1's `main_ppo` (GRPO, tiny model, CPU) with "
-            f"`SLIMCKPT_MEASURE=1`, which only times verl's save and samples its RSS (verl's own retention, tracker "
-            f"and load run in the 'verl defaults' column).")
+    return (
+        f"# make quickstart\n\nProduced by `make quickstart` (`python -m scripts.quickstart --steps {args.steps} "
+        f"--ranks {args.ranks}`) on commit {commit}, {time.strftime('%Y-%m-%d')}; {platform.machine()}, "
+        f"{os.cpu_count()} cores, 1-minute load average {load_before:.1f} at the start and "
+        f"{os.getloadavg()[0]:.1f} at the end. Both runs are verl 0.9.1's `main_ppo` (GRPO, tiny model, CPU) with "
+        f"`SLIMCKPT_MEASURE=1`, which only times verl's save and samples its RSS (verl's own retention, tracker "
+        f"and load run in the 'verl defaults' column)."
+    )
 
 
 if __name__ == "__main__":

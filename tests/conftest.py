@@ -31,15 +31,18 @@ def _no_legitimate_pickle_refused(request):
     yield
     new = pickle_refusals()[before:]
     if new and request.node.get_closest_marker("pickle_refusals") is None:
-        pytest.fail(f"slimckpt's restricted unpickler refused {len(new)} global(s) of a checkpoint this test made: "
-                    f"{new[:5]}; add what verl/torch wrote to slimckpt.read.pickle_policy.ALLOWED")
+        pytest.fail(
+            f"slimckpt's restricted unpickler refused {len(new)} global(s) of a checkpoint this test made: "
+            f"{new[:5]}; add what verl/torch wrote to slimckpt.read.pickle_policy.ALLOWED"
+        )
 
 
 def run_python(code: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter of this venv (so verl's plugin loading starts from zero)."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
-                          timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO
+    )
 
 
 @pytest.fixture
@@ -53,8 +56,15 @@ def ws2_scenarios(tmp_path_factory) -> Path:
     tests/multiprocess/test_hf_direct_export.py in one torchrun (one start-up instead of six); the result of
     scenario NAME is under <dir>/NAME (read it with scenario_result)."""
     root = tmp_path_factory.mktemp("ws2_scenarios")
-    run = launch(2, "tests.scenarios.batch", "--dir", str(root), timeout=600, cwd=REPO,
-                 env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"})
+    run = launch(
+        2,
+        "tests.scenarios.batch",
+        "--dir",
+        str(root),
+        timeout=600,
+        cwd=REPO,
+        env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},
+    )
     (root / "batch.log").write_text(run.proc.stdout + run.proc.stderr)
     assert run.proc.returncode == 0, run.output
     return root
@@ -100,5 +110,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "pickle_refusals: plants pickle globals slimckpt refuses on purpose (any "
-                                       "other test with a refusal fails: see PICKLE_REFUSALS_ENV)")
+    config.addinivalue_line(
+        "markers",
+        "pickle_refusals: plants pickle globals slimckpt refuses on purpose (any "
+        "other test with a refusal fails: see PICKLE_REFUSALS_ENV)",
+    )

@@ -49,67 +49,178 @@ class EnvVar:
 
 
 VARIABLES: tuple[EnvVar, ...] = (
-    EnvVar("SLIMCKPT_DISABLE", "flag", None, "user",
-           "`1`: the verl plugin applies nothing (plain verl, its merger included); the Hydra search path stays"),
-    EnvVar("SLIMCKPT_MEASURE", "flag", None, "user",
-           "`1`: verl's own save is timed and its peak RSS sampled (retention, tracker and load stay verl's); "
-           "reports go to `<default_local_dir>/slimckpt_reports/`. The launchers set it"),
-    EnvVar("SLIMCKPT_METRICS_FILE", "path", None, "user",
-           "every save report (and async commit report) is also appended to this file as one JSON line"),
-    EnvVar("SLIMCKPT_CHECKPOINT", "flag", None, "user",
-           "`1`: the checkpoint feature (save/load hooks, retention, async tracker) without a recipe's config "
-           "object; `recipes/incremental.yaml` sets it for Ray's trainer actor"),
-    EnvVar("SLIMCKPT_CPU", "flag", None, "user",
-           "`1`: verl's trainer on a host without an accelerator (platform `cpu`, gloo, rollout `hf`)"),
-    EnvVar("SLIMCKPT_CPU_FORCE", "flag", None, "user",
-           "`1`: allow `SLIMCKPT_CPU=1` where a GPU is visible"),
-    EnvVar("SLIMCKPT_ROLLOUT_THREADS", "int", "1", "user",
-           "torch threads of the CPU `hf` rollout server"),
-    EnvVar("SLIMCKPT_LOG_LEVEL", "level", "INFO", "user",
-           "level of the `slimckpt` logger; an unknown value falls back to INFO with a warning"),
-    EnvVar("SLIMCKPT_ALLOW_UNTESTED_VERL", "version", None, "user",
-           "a verl version: apply the patches to that verl anyway (only 0.9.1 is tested)"),
-    EnvVar("SLIMCKPT_DIRECT_IO", "flag", "1", "user",
-           "`0`: merges read and write through the page cache instead of O_DIRECT (a filesystem that "
-           "refuses O_DIRECT falls back by itself, with one warning)"),
-    EnvVar("SLIMCKPT_MERGE_WORKERS", "int", "1", "user",
-           "writer processes of the redirected `python -m verl.model_merger merge` (`slimckpt merge --workers`)"),
-    EnvVar("SLIMCKPT_MERGE_OVERWRITE", "flag", None, "user",
-           "`1`: the redirected verl merger replaces a non-empty target dir"),
-    EnvVar("SLIMCKPT_MERGE_DISTRIBUTED", "flag", None, "user",
-           "`1`: the redirected verl merger under torchrun shares the work across ranks "
-           "(`slimckpt merge --distributed_merge`)"),
-    EnvVar("SLIMCKPT_MERGE_JOIN_TIMEOUT", "seconds", "600", "user",
-           "seconds every rank of a distributed merge has to join; then one line names the missing ranks"),
-    EnvVar("SLIMCKPT_MERGE_PEER_TIMEOUT", "seconds", "120", "user",
-           "seconds a rank of a distributed merge may stop answering (killed, stopped) before the others end, "
-           "in one line naming it"),
-    EnvVar("SLIMCKPT_MERGE_NO_VERL_FALLBACK", "flag", None, "user",
-           "`1`: the redirected verl merger refuses, in one line, a checkpoint the streaming merge does not "
-           "handle instead of running verl's own merger on it (`slimckpt merge --no_verl_fallback`)"),
-    EnvVar("SLIMCKPT_PROGRESS", "flag", None, "user",
-           "`1`: progress bars in the redirected verl merger when stderr is not a terminal"),
-    EnvVar("SLIMCKPT_TRUST_PICKLE", "flag", None, "user",
-           "`1`: unpickle any global a checkpoint names, as `torch.load(weights_only=False)` does (what "
-           "`--trust-pickle` and `checkpoint.trust_pickle=true` set; also for the redirected verl merger)",
-           on=("1", "true", "yes")),
-    EnvVar("SLIMCKPT_TRUST_INTERNALS", "flag", None, "user",
-           "`1`: on a torch or transformers release slimckpt was not checked on, use its internals anyway "
-           "where they still import, instead of the public fallback (`slimckpt/internals.py` lists them)"),
-    EnvVar("SLIMCKPT_READAHEAD", "flag", "1", "bench",
-           "`0`: no `posix_fadvise(WILLNEED)` on the shards a merge is about to read"),
-    EnvVar("SLIMCKPT_MERGE_FORK", "flag", "1", "bench",
-           "`0`: no writer child forked before torch is imported (it starts writing during the imports)"),
-    EnvVar("SLIMCKPT_MERGE_GUESS", "flag", "1", "bench",
-           "`0`: that early writer does not start on a layout guessed from `config.json` (same bytes, slower)"),
-    EnvVar("SLIMCKPT_MERGE_STATS", "path", None, "bench",
-           "the merge's torch-free writer writes where its time went (reading, waiting, casting) to this file "
-           "as JSON"),
-    EnvVar("SLIMCKPT_PICKLE_REFUSALS_LOG", "path", None, "test",
-           "every pickle global refused is appended to this file (the test suite fails a test whose "
-           "checkpoints got one)"),
-    EnvVar("SLIMCKPT_WRITE_SUPPORT_TABLE", "flag", None, "test",
-           "`1`: `tests/multiprocess/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run"),
+    EnvVar(
+        "SLIMCKPT_DISABLE",
+        "flag",
+        None,
+        "user",
+        "`1`: the verl plugin applies nothing (plain verl, its merger included); the Hydra search path stays",
+    ),
+    EnvVar(
+        "SLIMCKPT_MEASURE",
+        "flag",
+        None,
+        "user",
+        "`1`: verl's own save is timed and its peak RSS sampled (retention, tracker and load stay verl's); "
+        "reports go to `<default_local_dir>/slimckpt_reports/`. The launchers set it",
+    ),
+    EnvVar(
+        "SLIMCKPT_METRICS_FILE",
+        "path",
+        None,
+        "user",
+        "every save report (and async commit report) is also appended to this file as one JSON line",
+    ),
+    EnvVar(
+        "SLIMCKPT_CHECKPOINT",
+        "flag",
+        None,
+        "user",
+        "`1`: the checkpoint feature (save/load hooks, retention, async tracker) without a recipe's config "
+        "object; `recipes/incremental.yaml` sets it for Ray's trainer actor",
+    ),
+    EnvVar(
+        "SLIMCKPT_CPU",
+        "flag",
+        None,
+        "user",
+        "`1`: verl's trainer on a host without an accelerator (platform `cpu`, gloo, rollout `hf`)",
+    ),
+    EnvVar("SLIMCKPT_CPU_FORCE", "flag", None, "user", "`1`: allow `SLIMCKPT_CPU=1` where a GPU is visible"),
+    EnvVar("SLIMCKPT_ROLLOUT_THREADS", "int", "1", "user", "torch threads of the CPU `hf` rollout server"),
+    EnvVar(
+        "SLIMCKPT_LOG_LEVEL",
+        "level",
+        "INFO",
+        "user",
+        "level of the `slimckpt` logger; an unknown value falls back to INFO with a warning",
+    ),
+    EnvVar(
+        "SLIMCKPT_ALLOW_UNTESTED_VERL",
+        "version",
+        None,
+        "user",
+        "a verl version: apply the patches to that verl anyway (only 0.9.1 is tested)",
+    ),
+    EnvVar(
+        "SLIMCKPT_DIRECT_IO",
+        "flag",
+        "1",
+        "user",
+        "`0`: merges read and write through the page cache instead of O_DIRECT (a filesystem that "
+        "refuses O_DIRECT falls back by itself, with one warning)",
+    ),
+    EnvVar(
+        "SLIMCKPT_MERGE_WORKERS",
+        "int",
+        "1",
+        "user",
+        "writer processes of the redirected `python -m verl.model_merger merge` (`slimckpt merge --workers`)",
+    ),
+    EnvVar(
+        "SLIMCKPT_MERGE_OVERWRITE",
+        "flag",
+        None,
+        "user",
+        "`1`: the redirected verl merger replaces a non-empty target dir",
+    ),
+    EnvVar(
+        "SLIMCKPT_MERGE_DISTRIBUTED",
+        "flag",
+        None,
+        "user",
+        "`1`: the redirected verl merger under torchrun shares the work across ranks "
+        "(`slimckpt merge --distributed_merge`)",
+    ),
+    EnvVar(
+        "SLIMCKPT_MERGE_JOIN_TIMEOUT",
+        "seconds",
+        "600",
+        "user",
+        "seconds every rank of a distributed merge has to join; then one line names the missing ranks",
+    ),
+    EnvVar(
+        "SLIMCKPT_MERGE_PEER_TIMEOUT",
+        "seconds",
+        "120",
+        "user",
+        "seconds a rank of a distributed merge may stop answering (killed, stopped) before the others end, "
+        "in one line naming it",
+    ),
+    EnvVar(
+        "SLIMCKPT_MERGE_NO_VERL_FALLBACK",
+        "flag",
+        None,
+        "user",
+        "`1`: the redirected verl merger refuses, in one line, a checkpoint the streaming merge does not "
+        "handle instead of running verl's own merger on it (`slimckpt merge --no_verl_fallback`)",
+    ),
+    EnvVar(
+        "SLIMCKPT_PROGRESS",
+        "flag",
+        None,
+        "user",
+        "`1`: progress bars in the redirected verl merger when stderr is not a terminal",
+    ),
+    EnvVar(
+        "SLIMCKPT_TRUST_PICKLE",
+        "flag",
+        None,
+        "user",
+        "`1`: unpickle any global a checkpoint names, as `torch.load(weights_only=False)` does (what "
+        "`--trust-pickle` and `checkpoint.trust_pickle=true` set; also for the redirected verl merger)",
+        on=("1", "true", "yes"),
+    ),
+    EnvVar(
+        "SLIMCKPT_TRUST_INTERNALS",
+        "flag",
+        None,
+        "user",
+        "`1`: on a torch or transformers release slimckpt was not checked on, use its internals anyway "
+        "where they still import, instead of the public fallback (`slimckpt/internals.py` lists them)",
+    ),
+    EnvVar(
+        "SLIMCKPT_READAHEAD",
+        "flag",
+        "1",
+        "bench",
+        "`0`: no `posix_fadvise(WILLNEED)` on the shards a merge is about to read",
+    ),
+    EnvVar(
+        "SLIMCKPT_MERGE_FORK",
+        "flag",
+        "1",
+        "bench",
+        "`0`: no writer child forked before torch is imported (it starts writing during the imports)",
+    ),
+    EnvVar(
+        "SLIMCKPT_MERGE_GUESS",
+        "flag",
+        "1",
+        "bench",
+        "`0`: that early writer does not start on a layout guessed from `config.json` (same bytes, slower)",
+    ),
+    EnvVar(
+        "SLIMCKPT_MERGE_STATS",
+        "path",
+        None,
+        "bench",
+        "the merge's torch-free writer writes where its time went (reading, waiting, casting) to this file as JSON",
+    ),
+    EnvVar(
+        "SLIMCKPT_PICKLE_REFUSALS_LOG",
+        "path",
+        None,
+        "test",
+        "every pickle global refused is appended to this file (the test suite fails a test whose checkpoints got one)",
+    ),
+    EnvVar(
+        "SLIMCKPT_WRITE_SUPPORT_TABLE",
+        "flag",
+        None,
+        "test",
+        "`1`: `tests/multiprocess/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run",
+    ),
 )
 
 BY_NAME = {v.name: v for v in VARIABLES}
@@ -206,16 +317,19 @@ def markdown_table() -> str:
 
 def _commit(repo: Path) -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 def provenance(commit: str) -> str:
-    return (f"Generated from `patches/slimckpt/env_vars.py` by `{COMMAND}` at commit {commit}; "
-            f"`tests/unit/test_env_vars.py` fails when it is out of date.")
+    return (
+        f"Generated from `patches/slimckpt/env_vars.py` by `{COMMAND}` at commit {commit}; "
+        f"`tests/unit/test_env_vars.py` fails when it is out of date."
+    )
 
 
 def block(commit: str) -> str:
@@ -227,8 +341,10 @@ def rewrite(path: Path) -> None:
     """Replace the text between the markers of `path`; one line naming the file when they are missing."""
     text = path.read_text()
     if TABLE_BEGIN not in text or TABLE_END not in text:
-        raise SystemExit(f"slimckpt.env_vars: {path} has no {TABLE_BEGIN} ... {TABLE_END} block: add the two "
-                         f"markers where the table belongs")
+        raise SystemExit(
+            f"slimckpt.env_vars: {path} has no {TABLE_BEGIN} ... {TABLE_END} block: add the two "
+            f"markers where the table belongs"
+        )
     before, rest = text.split(TABLE_BEGIN, 1)
     after = rest.split(TABLE_END, 1)[1]
     partial = path.with_name(path.name + ".partial")
@@ -239,12 +355,13 @@ def rewrite(path: Path) -> None:
 def table_in(text: str) -> str:
     """The table between the markers of a document (the provenance line left out)."""
     inner = text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0]
-    return inner[inner.index("| variable |"):]
+    return inner[inner.index("| variable |") :]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slimckpt.env_vars",
-                                     description="the SLIMCKPT_* environment variables slimckpt reads")
+    parser = argparse.ArgumentParser(
+        prog="python -m slimckpt.env_vars", description="the SLIMCKPT_* environment variables slimckpt reads"
+    )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     what.add_argument("--write", metavar="DOC", help="rewrite the table between the env-vars markers of DOC")

@@ -42,44 +42,83 @@ CHECKED_TRANSFORMERS = ("5.9", "5.10")
 
 @dataclass(frozen=True)
 class Internal:
-    name: str       # "module:attribute[.attribute]"
-    package: str    # the distribution whose release decides: "torch" or "transformers"
+    name: str  # "module:attribute[.attribute]"
+    package: str  # the distribution whose release decides: "torch" or "transformers"
     checked: tuple[str, ...]  # its minor releases ("2.11") this use was read and tested on
-    used_by: str    # the module of ours that calls it, and for what
-    fallback: str   # what that module does on any other release
+    used_by: str  # the module of ours that calls it, and for what
+    fallback: str  # what that module does on any other release
 
 
-INTERNALS: dict[str, Internal] = {i.name: i for i in (
-    Internal("torch.distributed.checkpoint.filesystem:_write_item", "torch", CHECKED_TORCH,
-             "write/dcp_file_writer.py: DCP's per-item serializer, so the bounded writer's files are torch's own",
-             "FileSystemWriter's own loop: each rank file keeps its tensors in host memory until it is written"),
-    Internal("torch.distributed.checkpoint.filesystem:FileSystemWriter._write_data", "torch", CHECKED_TORCH,
-             "write/dcp_file_writer.py: the method the bounded writer replaces (its queue of (path, key, items))",
-             "FileSystemWriter's own loop: each rank file keeps its tensors in host memory until it is written"),
-    Internal("torch.distributed.checkpoint.state_dict:_init_optim_state", "torch", CHECKED_TORCH,
-             "save/optim_capture.py: skipped, so a save before the first update does not step the optimizer",
-             "torch's initialization runs: an optimizer saved before its first update gets Adam's step 1"),
-    Internal("torch.distributed.tensor._utils:compute_local_shape_and_global_offset", "torch", CHECKED_TORCH,
-             "save/hf_direct_export.py, testing/: the box of a DTensor this rank holds",
-             "DTensor.__create_chunk_list__ (the chunk DCP itself saves)"),
-    Internal("torch.distributed.distributed_c10d:_get_default_group", "torch", CHECKED_TORCH,
-             "write/peers.py: the default group's timeout (its backend's options._timeout), for our own groups",
-             "our gloo groups get torch's default timeout (30 minutes)"),
-    Internal("torch.distributed.distributed_c10d:_get_default_store", "torch", CHECKED_TORCH,
-             "write/peers.py: the job's store, where each rank's heartbeat lives",
-             "no heartbeat: a failed collective's error does not name the rank that was lost"),
-    Internal("torch.testing._internal.distributed.fake_pg:FakeStore", "torch", CHECKED_TORCH,
-             "testing/fake_pg_checkpoint.py, convert/command.py: the fake process group (its store; importing it "
-             "registers the backend) a big checkpoint is made with, and convert writes another world size's "
-             "DTensors with",
-             "none in torch's public API: the test builder and convert stop, saying so"),
-    Internal("torch._subclasses.fake_tensor:FakeTensorMode", "torch", CHECKED_TORCH,
-             "convert/rank_file.py: tensors without storage, for the skeleton torch.save lays a rank file out from",
-             "none in torch's public API: convert stops, saying so"),
-    Internal("transformers.core_model_loading:revert_weight_conversion", "transformers", CHECKED_TRANSFORMERS,
-             "hf/naming.py: the names and splits (MoE experts) save_pretrained writes",
-             "the merge hands the model to verl's merger, which calls save_pretrained"),
-)}
+INTERNALS: dict[str, Internal] = {
+    i.name: i
+    for i in (
+        Internal(
+            "torch.distributed.checkpoint.filesystem:_write_item",
+            "torch",
+            CHECKED_TORCH,
+            "write/dcp_file_writer.py: DCP's per-item serializer, so the bounded writer's files are torch's own",
+            "FileSystemWriter's own loop: each rank file keeps its tensors in host memory until it is written",
+        ),
+        Internal(
+            "torch.distributed.checkpoint.filesystem:FileSystemWriter._write_data",
+            "torch",
+            CHECKED_TORCH,
+            "write/dcp_file_writer.py: the method the bounded writer replaces (its queue of (path, key, items))",
+            "FileSystemWriter's own loop: each rank file keeps its tensors in host memory until it is written",
+        ),
+        Internal(
+            "torch.distributed.checkpoint.state_dict:_init_optim_state",
+            "torch",
+            CHECKED_TORCH,
+            "save/optim_capture.py: skipped, so a save before the first update does not step the optimizer",
+            "torch's initialization runs: an optimizer saved before its first update gets Adam's step 1",
+        ),
+        Internal(
+            "torch.distributed.tensor._utils:compute_local_shape_and_global_offset",
+            "torch",
+            CHECKED_TORCH,
+            "save/hf_direct_export.py, testing/: the box of a DTensor this rank holds",
+            "DTensor.__create_chunk_list__ (the chunk DCP itself saves)",
+        ),
+        Internal(
+            "torch.distributed.distributed_c10d:_get_default_group",
+            "torch",
+            CHECKED_TORCH,
+            "write/peers.py: the default group's timeout (its backend's options._timeout), for our own groups",
+            "our gloo groups get torch's default timeout (30 minutes)",
+        ),
+        Internal(
+            "torch.distributed.distributed_c10d:_get_default_store",
+            "torch",
+            CHECKED_TORCH,
+            "write/peers.py: the job's store, where each rank's heartbeat lives",
+            "no heartbeat: a failed collective's error does not name the rank that was lost",
+        ),
+        Internal(
+            "torch.testing._internal.distributed.fake_pg:FakeStore",
+            "torch",
+            CHECKED_TORCH,
+            "testing/fake_pg_checkpoint.py, convert/command.py: the fake process group (its store; importing it "
+            "registers the backend) a big checkpoint is made with, and convert writes another world size's "
+            "DTensors with",
+            "none in torch's public API: the test builder and convert stop, saying so",
+        ),
+        Internal(
+            "torch._subclasses.fake_tensor:FakeTensorMode",
+            "torch",
+            CHECKED_TORCH,
+            "convert/rank_file.py: tensors without storage, for the skeleton torch.save lays a rank file out from",
+            "none in torch's public API: convert stops, saying so",
+        ),
+        Internal(
+            "transformers.core_model_loading:revert_weight_conversion",
+            "transformers",
+            CHECKED_TRANSFORMERS,
+            "hf/naming.py: the names and splits (MoE experts) save_pretrained writes",
+            "the merge hands the model to verl's merger, which calls save_pretrained",
+        ),
+    )
+}
 
 
 class InternalMissing(RuntimeError):
@@ -124,7 +163,8 @@ def lookup(name: str) -> Any | None:
             raise InternalMissing(
                 f"{internal.package} {have} has no {name} ({type(exc).__name__}: {exc}), though slimckpt was "
                 f"checked on {internal.package} {have}: reinstall {internal.package}, or report it with "
-                f"`pip show {internal.package}`") from None
+                f"`pip show {internal.package}`"
+            ) from None
     trusted = env_vars.flag(TRUST_ENV)
     obj = None
     if trusted:
@@ -132,11 +172,17 @@ def lookup(name: str) -> Any | None:
             obj = resolve(name)
         except (ImportError, AttributeError):
             obj = None
-    _warn_once(name, f"slimckpt: {internal.package} {have} is not a release {name} was checked on "
-               f"({', '.join(internal.checked)}); "
-               + (f"{TRUST_ENV}=1: using it anyway" if obj is not None else
-                  f"{internal.used_by.split(':')[0]} uses the public path instead: {internal.fallback}"
-                  + ("" if trusted else f" ({TRUST_ENV}=1 uses the internal where it still imports)")))
+    _warn_once(
+        name,
+        f"slimckpt: {internal.package} {have} is not a release {name} was checked on "
+        f"({', '.join(internal.checked)}); "
+        + (
+            f"{TRUST_ENV}=1: using it anyway"
+            if obj is not None
+            else f"{internal.used_by.split(':')[0]} uses the public path instead: {internal.fallback}"
+            + ("" if trusted else f" ({TRUST_ENV}=1 uses the internal where it still imports)")
+        ),
+    )
     return obj
 
 

@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from scripts.bench.save import write_section  # one way to replace a marked section of BENCHMARKS.md
 from scripts.provenance import source_commit
 
@@ -77,16 +76,25 @@ def build_model(size: str, work: Path) -> Path | None:
 
     config = AutoConfig.from_pretrained(tiny / "model")
     layers, hidden, inter, heads, kv = dims
-    config.update({"num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": inter,
-                   "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hidden // heads})
+    config.update(
+        {
+            "num_hidden_layers": layers,
+            "hidden_size": hidden,
+            "intermediate_size": inter,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": hidden // heads,
+        }
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out)
     for f in (tiny / "model").iterdir():
         if f.name.startswith("tokenizer") or f.name.endswith(".jinja") or f.name == "generation_config.json":
             shutil.copy(f, out / f.name)
-    print(f"[bench-loop] {size}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters in {out}",
-          flush=True)
+    print(
+        f"[bench-loop] {size}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters in {out}", flush=True
+    )
     return out
 
 
@@ -96,13 +104,25 @@ def run_mode(mode: str, steps: int, work: Path, timeout: int, model: Path | None
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     metrics = out / "metrics.jsonl"
-    cmd = ["bash", str(REPO / "scripts" / "train_small.sh"), "+recipe=incremental",
-           f"actor_rollout_ref.actor.checkpoint.async_save={MODES[mode]}", "trainer.save_freq=1",
-           f"trainer.total_training_steps={steps}", "trainer.logger=[console]",
-           f"trainer.default_local_dir={out}/ckpt", f"trainer.rollout_data_dir={out}/rollouts"]
-    env = {**os.environ, "NPROC": "2", "ALGO": "grpo", "SLIMCKPT_METRICS_FILE": str(metrics),
-           **({"MODEL_PATH": str(model), "TINY_ASSETS": str(work / "tiny_assets")} if model else {}),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "patches"), os.environ.get("PYTHONPATH")]))}
+    cmd = [
+        "bash",
+        str(REPO / "scripts" / "train_small.sh"),
+        "+recipe=incremental",
+        f"actor_rollout_ref.actor.checkpoint.async_save={MODES[mode]}",
+        "trainer.save_freq=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={out}/ckpt",
+        f"trainer.rollout_data_dir={out}/rollouts",
+    ]
+    env = {
+        **os.environ,
+        "NPROC": "2",
+        "ALGO": "grpo",
+        "SLIMCKPT_METRICS_FILE": str(metrics),
+        **({"MODEL_PATH": str(model), "TINY_ASSETS": str(work / "tiny_assets")} if model else {}),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "patches"), os.environ.get("PYTHONPATH")])),
+    }
     log = work / f"loop-{mode}.log"
     with open(log, "w") as f:
         proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO)
@@ -131,10 +151,17 @@ def per_save(reports: list[dict]) -> list[dict]:
             extra[rank] = int(done["peak_rss_extra_bytes"])
             commit_s[rank] = float(done["seconds"])
         if blocked:
-            rows.append({"step": step, "blocked_s": max(blocked.values()), "extra_rss": [extra[k] for k in sorted(extra)],
-                         "to_commit_s": max(commit_s.values()),
-                         "guard_copied": max(int((ranks[k].get("commit") or {}).get("guard_copied_bytes", 0))
-                                             for k in ranks)})
+            rows.append(
+                {
+                    "step": step,
+                    "blocked_s": max(blocked.values()),
+                    "extra_rss": [extra[k] for k in sorted(extra)],
+                    "to_commit_s": max(commit_s.values()),
+                    "guard_copied": max(
+                        int((ranks[k].get("commit") or {}).get("guard_copied_bytes", 0)) for k in ranks
+                    ),
+                }
+            )
     return rows
 
 
@@ -144,29 +171,40 @@ def summarise(mode: str, saves: list[dict]) -> dict:
     def stat(values: list[float]) -> dict:
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
-    return {"mode": mode, "saves": saves, "n": len(rest),
-            "blocked": stat([s["blocked_s"] for s in rest]),
-            "extra_rss": stat([max(s["extra_rss"]) for s in rest]),
-            "to_commit": stat([s["to_commit_s"] for s in rest]),
-            "guard_copied": max((s["guard_copied"] for s in rest), default=0)}
+    return {
+        "mode": mode,
+        "saves": saves,
+        "n": len(rest),
+        "blocked": stat([s["blocked_s"] for s in rest]),
+        "extra_rss": stat([max(s["extra_rss"]) for s in rest]),
+        "to_commit": stat([s["to_commit_s"] for s in rest]),
+        "guard_copied": max((s["guard_copied"] for s in rest), default=0),
+    }
 
 
 def _spread(stat: dict, scale: float = 1.0, fmt: str = "{:.3f}") -> str:
-    return (f"{fmt.format(stat['median'] * scale)} ({fmt.format(stat['min'] * scale)}-"
-            f"{fmt.format(stat['max'] * scale)})")
+    return f"{fmt.format(stat['median'] * scale)} ({fmt.format(stat['min'] * scale)}-{fmt.format(stat['max'] * scale)})"
 
 
 def render_section(result: dict) -> str:
     rows, meta = result["rows"], result["meta"]
     sync = next((r for r in rows if r["mode"] == "sync"), None)
-    lines = ["| async_save | saves | blocked s, median (min-max) | blocked vs sync save | extra peak RSS MiB per rank, "
-             "median (min-max) | save -> commit s, median (min-max) | guard copies |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| async_save | saves | blocked s, median (min-max) | blocked vs sync save | extra peak RSS MiB per rank, "
+        "median (min-max) | save -> commit s, median (min-max) | guard copies |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        share = "-" if sync is None or r is sync else \
-            f"{100 * r['blocked']['median'] / max(sync['to_commit']['median'], 1e-9):.0f}%"
-        lines.append(f"| {r['mode']} | {r['n']} | {_spread(r['blocked'])} | {share} "
-                     f"| {_spread(r['extra_rss'], 1 / 2**20, '{:,.1f}')} | {_spread(r['to_commit'])} "
-                     f"| {r['guard_copied'] / 2**20:,.1f} MiB |")
+        share = (
+            "-"
+            if sync is None or r is sync
+            else f"{100 * r['blocked']['median'] / max(sync['to_commit']['median'], 1e-9):.0f}%"
+        )
+        lines.append(
+            f"| {r['mode']} | {r['n']} | {_spread(r['blocked'])} | {share} "
+            f"| {_spread(r['extra_rss'], 1 / 2**20, '{:,.1f}')} | {_spread(r['to_commit'])} "
+            f"| {r['guard_copied'] / 2**20:,.1f} MiB |"
+        )
     size = meta.get("size", "tiny")
     begin, end = markers(size)
     model = "the tiny model" if size == "tiny" else f"a random {size} Llama with the tiny model's tokenizer"
@@ -174,17 +212,17 @@ def render_section(result: dict) -> str:
     return f"""{begin}
 ## Saves inside verl's training loop{title}: async_save off / pool / stream
 
-Produced by `{meta['command']}` on {meta['date']} at commit {meta['commit']}, in {meta['seconds'] / 60:.1f} minutes.
-Machine: {meta['machine']}. Each mode is one run of verl 0.9.1's `main_ppo` (scripts/train_small.sh: GRPO,
+Produced by `{meta["command"]}` on {meta["date"]} at commit {meta["commit"]}, in {meta["seconds"] / 60:.1f} minutes.
+Machine: {meta["machine"]}. Each mode is one run of verl 0.9.1's `main_ppo` (scripts/train_small.sh: GRPO,
 2 ranks, FSDP2/gloo on the CPU, {model}, hf rollout) with `+recipe=incremental` saving every step
-({meta['steps']} steps); only `async_save` differs. From slimckpt's per-save reports; the first save of each
+({meta["steps"]} steps); only `async_save` differs. From slimckpt's per-save reports; the first save of each
 run is left out. Blocked: the save call plus, in stream mode, the guards' waits for the writer after it
 returned (max over ranks). Extra peak RSS: per rank, over the save and its background write. Guard copies:
 the most a stream save's guards copied into host memory (budget `host_memory_budget_gb`).
 
 {chr(10).join(lines)}
 
-{meta.get('note', '')}
+{meta.get("note", "")}
 {end}
 """
 
@@ -193,8 +231,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--size", choices=list(SIZES), default="tiny",
-                   help="the model: train_small.sh's tiny one, or a random 0.25B Llama with its tokenizer")
+    p.add_argument(
+        "--size",
+        choices=list(SIZES),
+        default="tiny",
+        help="the model: train_small.sh's tiny one, or a random 0.25B Llama with its tokenizer",
+    )
     p.add_argument("--work", default=str(REPO / "bench_work"))
     p.add_argument("--timeout", type=int, default=900, help="seconds one run may take")
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"))
@@ -219,17 +261,30 @@ def main() -> int:
         for mode in modes:
             saves = per_save(run_mode(mode, args.steps, work, args.timeout, model))
             if len(saves) < 2:
-                raise SystemExit(f"[bench-loop] {mode}: {len(saves)} complete save report(s); see {work}/loop-{mode}.log")
+                raise SystemExit(
+                    f"[bench-loop] {mode}: {len(saves)} complete save report(s); see {work}/loop-{mode}.log"
+                )
             rows.append(summarise(mode, saves))
-            print(f"[bench-loop] {mode}: {rows[-1]['blocked']}, rss {rows[-1]['extra_rss']}, "
-                  f"commit {rows[-1]['to_commit']}", flush=True)
-        result = {"rows": rows, "meta": {
-            "command": "python -m scripts.bench.loop" + (f" --steps {args.steps}" if args.steps != 6 else "")
-            + (f" --size {args.size}" if args.size != "tiny" else ""),
-            "date": time.strftime("%Y-%m-%d"), "commit": commit, "steps": args.steps,
-            "size": args.size,
-            "seconds": time.time() - started, "note": args.note,
-            "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end"}}
+            print(
+                f"[bench-loop] {mode}: {rows[-1]['blocked']}, rss {rows[-1]['extra_rss']}, "
+                f"commit {rows[-1]['to_commit']}",
+                flush=True,
+            )
+        result = {
+            "rows": rows,
+            "meta": {
+                "command": "python -m scripts.bench.loop"
+                + (f" --steps {args.steps}" if args.steps != 6 else "")
+                + (f" --size {args.size}" if args.size != "tiny" else ""),
+                "date": time.strftime("%Y-%m-%d"),
+                "commit": commit,
+                "steps": args.steps,
+                "size": args.size,
+                "seconds": time.time() - started,
+                "note": args.note,
+                "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end",
+            },
+        }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     write_section(render_section(result), Path(args.out))

@@ -77,9 +77,25 @@ def make_checkpoint(size: str, work: Path, world_size: int) -> tuple[Path, int]:
         return out / "actor", json.loads(done.read_text())["params"]
     shutil.rmtree(out, ignore_errors=True)
     model, preset, experts = MOE_SIZES.get(size, ("llama", size, 0))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-           "-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(out / "actor"), "--model", model,
-           "--size-preset", preset, "--steps", "0", "--save-contents", "model"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world_size}",
+        "-m",
+        "slimckpt.testing.fsdp_checkpoint",
+        "--out",
+        str(out / "actor"),
+        "--model",
+        model,
+        "--size-preset",
+        preset,
+        "--steps",
+        "0",
+        "--save-contents",
+        "model",
+    ]
     if experts:
         cmd += ["--experts", str(experts)]
     print(f"[bench] building the {size} checkpoint: {' '.join(cmd)}", flush=True)
@@ -108,22 +124,84 @@ def is_verl(tool: str) -> bool:
 
 def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]]:
     """In the order each turn runs them."""
-    verl = ([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-             "--local_dir", str(ckpt), "--target_dir", str(target)], {"SLIMCKPT_DISABLE": "1"})
+    verl = (
+        [
+            sys.executable,
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(ckpt),
+            "--target_dir",
+            str(target),
+        ],
+        {"SLIMCKPT_DISABLE": "1"},
+    )
     return {
         VERL_COLD: verl,
         VERL_WARM: verl,  # the same command again, directly after the cold one
-        "slimckpt": ([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt),
-                      "--target_dir", str(target), "--overwrite"], {}),
+        "slimckpt": (
+            [
+                sys.executable,
+                "-m",
+                "slimckpt.cli",
+                "merge",
+                "--local_dir",
+                str(ckpt),
+                "--target_dir",
+                str(target),
+                "--overwrite",
+            ],
+            {},
+        ),
         # what durability costs: the same merge without fsync, as verl's merger writes (not the default)
-        NO_FSYNC: ([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt),
-                    "--target_dir", str(target), "--overwrite", "--no_fsync"], {}),
+        NO_FSYNC: (
+            [
+                sys.executable,
+                "-m",
+                "slimckpt.cli",
+                "merge",
+                "--local_dir",
+                str(ckpt),
+                "--target_dir",
+                str(target),
+                "--overwrite",
+                "--no_fsync",
+            ],
+            {},
+        ),
         # what O_DIRECT buys: the default merge through the page cache, as verl's merger reads and writes
-        PAGE_CACHE: ([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt),
-                      "--target_dir", str(target), "--overwrite"], {"SLIMCKPT_DIRECT_IO": "0"}),
+        PAGE_CACHE: (
+            [
+                sys.executable,
+                "-m",
+                "slimckpt.cli",
+                "merge",
+                "--local_dir",
+                str(ckpt),
+                "--target_dir",
+                str(target),
+                "--overwrite",
+            ],
+            {"SLIMCKPT_DIRECT_IO": "0"},
+        ),
         # what the torch-free early write earns (slimckpt.merge.early_write): the merge on the torch path alone
-        NO_EARLY: ([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt),
-                    "--target_dir", str(target), "--overwrite"], {"SLIMCKPT_MERGE_GUESS": "0"}),
+        NO_EARLY: (
+            [
+                sys.executable,
+                "-m",
+                "slimckpt.cli",
+                "merge",
+                "--local_dir",
+                str(ckpt),
+                "--target_dir",
+                str(target),
+                "--overwrite",
+            ],
+            {"SLIMCKPT_MERGE_GUESS": "0"},
+        ),
     }
 
 
@@ -139,8 +217,13 @@ def measure_imports(repeats: int = 5) -> float:
     walls = []
     for _ in range(repeats):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", IMPORTS], check=True, env={**os.environ, "OMP_NUM_THREADS": "2"},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-c", IMPORTS],
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": "2"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         walls.append(time.perf_counter() - start)
     return median(walls)
 
@@ -183,14 +266,31 @@ def bench_merge(size: str, work: Path, repeats: int, warm_repeats: int | None = 
             # verl's merger exits 1 after writing when the checkpoint has no tokenizer; judge by output.
             files = list(target.glob("*.safetensors"))
             if not files:
-                raise SystemExit(f"[bench] {tool} produced no safetensors (exit {res.returncode}):\n{res.output[-3000:]}")
+                raise SystemExit(
+                    f"[bench] {tool} produced no safetensors (exit {res.returncode}):\n{res.output[-3000:]}"
+                )
             written[tool] = sum(f.stat().st_size for f in files)
             walls[tool].append(res.wall_s)
             peaks[tool].append(res.physical_peak)  # slimckpt's forked writer: parent + child, shared pages once
-            print(f"[bench] merge {size} {tool} run {len(walls[tool])}/{repeats}: {res.wall_s:.1f} s, "
-                  f"peak anonymous {res.physical_peak / 2**20:.0f} MiB", flush=True)
-    rows = [MergeRow(size, params, tool, max(peaks[tool]), median(walls[tool]), walls[tool], read_bytes, written[tool],
-                     writer_stats=stats[tool]) for tool in commands]
+            print(
+                f"[bench] merge {size} {tool} run {len(walls[tool])}/{repeats}: {res.wall_s:.1f} s, "
+                f"peak anonymous {res.physical_peak / 2**20:.0f} MiB",
+                flush=True,
+            )
+    rows = [
+        MergeRow(
+            size,
+            params,
+            tool,
+            max(peaks[tool]),
+            median(walls[tool]),
+            walls[tool],
+            read_bytes,
+            written[tool],
+            writer_stats=stats[tool],
+        )
+        for tool in commands
+    ]
     stats_file.unlink(missing_ok=True)
     shutil.rmtree(work / "merged", ignore_errors=True)
     return rows
@@ -271,16 +371,33 @@ def _verl_tools(rows: list[MergeRow]) -> list[str]:
 def merge_table(rows: list[MergeRow]) -> str:
     verl_tools = _verl_tools(rows)
     ref_tool = reference(rows).tool
-    head = (["model", "params", "tool", "runs", "peak RssAnon", "wall (median)", "I/O floor", "wall / floor",
-             f"RSS vs {_short(ref_tool)}"] + [f"speed-up vs {_short(t)}" for t in verl_tools])
+    head = [
+        "model",
+        "params",
+        "tool",
+        "runs",
+        "peak RssAnon",
+        "wall (median)",
+        "I/O floor",
+        "wall / floor",
+        f"RSS vs {_short(ref_tool)}",
+    ] + [f"speed-up vs {_short(t)}" for t in verl_tools]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for size in dict.fromkeys(r.size for r in rows):
         group = [r for r in rows if r.size == size]
         base = reference(group)
         verl = {r.tool: r for r in group if is_verl(r.tool)}
         for r in group:
-            cells = [size, f"{r.params / 1e9:.2f}B", r.tool, str(len(r.walls)), f"{r.peak_rss_anon / 2**20:,.0f} MiB",
-                     f"{r.wall_s:.1f} s", f"{r.io_floor_s:.1f} s", floor_ratio(r.wall_s, r.io_floor_s)]
+            cells = [
+                size,
+                f"{r.params / 1e9:.2f}B",
+                r.tool,
+                str(len(r.walls)),
+                f"{r.peak_rss_anon / 2**20:,.0f} MiB",
+                f"{r.wall_s:.1f} s",
+                f"{r.io_floor_s:.1f} s",
+                floor_ratio(r.wall_s, r.io_floor_s),
+            ]
             if is_verl(r.tool):
                 cells += ["-"] * (1 + len(verl_tools))
             else:
@@ -294,12 +411,15 @@ def _order_words(rows: list[MergeRow]) -> str:
     """How the run ordered verl's merges, and what each order took."""
     tools = {r.tool for r in rows}
     if VERL_COLD in tools and VERL_WARM in tools:
-        return ("verl's merger runs twice in each turn, back to back, so that both orders are measured: *cold* is "
-                "the first verl merge of a turn (after the previous turn's slimckpt merges, or, in the first turn, "
-                "after the disk and import measurements), *warm* directly follows it. slimckpt's speed-up is given "
-                "against both; memory is compared with the warm runs. " + verl_orders(rows))
-    return ("This run measured verl's merger in one order only, once per turn, after the previous turn's "
-            "slimckpt merges.")
+        return (
+            "verl's merger runs twice in each turn, back to back, so that both orders are measured: *cold* is "
+            "the first verl merge of a turn (after the previous turn's slimckpt merges, or, in the first turn, "
+            "after the disk and import measurements), *warm* directly follows it. slimckpt's speed-up is given "
+            "against both; memory is compared with the warm runs. " + verl_orders(rows)
+        )
+    return (
+        "This run measured verl's merger in one order only, once per turn, after the previous turn's slimckpt merges."
+    )
 
 
 def verl_orders(rows: list[MergeRow]) -> str:
@@ -317,8 +437,11 @@ def verl_orders(rows: list[MergeRow]) -> str:
         return ""
     text = "In this run verl's merger took (medians) " + ", ".join(parts) + "."
     if fewer:
-        text += (" The warm merge ran in the first turns only at " + ", ".join(fewer) +
-                 ", to keep the bench short; the runs column counts each row's runs.")
+        text += (
+            " The warm merge ran in the first turns only at "
+            + ", ".join(fewer)
+            + ", to keep the bench short; the runs column counts each row's runs."
+        )
     return text
 
 
@@ -338,11 +461,23 @@ def moe_targets(rows: list[MergeRow]) -> str:
         ours = next(r for r in group if r.tool == "slimckpt")
         budget = largest_output_tensor_bytes(size) + 256 * 2**20
         family, _, experts = MOE_SIZES[size]
-        checks = [(f"{size} ({family}, {experts} experts): peak RssAnon at most the largest output tensor + 256 MiB "
-                   f"({budget / 2**20:.0f} MiB)", ours.peak_rss_anon <= budget, f"{ours.peak_rss_anon / 2**20:.0f} MiB")]
-        checks += [(f"{size}: wall at least as fast as {_label(r.tool)}", ours.wall_s <= r.wall_s,
-                    f"{ours.wall_s:.1f} s vs {r.wall_s:.1f} s ({speedup(r.wall_s, ours.wall_s)})")
-                   for r in group if is_verl(r.tool)]
+        checks = [
+            (
+                f"{size} ({family}, {experts} experts): peak RssAnon at most the largest output tensor + 256 MiB "
+                f"({budget / 2**20:.0f} MiB)",
+                ours.peak_rss_anon <= budget,
+                f"{ours.peak_rss_anon / 2**20:.0f} MiB",
+            )
+        ]
+        checks += [
+            (
+                f"{size}: wall at least as fast as {_label(r.tool)}",
+                ours.wall_s <= r.wall_s,
+                f"{ours.wall_s:.1f} s vs {r.wall_s:.1f} s ({speedup(r.wall_s, ours.wall_s)})",
+            )
+            for r in group
+            if is_verl(r.tool)
+        ]
         lines += [f"| {name} | {'yes' if ok else '**no**'} | {value} |" for name, ok, value in checks]
     return "\n".join(["| target | met | measured |", "|---|---|---|", *lines]) if lines else ""
 
@@ -360,53 +495,89 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None, dis
     fast = next((r for r in rows if r.size == largest and r.tool == NO_FSYNC), None)
     late = next((r for r in rows if r.size == largest and r.tool == NO_EARLY), None)
     mine = sorted((r.params, r.peak_rss_anon) for r in rows if r.tool == "slimckpt")
-    theirs = sorted((r.params, r.peak_rss_anon) for r in (reference([r for r in rows if r.size == size])
-                                                         for size in dict.fromkeys(r.size for r in rows)))
+    theirs = sorted(
+        (r.params, r.peak_rss_anon)
+        for r in (reference([r for r in rows if r.size == size]) for size in dict.fromkeys(r.size for r in rows))
+    )
     against = _label(fastest.tool)
     speed_value = speedup(fastest.wall_s, ours.wall_s) + "".join(
-        f" (vs {_label(r.tool)}: {speedup(r.wall_s, ours.wall_s)})" for r in others)
+        f" (vs {_label(r.tool)}: {speedup(r.wall_s, ours.wall_s)})" for r in others
+    )
     checks = [
-        (f"peak RssAnon at least 10x lower than verl's ({largest}" + (", its warm runs)" if verl.tool == VERL_WARM else ")"),
-         verl.peak_rss_anon / ours.peak_rss_anon >= 10, rss_ratio(verl.peak_rss_anon, ours.peak_rss_anon)),
-        (f"peak RssAnon at most the largest output tensor + 256 MiB ({budget / 2**20:.0f} MiB)",
-         ours.peak_rss_anon <= budget, f"{ours.peak_rss_anon / 2**20:.0f} MiB"),
-        ("our peak roughly flat across sizes (largest / smallest <= 1.2)", mine[-1][1] / mine[0][1] <= 1.2,
-         f"{_up(mine[-1][1] / mine[0][1])}"),
-        ("verl's peak grows with the model", theirs[-1][1] > 1.5 * theirs[0][1], f"{theirs[-1][1] / theirs[0][1]:.2f}x"),
+        (
+            f"peak RssAnon at least 10x lower than verl's ({largest}"
+            + (", its warm runs)" if verl.tool == VERL_WARM else ")"),
+            verl.peak_rss_anon / ours.peak_rss_anon >= 10,
+            rss_ratio(verl.peak_rss_anon, ours.peak_rss_anon),
+        ),
+        (
+            f"peak RssAnon at most the largest output tensor + 256 MiB ({budget / 2**20:.0f} MiB)",
+            ours.peak_rss_anon <= budget,
+            f"{ours.peak_rss_anon / 2**20:.0f} MiB",
+        ),
+        (
+            "our peak roughly flat across sizes (largest / smallest <= 1.2)",
+            mine[-1][1] / mine[0][1] <= 1.2,
+            f"{_up(mine[-1][1] / mine[0][1])}",
+        ),
+        (
+            "verl's peak grows with the model",
+            theirs[-1][1] > 1.5 * theirs[0][1],
+            f"{theirs[-1][1] / theirs[0][1]:.2f}x",
+        ),
         (f"wall at least 3x faster than {against} ({largest})", fastest.wall_s / ours.wall_s >= 3, speed_value),
-        (f"wall within 1.5x of the I/O floor ({largest})", ours.wall_s / ours.io_floor_s <= 1.5,
-         floor_ratio(ours.wall_s, ours.io_floor_s)),
+        (
+            f"wall within 1.5x of the I/O floor ({largest})",
+            ours.wall_s / ours.io_floor_s <= 1.5,
+            floor_ratio(ours.wall_s, ours.io_floor_s),
+        ),
     ]
     lines = ["| target | met | measured |", "|---|---|---|"]
     lines += [f"| {name} | {'yes' if ok else '**no**'} | {value} |" for name, ok, value in checks]
     if others:
-        lines += ["", f"The speed target is judged against {against} ({fastest.wall_s:.1f} s at {largest}), the "
-                      f"faster of verl's two orders in this run and so the harder comparison; "
-                      + ", ".join(f"{_label(r.tool)} took {r.wall_s:.1f} s" for r in others) + "."]
+        lines += [
+            "",
+            f"The speed target is judged against {against} ({fastest.wall_s:.1f} s at {largest}), the "
+            f"faster of verl's two orders in this run and so the harder comparison; "
+            + ", ".join(f"{_label(r.tool)} took {r.wall_s:.1f} s" for r in others)
+            + ".",
+        ]
     goal = fastest.wall_s / 3
     if imports_s is not None and goal < imports_s <= ours.wall_s:
-        lines += ["", f"3x faster than {against} would be {goal:.1f} s at {largest}. Starting Python and importing what "
-                      f"the commit waits for (torch and transformers' modeling code, which name the "
-                      f"tensors and write the config files as verl does) took {imports_s:.1f} s at best in this run, "
-                      f"before any merge work."]
+        lines += [
+            "",
+            f"3x faster than {against} would be {goal:.1f} s at {largest}. Starting Python and importing what "
+            f"the commit waits for (torch and transformers' modeling code, which name the "
+            f"tensors and write the config files as verl does) took {imports_s:.1f} s at best in this run, "
+            f"before any merge work.",
+        ]
     smallest = min((r for r in rows if r.tool == "slimckpt"), key=lambda r: r.params)
-    lines += _floor_analysis(ours, disks or ([disk] if disk is not None else []), imports_s,
-                             smallest if smallest is not ours else None)
+    lines += _floor_analysis(
+        ours, disks or ([disk] if disk is not None else []), imports_s, smallest if smallest is not ours else None
+    )
     if fast is not None:
         if max(fast.walls) < min(ours.walls):
-            verdict = (f"{ours.wall_s - fast.wall_s:.1f} s less than with fsync, each of its runs faster than every "
-                       f"one of the default's: fsync costs that much")
+            verdict = (
+                f"{ours.wall_s - fast.wall_s:.1f} s less than with fsync, each of its runs faster than every "
+                f"one of the default's: fsync costs that much"
+            )
         elif min(fast.walls) > max(ours.walls):
             verdict = "each of its runs slower than every one of the default's: fsync is not what bounds it"
         else:
             verdict = "its runs within the spread of the default's: fsync is not what bounds it"
-        lines += ["", f"Without fsync (`--no_fsync`, not crash-safe) it takes {fast.wall_s:.1f} s, {verdict}. "
-                      f"Through the page cache instead of O_DIRECT (`SLIMCKPT_DIRECT_IO=0`): see the rows above."]
+        lines += [
+            "",
+            f"Without fsync (`--no_fsync`, not crash-safe) it takes {fast.wall_s:.1f} s, {verdict}. "
+            f"Through the page cache instead of O_DIRECT (`SLIMCKPT_DIRECT_IO=0`): see the rows above.",
+        ]
     if late is not None:
-        lines += ["", f"Without the early write (`SLIMCKPT_MERGE_GUESS=0`: nothing is written before torch and "
-                      f"transformers are imported and the real plan is made) it takes {late.wall_s:.1f} s "
-                      f"(runs {min(late.walls):.1f}-{max(late.walls):.1f} s) and peaks at "
-                      f"{late.peak_rss_anon / 2**20:.0f} MiB: " + _early_write_words(ours, late) + "."]
+        lines += [
+            "",
+            f"Without the early write (`SLIMCKPT_MERGE_GUESS=0`: nothing is written before torch and "
+            f"transformers are imported and the real plan is made) it takes {late.wall_s:.1f} s "
+            f"(runs {min(late.walls):.1f}-{max(late.walls):.1f} s) and peaks at "
+            f"{late.peak_rss_anon / 2**20:.0f} MiB: " + _early_write_words(ours, late) + ".",
+        ]
     return "\n".join(lines)
 
 
@@ -419,37 +590,51 @@ def _early_write_words(ours: MergeRow, late: MergeRow) -> str:
     return f"the early write earned no time at {ours.size} in this run ({-gain:.1f} s slower with it)"
 
 
-def _floor_analysis(ours: MergeRow, disks: list, imports_s: float | None,
-                    smallest: MergeRow | None = None) -> list[str]:
+def _floor_analysis(
+    ours: MergeRow, disks: list, imports_s: float | None, smallest: MergeRow | None = None
+) -> list[str]:
     """What the run says about the wall/floor ratio: how much the runs spread, what the disk does
     when a merge reads and writes at once, and the floor at the run's typical disk speed."""
     if not disks:
         return []
     gb, moved = 1e9, ours.read_bytes + ours.written_bytes
     walls = sorted(ours.walls) or [ours.wall_s]
-    lines = ["", f"slimckpt's {len(walls)} runs at {ours.size} took {walls[0]:.1f}-{walls[-1]:.1f} s "
-                 f"({_up(walls[0] / ours.io_floor_s)}-{_up(walls[-1] / ours.io_floor_s)}x the floor). "
-                 f"The floor adds the best isolated read and write times of the run."]
+    lines = [
+        "",
+        f"slimckpt's {len(walls)} runs at {ours.size} took {walls[0]:.1f}-{walls[-1]:.1f} s "
+        f"({_up(walls[0] / ours.io_floor_s)}-{_up(walls[-1] / ours.io_floor_s)}x the floor). "
+        f"The floor adds the best isolated read and write times of the run.",
+    ]
     mixed = sorted(d.mixed_bytes_per_s for d in disks if getattr(d, "mixed_bytes_per_s", 0))
     if mixed:
-        lines[-1] += (f" A merge reads and writes at once, which this disk served at {mixed[0] / gb:.2f}-"
-                      f"{mixed[-1] / gb:.2f} GB/s combined in the run's {len(mixed)} measurements: "
-                      f"{moved / mixed[-1]:.1f}-{moved / mixed[0]:.1f} s for these bytes, against the "
-                      f"{1.5 * ours.io_floor_s:.1f} s that 1.5x the floor allows. slimckpt's median moved them at "
-                      f"{moved / ours.wall_s / gb:.2f} GB/s, Python's start and the commit included.")
+        lines[-1] += (
+            f" A merge reads and writes at once, which this disk served at {mixed[0] / gb:.2f}-"
+            f"{mixed[-1] / gb:.2f} GB/s combined in the run's {len(mixed)} measurements: "
+            f"{moved / mixed[-1]:.1f}-{moved / mixed[0]:.1f} s for these bytes, against the "
+            f"{1.5 * ours.io_floor_s:.1f} s that 1.5x the floor allows. slimckpt's median moved them at "
+            f"{moved / ours.wall_s / gb:.2f} GB/s, Python's start and the commit included."
+        )
     if len(disks) > 1:
-        typical = DiskSpeed(median([d.write_bytes_per_s for d in disks]), median([d.read_bytes_per_s for d in disks]),
-                            disks[0].size_bytes)
+        typical = DiskSpeed(
+            median([d.write_bytes_per_s for d in disks]),
+            median([d.read_bytes_per_s for d in disks]),
+            disks[0].size_bytes,
+        )
         typical_floor = typical.io_floor_s(ours.read_bytes, ours.written_bytes)
-        lines[-1] += (f" With the median of the run's disk measurements instead of the best, the floor would be "
-                      f"{typical_floor:.1f} s and the median wall {_up(ours.wall_s / typical_floor)}x it "
-                      f"(for information; the target is judged on the best).")
+        lines[-1] += (
+            f" With the median of the run's disk measurements instead of the best, the floor would be "
+            f"{typical_floor:.1f} s and the median wall {_up(ours.wall_s / typical_floor)}x it "
+            f"(for information; the target is judged on the best)."
+        )
     lines += _writer_analysis(ours)
     if imports_s and smallest is not None:
-        lines += ["", f"Starting Python and importing torch and transformers took {imports_s:.1f} s at best in this "
-                      f"run. slimckpt's writer, a child forked before those imports, reads and writes meanwhile; "
-                      f"the commit waits for both. The smallest model's merge ({smallest.size}, its bytes "
-                      f"{smallest.io_floor_s:.1f} s at the floor) took {smallest.wall_s:.1f} s."]
+        lines += [
+            "",
+            f"Starting Python and importing torch and transformers took {imports_s:.1f} s at best in this "
+            f"run. slimckpt's writer, a child forked before those imports, reads and writes meanwhile; "
+            f"the commit waits for both. The smallest model's merge ({smallest.size}, its bytes "
+            f"{smallest.io_floor_s:.1f} s at the floor) took {smallest.wall_s:.1f} s.",
+        ]
     return lines
 
 
@@ -465,21 +650,29 @@ def _writer_analysis(ours: MergeRow) -> list[str]:
         return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}-{format(hi, fmt)}"
 
     busy = [100 * r.read_busy() for r in runs]
-    return ["", f"Where slimckpt's writer (the child forked before the imports) spent its time, in {len(runs)} of "
-                f"these runs: it took {span([r.wall_s for r in runs], '.1f')} s, and its read thread was inside "
-                f"`preadv` for {span(busy, '.0f')}% of that, waiting {max(r.wait_buffer_s for r in runs):.2f} s at "
-                f"most for the cast to hand a buffer back. Its reads moved "
-                f"{span([r.read_bytes / r.read_s / 1e9 for r in runs], '.2f')} GB/s while the writes went on; "
-                f"the casts took {span([r.cast_s for r in runs], '.1f')} s. "
-                + ("The disk's reads, not the CPU, bound the merge." if min(busy) >= 90 else
-                   "The read thread was idle part of the time: the cast or the writes held it back.")]
+    return [
+        "",
+        f"Where slimckpt's writer (the child forked before the imports) spent its time, in {len(runs)} of "
+        f"these runs: it took {span([r.wall_s for r in runs], '.1f')} s, and its read thread was inside "
+        f"`preadv` for {span(busy, '.0f')}% of that, waiting {max(r.wait_buffer_s for r in runs):.2f} s at "
+        f"most for the cast to hand a buffer back. Its reads moved "
+        f"{span([r.read_bytes / r.read_s / 1e9 for r in runs], '.2f')} GB/s while the writes went on; "
+        f"the casts took {span([r.cast_s for r in runs], '.1f')} s. "
+        + (
+            "The disk's reads, not the CPU, bound the merge."
+            if min(busy) >= 90
+            else "The read thread was idle part of the time: the cast or the writes held it back."
+        ),
+    ]
 
 
 def machine_line(disk) -> str:
     import torch
 
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, torch {torch.__version__}")
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, torch {torch.__version__}"
+    )
 
 
 def _git(*args: str) -> str | None:
@@ -521,12 +714,16 @@ def _load_words(meta: dict) -> str:
     load = meta.get("load_average_1min")
     if not load:
         return ""
-    text = (f" The machine is shared: its 1-minute load average was {load['start']:.2f} when the run started and "
-            f"{load['end']:.2f} when it ended")
+    text = (
+        f" The machine is shared: its 1-minute load average was {load['start']:.2f} when the run started and "
+        f"{load['end']:.2f} when it ended"
+    )
     merges = load.get("merges")
     if merges:
-        text += (f"; as each of the {len(merges)} merges started it was {min(merges):.2f}-{max(merges):.2f}, median "
-                 f"{median(merges):.2f} (the bench's own previous merge counts in it)")
+        text += (
+            f"; as each of the {len(merges)} merges started it was {min(merges):.2f}-{max(merges):.2f}, median "
+            f"{median(merges):.2f} (the bench's own previous merge counts in it)"
+        )
     return text + "."
 
 
@@ -534,20 +731,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, from: " + ", ".join(SIZES))
     parser.add_argument("--repeats", type=int, default=3, help="runs per tool and size; the wall time is their median")
-    parser.add_argument("--verl-warm-repeats", type=int, default=3, metavar="N",
-                        help="verl's warm merge (directly after its cold one) in the first N turns only, at every "
-                             "size but the largest, which always gets --repeats (default 3: fewer of verl's runs at the "
-                             "small sizes keep a run of 5 repeats shorter)")
-    parser.add_argument("--work", default=str(REPO / "bench_work"), help="scratch dir for checkpoints (kept between runs)")
+    parser.add_argument(
+        "--verl-warm-repeats",
+        type=int,
+        default=3,
+        metavar="N",
+        help="verl's warm merge (directly after its cold one) in the first N turns only, at every "
+        "size but the largest, which always gets --repeats (default 3: fewer of verl's runs at the "
+        "small sizes keep a run of 5 repeats shorter)",
+    )
+    parser.add_argument(
+        "--work", default=str(REPO / "bench_work"), help="scratch dir for checkpoints (kept between runs)"
+    )
     parser.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="markdown report to write")
-    parser.add_argument("--summary", default=None, metavar="PATH",
-                        help="document whose merge-bench block to rewrite (between the markers); default: the repo's "
-                             "docs/merge.md when --out is the repo's BENCHMARKS.md, else none; '' for none")
+    parser.add_argument(
+        "--summary",
+        default=None,
+        metavar="PATH",
+        help="document whose merge-bench block to rewrite (between the markers); default: the repo's "
+        "docs/merge.md when --out is the repo's BENCHMARKS.md, else none; '' for none",
+    )
     parser.add_argument("--plot", default=str(REPO / "docs" / "merge_peak_memory.png"), help="PNG plot to write")
     parser.add_argument("--json", default=None, help="also write raw results (and the disk speed) here")
-    parser.add_argument("--render", default=None, metavar="JSON",
-                        help="re-render the report, docs/merge.md's block and the plot from a --json file of an earlier "
-                             "run (no measuring)")
+    parser.add_argument(
+        "--render",
+        default=None,
+        metavar="JSON",
+        help="re-render the report, docs/merge.md's block and the plot from a --json file of an earlier "
+        "run (no measuring)",
+    )
     args = parser.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SIZES]
@@ -563,11 +775,16 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    meta = {"command": "python -m scripts.bench.merge " + " ".join(sys.argv[1:] if argv is None else argv),
-            **source_commit(), "load_average_1min": {"start": os.getloadavg()[0]}}
+    meta = {
+        "command": "python -m scripts.bench.merge " + " ".join(sys.argv[1:] if argv is None else argv),
+        **source_commit(),
+        "load_average_1min": {"start": os.getloadavg()[0]},
+    }
     disks = [measure_disk_speed(str(work))]
     meta["machine"] = machine_line(disks[0])
-    print(f"[bench] {meta['machine']}; {_commit_words(meta)}; load {meta['load_average_1min']['start']:.2f}", flush=True)
+    print(
+        f"[bench] {meta['machine']}; {_commit_words(meta)}; load {meta['load_average_1min']['start']:.2f}", flush=True
+    )
     imports = [measure_imports()]
     print(f"[bench] python + {IMPORTS}: {imports[-1]:.2f} s (median of 5)", flush=True)
     rows: list[MergeRow] = []
@@ -586,9 +803,17 @@ def main(argv: list[str] | None = None) -> int:
     disk = fastest_of(disks)
     for r in rows:
         r.io_floor_s = disk.io_floor_s(r.read_bytes, r.written_bytes)
-    meta.update({"disk": asdict(disk), "disk_measurements": [asdict(d) for d in disks], "sizes": args.sizes,
-                 "repeats": args.repeats, "seconds": time.time() - started, "date": time.strftime("%Y-%m-%d"),
-                 "imports_s": min(imports)})  # like the disk's speeds: the best this machine did in the run
+    meta.update(
+        {
+            "disk": asdict(disk),
+            "disk_measurements": [asdict(d) for d in disks],
+            "sizes": args.sizes,
+            "repeats": args.repeats,
+            "seconds": time.time() - started,
+            "date": time.strftime("%Y-%m-%d"),
+            "imports_s": min(imports),
+        }
+    )  # like the disk's speeds: the best this machine did in the run
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": [asdict(r) for r in rows], **meta}, indent=1))
     print(publish(rows, meta, args))
@@ -652,17 +877,27 @@ def summary_block(rows: list[MergeRow], meta: dict) -> str:
     disk, disks = _disks(meta)
     verl_tools = _verl_tools(rows)
     ref_tool = reference(rows).tool
-    head = (["model", "verl 0.9.1 peak RssAnon" + (" (warm runs)" if ref_tool == VERL_WARM else ""),
-             "slimckpt peak RssAnon"]
-            + [_short(t).replace("verl", "verl wall", 1) for t in verl_tools] + ["slimckpt wall"]
-            + [f"speed-up vs {_short(t)}" for t in verl_tools] + ["slimckpt wall / I/O floor"])
+    head = (
+        [
+            "model",
+            "verl 0.9.1 peak RssAnon" + (" (warm runs)" if ref_tool == VERL_WARM else ""),
+            "slimckpt peak RssAnon",
+        ]
+        + [_short(t).replace("verl", "verl wall", 1) for t in verl_tools]
+        + ["slimckpt wall"]
+        + [f"speed-up vs {_short(t)}" for t in verl_tools]
+        + ["slimckpt wall / I/O floor"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for size in dict.fromkeys(r.size for r in rows):
         group = {r.tool: r for r in rows if r.size == size}
         ours, base = group["slimckpt"], reference(list(group.values()))
         kind = f" MoE ({MOE_SIZES[size][2]} experts)" if size in MOE_SIZES else ""
-        cells = [f"{ours.params / 1e9:.2f}B{kind}", f"{base.peak_rss_anon / 2**20:,.0f} MiB",
-                 f"{ours.peak_rss_anon / 2**20:,.0f} MiB ({rss_ratio(base.peak_rss_anon, ours.peak_rss_anon)} lower)"]
+        cells = [
+            f"{ours.params / 1e9:.2f}B{kind}",
+            f"{base.peak_rss_anon / 2**20:,.0f} MiB",
+            f"{ours.peak_rss_anon / 2**20:,.0f} MiB ({rss_ratio(base.peak_rss_anon, ours.peak_rss_anon)} lower)",
+        ]
         cells += [f"{group[t].wall_s:.1f} s" if t in group else "-" for t in verl_tools] + [f"{ours.wall_s:.1f} s"]
         cells += [speedup(group[t].wall_s, ours.wall_s) if t in group else "-" for t in verl_tools]
         cells.append(floor_ratio(ours.wall_s, ours.io_floor_s))
@@ -672,45 +907,66 @@ def summary_block(rows: list[MergeRow], meta: dict) -> str:
     ours = next(r for r in group if r.tool == "slimckpt")
     fastest, others = fastest_verl(group), [r for r in group if is_verl(r.tool) and r is not fastest_verl(group)]
     gb = 1e9
-    words = [f"At {largest} slimckpt took {ours.wall_s:.1f} s: "
-             + " and ".join(f"{speedup(r.wall_s, ours.wall_s)} faster than {_label(r.tool)} ({r.wall_s:.1f} s)"
-                            for r in [fastest] + others)
-             + f". It took {floor_ratio(ours.wall_s, ours.io_floor_s)} the I/O floor."]
+    words = [
+        f"At {largest} slimckpt took {ours.wall_s:.1f} s: "
+        + " and ".join(
+            f"{speedup(r.wall_s, ours.wall_s)} faster than {_label(r.tool)} ({r.wall_s:.1f} s)"
+            for r in [fastest] + others
+        )
+        + f". It took {floor_ratio(ours.wall_s, ours.io_floor_s)} the I/O floor."
+    ]
     if VERL_WARM in verl_tools and VERL_COLD in verl_tools:
-        words.append("verl's merger runs twice in each turn of the bench, back to back: *cold* after the "
-                     "slimckpt merges, *warm* directly after its own cold merge.")
-    words.append(f"This run (`{meta.get('command', 'python -m scripts.bench.merge')}`, {_commit_words(meta)}, "
-                 f"{meta['date']}) measured the disk at best at {disk.write_bytes_per_s / gb:.2f} GB/s written and "
-                 f"{disk.read_bytes_per_s / gb:.2f} GB/s read"
-                 + (f" ({disk.direct_read_bytes_per_s / gb:.2f} GB/s read with O_DIRECT)"
-                    if disk.direct_read_bytes_per_s else "")
-                 + f", so the {largest} floor is {ours.io_floor_s:.1f} s; slimckpt's {len(ours.walls)} runs at "
-                   f"{largest} took {_span(ours.walls, '.1f', ' s')}.")
+        words.append(
+            "verl's merger runs twice in each turn of the bench, back to back: *cold* after the "
+            "slimckpt merges, *warm* directly after its own cold merge."
+        )
+    words.append(
+        f"This run (`{meta.get('command', 'python -m scripts.bench.merge')}`, {_commit_words(meta)}, "
+        f"{meta['date']}) measured the disk at best at {disk.write_bytes_per_s / gb:.2f} GB/s written and "
+        f"{disk.read_bytes_per_s / gb:.2f} GB/s read"
+        + (
+            f" ({disk.direct_read_bytes_per_s / gb:.2f} GB/s read with O_DIRECT)"
+            if disk.direct_read_bytes_per_s
+            else ""
+        )
+        + f", so the {largest} floor is {ours.io_floor_s:.1f} s; slimckpt's {len(ours.walls)} runs at "
+        f"{largest} took {_span(ours.walls, '.1f', ' s')}."
+    )
     merges = (meta.get("load_average_1min") or {}).get("merges")
     if merges:
-        words.append(f"The machine was shared: its 1-minute load average was {min(merges):.2f}-{max(merges):.2f} "
-                     f"(median {median(merges):.2f}) as the merges started.")
+        words.append(
+            f"The machine was shared: its 1-minute load average was {min(merges):.2f}-{max(merges):.2f} "
+            f"(median {median(merges):.2f}) as the merges started."
+        )
     mixed = [d.mixed_bytes_per_s for d in disks if d.mixed_bytes_per_s]
     if mixed:
         moved = ours.read_bytes + ours.written_bytes
-        words.append(f"A streaming merge reads and writes at once, and this disk served that at "
-                     f"{_span([m / gb for m in mixed], '.2f')} GB/s combined: "
-                     f"{_span([moved / m for m in mixed], '.1f')} s for a {largest} merge's bytes.")
+        words.append(
+            f"A streaming merge reads and writes at once, and this disk served that at "
+            f"{_span([m / gb for m in mixed], '.2f')} GB/s combined: "
+            f"{_span([moved / m for m in mixed], '.1f')} s for a {largest} merge's bytes."
+        )
     stats = [WriterStats(**d) for d in ours.writer_stats]
     stats = [w for w in stats if w.wall_s > 0 and w.read_s > 0]
     if stats:
-        words.append(f"Every bench run records where the torch-free writer's time went (`SLIMCKPT_MERGE_STATS`): "
-                     f"in this one it took {_span([w.wall_s for w in stats], '.1f')} s, its read thread inside "
-                     f"`preadv` for {_span([100 * w.read_busy() for w in stats], '.0f')}% of that.")
+        words.append(
+            f"Every bench run records where the torch-free writer's time went (`SLIMCKPT_MERGE_STATS`): "
+            f"in this one it took {_span([w.wall_s for w in stats], '.1f')} s, its read thread inside "
+            f"`preadv` for {_span([100 * w.read_busy() for w in stats], '.0f')}% of that."
+        )
     cache = next((r for r in group if r.tool == PAGE_CACHE), None)
     if cache is not None:
         faster = "faster" if cache.wall_s < ours.wall_s else "slower" if cache.wall_s > ours.wall_s else "as fast"
-        words.append(f"The page-cache path (`SLIMCKPT_DIRECT_IO=0`) was {faster} than O_DIRECT at {largest} "
-                     f"({cache.wall_s:.1f} s against {ours.wall_s:.1f} s).")
+        words.append(
+            f"The page-cache path (`SLIMCKPT_DIRECT_IO=0`) was {faster} than O_DIRECT at {largest} "
+            f"({cache.wall_s:.1f} s against {ours.wall_s:.1f} s)."
+        )
     late = next((r for r in group if r.tool == NO_EARLY), None)
     if late is not None:
-        words.append(f"The same merge with `SLIMCKPT_MERGE_GUESS=0` (no early write during the imports; the row "
-                     f"\"{NO_EARLY}\") took {late.wall_s:.1f} s: " + _early_write_words(ours, late) + ".")
+        words.append(
+            f"The same merge with `SLIMCKPT_MERGE_GUESS=0` (no early write during the imports; the row "
+            f'"{NO_EARLY}") took {late.wall_s:.1f} s: ' + _early_write_words(ours, late) + "."
+        )
     shards = ours.read_bytes
     base = reference(group)
     words.append(f"verl's peak at {largest} was {base.peak_rss_anon / shards:.2f}x the bytes of its fp32 shard files.")
@@ -724,17 +980,23 @@ def _wrap(text: str, width: int = 110) -> list[str]:
 def _imports_words(imports_s: float | None) -> str:
     if imports_s is None:
         return "not measured in this run"
-    return (f"{imports_s:.1f} s with Python's start at best in this run, measured at the start, before each "
-            f"size and at the end, as the disk is")
+    return (
+        f"{imports_s:.1f} s with Python's start at best in this run, measured at the start, before each "
+        f"size and at the end, as the disk is"
+    )
 
 
 def _moe_section(rows: list[MergeRow]) -> str:
     table = moe_targets(rows)
-    return f"""
+    return (
+        f"""
 ### Targets (mixture of experts)
 
 {table}
-""" if table else ""
+"""
+        if table
+        else ""
+    )
 
 
 def render_report(rows: list[MergeRow], meta: dict, args) -> str:
@@ -745,8 +1007,8 @@ def render_report(rows: list[MergeRow], meta: dict, args) -> str:
     orders = _order_words(rows)
     return f"""# Benchmarks
 
-The merge section: `{meta.get('command', 'python -m scripts.bench.merge')}` (sizes {meta['sizes']}, {meta['repeats']} repeats;
-{_make_bench_words()}), on {_commit_words(meta)}, {meta['date']}, in {meta['seconds'] / 60:.1f} minutes.
+The merge section: `{meta.get("command", "python -m scripts.bench.merge")}` (sizes {meta["sizes"]}, {meta["repeats"]} repeats;
+{_make_bench_words()}), on {_commit_words(meta)}, {meta["date"]}, in {meta["seconds"] / 60:.1f} minutes.
 Machine: {machine}; disk measured in this run: {disk.describe()} (fastest of the run's measurements).{_load_words(meta)}
 verl 0.9.1 and slimckpt are measured in the same run, on the same checkpoint files.
 

@@ -41,8 +41,18 @@ def _run(args):
     from slimckpt.testing.fsdp_checkpoint import PRESETS, build_config, build_tokenizer, wrap_fsdp2
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[args.size_preset]
-    cfg = build_config(SimpleNamespace(model="llama", vocab=vocab, hidden=hidden, intermediate=inter,
-                                       layers=args.layers or layers, heads=heads, kv_heads=kv, experts=0))
+    cfg = build_config(
+        SimpleNamespace(
+            model="llama",
+            vocab=vocab,
+            hidden=hidden,
+            intermediate=inter,
+            layers=args.layers or layers,
+            heads=heads,
+            kv_heads=kv,
+            experts=0,
+        )
+    )
     torch.manual_seed(0)
     world = dist.get_world_size()
     model = wrap_fsdp2(AutoModelForCausalLM.from_config(cfg), init_device_mesh("cpu", (world,)), "dim0", world)
@@ -52,10 +62,15 @@ def _run(args):
     model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
     scheduler.step()
-    return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, vocab=vocab,
-                           manager=lambda config: FSDPCheckpointManager(model, optimizer, scheduler,
-                                                                        processing_class=build_tokenizer(vocab),
-                                                                        checkpoint_config=config))
+    return SimpleNamespace(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        vocab=vocab,
+        manager=lambda config: FSDPCheckpointManager(
+            model, optimizer, scheduler, processing_class=build_tokenizer(vocab), checkpoint_config=config
+        ),
+    )
 
 
 def _timed(fn) -> float:
@@ -80,8 +95,10 @@ def main() -> int:
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     run = _run(args)
-    configs = {"native": SlimCheckpointConfig(recipe="quickstart", measure=False),
-               "incremental": SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False)}
+    configs = {
+        "native": SlimCheckpointConfig(recipe="quickstart", measure=False),
+        "incremental": SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False),
+    }
     managers = {fmt: run.manager(cfg) for fmt, cfg in configs.items()}
     for fmt, manager in managers.items():
         if rank == 0:
@@ -91,7 +108,7 @@ def main() -> int:
         finish_pending()
     times: dict[str, list[float]] = {}
     for repeat in range(args.repeats):
-        for checked in ((True, False) if repeat % 2 == 0 else (False, True)):  # neither always goes first
+        for checked in (True, False) if repeat % 2 == 0 else (False, True):  # neither always goes first
             mode = "checked" if checked else "trusted"
             if checked:
                 os.environ.pop(TRUST_ENV, None)
@@ -99,23 +116,43 @@ def main() -> int:
                 os.environ[TRUST_ENV] = "1"
             for fmt, manager in managers.items():
                 times.setdefault(f"load/{fmt}/{mode}", []).append(
-                    _timed(lambda: manager.load_checkpoint(str(out / fmt))))
+                    _timed(lambda: manager.load_checkpoint(str(out / fmt)))
+                )
                 target = out / f"merged_{fmt}"
 
                 def merge() -> None:
                     if rank == 0:
                         shutil.rmtree(target, ignore_errors=True)
-                        proc = subprocess.run([sys.executable, "-m", "slimckpt.cli", "merge", "--no_progress",
-                                               "--local_dir", str(out / fmt), "--target_dir", str(target)],
-                                              capture_output=True, text=True, env=dict(os.environ))
+                        proc = subprocess.run(
+                            [
+                                sys.executable,
+                                "-m",
+                                "slimckpt.cli",
+                                "merge",
+                                "--no_progress",
+                                "--local_dir",
+                                str(out / fmt),
+                                "--target_dir",
+                                str(target),
+                            ],
+                            capture_output=True,
+                            text=True,
+                            env=dict(os.environ),
+                        )
                         assert proc.returncode == 0, proc.stderr[-2000:]
+
                 times.setdefault(f"merge/{fmt}/{mode}", []).append(_timed(merge))
     os.environ.pop(TRUST_ENV, None)
     if rank == 0:
         medians = {k: round(statistics.median(v), 3) for k, v in sorted(times.items())}
-        report = {"size_preset": args.size_preset, "layers": args.layers, "repeats": args.repeats,
-                  "median_s": medians, "min_s": {k: round(min(v), 3) for k, v in sorted(times.items())},
-                  "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()}}
+        report = {
+            "size_preset": args.size_preset,
+            "layers": args.layers,
+            "repeats": args.repeats,
+            "median_s": medians,
+            "min_s": {k: round(min(v), 3) for k, v in sorted(times.items())},
+            "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        }
         (out / "pickle_check.json").write_text(json.dumps(report, indent=1))
         for k, v in medians.items():
             print(f"{k:32s} median {v:8.3f} s  min {report['min_s'][k]:8.3f} s  runs {report['all_s'][k]}")

@@ -37,8 +37,12 @@ BYTES_TOLERANCE = 0.001
 MEMORY_TOLERANCE = 0.15
 MEMORY_SLACK = 64 * 2**20
 MiB = 2**20
-MODE_LABEL = {"verl": "verl 0.9.1 (hf_model)", "incremental": "+recipe=incremental", "async": "incremental, async",
-              "stream": "incremental, async=stream"}
+MODE_LABEL = {
+    "verl": "verl 0.9.1 (hf_model)",
+    "incremental": "+recipe=incremental",
+    "async": "incremental, async",
+    "stream": "incremental, async=stream",
+}
 
 
 @dataclass
@@ -67,7 +71,9 @@ def preset_config(size: str, root: str) -> str:
     from slimckpt.testing import fsdp_checkpoint
 
     path = os.path.join(root, size)
-    fsdp_checkpoint.build_config(fsdp_checkpoint.parse_args(["--out", path, "--size-preset", size])).save_pretrained(path)
+    fsdp_checkpoint.build_config(fsdp_checkpoint.parse_args(["--out", path, "--size-preset", size])).save_pretrained(
+        path
+    )
     return path
 
 
@@ -97,33 +103,58 @@ def points(bench: dict, world: int) -> list[Point]:
             if row["size"] not in facts:
                 facts[row["size"]] = meta_model.model_facts(preset_config(row["size"], root))
             f = facts[row["size"]]
-            e = cost.estimate(f.params, world, strategy_for(row["mode"], row.get("staged")), extra, f.hf_bytes, None,
-                              fsdp=2, hf_dtype=f.hf_dtype, device="cpu")
+            e = cost.estimate(
+                f.params,
+                world,
+                strategy_for(row["mode"], row.get("staged")),
+                extra,
+                f.hf_bytes,
+                None,
+                fsdp=2,
+                hf_dtype=f.hf_dtype,
+                device="cpu",
+            )
             peaks = row["peak_extra_per_rank"]
-            out.append(Point(row["size"], row["mode"], row["params"], e.total_write_bytes + e.hf_export_bytes,
-                             row["bytes_on_disk"], e.host_peak_bytes, peaks[0], peaks[1:],
-                             "pool not used: the host lacked the memory" if row["mode"] == "async" and
-                             row.get("staged") is False else ""))
+            out.append(
+                Point(
+                    row["size"],
+                    row["mode"],
+                    row["params"],
+                    e.total_write_bytes + e.hf_export_bytes,
+                    row["bytes_on_disk"],
+                    e.host_peak_bytes,
+                    peaks[0],
+                    peaks[1:],
+                    "pool not used: the host lacked the memory"
+                    if row["mode"] == "async" and row.get("staged") is False
+                    else "",
+                )
+            )
     return out
 
 
 def table(found: list[Point], meta: dict) -> str:
-    lines = [f"{BEGIN}",
-             f"`slimckpt plan --device cpu --fsdp 2 --world-size 2` for each save `make bench` measured "
-             f"(docs/bench_save.json, commit {meta.get('commit', '?')}, {meta.get('date', '?')}; "
-             f"`python -m scripts.bench.plan_check --out docs/plan_check.md`). Bytes agree within "
-             f"{BYTES_TOLERANCE:.1%} (the plan leaves out pickle framing, headers, configs, manifests); host "
-             f"memory is rank 0's extra peak RssAnon, agreeing within {MEMORY_TOLERANCE:.0%} or "
-             f"{MEMORY_SLACK // MiB} MiB, whichever is larger.",
-             "",
-             "| model | save | bytes planned | bytes measured | rank 0 host planned | rank 0 measured | other rank | agrees |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{BEGIN}",
+        f"`slimckpt plan --device cpu --fsdp 2 --world-size 2` for each save `make bench` measured "
+        f"(docs/bench_save.json, commit {meta.get('commit', '?')}, {meta.get('date', '?')}; "
+        f"`python -m scripts.bench.plan_check --out docs/plan_check.md`). Bytes agree within "
+        f"{BYTES_TOLERANCE:.1%} (the plan leaves out pickle framing, headers, configs, manifests); host "
+        f"memory is rank 0's extra peak RssAnon, agreeing within {MEMORY_TOLERANCE:.0%} or "
+        f"{MEMORY_SLACK // MiB} MiB, whichever is larger.",
+        "",
+        "| model | save | bytes planned | bytes measured | rank 0 host planned | rank 0 measured | other rank | agrees |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for p in found:
         ok = "yes" if p.bytes_ok and p.host_ok else "**no**"
-        lines.append(f"| {p.params / 1e9:.2f}B | {MODE_LABEL.get(p.mode, p.mode)} | {p.planned_bytes / 1e9:.3f} GB | "
-                     f"{p.measured_bytes / 1e9:.3f} GB | {p.planned_host / MiB:,.0f} MiB | {p.measured_host / MiB:,.0f} MiB"
-                     f" | {', '.join(f'{x / MiB:,.0f}' for x in p.measured_others)} MiB | {ok}"
-                     + (f" ({p.note})" if p.note else "") + " |")
+        lines.append(
+            f"| {p.params / 1e9:.2f}B | {MODE_LABEL.get(p.mode, p.mode)} | {p.planned_bytes / 1e9:.3f} GB | "
+            f"{p.measured_bytes / 1e9:.3f} GB | {p.planned_host / MiB:,.0f} MiB | {p.measured_host / MiB:,.0f} MiB"
+            f" | {', '.join(f'{x / MiB:,.0f}' for x in p.measured_others)} MiB | {ok}"
+            + (f" ({p.note})" if p.note else "")
+            + " |"
+        )
     lines.append(END)
     return "\n".join(lines) + "\n"
 

@@ -59,14 +59,20 @@ from scripts.provenance import source_commit
 REPO = Path(__file__).resolve().parents[2]
 SIZES = ("0.25b", "0.5b", "1b")
 MODES = ("verl", "incremental", "async", "stream")
-MODE_LABEL = {"verl": "verl 0.9.1 (hf_model)", "incremental": "incremental (sync)", "async": "incremental (async)",
-              "stream": "incremental (async stream)"}
+MODE_LABEL = {
+    "verl": "verl 0.9.1 (hf_model)",
+    "incremental": "incremental (sync)",
+    "async": "incremental (async)",
+    "stream": "incremental (async stream)",
+}
 BEGIN, END = "<!-- save-bench:begin -->", "<!-- save-bench:end -->"
 
 
 def markers(tag: str = "") -> tuple[str, str]:
     """The report's section markers; a --tag run gets a section of its own beside the full one."""
     return (BEGIN, END) if not tag else (f"<!-- save-bench-{tag}:begin -->", f"<!-- save-bench-{tag}:end -->")
+
+
 SAMPLE_INTERVAL_S = 0.005
 
 
@@ -101,8 +107,13 @@ class WindowSampler:
     """The worker's handle on its sampler process."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "scripts.bench.save", "--sample-pid", str(os.getpid())],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "scripts.bench.save", "--sample-pid", str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
 
     def _ask(self, command: str) -> int:
         self.proc.stdin.write(command + "\n")
@@ -136,8 +147,9 @@ def build_model(preset: str, world: int, fsdp: int = 2):
     from slimckpt.testing.fsdp_checkpoint import PRESETS, build_config, wrap_fsdp2
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
-    cfg = argparse.Namespace(model="llama", layers=layers, hidden=hidden, intermediate=inter, vocab=vocab,
-                             heads=heads, kv_heads=kv)
+    cfg = argparse.Namespace(
+        model="llama", layers=layers, hidden=hidden, intermediate=inter, vocab=vocab, heads=heads, kv_heads=kv
+    )
     with torch.device("meta"):  # each rank materialises only its own shard
         model = AutoModelForCausalLM.from_config(build_config(cfg), dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
@@ -177,9 +189,15 @@ def wrap_fsdp1_from_meta(model, mesh):
     from slimckpt.testing.fsdp_checkpoint import decoder_layer_classes
 
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
-    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
-                device_id=torch.device("cpu"), device_mesh=mesh,
-                param_init_fn=lambda m: m.to_empty(device=torch.device("cpu"), recurse=False))
+    return FSDP(
+        model,
+        auto_wrap_policy=policy,
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        use_orig_params=True,
+        device_id=torch.device("cpu"),
+        device_mesh=mesh,
+        param_init_fn=lambda m: m.to_empty(device=torch.device("cpu"), recurse=False),
+    )
 
 
 def fsdp1_need(preset: str) -> int:
@@ -188,8 +206,11 @@ def fsdp1_need(preset: str) -> int:
     from slimckpt.testing.fsdp_checkpoint import PRESETS
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
-    params = 2 * vocab * hidden + hidden + layers * (2 * hidden * hidden + 2 * hidden * hidden * kv // heads
-                                                     + 3 * hidden * inter + 2 * hidden)
+    params = (
+        2 * vocab * hidden
+        + hidden
+        + layers * (2 * hidden * hidden + 2 * hidden * hidden * kv // heads + 3 * hidden * inter + 2 * hidden)
+    )
     return 2 * 12 * params + 2 * 2**30
 
 
@@ -266,8 +287,9 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0 and args.mode in ("async", "stream"):
         print(f"[bench-save] async staging budget {budget[0]:.1f} GiB per rank (free memory now)", flush=True)
     config, export_hf = checkpoint_config(args.mode, budget[0], args.fsdp)
-    manager = FSDPCheckpointManager(model, optimizer, scheduler, processing_class=build_tokenizer(vocab),
-                                    checkpoint_config=config)
+    manager = FSDPCheckpointManager(
+        model, optimizer, scheduler, processing_class=build_tokenizer(vocab), checkpoint_config=config
+    )
     from slimckpt.save.resume_state import finish_pending
 
     saves = []
@@ -301,13 +323,28 @@ def worker(args: argparse.Namespace) -> None:
         dist.barrier()
     sampler.close()
     # the bound on a streaming save's extra host memory: write_threads x (bucket + largest shard) + 64 MiB
-    largest = max(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else t.numel() * t.element_size()
-                  for t in [*model.parameters(), *(v for st in optimizer.state.values() for v in st.values()
-                                                   if hasattr(v, "numel"))])
-    bound = None if args.mode == "verl" else \
-        int(config.write_threads) * (int(config.bucket_mb) * 2**20 + largest) + 64 * 2**20
-    row = {"rank": rank, "world": world, "fsdp": args.fsdp, "params": n_params, "export_hf": export_hf, "first_level": first_level,
-           "saves": saves, "stream_bound": bound}
+    largest = max(
+        t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else t.numel() * t.element_size()
+        for t in [
+            *model.parameters(),
+            *(v for st in optimizer.state.values() for v in st.values() if hasattr(v, "numel")),
+        ]
+    )
+    bound = (
+        None
+        if args.mode == "verl"
+        else int(config.write_threads) * (int(config.bucket_mb) * 2**20 + largest) + 64 * 2**20
+    )
+    row = {
+        "rank": rank,
+        "world": world,
+        "fsdp": args.fsdp,
+        "params": n_params,
+        "export_hf": export_hf,
+        "first_level": first_level,
+        "saves": saves,
+        "stream_bound": bound,
+    }
     rows = [None] * world
     dist.all_gather_object(rows, row)
     if rank == 0:
@@ -322,23 +359,49 @@ def worker(args: argparse.Namespace) -> None:
 def run_one(size: str, mode: str, args: argparse.Namespace, work: Path) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"save-{size}-{mode}-", dir=work))
     log_path = work / f"save-{size}-{mode}.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-           "-m", "scripts.bench.save", "--worker", "--mode", mode, "--preset", size, "--repeats", str(args.repeats), "--out", str(out),
-           "--fsdp", str(args.fsdp)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "patches"), os.environ.get("PYTHONPATH")]))}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(args.nproc),
+        "-m",
+        "scripts.bench.save",
+        "--worker",
+        "--mode",
+        mode,
+        "--preset",
+        size,
+        "--repeats",
+        str(args.repeats),
+        "--out",
+        str(out),
+        "--fsdp",
+        str(args.fsdp),
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SLIMCKPT_LOG_LEVEL": "WARNING",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "patches"), os.environ.get("PYTHONPATH")])),
+    }
     if mode == "verl":
         env["SLIMCKPT_DISABLE"] = "1"
     try:
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO
+            )
             try:
                 code = proc.wait(timeout=args.timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks: their own session
                 proc.wait()
-                raise SystemExit(f"[bench-save] {size} {mode}: no result after {args.timeout} s; killed. "
-                                 f"Log: {log_path}; raise --timeout or use fewer --repeats")
+                raise SystemExit(
+                    f"[bench-save] {size} {mode}: no result after {args.timeout} s; killed. "
+                    f"Log: {log_path}; raise --timeout or use fewer --repeats"
+                ) from None
         if code != 0:
             tail = log_path.read_text()[-3000:]
             raise SystemExit(f"[bench-save] {size} {mode} failed (exit {code}); log {log_path}:\n{tail}")
@@ -352,13 +415,19 @@ def summarise(size: str, mode: str, ranks: list[dict]) -> dict:
     saves0 = ranks[0]["saves"]
     extra = [max(s["peak"] for s in r["saves"]) - r["first_level"] for r in ranks]
     return {
-        "size": size, "mode": mode, "fsdp": ranks[0].get("fsdp", 2), "params": ranks[0]["params"], "export_hf": ranks[0]["export_hf"],
-        "peak_extra_per_rank": extra, "peak_extra": max(extra),
+        "size": size,
+        "mode": mode,
+        "fsdp": ranks[0].get("fsdp", 2),
+        "params": ranks[0]["params"],
+        "export_hf": ranks[0]["export_hf"],
+        "peak_extra_per_rank": extra,
+        "peak_extra": max(extra),
         "wall_s": statistics.median(max(r["saves"][i]["wall_s"] for r in ranks) for i in range(len(saves0))),
         "blocking_s": statistics.median(max(r["saves"][i]["blocking_s"] for r in ranks) for i in range(len(saves0))),
         "walls": [max(r["saves"][i]["wall_s"] for r in ranks) for i in range(len(saves0))],
         "blockings": [max(r["saves"][i]["blocking_s"] for r in ranks) for i in range(len(saves0))],
-        "hf_safetensors": saves0[0].get("hf_safetensors", 0), "bytes_on_disk": saves0[0].get("bytes_on_disk", 0),
+        "hf_safetensors": saves0[0].get("hf_safetensors", 0),
+        "bytes_on_disk": saves0[0].get("bytes_on_disk", 0),
         "timings_s": [s.get("timings_s") for s in saves0],
         # async only: False when the pool was over the budget and the save streamed synchronously
         "staged": all("stage" in (s.get("timings_s") or {}) for s in saves0) if mode == "async" else None,
@@ -378,20 +447,23 @@ def label(r: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | params | save | peak extra RssAnon (max over ranks) | per rank | wall (median) "
-             "| blocking (median) | RSS vs verl | wall vs verl | HF safetensors |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | params | save | peak extra RssAnon (max over ranks) | per rank | wall (median) "
+        "| blocking (median) | RSS vs verl | wall vs verl | HF safetensors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for size in dict.fromkeys(r["size"] for r in rows):
         base = find(rows, size, "verl")
         for r in (x for x in rows if x["size"] == size):
             per_rank = " / ".join(f"{v / 2**20:,.0f}" for v in r["peak_extra_per_rank"])
-            vs = "-" if r is base or base is None else \
-                f"{base['peak_extra'] / max(r['peak_extra'], 1):.1f}x lower"
+            vs = "-" if r is base or base is None else f"{base['peak_extra'] / max(r['peak_extra'], 1):.1f}x lower"
             speed = "-" if r is base or base is None else f"{base['wall_s'] / r['wall_s']:.2f}x"
-            lines.append(f"| {size} | {r['params'] / 1e9:.2f}B | {label(r)} "
-                         f"| {r['peak_extra'] / 2**20:,.0f} MiB "
-                         f"| {per_rank} MiB | {r['wall_s']:.1f} s | {r['blocking_s']:.2f} s | {vs} | {speed} "
-                         f"| {r['hf_safetensors'] or 'none'} |")
+            lines.append(
+                f"| {size} | {r['params'] / 1e9:.2f}B | {label(r)} "
+                f"| {r['peak_extra'] / 2**20:,.0f} MiB "
+                f"| {per_rank} MiB | {r['wall_s']:.1f} s | {r['blocking_s']:.2f} s | {vs} | {speed} "
+                f"| {r['hf_safetensors'] or 'none'} |"
+            )
     return "\n".join(lines)
 
 
@@ -404,22 +476,39 @@ def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
     if verl and sync:
         exported = bool(sync["export_hf"]) and sync["hf_safetensors"] > 0
         ratio = verl["peak_extra"] / max(sync["peak_extra"], 1)
-        checks.append((f"per-rank extra peak RssAnon of a save with the HF export >= 10x lower than verl's hf_model "
-                       f"save ({big})", exported and ratio >= 10,
-                       f"{ratio:.1f}x" + ("" if exported else
-                                          " (this save had no HF export: export_hf not available)")))
-        checks.append((f"save wall no worse than verl's ({big}, sync)", sync["wall_s"] <= verl["wall_s"],
-                       f"{sync['wall_s']:.1f} s vs {verl['wall_s']:.1f} s"))
+        checks.append(
+            (
+                f"per-rank extra peak RssAnon of a save with the HF export >= 10x lower than verl's hf_model "
+                f"save ({big})",
+                exported and ratio >= 10,
+                f"{ratio:.1f}x" + ("" if exported else " (this save had no HF export: export_hf not available)"),
+            )
+        )
+        checks.append(
+            (
+                f"save wall no worse than verl's ({big}, sync)",
+                sync["wall_s"] <= verl["wall_s"],
+                f"{sync['wall_s']:.1f} s vs {verl['wall_s']:.1f} s",
+            )
+        )
     ours = [r for r in (find(rows, s, "incremental") for s in sizes) if r]
     theirs = [r for r in (find(rows, s, "verl") for s in sizes) if r]
     if len(ours) >= 2:
         lo, hi = ours[0]["peak_extra"], ours[-1]["peak_extra"]
         flat = hi <= 1.5 * lo or hi - lo <= 64 * 2**20
-        grew = "" if len(theirs) < 2 else \
-            f"; verl's grows {theirs[-1]['peak_extra'] / max(theirs[0]['peak_extra'], 1):.1f}x"
-        checks.append((f"our peak roughly flat from {ours[0]['size']} to {ours[-1]['size']} (at most 1.5x or +64 MiB "
-                       f"while the model grows {ours[-1]['params'] / ours[0]['params']:.1f}x)", flat,
-                       f"{lo / 2**20:,.0f} -> {hi / 2**20:,.0f} MiB{grew}"))
+        grew = (
+            ""
+            if len(theirs) < 2
+            else f"; verl's grows {theirs[-1]['peak_extra'] / max(theirs[0]['peak_extra'], 1):.1f}x"
+        )
+        checks.append(
+            (
+                f"our peak roughly flat from {ours[0]['size']} to {ours[-1]['size']} (at most 1.5x or +64 MiB "
+                f"while the model grows {ours[-1]['params'] / ours[0]['params']:.1f}x)",
+                flat,
+                f"{lo / 2**20:,.0f} -> {hi / 2**20:,.0f} MiB{grew}",
+            )
+        )
     if asyn and asyn.get("staged") is False:
         # the pool (the rank's whole model + optimizer shard) did not fit this machine's free memory
         # at the largest size: judge the largest size where it did, and say so
@@ -429,25 +518,42 @@ def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
             sync, asyn = find(rows, big, "incremental"), find(rows, big, "async")
     if sync and asyn:
         share = asyn["blocking_s"] / sync["wall_s"]
-        how = "" if asyn.get("staged", True) else \
-            " (the staging pool did not fit this machine's free memory: the async save streamed synchronously)"
+        how = (
+            ""
+            if asyn.get("staged", True)
+            else " (the staging pool did not fit this machine's free memory: the async save streamed synchronously)"
+        )
         if big != sizes[-1]:
             how += f" ({sizes[-1]}: the staging pool did not fit this machine's free memory)"
-        checks.append((f"async blocking <= 10% of the synchronous save ({big}, median of the saves)",
-                       share <= 0.10 and asyn.get("staged", True),
-                       f"{asyn['blocking_s']:.2f} s = {math.ceil(round(1000 * share, 6)) / 10:.1f}% of {sync['wall_s']:.2f} s; first save "
-                       f"(allocates the pool) {asyn.get('first_blocking_s', asyn['blockings'][0]):.2f} s{how}"))
+        checks.append(
+            (
+                f"async blocking <= 10% of the synchronous save ({big}, median of the saves)",
+                share <= 0.10 and asyn.get("staged", True),
+                f"{asyn['blocking_s']:.2f} s = {math.ceil(round(1000 * share, 6)) / 10:.1f}% of {sync['wall_s']:.2f} s; first save "
+                f"(allocates the pool) {asyn.get('first_blocking_s', asyn['blockings'][0]):.2f} s{how}",
+            )
+        )
     sync_big = find(rows, sizes[-1], "incremental")
     if stream and stream.get("stream_bound"):
-        checks.append((f"stream: extra peak RssAnon within the sync bound, write_threads x (bucket_mb + largest shard) "
-                       f"+ 64 MiB ({sizes[-1]})", stream["peak_extra"] <= stream["stream_bound"],
-                       f"{stream['peak_extra'] / 2**20:,.0f} MiB vs {stream['stream_bound'] / 2**20:,.0f} MiB"))
+        checks.append(
+            (
+                f"stream: extra peak RssAnon within the sync bound, write_threads x (bucket_mb + largest shard) "
+                f"+ 64 MiB ({sizes[-1]})",
+                stream["peak_extra"] <= stream["stream_bound"],
+                f"{stream['peak_extra'] / 2**20:,.0f} MiB vs {stream['stream_bound'] / 2**20:,.0f} MiB",
+            )
+        )
     if stream and sync_big:
         share = stream["blocking_s"] / sync_big["wall_s"]
-        checks.append((f"stream: blocking <= 2% of the synchronous save ({sizes[-1]}; nothing changes the shards "
-                       f"before the write ends here: the rollout window is longer than the write)", share <= 0.02,
-                       f"{stream['blocking_s']:.2f} s = {math.ceil(round(1000 * share, 6)) / 10:.1f}% of "
-                       f"{sync_big['wall_s']:.2f} s"))
+        checks.append(
+            (
+                f"stream: blocking <= 2% of the synchronous save ({sizes[-1]}; nothing changes the shards "
+                f"before the write ends here: the rollout window is longer than the write)",
+                share <= 0.02,
+                f"{stream['blocking_s']:.2f} s = {math.ceil(round(1000 * share, 6)) / 10:.1f}% of "
+                f"{sync_big['wall_s']:.2f} s",
+            )
+        )
     return checks
 
 
@@ -469,37 +575,57 @@ def render_section(result: dict) -> str:
     target_lines = ["| target | met | measured |", "|---|---|---|"]
     target_lines += [f"| {name} | {'✓' if ok else '✗'} | {value} |" for name, ok, value in checks]
     no_export = [r for r in rows if r["mode"] != "verl" and not r["export_hf"]]
-    note = ("\n**These incremental saves ran without the HF export** (this tree's SlimCheckpointConfig refused "
+    note = (
+        (
+            "\n**These incremental saves ran without the HF export** (this tree's SlimCheckpointConfig refused "
             "export_hf with incremental_save), so they are not yet the save the targets ask for.\n"
-            ) if no_export else ""
+        )
+        if no_export
+        else ""
+    )
     begin, end = markers(meta.get("tag", ""))
     title = f" ({meta['tag']})" if meta.get("tag") else ""
     fsdp = meta.get("fsdp", 2)
-    verl_saves = ("`save_contents: [model, optimizer, extra, hf_model]`" if fsdp == 2 else
-                  "`save_contents: [model, optimizer, extra]` (no `hf_model`: FSDP1's full state dict with "
-                  "offload_to_cpu crashes torch on CPU/gloo)")
-    cpu_note = ("On CPU verl's sharded save does not copy the shards (they already are host tensors); on GPU it "
-                "copies the rank's whole model and optimizer shard to\nhost RAM first, so verl's numbers here are its "
-                "lower bound." if fsdp == 2 else
-                "verl's FSDP1 save clones each chunk of its sharded state dicts (on a GPU it moves them to host RAM), "
-                "the same on CPU.")
+    verl_saves = (
+        "`save_contents: [model, optimizer, extra, hf_model]`"
+        if fsdp == 2
+        else "`save_contents: [model, optimizer, extra]` (no `hf_model`: FSDP1's full state dict with "
+        "offload_to_cpu crashes torch on CPU/gloo)"
+    )
+    cpu_note = (
+        "On CPU verl's sharded save does not copy the shards (they already are host tensors); on GPU it "
+        "copies the rank's whole model and optimizer shard to\nhost RAM first, so verl's numbers here are its "
+        "lower bound."
+        if fsdp == 2
+        else "verl's FSDP1 save clones each chunk of its sharded state dicts (on a GPU it moves them to host RAM), "
+        "the same on CPU."
+    )
     if fsdp == 1:
-        target_lines = ["FSDP1's sharded state dict is a copy of the rank's shards (slimckpt.testing.gpu_check_fsdp): on "
-                        "this CPU it lands in host memory, which is what the incremental rows' peak shows; on a GPU "
-                        "it lands on the device instead (`slimckpt plan`'s \"device added\"). The FSDP2 rows of the "
-                        "same sizes are in the `save-bench` section (FSDP2). Wall per save (spread):"]
-        target_lines += [f"- {r['size']} {label(r)}: " + ", ".join(f"{w:.1f} s" for w in r["walls"])
-                         + (" (state dict " + ", ".join(f"{t['state_dict']:.1f} s" for t in r["timings_s"]
-                                                       if t and "state_dict" in t) + ")"
-                            if any(t and "state_dict" in t for t in r["timings_s"]) else "")
-                         for r in rows]
+        target_lines = [
+            "FSDP1's sharded state dict is a copy of the rank's shards (slimckpt.testing.gpu_check_fsdp): on "
+            "this CPU it lands in host memory, which is what the incremental rows' peak shows; on a GPU "
+            'it lands on the device instead (`slimckpt plan`\'s "device added"). The FSDP2 rows of the '
+            "same sizes are in the `save-bench` section (FSDP2). Wall per save (spread):"
+        ]
+        target_lines += [
+            f"- {r['size']} {label(r)}: "
+            + ", ".join(f"{w:.1f} s" for w in r["walls"])
+            + (
+                " (state dict "
+                + ", ".join(f"{t['state_dict']:.1f} s" for t in r["timings_s"] if t and "state_dict" in t)
+                + ")"
+                if any(t and "state_dict" in t for t in r["timings_s"])
+                else ""
+            )
+            for r in rows
+        ]
     return f"""{begin}
-## Save inside verl{title}: FSDP{meta.get('fsdp', 2)}, world size 2, verl 0.9.1's FSDPCheckpointManager
+## Save inside verl{title}: FSDP{meta.get("fsdp", 2)}, world size 2, verl 0.9.1's FSDPCheckpointManager
 
-Produced by `{meta['command']}` on {meta['date']}{f" at commit {meta['commit']}" if meta.get('commit') else ""}, in {meta['seconds'] / 60:.1f} minutes.
-Machine: {meta['machine']}.
+Produced by `{meta["command"]}` on {meta["date"]}{f" at commit {meta['commit']}" if meta.get("commit") else ""}, in {meta["seconds"] / 60:.1f} minutes.
+Machine: {meta["machine"]}.
 Each row is one fresh `torchrun` (2 ranks, gloo, CPU) that saves the same random model + AdamW state
-{meta['repeats']} time(s). verl: {verl_saves}, verl's own code
+{meta["repeats"]} time(s). verl: {verl_saves}, verl's own code
 (`SLIMCKPT_DISABLE=1`). incremental: `+recipe=incremental` with `export_hf: true` (DCP resume state + the
 gather-free HF export, committed by the manifest; the actor checkpoint block of `recipes/incremental.yaml`
 as it is); async: the same with `async_save: true` and a staging budget of the machine's free memory.
@@ -517,8 +643,8 @@ returns (the page cache is synced before every save, outside the timed window).
 {chr(10).join(target_lines)}
 
 Async blocking time, by phase (rank 0, last save, seconds):
-{breakdown(rows) or '- (no async rows)'}
-{meta.get('note', '')}
+{breakdown(rows) or "- (no async rows)"}
+{meta.get("note", "")}
 {end}
 """
 
@@ -542,9 +668,11 @@ def write_section(section: str, path: Path) -> None:
 def machine_line() -> str:
     import torch
 
-    return (f"{platform.machine()}, {os.cpu_count()} cores, "
-            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
-            f"torch {torch.__version__}")
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
+        f"torch {torch.__version__}"
+    )
 
 
 def driver(args: argparse.Namespace) -> int:
@@ -562,13 +690,16 @@ def driver(args: argparse.Namespace) -> int:
     rows = []
     skipped = [s for s in sizes if args.fsdp == 1 and not fsdp1_fits(s)]
     for size in skipped:
-        print(f"[bench-save] {size} FSDP1: not run: its shards plus FSDP1's copy of them need about "
-              f"{fsdp1_need(size) / 2**30:.1f} GiB, this machine has {mem_available() / 2**30:.1f} GiB available",
-              flush=True)
+        print(
+            f"[bench-save] {size} FSDP1: not run: its shards plus FSDP1's copy of them need about "
+            f"{fsdp1_need(size) / 2**30:.1f} GiB, this machine has {mem_available() / 2**30:.1f} GiB available",
+            flush=True,
+        )
     sizes = [s for s in sizes if s not in skipped]
     if args.fsdp == 1 and skipped:
-        args.note = (args.note + " " if args.note else "") + \
-            f"Not run (over this machine's available memory with FSDP1's copy): {', '.join(skipped)}."
+        args.note = (
+            args.note + " " if args.note else ""
+        ) + f"Not run (over this machine's available memory with FSDP1's copy): {', '.join(skipped)}."
     if not sizes:
         print("[bench-save] nothing to run: every size was skipped; the report is left as it is", flush=True)
         return 0
@@ -578,18 +709,34 @@ def driver(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{size} {mode}")
             row = run_one(size, mode, args, work)
             rows.append(row)
-            tqdm.write(f"[bench-save] {size} {mode}: peak extra {row['peak_extra'] / 2**20:,.0f} MiB "
-                       f"(ranks {[round(v / 2**20) for v in row['peak_extra_per_rank']]}), wall {row['wall_s']:.1f} s, "
-                       f"blocking {row['blocking_s']:.2f} s, HF safetensors {row['hf_safetensors']}, "
-                       f"timings {row['timings_s'][-1]}")
-    command = "python -m scripts.bench.save" + (f" --sizes {args.sizes}" if args.sizes != ",".join(SIZES) else "") \
+            tqdm.write(
+                f"[bench-save] {size} {mode}: peak extra {row['peak_extra'] / 2**20:,.0f} MiB "
+                f"(ranks {[round(v / 2**20) for v in row['peak_extra_per_rank']]}), wall {row['wall_s']:.1f} s, "
+                f"blocking {row['blocking_s']:.2f} s, HF safetensors {row['hf_safetensors']}, "
+                f"timings {row['timings_s'][-1]}"
+            )
+    command = (
+        "python -m scripts.bench.save"
+        + (f" --sizes {args.sizes}" if args.sizes != ",".join(SIZES) else "")
         + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
+    )
     command += f" --modes {args.modes}" if args.modes != ",".join(MODES) else ""
     command += f" --tag {args.tag}" if args.tag else ""
     command += f" --fsdp {args.fsdp}" if args.fsdp != 2 else ""
-    result = {"rows": rows, "meta": {"command": command, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats,
-                                     "seconds": time.time() - started, "machine": machine_line(), "tag": args.tag,
-                                     "commit": commit, "note": args.note, "fsdp": args.fsdp}}
+    result = {
+        "rows": rows,
+        "meta": {
+            "command": command,
+            "date": time.strftime("%Y-%m-%d"),
+            "repeats": args.repeats,
+            "seconds": time.time() - started,
+            "machine": machine_line(),
+            "tag": args.tag,
+            "commit": commit,
+            "note": args.note,
+            "fsdp": args.fsdp,
+        },
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     section = render_section(result)
@@ -605,15 +752,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
     p.add_argument("--repeats", type=int, default=3, help="saves per run; wall and blocking are their medians")
     p.add_argument("--nproc", type=int, default=2, help="ranks (world size)")
-    p.add_argument("--fsdp", type=int, choices=[1, 2], default=2,
-                   help="2: FSDP2 (fully_shard); 1: FSDP1 (FullyShardedDataParallel, verl's strategy=fsdp)")
+    p.add_argument(
+        "--fsdp",
+        type=int,
+        choices=[1, 2],
+        default=2,
+        help="2: FSDP2 (fully_shard); 1: FSDP1 (FullyShardedDataParallel, verl's strategy=fsdp)",
+    )
     p.add_argument("--timeout", type=int, default=900, help="seconds one torchrun may take before it is killed")
     p.add_argument("--work", default=str(REPO / "bench_work"), help="scratch dir for the checkpoints")
-    p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"),
-                   help="report whose save-bench section is (re)written; '' for none")
+    p.add_argument(
+        "--out", default=str(REPO / "BENCHMARKS.md"), help="report whose save-bench section is (re)written; '' for none"
+    )
     p.add_argument("--json", default=None, help="also write the raw results here")
-    p.add_argument("--tag", default="", help="write a section of its own (markers save-bench-TAG), e.g. for a run "
-                                              "of some sizes or modes only, leaving the full section as it is")
+    p.add_argument(
+        "--tag",
+        default="",
+        help="write a section of its own (markers save-bench-TAG), e.g. for a run "
+        "of some sizes or modes only, leaving the full section as it is",
+    )
     p.add_argument("--note", default="", help="a paragraph under the section's targets")
     p.add_argument("--render", default=None, metavar="JSON", help="re-render --out from a --json file (no runs)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

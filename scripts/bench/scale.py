@@ -38,10 +38,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-
 from scripts.bench.merge import floor_ratio, source_commit
 from scripts.bench.save import machine_line, mem_available, write_section
-
 from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed  # noqa: E402
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured  # noqa: E402
 from slimckpt.observe.memory import rss_anon_bytes  # noqa: E402
@@ -62,12 +60,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3, help="merges per slimckpt tool")
     p.add_argument("--workers", type=int, default=2, help="torchrun ranks of the distributed merge")
-    p.add_argument("--verl-cap-gib", type=float, default=18.0,
-                   help="anonymous RSS at which verl's merger is killed (lowered, and the report says so, when "
-                        "the host has less available)")
+    p.add_argument(
+        "--verl-cap-gib",
+        type=float,
+        default=18.0,
+        help="anonymous RSS at which verl's merger is killed (lowered, and the report says so, when "
+        "the host has less available)",
+    )
     p.add_argument("--ref-preset", default="0.5b", help="the smaller checkpoint verl's merger runs on without a cap")
-    p.add_argument("--build-jobs", type=int, default=1,
-                   help="ranks the builder writes at once (each holds its rank's shards: 4 GB at 8B, world size 8)")
+    p.add_argument(
+        "--build-jobs",
+        type=int,
+        default=1,
+        help="ranks the builder writes at once (each holds its rank's shards: 4 GB at 8B, world size 8)",
+    )
     p.add_argument("--min-free-gib", type=float, default=50.0, help="free disk the run needs under --work")
     p.add_argument("--work", default=str(REPO / "bench_work" / "scale"))
     p.add_argument("--keep", action="store_true", help="keep the checkpoints under --work")
@@ -75,8 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="report whose scale section to write")
     p.add_argument("--readme", default=str(REPO / "README.md"), help="README whose headline row to write; '' for none")
     p.add_argument("--render", default=None, metavar="JSON", help="re-render from an earlier run's JSON")
-    p.add_argument("--note", default=None,
-                   help="a paragraph under the section's targets, kept in the JSON (with --render: added to it)")
+    p.add_argument(
+        "--note",
+        default=None,
+        help="a paragraph under the section's targets, kept in the JSON (with --render: added to it)",
+    )
     return p.parse_args(argv)
 
 
@@ -85,18 +94,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build(preset: str, world: int, out: Path, jobs: int = 1) -> dict:
     """The checkpoint, written by the fake-process-group builder; measured like the merges."""
-    cmd = [sys.executable, "-m", "slimckpt.testing.fake_pg_checkpoint", "--out", str(out), "--world-size", str(world),
-           "--size-preset", preset, "--save-contents", "model", "--jobs", str(jobs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slimckpt.testing.fake_pg_checkpoint",
+        "--out",
+        str(out),
+        "--world-size",
+        str(world),
+        "--size-preset",
+        preset,
+        "--save-contents",
+        "model",
+        "--jobs",
+        str(jobs),
+    ]
     print(f"[bench-scale] building {preset} at world size {world}: {' '.join(cmd)}", flush=True)
     res = run_measured(cmd, env=ENV)
     if res.returncode != 0:
         raise SystemExit(f"[bench-scale] the builder failed (exit {res.returncode}):\n{res.output[-3000:]}")
     info = json.loads(next(ln for ln in res.output.splitlines() if ln.startswith("{") and '"params"' in ln))
     shards = shard_files(out)
-    info.update(wall_s=res.wall_s, peak_rss_anon=res.max_peak, shard_bytes=sum(p.stat().st_size for p in shards),
-                files=len(shards))
-    print(f"[bench-scale] built {info['params'] / 1e9:.2f}B params, {info['shard_bytes'] / GB:.1f} GB in "
-          f"{len(shards)} rank files, {res.wall_s:.0f} s, builder peak {res.max_peak / GiB:.1f} GiB", flush=True)
+    info.update(
+        wall_s=res.wall_s,
+        peak_rss_anon=res.max_peak,
+        shard_bytes=sum(p.stat().st_size for p in shards),
+        files=len(shards),
+    )
+    print(
+        f"[bench-scale] built {info['params'] / 1e9:.2f}B params, {info['shard_bytes'] / GB:.1f} GB in "
+        f"{len(shards)} rank files, {res.wall_s:.0f} s, builder peak {res.max_peak / GiB:.1f} GiB",
+        flush=True,
+    )
     return info
 
 
@@ -105,12 +134,28 @@ def shard_files(ckpt: Path) -> list[Path]:
 
 
 def merge_command(tool: str, ckpt: Path, target: Path, workers: int) -> list[str]:
-    merge = ["-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt), "--target_dir", str(target), "--overwrite",
-             "--no_progress"]
+    merge = [
+        "-m",
+        "slimckpt.cli",
+        "merge",
+        "--local_dir",
+        str(ckpt),
+        "--target_dir",
+        str(target),
+        "--overwrite",
+        "--no_progress",
+    ]
     if tool == SINGLE:
         return [sys.executable, *merge]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={workers}", *merge,
-            "--distributed_merge"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={workers}",
+        *merge,
+        "--distributed_merge",
+    ]
 
 
 def clean(target: Path) -> None:
@@ -120,20 +165,34 @@ def clean(target: Path) -> None:
 
 def check_output(ckpt: Path, target: Path) -> dict:
     """slimckpt.testing.merge_check in its own process: every output tensor against the shards."""
-    res = run_measured([sys.executable, "-m", "slimckpt.testing.merge_check", "--shards", str(ckpt),
-                        "--merged", str(target)], env=ENV)
+    res = run_measured(
+        [sys.executable, "-m", "slimckpt.testing.merge_check", "--shards", str(ckpt), "--merged", str(target)], env=ENV
+    )
     line = next((ln for ln in res.output.splitlines() if ln.startswith("{")), "{}")
     found = json.loads(line)
     found.update(wall_s=res.wall_s, peak_rss_anon=res.max_peak, returncode=res.returncode)
-    print(f"[bench-scale] checked {target.name}: ok={found.get('ok')} {found.get('tensors')} tensors, "
-          f"{res.wall_s:.0f} s", flush=True)
+    print(
+        f"[bench-scale] checked {target.name}: ok={found.get('ok')} {found.get('tensors')} tensors, {res.wall_s:.0f} s",
+        flush=True,
+    )
     return found
 
 
 def merge_runs(ckpt: Path, work: Path, repeats: int, workers: int) -> dict[str, dict]:
     inputs = [str(p) for p in shard_files(ckpt)]
-    rows: dict[str, dict] = {t: {"tool": t, "walls": [], "peaks": [], "rank_peaks": [], "tree_peaks": [],
-                                 "loads": [], "written_bytes": 0, "check": None} for t in (SINGLE, DISTRIBUTED)}
+    rows: dict[str, dict] = {
+        t: {
+            "tool": t,
+            "walls": [],
+            "peaks": [],
+            "rank_peaks": [],
+            "tree_peaks": [],
+            "loads": [],
+            "written_bytes": 0,
+            "check": None,
+        }
+        for t in (SINGLE, DISTRIBUTED)
+    }
     for i in range(repeats):
         for tool, row in rows.items():
             target = work / "merged"
@@ -154,8 +213,11 @@ def merge_runs(ckpt: Path, work: Path, repeats: int, workers: int) -> dict[str, 
             row["peaks"].append(res.physical_peak if tool == SINGLE else max(ranks.values(), default=0))
             row["rank_peaks"].append(max(ranks.values(), default=0))
             row["tree_peaks"].append(res.physical_peak)
-            print(f"[bench-scale] {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, peak {row['peaks'][-1] / MiB:.0f} MiB"
-                  f" (load {row['loads'][-1]:.1f})", flush=True)
+            print(
+                f"[bench-scale] {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, peak {row['peaks'][-1] / MiB:.0f} MiB"
+                f" (load {row['loads'][-1]:.1f})",
+                flush=True,
+            )
             if i == repeats - 1:
                 row["check"] = check_output(ckpt, target)
             clean(target)
@@ -168,8 +230,9 @@ def run_capped(cmd: list[str], env: dict, cap: int, interval_s: float = 0.02) ->
     import psutil
 
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(4096), b"")), daemon=True)
     reader.start()
@@ -197,15 +260,32 @@ def run_capped(cmd: list[str], env: dict, cap: int, interval_s: float = 0.02) ->
     reader.join(timeout=10)
     output = b"".join(chunks).decode(errors="replace")
     loaded = re.findall(r"Loading (\d+) FSDP shards:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)", output)
-    return {"wall_s": time.perf_counter() - start, "peak_rss_anon": peak, "killed": killed_at is not None,
-            "killed_at_s": killed_at, "returncode": proc.returncode, "read_bytes": read_bytes,
-            "shards_loaded": int(loaded[-1][1]) if loaded else 0, "output_tail": output[-1500:],
-            "timeline": timeline}
+    return {
+        "wall_s": time.perf_counter() - start,
+        "peak_rss_anon": peak,
+        "killed": killed_at is not None,
+        "killed_at_s": killed_at,
+        "returncode": proc.returncode,
+        "read_bytes": read_bytes,
+        "shards_loaded": int(loaded[-1][1]) if loaded else 0,
+        "output_tail": output[-1500:],
+        "timeline": timeline,
+    }
 
 
 def verl_command(ckpt: Path, target: Path) -> list[str]:
-    return [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(ckpt),
-            "--target_dir", str(target)]
+    return [
+        sys.executable,
+        "-m",
+        "verl.model_merger",
+        "merge",
+        "--backend",
+        "fsdp",
+        "--local_dir",
+        str(ckpt),
+        "--target_dir",
+        str(target),
+    ]
 
 
 def verl_reference(preset: str, world: int, work: Path, jobs: int = 1) -> dict:
@@ -219,12 +299,22 @@ def verl_reference(preset: str, world: int, work: Path, jobs: int = 1) -> dict:
     res = run_measured(verl_command(ckpt, target), env={**ENV, "SLIMCKPT_DISABLE": "1"})
     files = list(target.glob("*.safetensors"))
     if not files:
-        raise SystemExit(f"[bench-scale] verl's merger wrote nothing on {ckpt} (exit {res.returncode}):\n"
-                         f"{res.output[-3000:]}")
-    row = {"preset": preset, "params": info["params"], "shard_bytes": info["shard_bytes"], "wall_s": res.wall_s,
-           "peak_rss_anon": res.max_peak, "per_shard_byte": res.max_peak / info["shard_bytes"]}
-    print(f"[bench-scale] verl's merger on {preset}: {res.wall_s:.1f} s, peak {res.max_peak / GiB:.2f} GiB = "
-          f"{row['per_shard_byte']:.2f}x its {info['shard_bytes'] / GB:.1f} GB of shards", flush=True)
+        raise SystemExit(
+            f"[bench-scale] verl's merger wrote nothing on {ckpt} (exit {res.returncode}):\n{res.output[-3000:]}"
+        )
+    row = {
+        "preset": preset,
+        "params": info["params"],
+        "shard_bytes": info["shard_bytes"],
+        "wall_s": res.wall_s,
+        "peak_rss_anon": res.max_peak,
+        "per_shard_byte": res.max_peak / info["shard_bytes"],
+    }
+    print(
+        f"[bench-scale] verl's merger on {preset}: {res.wall_s:.1f} s, peak {res.max_peak / GiB:.2f} GiB = "
+        f"{row['per_shard_byte']:.2f}x its {info['shard_bytes'] / GB:.1f} GB of shards",
+        flush=True,
+    )
     clean(target)
     shutil.rmtree(ckpt.parent, ignore_errors=True)
     return row
@@ -237,8 +327,9 @@ def choose_cap(requested_gib: float) -> tuple[int, str]:
     avail = mem_available()
     room = avail - 2 * GiB
     if room < cap:
-        return room, (f"lowered from {requested_gib:g} GiB: the host had {avail / GiB:.1f} GiB available when the "
-                      f"run started")
+        return room, (
+            f"lowered from {requested_gib:g} GiB: the host had {avail / GiB:.1f} GiB available when the run started"
+        )
     return cap, ""
 
 
@@ -247,19 +338,35 @@ def measure(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(work).free
     if free < args.min_free_gib * GiB:
-        print(f"[bench-scale] {work} has {free / GiB:.0f} GiB free; the {args.preset} run needs {args.min_free_gib:g} "
-              f"GiB (the shards, one merge output, a smaller checkpoint): nothing measured. Free disk there, or "
-              f"pass --work on a larger disk.", flush=True)
+        print(
+            f"[bench-scale] {work} has {free / GiB:.0f} GiB free; the {args.preset} run needs {args.min_free_gib:g} "
+            f"GiB (the shards, one merge output, a smaller checkpoint): nothing measured. Free disk there, or "
+            f"pass --work on a larger disk.",
+            flush=True,
+        )
         return {}
     started = time.time()
     cap, cap_note = choose_cap(args.verl_cap_gib)
-    meta = {"command": "python -m scripts.bench.scale " + " ".join(sys.argv[1:]), **source_commit(),
-            "date": time.strftime("%Y-%m-%d"), "preset": args.preset, "world_size": args.world_size,
-            "repeats": args.repeats, "workers": args.workers, "free_disk_gib": free / GiB,
-            "mem_available_gib": mem_available() / GiB, "verl_cap": cap, "verl_cap_requested_gib": args.verl_cap_gib,
-            "verl_cap_note": cap_note, "load_start": os.getloadavg()[0]}
-    print(f"[bench-scale] {free / GiB:.0f} GiB free disk, {meta['mem_available_gib']:.1f} GiB available memory, "
-          f"verl cap {cap / GiB:.1f} GiB {cap_note}", flush=True)
+    meta = {
+        "command": "python -m scripts.bench.scale " + " ".join(sys.argv[1:]),
+        **source_commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "preset": args.preset,
+        "world_size": args.world_size,
+        "repeats": args.repeats,
+        "workers": args.workers,
+        "free_disk_gib": free / GiB,
+        "mem_available_gib": mem_available() / GiB,
+        "verl_cap": cap,
+        "verl_cap_requested_gib": args.verl_cap_gib,
+        "verl_cap_note": cap_note,
+        "load_start": os.getloadavg()[0],
+    }
+    print(
+        f"[bench-scale] {free / GiB:.0f} GiB free disk, {meta['mem_available_gib']:.1f} GiB available memory, "
+        f"verl cap {cap / GiB:.1f} GiB {cap_note}",
+        flush=True,
+    )
     try:
         reference = verl_reference(args.ref_preset, args.world_size, work, args.build_jobs)
         ckpt = work / f"ckpt_{args.preset}_ws{args.world_size}" / "actor"
@@ -277,8 +384,11 @@ def measure(args: argparse.Namespace) -> dict:
         verl = run_capped(verl_command(ckpt, target), {**ENV, "SLIMCKPT_DISABLE": "1"}, cap)
         verl["wrote_bytes"] = sum(f.stat().st_size for f in target.glob("*.safetensors")) if target.exists() else 0
         clean(target)
-        print(f"[bench-scale] verl: killed={verl['killed']} at {verl['killed_at_s'] or verl['wall_s']:.0f} s, peak "
-              f"{verl['peak_rss_anon'] / GiB:.1f} GiB, {verl['shards_loaded']} shards loaded", flush=True)
+        print(
+            f"[bench-scale] verl: killed={verl['killed']} at {verl['killed_at_s'] or verl['wall_s']:.0f} s, peak "
+            f"{verl['peak_rss_anon'] / GiB:.1f} GiB, {verl['shards_loaded']} shards loaded",
+            flush=True,
+        )
         disks.append(measure_disk_speed(str(work)))
     finally:
         if not args.keep:
@@ -288,8 +398,13 @@ def measure(args: argparse.Namespace) -> dict:
     for row in rows.values():
         row["read_bytes"] = built["shard_bytes"]
         row["io_floor_s"] = io_floor_s(disks, row["read_bytes"], row["written_bytes"])
-    meta.update(floor="O_DIRECT", seconds=time.time() - started, load_end=os.getloadavg()[0], disk=asdict(disk),
-                disk_measurements=[asdict(d) for d in disks])
+    meta.update(
+        floor="O_DIRECT",
+        seconds=time.time() - started,
+        load_end=os.getloadavg()[0],
+        disk=asdict(disk),
+        disk_measurements=[asdict(d) for d in disks],
+    )
     return {**meta, "build": built, "rows": list(rows.values()), "verl": verl, "verl_reference": reference}
 
 
@@ -322,20 +437,31 @@ def verl_words(result: dict) -> str:
     verl, ref, built = result["verl"], result["verl_reference"], result["build"]
     cap = result["verl_cap"]
     if verl["killed"]:
-        got = (f"killed at {verl['killed_at_s']:.0f} s when its anonymous RSS passed {cap / GiB:.1f} GiB, having "
-               f"loaded {verl['shards_loaded']} of {built['files']} rank files completely and read "
-               f"{verl['read_bytes'] / GB:.1f} of their {built['shard_bytes'] / GB:.1f} GB; it wrote "
-               f"{verl['wrote_bytes'] / GB:.1f} GB")
+        got = (
+            f"killed at {verl['killed_at_s']:.0f} s when its anonymous RSS passed {cap / GiB:.1f} GiB, having "
+            f"loaded {verl['shards_loaded']} of {built['files']} rank files completely and read "
+            f"{verl['read_bytes'] / GB:.1f} of their {built['shard_bytes'] / GB:.1f} GB; it wrote "
+            f"{verl['wrote_bytes'] / GB:.1f} GB"
+        )
     else:
-        got = (f"not killed: it finished in {verl['wall_s']:.0f} s at a peak of {verl['peak_rss_anon'] / GiB:.1f} GiB "
-               f"(exit {verl['returncode']})")
-    return (f"verl's merger (`python -m verl.model_merger merge --backend fsdp`, `SLIMCKPT_DISABLE=1`) was {got}. "
-            f"Merged without a cap in the same run, the {ref['preset']} checkpoint at the same world size "
-            f"({ref['shard_bytes'] / GB:.1f} GB of shards) took it {ref['wall_s']:.1f} s at a peak of "
-            f"{ref['peak_rss_anon'] / GiB:.2f} GiB, {ref['per_shard_byte']:.2f}x its shards: at that rate the "
-            f"{result['preset']} merge needs {ref['per_shard_byte'] * built['shard_bytes'] / GiB:.1f} GiB of anonymous "
-            f"memory" + ("." if verl["killed"] else f" (it held {verl['peak_rss_anon'] / GiB:.1f} GiB, "
-                                                    f"{verl['peak_rss_anon'] / built['shard_bytes']:.2f}x its shards)."))
+        got = (
+            f"not killed: it finished in {verl['wall_s']:.0f} s at a peak of {verl['peak_rss_anon'] / GiB:.1f} GiB "
+            f"(exit {verl['returncode']})"
+        )
+    return (
+        f"verl's merger (`python -m verl.model_merger merge --backend fsdp`, `SLIMCKPT_DISABLE=1`) was {got}. "
+        f"Merged without a cap in the same run, the {ref['preset']} checkpoint at the same world size "
+        f"({ref['shard_bytes'] / GB:.1f} GB of shards) took it {ref['wall_s']:.1f} s at a peak of "
+        f"{ref['peak_rss_anon'] / GiB:.2f} GiB, {ref['per_shard_byte']:.2f}x its shards: at that rate the "
+        f"{result['preset']} merge needs {ref['per_shard_byte'] * built['shard_bytes'] / GiB:.1f} GiB of anonymous "
+        f"memory"
+        + (
+            "."
+            if verl["killed"]
+            else f" (it held {verl['peak_rss_anon'] / GiB:.1f} GiB, "
+            f"{verl['peak_rss_anon'] / built['shard_bytes']:.2f}x its shards)."
+        )
+    )
 
 
 def table(result: dict) -> str:
@@ -343,17 +469,46 @@ def table(result: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
         check = r.get("check") or {}
-        checked = (f"{check['tensors']} tensors equal" if check.get("ok") else
-                   f"**{len(check.get('problems') or [])} problems**" if check else "not checked")
-        lines.append("| " + " | ".join([
-            r["tool"] + (f" ({result['workers']} ranks)" if r["tool"] == DISTRIBUTED else ""), str(len(r["walls"])),
-            f"{max(r['peaks']) / MiB:,.0f} MiB", f"{median(r['walls']):.1f} s", _span(r["walls"], ".1f") + " s",
-            f"{r['io_floor_s']:.1f} s", floor_ratio(median(r["walls"]), r["io_floor_s"]), checked]) + " |")
+        checked = (
+            f"{check['tensors']} tensors equal"
+            if check.get("ok")
+            else f"**{len(check.get('problems') or [])} problems**"
+            if check
+            else "not checked"
+        )
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["tool"] + (f" ({result['workers']} ranks)" if r["tool"] == DISTRIBUTED else ""),
+                    str(len(r["walls"])),
+                    f"{max(r['peaks']) / MiB:,.0f} MiB",
+                    f"{median(r['walls']):.1f} s",
+                    _span(r["walls"], ".1f") + " s",
+                    f"{r['io_floor_s']:.1f} s",
+                    floor_ratio(median(r["walls"]), r["io_floor_s"]),
+                    checked,
+                ]
+            )
+            + " |"
+        )
     verl = result["verl"]
-    lines.append("| " + " | ".join([
-        "verl 0.9.1", "1", f"{verl['peak_rss_anon'] / MiB:,.0f} MiB" + (" (killed)" if verl["killed"] else ""),
-        f"killed at {verl['killed_at_s']:.0f} s" if verl["killed"] else f"{verl['wall_s']:.1f} s", "-", "-", "-",
-        f"needs {verl_needs(result) / GiB:.1f} GiB" if verl["killed"] else "finished under the cap"]) + " |")
+    lines.append(
+        "| "
+        + " | ".join(
+            [
+                "verl 0.9.1",
+                "1",
+                f"{verl['peak_rss_anon'] / MiB:,.0f} MiB" + (" (killed)" if verl["killed"] else ""),
+                f"killed at {verl['killed_at_s']:.0f} s" if verl["killed"] else f"{verl['wall_s']:.1f} s",
+                "-",
+                "-",
+                "-",
+                f"needs {verl_needs(result) / GiB:.1f} GiB" if verl["killed"] else "finished under the cap",
+            ]
+        )
+        + " |"
+    )
     return "\n".join(lines)
 
 
@@ -363,11 +518,21 @@ def targets(result: dict) -> str:
         peak, ratio = max(r["peaks"]), median(r["walls"]) / r["io_floor_s"]
         checks.append((f"{r['tool']}: peak RssAnon at most 300 MiB", peak <= 300 * MiB, f"{peak / MiB:.0f} MiB"))
         spread = f"{floor_ratio(min(r['walls']), r['io_floor_s'])}-{floor_ratio(max(r['walls']), r['io_floor_s'])}"
-        checks.append((f"{r['tool']}: wall at most 1.3x the I/O floor", ratio <= 1.3,
-                       f"{floor_ratio(median(r['walls']), r['io_floor_s'])} (runs {spread})"))
+        checks.append(
+            (
+                f"{r['tool']}: wall at most 1.3x the I/O floor",
+                ratio <= 1.3,
+                f"{floor_ratio(median(r['walls']), r['io_floor_s'])} (runs {spread})",
+            )
+        )
         check = r.get("check") or {}
-        checks.append((f"{r['tool']}: output equal to the shards, tensor for tensor", bool(check.get("ok")),
-                       f"{check.get('tensors', 0)} tensors, {check.get('elements', 0) / 1e9:.2f}B elements"))
+        checks.append(
+            (
+                f"{r['tool']}: output equal to the shards, tensor for tensor",
+                bool(check.get("ok")),
+                f"{check.get('tensors', 0)} tensors, {check.get('elements', 0) / 1e9:.2f}B elements",
+            )
+        )
     lines = ["| target | met | measured |", "|---|---|---|"]
     lines += [f"| {name} | {'yes' if ok else '**no**'} | {value} |" for name, ok, value in checks]
     return "\n".join(lines)
@@ -385,30 +550,30 @@ def render_section(result: dict) -> str:
     commit = result.get("commit") or "unknown"
     commit += " with uncommitted changes" if result.get("dirty") else ""
     return f"""{BEGIN}
-## At scale: {_shape_words(result)} (fp32, world size {result['world_size']}), merged on this host
+## At scale: {_shape_words(result)} (fp32, world size {result["world_size"]}), merged on this host
 
-`{result['command']}` (`make bench-scale`), commit {commit}, {result['date']}, in {result['seconds'] / 60:.1f} minutes;
-{result.get('machine', '')}. {result['free_disk_gib']:.0f} GiB of disk free and {result['mem_available_gib']:.1f} GiB of
-memory available as it started; the 1-minute load average was {result['load_start']:.1f} at the start,
-{_span(loads, '.1f')} as the merges started (the host is shared) and {result['load_end']:.1f} at the end.
+`{result["command"]}` (`make bench-scale`), commit {commit}, {result["date"]}, in {result["seconds"] / 60:.1f} minutes;
+{result.get("machine", "")}. {result["free_disk_gib"]:.0f} GiB of disk free and {result["mem_available_gib"]:.1f} GiB of
+memory available as it started; the 1-minute load average was {result["load_start"]:.1f} at the start,
+{_span(loads, ".1f")} as the merges started (the host is shared) and {result["load_end"]:.1f} at the end.
 
-The checkpoint: {built['params'] / 1e9:.2f}B parameters (preset `{result['preset']}` of
-`slimckpt.testing.fsdp_checkpoint`, a Llama with untied embeddings), {built['files']} rank files of {built['shard_bytes'] / GB:.1f} GB, model only, written in
-{built['wall_s']:.0f} s by `slimckpt.testing.fake_pg_checkpoint` (one rank at a time over torch's fake process
+The checkpoint: {built["params"] / 1e9:.2f}B parameters (preset `{result["preset"]}` of
+`slimckpt.testing.fsdp_checkpoint`, a Llama with untied embeddings), {built["files"]} rank files of {built["shard_bytes"] / GB:.1f} GB, model only, written in
+{built["wall_s"]:.0f} s by `slimckpt.testing.fake_pg_checkpoint` (one rank at a time over torch's fake process
 group from a meta model, each rank's shards saved by verl's own `FSDPCheckpointManager`; the builder's peak
-was {built['peak_rss_anon'] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is sampled from outside every
+was {built["peak_rss_anon"] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is sampled from outside every
 10 ms (the merge and its forked writer, shared pages counted once; for the distributed merge the largest
-rank, its launcher left out, and {max(dist['tree_peaks']) / MiB:,.0f} MiB for the whole torchrun tree).
-The I/O floor is {built['shard_bytes'] / GB:.1f} GB read at {read_speed / GB:.2f} GB/s plus the
+rank, its launcher left out, and {max(dist["tree_peaks"]) / MiB:,.0f} MiB for the whole torchrun tree).
+The I/O floor is {built["shard_bytes"] / GB:.1f} GB read at {read_speed / GB:.2f} GB/s plus the
 output written at {write_speed / GB:.2f} GB/s: O_DIRECT, the merge's path to the disk, at its best over the
-run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {'; '.join(d.describe() for d in disks)}). Each output was checked tensor for
+run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {"; ".join(d.describe() for d in disks)}). Each output was checked tensor for
 tensor against the shards, one tensor at a time (`python -m slimckpt.testing.merge_check`, with the last
 run's output).
 
 {table(result)}
 
 {_wrap(verl_words(result))}
-The cap stands for this host's memory: {result['verl_cap'] / GiB:.1f} GiB{cap_words}; the documented default
+The cap stands for this host's memory: {result["verl_cap"] / GiB:.1f} GiB{cap_words}; the documented default
 (`--verl-cap-gib`) is 18 GiB.
 
 {targets(result)}
@@ -447,21 +612,26 @@ def readme_block(result: dict) -> str | None:
     ours = rows[SINGLE]
     verl = result["verl"]
     size = f"{result['build']['params'] / 1e9:.1f}"
-    verl_cell = (f"killed at {verl['peak_rss_anon'] / GiB:.0f} GiB after {verl['killed_at_s']:.0f} s (needs "
-                 f"{verl_needs(result) / GiB:.0f} GiB)" if verl["killed"] else
-                 f"{verl['peak_rss_anon'] / GiB:.1f} GiB, {verl['wall_s']:.0f} s")
-    return "\n".join([
-        README_BEGIN,
-        f"**At scale** (`make bench-scale`, {result['date']}; [BENCHMARKS.md](BENCHMARKS.md#{_anchor(result)})):",
-        "",
-        "| job | verl 0.9.1 | slimckpt |",
-        "|---|---|---|",
-        f"| merge {_article(size)} {size}B checkpoint (fp32, world size {result['world_size']}, "
-        f"{result['build']['shard_bytes'] / GB:.0f} GB) to HF | {verl_cell} | {max(ours['peaks']) / MiB:.0f} MiB, "
-        f"{median(ours['walls']):.0f} s ({floor_ratio(median(ours['walls']), ours['io_floor_s'])} the I/O floor"
-        f"{_load_words(ours)}), every tensor equal to the shards |",
-        README_END,
-    ])
+    verl_cell = (
+        f"killed at {verl['peak_rss_anon'] / GiB:.0f} GiB after {verl['killed_at_s']:.0f} s (needs "
+        f"{verl_needs(result) / GiB:.0f} GiB)"
+        if verl["killed"]
+        else f"{verl['peak_rss_anon'] / GiB:.1f} GiB, {verl['wall_s']:.0f} s"
+    )
+    return "\n".join(
+        [
+            README_BEGIN,
+            f"**At scale** (`make bench-scale`, {result['date']}; [BENCHMARKS.md](BENCHMARKS.md#{_anchor(result)})):",
+            "",
+            "| job | verl 0.9.1 | slimckpt |",
+            "|---|---|---|",
+            f"| merge {_article(size)} {size}B checkpoint (fp32, world size {result['world_size']}, "
+            f"{result['build']['shard_bytes'] / GB:.0f} GB) to HF | {verl_cell} | {max(ours['peaks']) / MiB:.0f} MiB, "
+            f"{median(ours['walls']):.0f} s ({floor_ratio(median(ours['walls']), ours['io_floor_s'])} the I/O floor"
+            f"{_load_words(ours)}), every tensor equal to the shards |",
+            README_END,
+        ]
+    )
 
 
 def _article(number: str) -> str:
@@ -480,8 +650,11 @@ def publish(result: dict, args: argparse.Namespace) -> None:
     write_section(section, Path(args.out))
     block = readme_block(result)
     if args.readme and block is None:
-        print(f"[bench-scale] {result['build']['params'] / 1e9:.2f}B is below README's headline size: README left "
-              f"as it is", flush=True)
+        print(
+            f"[bench-scale] {result['build']['params'] / 1e9:.2f}B is below README's headline size: README left "
+            f"as it is",
+            flush=True,
+        )
     elif args.readme:
         readme = Path(args.readme)
         text = readme.read_text()

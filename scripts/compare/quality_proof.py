@@ -53,25 +53,31 @@ TRAIN = REPO / "scripts" / "train_small.sh"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="quality_proof.py", description=__doc__.split("\n\n")[0],
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="quality_proof.py",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--algo", default="grpo", choices=["grpo", "flowrl", "ppo"], help="default: %(default)s")
     p.add_argument("--steps", type=int, default=20, help="training steps N (default: %(default)s)")
     p.add_argument("--stop-at", type=int, default=10, help="step K after which resume runs stop (default: %(default)s)")
     p.add_argument("--save-freq", type=int, default=5, help="default: %(default)s")
     p.add_argument("--test-freq", type=int, default=5, help="default: %(default)s")
-    p.add_argument("--recipes", default=None,
-                   help="comma-separated recipes (default: every recipes/*.yaml)")
+    p.add_argument("--recipes", default=None, help="comma-separated recipes (default: every recipes/*.yaml)")
     p.add_argument("--no-resume", action="store_true", help="skip the <recipe>_resume runs")
     p.add_argument("--sigkill", default="", help="comma-separated recipes that also get a SIGKILL + resume run")
     p.add_argument("--work", default=str(REPO / "runs" / "compare"), help="run directory (default: %(default)s)")
     p.add_argument("--docs", default=str(REPO / "docs"), help="where the PNG and table go (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="run variants again even if they finished before")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per training run (default: %(default)s)")
-    p.add_argument("--warmup-steps", type=int, default=150,
-                   help="supervised warm-up steps of the tiny model before RL (python -m slimckpt.testing.tiny; "
-                        "default: %(default)s; 0: random weights)")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=150,
+        help="supervised warm-up steps of the tiny model before RL (python -m slimckpt.testing.tiny; "
+        "default: %(default)s; 0: random weights)",
+    )
     p.add_argument("--max-operand", type=int, default=4, help="the task's a+b= use 0..this (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=2, help="variants run side by side (default: %(default)s)")
     return p.parse_args(argv)
@@ -144,8 +150,14 @@ def kill_now(text: str, kill_at_step: int, ckpt_dir: Path | None, wandb_dir: str
 KILL_NOTE = "[quality_proof] SIGKILL sent to the whole process tree after step"
 
 
-def train(log: Path, overrides: list[str], env: dict, timeout: int, kill_at_step: int | None = None,
-          ckpt_dir: Path | None = None) -> None:
+def train(
+    log: Path,
+    overrides: list[str],
+    env: dict,
+    timeout: int,
+    kill_at_step: int | None = None,
+    ckpt_dir: Path | None = None,
+) -> None:
     """One train_small.sh run; raise with the log's tail on failure. With kill_at_step, SIGKILL
     the whole process tree at the first moment kill_now allows (ckpt_dir: the run's checkpoints),
     and return."""
@@ -189,9 +201,23 @@ def build_assets(args: argparse.Namespace, env: dict) -> Path:
     """The warm-started tiny model and its data, built once (reused while their inputs match)."""
     name = f"llama-op{args.max_operand}-warm{args.warmup_steps}"
     out = REPO / "runs" / "tiny_assets" / name
-    subprocess.run([sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(out), "--reuse",
-                    "--warmup-steps", str(args.warmup_steps), "--max-operand", str(args.max_operand)],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slimckpt.testing.tiny",
+            "--out",
+            str(out),
+            "--reuse",
+            "--warmup-steps",
+            str(args.warmup_steps),
+            "--max-operand",
+            str(args.max_operand),
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     return out
 
 
@@ -203,15 +229,23 @@ def plan_variants(args: argparse.Namespace, names: list[str], sigkill: list[str]
         plan.append((r, r, [("train", full, None)]))
         resume = [("train_resumed", [*full, "trainer.resume_mode=auto"], None)]
         if not args.no_resume:
-            plan.append((f"{r}_resume", r, [("train_first", [f"trainer.total_training_steps={args.stop_at}"], None),
-                                             *resume]))
+            plan.append(
+                (f"{r}_resume", r, [("train_first", [f"trainer.total_training_steps={args.stop_at}"], None), *resume])
+            )
         if r in sigkill:
             plan.append((f"{r}_sigkill", r, [("train_killed", full, args.stop_at + 2), *resume]))
     return plan
 
 
-def run_variant(variant: str, recipe: str | None, runs: list, common: list[str], work: Path, base_env: dict,
-                args: argparse.Namespace) -> None:
+def run_variant(
+    variant: str,
+    recipe: str | None,
+    runs: list,
+    common: list[str],
+    work: Path,
+    base_env: dict,
+    args: argparse.Namespace,
+) -> None:
     vdir = work / variant
     done = vdir / "done"
     settings = json.dumps({"common": common, "recipe": recipe, "runs": runs}, sort_keys=True)
@@ -222,11 +256,21 @@ def run_variant(variant: str, recipe: str | None, runs: list, common: list[str],
     vdir.mkdir(parents=True)
     env = {**base_env, "WANDB_DIR": str(vdir)}
     for log_name, extra, kill_step in runs:
-        overrides = [*common, *([f"+recipe={recipe}"] if recipe else []),
-                     f"trainer.default_local_dir={vdir / 'checkpoints'}",
-                     f"trainer.experiment_name={args.algo}_{variant}", *extra]
-        train(vdir / f"{log_name}.log", overrides, env, args.timeout, kill_at_step=kill_step,
-              ckpt_dir=vdir / "checkpoints")
+        overrides = [
+            *common,
+            *([f"+recipe={recipe}"] if recipe else []),
+            f"trainer.default_local_dir={vdir / 'checkpoints'}",
+            f"trainer.experiment_name={args.algo}_{variant}",
+            *extra,
+        ]
+        train(
+            vdir / f"{log_name}.log",
+            overrides,
+            env,
+            args.timeout,
+            kill_at_step=kill_step,
+            ckpt_dir=vdir / "checkpoints",
+        )
     done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n") + settings + "\n")
 
 
@@ -246,14 +290,20 @@ def main(argv=None) -> int:
     work = Path(args.work).resolve() / args.algo  # train_small.sh runs in the variant's dir: no relative paths
     base_env = run_env(args)
     base_env["TINY_ASSETS"] = str(build_assets(args, base_env))
-    common = [f"algo={args.algo}", f"trainer.save_freq={args.save_freq}", f"trainer.test_freq={args.test_freq}",
-              "trainer.val_before_train=true"]
+    common = [
+        f"algo={args.algo}",
+        f"trainer.save_freq={args.save_freq}",
+        f"trainer.test_freq={args.test_freq}",
+        "trainer.val_before_train=true",
+    ]
     plan = plan_variants(args, names, sigkill)
 
     bar = tqdm(total=len(plan), desc=f"quality proof ({args.algo})", unit="variant")
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_variant, variant, recipe, runs, common, work, base_env, args): variant
-                   for variant, recipe, runs in plan}
+        futures = {
+            pool.submit(run_variant, variant, recipe, runs, common, work, base_env, args): variant
+            for variant, recipe, runs in plan
+        }
         for future in as_completed(futures):
             future.result()  # a failed run ends the proof with its log's tail
             bar.set_postfix_str(f"{futures[future]} done")
@@ -268,13 +318,23 @@ def main(argv=None) -> int:
     for r in sigkill:
         killed = (work / f"{r}_sigkill" / "train_killed.log").read_text(errors="replace")
         step = int(killed.rsplit(KILL_NOTE, 1)[1].split()[0])
-        marks.append(f"{step}=SIGKILL of {r}_sigkill's whole process tree after this step, "
-                     "resumed from its last checkpoint")
-    cmd = [sys.executable, "-m", "scripts.compare.runs", *specs, *(f"--mark={m}" for m in marks),
-           "--out", str(docs / f"compare_{args.algo}.png"),
-           "--table", str(docs / f"compare_{args.algo}.md"),
-           "--title", f"{args.algo} on the tiny model (CPU, 2 ranks, warm start: {args.warmup_steps} supervised steps): "
-                      "verl defaults vs slimckpt recipes"]
+        marks.append(
+            f"{step}=SIGKILL of {r}_sigkill's whole process tree after this step, resumed from its last checkpoint"
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "scripts.compare.runs",
+        *specs,
+        *(f"--mark={m}" for m in marks),
+        "--out",
+        str(docs / f"compare_{args.algo}.png"),
+        "--table",
+        str(docs / f"compare_{args.algo}.md"),
+        "--title",
+        f"{args.algo} on the tiny model (CPU, 2 ranks, warm start: {args.warmup_steps} supervised steps): "
+        "verl defaults vs slimckpt recipes",
+    ]
     commit = source_commit()  # before the table is written: the code the runs above ran
     rc = subprocess.call(cmd, cwd=REPO)
     if rc == 0:
@@ -285,8 +345,10 @@ def main(argv=None) -> int:
 def add_provenance(table: Path, argv: list[str] | None, commit: str) -> None:
     """The table compare_runs.py wrote, headed by the command and commit that made it."""
     command = "python -m scripts.compare.quality_proof " + " ".join(sys.argv[1:] if argv is None else argv)
-    head = (f"Written by `{command.strip()}` at commit {commit}, {time.strftime('%Y-%m-%d')}; how to read it: "
-            f"[training_comparison.md](training_comparison.md).\n\n")
+    head = (
+        f"Written by `{command.strip()}` at commit {commit}, {time.strftime('%Y-%m-%d')}; how to read it: "
+        f"[training_comparison.md](training_comparison.md).\n\n"
+    )
     tmp = table.with_name(table.name + ".partial")
     tmp.write_text(head + table.read_text())
     os.replace(tmp, table)

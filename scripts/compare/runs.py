@@ -52,15 +52,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--table", default=None, help="also write the markdown table to this file")
     p.add_argument("--title", default=None, help="figure title")
     p.add_argument("--reward-key", default=REWARD_KEY, help="reward metric (default: %(default)s)")
-    p.add_argument("--val-key", default=None,
-                   help=f"validation metric (default: the first {VAL_PREFIX}*/mean@* key the runs share)")
-    p.add_argument("--memory-key", default=MEMORY_KEY,
-                   help="memory metric logged at each save, for the table (default: %(default)s, GB above the RSS "
-                        "before the save)")
-    p.add_argument("--mark", action="append", default=[], metavar="STEP=TEXT",
-                   help="a vertical line at STEP named TEXT in the legend (a resume or kill point); repeatable")
-    p.add_argument("--smooth", type=int, default=5,
-                   help="the reward panel shows the mean of the last N steps (default: %(default)s; 1: raw)")
+    p.add_argument(
+        "--val-key",
+        default=None,
+        help=f"validation metric (default: the first {VAL_PREFIX}*/mean@* key the runs share)",
+    )
+    p.add_argument(
+        "--memory-key",
+        default=MEMORY_KEY,
+        help="memory metric logged at each save, for the table (default: %(default)s, GB above the RSS "
+        "before the save)",
+    )
+    p.add_argument(
+        "--mark",
+        action="append",
+        default=[],
+        metavar="STEP=TEXT",
+        help="a vertical line at STEP named TEXT in the legend (a resume or kill point); repeatable",
+    )
+    p.add_argument(
+        "--smooth",
+        type=int,
+        default=5,
+        help="the reward panel shows the mean of the last N steps (default: %(default)s; 1: raw)",
+    )
     p.add_argument("--reference", default=None, help="LABEL of the run the others are compared with (default: first)")
     return p.parse_args(argv)
 
@@ -114,12 +129,23 @@ def _last(series: list[tuple[int, float]]) -> float | None:
     return series[-1][1] if series else None
 
 
-def table(histories: list[RunHistory], reward_key: str, val_key: str | None, memory_key: str,
-          reference: RunHistory) -> str:
+def table(
+    histories: list[RunHistory], reward_key: str, val_key: str | None, memory_key: str, reference: RunHistory
+) -> str:
     ref_name = reference.name
-    header = ["run", "steps", f"final `{reward_key}`", f"final `{val_key}`" if val_key else "final validation",
-              "saves", "max save RSS extra (MiB)", "max save peak RSS (GB)", "mean save s",
-              f"reward vs `{ref_name}`", f"validation vs `{ref_name}`", f"all training metrics vs `{ref_name}`"]
+    header = [
+        "run",
+        "steps",
+        f"final `{reward_key}`",
+        f"final `{val_key}`" if val_key else "final validation",
+        "saves",
+        "max save RSS extra (MiB)",
+        "max save peak RSS (GB)",
+        "mean save s",
+        f"reward vs `{ref_name}`",
+        f"validation vs `{ref_name}`",
+        f"all training metrics vs `{ref_name}`",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for h in histories:
         reward = h.series(reward_key)
@@ -160,19 +186,33 @@ def line_style(name: str, colour: int, reference: str, order: int, count: int) -
     each drawn narrower than the one before (order of count), so curves that are identical show
     as nested stripes instead of hiding each other."""
     if name == reference:
-        return {"color": "black", "linestyle": "-", "marker": "o", "linewidth": 11.0, "markersize": 15,
-                "alpha": 0.25, "zorder": 1}
+        return {
+            "color": "black",
+            "linestyle": "-",
+            "marker": "o",
+            "linewidth": 11.0,
+            "markersize": 15,
+            "alpha": 0.25,
+            "zorder": 1,
+        }
     linestyle, marker = VARIANT_STYLES[recipe_and_variant(name)[1]]
     shrink = order / max(count - 1, 1)
-    return {"color": f"C{colour}", "linestyle": linestyle, "marker": marker, "linewidth": 8.0 - 6.8 * shrink,
-            "markersize": 10.0 - 6.0 * shrink, "alpha": 0.9, "zorder": 2 + order}
+    return {
+        "color": f"C{colour}",
+        "linestyle": linestyle,
+        "marker": marker,
+        "linewidth": 8.0 - 6.8 * shrink,
+        "markersize": 10.0 - 6.0 * shrink,
+        "alpha": 0.9,
+        "zorder": 2 + order,
+    }
 
 
 def running_mean(series: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
     """Each step's value averaged with the window-1 logged before it (fewer at the start)."""
     out = []
     for i, (step, _) in enumerate(series):
-        chunk = [v for _, v in series[max(0, i - window + 1): i + 1]]
+        chunk = [v for _, v in series[max(0, i - window + 1) : i + 1]]
         out.append((step, sum(chunk) / len(chunk)))
     return out
 
@@ -185,8 +225,16 @@ def parse_mark(text: str) -> tuple[int, str]:
     return int(step), label
 
 
-def plot(histories: list[RunHistory], reward_key: str, val_key: str | None, out: str, title: str | None,
-         reference: str, smooth: int, marks: list[tuple[int, str]]) -> None:
+def plot(
+    histories: list[RunHistory],
+    reward_key: str,
+    val_key: str | None,
+    out: str,
+    title: str | None,
+    reference: str,
+    smooth: int,
+    marks: list[tuple[int, str]],
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -206,16 +254,20 @@ def plot(histories: list[RunHistory], reward_key: str, val_key: str | None, out:
         style = line_style(h.name, colour_of(h), reference, order, len(others))
         reward = running_mean(h.series(reward_key), smooth)
         if reward:
-            reward_ax.plot([s for s, _ in reward], [v for _, v in reward], label=h.name,
-                           **{**style, "marker": None})
+            reward_ax.plot([s for s, _ in reward], [v for _, v in reward], label=h.name, **{**style, "marker": None})
         val = h.series(val_key) if val_key else []
         if val:
             val_ax.plot([s for s, _ in val], [v for _, v in val], label=h.name, **style)
     for ax in (reward_ax, val_ax):
         for i, (step, label) in enumerate(marks):
             # one line per event, named in the reward panel's legend (resume and kill points)
-            ax.axvline(step, color=("dimgray", "firebrick", "navy")[i % 3], linestyle=":", linewidth=1.4,
-                       label=f"step {step}: {label}" if ax is reward_ax else None)
+            ax.axvline(
+                step,
+                color=("dimgray", "firebrick", "navy")[i % 3],
+                linestyle=":",
+                linewidth=1.4,
+                label=f"step {step}: {label}" if ax is reward_ax else None,
+            )
         ax.set_xlabel("training step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -225,8 +277,9 @@ def plot(histories: list[RunHistory], reward_key: str, val_key: str | None, out:
     val_ax.set_ylabel(val_key or "(no validation metric)")
     val_ax.legend(fontsize=8, loc="best", title=f"run (thick grey: {reference}, the reference)", title_fontsize=8)
     if marks:
-        reward_ax.legend(handles=[h for h in reward_ax.get_lines() if h.get_label().startswith("step ")],
-                         fontsize=7, loc="best")
+        reward_ax.legend(
+            handles=[h for h in reward_ax.get_lines() if h.get_label().startswith("step ")], fontsize=7, loc="best"
+        )
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -253,8 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = [h.name for h in histories]
     if len(set(names)) != len(names):
-        print(f"compare_runs.py: two runs are both labelled {sorted(n for n in names if names.count(n) > 1)[0]!r}; "
-              "give each a LABEL= prefix", file=sys.stderr)
+        print(
+            f"compare_runs.py: two runs are both labelled {sorted(n for n in names if names.count(n) > 1)[0]!r}; "
+            "give each a LABEL= prefix",
+            file=sys.stderr,
+        )
         return 2
     reference = histories[0]
     if args.reference:

@@ -65,13 +65,15 @@ def _run(cmd: list[str], timeout: int = 300) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     if proc.returncode != 0:
-        raise SystemExit(f"corruption_campaign: {' '.join(cmd[:6])} ... failed:\n{proc.stdout[-2000:]}\n"
-                         f"{proc.stderr[-4000:]}")
+        raise SystemExit(
+            f"corruption_campaign: {' '.join(cmd[:6])} ... failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
 
 
 def _torchrun(nproc: int, *args: str, timeout: int = 300) -> None:
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
-         timeout)
+    _run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args], timeout
+    )
 
 
 def build_sources(work: str) -> dict[str, str]:
@@ -84,8 +86,11 @@ def build_sources(work: str) -> dict[str, str]:
     native = os.path.join(work, "native", f"global_step_{STEP}", ROLE)
     merged = os.path.join(work, "merged")
     merge(MergeOptions(local_dir=native, target_dir=merged, max_shard_size="80KB", progress=False))
-    return {"native": native, "merge": merged,
-            "incremental": os.path.join(work, "incremental", f"global_step_{STEP}", ROLE)}
+    return {
+        "native": native,
+        "merge": merged,
+        "incremental": os.path.join(work, "incremental", f"global_step_{STEP}", ROLE),
+    }
 
 
 def _tiny_run(ckpt_config):
@@ -106,8 +111,9 @@ def _tiny_run(ckpt_config):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     fx.train_steps(model, optimizer, args.vocab, 1, 0)
-    return FSDPCheckpointManager(model, optimizer, scheduler, processing_class=fx.build_tokenizer(args.vocab),
-                                 checkpoint_config=ckpt_config)
+    return FSDPCheckpointManager(
+        model, optimizer, scheduler, processing_class=fx.build_tokenizer(args.vocab), checkpoint_config=ckpt_config
+    )
 
 
 def _slim_config():
@@ -135,8 +141,9 @@ def worker_save(work: str) -> None:
     if dist.get_rank() == 0:
         torch.save({"step": STEP}, os.path.join(root, f"global_step_{STEP}", "data.pt"))
         write_tracker(root, STEP)
-    manager.checkpoint_config = OmegaConf.create({"save_contents": ["model", "optimizer", "extra"],
-                                                 "load_contents": ["model", "optimizer", "extra"]})
+    manager.checkpoint_config = OmegaConf.create(
+        {"save_contents": ["model", "optimizer", "extra"], "load_contents": ["model", "optimizer", "extra"]}
+    )
     manager.checkpoint_save_contents = ["model", "optimizer", "extra"]
     manager.save_checkpoint(os.path.join(work, "native", f"global_step_{STEP}", ROLE), global_step=STEP)
     dist.barrier()
@@ -152,8 +159,8 @@ def worker_cost(preset: str, root: str) -> None:
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.save import resume_state, step_check
     from slimckpt.format.resume_manifest import read_manifest
+    from slimckpt.save import resume_state, step_check
     from slimckpt.testing import fsdp_checkpoint as fx
 
     dist.init_process_group("gloo")
@@ -164,8 +171,9 @@ def worker_cost(preset: str, root: str) -> None:
     model = fx.wrap_fsdp2(model, init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)), "dim0", world)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     fx.train_steps(model, optimizer, args.vocab, 1, 0)
-    manager = FSDPCheckpointManager(model, optimizer, None, processing_class=fx.build_tokenizer(args.vocab),
-                                    checkpoint_config=_slim_config())
+    manager = FSDPCheckpointManager(
+        model, optimizer, None, processing_class=fx.build_tokenizer(args.vocab), checkpoint_config=_slim_config()
+    )
     path = os.path.join(root, "global_step_1", ROLE)
     t0 = time.perf_counter()
     manager.save_checkpoint(path, global_step=1)
@@ -198,9 +206,16 @@ def worker_cost(preset: str, root: str) -> None:
     load_s = time.perf_counter() - t0
     if dist.get_rank() == 0:
         m = read_manifest(path)
-        out = {"preset": preset, "world_size": world, "bytes": sum(f.bytes for f in m.files),
-               "save_s": round(save_s, 2), "timings_s": m.extra.get("timings_s"), "load_s": round(load_s, 2),
-               "load_check_s": round(check_s[0], 2), **step}
+        out = {
+            "preset": preset,
+            "world_size": world,
+            "bytes": sum(f.bytes for f in m.files),
+            "save_s": round(save_s, 2),
+            "timings_s": m.extra.get("timings_s"),
+            "load_s": round(load_s, 2),
+            "load_check_s": round(check_s[0], 2),
+            **step,
+        }
         with open(os.path.join(root, "cost.json"), "w") as f:
             json.dump(out, f, indent=1)
     dist.barrier()
@@ -334,13 +349,16 @@ def damage(root: str, fmt: str, kind: str, rng: random.Random) -> Trial:
         os.rename(tmp, pb)
         return Trial(fmt, kind, [a, b], f"swap {a} and {b}")
     if kind == "extra":
-        choices = {"merge": ["notes.txt", "model-99999-of-99999.safetensors"],
-                   "incremental": ["dcp/__2_0.distcp", "slimckpt_extra_world_size_4_rank_3.pt", "notes.txt"],
-                   "native": ["model_world_size_4_rank_3.pt", "notes.txt"]}[fmt]
+        choices = {
+            "merge": ["notes.txt", "model-99999-of-99999.safetensors"],
+            "incremental": ["dcp/__2_0.distcp", "slimckpt_extra_world_size_4_rank_3.pt", "notes.txt"],
+            "native": ["model_world_size_4_rank_3.pt", "notes.txt"],
+        }[fmt]
         rel = rng.choice(choices)
         src = os.path.join(root, rng.choice([f for f in files if f.endswith((".pt", ".distcp", ".safetensors"))]))
-        shutil.copyfile(src, os.path.join(root, rel)) if not rel.endswith(".txt") else \
-            open(os.path.join(root, rel), "w").write("stray\n")
+        shutil.copyfile(src, os.path.join(root, rel)) if not rel.endswith(".txt") else open(
+            os.path.join(root, rel), "w"
+        ).write("stray\n")
         return Trial(fmt, kind, [rel], f"add stray {rel}")
     rel = rng.choice(files)
     path = os.path.join(root, rel)
@@ -376,8 +394,16 @@ def run_trial(source: str, work: str, fmt: str, kind: str, rng: random.Random, i
         flagged = not report.ok
     except NotACheckpoint as exc:  # nothing left that looks like a checkpoint: verify exits 2
         lines, named, flagged = [str(exc)], [], True
-    result = {"i": i, "format": fmt, "kind": kind, "damage": trial.what, "detected": flagged,
-              "named_right_file": any(t in named for t in trial.targets), "named": named[:4], "lines": lines[:4]}
+    result = {
+        "i": i,
+        "format": fmt,
+        "kind": kind,
+        "damage": trial.what,
+        "detected": flagged,
+        "named_right_file": any(t in named for t in trial.targets),
+        "named": named[:4],
+        "lines": lines[:4],
+    }
     if fmt == "incremental":
         try:
             rm.check_committed(copy)
@@ -449,21 +475,30 @@ def campaign(args: argparse.Namespace) -> dict:
         detected = sum(t["detected"] for t in slim)
         named = sum(t["named_right_file"] for t in slim)
         return {
-            "seed": args.seed, "clean_sources_ok": sorted(clean), "seconds": round(time.perf_counter() - t0, 1),
+            "seed": args.seed,
+            "clean_sources_ok": sorted(clean),
+            "seconds": round(time.perf_counter() - t0, 1),
             "build_seconds": round(build_s, 1),
-            "slimckpt": {"trials": total, "detected": detected, "named_right_file": named,
-                         "detection_rate": detected / total if total else None,
-                         "load_trials": len(real),
-                         "load_refused_same_message": sum(t.get("load_same_message", False) for t in real),
-                         "real_load_run": bool(real) and not args.no_real_load,
-                         "real_load_refused_same_message": sum(t.get("real_load_same_message", False) for t in real),
-                         "by_format_kind": summarise(slim)},
-            "native": {"trials": len(native), "detected": sum(t["detected"] for t in native),
-                       "named_right_file": sum(t["named_right_file"] for t in native),
-                       "by_kind": summarise(native).get("native", {}),
-                       "note": "verl writes no checksums: bytes outside torch's zip CRC32 records (padding, "
-                               "timestamps), values in huggingface/ JSON that still parse and stray files of "
-                               "unknown names cannot be caught; not counted in the slimckpt rate"},
+            "slimckpt": {
+                "trials": total,
+                "detected": detected,
+                "named_right_file": named,
+                "detection_rate": detected / total if total else None,
+                "load_trials": len(real),
+                "load_refused_same_message": sum(t.get("load_same_message", False) for t in real),
+                "real_load_run": bool(real) and not args.no_real_load,
+                "real_load_refused_same_message": sum(t.get("real_load_same_message", False) for t in real),
+                "by_format_kind": summarise(slim),
+            },
+            "native": {
+                "trials": len(native),
+                "detected": sum(t["detected"] for t in native),
+                "named_right_file": sum(t["named_right_file"] for t in native),
+                "by_kind": summarise(native).get("native", {}),
+                "note": "verl writes no checksums: bytes outside torch's zip CRC32 records (padding, "
+                "timestamps), values in huggingface/ JSON that still parse and stray files of "
+                "unknown names cannot be caught; not counted in the slimckpt rate",
+            },
             "missed": [t for t in slim + native if not t["detected"]][:40],
             "slim_misnamed": [t for t in slim if t["detected"] and not t["named_right_file"]][:20],
         }
@@ -493,8 +528,20 @@ def damaged_restarts(trials: int, seed: int, workdir: str | None) -> dict:
     work = tempfile.mkdtemp(prefix="slimckpt-damaged-restarts-", dir=workdir)
     t0 = time.perf_counter()
     try:
-        _torchrun(2, "-m", "slimckpt.testing.launch", "slimckpt.testing.resume_scenarios", "damaged_newest", "--dir", work,
-                  "--trials", str(trials), "--seed", str(seed), timeout=600 + 20 * trials)
+        _torchrun(
+            2,
+            "-m",
+            "slimckpt.testing.launch",
+            "slimckpt.testing.resume_scenarios",
+            "damaged_newest",
+            "--dir",
+            work,
+            "--trials",
+            str(trials),
+            "--seed",
+            str(seed),
+            timeout=600 + 20 * trials,
+        )
         with open(os.path.join(work, "damaged_newest_result.json")) as f:
             got = json.load(f)["trials"]
     finally:
@@ -504,25 +551,37 @@ def damaged_restarts(trials: int, seed: int, workdir: str | None) -> dict:
     by_kind: dict = {}
     for t in got:
         by_kind.setdefault(t["kind"], Counter())[t["outcome"]] += 1
-    return {"restarts": len(got), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
-            "outcomes": dict(Counter(t["outcome"] for t in got)),
-            "by_kind": {k: dict(v) for k, v in by_kind.items()},
-            "tracker_after_saving_3": got[0].get("tracker_after_saving_3") if got else None,
-            "not_exact": [{k: t[k] for k in ("kind", "damage", "outcome", "error", "lines")}
-                          for t in got if t["outcome"] != "exact"][:20],
-            "example_line": got[0]["lines"][0] if got and got[0]["lines"] else None}
+    return {
+        "restarts": len(got),
+        "seed": seed,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "outcomes": dict(Counter(t["outcome"] for t in got)),
+        "by_kind": {k: dict(v) for k, v in by_kind.items()},
+        "tracker_after_saving_3": got[0].get("tracker_after_saving_3") if got else None,
+        "not_exact": [
+            {k: t[k] for k in ("kind", "damage", "outcome", "error", "lines")} for t in got if t["outcome"] != "exact"
+        ][:20],
+        "example_line": got[0]["lines"][0] if got and got[0]["lines"] else None,
+    }
 
 
 def render(result: dict) -> str:
     s = result["slimckpt"]
-    lines = [f"slimckpt formats: {s['detected']}/{s['trials']} detected, {s['named_right_file']} naming the damaged "
-             f"file; load refused with verify's line: {s['load_refused_same_message']}/{s['load_trials']} "
-             f"(check), " + (f"{s['real_load_refused_same_message']}/{s['load_trials']} (verl's manager under "
-                             f"torchrun)" if s["real_load_run"] else "real load not run (--no_real_load)")]
+    lines = [
+        f"slimckpt formats: {s['detected']}/{s['trials']} detected, {s['named_right_file']} naming the damaged "
+        f"file; load refused with verify's line: {s['load_refused_same_message']}/{s['load_trials']} "
+        f"(check), "
+        + (
+            f"{s['real_load_refused_same_message']}/{s['load_trials']} (verl's manager under torchrun)"
+            if s["real_load_run"]
+            else "real load not run (--no_real_load)"
+        )
+    ]
     for fmt, kinds in s["by_format_kind"].items():
         for kind, k in kinds.items():
-            lines.append(f"  {fmt:12s} {kind:15s} {k['detected']}/{k['trials']} detected, "
-                         f"{k['named_right_file']} named")
+            lines.append(
+                f"  {fmt:12s} {kind:15s} {k['detected']}/{k['trials']} detected, {k['named_right_file']} named"
+            )
     n = result["native"]
     lines.append(f"verl-native (no manifest): {n['detected']}/{n['trials']} detected")
     for kind, k in n["by_kind"].items():
@@ -534,22 +593,36 @@ def render(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Inject corruptions into small real checkpoints and check that "
-                                            "`slimckpt verify` (and the incremental load) catch every one.")
+    p = argparse.ArgumentParser(
+        description="Inject corruptions into small real checkpoints and check that "
+        "`slimckpt verify` (and the incremental load) catch every one."
+    )
     p.add_argument("--trials", type=int, default=120, help="trials on slimckpt formats (merge, incremental)")
     p.add_argument("--native_trials", type=int, default=56, help="trials on a verl-native checkpoint (reported apart)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here as JSON")
     p.add_argument("--workdir", default=None, help="where to build (default: the system temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the checkpoints and damaged copies")
-    p.add_argument("--no_real_load", action="store_true",
-                   help="skip the torchrun that loads every damaged incremental copy through verl's manager")
-    p.add_argument("--checksum_cost", default=None, metavar="PRESET",
-                   help="instead of the campaign: time one incremental save and load of this fixture preset "
-                        "(e.g. 0.25b), checksumming vs the rest (prints JSON)")
-    p.add_argument("--damaged_restarts", type=int, default=0, metavar="N",
-                   help="instead of the campaign: N resume_mode=auto restarts whose newest step is damaged "
-                        "(all must go on from the previous intact step exactly)")
+    p.add_argument(
+        "--no_real_load",
+        action="store_true",
+        help="skip the torchrun that loads every damaged incremental copy through verl's manager",
+    )
+    p.add_argument(
+        "--checksum_cost",
+        default=None,
+        metavar="PRESET",
+        help="instead of the campaign: time one incremental save and load of this fixture preset "
+        "(e.g. 0.25b), checksumming vs the rest (prints JSON)",
+    )
+    p.add_argument(
+        "--damaged_restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the campaign: N resume_mode=auto restarts whose newest step is damaged "
+        "(all must go on from the previous intact step exactly)",
+    )
     p.add_argument("--_save", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_cost", nargs=2, default=None, help=argparse.SUPPRESS)
     p.add_argument("--_load", default=None, help=argparse.SUPPRESS)
@@ -594,24 +667,26 @@ def render_damaged(r: dict) -> str:
     kinds = ", ".join(f"{kind} {sum(v.values())}" for kind, v in r["by_kind"].items())
     outcomes = ", ".join(f"{n} {name}" for name, n in sorted(r["outcomes"].items()))
     line = r.get("example_line", "").replace(r.get("example_line", "").split("/trial_")[0], "$WORK")
-    return "\n".join([
-        "## The newest step damaged, then `resume_mode=auto`",
-        "",
-        f"`python -m scripts.faults.corruption --damaged_restarts {r['restarts']} --seed {r['seed']} --json OUT` "
-        f"on {r.get('commit', 'an unrecorded commit')}, {r['seconds']:.0f} s. `+recipe=incremental` (async, export on), "
-        "verl's real `FSDPCheckpointManager` and `PPOTrainer._load_checkpoint` under torchrun (gloo, 2 ranks): "
-        "steps 2 and 4 committed, step 4 then damaged on disk, and the run restarted.",
-        "",
-        f"**{outcomes} of {r['restarts']} restarts** ({kinds}). *Exact*: the run continued from step 2 with model, "
-        "optimizer and scheduler state equal to a direct load of step 2 and the same next loss, in one line naming "
-        "the damaged file; the tracker names step 2, step 4 stays on disk untouched, `resume_from_path` to step 4 "
-        "refuses in one line, and a save of step 3 afterwards moves the tracker to 3 "
-        f"(here: {r.get('tracker_after_saving_3')}). verl 0.9.1 loads the step its tracker names without a check "
-        "of its own; this campaign runs only slimckpt's side.",
-        "",
-        f"The line a user sees: `{line}`",
-        "",
-    ])
+    return "\n".join(
+        [
+            "## The newest step damaged, then `resume_mode=auto`",
+            "",
+            f"`python -m scripts.faults.corruption --damaged_restarts {r['restarts']} --seed {r['seed']} --json OUT` "
+            f"on {r.get('commit', 'an unrecorded commit')}, {r['seconds']:.0f} s. `+recipe=incremental` (async, export on), "
+            "verl's real `FSDPCheckpointManager` and `PPOTrainer._load_checkpoint` under torchrun (gloo, 2 ranks): "
+            "steps 2 and 4 committed, step 4 then damaged on disk, and the run restarted.",
+            "",
+            f"**{outcomes} of {r['restarts']} restarts** ({kinds}). *Exact*: the run continued from step 2 with model, "
+            "optimizer and scheduler state equal to a direct load of step 2 and the same next loss, in one line naming "
+            "the damaged file; the tracker names step 2, step 4 stays on disk untouched, `resume_from_path` to step 4 "
+            "refuses in one line, and a save of step 3 afterwards moves the tracker to 3 "
+            f"(here: {r.get('tracker_after_saving_3')}). verl 0.9.1 loads the step its tracker names without a check "
+            "of its own; this campaign runs only slimckpt's side.",
+            "",
+            f"The line a user sees: `{line}`",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = ["disk_full", "fsize_limit", "read_only", "permission", "lock", "export_full"]
 MERGE_PATHS = ["merge", "verl_merge"]
-SAVE_PATHS = ["verl_save", "quickstart", "intermediate", "incremental_sync", "incremental_async",
-              "quickstart_continue"]
+SAVE_PATHS = ["verl_save", "quickstart", "intermediate", "incremental_sync", "incremental_async", "quickstart_continue"]
 PATHS = MERGE_PATHS + SAVE_PATHS
 EXPORT_PATHS = ("intermediate", "incremental_sync", "incremental_async")  # the recipes that export while training
 PAGE = 4096
@@ -203,18 +202,38 @@ def _preexec(fault: str):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         if fault == "fsize_limit":
             resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
     return fn
 
 
 def run_merge(env: Env, path: str, fault: str, source: str, base: str) -> dict:
     target = target_of(path, base)
     if path == "merge":
-        cmd = [sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", source, "--target_dir", target,
-               "--no_progress"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "slimckpt.cli",
+            "merge",
+            "--local_dir",
+            source,
+            "--target_dir",
+            target,
+            "--no_progress",
+        ]
         extra_env = {}
     else:
-        cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", source,
-               "--target_dir", target]
+        cmd = [
+            sys.executable,
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            source,
+            "--target_dir",
+            target,
+        ]
         extra_env = {"SLIMCKPT_DISABLE": "1"}
     if env.drop_caps:
         cmd = DROP_CAPS + cmd
@@ -222,21 +241,32 @@ def run_merge(env: Env, path: str, fault: str, source: str, base: str) -> dict:
     if fault == "lock":
         from slimckpt.read import locks
 
-        holder = locks.acquire(target, exclusive=True, what="merging (env_faults' stand-in for a first merge)",
-                               fix="")
+        holder = locks.acquire(target, exclusive=True, what="merging (env_faults' stand-in for a first merge)", fix="")
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300, preexec_fn=_preexec(fault),
-                              env={**os.environ, "OMP_NUM_THREADS": "1", **extra_env})
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+            preexec_fn=_preexec(fault),
+            env={**os.environ, "OMP_NUM_THREADS": "1", **extra_env},
+        )
     finally:
         if holder is not None:
             holder.release()
     out = proc.stderr + proc.stdout
     ok = proc.returncode == 0
-    return {"exit": proc.returncode, "failed": not ok, "message": "" if ok else first_line(proc.stderr or out),
-            "traceback": "Traceback (most recent call last)" in out,
-            "looks_committed": looks_committed(path, target), "tracker_moved": None,
-            "seconds": round(time.perf_counter() - t0, 2)}
+    return {
+        "exit": proc.returncode,
+        "failed": not ok,
+        "message": "" if ok else first_line(proc.stderr or out),
+        "traceback": "Traceback (most recent call last)" in out,
+        "looks_committed": looks_committed(path, target),
+        "tracker_moved": None,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
 
 
 # --------------------------------------------------------------------------- the save paths (child)
@@ -279,8 +309,9 @@ def export_full_size(base: str) -> int:
 
 def calibrate(args: argparse.Namespace) -> int:
     """One save of `args.path` into an ordinary directory: the size export_full mounts."""
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1",
-                       "LOCAL_RANK": "0"})
+    os.environ.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    )
     import torch.distributed as dist
 
     from slimckpt.save import resume_async
@@ -314,8 +345,9 @@ def write_tracker_as_trainer(root: str, path: str) -> None:
 
 def child(args: argparse.Namespace) -> int:
     """One save path, every fault in turn, in one process (world size 1, gloo)."""
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1",
-                       "LOCAL_RANK": "0"})
+    os.environ.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    )
     import torch.distributed as dist
 
     from slimckpt.save import resume_async
@@ -341,8 +373,11 @@ def child(args: argparse.Namespace) -> int:
                 if args.path == "incremental_async":
                     # a background write's failure surfaces where the trainer next waits on it: the
                     # next save (the tracker watcher sees the failure marker too)
-                    run.manager.save_checkpoint(target.replace(f"global_step_{STEP}", f"global_step_{STEP + 1}"),
-                                                global_step=STEP + 1, max_ckpt_to_keep=1)
+                    run.manager.save_checkpoint(
+                        target.replace(f"global_step_{STEP}", f"global_step_{STEP + 1}"),
+                        global_step=STEP + 1,
+                        max_ckpt_to_keep=1,
+                    )
                 resume_async.writer_for(run.manager).wait()
                 try:
                     write_tracker_as_trainer(os.path.dirname(os.path.dirname(target)), args.path)
@@ -357,15 +392,26 @@ def child(args: argparse.Namespace) -> int:
         from slimckpt.verl_seam.manager_state import state_of
 
         continued = error is None and bool(state_of(run.manager).save_failed)
-        message = (str(error).strip().splitlines() or [""])[0] if error is not None else (state_of(run.manager).save_failed or "")
+        message = (
+            (str(error).strip().splitlines() or [""])[0]
+            if error is not None
+            else (state_of(run.manager).save_failed or "")
+        )
         if error is not None and not str(error).strip():
             message = type(error).__name__
         if error is not None and type(error).__name__ not in message:
             message = f"{type(error).__name__}: {message}"
-        rows.append({"fault": fault, "exit": "raised" if error is not None else ("continued" if continued else 0),
-                     "failed": error is not None or continued, "message": message[:1000],
-                     "looks_committed": looks_committed(args.path, target), "tracker_moved": tracker_moved(target),
-                     "seconds": round(time.perf_counter() - t0, 2)})
+        rows.append(
+            {
+                "fault": fault,
+                "exit": "raised" if error is not None else ("continued" if continued else 0),
+                "failed": error is not None or continued,
+                "message": message[:1000],
+                "looks_committed": looks_committed(args.path, target),
+                "tracker_moved": tracker_moved(target),
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
     with open(args.out, "w") as f:
         json.dump(rows, f)
     dist.destroy_process_group()
@@ -376,10 +422,28 @@ def calibration_size(env: Env, path: str, port: int) -> int:
     """export_full's tmpfs size for `path` (a calibration save in a child, on the work dir's filesystem)."""
     base = os.path.join(env.work, "calibration", path)
     out = base + ".json"
-    cmd = [sys.executable, "-m", "scripts.faults.env", "_calibrate", "--path", path, "--base", base, "--out", out,
-           "--port", str(port)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "scripts.faults.env",
+        "_calibrate",
+        "--path",
+        path,
+        "--base",
+        base,
+        "--out",
+        out,
+        "--port",
+        str(port),
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},
+    )
     if proc.returncode != 0 or not os.path.exists(out):
         raise RuntimeError(f"calibration save of {path} failed (exit {proc.returncode}): {first_line(proc.stderr)}")
     with open(out) as f:
@@ -394,23 +458,54 @@ def run_saves(env: Env, path: str, faults: list[str], bases: list[str], port: in
         if fault == "lock":
             target = target_of(path, base)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            holders.append(locks.acquire(target, exclusive=True, what="saving step 7 (env_faults' other trainer)",
-                                         fix=""))
+            holders.append(
+                locks.acquire(target, exclusive=True, what="saving step 7 (env_faults' other trainer)", fix="")
+            )
     out = os.path.join(env.work, f"{path}.rows.json")
-    cmd = [sys.executable, "-m", "scripts.faults.env", "_child", "--path", path, "--faults", ",".join(faults),
-           "--bases", ",".join(bases), "--out", out, "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "scripts.faults.env",
+        "_child",
+        "--path",
+        path,
+        "--faults",
+        ",".join(faults),
+        "--bases",
+        ",".join(bases),
+        "--out",
+        out,
+        "--port",
+        str(port),
+    ]
     if env.drop_caps:
         cmd = DROP_CAPS + cmd
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"})
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},
+        )
     finally:
         for h in holders:
             h.release()
     if proc.returncode != 0 or not os.path.exists(out):
         sys.stderr.write(f"--- env_faults child for {path} failed (exit {proc.returncode}):\n{proc.stderr[-12000:]}\n")
-        return [{"fault": f, "exit": proc.returncode, "failed": True, "looks_committed": None, "tracker_moved": None,
-                 "message": f"env_faults child crashed: {first_line(proc.stderr)}", "seconds": None} for f in faults]
+        return [
+            {
+                "fault": f,
+                "exit": proc.returncode,
+                "failed": True,
+                "looks_committed": None,
+                "tracker_moved": None,
+                "message": f"env_faults child crashed: {first_line(proc.stderr)}",
+                "seconds": None,
+            }
+            for f in faults
+        ]
     with open(out) as f:
         return json.load(f)
 
@@ -439,21 +534,29 @@ def verdict(row: dict) -> str:
 
 
 def render(rows: list[dict]) -> str:
-    out = ["| path | fault | mechanism | exit | one line | names path | looks committed | tracker moved | verdict "
-           "| message |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| path | fault | mechanism | exit | one line | names path | looks committed | tracker moved | verdict "
+        "| message |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         msg = (r.get("message") or "").replace("|", "\\|")
         tm = "" if r.get("tracker_moved") is None else ("yes" if r["tracker_moved"] else "no")
         lc = "" if r.get("looks_committed") is None else ("YES" if r["looks_committed"] else "no")
-        out.append(f"| {r['path']} | {r['fault']} | {r.get('mechanism') or 'n/a'} | {r.get('exit', '')} | "
-                   f"{'yes' if r.get('one_line') else 'no'} | {'yes' if r.get('names_path') else 'no'} | {lc} | {tm} | "
-                   f"{verdict(r)} | {msg[:400]} |")
+        out.append(
+            f"| {r['path']} | {r['fault']} | {r.get('mechanism') or 'n/a'} | {r.get('exit', '')} | "
+            f"{'yes' if r.get('one_line') else 'no'} | {'yes' if r.get('names_path') else 'no'} | {lc} | {tm} | "
+            f"{verdict(r)} | {msg[:400]} |"
+        )
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--json", metavar="OUT", help="also write {'env': ..., 'rows': [...]} here")
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
@@ -487,8 +590,16 @@ def main(argv: list[str] | None = None) -> int:
         source = make_source(work) if any(x in MERGE_PATHS for x in paths) else ""
         calibrated = [x for x in paths if x in EXPORT_PATHS] if "export_full" in faults and env.can_mount else []
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            sizes = dict(zip(calibrated, pool.map(lambda x, port: calibration_size(env, x, port), calibrated,
-                                                  [29900 + 17 * i + os.getpid() % 500 for i in range(len(calibrated))])))
+            sizes = dict(
+                zip(
+                    calibrated,
+                    pool.map(
+                        lambda x, port: calibration_size(env, x, port),
+                        calibrated,
+                        [29900 + 17 * i + os.getpid() % 500 for i in range(len(calibrated))],
+                    ),
+                )
+            )
         plan: list[tuple[str, list[str], list[str]]] = []
         for path in paths:
             runnable, bases = [], []
@@ -496,8 +607,15 @@ def main(argv: list[str] | None = None) -> int:
                 if fault == "export_full" and path not in EXPORT_PATHS:
                     continue  # nothing is exported while training there
                 if env.mechanism(fault) is None:
-                    rows.append({"path": path, "fault": fault, "skipped": True, "failed": None,
-                                 "message": "cannot be made here (see mechanism notes)"})
+                    rows.append(
+                        {
+                            "path": path,
+                            "fault": fault,
+                            "skipped": True,
+                            "failed": None,
+                            "message": "cannot be made here (see mechanism notes)",
+                        }
+                    )
                     continue
                 runnable.append(fault)
                 bases.append(env.base(path, fault, sizes.get(path)))
@@ -515,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
 
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             results = list(pool.map(one, items, [29500 + 17 * i + os.getpid() % 500 for i in range(len(items))]))
-        for (path, fs, bs), res in zip(items, results):
+        for (path, _fs, bs), res in zip(items, results):
             for r, base in zip(res, bs):
                 r["path"] = path
                 r["mechanism"] = env.mechanism(r["fault"])
@@ -538,13 +656,27 @@ def main(argv: list[str] | None = None) -> int:
         r["verdict"] = verdict(r)
     print(render(rows))
     seconds = time.perf_counter() - t0
-    print(f"\n{len(rows)} cases in {seconds:.0f} s; mount: {'yes' if env.can_mount else 'no'}, root: {env.root}, "
-          f"capabilities dropped for the writers: {env.drop_caps}")
+    print(
+        f"\n{len(rows)} cases in {seconds:.0f} s; mount: {'yes' if env.can_mount else 'no'}, root: {env.root}, "
+        f"capabilities dropped for the writers: {env.drop_caps}"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"env": {"can_mount": env.can_mount, "root": env.root, "drop_caps": env.drop_caps,
-                               "fsize_limit_bytes": FSIZE_LIMIT, "tmpfs_sizes": FULL_SIZE, "seconds": round(seconds, 1)},
-                       "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "env": {
+                        "can_mount": env.can_mount,
+                        "root": env.root,
+                        "drop_caps": env.drop_caps,
+                        "fsize_limit_bytes": FSIZE_LIMIT,
+                        "tmpfs_sizes": FULL_SIZE,
+                        "seconds": round(seconds, 1),
+                    },
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -43,7 +43,9 @@ import time
 import traceback
 from datetime import timedelta
 
-from scripts.faults import oracle, reliability as rel, trial as fault_trial
+from scripts.faults import oracle
+from scripts.faults import reliability as rel
+from scripts.faults import trial as fault_trial
 from scripts.faults.ranks_report import BAD, render, summarize
 
 # lazy imports: torch, verl and slimckpt load after reliability.quiet_imports() set the environment they read, before the forks
@@ -89,7 +91,7 @@ def proc_children(parent: int):
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[1]) == parent:
             yield int(name), fields[0]
 
@@ -204,8 +206,9 @@ def init_group(trial_dir: str, rank: int, tag: str) -> None:
 
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(trial_dir, f"store_{tag}"), fault_trial.WORLD)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=fault_trial.WORLD,
-                            timeout=timedelta(seconds=TIMEOUT_S[0]))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=fault_trial.WORLD, timeout=timedelta(seconds=TIMEOUT_S[0])
+    )
 
 
 def rank_saver(mode: str, trial_dir: str, rank: int, keep: int | None, steps: int) -> None:
@@ -246,8 +249,10 @@ def setup_children(world: int) -> None:
 
 def fork_ranks(body, world: int, trial_dir: str, prefix: str, *args) -> list[int]:
 
-    return [rel.fork(body, *args[:1], trial_dir, r, *args[1:], log=os.path.join(trial_dir, f"{prefix}_rank_{r}.log"))
-            for r in range(world)]
+    return [
+        rel.fork(body, *args[:1], trial_dir, r, *args[1:], log=os.path.join(trial_dir, f"{prefix}_rank_{r}.log"))
+        for r in range(world)
+    ]
 
 
 def read_events(trial_dir: str, world: int) -> dict[int, list[oracle.Event]]:
@@ -305,8 +310,9 @@ def calibrate(mode: str, world: int, work: str, keep: int | None) -> dict:
     return {"save_to_commit_s": oracle.quantiles(commit_s)[2]}
 
 
-def save_trial(mode: str, world: int, fault: str, work: str, index: int, rng: random.Random, window: float,
-               keep: int | None) -> dict:
+def save_trial(
+    mode: str, world: int, fault: str, work: str, index: int, rng: random.Random, window: float, keep: int | None
+) -> dict:
 
     timeout = TIMEOUT_S[0]
     trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", f"{fault}_{index:03d}"))
@@ -350,15 +356,29 @@ def save_trial(mode: str, world: int, fault: str, work: str, index: int, rng: ra
     else:
         outcome = "exact" if resumed == "exact" else "clean"
     ends = [t - t_fault for t in ended.values() if t is not None]
-    trial = {"trial": index, "fault": fault, "then": then if fault == "stall" else None, "victim": victim,
-             "step": step, "fault_after_save_begin_s": round(t_fault - t_ready, 4),
-             "in_save": in_save(events[0], t_fault),
-             "phase_rank0": oracle.phase_at(events[0], t_fault),
-             "phase_victim": oracle.phase_at(events[victim], t_fault),
-             "survivors_end_s": round(max(ends), 2) if ends else None, "victim_ended": victim_end is not None,
-             "named": victim in named, "named_ranks": sorted(named), "orphans": orphans, "locks_held": locks,
-             "last_committed": rec.last_committed, "loaded": res.step or 0, "resume": resumed, "why": why,
-             "tracker": found["tracker"], "outcome": outcome}
+    trial = {
+        "trial": index,
+        "fault": fault,
+        "then": then if fault == "stall" else None,
+        "victim": victim,
+        "step": step,
+        "fault_after_save_begin_s": round(t_fault - t_ready, 4),
+        "in_save": in_save(events[0], t_fault),
+        "phase_rank0": oracle.phase_at(events[0], t_fault),
+        "phase_victim": oracle.phase_at(events[victim], t_fault),
+        "survivors_end_s": round(max(ends), 2) if ends else None,
+        "victim_ended": victim_end is not None,
+        "named": victim in named,
+        "named_ranks": sorted(named),
+        "orphans": orphans,
+        "locks_held": locks,
+        "last_committed": rec.last_committed,
+        "loaded": res.step or 0,
+        "resume": resumed,
+        "why": why,
+        "tracker": found["tracker"],
+        "outcome": outcome,
+    }
     return _keep_or_remove(trial, trial_dir)
 
 
@@ -385,11 +405,28 @@ def torchrun(world: int, fixture: str, target: str, log: str, overwrite: bool = 
     import slimckpt
 
     source = os.path.dirname(os.path.dirname(os.path.abspath(slimckpt.__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "OMP_NUM_THREADS": "1", "SLIMCKPT_MERGE_PEER_TIMEOUT": str(TIMEOUT_S[0])}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-            "-m", "slimckpt.cli", "merge", "--local_dir", fixture, "--target_dir", target, "--distributed_merge",
-            "--no_progress"] + (["--overwrite"] if overwrite else [])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "OMP_NUM_THREADS": "1",
+        "SLIMCKPT_MERGE_PEER_TIMEOUT": str(TIMEOUT_S[0]),
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        "-m",
+        "slimckpt.cli",
+        "merge",
+        "--local_dir",
+        fixture,
+        "--target_dir",
+        target,
+        "--distributed_merge",
+        "--no_progress",
+    ] + (["--overwrite"] if overwrite else [])
     out = open(log, "ab")
     try:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -426,17 +463,29 @@ def merge_calibration(world: int, work: str, fixture: str) -> dict:
             committed = time.monotonic()
         time.sleep(0.002)
     if proc.returncode != 0 or appeared is None or not rel.looks_complete("merge", target):
-        raise RuntimeError(f"merge ws{world}: an uncut distributed merge failed (exit {proc.returncode}); see "
-                           f"{trial_dir}")
+        raise RuntimeError(
+            f"merge ws{world}: an uncut distributed merge failed (exit {proc.returncode}); see {trial_dir}"
+        )
     reference = rel.file_hashes(target, skip=("manifest.json",))
     seconds = time.monotonic() - t0
     shutil.rmtree(trial_dir, ignore_errors=True)
-    return {"merge_s": seconds, "output_to_commit_s": (committed or time.monotonic()) - appeared,
-            "reference": reference}
+    return {
+        "merge_s": seconds,
+        "output_to_commit_s": (committed or time.monotonic()) - appeared,
+        "reference": reference,
+    }
 
 
-def merge_trial(world: int, fault: str, work: str, fixture: str, index: int, rng: random.Random, window: float,
-                reference: dict[str, str]) -> dict:
+def merge_trial(
+    world: int,
+    fault: str,
+    work: str,
+    fixture: str,
+    index: int,
+    rng: random.Random,
+    window: float,
+    reference: dict[str, str],
+) -> dict:
     from slimckpt.format.merge_manifest import partial_path
 
     timeout = TIMEOUT_S[0]
@@ -458,8 +507,11 @@ def merge_trial(world: int, fault: str, work: str, fixture: str, index: int, rng
         os.kill(workers[victim], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     deadline = t_fault + timeout + SLACK_S
     survivors = [p for r, p in workers.items() if r != victim]
-    while time.monotonic() < deadline and proc.poll() is None and any(_state(p) not in ("Z", "X", None)
-                                                                       for p in survivors):
+    while (
+        time.monotonic() < deadline
+        and proc.poll() is None
+        and any(_state(p) not in ("Z", "X", None) for p in survivors)
+    ):
         time.sleep(0.01)
     alive = [p for p in survivors if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X", None)]
     t_end = time.monotonic()
@@ -478,8 +530,9 @@ def merge_trial(world: int, fault: str, work: str, fixture: str, index: int, rng
     correct = complete and rel.target_correct("merge", target, reference)
     rerun = torchrun(world, fixture, target, os.path.join(trial_dir, "rerun.log"), overwrite=True)
     rerun.wait()
-    rerun_ok = rerun.returncode == 0 and rel.looks_complete("merge", target) and \
-        rel.target_correct("merge", target, reference)
+    rerun_ok = (
+        rerun.returncode == 0 and rel.looks_complete("merge", target) and rel.target_correct("merge", target, reference)
+    )
     orphans += reap_orphans(set())
     merged = oracle.classify_merge(complete, correct, correct, rerun_ok)
     named = named_ranks([log])
@@ -493,12 +546,23 @@ def merge_trial(world: int, fault: str, work: str, fixture: str, index: int, rng
         outcome = "wrong-resume"
     else:
         outcome = "exact" if merged == "complete-verified" else "clean"
-    trial = {"trial": index, "fault": fault, "then": then if fault == "stall" else None, "victim": victim,
-             "hit": hit, "fault_after_output_s": round(t_fault - t_out, 4),
-             "survivors_end_s": round(t_end - t_fault, 2),
-             "named": victim in named, "named_ranks": sorted(named), "orphans": orphans, "locks_held": locks,
-             "target": "complete" if complete else ("absent" if not os.path.exists(target) else "incomplete"),
-             "rerun_ok": rerun_ok, "resume": merged, "outcome": outcome}
+    trial = {
+        "trial": index,
+        "fault": fault,
+        "then": then if fault == "stall" else None,
+        "victim": victim,
+        "hit": hit,
+        "fault_after_output_s": round(t_fault - t_out, 4),
+        "survivors_end_s": round(t_end - t_fault, 2),
+        "named": victim in named,
+        "named_ranks": sorted(named),
+        "orphans": orphans,
+        "locks_held": locks,
+        "target": "complete" if complete else ("absent" if not os.path.exists(target) else "incomplete"),
+        "rerun_ok": rerun_ok,
+        "resume": merged,
+        "outcome": outcome,
+    }
     return _keep_or_remove(trial, trial_dir)
 
 
@@ -506,7 +570,7 @@ def _state(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-        return stat[stat.rindex(")") + 2:].split()[0]
+        return stat[stat.rindex(")") + 2 :].split()[0]
     except OSError:
         return None
 
@@ -514,12 +578,29 @@ def _state(pid: int) -> str | None:
 # --------------------------------------------------------------------------- campaign
 
 
-def campaign(modes: list[str], worlds: list[int], kills: int, stalls: int, seed: int, work: str, keep: int,
-             out: str | None, window_s: float | None = None) -> dict:
+def campaign(
+    modes: list[str],
+    worlds: list[int],
+    kills: int,
+    stalls: int,
+    seed: int,
+    work: str,
+    keep: int,
+    out: str | None,
+    window_s: float | None = None,
+) -> dict:
 
     rng = random.Random(seed)
-    result: dict = {"kills_per_mode": kills, "stalls_per_mode": stalls, "world_sizes": worlds, "seed": seed,
-                    "timeout_s": TIMEOUT_S[0], "slack_s": SLACK_S, "keep": keep, "modes": {}}
+    result: dict = {
+        "kills_per_mode": kills,
+        "stalls_per_mode": stalls,
+        "world_sizes": worlds,
+        "seed": seed,
+        "timeout_s": TIMEOUT_S[0],
+        "slack_s": SLACK_S,
+        "keep": keep,
+        "modes": {},
+    }
     become_subreaper()
     for mode in modes:
         t0 = time.monotonic()
@@ -556,8 +637,11 @@ def campaign(modes: list[str], worlds: list[int], kills: int, stalls: int, seed:
                         trial = save_trial(mode, world, fault, work, i, rng, window, keep)
                     trial["world"] = world
                     entry["trials"].append(trial)
-                    print(f"{mode} ws{world} {fault} {i}: {trial['outcome']} (victim {trial['victim']}, named "
-                          f"{trial['named']}, survivors ended {trial['survivors_end_s']} s)", flush=True)
+                    print(
+                        f"{mode} ws{world} {fault} {i}: {trial['outcome']} (victim {trial['victim']}, named "
+                        f"{trial['named']}, survivors ended {trial['survivors_end_s']} s)",
+                        flush=True,
+                    )
         entry["summary"] = summarize(entry["trials"])
         entry["seconds"] = round(time.monotonic() - t0, 1)
         result["modes"][mode] = entry
@@ -571,12 +655,12 @@ def campaign(modes: list[str], worlds: list[int], kills: int, stalls: int, seed:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--kills", type=int, default=30, help="single-rank SIGKILLs per mode, over all world sizes (30)")
     p.add_argument("--stalls", type=int, default=10, help="single-rank stalls per mode, over all world sizes (10)")
-    p.add_argument("--trials", type=int, default=None,
-                   help="shorthand: N kills and max(1, N // 3) stalls per mode")
+    p.add_argument("--trials", type=int, default=None, help="shorthand: N kills and max(1, N // 3) stalls per mode")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--worlds", type=int, nargs="+", default=[2, 3], help="world sizes (default 2 3)")
     p.add_argument("--timeout", type=float, default=20.0, help="the ranks' process group timeout, s (default 20)")
@@ -584,9 +668,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default=os.path.join(REPO, "runs", "rank_faults"))
     p.add_argument("--json", default=OUT, help=f"results (default {os.path.relpath(OUT, REPO)})")
-    p.add_argument("--window", type=float, default=None,
-                   help="save modes: faults within this many s of a save's start, with no calibration run (default: "
-                        "1.3x the calibrated save-to-commit time, and the uncut run must resume exactly)")
+    p.add_argument(
+        "--window",
+        type=float,
+        default=None,
+        help="save modes: faults within this many s of a save's start, with no calibration run (default: "
+        "1.3x the calibrated save-to-commit time, and the uncut run must resume exactly)",
+    )
     p.add_argument("--keep-dirs", action="store_true", help="keep every trial's dir (default: the bad ones)")
     p.add_argument("--render", action="store_true", help="print the report section of --json and exit")
     args = p.parse_args(argv)
@@ -606,8 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     source, provenance = rel.source_note(), rel.source_commit()  # before any trial: what the trials run
     t0 = time.monotonic()
-    data = campaign(args.modes, args.worlds, args.kills, args.stalls, args.seed, args.work, args.keep, args.json,
-                    args.window)
+    data = campaign(
+        args.modes, args.worlds, args.kills, args.stalls, args.seed, args.work, args.keep, args.json, args.window
+    )
     data["seconds"] = round(time.monotonic() - t0, 1)
     data["command"] = "python -m scripts.faults.ranks " + " ".join(argv if argv is not None else sys.argv[1:])
     data["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__, "verl": verl.__version__}

@@ -21,10 +21,16 @@ def _in_save(t: dict) -> bool:
 def summarize(trials: list[dict]) -> dict:
     outcomes = [t["outcome"] for t in trials]
     ends = [t["survivors_end_s"] for t in trials if t["survivors_end_s"] is not None]
-    return {"outcomes": oracle.tally(outcomes), "bad": sum(o in BAD for o in outcomes),
-            "kills": sum(t["fault"] == "kill" for t in trials), "stalls": sum(t["fault"] == "stall" for t in trials),
-            "named": sum(t["named"] for t in trials), "in_save": sum(_in_save(t) for t in trials),
-            "named_in_save": sum(t["named"] for t in trials if _in_save(t)), "end_s": oracle.quantiles(ends)}
+    return {
+        "outcomes": oracle.tally(outcomes),
+        "bad": sum(o in BAD for o in outcomes),
+        "kills": sum(t["fault"] == "kill" for t in trials),
+        "stalls": sum(t["fault"] == "stall" for t in trials),
+        "named": sum(t["named"] for t in trials),
+        "in_save": sum(_in_save(t) for t in trials),
+        "named_in_save": sum(t["named"] for t in trials if _in_save(t)),
+        "end_s": oracle.quantiles(ends),
+    }
 
 
 LABELS = {
@@ -41,33 +47,51 @@ LABELS = {
 
 def render(data: dict) -> str:
     """The RELIABILITY.md section."""
-    lines = ["## One rank lost mid-save or mid-merge", "",
-             f"`{data.get('command', 'python -m scripts.faults.ranks')}` on {data.get('source', '?')}; "
-             f"world sizes {', '.join(map(str, data['world_sizes']))}, process group timeout {data['timeout_s']:.0f} s "
-             f"(a survivor still running {data['timeout_s'] + data['slack_s']:.0f} s after the fault counts as hung), "
-             f"seed {data['seed']}, {data.get('seconds', 0) / 60:.1f} min.", "",
-             "| mode | kills | stalls | exact | clean | hung | orphan | committed partial | wrong resume | "
-             "lost rank named: faults in a save / all | survivors ended after (s, min/median/max) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## One rank lost mid-save or mid-merge",
+        "",
+        f"`{data.get('command', 'python -m scripts.faults.ranks')}` on {data.get('source', '?')}; "
+        f"world sizes {', '.join(map(str, data['world_sizes']))}, process group timeout {data['timeout_s']:.0f} s "
+        f"(a survivor still running {data['timeout_s'] + data['slack_s']:.0f} s after the fault counts as hung), "
+        f"seed {data['seed']}, {data.get('seconds', 0) / 60:.1f} min.",
+        "",
+        "| mode | kills | stalls | exact | clean | hung | orphan | committed partial | wrong resume | "
+        "lost rank named: faults in a save / all | survivors ended after (s, min/median/max) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for mode, e in data["modes"].items():
         s = summarize(e["trials"])
         c = s["outcomes"]
         q = s["end_s"]
         ended = f"{q[0]:.1f} / {q[2]:.1f} / {q[4]:.1f}" if q else "—"
         n = len(e["trials"])
-        lines.append(f"| {LABELS.get(mode, mode)} | {s['kills']} | {s['stalls']} | {c.get('exact', 0)} | "
-                     f"{c.get('clean', 0)} | {c.get('hung', 0)} | {c.get('orphan', 0)} | "
-                     f"{c.get('committed-partial', 0)} | {c.get('wrong-resume', 0)} | "
-                     f"{s['named_in_save']} of {s['in_save']} / {s['named']} of {n} | {ended} |")
+        lines.append(
+            f"| {LABELS.get(mode, mode)} | {s['kills']} | {s['stalls']} | {c.get('exact', 0)} | "
+            f"{c.get('clean', 0)} | {c.get('hung', 0)} | {c.get('orphan', 0)} | "
+            f"{c.get('committed-partial', 0)} | {c.get('wrong-resume', 0)} | "
+            f"{s['named_in_save']} of {s['in_save']} / {s['named']} of {n} | {ended} |"
+        )
     ours = [e for m, e in data["modes"].items() if m != "verl-default"]
-    lines += ["", f"**slimckpt: {sum(e['summary']['bad'] for e in ours)} bad outcomes in "
-                  f"{sum(len(e['trials']) for e in ours)} single-rank faults.**"
-              + (f" verl 0.9.1's own save path: {data['modes']['verl-default']['summary']['bad']} bad in "
-                 f"{len(data['modes']['verl-default']['trials'])}." if "verl-default" in data["modes"] else ""), ""]
+    lines += [
+        "",
+        f"**slimckpt: {sum(e['summary']['bad'] for e in ours)} bad outcomes in "
+        f"{sum(len(e['trials']) for e in ours)} single-rank faults.**"
+        + (
+            f" verl 0.9.1's own save path: {data['modes']['verl-default']['summary']['bad']} bad in "
+            f"{len(data['modes']['verl-default']['trials'])}."
+            if "verl-default" in data["modes"]
+            else ""
+        ),
+        "",
+    ]
     errors = [f"- {m}: {err}" for m, e in data["modes"].items() for err in e.get("errors", [])]
-    bad = [f"- {m} ws{t['world']} {t['fault']} {t['trial']}: {t['outcome']} (victim rank {t['victim']}, "
-           f"{t.get('why') or t.get('resume')}; orphans {t['orphans']}, locks {t['locks_held']})"
-           for m, e in data["modes"].items() for t in e["trials"] if t["outcome"] in BAD]
+    bad = [
+        f"- {m} ws{t['world']} {t['fault']} {t['trial']}: {t['outcome']} (victim rank {t['victim']}, "
+        f"{t.get('why') or t.get('resume')}; orphans {t['orphans']}, locks {t['locks_held']})"
+        for m, e in data["modes"].items()
+        for t in e["trials"]
+        if t["outcome"] in BAD
+    ]
     if errors or bad:
         lines += ["What went wrong:", "", *errors, *bad[:12], ""]
     lines += [
@@ -83,5 +107,7 @@ def render(data: dict) -> str:
         "The process group is gloo over a FileStore (the save) or torchrun's store (the merge); every process",
         "a trial starts is re-parented to the campaign if orphaned (PR_SET_CHILD_SUBREAPER), so none can",
         "survive unseen; lock files are probed with a non-blocking flock once every rank is gone. verl's own",
-        "row has the same harness with slimckpt off; verl 0.9.1 has no distributed merge to compare.", ""]
+        "row has the same harness with slimckpt off; verl 0.9.1 has no distributed merge to compare.",
+        "",
+    ]
     return "\n".join(lines)

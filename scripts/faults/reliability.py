@@ -36,7 +36,8 @@ import warnings
 
 # lazy imports: slimckpt, torch and verl load after main() put --source's patches/ first and quiet_imports()
 # set the environment they read at import
-from scripts.faults import oracle, trial as fault_trial
+from scripts.faults import oracle
+from scripts.faults import trial as fault_trial
 from scripts.faults.corruption import render_damaged
 from scripts.faults.ranks_report import render as render_rank_faults
 from scripts.faults.report import FAULT_SCRIPTS, OURS, SIDE_CODE, SIDE_MODULES, provenance, render_report
@@ -125,8 +126,9 @@ def child_error(trial_dir: str) -> str | None:
     for name in sorted(os.listdir(trial_dir)):
         if name.endswith(".log") and not name.startswith("events"):
             with open(os.path.join(trial_dir, name), errors="replace") as f:
-                lines = [ln.strip() for ln in f if ln.strip() and not ln.startswith(" ") and ("Error" in ln
-                                                                                           or "error" in ln)]
+                lines = [
+                    ln.strip() for ln in f if ln.strip() and not ln.startswith(" ") and ("Error" in ln or "error" in ln)
+                ]
             if lines:
                 return lines[-1][:300]
     return None
@@ -174,8 +176,10 @@ def wait_save_begin(trial_dir: str, pids: list[int], step: int, timeout: float =
 
 def resume(mode: str, trial_dir: str, keep: int | None) -> oracle.Resume:
 
-    pids = [fork(fault_trial.checker, mode, trial_dir, r, keep, log=os.path.join(trial_dir, f"check_rank_{r}.log"))
-            for r in range(2)]
+    pids = [
+        fork(fault_trial.checker, mode, trial_dir, r, keep, log=os.path.join(trial_dir, f"check_rank_{r}.log"))
+        for r in range(2)
+    ]
     codes, hung = wait_all(pids, CHECK_TIMEOUT_S)
     compared = fault_trial.compared_contents(mode)
     result_path = os.path.join(trial_dir, "resume_result.json")
@@ -232,12 +236,24 @@ def calibrate(mode: str, work: str, keep: int | None) -> dict:
     exact at the last step (checks the oracle itself)."""
 
     trial_dir = fresh_dir(os.path.join(work, mode, "calibration"))
-    pids = [fork(fault_trial.saver, mode, trial_dir, r, keep, CALIBRATION_STEPS,
-                 log=os.path.join(trial_dir, f"save_rank_{r}.log")) for r in range(2)]
+    pids = [
+        fork(
+            fault_trial.saver,
+            mode,
+            trial_dir,
+            r,
+            keep,
+            CALIBRATION_STEPS,
+            log=os.path.join(trial_dir, f"save_rank_{r}.log"),
+        )
+        for r in range(2)
+    ]
     codes, hung = wait_all(pids, CALIBRATION_TIMEOUT_S)
     if hung or any(codes):
-        raise RuntimeError(f"{mode}: the uncut run of {CALIBRATION_STEPS} saves failed: "
-                           f"{child_error(trial_dir) or ('hung' if hung else f'exit codes {codes}')}")
+        raise RuntimeError(
+            f"{mode}: the uncut run of {CALIBRATION_STEPS} saves failed: "
+            f"{child_error(trial_dir) or ('hung' if hung else f'exit codes {codes}')}"
+        )
     events = read_events(trial_dir)
     rec = oracle.build_record(events)
     returned = [e.t for e in events[0] if e.kind == "save-returned"]
@@ -250,9 +266,12 @@ def calibrate(mode: str, work: str, keep: int | None) -> dict:
     committed = {e.step: e.t for e in events[0] if e.kind == "committed"}
     commit_s = [committed[e.step] - e.t for e in events[0] if e.kind == "save-begin" and e.step in committed]
     shutil.rmtree(trial_dir, ignore_errors=True)
-    return {"period_s": (returned[-1] - returned[0]) / (CALIBRATION_STEPS - 1),
-            "save_call_s": oracle.quantiles(save_s)[2], "save_to_commit_s": oracle.quantiles(commit_s)[2],
-            "control": outcome}
+    return {
+        "period_s": (returned[-1] - returned[0]) / (CALIBRATION_STEPS - 1),
+        "save_call_s": oracle.quantiles(save_s)[2],
+        "save_to_commit_s": oracle.quantiles(commit_s)[2],
+        "control": outcome,
+    }
 
 
 def save_trial(mode: str, work: str, index: int, rng: random.Random, window: float, keep: int | None) -> dict:
@@ -260,8 +279,18 @@ def save_trial(mode: str, work: str, index: int, rng: random.Random, window: flo
     step 1..KILL_STEPS (so retention has run from step 2 or 3 on)."""
 
     trial_dir = fresh_dir(os.path.join(work, mode, f"trial_{index:03d}"))
-    pids = [fork(fault_trial.saver, mode, trial_dir, r, keep, fault_trial.MAX_STEPS,
-                 log=os.path.join(trial_dir, f"save_rank_{r}.log")) for r in range(2)]
+    pids = [
+        fork(
+            fault_trial.saver,
+            mode,
+            trial_dir,
+            r,
+            keep,
+            fault_trial.MAX_STEPS,
+            log=os.path.join(trial_dir, f"save_rank_{r}.log"),
+        )
+        for r in range(2)
+    ]
     target_step = rng.randint(1, KILL_STEPS)
     delay = rng.uniform(0.0, window)
     t_ready = wait_save_begin(trial_dir, pids, target_step)
@@ -278,11 +307,19 @@ def save_trial(mode: str, work: str, index: int, rng: random.Random, window: flo
     outcome, why = oracle.classify(rec, res)
     pending = sorted(set(rec.begun) - set(rec.committed))
     trial = {
-        "trial": index, "target_step": target_step, "kill_after_save_begin_s": round(t_kill - t_ready, 4),
+        "trial": index,
+        "target_step": target_step,
+        "kill_after_save_begin_s": round(t_kill - t_ready, 4),
         "kill_fraction_of_window": round((t_kill - t_ready) / window, 3),
-        "phase_rank0": oracle.phase_at(events[0], t_kill), "phase_rank1": oracle.phase_at(events[1], t_kill),
-        "step_at_kill": max(rec.begun) if rec.begun else 0, "last_committed": rec.last_committed,
-        "pending": pending, "loaded": res.step or 0, "outcome": outcome, "why": why, "found": found,
+        "phase_rank0": oracle.phase_at(events[0], t_kill),
+        "phase_rank1": oracle.phase_at(events[1], t_kill),
+        "step_at_kill": max(rec.begun) if rec.begun else 0,
+        "last_committed": rec.last_committed,
+        "pending": pending,
+        "loaded": res.step or 0,
+        "outcome": outcome,
+        "why": why,
+        "found": found,
         "tracker_names_uncommitted": tracker_names_uncommitted(mode, found),
     }
     keep_dir = outcome in oracle.BAD or trial["tracker_names_uncommitted"]
@@ -365,8 +402,18 @@ def merge_fixture(work: str) -> str:
     fresh_dir(os.path.dirname(os.path.dirname(out)))
     os.makedirs(os.path.dirname(out))
     f = MERGE_FIXTURE
-    pids = [fork(fault_trial.build_merge_fixture, out, r, f["hidden"], f["layers"], f["vocab"],
-                 log=os.path.join(os.path.dirname(os.path.dirname(out)), f"fixture_rank_{r}.log")) for r in range(2)]
+    pids = [
+        fork(
+            fault_trial.build_merge_fixture,
+            out,
+            r,
+            f["hidden"],
+            f["layers"],
+            f["vocab"],
+            log=os.path.join(os.path.dirname(os.path.dirname(out)), f"fixture_rank_{r}.log"),
+        )
+        for r in range(2)
+    ]
     codes, hung = wait_all(pids, 300.0)
     if hung or any(codes):
         raise RuntimeError(f"building the merge fixture failed (exit codes {codes})")
@@ -380,8 +427,9 @@ def output_exists(kind: str, target: str) -> bool:
     return os.path.exists(target) or (kind == "merge" and os.path.exists(partial_path(target)))
 
 
-def start_merge(kind: str, fixture: str, target: str, overwrite: bool,
-                log: str) -> tuple[int, float, float | None, int | None]:
+def start_merge(
+    kind: str, fixture: str, target: str, overwrite: bool, log: str
+) -> tuple[int, float, float | None, int | None]:
     """Fork a merge and poll (1 ms) until its output appears or it exits:
     (pid, start, when the output appeared, wait status if it already exited)."""
 
@@ -396,8 +444,9 @@ def start_merge(kind: str, fixture: str, target: str, overwrite: bool,
         time.sleep(0.001)
 
 
-def run_merge(kind: str, fixture: str, target: str, overwrite: bool,
-              timeout: float = 300.0) -> tuple[int | None, float, float | None]:
+def run_merge(
+    kind: str, fixture: str, target: str, overwrite: bool, timeout: float = 300.0
+) -> tuple[int | None, float, float | None]:
     """(exit code, seconds, seconds until the output appeared)."""
     pid, t0, appeared, status = start_merge(kind, fixture, target, overwrite, log=target + ".log")
     if status is None:
@@ -422,8 +471,11 @@ def merge_calibration(kind: str, work: str, fixture: str) -> dict:
         raise RuntimeError(f"{kind}: an uncut merge's output does not look complete; see {trial_dir}")
     reference = file_hashes(target, skip=("manifest.json",))
     shutil.rmtree(trial_dir, ignore_errors=True)
-    return {"merge_s": oracle.quantiles(durations)[2], "output_to_exit_s": oracle.quantiles(writes)[2],
-            "reference": reference}
+    return {
+        "merge_s": oracle.quantiles(durations)[2],
+        "output_to_exit_s": oracle.quantiles(writes)[2],
+        "reference": reference,
+    }
 
 
 def merge_state(kind: str, target: str) -> str:
@@ -434,13 +486,15 @@ def merge_state(kind: str, target: str) -> str:
     if os.path.isdir(target) and os.listdir(target):
         return "target present"
     if kind == "merge" and os.path.isdir(partial):
-        return "partial with manifest" if os.path.exists(os.path.join(partial, MANIFEST_NAME)) else \
-            "partial, no manifest"
+        return (
+            "partial with manifest" if os.path.exists(os.path.join(partial, MANIFEST_NAME)) else "partial, no manifest"
+        )
     return "nothing yet"
 
 
-def merge_trial(kind: str, work: str, fixture: str, index: int, rng: random.Random, window: float,
-                reference: dict[str, str]) -> dict:
+def merge_trial(
+    kind: str, work: str, fixture: str, index: int, rng: random.Random, window: float, reference: dict[str, str]
+) -> dict:
     trial_dir = fresh_dir(os.path.join(work, kind, f"trial_{index:03d}"))
     target = os.path.join(trial_dir, "out")
     delay = rng.uniform(0.0, window)
@@ -460,10 +514,17 @@ def merge_trial(kind: str, work: str, fixture: str, index: int, rng: random.Rand
     outcome = oracle.classify_merge(complete, correct, correct, rerun_ok)
     if kind == "verl-merge" and not complete and state == "target present":
         state = "target present, incomplete"
-    trial = {"trial": index, "kill_after_start_s": round(t_kill - t0, 4),
-             "kill_after_output_s": round(t_kill - t_ref, 4), "finished_before_kill": finished,
-             "state": state, "looks_complete": complete, "correct": correct, "rerun_ok": rerun_ok,
-             "outcome": outcome}
+    trial = {
+        "trial": index,
+        "kill_after_start_s": round(t_kill - t0, 4),
+        "kill_after_output_s": round(t_kill - t_ref, 4),
+        "finished_before_kill": finished,
+        "state": state,
+        "looks_complete": complete,
+        "correct": correct,
+        "rerun_ok": rerun_ok,
+        "outcome": outcome,
+    }
     if outcome in oracle.MERGE_BAD:
         trial["kept_dir"] = trial_dir
     else:
@@ -474,8 +535,9 @@ def merge_trial(kind: str, work: str, fixture: str, index: int, rng: random.Rand
 # --------------------------------------------------------------------------- campaign
 
 
-def sigkill_campaign(runs: list[tuple[str, int | None]], trials: int, seed: int, work: str,
-                     out_path: str | None = None) -> dict:
+def sigkill_campaign(
+    runs: list[tuple[str, int | None]], trials: int, seed: int, work: str, out_path: str | None = None
+) -> dict:
     """`runs`: (mode, max_ckpt_to_keep) pairs; results keyed "mode" or "mode@keep=K". The JSON at
     `out_path` is rewritten after every mode, so a campaign cut short keeps what it finished."""
     from tqdm import tqdm
@@ -487,10 +549,14 @@ def sigkill_campaign(runs: list[tuple[str, int | None]], trials: int, seed: int,
         key = run_key(mode, keep)
         t0 = time.monotonic()
         if mode in SAVE_MODES:
-
-            entry = {"kind": "save", "mode": mode, "max_ckpt_to_keep": keep,
-                     "checkpoint": fault_trial.checkpoint_block(mode),
-                     "critic_checkpoint": fault_trial.checkpoint_block(mode, "critic"), "trials": []}
+            entry = {
+                "kind": "save",
+                "mode": mode,
+                "max_ckpt_to_keep": keep,
+                "checkpoint": fault_trial.checkpoint_block(mode),
+                "critic_checkpoint": fault_trial.checkpoint_block(mode, "critic"),
+                "trials": [],
+            }
             try:
                 cal = calibrate(mode, os.path.join(work, key), keep)
             except RuntimeError as exc:  # a finding in itself: reported, the campaign goes on
@@ -511,9 +577,14 @@ def sigkill_campaign(runs: list[tuple[str, int | None]], trials: int, seed: int,
         else:
             cal = merge_calibration(mode, work, fixture)
             window = 1.15 * cal["output_to_exit_s"]
-            entry = {"kind": "merge", "mode": mode, "window_s": window,
-                     "calibration": {k: cal[k] for k in ("merge_s", "output_to_exit_s")},
-                     "fixture": dict(MERGE_FIXTURE), "trials": []}
+            entry = {
+                "kind": "merge",
+                "mode": mode,
+                "window_s": window,
+                "calibration": {k: cal[k] for k in ("merge_s", "output_to_exit_s")},
+                "fixture": dict(MERGE_FIXTURE),
+                "trials": [],
+            }
             for i in tqdm(range(trials), desc=f"SIGKILL {mode}", leave=False):
                 entry["trials"].append(merge_trial(mode, work, fixture, i, rng, window, cal["reference"]))
         entry["seconds"] = round(time.monotonic() - t0, 1)
@@ -534,16 +605,20 @@ def summarize(entry: dict) -> dict:
     trials = entry["trials"]
     if entry["kind"] == "merge":
         outcomes = [t["outcome"] for t in trials]
-        return {"outcomes": oracle.tally(outcomes), "states": oracle.tally([t["state"] for t in trials]),
-                "bad": sum(o in oracle.MERGE_BAD for o in outcomes),
-                "kill_s": oracle.quantiles([t["kill_after_output_s"] for t in trials])}
+        return {
+            "outcomes": oracle.tally(outcomes),
+            "states": oracle.tally([t["state"] for t in trials]),
+            "bad": sum(o in oracle.MERGE_BAD for o in outcomes),
+            "kill_s": oracle.quantiles([t["kill_after_output_s"] for t in trials]),
+        }
     outcomes = [t["outcome"] for t in trials]
     return {
         "outcomes": oracle.tally(outcomes),
         "bad": sum(o in oracle.BAD for o in outcomes),
         "phases": oracle.tally([t["phase_rank0"] for t in trials]),
-        "loaded_in_flight_step": sum(1 for t in trials if t["outcome"] == "exact" and t["loaded"] not in
-                                     (t["last_committed"], None)),
+        "loaded_in_flight_step": sum(
+            1 for t in trials if t["outcome"] == "exact" and t["loaded"] not in (t["last_committed"], None)
+        ),
         "tracker_names_uncommitted": sum(1 for t in trials if t["tracker_names_uncommitted"]),
         "kill_s": oracle.quantiles([t["kill_after_save_begin_s"] for t in trials]),
         "steps_at_kill": oracle.tally([str(t["step_at_kill"]) for t in trials]),
@@ -559,15 +634,19 @@ def side_campaign(script: str, out: str, source: str | None = None, args: tuple[
         return None
     env = dict(os.environ)
     if source:
-        env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.abspath(source), "patches")]
-                                            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(os.path.abspath(source), "patches")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        )
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", module, *args, "--json", out], cwd=REPO, capture_output=True, text=True,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args, "--json", out], cwd=REPO, capture_output=True, text=True, env=env
+    )
     seconds = time.monotonic() - t0
     if proc.returncode != 0 and not os.path.exists(out):
-        return {"error": f"{script} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}",
-                "seconds": seconds}
+        return {
+            "error": f"{script} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}",
+            "seconds": seconds,
+        }
     with open(out) as f:
         json.load(f)  # its report must at least parse: a torn file fails here, not in the rendering
     return {"seconds": seconds, "returncode": proc.returncode}
@@ -583,11 +662,13 @@ def export_head(dest: str) -> str:
     """`git archive HEAD patches recipes` into `dest`, with the commit in dest/COMMIT."""
     shutil.rmtree(dest, ignore_errors=True)
     os.makedirs(dest)
-    archive = subprocess.run(["git", "archive", "HEAD", "patches", "recipes"], cwd=REPO, capture_output=True,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", "HEAD", "patches", "recipes"], cwd=REPO, capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
     with open(os.path.join(dest, "COMMIT"), "w") as f:
         f.write(head[:12])
     return dest
@@ -598,13 +679,15 @@ def source_note() -> str:
     import slimckpt
 
     where = os.path.dirname(os.path.dirname(os.path.abspath(slimckpt.__file__)))
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                          text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     if SOURCE_COMMIT[0]:
         return f"a clean export of commit {SOURCE_COMMIT[0]} (patches/ and recipes/)"
     if where == os.path.join(REPO, "patches"):
-        dirty = subprocess.run(["git", "status", "--porcelain", "patches"], cwd=REPO, capture_output=True,
-                               text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "patches"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
         return f"the working tree at {head}" + (" with uncommitted changes" if dirty else "")
     return f"{where} (SLIMCKPT source outside the repo; repo HEAD {head})"
 
@@ -617,8 +700,12 @@ def source_commit() -> dict:
     import slimckpt
 
     where = os.path.dirname(os.path.dirname(os.path.abspath(slimckpt.__file__)))
-    scripts = list(dict.fromkeys(FAULT_SCRIPTS + tuple(p for paths in SIDE_CODE.values() for p in paths
-                                                        if p.startswith(("scripts/", "tests/")))))
+    scripts = list(
+        dict.fromkeys(
+            FAULT_SCRIPTS
+            + tuple(p for paths in SIDE_CODE.values() for p in paths if p.startswith(("scripts/", "tests/")))
+        )
+    )
     if SOURCE_COMMIT[0]:
         commit, paths = SOURCE_COMMIT[0], scripts
     elif where == os.path.join(REPO, "patches"):
@@ -627,8 +714,9 @@ def source_commit() -> dict:
         return {"commit": None, "dirty": None}
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        status = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=REPO, capture_output=True,
-                                text=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", *paths], cwd=REPO, capture_output=True, text=True
+        )
     except OSError:
         return {"commit": commit, "dirty": None}
     if head.returncode or status.returncode:
@@ -660,7 +748,9 @@ def load_sigkill() -> dict | None:
     for key in main["modes"]:
         by_source.setdefault(sources.get(key, ""), []).append(key)
     if len(by_source) > 1:
-        main["source"] = "; ".join(f"{src or 'the working tree'} for {', '.join(keys)}" for src, keys in by_source.items())
+        main["source"] = "; ".join(
+            f"{src or 'the working tree'} for {', '.join(keys)}" for src, keys in by_source.items()
+        )
     # time of the rows shown (each mode's calibration and trials), as one `make faults` would spend it
     main["seconds"] = sum(entry.get("seconds", 0) for entry in main["modes"].values())
     return main
@@ -680,15 +770,20 @@ def run_sigkill(args: argparse.Namespace, argv: list[str] | None) -> dict:
 
     t0 = time.monotonic()
     load_start = os.getloadavg()[0]
-    runs = [(m, k) for k in args.keep for m in args.modes if m in SAVE_MODES] + \
-        [(m, None) for m in args.modes if m not in SAVE_MODES]
+    runs = [(m, k) for k in args.keep for m in args.modes if m in SAVE_MODES] + [
+        (m, None) for m in args.modes if m not in SAVE_MODES
+    ]
     out_path = args.json or os.path.join(OUT_DIR, "sigkill.json")
     sigkill = sigkill_campaign(runs, args.trials, args.seed, args.work, out_path)
     sigkill["seconds"] = round(time.monotonic() - t0, 1)
     sigkill["load_average_1min"] = {"start": round(load_start, 1), "end": round(os.getloadavg()[0], 1)}
     sigkill["command"] = "python -m scripts.faults.reliability " + " ".join(argv if argv is not None else sys.argv[1:])
-    sigkill["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                          "verl": verl.__version__}
+    sigkill["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "verl": verl.__version__,
+    }
     sigkill["source"] = source_note()
     sigkill.update(source_commit())
     with open(out_path, "w") as f:
@@ -718,26 +813,38 @@ def quiet_imports() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--trials", type=int, default=50, help="SIGKILL trials per mode (default 50)")
     p.add_argument("--modes", nargs="+", choices=ALL_MODES, default=list(ALL_MODES), help="modes (default all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill times (default 0)")
-    p.add_argument("--keep", type=int, nargs="+", default=[2, 1],
-                   help="trainer.max_actor_ckpt_to_keep values; every save mode runs with each (default 2 1: "
-                        "the recipes' value, and the riskiest retention)")
+    p.add_argument(
+        "--keep",
+        type=int,
+        nargs="+",
+        default=[2, 1],
+        help="trainer.max_actor_ckpt_to_keep values; every save mode runs with each (default 2 1: "
+        "the recipes' value, and the riskiest retention)",
+    )
     p.add_argument("--work", default=os.path.join(REPO, "runs", "faults"), help="scratch dir (default runs/faults)")
-    p.add_argument("--source", default=None,
-                   help="a snapshot holding patches/ and recipes/ (e.g. `git archive HEAD patches recipes`) to test "
-                        "instead of the working tree, which others may be editing")
-    p.add_argument("--snapshot", action="store_true",
-                   help="test the last commit: export HEAD's patches/ and recipes/ into the scratch dir and use "
-                        "that as --source")
+    p.add_argument(
+        "--source",
+        default=None,
+        help="a snapshot holding patches/ and recipes/ (e.g. `git archive HEAD patches recipes`) to test "
+        "instead of the working tree, which others may be editing",
+    )
+    p.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="test the last commit: export HEAD's patches/ and recipes/ into the scratch dir and use that as --source",
+    )
     p.add_argument("--json", default=None, help="write the SIGKILL results here instead of docs/reliability/")
     p.add_argument("--no-side", action="store_true", help="skip the corruption and environment campaigns")
     p.add_argument("--no-report", action="store_true", help="do not write RELIABILITY.md")
-    p.add_argument("--side-only", action="store_true",
-                   help="run only the corruption and environment campaigns, then render")
+    p.add_argument(
+        "--side-only", action="store_true", help="run only the corruption and environment campaigns, then render"
+    )
     p.add_argument("--render", action="store_true", help="only re-render RELIABILITY.md from docs/reliability/")
     args = p.parse_args(argv)
     if args.snapshot and not args.render:
@@ -758,19 +865,23 @@ def main(argv: list[str] | None = None) -> int:
         if not args.side_only:
             sigkill = run_sigkill(args, argv)
             if args.json:
-                return 0 if all(m["summary"]["bad"] == 0 for m in sigkill["modes"].values()
-                                if m["mode"] in OURS) else 1
+                return 0 if all(m["summary"]["bad"] == 0 for m in sigkill["modes"].values() if m["mode"] in OURS) else 1
         if not args.no_side:
             runs = {}
-            for script, name, extra in (("corruption_campaign.py", "corruption.json", ()),
-                                        ("corruption_campaign.py", "damaged_restarts.json", ("--damaged_restarts", "30")),
-                                        ("env_faults.py", "env_faults.json", ()),
-                                        ("rank_faults.py", "rank_faults.json", ())):
+            for script, name, extra in (
+                ("corruption_campaign.py", "corruption.json", ()),
+                ("corruption_campaign.py", "damaged_restarts.json", ("--damaged_restarts", "30")),
+                ("env_faults.py", "env_faults.json", ()),
+                ("rank_faults.py", "rank_faults.json", ()),
+            ):
                 side = side_campaign(script, os.path.join(OUT_DIR, name), args.source, extra)
                 if side is None:
                     continue
-                runs[" ".join((script, *extra))] = {"seconds": round(side["seconds"], 1), "returncode": side.get("returncode"),
-                                **source_commit()}
+                runs[" ".join((script, *extra))] = {
+                    "seconds": round(side["seconds"], 1),
+                    "returncode": side.get("returncode"),
+                    **source_commit(),
+                }
                 print(f"{script}: {'error' if 'error' in side else 'done'} ({side['seconds']:.0f} s)", flush=True)
                 if "error" in side:
                     with open(os.path.join(OUT_DIR, name), "w") as f:
@@ -778,8 +889,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(os.path.join(OUT_DIR, "side_runs.json"), "w") as f:
                 json.dump(runs, f, indent=1)
     if not args.no_report:
-        text = render_report(load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"),
-                             load_json("side_runs.json"))
+        text = render_report(
+            load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"), load_json("side_runs.json")
+        )
         lost = load_json("rank_faults.json")
         if lost is not None and "modes" in lost:  # one rank lost mid-save or mid-merge
             text = text.rstrip("\n") + "\n\n" + render_rank_faults(lost)

@@ -14,8 +14,9 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from scripts.faults import oracle
 
@@ -31,8 +32,11 @@ SIDE_CODE = {
     "env_faults.py": OUR_CODE + ("scripts/faults/env.py",),
 }
 # the campaigns `make faults` runs besides the SIGKILL one, by the name side_runs.json records them under
-SIDE_MODULES = {"corruption_campaign.py": "scripts.faults.corruption", "env_faults.py": "scripts.faults.env",
-                "rank_faults.py": "scripts.faults.ranks"}
+SIDE_MODULES = {
+    "corruption_campaign.py": "scripts.faults.corruption",
+    "env_faults.py": "scripts.faults.env",
+    "rank_faults.py": "scripts.faults.ranks",
+}
 STALE, UNKNOWN = "stale", "commit unknown"
 
 
@@ -70,8 +74,12 @@ class Flag:
     note: str  # what the line under the table says about it
 
 
-def staleness(prov: dict | None, paths: tuple[str, ...], repo: str = REPO,
-              run_git: Callable[..., subprocess.CompletedProcess | None] = git) -> Flag | None:
+def staleness(
+    prov: dict | None,
+    paths: tuple[str, ...],
+    repo: str = REPO,
+    run_git: Callable[..., subprocess.CompletedProcess | None] = git,
+) -> Flag | None:
     """None when the row's recorded commit has HEAD's version of `paths` (`git diff --quiet <commit>
     HEAD -- <paths>`), else why not."""
     commit = (prov or {}).get("commit")
@@ -124,6 +132,7 @@ class Checker:
             self.cache[key] = staleness(prov, paths, self.repo, self.run_git)
         return self.cache[key]
 
+
 LABELS = {
     "verl-default": "verl 0.9.1 default (`CheckpointConfig`, model+optimizer+extra; slimckpt off)",
     "quickstart": "slimckpt `+recipe=quickstart` (model only)",
@@ -141,9 +150,11 @@ def _pairs(counts: dict[str, Any], sep: str = " ") -> str:
 
 
 def _save_rows(modes: dict[str, Any], flags: dict[str, Flag | None] | None = None) -> list[str]:
-    rows = ["| mode | max_ckpt_to_keep | trials | exact | clean start | lost committed | crash on load | "
-            "wrong state | partial | tracker → uncommitted |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| mode | max_ckpt_to_keep | trials | exact | clean start | lost committed | crash on load | "
+        "wrong state | partial | tracker → uncommitted |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for key, e in modes.items():
         if e["kind"] != "save":
             continue
@@ -156,25 +167,34 @@ def _save_rows(modes: dict[str, Any], flags: dict[str, Flag | None] | None = Non
             f"| {label} | {e['max_ckpt_to_keep']} | {len(e['trials'])} | {c.get('exact', 0)} | "
             f"{c.get('clean-start', 0)} | {c.get('lost-committed', 0)} | {c.get('crash-on-load', 0)} | "
             f"{c.get('loaded-wrong-state', 0)} | "
-            f"{c.get('loaded-partial', 0)} | {e['summary']['tracker_names_uncommitted']} |")
+            f"{c.get('loaded-partial', 0)} | {e['summary']['tracker_names_uncommitted']} |"
+        )
     return rows
 
 
 CAUSES = (
-    ("invalid literal for int()", "**empty tracker**: verl's `_save_checkpoint` writes "
-     "`latest_checkpointed_iteration.txt` with `open(..., 'w')` then `write` (no temp file and rename); a kill "
-     "between the two leaves an empty file and "
-     "`find_latest_ckpt_path` raises. slimckpt's sync recipes still go through that write (only async moves the "
-     "tracker itself, atomically)"),
-    ("FileNotFoundError", "**tracker names a deleted step**: verl's retention (`register_checkpoint`, with "
-     "max_ckpt_to_keep=1) deletes the previous step's actor dir inside the save, before the trainer moves the "
-     "tracker; a kill in between leaves the tracker on a step without its shards"),
+    (
+        "invalid literal for int()",
+        "**empty tracker**: verl's `_save_checkpoint` writes "
+        "`latest_checkpointed_iteration.txt` with `open(..., 'w')` then `write` (no temp file and rename); a kill "
+        "between the two leaves an empty file and "
+        "`find_latest_ckpt_path` raises. slimckpt's sync recipes still go through that write (only async moves the "
+        "tracker itself, atomically)",
+    ),
+    (
+        "FileNotFoundError",
+        "**tracker names a deleted step**: verl's retention (`register_checkpoint`, with "
+        "max_ckpt_to_keep=1) deletes the previous step's actor dir inside the save, before the trainer moves the "
+        "tracker; a kill in between leaves the tracker on a step without its shards",
+    ),
 )
 
 
 def check_words() -> str:
-    return (f"slimckpt's rows are checked against HEAD in {', '.join(f'`{p}`' for p in OUR_CODE + FAULT_SCRIPTS)}"
-            f"; verl's in the scripts only (verl itself is pinned)")
+    return (
+        f"slimckpt's rows are checked against HEAD in {', '.join(f'`{p}`' for p in OUR_CODE + FAULT_SCRIPTS)}"
+        f"; verl's in the scripts only (verl itself is pinned)"
+    )
 
 
 def _flag_lines(flags: dict[str, Flag | None], checked: str) -> list[str]:
@@ -216,32 +236,44 @@ FIXED_SINCE = (
     "Found later, when the uncut run of incremental-async@keep=1 hung twice in two: retention removes "
     "the step's role dir and leaves its data.pt, and the watcher gave up only a removed step dir, so it waited for "
     "a manifest that could no longer appear - since commit 6696ca6 it gives up a step whose role dir has no "
-    "manifest once a newer step of that role is committed (tests/e2e/test_faults.py reproduces it).")
+    "manifest once a newer step of that role is committed (tests/e2e/test_faults.py reproduces it)."
+)
 
 
 def _merge_findings(modes: dict[str, Any]) -> list[str]:
     out = []
     for key, e in modes.items():
-        broken = [t for t in e.get("trials", []) if e["kind"] == "merge" and
-                  t["outcome"] == "looks-complete-but-broken"]
+        broken = [
+            t for t in e.get("trials", []) if e["kind"] == "merge" and t["outcome"] == "looks-complete-but-broken"
+        ]
         if broken:
-            how = "writes into the target directly (no temporary dir, no manifest)" if e["mode"] == "verl-merge" \
+            how = (
+                "writes into the target directly (no temporary dir, no manifest)"
+                if e["mode"] == "verl-merge"
                 else "left a target that does not verify"
-            out.append(f"- {key}: {len(broken)} kill(s) left config.json plus every weight file in the target, with "
-                       f"bytes that differ from an uncut run's: it {how}.")
+            )
+            out.append(
+                f"- {key}: {len(broken)} kill(s) left config.json plus every weight file in the target, with "
+                f"bytes that differ from an uncut run's: it {how}."
+            )
     return out + [""] if out else []
 
 
 def _merge_rows(modes: dict[str, Any], flags: dict[str, Flag | None] | None = None) -> list[str]:
-    rows = ["| tool | trials | no complete-looking output | complete and correct | looks complete but broken | "
-            "rerun failed | where the kills landed |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| tool | trials | no complete-looking output | complete and correct | looks complete but broken | "
+        "rerun failed | where the kills landed |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for key, e in modes.items():
         if e["kind"] != "merge":
             continue
         c = e["summary"]["outcomes"]
-        rows.append(f"| {_mark(LABELS[e['mode']], (flags or {}).get(key))} | {len(e['trials'])} | {c.get('absent', 0)} | "
-                    f"{c.get('complete-verified', 0)} | {c.get('looks-complete-but-broken', 0)} | "
-                    f"{c.get('rerun-failed', 0)} | {_pairs(e['summary']['states'])} |")
+        rows.append(
+            f"| {_mark(LABELS[e['mode']], (flags or {}).get(key))} | {len(e['trials'])} | {c.get('absent', 0)} | "
+            f"{c.get('complete-verified', 0)} | {c.get('looks-complete-but-broken', 0)} | "
+            f"{c.get('rerun-failed', 0)} | {_pairs(e['summary']['states'])} |"
+        )
     return rows
 
 
@@ -254,44 +286,66 @@ def _details(modes: dict[str, Any]) -> list[str]:
         q = s["kill_s"]
         if e["kind"] == "save":
             cal = e["calibration"]
-            out += [f"**{key}** — kills uniform within {e['window_s']:.3f} s of the start of the save of a random "
-                    f"step 1-4 (1.3x the calibrated median from a save's start to its commit, "
-                    f"{cal['save_to_commit_s']:.3f} s; the save call itself {cal['save_call_s']:.3f} s, a train+save "
-                    f"period {cal['period_s']:.3f} s); kill time after that save began, quartiles "
-                    f"{', '.join(f'{x:.3f}' for x in q)} s; step at the kill: "
-                    f"{_pairs(dict(sorted(s['steps_at_kill'].items(), key=lambda kv: int(kv[0]))), ': ')}.",
-                    "", f"- where rank 0 was (its last event before the kill): "
-                        f"{_pairs(dict(sorted(s['phases'].items(), key=lambda kv: -kv[1])))}",
-                    f"- exact loads of a step whose commit point passed just before the kill (its `committed` "
-                    f"line not yet written): {s['loaded_in_flight_step']}"]
+            out += [
+                f"**{key}** — kills uniform within {e['window_s']:.3f} s of the start of the save of a random "
+                f"step 1-4 (1.3x the calibrated median from a save's start to its commit, "
+                f"{cal['save_to_commit_s']:.3f} s; the save call itself {cal['save_call_s']:.3f} s, a train+save "
+                f"period {cal['period_s']:.3f} s); kill time after that save began, quartiles "
+                f"{', '.join(f'{x:.3f}' for x in q)} s; step at the kill: "
+                f"{_pairs(dict(sorted(s['steps_at_kill'].items(), key=lambda kv: int(kv[0]))), ': ')}.",
+                "",
+                f"- where rank 0 was (its last event before the kill): "
+                f"{_pairs(dict(sorted(s['phases'].items(), key=lambda kv: -kv[1])))}",
+                f"- exact loads of a step whose commit point passed just before the kill (its `committed` "
+                f"line not yet written): {s['loaded_in_flight_step']}",
+            ]
             if s["errors"]:
                 out += ["- crash-on-load errors: " + "; ".join(f"`{k}` ×{v}" for k, v in s["errors"].items())]
             bad = [t for t in e["trials"] if t["outcome"] in oracle.BAD][:3]
             for t in bad:
-                out.append(f"- e.g. trial {t['trial']}: killed in `{t['phase_rank0']}` of step {t['step_at_kill']}, "
-                           f"last committed {t['last_committed']}, tracker {t['found']['tracker']}, "
-                           f"dirs {json.dumps(t['found']['steps'])}: {t['outcome']} — {t['why']}")
+                out.append(
+                    f"- e.g. trial {t['trial']}: killed in `{t['phase_rank0']}` of step {t['step_at_kill']}, "
+                    f"last committed {t['last_committed']}, tracker {t['found']['tracker']}, "
+                    f"dirs {json.dumps(t['found']['steps'])}: {t['outcome']} — {t['why']}"
+                )
             out.append("")
         else:
             cal = e["calibration"]
-            out += [f"**{key}** — uncut merge {cal['merge_s']:.2f} s (median of 3), its output dir appearing "
-                    f"{cal['merge_s'] - cal.get('output_to_exit_s', 0):.2f} s after the start; kills uniform within "
-                    f"{e['window_s']:.3f} s (1.15x the rest of the run) of the output dir's appearance; kill time "
-                    f"after it, quartiles {', '.join(f'{x:.3f}' for x in q)} s.", ""]
+            out += [
+                f"**{key}** — uncut merge {cal['merge_s']:.2f} s (median of 3), its output dir appearing "
+                f"{cal['merge_s'] - cal.get('output_to_exit_s', 0):.2f} s after the start; kills uniform within "
+                f"{e['window_s']:.3f} s (1.15x the rest of the run) of the output dir's appearance; kill time "
+                f"after it, quartiles {', '.join(f'{x:.3f}' for x in q)} s.",
+                "",
+            ]
     return out
 
 
-def _side(title: str, side: dict | None, script: str, name: str, seconds: float | None,
-          flag: Flag | None = None) -> list[str]:
+def _side(
+    title: str, side: dict | None, script: str, name: str, seconds: float | None, flag: Flag | None = None
+) -> list[str]:
     """Another campaign's section, rendered by that script's own `render`."""
     if side is None:
-        return [f"## {title}", "", f"Not run: no docs/reliability/{name} (`{SIDE_MODULES[script]}` missing or skipped).", ""]
+        return [
+            f"## {title}",
+            "",
+            f"Not run: no docs/reliability/{name} (`{SIDE_MODULES[script]}` missing or skipped).",
+            "",
+        ]
     took = f", {seconds / 60:.1f} min here" if seconds else ""
-    out = [f"## {title}", "", f"`python -m {SIDE_MODULES[script]} --json docs/reliability/{name}` (run by `make faults`{took}; "
-                              f"rendered by that script).", ""]
+    out = [
+        f"## {title}",
+        "",
+        f"`python -m {SIDE_MODULES[script]} --json docs/reliability/{name}` (run by `make faults`{took}; "
+        f"rendered by that script).",
+        "",
+    ]
     if flag is not None:
-        out += [f"**[{flag.marker}]** every figure of this section: {flag.note} "
-                f"(checked: {', '.join(f'`{p}`' for p in SIDE_CODE.get(script, ()))}).", ""]
+        out += [
+            f"**[{flag.marker}]** every figure of this section: {flag.note} "
+            f"(checked: {', '.join(f'`{p}`' for p in SIDE_CODE.get(script, ()))}).",
+            "",
+        ]
     if "error" in side:
         return out + [f"Failed: {side['error']}", ""]
     try:
@@ -301,17 +355,31 @@ def _side(title: str, side: dict | None, script: str, name: str, seconds: float 
         return out + ["```", module.render(side), "```", ""]
     except Exception as exc:  # noqa: BLE001 - their format may change; show the raw summary then
         raw = side.get("summary", side) if isinstance(side, dict) else side
-        return out + [f"(its renderer failed: {type(exc).__name__}: {exc})", "```", json.dumps(raw, indent=1)[:3000],
-                      "```", ""]
+        return out + [
+            f"(its renderer failed: {type(exc).__name__}: {exc})",
+            "```",
+            json.dumps(raw, indent=1)[:3000],
+            "```",
+            "",
+        ]
 
 
-def render_report(sigkill: dict | None, corruption: dict | None, env: dict | None,
-                  side_runs: dict | None = None, check: Callable | None = None) -> str:
+def render_report(
+    sigkill: dict | None,
+    corruption: dict | None,
+    env: dict | None,
+    side_runs: dict | None = None,
+    check: Callable | None = None,
+) -> str:
     """`check(provenance, paths) -> Flag | None` (default: git in this repository, `Checker`)."""
     check = check or Checker()
-    lines = ["# Reliability", "",
-             "What a crash does to a checkpoint, measured. Every figure here is written by one command,",
-             "`make faults` (`python -m scripts.faults.reliability`), from the JSON in `docs/reliability/`.", ""]
+    lines = [
+        "# Reliability",
+        "",
+        "What a crash does to a checkpoint, measured. Every figure here is written by one command,",
+        "`make faults` (`python -m scripts.faults.reliability`), from the JSON in `docs/reliability/`.",
+        "",
+    ]
     if sigkill is None:
         return "\n".join(lines + ["No SIGKILL results yet: run `make faults`.", ""])
     modes = sigkill["modes"]
@@ -322,46 +390,75 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
     if side_s:
         total = (sigkill.get("seconds", 0) + side_s) / 60
         load = sigkill.get("load_average_1min")
-        load_text = (f"1-minute load average {load['start']} when the SIGKILL campaign started, {load['end']} when "
-                     f"it ended" if load else "load average not recorded")
-        lines += [f"The whole `make faults` took {total:.1f} min here (SIGKILL campaign "
-                  f"{sigkill.get('seconds', 0) / 60:.1f} min, the other two {side_s / 60:.1f} min), on "
-                  f"{sigkill.get('machine', {}).get('cpus', '?')} cores ({load_text}).", ""]
+        load_text = (
+            f"1-minute load average {load['start']} when the SIGKILL campaign started, {load['end']} when it ended"
+            if load
+            else "load average not recorded"
+        )
+        lines += [
+            f"The whole `make faults` took {total:.1f} min here (SIGKILL campaign "
+            f"{sigkill.get('seconds', 0) / 60:.1f} min, the other two {side_s / 60:.1f} min), on "
+            f"{sigkill.get('machine', {}).get('cpus', '?')} cores ({load_text}).",
+            "",
+        ]
     ours_bad = sum(e["summary"]["bad"] or 0 for e in modes.values() if e["mode"] in OURS)
     ours_n = sum(len(e["trials"]) for e in modes.values() if e["mode"] in OURS)
     verl_bad = sum(e["summary"]["bad"] or 0 for e in modes.values() if e["mode"] not in OURS)
     verl_n = sum(len(e["trials"]) for e in modes.values() if e["mode"] not in OURS)
     m = sigkill.get("machine", {})
     lines += [
-        "## SIGKILL at a random moment", "",
+        "## SIGKILL at a random moment",
+        "",
         f"{sigkill['trials_per_mode']} trials per mode unless a row says otherwise, world size "
         f"{sigkill['world_size']}, seed {sigkill['seed']}; "
         f"{m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}, verl {m.get('verl', '?')}; "
         f"the rows below took {sigkill.get('seconds', 0) / 60:.1f} min"
-        + (f"; slimckpt source: {sigkill['source']}" if sigkill.get("source") else "") + ". Commands:", "",
-        *[f"- `{c}`" for c in [sigkill.get("command", "python -m scripts.faults.reliability")]
-          + list(sigkill.get("extra_commands", []))], "",
+        + (f"; slimckpt source: {sigkill['source']}" if sigkill.get("source") else "")
+        + ". Commands:",
+        "",
+        *[
+            f"- `{c}`"
+            for c in [sigkill.get("command", "python -m scripts.faults.reliability")]
+            + list(sigkill.get("extra_commands", []))
+        ],
+        "",
         f"**slimckpt: {ours_bad} bad outcomes in {ours_n} kills. verl 0.9.1's own paths: {verl_bad} bad in "
-        f"{verl_n}.**" + (f" {len(flagged)} of the {len(flags)} rows below ran on code that is not HEAD's or cannot "
-                          f"be checked (marked under each table)." if flagged else ""), "",
-        "### Saving, then `resume_mode=auto`", "",
-        *_save_rows(modes, flags), "",
+        f"{verl_n}.**"
+        + (
+            f" {len(flagged)} of the {len(flags)} rows below ran on code that is not HEAD's or cannot "
+            f"be checked (marked under each table)."
+            if flagged
+            else ""
+        ),
+        "",
+        "### Saving, then `resume_mode=auto`",
+        "",
+        *_save_rows(modes, flags),
+        "",
         *_flag_lines({k: f for k, f in flags.items() if modes[k]["kind"] == "save"}, check_words()),
         "Good outcomes: *exact* (the step loaded is the last committed one, or a later one whose commit point",
         "had just passed, and every rank's model, optimizer, scheduler and RNG hash equal what was recorded",
         "for that step before its save) and *clean start* (nothing was committed yet). Bad: *lost committed*",
         "(a committed step was not resumed), *crash on load* (the resume raised or hung), *wrong state* /",
         "*partial* (loaded, but not the recorded state of a committed / an unfinished step). *tracker →",
-        "uncommitted*: after the kill the tracker named a step without its manifest or data.pt (incremental).", "",
+        "uncommitted*: after the kill the tracker named a step without its manifest or data.pt (incremental).",
+        "",
         *_findings(modes),
-        "### Merging", "", *_merge_rows(modes, flags), "",
+        "### Merging",
+        "",
+        *_merge_rows(modes, flags),
+        "",
         *_flag_lines({k: f for k, f in flags.items() if modes[k]["kind"] != "save"}, check_words()),
         *_merge_findings(modes),
         "A killed merge must leave no output that looks complete (config.json plus every weight file, and for",
         "slimckpt its manifest) unless it is complete and byte-identical to an uncut run's; the same command",
-        "rerun afterwards must succeed.", "",
-        "### Where the kills landed", "", *_details(modes),
-        "## Method", "",
+        "rerun afterwards must succeed.",
+        "",
+        "### Where the kills landed",
+        "",
+        *_details(modes),
+        "## Method",
+        "",
         "- **Real code.** The trainer side is verl's own `PPOTrainer._save_checkpoint` and `_load_checkpoint`",
         "  (the v1 trainer, verl 0.9.1's default) called on a stand-in `self` that holds the config keys they",
         "  read; slimckpt's tracker patch wraps it as in a run. `actor_rollout_wg` and `critic_wg` (PPO:",
@@ -390,12 +487,14 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "  when its output dir appears (slimckpt: `<target>.partial`; verl: the target) to 1.15x the rest of",
         "  an uncut run. The merge process is killed; slimckpt's writer child dies with it.",
         "- **Cost.** The parent imports torch, transformers and verl once and forks every rank, so a trial",
-        "  costs about a second or two of CPU on a 2-core machine.", "",
-        "## What this does not test", "",
+        "  costs about a second or two of CPU on a 2-core machine.",
+        "",
+        "## What this does not test",
+        "",
         "- **Power loss.** SIGKILL leaves the page cache intact: every write the process made survives. A power",
         "  cut or kernel crash also drops unsynced pages, so what matters then is fsync (slimckpt fsyncs files,",
         "  the manifest and the tracker before the rename; verl fsyncs nothing). Not simulated here.",
-        "- **One rank dying alone** or stalling: not here, in the section \"One rank lost mid-save or mid-merge\"",
+        '- **One rank dying alone** or stalling: not here, in the section "One rank lost mid-save or mid-merge"',
         "  below (scripts/faults/ranks.py). Network filesystems (rename and fsync semantics differ on",
         "  NFS/Lustre); GPU runs (device-to-host copies, pinned staging) — the save paths are the same code,",
         "  but timing differs.",
@@ -403,13 +502,25 @@ def render_report(sigkill: dict | None, corruption: dict | None, env: dict | Non
         "  duration here, not on a 70B run.",
         "- **The merge's writer forked after torch is imported** (`python -m verl.model_merger merge`, which",
         "  imports torch before it reaches slimckpt): its last campaign was the merge cell's run at 8dd49f4",
-        "  (50 kills, 0 broken), before the writer forked before torch existed.", "",
+        "  (50 kills, 0 broken), before the writer forked before torch existed.",
+        "",
     ]
     took = {k: v.get("seconds") for k, v in (side_runs or {}).items()}
     runs = side_runs or {}
-    lines += _side("Corruption of committed checkpoints", corruption, "corruption_campaign.py", "corruption.json",
-                   took.get("corruption_campaign.py"),
-                   check(provenance(runs.get("corruption_campaign.py") or {}), SIDE_CODE["corruption_campaign.py"]))
-    lines += _side("Environment faults", env, "env_faults.py", "env_faults.json", took.get("env_faults.py"),
-                   check(provenance(runs.get("env_faults.py") or {}), SIDE_CODE["env_faults.py"]))
+    lines += _side(
+        "Corruption of committed checkpoints",
+        corruption,
+        "corruption_campaign.py",
+        "corruption.json",
+        took.get("corruption_campaign.py"),
+        check(provenance(runs.get("corruption_campaign.py") or {}), SIDE_CODE["corruption_campaign.py"]),
+    )
+    lines += _side(
+        "Environment faults",
+        env,
+        "env_faults.py",
+        "env_faults.json",
+        took.get("env_faults.py"),
+        check(provenance(runs.get("env_faults.py") or {}), SIDE_CODE["env_faults.py"]),
+    )
     return "\n".join(lines)

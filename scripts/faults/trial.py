@@ -80,15 +80,22 @@ def checkpoint_block(mode: str, role: str = "actor") -> dict[str, Any]:
 def trainer_config(mode: str, root: str, keep: int | None):
     from omegaconf import OmegaConf
 
-    return OmegaConf.create({
-        "actor_rollout_ref": {"actor": {"checkpoint": checkpoint_block(mode)}},
-        "critic": {"checkpoint": checkpoint_block(mode, "critic")},
-        "trainer": {
-            "default_local_dir": root, "default_hdfs_dir": None, "resume_mode": "auto", "resume_from_path": None,
-            "del_local_ckpt_after_load": False, "remove_previous_ckpt_in_save": False,
-            "max_actor_ckpt_to_keep": keep, "max_critic_ckpt_to_keep": keep,
-        },
-    })
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {"actor": {"checkpoint": checkpoint_block(mode)}},
+            "critic": {"checkpoint": checkpoint_block(mode, "critic")},
+            "trainer": {
+                "default_local_dir": root,
+                "default_hdfs_dir": None,
+                "resume_mode": "auto",
+                "resume_from_path": None,
+                "del_local_ckpt_after_load": False,
+                "remove_previous_ckpt_in_save": False,
+                "max_actor_ckpt_to_keep": keep,
+                "max_critic_ckpt_to_keep": keep,
+            },
+        }
+    )
 
 
 # --------------------------------------------------------------------------- events
@@ -150,7 +157,8 @@ def install_phase_markers() -> None:
 
 def install_slim_markers() -> None:
     """After slimckpt's patches are on: its commit and its async tracker write."""
-    from slimckpt.save import step_commit, tracker as resume_tracker
+    from slimckpt.save import step_commit
+    from slimckpt.save import tracker as resume_tracker
 
     _wrap(step_commit, "write_manifest", "manifest")
     original = resume_tracker.write_tracker
@@ -187,8 +195,13 @@ class Model:
         self.model = wrap_fsdp2(model, mesh, "dim0", WORLD)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, weight_decay=0.01)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 4))
-        self.manager = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler,
-                                             processing_class=build_tokenizer(VOCAB), checkpoint_config=ckpt_config)
+        self.manager = FSDPCheckpointManager(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            processing_class=build_tokenizer(VOCAB),
+            checkpoint_config=ckpt_config,
+        )
 
     def step(self, ids) -> None:
         out = self.model(input_ids=ids, labels=ids) if self.role == "actor" else self.model(input_ids=ids)
@@ -249,14 +262,19 @@ def state_hashes(run: Run) -> dict[str, str]:
     parts = {}
     for role, m in run.roles.items():
         optim = m.optimizer.state_dict()
-        parts.update({
-            content_key(role, "model"): m.model.state_dict(),
-            content_key(role, "optim"): {"state": optim["state"], "groups": [
-                {k: v for k, v in g.items() if k != "params"} for g in optim["param_groups"]]},
-            content_key(role, "extra"): {
-                "scheduler": {k: v for k, v in m.scheduler.state_dict().items() if k != "lr_lambdas"},
-                "rng": torch.get_rng_state()},
-        })
+        parts.update(
+            {
+                content_key(role, "model"): m.model.state_dict(),
+                content_key(role, "optim"): {
+                    "state": optim["state"],
+                    "groups": [{k: v for k, v in g.items() if k != "params"} for g in optim["param_groups"]],
+                },
+                content_key(role, "extra"): {
+                    "scheduler": {k: v for k, v in m.scheduler.state_dict().items() if k != "lr_lambdas"},
+                    "rng": torch.get_rng_state(),
+                },
+            }
+        )
     out = {}
     for name, obj in parts.items():
         h = hashlib.sha1()
@@ -268,8 +286,12 @@ def state_hashes(run: Run) -> dict[str, str]:
 def compared_contents(mode: str) -> list[str]:
     """The hash keys a resume of this mode restores: each role's load_contents."""
     names = {"model": "model", "optimizer": "optim", "extra": "extra"}
-    return [content_key(role, names[c]) for role in ROLES
-            for c in checkpoint_block(mode, role).get("load_contents") or [] if c in names]
+    return [
+        content_key(role, names[c])
+        for role in ROLES
+        for c in checkpoint_block(mode, role).get("load_contents") or []
+        if c in names
+    ]
 
 
 # --------------------------------------------------------------------------- worker group
@@ -369,9 +391,16 @@ class Callback:
 
 
 def make_trainer(mode: str, root: str, keep: int | None, run: Run, total: int):
-    trainer = SimpleNamespace(config=trainer_config(mode, root, keep), global_steps=0, use_critic=True,
-                              trainer_mode="sync", total_training_steps=total, checkpoint_callback=Callback(),
-                              actor_rollout_wg=WorkerGroup(run, "actor"), critic_wg=WorkerGroup(run, "critic"))
+    trainer = SimpleNamespace(
+        config=trainer_config(mode, root, keep),
+        global_steps=0,
+        use_critic=True,
+        trainer_mode="sync",
+        total_training_steps=total,
+        checkpoint_callback=Callback(),
+        actor_rollout_wg=WorkerGroup(run, "actor"),
+        critic_wg=WorkerGroup(run, "critic"),
+    )
     trainer.train_dataloader = Loader(trainer)
     return trainer
 
@@ -401,8 +430,9 @@ def assert_patching(mode: str) -> None:
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    patched = hasattr(FSDPCheckpointManager.save_checkpoint, "__wrapped__") and \
-        hasattr(PPOTrainer._save_checkpoint, "__wrapped__")
+    patched = hasattr(FSDPCheckpointManager.save_checkpoint, "__wrapped__") and hasattr(
+        PPOTrainer._save_checkpoint, "__wrapped__"
+    )
     want = MODES[mode][0] is not None
     if patched != want:
         raise RuntimeError(f"{mode}: slimckpt's checkpoint patches {'missing' if want else 'applied'}")
@@ -470,8 +500,9 @@ def checker(mode: str, trial_dir: str, rank: int, keep: int | None) -> None:
         dispatch(run, ["hash", [os.path.join(trial_dir, "resume_hash_rank_{rank}.json")]])
         stop_followers()
         with open(out, "w") as f:
-            json.dump({"step": int(trainer.global_steps), "error": error,
-                       "dataloader": trainer.train_dataloader.loaded}, f)
+            json.dump(
+                {"step": int(trainer.global_steps), "error": error, "dataloader": trainer.train_dataloader.loaded}, f
+            )
     dist.barrier()
 
 
@@ -488,14 +519,19 @@ def build_merge_fixture(out_dir: str, rank: int, hidden: int, layers: int, vocab
 
     _init(os.path.dirname(out_dir), rank, "fixture")
     torch.manual_seed(0)
-    args = SimpleNamespace(model="llama", vocab=vocab, hidden=hidden, intermediate=hidden * 2, layers=layers,
-                           heads=4, kv_heads=2)
+    args = SimpleNamespace(
+        model="llama", vocab=vocab, hidden=hidden, intermediate=hidden * 2, layers=layers, heads=4, kv_heads=2
+    )
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
     model = wrap_fsdp2(AutoModelForCausalLM.from_config(build_config(args)), mesh, "dim0", WORLD)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    manager = FSDPCheckpointManager(model, optimizer, None, processing_class=build_tokenizer(vocab),
-                                    checkpoint_config=CheckpointConfig(save_contents=["model"],
-                                                                       load_contents=["model"]))
+    manager = FSDPCheckpointManager(
+        model,
+        optimizer,
+        None,
+        processing_class=build_tokenizer(vocab),
+        checkpoint_config=CheckpointConfig(save_contents=["model"], load_contents=["model"]),
+    )
     manager.save_checkpoint(out_dir, global_step=1)
     dist.barrier()
 
@@ -510,8 +546,17 @@ def merge_child(kind: str, local_dir: str, target: str, overwrite: bool) -> int:
     if kind == "merge":
         import slimckpt
 
-        argv = [sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", local_dir, "--target_dir", target,
-                "--no_progress"] + (["--overwrite"] if overwrite else [])
+        argv = [
+            sys.executable,
+            "-m",
+            "slimckpt.cli",
+            "merge",
+            "--local_dir",
+            local_dir,
+            "--target_dir",
+            target,
+            "--no_progress",
+        ] + (["--overwrite"] if overwrite else [])
         source = os.path.dirname(os.path.dirname(os.path.abspath(slimckpt.__file__)))  # the code under test
         path = os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         sys.stdout.flush()
@@ -523,8 +568,13 @@ def merge_child(kind: str, local_dir: str, target: str, overwrite: bool) -> int:
     from verl.model_merger.base_model_merger import ModelMergerConfig
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=local_dir, target_dir=target,
-                               hf_model_config_path=os.path.join(local_dir, "huggingface"))
+    config = ModelMergerConfig(
+        operation="merge",
+        backend="fsdp",
+        local_dir=local_dir,
+        target_dir=target,
+        hf_model_config_path=os.path.join(local_dir, "huggingface"),
+    )
     merger = FSDPModelMerger(config)
     original = getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)
     try:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_cpu_e2e import rollouts
 from ..helpers.verl_runs import ADOPT_RECIPES, step_metrics
+from .test_cpu_e2e import rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +40,9 @@ def test_verl_default_run_is_the_same_job(adopt_runs, incremental_run):
     run = adopt_runs["adopt_verl"]
     assert sorted(step_metrics(run.text)) == [1, 2]
     actor = run.ckpt / "global_step_2" / "actor"
-    assert {"model_world_size_2_rank_0.pt", "optim_world_size_2_rank_0.pt",
-            "extra_state_world_size_2_rank_0.pt"} <= {p.name for p in actor.iterdir()}
+    assert {"model_world_size_2_rank_0.pt", "optim_world_size_2_rank_0.pt", "extra_state_world_size_2_rank_0.pt"} <= {
+        p.name for p in actor.iterdir()
+    }
     assert (run.ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert_same_training(run, incremental_run, (1, 2))
     assert not slim_lines(run.text, "continues from")
@@ -80,10 +81,13 @@ def test_recipe_added_mid_run_continues_from_the_last_step(adopt_runs, increment
     assert "save_freq" not in settings[0]
 
 
-@pytest.mark.parametrize("recipe, why", [
-    ("quickstart", "holds model only"),
-    ("incremental", "is in slimckpt's incremental format (dcp/)"),
-])
+@pytest.mark.parametrize(
+    "recipe, why",
+    [
+        ("quickstart", "holds model only"),
+        ("incremental", "is in slimckpt's incremental format (dcp/)"),
+    ],
+)
 def test_dropping_the_recipe_stops_in_one_line(adopt_runs, recipe, why):
     run = adopt_runs[f"adopt_plain_after_{recipe}"]
     lines = slim_lines(run.text, why)
@@ -92,5 +96,4 @@ def test_dropping_the_recipe_stops_in_one_line(adopt_runs, recipe, why):
     assert "Traceback" not in run.text
     assert not step_metrics(run.text)  # it stopped before training, and saved nothing
     where = Path(run.ckpt) / ("model_only" if recipe == "quickstart" else "")
-    assert (where / "latest_checkpointed_iteration.txt").read_text().strip() == ("3" if recipe == "quickstart"
-                                                                                   else "4")
+    assert (where / "latest_checkpointed_iteration.txt").read_text().strip() == ("3" if recipe == "quickstart" else "4")

@@ -9,17 +9,19 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from ..conftest import REPO
+
 
 def _load(name: str):
     return importlib.import_module(f"scripts.bench.{name}")
 
 
 # a process that grows its anonymous memory by 32 MiB every 20 ms, to 1 GiB, and then sleeps
-GROW = ("import time\nheld = []\nfor i in range(32):\n    held.append(bytearray(32 << 20))\n    "
-        "print(f'step {i}', flush=True)\n    time.sleep(0.02)\ntime.sleep(30)\n")
+GROW = (
+    "import time\nheld = []\nfor i in range(32):\n    held.append(bytearray(32 << 20))\n    "
+    "print(f'step {i}', flush=True)\n    time.sleep(0.02)\ntime.sleep(30)\n"
+)
 
 
 def test_capped_run_is_killed_past_its_cap():
@@ -35,16 +37,36 @@ def test_capped_run_is_killed_past_its_cap():
 
 def test_capped_run_below_its_cap_finishes():
     scale = _load("scale")
-    got = scale.run_capped([sys.executable, "-c", "import time; x = b'1' * (64 << 20); time.sleep(0.5); print('done')"], {}, 1 << 30)
+    got = scale.run_capped(
+        [sys.executable, "-c", "import time; x = b'1' * (64 << 20); time.sleep(0.5); print('done')"], {}, 1 << 30
+    )
     assert not got["killed"] and got["returncode"] == 0 and "done" in got["output_tail"]
     assert got["peak_rss_anon"] >= 64 << 20
 
 
 def test_too_little_disk_is_said_and_nothing_is_measured(tmp_path):
     out = tmp_path / "B.md"
-    proc = subprocess.run([sys.executable, "-m", "scripts.bench.scale", "--min-free-gib", "1e9", "--work",
-                           str(tmp_path / "w"), "--json", str(tmp_path / "s.json"), "--out", str(out), "--readme", ""],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scripts.bench.scale",
+            "--min-free-gib",
+            "1e9",
+            "--work",
+            str(tmp_path / "w"),
+            "--json",
+            str(tmp_path / "s.json"),
+            "--out",
+            str(out),
+            "--readme",
+            "",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "GiB free" in proc.stdout and "nothing measured" in proc.stdout
     assert not out.exists() and not (tmp_path / "s.json").exists()

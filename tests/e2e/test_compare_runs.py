@@ -1,7 +1,6 @@
 """scripts/compare/runs.py and its wandb reader on real wandb offline runs (written by the wandb
 library in a subprocess, a few seconds each), and the ckpt/* summary of per-rank save reports."""
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -102,9 +101,22 @@ def test_reader_rejects_what_is_not_a_run(tmp_path):
 def test_compare_runs_writes_png_and_table(runs, tmp_path):
     out, table = tmp_path / "cmp.png", tmp_path / "cmp.md"
     proc = subprocess.run(
-        [sys.executable, *COMPARE, f"ref={runs / 'ref'}", f"same={runs / 'same'}", f"other={runs / 'other'}",
-         f"resumed={runs / 'resumed'}", "--out", str(out), "--table", str(table)],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
+        [
+            sys.executable,
+            *COMPARE,
+            f"ref={runs / 'ref'}",
+            f"same={runs / 'same'}",
+            f"other={runs / 'other'}",
+            f"resumed={runs / 'resumed'}",
+            "--out",
+            str(out),
+            "--table",
+            str(table),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
@@ -121,8 +133,13 @@ def test_compare_runs_writes_png_and_table(runs, tmp_path):
 
 def test_compare_runs_bad_path_is_one_line_and_no_png(tmp_path):
     out = tmp_path / "x.png"
-    proc = subprocess.run([sys.executable, *COMPARE, str(tmp_path / "missing" / "dir"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, *COMPARE, str(tmp_path / "missing" / "dir"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 2 and not out.exists()
     assert proc.stderr.strip().count("\n") == 0 and "compare_runs.py:" in proc.stderr
 
@@ -131,9 +148,17 @@ def test_ckpt_summary_of_rank_reports(tmp_path):
     step_dir = tmp_path / "global_step_5"
     for role, ranks in (("actor", 2), ("critic", 2)):
         for r in range(ranks):
-            report = {"global_step": 5, "rank": r, "role": role, "seconds": 1.0 + r, "blocking_seconds": 0.5 + r,
-                      "peak_rss_anon_bytes": (2 + r) * 10**9, "peak_rss_extra_bytes": (1 + r) * 10**8,
-                      "bytes_written": 10**9, "time": 100.0}
+            report = {
+                "global_step": 5,
+                "rank": r,
+                "role": role,
+                "seconds": 1.0 + r,
+                "blocking_seconds": 0.5 + r,
+                "peak_rss_anon_bytes": (2 + r) * 10**9,
+                "peak_rss_extra_bytes": (1 + r) * 10**8,
+                "bytes_written": 10**9,
+                "time": 100.0,
+            }
             write_report(report, str(step_dir / role), r, "save")
     stale = read_reports(str(step_dir), 5)[0]
     write_report({**stale, "global_step": 4}, str(step_dir / "actor"), 0, "save")
@@ -164,9 +189,17 @@ def test_ckpt_callback_logs_at_the_save_step_through_the_trainers_logger(tmp_pat
     callback.on_save(trainer=trainer, global_step=7, checkpoint_dir=str(step_dir))  # no reports: nothing logged
     assert logged == []
     (step_dir / "actor").mkdir(parents=True)
-    report = {"global_step": 7, "rank": 0, "role": "actor", "seconds": 2.0, "blocking_seconds": 2.0,
-              "peak_rss_anon_bytes": 10**9, "peak_rss_extra_bytes": 10**8, "bytes_written": 4 * 10**9,
-              "time": __import__("time").time()}
+    report = {
+        "global_step": 7,
+        "rank": 0,
+        "role": "actor",
+        "seconds": 2.0,
+        "blocking_seconds": 2.0,
+        "peak_rss_anon_bytes": 10**9,
+        "peak_rss_extra_bytes": 10**8,
+        "bytes_written": 4 * 10**9,
+        "time": __import__("time").time(),
+    }
     write_report(report, str(step_dir / "actor"), 0, "save")
     callback.on_save(trainer=trainer, global_step=7, checkpoint_dir=str(step_dir), async_save=False)
     assert [s for s, _ in logged] == [7]

@@ -83,7 +83,10 @@ def test_resumed_rollouts_equal_uninterrupted_ones(grpo_runs, incremental_run):
     uninterrupted, interrupted = step_metrics(incremental_run.text), {**step_metrics(first), **step_metrics(resumed)}
     for step in (1, 2, 3, 4):
         for key in before_update:
-            assert math.isclose(float(interrupted[step][key]), float(uninterrupted[step][key]), rel_tol=1e-5), (step, key)
+            assert math.isclose(float(interrupted[step][key]), float(uninterrupted[step][key]), rel_tol=1e-5), (
+                step,
+                key,
+            )
 
 
 # --------------------------------------------------------------------------- +recipe=intermediate
@@ -121,9 +124,23 @@ def test_intermediate_export_equals_verls_merger_and_loads(grpo_runs, tmp_path):
     actor = grpo_runs.ckpt / "global_step_3" / "actor"
     reference = tmp_path / "verl_merged"
     proc = subprocess.run(
-        [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor),
-         "--target_dir", str(reference)],
-        env={**os.environ, "SLIMCKPT_DISABLE": "1"}, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(actor),
+            "--target_dir",
+            str(reference),
+        ],
+        env={**os.environ, "SLIMCKPT_DISABLE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     ours, theirs = _tensors(actor / "huggingface"), _tensors(reference)
     assert theirs, f"verl's merger wrote nothing (exit {proc.returncode}): {proc.stderr[-2000:]}"
     assert ours.keys() == theirs.keys()
@@ -168,4 +185,6 @@ def test_ppo_repeats_bit_for_bit(ppo_twice):
         keys = sorted(k for k in first[step] if not k.startswith(NOT_TRAINING))
         assert "critic/values/mean" in keys and "actor/entropy" in keys
         differ = [k for k in keys if first[step][k] != again[step].get(k)]
-        assert not differ, f"step {step}: {differ[:5]} differ, e.g. {first[step][differ[0]]} vs {again[step].get(differ[0])}"
+        assert not differ, (
+            f"step {step}: {differ[:5]} differ, e.g. {first[step][differ[0]]} vs {again[step].get(differ[0])}"
+        )

@@ -29,8 +29,19 @@ def launcher_argv(script: Path, *args: str, env: dict | None = None) -> list[str
     full = {**os.environ, "PYTHON": "echo", **(env or {})}
     for knob in ("NNODES", "GPUS_PER_NODE", "MODEL_PATH", "ALGO"):
         full.pop(knob, None)
-    out = subprocess.run(["bash", str(script), "--dry-run", *args], env=full, capture_output=True, text=True,
-                         check=True, cwd=REPO, timeout=60).stdout.strip().splitlines()[-1]
+    out = (
+        subprocess.run(
+            ["bash", str(script), "--dry-run", *args],
+            env=full,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+            timeout=60,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     argv = shlex.split(out)
     assert argv[:3] == ["-m", "slimckpt.cli", "dryrun"] and "--plan" in argv
     return argv[3:]
@@ -48,8 +59,11 @@ def verdicts(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("plan: ")]
 
 
-NODE_ROW = re.compile(r"\(as composed\)\s+(?P<rank>[\d.]+ \w+)\s+(?P<node>[\d.]+ \w+)\s+(?P<budget>[\d.]+ \w+)\s+"
-                      r"(?P<device>0|[\d.]+ \w+)\s+(?P<blocked>[\d.]+ s|-)\s+(?P<fits>yes|NO)$", re.M)
+NODE_ROW = re.compile(
+    r"\(as composed\)\s+(?P<rank>[\d.]+ \w+)\s+(?P<node>[\d.]+ \w+)\s+(?P<budget>[\d.]+ \w+)\s+"
+    r"(?P<device>0|[\d.]+ \w+)\s+(?P<blocked>[\d.]+ s|-)\s+(?P<fits>yes|NO)$",
+    re.M,
+)
 
 
 def node_row(err: str) -> dict[str, str]:
@@ -99,8 +113,14 @@ def test_incremental_stream_mode_blocks_under_a_second_under_offload(capsys):
 
 @pytest.mark.slow
 def test_fsdp1_is_refused_on_paper_with_the_fix(capsys):
-    argv = launcher_argv(TRAIN_70B, "--no-print", "+recipe=incremental", "actor_rollout_ref.actor.strategy=fsdp",
-                         "critic.strategy=fsdp", env={"NODE_MEMORY_GB": str(NODE_GIB)})
+    argv = launcher_argv(
+        TRAIN_70B,
+        "--no-print",
+        "+recipe=incremental",
+        "actor_rollout_ref.actor.strategy=fsdp",
+        "critic.strategy=fsdp",
+        env={"NODE_MEMORY_GB": str(NODE_GIB)},
+    )
     code, _, err = dry_run(argv, capsys)
     assert code == 0 and "FSDP1, world size 32" in err
     own = next(v for v in verdicts(err) if "(as composed)" in v)
@@ -113,8 +133,14 @@ def test_launcher_dry_run_prints_the_plan_after_the_config(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "NODE_MEMORY_GB": str(NODE_GIB), "DISK_GBPS": "20"}
     for knob in ("NNODES", "GPUS_PER_NODE", "MODEL_PATH", "ALGO"):
         env.pop(knob, None)
-    proc = subprocess.run(["bash", str(TRAIN_70B), "--dry-run", "+recipe=incremental"], env=env, capture_output=True,
-                          text=True, cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        ["bash", str(TRAIN_70B), "--dry-run", "+recipe=incremental"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-1].startswith("config OK")  # stdout stays the config
     assert "checkpoint storage 20 GB/s aggregate" in proc.stderr and "time @20 GB/s" in proc.stderr
@@ -125,8 +151,14 @@ def test_launcher_dry_run_prints_the_plan_after_the_config(tmp_path):
 def test_small_launcher_plans_its_local_tiny_model(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "TINY_ASSETS": str(tmp_path / "tiny")}
     env.pop("MODEL_PATH", None)
-    proc = subprocess.run(["bash", str(TRAIN_SMALL), "--dry-run", "--no-print", "+recipe=incremental"], env=env,
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        ["bash", str(TRAIN_SMALL), "--dry-run", "--no-print", "+recipe=incremental"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(model config: the model dir)" in proc.stderr and "FSDP2, world size 2" in proc.stderr
     assert any("(as composed)" in v for v in verdicts(proc.stderr))
@@ -135,8 +167,17 @@ def test_small_launcher_plans_its_local_tiny_model(tmp_path):
 def test_a_model_without_a_config_here_is_skipped_in_one_line(capsys):
     from slimckpt.plan.dryrun import Assumptions, run
 
-    code = run(["+size=70b", "+cluster=4x8", "+algo=grpo", "+recipe=quickstart",
-                "actor_rollout_ref.model.path=some-org/not-here-70B"], Assumptions(), out=sys.stdout)
+    code = run(
+        [
+            "+size=70b",
+            "+cluster=4x8",
+            "+algo=grpo",
+            "+recipe=quickstart",
+            "actor_rollout_ref.model.path=some-org/not-here-70B",
+        ],
+        Assumptions(),
+        out=sys.stdout,
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 0 and len(lines) == 1
     assert lines[0].startswith("plan: skipped: some-org/not-here-70B") and "--world-size 32" in lines[0]
@@ -150,8 +191,12 @@ def test_fsdp1_start_up_line_sizes_the_device_copy(tmp_path):
     model.mkdir()
     (model / "config.json").write_text((REPO / "docs" / "configs" / "llama3-70b.json").read_text())
     base = ["+size=70b", "+cluster=4x8", "+algo=ppo", "+recipe=incremental", f"actor_rollout_ref.model.path={model}"]
-    assert fsdp1_cost_line(compose_config(base + ["actor_rollout_ref.actor.strategy=fsdp2",
-                                                  "critic.strategy=fsdp2"]), use_critic=True) == ""
+    assert (
+        fsdp1_cost_line(
+            compose_config(base + ["actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2"]), use_critic=True
+        )
+        == ""
+    )
     line = fsdp1_cost_line(compose_config(base), use_critic=True)  # verl's default strategy: fsdp
     assert "\n" not in line and "every actor and critic save" in line
     # 12 bytes x 70.55e9 parameters / 32 GPUs

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from slimckpt.format.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
 from slimckpt.read import locks
 from slimckpt.save import errors as save_errors
 from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 from slimckpt.verl_seam.manager_state import state_of
-from slimckpt.format.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
 
 from ..helpers.slim_logs import lines_of
 
@@ -55,9 +55,11 @@ def test_readers_share_and_exclude_writers(tmp_path):
 
 def test_a_killed_holder_never_blocks(tmp_path):
     target = str(tmp_path / "out")
-    code = ("import sys, time; from slimckpt.read import locks\n"
-            "l = locks.acquire(sys.argv[1], exclusive=True, what='writing', fix='')\n"
-            "print('held', flush=True); time.sleep(60)\n")
+    code = (
+        "import sys, time; from slimckpt.read import locks\n"
+        "l = locks.acquire(sys.argv[1], exclusive=True, what='writing', fix='')\n"
+        "print('held', flush=True); time.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, target], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
@@ -96,8 +98,11 @@ def test_an_export_that_fails_in_training_gives_the_trainers_fix(code, fix):
     from slimckpt.write.out_files import os_error
 
     step_dir = "/ckpt/global_step_3/critic"
-    export = os_error(OSError(code, os.strerror(code), step_dir + "/huggingface/model.safetensors"),
-                      step_dir + "/huggingface/model.safetensors", 4096)
+    export = os_error(
+        OSError(code, os.strerror(code), step_dir + "/huggingface/model.safetensors"),
+        step_dir + "/huggingface/model.safetensors",
+        4096,
+    )
     assert "--target_dir" in str(export) and "--target_dir" in _message(export, MERGE_FIXES)  # the merge's words
     try:
         try:
@@ -150,6 +155,7 @@ def _failing_save(role: Path):
         role.mkdir(parents=True, exist_ok=True)
         (role / "model_world_size_1_rank_0.pt").write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device", str(role / "model_world_size_1_rank_0.pt"))
+
     return save
 
 
@@ -193,10 +199,9 @@ def test_restore_tracker_after_a_failed_step(tmp_path):
 
 
 def test_two_merges_into_one_target(tmp_path):
-    from slimckpt.testing.synthetic import synthetic_checkpoint
-
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
+    from slimckpt.testing.synthetic import synthetic_checkpoint
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     target = str(tmp_path / "out")
@@ -208,10 +213,9 @@ def test_two_merges_into_one_target(tmp_path):
 
 
 def test_merge_refuses_a_step_being_written(tmp_path):
-    from slimckpt.testing.synthetic import synthetic_checkpoint
-
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
+    from slimckpt.testing.synthetic import synthetic_checkpoint
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     with locks.writing(str(src), "saving step 1", fix=""):
@@ -227,9 +231,23 @@ def test_env_faults_script_through_verls_manager(tmp_path):
     """scripts/faults/env.py through verl's real FSDPCheckpointManager: the synchronous incremental
     save (stop) and quickstart with on_save_error=continue, under a file size limit and a held lock."""
     out = tmp_path / "faults.json"
-    proc = subprocess.run([sys.executable, "-m", "scripts.faults.env", "--json", str(out),
-                           "--paths", "incremental_sync,quickstart_continue", "--faults", "fsize_limit,lock,export_full"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scripts.faults.env",
+            "--json",
+            str(out),
+            "--paths",
+            "incremental_sync,quickstart_continue",
+            "--faults",
+            "fsize_limit,lock,export_full",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = {(r["path"], r["fault"]): r for r in report["rows"]}

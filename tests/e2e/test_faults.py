@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from ..conftest import REPO
-
 from scripts.faults import oracle
+
+from ..conftest import REPO
 
 H = {"model": "m", "optim": "o", "extra": "e"}
 
@@ -28,7 +28,7 @@ def _loaded(rec, step, ranks=(0, 1), tamper=None):
 
 
 def test_parse_events_drops_a_torn_line():
-    text = "1.0 train 1 \n1.5 hash 1 {\"model\": \"a\"}\n2.0 save-begin 1 \n2.5 commi"
+    text = '1.0 train 1 \n1.5 hash 1 {"model": "a"}\n2.0 save-begin 1 \n2.5 commi'
     events = oracle.parse_events(text)
     assert [e.kind for e in events] == ["train", "hash", "save-begin"]
     assert json.loads(events[1].detail) == {"model": "a"}
@@ -36,8 +36,10 @@ def test_parse_events_drops_a_torn_line():
 
 
 def test_build_record_reads_rank0_commits_and_every_rank_hash():
-    ev = {0: oracle.parse_events('1 hash 1 {"model": "a"}\n2 save-begin 1 \n3 committed 1 \n4 save-begin 2 '),
-          1: oracle.parse_events('1 hash 1 {"model": "b"}\n5 committed 9 ')}
+    ev = {
+        0: oracle.parse_events('1 hash 1 {"model": "a"}\n2 save-begin 1 \n3 committed 1 \n4 save-begin 2 '),
+        1: oracle.parse_events('1 hash 1 {"model": "b"}\n5 committed 9 '),
+    }
     rec = oracle.build_record(ev)
     assert rec.committed == [1] and rec.begun == [1, 2] and rec.last_committed == 1
     assert rec.hashes[1][1] == {"model": "b"}
@@ -87,9 +89,25 @@ def test_merge_outcomes():
 def test_sigkill_campaign_slimckpt_modes(tmp_path):
     out = tmp_path / "sigkill.json"
     # quickstart (verl's save path under slimckpt's retention) and verl's own modes: `make faults` only
-    cmd = [sys.executable, "-m", "scripts.faults.reliability", "--trials", "2", "--keep", "2",
-           "--modes", "incremental-sync", "incremental-async", "merge",
-           "--no-side", "--no-report", "--json", str(out), "--work", str(tmp_path / "work")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "scripts.faults.reliability",
+        "--trials",
+        "2",
+        "--keep",
+        "2",
+        "--modes",
+        "incremental-sync",
+        "incremental-async",
+        "merge",
+        "--no-side",
+        "--no-report",
+        "--json",
+        str(out),
+        "--work",
+        str(tmp_path / "work"),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert out.exists(), proc.stderr[-3000:]
@@ -97,8 +115,10 @@ def test_sigkill_campaign_slimckpt_modes(tmp_path):
     for key, entry in data["modes"].items():
         assert "error" not in entry, (key, entry.get("error"))
         assert len(entry["trials"]) == 2
-        assert entry["summary"]["bad"] == 0, (key, [t for t in entry["trials"] if t["outcome"] not in
-                                                   oracle.GOOD + oracle.MERGE_GOOD])
+        assert entry["summary"]["bad"] == 0, (
+            key,
+            [t for t in entry["trials"] if t["outcome"] not in oracle.GOOD + oracle.MERGE_GOOD],
+        )
         if entry["kind"] == "save":
             assert entry["calibration"]["control"] == "exact"
             assert entry["summary"]["tracker_names_uncommitted"] == 0
@@ -113,9 +133,14 @@ def test_async_keep1_saves_go_on_when_retention_beats_the_tracker_watcher(tmp_pa
     that step's actor dir. On the broken watcher the uncut run hangs (then a gloo timeout); fixed,
     the four saves go through and the resume is exact at the last step. async_save=stream keeps
     the same retention and tracker behaviour."""
-    proc = subprocess.run([sys.executable, "-m", "tests.scenarios.keep1", str(tmp_path / "work"), mode],
-                          capture_output=True, text=True, timeout=400, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.scenarios.keep1", str(tmp_path / "work"), mode],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "error" not in result, result["error"]

@@ -50,11 +50,16 @@ def test_head_is_in_the_actor_checkpoint_and_trained(flowrl_run):
     ckpt = flowrl_run.ckpt
     shards = {}
     for step in (1, 2):
-        state = torch.load(ckpt / f"global_step_{step}" / "actor" / "model_world_size_2_rank_0.pt",
-                           weights_only=False, mmap=True)
+        state = torch.load(
+            ckpt / f"global_step_{step}" / "actor" / "model_world_size_2_rank_0.pt", weights_only=False, mmap=True
+        )
         shards[step] = {k: _local(v) for k, v in state.items() if is_flowrl_param(k)}
-    assert sorted(shards[1]) == ["flowrl_log_z.net.0.bias", "flowrl_log_z.net.0.weight",
-                                 "flowrl_log_z.net.2.bias", "flowrl_log_z.net.2.weight"]
+    assert sorted(shards[1]) == [
+        "flowrl_log_z.net.0.bias",
+        "flowrl_log_z.net.0.weight",
+        "flowrl_log_z.net.2.bias",
+        "flowrl_log_z.net.2.weight",
+    ]
     assert not torch.equal(shards[1]["flowrl_log_z.net.0.weight"], shards[2]["flowrl_log_z.net.0.weight"])
 
 
@@ -66,9 +71,24 @@ def test_hf_exports_leave_the_head_out(flowrl_run, tmp_path):
     assert saved and not [k for k in saved if is_flowrl_param(k)]
     # verl's merger command, which slimckpt redirects to its streaming merge
     target = tmp_path / "merged"
-    proc = subprocess.run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-                           "--local_dir", str(actor), "--target_dir", str(target)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(actor),
+            "--target_dir",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     merged = _safetensors_keys(target)
     assert sorted(merged) == sorted(saved)
@@ -86,9 +106,22 @@ def test_save_metrics_logged_to_wandb_and_readable_by_compare_runs(flowrl_run, t
         assert len(reports) == 2 and json.loads(reports[0].read_text())["global_step"] == step
     out, table = tmp_path / "cmp.png", tmp_path / "cmp.md"
     wandb_runs = flowrl_run.wandb / "wandb"
-    proc = subprocess.run([sys.executable, "-m", "scripts.compare.runs", f"flowrl={wandb_runs}",
-                           "--out", str(out), "--table", str(table)], capture_output=True, text=True, timeout=120,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scripts.compare.runs",
+            f"flowrl={wandb_runs}",
+            "--out",
+            str(out),
+            "--table",
+            str(table),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in table.read_text().splitlines() if line.startswith("| `flowrl`"))
     cells = [c.strip() for c in row.split("|")[1:-1]]
@@ -105,6 +138,11 @@ def test_wandb_offline_run_has_grouped_keys_and_wandb_sync_takes_it(flowrl_run):
     assert [s for s, _ in history.series("val-core/slimckpt/tiny_add/acc/mean@1")] == [2]
     (run_dir,) = history.sources
     wandb_cli = Path(sys.executable).with_name("wandb")
-    proc = subprocess.run([str(wandb_cli), "sync", "--dry-run", run_dir], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "WANDB_MODE": "offline"})
+    proc = subprocess.run(
+        [str(wandb_cli), "sync", "--dry-run", run_dir],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "WANDB_MODE": "offline"},
+    )
     assert proc.returncode == 0 and "Would sync 1 run" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

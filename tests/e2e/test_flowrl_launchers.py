@@ -17,8 +17,14 @@ def _dry_run(script: str, *args: str, env: dict | None = None) -> dict:
     for knob in ("NNODES", "GPUS_PER_NODE", "MODEL_PATH", "DATA_DIR", "ALGO", "SLIMCKPT_MEASURE", "WANDB_MODE"):
         if knob not in (env or {}):
             full_env.pop(knob, None)
-    proc = subprocess.run(["bash", str(REPO / "scripts" / script), "algo=flowrl", "--dry-run", *args],
-                          capture_output=True, text=True, env=full_env, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / script), "algo=flowrl", "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[-1].startswith("config OK"), proc.stdout[-2000:]
@@ -39,7 +45,10 @@ def test_train_70b_flowrl_with_a_recipe():
     _assert_flowrl(cfg, beta=10)  # the user's override wins over the algo file
     assert cfg["trainer"]["experiment_name"] == "70b_flowrl"
     # measuring and offline wandb reach every worker on every node through Ray's runtime_env
-    assert cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"] == {"SLIMCKPT_MEASURE": "1", "WANDB_MODE": "offline"}
+    assert cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"] == {
+        "SLIMCKPT_MEASURE": "1",
+        "WANDB_MODE": "offline",
+    }
 
 
 def test_train_small_flowrl():

@@ -22,8 +22,14 @@ from ..helpers.verl_runs import step_metrics
 pytestmark = pytest.mark.slow
 
 # metrics of a step that depend on the weights after the previous step's update (i.e. on the Adam moments)
-AFTER_UPDATE = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy",
-                "rollout_corr/training_log_ppl", "response_length/mean")
+AFTER_UPDATE = (
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/grad_norm",
+    "actor/entropy",
+    "rollout_corr/training_log_ppl",
+    "response_length/mean",
+)
 
 
 def test_incremental_async_commits_and_resumes_exactly(incremental_run, incremental_resumed):
@@ -49,8 +55,10 @@ def test_incremental_async_commits_and_resumes_exactly(incremental_run, incremen
 def test_async_save_metrics_come_with_the_commit(incremental_run):
     """An async save once reported its blocking seconds as `seconds`, bytes before its files
     existed and an RSS window that missed the background write."""
-    logged = {step: {k: float(v) for k, v in metrics.items() if k.startswith("ckpt/")}
-              for step, metrics in step_metrics(incremental_run.text).items()}
+    logged = {
+        step: {k: float(v) for k, v in metrics.items() if k.startswith("ckpt/")}
+        for step, metrics in step_metrics(incremental_run.text).items()
+    }
     ckpt = incremental_run.ckpt
     assert sorted(logged) == [1, 2, 3, 4]
     for step, metrics in logged.items():
@@ -87,7 +95,9 @@ def test_a_save_before_the_actors_first_update_changes_no_metric(ppo_warmup):
         keys = sorted(k for k in verl[step] if not k.startswith(NOT_TRAINING))
         assert "critic/values/mean" in keys
         differ = [k for k in keys if verl[step][k] != ours[step].get(k)]
-        assert not differ, f"step {step}: {differ[:5]} differ, e.g. {verl[step][differ[0]]} vs {ours[step].get(differ[0])}"
+        assert not differ, (
+            f"step {step}: {differ[:5]} differ, e.g. {verl[step][differ[0]]} vs {ours[step].get(differ[0])}"
+        )
 
 
 def test_a_step_converted_back_to_verl_resumes_without_the_recipe(incremental_run, convert_back_run):

@@ -72,8 +72,15 @@ def test_train_70b_dry_run_grpo_with_knobs():
 
 
 def test_train_70b_cluster_argument_decides_unless_knobs_are_set():
-    proc = _run(TRAIN_70B, "--dry-run", "--no-validate", "--show", "trainer.nnodes,trainer.n_gpus_per_node",
-                "+cluster=1x8", "+recipe=quickstart")
+    proc = _run(
+        TRAIN_70B,
+        "--dry-run",
+        "--no-validate",
+        "--show",
+        "trainer.nnodes,trainer.n_gpus_per_node",
+        "+cluster=1x8",
+        "+recipe=quickstart",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[:2] == ["trainer.nnodes: 1", "trainer.n_gpus_per_node: 8"]
 
@@ -91,8 +98,13 @@ def test_train_70b_dry_run_broken_override_is_one_readable_line():
 
 def test_train_70b_dry_run_rejects_what_verl_would():
     # composes fine, but verl's workers would reject the layout: 32 GPUs in engines of TP 3 (exit 1)
-    proc = _run(TRAIN_70B, "--dry-run", "--no-print", "+recipe=quickstart",
-                "actor_rollout_ref.rollout.tensor_model_parallel_size=3")
+    proc = _run(
+        TRAIN_70B,
+        "--dry-run",
+        "--no-print",
+        "+recipe=quickstart",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "not divisible by tensor x data x pipeline parallel = 3" in proc.stderr
 
@@ -107,5 +119,8 @@ def test_train_70b_rejects_unknown_algo_before_python():
 def test_train_small_dry_run():
     proc = _run(TRAIN_SMALL, "--dry-run", "+recipe=quickstart")
     cfg = _composed(proc)
-    assert cfg["actor_rollout_ref"]["actor"]["checkpoint"]["_target_"] == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
+    assert (
+        cfg["actor_rollout_ref"]["actor"]["checkpoint"]["_target_"]
+        == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
+    )
     assert cfg["trainer"]["device"] == "cpu"

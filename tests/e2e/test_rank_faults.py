@@ -13,10 +13,14 @@ import pytest
 
 from ..conftest import REPO
 
-GLOO_CLOSED = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
-               "[127.0.0.1]:57578. This is typically caused by a remote worker crashing.")
-GLOO_TIMEOUT = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 5000ms for " \
-               "send operation to complete"
+GLOO_CLOSED = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:57578. This is typically caused by a remote worker crashing."
+)
+GLOO_TIMEOUT = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 5000ms for "
+    "send operation to complete"
+)
 
 
 def test_peer_loss_is_told_from_other_failures():
@@ -93,9 +97,29 @@ def test_one_rank_killed_or_stalled_mid_save(tmp_path):
     it; nothing partial committed, no orphan or held lock, the relaunch resumes exactly."""
     out = tmp_path / "rank_faults.json"
     timeout = 4.0
-    cmd = [sys.executable, "-m", "scripts.faults.ranks", "--kills", "1", "--stalls", "1",
-           "--worlds", "2", "--timeout", str(timeout), "--window", "0.4", "--json", str(out),
-           "--work", str(tmp_path / "work"), "--modes", "incremental-sync", "incremental-async", "incremental-stream"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "scripts.faults.ranks",
+        "--kills",
+        "1",
+        "--stalls",
+        "1",
+        "--worlds",
+        "2",
+        "--timeout",
+        str(timeout),
+        "--window",
+        "0.4",
+        "--json",
+        str(out),
+        "--work",
+        str(tmp_path / "work"),
+        "--modes",
+        "incremental-sync",
+        "incremental-async",
+        "incremental-stream",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert out.exists(), proc.stderr[-3000:]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt.plan import cost
 from slimckpt.format import retention_plan as rp
+from slimckpt.plan import cost
 from slimckpt.save import best_metric
 from slimckpt.testing.launch import launch
 
@@ -93,8 +93,9 @@ def test_steps_held_is_what_retention_leaves_on_disk(max_keep, optimizer_last, k
     """plan's arithmetic (steps_held over retention.peak_steps) against the policy carried out."""
     from slimckpt.save.retention import peak_steps
 
-    policy = rp.RetentionPolicy(max_keep=max_keep, optimizer_last=optimizer_last, keep_best=keep_best,
-                                best_metric="m" if keep_best else None)
+    policy = rp.RetentionPolicy(
+        max_keep=max_keep, optimizer_last=optimizer_last, keep_best=keep_best, best_metric="m" if keep_best else None
+    )
     held = rp.steps_held(policy, peak_steps(max_keep))
     seen = _simulate(policy)
     assert held["whole"] == seen["whole"], (held, seen)
@@ -113,15 +114,45 @@ def test_plan_prices_each_choice(tmp_path):
 
 def test_plan_prints_the_retention_table(tmp_path):
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-                               "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "vocab_size": 256, "tie_word_embeddings": False}))
-    res = subprocess.run([sys.executable, "-m", "slimckpt.plan", "--config", str(cfg), "--world-size", "4",
-                          "--recipe", "incremental", "--max-actor-ckpt-to-keep", "3",
-                          "--set", "keep_optimizer_last=1", "--set", "keep_best=1"],
-                         capture_output=True, text=True, timeout=120)
+    cfg.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 256,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slimckpt.plan",
+            "--config",
+            str(cfg),
+            "--world-size",
+            "4",
+            "--recipe",
+            "incremental",
+            "--max-actor-ckpt-to-keep",
+            "3",
+            "--set",
+            "keep_optimizer_last=1",
+            "--set",
+            "keep_best=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
-    table = res.stdout[res.stdout.index("retention with keep_optimizer_last"):]
+    table = res.stdout[res.stdout.index("retention with keep_optimizer_last") :]
     rows = [line for line in table.splitlines() if line.startswith("+recipe=incremental")]
     assert [("newest 1" in r, "all kept" in r) for r in rows] == [(True, False), (False, True)], table
     assert "verl default" not in table  # verl's own retention has no such keys
@@ -130,8 +161,12 @@ def test_plan_prints_the_retention_table(tmp_path):
 def test_the_config_refuses_settings_retention_cannot_carry_out():
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
-    for kwargs, key in (({"keep_optimizer_last": 0}, "keep_optimizer_last"), ({"keep_best": 2}, "best_metric"),
-                        ({"best_mode": "avg"}, "best_mode"), ({"keep_optimizer_last": "two"}, "keep_optimizer_last")):
+    for kwargs, key in (
+        ({"keep_optimizer_last": 0}, "keep_optimizer_last"),
+        ({"keep_best": 2}, "best_metric"),
+        ({"best_mode": "avg"}, "best_mode"),
+        ({"keep_optimizer_last": "two"}, "keep_optimizer_last"),
+    ):
         with pytest.raises(ValueError, match=key):
             SlimCheckpointConfig(**kwargs)
     ok = SlimCheckpointConfig(keep_optimizer_last="null", keep_best="2", best_metric="critic/score/mean")
@@ -141,15 +176,19 @@ def test_the_config_refuses_settings_retention_cannot_carry_out():
 def test_the_trainers_tracking_records_metrics_at_save_steps_only(tmp_path):
     """verl's Tracking (what both trainers log through), built with a config asking for keep_best:
     each log call at a step whose dir exists adds its numbers to that step's metrics file."""
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
     from verl.utils.tracking import Tracking
+
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     SlimCheckpointConfig()  # a recipe's config switches the checkpoint patches on, as in verl's trainer
     (tmp_path / "global_step_2").mkdir()
     target = "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
-    config = {"trainer": {"default_local_dir": str(tmp_path)},
-              "actor_rollout_ref": {"actor": {"checkpoint": {"_target_": target, "keep_best": 1,
-                                                             "best_metric": "val/score"}}}}
+    config = {
+        "trainer": {"default_local_dir": str(tmp_path)},
+        "actor_rollout_ref": {
+            "actor": {"checkpoint": {"_target_": target, "keep_best": 1, "best_metric": "val/score"}}
+        },
+    }
     tracking = Tracking(project_name="p", experiment_name="e", default_backend="console", config=config)
     tracking.log(data={"val/score": 0.5, "note": "x"}, step=1)  # no save at step 1
     tracking.log(data={"val/score": 0.75}, step=2)
@@ -167,16 +206,27 @@ def test_the_trainers_tracking_records_metrics_at_save_steps_only(tmp_path):
 
 
 def _scenario(tmp_path: Path, fmt: str) -> dict:
-    run = launch(2, "tests.scenarios.retention", "--dir", str(tmp_path), "--format", fmt, timeout=300, cwd=REPO,
-                 env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "INFO"}, result=tmp_path / f"retention_{fmt}_result.json")
+    run = launch(
+        2,
+        "tests.scenarios.retention",
+        "--dir",
+        str(tmp_path),
+        "--format",
+        fmt,
+        timeout=300,
+        cwd=REPO,
+        env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "INFO"},
+        result=tmp_path / f"retention_{fmt}_result.json",
+    )
     assert run.proc.returncode == 0, run.output
     assert run.result is not None, run.output
     return run.result
 
 
 def _verify(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slimckpt.cli", "verify", str(path)], capture_output=True,
-                          text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "slimckpt.cli", "verify", str(path)], capture_output=True, text=True, timeout=180
+    )
 
 
 @pytest.mark.slow
@@ -281,12 +331,18 @@ def test_the_trainer_keeps_what_the_policy_says_and_resumes_a_dropped_step(reten
     from slimckpt.save.optimizer_drop import holds_optimizer
 
     run, resumed = retention_runs
-    recorded = {s: best_metric.step_metric(str(run.ckpt / f"global_step_{s}"), "critic/score/mean") for s in range(1, 5)}
+    recorded = {
+        s: best_metric.step_metric(str(run.ckpt / f"global_step_{s}"), "critic/score/mean") for s in range(1, 5)
+    }
     assert all(v is not None for v in recorded.values()), recorded
-    expected = _replay(run.ckpt, 4, rp.RetentionPolicy(max_keep=2, optimizer_last=1, keep_best=3,
-                                                       best_metric="critic/score/mean"))
-    on_disk = {p.name: holds_optimizer(str(p / "actor")) for p in sorted(run.ckpt.glob("global_step_*"))
-               if (p / "actor").is_dir()}
+    expected = _replay(
+        run.ckpt, 4, rp.RetentionPolicy(max_keep=2, optimizer_last=1, keep_best=3, best_metric="critic/score/mean")
+    )
+    on_disk = {
+        p.name: holds_optimizer(str(p / "actor"))
+        for p in sorted(run.ckpt.glob("global_step_*"))
+        if (p / "actor").is_dir()
+    }
     assert on_disk == expected, (on_disk, expected, recorded)
     assert expected["global_step_1"] is False and expected["global_step_4"] is True
     from slimckpt.format.resume_manifest import role_damage

@@ -40,8 +40,11 @@ def _flip(path, offset: int) -> None:
 
 def merge_dir(tmp_path, name="out"):
     partial = mm.prepare_partial(str(tmp_path / name))
-    for rel, data in {"model-00001-of-00002.safetensors": b"a" * 300, "model-00002-of-00002.safetensors": b"b" * 300,
-                      "config.json": b'{"model_type": "llama"}'}.items():
+    for rel, data in {
+        "model-00001-of-00002.safetensors": b"a" * 300,
+        "model-00002-of-00002.safetensors": b"b" * 300,
+        "config.json": b'{"model_type": "llama"}',
+    }.items():
         _write(os.path.join(partial, rel), data)
     mm.write_manifest(partial, mm.Manifest(kind="hf_export", files=mm.build_entries(partial), tool_version="t"))
     mm.commit(partial, str(tmp_path / name))
@@ -70,9 +73,16 @@ def lines(report) -> list[str]:
 # --------------------------------------------------------------------------- merge outputs
 
 
-@pytest.mark.parametrize("damage,reason", [
-    ("flip", "xxh3_128"), ("truncate", "size 299 bytes"), ("delete", "missing"), ("extra", "not in the manifest"),
-    ("swap", "xxh3_128")])
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        ("flip", "xxh3_128"),
+        ("truncate", "size 299 bytes"),
+        ("delete", "missing"),
+        ("extra", "not in the manifest"),
+        ("swap", "xxh3_128"),
+    ],
+)
 def test_merge_output_damage_is_named(tmp_path, damage, reason):
     out = merge_dir(tmp_path)
     a, b = out / "model-00001-of-00002.safetensors", out / "model-00002-of-00002.safetensors"
@@ -124,8 +134,21 @@ def test_merge_output_without_manifest_or_partial(tmp_path):
 # --------------------------------------------------------------------------- incremental role dirs
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "swap", "extra_dcp", "extra_top", "marker",
-                                    "manifest_flip", "manifest_truncate", "manifest_delete"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "flip",
+        "truncate",
+        "delete",
+        "swap",
+        "extra_dcp",
+        "extra_top",
+        "marker",
+        "manifest_flip",
+        "manifest_truncate",
+        "manifest_delete",
+    ],
+)
 def test_incremental_damage_load_refuses_with_verify_line(tmp_path, damage):
     d = role_dir(tmp_path)
     a = d / "dcp" / "__0_0.distcp"
@@ -228,17 +251,20 @@ def test_native_clean_says_what_it_could_not_check(native):
     assert any("no checksums" in n for n in report.notes)
 
 
-@pytest.mark.parametrize("damage,named,reason", [
-    ("swap", "model_world_size_2_rank_0.pt", "renamed or swapped"),
-    ("delete", "model_world_size_2_rank_1.pt", "missing"),
-    ("stale", "model_world_size_4_rank_3.pt", "stale file"),
-    ("truncate", "model_world_size_2_rank_1.pt", "zip"),
-    ("data_flip", "model_world_size_2_rank_1.pt", "CRC"),
-    ("world", "fsdp_config.json", "says world size 3, the rank files are of world size 2"),
-    ("config", "config.json", "not valid JSON"),
-    ("tokenizer", "tokenizer_config.json", "missing"),
-    ("shape", "model_world_size_2_rank_1.pt", "shape"),
-])
+@pytest.mark.parametrize(
+    "damage,named,reason",
+    [
+        ("swap", "model_world_size_2_rank_0.pt", "renamed or swapped"),
+        ("delete", "model_world_size_2_rank_1.pt", "missing"),
+        ("stale", "model_world_size_4_rank_3.pt", "stale file"),
+        ("truncate", "model_world_size_2_rank_1.pt", "zip"),
+        ("data_flip", "model_world_size_2_rank_1.pt", "CRC"),
+        ("world", "fsdp_config.json", "says world size 3, the rank files are of world size 2"),
+        ("config", "config.json", "not valid JSON"),
+        ("tokenizer", "tokenizer_config.json", "missing"),
+        ("shape", "model_world_size_2_rank_1.pt", "shape"),
+    ],
+)
 def test_native_damage_is_named(native, tmp_path, damage, named, reason):
     r0, r1 = native / "model_world_size_2_rank_0.pt", native / "model_world_size_2_rank_1.pt"
     if damage == "swap":
@@ -305,8 +331,9 @@ def test_cli_exit_codes_and_lines(tmp_path, capsys):
 
 
 def test_cli_help_lists_verify():
-    proc = subprocess.run([sys.executable, "-m", "slimckpt.cli", "verify", "--help"], capture_output=True,
-                          text=True, cwd=REPO, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slimckpt.cli", "verify", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
     assert proc.returncode == 0 and "--quick" in proc.stdout and "--json" in proc.stdout
 
 
@@ -329,10 +356,29 @@ def test_small_campaign_detects_every_corruption(tmp_path):
     check refuses each incremental one with verify's own line. The undamaged sources verify clean."""
     out = tmp_path / "c.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "scripts.faults.corruption", "--trials", "20",
-                           "--native_trials", "7", "--no_real_load", "--seed", "3", "--json", str(out),
-                           "--workdir", str(tmp_path)], capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scripts.faults.corruption",
+            "--trials",
+            "20",
+            "--native_trials",
+            "7",
+            "--no_real_load",
+            "--seed",
+            "3",
+            "--json",
+            str(out),
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     s = r["slimckpt"]

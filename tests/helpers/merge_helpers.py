@@ -42,8 +42,17 @@ def synthetic_dcp_step(root: Path, config=None, more: dict | None = None) -> Pat
     config.save_pretrained(root / "huggingface")
     rels = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     contents = ["model"] + (["optimizer"] if "optim" in (more or {}) else [])
-    write_manifest(str(root), Manifest(global_step=1, world_size=1, contents=contents, fsdp_version=2,
-                                       files=describe_files(str(root), rels), extra={"aliases": {}}))
+    write_manifest(
+        str(root),
+        Manifest(
+            global_step=1,
+            world_size=1,
+            contents=contents,
+            fsdp_version=2,
+            files=describe_files(str(root), rels),
+            extra={"aliases": {}},
+        ),
+    )
     return root
 
 
@@ -68,8 +77,13 @@ def verl_merge(local_dir: Path, target: Path) -> str | None:
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
     target.mkdir(parents=True, exist_ok=True)
-    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(local_dir), target_dir=str(target),
-                               hf_model_config_path=str(local_dir / "huggingface"))
+    config = ModelMergerConfig(
+        operation="merge",
+        backend="fsdp",
+        local_dir=str(local_dir),
+        target_dir=str(target),
+        hf_model_config_path=str(local_dir / "huggingface"),
+    )
     merger = FSDPModelMerger(config)
     original = getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)
     try:
@@ -100,8 +114,10 @@ def full_state_from_shards(local_dir: Path) -> dict[str, torch.Tensor]:
 
     cfg = json.loads((local_dir / "fsdp_config.json").read_text())
     world = cfg["world_size"]
-    sds = [torch.load(local_dir / f"model_world_size_{world}_rank_{r}.pt", weights_only=False, map_location="cpu")
-           for r in range(world)]
+    sds = [
+        torch.load(local_dir / f"model_world_size_{world}_rank_{r}.pt", weights_only=False, map_location="cpu")
+        for r in range(world)
+    ]
     out = {}
     for key, v0 in sds[0].items():
         if isinstance(v0, DTensor):
@@ -118,8 +134,16 @@ def full_state_from_shards(local_dir: Path) -> dict[str, torch.Tensor]:
 def run(cmd: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
     """subprocess.run in its own session, killing the whole tree on timeout (torchrun leaves ranks behind)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO,
-                          start_new_session=True, preexec_fn=preexec_fn) as p:
+    with subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        cwd=REPO,
+        start_new_session=True,
+        preexec_fn=preexec_fn,
+    ) as p:
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -130,11 +154,15 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=
 
 
 def torchrun(nproc: int, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
-               timeout=timeout)
+    return run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
+        timeout=timeout,
+    )
 
 
-def run_cli(args: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=None
+) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "slimckpt.cli", *args], env=env, timeout=timeout, preexec_fn=preexec_fn)
 
 

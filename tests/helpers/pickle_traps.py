@@ -54,8 +54,11 @@ def trap_bytes_record(role_dir: Path, marker: Path) -> str:
     meta = role_dir / "dcp" / ".metadata"
     with open(meta, "rb") as f:
         metadata = pickle.load(f)
-    keys = sorted(k for k, m in metadata.state_dict_metadata.items() if isinstance(m, BytesStorageMetadata)
-                  and k.startswith("optim."))
+    keys = sorted(
+        k
+        for k, m in metadata.state_dict_metadata.items()
+        if isinstance(m, BytesStorageMetadata) and k.startswith("optim.")
+    )
     assert keys, "the step holds no non-tensor optimizer record"
     key = keys[0]
     index = next(i for i in metadata.storage_data if i.fqn == key)

@@ -52,8 +52,13 @@ SCRIPT = REPO / "scripts" / "train_small.sh"
 RUN_TIMEOUT_S = int(os.environ.get("VERL_RUN_TIMEOUT_S", "400"))
 CONSOLE = "trainer.logger=[console]"  # no wandb start-up where the test does not read wandb
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
-INCREMENTAL_ASYNC = ("+recipe=incremental", "actor_rollout_ref.actor.checkpoint.async_save=true",
-                     "trainer.save_freq=1", "trainer.total_training_steps=4", CONSOLE)
+INCREMENTAL_ASYNC = (
+    "+recipe=incremental",
+    "actor_rollout_ref.actor.checkpoint.async_save=true",
+    "trainer.save_freq=1",
+    "trainer.total_training_steps=4",
+    CONSOLE,
+)
 
 
 def step_metrics(text: str) -> dict[int, dict[str, str]]:
@@ -64,7 +69,8 @@ def step_metrics(text: str) -> dict[int, dict[str, str]]:
         match = _STEP_LINE.search(line)
         if match:
             steps.setdefault(int(match.group(1)), {}).update(
-                kv.rsplit(":", 1) for kv in match.group(2).split(" - ") if ":" in kv)
+                kv.rsplit(":", 1) for kv in match.group(2).split(" - ") if ":" in kv
+            )
     return steps
 
 
@@ -81,40 +87,93 @@ class Spec:
 
 
 GRPO_ENV = {"NPROC": "2", "ALGO": "grpo"}
-GRPO_COMMON = ("trainer.save_freq=1", CONSOLE, "trainer.default_local_dir={root}/grpo_ckpt",
-               "trainer.rollout_data_dir={root}/grpo_rollouts")
+GRPO_COMMON = (
+    "trainer.save_freq=1",
+    CONSOLE,
+    "trainer.default_local_dir={root}/grpo_ckpt",
+    "trainer.rollout_data_dir={root}/grpo_rollouts",
+)
 PPO_WARMUP = ("algo=ppo", CONSOLE, "trainer.critic_warmup=2", "trainer.total_training_steps=3", "trainer.save_freq=1")
 RUNS = {
     "grpo_first": Spec(("+recipe=intermediate", *GRPO_COMMON, "trainer.total_training_steps=3"), GRPO_ENV),
-    "grpo_resume": Spec(("+recipe=quickstart", *GRPO_COMMON, "trainer.total_training_steps=4",
-                         "trainer.resume_mode=auto"), GRPO_ENV, after="grpo_first"),
-    "incremental": Spec((*INCREMENTAL_ASYNC, "trainer.default_local_dir={root}/incremental_ckpt",
-                         "trainer.rollout_data_dir={root}/incremental_rollouts"), GRPO_ENV),
-    "ppo": Spec(("algo=ppo", "+recipe=quickstart", CONSOLE, "algorithm.use_kl_in_reward=true",
-                 "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.default_local_dir={root}/ppo_ckpt"),
-                {"NPROC": "1"}),
+    "grpo_resume": Spec(
+        ("+recipe=quickstart", *GRPO_COMMON, "trainer.total_training_steps=4", "trainer.resume_mode=auto"),
+        GRPO_ENV,
+        after="grpo_first",
+    ),
+    "incremental": Spec(
+        (
+            *INCREMENTAL_ASYNC,
+            "trainer.default_local_dir={root}/incremental_ckpt",
+            "trainer.rollout_data_dir={root}/incremental_rollouts",
+        ),
+        GRPO_ENV,
+    ),
+    "ppo": Spec(
+        (
+            "algo=ppo",
+            "+recipe=quickstart",
+            CONSOLE,
+            "algorithm.use_kl_in_reward=true",
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=2",
+            "trainer.default_local_dir={root}/ppo_ckpt",
+        ),
+        {"NPROC": "1"},
+    ),
     # the same PPO run again: both must log the same numbers (overrides/cluster/cpu.yaml's critic seed)
-    "ppo_again": Spec(("algo=ppo", "+recipe=quickstart", CONSOLE, "algorithm.use_kl_in_reward=true",
-                       "trainer.total_training_steps=2", "trainer.save_freq=2",
-                       "trainer.default_local_dir={root}/ppo_again_ckpt"), {"NPROC": "1"}),
-    "flowrl": Spec(("algo=flowrl", "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2",
-                    "trainer.default_local_dir={root}/flowrl_ckpt",
-                    # verl's own hf_model save as well, to see FlowRL's head left out of it
-                    "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"),
-                   {"NPROC": "2", "WANDB_DIR": "{root}/flowrl_wandb"}),
+    "ppo_again": Spec(
+        (
+            "algo=ppo",
+            "+recipe=quickstart",
+            CONSOLE,
+            "algorithm.use_kl_in_reward=true",
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=2",
+            "trainer.default_local_dir={root}/ppo_again_ckpt",
+        ),
+        {"NPROC": "1"},
+    ),
+    "flowrl": Spec(
+        (
+            "algo=flowrl",
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=1",
+            "trainer.test_freq=2",
+            "trainer.default_local_dir={root}/flowrl_ckpt",
+            # verl's own hf_model save as well, to see FlowRL's head left out of it
+            "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        ),
+        {"NPROC": "2", "WANDB_DIR": "{root}/flowrl_wandb"},
+    ),
     # the actor's first save precedes its first update (critic_warmup): verl's own save, then the recipe's
     "ppo_warmup_verl": Spec(PPO_WARMUP + ("trainer.default_local_dir={root}/ppo_warmup_verl_ckpt",), {"NPROC": "1"}),
-    "ppo_warmup": Spec(("+recipe=incremental", *PPO_WARMUP, "trainer.default_local_dir={root}/ppo_warmup_ckpt"),
-                       {"NPROC": "1"}),
-    "incremental_resumed": Spec((*INCREMENTAL_ASYNC, "trainer.default_local_dir={root}/incremental_resumed_ckpt",
-                                 "trainer.resume_mode=resume_path",
-                                 "trainer.resume_from_path={root}/incremental_ckpt/global_step_2"),
-                                GRPO_ENV, after="incremental"),
+    "ppo_warmup": Spec(
+        ("+recipe=incremental", *PPO_WARMUP, "trainer.default_local_dir={root}/ppo_warmup_ckpt"), {"NPROC": "1"}
+    ),
+    "incremental_resumed": Spec(
+        (
+            *INCREMENTAL_ASYNC,
+            "trainer.default_local_dir={root}/incremental_resumed_ckpt",
+            "trainer.resume_mode=resume_path",
+            "trainer.resume_from_path={root}/incremental_ckpt/global_step_2",
+        ),
+        GRPO_ENV,
+        after="incremental",
+    ),
 }
+
+
 def _adopt(experiment: str, *args: str, steps: int) -> tuple[str, ...]:
-    return ("trainer.project_name=adopt", f"trainer.experiment_name={experiment}", CONSOLE, "trainer.save_freq=1",
-            f"trainer.total_training_steps={steps}", f"trainer.rollout_data_dir={{root}}/adopt_{experiment}_rollouts",
-            *args)
+    return (
+        "trainer.project_name=adopt",
+        f"trainer.experiment_name={experiment}",
+        CONSOLE,
+        "trainer.save_freq=1",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.rollout_data_dir={{root}}/adopt_{experiment}_rollouts",
+        *args,
+    )
 
 
 ADOPT_ENV = {**GRPO_ENV, "CKPT_DIR": ""}  # verl's default dir: checkpoints/adopt/<experiment> under the pool's
@@ -122,39 +181,77 @@ ADOPT_RECIPES = ("quickstart", "intermediate", "incremental")
 RUNS["adopt_verl"] = Spec(_adopt("verl", steps=2), ADOPT_ENV)
 for _recipe in ADOPT_RECIPES:
     # incremental restores the optimizer too: one more step shows the update after the resume is exact
-    RUNS[f"adopt_{_recipe}"] = Spec(_adopt(_recipe, f"+recipe={_recipe}", steps=4 if _recipe == "incremental" else 3),
-                                    ADOPT_ENV, after="adopt_verl",
-                                    copy=("checkpoints/adopt/verl", f"checkpoints/adopt/{_recipe}"))
+    RUNS[f"adopt_{_recipe}"] = Spec(
+        _adopt(_recipe, f"+recipe={_recipe}", steps=4 if _recipe == "incremental" else 3),
+        ADOPT_ENV,
+        after="adopt_verl",
+        copy=("checkpoints/adopt/verl", f"checkpoints/adopt/{_recipe}"),
+    )
 for _recipe in ("quickstart", "incremental"):
-    RUNS[f"adopt_plain_after_{_recipe}"] = Spec(_adopt(_recipe, steps=5), ADOPT_ENV, after=f"adopt_{_recipe}",
-                                                fails=True)
+    RUNS[f"adopt_plain_after_{_recipe}"] = Spec(
+        _adopt(_recipe, steps=5), ADOPT_ENV, after=f"adopt_{_recipe}", fails=True
+    )
 # retention that fits a large disk: the optimizer in the newest step only, the best 3 by the score kept
 # as well (steps 1 and 2 then always stay, without their optimizer); then a resume of step 1 (model-only)
-RETENTION = ("+recipe=incremental", CONSOLE, "trainer.save_freq=1", "trainer.total_training_steps=4",
-             "trainer.max_actor_ckpt_to_keep=2", "actor_rollout_ref.actor.checkpoint.keep_optimizer_last=1",
-             "actor_rollout_ref.actor.checkpoint.keep_best=3",
-             "actor_rollout_ref.actor.checkpoint.best_metric=critic/score/mean")
+RETENTION = (
+    "+recipe=incremental",
+    CONSOLE,
+    "trainer.save_freq=1",
+    "trainer.total_training_steps=4",
+    "trainer.max_actor_ckpt_to_keep=2",
+    "actor_rollout_ref.actor.checkpoint.keep_optimizer_last=1",
+    "actor_rollout_ref.actor.checkpoint.keep_best=3",
+    "actor_rollout_ref.actor.checkpoint.best_metric=critic/score/mean",
+)
 RUNS["retention"] = Spec((*RETENTION, "trainer.default_local_dir={root}/retention_ckpt"), GRPO_ENV)
-RUNS["retention_resumed"] = Spec((*RETENTION[:3], "trainer.total_training_steps=2",
-                                  "trainer.default_local_dir={root}/retention_resumed_ckpt",
-                                  "trainer.resume_mode=resume_path",
-                                  "trainer.resume_from_path={root}/retention_ckpt/global_step_1"),
-                                 GRPO_ENV, after="retention")
+RUNS["retention_resumed"] = Spec(
+    (
+        *RETENTION[:3],
+        "trainer.total_training_steps=2",
+        "trainer.default_local_dir={root}/retention_resumed_ckpt",
+        "trainer.resume_mode=resume_path",
+        "trainer.resume_from_path={root}/retention_ckpt/global_step_1",
+    ),
+    GRPO_ENV,
+    after="retention",
+)
 # leaving the incremental tier: its step 2 converted back to verl's rank files for 2 ranks, then a run
 # without the recipe (verl's own checkpoint load) resumes it to step 4, as `incremental` went on
-RUNS["convert_back"] = Spec(("trainer.total_training_steps=4", CONSOLE, "trainer.resume_mode=auto",
-                             "trainer.default_local_dir={root}/converted_ckpt",
-                             "trainer.rollout_data_dir={root}/converted_rollouts"), GRPO_ENV, after="incremental",
-                            prepare=("convert", "{root}/incremental_ckpt/global_step_2", "--to", "verl",
-                                     "--world-size", "2", "--target_dir", "{root}/converted_ckpt", "--no_progress"))
+RUNS["convert_back"] = Spec(
+    (
+        "trainer.total_training_steps=4",
+        CONSOLE,
+        "trainer.resume_mode=auto",
+        "trainer.default_local_dir={root}/converted_ckpt",
+        "trainer.rollout_data_dir={root}/converted_rollouts",
+    ),
+    GRPO_ENV,
+    after="incremental",
+    prepare=(
+        "convert",
+        "{root}/incremental_ckpt/global_step_2",
+        "--to",
+        "verl",
+        "--world-size",
+        "2",
+        "--target_dir",
+        "{root}/converted_ckpt",
+        "--no_progress",
+    ),
+)
 # which runs a fixture reads (with the runs they resume from): decides what a session starts
-READS = {"grpo_runs": ("grpo_first", "grpo_resume"), "incremental_run": ("incremental",),
-         "incremental_resumed": ("incremental", "incremental_resumed"), "ppo_run": ("ppo",),
-         "ppo_twice": ("ppo", "ppo_again"),
-         "flowrl_run": ("flowrl",), "ppo_warmup": ("ppo_warmup_verl", "ppo_warmup"),
-         "adopt_runs": tuple(name for name in RUNS if name.startswith("adopt_")),
-         "retention_runs": ("retention", "retention_resumed"),
-         "convert_back_run": ("incremental", "convert_back")}
+READS = {
+    "grpo_runs": ("grpo_first", "grpo_resume"),
+    "incremental_run": ("incremental",),
+    "incremental_resumed": ("incremental", "incremental_resumed"),
+    "ppo_run": ("ppo",),
+    "ppo_twice": ("ppo", "ppo_again"),
+    "flowrl_run": ("flowrl",),
+    "ppo_warmup": ("ppo_warmup_verl", "ppo_warmup"),
+    "adopt_runs": tuple(name for name in RUNS if name.startswith("adopt_")),
+    "retention_runs": ("retention", "retention_resumed"),
+    "convert_back_run": ("incremental", "convert_back"),
+}
 
 
 class RunPool:
@@ -211,8 +308,9 @@ class RunPool:
                     self.outcome[name] = self._run(name, spec)
                     if name == "grpo_first":  # what the stopped run left, before the resumed run adds to it
                         ckpt = self.root / "grpo_ckpt"
-                        self.snapshots[name] = {int(p.name.rsplit("_", 1)[1]): sorted(os.listdir(p))
-                                                for p in ckpt.glob("global_step_*")}
+                        self.snapshots[name] = {
+                            int(p.name.rsplit("_", 1)[1]): sorted(os.listdir(p)) for p in ckpt.glob("global_step_*")
+                        }
                 except Exception as exc:  # noqa: BLE001 - its readers fail with it instead of waiting forever
                     self.outcome[name] = f"could not run: {exc!r}"
             self.done[name].set()
@@ -220,9 +318,14 @@ class RunPool:
     def _run(self, name: str, spec: Spec) -> str | None:
         args = [a.format(root=self.root) for a in spec.args]
         # SLIMCKPT_CPU_FORCE: these tests are about the CPU path, also where a GPU is visible
-        env = {**os.environ, "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0", "SLIMCKPT_CPU_FORCE": "1",
-               "TINY_ASSETS": str(self.root / "tiny_assets"),
-               **{k: v.format(root=self.root) for k, v in spec.env.items()}}
+        env = {
+            **os.environ,
+            "WANDB_MODE": "offline",
+            "RAY_DEDUP_LOGS": "0",
+            "SLIMCKPT_CPU_FORCE": "1",
+            "TINY_ASSETS": str(self.root / "tiny_assets"),
+            **{k: v.format(root=self.root) for k, v in spec.env.items()},
+        }
         env.pop("RAY_ADDRESS", None)
         if "WANDB_DIR" in env:
             os.makedirs(env["WANDB_DIR"], exist_ok=True)
@@ -231,12 +334,19 @@ class RunPool:
                 cmd = [sys.executable, "-m", "slimckpt.cli", *(a.format(root=self.root) for a in spec.prepare)]
                 out.write(f"$ {' '.join(cmd)}\n")
                 out.flush()
-                done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.root,
-                                      timeout=RUN_TIMEOUT_S)
+                done = subprocess.run(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.root, timeout=RUN_TIMEOUT_S
+                )
                 if done.returncode != 0:
                     return f"slimckpt {' '.join(cmd[3:])} exited {done.returncode}"
-            self._proc = subprocess.Popen(["bash", str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT,
-                                          env=env, cwd=self.root, start_new_session=True)
+            self._proc = subprocess.Popen(
+                ["bash", str(SCRIPT), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.root,
+                start_new_session=True,
+            )
             try:
                 code = self._proc.wait(timeout=RUN_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -283,8 +393,13 @@ class StopAndResume:
 @pytest.fixture(scope="session")
 def grpo_runs(verl_pool) -> StopAndResume:
     first, resumed = verl_pool.wait("grpo_first"), verl_pool.wait("grpo_resume")
-    return StopAndResume(verl_pool.root / "grpo_ckpt", first, resumed, verl_pool.snapshots["grpo_first"],
-                         verl_pool.root / "grpo_rollouts")
+    return StopAndResume(
+        verl_pool.root / "grpo_ckpt",
+        first,
+        resumed,
+        verl_pool.snapshots["grpo_first"],
+        verl_pool.root / "grpo_rollouts",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -306,15 +421,19 @@ def ppo_run(verl_pool) -> Run:
 @pytest.fixture(scope="session")
 def ppo_twice(verl_pool) -> tuple[Run, Run]:
     """Two runs of one PPO config."""
-    return (Run(verl_pool.root / "ppo_ckpt", verl_pool.wait("ppo")),
-            Run(verl_pool.root / "ppo_again_ckpt", verl_pool.wait("ppo_again")))
+    return (
+        Run(verl_pool.root / "ppo_ckpt", verl_pool.wait("ppo")),
+        Run(verl_pool.root / "ppo_again_ckpt", verl_pool.wait("ppo_again")),
+    )
 
 
 @pytest.fixture(scope="session")
 def ppo_warmup(verl_pool) -> tuple[Run, Run]:
     """PPO whose actor is first saved before its first update: verl's own save, then +recipe=incremental."""
-    return (Run(verl_pool.root / "ppo_warmup_verl_ckpt", verl_pool.wait("ppo_warmup_verl")),
-            Run(verl_pool.root / "ppo_warmup_ckpt", verl_pool.wait("ppo_warmup")))
+    return (
+        Run(verl_pool.root / "ppo_warmup_verl_ckpt", verl_pool.wait("ppo_warmup_verl")),
+        Run(verl_pool.root / "ppo_warmup_ckpt", verl_pool.wait("ppo_warmup")),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -328,8 +447,11 @@ def adopt_runs(verl_pool) -> dict[str, Run]:
     runs = {}
     for name in READS["adopt_runs"]:
         experiment = name.rsplit("_", 1)[1]
-        runs[name] = Run(verl_pool.root / "checkpoints" / "adopt" / experiment, verl_pool.wait(name),
-                         rollouts=verl_pool.root / f"adopt_{experiment}_rollouts")
+        runs[name] = Run(
+            verl_pool.root / "checkpoints" / "adopt" / experiment,
+            verl_pool.wait(name),
+            rollouts=verl_pool.root / f"adopt_{experiment}_rollouts",
+        )
     return runs
 
 
@@ -342,5 +464,7 @@ def convert_back_run(verl_pool) -> Run:
 @pytest.fixture(scope="session")
 def retention_runs(verl_pool) -> tuple[Run, Run]:
     """+recipe=incremental with keep_optimizer_last=1 and keep_best, then a resume of a step without optimizer."""
-    return (Run(verl_pool.root / "retention_ckpt", verl_pool.wait("retention")),
-            Run(verl_pool.root / "retention_resumed_ckpt", verl_pool.wait("retention_resumed")))
+    return (
+        Run(verl_pool.root / "retention_ckpt", verl_pool.wait("retention")),
+        Run(verl_pool.root / "retention_resumed_ckpt", verl_pool.wait("retention_resumed")),
+    )

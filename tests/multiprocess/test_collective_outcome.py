@@ -23,11 +23,13 @@ def _error(f: Failure) -> Boom:
 def _worker(rank: int, world: int, store_path: str, results: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     out = []
+
     # each rank's part; rank 1 fails with an OS error: every rank raises rank 1's line, with its errno
     def part():
         if rank == 1:
             raise OSError(errno.ENOSPC, "No space left on device", "/ckpt/x")
         return rank * 10
+
     try:
         on_every_rank(None, part, _error)
         out.append("no error")
@@ -70,6 +72,7 @@ def test_every_rank_raises_the_same_first_failure(tmp_path):
 def test_without_a_group_the_step_runs_alone():
     assert on_every_rank(None, lambda: 3, _error) == 3
     assert from_rank0(None, lambda: "v", _error) == "v"
+
     def bad():
         raise ZeroDivisionError("division by zero")
 

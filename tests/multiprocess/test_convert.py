@@ -23,8 +23,14 @@ STEP = 3
 
 
 def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    run = launch(nproc, "tests.scenarios.convert", *args, timeout=300, cwd=REPO,
-                 env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING", **(env or {})})
+    run = launch(
+        nproc,
+        "tests.scenarios.convert",
+        *args,
+        timeout=300,
+        cwd=REPO,
+        env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING", **(env or {})},
+    )
     if check:
         assert run.proc.returncode == 0, run.output
     return run.proc
@@ -43,8 +49,19 @@ def resume(world: int, name: str, cases: dict[str, tuple[Path, Path]], fsdp: int
     resume what the root's tracker names and compare with the saved full state."""
     out = next(iter(cases.values()))[0]
     args = [a for case, (saved_dir, root) in cases.items() for a in ("--case", f"{case}:{saved_dir}:{root}")]
-    torchrun(world, "resume", "--dir", str(out), "--name", name, "--fsdp", str(fsdp), *args, *extra,
-             env={"SLIMCKPT_DISABLE": "1"})
+    torchrun(
+        world,
+        "resume",
+        "--dir",
+        str(out),
+        "--name",
+        name,
+        "--fsdp",
+        str(fsdp),
+        *args,
+        *extra,
+        env={"SLIMCKPT_DISABLE": "1"},
+    )
     return json.loads((out / f"resume_{name}_ws{world}_result.json").read_text())
 
 
@@ -90,7 +107,8 @@ def test_incremental_step_resumes_under_unpatched_verl_at_the_same_world_size(sa
     step = root / f"global_step_{STEP}"
     assert (root / "latest_checkpointed_iteration.txt").read_text() == str(STEP)
     assert sorted(p.name for p in (step / "actor").iterdir()) == sorted(
-        p.name for p in (d / "verl" / f"global_step_{STEP}" / "actor").iterdir())  # exactly verl's files
+        p.name for p in (d / "verl" / f"global_step_{STEP}" / "actor").iterdir()
+    )  # exactly verl's files
     assert json.loads((step / "actor" / "fsdp_config.json").read_text()) == {"FSDP_version": 2, "world_size": 2}
     assert f"trainer.default_local_dir={root}" in resumed["summaries"]["same"]
     r = resumed["results"]["same"]
@@ -141,8 +159,7 @@ def test_a_run_without_the_recipe_names_the_convert_command(saved, tmp_path):
     torch.save({}, step / "data.pt")  # the trainer's dataloader state: a trainer's step is intact only with it
     root = step.parent
     write_tracker(str(root), STEP)
-    decision = plan_resume(str(root), "auto", [RoleLoad("actor", ("model", "optimizer", "extra"), False)],
-                           world_size=4)
+    decision = plan_resume(str(root), "auto", [RoleLoad("actor", ("model", "optimizer", "extra"), False)], world_size=4)
     assert decision.action == "stop"
     assert "\n" not in decision.message
     assert f"slimckpt convert {root / f'global_step_{STEP}'} --to verl --world-size 4" in decision.message
@@ -171,12 +188,14 @@ def test_half_written_step_is_refused_naming_the_file(saved, tmp_path, capsys):
     distcp = step / "actor" / "dcp" / "__1_0.distcp"
     with open(distcp, "r+b") as f:
         f.truncate(distcp.stat().st_size // 2)
-    err = _refusal([ "convert", str(step), "--to", "verl", "--world-size", "2", "--target_dir", str(tmp_path / "t")],
-                   capsys)
+    err = _refusal(
+        ["convert", str(step), "--to", "verl", "--world-size", "2", "--target_dir", str(tmp_path / "t")], capsys
+    )
     assert str(distcp) in err
     (step / "actor" / "slimckpt_resume.json").unlink()
-    err = _refusal(["convert", str(step), "--to", "verl", "--world-size", "2", "--target_dir", str(tmp_path / "t")],
-                   capsys)
+    err = _refusal(
+        ["convert", str(step), "--to", "verl", "--world-size", "2", "--target_dir", str(tmp_path / "t")], capsys
+    )
     assert "slimckpt_resume.json" in err and "never finished" in err
     assert not (tmp_path / "t").exists()
 
@@ -194,16 +213,18 @@ def test_other_model_is_refused_naming_the_file(saved, tmp_path, capsys, fmt):
         manifest = rm.read_manifest(str(step / "actor"))
         manifest.files = rm.describe_files(str(step / "actor"), [f.path for f in manifest.files])
         rm.write_manifest(str(step / "actor"), manifest)
-    err = _refusal(["convert", str(step), "--to", "verl", "--world-size", "2", "--target_dir", str(tmp_path / "t")],
-                   capsys)
+    err = _refusal(
+        ["convert", str(step), "--to", "verl", "--world-size", "2", "--target_dir", str(tmp_path / "t")], capsys
+    )
     assert "another model" in err and "mlp" in err and str(step / "actor") in err
     assert not (tmp_path / "t").exists()
 
 
 def test_world_size_that_cannot_hold_the_shapes_says_why(saved, tmp_path, capsys):
     step = saved[2] / "ours" / f"global_step_{STEP}"
-    err = _refusal(["convert", str(step), "--to", "verl", "--world-size", "0", "--target_dir", str(tmp_path / "t")],
-                   capsys)
+    err = _refusal(
+        ["convert", str(step), "--to", "verl", "--world-size", "0", "--target_dir", str(tmp_path / "t")], capsys
+    )
     assert "at least one rank" in err
     with pytest.raises(plan.ConvertError, match="0-d"):
         plan.check_world_size({"scale": (), "w": (4, 2)}, 2, 2, "config.json")
@@ -262,7 +283,7 @@ def test_rows_follow_torch_chunk():
             chunks = [c.shape[0] for c in torch.arange(rows).chunk(world)] if rows else []
             got = [plan.row_range(rows, world, r) for r in range(world)]
             sizes = [b - a for a, b in got]
-            assert sizes[:len(chunks)] == chunks and not any(sizes[len(chunks):]), (rows, world, got)
+            assert sizes[: len(chunks)] == chunks and not any(sizes[len(chunks) :]), (rows, world, got)
             assert got[0][0] == 0 and all(got[i][1] == got[i + 1][0] for i in range(world - 1))
 
 

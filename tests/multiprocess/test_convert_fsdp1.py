@@ -26,10 +26,13 @@ def resumed(saved, tmp_path_factory) -> dict:
     convert(ours, 1, t / "one")  # one rank: FSDP1 runs NO_SHARD
     convert(verl, 3, t / "verl3")
     convert(ours, 2, t / "as_fsdp2", fsdp=2)
-    return {"dir": t, **resume(2, "ws2", {"same": (saved, t / "same")}, 1),
-            **resume(1, "ws1", {"one": (saved, t / "one")}, 1),
-            **resume(3, "ws3", {"verl3": (saved, t / "verl3")}, 1),
-            **resume(2, "fsdp2", {"as_fsdp2": (saved, t / "as_fsdp2")}, 2, "--ignore-group-order")}
+    return {
+        "dir": t,
+        **resume(2, "ws2", {"same": (saved, t / "same")}, 1),
+        **resume(1, "ws1", {"one": (saved, t / "one")}, 1),
+        **resume(3, "ws3", {"verl3": (saved, t / "verl3")}, 1),
+        **resume(2, "fsdp2", {"as_fsdp2": (saved, t / "as_fsdp2")}, 2, "--ignore-group-order"),
+    }
 
 
 def _reference(d) -> list[float]:

@@ -75,10 +75,19 @@ RSS_SLACK = 48 << 20
 
 # one row per family: (label, the models of it, its tied/untied note)
 FAMILIES = [
-    ("Llama", ["llama"]), ("Qwen2 (untied / tied embeddings)", ["qwen2", "qwen2-tied"]), ("Qwen3", ["qwen3"]),
-    ("Mistral", ["mistral"]), ("Gemma2 (tied)", ["gemma2"]), ("Gemma3 (tied)", ["gemma3"]), ("Phi-3", ["phi3"]),
-    ("Qwen2-MoE (shared expert)", ["qwen2-moe"]), ("Qwen3-MoE", ["qwen3-moe"]), ("Mixtral", ["mixtral"]),
-    ("OLMoE", ["olmoe"]), ("DeepSeek-V3 (MLA, shared experts)", ["deepseek-v3"]), ("Qwen2.5-VL", ["qwen2.5-vl"]),
+    ("Llama", ["llama"]),
+    ("Qwen2 (untied / tied embeddings)", ["qwen2", "qwen2-tied"]),
+    ("Qwen3", ["qwen3"]),
+    ("Mistral", ["mistral"]),
+    ("Gemma2 (tied)", ["gemma2"]),
+    ("Gemma3 (tied)", ["gemma3"]),
+    ("Phi-3", ["phi3"]),
+    ("Qwen2-MoE (shared expert)", ["qwen2-moe"]),
+    ("Qwen3-MoE", ["qwen3-moe"]),
+    ("Mixtral", ["mixtral"]),
+    ("OLMoE", ["olmoe"]),
+    ("DeepSeek-V3 (MLA, shared experts)", ["deepseek-v3"]),
+    ("Qwen2.5-VL", ["qwen2.5-vl"]),
     ("critic value model (Qwen2, token classification, 1 label)", ["critic"]),
 ]
 LORA_OF = {"llama": ["llama+lora", "llama+lora-all"], "qwen3-moe": ["qwen3-moe+lora", "qwen3-moe+lora-all"]}
@@ -96,10 +105,29 @@ def save_cell(root: Path, cell: tuple[int, int]) -> tuple[Path, float, str]:
     loras = [m for m in CELLS[cell] if "+" in m]
     export += ",incremental-merged:" + "/".join(loras) if loras else ""
     t0 = time.perf_counter()
-    proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
-                "-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(out), "--fsdp-version", str(fsdp),
-                "--models", ",".join(CELLS[cell]), "--export", export, *FIXTURE_ARGS],
-               env={"SLIMCKPT_LOG_LEVEL": "WARNING"}, timeout=300)
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(world),
+            "-m",
+            "slimckpt.testing.fsdp_checkpoint",
+            "--out",
+            str(out),
+            "--fsdp-version",
+            str(fsdp),
+            "--models",
+            ",".join(CELLS[cell]),
+            "--export",
+            export,
+            *FIXTURE_ARGS,
+        ],
+        env={"SLIMCKPT_LOG_LEVEL": "WARNING"},
+        timeout=300,
+    )
     (root / f"{cell_name(cell)}.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, f"cell {cell_name(cell)}: torchrun failed\n{proc.stderr[-4000:]}"
     return out, time.perf_counter() - t0, proc.stderr
@@ -114,8 +142,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def tree_bytes(path: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
     from slimckpt.format.merge_manifest import MANIFEST_NAME
 
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != MANIFEST_NAME and p.name not in skip}
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME and p.name not in skip
+    }
 
 
 def tree_diff(ours: Path, ref: Path, skip: tuple[str, ...] = ()) -> str | None:
@@ -123,7 +154,9 @@ def tree_diff(ours: Path, ref: Path, skip: tuple[str, ...] = ()) -> str | None:
     a, b = tree_bytes(ours, skip), tree_bytes(ref, skip)
     if sorted(a) != sorted(b):
         return f"files differ: ours only {sorted(set(a) - set(b))}, reference only {sorted(set(b) - set(a))}"
-    differ = [n for n in b if a[n] != b[n] and not (n.endswith("adapter_config.json") and _same_adapter_config(a[n], b[n]))]
+    differ = [
+        n for n in b if a[n] != b[n] and not (n.endswith("adapter_config.json") and _same_adapter_config(a[n], b[n]))
+    ]
     if not differ:
         return None
     from ..helpers.merge_helpers import dir_tensors
@@ -132,8 +165,15 @@ def tree_diff(ours: Path, ref: Path, skip: tuple[str, ...] = ()) -> str | None:
     for n in differ:
         if n.endswith(".safetensors"):
             ta, tb = dir_tensors(ours / Path(n).parent), dir_tensors(ref / Path(n).parent)
-            bad = [k for k in sorted(set(ta) | set(tb)) if k not in ta or k not in tb or ta[k].dtype != tb[k].dtype
-                   or ta[k].shape != tb[k].shape or not ta[k].equal(tb[k])]
+            bad = [
+                k
+                for k in sorted(set(ta) | set(tb))
+                if k not in ta
+                or k not in tb
+                or ta[k].dtype != tb[k].dtype
+                or ta[k].shape != tb[k].shape
+                or not ta[k].equal(tb[k])
+            ]
             why.append(f"{n}: tensors {bad[:4]}" if bad else f"{n}: same tensors, other bytes")
         else:
             why.append(n)
@@ -143,6 +183,7 @@ def tree_diff(ours: Path, ref: Path, skip: tuple[str, ...] = ()) -> str | None:
 def _same_adapter_config(a: bytes, b: bytes) -> bool:
     """peft writes target_modules from a Python set: its order follows the process's string hashes
     (PYTHONHASHSEED), so two processes may list the same modules in another order."""
+
     def norm(raw: bytes) -> dict:
         d = json.loads(raw)
         if isinstance(d.get("target_modules"), list):
@@ -179,8 +220,7 @@ def check_model(ckpt_root: Path, work: Path, cell: tuple[int, int], model: str) 
     ours = work / "ours"
     try:
         with RssSampler(interval_s=0.002) as rss:
-            result = merge(MergeOptions(local_dir=str(ckpt), target_dir=str(ours), progress=False,
-                                        chunk_bytes=CHUNK))
+            result = merge(MergeOptions(local_dir=str(ckpt), target_dir=str(ours), progress=False, chunk_bytes=CHUNK))
         out["merge_rss_extra"] = rss.result.extra
         if result.used_verl_merger:
             out["merge"] = "fell back to verl's whole-model merger"
@@ -188,7 +228,9 @@ def check_model(ckpt_root: Path, work: Path, cell: tuple[int, int], model: str) 
             why = tree_diff(ours, ref)
             out["merge"] = "ok" if why is None else f"not equal to verl's merger: {why}"
             if why is None and rss.result.extra > CHUNK + RSS_SLACK:
-                out["merge"] = f"peak RssAnon {rss.result.extra >> 20} MiB above its start (bound {(CHUNK + RSS_SLACK) >> 20} MiB)"
+                out["merge"] = (
+                    f"peak RssAnon {rss.result.extra >> 20} MiB above its start (bound {(CHUNK + RSS_SLACK) >> 20} MiB)"
+                )
     except MergeError as exc:
         out["merge"] = f"slimckpt merge refused: {exc}"
     if "+" in model:
@@ -246,13 +288,19 @@ def check_merge_lora(ckpt: Path, work: Path, ref: Path, model: str) -> str:
     from slimckpt.testing.fsdp_checkpoint import auto_class
 
     try:
-        merge(MergeOptions(local_dir=str(ckpt), target_dir=str(work / "merged"), progress=False, merge_lora=True,
-                           chunk_bytes=CHUNK))
+        merge(
+            MergeOptions(
+                local_dir=str(ckpt), target_dir=str(work / "merged"), progress=False, merge_lora=True, chunk_bytes=CHUNK
+            )
+        )
     except MergeError as exc:
         return f"--merge_lora refused in one line: {exc}"
     cls = auto_class(model)
-    want = PeftModel.from_pretrained(cls.from_pretrained(ref, dtype=torch.bfloat16),
-                                     ref / "lora_adapter").merge_and_unload().state_dict()
+    want = (
+        PeftModel.from_pretrained(cls.from_pretrained(ref, dtype=torch.bfloat16), ref / "lora_adapter")
+        .merge_and_unload()
+        .state_dict()
+    )
     got = cls.from_pretrained(work / "merged", dtype=torch.bfloat16).state_dict()
     if sorted(got) != sorted(want):
         return f"--merge_lora: other tensors than peft's merge_and_unload: {sorted(set(got) ^ set(want))[:4]}"
@@ -271,8 +319,9 @@ def matrix(tmp_path_factory) -> dict:
         timings[cell_name(cell)] = {"torchrun_s": round(seconds, 1)}
         t0 = time.perf_counter()
         for model in CELLS[cell]:
-            outcomes[(cell_name(cell), model)] = check_model(ckpt_root, root / "work" / cell_name(cell) / model,
-                                                             cell, model)
+            outcomes[(cell_name(cell), model)] = check_model(
+                ckpt_root, root / "work" / cell_name(cell) / model, cell, model
+            )
         timings[cell_name(cell)]["checks_s"] = round(time.perf_counter() - t0, 1)
     (root / "outcomes.json").write_text(json.dumps({"timings": timings, "outcomes": [*outcomes.values()]}, indent=1))
     print(json.dumps(timings))
@@ -285,16 +334,18 @@ CASES = [(cell_name(c), m) for c, models in CELLS.items() for m in models]
 @pytest.mark.parametrize("cell,model", CASES, ids=[f"{c}-{m}" for c, m in CASES])
 def test_merge_and_export_equal_verl_merger(matrix, cell, model):
     got = matrix[(cell, model)]
-    checks = ["save", "merge", "incremental"] + (["adapter_loads", "merge_lora", "incremental_merged"]
-                                                 if "+" in model else [])
+    checks = ["save", "merge", "incremental"] + (
+        ["adapter_loads", "merge_lora", "incremental_merged"] if "+" in model else []
+    )
     if (cell, model) in {(cell_name(c), m) for c, ms in INTERMEDIATE.items() for m in ms}:
         checks.append("intermediate")
     assert got["save"] != "ok" or got["reference"] == "verl's merger", got
     for check in checks:
         known = KNOWN_UNSUPPORTED.get((cell, model, check))
         if known:
-            assert known in got.get(check, ""), f"{check} of {model} at {cell} no longer fails as recorded " \
-                                                f"(KNOWN_UNSUPPORTED): {got}"
+            assert known in got.get(check, ""), (
+                f"{check} of {model} at {cell} no longer fails as recorded (KNOWN_UNSUPPORTED): {got}"
+            )
         else:
             assert got.get(check) == "ok", (check, got)
 
@@ -305,8 +356,10 @@ def test_every_family_is_in_the_matrix():
     assert {m for _, ms in FAMILIES for m in ms} <= set(CELLS[(2, 2)])
     for cell in ((1, 2), (3, 2)):
         assert {"llama", "qwen3-moe", "llama+lora", "qwen3-moe+lora"} <= set(CELLS[cell])
-    assert all(c in CELLS and m in CELLS[c] for c, m in
-               {(tuple(int(x) for x in c.removeprefix("ws").split("-fsdp")), m) for c, m, _ in KNOWN_UNSUPPORTED})
+    assert all(
+        c in CELLS and m in CELLS[c]
+        for c, m in {(tuple(int(x) for x in c.removeprefix("ws").split("-fsdp")), m) for c, m, _ in KNOWN_UNSUPPORTED}
+    )
     assert {"llama", "qwen3-moe"} <= set(CELLS[(2, 1)])
     assert {"qwen2", "qwen2-tied"} <= set(CELLS[(2, 2)])
 
@@ -318,8 +371,11 @@ def _cells_of(matrix: dict, model: str) -> list[str]:
 def _column(matrix: dict, models: list[str], key: str) -> str:
     """'yes (cells)' when every case of these models is ok in `key`, else the first reason (`**no**`)."""
     cases = [(c, m) for m in models for c in _cells_of(matrix, m)]
-    bad = [(c, m, matrix[(c, m)].get(key) or matrix[(c, m)].get("save")) for c, m in cases
-           if matrix[(c, m)].get(key) != "ok"]
+    bad = [
+        (c, m, matrix[(c, m)].get(key) or matrix[(c, m)].get("save"))
+        for c, m in cases
+        if matrix[(c, m)].get(key) != "ok"
+    ]
     if bad:
         c, m, why = bad[0]
         return f"**no** ({m}, {c}: {why})".replace("|", "/")
@@ -329,8 +385,9 @@ def _column(matrix: dict, models: list[str], key: str) -> str:
 def _merged_export(matrix: dict, lora: str) -> str:
     """The incremental merged export's column: 'as --merge_lora' where it is refused with --merge_lora's line."""
     col = _column(matrix, [lora], "incremental_merged")
-    if col.startswith("**no**") and all(matrix[(c, lora)].get("incremental_merged", "").startswith("refused as")
-                                        for c in _cells_of(matrix, lora)):
+    if col.startswith("**no**") and all(
+        matrix[(c, lora)].get("incremental_merged", "").startswith("refused as") for c in _cells_of(matrix, lora)
+    ):
         return "refused in `--merge_lora`'s line"
     return col
 
@@ -344,8 +401,9 @@ def _intermediate(matrix: dict, models: list[str]) -> str:
     if not cases:
         return ""
     bad = [matrix[k].get("intermediate") for k in cases if matrix[k].get("intermediate") != "ok"]
-    return "; intermediate tier: " + (f"**no** ({bad[0]})".replace("|", "/") if bad else
-                                      "yes (" + ", ".join(c for c, _ in cases) + ")")
+    return "; intermediate tier: " + (
+        f"**no** ({bad[0]})".replace("|", "/") if bad else "yes (" + ", ".join(c for c, _ in cases) + ")"
+    )
 
 
 def support_table(matrix: dict) -> str:
@@ -364,25 +422,32 @@ def support_table(matrix: dict) -> str:
                 lora_merge, lora_export = _column(matrix, [lora], "merge"), _column(matrix, [lora], "incremental")
                 col = lora_merge if lora_merge == lora_export else f"merge {lora_merge}; export {lora_export}"
                 loads = _column(matrix, [lora], "adapter_loads")
-                parts.append(f"{targets}: {col}{_intermediate(matrix, [lora])}; `--merge_lora`: "
-                             + _column(matrix, [lora], "merge_lora")
-                             + "; merged export (`export_merge_lora`, = `--merge_lora`): "
-                             + _merged_export(matrix, lora)
-                             + ("" if loads.startswith("yes") else f"; the adapter verl writes: {loads}"))
+                parts.append(
+                    f"{targets}: {col}{_intermediate(matrix, [lora])}; `--merge_lora`: "
+                    + _column(matrix, [lora], "merge_lora")
+                    + "; merged export (`export_merge_lora`, = `--merge_lora`): "
+                    + _merged_export(matrix, lora)
+                    + ("" if loads.startswith("yes") else f"; the adapter verl writes: {loads}")
+                )
             lora_col = "<br>".join(parts)
         else:
-            lora_col = "not in the matrix (its LoRA cases: Llama, Qwen3-MoE; the adapter path does not depend on the family)"
+            lora_col = (
+                "not in the matrix (its LoRA cases: Llama, Qwen3-MoE; the adapter path does not depend on the family)"
+            )
         lines.append(f"| {label} | {merge_col} | {export_col} | {lora_col} |")
     cells = "; ".join(f"{cell_name(c)}: {', '.join(ms)}" for c, ms in CELLS.items())
     return "\n".join(lines) + (
         f"\n\nCells (world size, FSDP version): {cells}. The in-training export of the intermediate tier (which runs "
-        f"the same merge) is checked for {', '.join(f'{m} at {cell_name(c)}' for c, ms in INTERMEDIATE.items() for m in ms)}.\n")
+        f"the same merge) is checked for {', '.join(f'{m} at {cell_name(c)}' for c, ms in INTERMEDIATE.items() for m in ms)}.\n"
+    )
 
 
 def _header(commit: str) -> str:
-    return ("# Support matrix\n\nGenerated by `SLIMCKPT_WRITE_SUPPORT_TABLE=1 python -m pytest "
-            f"tests/multiprocess/test_coverage_matrix.py` at commit {commit}. \"yes\" lists the cells "
-            "(world size, FSDP version) where the output equalled verl's merger byte for byte.\n\n")
+    return (
+        "# Support matrix\n\nGenerated by `SLIMCKPT_WRITE_SUPPORT_TABLE=1 python -m pytest "
+        f'tests/multiprocess/test_coverage_matrix.py` at commit {commit}. "yes" lists the cells '
+        "(world size, FSDP version) where the output equalled verl's merger byte for byte.\n\n"
+    )
 
 
 def test_support_table_is_what_the_run_produced(matrix):
@@ -390,9 +455,15 @@ def test_support_table_is_what_the_run_produced(matrix):
     if os.environ.get("SLIMCKPT_WRITE_SUPPORT_TABLE") == "1":
         import subprocess
 
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip() or "unknown"
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip()
+            or "unknown"
+        )
         TABLE_FILE.write_text(_header(commit) + table)
     text = TABLE_FILE.read_text()
     assert text.startswith("# Support matrix\n\nGenerated by `SLIMCKPT_WRITE_SUPPORT_TABLE=1")
-    assert text[text.index("| family"):] == table, "docs/support_matrix.md is stale: rerun with SLIMCKPT_WRITE_SUPPORT_TABLE=1"
+    assert text[text.index("| family") :] == table, (
+        "docs/support_matrix.md is stale: rerun with SLIMCKPT_WRITE_SUPPORT_TABLE=1"
+    )

@@ -27,11 +27,32 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("fake_pg")
     fake, real = root / "fake" / "actor", root / "real" / "actor"
     procs = [
-        subprocess.Popen([sys.executable, *BUILDER, "--out", str(fake), "--world-size", str(WORLD), "--jobs", str(WORLD)],
-                         cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-        subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
-                          *BUILDER, "--out", str(real), "--materialize"],
-                         cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+        subprocess.Popen(
+            [sys.executable, *BUILDER, "--out", str(fake), "--world-size", str(WORLD), "--jobs", str(WORLD)],
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ),
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={WORLD}",
+                *BUILDER,
+                "--out",
+                str(real),
+                "--materialize",
+            ],
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ),
     ]
     for proc in procs:
         out, _ = proc.communicate(timeout=300)
@@ -49,9 +70,19 @@ def _describe(value):
 
     if isinstance(value, DTensor):
         mesh, local = value.device_mesh, value._local_tensor
-        return ("DTensor", tuple(value.shape), value.dtype, tuple(value.placements), mesh.mesh.tolist(),
-                mesh.mesh_dim_names, mesh.get_coordinate(), tuple(local.shape), local.stride(),
-                local.storage_offset(), local.untyped_storage().nbytes())
+        return (
+            "DTensor",
+            tuple(value.shape),
+            value.dtype,
+            tuple(value.placements),
+            mesh.mesh.tolist(),
+            mesh.mesh_dim_names,
+            mesh.get_coordinate(),
+            tuple(local.shape),
+            local.stride(),
+            local.storage_offset(),
+            local.untyped_storage().nbytes(),
+        )
     if isinstance(value, torch.Tensor):
         return ("Tensor", tuple(value.shape), value.dtype, value.stride())
     if isinstance(value, dict):
@@ -95,8 +126,14 @@ def test_merge_of_fake_group_checkpoint_holds_the_builder_values(pair, tmp_path)
 
     fake, _ = pair
     target = tmp_path / "merged"
-    proc = subprocess.run([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(fake),
-                           "--target_dir", str(target)], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(fake), "--target_dir", str(target)],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = check_merged(str(fake), str(target))
     assert result.ok, result.problems

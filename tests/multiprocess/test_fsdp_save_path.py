@@ -15,8 +15,12 @@ from slimckpt.testing.gpu_check_fsdp import check_fsdp_save
 @pytest.mark.slow
 def test_fsdp1_state_dict_copies_the_shards_and_fsdp2_views_them():
     checks, figures = check_fsdp_save("cpu", hidden=96)
-    assert checks == {"fsdp1_dcp_roundtrip": True, "fsdp2_dcp_roundtrip": True, "fsdp1_state_dict_is_a_copy": True,
-                      "fsdp2_state_dict_is_views": True}, figures
+    assert checks == {
+        "fsdp1_dcp_roundtrip": True,
+        "fsdp2_dcp_roundtrip": True,
+        "fsdp1_state_dict_is_a_copy": True,
+        "fsdp2_state_dict_is_views": True,
+    }, figures
     for version in ("fsdp1", "fsdp2"):
         assert [r["rank"] for r in figures[version]] == [0, 1]
     # plan's figure for the FSDP1 copy: the rank's model + optimizer shard bytes, as the check measures them
@@ -24,5 +28,7 @@ def test_fsdp1_state_dict_copies_the_shards_and_fsdp2_views_them():
         strategy = cost.Strategy("inc", incremental=True)
         assert cost.device_extra_bytes(strategy, 1, r["shard_bytes"]) == r["shard_bytes"]
         assert abs(r["copied_bytes"] - r["shard_bytes"]) <= 0.02 * r["shard_bytes"]
-    assert all(cost.device_extra_bytes(cost.Strategy("inc", incremental=True), 2, r["shard_bytes"]) == 0
-               for r in figures["fsdp2"])
+    assert all(
+        cost.device_extra_bytes(cost.Strategy("inc", incremental=True), 2, r["shard_bytes"]) == 0
+        for r in figures["fsdp2"]
+    )

@@ -33,11 +33,12 @@ def rows(start: int, n: int, shape: tuple[int, ...]) -> Box:
 
 def test_fsdp_row_shards_each_written_by_their_holder():
     shapes = {"w": (10, 4), "b": (3,)}
-    holdings = [{"w": rows(0, 5, (10, 4)), "b": rows(0, 2, (3,))},
-                {"w": rows(5, 5, (10, 4)), "b": rows(2, 1, (3,))}]
+    holdings = [{"w": rows(0, 5, (10, 4)), "b": rows(0, 2, (3,))}, {"w": rows(5, 5, (10, 4)), "b": rows(2, 1, (3,))}]
     out = assign_writers(holdings, shapes)
-    assert out == [[("w", rows(0, 5, (10, 4))), ("b", rows(0, 2, (3,)))],
-                   [("w", rows(5, 5, (10, 4))), ("b", rows(2, 1, (3,)))]]
+    assert out == [
+        [("w", rows(0, 5, (10, 4))), ("b", rows(0, 2, (3,)))],
+        [("w", rows(5, 5, (10, 4))), ("b", rows(2, 1, (3,)))],
+    ]
 
 
 def _chunk_rows(n: int, world: int, width: int) -> list[Box | None]:
@@ -140,9 +141,11 @@ def test_box_runs_cover_the_box_exactly():
     box = Box((1, 1, 2), (2, 3, 2))
     n, length, _ = box_runs(shape, box)
     got = [s + i for s in run_starts(shape, box) for i in range(length)]
-    strides = [math.prod(shape[d + 1:]) for d in range(3)]
-    want = [sum((o + i) * st for o, i, st in zip(box.offset, idx, strides))
-            for idx in itertools.product(*(range(s) for s in box.size))]
+    strides = [math.prod(shape[d + 1 :]) for d in range(3)]
+    want = [
+        sum((o + i) * st for o, i, st in zip(box.offset, idx, strides))
+        for idx in itertools.product(*(range(s) for s in box.size))
+    ]
     assert n * length == box.numel and got == want
 
 
@@ -151,9 +154,11 @@ def _box_elements(shape, box):
     import itertools
     import math
 
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-    return [sum((o + i) * st for o, i, st in zip(box.offset, idx, strides))
-            for idx in itertools.product(*(range(s) for s in box.size))]
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    return [
+        sum((o + i) * st for o, i, st in zip(box.offset, idx, strides))
+        for idx in itertools.product(*(range(s) for s in box.size))
+    ]
 
 
 def _tilings(shape):
@@ -163,8 +168,12 @@ def _tilings(shape):
     yield [Box((0, 0, 0), (2, r, c)), Box((2, 0, 0), (e - 2, r, c)), Box((e, 0, 0), (0, r, c))]
     yield [Box((0, 0, 0), (e, 3, c)), Box((0, 3, 0), (e, r - 3, c))]
     yield [Box((0, 0, 0), (e, r, 2)), Box((0, 0, 2), (e, r, c - 2))]
-    yield [Box((0, 0, 0), (1, 2, c)), Box((0, 2, 0), (1, r - 2, c)), Box((1, 0, 0), (e - 1, 2, c)),
-           Box((1, 2, 0), (e - 1, r - 2, c))]
+    yield [
+        Box((0, 0, 0), (1, 2, c)),
+        Box((0, 2, 0), (1, r - 2, c)),
+        Box((1, 0, 0), (e - 1, 2, c)),
+        Box((1, 2, 0), (e - 1, r - 2, c)),
+    ]
     yield [full_box(shape)]
 
 
@@ -206,8 +215,13 @@ def test_take_pieces_joins_runs_and_skips_what_it_does_not_need():
 def test_config_accepts_auto_only_for_the_incremental_tier():
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
-    ok = SlimCheckpointConfig(recipe="incremental", incremental_save=True, export_hf=True, export_dtype="auto",
-                              save_contents=["model", "optimizer", "extra", "hf_model"])
+    ok = SlimCheckpointConfig(
+        recipe="incremental",
+        incremental_save=True,
+        export_hf=True,
+        export_dtype="auto",
+        save_contents=["model", "optimizer", "extra", "hf_model"],
+    )
     assert ok.export_hf
     with pytest.raises(ValueError, match="auto"):
         SlimCheckpointConfig(recipe="intermediate", export_hf=True, export_dtype="auto", save_contents=["model"])
@@ -285,9 +299,13 @@ def test_moe_exports_of_both_tiers_equal_verl(ws2_scenarios):
         weights = [f"huggingface/{n}" for n in c["files"] if n.endswith((".safetensors", ".json"))]
         assert set(weights) <= set(r["manifest_incremental"]), model
     r = result["qwen3-moe"]
-    for case, says in (("refused", "not run, as checkpoint.allow_verl_fallback=false asks"),
-                       ("verl_died", "verl's FSDPModelMerger (which this checkpoint needs) failed: RuntimeError: "
-                                     "verl's merger died (simulated)")):
+    for case, says in (
+        ("refused", "not run, as checkpoint.allow_verl_fallback=false asks"),
+        (
+            "verl_died",
+            "verl's FSDPModelMerger (which this checkpoint needs) failed: RuntimeError: verl's merger died (simulated)",
+        ),
+    ):
         ranks = r[case]["ranks"]
         lines = {x["line"] for x in ranks}
         assert len(lines) == 1 and None not in lines, (case, ranks)
@@ -307,14 +325,24 @@ def test_lora_exports_of_both_tiers_equal_verl_merger(ws2_scenarios):
     bit for bit, and have no lora_adapter/."""
     r = scenario_result(ws2_scenarios, "lora_export", "lora_export_result.json")
     ref = r["reference"]
-    assert {"model.safetensors", "lora_adapter/adapter_model.safetensors", "lora_adapter/adapter_config.json"} <= set(ref)
+    assert {"model.safetensors", "lora_adapter/adapter_model.safetensors", "lora_adapter/adapter_config.json"} <= set(
+        ref
+    )
     assert r["intermediate"] == ref
     inc = r["incremental"]
-    for name in ("model.safetensors", "config.json", "generation_config.json", "lora_adapter/adapter_model.safetensors",
-                 "lora_adapter/adapter_config.json"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "lora_adapter/adapter_model.safetensors",
+        "lora_adapter/adapter_config.json",
+    ):
         assert inc.get(name) == ref[name], name
     merged = r["merged"]
-    assert not any(n.startswith("lora_adapter/") for n in merged) and merged["model.safetensors"] != ref["model.safetensors"]
+    assert (
+        not any(n.startswith("lora_adapter/") for n in merged)
+        and merged["model.safetensors"] != ref["model.safetensors"]
+    )
     # the incremental tier's merged export: each rank its own rows of W and B, A all-gathered; bit for bit
     # the intermediate tier's (bf16, here with async_save from the staged copy) and `slimckpt merge
     # --merge_lora` of verl's save in fp32 (export_dtype=auto: the parameters' dtype)

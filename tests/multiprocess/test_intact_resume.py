@@ -31,8 +31,9 @@ def _step(root, step: int, payload: int = 4096):
     (d / "dcp" / ".metadata").write_bytes(b"m" * 64)
     (d / "slimckpt_extra_world_size_1_rank_0.pt").write_bytes(b"e" * 128)
     rels = ["dcp/__0_0.distcp", "dcp/.metadata", "slimckpt_extra_world_size_1_rank_0.pt"]
-    rm.write_manifest(str(d), rm.Manifest(global_step=step, world_size=1, contents=["model"],
-                                          files=rm.describe_files(str(d), rels)))
+    rm.write_manifest(
+        str(d), rm.Manifest(global_step=step, world_size=1, contents=["model"], files=rm.describe_files(str(d), rels))
+    )
     torch.save({"step": step}, d.parent / "data.pt")
     return d
 
@@ -42,13 +43,19 @@ class Trainer:
     find_latest_ckpt_path (or resume_from_path) gives it."""
 
     def __init__(self, root, mode="auto", path=None, verify=True, target=None):
-        checkpoint = {"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True,
-                      "verify": verify}
+        checkpoint = {
+            "_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig",
+            "incremental_save": True,
+            "verify": verify,
+        }
         if target is not None:
             checkpoint["_target_"] = target
-        self.config = OmegaConf.create({"actor_rollout_ref": {"actor": {"checkpoint": checkpoint}},
-                                        "trainer": {"default_local_dir": str(root), "resume_mode": mode,
-                                                    "resume_from_path": path}})
+        self.config = OmegaConf.create(
+            {
+                "actor_rollout_ref": {"actor": {"checkpoint": checkpoint}},
+                "trainer": {"default_local_dir": str(root), "resume_mode": mode, "resume_from_path": path},
+            }
+        )
         self.use_critic = False
         self.loaded = None
 
@@ -57,8 +64,9 @@ def _verl_load(self):
     from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
     trainer = self.config.trainer
-    self.loaded = find_latest_ckpt_path(trainer.default_local_dir) if trainer.resume_mode == "auto" \
-        else trainer.resume_from_path
+    self.loaded = (
+        find_latest_ckpt_path(trainer.default_local_dir) if trainer.resume_mode == "auto" else trainer.resume_from_path
+    )
 
 
 load = intact_resume.wrap_trainer_load_checkpoint(_verl_load)
@@ -67,8 +75,9 @@ load = intact_resume.wrap_trainer_load_checkpoint(_verl_load)
 @pytest.fixture
 def warnings(caplog):
     caplog.set_level(logging.INFO, logger="slimckpt")
-    return lambda: [r.getMessage() for r in caplog.records
-                    if r.levelno >= logging.WARNING and r.name.startswith("slimckpt")]
+    return lambda: [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("slimckpt")
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -167,13 +176,21 @@ def _unsealed(data: dict) -> dict:
 CHANGES = {  # what was done to the manifest -> the reason verify and the load give
     "seal stripped": (lambda d: _unsealed(d), "has no manifest_checksum"),
     "format changed, seal kept": (lambda d: {**d, "format": "slimckpt-resume/0"}, "unknown format"),
-    "a size changed, seal kept": (lambda d: {**d, "files": [{**f, "bytes": f["bytes"] + 1} for f in d["files"]]},
-                                  "manifest itself is damaged"),
+    "a size changed, seal kept": (
+        lambda d: {**d, "files": [{**f, "bytes": f["bytes"] + 1} for f in d["files"]]},
+        "manifest itself is damaged",
+    ),
     "another format, resealed": (lambda d: mm.seal({**_unsealed(d), "format": "slimckpt-resume/2"}), "unknown format"),
-    "no checksum_algo, resealed": (lambda d: mm.seal({k: v for k, v in _unsealed(d).items() if k != "checksum_algo"}),
-                                   "KeyError"),
-    "CRC32 entries, resealed": (lambda d: mm.seal({**_unsealed(d), "files": [
-        {"path": f["path"], "bytes": f["bytes"], "crc32": 1} for f in d["files"]]}), "KeyError"),
+    "no checksum_algo, resealed": (
+        lambda d: mm.seal({k: v for k, v in _unsealed(d).items() if k != "checksum_algo"}),
+        "KeyError",
+    ),
+    "CRC32 entries, resealed": (
+        lambda d: mm.seal(
+            {**_unsealed(d), "files": [{"path": f["path"], "bytes": f["bytes"], "crc32": 1} for f in d["files"]]}
+        ),
+        "KeyError",
+    ),
 }
 
 
@@ -197,8 +214,11 @@ def test_a_merge_manifest_without_its_seal_or_of_another_version_is_damaged(tmp_
     mm.write_manifest(str(out), mm.Manifest(kind="hf_export", files=mm.build_entries(str(out))))
     assert mm.verify(str(out)) == []
     data = json.loads((out / mm.MANIFEST_NAME).read_text())
-    for changed in (_unsealed(data), mm.seal({**_unsealed(data), "format_version": 0}),
-                    mm.seal({k: v for k, v in _unsealed(data).items() if k != "format_version"})):
+    for changed in (
+        _unsealed(data),
+        mm.seal({**_unsealed(data), "format_version": 0}),
+        mm.seal({k: v for k, v in _unsealed(data).items() if k != "format_version"}),
+    ):
         (out / mm.MANIFEST_NAME).write_text(json.dumps(changed))
         [bad] = mm.verify(str(out))
         assert bad.name == mm.MANIFEST_NAME and ("seal" in bad.reason or "format_version" in bad.reason)

@@ -22,9 +22,18 @@ def round_trips(request, tmp_path_factory) -> tuple[int, dict]:
     """One torchrun per strategy; its result per mode (one repeat)."""
     fsdp = request.param
     root = tmp_path_factory.mktemp(f"roundtrip_fsdp{fsdp}")
-    run = launch(2, "tests.scenarios.roundtrip", "--dir", str(root), "--fsdp", str(fsdp), timeout=600, cwd=REPO,
-                 env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},
-                 result=root / f"roundtrip_fsdp{fsdp}_result.json")
+    run = launch(
+        2,
+        "tests.scenarios.roundtrip",
+        "--dir",
+        str(root),
+        "--fsdp",
+        str(fsdp),
+        timeout=600,
+        cwd=REPO,
+        env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},
+        result=root / f"roundtrip_fsdp{fsdp}_result.json",
+    )
     assert run.proc.returncode == 0, run.output
     result = run.result
     return fsdp, {mode: runs[0]["ranks"] for mode, runs in result.items()}

@@ -90,8 +90,13 @@ def test_fsdp1_step_merges_and_loads(ws2_scenarios, tmp_path, capsys):
     """verl's default strategy (FSDP1): its step merges to a model every parameter of which loads."""
     from transformers import AutoModelForCausalLM
 
-    ours = merged(capsys, scenario_dir(ws2_scenarios, "resume_fsdp1") / "global_step_3" / "actor", tmp_path / "o",
-                  "--dtype", "fp32")
+    ours = merged(
+        capsys,
+        scenario_dir(ws2_scenarios, "resume_fsdp1") / "global_step_3" / "actor",
+        tmp_path / "o",
+        "--dtype",
+        "fp32",
+    )
     model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "o", dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     sd = model.state_dict()
@@ -112,10 +117,13 @@ def test_lora_step_merges_as_verls_rank_files_and_its_merged_export(ws2_scenario
     root = scenario_dir(ws2_scenarios, "lora_export")
     ours = merged(capsys, root / "incremental" / STEP, tmp_path / "unmerged")
     assert_same_tensors(ours, merged(capsys, root / "verl" / STEP, tmp_path / "verl"))
-    assert_same_tensors(dir_tensors(tmp_path / "unmerged" / "lora_adapter"), dir_tensors(tmp_path / "verl" / "lora_adapter"))
+    assert_same_tensors(
+        dir_tensors(tmp_path / "unmerged" / "lora_adapter"), dir_tensors(tmp_path / "verl" / "lora_adapter")
+    )
     step = root / "incremental_merged_fp32" / STEP
-    assert_same_tensors(merged(capsys, step, tmp_path / "merged", "--merge_lora", "--dtype", "fp32"),
-                        dir_tensors(step / "huggingface"))
+    assert_same_tensors(
+        merged(capsys, step, tmp_path / "merged", "--merge_lora", "--dtype", "fp32"), dir_tensors(step / "huggingface")
+    )
 
 
 def test_critic_step_merges_to_the_models_state_dict(ws2_scenarios, tmp_path, capsys):
@@ -137,8 +145,20 @@ def test_critic_step_merges_to_the_models_state_dict(ws2_scenarios, tmp_path, ca
     assert_same_tensors(bf16, merged(capsys, root / "verl" / "global_step_1" / "critic", tmp_path / "verl_bf16"))
     import sys
 
-    proc = run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(step),
-                "--target_dir", str(tmp_path / "verl_cmd")])
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(step),
+            "--target_dir",
+            str(tmp_path / "verl_cmd"),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_tensors(dir_tensors(tmp_path / "verl_cmd"), bf16)
 

@@ -22,8 +22,22 @@ from ..helpers.merge_helpers import fsdp_checkpoint, full_disk_after_headers, to
 from ..helpers.slim_logs import lines_of
 
 MODELS = ("llama", "qwen3-moe")
-FIXTURE_ARGS = ["--models", ",".join(MODELS), "--lora-rank", "4", "--experts", "3", "--steps", "1", "--layers", "2",
-                "--hidden", "64", "--vocab", "256"]
+FIXTURE_ARGS = [
+    "--models",
+    ",".join(MODELS),
+    "--lora-rank",
+    "4",
+    "--experts",
+    "3",
+    "--steps",
+    "1",
+    "--layers",
+    "2",
+    "--hidden",
+    "64",
+    "--vocab",
+    "256",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -45,8 +59,11 @@ def ours(local_dir, target, **kw):
 
 
 def tree_bytes(path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != MANIFEST_NAME}
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -111,8 +128,23 @@ def test_distributed_merge_lora(lora_ckpts, tmp_path):
     """--merge_lora over 2 torchrun ranks, files split small: the single-process bytes."""
     ckpt = lora_ckpts / "llama"
     ours(ckpt, tmp_path / "one", merge_lora=True, max_shard_size="20KB")
-    proc = torchrun(2, ["-m", "slimckpt.cli", "merge", "--distributed_merge", "--merge_lora", "--no_progress",
-                        "--max_shard_size", "20KB", "--local_dir", str(ckpt), "--target_dir", str(tmp_path / "d")])
+    proc = torchrun(
+        2,
+        [
+            "-m",
+            "slimckpt.cli",
+            "merge",
+            "--distributed_merge",
+            "--merge_lora",
+            "--no_progress",
+            "--max_shard_size",
+            "20KB",
+            "--local_dir",
+            str(ckpt),
+            "--target_dir",
+            str(tmp_path / "d"),
+        ],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len([n for n in tree_bytes(tmp_path / "one") if n.endswith(".safetensors")]) > 2
     assert tree_bytes(tmp_path / "d") == tree_bytes(tmp_path / "one")

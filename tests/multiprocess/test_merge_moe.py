@@ -67,7 +67,7 @@ def test_output_sources_are_what_the_conversion_makes_of_index_tensors(tmp_path,
         take = takes[new]
         flat = index[take.source].reshape(-1)
         assert tuple(t.shape) == take.shape, new
-        assert torch.equal(t.reshape(-1), flat if take.whole else flat[take.span[0]:take.span[1]]), new
+        assert torch.equal(t.reshape(-1), flat if take.whole else flat[take.span[0] : take.span[1]]), new
     split = [t for t in takes.values() if not t.whole]
     assert len(split) == 3 * 3 * (1 if family == "deepseek-v3" else 2)  # gate, up, down of 3 experts per MoE layer
     # every element of a fused tensor lands in exactly one output
@@ -91,8 +91,7 @@ def test_a_strided_or_composite_conversion_is_refused_in_one_line(tmp_path, monk
     monkeypatch.setattr(cml, "revert_weight_conversion", lambda model, sd: {"t": sd[fused].transpose(1, 2)})
     with pytest.raises(NeedsVerlMerger, match=f"'t' is a strided part of '{fused}'"):
         side.output_sources(list(shapes), shapes)
-    monkeypatch.setattr(cml, "revert_weight_conversion",
-                        lambda model, sd: {"c": torch.cat([sd[fused], sd[fused]])})
+    monkeypatch.setattr(cml, "revert_weight_conversion", lambda model, sd: {"c": torch.cat([sd[fused], sd[fused]])})
     with pytest.raises(NeedsVerlMerger, match="'c' is not a part of one checkpoint tensor"):
         side.output_sources(list(shapes), shapes)
 
@@ -114,25 +113,31 @@ def test_the_torch_writer_cuts_spans_from_every_kind_of_source(tmp_path, kind):
     from slimckpt.write.share_writer import ShareWriter
 
     full = torch.randn(3, 6, 5, generator=torch.Generator().manual_seed(0))
-    pieces = {"dim0": (0, [full[:2].clone(), full[2:].clone()]),
-              "dim0-strided": (0, [full.transpose(1, 2).contiguous().transpose(1, 2)[:2], full[2:].clone()]),
-              "dim1": (1, [full[:, :4].contiguous(), full[:, 4:].contiguous()]),
-              "plain-1": (None, [full.clone()]),
-              "plain-2": (None, [full.clone(), full.clone()])}[kind]
+    pieces = {
+        "dim0": (0, [full[:2].clone(), full[2:].clone()]),
+        "dim0-strided": (0, [full.transpose(1, 2).contiguous().transpose(1, 2)[:2], full[2:].clone()]),
+        "dim1": (1, [full[:, :4].contiguous(), full[:, 4:].contiguous()]),
+        "plain-1": (None, [full.clone()]),
+        "plain-2": (None, [full.clone(), full.clone()]),
+    }[kind]
     src = _source("fused", full, *pieces)
-    takes = {f"e{e}.{half}": layout.Take("fused", (3, 5), (e * 30 + h * 15, e * 30 + h * 15 + 15))
-             for e in range(3) for h, half in enumerate(("gate", "up"))}
+    takes = {
+        f"e{e}.{half}": layout.Take("fused", (3, 5), (e * 30 + h * 15, e * 30 + h * 15 + 15))
+        for e in range(3)
+        for h, half in enumerate(("gate", "up"))
+    }
     takes["e1.whole"] = layout.Take("fused", (6, 5), (30, 60))
     specs = [layout.TensorSpec(n, "BF16", t.shape) for n, t in takes.items()]
     plan = layout.plan_files(specs, "5GB")
     create_files(str(tmp_path), plan)
     for share in layout.partition(plan, 3):  # three writers' shares, cut at rows of the outputs
-        ShareWriter(str(tmp_path), plan, {n: src for n in takes}, torch.bfloat16, chunk_bytes=7,
-                    takes=takes).write_share(share)
+        ShareWriter(
+            str(tmp_path), plan, {n: src for n in takes}, torch.bfloat16, chunk_bytes=7, takes=takes
+        ).write_share(share)
     out = load_file(str(tmp_path / "model.safetensors"))
     flat = full.reshape(-1).to(torch.bfloat16)
     for name, take in takes.items():
-        assert torch.equal(out[name].reshape(-1), flat[take.span[0]:take.span[1]]), name
+        assert torch.equal(out[name].reshape(-1), flat[take.span[0] : take.span[1]]), name
 
 
 def test_the_torch_writer_compares_unsharded_copies_of_a_split_tensor(tmp_path):
@@ -149,7 +154,8 @@ def test_the_torch_writer_compares_unsharded_copies_of_a_split_tensor(tmp_path):
     create_files(str(tmp_path), plan)
     with pytest.raises(CheckpointError, match="'fused' differs from rank 0's copy"):
         ShareWriter(str(tmp_path), plan, {"e1": src}, torch.bfloat16, takes=takes).write_share(
-            layout.partition(plan, 1)[0])
+            layout.partition(plan, 1)[0]
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -180,8 +186,9 @@ def test_same_as_verl_merger_and_loads(families, tmp_path, family):
         assert (tmp_path / "ours" / f).read_bytes() == (tmp_path / "verl" / f).read_bytes(), f
     assert verify(str(tmp_path / "ours")) == []
     # from_pretrained fuses the experts again: the shards' weights, in bf16, nothing missing or left over
-    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.bfloat16,
-                                                       output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "ours", dtype=torch.bfloat16, output_loading_info=True
+    )
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     loaded = model.state_dict()
     source = full_state_from_shards(ckpt)
@@ -207,17 +214,28 @@ def test_the_torch_free_writer_cuts_the_same_spans_from_the_rank_files(families,
     assert len(mp.plan.files) > 1 and any(not t.whole for t in mp.takes.values())
     (tmp_path / "torch").mkdir()
     create_files(str(tmp_path / "torch"), mp.plan)
-    w = ShareWriter(str(tmp_path / "torch"), mp.plan, {n: ckpt.tensors[t.source] for n, t in mp.takes.items()},
-                    OUT_DTYPES["bf16"], chunk_bytes=1000, takes=mp.takes)
+    w = ShareWriter(
+        str(tmp_path / "torch"),
+        mp.plan,
+        {n: ckpt.tensors[t.source] for n, t in mp.takes.items()},
+        OUT_DTYPES["bf16"],
+        chunk_bytes=1000,
+        takes=mp.takes,
+    )
     w.write_share(layout.partition(mp.plan, 1)[0])
     ckpt.close()
     index = pt_index.open_index(str(ckpt_dir))
     assert index is not None
     (tmp_path / "np").mkdir()
     create_files(str(tmp_path / "np"), mp.plan)
-    checksums = np_writer.write_plan(str(tmp_path / "np"), mp.plan,
-                                     {n: index.tensors[t.source] for n, t in mp.takes.items()}, "bf16", 1000,
-                                     takes=mp.takes)
+    checksums = np_writer.write_plan(
+        str(tmp_path / "np"),
+        mp.plan,
+        {n: index.tensors[t.source] for n, t in mp.takes.items()},
+        "bf16",
+        1000,
+        takes=mp.takes,
+    )
     assert checksums == w.checksums
     for f in mp.plan.files:
         assert (tmp_path / "np" / f.name).read_bytes() == (tmp_path / "torch" / f.name).read_bytes(), f.name
@@ -238,8 +256,10 @@ def test_the_early_write_stands_down(families, tmp_path):
     index = pt_index.open_index(str(ckpt))
     config = merge_guess.read_config(str(ckpt / "huggingface"))
     assert merge_guess.guess_output_names(list(index.tensors), config) is not None  # names alone look dense
-    assert merge_guess.guess_output_names(list(index.tensors), config,
-                                          {n: t.shape for n, t in index.tensors.items()}) is None
+    assert (
+        merge_guess.guess_output_names(list(index.tensors), config, {n: t.shape for n, t in index.tensors.items()})
+        is None
+    )
     opts = MergeOptions(local_dir=str(ckpt), target_dir=str(tmp_path / "o"), progress=False)
     assert EarlyWrite.start(opts, str(tmp_path / "o")) is None
     assert not (tmp_path / "o.partial").exists()
@@ -260,16 +280,45 @@ def test_distributed_merge_and_verl_redirect(families, tmp_path):
     ours(ckpt, tmp_path / "one", max_shard_size="30KB", chunk_bytes=4096)
     reference = _dir_bytes(tmp_path / "one")
     assert len([n for n in reference if n.endswith(".safetensors")]) > 2
-    proc = torchrun(2, ["-m", "slimckpt.cli", "merge", "--distributed_merge", "--workers", "2", "--no_progress",
-                        "--max_shard_size", "30KB", "--chunk_mb", "1", "--local_dir", str(ckpt),
-                        "--target_dir", str(tmp_path / "d")])
+    proc = torchrun(
+        2,
+        [
+            "-m",
+            "slimckpt.cli",
+            "merge",
+            "--distributed_merge",
+            "--workers",
+            "2",
+            "--no_progress",
+            "--max_shard_size",
+            "30KB",
+            "--chunk_mb",
+            "1",
+            "--local_dir",
+            str(ckpt),
+            "--target_dir",
+            str(tmp_path / "d"),
+        ],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 rank(s) x 2 worker(s)" in proc.stderr and "verl's own FSDPModelMerger" not in proc.stderr
     assert _dir_bytes(tmp_path / "d") == reference
 
     ckpt = families / "qwen3-moe"
-    proc = run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(ckpt),
-                "--target_dir", str(tmp_path / "redirected")])
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(ckpt),
+            "--target_dir",
+            str(tmp_path / "redirected"),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "slimckpt merge committed" in proc.stderr and "verl's own FSDPModelMerger" not in proc.stderr
     assert json.loads((tmp_path / "redirected" / MANIFEST_NAME).read_text())["tool"] == "slimckpt"
@@ -280,8 +329,13 @@ def test_distributed_merge_and_verl_redirect(families, tmp_path):
 def test_fixture_models_are_the_families_claimed():
     """The fixture's configs build what the module docstring says (checked without torchrun)."""
     names = {f: type(family_config(f)).__name__ for f in MOE_MODELS}
-    assert names == {"qwen3-moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig", "olmoe": "OlmoeConfig",
-                     "qwen2-moe": "Qwen2MoeConfig", "deepseek-v3": "DeepseekV3Config"}
+    assert names == {
+        "qwen3-moe": "Qwen3MoeConfig",
+        "mixtral": "MixtralConfig",
+        "olmoe": "OlmoeConfig",
+        "qwen2-moe": "Qwen2MoeConfig",
+        "deepseek-v3": "DeepseekV3Config",
+    }
     ds = family_config("deepseek-v3")
     assert ds.q_lora_rank and ds.kv_lora_rank and ds.n_shared_experts == 1 and ds.first_k_dense_replace == 1
     assert family_config("qwen2-moe").shared_expert_intermediate_size > 0
@@ -296,8 +350,20 @@ def test_a_config_with_other_experts_ends_every_rank_in_one_line(families, tmp_p
     ckpt = shutil.copytree(families / "deepseek-v3", tmp_path / "actor")
     config = json.loads((ckpt / "huggingface" / "config.json").read_text())
     (ckpt / "huggingface" / "config.json").write_text(json.dumps({**config, "n_routed_experts": 4}))
-    proc = torchrun(2, ["-m", "slimckpt.cli", "merge", "--distributed_merge", "--no_progress", "--local_dir", str(ckpt),
-                        "--target_dir", str(tmp_path / "o")])
+    proc = torchrun(
+        2,
+        [
+            "-m",
+            "slimckpt.cli",
+            "merge",
+            "--distributed_merge",
+            "--no_progress",
+            "--local_dir",
+            str(ckpt),
+            "--target_dir",
+            str(tmp_path / "o"),
+        ],
+    )
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.startswith("slimckpt merge: error:")]
     assert len(lines) == 2 and lines[0] == lines[1], proc.stderr[-3000:]
@@ -317,7 +383,9 @@ def test_a_fused_tensor_of_other_sizes_than_the_config_ends_in_one_line(families
 
     ckpt = shutil.copytree(families / "qwen3-moe", tmp_path / "actor")
     config = json.loads((ckpt / "huggingface" / "config.json").read_text())
-    (ckpt / "huggingface" / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 2 * config["moe_intermediate_size"]}))
+    (ckpt / "huggingface" / "config.json").write_text(
+        json.dumps({**config, "moe_intermediate_size": 2 * config["moe_intermediate_size"]})
+    )
     with pytest.raises(MergeError) as exc:
         ours(ckpt, tmp_path / "o")
     line = str(exc.value)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
+from slimckpt.merge.pipeline import log as merge_log
 from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeOptions
-from slimckpt.merge.pipeline import log as merge_log
 
 from ..helpers.merge_helpers import (
     assert_same_tensors,
@@ -35,16 +35,67 @@ pytestmark = pytest.mark.slow
 CHECKPOINTS = {
     "fsdp2_w2": (2, ["--model", "llama", "--layers", "2", "--hidden", "64", "--vocab", "256"]),
     # world size 3: uneven and empty-free shards; 'divisible' also shards some params on dim 1
-    "fsdp2_w3_uneven": (3, ["--model", "llama", "--layers", "1", "--hidden", "64", "--intermediate", "129",
-                            "--vocab", "250", "--shard-placement", "divisible", "--no-tokenizer"]),
-    "fsdp1_qwen2_tied": (2, ["--model", "qwen2-tied", "--fsdp-version", "1", "--layers", "2", "--hidden", "64",
-                             "--vocab", "200", "--no-tokenizer", "--no-generation-config", "--steps", "0"]),
-    "fsdp2_2d_w4": (4, ["--mesh", "2d", "--fsdp-size", "2", "--layers", "1", "--hidden", "32", "--vocab", "96",
-                        "--steps", "0"]),
+    "fsdp2_w3_uneven": (
+        3,
+        [
+            "--model",
+            "llama",
+            "--layers",
+            "1",
+            "--hidden",
+            "64",
+            "--intermediate",
+            "129",
+            "--vocab",
+            "250",
+            "--shard-placement",
+            "divisible",
+            "--no-tokenizer",
+        ],
+    ),
+    "fsdp1_qwen2_tied": (
+        2,
+        [
+            "--model",
+            "qwen2-tied",
+            "--fsdp-version",
+            "1",
+            "--layers",
+            "2",
+            "--hidden",
+            "64",
+            "--vocab",
+            "200",
+            "--no-tokenizer",
+            "--no-generation-config",
+            "--steps",
+            "0",
+        ],
+    ),
+    "fsdp2_2d_w4": (
+        4,
+        ["--mesh", "2d", "--fsdp-size", "2", "--layers", "1", "--hidden", "32", "--vocab", "96", "--steps", "0"],
+    ),
 }
 # FSDP1 without a device mesh writes ShardedTensors; verl always passes a mesh and its merger cannot read these
-SHARDED_TENSOR = ("fsdp1_sharded_tensor", 2, ["--fsdp-version", "1", "--fsdp1-no-mesh", "--layers", "1",
-                                             "--hidden", "64", "--vocab", "128", "--steps", "0", "--no-tokenizer"])
+SHARDED_TENSOR = (
+    "fsdp1_sharded_tensor",
+    2,
+    [
+        "--fsdp-version",
+        "1",
+        "--fsdp1-no-mesh",
+        "--layers",
+        "1",
+        "--hidden",
+        "64",
+        "--vocab",
+        "128",
+        "--steps",
+        "0",
+        "--no-tokenizer",
+    ],
+)
 
 
 def checkpoint(tmp_path_factory, name: str):
@@ -121,9 +172,26 @@ def test_workers_and_ranks_give_identical_bytes(tmp_path_factory, tmp_path):
     assert len([n for n in reference if n.endswith(".safetensors")]) > 2
     ours(ckpt, tmp_path / "w3", max_shard_size="40KB", workers=3, chunk_bytes=4096)
     assert _dir_bytes(tmp_path / "w3") == reference
-    proc = torchrun(2, ["-m", "slimckpt.cli", "merge", "--distributed_merge", "--workers", "2", "--no_progress",
-                        "--max_shard_size", "40KB", "--chunk_mb", "1", "--local_dir", str(ckpt),
-                        "--target_dir", str(tmp_path / "d")])
+    proc = torchrun(
+        2,
+        [
+            "-m",
+            "slimckpt.cli",
+            "merge",
+            "--distributed_merge",
+            "--workers",
+            "2",
+            "--no_progress",
+            "--max_shard_size",
+            "40KB",
+            "--chunk_mb",
+            "1",
+            "--local_dir",
+            str(ckpt),
+            "--target_dir",
+            str(tmp_path / "d"),
+        ],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 rank(s) x 2 worker(s)" in proc.stderr
     # chunk size changes how bytes are cut, not which bytes: the same dir
@@ -135,15 +203,28 @@ def test_a_distributed_merge_that_fails_on_one_rank_fails_on_every_rank(tmp_path
     both ranks exit with the same line naming rank 1 and the merge's fix; nothing is committed."""
     ckpt = checkpoint(tmp_path_factory, "fsdp2_w2")
     launcher = tmp_path / "limited_rank.py"
-    launcher.write_text("import os, resource, signal, sys\n"
-                        "if os.environ['RANK'] == '1':  # EFBIG past 4 KiB (the merge ignores SIGXFSZ too)\n"
-                        "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-                        "    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
-                        "from slimckpt.cli import main\n"
-                        "sys.exit(main(sys.argv[1:]))\n")
+    launcher.write_text(
+        "import os, resource, signal, sys\n"
+        "if os.environ['RANK'] == '1':  # EFBIG past 4 KiB (the merge ignores SIGXFSZ too)\n"
+        "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "from slimckpt.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
     target = tmp_path / "d"
-    proc = torchrun(2, [str(launcher), "merge", "--distributed_merge", "--no_progress", "--local_dir", str(ckpt),
-                        "--target_dir", str(target)])
+    proc = torchrun(
+        2,
+        [
+            str(launcher),
+            "merge",
+            "--distributed_merge",
+            "--no_progress",
+            "--local_dir",
+            str(ckpt),
+            "--target_dir",
+            str(target),
+        ],
+    )
     assert proc.returncode != 0, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "slimckpt merge: error:" in line]
     assert len(errors) == 2, proc.stderr[-3000:]
@@ -160,16 +241,29 @@ def _verl_merger_cli(args: list[str], env: dict | None = None) -> subprocess.Com
 def test_verl_model_merger_is_redirected(tmp_path_factory, tmp_path):
     ckpt = checkpoint(tmp_path_factory, "fsdp2_w2")
     target = tmp_path / "redirected"
-    proc = _verl_merger_cli(["merge", "--backend", "fsdp", "--local_dir", str(ckpt), "--target_dir", str(target),
-                             "--use_cpu_initialization", "--trust-remote-code"])
+    proc = _verl_merger_cli(
+        [
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(ckpt),
+            "--target_dir",
+            str(target),
+            "--use_cpu_initialization",
+            "--trust-remote-code",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "runs slimckpt's streaming merge" in proc.stderr and "slimckpt merge committed" in proc.stderr
     assert json.loads((target / MANIFEST_NAME).read_text())["tool"] == "slimckpt"
     assert verify(str(target)) == []
 
     plain = tmp_path / "verl"
-    proc = _verl_merger_cli(["merge", "--backend", "fsdp", "--local_dir", str(ckpt), "--target_dir", str(plain)],
-                            env={"SLIMCKPT_DISABLE": "1"})
+    proc = _verl_merger_cli(
+        ["merge", "--backend", "fsdp", "--local_dir", str(ckpt), "--target_dir", str(plain)],
+        env={"SLIMCKPT_DISABLE": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "slimckpt" not in proc.stderr and "Saving model to" in proc.stdout
     assert not (plain / MANIFEST_NAME).exists()

@@ -27,16 +27,18 @@ SIMPLE = ("fsdp2_w2", "fsdp2_w3_uneven", "fsdp1_qwen2_tied")  # 1-D meshes: pt_i
 def _extras(rank: int, sd: dict) -> None:
     """Entries beyond a model's weights: other dtypes, a scalar, an empty tensor, two views of one storage."""
     base = torch.arange(24, dtype=torch.float32).reshape(6, 4)
-    sd.update({
-        "extra.bf16": torch.linspace(-3, 3, 40).to(torch.bfloat16).reshape(5, 8),
-        "extra.fp16": torch.linspace(-1, 1, 6).to(torch.float16),
-        "extra.int64": torch.arange(7, dtype=torch.int64) * (1 << 40),
-        "extra.bool": torch.tensor([True, False, True]),
-        "extra.scalar": torch.tensor(2.5),
-        "extra.empty": torch.empty(0, 4),
-        "extra.view_a": base[1:3],  # storage offset 4 elements
-        "extra.view_b": base[3:],
-    })
+    sd.update(
+        {
+            "extra.bf16": torch.linspace(-3, 3, 40).to(torch.bfloat16).reshape(5, 8),
+            "extra.fp16": torch.linspace(-1, 1, 6).to(torch.float16),
+            "extra.int64": torch.arange(7, dtype=torch.int64) * (1 << 40),
+            "extra.bool": torch.tensor([True, False, True]),
+            "extra.scalar": torch.tensor(2.5),
+            "extra.empty": torch.empty(0, 4),
+            "extra.view_a": base[1:3],  # storage offset 4 elements
+            "extra.view_b": base[3:],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +50,11 @@ def assert_reads_like_the_real_reader(local_dir) -> pt_index.IndexedCheckpoint:
     index = pt_index.open_index(str(local_dir))
     assert index is not None
     real = open_checkpoint(str(local_dir))
-    assert (index.local_dir, index.world_size, index.fsdp_version) == (real.local_dir, real.world_size,
-                                                                        real.fsdp_version)
+    assert (index.local_dir, index.world_size, index.fsdp_version) == (
+        real.local_dir,
+        real.world_size,
+        real.fsdp_version,
+    )
     assert list(index.tensors) == list(real.tensors)
     names = {k: k for k in real.tensors}
     assert pt_index.signature(index, names) == signature(real, names)
@@ -94,8 +99,13 @@ def _same(ours, theirs, where="") -> None:
     """ours == theirs, tensors by dtype, shape, stride, storage offset and bytes; the rest by value."""
     assert type(ours) is type(theirs), (where, type(ours), type(theirs))
     if isinstance(theirs, torch.Tensor):
-        assert (ours.dtype, ours.shape, ours.stride(), ours.storage_offset(), ours.requires_grad) == \
-            (theirs.dtype, theirs.shape, theirs.stride(), theirs.storage_offset(), theirs.requires_grad), where
+        assert (ours.dtype, ours.shape, ours.stride(), ours.storage_offset(), ours.requires_grad) == (
+            theirs.dtype,
+            theirs.shape,
+            theirs.stride(),
+            theirs.storage_offset(),
+            theirs.requires_grad,
+        ), where
         assert torch.equal(ours, theirs), where
     elif isinstance(theirs, dict):
         assert list(ours) == list(theirs), where
@@ -113,8 +123,11 @@ def test_torch_side_reads_what_torch_load_reads_mapped(plain, tmp_path):
     """pt_tensors.load of a rank file and of other entries: torch.load's objects (mapped or read), views
     of one storage still one storage, every tensor a view of the file where the index's records say."""
     path = str(plain / "model_world_size_2_rank_0.pt")
-    extra = {"legacy": torch.arange(6, dtype=torch.int32), "param": torch.nn.Parameter(torch.ones(3, 2)),
-             "nested": [{"a": torch.zeros(2, 0)}, (1, "x")]}
+    extra = {
+        "legacy": torch.arange(6, dtype=torch.int32),
+        "param": torch.nn.Parameter(torch.ones(3, 2)),
+        "nested": [{"a": torch.zeros(2, 0)}, (1, "x")],
+    }
     other = str(tmp_path / "other.pt")
     torch.save(extra, other)
     for p in (path, other):
@@ -242,10 +255,29 @@ def _damage(ckpt, how: str) -> None:
         raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["truncated", "tail_cut", "empty", "text", "foreign_pickle", "list", "bare_tensor",
-                                 "parameter", "non_tensor_value", "non_contiguous", "keys_differ", "shapes_differ",
-                                 "legacy_format", "compressed", "short_storage", "big_endian", "no_config",
-                                 "missing_rank"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "truncated",
+        "tail_cut",
+        "empty",
+        "text",
+        "foreign_pickle",
+        "list",
+        "bare_tensor",
+        "parameter",
+        "non_tensor_value",
+        "non_contiguous",
+        "keys_differ",
+        "shapes_differ",
+        "legacy_format",
+        "compressed",
+        "short_storage",
+        "big_endian",
+        "no_config",
+        "missing_rank",
+    ],
+)
 def test_not_the_simple_kind_is_none(plain, tmp_path, how):
     ckpt = shutil.copytree(plain, tmp_path / "actor")
     assert pt_index.open_index(str(ckpt)) is not None  # the copy itself is fine

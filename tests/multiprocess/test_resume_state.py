@@ -15,8 +15,6 @@ from slimckpt.testing.launch import launch
 
 from ..conftest import REPO, scenario_result
 
-
-
 # --------------------------------------------------------------------------- manifest (pure)
 
 
@@ -224,8 +222,9 @@ def test_watched_roles_follow_the_configs():
     from slimckpt.save.tracker import watched_roles
 
     def trainer(actor: dict, critic: dict, use_critic: bool = True):
-        config = OmegaConf.create({"actor_rollout_ref": {"actor": {"checkpoint": actor}},
-                                   "critic": {"checkpoint": critic}})
+        config = OmegaConf.create(
+            {"actor_rollout_ref": {"actor": {"checkpoint": actor}}, "critic": {"checkpoint": critic}}
+        )
         return type("T", (), {"config": config, "use_critic": use_critic})()
 
     slim = {"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
@@ -245,8 +244,13 @@ def test_misspelled_field_names_the_field_and_the_valid_ones():
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    cfg = OmegaConf.create({"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "recipe": "incremental",
-                            "bukcet_mb": 3})
+    cfg = OmegaConf.create(
+        {
+            "_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig",
+            "recipe": "incremental",
+            "bukcet_mb": 3,
+        }
+    )
     with pytest.raises(Exception) as info:
         omega_conf_to_dataclass(cfg)
     msg = str(info.value)
@@ -289,11 +293,9 @@ def _same(a, b) -> bool:
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and \
-            torch.equal(a, b)
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and \
-            np.array_equal(a, b)
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
     if isinstance(a, dict) and isinstance(b, dict):
         return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
@@ -346,13 +348,18 @@ def test_reshard_message_names_derived_and_dropped_ranks():
     from slimckpt.save.rng_reshard import reshard_message
 
     assert reshard_message(2, 2) is None
-    assert reshard_message(2, 3) == ("RNG resharded from world size 2 to 3: ranks 0-1 resume their saved streams "
-                                     "exactly; rank 2 gets a new stream derived from saved rank 0 and its rank")
+    assert reshard_message(2, 3) == (
+        "RNG resharded from world size 2 to 3: ranks 0-1 resume their saved streams "
+        "exactly; rank 2 gets a new stream derived from saved rank 0 and its rank"
+    )
     assert "ranks 2-7 get new streams derived, rank r from saved rank r % 2, and the rank" in reshard_message(2, 8)
-    assert reshard_message(3, 2) == ("RNG resharded from world size 3 to 2: ranks 0-1 resume their saved streams "
-                                     "exactly; the stream of saved rank 2 is not resumed")
-    assert "rank 0 resumes its saved stream exactly; the streams of saved ranks 1-3 are not resumed" \
-        in reshard_message(4, 1)
+    assert reshard_message(3, 2) == (
+        "RNG resharded from world size 3 to 2: ranks 0-1 resume their saved streams "
+        "exactly; the stream of saved rank 2 is not resumed"
+    )
+    assert "rank 0 resumes its saved stream exactly; the streams of saved ranks 1-3 are not resumed" in reshard_message(
+        4, 1
+    )
 
 
 # --------------------------------------------------------------------------- torchrun (slow)
@@ -362,8 +369,14 @@ def test_reshard_message_names_derived_and_dropped_ranks():
 
 
 def _torchrun(nproc: int, *args: str, timeout: int = 240, log_level: str = "WARNING") -> subprocess.CompletedProcess:
-    run = launch(nproc, "slimckpt.testing.resume_scenarios", *args, timeout=timeout, cwd=REPO,
-                 env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": log_level})
+    run = launch(
+        nproc,
+        "slimckpt.testing.resume_scenarios",
+        *args,
+        timeout=timeout,
+        cwd=REPO,
+        env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": log_level},
+    )
     assert run.proc.returncode == 0, run.output
     return run.proc
 
@@ -398,8 +411,10 @@ def _check_resharded_rng(ckpt_root: Path, saved_world: int, world: int) -> None:
     from slimckpt.save.rng_reshard import derive_rng_state
 
     role = ckpt_root / "global_step_3" / "actor"
-    saved = [torch.load(role / EXTRA_NAME.format(world=saved_world, rank=r), weights_only=False)["rng"]
-             for r in range(saved_world)]
+    saved = [
+        torch.load(role / EXTRA_NAME.format(world=saved_world, rank=r), weights_only=False)["rng"]
+        for r in range(saved_world)
+    ]
     loaded = []
     for rank in range(world):
         first, second = torch.load(ckpt_root / f"rng_after_load_ws{world}_rank{rank}.pt", weights_only=False)
@@ -421,8 +436,7 @@ def test_reshard_to_more_then_fewer_ranks_keeps_or_derives_rng(ws2_scenarios, tm
     scheduler are exact both ways; RNG as _check_resharded_rng says (the new rank 2 derived at 3,
     saved rank 2's stream dropped at 2)."""
     resumed_dir = ws2_scenarios / "resume"
-    proc = _torchrun(3, "reshard", "--dir", str(resumed_dir), "--save-to", str(tmp_path), timeout=300,
-                     log_level="INFO")
+    proc = _torchrun(3, "reshard", "--dir", str(resumed_dir), "--save-to", str(tmp_path), timeout=300, log_level="INFO")
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "RNG resharded" in ln]
     assert len(lines) == 2 and all("rank 2 gets a new stream derived from saved rank 0" in ln for ln in lines), lines
     w3 = json.loads((resumed_dir / "reshard_ws3_result.json").read_text())
@@ -437,9 +451,24 @@ def test_reshard_to_more_then_fewer_ranks_keeps_or_derives_rng(ws2_scenarios, tm
     from ..helpers.merge_helpers import assert_same_tensors, dir_tensors
 
     merged = tmp_path / "merged_ws3"
-    assert cli.main(["merge", "--no_progress", "--dtype", "fp32", "--local_dir", str(tmp_path / "global_step_3" / "actor"),
-                     "--target_dir", str(merged)]) == 0
-    assert_same_tensors(dir_tensors(merged), torch.load(tmp_path / "full_state_at_save.pt", weights_only=False)["model"])
+    assert (
+        cli.main(
+            [
+                "merge",
+                "--no_progress",
+                "--dtype",
+                "fp32",
+                "--local_dir",
+                str(tmp_path / "global_step_3" / "actor"),
+                "--target_dir",
+                str(merged),
+            ]
+        )
+        == 0
+    )
+    assert_same_tensors(
+        dir_tensors(merged), torch.load(tmp_path / "full_state_at_save.pt", weights_only=False)["model"]
+    )
 
     _torchrun(2, "reshard", "--dir", str(tmp_path))
     w2 = json.loads((tmp_path / "reshard_ws2_result.json").read_text())

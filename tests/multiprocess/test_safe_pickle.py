@@ -6,10 +6,8 @@ the suite whose checkpoints got a refusal)."""
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
-import shutil
 
 import numpy as np
 import pytest
@@ -75,8 +73,10 @@ def test_extra_state_loads_through_torchs_restricted_loader(tmp_path):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
     opt.step()
     sched.step()
-    extra = {"lr_scheduler": sched.state_dict(),
-             "rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}}
+    extra = {
+        "lr_scheduler": sched.state_dict(),
+        "rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
+    }
     torch.save(extra, tmp_path / "extra_state_world_size_1_rank_0.pt")
     got = load_torch_file(str(tmp_path / "extra_state_world_size_1_rank_0.pt"))
     assert got["lr_scheduler"] == extra["lr_scheduler"] and got["rng"]["random"] == extra["rng"]["random"]
@@ -93,11 +93,16 @@ def trapped_native(tmp_path):
     rank each (rank 0, 1, 2)."""
     actor = synthetic_checkpoint(tmp_path / "actor", world_size=WORLD)
     for r in range(WORLD):
-        torch.save({"state": {}, "param_groups": [{"lr": 0.1, "params": []}]},
-                   actor / f"optim_world_size_{WORLD}_rank_{r}.pt")
-        torch.save({"lr_scheduler": {"last_epoch": 1}, "rng": {"cpu": torch.get_rng_state(),
-                    "numpy": np.random.get_state(), "random": random.getstate()}},
-                   actor / f"extra_state_world_size_{WORLD}_rank_{r}.pt")
+        torch.save(
+            {"state": {}, "param_groups": [{"lr": 0.1, "params": []}]}, actor / f"optim_world_size_{WORLD}_rank_{r}.pt"
+        )
+        torch.save(
+            {
+                "lr_scheduler": {"last_epoch": 1},
+                "rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
+            },
+            actor / f"extra_state_world_size_{WORLD}_rank_{r}.pt",
+        )
     for r, kind in enumerate(("model", "optim", "extra_state")):
         trap_torch_file(actor / f"{kind}_world_size_{WORLD}_rank_{r}.pt", tmp_path / "MARKER")
     return actor
@@ -138,15 +143,24 @@ def test_merge_refuses_a_trapped_rank_file_and_trust_pickle_runs_it(trapped_nati
     assert len(lines) == 1 and _refused(lines[0], trapped_native / f"model_world_size_{WORLD}_rank_0.pt"), proc.stderr
     assert not (tmp_path / "MARKER").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("merged")]
-    proc = run_cli(["merge", "--no_progress", "--trust-pickle", "--local_dir", str(trapped_native),
-                    "--target_dir", str(target)])
+    proc = run_cli(
+        ["merge", "--no_progress", "--trust-pickle", "--local_dir", str(trapped_native), "--target_dir", str(target)]
+    )
     assert (tmp_path / "MARKER").exists() and "refused" not in proc.stderr  # then its keys differ from rank 1's
 
 
 @pytest.mark.pickle_refusals
 def test_merge_refuses_a_trapped_dcp_metadata(trapped_dcp, tmp_path, capsys):
-    rc = cli.main(["merge", "--no_progress", "--local_dir", str(trapped_dcp["metadata"]),
-                   "--target_dir", str(tmp_path / "merged")])
+    rc = cli.main(
+        [
+            "merge",
+            "--no_progress",
+            "--local_dir",
+            str(trapped_dcp["metadata"]),
+            "--target_dir",
+            str(tmp_path / "merged"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and _refused(err, trapped_dcp["metadata"] / "dcp" / ".metadata"), err
     assert not (tmp_path / "MARKER").exists() and not (tmp_path / "merged").exists()
@@ -156,14 +170,17 @@ def test_merge_refuses_a_trapped_dcp_metadata(trapped_dcp, tmp_path, capsys):
 def test_verify_reports_every_trapped_file_as_damage(trapped_native, trapped_dcp, tmp_path, capsys):
     report = verify_path(str(trapped_native))
     reasons = sorted(p.reason for p in report.bad)
-    assert reasons == sorted(f"refused: pickle global {TRAPPED_GLOBAL} in {kind}_world_size_{WORLD}_rank_{r}.pt"
-                             for r, kind in enumerate(("model", "optim", "extra_state"))), reasons
+    assert reasons == sorted(
+        f"refused: pickle global {TRAPPED_GLOBAL} in {kind}_world_size_{WORLD}_rank_{r}.pt"
+        for r, kind in enumerate(("model", "optim", "extra_state"))
+    ), reasons
     meta = verify_path(str(trapped_dcp["metadata"]))
     assert [p.reason for p in meta.bad] == [f"refused: pickle global {TRAPPED_GLOBAL} in .metadata"]
     state = verify_path(str(trapped_dcp["state"]))
     assert sorted(p.reason for p in state.bad) == [
         f"refused: pickle global {TRAPPED_GLOBAL} in __0_0.distcp (the record of optim.param_groups.0.lr)",
-        f"refused: pickle global {TRAPPED_GLOBAL} in slimckpt_extra_world_size_1_rank_0.pt"], state.bad
+        f"refused: pickle global {TRAPPED_GLOBAL} in slimckpt_extra_world_size_1_rank_0.pt",
+    ], state.bad
     rc = cli.main(["verify", "--no_progress", str(trapped_native)])
     out = capsys.readouterr().out
     assert rc == 1 and out.count("refused: pickle global") == 3, out
@@ -174,10 +191,25 @@ def test_verify_reports_every_trapped_file_as_damage(trapped_native, trapped_dcp
 @pytest.mark.pickle_refusals
 @pytest.mark.parametrize("kind", ["rank_file", "dcp_metadata"])
 def test_distributed_merge_refuses_on_every_rank(trapped_native, trapped_dcp, tmp_path, kind):
-    src, bad = (trapped_native, trapped_native / f"model_world_size_{WORLD}_rank_0.pt") if kind == "rank_file" \
+    src, bad = (
+        (trapped_native, trapped_native / f"model_world_size_{WORLD}_rank_0.pt")
+        if kind == "rank_file"
         else (trapped_dcp["metadata"], trapped_dcp["metadata"] / "dcp" / ".metadata")
-    proc = torchrun(2, ["-m", "slimckpt.cli", "merge", "--distributed_merge", "--no_progress",
-                        "--local_dir", str(src), "--target_dir", str(tmp_path / "merged")])
+    )
+    proc = torchrun(
+        2,
+        [
+            "-m",
+            "slimckpt.cli",
+            "merge",
+            "--distributed_merge",
+            "--no_progress",
+            "--local_dir",
+            str(src),
+            "--target_dir",
+            str(tmp_path / "merged"),
+        ],
+    )
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("slimckpt merge: error:")]
     assert lines and all(_refused(ln, bad) for ln in lines), proc.stderr[-3000:]
@@ -192,9 +224,16 @@ def test_trainer_resume_refuses_trapped_steps_on_every_rank(tmp_path):
     tier's .metadata, extra state and optimizer record, and verl's own model, optim and extra_state
     files, each trapped: every rank raises the same line before loading anything; the steps as saved
     (AdamW and SGD state) load; with checkpoint.trust_pickle the trap runs."""
-    launched = launch(2, "tests.scenarios.pickle_trap", "--dir", str(tmp_path),
-                      env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},
-                      timeout=400, cwd=REPO, result=tmp_path / "result.json")
+    launched = launch(
+        2,
+        "tests.scenarios.pickle_trap",
+        "--dir",
+        str(tmp_path),
+        env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},
+        timeout=400,
+        cwd=REPO,
+        result=tmp_path / "result.json",
+    )
     assert launched.proc.returncode == 0, launched.proc.stderr[-4000:]
     result = launched.result
     for case, got in result.items():
@@ -203,9 +242,13 @@ def test_trainer_resume_refuses_trapped_steps_on_every_rank(tmp_path):
             assert got["ranks"] == ["loaded", "loaded"], (case, got)
             assert got["marker"] is (kind == "extra_state_trusted"), case
             continue
-        bad = {"metadata": "dcp/.metadata", "extra": "slimckpt_extra_world_size_2_rank_0.pt",
-               "optim": "dcp/__" if fmt == "incremental" else "optim_world_size_2_rank_0.pt",
-               "model": "model_world_size_2_rank_0.pt", "extra_state": "extra_state_world_size_2_rank_0.pt"}[kind]
+        bad = {
+            "metadata": "dcp/.metadata",
+            "extra": "slimckpt_extra_world_size_2_rank_0.pt",
+            "optim": "dcp/__" if fmt == "incremental" else "optim_world_size_2_rank_0.pt",
+            "model": "model_world_size_2_rank_0.pt",
+            "extra_state": "extra_state_world_size_2_rank_0.pt",
+        }[kind]
         for line in got["ranks"]:
             assert line.startswith(f"PickleRefused: {tmp_path / fmt / kind / bad}"), (case, line)
             assert f"refused: pickle global {TRAPPED_GLOBAL}" in line, (case, line)
@@ -221,13 +264,30 @@ def every_kind(tmp_path_factory):
     """The suite's checkpoint kinds: FSDP2 (1-D mesh) and LoRA actors with AdamW state after a step,
     FSDP1 on a mesh and without (ShardedTensor), verl's value model and its incremental-tier step
     (the trainer scenario above loads both formats with AdamW and SGD state)."""
-    dirs = [fsdp_checkpoint(tmp_path_factory, name, CHECKPOINTS[name][0], *CHECKPOINTS[name][1])
-            for name in ("fsdp2_w2", "fsdp1_qwen2_tied")]
+    dirs = [
+        fsdp_checkpoint(tmp_path_factory, name, CHECKPOINTS[name][0], *CHECKPOINTS[name][1])
+        for name in ("fsdp2_w2", "fsdp1_qwen2_tied")
+    ]
     dirs.append(fsdp_checkpoint(tmp_path_factory, *SHARDED_TENSOR[:2], *SHARDED_TENSOR[2]))
     lora = fsdp_checkpoint(tmp_path_factory, "lora_models", 2, *LORA_ARGS)
     dirs += [lora / "llama", lora / "qwen3-moe"]
-    kinds = fsdp_checkpoint(tmp_path_factory, "pickle_kinds", 2, "--models", "critic", "--export", "incremental",
-                            "--steps", "0", "--layers", "1", "--hidden", "32", "--vocab", "96")
+    kinds = fsdp_checkpoint(
+        tmp_path_factory,
+        "pickle_kinds",
+        2,
+        "--models",
+        "critic",
+        "--export",
+        "incremental",
+        "--steps",
+        "0",
+        "--layers",
+        "1",
+        "--hidden",
+        "32",
+        "--vocab",
+        "96",
+    )
     dirs += [kinds / "critic", kinds / "critic.incremental"]
     return dirs
 
@@ -258,8 +318,21 @@ def test_every_checkpoint_kind_passes_the_restricted_loader(every_kind):
 def test_a_one_rank_fsdp1_checkpoint_of_verl_merges_and_verifies_without_trust(tmp_path_factory, tmp_path):
     """verl's FSDP1 save at world size 1 pickles plain tensors through `_rebuild_from_type_v2(...,
     torch.Tensor, ...)`: a global verl writes, so merge and verify accept it without --trust-pickle."""
-    actor = fsdp_checkpoint(tmp_path_factory, "fsdp1-ws1", 1, "--model", "llama", "--layers", "2", "--hidden", "64",
-                            "--fsdp-version", "1", "--steps", "1")
+    actor = fsdp_checkpoint(
+        tmp_path_factory,
+        "fsdp1-ws1",
+        1,
+        "--model",
+        "llama",
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--fsdp-version",
+        "1",
+        "--steps",
+        "1",
+    )
     for name in ("model", "optim", "extra_state"):
         check_file(str(actor / f"{name}_world_size_1_rank_0.pt"))  # raises PickleRefused on a foreign global
     merged = run_cli(["merge", "--local_dir", str(actor), "--target_dir", str(tmp_path / "hf")])

@@ -61,7 +61,7 @@ def saved():
     keys = {}
     for prefix, part in (("model", state["model"]), ("optim", state["optim"]["state"])):
         for name, value in part.items():
-            for sub, t in (value.items() if isinstance(value, dict) else [("", value)]):
+            for sub, t in value.items() if isinstance(value, dict) else [("", value)]:
                 keys[f"{prefix}.{name}.{sub}"] = (capture.key_of(t), t.clone())
     capture.plan_reads("dcp", [k for k, _ in keys.values()])
     capture.start()
@@ -166,9 +166,28 @@ def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
     config = REPO / "docs" / "configs" / "llama3-70b.json"
-    report = build.build_report(parser.parse_args([
-        "--config", str(config), "--world-size", "32", "--fsdp", "2", "--disk-gbps", "2", "--recipe", "incremental",
-        "--set", "async_save=stream", "--rollout-s", "0", "--offload", "both"]))
+    report = build.build_report(
+        parser.parse_args(
+            [
+                "--config",
+                str(config),
+                "--world-size",
+                "32",
+                "--fsdp",
+                "2",
+                "--disk-gbps",
+                "2",
+                "--recipe",
+                "incremental",
+                "--set",
+                "async_save=stream",
+                "--rollout-s",
+                "0",
+                "--offload",
+                "both",
+            ]
+        )
+    )
     out = io.StringIO()
     printers.print_report(report, out)
     assert "kept (offload's host copies)" in out.getvalue() and "host copies verl's offload makes" in out.getvalue()
@@ -178,11 +197,22 @@ def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
 def test_stream_under_offload_through_verl_equals_sync_resumes_and_holds_sync_level_memory(tmp_path):
     """FSDP2 at 2 ranks through verl's FSDPCheckpointManager and FSDPEngine.save_checkpoint, both
     offloads on, the device move doubled on the CPU (tests/scenarios/stream_offload.py)."""
-    env = {"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING",
-           # large tensors mmapped and given back when freed: RssAnon then follows what is alive
-           "MALLOC_MMAP_THRESHOLD_": "65536"}
-    run = launch(2, "tests.scenarios.stream_offload", "--dir", str(tmp_path), timeout=480, cwd=REPO, env=env,
-                 result=tmp_path / "offload_result.json")
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "SLIMCKPT_LOG_LEVEL": "WARNING",
+        # large tensors mmapped and given back when freed: RssAnon then follows what is alive
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+    }
+    run = launch(
+        2,
+        "tests.scenarios.stream_offload",
+        "--dir",
+        str(tmp_path),
+        timeout=480,
+        cwd=REPO,
+        env=env,
+        result=tmp_path / "offload_result.json",
+    )
     assert run.proc.returncode == 0, run.output
     r = run.result
     # 1. the offload leaves no device tensor alive; the writer reads verl's host copies; the next
@@ -194,13 +224,14 @@ def test_stream_under_offload_through_verl_equals_sync_resumes_and_holds_sync_le
     for phase in ("equal", "held"):
         same = r[phase]
         assert same["differing_files"] == [] and same["tensor_diffs"] == [], (phase, same)
-        assert any(f.startswith("dcp/") for f in same["files"]) and any(f.startswith("huggingface/")
-                                                                       for f in same["files"])
+        assert any(f.startswith("dcp/") for f in same["files"]) and any(
+            f.startswith("huggingface/") for f in same["files"]
+        )
     assert all(x["committed"] and x["failure"] is None for x in r["held_ranks"]), r["held_ranks"]
     assert r["reference"] == r["resumed"], r
     # 2. the host copy changed before it was read: never committed, one line on every rank
     for name, ranks in r["raced"].items():
-        for rank, x in enumerate(ranks):
+        for _rank, x in enumerate(ranks):
             assert not x["committed"], (name, x)
             assert x["failure"] and "\n" not in x["failure"] and "was changed in place" in x["failure"], (name, x)
         if name.endswith("on_rank1"):

@@ -131,8 +131,9 @@ def test_stream_save_equals_sync_bit_for_bit_guards_mutations_and_resumes(ws2_sc
     assert 0 < r["guard_copied_bytes"] <= r["captured_bytes"]
     for step in ("step3", "step6"):  # every DCP rank file and export file identical to the sync save's
         assert r[step]["differing_files"] == [] and r[step]["tensor_diffs"] == [], r[step]
-        assert any(f.startswith("dcp/") for f in r[step]["files"]) and \
-            any(f.startswith("huggingface/") for f in r[step]["files"])
+        assert any(f.startswith("dcp/") for f in r[step]["files"]) and any(
+            f.startswith("huggingface/") for f in r[step]["files"]
+        )
     assert r["reference"] == r["resumed"], r  # with a resume: bitwise-equal losses
     # 2: budget 0: nothing copied, the optimizer step waited for the writer
     assert all(x["zero_budget_copied_bytes"] == 0 for x in r["ranks"]) and r["zero_budget_blocked_s"] > 0
@@ -143,8 +144,14 @@ def test_stream_save_equals_sync_bit_for_bit_guards_mutations_and_resumes(ws2_sc
         assert message and "\n" not in message and f"tensor {r['mutated']} was changed in place" in message
 
 
-RACES = ["add_then_step", "add_then_step_no_export", "step_without_hook", "load_state_dict", "local_add_on_rank1",
-         "optimizer_reload_then_step"]
+RACES = [
+    "add_then_step",
+    "add_then_step_no_export",
+    "step_without_hook",
+    "load_state_dict",
+    "local_add_on_rank1",
+    "optimizer_reload_then_step",
+]
 
 
 @pytest.mark.slow
@@ -157,8 +164,9 @@ def test_stream_save_raced_by_user_code_is_never_committed_with_the_changed_weig
     tensor, is never committed, and the tracker stays on the last committed step. FSDP1 writes
     the new tensors its sharded state dict is made of: the step commits the saved weights, equal
     to a sync save's file for file."""
-    r = scenario_result(ws2_scenarios, "stream_raced" if fsdp == 2 else "stream_raced_fsdp1",
-                        f"raced_fsdp{fsdp}_result.json")
+    r = scenario_result(
+        ws2_scenarios, "stream_raced" if fsdp == 2 else "stream_raced_fsdp1", f"raced_fsdp{fsdp}_result.json"
+    )
     assert r["fsdp"] == fsdp and list(r["cases"]) == RACES
     tracker = 1
     for step, (name, case) in enumerate(r["cases"].items(), start=10):
@@ -167,7 +175,7 @@ def test_stream_save_raced_by_user_code_is_never_committed_with_the_changed_weig
         if must_fail:
             assert not any(x["committed"] for x in ranks), (name, case)
             assert case["tracker"] == tracker and case["tracker_error"], (name, case)
-            for rank, x in enumerate(ranks):
+            for _rank, x in enumerate(ranks):
                 message = x["failure"]
                 assert message and "\n" not in message and "was changed in place" in message, (name, x)
                 assert "tensor model." in message and "this step is not committed" in message, (name, x)

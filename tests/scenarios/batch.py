@@ -44,7 +44,12 @@ SCENARIOS = {
     "refuse": (resume_scenarios.scenario_refuse, {}, "llama", 2),
     "damaged_newest": (resume_scenarios.scenario_damaged_newest, {}, "llama", 2),
     "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),
-    "moe_export": (hf_direct_export_scenario.scenario_moe, {"models": "qwen3-moe,deepseek-v3,qwen3-moe:divisible"}, "qwen3-moe", 2),
+    "moe_export": (
+        hf_direct_export_scenario.scenario_moe,
+        {"models": "qwen3-moe,deepseek-v3,qwen3-moe:divisible"},
+        "qwen3-moe",
+        2,
+    ),
     "lora_export": (hf_direct_export_scenario.scenario_lora, {}, "llama", 2),
     "lora_only": (resume_scenarios.scenario_lora_only, {}, "llama", 2),
     "critic_save": (critic_save_scenario.scenario, {}, "llama", 2),

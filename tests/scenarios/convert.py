@@ -55,12 +55,18 @@ def scenario_save(args) -> None:
     for _ in range(3):
         run.step()
     rng = torch.get_rng_state()
-    run.manager.save_checkpoint(os.path.join(args.dir, "ours", f"global_step_{SAVE_STEP}", "actor"),
-                                global_step=SAVE_STEP)
+    run.manager.save_checkpoint(
+        os.path.join(args.dir, "ours", f"global_step_{SAVE_STEP}", "actor"), global_step=SAVE_STEP
+    )
     finish_pending()
     torch.set_rng_state(rng)
-    plain = FSDPCheckpointManager(run.model, run.optimizer, run.scheduler, processing_class=run.manager.processing_class,
-                                  checkpoint_config=CheckpointConfig())
+    plain = FSDPCheckpointManager(
+        run.model,
+        run.optimizer,
+        run.scheduler,
+        processing_class=run.manager.processing_class,
+        checkpoint_config=CheckpointConfig(),
+    )
     plain.save_checkpoint(os.path.join(args.dir, "verl", f"global_step_{SAVE_STEP}", "actor"), global_step=SAVE_STEP)
     torch.set_rng_state(rng)
     dist.barrier()
@@ -92,12 +98,19 @@ def _resume_case(saved_dir: str, root: str, ignore_group_order: bool) -> dict:
         for state in (saved, loaded):  # a full state dict with cpu_offload is empty beyond rank 0
             groups = state["optim"].get("param_groups", [])
             state["optim"] = {**state["optim"], "param_groups": [{**g, "params": sorted(g["params"])} for g in groups]}
-    diffs = rs._tensors_equal(saved["model"], loaded["model"], "model") + \
-        rs._tensors_equal(saved["optim"], loaded["optim"], "optim") + \
-        rs._tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")
+    diffs = (
+        rs._tensors_equal(saved["model"], loaded["model"], "model")
+        + rs._tensors_equal(saved["optim"], loaded["optim"], "optim")
+        + rs._tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")
+    )
     losses = [run.step() for _ in range(STEPS_AFTER)]
-    return {"step_dir": step_dir, "diffs": diffs[:20], "losses": losses, "n_model": len(saved["model"]),
-            "slimckpt_patched": _patched()}
+    return {
+        "step_dir": step_dir,
+        "diffs": diffs[:20],
+        "losses": losses,
+        "n_model": len(saved["model"]),
+        "slimckpt_patched": _patched(),
+    }
 
 
 def scenario_resume(args) -> None:
@@ -114,18 +127,28 @@ def _patched() -> bool:
     """Whether any slimckpt patch is on verl's manager (SLIMCKPT_DISABLE=1 must leave none)."""
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    return any("slimckpt" in (getattr(getattr(FSDPCheckpointManager, n), "__module__", "") or "")
-               for n in ("save_checkpoint", "load_checkpoint"))
+    return any(
+        "slimckpt" in (getattr(getattr(FSDPCheckpointManager, n), "__module__", "") or "")
+        for n in ("save_checkpoint", "load_checkpoint")
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("scenario", choices=["save", "resume"])
     p.add_argument("--dir", required=True)
-    p.add_argument("--case", action="append", default=[],
-                   help="resume: NAME:SAVED_DIR:ROOT (ROOT: the checkpoint root, trainer.default_local_dir)")
-    p.add_argument("--ignore-group-order", dest="ignore_group_order", action="store_true",
-                   help="resume: compare the optimizer's param_groups as sets of names")
+    p.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        help="resume: NAME:SAVED_DIR:ROOT (ROOT: the checkpoint root, trainer.default_local_dir)",
+    )
+    p.add_argument(
+        "--ignore-group-order",
+        dest="ignore_group_order",
+        action="store_true",
+        help="resume: compare the optimizer's param_groups as sets of names",
+    )
     p.add_argument("--name", default="", help="resume: a name for the result file")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
     return p.parse_args(argv)
@@ -134,7 +157,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> None:
     rs.FSDP_VERSION = args.fsdp
     if args.fsdp == 1:  # verl's default FSDP1 wrapping: flat parameters (fsdp_config.use_orig_params=false)
-
         from slimckpt.testing import fsdp_checkpoint
 
         fsdp_checkpoint.wrap_fsdp1 = functools.partial(fsdp_checkpoint.wrap_fsdp1, use_orig_params=False)

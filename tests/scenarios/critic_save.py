@@ -35,8 +35,13 @@ def scenario(args) -> None:
     model(input_ids=ids).logits.pow(2).mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    manager = FSDPCheckpointManager(model, optimizer, None, processing_class=build_tokenizer(resume_scenarios.VOCAB),
-                                    checkpoint_config=CheckpointConfig(save_contents=["model", "optimizer", "extra"]))
+    manager = FSDPCheckpointManager(
+        model,
+        optimizer,
+        None,
+        processing_class=build_tokenizer(resume_scenarios.VOCAB),
+        checkpoint_config=CheckpointConfig(save_contents=["model", "optimizer", "extra"]),
+    )
     manager.save_checkpoint(os.path.join(args.dir, "verl", "global_step_1", "critic"), global_step=1)
     manager.checkpoint_config = resume_scenarios.slim_config(export_hf=False)
     manager.save_checkpoint(os.path.join(args.dir, "incremental", "global_step_1", "critic"), global_step=1)

@@ -46,22 +46,32 @@ def load_export(hf_dir: str) -> dict[str, torch.Tensor]:
 
 def compare(ours: str, verl: str) -> dict:
     a, b = load_export(ours), load_export(verl)
-    diffs = [n for n in sorted(set(a) | set(b))
-             if n not in a or n not in b or a[n].dtype != b[n].dtype or a[n].shape != b[n].shape
-             or not torch.equal(a[n].view(torch.uint8) if a[n].numel() else a[n],
-                                b[n].view(torch.uint8) if b[n].numel() else b[n])]
+    diffs = [
+        n
+        for n in sorted(set(a) | set(b))
+        if n not in a
+        or n not in b
+        or a[n].dtype != b[n].dtype
+        or a[n].shape != b[n].shape
+        or not torch.equal(
+            a[n].view(torch.uint8) if a[n].numel() else a[n], b[n].view(torch.uint8) if b[n].numel() else b[n]
+        )
+    ]
     same_text = {}
     for name in ("config.json", "generation_config.json"):
         pa, pb = os.path.join(ours, name), os.path.join(verl, name)
         same_text[name] = os.path.exists(pa) and os.path.exists(pb) and open(pa).read() == open(pb).read()
     single = os.path.join(ours, "model.safetensors")
     return {
-        "n_ours": len(a), "n_verl": len(b), "diffs": diffs[:10], "has_lm_head": "lm_head.weight" in a,
+        "n_ours": len(a),
+        "n_verl": len(b),
+        "diffs": diffs[:10],
+        "has_lm_head": "lm_head.weight" in a,
         "dtypes": sorted({str(t.dtype) for t in a.values()}),
         "files": sorted(os.path.basename(p) for p in glob.glob(os.path.join(ours, "*"))),
         "same_text": same_text,
-        "bytes_identical": os.path.exists(single) and open(single, "rb").read() == open(
-            os.path.join(verl, "model.safetensors"), "rb").read(),
+        "bytes_identical": os.path.exists(single)
+        and open(single, "rb").read() == open(os.path.join(verl, "model.safetensors"), "rb").read(),
     }
 
 
@@ -80,9 +90,10 @@ def manifest_lists(role_dir: str) -> list[str]:
 
 
 def run_model(args, model: str) -> dict:
+    from verl.trainer.config import CheckpointConfig
+
     from slimckpt.save import hf_direct_export
     from slimckpt.save.resume_state import finish_pending
-    from verl.trainer.config import CheckpointConfig
 
     resume_scenarios.MODEL = model
     root = os.path.join(args.dir, model)
@@ -94,7 +105,8 @@ def run_model(args, model: str) -> dict:
 
     # the gather-free export, sync: hf_model stays in save_contents and is skipped (logged)
     run.manager.checkpoint_config = slim_config(
-        save_contents=["model", "optimizer", "extra", "hf_model"], export_hf=True, export_dtype="auto")
+        save_contents=["model", "optimizer", "extra", "hf_model"], export_hf=True, export_dtype="auto"
+    )
     sync_dir = os.path.join(root, "sync", "global_step_1", "actor")
     t0 = time.perf_counter()
     run.manager.save_checkpoint(sync_dir, global_step=1)
@@ -131,8 +143,9 @@ def run_model(args, model: str) -> dict:
         return real_write(*a, **k)
 
     hf_direct_export.write_export = late_write
-    run.manager.checkpoint_config = slim_config(export_hf=True, export_dtype="auto", async_save=True,
-                                                host_memory_budget_gb=1.0, max_shard_size="20KB")
+    run.manager.checkpoint_config = slim_config(
+        export_hf=True, export_dtype="auto", async_save=True, host_memory_budget_gb=1.0, max_shard_size="20KB"
+    )
     async_dir = os.path.join(root, "async", "global_step_1", "actor")
     run.manager.save_checkpoint(async_dir, global_step=1)
     run.step()
@@ -151,8 +164,8 @@ def run_model(args, model: str) -> dict:
         "sync": compare(os.path.join(sync_dir, "huggingface"), verl_hf),
         "async": compare(os.path.join(async_dir, "huggingface"), verl_hf),
         "async_committed_before_finish": committed_early,
-        "bf16_equal_cast": set(bf16) == set(ref) and all(
-            bf16[n].dtype == torch.bfloat16 and torch.equal(bf16[n], ref[n].to(torch.bfloat16)) for n in ref),
+        "bf16_equal_cast": set(bf16) == set(ref)
+        and all(bf16[n].dtype == torch.bfloat16 and torch.equal(bf16[n], ref[n].to(torch.bfloat16)) for n in ref),
         "sync_loads": loads(os.path.join(sync_dir, "huggingface")),
         "async_loads": loads(os.path.join(async_dir, "huggingface")),
         "manifest_sync": manifest_lists(sync_dir),
@@ -185,8 +198,11 @@ def _failing_save(run, path: str, config) -> dict:
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     hf = os.path.join(path, "huggingface")
-    return {"ranks": every, "committed": os.path.exists(os.path.join(hf, "manifest.json")),
-            "weights": sorted(n for n in os.listdir(hf) if n.endswith(".safetensors")) if os.path.isdir(hf) else []}
+    return {
+        "ranks": every,
+        "committed": os.path.exists(os.path.join(hf, "manifest.json")),
+        "weights": sorted(n for n in os.listdir(hf) if n.endswith(".safetensors")) if os.path.isdir(hf) else [],
+    }
 
 
 def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
@@ -211,8 +227,12 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     verl_dir = os.path.join(root, "verl", "global_step_1", "actor")
     run.manager.save_checkpoint(verl_dir, global_step=1)
 
-    run.manager.checkpoint_config = slim_config(save_contents=["model", "optimizer", "extra", "hf_model"],
-                                                export_hf=True, export_dtype="auto", max_shard_size="20KB")
+    run.manager.checkpoint_config = slim_config(
+        save_contents=["model", "optimizer", "extra", "hf_model"],
+        export_hf=True,
+        export_dtype="auto",
+        max_shard_size="20KB",
+    )
     inc_dir = os.path.join(root, "incremental", "global_step_1", "actor")
     t0 = time.perf_counter()
     run.manager.save_checkpoint(inc_dir, global_step=1)
@@ -222,8 +242,15 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     run.manager.save_checkpoint(one_dir, global_step=1)
 
     def intermediate(**kw):
-        return SlimCheckpointConfig(recipe="intermediate", save_contents=["model"], load_contents=["model"],
-                                    export_hf=True, export_dtype="bf16", measure=False, **kw)
+        return SlimCheckpointConfig(
+            recipe="intermediate",
+            save_contents=["model"],
+            load_contents=["model"],
+            export_hf=True,
+            export_dtype="bf16",
+            measure=False,
+            **kw,
+        )
 
     run.manager.checkpoint_save_contents = ["model"]
     inter_dir = os.path.join(root, "intermediate", "global_step_1", "actor")
@@ -237,8 +264,10 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
         real_sources, real_load = hf_side.HfSide.output_sources, FSDPModelMerger._load_and_merge_state_dicts
 
         def not_a_slice(self, names, shapes):  # only rank 0 plans
-            raise hf_side.NeedsVerlMerger("transformers converts tensors on save (e.g. 'x' is not a part of one "
-                                          "checkpoint tensor; forced by the test)")
+            raise hf_side.NeedsVerlMerger(
+                "transformers converts tensors on save (e.g. 'x' is not a part of one "
+                "checkpoint tensor; forced by the test)"
+            )
 
         def verl_dies(self, *a, **k):
             raise RuntimeError("verl's merger died (simulated)")
@@ -246,10 +275,12 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
         hf_side.HfSide.output_sources = not_a_slice
         FSDPModelMerger._load_and_merge_state_dicts = verl_dies
         try:
-            out["refused"] = _failing_save(run, os.path.join(root, "refused", "global_step_1", "actor"),
-                                           intermediate(allow_verl_fallback=False))
-            out["verl_died"] = _failing_save(run, os.path.join(root, "verl_died", "global_step_1", "actor"),
-                                             intermediate())
+            out["refused"] = _failing_save(
+                run, os.path.join(root, "refused", "global_step_1", "actor"), intermediate(allow_verl_fallback=False)
+            )
+            out["verl_died"] = _failing_save(
+                run, os.path.join(root, "verl_died", "global_step_1", "actor"), intermediate()
+            )
         finally:
             hf_side.HfSide.output_sources, FSDPModelMerger._load_and_merge_state_dicts = real_sources, real_load
 
@@ -260,18 +291,27 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     ref, inter = load_export(verl_hf), load_export(os.path.join(inter_dir, "huggingface"))
     ref_loaded, _ = loaded_state(verl_hf)
     checks = {}
-    for name, hf_dir in (("incremental", os.path.join(inc_dir, "huggingface")),
-                         ("intermediate", os.path.join(inter_dir, "huggingface"))):
+    for name, hf_dir in (
+        ("incremental", os.path.join(inc_dir, "huggingface")),
+        ("intermediate", os.path.join(inter_dir, "huggingface")),
+    ):
         state, info = loaded_state(hf_dir)
-        checks[name] = {"loading_info": info, "same_as_verl_loaded": sorted(state) == sorted(ref_loaded) and all(
-            torch.equal(state[n], ref_loaded[n].to(torch.bfloat16).float() if name == "intermediate" else ref_loaded[n])
-            for n in ref_loaded)}
+        checks[name] = {
+            "loading_info": info,
+            "same_as_verl_loaded": sorted(state) == sorted(ref_loaded)
+            and all(
+                torch.equal(
+                    state[n], ref_loaded[n].to(torch.bfloat16).float() if name == "intermediate" else ref_loaded[n]
+                )
+                for n in ref_loaded
+            ),
+        }
     return {
         **out,
         "incremental": compare(os.path.join(inc_dir, "huggingface"), verl_hf),
         "one_file": compare(os.path.join(one_dir, "huggingface"), verl_hf),
-        "intermediate_equal_cast": sorted(inter) == sorted(ref) and all(
-            inter[n].dtype == torch.bfloat16 and torch.equal(inter[n], ref[n].to(torch.bfloat16)) for n in ref),
+        "intermediate_equal_cast": sorted(inter) == sorted(ref)
+        and all(inter[n].dtype == torch.bfloat16 and torch.equal(inter[n], ref[n].to(torch.bfloat16)) for n in ref),
         "intermediate_committed": os.path.exists(os.path.join(inter_dir, "huggingface", "manifest.json")),
         "n_experts_split": sum(".experts." in n for n in ref),
         "expert_placements": placements,
@@ -314,8 +354,15 @@ def verl_merged(local_dir: str, target: str) -> None:
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
     os.makedirs(target, exist_ok=True)
-    merger = FSDPModelMerger(ModelMergerConfig(operation="merge", backend="fsdp", local_dir=local_dir, target_dir=target,
-                                               hf_model_config_path=os.path.join(local_dir, "huggingface")))
+    merger = FSDPModelMerger(
+        ModelMergerConfig(
+            operation="merge",
+            backend="fsdp",
+            local_dir=local_dir,
+            target_dir=target,
+            hf_model_config_path=os.path.join(local_dir, "huggingface"),
+        )
+    )
     getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)(merger)
 
 
@@ -335,14 +382,22 @@ def scenario_lora(args) -> None:
     root = args.dir
     run = Run(seed=0, ckpt_config=CheckpointConfig(save_contents=["model", "optimizer", "extra"]))
     run.step()
-    dirs = {k: os.path.join(root, k, "global_step_1", "actor") for k in ("verl", "intermediate", "merged", "incremental")}
+    dirs = {
+        k: os.path.join(root, k, "global_step_1", "actor") for k in ("verl", "intermediate", "merged", "incremental")
+    }
     run.manager.save_checkpoint(dirs["verl"], global_step=1)
     run.manager.checkpoint_save_contents = ["model"]
     seconds = {}
     for kind, merge_lora in (("intermediate", False), ("merged", True)):
         run.manager.checkpoint_config = SlimCheckpointConfig(
-            recipe="intermediate", save_contents=["model"], load_contents=["model"], export_hf=True,
-            export_dtype="bf16", measure=False, export_merge_lora=merge_lora)
+            recipe="intermediate",
+            save_contents=["model"],
+            load_contents=["model"],
+            export_hf=True,
+            export_dtype="bf16",
+            measure=False,
+            export_merge_lora=merge_lora,
+        )
         t0 = time.perf_counter()
         run.manager.save_checkpoint(dirs[kind], global_step=1)
         seconds[kind] = time.perf_counter() - t0
@@ -351,13 +406,14 @@ def scenario_lora(args) -> None:
     # async_save) and merged in the parameters' dtype (auto: fp32)
     from slimckpt.save.resume_state import finish_pending
 
-    for kind, kw in (("incremental", {"export_dtype": "bf16"}),
-                     ("incremental_merged_fp32", {"export_dtype": "auto", "export_merge_lora": True}),
-                     ("incremental_merged", {"export_dtype": "bf16", "export_merge_lora": True, "async_save": True}),
-                     # weights moved by the step above: stream's export against a sync one of them
-                     ("incremental_merged_now", {"export_dtype": "bf16", "export_merge_lora": True}),
-                     ("incremental_merged_stream", {"export_dtype": "bf16", "export_merge_lora": True,
-                                                    "async_save": "stream"})):
+    for kind, kw in (
+        ("incremental", {"export_dtype": "bf16"}),
+        ("incremental_merged_fp32", {"export_dtype": "auto", "export_merge_lora": True}),
+        ("incremental_merged", {"export_dtype": "bf16", "export_merge_lora": True, "async_save": True}),
+        # weights moved by the step above: stream's export against a sync one of them
+        ("incremental_merged_now", {"export_dtype": "bf16", "export_merge_lora": True}),
+        ("incremental_merged_stream", {"export_dtype": "bf16", "export_merge_lora": True, "async_save": "stream"}),
+    ):
         dirs[kind] = os.path.join(root, kind, "global_step_1", "actor")
         run.manager.checkpoint_config = slim_config(export_hf=True, **kw)
         if kw.get("async_save"):  # hold the background write back until the step below changed B in place
@@ -369,7 +425,7 @@ def scenario_lora(args) -> None:
         t0 = time.perf_counter()
         run.manager.save_checkpoint(dirs[kind], global_step=1)
         if kw.get("async_save"):  # B moves in place before the background write: only the staged copy (pool)
-            run.step()            # or the optimizer step's guard copy (stream) is step 1
+            run.step()  # or the optimizer step's guard copy (stream) is step 1
             finish_pending()
         seconds[kind] = time.perf_counter() - t0
     finish_pending()
@@ -381,12 +437,29 @@ def scenario_lora(args) -> None:
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeOptions
 
-    merge(MergeOptions(local_dir=dirs["verl"], target_dir=os.path.join(root, "merge_lora_fp32"), dtype="fp32",
-                       merge_lora=True, progress=False))
-    out = {"seconds": seconds, "reference": tree_digest(ref),
-           "merge_lora_fp32": tree_digest(os.path.join(root, "merge_lora_fp32"))}
-    for kind in ("intermediate", "merged", "incremental", "incremental_merged", "incremental_merged_now",
-                 "incremental_merged_stream", "incremental_merged_fp32"):
+    merge(
+        MergeOptions(
+            local_dir=dirs["verl"],
+            target_dir=os.path.join(root, "merge_lora_fp32"),
+            dtype="fp32",
+            merge_lora=True,
+            progress=False,
+        )
+    )
+    out = {
+        "seconds": seconds,
+        "reference": tree_digest(ref),
+        "merge_lora_fp32": tree_digest(os.path.join(root, "merge_lora_fp32")),
+    }
+    for kind in (
+        "intermediate",
+        "merged",
+        "incremental",
+        "incremental_merged",
+        "incremental_merged_now",
+        "incremental_merged_stream",
+        "incremental_merged_fp32",
+    ):
         out[kind] = tree_digest(os.path.join(dirs[kind], "huggingface"))
     # peft's merge_and_unload() of the reference (bf16 base + adapter) against the merged export, as loaded
     from peft import PeftModel
@@ -394,8 +467,9 @@ def scenario_lora(args) -> None:
 
     base = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.bfloat16)
     want = PeftModel.from_pretrained(base, os.path.join(ref, "lora_adapter")).merge_and_unload().state_dict()
-    got = AutoModelForCausalLM.from_pretrained(os.path.join(dirs["merged"], "huggingface"),
-                                               dtype=torch.bfloat16).state_dict()
+    got = AutoModelForCausalLM.from_pretrained(
+        os.path.join(dirs["merged"], "huggingface"), dtype=torch.bfloat16
+    ).state_dict()
     unmerged = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.bfloat16).state_dict()
     out["merged_vs_peft"] = {
         "same_keys": sorted(got) == sorted(want),
@@ -412,8 +486,8 @@ def measure(args) -> dict:
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.save import hf_direct_export
     from slimckpt.observe.memory import RssSampler
+    from slimckpt.save import hf_direct_export
     from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
 
     world = dist.get_world_size()
@@ -423,8 +497,13 @@ def measure(args) -> dict:
     params = sum(p.numel() for p in model.parameters())
     model = wrap_fsdp2(model, init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)), "dim0", world)
     gc.collect()
-    manager = FSDPCheckpointManager(model, None, None, processing_class=build_tokenizer(fx.vocab),
-                                    checkpoint_config=CheckpointConfig(save_contents=["hf_model"]))
+    manager = FSDPCheckpointManager(
+        model,
+        None,
+        None,
+        processing_class=build_tokenizer(fx.vocab),
+        checkpoint_config=CheckpointConfig(save_contents=["hf_model"]),
+    )
     peaks: dict[str, list[int]] = {"plan_export": [], "write_export": []}
 
     def sampled(fn, key):
@@ -433,6 +512,7 @@ def measure(args) -> dict:
                 out = fn(*a, **k)
             peaks[key].append(s.result.extra)
             return out
+
         return run
 
     # ours first: leftovers of verl's 1 GB gather in the allocator would flatter our numbers
@@ -449,12 +529,20 @@ def measure(args) -> dict:
     manager.checkpoint_save_contents = ["hf_model"]
     with RssSampler() as verl:
         manager.save_checkpoint(os.path.join(args.dir, "verl", "actor"), global_step=0)
-    mine = {"export_step_extra_bytes": max(peaks["plan_export"] + peaks["write_export"]),
-            "slim_save_extra_bytes": whole.result.extra, "verl_hf_model_save_extra_bytes": verl.result.extra}
+    mine = {
+        "export_step_extra_bytes": max(peaks["plan_export"] + peaks["write_export"]),
+        "slim_save_extra_bytes": whole.result.extra,
+        "verl_hf_model_save_extra_bytes": verl.result.extra,
+    }
     allr: list = [None] * world
     dist.all_gather_object(allr, mine)
-    return {"preset": args.measure, "export_dtype": args.export_dtype, "params": params, "world_size": world,
-            "per_rank": allr}
+    return {
+        "preset": args.measure,
+        "export_dtype": args.export_dtype,
+        "params": params,
+        "world_size": world,
+        "per_rank": allr,
+    }
 
 
 def _write(args, result: dict, name: str) -> None:

@@ -41,8 +41,11 @@ def _config(fmt: str, **kw):
 
 def _plant(fmt: str, kind: str, step: Path, marker: Path) -> None:
     if fmt == "incremental":
-        {"metadata": pickle_traps.trap_metadata, "extra": pickle_traps.trap_extra,
-         "optim": pickle_traps.trap_bytes_record}[kind](step, marker)
+        {
+            "metadata": pickle_traps.trap_metadata,
+            "extra": pickle_traps.trap_extra,
+            "optim": pickle_traps.trap_bytes_record,
+        }[kind](step, marker)
     else:
         pickle_traps.trap_torch_file(step / f"{kind}_world_size_2_rank_0.pt", marker)
 

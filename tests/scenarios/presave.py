@@ -29,12 +29,14 @@ def optimizer_view(run: resume_scenarios.Run) -> dict:
     the parameters."""
     steps = sorted({int(s["step"]) for s in run.optimizer.state.values() if "step" in s})
     local = [(p.to_local() if hasattr(p, "to_local") else p) for p in run.model.parameters()]
-    return {"state_entries": len(run.optimizer.state), "steps": steps,
-            "grads": sum(p.grad is not None for p in run.model.parameters()),
-            "lr": [g["lr"] for g in run.optimizer.param_groups],
-            "params": [float(t.detach().double().sum()) for t in local],
-            "params_bytes": [bytes(t.detach().contiguous().view(-1).view(torch.uint8).numpy()).hex()[:64]
-                             for t in local]}
+    return {
+        "state_entries": len(run.optimizer.state),
+        "steps": steps,
+        "grads": sum(p.grad is not None for p in run.model.parameters()),
+        "lr": [g["lr"] for g in run.optimizer.param_groups],
+        "params": [float(t.detach().double().sum()) for t in local],
+        "params_bytes": [bytes(t.detach().contiguous().view(-1).view(torch.uint8).numpy()).hex()[:64] for t in local],
+    }
 
 
 def _verify_and_merge(path: str, out: str) -> dict:
@@ -44,8 +46,11 @@ def _verify_and_merge(path: str, out: str) -> dict:
 
     report = verify_path(path)
     merged = merge(MergeOptions(local_dir=path, target_dir=out, dtype="fp32", progress=False))
-    return {"verify_ok": report.ok, "verify_bad": [p.message for p in report.bad],
-            "merged": sorted(os.listdir(merged.target_dir))}
+    return {
+        "verify_ok": report.ok,
+        "verify_bad": [p.message for p in report.bad],
+        "merged": sorted(os.listdir(merged.target_dir)),
+    }
 
 
 def _save_train_resume(config, root: str, fresh_config) -> dict:
@@ -62,8 +67,14 @@ def _save_train_resume(config, root: str, fresh_config) -> dict:
     resumed.manager.load_checkpoint(path)
     loaded = optimizer_view(resumed)
     resumed_losses = [resumed.step() for _ in range(STEPS)]
-    return {"before": before, "after": after, "loaded": loaded, "losses": losses, "resumed": resumed_losses,
-            "path": path}
+    return {
+        "before": before,
+        "after": after,
+        "loaded": loaded,
+        "losses": losses,
+        "resumed": resumed_losses,
+        "path": path,
+    }
 
 
 def scenario(args) -> None:
@@ -75,8 +86,11 @@ def scenario(args) -> None:
     for name, mode in MODES.items():
         fields = {"async_save": mode, "measure": False, "host_memory_budget_gb": 1.0}
         config = recipe_checkpoint_config("incremental", **fields)
-        r = _save_train_resume(config, os.path.join(args.dir, name),
-                               recipe_checkpoint_config("incremental", **{**fields, "async_save": False}))
+        r = _save_train_resume(
+            config,
+            os.path.join(args.dir, name),
+            recipe_checkpoint_config("incremental", **{**fields, "async_save": False}),
+        )
         r["export_hf"] = bool(config.export_hf)
         if dist.get_rank() == 0:
             r.update(_verify_and_merge(r["path"], os.path.join(args.dir, f"{name}_merged")))

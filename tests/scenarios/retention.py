@@ -33,16 +33,23 @@ def config(fmt: str):
     keys = dict(keep_optimizer_last=1, keep_best=1, best_metric="val/score", best_mode="max", measure=False)
     if fmt == "incremental":
         return SlimCheckpointConfig(recipe="incremental", incremental_save=True, **keys)
-    return SlimCheckpointConfig(recipe="quickstart", save_contents=["model", "optimizer", "extra"],
-                                load_contents=["model", "optimizer", "extra"], **keys)
+    return SlimCheckpointConfig(
+        recipe="quickstart",
+        save_contents=["model", "optimizer", "extra"],
+        load_contents=["model", "optimizer", "extra"],
+        **keys,
+    )
 
 
 def on_disk(root: str) -> dict[str, bool]:
     """{global_step_N: whether its actor dir holds optimizer state} for every step on disk."""
     from slimckpt.save.optimizer_drop import holds_optimizer
 
-    return {name: holds_optimizer(os.path.join(root, name, "actor")) for name in sorted(os.listdir(root))
-            if name.startswith("global_step_") and os.path.isdir(os.path.join(root, name, "actor"))}
+    return {
+        name: holds_optimizer(os.path.join(root, name, "actor"))
+        for name in sorted(os.listdir(root))
+        if name.startswith("global_step_") and os.path.isdir(os.path.join(root, name, "actor"))
+    }
 
 
 def moment_size(optim: dict) -> float:
@@ -128,11 +135,21 @@ def run(args: argparse.Namespace) -> None:
     model5_equal = rs._tensors_equal(state5["model"], full_at[5]) if rank == 0 else []
     if rank == 0:
         with open(os.path.join(args.dir, f"retention_{args.format}_result.json"), "w") as f:
-            json.dump({"after_save": after_save, "final": on_disk(root), "model_equal_diffs": model_equal,
-                       "adam_moments_after_model_only": moments, "dropped_lines": dropped_lines,
-                       "model5_diffs": model5_equal, "adam_moments_after_whole": moment_size(state5["optim"]),
-                       "bytes": bytes_on_disk(root),
-                       "retention_lines": saving_lines}, f, indent=1)
+            json.dump(
+                {
+                    "after_save": after_save,
+                    "final": on_disk(root),
+                    "model_equal_diffs": model_equal,
+                    "adam_moments_after_model_only": moments,
+                    "dropped_lines": dropped_lines,
+                    "model5_diffs": model5_equal,
+                    "adam_moments_after_whole": moment_size(state5["optim"]),
+                    "bytes": bytes_on_disk(root),
+                    "retention_lines": saving_lines,
+                },
+                f,
+                indent=1,
+            )
     from slimckpt.save.resume_state import finish_pending
 
     finish_pending()

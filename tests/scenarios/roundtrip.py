@@ -52,8 +52,9 @@ def _logits(run: rs.Run, ids: torch.Tensor) -> torch.Tensor:
 
 def _shards(run: rs.Run) -> dict[str, torch.Tensor]:
     """This rank's part of every parameter, copied."""
-    return {n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone()
-            for n, p in run.model.named_parameters()}
+    return {
+        n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone() for n, p in run.model.named_parameters()
+    }
 
 
 def _differ(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
@@ -69,7 +70,7 @@ class _Commit:
         self.module, self.real = step_commit, step_commit.write_manifest
         self.delay, self.fail = 0.0, False
 
-    def __enter__(self) -> "_Commit":
+    def __enter__(self) -> _Commit:
         def write_manifest(role_dir, manifest):
             time.sleep(self.delay)
             if self.fail:
@@ -127,8 +128,9 @@ def in_flight(root: str, run: rs.Run, delay: float) -> dict:
         saved = _shards(run)
         if dist.get_rank() == 0:
             target = os.path.join(root, "merged")
-            out["merge"] = _raised(lambda: merge(MergeOptions(local_dir=step3, target_dir=target, dtype="fp32",
-                                                              progress=False))) or sorted(os.listdir(target))
+            out["merge"] = _raised(
+                lambda: merge(MergeOptions(local_dir=step3, target_dir=target, dtype="fp32", progress=False))
+            ) or sorted(os.listdir(target))
         _update(run, torch.randint(0, rs.VOCAB, (2, 16)))
         out["load"] = _raised(lambda: run.manager.load_checkpoint(step3))
         out["load_shards_differ"] = _differ(_shards(run), saved) if out["load"] is None else None

@@ -86,7 +86,8 @@ def _same_step(sync_dir: str, stream_dir: str) -> dict:
     """Rank 0: the two committed steps compared file by file and tensor by tensor."""
     a, b = _digests(sync_dir), _digests(stream_dir)
     return {
-        "files": sorted(a), "differing_files": sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)),
+        "files": sorted(a),
+        "differing_files": sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)),
         "tensor_diffs": rs._tensors_equal(_dcp_state(sync_dir), _dcp_state(stream_dir))[:10],
     }
 
@@ -148,9 +149,14 @@ def scenario(args) -> None:
         assert pause.reached.wait(timeout=120), "the stream writer never started reading"
         capture = writer.capture
         reference = [run.step() for _ in range(rs.STEPS_AFTER)]
-        result.update(blocking_s=blocking, committed_while_paused=os.path.exists(os.path.join(stream3, MANIFEST)),
-                      guard_copied_bytes=capture.copied_bytes, captured_bytes=capture.nbytes,
-                      guard_blocked_s=capture.blocked_s, guards=capture.guards)
+        result.update(
+            blocking_s=blocking,
+            committed_while_paused=os.path.exists(os.path.join(stream3, MANIFEST)),
+            guard_copied_bytes=capture.copied_bytes,
+            captured_bytes=capture.nbytes,
+            guard_blocked_s=capture.blocked_s,
+            guards=capture.guards,
+        )
         pause.release()
         writer.wait()
     finally:
@@ -178,8 +184,11 @@ def scenario(args) -> None:
         run.step()  # its optimizer step waits for the writer
         releaser.join()
         writer.wait()
-        result.update(zero_budget_copied_bytes=capture.copied_bytes, zero_budget_guards=capture.guards,
-                      zero_budget_blocked_s=capture.blocked_s)
+        result.update(
+            zero_budget_copied_bytes=capture.copied_bytes,
+            zero_budget_guards=capture.guards,
+            zero_budget_blocked_s=capture.blocked_s,
+        )
     finally:
         stream_capture.READ_HOOK = None
     dist.barrier()
@@ -193,8 +202,11 @@ def scenario(args) -> None:
             victim.live.add_(1.0)
 
     stream7, mutated, failure = _raced_save(run, stream_root, 7, 3, change_paused_source, host_memory_budget_gb=1.0)
-    result.update(mutated=mutated, mutation_failure=failure,
-                  mutated_step_committed=os.path.exists(os.path.join(stream7, MANIFEST)))
+    result.update(
+        mutated=mutated,
+        mutation_failure=failure,
+        mutated_step_committed=os.path.exists(os.path.join(stream7, MANIFEST)),
+    )
 
     # with a resume: a fresh run loads the stream step 3 and trains the steps the first run did
     dist.barrier()
@@ -203,9 +215,19 @@ def scenario(args) -> None:
     resumed.manager.load_checkpoint(stream3)
     result.update(reference=reference, resumed=[resumed.step() for _ in range(rs.STEPS_AFTER)])
     all_results: list = [None] * dist.get_world_size()
-    dist.all_gather_object(all_results, {k: result.get(k) for k in ("mutated", "mutation_failure",
-                                                                     "mutated_step_committed", "guard_copied_bytes",
-                                                                     "zero_budget_copied_bytes")})
+    dist.all_gather_object(
+        all_results,
+        {
+            k: result.get(k)
+            for k in (
+                "mutated",
+                "mutation_failure",
+                "mutated_step_committed",
+                "guard_copied_bytes",
+                "zero_budget_copied_bytes",
+            )
+        },
+    )
     result["ranks"] = all_results
     rs.write_result(args, "stream", result)
 
@@ -233,8 +255,11 @@ def _load_state_dict(run, rank: int) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
         sharded = StateDictOptions(full_state_dict=False)
-        set_model_state_dict(run.model, {k: v + 0.5 for k, v in get_model_state_dict(run.model, options=sharded).items()},
-                             options=sharded)
+        set_model_state_dict(
+            run.model,
+            {k: v + 0.5 for k, v in get_model_state_dict(run.model, options=sharded).items()},
+            options=sharded,
+        )
 
 
 def _local_add_on_rank1(run, rank: int) -> None:
@@ -293,8 +318,9 @@ def scenario_raced(args) -> None:
         step = 10 + i
         # the reference of a step that must commit: a sync save of the same state
         sync_path = None if must_fail and rs.FSDP_VERSION == 2 else _save(run, sync_root, step, export_hf=export)[0]
-        path, _, failure = _raced_save(run, root, step, 1, lambda _pause: change(run, rank),
-                                       host_memory_budget_gb=1.0, export_hf=export)
+        path, _, failure = _raced_save(
+            run, root, step, 1, lambda _pause: change(run, rank), host_memory_budget_gb=1.0, export_hf=export
+        )
         case = {"failure": failure, "committed": os.path.exists(os.path.join(path, MANIFEST))}
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, case)

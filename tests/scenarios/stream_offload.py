@@ -57,8 +57,10 @@ def _reload_model(model, *_):
     from torch.multiprocessing.reductions import StorageWeakRef
 
     model._apply(_move)
-    DEVICE_STORAGES[:] = [StorageWeakRef(getattr(t, "_local_tensor", t).untyped_storage())
-                          for t in [*model.parameters(), *model.buffers()]]
+    DEVICE_STORAGES[:] = [
+        StorageWeakRef(getattr(t, "_local_tensor", t).untyped_storage())
+        for t in [*model.parameters(), *model.buffers()]
+    ]
 
 
 def _offload_optimizer(optimizer):
@@ -167,10 +169,17 @@ def phase_equal(run, d: str, result: dict) -> list[float]:
     model_bytes = state_bytes(dict(run.model.named_parameters()))
     followed = capture.followed_bytes
     reference = [update(run)]  # reload (the sources are held), step, offload, with the writer paused
-    rank = {"device_tensors": len(DEVICE_STORAGES), "device_alive_after_offload": device_alive,
-            "model_bytes": model_bytes, "followed_bytes": followed, "held_bytes": capture.held_bytes,
-            "captured_bytes": capture.nbytes, "guard_copied_bytes": capture.copied_bytes,
-            "guards": capture.guards, "committed_while_paused": os.path.exists(os.path.join(stream, MANIFEST))}
+    rank = {
+        "device_tensors": len(DEVICE_STORAGES),
+        "device_alive_after_offload": device_alive,
+        "model_bytes": model_bytes,
+        "followed_bytes": followed,
+        "held_bytes": capture.held_bytes,
+        "captured_bytes": capture.nbytes,
+        "guard_copied_bytes": capture.copied_bytes,
+        "guards": capture.guards,
+        "committed_while_paused": os.path.exists(os.path.join(stream, MANIFEST)),
+    }
     rank["failure"] = _finish(run, pause)
     reference += [update(run) for _ in range(rs.STEPS_AFTER - 1)]
     result["equal_ranks"] = _gather(rank)
@@ -198,10 +207,13 @@ def phase_held(run, d: str, result: dict) -> None:
 
 def phase_raced(run, d: str, result: dict) -> None:
     cases = {}
-    for step, (name, change) in enumerate((
-        ("host_copy_add", lambda rank, p: p.add_(1.0)),
-        ("host_copy_local_mul_on_rank1", lambda rank, p: rank == 1 and p.to_local().mul_(2.0)),
-    ), start=20):
+    for step, (name, change) in enumerate(
+        (
+            ("host_copy_add", lambda rank, p: p.add_(1.0)),
+            ("host_copy_local_mul_on_rank1", lambda rank, p: rank == 1 and p.to_local().mul_(2.0)),
+        ),
+        start=20,
+    ):
         path, pause = _paused_stream_save(run, os.path.join(d, "raced"), step, nth=1)
         with torch.no_grad():  # the model is offloaded: these are the host copies the writer reads
             for p in run.model.parameters():
@@ -240,10 +252,13 @@ def phase_memory(run, d: str, result: dict, repeats: int) -> None:
     update(run)
     rows, step = {}, 31
     small = {"bucket_mb": 1, "host_memory_budget_gb": 1.0}  # a sync save's bound well under the shard
-    for mode, window, kw in (("update_only", True, {}), ("sync", True, small),
-                             ("stream", True, {"async_save": "stream", **small}),
-                             ("stream_no_window", False, {"async_save": "stream", **small}),
-                             ("pool", True, {"async_save": "pool", **small})):
+    for mode, window, kw in (
+        ("update_only", True, {}),
+        ("sync", True, small),
+        ("stream", True, {"async_save": "stream", **small}),
+        ("stream_no_window", False, {"async_save": "stream", **small}),
+        ("pool", True, {"async_save": "pool", **small}),
+    ):
         gc.collect()
         baseline = rss_anon_bytes()
         rows[mode] = []

@@ -46,8 +46,9 @@ def dcp_step(root: Path, step: int, contents=FULL) -> Path:
     (actor / "dcp").mkdir(parents=True)
     (actor / "dcp" / "__0_0.distcp").write_bytes(b"x" * 8)
     _data_pt(actor.parent)
-    rm.write_manifest(str(actor), rm.Manifest(step, 1, list(contents), rm.describe_files(str(actor),
-                                                                                         ["dcp/__0_0.distcp"])))
+    rm.write_manifest(
+        str(actor), rm.Manifest(step, 1, list(contents), rm.describe_files(str(actor), ["dcp/__0_0.distcp"]))
+    )
     (root / "latest_checkpointed_iteration.txt").write_text(str(step))
     return root / f"global_step_{step}"
 
@@ -55,9 +56,14 @@ def dcp_step(root: Path, step: int, contents=FULL) -> Path:
 @pytest.fixture(scope="module")
 def composed() -> dict:
     """Hydra's composition takes seconds: each config once, copied per test."""
-    return {name: compose_config(overrides) for name, overrides in {
-        "plain": [], "quickstart": ["+recipe=quickstart", "trainer.experiment_name=e"],
-        "incremental": ["+recipe=incremental"]}.items()}
+    return {
+        name: compose_config(overrides)
+        for name, overrides in {
+            "plain": [],
+            "quickstart": ["+recipe=quickstart", "trainer.experiment_name=e"],
+            "incremental": ["+recipe=incremental"],
+        }.items()
+    }
 
 
 def config(composed: dict, name: str, tmp_path: Path, **settings: str):
@@ -86,15 +92,18 @@ def test_model_only_recipe_continues_from_verls_step(composed, tmp_path):
     decision = plan_resume(f"{tmp_path}/ckpt/model_only", "auto", [RoleLoad("actor", ("model",), True)], "quickstart")
     message = decision.message
     assert message.startswith(f"slimckpt: +recipe=quickstart continues from {step}, the newest step of this job")
-    assert "does not load actor optimizer+extra: the optimizer state (Adam moments, step count) and the lr " \
-           "scheduler and RNG state start afresh" in message
+    assert (
+        "does not load actor optimizer+extra: the optimizer state (Adam moments, step count) and the lr "
+        "scheduler and RNG state start afresh" in message
+    )
 
 
 def test_model_only_steps_newer_than_verls_win(tmp_path):
     verl_step(tmp_path / "ckpt", 2)
     newer = verl_step(tmp_path / "ckpt" / "model_only", 4, contents=("model",))
-    decision = plan_resume(str(tmp_path / "ckpt" / "model_only"), "auto", [RoleLoad("actor", ("model",), True)],
-                           "quickstart")
+    decision = plan_resume(
+        str(tmp_path / "ckpt" / "model_only"), "auto", [RoleLoad("actor", ("model",), True)], "quickstart"
+    )
     assert decision.action == "keep" and decision.message == ""  # verl's own auto resumes step 4
     # the exact-resume recipe in verl's dir sees the newer model-only step and cannot load its optimizer
     decision = plan_resume(str(tmp_path / "ckpt"), "auto", [RoleLoad("actor", FULL, True)], "incremental")
@@ -128,8 +137,9 @@ def test_plain_verl_loading_model_only_goes_no_step_back_silently(composed, tmp_
 
 def test_resume_path_to_a_step_without_the_critic_stops(composed, tmp_path):
     step = verl_step(tmp_path / "ckpt", 2)
-    cfg = config(composed, "plain", tmp_path, **{"trainer.resume_mode": "resume_path",
-                                                 "trainer.resume_from_path": str(step)})
+    cfg = config(
+        composed, "plain", tmp_path, **{"trainer.resume_mode": "resume_path", "trainer.resume_from_path": str(step)}
+    )
     with pytest.raises(SystemExit) as info:
         adopt(cfg, use_critic=True)
     assert "holds no saved critic state" in str(info.value.code)
@@ -139,8 +149,10 @@ def test_recipe_settings_line_names_what_the_run_keeps(composed, tmp_path):
     line = recipe_settings_line(composed["quickstart"], "quickstart")
     assert line.count("\n") == 0
     assert "trainer.save_freq=10 (verl's default: -1)" in line
-    assert "trainer.default_local_dir=checkpoints/verl_examples/e/model_only (verl's default: " \
-           "checkpoints/verl_examples/e)" in line
+    assert (
+        "trainer.default_local_dir=checkpoints/verl_examples/e/model_only (verl's default: "
+        "checkpoints/verl_examples/e)" in line
+    )
     mine = recipe_settings_line(config(composed, "quickstart", tmp_path, **{"trainer.save_freq": 50}), "quickstart")
     assert "save_freq" not in mine and "max_actor_ckpt_to_keep=2" in mine
     # incremental sets nothing outside the checkpoint sections but the switch of its own patches

@@ -11,7 +11,14 @@ def test_order_by_prompt_rank_then_session_then_index():
     rank = {"b-2": 0, "a-1": 1}
     keys = ["a-1_0_0", "b-2_1_0", "b-2_0_1", "odd", "b-2_10_0", "b-2_2_0", "a-1_1_0"]
     assert sorted(keys, key=trajectory_order(rank)) == [
-        "b-2_0_1", "b-2_1_0", "b-2_2_0", "b-2_10_0", "a-1_0_0", "a-1_1_0", "odd"]
+        "b-2_0_1",
+        "b-2_1_0",
+        "b-2_2_0",
+        "b-2_10_0",
+        "a-1_0_0",
+        "a-1_1_0",
+        "odd",
+    ]
 
 
 def test_materialize_sees_the_same_order_for_any_completion_order():

@@ -18,8 +18,10 @@ def _rows(walls_1b, verl_orders=(bench.VERL_COLD, bench.VERL_WARM)):
     """verl cold (after slimckpt's runs) slower than warm (directly after its own merge), as BENCHMARKS.md's
     merge section measured."""
     rows = []
-    for size, params, read, peak_verl, verl_wall in (("0.25b", 0.25e9, 1 * GB, 1700, 8.0),
-                                                     ("1b", 1.03e9, 4 * GB, 6200, 21.0)):
+    for size, params, read, peak_verl, verl_wall in (
+        ("0.25b", 0.25e9, 1 * GB, 1700, 8.0),
+        ("1b", 1.03e9, 4 * GB, 6200, 21.0),
+    ):
         walls = walls_1b if size == "1b" else [2.7, 2.8, 2.9]
         verl = [(tool, peak_verl, [verl_wall if tool != bench.VERL_WARM else verl_wall * 0.7]) for tool in verl_orders]
         for tool, peak, w in verl + [("slimckpt", 270, walls)]:
@@ -69,8 +71,16 @@ def test_one_disk_measurement_and_one_size_leave_out_what_they_cannot_say():
 
 
 def _writer(wall, read_s, wait, cast, read_bytes=4 * GB):
-    return {"wall_s": wall, "read_bytes": read_bytes, "read_s": read_s, "read_threads": 1,
-            "wait_buffer_s": wait, "wait_read_s": 1.0, "cast_s": cast, "close_s": 0.05}
+    return {
+        "wall_s": wall,
+        "read_bytes": read_bytes,
+        "read_s": read_s,
+        "read_threads": 1,
+        "wait_buffer_s": wait,
+        "wait_read_s": 1.0,
+        "cast_s": cast,
+        "close_s": 0.05,
+    }
 
 
 def test_the_writers_timings_say_what_bound_it():
@@ -82,8 +92,10 @@ def test_the_writers_timings_say_what_bound_it():
     for r in rows:
         r.io_floor_s = best.io_floor_s(r.read_bytes, r.written_bytes)
     text = bench.targets(rows, best, imports_s=2.9, disks=disks)
-    assert ("in 2 of these runs: it took 4.0-5.0 s, and its read thread was inside `preadv` for 96-98% of that, "
-            "waiting 0.10 s at most") in text
+    assert (
+        "in 2 of these runs: it took 4.0-5.0 s, and its read thread was inside `preadv` for 96-98% of that, "
+        "waiting 0.10 s at most"
+    ) in text
     assert "Its reads moved 0.82-1.04 GB/s while the writes went on; the casts took 1.4-1.9 s." in text
     assert "The disk's reads, not the CPU, bound the merge." in text
     ours.writer_stats = [_writer(5.0, 3.0, 1.5, 2.5)]
@@ -94,8 +106,11 @@ def test_the_writers_timings_say_what_bound_it():
 def test_the_early_writes_row_says_what_it_earns():
     disks = [_disk(2.0, 2.0, 1.8)]
     rows = _rows([4.0, 4.2, 6.5])
-    rows.append(bench.MergeRow("1b", int(1.03e9), bench.NO_EARLY, 258 * MiB, bench.median([4.8, 5.0, 5.5]),
-                               [4.8, 5.0, 5.5], 4 * GB, 2 * GB))
+    rows.append(
+        bench.MergeRow(
+            "1b", int(1.03e9), bench.NO_EARLY, 258 * MiB, bench.median([4.8, 5.0, 5.5]), [4.8, 5.0, 5.5], 4 * GB, 2 * GB
+        )
+    )
     best = bench.fastest_of(disks)
     for r in rows:
         r.io_floor_s = best.io_floor_s(r.read_bytes, r.written_bytes)
@@ -112,23 +127,45 @@ def _run_json(tmp_path, verl_walls_1b=(14.0, 21.0), warm_walls_small=(5.0, 5.2))
     1.677 s floor (2.5045x: '2.51x' rounded up, '2.50x' to the nearest)."""
     warm_1b, cold_1b = verl_walls_1b
     rows = []
-    for size, params, floor, walls in (("0.25b", 0.25e9, 0.45, {bench.VERL_COLD: [7.0, 7.4, 7.2],
-                                                                  bench.VERL_WARM: list(warm_walls_small),
-                                                                  "slimckpt": [2.0, 2.1, 2.2]}),
-                                       ("1b", 1.03e9, 1.677, {bench.VERL_COLD: [cold_1b] * 3,
-                                                              bench.VERL_WARM: [warm_1b] * 3,
-                                                              "slimckpt": [4.0, 4.2, 4.4]})):
+    for size, params, floor, walls in (
+        (
+            "0.25b",
+            0.25e9,
+            0.45,
+            {bench.VERL_COLD: [7.0, 7.4, 7.2], bench.VERL_WARM: list(warm_walls_small), "slimckpt": [2.0, 2.1, 2.2]},
+        ),
+        (
+            "1b",
+            1.03e9,
+            1.677,
+            {bench.VERL_COLD: [cold_1b] * 3, bench.VERL_WARM: [warm_1b] * 3, "slimckpt": [4.0, 4.2, 4.4]},
+        ),
+    ):
         for tool, w in walls.items():
             peak = 270 if tool == "slimckpt" else (1700 if size == "0.25b" else 6200)
-            rows.append(bench.MergeRow(size, int(params), tool, peak * MiB, bench.median(w), w, 4 * GB, 2 * GB,
-                                       io_floor_s=floor))
+            rows.append(
+                bench.MergeRow(
+                    size, int(params), tool, peak * MiB, bench.median(w), w, 4 * GB, 2 * GB, io_floor_s=floor
+                )
+            )
     disk = _disk(3.0, 3.0, 1.8)
     from dataclasses import asdict
 
-    saved = {"rows": [asdict(r) for r in rows], "disk": asdict(disk), "disk_measurements": [asdict(disk)],
-             "sizes": "0.25b,1b", "repeats": 3, "seconds": 600.0, "date": "2026-01-02", "imports_s": 2.2,
-             "command": "python -m scripts.bench.merge --repeats 3", "commit": "abc1234", "dirty": False,
-             "load_average_1min": {"start": 1.5, "end": 2.25, "merges": [1.0, 3.5, 2.0]}, "machine": "x86_64, 2 cores"}
+    saved = {
+        "rows": [asdict(r) for r in rows],
+        "disk": asdict(disk),
+        "disk_measurements": [asdict(disk)],
+        "sizes": "0.25b,1b",
+        "repeats": 3,
+        "seconds": 600.0,
+        "date": "2026-01-02",
+        "imports_s": 2.2,
+        "command": "python -m scripts.bench.merge --repeats 3",
+        "commit": "abc1234",
+        "dirty": False,
+        "load_average_1min": {"start": 1.5, "end": 2.25, "merges": [1.0, 3.5, 2.0]},
+        "machine": "x86_64, 2 cores",
+    }
     path = tmp_path / "bench_merge.json"
     path.write_text(json.dumps(saved))
     return path
@@ -139,52 +176,79 @@ def _render(tmp_path, monkeypatch, **kw):
     summary = tmp_path / "merge.md"
     summary.write_text(f"intro\n\n{bench.SUMMARY_BEGIN}\nold table 9.99x\n{bench.SUMMARY_END}\n\nhand-written\n")
     out = tmp_path / "BENCHMARKS.md"
-    assert bench.main(["--render", str(_run_json(tmp_path, **kw)), "--out", str(out), "--plot",
-                       str(tmp_path / "p.png"), "--summary", str(summary)]) == 0
+    assert (
+        bench.main(
+            [
+                "--render",
+                str(_run_json(tmp_path, **kw)),
+                "--out",
+                str(out),
+                "--plot",
+                str(tmp_path / "p.png"),
+                "--summary",
+                str(summary),
+            ]
+        )
+        == 0
+    )
     return out.read_text(), summary.read_text()
 
 
 def test_warm_and_cold_verl_each_get_a_row_and_a_speed_up(tmp_path, monkeypatch):
     report, summary = _render(tmp_path, monkeypatch)
-    assert ("| model | params | tool | runs | peak RssAnon | wall (median) | I/O floor | wall / floor | "
-            "RSS vs verl, warm | speed-up vs verl, warm | speed-up vs verl, cold |") in report
+    assert (
+        "| model | params | tool | runs | peak RssAnon | wall (median) | I/O floor | wall / floor | "
+        "RSS vs verl, warm | speed-up vs verl, warm | speed-up vs verl, cold |"
+    ) in report
     assert "| 1b | 1.03B | verl 0.9.1, cold | 3 | 6,200 MiB | 21.0 s | 1.7 s | 12.53x | - | - | - |" in report
     assert "| 1b | 1.03B | verl 0.9.1, warm | 3 | 6,200 MiB | 14.0 s |" in report
     # 14.0 / 4.2 = 3.333 and 21.0 / 4.2 = 5.0; 4.2 / 1.677 = 2.5045: rounded up, everywhere
     assert "| 1b | 1.03B | slimckpt | 3 | 270 MiB | 4.2 s | 1.7 s | 2.51x | 22.9x lower | 3.33x | 5.00x |" in report
-    assert ("| wall at least 3x faster than verl's warm merge (1b) | yes | 3.33x (vs verl's cold merge: 5.00x) |"
-            in report)
+    assert (
+        "| wall at least 3x faster than verl's warm merge (1b) | yes | 3.33x (vs verl's cold merge: 5.00x) |" in report
+    )
     assert "| wall within 1.5x of the I/O floor (1b) | **no** | 2.51x |" in report
     assert "| peak RssAnon at least 10x lower than verl's (1b, its warm runs) | yes | 22.9x |" in report
-    assert ("judged against verl's warm merge (14.0 s at 1b), the faster of verl's two orders in this run and so "
-            "the harder comparison; verl's cold merge took 21.0 s.") in report
-    assert "In this run verl's merger took (medians) 5.1 s warm and 7.2 s cold at 0.25b, 14.0 s warm and 21.0 s" \
+    assert (
+        "judged against verl's warm merge (14.0 s at 1b), the faster of verl's two orders in this run and so "
+        "the harder comparison; verl's cold merge took 21.0 s."
+    ) in report
+    assert (
+        "In this run verl's merger took (medians) 5.1 s warm and 7.2 s cold at 0.25b, 14.0 s warm and 21.0 s"
         " cold at 1b." in report
+    )
     assert "commit abc1234, 2026-01-02" in report
-    assert ("load average was 1.50 when the run started and 2.25 when it ended; as each of the 3 merges started it "
-            "was 1.00-3.50, median 2.00") in report
+    assert (
+        "load average was 1.50 when the run started and 2.25 when it ended; as each of the 3 merges started it "
+        "was 1.00-3.50, median 2.00"
+    ) in report
     assert "2.50x" not in report and "2.50x" not in summary  # one rounding of the floor ratio
     # docs/merge.md's block: replaced between the markers, the rest kept, the same numbers
     assert summary.startswith("intro\n\n" + bench.SUMMARY_BEGIN + "\n| model |") and "9.99x" not in summary
     assert summary.endswith(bench.SUMMARY_END + "\n\nhand-written\n")
-    assert ("| 1.03B | 6,200 MiB | 270 MiB (22.9x lower) | 14.0 s | 21.0 s | 4.2 s | 3.33x | 5.00x | 2.51x |"
-            in summary)
+    assert "| 1.03B | 6,200 MiB | 270 MiB (22.9x lower) | 14.0 s | 21.0 s | 4.2 s | 3.33x | 5.00x | 2.51x |" in summary
     text = " ".join(summary.split())
-    assert ("At 1b slimckpt took 4.2 s: 3.33x faster than verl's warm merge (14.0 s) and 5.00x faster than verl's "
-            "cold merge (21.0 s). It took 2.51x the I/O floor.") in text
+    assert (
+        "At 1b slimckpt took 4.2 s: 3.33x faster than verl's warm merge (14.0 s) and 5.00x faster than verl's "
+        "cold merge (21.0 s). It took 2.51x the I/O floor."
+    ) in text
     assert "goal" not in text and "met" not in text.split()  # targets are BENCHMARKS.md's, not the user doc's
     assert "(`python -m scripts.bench.merge --repeats 3`, commit abc1234, 2026-01-02)" in text
-    assert "The machine was shared: its 1-minute load average was 1.00-3.50 (median 2.00) as the merges started." \
-        in text
+    assert (
+        "The machine was shared: its 1-minute load average was 1.00-3.50 (median 2.00) as the merges started." in text
+    )
 
 
 def test_the_speed_target_follows_the_faster_verl_order(tmp_path, monkeypatch):
     """Should the cold merge be the faster in a run, the target is judged against it."""
     report, summary = _render(tmp_path, monkeypatch, verl_walls_1b=(13.0, 12.0))
-    assert "| wall at least 3x faster than verl's cold merge (1b) | **no** | 2.85x (vs verl's warm merge: 3.09x) |" \
+    assert (
+        "| wall at least 3x faster than verl's cold merge (1b) | **no** | 2.85x (vs verl's warm merge: 3.09x) |"
         in report
-    assert ("2.85x faster than verl's cold merge (12.0 s) and 3.09x faster than verl's warm merge (13.0 s)"
-            in " ".join(summary.split()))
+    )
+    assert "2.85x faster than verl's cold merge (12.0 s) and 3.09x faster than verl's warm merge (13.0 s)" in " ".join(
+        summary.split()
+    )
 
 
 def test_fewer_warm_runs_at_a_small_size_are_said(tmp_path, monkeypatch):
@@ -237,7 +301,9 @@ def test_moe_row_has_its_own_targets_and_stays_out_of_the_dense_ones():
     table = bench.moe_targets(rows)
     budget = bench.largest_output_tensor_bytes(moe) + 256 * MiB
     assert budget == 2 * 32000 * 1024 + 256 * MiB  # the embedding: each expert is smaller
-    assert f"peak RssAnon at most the largest output tensor + 256 MiB ({budget / MiB:.0f} MiB) | yes | 300 MiB |" in table
+    assert (
+        f"peak RssAnon at most the largest output tensor + 256 MiB ({budget / MiB:.0f} MiB) | yes | 300 MiB |" in table
+    )
     lines = [line for line in table.splitlines() if "as fast as" in line]
     assert len(lines) == 2 and sum("| **no** |" in line for line in lines) == 1  # slower than the warm verl
     dense = bench.targets(rows, None, imports_s=None, disks=[])

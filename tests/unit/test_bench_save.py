@@ -1,24 +1,43 @@
 """scripts/bench/save.py's report logic (no runs): its section of BENCHMARKS.md is replaced between
 its markers and nothing else is touched; the targets are judged from the rows as measured."""
 
-
-from scripts.bench import merge as bench, save as bench_save
+from scripts.bench import merge as bench
+from scripts.bench import save as bench_save
 
 MiB = 2**20
 
 
 def _row(size, mode, peak_mib, wall, blocking=None, export=True, params=1e9, staged=None):
-    return {"size": size, "mode": mode, "params": params, "export_hf": None if mode == "verl" else export,
-            "peak_extra_per_rank": [peak_mib * MiB, peak_mib * MiB // 2], "peak_extra": peak_mib * MiB,
-            "wall_s": wall, "blocking_s": blocking if blocking is not None else wall, "walls": [wall],
-            "blockings": [blocking or wall], "hf_safetensors": 1 if export else 0, "bytes_on_disk": 1,
-            "timings_s": [{"stage": 0.5}] if mode == "async" else [None], "staged": staged,
-            "first_blocking_s": blocking or wall}
+    return {
+        "size": size,
+        "mode": mode,
+        "params": params,
+        "export_hf": None if mode == "verl" else export,
+        "peak_extra_per_rank": [peak_mib * MiB, peak_mib * MiB // 2],
+        "peak_extra": peak_mib * MiB,
+        "wall_s": wall,
+        "blocking_s": blocking if blocking is not None else wall,
+        "walls": [wall],
+        "blockings": [blocking or wall],
+        "hf_safetensors": 1 if export else 0,
+        "bytes_on_disk": 1,
+        "timings_s": [{"stage": 0.5}] if mode == "async" else [None],
+        "staged": staged,
+        "first_blocking_s": blocking or wall,
+    }
 
 
 def _result(rows):
-    return {"rows": rows, "meta": {"command": "python -m scripts.bench.save", "date": "2026-01-01", "repeats": 3,
-                                   "seconds": 60.0, "machine": "test"}}
+    return {
+        "rows": rows,
+        "meta": {
+            "command": "python -m scripts.bench.save",
+            "date": "2026-01-01",
+            "repeats": 3,
+            "seconds": 60.0,
+            "machine": "test",
+        },
+    }
 
 
 def test_section_is_replaced_between_markers_only(tmp_path):
@@ -38,9 +57,13 @@ def test_section_is_replaced_between_markers_only(tmp_path):
 
 
 def test_targets_follow_the_numbers():
-    rows = [_row("0.25b", "verl", 1000, 10.0, params=0.25e9), _row("0.25b", "incremental", 90, 8.0, params=0.25e9),
-            _row("1b", "verl", 4000, 30.0), _row("1b", "incremental", 100, 20.0),
-            _row("1b", "async", 6000, 25.0, blocking=1.5, staged=True)]
+    rows = [
+        _row("0.25b", "verl", 1000, 10.0, params=0.25e9),
+        _row("0.25b", "incremental", 90, 8.0, params=0.25e9),
+        _row("1b", "verl", 4000, 30.0),
+        _row("1b", "incremental", 100, 20.0),
+        _row("1b", "async", 6000, 25.0, blocking=1.5, staged=True),
+    ]
     checks = {name.split(" (")[0]: ok for name, ok, _ in bench_save.targets(rows)}
     assert list(checks.values()) == [True, True, True, True]
     slow = [r if r["mode"] != "async" else _row("1b", "async", 6000, 25.0, blocking=3.0, staged=True) for r in rows]
@@ -66,9 +89,12 @@ def test_an_async_save_that_streamed_fails_its_target():
 
 
 def test_async_target_falls_back_to_the_largest_size_whose_pool_fitted():
-    rows = [_row("0.5b", "incremental", 10, 10.0, params=0.5e9),
-            _row("0.5b", "async", 3000, 11.0, blocking=0.5, staged=True, params=0.5e9),
-            _row("1b", "incremental", 10, 20.0), _row("1b", "async", 10, 20.0, blocking=20.0, staged=False)]
+    rows = [
+        _row("0.5b", "incremental", 10, 10.0, params=0.5e9),
+        _row("0.5b", "async", 3000, 11.0, blocking=0.5, staged=True, params=0.5e9),
+        _row("1b", "incremental", 10, 20.0),
+        _row("1b", "async", 10, 20.0, blocking=20.0, staged=False),
+    ]
     name, ok, measured = bench_save.targets(rows)[-1]
     assert "(0.5b," in name and ok and "1b: the staging pool did not fit" in measured
 
@@ -84,9 +110,11 @@ def test_merge_bench_keeps_the_save_section(tmp_path):
 
 def test_merge_bench_keeps_every_save_section(tmp_path):
     out = tmp_path / "BENCHMARKS.md"
-    out.write_text("old\n\n<!-- save-bench:begin -->\nA\n<!-- save-bench:end -->\nx\n"
-                   "<!-- save-loop:begin -->\nB\n<!-- save-loop:end -->\n<!-- save-loop-0.25b:begin -->\nC\n"
-                   "<!-- save-loop-0.25b:end -->\n")
+    out.write_text(
+        "old\n\n<!-- save-bench:begin -->\nA\n<!-- save-bench:end -->\nx\n"
+        "<!-- save-loop:begin -->\nB\n<!-- save-loop:end -->\n<!-- save-loop-0.25b:begin -->\nC\n"
+        "<!-- save-loop-0.25b:end -->\n"
+    )
     bench.write_keeping_save_section(out, "new\n")
     text = out.read_text()
     assert text.startswith("new") and "old" not in text and "\nx\n" not in text

@@ -113,7 +113,9 @@ def test_each_file_alone_composes_with_only_verl_keys(path: Path, base_cfg):
 def test_each_recipe_composes_with_each_override(recipe, other):
     cfg = compose_config([recipe.override, other.override])
     # the recipe's checkpoint target survives whatever the override sets
-    assert cfg.actor_rollout_ref.actor.checkpoint._target_ == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
+    assert (
+        cfg.actor_rollout_ref.actor.checkpoint._target_ == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
+    )
 
 
 def test_unknown_key_in_a_group_file_is_caught(tmp_path, base_cfg):
@@ -162,7 +164,9 @@ def test_unknown_recipe_lists_the_recipes(capsys):
 def test_misspelt_key_names_the_likely_one():
     with pytest.raises(DryRunError) as err:
         compose_config(["+recipe=quickstart", "trainer.save_frq=3"])
-    assert err.value.reason.startswith("trainer.save_frq is not a key of verl's config (did you mean trainer.save_freq?)")
+    assert err.value.reason.startswith(
+        "trainer.save_frq is not a key of verl's config (did you mean trainer.save_freq?)"
+    )
 
 
 _MATRIX_SCRIPT = textwrap.dedent(
@@ -190,11 +194,15 @@ def matrix() -> dict:
     env = {**os.environ, "SLIMCKPT_CPU": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", _MATRIX_SCRIPT, json.dumps(cases)],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=600,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
     )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULTS ")), None)
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
-    return json.loads(line[len("RESULTS "):])
+    return json.loads(line[len("RESULTS ") :])
 
 
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: " ".join(o.override for o in c))
@@ -219,7 +227,10 @@ def test_same_config_as_verls_own_entry_point():
     overrides = ["+recipe=quickstart", "+size=70b", "+cluster=4x8", "+algo=grpo", "trainer.save_freq=3"]
     proc = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--cfg", "job", *overrides],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours = OmegaConf.to_container(compose_config(overrides), resolve=False)

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from slimckpt.testing import tiny
 from slimckpt.cpu.sampling import SampleKey, generate, sample_seed
+from slimckpt.testing import tiny
 
 from ..conftest import run_python
 
@@ -45,9 +45,14 @@ def test_sampling_depends_only_on_the_key(model):
 
 def test_seed_separates_every_field():
     base = SampleKey(1, 2, 3, False)
-    seeds = {sample_seed(0, base), sample_seed(1, base), sample_seed(0, SampleKey(2, 2, 3, False)),
-             sample_seed(0, SampleKey(1, 3, 3, False)), sample_seed(0, SampleKey(1, 2, 4, False)),
-             sample_seed(0, SampleKey(1, 2, 3, True))}
+    seeds = {
+        sample_seed(0, base),
+        sample_seed(1, base),
+        sample_seed(0, SampleKey(2, 2, 3, False)),
+        sample_seed(0, SampleKey(1, 3, 3, False)),
+        sample_seed(0, SampleKey(1, 2, 4, False)),
+        sample_seed(0, SampleKey(1, 2, 3, True)),
+    }
     assert len(seeds) == 6 and all(0 <= s < 2**63 for s in seeds)
 
 
@@ -140,13 +145,20 @@ print("PROBE" + json.dumps(out))
 def _probe(env):
     result = run_python(PROBE, env=env, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    line = [l for l in result.stdout.splitlines() if l.startswith("PROBE")][-1]
-    return json.loads(line[len("PROBE"):])
+    line = [ln for ln in result.stdout.splitlines() if ln.startswith("PROBE")][-1]
+    return json.loads(line[len("PROBE") :])
 
 
 def test_cpu_platform_only_with_slimckpt_cpu():
     on = _probe({"SLIMCKPT_CPU": "1", "VERL_PLATFORM": ""})
-    assert on == {"device": "cpu", "registered": True, "backend": "gloo", "current": "cpu",
-                  "replica": "HFReplica", "adapter": "HFServerAdapter", "engine": "FSDPEngineWithValueHead"}
+    assert on == {
+        "device": "cpu",
+        "registered": True,
+        "backend": "gloo",
+        "current": "cpu",
+        "replica": "HFReplica",
+        "adapter": "HFServerAdapter",
+        "engine": "FSDPEngineWithValueHead",
+    }
     off = _probe({"SLIMCKPT_CPU": "0", "VERL_PLATFORM": ""})
     assert off["device"] != "cpu" and off["registered"] is False

@@ -36,17 +36,19 @@ def test_files_are_torchs_byte_for_byte_and_load_back(tmp_path, threads):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
-    state = {"model": _padded_views(4, 1000), "optimizer": {"step": 3, "note": "bytes too",
-                                                            "m": torch.arange(7.0)}}
+    state = {"model": _padded_views(4, 1000), "optimizer": {"step": 3, "note": "bytes too", "m": torch.arange(7.0)}}
     ours = storage_writer(str(tmp_path / "ours"), _Config(threads))
     dcp.save(state, storage_writer=ours, no_dist=True)
-    theirs = FileSystemWriter(str(tmp_path / "torch"), single_file_per_rank=True, sync_files=True,
-                              thread_count=threads, overwrite=True)
+    theirs = FileSystemWriter(
+        str(tmp_path / "torch"), single_file_per_rank=True, sync_files=True, thread_count=threads, overwrite=True
+    )
     dcp.save(state, storage_writer=theirs, no_dist=True)
     files = _dcp_files(tmp_path / "ours")
     assert files and files == _dcp_files(tmp_path / "torch")
-    back = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
-            "optimizer": {"step": 0, "note": "", "m": torch.zeros(7)}}
+    back = {
+        "model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
+        "optimizer": {"step": 0, "note": "", "m": torch.zeros(7)},
+    }
     dcp.load(back, checkpoint_id=str(tmp_path / "ours"), no_dist=True)
     assert all(torch.equal(back["model"][k], v) for k, v in state["model"].items())
     assert back["optimizer"]["step"] == 3 and torch.equal(back["optimizer"]["m"], state["optimizer"]["m"])
@@ -70,8 +72,9 @@ def test_one_tensor_at_a_time_where_torch_holds_the_file(tmp_path):
     item = 32 * MIB
     state = {"model": _padded_views(8, item // 4)}
     ours = _extra_during_save(storage_writer(str(tmp_path / "ours"), _Config(1)), state)
-    theirs = _extra_during_save(FileSystemWriter(str(tmp_path / "torch"), single_file_per_rank=True,
-                                                 thread_count=1, overwrite=True), state)
+    theirs = _extra_during_save(
+        FileSystemWriter(str(tmp_path / "torch"), single_file_per_rank=True, thread_count=1, overwrite=True), state
+    )
     assert theirs > 5 * item, f"torch's writer held only {theirs / MIB:.0f} MiB: the scenario catches nothing"
     assert ours <= 2 * item + 16 * MIB, f"ours held {ours / MIB:.0f} MiB (torch's: {theirs / MIB:.0f} MiB)"
 
@@ -96,6 +99,9 @@ def test_a_failing_writer_thread_fails_the_save(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dcp_file_writer, "host_tensor", broken)
     with pytest.raises(BaseException) as info:  # DCP's CheckpointException is a BaseException
-        dcp.save({"model": _padded_views(4, 1000)}, storage_writer=storage_writer(str(tmp_path / "d"), _Config(2)),
-                 no_dist=True)
+        dcp.save(
+            {"model": _padded_views(4, 1000)},
+            storage_writer=storage_writer(str(tmp_path / "d"), _Config(2)),
+            no_dist=True,
+        )
     assert "No space left on device" in str(info.value)

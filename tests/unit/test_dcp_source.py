@@ -62,12 +62,21 @@ def test_a_record_other_than_its_metadata_is_refused_in_one_line(step, tmp_path)
     data = bytearray(distcp.read_bytes())
     at = data.find(b"_rebuild_tensor_v2")  # in the first record's pickle: a tensor rebuilt by another function
     assert at > 0
-    data[at:at + 18] = b"_rebuild_tensor_v9"
+    data[at : at + 18] = b"_rebuild_tensor_v9"
     distcp.write_bytes(bytes(data))
     old = read_manifest(str(bad))  # sealed again, as if the save itself had written it so
     rels = [e.path for e in old.files]
-    write_manifest(str(bad), Manifest(global_step=1, world_size=1, contents=["model"], fsdp_version=2,
-                                      files=describe_files(str(bad), rels), extra=old.extra))
+    write_manifest(
+        str(bad),
+        Manifest(
+            global_step=1,
+            world_size=1,
+            contents=["model"],
+            fsdp_version=2,
+            files=describe_files(str(bad), rels),
+            extra=old.extra,
+        ),
+    )
     with pytest.raises(CheckpointError) as err:
         open_dcp(str(bad))
     line = str(err.value)
@@ -87,16 +96,25 @@ def test_checked_reader_and_planner_load_what_dcps_own_load(tmp_path, monkeypatc
 
     records = []  # the byte records our reader unpickled (watched, still read by it)
     real_load_bytes = pt_tensors.load_bytes
-    monkeypatch.setattr(pt_tensors, "load_bytes", lambda data, path: records.append(path) or real_load_bytes(data, path))
+    monkeypatch.setattr(
+        pt_tensors, "load_bytes", lambda data, path: records.append(path) or real_load_bytes(data, path)
+    )
 
     groups = [{"lr": 0.1, "betas": (0.9, 0.99), "params": ["a", "b"], "name": None}, {"lr": 0.2, "params": ["c"]}]
     step = synthetic_dcp_step(tmp_path / "actor", more={"optim": {"param_groups": groups, "extra": [1, "x"]}})
     dcp_dir = str(step / "dcp")
 
     def load(**kw):
-        state = {"model": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in open_dcp(str(step)).tensors.items()},
-                 "optim": {"param_groups": [{"lr": 0.0, "betas": (0.0, 0.0), "params": [], "name": "?"},
-                                            {"lr": 0.0, "params": []}], "extra": [0, ""]}}
+        state = {
+            "model": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in open_dcp(str(step)).tensors.items()},
+            "optim": {
+                "param_groups": [
+                    {"lr": 0.0, "betas": (0.0, 0.0), "params": [], "name": "?"},
+                    {"lr": 0.0, "params": []},
+                ],
+                "extra": [0, ""],
+            },
+        }
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # single-process load, as meant
             dcp.load(state, checkpoint_id=dcp_dir, no_dist=True, **kw)

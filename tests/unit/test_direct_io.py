@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from slimckpt.read import direct_io, direct_read, readahead
 from slimckpt.format import layout
+from slimckpt.read import direct_io, direct_read, readahead
 from slimckpt.read.sources import CheckpointError, SourceTensor
 from slimckpt.write.out_files import create_files
 from slimckpt.write.share_writer import ShareWriter
@@ -21,15 +21,18 @@ from ..helpers.slim_logs import lines_of
 A = direct_io.ALIGN
 
 
-@pytest.mark.parametrize("offset,length,address,expect", [
-    (0, 3 * A, 0, (0, 3 * A, 0)),  # all aligned
-    (10, 3 * A, 10, (A - 10, 2 * A, 10)),  # congruent: partial block at each end
-    (10, 3 * A, 11, (3 * A, 0, 0)),  # not congruent: all buffered
-    (A - 1, 2, A - 1, (1, 0, 1)),  # straddles one boundary, no whole block
-    (5, 100, 5, (100, 0, 0)),  # inside one block
-    (A, A - 1, 0, (0, 0, A - 1)),
-    (7, 0, 7, (0, 0, 0)),
-])
+@pytest.mark.parametrize(
+    "offset,length,address,expect",
+    [
+        (0, 3 * A, 0, (0, 3 * A, 0)),  # all aligned
+        (10, 3 * A, 10, (A - 10, 2 * A, 10)),  # congruent: partial block at each end
+        (10, 3 * A, 11, (3 * A, 0, 0)),  # not congruent: all buffered
+        (A - 1, 2, A - 1, (1, 0, 1)),  # straddles one boundary, no whole block
+        (5, 100, 5, (100, 0, 0)),  # inside one block
+        (A, A - 1, 0, (0, 0, A - 1)),
+        (7, 0, 7, (0, 0, 0)),
+    ],
+)
 def test_split_keeps_direct_blocks_whole_and_aligned(offset, length, address, expect):
     head, body, tail = direct_io.split(offset, length, address)
     assert (head, body, tail) == expect
@@ -53,8 +56,9 @@ def _rank_files(tmp_path, full: torch.Tensor, world: int) -> SourceTensor:
         # a small tensor first, so the shard does not start on a block boundary of the file
         torch.save({"pad": torch.arange(3, dtype=torch.int8), "w": chunk.clone()}, path)
         pieces.append(torch.load(path, mmap=True)["w"])
-    return SourceTensor("w", tuple(full.shape), full.dtype, 0, pieces, list(range(world)),
-                        local_dir=str(tmp_path), world_size=world)
+    return SourceTensor(
+        "w", tuple(full.shape), full.dtype, 0, pieces, list(range(world)), local_dir=str(tmp_path), world_size=world
+    )
 
 
 def test_prefetcher_reads_the_same_rows_as_the_mmap(tmp_path):
@@ -135,8 +139,11 @@ def test_direct_and_buffered_merges_write_the_same_bytes(tmp_path, monkeypatch, 
     direct_bodies, preads = [], []
     real_pwrite, real_preadv = os.pwrite, os.preadv
     opened = _direct_fds(monkeypatch)
-    monkeypatch.setattr(os, "pwrite", lambda fd, data, off: (direct_bodies.append(len(data)) if fd in opened else None)
-                        or real_pwrite(fd, data, off))
+    monkeypatch.setattr(
+        os,
+        "pwrite",
+        lambda fd, data, off: (direct_bodies.append(len(data)) if fd in opened else None) or real_pwrite(fd, data, off),
+    )
     monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: preads.append(fd) or real_preadv(fd, bufs, off))
     direct = _write(tmp_path, "direct", odd_sources, chunk_bytes)
     assert direct_bodies and all(n % A == 0 for n in direct_bodies), "nothing went through O_DIRECT"
@@ -148,8 +155,10 @@ def test_direct_and_buffered_merges_write_the_same_bytes(tmp_path, monkeypatch, 
     assert not direct_bodies
     assert direct == buffered == two_workers
     # and the bytes are the tensors: bf16 of the full tensors in the planned order
-    want = b"".join(torch.cat(s.pieces).to(torch.bfloat16).contiguous().view(torch.uint8).numpy().tobytes()
-                    for s in odd_sources.values())
+    want = b"".join(
+        torch.cat(s.pieces).to(torch.bfloat16).contiguous().view(torch.uint8).numpy().tobytes()
+        for s in odd_sources.values()
+    )
     assert direct.endswith(want)
 
 

@@ -92,8 +92,12 @@ def test_every_page_under_docs_is_reachable_from_readme():
 
 
 def test_no_internal_wording_in_the_user_docs():
-    found = [f"{page.relative_to(REPO)}: {m.group(0)!r}" for page in PAGES
-             for pattern in INTERNAL for m in pattern.finditer(page.read_text())]
+    found = [
+        f"{page.relative_to(REPO)}: {m.group(0)!r}"
+        for page in PAGES
+        for pattern in INTERNAL
+        for m in pattern.finditer(page.read_text())
+    ]
     assert found == []
     # README quotes no commit: the pages it links say which commit measured what
     assert HASH.findall(_prose(README.read_text())) == []
@@ -101,8 +105,10 @@ def test_no_internal_wording_in_the_user_docs():
 
 def test_the_checks_catch_what_they_are_for(tmp_path):
     page = tmp_path / "p.md"
-    page.write_text("# A `b`: c.d\n\n## A `b`: c.d\n\n[x](q.md#nope) ![i](pic.png) [w](https://e.org)\n"
-                    "```\n[not a link](gone.md)\n```\nthe issue notes, this VM, goal: not met, commit 1a67425\n")
+    page.write_text(
+        "# A `b`: c.d\n\n## A `b`: c.d\n\n[x](q.md#nope) ![i](pic.png) [w](https://e.org)\n"
+        "```\n[not a link](gone.md)\n```\nthe issue notes, this VM, goal: not met, commit 1a67425\n"
+    )
     assert anchors(page) == {"a-b-cd", "a-b-cd-1"}
     assert links(page) == ["q.md#nope", "pic.png"]
     hits = [m.group(0) for p in INTERNAL for m in p.finditer(page.read_text())]

@@ -45,7 +45,8 @@ def test_every_declared_name_is_used():
         # a package variable is read (through env_vars) in patches/; a test one by the suite
         where = "tests/" if var.kind == "test" and not var.name.endswith("_LOG") else "patches/"
         assert any(f.startswith(where) and not f.endswith("env_vars.py") for f in used.get(var.name, ())), (
-            f"{var.name} is declared but nothing in {where} names it")
+            f"{var.name} is declared but nothing in {where} names it"
+        )
     assert len(env_vars.BY_NAME) == len(env_vars.VARIABLES)  # no name declared twice
 
 
@@ -60,29 +61,34 @@ def test_the_scan_finds_a_name_nobody_declared(tmp_path):
 def test_the_docs_table_is_up_to_date():
     doc = (REPO / "docs" / "configuration.md").read_text()
     assert env_vars.table_in(doc) == env_vars.markdown_table(), (
-        f"docs/configuration.md's variable table is stale: run `{env_vars.COMMAND}`")
+        f"docs/configuration.md's variable table is stale: run `{env_vars.COMMAND}`"
+    )
     assert env_vars.COMMAND in doc  # the doc records the command that made it
 
 
 def test_the_generator_rewrites_only_between_the_markers(tmp_path):
     doc = tmp_path / "configuration.md"
     doc.write_text(f"intro\n\n{env_vars.TABLE_BEGIN}\nold\n{env_vars.TABLE_END}\n\nafter\n")
-    proc = subprocess.run([sys.executable, "-m", "slimckpt.env_vars", "--write", str(doc)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slimckpt.env_vars", "--write", str(doc)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     text = doc.read_text()
     assert text.startswith(f"intro\n\n{env_vars.TABLE_BEGIN}\nGenerated from ") and text.endswith(
-        f"{env_vars.TABLE_END}\n\nafter\n")
+        f"{env_vars.TABLE_END}\n\nafter\n"
+    )
     assert env_vars.table_in(text) == env_vars.markdown_table() and "\nold\n" not in text
     assert not (tmp_path / "configuration.md.partial").exists()
     doc.write_text("no markers\n")
-    proc = subprocess.run([sys.executable, "-m", "slimckpt.env_vars", "--write", str(doc)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slimckpt.env_vars", "--write", str(doc)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode != 0 and "has no <!-- env-vars:begin -->" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and doc.read_text() == "no markers\n"
 
 
 # -- the readers: values and defaults from the declarations --------------------------------------
+
 
 def test_a_default_off_flag_is_on_only_when_set_to_1(monkeypatch):
     name = "SLIMCKPT_MERGE_OVERWRITE"
@@ -115,9 +121,16 @@ def test_set_flag_sets_and_unsets(monkeypatch):
     name = "SLIMCKPT_TRUST_PICKLE"
     monkeypatch.delenv(name, raising=False)
     env_vars.set_flag(name, True)
-    assert env_vars.flag(name) and subprocess.run(
-        [sys.executable, "-c", f"import os; print(os.environ.get('{name}'))"],
-        capture_output=True, text=True, timeout=60).stdout.strip() == "1"  # child processes see it
+    assert (
+        env_vars.flag(name)
+        and subprocess.run(
+            [sys.executable, "-c", f"import os; print(os.environ.get('{name}'))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.strip()
+        == "1"
+    )  # child processes see it
     env_vars.set_flag(name, False)
     assert not env_vars.flag(name) and name not in __import__("os").environ
     with pytest.raises(TypeError, match="SLIMCKPT_MERGE_STATS is a path"):
@@ -142,8 +155,10 @@ def test_integer_and_seconds_default_from_the_declaration_and_name_a_bad_value(m
         assert env_vars.seconds(name) == 2.5
         for bad_value in ("0", "-1", "soon", "nan"):
             monkeypatch.setenv(name, bad_value)
-            with pytest.raises(env_vars.BadValue, match=f"^{name}='{bad_value}': use a number of seconds > 0 "
-                                                        f"\\(default {default:.0f}\\)$"):
+            with pytest.raises(
+                env_vars.BadValue,
+                match=f"^{name}='{bad_value}': use a number of seconds > 0 \\(default {default:.0f}\\)$",
+            ):
                 env_vars.seconds(name)
 
 
@@ -168,8 +183,10 @@ def test_a_reader_refuses_an_undeclared_name_or_the_wrong_type():
 
 # -- nothing but env_vars reads a SLIMCKPT_ variable ---------------------------------------------
 
+
 def _env_key(node: ast.AST) -> ast.AST | None:
     """The key of an `os.environ` / `os.getenv` access at `node`, or None when `node` is not one."""
+
     def is_environ(n: ast.AST) -> bool:
         return (isinstance(n, ast.Attribute) and n.attr == "environ") or (isinstance(n, ast.Name) and n.id == "environ")
 
@@ -182,8 +199,11 @@ def _env_key(node: ast.AST) -> ast.AST | None:
             return node.args[0]
     if isinstance(node, ast.Name) and node.id == "getenv":
         return None
-    if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and \
-            any(is_environ(c) for c in node.comparators):
+    if (
+        isinstance(node, ast.Compare)
+        and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+        and any(is_environ(c) for c in node.comparators)
+    ):
         return node.left
     return None
 
@@ -197,17 +217,26 @@ def env_reads_outside_env_vars(root: Path) -> list[str]:
     constants = set()  # every `NAME = "SLIMCKPT_..."` in the package
     for tree in trees.values():
         for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and \
-                    isinstance(node.value.value, str) and node.value.value.startswith("SLIMCKPT_"):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+                and node.value.value.startswith("SLIMCKPT_")
+            ):
                 constants.update(t.id for t in node.targets if isinstance(t, ast.Name))
     found = []
     for path, tree in trees.items():
         loop_names = set()  # names a loop binds to literal, non-SLIMCKPT strings
         for node in ast.walk(tree):
-            if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name) and \
-                    isinstance(node.iter, (ast.Tuple, ast.List)) and all(
-                        isinstance(e, ast.Constant) and isinstance(e.value, str) and not e.value.startswith("SLIMCKPT_")
-                        for e in node.iter.elts):
+            if (
+                isinstance(node, (ast.For, ast.comprehension))
+                and isinstance(node.target, ast.Name)
+                and isinstance(node.iter, (ast.Tuple, ast.List))
+                and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) and not e.value.startswith("SLIMCKPT_")
+                    for e in node.iter.elts
+                )
+            ):
                 loop_names.add(node.target.id)
         for node in ast.walk(tree):
             key = _env_key(node)
@@ -224,7 +253,8 @@ def env_reads_outside_env_vars(root: Path) -> list[str]:
 
 def test_no_slimckpt_variable_is_read_outside_env_vars():
     assert env_reads_outside_env_vars(REPO / "patches" / "slimckpt") == [], (
-        "read SLIMCKPT_ variables through slimckpt.env_vars (flag, integer, seconds, path, text)")
+        "read SLIMCKPT_ variables through slimckpt.env_vars (flag, integer, seconds, path, text)"
+    )
 
 
 def test_the_read_scan_finds_direct_and_indirect_reads(tmp_path):
@@ -232,11 +262,14 @@ def test_the_read_scan_finds_direct_and_indirect_reads(tmp_path):
     (tmp_path / "a.py").write_text(
         'import os\nX_ENV = "PFX_X"\n'
         'os.environ.get("PFX_Y", "1")\n'  # 3: a literal
-        'os.environ[X_ENV]\n'  # 4: a constant
-        'os.getenv(other.X_ENV)\n'  # 5: a constant of another module
-        'def f(name):\n    return os.environ.get(name)\n'  # 7: a generic reader
+        "os.environ[X_ENV]\n"  # 4: a constant
+        "os.getenv(other.X_ENV)\n"  # 5: a constant of another module
+        "def f(name):\n    return os.environ.get(name)\n"  # 7: a generic reader
         '"PFX_Z" in os.environ\n'  # 8
         'os.environ.get("RANK"), os.environ["WORLD_SIZE"]\n'
-        'for k in ("MASTER_ADDR", "MASTER_PORT"):\n    os.environ[k]\n'.replace("PFX_", PFX))
-    assert env_reads_outside_env_vars(tmp_path) == [s.replace("PFX_", PFX) for s in [
-        "a.py:3 'PFX_Y'", "a.py:4 X_ENV", "a.py:5 other.X_ENV", "a.py:7 name", "a.py:8 'PFX_Z'"]]
+        'for k in ("MASTER_ADDR", "MASTER_PORT"):\n    os.environ[k]\n'.replace("PFX_", PFX)
+    )
+    assert env_reads_outside_env_vars(tmp_path) == [
+        s.replace("PFX_", PFX)
+        for s in ["a.py:3 'PFX_Y'", "a.py:4 X_ENV", "a.py:5 other.X_ENV", "a.py:7 name", "a.py:8 'PFX_Z'"]
+    ]

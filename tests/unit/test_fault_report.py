@@ -15,8 +15,12 @@ VERL = report.sigkill_code("verl-default")
 
 
 def _git(repo, *args):
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def _commit(repo, files, message):
@@ -34,9 +38,18 @@ def scratch(tmp_path):
     root = tmp_path / "repo"
     root.mkdir()
     _git(root, "init", "-q")
-    first = _commit(root, {"patches/slimckpt/a.py": "x = 1\n", "recipes/quickstart.yaml": "a: 1\n",
-                           "scripts/faults/reliability.py": "# driver\n", "scripts/faults/trial.py": "# trial\n",
-                           "scripts/faults/corruption.py": "# corruption\n", "docs/notes.md": "notes\n"}, "first")
+    first = _commit(
+        root,
+        {
+            "patches/slimckpt/a.py": "x = 1\n",
+            "recipes/quickstart.yaml": "a: 1\n",
+            "scripts/faults/reliability.py": "# driver\n",
+            "scripts/faults/trial.py": "# trial\n",
+            "scripts/faults/corruption.py": "# corruption\n",
+            "docs/notes.md": "notes\n",
+        },
+        "first",
+    )
     return root, first
 
 
@@ -57,8 +70,9 @@ def test_a_row_older_than_a_change_to_patches_is_stale_and_says_what_changed(scr
     head = _commit(root, {"patches/slimckpt/a.py": "x = 2\n", "docs/notes.md": "changed too\n"}, "code")
     flag = report.staleness({"commit": first, "dirty": False}, SLIM, str(root))
     assert flag.marker == report.STALE
-    assert flag.note == (f"run on {first}; 1 commit(s) up to {head} (HEAD when this was rendered) changed "
-                         f"`patches/slimckpt/a.py`")
+    assert flag.note == (
+        f"run on {first}; 1 commit(s) up to {head} (HEAD when this was rendered) changed `patches/slimckpt/a.py`"
+    )
     # verl's rows exercise the fault scripts only: slimckpt's code moving leaves them as they are
     assert report.staleness({"commit": first}, VERL, str(root)) is None
     _commit(root, {"scripts/faults/trial.py": "# trial, changed\n"}, "driver")
@@ -67,8 +81,10 @@ def test_a_row_older_than_a_change_to_patches_is_stale_and_says_what_changed(scr
 
 def test_what_cannot_be_checked_is_flagged_commit_unknown(scratch):
     root, first = scratch
-    unknown = [report.staleness(prov, SLIM, str(root)) for prov in (
-        {"commit": None}, None, {"commit": "0123456789ab"}, {"commit": first, "dirty": True})]
+    unknown = [
+        report.staleness(prov, SLIM, str(root))
+        for prov in ({"commit": None}, None, {"commit": "0123456789ab"}, {"commit": first, "dirty": True})
+    ]
     assert all(f.marker == report.UNKNOWN for f in unknown)
     assert "not a commit of this repository" in unknown[2].note and "uncommitted changes" in unknown[3].note
     no_git = report.staleness({"commit": first}, SLIM, str(root), run_git=lambda *a: None)
@@ -77,12 +93,18 @@ def test_what_cannot_be_checked_is_flagged_commit_unknown(scratch):
 
 def test_provenance_reads_the_record_or_an_older_jsons_source_sentence():
     assert report.provenance({"commit": "abc1234", "dirty": False}) == {"commit": "abc1234", "dirty": False}
-    assert report.provenance({"source": "a clean export of commit 6a59751396e0 (patches/ and recipes/)"}) == \
-        {"commit": "6a59751396e0", "dirty": False}
-    assert report.provenance({"source": "the working tree at 1234abc with uncommitted changes"}) == \
-        {"commit": "1234abc", "dirty": True}
-    assert report.provenance({"source": "/elsewhere (SLIMCKPT source outside the repo; repo HEAD 1234abc)"}) == \
-        {"commit": None, "dirty": None}
+    assert report.provenance({"source": "a clean export of commit 6a59751396e0 (patches/ and recipes/)"}) == {
+        "commit": "6a59751396e0",
+        "dirty": False,
+    }
+    assert report.provenance({"source": "the working tree at 1234abc with uncommitted changes"}) == {
+        "commit": "1234abc",
+        "dirty": True,
+    }
+    assert report.provenance({"source": "/elsewhere (SLIMCKPT source outside the repo; repo HEAD 1234abc)"}) == {
+        "commit": None,
+        "dirty": None,
+    }
     assert report.provenance({}) == {"commit": None, "dirty": None}
 
 
@@ -97,8 +119,10 @@ def test_the_report_marks_stale_rows_and_names_the_commit_under_their_table(scra
     root, first = scratch
     sigkill = _sigkill(("verl-default@keep=2", "quickstart@keep=2", "merge", "verl-merge"))
     sigkill["provenance"] = {key: {"commit": first, "dirty": False} for key in sigkill["modes"]}
-    side_runs = {"corruption_campaign.py": {"seconds": 1.0, "commit": first, "dirty": False},
-                 "env_faults.py": {"seconds": 1.0}}  # an older run: no commit recorded
+    side_runs = {
+        "corruption_campaign.py": {"seconds": 1.0, "commit": first, "dirty": False},
+        "env_faults.py": {"seconds": 1.0},
+    }  # an older run: no commit recorded
     check = report.Checker(str(root))
     fresh = report.render_report(sigkill, None, None, side_runs, check=check)
     assert "**[" not in fresh.split("## Corruption")[0]  # every SIGKILL row at HEAD
@@ -130,5 +154,7 @@ def test_each_row_keeps_the_commit_of_the_file_it_came_from(tmp_path, monkeypatc
     (tmp_path / "sigkill_merge.json").write_text(json.dumps(extra))
     monkeypatch.setattr(reliability, "OUT_DIR", str(tmp_path))
     loaded = reliability.load_sigkill()
-    assert loaded["provenance"] == {"verl-default@keep=2": {"commit": "1111111aaaaa", "dirty": False},
-                                    "merge": {"commit": "2222222bbbbb", "dirty": False}}
+    assert loaded["provenance"] == {
+        "verl-default@keep=2": {"commit": "1111111aaaaa", "dirty": False},
+        "merge": {"commit": "2222222bbbbb", "dirty": False},
+    }

@@ -89,8 +89,12 @@ def test_registered_loss_is_the_mean_over_sequences_through_verls_aggregation():
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert metrics["actor/flowrl_weight_clipped"] == pytest.approx(0.25)
     # verl's global normalisation: 2 ranks x a global mini-batch of 16 sequences
-    config.global_batch_info = {"dp_size": 2, "global_batch_size": 16, "batch_num_tokens": None,
-                                "loss_scale_factor": None}
+    config.global_batch_info = {
+        "dp_size": 2,
+        "global_batch_size": 16,
+        "batch_num_tokens": None,
+        "loss_scale_factor": None,
+    }
     with flowrl_inputs(log_z=log_z, ref_log_prob=ref_log_prob):
         scaled, _ = compute_policy_loss_flowrl(old_log_prob, log_prob, adv, mask, "seq-mean-token-mean", config)
     assert scaled.item() == pytest.approx(expected * 4 / 16 * 2, rel=1e-5)
@@ -103,11 +107,18 @@ def test_registered_loss_without_its_inputs_says_how_to_select_flowrl():
 
 
 def test_flowrl_param_names():
-    for name in ("flowrl_log_z.net.0.weight", "_fsdp_wrapped_module.flowrl_log_z.net.2.bias",
-                 "base_model.model.flowrl_log_z.net.0.weight"):
+    for name in (
+        "flowrl_log_z.net.0.weight",
+        "_fsdp_wrapped_module.flowrl_log_z.net.2.bias",
+        "base_model.model.flowrl_log_z.net.0.weight",
+    ):
         assert is_flowrl_param(name)
-    for name in ("model.layers.0.mlp.up_proj.weight", "lm_head.weight", "flowrl_log_z_extra.weight",
-                 "model.flowrl_log_zz.weight"):
+    for name in (
+        "model.layers.0.mlp.up_proj.weight",
+        "lm_head.weight",
+        "flowrl_log_z_extra.weight",
+        "model.flowrl_log_zz.weight",
+    ):
         assert not is_flowrl_param(name)
 
 
@@ -131,14 +142,24 @@ def test_prompt_pooling_packed_and_padded():
 def test_head_on_a_tiny_llama_gives_log_z_with_gradients():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     head = attach_log_z_head(model, inner_size=8, seed=3)
     assert isinstance(model.flowrl_log_z, LogZHead)
     assert {n for n in model.state_dict() if is_flowrl_param(n)} == {
-        "flowrl_log_z.net.0.weight", "flowrl_log_z.net.0.bias", "flowrl_log_z.net.2.weight", "flowrl_log_z.net.2.bias"}
+        "flowrl_log_z.net.0.weight",
+        "flowrl_log_z.net.0.bias",
+        "flowrl_log_z.net.2.weight",
+        "flowrl_log_z.net.2.bias",
+    }
     # same seed, same head, whatever the global RNG
     torch.manual_seed(123)
     again = LogZHead(16, 8, seed=3)

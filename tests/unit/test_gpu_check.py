@@ -15,9 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cpu_staging_takes_the_plain_path_and_reuses_the_pool():
-    state = {"model": {"w": torch.randn(33, 7), "b": torch.zeros(0)},
-             "optim": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(33, 7)}},
-                       "param_groups": [{"lr": 0.1, "params": [0]}]}}
+    state = {
+        "model": {"w": torch.randn(33, 7), "b": torch.zeros(0)},
+        "optim": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(33, 7)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
+    }
     assert cuda_device_of([state["model"]["w"]]) is None
     pool = StagingPool()
     staged = pool.stage(state)
@@ -27,8 +31,10 @@ def test_cpu_staging_takes_the_plain_path_and_reuses_the_pool():
     assert staged["model"]["w"].data_ptr() != state["model"]["w"].data_ptr()
     assert staged["optim"]["param_groups"] == state["optim"]["param_groups"]
     # a storage of exactly its bytes per tensor: DCP would clone a view into a larger storage
-    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size()
-               for t in (staged["model"]["w"], staged["optim"]["state"][0]["exp_avg"]))
+    assert all(
+        t.untyped_storage().nbytes() == t.numel() * t.element_size()
+        for t in (staged["model"]["w"], staged["optim"]["state"][0]["exp_avg"])
+    )
     ptr = staged["model"]["w"].data_ptr()
     state["model"]["w"].add_(1)
     again = pool.stage(state)
@@ -38,15 +44,22 @@ def test_cpu_staging_takes_the_plain_path_and_reuses_the_pool():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_gpu_check_without_cuda_says_so_and_imports_no_verl(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2, proc.stderr
     assert "no CUDA device visible" in proc.stderr and "Nothing was run" in proc.stderr
     assert not (tmp_path / "gpu_check.json").exists()
-    code = ("import sys, slimckpt.testing.gpu_check, slimckpt.save.resume_async; "
-            "sys.exit(any(m == 'verl' or m.startswith('verl.') for m in sys.modules))")
-    assert subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO / "patches")},
-                          timeout=120).returncode == 0
+    code = (
+        "import sys, slimckpt.testing.gpu_check, slimckpt.save.resume_async; "
+        "sys.exit(any(m == 'verl' or m.startswith('verl.') for m in sys.modules))"
+    )
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO / "patches")}, timeout=120
+        ).returncode
+        == 0
+    )
 
 
 def test_gpu_check_of_stream_under_offload_passes_with_a_real_move_and_fails_without_one():

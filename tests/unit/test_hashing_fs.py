@@ -22,8 +22,10 @@ def test_checksums_while_writing_equal_read_back(tmp_path, threads):
     import torch.distributed.checkpoint as dcp
 
     g = torch.Generator().manual_seed(0)
-    state = {"model": {f"w{i}": torch.randn(64, 33, generator=g) for i in range(5)},
-             "optimizer": {"step": 3, "note": "bytes too", "m": torch.randn(7, generator=g)}}
+    state = {
+        "model": {f"w{i}": torch.randn(64, 33, generator=g) for i in range(5)},
+        "optimizer": {"step": 3, "note": "bytes too", "m": torch.randn(7, generator=g)},
+    }
     writer = storage_writer(str(tmp_path / "dcp"), _Config(threads))
     dcp.save(state, storage_writer=writer, no_dist=True)
     sums = written_checksums(writer, str(tmp_path))

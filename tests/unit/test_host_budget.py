@@ -36,8 +36,9 @@ def test_auto_resolves_from_this_node_once_and_logs_it(monkeypatch, caplog):
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    config = SlimCheckpointConfig(recipe="incremental", incremental_save=True, async_save="stream",
-                                  host_memory_budget_gb="AUTO")
+    config = SlimCheckpointConfig(
+        recipe="incremental", incremental_save=True, async_save="stream", host_memory_budget_gb="AUTO"
+    )
     assert config.host_memory_budget_gb == "auto"
     before = _meminfo_available()
     with caplog.at_level(logging.INFO, logger="slimckpt"):
@@ -63,8 +64,9 @@ def test_auto_is_logged_by_the_first_rank_of_a_node_only(monkeypatch, caplog):
 def test_a_number_wins_and_is_used_as_given(monkeypatch):
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
-    config = SlimCheckpointConfig(recipe="incremental", incremental_save=True, async_save=True,
-                                  host_memory_budget_gb="1.5")
+    config = SlimCheckpointConfig(
+        recipe="incremental", incremental_save=True, async_save=True, host_memory_budget_gb="1.5"
+    )
     assert config.host_memory_budget_gb == 1.5
     assert host_budget.budget_bytes(config) == int(1.5 * 2**30)
 

@@ -150,8 +150,12 @@ def test_no_import_circles_and_no_private_names_across_modules():
 
 def test_arrows_between_wings_point_down():
     edges, _ = _edges()
-    upward = [f"{a} ({LAYERS[_layer(a)][0]}) -> {b} ({LAYERS[_layer(b)][0]})"
-              for a, targets in sorted(edges.items()) for b in sorted(targets) if _layer(b) < _layer(a)]
+    upward = [
+        f"{a} ({LAYERS[_layer(a)][0]}) -> {b} ({LAYERS[_layer(b)][0]})"
+        for a, targets in sorted(edges.items())
+        for b in sorted(targets)
+        if _layer(b) < _layer(a)
+    ]
     assert upward == []
 
 
@@ -160,10 +164,13 @@ def test_save_and_merge_meet_only_in_the_hf_wing():
     reaches the merge is the intermediate tier's export, which runs the merge itself."""
     edges, _ = _edges()
     wing = lambda m: m.split(".")[1] if m.count(".") else ""  # noqa: E731
-    across = sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
-                    if {wing(a), wing(b)} == {"save", "merge"})
-    assert across == ["slimckpt.save.hf_export -> slimckpt.merge.pipeline",
-                      "slimckpt.save.hf_export -> slimckpt.merge.plan"]
+    across = sorted(
+        f"{a} -> {b}" for a, targets in edges.items() for b in targets if {wing(a), wing(b)} == {"save", "merge"}
+    )
+    assert across == [
+        "slimckpt.save.hf_export -> slimckpt.merge.pipeline",
+        "slimckpt.save.hf_export -> slimckpt.merge.plan",
+    ]
 
 
 def test_the_circle_finder_finds_a_circle():
@@ -177,9 +184,16 @@ def test_the_walk_sees_function_level_and_private_imports(tmp_path, monkeypatch)
     (pkg / "w" / "__init__.py").write_text("")
     (pkg / "w" / "a.py").write_text("def f():\n    from .b import _secret\n")
     (pkg / "w" / "b.py").write_text("from . import a\n_secret = 1\n")
-    monkeypatch.setattr(sys.modules[__name__], "MODULES", {
-        "slimckpt": pkg / "__init__.py", "slimckpt.w": pkg / "w" / "__init__.py",
-        "slimckpt.w.a": pkg / "w" / "a.py", "slimckpt.w.b": pkg / "w" / "b.py"})
+    monkeypatch.setattr(
+        sys.modules[__name__],
+        "MODULES",
+        {
+            "slimckpt": pkg / "__init__.py",
+            "slimckpt.w": pkg / "w" / "__init__.py",
+            "slimckpt.w.a": pkg / "w" / "a.py",
+            "slimckpt.w.b": pkg / "w" / "b.py",
+        },
+    )
     edges, private = _edges()
     assert edges["slimckpt.w.a"] == {"slimckpt.w.b"} and edges["slimckpt.w.b"] == {"slimckpt.w.a"}
     assert private == ["slimckpt.w.a imports slimckpt.w.b._secret"]
@@ -191,9 +205,13 @@ def test_patches_are_applied_only_by_switching_a_feature_on():
     callers = set()
     for mod, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in ("apply_feature", "apply_on_import", "apply") and \
-                    isinstance(node.func.value, ast.Name) and node.func.value.id == "REGISTRY":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("apply_feature", "apply_on_import", "apply")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "REGISTRY"
+            ):
                 callers.add(mod)
     assert callers == {"slimckpt.verl_seam.features"}
 
@@ -203,15 +221,24 @@ def test_paths_that_configs_and_commands_name_work():
 
     from slimckpt.save.tracker import is_incremental
 
-    assert is_incremental(OmegaConf.create({"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig",
-                                            "incremental_save": True}))
-    code = ("import importlib.metadata as md, slimckpt.verl_seam.plugin as p; "
-            "print([e.value for e in md.entry_points(group='verl.plugins') if e.name == 'slimckpt'])")
+    assert is_incremental(
+        OmegaConf.create(
+            {"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
+        )
+    )
+    code = (
+        "import importlib.metadata as md, slimckpt.verl_seam.plugin as p; "
+        "print([e.value for e in md.entry_points(group='verl.plugins') if e.name == 'slimckpt'])"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "['slimckpt.verl_seam.plugin']"
-    for command in (["slimckpt.cli", "recipes"], ["slimckpt.cli", "diskspeed", "--help"],
-                    ["slimckpt.cli", "dryrun", "--help"], ["slimckpt.plan", "--help"]):
+    for command in (
+        ["slimckpt.cli", "recipes"],
+        ["slimckpt.cli", "diskspeed", "--help"],
+        ["slimckpt.cli", "dryrun", "--help"],
+        ["slimckpt.plan", "--help"],
+    ):
         proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=300, cwd=REPO)
         assert proc.returncode == 0 and proc.stdout.strip(), (command, proc.stderr[-2000:])
 
@@ -230,10 +257,12 @@ def _prose_of(path: Path) -> list[tuple[int, str]]:
     text = path.read_text()
     if path.suffix != ".py":
         return list(enumerate(text.splitlines(), 1))
-    kinds = {tokenize.COMMENT, tokenize.STRING} | ({tokenize.FSTRING_MIDDLE} if hasattr(tokenize, "FSTRING_MIDDLE")
-                                                   else set())
-    return [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
-            if tok.type in kinds]
+    kinds = {tokenize.COMMENT, tokenize.STRING} | (
+        {tokenize.FSTRING_MIDDLE} if hasattr(tokenize, "FSTRING_MIDDLE") else set()
+    )
+    return [
+        (tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type in kinds
+    ]
 
 
 def issue_references(root: Path) -> list[str]:
@@ -244,7 +273,7 @@ def issue_references(root: Path) -> list[str]:
                 continue
             for line, text in _prose_of(path):
                 for m in ISSUE_REF.finditer(text):
-                    if not UPSTREAM.search(text[:m.start()]):
+                    if not UPSTREAM.search(text[: m.start()]):
                         found.append(f"{path.relative_to(root)}:{line} {m.group(0)!r}")
     return found
 
@@ -257,15 +286,19 @@ def test_the_issue_scan_finds_a_reference_and_spares_upstream_ones(tmp_path):
     n = "19"  # the planted numbers are put together at run time: the scan of this file must not see them
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "a.py").write_text(
-        f'x = 1  # fixed in issue {n}\n'
+        f"x = 1  # fixed in issue {n}\n"
         f'"""Docstring (Issue {n[0]}, item 3)."""\n'
         f'y = f"{{x}} see #{n}7"\n'
-        '# verl #7952; verl has no such option, its issue #4553\n'
-        '# 63 bits, colour #1f77b4, #a1b2c3\n')
+        "# verl #7952; verl has no such option, its issue #4553\n"
+        "# 63 bits, colour #1f77b4, #a1b2c3\n"
+    )
     (tmp_path / "scripts" / "b.sh").write_text(f'# after #{n}1\necho "#x"\n')
     assert issue_references(tmp_path) == [
-        f"scripts/a.py:1 'issue {n}'", f"scripts/a.py:2 'Issue {n[0]}'", f"scripts/a.py:3 '#{n}7'",
-        f"scripts/b.sh:1 '#{n}1'"]
+        f"scripts/a.py:1 'issue {n}'",
+        f"scripts/a.py:2 'Issue {n[0]}'",
+        f"scripts/a.py:3 '#{n}7'",
+        f"scripts/b.sh:1 '#{n}1'",
+    ]
 
 
 # A module that imports inside functions says why, once, near the top: torch-free until a merge
@@ -284,16 +317,21 @@ def function_level_imports(root: Path) -> list[str]:
             source = path.read_text()
             if LAZY_MARK.search(source):
                 continue
-            lines = {sub.lineno for node in ast.walk(ast.parse(source))
-                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     for sub in ast.walk(node) if isinstance(sub, (ast.Import, ast.ImportFrom))}
+            lines = {
+                sub.lineno
+                for node in ast.walk(ast.parse(source))
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                for sub in ast.walk(node)
+                if isinstance(sub, (ast.Import, ast.ImportFrom))
+            }
             found += [f"{path.relative_to(root)}:{n}" for n in sorted(lines)]
     return found
 
 
 def test_function_level_imports_only_in_modules_that_say_why():
-    assert function_level_imports(REPO) == [], \
+    assert function_level_imports(REPO) == [], (
         "move the import to the top, or add one line '# lazy imports: <why>' near the top of the module"
+    )
 
 
 def test_the_lazy_import_scan_finds_an_unmarked_module(tmp_path):

@@ -39,7 +39,9 @@ def _internal_uses(path) -> list[str]:
                     modules[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
                     if _private(a.name) or a.name in UNDOCUMENTED:
                         uses.append(a.name)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("torch", "transformers"):
+        elif (
+            isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("torch", "transformers")
+        ):
             for a in node.names:
                 modules[a.asname or a.name] = f"{node.module}.{a.name}"
                 if _private(node.module) or _private(a.name) or node.module in UNDOCUMENTED:
@@ -68,8 +70,10 @@ def test_no_internal_is_called_but_through_the_list():
         for use in _internal_uses(path):
             if use.replace(":", ".") not in looked_up:  # e.g. a listed function replaced once looked up
                 found.setdefault(use, []).append(str(path.relative_to(REPO)))
-    assert not found, ("torch/transformers internals used directly (list each in slimckpt/internals.py "
-                       f"and reach it with internals.lookup): {found}")
+    assert not found, (
+        "torch/transformers internals used directly (list each in slimckpt/internals.py "
+        f"and reach it with internals.lookup): {found}"
+    )
 
 
 def test_every_listed_internal_is_used_and_every_lookup_is_listed():
@@ -93,7 +97,8 @@ def test_the_stack_under_test_is_a_checked_one():
     have = {"torch": internals.release("torch"), "transformers": internals.release("transformers")}
     assert have["torch"] in internals.CHECKED_TORCH and have["transformers"] in internals.CHECKED_TRANSFORMERS, (
         f"{have}: not a stack slimckpt.internals was checked on (torch {internals.CHECKED_TORCH}, transformers "
-        f"{internals.CHECKED_TRANSFORMERS}); slimckpt runs on it through the public fallbacks, with warnings")
+        f"{internals.CHECKED_TRANSFORMERS}); slimckpt runs on it through the public fallbacks, with warnings"
+    )
 
 
 def test_an_unchecked_release_warns_once_and_gives_the_fallback(monkeypatch, caplog):
@@ -120,8 +125,9 @@ def test_an_unchecked_release_warns_once_and_gives_the_fallback(monkeypatch, cap
 
 def test_a_checked_release_without_the_internal_fails_loudly(monkeypatch):
     name = "torch.distributed.checkpoint.filesystem:_no_such_writer"
-    monkeypatch.setitem(internals.INTERNALS, name, internals.Internal(
-        name, "torch", (internals.release("torch"),), "a test", "none"))
+    monkeypatch.setitem(
+        internals.INTERNALS, name, internals.Internal(name, "torch", (internals.release("torch"),), "a test", "none")
+    )
     with pytest.raises(internals.InternalMissing, match=r"has no torch\.distributed.*_no_such_writer.*reinstall torch"):
         internals.lookup(name)
 
@@ -144,7 +150,7 @@ def test_dcp_records_are_read_where_torchs_own_reader_reads_them(tmp_path):
         assert ours.get_record_size(prefix + r) == len(bytes(theirs.get_record(r)))
     data = next(r for r in records if r.startswith("data/"))
     start = ours.get_record_offset(prefix + data)
-    raw = buf.getvalue()[start:start + 4000]
+    raw = buf.getvalue()[start : start + 4000]
     assert torch.equal(torch.frombuffer(bytearray(raw), dtype=torch.float32), torch.arange(1000.0))
 
 

@@ -16,10 +16,21 @@ from slimckpt.format import layout
 from slimckpt.format.layout import LayoutError, TensorSpec
 
 TORCH_TO_ST = {
-    torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
 }
 
 
@@ -48,7 +59,9 @@ def random_tensors(seed: int) -> dict[str, torch.Tensor]:
         dtype = rng.choice(dtypes)
         shape = tuple(rng.randint(0 if i % 7 == 0 else 1, 5) for _ in range(rng.randint(0, 3)))
         base = torch.randint(0, 100, shape, generator=g)
-        name = rng.choice(["model.layers.", "lm_head.", "a.", "Z.", "model.embed_", "é."]) + f"{rng.randint(0, 30)}.w{i}"
+        name = (
+            rng.choice(["model.layers.", "lm_head.", "a.", "Z.", "model.embed_", "é."]) + f"{rng.randint(0, 30)}.w{i}"
+        )
         out[name] = base.to(dtype)
     return out
 
@@ -88,7 +101,8 @@ def test_split_matches_huggingface_hub(max_size):
     theirs = split_torch_state_dict_into_shards(tensors, max_shard_size=max_size)
     plan = layout.plan_files([spec_of(n, t) for n, t in tensors.items()], max_size)
     assert {f.name: sorted(p.spec.name for p in f.placements) for f in plan.files} == {
-        k: sorted(v) for k, v in theirs.filename_to_tensors.items()}
+        k: sorted(v) for k, v in theirs.filename_to_tensors.items()
+    }
     assert [f.name for f in plan.files] == list(theirs.filename_to_tensors)
     assert plan.total_size == theirs.metadata["total_size"]
     assert plan.weight_map == theirs.tensor_to_filename
@@ -107,8 +121,14 @@ def test_parse_size():
 def test_save_pretrained_files_and_index_match(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
@@ -145,7 +165,7 @@ def _cover(plan, shares):
         ranges.sort()
         rows = plan.placements[name].spec.rows
         assert ranges[0][0] == 0 and ranges[-1][1] == rows, name
-        for (a, b), (c, d) in zip(ranges, ranges[1:]):
+        for (_a, b), (c, _d) in zip(ranges, ranges[1:]):
             assert b == c, (name, ranges)
     return per_worker
 
@@ -229,8 +249,11 @@ def test_take_ranges_cut_a_span_over_shards_as_the_elements_lie(seed):
     cuts = sorted(rng.randint(0, rows) for _ in range(rng.randint(0, 3)))
     shard_rows = [b - a for a, b in zip([0, *cuts], [*cuts, rows])]
     total = rows * cols
-    owner = [(k, i - sum(shard_rows[:k]) * cols) for k, n in enumerate(shard_rows) for i in
-             range(sum(shard_rows[:k]) * cols, sum(shard_rows[:k + 1]) * cols)]
+    owner = [
+        (k, i - sum(shard_rows[:k]) * cols)
+        for k, n in enumerate(shard_rows)
+        for i in range(sum(shard_rows[:k]) * cols, sum(shard_rows[: k + 1]) * cols)
+    ]
     for _ in range(20):
         s = rng.randint(0, total)
         t = rng.randint(s, total)

@@ -73,9 +73,19 @@ def test_a_recipe_config_switches_the_feature_on_and_defaults_do_not(no_switch_o
     assert no_switch_on == ["checkpoint"]
 
 
-@pytest.mark.parametrize("given, held", [(False, "off"), ("false", "off"), ("off", "off"), (True, "pool"),
-                                         ("true", "pool"), ("pool", "pool"), ("stream", "stream"),
-                                         ("Stream", "stream")])
+@pytest.mark.parametrize(
+    "given, held",
+    [
+        (False, "off"),
+        ("false", "off"),
+        ("off", "off"),
+        (True, "pool"),
+        ("true", "pool"),
+        ("pool", "pool"),
+        ("stream", "stream"),
+        ("Stream", "stream"),
+    ],
+)
 def test_async_save_is_held_as_one_of_three_words(no_switch_on, given, held):
     config = SlimCheckpointConfig(recipe="incremental", incremental_save=True, async_save=given)
     assert config.async_save == held

@@ -51,10 +51,12 @@ def test_median():
 def test_forked_child_shared_pages_count_once():
     # parent touches 200 MiB, forks; the child adds 100 MiB of its own. Summed RssAnon says ~500 MiB,
     # what the host holds is ~300 MiB.
-    code = ("import os, time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); pid = os.fork()\n"
-            "if pid == 0:\n"
-            "    c = bytearray(100 * 2**20); c[::4096] = b'y' * len(c[::4096]); time.sleep(1.0); os._exit(0)\n"
-            "os.waitpid(pid, 0)")
+    code = (
+        "import os, time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    c = bytearray(100 * 2**20); c[::4096] = b'y' * len(c[::4096]); time.sleep(1.0); os._exit(0)\n"
+        "os.waitpid(pid, 0)"
+    )
     res = run_measured([sys.executable, "-c", code])
     assert res.returncode == 0
     assert res.total_peak >= 480 * 2**20  # the double count the Pss sum avoids

@@ -152,9 +152,11 @@ def test_a_wrong_local_dir_fails_before_torch_is_imported(ckpt, tmp_path):
     """The dir checks run before the merge's imports: the one-line error comes in milliseconds."""
     bad = copy_ckpt(ckpt, tmp_path / "actor")
     (bad / "model_world_size_2_rank_1.pt").unlink()
-    code = ("import sys; from slimckpt import cli; "
-            f"rc = cli.main(['merge', '--local_dir', {str(bad)!r}, '--target_dir', {str(tmp_path / 'o')!r}]); "
-            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc)")
+    code = (
+        "import sys; from slimckpt import cli; "
+        f"rc = cli.main(['merge', '--local_dir', {str(bad)!r}, '--target_dir', {str(tmp_path / 'o')!r}]); "
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split()[-2:] == ["NO-TORCH", "1"], proc.stdout + proc.stderr
     assert "model_world_size_2_rank_1.pt is missing" in proc.stderr
@@ -197,8 +199,9 @@ def test_ranks_disagree_on_unsharded_tensor(tmp_path, capsys):
 
 
 def test_ranks_disagree_on_keys(tmp_path, capsys):
-    bad = synthetic_checkpoint(tmp_path / "actor", world_size=2,
-                               per_rank_edit=lambda r, sd: sd.pop("lm_head.weight") if r == 1 else None)
+    bad = synthetic_checkpoint(
+        tmp_path / "actor", world_size=2, per_rank_edit=lambda r, sd: sd.pop("lm_head.weight") if r == 1 else None
+    )
     rc, err = merge_cli(capsys, "--local_dir", str(bad), "--target_dir", str(tmp_path / "o"))
     assert rc == 1 and "rank_1.pt: its keys differ" in error_line(err)
 
@@ -256,8 +259,10 @@ def _limit_file_size(limit: int):
 def test_disk_full_rlimit(ckpt, tmp_path):
     """A file-size limit below the weights file: EFBIG while reserving/writing it."""
     target = tmp_path / "o"
-    proc = run_cli(["merge", "--no_progress", "--local_dir", str(ckpt), "--target_dir", str(target)],
-                   preexec_fn=_limit_file_size(20_000))
+    proc = run_cli(
+        ["merge", "--no_progress", "--local_dir", str(ckpt), "--target_dir", str(target)],
+        preexec_fn=_limit_file_size(20_000),
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     line = error_line(proc.stderr)
     assert "model.safetensors" in line and "no space left" in line and "--target_dir" in line
@@ -267,26 +272,30 @@ def test_disk_full_rlimit(ckpt, tmp_path):
 def _unshare_ok() -> bool:
     if not shutil.which("unshare") or sys.platform != "linux":
         return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
-                           capture_output=True)
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
     return probe.returncode == 0
 
 
-def _merge_in_tmpfs(ckpt, mount, size: str, readonly: bool, before: str = "",
-                    distributed: bool = False) -> subprocess.CompletedProcess:
+def _merge_in_tmpfs(
+    ckpt, mount, size: str, readonly: bool, before: str = "", distributed: bool = False
+) -> subprocess.CompletedProcess:
     """Run the merge in a private mount namespace with a small tmpfs at `mount` (no global mount);
     `before` runs in the mount first; what the mount holds afterwards is printed as `left: ...`."""
     mount.mkdir()
     remount = f" && mount -o remount,ro {mount}" if readonly else ""
-    launch = (f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 -m slimckpt.cli"
-              if distributed else f"{sys.executable} -m slimckpt.cli")
-    script = (f"mount -t tmpfs -o size={size} tmpfs {mount}{remount} && {before or 'true'} && "
-              f"{launch} merge --no_progress --local_dir {ckpt} --target_dir {mount}/out "
-              f"{'--distributed_merge' if distributed else ''}; rc=$?; "
-              f"echo left: $(cd {mount} && find . -mindepth 1 | sort); exit $rc")
+    launch = (
+        f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 -m slimckpt.cli"
+        if distributed
+        else f"{sys.executable} -m slimckpt.cli"
+    )
+    script = (
+        f"mount -t tmpfs -o size={size} tmpfs {mount}{remount} && {before or 'true'} && "
+        f"{launch} merge --no_progress --local_dir {ckpt} --target_dir {mount}/out "
+        f"{'--distributed_merge' if distributed else ''}; rc=$?; "
+        f"echo left: $(cd {mount} && find . -mindepth 1 | sort); exit $rc"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
 
 
 def _left(proc: subprocess.CompletedProcess) -> list[str]:
@@ -312,8 +321,13 @@ def test_disk_too_small_is_refused_before_writing(ckpt, tmp_path, monkeypatch, h
     """A filesystem that cannot hold the output: refused up front, naming the bytes needed and free,
     and nothing is created there (no partial, no empty files at their final size)."""
     monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0" if how == "planned-first" else "1")
-    proc = _merge_in_tmpfs(ckpt, tmp_path / "mnt", f"{max(4, _output_bytes(ckpt) // 2048)}k", readonly=False,
-                           distributed=how == "distributed")
+    proc = _merge_in_tmpfs(
+        ckpt,
+        tmp_path / "mnt",
+        f"{max(4, _output_bytes(ckpt) // 2048)}k",
+        readonly=False,
+        distributed=how == "distributed",
+    )
     assert proc.returncode != 0 if how == "distributed" else proc.returncode == 1, proc.stderr[-2000:]
     lines = {ln for ln in proc.stderr.splitlines() if ln.startswith("slimckpt merge: error:")}
     assert len(lines) == 1, proc.stderr[-3000:]  # every rank says the same line
@@ -364,8 +378,11 @@ def test_lora_checkpoint_is_streamed(tmp_path, capsys):
 
 def _tree_bytes(path) -> dict[str, bytes]:
     """Every file under `path` but slimckpt's manifest, by relative path."""
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != MANIFEST_NAME}
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
 
 
 def force_verl_fallback(monkeypatch) -> None:
@@ -374,8 +391,9 @@ def force_verl_fallback(monkeypatch) -> None:
     from slimckpt.hf import naming as hf_side
 
     def needs_verl(self, names, shapes):
-        raise hf_side.NeedsVerlMerger("transformers converts tensors of X on save (e.g. 'c' is not a part of one "
-                                      "checkpoint tensor)")
+        raise hf_side.NeedsVerlMerger(
+            "transformers converts tensors of X on save (e.g. 'c' is not a part of one checkpoint tensor)"
+        )
 
     monkeypatch.setattr(hf_side.HfSide, "output_sources", needs_verl)
 
@@ -395,8 +413,9 @@ def _lora_checkpoint(tmp_path):
 
     cfg = tiny_llama_config()
     torch.manual_seed(1)
-    model = get_peft_model(AutoModelForCausalLM.from_config(cfg),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_config(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     root = tmp_path / "actor"
     root.mkdir()
@@ -419,8 +438,10 @@ def test_verl_fallback_says_its_memory_or_is_refused(tmp_path, capsys, monkeypat
     params = sum(t.numel() for t in sd.values())
     from slimckpt.merge.pipeline import human_bytes
 
-    want = (f"about {human_bytes(shards + 2 * params)} of host memory (the {human_bytes(shards)} of rank model "
-            f"files, read whole, + {params:,} parameters x 2 bytes in bf16)")
+    want = (
+        f"about {human_bytes(shards + 2 * params)} of host memory (the {human_bytes(shards)} of rank model "
+        f"files, read whole, + {params:,} parameters x 2 bytes in bf16)"
+    )
     rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"), "--no_verl_fallback")
     assert rc == 1, err
     line = error_line(err)
@@ -436,8 +457,13 @@ def test_verl_fallback_says_its_memory_or_is_refused(tmp_path, capsys, monkeypat
 
     ran = []
     patched = verl_merger.wrap_merge_and_save(lambda self: ran.append(self))
-    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(root), target_dir=str(tmp_path / "v"),
-                               hf_model_config_path=str(root / "huggingface"))
+    config = ModelMergerConfig(
+        operation="merge",
+        backend="fsdp",
+        local_dir=str(root),
+        target_dir=str(tmp_path / "v"),
+        hf_model_config_path=str(root / "huggingface"),
+    )
     monkeypatch.setenv(verl_merger.NO_FALLBACK_ENV, "1")
     with pytest.raises(SystemExit) as exc:
         patched(FSDPModelMerger(config))
@@ -452,8 +478,16 @@ def test_cli_help_and_bad_options(capsys):
         cli.main(["merge", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--local_dir", "--target_dir", "--dtype", "--max_shard_size", "--workers", "--distributed_merge",
-                 "--overwrite", "--merge_lora"):
+    for flag in (
+        "--local_dir",
+        "--target_dir",
+        "--dtype",
+        "--max_shard_size",
+        "--workers",
+        "--distributed_merge",
+        "--overwrite",
+        "--merge_lora",
+    ):
         assert flag in out
     assert cli.main([]) == 2
     rc, err = merge_cli(capsys, "--local_dir", "x", "--target_dir", "y", "--max_shard_size", "5G")
@@ -463,8 +497,18 @@ def test_cli_help_and_bad_options(capsys):
 def tiny_mixtral_config(**overrides):
     from transformers import MixtralConfig
 
-    kw = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
-              vocab_size=64, num_local_experts=3, architectures=["MixtralForCausalLM"], bos_token_id=1, eos_token_id=2)
+    kw = dict(
+        num_hidden_layers=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        num_local_experts=3,
+        architectures=["MixtralForCausalLM"],
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     kw.update(overrides)
     return MixtralConfig(**kw)
 
@@ -489,11 +533,18 @@ def test_moe_experts_are_streamed_and_match_verl(tmp_path, capsys, slim_log):
     from slimckpt.merge.plan import MergeOptions
 
     merge(MergeOptions(local_dir=str(root), target_dir=str(tmp_path / "small"), chunk_bytes=100, progress=False))
-    assert (tmp_path / "small" / "model.safetensors").read_bytes() == (tmp_path / "o" / "model.safetensors").read_bytes()
+    assert (tmp_path / "small" / "model.safetensors").read_bytes() == (
+        tmp_path / "o" / "model.safetensors"
+    ).read_bytes()
 
 
-@pytest.mark.parametrize("config_edit,what", [({"num_local_experts": 4}, "makes it [4, 16, 32]"),  # expert count
-                                              ({"intermediate_size": 24}, "makes it [3, 16, 24]")])  # expert sizes
+@pytest.mark.parametrize(
+    "config_edit,what",
+    [
+        ({"num_local_experts": 4}, "makes it [4, 16, 32]"),  # expert count
+        ({"intermediate_size": 24}, "makes it [3, 16, 24]"),
+    ],
+)  # expert sizes
 def test_moe_config_that_does_not_fit_the_shards(tmp_path, capsys, config_edit, what):
     """config.json from another model: the fused tensor's split would follow the shards, loading the
     config's; one line naming the tensor and the rank file, nothing committed."""
@@ -502,7 +553,9 @@ def test_moe_config_that_does_not_fit_the_shards(tmp_path, capsys, config_edit, 
     rc, err = merge_cli(capsys, "--local_dir", str(root), "--target_dir", str(tmp_path / "o"))
     assert rc == 1
     line = error_line(err)
-    assert "model_world_size_2_rank_0.pt: 'model.layers.0.mlp.experts.down_proj' is [3, 16, 32]" in line and what in line
+    assert (
+        "model_world_size_2_rank_0.pt: 'model.layers.0.mlp.experts.down_proj' is [3, 16, 32]" in line and what in line
+    )
     assert "config.json" in line and "verl's own FSDPModelMerger" not in err
     assert_nothing_committed(tmp_path / "o")
 
@@ -526,18 +579,30 @@ def test_redirect_uploads_after_commit_and_delegates_test(ckpt, tmp_path, monkey
     from slimckpt.merge.verl_merger import wrap_merge_and_save
 
     calls = []
-    monkeypatch.setattr(FSDPModelMerger, "upload_to_huggingface",
-                        lambda self: calls.append(("upload", verify(self.config.target_dir))))
+    monkeypatch.setattr(
+        FSDPModelMerger, "upload_to_huggingface", lambda self: calls.append(("upload", verify(self.config.target_dir)))
+    )
     patched = wrap_merge_and_save(lambda self: calls.append(("original", self.config.operation)))
     target = tmp_path / "o"
     target.mkdir()  # as verl's generate_config_from_args leaves it
-    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(ckpt), target_dir=str(target),
-                               hf_upload_path="someone/model", hf_model_config_path=str(ckpt / "huggingface"),
-                               use_cpu_initialization=True)
+    config = ModelMergerConfig(
+        operation="merge",
+        backend="fsdp",
+        local_dir=str(ckpt),
+        target_dir=str(target),
+        hf_upload_path="someone/model",
+        hf_model_config_path=str(ckpt / "huggingface"),
+        use_cpu_initialization=True,
+    )
     patched(FSDPModelMerger(config))
     assert calls == [("upload", [])]  # uploaded once, after the commit verified clean
-    config = ModelMergerConfig(operation="test", backend="fsdp", local_dir=str(ckpt), test_hf_dir=str(target),
-                               hf_model_config_path=str(ckpt / "huggingface"))
+    config = ModelMergerConfig(
+        operation="test",
+        backend="fsdp",
+        local_dir=str(ckpt),
+        test_hf_dir=str(target),
+        hf_model_config_path=str(ckpt / "huggingface"),
+    )
     patched(FSDPModelMerger(config))
     assert calls[-1] == ("original", "test")
 
@@ -560,10 +625,17 @@ def test_redirect_goes_distributed_only_when_asked(ckpt, tmp_path, monkeypatch):
     from slimckpt.merge.plan import MergeResult
 
     seen = []
-    monkeypatch.setattr(verl_merger, "merge", lambda opts, verl_fallback: seen.append(opts) or MergeResult(opts.target_dir))
+    monkeypatch.setattr(
+        verl_merger, "merge", lambda opts, verl_fallback: seen.append(opts) or MergeResult(opts.target_dir)
+    )
     patched = verl_merger.wrap_merge_and_save(lambda self: None)
-    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(ckpt), target_dir=str(tmp_path / "o"),
-                               hf_model_config_path=str(ckpt / "huggingface"))
+    config = ModelMergerConfig(
+        operation="merge",
+        backend="fsdp",
+        local_dir=str(ckpt),
+        target_dir=str(tmp_path / "o"),
+        hf_model_config_path=str(ckpt / "huggingface"),
+    )
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv(verl_merger.DISTRIBUTED_ENV, raising=False)
@@ -582,19 +654,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("rank, says", [
-    ("0", "rank(s) 1 of 2 did not join within 3 s (this is rank 0)"),  # rank 1 never started
-    ("1", "rank 1 of 2 could not reach rank 0's store at 127.0.0.1:"),  # rank 0 never started
-])
+@pytest.mark.parametrize(
+    "rank, says",
+    [
+        ("0", "rank(s) 1 of 2 did not join within 3 s (this is rank 0)"),  # rank 1 never started
+        ("1", "rank 1 of 2 could not reach rank 0's store at 127.0.0.1:"),  # rank 0 never started
+    ],
+)
 def test_a_distributed_merge_whose_ranks_do_not_all_join_ends_in_minutes(ckpt, tmp_path, rank, says):
     """init_process_group waited up to 4 hours for a missing rank; now the join has
     SLIMCKPT_MERGE_JOIN_TIMEOUT seconds (600 by default) and the error names who is missing."""
-    env = {"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "SLIMCKPT_MERGE_JOIN_TIMEOUT": "3"}
+    env = {
+        "RANK": rank,
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "SLIMCKPT_MERGE_JOIN_TIMEOUT": "3",
+    }
     for k in ("TORCHELASTIC_USE_AGENT_STORE", "LOCAL_RANK"):
         env[k] = ""
-    proc = run_cli(["merge", "--distributed_merge", "--no_progress", "--local_dir", str(ckpt),
-                    "--target_dir", str(tmp_path / "o")], env=env, timeout=90)
+    proc = run_cli(
+        [
+            "merge",
+            "--distributed_merge",
+            "--no_progress",
+            "--local_dir",
+            str(ckpt),
+            "--target_dir",
+            str(tmp_path / "o"),
+        ],
+        env=env,
+        timeout=90,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = error_line(proc.stderr)
     assert says in line and "SLIMCKPT_MERGE_JOIN_TIMEOUT=<seconds>" in line and "MASTER_ADDR:MASTER_PORT" in line, line
@@ -610,8 +701,10 @@ def test_merge_lora_of_an_adapter_on_fused_experts_is_refused_in_one_line(tmp_pa
 
     config = tiny_mixtral_config()
     torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_config(config),
-                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_config(config),
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     assert any(".experts.base_layer.lora_A." in k for k in sd)
 

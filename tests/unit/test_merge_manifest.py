@@ -8,8 +8,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from slimckpt.format import layout, merge_manifest as manifest
-from slimckpt.format.merge_manifest import CommitError, Manifest, build_entries, check_target, commit, verify, write_manifest
+from slimckpt.format import layout
+from slimckpt.format import merge_manifest as manifest
+from slimckpt.format.merge_manifest import (
+    CommitError,
+    Manifest,
+    build_entries,
+    check_target,
+    commit,
+    verify,
+    write_manifest,
+)
 from slimckpt.read.sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
 from slimckpt.write.out_files import create_files
 from slimckpt.write.share_writer import ShareWriter
@@ -35,8 +44,10 @@ def test_commit_and_verify(tmp_path):
     assert Manifest.from_json(m.to_json()) == m
 
 
-@pytest.mark.parametrize("damage,reason", [
-    ("flip", "manifest says"), ("truncate", "size 999"), ("remove", "missing"), ("extra", "not in the manifest")])
+@pytest.mark.parametrize(
+    "damage,reason",
+    [("flip", "manifest says"), ("truncate", "size 999"), ("remove", "missing"), ("extra", "not in the manifest")],
+)
 def test_verify_reports_bad_files(tmp_path, damage, reason):
     out = committed_dir(tmp_path)
     path = out / "a.bin"
@@ -153,5 +164,7 @@ def test_writer_bounded_chunks(tmp_path, monkeypatch):
     sizes = []
     real = os.pwrite
     monkeypatch.setattr(os, "pwrite", lambda fd, data, off: sizes.append(len(data)) or real(fd, data, off))
-    ShareWriter(str(tmp_path), plan, sources, torch.bfloat16, chunk_bytes=4096).write_share(layout.partition(plan, 1)[0])
+    ShareWriter(str(tmp_path), plan, sources, torch.bfloat16, chunk_bytes=4096).write_share(
+        layout.partition(plan, 1)[0]
+    )
     assert max(sizes) <= 4096 and sum(sizes) == 400 * 256 * 2

@@ -16,8 +16,14 @@ pytestmark = pytest.mark.slow
 
 
 def peak_rss_anon(args: list[str]) -> int:
-    proc = subprocess.Popen([sys.executable, "-m", "slimckpt.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={"OMP_NUM_THREADS": "1", **_env()})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slimckpt.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"OMP_NUM_THREADS": "1", **_env()},
+    )
     # the writer runs in a forked child sharing the parent's pages: count shared pages once
     peaks = sample_tree_peaks(proc.pid, interval_s=0.002, pss_interval_s=0.01)
     _, err = proc.communicate(timeout=300)
@@ -31,8 +37,9 @@ def _env() -> dict:
     return dict(os.environ)
 
 
-def _extra_of_the_big_merge(tmp_path, small, big, flags: tuple = (), tag: str = "",
-                            min_bytes: float = 400e6) -> tuple[int, int, int, int]:
+def _extra_of_the_big_merge(
+    tmp_path, small, big, flags: tuple = (), tag: str = "", min_bytes: float = 400e6
+) -> tuple[int, int, int, int]:
     """(shard bytes of `big`, the chunk, peak RssAnon of merging `big` minus that of merging `small`,
     and that of merging `big`)."""
     shard_bytes = sum(p.stat().st_size for p in [*big.glob("model_world_size_1_rank_0.pt"), *big.glob("dcp/*.distcp")])
@@ -41,15 +48,23 @@ def _extra_of_the_big_merge(tmp_path, small, big, flags: tuple = (), tag: str = 
     common = ["merge", "--no_progress", "--chunk_mb", str(chunk >> 20), *flags]
     base = peak_rss_anon([*common, "--local_dir", str(small), "--target_dir", str(tmp_path / f"o_small{tag}")])
     peak = peak_rss_anon([*common, "--local_dir", str(big), "--target_dir", str(tmp_path / f"o_big{tag}")])
-    print(f"{tag} peak RssAnon {base / 2**20:.0f} MiB (small) vs {peak / 2**20:.0f} MiB "
-          f"({shard_bytes / 1e6:.0f} MB shards)")
+    print(
+        f"{tag} peak RssAnon {base / 2**20:.0f} MiB (small) vs {peak / 2**20:.0f} MiB "
+        f"({shard_bytes / 1e6:.0f} MB shards)"
+    )
     return shard_bytes, chunk, peak - base, peak
 
 
 def test_peak_memory_does_not_grow_with_model_size(tmp_path):
     small = synthetic_checkpoint(tmp_path / "small")
-    big_cfg = tiny_llama_config(vocab_size=50_000, hidden_size=1024, intermediate_size=64, num_hidden_layers=1,
-                                num_attention_heads=8, num_key_value_heads=8)
+    big_cfg = tiny_llama_config(
+        vocab_size=50_000,
+        hidden_size=1024,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+    )
     big = synthetic_checkpoint(tmp_path / "big", config=big_cfg)
     shard_bytes, chunk, extra, _ = _extra_of_the_big_merge(tmp_path, small, big)
     # one bf16 staging buffer (half a chunk) plus allocator slack; nowhere near the 430 MB of shards
@@ -63,8 +78,14 @@ def test_incremental_step_peak_memory_does_not_grow_with_model_size(tmp_path):
     import math
 
     small = synthetic_dcp_step(tmp_path / "small")
-    big_cfg = tiny_llama_config(vocab_size=4096, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
-                                num_attention_heads=8, num_key_value_heads=8)
+    big_cfg = tiny_llama_config(
+        vocab_size=4096,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+    )
     big = synthetic_dcp_step(tmp_path / "big", config=big_cfg)
     shard_bytes, chunk, extra, peak = _extra_of_the_big_merge(tmp_path, small, big)
     largest = 4 * max(math.prod(s) for s in ((4096, 1024), (1024, 4096)))
@@ -81,11 +102,23 @@ def test_moe_peak_memory_does_not_grow_with_the_experts(tmp_path):
     from transformers import Qwen3MoeConfig
 
     def config(experts: int, hidden: int, moe: int):
-        return Qwen3MoeConfig(vocab_size=96, hidden_size=hidden, intermediate_size=64, moe_intermediate_size=moe,
-                              num_experts=experts, num_experts_per_tok=2, num_hidden_layers=1, num_attention_heads=8,
-                              num_key_value_heads=8, head_dim=hidden // 8, max_position_embeddings=64,
-                              tie_word_embeddings=False, architectures=["Qwen3MoeForCausalLM"],
-                              bos_token_id=1, eos_token_id=2)
+        return Qwen3MoeConfig(
+            vocab_size=96,
+            hidden_size=hidden,
+            intermediate_size=64,
+            moe_intermediate_size=moe,
+            num_experts=experts,
+            num_experts_per_tok=2,
+            num_hidden_layers=1,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            head_dim=hidden // 8,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            architectures=["Qwen3MoeForCausalLM"],
+            bos_token_id=1,
+            eos_token_id=2,
+        )
 
     small = synthetic_checkpoint(tmp_path / "small", config=config(4, 64, 16))
     big = synthetic_checkpoint(tmp_path / "big", config=config(32, 1024, 1024))
@@ -109,7 +142,7 @@ def lora_checkpoint(root, config, r: int = 8):
         for key in list(sd):
             value = sd.pop(key)
             if key.endswith(("q_proj.weight", "v_proj.weight")):
-                stem = "base_model.model." + key[:-len(".weight")]
+                stem = "base_model.model." + key[: -len(".weight")]
                 sd[stem + ".base_layer.weight"] = value
                 sd[stem + ".lora_A.default.weight"] = torch.randn(r, value.shape[1], generator=g) / 64
                 sd[stem + ".lora_B.default.weight"] = torch.randn(value.shape[0], r, generator=g) / 64
@@ -126,11 +159,16 @@ def test_lora_peak_memory_does_not_grow_with_the_model(tmp_path):
     verl writes it (base + lora_adapter/) and with --merge_lora (W + B @ A x alpha / r, computed a few
     rows at a time), costs no more than a tiny LoRA checkpoint's merge plus about one staging chunk."""
     small = lora_checkpoint(tmp_path / "small", tiny_llama_config())
-    big = lora_checkpoint(tmp_path / "big", tiny_llama_config(hidden_size=4096, intermediate_size=64,
-                                                              num_hidden_layers=2, num_attention_heads=32,
-                                                              num_key_value_heads=32))
+    big = lora_checkpoint(
+        tmp_path / "big",
+        tiny_llama_config(
+            hidden_size=4096, intermediate_size=64, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=32
+        ),
+    )
     for flags in ((), ("--merge_lora",)):
         tag = "".join(flags) or "unmerged"
         shard_bytes, chunk, extra, _ = _extra_of_the_big_merge(tmp_path, small, big, flags, tag, min_bytes=500e6)
         assert (tmp_path / f"o_big{tag}" / "lora_adapter").exists() == (not flags)
-        assert extra < chunk + (48 << 20), f"LoRA merge ({tag}) of {shard_bytes / 1e6:.0f} MB used {extra / 2**20:.0f} MiB more"
+        assert extra < chunk + (48 << 20), (
+            f"LoRA merge ({tag}) of {shard_bytes / 1e6:.0f} MB used {extra / 2**20:.0f} MiB more"
+        )

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from slimckpt.format import layout
-from slimckpt.merge import early_write, guess as merge_guess
+from slimckpt.merge import early_write
+from slimckpt.merge import guess as merge_guess
 from slimckpt.merge import pipeline as merge
 from slimckpt.read import readahead
 from slimckpt.read.sources import SourceTensor
@@ -23,18 +24,25 @@ from ..helpers.slim_logs import lines_of
 
 
 def test_guess_drops_flowrl_and_tied_head_only():
-    names = ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight",
-             "model.flowrl_log_z.0.weight"]
+    names = [
+        "model.embed_tokens.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "lm_head.weight",
+        "model.flowrl_log_z.0.weight",
+    ]
     assert list(merge_guess.guess_output_names(names, {"tie_word_embeddings": False})) == names[:3]
     assert list(merge_guess.guess_output_names(names, {"tie_word_embeddings": True})) == names[:2]
 
 
-@pytest.mark.parametrize("names,config", [
-    (["model.a"], {}),  # tie setting not stated: the model class decides, so no guess
-    (["model.a"], None),
-    (["model.q_proj.lora_A.weight"], {"tie_word_embeddings": False}),
-    (["visual.patch_embed.weight"], {"tie_word_embeddings": False}),  # names outside model./lm_head.
-])
+@pytest.mark.parametrize(
+    "names,config",
+    [
+        (["model.a"], {}),  # tie setting not stated: the model class decides, so no guess
+        (["model.a"], None),
+        (["model.q_proj.lora_A.weight"], {"tie_word_embeddings": False}),
+        (["visual.patch_embed.weight"], {"tie_word_embeddings": False}),  # names outside model./lm_head.
+    ],
+)
 def test_no_guess_where_transformers_might_differ(names, config):
     assert merge_guess.guess_output_names(names, config) is None
 
@@ -51,8 +59,11 @@ def _merge(local, target, **kw):
 
 
 def _bytes_of(d):
-    return {n: (d / n).read_bytes() for n in sorted(os.listdir(d)) if n.endswith((".safetensors", ".json"))
-            and n != "manifest.json"}
+    return {
+        n: (d / n).read_bytes()
+        for n in sorted(os.listdir(d))
+        if n.endswith((".safetensors", ".json")) and n != "manifest.json"
+    }
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -70,9 +81,13 @@ def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch):
     _merge(ckpt, tmp_path / "planned")
     monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "1")
     real = merge_guess.guess_output_names
-    monkeypatch.setattr(merge_guess, "guess_output_names",
-                        lambda names, config, shapes=None: {k: v for k, v in real(names, config, shapes).items()
-                                                            if k != "lm_head.weight"})
+    monkeypatch.setattr(
+        merge_guess,
+        "guess_output_names",
+        lambda names, config, shapes=None: {
+            k: v for k, v in real(names, config, shapes).items() if k != "lm_head.weight"
+        },
+    )
     with lines_of(merge.log) as logged:
         _merge(ckpt, tmp_path / "guessed")
     assert "guessed layout differs" in logged.getvalue()
@@ -172,8 +187,9 @@ def test_a_killed_writer_child_is_a_one_line_error_and_nothing_is_committed(tmp_
     ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
     made = _count_forks(monkeypatch)
     monkeypatch.setattr(early_write, "write_weights", lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
-    with pytest.raises(merge.MergeError,
-                       match=r"writer process .* without a result \(killed by signal SIGKILL.*run the merge again"):
+    with pytest.raises(
+        merge.MergeError, match=r"writer process .* without a result \(killed by signal SIGKILL.*run the merge again"
+    ):
         _merge(ckpt, tmp_path / "out")
     assert made == [1]
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()

@@ -50,7 +50,7 @@ def test_each_torch_dtype_is_written_by_safetensors_under_its_name_and_width(nam
     dtype = getattr(torch, name)
     blob = st_save({"t": torch.zeros(3, dtype=dtype)})
     (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
+    header = json.loads(blob[8 : 8 + n])
     st_name = names.SAFETENSORS_OF_TORCH[name]
     assert header["t"]["dtype"] == st_name
     width = torch.empty((), dtype=dtype).element_size()
@@ -71,8 +71,10 @@ def test_the_dtype_choices_name_one_dtype_in_every_table():
 
 
 def test_the_tables_load_without_torch():
-    code = ("import sys; import slimckpt.format.names, slimckpt.write.np_cast, slimckpt.read.pt_index; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; import slimckpt.format.names, slimckpt.write.np_cast, slimckpt.read.pt_index; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
 

@@ -16,10 +16,10 @@ import torch
 from slimckpt.format import layout
 from slimckpt.merge import early_write
 from slimckpt.merge import pipeline as merge
-from slimckpt.write import np_cast, np_writer, writer_stats
 from slimckpt.read import pt_index
-from slimckpt.write.out_files import create_files
 from slimckpt.read.sources import open_checkpoint
+from slimckpt.write import np_cast, np_writer, writer_stats
+from slimckpt.write.out_files import create_files
 from slimckpt.write.share_writer import OUT_DTYPES, ShareWriter
 
 from ..helpers.merge_helpers import full_disk_after_headers, synthetic_checkpoint, tiny_llama_config
@@ -31,9 +31,26 @@ def _bits(n: int, seed: int) -> np.ndarray:
     plus the rounding edge cases."""
     rng = np.random.default_rng(seed)
     u = rng.integers(0, 2**32, size=n, dtype=np.uint64).astype(np.uint32)
-    edges = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0x7F7F8000, 0x00008000, 0x80018000,
-                      0x477FF000, 0x477FEFFF, 0x33000001, 0x387FC000, 0x7F800000, 0xFF800000, 0, 0x80000000],
-                     dtype=np.uint32)
+    edges = np.array(
+        [
+            0x3F808000,
+            0x3F818000,
+            0x3F80FFFF,
+            0x7F7FFFFF,
+            0x7F7F8000,
+            0x00008000,
+            0x80018000,
+            0x477FF000,
+            0x477FEFFF,
+            0x33000001,
+            0x387FC000,
+            0x7F800000,
+            0xFF800000,
+            0,
+            0x80000000,
+        ],
+        dtype=np.uint32,
+    )
     f = np.concatenate([u, edges]).view(np.float32)
     return f[~np.isnan(f)]
 
@@ -86,8 +103,10 @@ def test_nan_in_a_later_block_is_found_and_infinities_are_not_nan():
 # ------------------------------------------------------------------------------------------------
 def _plan(ckpt, dtype: str, max_shard: int | str = "50GB") -> tuple[layout.Plan, dict[str, str]]:
     names = {n: n for n in ckpt.tensors}
-    specs = [layout.TensorSpec(n, {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}[dtype], ckpt.tensors[n].shape)
-             for n in names]
+    specs = [
+        layout.TensorSpec(n, {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}[dtype], ckpt.tensors[n].shape)
+        for n in names
+    ]
     return layout.plan_files(specs, max_shard), names
 
 
@@ -97,8 +116,9 @@ def _torch_bytes(tmp_path, local_dir, dtype: str, max_shard) -> dict[str, bytes]
     root = tmp_path / f"torch_{dtype}"
     root.mkdir()
     create_files(str(root), plan)
-    w = ShareWriter(str(root), plan, {n: ckpt.tensors[o] for n, o in names.items()}, OUT_DTYPES[dtype],
-                    chunk_bytes=4096)
+    w = ShareWriter(
+        str(root), plan, {n: ckpt.tensors[o] for n, o in names.items()}, OUT_DTYPES[dtype], chunk_bytes=4096
+    )
     w.write_share(layout.partition(plan, 1)[0])
     ckpt.close()
     return {f.name: (root / f.name).read_bytes() for f in plan.files} | {"checksums": json.dumps(w.checksums)}
@@ -111,8 +131,9 @@ def _np_bytes(tmp_path, local_dir, dtype: str, max_shard, chunk_bytes: int = 409
     root = tmp_path / f"np_{dtype}_{chunk_bytes}"
     root.mkdir()
     create_files(str(root), plan)
-    checksums = np_writer.write_plan(str(root), plan, {n: index.tensors[o] for n, o in names.items()}, dtype,
-                                     chunk_bytes)
+    checksums = np_writer.write_plan(
+        str(root), plan, {n: index.tensors[o] for n, o in names.items()}, dtype, chunk_bytes
+    )
     return {f.name: (root / f.name).read_bytes() for f in plan.files} | {"checksums": json.dumps(checksums)}
 
 
@@ -170,8 +191,13 @@ np_writer.write_plan({str(tmp_path)!r}, plan, dict(index.tensors), "bf16", 4096)
 assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
 print("ok")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
@@ -182,8 +208,11 @@ def _merge(local, target, **kw):
 
 
 def _outputs(d):
-    return {n: (d / n).read_bytes() for n in sorted(os.listdir(d)) if n.endswith((".safetensors", ".json"))
-            and n != "manifest.json"}
+    return {
+        n: (d / n).read_bytes()
+        for n in sorted(os.listdir(d))
+        if n.endswith((".safetensors", ".json")) and n != "manifest.json"
+    }
 
 
 @pytest.fixture
@@ -212,8 +241,10 @@ def test_the_merge_writes_before_torch_the_same_bytes(tmp_path, monkeypatch, wit
     monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0")
     _merge(local, tmp_path / "planned")
     assert _outputs(tmp_path / "early") == _outputs(tmp_path / "planned")
-    assert json.loads((tmp_path / "early" / "manifest.json").read_text())["files"] == \
-        json.loads((tmp_path / "planned" / "manifest.json").read_text())["files"]
+    assert (
+        json.loads((tmp_path / "early" / "manifest.json").read_text())["files"]
+        == json.loads((tmp_path / "planned" / "manifest.json").read_text())["files"]
+    )
 
 
 def test_the_writers_timings_are_written_when_asked(tmp_path, monkeypatch, without_torch):
@@ -276,9 +307,22 @@ def test_a_full_disk_in_the_child_before_torch_is_the_users_error(tmp_path, monk
 
 def test_the_cli_writes_before_importing_torch(tmp_path):
     local = synthetic_checkpoint(tmp_path / "actor", world_size=2)
-    proc = subprocess.run([sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(local),
-                           "--target_dir", str(tmp_path / "cli")], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "SLIMCKPT_LOG_LEVEL": "DEBUG"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slimckpt.cli",
+            "merge",
+            "--local_dir",
+            str(local),
+            "--target_dir",
+            str(tmp_path / "cli"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SLIMCKPT_LOG_LEVEL": "DEBUG"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "forked before torch is imported" in proc.stderr
     os.environ["SLIMCKPT_MERGE_GUESS"] = "0"
@@ -330,8 +374,11 @@ def test_a_killed_cli_merge_never_looks_complete_and_reruns(tmp_path, who):
 
     # 29M parameters: the writer child, which starts a few tenths of a second in, works long enough
     # for the early kills to land in it (the later ones land in the imports and the commit)
-    local = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_llama_config(
-        hidden_size=512, intermediate_size=1376, vocab_size=16000, num_hidden_layers=4))
+    local = synthetic_checkpoint(
+        tmp_path / "actor",
+        world_size=2,
+        config=tiny_llama_config(hidden_size=512, intermediate_size=1376, vocab_size=16000, num_hidden_layers=4),
+    )
     t0 = time.monotonic()
     assert run_cli(["merge", "--local_dir", str(local), "--target_dir", str(tmp_path / "ref")]).returncode == 0
     wall = time.monotonic() - t0

@@ -12,9 +12,18 @@ import pytest
 from slimckpt.plan import build, command, cost, meta_model, printers
 
 # a 2-layer Llama: vocab 1000, hidden 64, intermediate 128, 4 heads, 2 kv heads (head_dim 16)
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 256, "tie_word_embeddings": False}
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
 PER_LAYER = 64 * 64 + 2 * (64 * 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64  # q, k+v, o, mlp, 2 norms
 PARAMS = 1000 * 64 + 2 * PER_LAYER + 64 + 1000 * 64  # embed, layers, final norm, lm_head
 N_TENSORS = 1 + 2 * 9 + 1 + 1
@@ -51,12 +60,14 @@ def test_streaming_memory_is_bounded_by_bucket_not_model():
     assert inc.host_peak_bytes == 64 * 2**20 + shard
     assert any("transient" in n for n in inc.notes)  # FSDP1's device-side copy is stated
     assert not cost.estimate(params, 2, cost.Strategy("inc", incremental=True), 0, 0, None, fsdp=2).notes
-    staged = cost.estimate(params, 2, cost.Strategy("a", incremental=True, async_save=True,
-                                                    host_memory_budget_gb=16), 0, 0, 2.0)
+    staged = cost.estimate(
+        params, 2, cost.Strategy("a", incremental=True, async_save=True, host_memory_budget_gb=16), 0, 0, 2.0
+    )
     staged_bytes = cost.model_shard_bytes(params, 2, 0) + cost.optim_shard_bytes(params, 2, 0)
     assert staged.host_peak_bytes == staged_bytes and "staging" in staged.blocking
-    over = cost.estimate(params, 2, cost.Strategy("a", incremental=True, async_save=True,
-                                                  host_memory_budget_gb=1), 0, 0, 2.0)
+    over = cost.estimate(
+        params, 2, cost.Strategy("a", incremental=True, async_save=True, host_memory_budget_gb=1), 0, 0, 2.0
+    )
     assert over.host_peak_bytes == inc.host_peak_bytes and over.blocking == "whole save"
     assert staged.write_seconds == pytest.approx(staged.total_write_bytes / 2e9)
 
@@ -64,8 +75,16 @@ def test_streaming_memory_is_bounded_by_bucket_not_model():
 def test_report_for_a_known_config(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
-    args = argparse.Namespace(config=str(cfg), world_size=2, recipe=["incremental", "quickstart"], disk_gbps=2.0,
-                              export_dtype="bf16", max_shard_size=None, trust_remote_code=False, json=True)
+    args = argparse.Namespace(
+        config=str(cfg),
+        world_size=2,
+        recipe=["incremental", "quickstart"],
+        disk_gbps=2.0,
+        export_dtype="bf16",
+        max_shard_size=None,
+        trust_remote_code=False,
+        json=True,
+    )
     r = build.build_report(args)
     assert r["parameters"] == PARAMS and r["tied"] == []
     assert r["fp32_model_bytes"] == 4 * PARAMS
@@ -87,8 +106,9 @@ def test_report_for_a_known_config(tmp_path):
 
 def test_tied_embeddings_are_counted_once(tmp_path):
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({**TINY, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-                               "tie_word_embeddings": True}))
+    cfg.write_text(
+        json.dumps({**TINY, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "tie_word_embeddings": True})
+    )
     facts = meta_model.model_facts(str(cfg))
     assert facts.tied == ["lm_head.weight"]
     assert sum(p.nbytes for p in facts.params) == 4 * facts.total_parameters
@@ -99,8 +119,10 @@ def test_export_bytes_follow_the_dtype_each_save_writes():
     bf16 = 1000
     assert cost.export_bytes(cost.Strategy("verl"), bf16, "bf16") == 0
     assert cost.export_bytes(cost.Strategy("hf", contents=("model", "hf_model")), bf16, "bf16") == 2000
-    assert cost.export_bytes(cost.Strategy("inc", incremental=True, export_hf=True, export_dtype="auto"),
-                             bf16, "bf16") == 2000
+    assert (
+        cost.export_bytes(cost.Strategy("inc", incremental=True, export_hf=True, export_dtype="auto"), bf16, "bf16")
+        == 2000
+    )
     assert cost.export_bytes(cost.Strategy("mid", export_hf=True, export_dtype="bf16"), bf16, "bf16") == 1000
 
 
@@ -185,9 +207,20 @@ def test_peak_disk_for_keep_1_2_and_unset():
 
 
 def _args(cfg, **kw):
-    base = dict(config=str(cfg), world_size=2, recipe=["incremental", "quickstart"], disk_gbps=None,
-                export_dtype="bf16", max_shard_size=None, trust_remote_code=False, json=True, overrides=[],
-                max_actor_ckpt_to_keep=None, max_critic_ckpt_to_keep=None, critic=False)
+    base = dict(
+        config=str(cfg),
+        world_size=2,
+        recipe=["incremental", "quickstart"],
+        disk_gbps=None,
+        export_dtype="bf16",
+        max_shard_size=None,
+        trust_remote_code=False,
+        json=True,
+        overrides=[],
+        max_actor_ckpt_to_keep=None,
+        max_critic_ckpt_to_keep=None,
+        critic=False,
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -225,10 +258,14 @@ def test_report_peak_disk(tmp_path, capsys):
     assert {e["peak_disk"]["actor"]["slimckpt_steps"] for e in printed["estimates"]} == {3}
 
 
-@pytest.mark.parametrize("kw,key", [({"max_actor_ckpt_to_keep": "two"}, "trainer.max_actor_ckpt_to_keep"),
-                                    ({"overrides": ["trainer.max_critic_ckpt_to_keep=x"]},
-                                     "trainer.max_critic_ckpt_to_keep"),
-                                    ({"overrides": ["trainer.save_freq=3"]}, "trainer.save_freq")])
+@pytest.mark.parametrize(
+    "kw,key",
+    [
+        ({"max_actor_ckpt_to_keep": "two"}, "trainer.max_actor_ckpt_to_keep"),
+        ({"overrides": ["trainer.max_critic_ckpt_to_keep=x"]}, "trainer.max_critic_ckpt_to_keep"),
+        ({"overrides": ["trainer.save_freq=3"]}, "trainer.save_freq"),
+    ],
+)
 def test_bad_retention_value_is_one_line_naming_the_key(tmp_path, capsys, kw, key):
     assert command.run(_args(tmp_path / "never-read.json", **kw)) == 2
     err = capsys.readouterr().err.strip()
@@ -239,11 +276,23 @@ def qwen3_30b_a3b_config(path):
     """A Qwen3-30B-A3B-shaped config (128 experts of 768, 8 per token, 48 layers, hidden 2048)."""
     from transformers import Qwen3MoeConfig
 
-    Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                   num_experts=128, num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32,
-                   num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, tie_word_embeddings=False,
-                   architectures=["Qwen3MoeForCausalLM"], bos_token_id=151643,
-                   eos_token_id=151645).save_pretrained(path)
+    Qwen3MoeConfig(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        architectures=["Qwen3MoeForCausalLM"],
+        bos_token_id=151643,
+        eos_token_id=151645,
+    ).save_pretrained(path)
     return path / "config.json"
 
 
@@ -252,12 +301,12 @@ def test_an_moe_config_is_planned(tmp_path):
     export holds them split per expert, as save_pretrained writes them."""
     cfg = qwen3_30b_a3b_config(tmp_path)
     r = build.build_report(_args(cfg, world_size=16))
-    V, H, L, E, I = 151936, 2048, 48, 128, 768
-    per_layer = H * 4096 + 2 * H * 512 + 4096 * H + 2 * 128 + 2 * H + E * H + E * 2 * I * H + E * H * I
+    V, H, L, E, inter = 151936, 2048, 48, 128, 768
+    per_layer = H * 4096 + 2 * H * 512 + 4096 * H + 2 * 128 + 2 * H + E * H + E * 2 * inter * H + E * H * inter
     params = 2 * V * H + L * per_layer + H
     assert r["parameters"] == params and 30.4e9 < params < 30.6e9
     assert r["fp32_model_bytes"] == 4 * params
-    assert r["largest_tensor_shard_bytes"] == E * 2 * I * H * 4 // 16  # gate_up_proj: 8 experts on each rank
+    assert r["largest_tensor_shard_bytes"] == E * 2 * inter * H * 4 // 16  # gate_up_proj: 8 experts on each rank
     assert r["fp32_model_bytes"] // 16 <= r["rank0_model_shard_bytes"] < r["fp32_model_bytes"] // 16 + 2**20
     assert r["split_on_save"] == {"fused_tensors": 2 * L, "outputs": 3 * E * L}
     assert 2 * params < r["hf_export"]["bytes"] < 2 * params + 8 * 2**20  # bf16 + headers of 18.9k tensors
@@ -271,11 +320,14 @@ def test_an_moe_config_is_planned(tmp_path):
     assert "30,532,122,624 parameters" in out and "96 tensors, split into 18432 per-expert tensors" in out
 
 
-@pytest.mark.parametrize("content,says", [
-    ({"model_type": "no_such_model", "architectures": ["NoSuchForCausalLM"]}, "no_such_model"),
-    ({**TINY, "architectures": []}, "architectures"),
-    ("{not json", "cannot plan"),
-])
+@pytest.mark.parametrize(
+    "content,says",
+    [
+        ({"model_type": "no_such_model", "architectures": ["NoSuchForCausalLM"]}, "no_such_model"),
+        ({**TINY, "architectures": []}, "architectures"),
+        ("{not json", "cannot plan"),
+    ],
+)
 def test_a_config_that_cannot_be_planned_ends_in_one_line(tmp_path, capsys, content, says):
     cfg = tmp_path / "config.json"
     cfg.write_text(content if isinstance(content, str) else json.dumps(content))
@@ -304,13 +356,21 @@ def test_a_conversion_that_is_not_a_slice_ends_in_one_line(tmp_path, capsys, mon
 def _save_config(tmp_path, model: str):
     from slimckpt.testing.fsdp_checkpoint import build_config, parse_args
 
-    build_config(parse_args(["--out", "x", "--model", model, "--experts", "3", "--hidden", "64",
-                             "--vocab", "256"])).save_pretrained(tmp_path)
+    build_config(
+        parse_args(["--out", "x", "--model", model, "--experts", "3", "--hidden", "64", "--vocab", "256"])
+    ).save_pretrained(tmp_path)
     return tmp_path / "config.json"
 
 
-@pytest.mark.parametrize("model,targets", [("llama", "all-linear"), ("qwen3-moe", "all-linear"),
-                                           ("qwen3-moe", "q_proj,v_proj"), ("qwen2.5-vl", "q_proj,v_proj")])
+@pytest.mark.parametrize(
+    "model,targets",
+    [
+        ("llama", "all-linear"),
+        ("qwen3-moe", "all-linear"),
+        ("qwen3-moe", "q_proj,v_proj"),
+        ("qwen2.5-vl", "q_proj,v_proj"),
+    ],
+)
 def test_a_lora_config_is_planned_as_peft_builds_the_actor(tmp_path, model, targets):
     """The adapter's parameters are peft's on the real model (names and shapes; with all-linear on an
     MoE model peft 0.21 also adapts the fused experts and the router); the base is frozen, so AdamW
@@ -321,15 +381,19 @@ def test_a_lora_config_is_planned_as_peft_builds_the_actor(tmp_path, model, targ
     from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, parse_args
 
     cfg = _save_config(tmp_path, model)
-    r = build.build_report(_args(cfg, world_size=3, lora_rank=8, lora_alpha=16, lora_target_modules=targets,
-                                lora_exclude_modules=""))
+    r = build.build_report(
+        _args(cfg, world_size=3, lora_rank=8, lora_alpha=16, lora_target_modules=targets, lora_exclude_modules="")
+    )
     torch.manual_seed(0)
-    real = auto_class(model).from_config(build_config(parse_args(["--out", "x", "--model", model, "--experts", "3",
-                                                                  "--hidden", "64", "--vocab", "256"])))
+    real = auto_class(model).from_config(
+        build_config(parse_args(["--out", "x", "--model", model, "--experts", "3", "--hidden", "64", "--vocab", "256"]))
+    )
     base_params = sum(p.numel() for p in real.parameters())
     peft_targets = "all-linear" if targets == "all-linear" else targets.split(",")
     peft = get_peft_model(real, LoraConfig(r=8, lora_alpha=16, target_modules=peft_targets, task_type="CAUSAL_LM"))
-    adapter = {n.removeprefix("base_model.model."): tuple(p.shape) for n, p in peft.named_parameters() if p.requires_grad}
+    adapter = {
+        n.removeprefix("base_model.model."): tuple(p.shape) for n, p in peft.named_parameters() if p.requires_grad
+    }
     facts = meta_model.model_facts(str(cfg), lora=build.lora_spec(_args(cfg, lora_rank=8, lora_target_modules=targets)))
     assert {p.name: p.shape for p in facts.params if p.trainable} == adapter
     lora = r["lora"]
@@ -360,7 +424,8 @@ def test_a_vision_language_config_is_planned(tmp_path):
     r = build.build_report(_args(cfg, world_size=3))
     model = auto_class("qwen2.5-vl").from_config(
         build_config(parse_args(["--out", "x", "--model", "qwen2.5-vl", "--hidden", "64", "--vocab", "256"])),
-        dtype=torch.bfloat16)
+        dtype=torch.bfloat16,
+    )
     assert r["parameters"] == sum(p.numel() for p in model.parameters())
     assert r["vision_parameters"] == sum(p.numel() for p in model.model.visual.parameters()) > 0
     model.save_pretrained(tmp_path / "saved")
@@ -373,10 +438,13 @@ def test_a_vision_language_config_is_planned(tmp_path):
     assert f"vision tower: {r['vision_parameters']:,} parameters" in buf.getvalue()
 
 
-@pytest.mark.parametrize("kw,says", [
-    ({"lora_rank": -4}, "--lora-rank -4"),
-    ({"lora_rank": 8, "lora_target_modules": "no_such_proj"}, "target_modules=no_such_proj"),
-])
+@pytest.mark.parametrize(
+    "kw,says",
+    [
+        ({"lora_rank": -4}, "--lora-rank -4"),
+        ({"lora_rank": 8, "lora_target_modules": "no_such_proj"}, "target_modules=no_such_proj"),
+    ],
+)
 def test_a_lora_config_it_cannot_plan_ends_in_one_line(tmp_path, capsys, kw, says):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
@@ -423,17 +491,33 @@ def test_plan_stream_rows_follow_the_rollout_window():
 
 
 def _node_args(cfg, **kw) -> argparse.Namespace:
-    base = dict(config=str(cfg), world_size=16, recipe=["incremental"], disk_gbps=2.0, export_dtype="bf16",
-                max_shard_size=None, trust_remote_code=False, json=True, gpus_per_node=8, node_memory_gb=1.0,
-                copy_gbps=5.0, rollout_s="1e6")
+    base = dict(
+        config=str(cfg),
+        world_size=16,
+        recipe=["incremental"],
+        disk_gbps=2.0,
+        export_dtype="bf16",
+        max_shard_size=None,
+        trust_remote_code=False,
+        json=True,
+        gpus_per_node=8,
+        node_memory_gb=1.0,
+        copy_gbps=5.0,
+        rollout_s="1e6",
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
 def test_node_counts_verl_offload_and_resolves_auto_against_what_is_left(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
-    args = _node_args(cfg, param_offload=True, optimizer_offload=True, critic=True,
-                      overrides=["host_memory_budget_gb=auto", "async_save=true"])
+    args = _node_args(
+        cfg,
+        param_offload=True,
+        optimizer_offload=True,
+        critic=True,
+        overrides=["host_memory_budget_gb=auto", "async_save=true"],
+    )
     r = build.build_report(args)
     node = r["node"]
     model_r, optim_r = r["rank0_model_shard_bytes"], r["rank0_optimizer_shard_bytes"]
@@ -488,8 +572,9 @@ def test_the_node_plan_under_offload_keeps_the_stream_window(tmp_path):
     params = [cost.ParamSpec(f"w{i}", (4096, 4096)) for i in range(40)]
     strategy = cost.Strategy("s", incremental=True, async_save=True, async_stream=True, host_memory_budget_gb=64)
     free = cost.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[1e6], copy_gbps=5.0)
-    off = cost.estimate(params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[1e6], copy_gbps=5.0,
-                        offload=("param", "optimizer"))
+    off = cost.estimate(
+        params, 2, strategy, 0, 0, 2.0, fsdp=2, rollout_s=[1e6], copy_gbps=5.0, offload=("param", "optimizer")
+    )
     assert free.stream[0]["blocked_s"] == 0.0 and off.stream[0]["blocked_s"] == 0.0
     assert off.stream[0]["window_s"] == 1e6 and off.stream[0]["copied_bytes"] == 0
     assert "host copies verl's offload makes" in off.host_note

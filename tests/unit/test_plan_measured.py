@@ -13,6 +13,7 @@ from slimckpt.plan import command, cost
 
 from ..conftest import REPO
 
+
 @pytest.fixture(scope="module")
 def check():
     return plan_check
@@ -44,7 +45,9 @@ def test_verl_hf_model_is_planned_as_the_whole_model_on_rank_0(found):
 def test_the_committed_table_is_what_the_plan_says_now(check, found):
     bench, points = found
     committed = (REPO / "docs" / "plan_check.md").read_text()
-    assert check.table(points, bench["meta"]) in committed, "run: python -m scripts.bench.plan_check --out docs/plan_check.md"
+    assert check.table(points, bench["meta"]) in committed, (
+        "run: python -m scripts.bench.plan_check --out docs/plan_check.md"
+    )
 
 
 def test_cpu_and_accelerator_differ_only_where_a_copy_to_host_is_made():
@@ -61,7 +64,9 @@ def test_cpu_and_accelerator_differ_only_where_a_copy_to_host_is_made():
     pool = cost.Strategy("inc", incremental=True, async_save=True, host_memory_budget_gb=1)
     assert est(pool, "cpu").host_peak_bytes == est(pool, "accelerator").host_peak_bytes == staged
     assert est(cost.Strategy("verl"), "cpu").host_peak_bytes == 0
-    assert est(cost.Strategy("verl"), "cpu", fsdp=1).host_peak_bytes == 0  # offload_to_cpu of a host tensor copies nothing
+    assert (
+        est(cost.Strategy("verl"), "cpu", fsdp=1).host_peak_bytes == 0
+    )  # offload_to_cpu of a host tensor copies nothing
     hf = cost.Strategy("verl", contents=(*cost.VERL_CONTENTS, "hf_model"))
     full = sum(p.nbytes for p in params)
     assert est(hf, "cpu").host_peak_bytes == est(hf, "accelerator").host_peak_bytes == largest + full
@@ -70,11 +75,37 @@ def test_cpu_and_accelerator_differ_only_where_a_copy_to_host_is_made():
 def test_plan_prints_no_warning_naming_its_temp_dir(tmp_path):
     import subprocess
 
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}))
-    proc = subprocess.run([sys.executable, "-m", "slimckpt.cli", "plan", "--config", str(tmp_path / "config.json"),
-                           "--world-size", "2", "--device", "cpu"], capture_output=True, text=True, timeout=900)
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 256,
+            }
+        )
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slimckpt.cli",
+            "plan",
+            "--config",
+            str(tmp_path / "config.json"),
+            "--world-size",
+            "2",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "slimckpt-plan-" not in proc.stderr + proc.stdout and "WARNING" not in proc.stderr, proc.stderr
     assert "CPU: torch.save pickles the host tensors in place" in proc.stdout
@@ -87,11 +118,24 @@ def test_hf_listing_follows_the_exporting_recipe(tmp_path, capsys):
 
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
-    recipe = yaml.safe_load((REPO / "recipes" / "incremental.yaml").read_text())["actor_rollout_ref"]["actor"]["checkpoint"]
+    recipe = yaml.safe_load((REPO / "recipes" / "incremental.yaml").read_text())["actor_rollout_ref"]["actor"][
+        "checkpoint"
+    ]
     shard = recipe.get("max_shard_size", SlimCheckpointConfig.__dataclass_fields__["max_shard_size"].default)
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 256,
+            }
+        )
+    )
     base = ["--config", str(tmp_path / "config.json"), "--world-size", "2", "--json"]
 
     def report(*more: str) -> dict:

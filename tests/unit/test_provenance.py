@@ -11,9 +11,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_head_and_only_code_changes_count():
-    head = subprocess.run(["git", "rev-parse", "--short=9", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    code_dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *provenance.CODE_PATHS],
-                                cwd=REPO, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=9", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    code_dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", *provenance.CODE_PATHS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     assert provenance.source_commit(short=9) == head + (" (with uncommitted changes)" if code_dirty else "")
 
 

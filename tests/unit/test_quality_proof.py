@@ -15,12 +15,15 @@ def test_plan_has_every_variant_and_kills_two_steps_after_the_stop():
     assert resumed[1] == ["trainer.total_training_steps=20", "trainer.resume_mode=auto"]
     killed, resumed = runs["b_sigkill"]
     assert killed[2] == 12 and resumed[1][-1] == "trainer.resume_mode=auto"
-    assert [v for v, _, _ in quality_proof.plan_variants(quality_proof.parse_args(["--no-resume"]), ["a"], [])] \
-        == ["default", "a"]
+    assert [v for v, _, _ in quality_proof.plan_variants(quality_proof.parse_args(["--no-resume"]), ["a"], [])] == [
+        "default",
+        "a",
+    ]
 
 
 def test_finished_variant_is_reused_only_with_the_same_settings(tmp_path, monkeypatch):
     calls = []
+
     def train(log, overrides, env, timeout, kill_at_step=None, ckpt_dir=None):
         calls.append((log.name, overrides))
 
@@ -71,5 +74,7 @@ def test_the_table_is_headed_by_its_command_and_commit(tmp_path):
     table.write_text("| run | steps |\n|---|---|\n")
     quality_proof.add_provenance(table, ["--algo", "grpo", "--steps", "20"], "abc1234")
     text = table.read_text()
-    assert text.startswith("Written by `python -m scripts.compare.quality_proof --algo grpo --steps 20` at commit abc1234, ")
+    assert text.startswith(
+        "Written by `python -m scripts.compare.quality_proof --algo grpo --steps 20` at commit abc1234, "
+    )
     assert text.endswith("\n\n| run | steps |\n|---|---|\n") and not (tmp_path / "compare_grpo.md.partial").exists()

@@ -9,7 +9,14 @@ import pytest
 
 from slimckpt import SUPPORTED_VERL
 from slimckpt.verl_seam.patch_list import PATCHES
-from slimckpt.verl_seam.registry import Patch, Registry, UnsupportedVerlVersion, check_verl_version, resolve, resolve_table
+from slimckpt.verl_seam.registry import (
+    Patch,
+    Registry,
+    UnsupportedVerlVersion,
+    check_verl_version,
+    resolve,
+    resolve_table,
+)
 
 from ..conftest import REPO, run_python
 
@@ -131,8 +138,15 @@ def _fake_module(name: str):
 def test_apply_and_revert_restore_the_original():
     module = _fake_module("slimckpt_fake_target_a")
     reg = Registry()
-    reg.register(Patch("fake.hello", "slimckpt_fake_target_a:Thing.hello", "test",
-                       make=lambda orig: lambda self: "patched+" + orig(self), why="test"))
+    reg.register(
+        Patch(
+            "fake.hello",
+            "slimckpt_fake_target_a:Thing.hello",
+            "test",
+            make=lambda orig: lambda self: "patched+" + orig(self),
+            why="test",
+        )
+    )
     original = module.Thing.hello
     reg.apply("fake.hello")
     assert module.Thing().hello() == "patched+original"
@@ -149,10 +163,26 @@ def test_an_entry_patch_adds_and_reverts_a_table_entry():
     module.TABLES = {"outer": {"cuda": "engine", "npu": "other"}, "flat": {"kept": 1}}
     sys.modules[module.__name__] = module
     reg = Registry()
-    reg.register(Patch("fake.nested", "slimckpt_fake_target_tables:TABLES", "test", key=("outer", "cpu"),
-                       make=lambda table: table["cuda"], why="t"))
-    reg.register(Patch("fake.replace", "slimckpt_fake_target_tables:TABLES", "test", key=("flat", "kept"),
-                       make=lambda table: table["kept"] + 1, why="t"))
+    reg.register(
+        Patch(
+            "fake.nested",
+            "slimckpt_fake_target_tables:TABLES",
+            "test",
+            key=("outer", "cpu"),
+            make=lambda table: table["cuda"],
+            why="t",
+        )
+    )
+    reg.register(
+        Patch(
+            "fake.replace",
+            "slimckpt_fake_target_tables:TABLES",
+            "test",
+            key=("flat", "kept"),
+            make=lambda table: table["kept"] + 1,
+            why="t",
+        )
+    )
     reg.apply_feature("test", lazy=False)
     assert module.TABLES == {"outer": {"cuda": "engine", "npu": "other", "cpu": "engine"}, "flat": {"kept": 2}}
     reg.revert_all()
@@ -160,7 +190,9 @@ def test_an_entry_patch_adds_and_reverts_a_table_entry():
 
 
 def test_a_patch_names_its_implementation_and_imports_it_only_when_applied(tmp_path, monkeypatch):
-    (tmp_path / "slimckpt_fake_impl.py").write_text("def wrap(original):\n    return lambda self: 'impl+' + original(self)\n")
+    (tmp_path / "slimckpt_fake_impl.py").write_text(
+        "def wrap(original):\n    return lambda self: 'impl+' + original(self)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     module = _fake_module("slimckpt_fake_target_c")
     reg = Registry()
@@ -177,8 +209,11 @@ def test_a_patch_names_its_implementation_and_imports_it_only_when_applied(tmp_p
 def test_apply_refuses_unsupported_verl_version():
     _fake_module("slimckpt_fake_target_b")
     reg = Registry()
-    reg.register(Patch("fake.b", "slimckpt_fake_target_b:Thing.hello", "test", make=lambda o: o, why="t",
-                       verl_versions="==0.0.1"))
+    reg.register(
+        Patch(
+            "fake.b", "slimckpt_fake_target_b:Thing.hello", "test", make=lambda o: o, why="t", verl_versions="==0.0.1"
+        )
+    )
     with pytest.raises(UnsupportedVerlVersion):
         reg.apply("fake.b")
     assert reg.applied() == []
@@ -197,10 +232,12 @@ def test_apply_on_import_waits_for_the_module(tmp_path, monkeypatch):
     pkg = tmp_path / "slimckpt_lazy_pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "heavy.py").write_text(textwrap.dedent("""
+    (pkg / "heavy.py").write_text(
+        textwrap.dedent("""
         def answer():
             return 1
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     reg = Registry()
     reg.register(Patch("lazy", "slimckpt_lazy_pkg.heavy:answer", "test", make=lambda o: lambda: o() + 41, why="t"))
@@ -217,13 +254,16 @@ def test_apply_on_import_waits_for_the_module(tmp_path, monkeypatch):
 
 def test_plain_verl_is_untouched_without_a_recipe():
     """With slimckpt installed but no recipe and no SLIMCKPT_* switch, verl's classes are verl's."""
-    res = run_python(textwrap.dedent("""
+    res = run_python(
+        textwrap.dedent("""
         import verl
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
         from slimckpt.verl_seam.registry import REGISTRY
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
         print("APPLIED", REGISTRY.applied())
-    """), env={"SLIMCKPT_MEASURE": "", "SLIMCKPT_CPU": ""})
+    """),
+        env={"SLIMCKPT_MEASURE": "", "SLIMCKPT_CPU": ""},
+    )
     assert res.returncode == 0, res.stderr
     assert "MODULE fsdp_checkpoint_manager.py" in res.stdout
     assert "APPLIED ['adopt.startup']" in res.stdout  # the start-up check of the resume, nothing in training
@@ -231,7 +271,8 @@ def test_plain_verl_is_untouched_without_a_recipe():
 
 def test_without_a_recipe_exactly_this_changes():
     """docs/configuration.md's list "What changes without a recipe", item by item."""
-    res = run_python(textwrap.dedent("""
+    res = run_python(
+        textwrap.dedent("""
         import logging, os, sys
         for k in [k for k in os.environ if k.startswith("SLIMCKPT_")]:
             del os.environ[k]
@@ -246,52 +287,71 @@ def test_without_a_recipe_exactly_this_changes():
         print("MODULES", sorted(m for m in sys.modules if m.startswith("slimckpt")))
         log = logging.getLogger("slimckpt")
         print("LOGGER", [type(h).__name__ for h in log.handlers], log.propagate, logging.getLevelName(log.level))
-    """))
+    """)
+    )
     assert res.returncode == 0, res.stderr
     out = dict(line.split(" ", 1) for line in res.stdout.splitlines())
     assert out["APPLIED"] == "['adopt.startup']"
     assert out["PENDING"] == "['merge.drop_flowrl', 'merge.fsdp']"
     assert out["FINDERS"] == "['_PostImportFinder']"
     assert out["HOOKED"] == "['verl.model_merger.base_model_merger', 'verl.model_merger.fsdp_model_merger']"
-    assert out["MODULES"] == str(["slimckpt", "slimckpt.env_vars", "slimckpt.log", "slimckpt.save",
-                                  "slimckpt.save.adopt_startup", "slimckpt.verl_seam", "slimckpt.verl_seam.features",
-                                  "slimckpt.verl_seam.import_hooks", "slimckpt.verl_seam.patch_list", "slimckpt.verl_seam.plugin",
-                                  "slimckpt.verl_seam.registry"])
+    assert out["MODULES"] == str(
+        [
+            "slimckpt",
+            "slimckpt.env_vars",
+            "slimckpt.log",
+            "slimckpt.save",
+            "slimckpt.save.adopt_startup",
+            "slimckpt.verl_seam",
+            "slimckpt.verl_seam.features",
+            "slimckpt.verl_seam.import_hooks",
+            "slimckpt.verl_seam.patch_list",
+            "slimckpt.verl_seam.plugin",
+            "slimckpt.verl_seam.registry",
+        ]
+    )
     assert out["LOGGER"] == "['NullHandler'] True INFO"
     doc = (REPO / "docs" / "configuration.md").read_text()
     assert "tests/unit/test_registry.py::test_without_a_recipe_exactly_this_changes" in doc
 
 
 def test_disable_switch_applies_nothing():
-    res = run_python(textwrap.dedent("""
+    res = run_python(
+        textwrap.dedent("""
         import verl
         from slimckpt.verl_seam.registry import REGISTRY
         print("PATCHES", len(REGISTRY.patches()), "APPLIED", REGISTRY.applied())
-    """), env={"SLIMCKPT_DISABLE": "1", "SLIMCKPT_MEASURE": "1"})
+    """),
+        env={"SLIMCKPT_DISABLE": "1", "SLIMCKPT_MEASURE": "1"},
+    )
     assert res.returncode == 0, res.stderr
     assert "PATCHES 0 APPLIED []" in res.stdout
 
 
 def test_recipe_config_switches_on_checkpoint_patches_with_a_log_line():
-    res = run_python(textwrap.dedent("""
+    res = run_python(
+        textwrap.dedent("""
         import verl
         from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
         cfg = SlimCheckpointConfig(recipe="quickstart", save_contents=["model"], load_contents=["model"])
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
-    """))
+    """)
+    )
     assert res.returncode == 0, res.stderr
     assert "MODULE hooks.py" in res.stdout
     assert "patched verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint" in res.stderr
 
 
 def test_recipe_config_fails_loudly_on_unsupported_verl():
-    res = run_python(textwrap.dedent("""
+    res = run_python(
+        textwrap.dedent("""
         import slimckpt.verl_seam.registry as r
         r.installed_verl_version = lambda: "0.12.0"
         from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
         SlimCheckpointConfig(recipe="quickstart")
-    """))
+    """)
+    )
     assert res.returncode != 0
     assert "verl 0.12.0 is installed" in res.stderr and SUPPORTED_VERL in res.stderr
 
@@ -313,25 +373,28 @@ def no_switch_on(monkeypatch):
     monkeypatch.setattr(features, "switch_on", lambda feature: None)
 
 
-@pytest.mark.parametrize("key, value, allowed", [
-    ("async_save", "streaming", "false, true (= pool), pool or stream"),
-    ("async_save", 1, "false, true (= pool), pool or stream"),
-    ("export_hf", "maybe", "true or false"),
-    ("measure", 1, "true or false"),
-    ("incremental_save", "yes", "true or false"),
-    ("verify", None, "true or false"),
-    ("save_lora_only", "no", "true or false"),
-    ("allow_verl_fallback", "never", "true or false"),
-    ("export_merge_lora", "merged", "true or false"),
-    ("bucket_mb", "lots", "whole number"),
-    ("bucket_mb", 64.5, "whole number"),
-    ("write_threads", True, "whole number"),
-    ("host_memory_budget_gb", "big", "number of GiB"),
-    ("host_memory_budget_gb", float("nan"), "number of GiB"),
-    ("export_dtype", "bf61", "bf16"),
-    ("on_save_error", "stpo", "stop, continue"),
-    ("recipe", 3, "quickstart"),
-])
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("async_save", "streaming", "false, true (= pool), pool or stream"),
+        ("async_save", 1, "false, true (= pool), pool or stream"),
+        ("export_hf", "maybe", "true or false"),
+        ("measure", 1, "true or false"),
+        ("incremental_save", "yes", "true or false"),
+        ("verify", None, "true or false"),
+        ("save_lora_only", "no", "true or false"),
+        ("allow_verl_fallback", "never", "true or false"),
+        ("export_merge_lora", "merged", "true or false"),
+        ("bucket_mb", "lots", "whole number"),
+        ("bucket_mb", 64.5, "whole number"),
+        ("write_threads", True, "whole number"),
+        ("host_memory_budget_gb", "big", "number of GiB"),
+        ("host_memory_budget_gb", float("nan"), "number of GiB"),
+        ("export_dtype", "bf61", "bf16"),
+        ("on_save_error", "stpo", "stop, continue"),
+        ("recipe", 3, "quickstart"),
+    ],
+)
 def test_recipe_config_type_checks_every_field_in_one_line(no_switch_on, key, value, allowed):
     """A non-empty string is true: without the check `async_save=stream` ran as true."""
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
@@ -347,8 +410,16 @@ def test_recipe_config_type_checks_every_field_in_one_line(no_switch_on, key, va
 def test_recipe_config_takes_yaml_booleans_and_numbers(no_switch_on):
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
-    cfg = SlimCheckpointConfig(recipe="incremental", incremental_save="true", async_save=True, export_hf="False",
-                               verify=False, bucket_mb="32", write_threads=2, host_memory_budget_gb=8)
+    cfg = SlimCheckpointConfig(
+        recipe="incremental",
+        incremental_save="true",
+        async_save=True,
+        export_hf="False",
+        verify=False,
+        bucket_mb="32",
+        write_threads=2,
+        host_memory_budget_gb=8,
+    )
     assert (cfg.incremental_save, cfg.async_save, cfg.export_hf, cfg.verify) == (True, "pool", False, False)
     assert (cfg.bucket_mb, cfg.write_threads, cfg.host_memory_budget_gb) == (32, 2, 8.0)
     assert isinstance(cfg.host_memory_budget_gb, float)
@@ -375,18 +446,29 @@ def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on
 def test_async_mode_reads_every_spelling():
     from slimckpt.verl_seam.checkpoint_config import async_mode
 
-    assert [async_mode(v) for v in (None, False, "false", True, "true", "pool", "stream", "Stream")] == \
-        ["off", "off", "off", "pool", "pool", "pool", "stream", "stream"]
+    assert [async_mode(v) for v in (None, False, "false", True, "true", "pool", "stream", "Stream")] == [
+        "off",
+        "off",
+        "off",
+        "pool",
+        "pool",
+        "pool",
+        "stream",
+        "stream",
+    ]
 
 
 def test_bad_log_level_falls_back_to_info_and_keeps_slimckpt_on():
     """An invalid SLIMCKPT_LOG_LEVEL raised at import, outside the plugin's try; verl swallowed it
     and slimckpt (SLIMCKPT_MEASURE, SLIMCKPT_CPU) silently switched off."""
-    res = run_python(textwrap.dedent("""
+    res = run_python(
+        textwrap.dedent("""
         import verl
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
-    """), env={"SLIMCKPT_LOG_LEVEL": "verbose", "SLIMCKPT_MEASURE": "1"})
+    """),
+        env={"SLIMCKPT_LOG_LEVEL": "verbose", "SLIMCKPT_MEASURE": "1"},
+    )
     assert res.returncode == 0, res.stderr
     assert "MODULE save_measure.py" in res.stdout  # SLIMCKPT_MEASURE=1 still took effect
     warnings = [line for line in res.stderr.splitlines() if "SLIMCKPT_LOG_LEVEL" in line]

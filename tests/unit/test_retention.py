@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from slimckpt.format.resume_manifest import MANIFEST_NAME, TRACKER_NAME
 from slimckpt.read import locks
 from slimckpt.save import retention
-from slimckpt.format.resume_manifest import MANIFEST_NAME, TRACKER_NAME
 
 from ..helpers.slim_logs import lines_of
 
@@ -147,8 +147,10 @@ def test_a_step_locked_by_another_process_is_kept(tmp_path):
     m = FakeManager()
     s1 = _step(tmp_path, 1)
     retention.after_save(m, s1, 1)
-    code = ("import sys, time; from slimckpt.read import locks\n"
-            "with locks.reading(sys.argv[1], 'reading it'):\n print('held', flush=True); time.sleep(30)\n")
+    code = (
+        "import sys, time; from slimckpt.read import locks\n"
+        "with locks.reading(sys.argv[1], 'reading it'):\n print('held', flush=True); time.sleep(30)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, s1], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"

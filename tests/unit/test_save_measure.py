@@ -24,7 +24,8 @@ from ..conftest import REPO, run_python
 def test_measured_plain_verl_runs_verls_own_checkpoint_code():
     """Every attribute the "checkpoint" feature would replace is verl's; only save_checkpoint is
     wrapped, and by the measure patch, around verl's own function."""
-    res = run_python(textwrap.dedent("""
+    res = run_python(
+        textwrap.dedent("""
         import inspect, verl
         import verl.trainer.ppo.v1.trainer_base as v1, verl.trainer.ppo.ray_trainer as legacy
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
@@ -39,12 +40,20 @@ def test_measured_plain_verl_runs_verls_own_checkpoint_code():
             print("OWN", name, f.__code__.co_filename.rsplit("/", 1)[-1])
         print("SAVE", *where(M.save_checkpoint))
         print("APPLIED", sorted(REGISTRY.applied()))
-    """), env={"SLIMCKPT_MEASURE": "1", "SLIMCKPT_CHECKPOINT": "", "SLIMCKPT_CPU": ""})
+    """),
+        env={"SLIMCKPT_MEASURE": "1", "SLIMCKPT_CHECKPOINT": "", "SLIMCKPT_CPU": ""},
+    )
     assert res.returncode == 0, res.stderr
     own = dict(line.split()[1:] for line in res.stdout.splitlines() if line.startswith("OWN"))
-    assert own == {"load": "fsdp_checkpoint_manager.py", "ensure_capacity": "checkpoint_manager.py",
-                   "register": "checkpoint_manager.py", "v1_save": "trainer_base.py", "legacy_save": "ray_trainer.py",
-                   "v1_find": "checkpoint_manager.py", "legacy_find": "checkpoint_manager.py"}, res.stdout
+    assert own == {
+        "load": "fsdp_checkpoint_manager.py",
+        "ensure_capacity": "checkpoint_manager.py",
+        "register": "checkpoint_manager.py",
+        "v1_save": "trainer_base.py",
+        "legacy_save": "ray_trainer.py",
+        "v1_find": "checkpoint_manager.py",
+        "legacy_find": "checkpoint_manager.py",
+    }, res.stdout
     assert "SAVE verl/utils/checkpoint/fsdp_checkpoint_manager.py save_measure.py" in res.stdout
     # adopt.startup (which step a relaunch resumes, checked in the driver's validate_config) is on
     # whenever slimckpt is: it changes no checkpoint code
@@ -58,11 +67,25 @@ def _free_port() -> int:
 
 
 def _save(out: str, measure: bool) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SLIMCKPT_MEASURE": "1" if measure else "", "SLIMCKPT_CHECKPOINT": "", "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "slimckpt.testing.fsdp_checkpoint", "--out", out, "--steps", "1"],
-                          env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    env = {
+        **os.environ,
+        "SLIMCKPT_MEASURE": "1" if measure else "",
+        "SLIMCKPT_CHECKPOINT": "",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "slimckpt.testing.fsdp_checkpoint", "--out", out, "--steps", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
 
 
 def _listing(root: str) -> list[str]:
@@ -76,7 +99,9 @@ def test_a_measured_verl_save_writes_verls_files_and_reports_beside_them(tmp_pat
         assert res.returncode == 0, res.stderr[-3000:]
     assert _listing(str(measured / "global_step_1")) == _listing(str(plain / "global_step_1"))
     assert not (plain / save_reports.REPORTS_DIR).exists()
-    report = json.loads((measured / save_reports.REPORTS_DIR / "global_step_1" / "actor" / "rank_0.save.json").read_text())
+    report = json.loads(
+        (measured / save_reports.REPORTS_DIR / "global_step_1" / "actor" / "rank_0.save.json").read_text()
+    )
     assert report["recipe"] == "verl-default" and report["committed"] and not report["async"]
     assert report["bytes_written"] > 0 and report["seconds"] == report["blocking_seconds"] > 0
 
@@ -106,18 +131,38 @@ def test_async_save_logs_blocking_now_and_its_write_when_committed(tmp_path):
     step = {s: tmp_path / f"global_step_{s}" for s in (1, 2)}
     for s in (1, 2):
         (step[s] / "actor").mkdir(parents=True)
-    blocking = dict(committed=False, blocking_seconds=0.25, seconds=None, bytes_written=None,
-                    peak_rss_anon_bytes=3 * 10**9, peak_rss_extra_bytes=10**9)
+    blocking = dict(
+        committed=False,
+        blocking_seconds=0.25,
+        seconds=None,
+        bytes_written=None,
+        peak_rss_anon_bytes=3 * 10**9,
+        peak_rss_extra_bytes=10**9,
+    )
     for r in (0, 1):
         save_reports.write_report(_report(1, "actor", r, **blocking), str(step[1] / "actor"), r, "save")
     callback.on_save(trainer=trainer, global_step=1, checkpoint_dir=str(step[1]), async_save=False)
     assert logged == [(1, {"ckpt/blocking_seconds": 0.25, "ckpt/ranks": 2.0})]  # nothing written yet: no bytes
 
     for r in (0, 1):  # step 1's write commits in the background, then step 2 saves
-        save_reports.write_report(_report(1, "actor", r, committed=True, blocking_seconds=0.25, write_seconds=2.0 + r,
-                                          seconds=2.25 + r, bytes_written=10**9, peak_rss_anon_bytes=4 * 10**9,
-                                          peak_rss_extra_bytes=2 * 10**9, staging_pool_bytes=5 * 10**8),
-                                  str(step[1] / "actor"), r, "commit")
+        save_reports.write_report(
+            _report(
+                1,
+                "actor",
+                r,
+                committed=True,
+                blocking_seconds=0.25,
+                write_seconds=2.0 + r,
+                seconds=2.25 + r,
+                bytes_written=10**9,
+                peak_rss_anon_bytes=4 * 10**9,
+                peak_rss_extra_bytes=2 * 10**9,
+                staging_pool_bytes=5 * 10**8,
+            ),
+            str(step[1] / "actor"),
+            r,
+            "commit",
+        )
         save_reports.write_report(_report(2, "actor", r, **blocking), str(step[2] / "actor"), r, "save")
     callback.on_save(trainer=trainer, global_step=2, checkpoint_dir=str(step[2]))
     at, metrics = logged[-1]

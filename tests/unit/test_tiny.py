@@ -13,8 +13,11 @@ from slimckpt.testing import tiny
 
 
 def _digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +82,17 @@ def test_models_load_and_tie(tmp_path, model, tied):
 
 @pytest.mark.parametrize(
     "response,truth,score",
-    [("7", "7", 1.0), (" 7 \n", "7", 1.0), ("7+1", "7", 0.5), ("7\n3", "7", 0.5),
-     ("71", "7", 0.0), ("8", "7", 0.0), ("", "7", 0.0), ("=7", "7", 0.0), ("12", "12", 1.0)],
+    [
+        ("7", "7", 1.0),
+        (" 7 \n", "7", 1.0),
+        ("7+1", "7", 0.5),
+        ("7\n3", "7", 0.5),
+        ("71", "7", 0.0),
+        ("8", "7", 0.0),
+        ("", "7", 0.0),
+        ("=7", "7", 0.0),
+        ("12", "12", 1.0),
+    ],
 )
 def test_reward(response, truth, score):
     assert tiny.compute_score(tiny.DATA_SOURCE, response, truth, extra_info={}) == score
@@ -106,8 +118,14 @@ def test_verl_dataset_reads_it(assets, tmp_path):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     tok = AutoTokenizer.from_pretrained(assets.model_dir)
-    config = OmegaConf.create({"max_prompt_length": 16, "return_raw_chat": True, "filter_overlong_prompts": True,
-                               "cache_dir": str(tmp_path / "cache")})
+    config = OmegaConf.create(
+        {
+            "max_prompt_length": 16,
+            "return_raw_chat": True,
+            "filter_overlong_prompts": True,
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    )
     ds = RLHFDataset(str(assets.train_file), tok, config)
     assert len(ds) == 256  # nothing filtered as overlong
     item = ds[3]
@@ -115,8 +133,12 @@ def test_verl_dataset_reads_it(assets, tmp_path):
 
 
 def test_cli(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--model", "qwen2-tied"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--model", "qwen2-tied"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert f"model_path={tmp_path / 'model'}" in out.stdout
     assert (tmp_path / "model" / "config.json").exists() and (tmp_path / "data" / "val.parquet").exists()
@@ -136,15 +158,16 @@ def _greedy_score(model_dir: Path, rows: list[dict]) -> float:
     for row in rows:
         ids = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
         out, _ = generate(net, list(ids), max_new_tokens=8, eos_token_ids=[tok.eos_token_id], temperature=0)
-        total += tiny.compute_score(tiny.DATA_SOURCE, tok.decode(out, skip_special_tokens=True),
-                                    row["reward_model"]["ground_truth"])
+        total += tiny.compute_score(
+            tiny.DATA_SOURCE, tok.decode(out, skip_special_tokens=True), row["reward_model"]["ground_truth"]
+        )
     return total / len(rows)
 
 
 def test_warm_up_is_deterministic_cached_by_its_inputs_and_learns(tmp_path, assets):
     warm = tiny.WarmUp(steps=150)  # make compare's
     a = tiny.build_all(tmp_path / "a", warmup=warm)
-    b = tiny.build_all(tmp_path / "b", warmup=warm)
+    tiny.build_all(tmp_path / "b", warmup=warm)
     assert _digests(tmp_path / "a") == _digests(tmp_path / "b")
     # the random model of the same seed, trained: other weights, same tokenizer and data
     cold = _digests(assets.model_dir.parent)
@@ -181,8 +204,12 @@ def test_teacher_errs_at_each_questions_own_rate_within_the_bounds():
 
 def test_cli_reuse_keeps_matching_assets_and_rebuilds_others(tmp_path):
     def cli(*extra):
-        out = subprocess.run([sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--reuse", *extra],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--reuse", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         return json.loads((tmp_path / "tiny.json").read_text()), (tmp_path / "model" / "model.safetensors").stat()
 

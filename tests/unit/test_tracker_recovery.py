@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from slimckpt.save import tracker_recovery
 from slimckpt.format.resume_manifest import MANIFEST_NAME, write_failure
+from slimckpt.save import tracker_recovery
 
 
 def _verl_step(root, step, data=True, roles=("actor",)):

@@ -37,9 +37,9 @@ class _Stop(Exception):
 
 @pytest.mark.parametrize("verify", [True, False, None])
 def test_load_passes_the_configs_verify_to_the_check(tmp_path, monkeypatch, verify):
-    import slimckpt.verl_seam.features as features
     from verl.trainer.config.config import CheckpointConfig
 
+    import slimckpt.verl_seam.features as features
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     seen = []

@@ -15,8 +15,9 @@ import pytest
 import transformers
 from transformers import LlamaConfig
 
-from slimckpt.verl_seam import registry, leaves as verl_leaves
 from slimckpt.hf.naming import auto_model_class, load_generation_config
+from slimckpt.verl_seam import leaves as verl_leaves
+from slimckpt.verl_seam import registry
 
 
 def verl_merger_with(config=None, hf_dir=None):
@@ -30,8 +31,14 @@ def verl_merger_with(config=None, hf_dir=None):
 
 
 def config_with(architectures, auto_map=None):
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, architectures=architectures)
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        architectures=architectures,
+    )
     if auto_map is not None:
         cfg.auto_map = auto_map
     return cfg
@@ -68,8 +75,9 @@ def test_auto_model_class_is_verls(name):
 @pytest.mark.parametrize("with_file", [True, False])
 def test_generation_config_is_verls(tmp_path, with_file):
     if with_file:
-        (tmp_path / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": 1, "eos_token_id": [2, 7], "do_sample": True, "temperature": 0.6, "top_p": 0.9}))
+        (tmp_path / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": 1, "eos_token_id": [2, 7], "do_sample": True, "temperature": 0.6, "top_p": 0.9})
+        )
     theirs = verl_merger_with(hf_dir=str(tmp_path)).load_generation_config(warn_if_missing=False)
     ours = load_generation_config(str(tmp_path))
     if not with_file:
@@ -84,8 +92,11 @@ def test_leaves_run_verls_own_files():
     from verl.utils import transformers_compat
     from verl.utils.tokenizer import tokenizer
 
-    for name, module in {"tokenizer": tokenizer, "transformers_compat": transformers_compat,
-                         "output_validation": output_validation}.items():
+    for name, module in {
+        "tokenizer": tokenizer,
+        "transformers_compat": transformers_compat,
+        "output_validation": output_validation,
+    }.items():
         loaded = verl_leaves.leaf(name)
         assert loaded.__file__ == module.__file__
         assert loaded is verl_leaves.leaf(name)  # once per process

@@ -46,8 +46,9 @@ def _os_error_of(exc: BaseException) -> tuple[int, str, str | None] | None:
     return None
 
 
-def failure_of(exc: BaseException, rank: int, describe: Callable[[BaseException], str] = str, kind: str = "",
-               order: int = 0) -> Failure:
+def failure_of(
+    exc: BaseException, rank: int, describe: Callable[[BaseException], str] = str, kind: str = "", order: int = 0
+) -> Failure:
     """A rank's exception as a Failure; `describe` turns it into the one line users read."""
     return Failure(rank, describe(exc), _os_error_of(exc), kind, order)
 
@@ -99,9 +100,14 @@ def agree(group: Any, mine: Failure | None, error: ErrorFactory) -> None:
     raise_failure(first(gather(group, mine)), error)
 
 
-def on_every_rank(group: Any, step: Callable[[], T], error: ErrorFactory,
-                  describe: Callable[[BaseException], str] = str, catch: tuple[type[BaseException], ...] = (Exception,),
-                  kind_of: Callable[[BaseException], str] = lambda exc: "") -> T:
+def on_every_rank(
+    group: Any,
+    step: Callable[[], T],
+    error: ErrorFactory,
+    describe: Callable[[BaseException], str] = str,
+    catch: tuple[type[BaseException], ...] = (Exception,),
+    kind_of: Callable[[BaseException], str] = lambda exc: "",
+) -> T:
     """Each rank runs `step`; if it raised on any rank, every rank raises `error(first failure)`."""
     rank = _rank(group)
     value: Any = None
@@ -114,9 +120,14 @@ def on_every_rank(group: Any, step: Callable[[], T], error: ErrorFactory,
     return value
 
 
-def from_rank0(group: Any, step: Callable[[], T], error: ErrorFactory,
-               describe: Callable[[BaseException], str] = str, catch: tuple[type[BaseException], ...] = (Exception,),
-               kind_of: Callable[[BaseException], str] = lambda exc: "") -> T:
+def from_rank0(
+    group: Any,
+    step: Callable[[], T],
+    error: ErrorFactory,
+    describe: Callable[[BaseException], str] = str,
+    catch: tuple[type[BaseException], ...] = (Exception,),
+    kind_of: Callable[[BaseException], str] = lambda exc: "",
+) -> T:
     """Rank 0 of `group` runs `step`; every rank returns its (picklable) value or raises the same error."""
     rank = _rank(group)
     box: list[Any] = [None]
@@ -134,5 +145,14 @@ def from_rank0(group: Any, step: Callable[[], T], error: ErrorFactory,
     return payload
 
 
-__all__ = ["ErrorFactory", "Failure", "agree", "failure_of", "first", "from_rank0", "gather", "on_every_rank",
-           "raise_failure"]
+__all__ = [
+    "ErrorFactory",
+    "Failure",
+    "agree",
+    "failure_of",
+    "first",
+    "from_rank0",
+    "gather",
+    "on_every_rank",
+    "raise_failure",
+]

@@ -38,26 +38,53 @@ SHARD_FILES = ("model", "optim", "extra_state")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("step_dir", help="<trainer.default_local_dir>/global_step_N (its actor/ and critic/ are converted)")
     p.add_argument("--to", choices=["verl"], required=True, help="the format written: verl 0.9.1's rank files")
-    p.add_argument("--world-size", "--world_size", dest="world_size", type=int, required=True,
-                   help="ranks (GPUs) of the job that resumes it")
-    p.add_argument("--fsdp", type=int, choices=[1, 2], default=None,
-                   help="verl's actor.strategy: 2 for fsdp2 (default: the step's own)")
-    p.add_argument("--target_dir", "--target-dir", dest="target_dir", default=None,
-                   help="checkpoint root written (the resuming job's trainer.default_local_dir); "
-                        "default: <source root>_verl_ws<M>")
+    p.add_argument(
+        "--world-size",
+        "--world_size",
+        dest="world_size",
+        type=int,
+        required=True,
+        help="ranks (GPUs) of the job that resumes it",
+    )
+    p.add_argument(
+        "--fsdp",
+        type=int,
+        choices=[1, 2],
+        default=None,
+        help="verl's actor.strategy: 2 for fsdp2 (default: the step's own)",
+    )
+    p.add_argument(
+        "--target_dir",
+        "--target-dir",
+        dest="target_dir",
+        default=None,
+        help="checkpoint root written (the resuming job's trainer.default_local_dir); "
+        "default: <source root>_verl_ws<M>",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace the target's global_step_N if it exists")
     p.add_argument("--no_progress", "--no-progress", dest="no_progress", action="store_true", help="no progress bar")
-    p.add_argument("--trust-pickle", "--trust_pickle", dest="trust_pickle", action="store_true",
-                   help="unpickle any global the step's files name, as torch.load(weights_only=False) does (default: "
-                        "only what verl and torch write; any other is refused before it runs); only for files from "
-                        "someone you trust")
+    p.add_argument(
+        "--trust-pickle",
+        "--trust_pickle",
+        dest="trust_pickle",
+        action="store_true",
+        help="unpickle any global the step's files name, as torch.load(weights_only=False) does (default: "
+        "only what verl and torch write; any other is refused before it runs); only for files from "
+        "someone you trust",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     set_trusted(args.trust_pickle)
     try:
-        target, summary = convert(args.step_dir, args.world_size, args.fsdp, args.target_dir, args.overwrite,
-                                  progress=not args.no_progress and sys.stderr.isatty())
+        target, summary = convert(
+            args.step_dir,
+            args.world_size,
+            args.fsdp,
+            args.target_dir,
+            args.overwrite,
+            progress=not args.no_progress and sys.stderr.isatty(),
+        )
     except (ConvertError, CheckpointError) as exc:
         line = str(exc).removeprefix("slimckpt: ")
         sys.stderr.write(f"slimckpt convert: error: {line}\n")
@@ -67,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def convert(step_dir: str, world: int, fsdp: int | None, target_dir: str | None, overwrite: bool,
-            progress: bool = False) -> tuple[Target, str]:
+def convert(
+    step_dir: str, world: int, fsdp: int | None, target_dir: str | None, overwrite: bool, progress: bool = False
+) -> tuple[Target, str]:
     """Convert every role of the step; returns the target and a one-line summary."""
     from .source import open_role
 
@@ -76,32 +104,41 @@ def convert(step_dir: str, world: int, fsdp: int | None, target_dir: str | None,
     root, step, roles = parse_step_dir(step_dir)
     target = plan_target(root, step, world, target_dir, overwrite)
     sources = {role: open_role(os.path.join(root, f"global_step_{step}", role)) for role in roles}
-    for role, src in sources.items():
+    for src in sources.values():
         version = fsdp or src.fsdp_version or 2
-        check_world_size({n: tuple(t.shape) for n, t in src.model.items() if n not in src.plain}, world, version,
-                         os.path.join(src.role_dir, "huggingface", "config.json"))
+        check_world_size(
+            {n: tuple(t.shape) for n, t in src.model.items() if n not in src.plain},
+            world,
+            version,
+            os.path.join(src.role_dir, "huggingface", "config.json"),
+        )
         _check_model(src)
     shutil.rmtree(target.partial_dir, ignore_errors=True)  # what a killed convert left
     os.makedirs(target.partial_dir)
     written = 0
     total = sum(_tensor_bytes(src) for src in sources.values())
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert", disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert", disable=not progress, file=sys.stderr
+    )
     with FakeWorld(world) as mesh, bar:
         for role, src in sources.items():
-            written += _write_role(src, os.path.join(target.partial_dir, role), world, fsdp or src.fsdp_version or 2,
-                                   mesh, bar.update)
+            written += _write_role(
+                src, os.path.join(target.partial_dir, role), world, fsdp or src.fsdp_version or 2, mesh, bar.update
+            )
     data = os.path.join(root, f"global_step_{step}", "data.pt")
     if os.path.isfile(data):  # the dataloader's state, as verl's trainer saved it
         shutil.copy2(data, os.path.join(target.partial_dir, "data.pt"))
     _commit(target)
     tracker = _move_tracker(target)
-    kinds = ", ".join(f"{role} ({src.kind} at {src.world} ranks, {'+'.join(src.contents)})"
-                      for role, src in sources.items())
-    return target, (f"converted {kinds} into {target.step_dir} at {world} ranks ({written / 2**20:.1f} MiB, "
-                    f"{time.perf_counter() - start:.1f} s); {tracker}; resume with unpatched verl: "
-                    f"trainer.default_local_dir={target.root} trainer.resume_mode=auto "
-                    f"trainer.n_gpus_per_node*trainer.nnodes={world}")
+    kinds = ", ".join(
+        f"{role} ({src.kind} at {src.world} ranks, {'+'.join(src.contents)})" for role, src in sources.items()
+    )
+    return target, (
+        f"converted {kinds} into {target.step_dir} at {world} ranks ({written / 2**20:.1f} MiB, "
+        f"{time.perf_counter() - start:.1f} s); {tracker}; resume with unpatched verl: "
+        f"trainer.default_local_dir={target.root} trainer.resume_mode=auto "
+        f"trainer.n_gpus_per_node*trainer.nnodes={world}"
+    )
 
 
 HEADS = ("lm_head.", "score.")  # the causal LM's head, a critic's: the one part the two classes differ in
@@ -118,14 +155,18 @@ def _check_model(src) -> None:
         return  # a model class convert cannot build on the meta device: shapes were checked across ranks
     for name, shape in layout.shapes.items():
         if name in src.model and src.model[name].shape != shape:
-            raise ConvertError(f"{src.model[name].where}: {name!r} is {list(src.model[name].shape)} but {config_path} "
-                               f"makes it {list(shape)}; the files come from another model: re-copy the step")
+            raise ConvertError(
+                f"{src.model[name].where}: {name!r} is {list(src.model[name].shape)} but {config_path} "
+                f"makes it {list(shape)}; the files come from another model: re-copy the step"
+            )
     lora = any("lora_" in n for n in src.model)
     missing = [n for n in layout.shapes if n not in src.model and not n.startswith(HEADS)]
     if missing and not lora:
         first = next(iter(src.model.values()))
-        raise ConvertError(f"{first.where}: holds no {missing[0]!r}, which {config_path} describes; the files come from "
-                           f"another model: re-copy the step")
+        raise ConvertError(
+            f"{first.where}: holds no {missing[0]!r}, which {config_path} describes; the files come from "
+            f"another model: re-copy the step"
+        )
 
 
 class FakeWorld:
@@ -143,8 +184,10 @@ class FakeWorld:
             raise ConvertError("slimckpt convert runs as one plain process, not under torchrun")
         fake_store = internals.lookup("torch.testing._internal.distributed.fake_pg:FakeStore")
         if fake_store is None:  # torch has no public fake process group to fall back on
-            raise ConvertError(f"slimckpt convert: torch {internals.release('torch')}'s fake process group is not one "
-                               f"slimckpt was checked on; {internals.TRUST_ENV}=1 tries it anyway")
+            raise ConvertError(
+                f"slimckpt convert: torch {internals.release('torch')}'s fake process group is not one "
+                f"slimckpt was checked on; {internals.TRUST_ENV}=1 tries it anyway"
+            )
         dist.init_process_group("fake", store=fake_store(), rank=0, world_size=self.world)
         return init_device_mesh("cpu", (self.world,), mesh_dim_names=("fsdp",))
 
@@ -180,13 +223,22 @@ def _write_role(src, out_dir: str, world: int, fsdp: int, mesh, on_bytes=None) -
             skel = rank_file.Skeleton(mesh)
             # FSDP1 on one rank runs NO_SHARD: its sharded state dict holds plain tensors
             unsharded = fsdp == 1 and world == 1
-            obj = {name: (skel.plain((name,), t) if unsharded or name in src.plain or not t.shape else
-                          skel.sharded((name,), t, row_range(t.shape[0], world, rank)))
-                   for name, t in src.model.items()}
+            obj = {
+                name: (
+                    skel.plain((name,), t)
+                    if unsharded or name in src.plain or not t.shape
+                    else skel.sharded((name,), t, row_range(t.shape[0], world, rank))
+                )
+                for name, t in src.model.items()
+            }
             rank_file.write(os.path.join(out_dir, f"model_world_size_{world}_rank_{rank}.pt"), obj, skel, count)
         if src.has_optim_file:
             skel = rank_file.Skeleton(mesh)
-            obj = _fsdp1_optim(src, skel, order, world, rank) if fsdp == 1 else _fsdp2_optim(src, skel, order, world, rank)
+            obj = (
+                _fsdp1_optim(src, skel, order, world, rank)
+                if fsdp == 1
+                else _fsdp2_optim(src, skel, order, world, rank)
+            )
             rank_file.write(os.path.join(out_dir, f"optim_world_size_{world}_rank_{rank}.pt"), obj, skel, count)
         if "extra" in src.contents:
             _write_extra(src, out_dir, world, rank)
@@ -240,14 +292,17 @@ def _fsdp1_optim(src, skel, order, world: int, rank: int) -> dict:
     layout = src.layout
     where = os.path.join(src.hf_dir, "config.json")
     if layout is None:
-        raise ConvertError(f"{where}: no model could be built from it, so FSDP1's flat parameters are unknown; "
-                           f"convert with --fsdp 2")
+        raise ConvertError(
+            f"{where}: no model could be built from it, so FSDP1's flat parameters are unknown; convert with --fsdp 2"
+        )
     by_name = {p.fqn: p for p in params}
     missing = [f for unit in layout.units for f in unit if f not in by_name]
     if missing or len(groups) != 1:
-        raise ConvertError(f"{src.role_dir}: the optimizer does not hold every parameter in one group (e.g. "
-                           f"{(missing or ['a second param_group'])[0]!r}), which FSDP1's flat parameters need; "
-                           f"convert with --fsdp 2")
+        raise ConvertError(
+            f"{src.role_dir}: the optimizer does not hold every parameter in one group (e.g. "
+            f"{(missing or ['a second param_group'])[0]!r}), which FSDP1's flat parameters need; "
+            f"convert with --fsdp 2"
+        )
     state = {}
     for u, unit in enumerate(layout.units):
         with_state = [by_name[f] for f in unit if by_name[f].state]
@@ -334,5 +389,7 @@ def _commit(target: Target) -> None:
 def _move_tracker(target: Target) -> str:
     if write_tracker(target.root, target.step) or read_tracker(target.root) == target.step:
         return f"{target.tracker} names step {target.step}"
-    return (f"{target.tracker} still names step {read_tracker(target.root)}, a later one: resume this step with "
-            f"trainer.resume_mode=resume_path trainer.resume_from_path={target.step_dir}")
+    return (
+        f"{target.tracker} still names step {read_tracker(target.root)}, a later one: resume this step with "
+        f"trainer.resume_mode=resume_path trainer.resume_from_path={target.step_dir}"
+    )

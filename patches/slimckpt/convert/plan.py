@@ -84,8 +84,10 @@ def check_world_size(shapes: dict[str, tuple[int, ...]], world: int, fsdp: int, 
     (FSDP pads short and empty ones); a 0-d parameter has no dim to shard (fully_shard refuses it)."""
     scalars = [name for name, shape in shapes.items() if len(shape) == 0]
     if scalars and fsdp == 2 and world > 1:
-        raise ConvertError(f"{where}: parameter {scalars[0]!r} is 0-d, and FSDP2 cannot shard a 0-d parameter over "
-                           f"{world} ranks; convert with --world-size 1")
+        raise ConvertError(
+            f"{where}: parameter {scalars[0]!r} is 0-d, and FSDP2 cannot shard a 0-d parameter over "
+            f"{world} ranks; convert with --world-size 1"
+        )
 
 
 def flat_offsets(numels: list[int]) -> list[int]:

@@ -39,7 +39,7 @@ class FlatSource:
             raise ValueError(f"{where}: its pieces hold {total} elements, its shape {list(self.shape)} {expect}")
 
     @classmethod
-    def of(cls, source: SourceTensor | torch.Tensor, where: str = "") -> "FlatSource":
+    def of(cls, source: SourceTensor | torch.Tensor, where: str = "") -> FlatSource:
         if isinstance(source, torch.Tensor):
             return cls(tuple(source.shape), source.dtype, [source.reshape(-1)], where)
         pieces = source.pieces if source.shard_dim is not None else source.pieces[:1]
@@ -61,7 +61,7 @@ class FlatSource:
             n = piece.numel()
             a, b = max(start, offset), min(stop, offset + n)
             if a < b:
-                dest[a - start:b - start].copy_(piece[a - offset:b - offset])
+                dest[a - start : b - start].copy_(piece[a - offset : b - offset])
             offset += n
 
 
@@ -87,8 +87,10 @@ class Skeleton:
     def __init__(self, mesh) -> None:
         fake_mode = internals.lookup("torch._subclasses.fake_tensor:FakeTensorMode")
         if fake_mode is None:  # no public way to lay out a tensor without its storage
-            raise RuntimeError(f"slimckpt convert: torch {internals.release('torch')}'s FakeTensorMode is not one "
-                               f"slimckpt was checked on; {internals.TRUST_ENV}=1 tries it anyway")
+            raise RuntimeError(
+                f"slimckpt convert: torch {internals.release('torch')}'s FakeTensorMode is not one "
+                f"slimckpt was checked on; {internals.TRUST_ENV}=1 tries it anyway"
+            )
         self.mesh = mesh
         self.mode = fake_mode()
         self.slots: dict[tuple, Slot] = {}
@@ -104,8 +106,7 @@ class Skeleton:
         stride = tuple(int(s) for s in torch.empty(shape, device="meta").stride())
         k = source.row_numel
         self.slots[path] = Slot((Run(0, source, rows[0] * k, rows[1] * k),), False)
-        return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
-                                  stride=stride)
+        return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=stride)
 
     def plain(self, path: tuple, source: FlatSource):
         """A plain tensor: the whole of `source` (a buffer, or an optimizer step count)."""
@@ -144,7 +145,7 @@ def write(path: str, obj: Any, skeleton: Skeleton, on_bytes: Callable[[int], obj
                 if slot.zero:
                     flat.zero_()
                 for run in slot.runs:
-                    run.source.copy_into(flat[run.at:run.at + run.stop - run.start], run.start, run.stop)
+                    run.source.copy_into(flat[run.at : run.at + run.stop - run.start], run.start, run.stop)
                 if on_bytes is not None:
                     on_bytes(dest.numel() * dest.element_size())
                 del dest, flat  # the map is closed below: no view of it may outlive the loop

@@ -71,8 +71,10 @@ class RoleSource:
     def extra(self, rank: int) -> dict[str, Any]:
         path = self.extra_path(rank)
         if not os.path.isfile(path):
-            raise ConvertError(f"{path} is missing: the step holds no extra state of rank {rank}; convert a step "
-                               f"saved with 'extra' in checkpoint.save_contents")
+            raise ConvertError(
+                f"{path} is missing: the step holds no extra state of rank {rank}; convert a step "
+                f"saved with 'extra' in checkpoint.save_contents"
+            )
         return load_torch_file(path, map_location="cpu")
 
 
@@ -91,18 +93,32 @@ def _open_ours(role_dir: str) -> RoleSource:
     try:  # committed, every file's size and checksum
         manifest = check_committed(role_dir, checksums=True)
     except UncommittedCheckpoint as exc:
-        raise ConvertError(f"{str(exc).removeprefix('slimckpt: ')} (convert reads only a committed, intact step: "
-                           f"convert an earlier global_step_*)") from None
+        raise ConvertError(
+            f"{str(exc).removeprefix('slimckpt: ')} (convert reads only a committed, intact step: "
+            f"convert an earlier global_step_*)"
+        ) from None
     if "model" not in manifest.contents:
-        raise ConvertError(f"{os.path.join(role_dir, MANIFEST_NAME)}: this step was saved with contents "
-                           f"{manifest.contents}, without the model; convert a step saved with 'model'")
+        raise ConvertError(
+            f"{os.path.join(role_dir, MANIFEST_NAME)}: this step was saved with contents "
+            f"{manifest.contents}, without the model; convert a step saved with 'model'"
+        )
     if manifest.extra.get("lora_only"):
-        raise ConvertError(f"{os.path.join(role_dir, MANIFEST_NAME)}: saved with save_lora_only (the adapter, no base "
-                           f"weights); convert does not write LoRA-only steps yet")
+        raise ConvertError(
+            f"{os.path.join(role_dir, MANIFEST_NAME)}: saved with save_lora_only (the adapter, no base "
+            f"weights); convert does not write LoRA-only steps yet"
+        )
     model = {n: FlatSource.of(t) for n, t in open_dcp(role_dir, manifest).tensors.items()}
     layout = meta_layout(os.path.join(role_dir, HF_SUBDIR), set(model))
-    src = RoleSource(role_dir, "slimckpt", manifest.world_size, manifest.fsdp_version, list(manifest.contents),
-                     model, set(layout.buffers) & set(model) if layout else set(), layout)
+    src = RoleSource(
+        role_dir,
+        "slimckpt",
+        manifest.world_size,
+        manifest.fsdp_version,
+        list(manifest.contents),
+        model,
+        set(layout.buffers) & set(model) if layout else set(),
+        layout,
+    )
     if "optimizer" not in manifest.contents:
         return src
     dcp_dir = os.path.join(role_dir, DCP_DIR)
@@ -121,8 +137,10 @@ def _open_ours(role_dir: str) -> RoleSource:
             src.optim.append(ParamState(name, per_param.pop(name, {})))
             index += 1
     if per_param:
-        raise ConvertError(f"{os.path.join(dcp_dir, '.metadata')}: optimizer state of {sorted(per_param)[0]!r}, a "
-                           f"parameter no param_group names; the step is damaged, convert an earlier one")
+        raise ConvertError(
+            f"{os.path.join(dcp_dir, '.metadata')}: optimizer state of {sorted(per_param)[0]!r}, a "
+            f"parameter no param_group names; the step is damaged, convert an earlier one"
+        )
     src.param_groups, src.has_optim_file = groups, True
     return src
 
@@ -133,7 +151,7 @@ def _param_groups(dcp_dir: str, metadata) -> list[dict[str, Any]]:
     for key in metadata.state_dict_metadata:
         if not key.startswith(OPTIM_GROUPS):
             continue
-        i, _, name = key[len(OPTIM_GROUPS):].partition(".")
+        i, _, name = key[len(OPTIM_GROUPS) :].partition(".")
         info = metadata.storage_data[MetadataIndex(key)]
         path = os.path.join(dcp_dir, info.relative_path)
         with open(path, "rb") as f:
@@ -141,8 +159,10 @@ def _param_groups(dcp_dir: str, metadata) -> list[dict[str, Any]]:
             data = f.read(info.length)
         groups.setdefault(int(i), {})[name] = pt_tensors.load_bytes(data, path)
     if not groups:
-        raise ConvertError(f"{os.path.join(dcp_dir, '.metadata')}: the optimizer's param_groups are missing; the step "
-                           f"is damaged, convert an earlier one")
+        raise ConvertError(
+            f"{os.path.join(dcp_dir, '.metadata')}: the optimizer's param_groups are missing; the step "
+            f"is damaged, convert an earlier one"
+        )
     return [groups[i] for i in sorted(groups)]
 
 
@@ -153,11 +173,15 @@ def _open_verl(role_dir: str) -> RoleSource:
     world, version = read_fsdp_config(role_dir)
     ckpt = open_checkpoint(role_dir)
     rank0 = ckpt.state_dicts[0]
-    plain = {name for name, value in rank0.items() if isinstance(value, torch.Tensor) and not isinstance(value, DTensor)}
+    plain = {
+        name for name, value in rank0.items() if isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+    }
     for name, tensor in ckpt.tensors.items():
         if name not in plain and tensor.shard_dim not in (0, None):
-            raise ConvertError(f"{ckpt.model_file(0)}: {name!r} is sharded along dim {tensor.shard_dim}; convert "
-                               f"reads dim-0 shards only (verl's default placement)")
+            raise ConvertError(
+                f"{ckpt.model_file(0)}: {name!r} is sharded along dim {tensor.shard_dim}; convert "
+                f"reads dim-0 shards only (verl's default placement)"
+            )
     contents = ["model"]
     model = {n: FlatSource.of(t) for n, t in ckpt.tensors.items()}
     layout = meta_layout(os.path.join(role_dir, HF_SUBDIR), set(model))
@@ -168,8 +192,9 @@ def _open_verl(role_dir: str) -> RoleSource:
     present = [os.path.isfile(p) for p in optim_paths]
     if any(present) and not all(present):
         missing = optim_paths[present.index(False)]
-        raise ConvertError(f"{missing} is missing while other ranks' optimizer files are there; copy every rank's "
-                           f"file into {role_dir}")
+        raise ConvertError(
+            f"{missing} is missing while other ranks' optimizer files are there; copy every rank's file into {role_dir}"
+        )
     if all(present):
         per_rank = [load_rank_file_any(p) for p in optim_paths]
         src.param_groups = [dict(g) for g in per_rank[0].get("param_groups", [])]
@@ -196,8 +221,10 @@ def load_rank_file_any(path: str) -> dict:
         raise
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged zip/pickle
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConvertError(f"{path}: not a readable torch checkpoint ({reason[:160]}); it is truncated or damaged: "
-                           f"re-copy it from the training run") from None
+        raise ConvertError(
+            f"{path}: not a readable torch checkpoint ({reason[:160]}); it is truncated or damaged: "
+            f"re-copy it from the training run"
+        ) from None
     if not isinstance(sd, dict) or "state" not in sd or "param_groups" not in sd:
         raise ConvertError(f"{path}: not an optimizer state dict (no 'state'/'param_groups'); is it verl's optim file?")
     return sd
@@ -213,17 +240,23 @@ def _verl_optim_state(per_rank: list[dict], paths: list[str]) -> dict[int, dict[
                 for r, sd in enumerate(per_rank):
                     v = sd["state"].get(index, {}).get(key)
                     if not isinstance(v, DTensor) or tuple(v.shape) != tuple(value0.shape):
-                        raise ConvertError(f"{paths[r]}: optimizer state {index}.{key} does not match rank 0's; the "
-                                           f"files come from different runs")
+                        raise ConvertError(
+                            f"{paths[r]}: optimizer state {index}.{key} does not match rank 0's; the "
+                            f"files come from different runs"
+                        )
                     pieces.append(v._local_tensor)
                 if any(not p.is_shard(0) for p in value0.placements):
-                    raise ConvertError(f"{paths[0]}: optimizer state {index}.{key} is placed {value0.placements}; "
-                                       f"convert reads dim-0 shards only")
+                    raise ConvertError(
+                        f"{paths[0]}: optimizer state {index}.{key} is placed {value0.placements}; "
+                        f"convert reads dim-0 shards only"
+                    )
                 entry[key] = FlatSource(tuple(value0.shape), value0.dtype, pieces, paths[0])
             elif isinstance(value0, torch.Tensor) and value0.dim() > 0:
-                raise ConvertError(f"{paths[0]}: optimizer state {index}.{key} is a plain {tuple(value0.shape)} tensor "
-                                   f"whose layout convert does not know (FSDP1 with use_orig_params=True?); only "
-                                   f"FSDP2's and FSDP1's default (flat) optimizer files are read")
+                raise ConvertError(
+                    f"{paths[0]}: optimizer state {index}.{key} is a plain {tuple(value0.shape)} tensor "
+                    f"whose layout convert does not know (FSDP1 with use_orig_params=True?); only "
+                    f"FSDP2's and FSDP1's default (flat) optimizer files are read"
+                )
             elif isinstance(value0, torch.Tensor):
                 entry[key] = FlatSource.of(value0, paths[0])
             else:
@@ -234,8 +267,11 @@ def _verl_optim_state(per_rank: list[dict], paths: list[str]) -> dict[int, dict[
 
 def _is_flat(sd: dict) -> bool:
     """An FSDP1 optimizer file of flat parameters: plain 1-D state tensors."""
-    return any(isinstance(v, torch.Tensor) and v.dim() == 1 and type(v) is torch.Tensor
-               for entry in sd["state"].values() for v in entry.values())
+    return any(
+        isinstance(v, torch.Tensor) and v.dim() == 1 and type(v) is torch.Tensor
+        for entry in sd["state"].values()
+        for v in entry.values()
+    )
 
 
 def _split_flat(src: RoleSource, per_rank: list[dict], paths: list[str]) -> None:
@@ -243,13 +279,17 @@ def _split_flat(src: RoleSource, per_rank: list[dict], paths: list[str]) -> None
     parameter u is the run of u's elements it was flattened into, read from the ranks that hold it."""
     layout = src.layout
     if layout is None:
-        raise ConvertError(f"{paths[0]}: FSDP1 flat optimizer shards, and no model could be built from "
-                           f"{os.path.join(src.hf_dir, 'config.json')} to tell which parameters they hold")
+        raise ConvertError(
+            f"{paths[0]}: FSDP1 flat optimizer shards, and no model could be built from "
+            f"{os.path.join(src.hf_dir, 'config.json')} to tell which parameters they hold"
+        )
     groups = src.param_groups
     if len(groups) != 1 or len(groups[0]["params"]) != len(layout.units):
-        raise ConvertError(f"{paths[0]}: {sum(len(g['params']) for g in groups)} flat parameters in "
-                           f"{len(groups)} param_groups, while verl's wrapping of this model makes {len(layout.units)}; "
-                           f"convert reads verl's default FSDP1 wrapping (one flat parameter per decoder layer)")
+        raise ConvertError(
+            f"{paths[0]}: {sum(len(g['params']) for g in groups)} flat parameters in "
+            f"{len(groups)} param_groups, while verl's wrapping of this model makes {len(layout.units)}; "
+            f"convert reads verl's default FSDP1 wrapping (one flat parameter per decoder layer)"
+        )
     optim: list[ParamState] = []
     for u, unit in enumerate(layout.units):
         numels = [layout.numel(f) for f in unit]
@@ -264,7 +304,7 @@ def _split_flat(src: RoleSource, per_rank: list[dict], paths: list[str]) -> None
             for k, sd in enumerate(per_rank):
                 flat = sd["state"][u][key].reshape(-1)
                 for i, a, b, at in flat_runs(numels, src.world, k):
-                    pieces[i].append(flat[at:at + b - a])
+                    pieces[i].append(flat[at : at + b - a])
             for i, fqn in enumerate(unit):
                 per_param[i][key] = FlatSource(layout.shapes[fqn], value0.dtype, pieces[i], paths[0])
         optim += [ParamState(fqn, per_param[i]) for i, fqn in enumerate(unit)]

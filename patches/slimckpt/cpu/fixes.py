@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from . import check_host
 
@@ -56,8 +57,11 @@ def process_group_torchrun_patch(original: Callable) -> Callable:
     def initialize_global_process_group(timeout_second=36000):
         import torch.distributed as dist
 
-        dist.init_process_group(backend=GLOO, timeout=timedelta(seconds=timeout_second),
-                                init_method=os.environ.get("DIST_INIT_METHOD", None))
+        dist.init_process_group(
+            backend=GLOO,
+            timeout=timedelta(seconds=timeout_second),
+            init_method=os.environ.get("DIST_INIT_METHOD", None),
+        )
         return int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
     return initialize_global_process_group

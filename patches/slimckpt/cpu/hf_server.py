@@ -10,7 +10,7 @@ run one after another, each with KV-cached decoding.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -29,7 +29,7 @@ class HFRolloutServer:
         torch.set_num_threads(env_vars.integer("SLIMCKPT_ROLLOUT_THREADS"))
         self.config = config
         self.replica_rank = replica_rank
-        self.global_steps: Optional[int] = None
+        self.global_steps: int | None = None
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=torch.float32, attn_implementation=attn_implementation
         ).eval()
@@ -38,14 +38,18 @@ class HFRolloutServer:
             gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
         except OSError:
             gen_eos = None
-        self.eos_token_ids = {int(t) for src in (eos, gen_eos) if src is not None
-                              for t in (src if isinstance(src, (list, tuple)) else [src])}
+        self.eos_token_ids = {
+            int(t)
+            for src in (eos, gen_eos)
+            if src is not None
+            for t in (src if isinstance(src, (list, tuple)) else [src])
+        }
         self.max_model_len = int(config.max_model_len or (config.prompt_length + config.response_length))
         self._unkeyed = 0
 
     # --- generation -------------------------------------------------------------------------
 
-    def _generator(self, sample_key: Optional[dict]) -> torch.Generator:
+    def _generator(self, sample_key: dict | None) -> torch.Generator:
         gen = torch.Generator()
         if sample_key is None:
             # Only when slimckpt's sample-key patch is off: reproducible within a run, not across resumes.
@@ -62,12 +66,12 @@ class HFRolloutServer:
         prompt_ids: list[int],
         sampling_params: dict[str, Any],
         request_id: str,
-        image_data: Optional[list[Any]] = None,
-        video_data: Optional[list[Any]] = None,
-        audio_data: Optional[list[Any]] = None,
-        mm_processor_kwargs: Optional[dict[str, Any]] = None,
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+        audio_data: list[Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
         priority: int = 0,
-        sample_key: Optional[dict] = None,
+        sample_key: dict | None = None,
         **_: Any,
     ):
         if image_data or video_data or audio_data:
@@ -75,12 +79,15 @@ class HFRolloutServer:
         prompt_ids = [int(t) for t in prompt_ids]
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room within max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room within max_model_len={self.max_model_len}"
+            )
         params = dict(sampling_params)
         max_tokens = params.get("max_tokens", params.get("max_new_tokens"))
         if max_tokens is None:
-            max_tokens = min(self.config.response_length,
-                             self.config.prompt_length + self.config.response_length - len(prompt_ids))
+            max_tokens = min(
+                self.config.response_length, self.config.prompt_length + self.config.response_length - len(prompt_ids)
+            )
         max_tokens = max(1, min(int(max_tokens), room))
         eos = set() if params.get("ignore_eos", self.config.ignore_eos) else self.eos_token_ids
         tokens, logprobs = generate(
@@ -102,7 +109,7 @@ class HFRolloutServer:
 
     # --- weights ----------------------------------------------------------------------------
 
-    async def update_weights(self, state: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> int:
+    async def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         own = self.model.state_dict()
         unknown = sorted(set(state) - set(own))
         if unknown:
@@ -121,7 +128,7 @@ class HFRolloutServer:
 
     # --- the rest of a rollout server's interface: nothing to free or pause on the host ------
 
-    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+    async def wake_up(self, tags: list[str] | None = None) -> None:
         return None
 
     async def sleep(self) -> None:

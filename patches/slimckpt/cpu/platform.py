@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, Optional
+from typing import Any
 
 import psutil
 import torch
-
 from verl.plugin.platform.platform_base import PlatformBase
 
 NAME = "cpu"
@@ -65,7 +64,7 @@ def _device_module() -> types.ModuleType:
 class PlatformCPU(PlatformBase):
     """Registered as "cpu" by the "cpu.platform.registry" patch; selected with SLIMCKPT_CPU=1."""
 
-    _module: Optional[types.ModuleType] = None
+    _module: types.ModuleType | None = None
 
     @property
     def device_name(self) -> str:
@@ -98,7 +97,7 @@ class PlatformCPU(PlatformBase):
     def set_device(self, device_index: int) -> None:
         return None
 
-    def synchronize(self, device_index: Optional[int] = None) -> None:
+    def synchronize(self, device_index: int | None = None) -> None:
         return None
 
     def manual_seed(self, seed: int) -> None:
@@ -113,7 +112,7 @@ class PlatformCPU(PlatformBase):
     def empty_cache(self) -> None:
         return None
 
-    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
 
     def communication_backend_name(self) -> str:

@@ -5,7 +5,8 @@ Each builder receives the table it adds to and returns the value of its entry.""
 # lazy imports: each builder imports its class when verl's table asks for it (the classes import verl's workers)
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def platform_class(_platforms: dict) -> type:

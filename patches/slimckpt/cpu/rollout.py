@@ -12,11 +12,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import ray
 import torch
-
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 from verl.workers.rollout.utils import ensure_async_iterator
@@ -68,7 +67,7 @@ class HFServerAdapter(BaseRollout):
         world = _replica_world_size(self.config)
         self.replica_rank = rank // world if replica_rank == -1 else replica_rank
         self.rollout_rank = rank % world
-        self._server: Optional[ray.actor.ActorHandle] = None
+        self._server: ray.actor.ActorHandle | None = None
 
     def _server_handle(self) -> ray.actor.ActorHandle:
         if self._server is None:
@@ -82,8 +81,9 @@ class HFServerAdapter(BaseRollout):
         return None
 
     @torch.no_grad()
-    async def update_weights(self, weights: Any, global_steps: Optional[int] = None,
-                             wire_format: str = "named_tensors", **kwargs: Any) -> None:
+    async def update_weights(
+        self, weights: Any, global_steps: int | None = None, wire_format: str = "named_tensors", **kwargs: Any
+    ) -> None:
         if wire_format != "named_tensors":
             raise NotImplementedError(f"hf rollout: wire_format={wire_format!r} (only named_tensors)")
         if kwargs.get("peft_config") is not None:

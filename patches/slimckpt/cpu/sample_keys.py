@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .sampling import SampleKey
 

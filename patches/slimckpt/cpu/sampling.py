@@ -25,11 +25,15 @@ class SampleKey:
     validate: bool
 
     def as_dict(self) -> dict:
-        return {"step": self.step, "sample_index": self.sample_index, "rollout_n": self.rollout_n,
-                "validate": self.validate}
+        return {
+            "step": self.step,
+            "sample_index": self.sample_index,
+            "rollout_n": self.rollout_n,
+            "validate": self.validate,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SampleKey":
+    def from_dict(cls, d: dict) -> SampleKey:
         return cls(int(d["step"]), int(d["sample_index"]), int(d["rollout_n"]), bool(d["validate"]))
 
 

@@ -32,7 +32,7 @@ class LogZHead(nn.Module):
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for layer in (self.net[0], self.net[2]):
-                bound = 1.0 / layer.in_features ** 0.5
+                bound = 1.0 / layer.in_features**0.5
                 layer.weight.uniform_(-bound, bound, generator=generator)
                 layer.bias.uniform_(-bound, bound, generator=generator)
         self.to(dtype)

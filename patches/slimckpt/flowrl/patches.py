@@ -35,8 +35,7 @@ def wrap_build_module(original: Callable) -> Callable:
 
         settings = active_head_settings()
         trains_language_model = (
-            getattr(self.model_config, "model_type", None) == "language_model"
-            and not self.engine_config.forward_only
+            getattr(self.model_config, "model_type", None) == "language_model" and not self.engine_config.forward_only
         )
         if settings is not None and trains_language_model:
             attach_log_z_head(module, settings.inner_size, settings.seed)

@@ -49,8 +49,10 @@ def resume_line(role_dir: str, loads: list[str]) -> str:
     why = f" (keep_optimizer_last={kept}: only the newest {kept} steps keep it)" if kept else ""
     what = {"model": "model", "extra": "lr schedule and RNG"}
     loaded = " and ".join(what[c] for c in ("model", "extra") if c in loads) or "nothing"
-    return (f"slimckpt: {role_dir} has no optimizer state, retention dropped it{why}: resuming its {loaded}; the "
-            f"optimizer starts afresh (Adam moments and step count from zero)")
+    return (
+        f"slimckpt: {role_dir} has no optimizer state, retention dropped it{why}: resuming its {loaded}; the "
+        f"optimizer starts afresh (Adam moments and step count from zero)"
+    )
 
 
 __all__ = ["DROPPED_KEY", "NATIVE_MARKER", "optimizer_dropped", "resume_line"]

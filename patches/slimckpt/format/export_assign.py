@@ -48,12 +48,17 @@ def full_box(shape: Sequence[int]) -> Box:
 def _check_cover(name: str, shape: tuple[int, ...], boxes: Sequence[Box]) -> None:
     """The distinct boxes tile the tensor: inside it, disjoint, together its whole volume."""
     for b in boxes:
-        if len(b.offset) != len(shape) or len(b.size) != len(shape) or any(
-                o < 0 or s < 0 or o + s > d for o, s, d in zip(b.offset, b.size, shape)):
+        if (
+            len(b.offset) != len(shape)
+            or len(b.size) != len(shape)
+            or any(o < 0 or s < 0 or o + s > d for o, s, d in zip(b.offset, b.size, shape))
+        ):
             raise AssignError(f"{name}: box offset {b.offset} size {b.size} lies outside shape {shape}")
     if sum(b.numel for b in boxes) != math.prod(shape):
-        raise AssignError(f"{name}: the ranks' shards hold {sum(b.numel for b in boxes)} of its "
-                          f"{math.prod(shape)} elements (shape {shape})")
+        raise AssignError(
+            f"{name}: the ranks' shards hold {sum(b.numel for b in boxes)} of its "
+            f"{math.prod(shape)} elements (shape {shape})"
+        )
     if all(b.is_rows(shape) for b in boxes):
         ordered = sorted(boxes)
         for a, b in zip(ordered, ordered[1:]):
@@ -61,14 +66,18 @@ def _check_cover(name: str, shape: tuple[int, ...], boxes: Sequence[Box]) -> Non
                 raise AssignError(f"{name}: shards overlap at row {b.offset[0]}")
         return
     for i, a in enumerate(boxes):  # other cuts are rare and have few boxes
-        for b in boxes[i + 1:]:
-            if all(max(ao, bo) < min(ao + asz, bo + bsz)
-                   for ao, asz, bo, bsz in zip(a.offset, a.size, b.offset, b.size)):
+        for b in boxes[i + 1 :]:
+            if all(
+                max(ao, bo) < min(ao + asz, bo + bsz) for ao, asz, bo, bsz in zip(a.offset, a.size, b.offset, b.size)
+            ):
                 raise AssignError(f"{name}: shards {a} and {b} overlap")
 
 
-def assign_writers(holdings: Sequence[Mapping[str, Box]], shapes: Mapping[str, tuple[int, ...]],
-                   itemsize: Mapping[str, int] | None = None) -> list[list[tuple[str, Box]]]:
+def assign_writers(
+    holdings: Sequence[Mapping[str, Box]],
+    shapes: Mapping[str, tuple[int, ...]],
+    itemsize: Mapping[str, int] | None = None,
+) -> list[list[tuple[str, Box]]]:
     """Per rank, the (tensor name, box) pairs it writes.
 
     `holdings[r]` maps tensor names to the non-empty box rank r holds; `shapes` gives every
@@ -107,13 +116,13 @@ def box_runs(shape: tuple[int, ...], box: Box) -> tuple[int, int, int]:
     while k > 0 and box.size[k] == shape[k] and box.offset[k] == 0:
         k -= 1
     # dims after k are whole: a run spans box.size[k] x the rest
-    return math.prod(box.size[:k]), box.size[k] * math.prod(shape[k + 1:]), k
+    return math.prod(box.size[:k]), box.size[k] * math.prod(shape[k + 1 :]), k
 
 
 def run_starts(shape: tuple[int, ...], box: Box) -> list[int]:
     """Element offset in the full tensor where each run of `box` starts (box_runs' order)."""
     n, _, k = box_runs(shape, box)
-    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
     base = sum(o * s for o, s in zip(box.offset, strides))
     if k == 0:
         return [base]
@@ -138,8 +147,9 @@ class Piece:
     out_start: int
 
 
-def take_pieces(shape: Sequence[int], box: Box, span: tuple[int, int] | None = None,
-                starts: Sequence[int] | None = None) -> list[Piece]:
+def take_pieces(
+    shape: Sequence[int], box: Box, span: tuple[int, int] | None = None, starts: Sequence[int] | None = None
+) -> list[Piece]:
     """Where the elements of `box` (a block of a source tensor of `shape`) land in an output that is
     the source's elements [span) in row-major order (`layout.Take`; None: the whole source).
 
@@ -169,8 +179,11 @@ def take_pieces(shape: Sequence[int], box: Box, span: tuple[int, int] | None = N
             continue
         local = j * run_len + lo - start
         last = out[-1] if out else None
-        if last is not None and last.local_end == local and \
-                last.out_start + (last.local_end - last.local_start) == lo - a:
+        if (
+            last is not None
+            and last.local_end == local
+            and last.out_start + (last.local_end - last.local_start) == lo - a
+        ):
             out[-1] = Piece(last.local_start, local + hi - lo, last.out_start)
         else:
             out.append(Piece(local, local + hi - lo, lo - a))

@@ -27,14 +27,49 @@ from dataclasses import dataclass, field
 # safetensors' Dtype enum in declaration order: its serializer sorts tensors by this order,
 # descending, then by name. Sub-byte dtypes (F4, F6_*) are listed for ordering only.
 DTYPE_ORDER: tuple[str, ...] = (
-    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
-    "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
-    "F64", "I64", "U64",
+    "BOOL",
+    "F4",
+    "F6_E2M3",
+    "F6_E3M2",
+    "U8",
+    "I8",
+    "F8_E5M2",
+    "F8_E4M3",
+    "F8_E8M0",
+    "F8_E4M3FNUZ",
+    "F8_E5M2FNUZ",
+    "I16",
+    "U16",
+    "F16",
+    "BF16",
+    "I32",
+    "U32",
+    "F32",
+    "C64",
+    "F64",
+    "I64",
+    "U64",
 )
 DTYPE_BYTES: dict[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
-    "F8_E5M2FNUZ": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
-    "C64": 8, "F64": 8, "I64": 8, "U64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "F8_E4M3FNUZ": 1,
+    "F8_E5M2FNUZ": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "C64": 8,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
 }
 _DTYPE_RANK = {name: i for i, name in enumerate(DTYPE_ORDER)}
 
@@ -85,8 +120,10 @@ class TensorSpec:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
-            raise LayoutError(f"tensor {self.name!r}: dtype {self.dtype!r} is not supported "
-                              f"(supported: {', '.join(sorted(DTYPE_BYTES))})")
+            raise LayoutError(
+                f"tensor {self.name!r}: dtype {self.dtype!r} is not supported "
+                f"(supported: {', '.join(sorted(DTYPE_BYTES))})"
+            )
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
 
     @property
@@ -176,8 +213,9 @@ class Plan:
         return None if index is None else json.dumps(index, indent=2, sort_keys=True) + "\n"
 
 
-def split_into_files(specs: Sequence[TensorSpec], max_shard_size: int | str,
-                     pattern: str = WEIGHTS_PATTERN) -> list[tuple[str, list[TensorSpec]]]:
+def split_into_files(
+    specs: Sequence[TensorSpec], max_shard_size: int | str, pattern: str = WEIGHTS_PATTERN
+) -> list[tuple[str, list[TensorSpec]]]:
     """Group tensors into files in state-dict order, as huggingface_hub does.
 
     Greedy: a tensor that would push the current file over the limit starts a new one; a tensor
@@ -210,8 +248,9 @@ def safetensors_order(specs: Iterable[TensorSpec]) -> list[TensorSpec]:
     return sorted(specs, key=lambda s: (-_DTYPE_RANK[s.dtype], s.name.encode("utf-8")))
 
 
-def header_bytes(entries: Sequence[tuple[TensorSpec, int, int]],
-                 metadata: dict[str, str] | None = DEFAULT_METADATA) -> bytes:
+def header_bytes(
+    entries: Sequence[tuple[TensorSpec, int, int]], metadata: dict[str, str] | None = DEFAULT_METADATA
+) -> bytes:
     """8-byte little-endian length + compact JSON header padded with spaces to a multiple of 8.
 
     `entries` are (spec, begin, end) relative to the start of the data section, in file order.
@@ -226,8 +265,7 @@ def header_bytes(entries: Sequence[tuple[TensorSpec, int, int]],
     return struct.pack("<Q", len(body)) + body
 
 
-def plan_file(name: str, specs: Sequence[TensorSpec],
-              metadata: dict[str, str] | None = DEFAULT_METADATA) -> FileLayout:
+def plan_file(name: str, specs: Sequence[TensorSpec], metadata: dict[str, str] | None = DEFAULT_METADATA) -> FileLayout:
     _check_unique(specs)
     ordered = safetensors_order(specs)
     entries, offset = [], 0
@@ -240,9 +278,12 @@ def plan_file(name: str, specs: Sequence[TensorSpec],
     return FileLayout(name=name, header=header, placements=placements)
 
 
-def plan_files(specs: Sequence[TensorSpec], max_shard_size: int | str,
-               metadata: dict[str, str] | None = DEFAULT_METADATA,
-               pattern: str = WEIGHTS_PATTERN) -> Plan:
+def plan_files(
+    specs: Sequence[TensorSpec],
+    max_shard_size: int | str,
+    metadata: dict[str, str] | None = DEFAULT_METADATA,
+    pattern: str = WEIGHTS_PATTERN,
+) -> Plan:
     """Specs in state-dict order -> every output file with header and absolute offsets."""
     files = tuple(plan_file(name, group, metadata) for name, group in split_into_files(specs, max_shard_size, pattern))
     placements = {p.spec.name: p for f in files for p in f.placements}
@@ -342,8 +383,9 @@ def shard_rows(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-def source_ranges(placement: Placement, shard_sizes: Sequence[int],
-                  row_start: int = 0, row_end: int | None = None) -> list[SourceRange]:
+def source_ranges(
+    placement: Placement, shard_sizes: Sequence[int], row_start: int = 0, row_end: int | None = None
+) -> list[SourceRange]:
     """Which source shard covers which bytes of rows [row_start, row_end) of `placement`.
 
     `shard_sizes` are the dim-0 lengths of the source shards in order (FSDP's Shard(0): may be
@@ -352,8 +394,9 @@ def source_ranges(placement: Placement, shard_sizes: Sequence[int],
     rows = placement.spec.rows
     row_end = rows if row_end is None else row_end
     if sum(shard_sizes) != rows:
-        raise LayoutError(f"{placement.spec.name}: shard rows {list(shard_sizes)} add up to "
-                          f"{sum(shard_sizes)}, tensor has {rows}")
+        raise LayoutError(
+            f"{placement.spec.name}: shard rows {list(shard_sizes)} add up to {sum(shard_sizes)}, tensor has {rows}"
+        )
     out = []
     for k, (s, e) in enumerate(shard_rows(shard_sizes)):
         a, b = max(s, row_start), min(e, row_end)

@@ -48,8 +48,14 @@ def new_hasher(algo: str = DEFAULT_ALGO):
     raise CommitError(f"unknown checksum algorithm {algo!r} (known: xxh3_128, blake2b, sha256)")
 
 
-def file_checksum(path: str, algo: str = DEFAULT_ALGO, begin: int = 0, end: int | None = None,
-                  hasher=None, on_bytes: Callable[[int], object] | None = None) -> str:
+def file_checksum(
+    path: str,
+    algo: str = DEFAULT_ALGO,
+    begin: int = 0,
+    end: int | None = None,
+    hasher=None,
+    on_bytes: Callable[[int], object] | None = None,
+) -> str:
     """Checksum of bytes [begin, end) of a file, read in bounded chunks (`on_bytes(n)` after each)."""
     h = hasher or new_hasher(algo)
     with open(path, "rb", buffering=0) as f:
@@ -80,8 +86,9 @@ SEAL_KEY = "manifest_checksum"
 
 
 def _canonical(record: dict) -> bytes:
-    return json.dumps({k: v for k, v in record.items() if k != SEAL_KEY}, sort_keys=True,
-                      separators=(",", ":")).encode()
+    return json.dumps(
+        {k: v for k, v in record.items() if k != SEAL_KEY}, sort_keys=True, separators=(",", ":")
+    ).encode()
 
 
 def seal(record: dict, algo: str = DEFAULT_ALGO) -> dict:
@@ -93,15 +100,24 @@ def check_seal(record: dict) -> None:
     """Raise CommitError if the record has no seal or its seal does not match it."""
     sealed = record.get(SEAL_KEY)
     if sealed is None:
-        raise CommitError(f"has no {SEAL_KEY} (its seal): every manifest slimckpt writes carries one, so this one "
-                          f"was altered or is not slimckpt's")
+        raise CommitError(
+            f"has no {SEAL_KEY} (its seal): every manifest slimckpt writes carries one, so this one "
+            f"was altered or is not slimckpt's"
+        )
     algo, _, want = str(sealed).partition(":")
     if bytes_checksum(_canonical(record), algo) != want:
         raise CommitError("its own checksum does not match its contents (the manifest itself is damaged)")
 
 
-def check_file(root: str, rel: str, size: int, checksum: str | None, algo: str, checksums: bool = True,
-               on_bytes: Callable[[int], object] | None = None) -> str | None:
+def check_file(
+    root: str,
+    rel: str,
+    size: int,
+    checksum: str | None,
+    algo: str,
+    checksums: bool = True,
+    on_bytes: Callable[[int], object] | None = None,
+) -> str | None:
     """Why file `rel` under root does not match its record (size, then checksum), or None.
 
     The one check behind every manifest of slimckpt (merge outputs and incremental resume state)."""
@@ -142,18 +158,25 @@ class Manifest:
         return json.dumps(seal(d, self.checksum_algo), indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "Manifest":
+    def from_json(cls, text: str) -> Manifest:
         d = json.loads(text)
         if not isinstance(d, dict) or "files" not in d:
             raise CommitError("not a slimckpt manifest (no 'files')")
         check_seal(d)
         if d.get("format_version") != FORMAT_VERSION:
-            raise CommitError(f"unknown format_version {d.get('format_version')!r} (this slimckpt reads "
-                              f"{FORMAT_VERSION})")
+            raise CommitError(
+                f"unknown format_version {d.get('format_version')!r} (this slimckpt reads {FORMAT_VERSION})"
+            )
         files = {k: FileEntry(int(v["size"]), str(v["checksum"])) for k, v in d["files"].items()}
-        return cls(kind=d.get("kind", ""), files=files, checksum_algo=str(d["checksum_algo"]),
-                   tool=d.get("tool", ""), tool_version=d.get("tool_version", ""),
-                   format_version=FORMAT_VERSION, info=d.get("info", {}))
+        return cls(
+            kind=d.get("kind", ""),
+            files=files,
+            checksum_algo=str(d["checksum_algo"]),
+            tool=d.get("tool", ""),
+            tool_version=d.get("tool_version", ""),
+            format_version=FORMAT_VERSION,
+            info=d.get("info", {}),
+        )
 
 
 def list_files(root: str) -> list[str]:
@@ -187,7 +210,7 @@ def fsync_path(path: str) -> None:
 
 
 def fsync_tree(root: str) -> None:
-    for dirpath, dirs, names in os.walk(root):
+    for dirpath, _dirs, names in os.walk(root):
         for name in names:
             fsync_path(os.path.join(dirpath, name))
         fsync_path(dirpath)
@@ -278,8 +301,9 @@ def commit(partial: str, target: str, overwrite: bool = False) -> None:
     try:
         if os.path.isdir(target) and not _dir_is_empty(target):
             if not overwrite:
-                raise CommitError(f"{target} became non-empty while merging; nothing was replaced, "
-                                  f"the result is in {partial}")
+                raise CommitError(
+                    f"{target} became non-empty while merging; nothing was replaced, the result is in {partial}"
+                )
             old = f"{target}.old-{os.getpid()}"
             os.rename(target, old)
         # rename(2) replaces an empty directory atomically

@@ -26,8 +26,9 @@ class OsErrorFixes:
     not_writable: str
 
 
-MERGE_FIXES = OsErrorFixes(full="free space or choose a --target_dir on another filesystem",
-                           not_writable="choose a writable --target_dir")
+MERGE_FIXES = OsErrorFixes(
+    full="free space or choose a --target_dir on another filesystem", not_writable="choose a writable --target_dir"
+)
 
 
 def _size(n: int) -> str:
@@ -36,8 +37,9 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{max(1, round(n / 1024))} KiB"
 
 
-def describe_os_error(exc: OSError, path: str, need_bytes: int | None = None, *, fixes: OsErrorFixes,
-                      free_bytes: int | None = None) -> str:
+def describe_os_error(
+    exc: OSError, path: str, need_bytes: int | None = None, *, fixes: OsErrorFixes, free_bytes: int | None = None
+) -> str:
     """One line naming the path and what to do about it, in the words of the caller's `fixes`
     (`free_bytes`: a refusal before writing, which names what the filesystem had)."""
     where = exc.filename or path
@@ -52,8 +54,9 @@ def describe_os_error(exc: OSError, path: str, need_bytes: int | None = None, *,
     return f"{where}: {exc.strerror or exc}"
 
 
-def os_failure(cls: type[Exception], exc: OSError, path: str, need_bytes: int | None = None,
-               free_bytes: int | None = None) -> Exception:
+def os_failure(
+    cls: type[Exception], exc: OSError, path: str, need_bytes: int | None = None, free_bytes: int | None = None
+) -> Exception:
     """`cls(one line)` that keeps `exc`, `path`, `need_bytes` and `free_bytes` for `redescribe`. The
     line a writer raises it with is the merge's (the writers' own command); every other caller (a
     trainer's save or export) says it again with its fixes before a user reads it."""
@@ -67,5 +70,10 @@ def redescribe(exc: BaseException, fixes: OsErrorFixes) -> str | None:
     os_error = getattr(exc, "os_error", None)
     if not isinstance(os_error, OSError):
         return None
-    return describe_os_error(os_error, getattr(exc, "os_path", "") or "", getattr(exc, "need_bytes", None),
-                             fixes=fixes, free_bytes=getattr(exc, "free_bytes", None))
+    return describe_os_error(
+        os_error,
+        getattr(exc, "os_path", "") or "",
+        getattr(exc, "need_bytes", None),
+        fixes=fixes,
+        free_bytes=getattr(exc, "free_bytes", None),
+    )

@@ -61,7 +61,7 @@ class FileEntry:
         return {"path": self.path, "bytes": self.bytes, "checksum": self.checksum}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "FileEntry":
+    def from_json(cls, data: dict[str, Any]) -> FileEntry:
         return cls(str(data["path"]), int(data["bytes"]), str(data["checksum"]))
 
 
@@ -77,20 +77,22 @@ class Manifest:
     checksum_algo: str = DEFAULT_ALGO
 
     def to_json(self) -> dict[str, Any]:
-        return seal({
-            "format": self.format,
-            "checksum_algo": self.checksum_algo,
-            "global_step": self.global_step,
-            "world_size": self.world_size,
-            "fsdp_version": self.fsdp_version,
-            "contents": list(self.contents),
-            "files": [f.to_json() for f in self.files],
-            "extra": self.extra,
-            "committed_at": time.time(),
-        })
+        return seal(
+            {
+                "format": self.format,
+                "checksum_algo": self.checksum_algo,
+                "global_step": self.global_step,
+                "world_size": self.world_size,
+                "fsdp_version": self.fsdp_version,
+                "contents": list(self.contents),
+                "files": [f.to_json() for f in self.files],
+                "extra": self.extra,
+                "committed_at": time.time(),
+            }
+        )
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Manifest":
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
         return cls(
             global_step=int(data["global_step"]),
             world_size=int(data["world_size"]),
@@ -108,8 +110,11 @@ def describe_files(root: str, relpaths: Iterable[str], known: dict[str, str] | N
     file was written) are not re-read."""
     known = known or {}
     return [
-        FileEntry(rel, os.path.getsize(os.path.join(root, rel)),
-                  known.get(rel) or file_checksum(os.path.join(root, rel), DEFAULT_ALGO))
+        FileEntry(
+            rel,
+            os.path.getsize(os.path.join(root, rel)),
+            known.get(rel) or file_checksum(os.path.join(root, rel), DEFAULT_ALGO),
+        )
         for rel in relpaths
     ]
 
@@ -182,9 +187,15 @@ def _parse_manifest(role_dir: str) -> tuple[Manifest | None, Damage | None]:
     path = os.path.join(role_dir, MANIFEST_NAME)
     if not os.path.isfile(path):
         reason = "missing: its save never finished"
-        return None, Damage(-1, path, reason, (
-            f"slimckpt: {role_dir} has no {MANIFEST_NAME}: its save never finished; resume from an earlier "
-            f"global_step_* (trainer.resume_mode=resume_path trainer.resume_from_path=...) or delete this directory"))
+        return None, Damage(
+            -1,
+            path,
+            reason,
+            (
+                f"slimckpt: {role_dir} has no {MANIFEST_NAME}: its save never finished; resume from an earlier "
+                f"global_step_* (trainer.resume_mode=resume_path trainer.resume_from_path=...) or delete this directory"
+            ),
+        )
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read().decode("utf-8"))
@@ -193,8 +204,9 @@ def _parse_manifest(role_dir: str) -> tuple[Manifest | None, Damage | None]:
     if not isinstance(data, dict):
         return None, _manifest_damage(role_dir, "unreadable (not a JSON object)")
     if data.get("format") != FORMAT:
-        return None, _manifest_damage(role_dir, f"unknown format {data.get('format')!r} (this slimckpt reads "
-                                                f"{FORMAT!r})")
+        return None, _manifest_damage(
+            role_dir, f"unknown format {data.get('format')!r} (this slimckpt reads {FORMAT!r})"
+        )
     try:
         check_seal(data)
         return Manifest.from_json(data), None
@@ -220,8 +232,9 @@ def damage_message(role_dir: str, bad: BadFile) -> str:
     return f"slimckpt: {os.path.join(role_dir, bad.name)}: {bad.reason}; {DAMAGED_FIX}"
 
 
-def _check_entry(role_dir: str, entry: FileEntry, algo: str, checksums: bool,
-                 on_bytes: Callable[[int], object] | None) -> str | None:
+def _check_entry(
+    role_dir: str, entry: FileEntry, algo: str, checksums: bool, on_bytes: Callable[[int], object] | None
+) -> str | None:
     reason = check_file(role_dir, entry.path, entry.bytes, entry.checksum, algo, checksums, on_bytes)
     return f"missing but listed in {MANIFEST_NAME}" if reason == "missing" else reason
 
@@ -238,9 +251,14 @@ def share_by_bytes(sizes: Sequence[int], world: int) -> list[int]:
     return owner
 
 
-def find_damage(role_dir: str, manifest: Manifest, checksums: bool = True,
-                on_bytes: Callable[[int], object] | None = None, share: tuple[int, int] = (0, 1),
-                extras: bool = True) -> list[tuple[int, BadFile]]:
+def find_damage(
+    role_dir: str,
+    manifest: Manifest,
+    checksums: bool = True,
+    on_bytes: Callable[[int], object] | None = None,
+    share: tuple[int, int] = (0, 1),
+    extras: bool = True,
+) -> list[tuple[int, BadFile]]:
     """(index, bad file) for every listed file of this `share` (rank, world: the files
     share_by_bytes gives the rank) that is missing, resized or altered, then (with `extras`) files
     not in the manifest (index len(files) + k), and failure markers. Ordered by index, so every
@@ -258,13 +276,20 @@ def find_damage(role_dir: str, manifest: Manifest, checksums: bool = True,
         unlisted = unlisted_files(role_dir, (e.path for e in manifest.files))
         bad += [(n + k, BadFile(rel, f"not listed in {MANIFEST_NAME}")) for k, rel in enumerate(unlisted)]
         n += len(unlisted)
-        bad += [(n + k, BadFile(os.path.basename(m), "says this step's save failed"))
-                for k, m in enumerate(failure_markers(role_dir))]
+        bad += [
+            (n + k, BadFile(os.path.basename(m), "says this step's save failed"))
+            for k, m in enumerate(failure_markers(role_dir))
+        ]
     return bad
 
 
-def role_damage(role_dir: str, checksums: bool = True, on_bytes: Callable[[int], object] | None = None,
-                share: tuple[int, int] = (0, 1), extras: bool = True) -> tuple[Manifest | None, list[Damage]]:
+def role_damage(
+    role_dir: str,
+    checksums: bool = True,
+    on_bytes: Callable[[int], object] | None = None,
+    share: tuple[int, int] = (0, 1),
+    extras: bool = True,
+) -> tuple[Manifest | None, list[Damage]]:
     """Is this role dir intact: (its manifest or None, what is wrong, first first). Intact means a
     manifest that parses, carries a matching seal and this format; every listed file there with its
     size and (`checksums`) checksum; and (`extras`) no unlisted file, no failure marker.
@@ -273,8 +298,10 @@ def role_damage(role_dir: str, checksums: bool = True, on_bytes: Callable[[int],
     manifest, bad = _parse_manifest(role_dir)
     if manifest is None:
         return None, [bad] if bad else []
-    return manifest, [Damage(i, os.path.join(role_dir, b.name), b.reason, damage_message(role_dir, b))
-                      for i, b in find_damage(role_dir, manifest, checksums, on_bytes, share, extras)]
+    return manifest, [
+        Damage(i, os.path.join(role_dir, b.name), b.reason, damage_message(role_dir, b))
+        for i, b in find_damage(role_dir, manifest, checksums, on_bytes, share, extras)
+    ]
 
 
 def check_committed(role_dir: str, checksums: bool = True) -> Manifest:
@@ -286,8 +313,7 @@ def check_committed(role_dir: str, checksums: bool = True) -> Manifest:
     return manifest
 
 
-def check_files(role_dir: str, files: Sequence[FileEntry], checksums: bool,
-                algo: str = DEFAULT_ALGO) -> None:
+def check_files(role_dir: str, files: Sequence[FileEntry], checksums: bool, algo: str = DEFAULT_ALGO) -> None:
     """Raise UncommittedCheckpoint naming the first listed file that is missing, short or altered."""
     for entry in files:
         reason = _check_entry(role_dir, entry, algo, checksums, None)
@@ -334,7 +360,7 @@ def step_of(role_dir: str) -> tuple[str, int] | None:
     if not name.startswith("global_step_"):
         return None
     try:
-        return os.path.dirname(step_dir), int(name[len("global_step_"):])
+        return os.path.dirname(step_dir), int(name[len("global_step_") :])
     except ValueError:
         return None
 

@@ -69,12 +69,13 @@ def best_paths(paths: Sequence[str], metrics: Mapping[str, float | None], keep_b
     return [p for _, _, p in ranked[:keep_best]]
 
 
-def plan(paths: Sequence[str], policy: RetentionPolicy, protect: set[str],
-         metrics: Mapping[str, float | None] | None = None) -> RetentionDecision:
+def plan(
+    paths: Sequence[str], policy: RetentionPolicy, protect: set[str], metrics: Mapping[str, float | None] | None = None
+) -> RetentionDecision:
     """The decision for verl's list of saved role dirs (oldest first, the newest complete);
     `protect` holds the absolute paths the tracker names; `metrics` the best_metric value by path."""
     paths = list(paths)
-    newest = set(paths if not policy.max_keep or policy.max_keep <= 0 else paths[-policy.max_keep:])
+    newest = set(paths if not policy.max_keep or policy.max_keep <= 0 else paths[-policy.max_keep :])
     best = set(best_paths(paths, metrics or {}, policy.keep_best, policy.best_mode))
     tracked = {p for p in paths if os.path.abspath(p) in protect}
     decision = RetentionDecision()
@@ -88,7 +89,7 @@ def plan(paths: Sequence[str], policy: RetentionPolicy, protect: set[str],
         else:
             decision.delete.append(p)
     if policy.optimizer_last is not None:
-        with_optimizer = set(decision.keep[-policy.optimizer_last:]) | tracked
+        with_optimizer = set(decision.keep[-policy.optimizer_last :]) | tracked
         decision.drop_optimizer = [p for p in decision.keep if p not in with_optimizer]
     return decision
 

@@ -28,9 +28,11 @@ class ConfigMismatch(ValueError):
 
     def __init__(self, name: str, shape: tuple[int, ...], expected: tuple[int, ...], config_path: str) -> None:
         self.name, self.shape, self.expected, self.config_path = name, shape, expected, config_path
-        super().__init__(f"{name!r} is {list(shape)}, but {config_path} makes it {list(expected)} (another number "
-                         f"of experts or other sizes): that config.json does not belong to this checkpoint; copy "
-                         f"the training run's huggingface/ dir along")
+        super().__init__(
+            f"{name!r} is {list(shape)}, but {config_path} makes it {list(expected)} (another number "
+            f"of experts or other sizes): that config.json does not belong to this checkpoint; copy "
+            f"the training run's huggingface/ dir along"
+        )
 
 
 def default_max_shard_size() -> int | str:
@@ -84,8 +86,11 @@ def load_generation_config(hf_dir: str):
     """The generation config saved beside the checkpoint's config, or None (with verl's warning):
     verl 0.9.1's merger gives it to the model instead of the one derived from the config."""
     if not os.path.isfile(os.path.join(hf_dir, "generation_config.json")):
-        log.warning("Generation config file not found in %s, using a generation config created from the "
-                    "model config (as verl's merger does)", hf_dir)
+        log.warning(
+            "Generation config file not found in %s, using a generation config created from the "
+            "model config (as verl's merger does)",
+            hf_dir,
+        )
         return None
     from transformers import GenerationConfig
 
@@ -105,28 +110,34 @@ class HfSide:
         self.hf_dir = os.path.join(local_dir, HF_SUBDIR)
         config_path = os.path.join(self.hf_dir, "config.json")
         if not os.path.isfile(config_path):
-            raise CheckpointError(f"{config_path} is missing; verl writes it on rank 0 "
-                                  f"with every checkpoint: copy the checkpoint's huggingface/ dir along")
+            raise CheckpointError(
+                f"{config_path} is missing; verl writes it on rank 0 "
+                f"with every checkpoint: copy the checkpoint's huggingface/ dir along"
+            )
         self.trust_remote_code = trust_remote_code
         # verl's merger loads this config, picks the auto class and patches the generation config as
         # below (BaseModelMerger, verl 0.9.1); tests/unit/test_verl_leaves.py holds both to the same answers
         self.model_config = AutoConfig.from_pretrained(self.hf_dir, trust_remote_code=trust_remote_code)
         if not getattr(self.model_config, "architectures", None):
-            raise CheckpointError(f"{config_path} names no \"architectures\"; add the "
-                                  f"model class, e.g. \"architectures\": [\"LlamaForCausalLM\"]")
+            raise CheckpointError(
+                f'{config_path} names no "architectures"; add the '
+                f'model class, e.g. "architectures": ["LlamaForCausalLM"]'
+            )
         self.torch_dtype = torch_dtypes_of_choices(torch)[dtype]
         auto_cls = auto_model_class(self.model_config)
         try:
             # all on meta, buffers too: transformers then skips initialising the weights (measured: BENCHMARKS.md)
             with torch.device("meta"):
-                model = auto_cls.from_config(self.model_config, dtype=self.torch_dtype,
-                                             trust_remote_code=trust_remote_code)
+                model = auto_cls.from_config(
+                    self.model_config, dtype=self.torch_dtype, trust_remote_code=trust_remote_code
+                )
         except Exception:  # noqa: BLE001 - a model whose __init__ computes with its buffers: verl's way
             from accelerate import init_empty_weights
 
             with init_empty_weights():
-                model = auto_cls.from_config(self.model_config, dtype=self.torch_dtype,
-                                             trust_remote_code=trust_remote_code)
+                model = auto_cls.from_config(
+                    self.model_config, dtype=self.torch_dtype, trust_remote_code=trust_remote_code
+                )
         if model.can_generate():
             generation_config = load_generation_config(self.hf_dir)
             if generation_config is not None:
@@ -148,8 +159,10 @@ class HfSide:
 
         revert_weight_conversion = internals.lookup("transformers.core_model_loading:revert_weight_conversion")
         if revert_weight_conversion is None:
-            raise NeedsVerlMerger("this transformers' save-time conversion is not one slimckpt was checked on "
-                                  f"(slimckpt.internals: {', '.join(internals.CHECKED_TRANSFORMERS)})")
+            raise NeedsVerlMerger(
+                "this transformers' save-time conversion is not one slimckpt was checked on "
+                f"(slimckpt.internals: {', '.join(internals.CHECKED_TRANSFORMERS)})"
+            )
         meta = {n: torch.empty(shapes[n], dtype=self.torch_dtype, device="meta") for n in self._kept(names)}
         model_name = type(self.model).__name__
         try:
@@ -158,8 +171,10 @@ class HfSide:
             for n in meta:  # most likely a config that is not this checkpoint's: say which tensor differs
                 self._check_config_shape(n, tuple(shapes[n]))
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise NeedsVerlMerger(f"transformers' save-time conversion of {model_name} fails on this checkpoint's "
-                                  f"shapes ({type(exc).__name__}: {first[:160]})") from None
+            raise NeedsVerlMerger(
+                f"transformers' save-time conversion of {model_name} fails on this checkpoint's "
+                f"shapes ({type(exc).__name__}: {first[:160]})"
+            ) from None
         by_id = {id(t): n for n, t in meta.items()}
         takes: dict[str, Take] = {}
         for new, t in reverted.items():
@@ -169,11 +184,15 @@ class HfSide:
                 continue
             old = by_id.get(id(t._base)) if isinstance(t, torch.Tensor) and t._base is not None else None
             if old is None:
-                raise NeedsVerlMerger(f"transformers converts tensors of {model_name} on save "
-                                      f"(e.g. {new!r} is not a part of one checkpoint tensor)")
+                raise NeedsVerlMerger(
+                    f"transformers converts tensors of {model_name} on save "
+                    f"(e.g. {new!r} is not a part of one checkpoint tensor)"
+                )
             if not t.is_contiguous():
-                raise NeedsVerlMerger(f"transformers converts tensors of {model_name} on save (e.g. {new!r} is a "
-                                      f"strided part of {old!r}: transposed or interleaved)")
+                raise NeedsVerlMerger(
+                    f"transformers converts tensors of {model_name} on save (e.g. {new!r} is a "
+                    f"strided part of {old!r}: transposed or interleaved)"
+                )
             self._check_config_shape(old, tuple(shapes[old]))
             start = t.storage_offset() - t._base.storage_offset()
             takes[new] = Take(old, tuple(t.shape), (start, start + t.numel()))
@@ -185,8 +204,9 @@ class HfSide:
         mapping = {}
         for new, take in self.output_sources(names, shapes).items():
             if not take.whole:
-                raise NeedsVerlMerger(f"transformers converts tensors of {type(self.model).__name__} on save "
-                                      f"(e.g. {new!r})")
+                raise NeedsVerlMerger(
+                    f"transformers converts tensors of {type(self.model).__name__} on save (e.g. {new!r})"
+                )
             mapping[new] = take.source
         return mapping
 
@@ -244,9 +264,12 @@ class HfSide:
             tokenizer = verl_tokenizer.hf_tokenizer(self.hf_dir, trust_remote_code=self.trust_remote_code)
         except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/TypeError here
             tokenizer = None
-            log.warning("no tokenizer in %s (%s): the merged model has none; copy one in before serving it "
-                        "(verl's merger exits 1 here, after writing the weights)", self.hf_dir,
-                        str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__)
+            log.warning(
+                "no tokenizer in %s (%s): the merged model has none; copy one in before serving it "
+                "(verl's merger exits 1 here, after writing the weights)",
+                self.hf_dir,
+                str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__,
+            )
         if processor is not None:
             processor.save_pretrained(out_dir)
         if tokenizer is not None:

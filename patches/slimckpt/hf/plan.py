@@ -64,11 +64,23 @@ class ExportPlan:
         all-gathers each one's A in that order)."""
         return [n for n, t in self.takes.items() if t.delta is not None]
 
-    def with_share(self, mine: list[tuple[str, Box]], source_shapes: dict[str, tuple[int, ...]],
-                   gather_b: frozenset[str]) -> ExportPlan:
+    def with_share(
+        self, mine: list[tuple[str, Box]], source_shapes: dict[str, tuple[int, ...]], gather_b: frozenset[str]
+    ) -> ExportPlan:
         """This plan with one rank's share of the writing."""
-        return ExportPlan(self.plan, self.takes, self.total_parameters, self.index_plan, self.adapter_config,
-                          self.world_size, self.fsdp_version, self.source_format, mine, source_shapes, gather_b)
+        return ExportPlan(
+            self.plan,
+            self.takes,
+            self.total_parameters,
+            self.index_plan,
+            self.adapter_config,
+            self.world_size,
+            self.fsdp_version,
+            self.source_format,
+            mine,
+            source_shapes,
+            gather_b,
+        )
 
 
 EMPTY = layout.Plan(files=(), total_size=0, placements={})
@@ -101,12 +113,19 @@ def plan_names(ckpt: Any, name_map: dict[str, str], dtype: str, max_shard_size, 
     return plan_takes(ckpt, takes, dtype, max_shard_size, total_parameters)
 
 
-def plan_takes(ckpt: Any, takes: dict[str, layout.Take], dtype: str, max_shard_size,
-               total_parameters: int) -> ExportPlan:
+def plan_takes(
+    ckpt: Any, takes: dict[str, layout.Take], dtype: str, max_shard_size, total_parameters: int
+) -> ExportPlan:
     st_dtype = DTYPE_CHOICES[dtype]
     for take in takes.values():
         take.check_source(ckpt.tensors[take.source].shape)
     specs = [layout.TensorSpec(new, st_dtype, take.shape) for new, take in takes.items()]
     plan = layout.plan_files(specs, max_shard_size)
-    return ExportPlan(plan, takes, total_parameters, world_size=ckpt.world_size, fsdp_version=ckpt.fsdp_version,
-                      source_format=getattr(ckpt, "source_format", "verl_fsdp"))
+    return ExportPlan(
+        plan,
+        takes,
+        total_parameters,
+        world_size=ckpt.world_size,
+        fsdp_version=ckpt.fsdp_version,
+        source_format=getattr(ckpt, "source_format", "verl_fsdp"),
+    )

@@ -14,13 +14,13 @@ import threading
 
 from .. import env_vars
 from ..format.merge_manifest import discard_partial, prepare_partial
+from ..format.names import HF_SUBDIR
+from ..hf.naming import guess_default_max_shard_size
+from ..hf.plan import ExportPlan, check_output_room, plan_names
 from ..log import get_logger
 from ..write import forked_call
 from ..write.out_files import create_files
 from . import guess as merge_guess
-from ..format.names import HF_SUBDIR
-from ..hf.naming import guess_default_max_shard_size
-from ..hf.plan import ExportPlan, check_output_room, plan_names
 from .plan import MergeOptions
 from .workers import ProgressBar, write_weights
 
@@ -35,8 +35,9 @@ def _write_weights_without_torch(opts: MergeOptions, partial: str, mp: ExportPla
     bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
     stats = writer_stats.WriterStats()
     try:
-        checksums = np_writer.write_plan(partial, mp.plan, sources, opts.dtype, opts.chunk_bytes, bar, opts.fsync,
-                                         stats=stats, takes=mp.takes)
+        checksums = np_writer.write_plan(
+            partial, mp.plan, sources, opts.dtype, opts.chunk_bytes, bar, opts.fsync, stats=stats, takes=mp.takes
+        )
     finally:
         bar.close()
     stats_path = writer_stats.requested_path()
@@ -44,8 +45,13 @@ def _write_weights_without_torch(opts: MergeOptions, partial: str, mp: ExportPla
         try:
             stats.save(stats_path)
         except OSError as exc:  # a diagnostic: the merge itself succeeded
-            log.warning("could not write the writer's timings to %s (%s): %s=%s is ignored", stats_path,
-                        exc.strerror or exc, writer_stats.STATS_ENV, stats_path)
+            log.warning(
+                "could not write the writer's timings to %s (%s): %s=%s is ignored",
+                stats_path,
+                exc.strerror or exc,
+                writer_stats.STATS_ENV,
+                stats_path,
+            )
     return checksums
 
 
@@ -97,7 +103,7 @@ class EarlyWrite:
             return False
 
     @classmethod
-    def start(cls, opts: MergeOptions, target: str) -> "EarlyWrite | None":
+    def start(cls, opts: MergeOptions, target: str) -> EarlyWrite | None:
         """None when there is no safe guess; the normal path then plans first and writes after."""
         if not env_vars.flag("SLIMCKPT_MERGE_GUESS"):
             return None
@@ -108,16 +114,18 @@ class EarlyWrite:
         return cls._start_without_torch(opts, target, config) or cls._start_with_torch(opts, target, config)
 
     @classmethod
-    def _start_without_torch(cls, opts: MergeOptions, target: str, config: dict) -> "EarlyWrite | None":
+    def _start_without_torch(cls, opts: MergeOptions, target: str, config: dict) -> EarlyWrite | None:
         if _torch_imported() or not forked_call.possible():
             return None  # no time to win: torch is here already; or a thread would share the imports' GIL
-        from ..write import np_writer
         from ..read import pt_index
+        from ..write import np_writer
 
         index = pt_index.open_index(opts.local_dir)
-        names = merge_guess.guess_output_names(list(index.tensors), config,
-                                               {n: t.shape for n, t in index.tensors.items()}) \
-            if index is not None else None
+        names = (
+            merge_guess.guess_output_names(list(index.tensors), config, {n: t.shape for n, t in index.tensors.items()})
+            if index is not None
+            else None
+        )
         if names is None:
             return None
         sources = {new: index.tensors[old] for new, old in names.items()}
@@ -135,7 +143,7 @@ class EarlyWrite:
         return early
 
     @classmethod
-    def _start_with_torch(cls, opts: MergeOptions, target: str, config: dict) -> "EarlyWrite | None":
+    def _start_with_torch(cls, opts: MergeOptions, target: str, config: dict) -> EarlyWrite | None:
         from ..read.merge_input import open_source
         from ..read.sources import CheckpointError, open_indexed, signature
 
@@ -145,8 +153,9 @@ class EarlyWrite:
                 ckpt = open_source(opts.local_dir)
             except CheckpointError:
                 return None  # the normal path reports it
-        names = merge_guess.guess_output_names(list(ckpt.tensors), config,
-                                               {n: tuple(t.shape) for n, t in ckpt.tensors.items()})
+        names = merge_guess.guess_output_names(
+            list(ckpt.tensors), config, {n: tuple(t.shape) for n, t in ckpt.tensors.items()}
+        )
         if names is None:
             ckpt.close()
             return None
@@ -157,8 +166,9 @@ class EarlyWrite:
             ckpt.close()  # the child keeps its own mappings of the rank files
         else:  # a thread does the same work
             log.debug("early write: a thread writes the weights")
-            early.thread = threading.Thread(target=early._run, args=(opts, ckpt), name="slimckpt-early-write",
-                                            daemon=True)
+            early.thread = threading.Thread(
+                target=early._run, args=(opts, ckpt), name="slimckpt-early-write", daemon=True
+            )
             early.thread.start()
         return early
 
@@ -172,8 +182,11 @@ class EarlyWrite:
 
     def matches(self, mp: ExportPlan, signature: list[tuple]) -> bool:
         """Whether the early write wrote what the real plan, from the real reader, would."""
-        return (mp.plan == self.mp.plan and list(mp.takes.items()) == list(self.mp.takes.items())
-                and signature == self.signature)
+        return (
+            mp.plan == self.mp.plan
+            and list(mp.takes.items()) == list(self.mp.takes.items())
+            and signature == self.signature
+        )
 
     def join(self) -> dict[str, str]:
         if self.child is not None:

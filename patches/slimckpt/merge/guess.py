@@ -33,8 +33,9 @@ def read_config(hf_dir: str) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
-def guess_output_names(names: list[str], config: dict | None,
-                       shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, str] | None:
+def guess_output_names(
+    names: list[str], config: dict | None, shapes: dict[str, tuple[int, ...]] | None = None
+) -> dict[str, str] | None:
     """{output name: checkpoint name} in checkpoint order, or None when there is no safe guess
     (no config, the tie setting not stated, LoRA, names transformers might rename, or, given
     `shapes`, a tensor it may split on save)."""
@@ -42,8 +43,9 @@ def guess_output_names(names: list[str], config: dict | None,
         return None
     if shapes is not None and any(is_fused(n, shapes[n]) for n in names):
         return None
-    if any(is_lora_key(n) for n in names) or any(not n.startswith(("model.", "lm_head.")) for n in names
-                                               if not is_flowrl_param(n)):
+    if any(is_lora_key(n) for n in names) or any(
+        not n.startswith(("model.", "lm_head.")) for n in names if not is_flowrl_param(n)
+    ):
         return None
     tied = config["tie_word_embeddings"] and TIED_SOURCE in names
     return {n: n for n in names if not is_flowrl_param(n) and not (tied and n == TIED_TARGET)}

@@ -36,10 +36,11 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
 from datetime import timedelta
+from typing import TypeVar
 
 from .. import __version__, env_vars
+from ..collective.outcome import from_rank0, on_every_rank
 from ..format import layout
 from ..format.merge_manifest import (
     DEFAULT_ALGO,
@@ -53,8 +54,12 @@ from ..format.merge_manifest import (
     prepare_partial,
     write_manifest,
 )
+from ..format.names import DTYPE_CHOICES, HF_SUBDIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_DIR
 from ..format.os_errors import MERGE_FIXES, OsErrorFixes, redescribe
-from ..collective.outcome import from_rank0, on_every_rank
+from ..hf.lay_out import lay_out
+from ..hf.lora import plan_lora
+from ..hf.naming import HfSide, NeedsVerlMerger, default_max_shard_size
+from ..hf.plan import ExportPlan, check_output_room, make_plan
 from ..log import get_logger
 from ..read import in_flight, readahead
 from ..read.checkpoint_dir import CheckpointError
@@ -65,11 +70,6 @@ from ..write import forked_call
 from ..write.out_files import OutputError, create_files
 from ..write.peers import Heartbeat, describe_ranks, lost_ranks_line
 from .early_write import EarlyWrite
-from ..format.names import DTYPE_CHOICES, HF_SUBDIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_DIR
-from ..hf.lay_out import lay_out
-from ..hf.lora import plan_lora
-from ..hf.naming import HfSide, NeedsVerlMerger, default_max_shard_size
-from ..hf.plan import ExportPlan, check_output_room, make_plan
 from .plan import MergeError, MergeOptions, MergeResult
 from .workers import ProgressBar, is_user_error, run_workers, write_weights
 
@@ -79,11 +79,15 @@ log = get_logger("slimckpt.merge")
 T = TypeVar("T")
 
 
-def _finish(partial: str, target: str, mp: ExportPlan, checksums: dict[str, str], opts: MergeOptions,
-            tokenizer_saved: bool) -> list[str]:
+def _finish(
+    partial: str, target: str, mp: ExportPlan, checksums: dict[str, str], opts: MergeOptions, tokenizer_saved: bool
+) -> list[str]:
     if not mp.model_plan.files and mp.adapter_config is not None:  # save_lora_only: lora_adapter/ alone
-        missing = [n for n in [LORA_ADAPTER_CONFIG, *(f.name.split("/")[-1] for f in mp.plan.files)]
-                   if not os.path.getsize(os.path.join(partial, LORA_ADAPTER_DIR, n))]
+        missing = [
+            n
+            for n in [LORA_ADAPTER_CONFIG, *(f.name.split("/")[-1] for f in mp.plan.files)]
+            if not os.path.getsize(os.path.join(partial, LORA_ADAPTER_DIR, n))
+        ]
         if missing:
             raise MergeError(f"Incomplete LoRA adapter output at {partial}: {LORA_ADAPTER_DIR}/{missing[0]} is empty")
     else:
@@ -92,18 +96,31 @@ def _finish(partial: str, target: str, mp: ExportPlan, checksums: dict[str, str]
         except RuntimeError as exc:
             raise MergeError(str(exc)) from None
     entries = build_entries(partial, known=checksums)
-    manifest = Manifest(kind="hf_export", files=entries, tool_version=__version__, checksum_algo=DEFAULT_ALGO, info={
-        "source": {"local_dir": os.path.abspath(opts.local_dir), "format": mp.source_format,
-                   "fsdp_version": mp.fsdp_version, "world_size": mp.world_size},
-        "dtype": opts.dtype,
-        "max_shard_size": layout.parse_size(opts.max_shard_size),
-        "weight_files": [f.name for f in mp.model_plan.files],
-        "total_size": mp.model_plan.total_size,
-        **({"lora_adapter": [f.name for f in mp.plan.files if f not in mp.model_plan.files]}
-           if mp.adapter_config is not None else {}),
-        **({"merge_lora": True} if opts.merge_lora and any(t.delta for t in mp.takes.values()) else {}),
-        "tokenizer": tokenizer_saved,
-    })
+    manifest = Manifest(
+        kind="hf_export",
+        files=entries,
+        tool_version=__version__,
+        checksum_algo=DEFAULT_ALGO,
+        info={
+            "source": {
+                "local_dir": os.path.abspath(opts.local_dir),
+                "format": mp.source_format,
+                "fsdp_version": mp.fsdp_version,
+                "world_size": mp.world_size,
+            },
+            "dtype": opts.dtype,
+            "max_shard_size": layout.parse_size(opts.max_shard_size),
+            "weight_files": [f.name for f in mp.model_plan.files],
+            "total_size": mp.model_plan.total_size,
+            **(
+                {"lora_adapter": [f.name for f in mp.plan.files if f not in mp.model_plan.files]}
+                if mp.adapter_config is not None
+                else {}
+            ),
+            **({"merge_lora": True} if opts.merge_lora and any(t.delta for t in mp.takes.values()) else {}),
+            "tokenizer": tokenizer_saved,
+        },
+    )
     write_manifest(partial, manifest)
     commit(partial, target, overwrite=opts.overwrite)
     return sorted(entries) + [MANIFEST_NAME]
@@ -186,8 +203,12 @@ def _target_lock(opts: MergeOptions):
     made until the commit: a second merge into it fails at once instead of deleting our partial."""
     target = os.path.abspath(opts.target_dir)
     try:
-        return acquire(target, exclusive=True, what=f"merging {os.path.abspath(opts.local_dir)} into it",
-                       fix="wait for that merge to finish, or choose another --target_dir")
+        return acquire(
+            target,
+            exclusive=True,
+            what=f"merging {os.path.abspath(opts.local_dir)} into it",
+            fix="wait for that merge to finish, or choose another --target_dir",
+        )
     except OSError:
         # no lock file in an unwritable or full parent: nothing can be written there either, and
         # creating `<target>.partial` next reports it in the usual words
@@ -198,8 +219,11 @@ def _target_lock(opts: MergeOptions):
 def _source_lock(opts: MergeOptions):
     """A shared lock on the checkpoint while it is read: retention does not delete it meanwhile,
     and a step a trainer is still writing is refused."""
-    return reading(opts.local_dir, f"merging it into {os.path.abspath(opts.target_dir)}") if opts.lock_source \
+    return (
+        reading(opts.local_dir, f"merging it into {os.path.abspath(opts.target_dir)}")
+        if opts.lock_source
         else contextlib.nullcontext()
+    )
 
 
 def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -> MergeResult:
@@ -220,8 +244,10 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
             early.cancel()
         raise
     if early is not None and (planned is None or not early.matches(planned[0], signature)):
-        log.info("the guessed layout differs from transformers' (%s): writing again with the real one",
-                 "verl's merger needed" if planned is None else "layout or sources differ")
+        log.info(
+            "the guessed layout differs from transformers' (%s): writing again with the real one",
+            "verl's merger needed" if planned is None else "layout or sources differ",
+        )
         early.cancel()
         early = None
     if planned is None:
@@ -249,8 +275,9 @@ def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[ExportPlan, HfSide] | No
     hf = HfSide(ckpt.local_dir, opts.dtype, opts.trust_remote_code)
     try:
         if ckpt.has_lora():
-            mp = plan_lora(ckpt, hf, opts.dtype, opts.max_shard_size, opts.merge_lora, opts.merge_lora_hint,
-                           opts.adapter_only)
+            mp = plan_lora(
+                ckpt, hf, opts.dtype, opts.max_shard_size, opts.merge_lora, opts.merge_lora_hint, opts.adapter_only
+            )
         else:
             if opts.merge_lora:
                 log.warning("%s: the checkpoint holds no LoRA weights; merging it as it is", opts.merge_lora_hint)
@@ -284,22 +311,33 @@ def human_bytes(n: float) -> str:
 
 def _log_fallback(opts: MergeOptions, why: str, ckpt) -> None:
     if ckpt.source_format != "verl_fsdp":  # verl's merger reads verl's rank files only
-        raise MergeError(f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
-                         f"FSDPModelMerger reads verl's rank files, not dcp/: resume from this step with "
-                         f"+recipe=intermediate, whose saves verl's merger reads, and merge that save")
+        raise MergeError(
+            f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
+            f"FSDPModelMerger reads verl's rank files, not dcp/: resume from this step with "
+            f"+recipe=intermediate, whose saves verl's merger reads, and merge that save"
+        )
     total, shards, params = verl_merger_memory(ckpt)
-    memory = (f"about {human_bytes(total)} of host memory (the {human_bytes(shards)} of rank model files, read "
-              f"whole, + {params:,} parameters x 2 bytes in bf16)")
+    memory = (
+        f"about {human_bytes(total)} of host memory (the {human_bytes(shards)} of rank model files, read "
+        f"whole, + {params:,} parameters x 2 bytes in bf16)"
+    )
     if not opts.verl_fallback:
-        raise MergeError(f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
-                         f"FSDPModelMerger, which would, holds the whole model: {memory}; not run, as "
-                         f"{opts.verl_fallback_hint} asks")
-    log.warning("slimckpt streaming merge does not handle this checkpoint: %s; running verl's own "
-                "FSDPModelMerger instead (not atomic), which takes %s; %s refuses instead", why, memory,
-                opts.verl_fallback_hint)
+        raise MergeError(
+            f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
+            f"FSDPModelMerger, which would, holds the whole model: {memory}; not run, as "
+            f"{opts.verl_fallback_hint} asks"
+        )
+    log.warning(
+        "slimckpt streaming merge does not handle this checkpoint: %s; running verl's own "
+        "FSDPModelMerger instead (not atomic), which takes %s; %s refuses instead",
+        why,
+        memory,
+        opts.verl_fallback_hint,
+    )
     if opts.dtype != "bf16":
-        raise MergeError(f"--dtype {opts.dtype}: verl's merger, which this checkpoint needs, only writes bf16; "
-                         f"drop --dtype")
+        raise MergeError(
+            f"--dtype {opts.dtype}: verl's merger, which this checkpoint needs, only writes bf16; drop --dtype"
+        )
 
 
 def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None, t0: float) -> MergeResult:
@@ -308,9 +346,14 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
         from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
         os.makedirs(opts.target_dir, exist_ok=True)
-        config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=opts.local_dir,
-                                   target_dir=opts.target_dir, trust_remote_code=opts.trust_remote_code,
-                                   hf_model_config_path=os.path.join(opts.local_dir, HF_SUBDIR))
+        config = ModelMergerConfig(
+            operation="merge",
+            backend="fsdp",
+            local_dir=opts.local_dir,
+            target_dir=opts.target_dir,
+            trust_remote_code=opts.trust_remote_code,
+            hf_model_config_path=os.path.join(opts.local_dir, HF_SUBDIR),
+        )
         merger = FSDPModelMerger(config)
         original = getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)
         verl_fallback = lambda: original(merger)  # noqa: E731
@@ -318,17 +361,26 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
         verl_fallback()
     except Exception as exc:  # noqa: BLE001 - verl's own failure, reported on one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise MergeError(f"verl's FSDPModelMerger (which this checkpoint needs) failed: {type(exc).__name__}: "
-                         f"{first}") from exc
+        raise MergeError(
+            f"verl's FSDPModelMerger (which this checkpoint needs) failed: {type(exc).__name__}: {first}"
+        ) from exc
     return MergeResult(os.path.abspath(opts.target_dir), used_verl_merger=True, seconds=time.perf_counter() - t0)
 
 
-def _write_and_commit(opts: MergeOptions, mp: ExportPlan, hf: HfSide, t0: float,
-                      early: EarlyWrite | None = None) -> MergeResult:
+def _write_and_commit(
+    opts: MergeOptions, mp: ExportPlan, hf: HfSide, t0: float, early: EarlyWrite | None = None
+) -> MergeResult:
     target = os.path.abspath(opts.target_dir)
-    log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
-             opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
-             len(mp.plan.files), opts.workers)
+    log.info(
+        "slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
+        opts.local_dir,
+        target,
+        len(mp.name_map),
+        mp.weight_bytes / 1e9,
+        opts.dtype,
+        len(mp.plan.files),
+        opts.workers,
+    )
     if early is None:
         check_output_room(opts.local_dir, target, mp)
     partial = early.partial if early is not None else prepare_partial(target)
@@ -370,8 +422,11 @@ def _message(exc: BaseException, fixes: OsErrorFixes = MERGE_FIXES) -> str:
     line = redescribe(exc, fixes)  # a full or unwritable output: the fix of whoever asked for the merge
     if line is not None:
         return line
-    return str(exc) if is_user_error(exc) or isinstance(exc, (layout.LayoutError, LockBusy)) \
+    return (
+        str(exc)
+        if is_user_error(exc) or isinstance(exc, (layout.LayoutError, LockBusy))
         else f"{type(exc).__name__}: {exc}"
+    )
 
 
 def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -> MergeResult:
@@ -389,13 +444,20 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
     if not dist.is_initialized():
         unset = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if unset:
-            raise MergeError(f"{opts.distributed_hint}: start it with torchrun ({'/'.join(unset)} unset), "
-                             "or drop it and use --workers N on one node")
+            raise MergeError(
+                f"{opts.distributed_hint}: start it with torchrun ({'/'.join(unset)} unset), "
+                "or drop it and use --workers N on one node"
+            )
         store = _join_ranks(opts, dist)
         # once every rank is in, a collective may wait while the others write their shares (long at
         # 70B on a slow disk): the work keeps a long timeout, the join above a short one
-        dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(hours=4))
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timedelta(hours=4),
+        )
         own_group = True
         beat = _watch_peers(opts, store)
     try:
@@ -407,8 +469,9 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
         lost = lost_ranks_line(exc, beat)
         if lost is None:
             raise
-        raise MergeError(f"{opts.distributed_hint}: {lost}; nothing was committed ({opts.target_dir} not "
-                         f"written): rerun the merge") from None
+        raise MergeError(
+            f"{opts.distributed_hint}: {lost}; nothing was committed ({opts.target_dir} not written): rerun the merge"
+        ) from None
     finally:
         if beat is not None:
             beat.stop()
@@ -434,10 +497,12 @@ def _watch_peers(opts: MergeOptions, store):
     beat = Heartbeat(store, rank, world, prefix="alive").start()
 
     def give_up(ranks: list[int], note: str) -> None:
-        sys.stderr.write(f"slimckpt merge: error: {opts.distributed_hint}: {describe_ranks(ranks, world)} stopped "
-                         f"answering for {seconds:.0f} s ({note or 'killed or stopped'}; this is rank {rank}); nothing "
-                         f"was committed ({opts.target_dir} not written): rerun the merge, or set "
-                         f"{PEER_TIMEOUT_ENV}=<seconds> to wait longer\n")
+        sys.stderr.write(
+            f"slimckpt merge: error: {opts.distributed_hint}: {describe_ranks(ranks, world)} stopped "
+            f"answering for {seconds:.0f} s ({note or 'killed or stopped'}; this is rank {rank}); nothing "
+            f"was committed ({opts.target_dir} not written): rerun the merge, or set "
+            f"{PEER_TIMEOUT_ENV}=<seconds> to wait longer\n"
+        )
         sys.stderr.flush()
         os._exit(1)
 
@@ -471,15 +536,26 @@ def _join_ranks(opts: MergeOptions, dist):
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     seconds = join_timeout_s()
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    fix = (f"start all {world} ranks with the same MASTER_ADDR:MASTER_PORT ({addr}:{port}) and reachable from "
-           f"each other, or set {JOIN_TIMEOUT_ENV}=<seconds> to wait longer")
+    fix = (
+        f"start all {world} ranks with the same MASTER_ADDR:MASTER_PORT ({addr}:{port}) and reachable from "
+        f"each other, or set {JOIN_TIMEOUT_ENV}=<seconds> to wait longer"
+    )
     try:
-        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
-                              timeout=timedelta(seconds=seconds), wait_for_workers=False, multi_tenant=True)
+        store = dist.TCPStore(
+            addr,
+            port,
+            world,
+            is_master=rank == 0 and not agent,
+            timeout=timedelta(seconds=seconds),
+            wait_for_workers=False,
+            multi_tenant=True,
+        )
     except (RuntimeError, OSError) as exc:  # DistStoreError / DistNetworkError are RuntimeErrors
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MergeError(f"{opts.distributed_hint}: rank {rank} of {world} could not reach rank 0's store at "
-                         f"{addr}:{port} within {seconds:.0f} s ({first}); {fix}") from None
+        raise MergeError(
+            f"{opts.distributed_hint}: rank {rank} of {world} could not reach rank 0's store at "
+            f"{addr}:{port} within {seconds:.0f} s ({first}); {fix}"
+        ) from None
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"slimckpt_merge/attempt_{attempt}", store)
     store.set(f"joined/{rank}", "1")
@@ -489,8 +565,10 @@ def _join_ranks(opts: MergeOptions, dist):
         if not missing:
             return store
         if time.monotonic() > deadline:
-            raise MergeError(f"{opts.distributed_hint}: rank(s) {', '.join(map(str, missing))} of {world} did not join "
-                             f"within {seconds:.0f} s (this is rank {rank}); {fix}")
+            raise MergeError(
+                f"{opts.distributed_hint}: rank(s) {', '.join(map(str, missing))} of {world} did not join "
+                f"within {seconds:.0f} s (this is rank {rank}); {fix}"
+            )
         time.sleep(0.2)
 
 
@@ -511,9 +589,17 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
         if planned is None:
             return None
         mp, hf = planned
-        log.info("slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d rank(s) x "
-                 "%d worker(s))", opts.local_dir, target, len(mp.name_map), mp.weight_bytes / 1e9, opts.dtype,
-                 len(mp.plan.files), world, opts.workers)
+        log.info(
+            "slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d rank(s) x %d worker(s))",
+            opts.local_dir,
+            target,
+            len(mp.name_map),
+            mp.weight_bytes / 1e9,
+            opts.dtype,
+            len(mp.plan.files),
+            world,
+            opts.workers,
+        )
         check_output_room(opts.local_dir, target, mp)
         partial = prepare_partial(target)
         try:
@@ -526,29 +612,52 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     if planned is None:
         # rank 0 runs verl's merger; every rank then hears how it ended (no barrier that waits for a
         # merge that died: its error is raised on every rank)
-        return _plain(lambda: from_rank0(
-            None, lambda: run_verl_merger(opts, verl_fallback, t0), as_is,
-            lambda exc: f"verl's merger exited: {exc}" if isinstance(exc, SystemExit) else said(exc),
-            catch=(Exception, SystemExit)))
+        return _plain(
+            lambda: from_rank0(
+                None,
+                lambda: run_verl_merger(opts, verl_fallback, t0),
+                as_is,
+                lambda exc: f"verl's merger exited: {exc}" if isinstance(exc, SystemExit) else said(exc),
+                catch=(Exception, SystemExit),
+            )
+        )
     mp, partial, tokenizer_saved = planned
 
     # every rank writes its shares; then the files no single writer wrote whole are read back,
     # spread over the ranks
-    shares = layout.partition(mp.plan, world * opts.workers)[rank * opts.workers:(rank + 1) * opts.workers]
-    mine = sum(mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[1]
-               - mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[0] for sh in shares for s in sh)
+    shares = layout.partition(mp.plan, world * opts.workers)[rank * opts.workers : (rank + 1) * opts.workers]
+    mine = sum(
+        mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[1]
+        - mp.plan.placements[s.name].rows_to_bytes(s.row_start, s.row_end)[0]
+        for sh in shares
+        for s in sh
+    )
     on_a_rank = lambda failure: MergeError(f"merge rank {failure.rank}: {failure.line}")  # noqa: E731
     try:
         bar = ProgressBar(mine, opts.progress and rank == 0, f"slimckpt merge (rank 0 of {world})")
         try:
-            written = _plain(lambda: on_every_rank(None, lambda: run_workers(
-                opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync), on_a_rank, said))
+            written = _plain(
+                lambda: on_every_rank(
+                    None,
+                    lambda: run_workers(
+                        opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync
+                    ),
+                    on_a_rank,
+                    said,
+                )
+            )
         finally:
             bar.close()
         checksums = _union(dist, written)
         missing = sorted(f.name for f in mp.plan.files if f.name not in checksums)
-        checksums.update(_union(dist, _plain(lambda: on_every_rank(
-            None, lambda: checksum_files(partial, missing[rank::world]), on_a_rank, said))))
+        checksums.update(
+            _union(
+                dist,
+                _plain(
+                    lambda: on_every_rank(None, lambda: checksum_files(partial, missing[rank::world]), on_a_rank, said)
+                ),
+            )
+        )
     except MergeError:
         if rank == 0:
             discard_partial(partial)

@@ -39,38 +39,58 @@ def wrap_merge_and_save(original: Callable) -> Callable:
     instead of running verl's merger on it (verl's parser has no such flags); a LoRA checkpoint is
     streamed to verl's output (base model + lora_adapter/); SLIMCKPT_DISABLE=1 runs verl's merger untouched.
     """
+
     @functools.wraps(original)
     def merge_and_save(self) -> None:
         cfg = self.config
         if cfg.operation != "merge":
-            log.info("slimckpt: 'verl.model_merger %s' runs verl's own FSDPModelMerger (only 'merge' is "
-                     "streamed by slimckpt)", cfg.operation)
+            log.info(
+                "slimckpt: 'verl.model_merger %s' runs verl's own FSDPModelMerger (only 'merge' is "
+                "streamed by slimckpt)",
+                cfg.operation,
+            )
             return original(self)
         if cfg.use_cpu_initialization:
-            log.info("slimckpt: --use_cpu_initialization has no effect on the streaming merge (no model is "
-                     "materialised on any device)")
+            log.info(
+                "slimckpt: --use_cpu_initialization has no effect on the streaming merge (no model is "
+                "materialised on any device)"
+            )
         distributed = env_vars.flag(DISTRIBUTED_ENV)
         if not distributed and os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1") and "RANK" in os.environ:
-            log.warning("slimckpt: WORLD_SIZE=%s but %s is not 1: this process merges alone (as verl's merger "
-                        "would); set %s=1 to share the merge across the torchrun ranks",
-                        os.environ["WORLD_SIZE"], DISTRIBUTED_ENV, DISTRIBUTED_ENV)
-        opts = MergeOptions(local_dir=cfg.local_dir, target_dir=cfg.target_dir,
-                            trust_remote_code=cfg.trust_remote_code,
-                            overwrite=env_vars.flag(OVERWRITE_ENV), overwrite_hint=f"{OVERWRITE_ENV}=1",
-                            workers=env_vars.integer(WORKERS_ENV), distributed=distributed,
-                            distributed_hint=f"{DISTRIBUTED_ENV}=1",
-                            verl_fallback=not env_vars.flag(NO_FALLBACK_ENV),
-                            verl_fallback_hint=f"{NO_FALLBACK_ENV}=1",
-                            progress=sys.stderr.isatty() or env_vars.flag("SLIMCKPT_PROGRESS"))
-        log.info("slimckpt: 'python -m verl.model_merger merge --backend fsdp' runs slimckpt's streaming merge "
-                 "(SLIMCKPT_DISABLE=1 runs verl's own)")
+            log.warning(
+                "slimckpt: WORLD_SIZE=%s but %s is not 1: this process merges alone (as verl's merger "
+                "would); set %s=1 to share the merge across the torchrun ranks",
+                os.environ["WORLD_SIZE"],
+                DISTRIBUTED_ENV,
+                DISTRIBUTED_ENV,
+            )
+        opts = MergeOptions(
+            local_dir=cfg.local_dir,
+            target_dir=cfg.target_dir,
+            trust_remote_code=cfg.trust_remote_code,
+            overwrite=env_vars.flag(OVERWRITE_ENV),
+            overwrite_hint=f"{OVERWRITE_ENV}=1",
+            workers=env_vars.integer(WORKERS_ENV),
+            distributed=distributed,
+            distributed_hint=f"{DISTRIBUTED_ENV}=1",
+            verl_fallback=not env_vars.flag(NO_FALLBACK_ENV),
+            verl_fallback_hint=f"{NO_FALLBACK_ENV}=1",
+            progress=sys.stderr.isatty() or env_vars.flag("SLIMCKPT_PROGRESS"),
+        )
+        log.info(
+            "slimckpt: 'python -m verl.model_merger merge --backend fsdp' runs slimckpt's streaming merge "
+            "(SLIMCKPT_DISABLE=1 runs verl's own)"
+        )
         try:
             result = merge(opts, verl_fallback=lambda: original(self))
         except MergeError as exc:
             raise SystemExit(f"slimckpt merge: error: {exc}") from None
         if cfg.hf_upload and not result.used_verl_merger and os.environ.get("RANK", "0") == "0":
-            log.info("slimckpt: uploading %s to the Hugging Face Hub as %s (verl's uploader)",
-                     result.target_dir, cfg.hf_upload_path)
+            log.info(
+                "slimckpt: uploading %s to the Hugging Face Hub as %s (verl's uploader)",
+                result.target_dir,
+                cfg.hf_upload_path,
+            )
             self.upload_to_huggingface()
 
     return merge_and_save

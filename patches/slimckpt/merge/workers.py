@@ -14,29 +14,39 @@ from collections.abc import Callable
 
 from ..format import layout
 from ..format.merge_manifest import CommitError
+from ..hf.plan import ExportPlan
 from ..read.checkpoint_dir import CheckpointError
 from ..write.forked_call import die_with_parent
 from ..write.out_files import OutputError
-from ..hf.plan import ExportPlan
 from .plan import MergeError, MergeOptions
 
 # lazy imports: torch (the cast), the torch readers and tqdm load only when weights are written
 
 
-def write_shares(local_dir: str, partial: str, mp: ExportPlan, shares: list[list[layout.Segment]], dtype: str,
-                  chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True, ckpt=None) -> dict[str, str]:
+def write_shares(
+    local_dir: str,
+    partial: str,
+    mp: ExportPlan,
+    shares: list[list[layout.Segment]],
+    dtype: str,
+    chunk_bytes: int,
+    progress: Callable[[int], None],
+    fsync: bool = True,
+    ckpt=None,
+) -> dict[str, str]:
     """Write `shares` here, one after the other; returns checksums of files written whole. An opened
     `ckpt` is used (and left open) instead of opening `local_dir`."""
+    import torch
+
     from ..read.merge_input import open_source
     from ..write.share_writer import OUT_DTYPES, ShareWriter
-
-    import torch
 
     owned = ckpt is None
     ckpt = open_source(local_dir) if owned else ckpt
     sources = {new: ckpt.tensors[old] for new, old in mp.name_map.items()}
-    lora_sources = {n: ckpt.tensors[n] for t in mp.takes.values() if t.delta is not None
-                    for n in (t.delta.a, t.delta.b)}
+    lora_sources = {
+        n: ckpt.tensors[n] for t in mp.takes.values() if t.delta is not None for n in (t.delta.a, t.delta.b)
+    }
     checksums: dict[str, str] = {}
     # One intra-op thread for the casts: the read and write threads (and, during an early write,
     # the imports) already keep the cores busy, and an OpenMP cast whose second thread is not
@@ -46,8 +56,17 @@ def write_shares(local_dir: str, partial: str, mp: ExportPlan, shares: list[list
     torch.set_num_threads(1)
     try:
         for share in shares:
-            w = ShareWriter(partial, mp.plan, sources, OUT_DTYPES[dtype], chunk_bytes, progress, fsync=fsync,
-                            takes=mp.takes, lora_sources=lora_sources)
+            w = ShareWriter(
+                partial,
+                mp.plan,
+                sources,
+                OUT_DTYPES[dtype],
+                chunk_bytes,
+                progress,
+                fsync=fsync,
+                takes=mp.takes,
+                lora_sources=lora_sources,
+            )
             w.write_share(share)
             checksums.update(w.checksums)
     finally:
@@ -80,8 +99,17 @@ def is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, (CheckpointError, OutputError, CommitError, MergeError))
 
 
-def run_workers(local_dir: str, partial: str, mp: ExportPlan, shares: list[list[layout.Segment]], dtype: str,
-                 chunk_bytes: int, progress: Callable[[int], None], fsync: bool = True, ckpt=None) -> dict[str, str]:
+def run_workers(
+    local_dir: str,
+    partial: str,
+    mp: ExportPlan,
+    shares: list[list[layout.Segment]],
+    dtype: str,
+    chunk_bytes: int,
+    progress: Callable[[int], None],
+    fsync: bool = True,
+    ckpt=None,
+) -> dict[str, str]:
     """One spawned process per share (a fresh interpreter: no forked OpenMP or torch threads); one
     share is written here, from `ckpt` when given."""
     if len(shares) == 1:
@@ -89,9 +117,15 @@ def run_workers(local_dir: str, partial: str, mp: ExportPlan, shares: list[list[
     ctx = mproc.get_context("spawn")
     q = ctx.Queue()
     parent = os.getpid()
-    procs = [ctx.Process(target=_worker_entry, name=f"slimckpt-merge-{i}", daemon=True,
-                         args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, fsync, parent), q))
-             for i, share in enumerate(shares)]
+    procs = [
+        ctx.Process(
+            target=_worker_entry,
+            name=f"slimckpt-merge-{i}",
+            daemon=True,
+            args=((local_dir, partial, mp, share, dtype, chunk_bytes, i, fsync, parent), q),
+        )
+        for i, share in enumerate(shares)
+    ]
     for p in procs:
         p.start()
     checksums: dict[str, str] = {}
@@ -102,8 +136,9 @@ def run_workers(local_dir: str, partial: str, mp: ExportPlan, shares: list[list[
             try:
                 kind, wid, payload = q.get(timeout=1.0)
             except queue_mod.Empty:
-                dead = [i for i, p in enumerate(procs) if i not in done and not p.is_alive()
-                        and p.exitcode not in (0, None)]
+                dead = [
+                    i for i, p in enumerate(procs) if i not in done and not p.is_alive() and p.exitcode not in (0, None)
+                ]
                 if dead:
                     error = f"merge worker {dead[0]} died (exit code {procs[dead[0]].exitcode}); see its output above"
                 continue
@@ -134,8 +169,15 @@ class ProgressBar:
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                            file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=desc,
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
 
     def __call__(self, n: int) -> None:
         if self.bar is not None:
@@ -152,7 +194,8 @@ def write_weights(opts: MergeOptions, partial: str, mp: ExportPlan, ckpt=None) -
     shares = layout.partition(mp.plan, opts.workers)
     bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
     try:
-        return run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync,
-                           ckpt=ckpt)
+        return run_workers(
+            opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync, ckpt=ckpt
+        )
     finally:
         bar.close()

@@ -80,8 +80,9 @@ def summarize_committed(reports: list[dict[str, Any]]) -> dict[str, float]:
         "ckpt/peak_rss_extra_gb": max(int(r["peak_rss_extra_bytes"]) for r in reports) / GB,
         "ckpt/staging_pool_gb": max(int(r.get("staging_pool_bytes", 0)) for r in reports) / GB,
         # async_save=stream: training blocked after the save returned (the guards' waits) and what they copied
-        "ckpt/guard_blocked_seconds": sum(max(float(r.get("guard_blocked_seconds", 0.0)) for r in rs)
-                                          for rs in by_role.values()),
+        "ckpt/guard_blocked_seconds": sum(
+            max(float(r.get("guard_blocked_seconds", 0.0)) for r in rs) for rs in by_role.values()
+        ),
         "ckpt/guard_copied_gb": max(int(r.get("guard_copied_bytes", 0)) for r in reports) / GB,
         "ckpt/throughput_gbps": total_bytes / GB / seconds if seconds > 0 else 0.0,
     }
@@ -110,8 +111,11 @@ class CheckpointMetricsCallback(CheckpointCallback):
         saves = read_reports(checkpoint_dir, global_step, self._started)
         metrics = summarize_blocking(saves)
         committed = [r for r in saves if r.get("committed", True)]
-        commits = {step: rs for step, rs in read_commits(checkpoint_root(checkpoint_dir), self._started).items()
-                   if step not in self._logged_commits}
+        commits = {
+            step: rs
+            for step, rs in read_commits(checkpoint_root(checkpoint_dir), self._started).items()
+            if step not in self._logged_commits
+        }
         if committed:
             commits[int(global_step)] = committed
         if commits:
@@ -124,8 +128,10 @@ class CheckpointMetricsCallback(CheckpointCallback):
         metrics = self.metrics_of(global_step, checkpoint_dir)
         if not metrics:
             if not self._warned:
-                log.warning("no slimckpt save reports for %s: ckpt/* metrics need a slimckpt recipe or "
-                            "SLIMCKPT_MEASURE=1", checkpoint_dir)
+                log.warning(
+                    "no slimckpt save reports for %s: ckpt/* metrics need a slimckpt recipe or SLIMCKPT_MEASURE=1",
+                    checkpoint_dir,
+                )
                 self._warned = True
             return
         logger = getattr(trainer, "logger", None)

@@ -46,14 +46,20 @@ class DiskSpeed:
 
     def describe(self) -> str:
         gb = 1e9
-        text = (f"write {self.write_bytes_per_s / gb:.2f} GB/s, read {self.read_bytes_per_s / gb:.2f} GB/s "
-                f"(through the page cache: write {self.buffered_write_bytes_per_s / gb:.2f} (fsync'ed), "
-                f"cold read {self.buffered_read_bytes_per_s / gb:.2f}")
+        text = (
+            f"write {self.write_bytes_per_s / gb:.2f} GB/s, read {self.read_bytes_per_s / gb:.2f} GB/s "
+            f"(through the page cache: write {self.buffered_write_bytes_per_s / gb:.2f} (fsync'ed), "
+            f"cold read {self.buffered_read_bytes_per_s / gb:.2f}"
+        )
         if self.direct_write_bytes_per_s:
-            text += (f"; O_DIRECT: write {self.direct_write_bytes_per_s / gb:.2f}, "
-                     f"read {self.direct_read_bytes_per_s / gb:.2f}")
+            text += (
+                f"; O_DIRECT: write {self.direct_write_bytes_per_s / gb:.2f}, "
+                f"read {self.direct_read_bytes_per_s / gb:.2f}"
+            )
         if self.mixed_bytes_per_s:
-            text += f"; O_DIRECT reading and writing at once, as a merge does: {self.mixed_bytes_per_s / gb:.2f} combined"
+            text += (
+                f"; O_DIRECT reading and writing at once, as a merge does: {self.mixed_bytes_per_s / gb:.2f} combined"
+            )
         return text + ")"
 
 
@@ -147,8 +153,11 @@ def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="slimckpt diskspeed", description="Sequential bandwidth of a directory's filesystem, through the page "
-                                "cache, with O_DIRECT, and with O_DIRECT reads and writes at once (as a merge does).")
+    p = argparse.ArgumentParser(
+        prog="slimckpt diskspeed",
+        description="Sequential bandwidth of a directory's filesystem, through the page "
+        "cache, with O_DIRECT, and with O_DIRECT reads and writes at once (as a merge does).",
+    )
     p.add_argument("directory", help="a directory on the filesystem to measure (a scratch file is written there)")
     p.add_argument("--size_gb", type=float, default=1.0, help="bytes per round, in GiB (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="rounds per path; medians are shown (default 3)")

@@ -39,8 +39,13 @@ class RunResult:
         return sum(self.peaks.values())
 
 
-def run_measured(cmd: list[str], env: dict[str, str] | None = None, cwd: str | None = None,
-                 interval_s: float = 0.01, timeout_s: float | None = None) -> RunResult:
+def run_measured(
+    cmd: list[str],
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    interval_s: float = 0.01,
+    timeout_s: float | None = None,
+) -> RunResult:
     full_env = {**os.environ, **(env or {})}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -61,8 +66,14 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None, cwd: str | N
     wall = time.perf_counter() - start
     stop.set()
     thread.join()
-    return RunResult(cmd=cmd, returncode=proc.returncode, wall_s=wall, peaks=found.per_process, output=output or "",
-                     shared_peak=found.shared)
+    return RunResult(
+        cmd=cmd,
+        returncode=proc.returncode,
+        wall_s=wall,
+        peaks=found.per_process,
+        output=output or "",
+        shared_peak=found.shared,
+    )
 
 
 def median(values: list[float]) -> float:

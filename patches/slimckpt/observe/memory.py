@@ -63,7 +63,7 @@ class RssSampler:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self.result = RssPeak(baseline=rss_anon_bytes(self.pid))
         self.result.peak = self.result.baseline
         self._stop.clear()
@@ -117,8 +117,9 @@ def sample_tree(root_pid: int, interval_s: float = 0.01, stop: threading.Event |
     return sample_tree_peaks(root_pid, interval_s, stop).per_process
 
 
-def sample_tree_peaks(root_pid: int, interval_s: float = 0.01, stop: threading.Event | None = None,
-                      pss_interval_s: float = 0.05) -> TreePeaks:
+def sample_tree_peaks(
+    root_pid: int, interval_s: float = 0.01, stop: threading.Event | None = None, pss_interval_s: float = 0.05
+) -> TreePeaks:
     """`sample_tree`, plus the summed Pss_Anon of the tree whenever it has several processes."""
     peaks: dict[int, int] = {}
     shared = 0

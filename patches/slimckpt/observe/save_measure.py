@@ -29,9 +29,9 @@ from typing import Any
 
 from .. import env_vars
 from ..log import get_logger
-from ..verl_seam.manager_state import state_of
-from ..verl_seam.checkpoint_config import SlimCheckpointConfig
 from ..read.checkpoint_dir import rank_files
+from ..verl_seam.checkpoint_config import SlimCheckpointConfig
+from ..verl_seam.manager_state import state_of
 from . import save_reports
 from .memory import RssSampler
 
@@ -72,20 +72,37 @@ def record(report: dict[str, Any], local_path: str, rank: int, kind: str) -> Non
             f.write(json.dumps({**report, "kind": kind}) + "\n")
     mib = 2**20
     if kind == "save" and not report["committed"]:
-        log.info("save step %s rank %s: training blocked %.2f s, +%.1f MiB peak anonymous RSS; writing in the "
-                 "background", report["global_step"], rank, report["blocking_seconds"],
-                 report["peak_rss_extra_bytes"] / mib)
+        log.info(
+            "save step %s rank %s: training blocked %.2f s, +%.1f MiB peak anonymous RSS; writing in the background",
+            report["global_step"],
+            rank,
+            report["blocking_seconds"],
+            report["peak_rss_extra_bytes"] / mib,
+        )
     elif kind == "save":
-        log.info("save step %s rank %s: %.2f s, +%.1f MiB peak anonymous RSS, %.1f MiB written",
-                 report["global_step"], rank, report["seconds"], report["peak_rss_extra_bytes"] / mib,
-                 report["bytes_written"] / mib)
+        log.info(
+            "save step %s rank %s: %.2f s, +%.1f MiB peak anonymous RSS, %.1f MiB written",
+            report["global_step"],
+            rank,
+            report["seconds"],
+            report["peak_rss_extra_bytes"] / mib,
+            report["bytes_written"] / mib,
+        )
     else:
-        log.info("step %s rank %s committed: background write %.2f s (%.2f s with the blocking part), +%.1f MiB "
-                 "peak anonymous RSS, %.1f MiB written, staging pool %.1f MiB, guards waited %.2f s and copied "
-                 "%.1f MiB", report["global_step"], rank, report["write_seconds"], report["seconds"],
-                 report["peak_rss_extra_bytes"] / mib, report["bytes_written"] / mib,
-                 report["staging_pool_bytes"] / mib, report.get("guard_blocked_seconds", 0.0),
-                 report.get("guard_copied_bytes", 0) / mib)
+        log.info(
+            "step %s rank %s committed: background write %.2f s (%.2f s with the blocking part), +%.1f MiB "
+            "peak anonymous RSS, %.1f MiB written, staging pool %.1f MiB, guards waited %.2f s and copied "
+            "%.1f MiB",
+            report["global_step"],
+            rank,
+            report["write_seconds"],
+            report["seconds"],
+            report["peak_rss_extra_bytes"] / mib,
+            report["bytes_written"] / mib,
+            report["staging_pool_bytes"] / mib,
+            report.get("guard_blocked_seconds", 0.0),
+            report.get("guard_copied_bytes", 0) / mib,
+        )
 
 
 def measured_save(manager: Any, local_path: str, global_step: int, call: Callable[[], Any]) -> Any:
@@ -140,25 +157,32 @@ def _measure_background_write(writer: Any, saved: dict[str, Any], local_path: st
         write_sampler.__exit__(None, None, None)
         write_seconds = time.perf_counter() - write_start
         peak = max(saved["peak_rss_anon_bytes"], write_sampler.result.peak)
-        record({
-            **{k: saved[k] for k in ("global_step", "rank", "world_size", "role", "recipe", "save_contents")},
-            "async": True,
-            "committed": True,
-            "blocking_seconds": saved["blocking_seconds"],
-            "write_seconds": write_seconds,
-            "seconds": saved["blocking_seconds"] + write_seconds,
-            "rss_anon_before_bytes": saved["rss_anon_before_bytes"],
-            "peak_rss_anon_bytes": peak,
-            "peak_rss_extra_bytes": max(0, peak - saved["rss_anon_before_bytes"]),
-            "write_peak_rss_extra_bytes": max(0, write_sampler.result.peak - write_sampler.result.baseline),
-            "staging_pool_bytes": 0 if capture is not None else int(getattr(getattr(writer, "pool", None), "nbytes", 0)),
-            # stream mode: what the guards (optimizer step, offload, ...) waited for the writer and copied
-            "async_mode": "stream" if capture is not None else "pool",
-            "guard_blocked_seconds": capture.blocked_s if capture is not None else 0.0,
-            "guard_copied_bytes": capture.copied_bytes if capture is not None else 0,
-            "bytes_written": bytes_written(local_path, rank),
-            "time": time.time(),
-        }, local_path, rank, "commit")
+        record(
+            {
+                **{k: saved[k] for k in ("global_step", "rank", "world_size", "role", "recipe", "save_contents")},
+                "async": True,
+                "committed": True,
+                "blocking_seconds": saved["blocking_seconds"],
+                "write_seconds": write_seconds,
+                "seconds": saved["blocking_seconds"] + write_seconds,
+                "rss_anon_before_bytes": saved["rss_anon_before_bytes"],
+                "peak_rss_anon_bytes": peak,
+                "peak_rss_extra_bytes": max(0, peak - saved["rss_anon_before_bytes"]),
+                "write_peak_rss_extra_bytes": max(0, write_sampler.result.peak - write_sampler.result.baseline),
+                "staging_pool_bytes": 0
+                if capture is not None
+                else int(getattr(getattr(writer, "pool", None), "nbytes", 0)),
+                # stream mode: what the guards (optimizer step, offload, ...) waited for the writer and copied
+                "async_mode": "stream" if capture is not None else "pool",
+                "guard_blocked_seconds": capture.blocked_s if capture is not None else 0.0,
+                "guard_copied_bytes": capture.copied_bytes if capture is not None else 0,
+                "bytes_written": bytes_written(local_path, rank),
+                "time": time.time(),
+            },
+            local_path,
+            rank,
+            "commit",
+        )
 
     writer.after_commit(committed)
 
@@ -168,7 +192,8 @@ def wrap_save_measured(original):
 
     @functools.wraps(original)
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        return measured_save(self, local_path, global_step,
-                             lambda: original(self, local_path, hdfs_path, global_step, max_ckpt_to_keep))
+        return measured_save(
+            self, local_path, global_step, lambda: original(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        )
 
     return save_checkpoint

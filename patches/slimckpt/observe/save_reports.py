@@ -98,10 +98,14 @@ def _read(paths: list[str]) -> list[dict[str, Any]]:
 def read_reports(step_dir: str, global_step: int, not_before: float = 0.0, kind: str = "save") -> list[dict[str, Any]]:
     """One step's reports of `kind`, every role and rank; reports of another step or older than
     `not_before` (a previous run's save of the same step) are skipped."""
-    pattern = os.path.join(checkpoint_root(step_dir), REPORTS_DIR, os.path.basename(os.path.normpath(step_dir)),
-                           "*", f"rank_*.{kind}.json")
-    return [r for r in _read(sorted(glob.glob(pattern)))
-            if int(r.get("global_step", -1)) == int(global_step) and float(r.get("time", 0.0)) >= not_before]
+    pattern = os.path.join(
+        checkpoint_root(step_dir), REPORTS_DIR, os.path.basename(os.path.normpath(step_dir)), "*", f"rank_*.{kind}.json"
+    )
+    return [
+        r
+        for r in _read(sorted(glob.glob(pattern)))
+        if int(r.get("global_step", -1)) == int(global_step) and float(r.get("time", 0.0)) >= not_before
+    ]
 
 
 def read_commits(root: str, not_before: float = 0.0) -> dict[int, list[dict[str, Any]]]:

@@ -149,8 +149,11 @@ def read_online_run(run_path: str, into: RunHistory) -> None:
             step = row.get("_step")
             if step is None:
                 continue
-            values = {k: float(v) for k, v in row.items()
-                      if not k.startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            values = {
+                k: float(v)
+                for k, v in row.items()
+                if not k.startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
             into.add(int(step), values)
     except Exception as exc:  # noqa: BLE001 - network, auth, missing run: one line for the user
         raise HistoryError(f"{run_path}: cannot read the online run ({type(exc).__name__}: {exc})") from None

@@ -17,9 +17,24 @@ from typing import Any
 import yaml
 
 from ..verl_seam.recipes import list_group
-from .cost import (VERL_CONTENTS, ParamSpec, Strategy, critic_params, estimate, keep_choices, largest_shard_bytes,
-                   listing_format, model_shard_bytes, optim_shard_bytes, optim_total, parse_keep, peak_disk,
-                   resolve_auto_budget, retention_disk, shard_rows)
+from .cost import (
+    VERL_CONTENTS,
+    ParamSpec,
+    Strategy,
+    critic_params,
+    estimate,
+    keep_choices,
+    largest_shard_bytes,
+    listing_format,
+    model_shard_bytes,
+    optim_shard_bytes,
+    optim_total,
+    parse_keep,
+    peak_disk,
+    resolve_auto_budget,
+    retention_disk,
+    shard_rows,
+)
 from .meta_model import LoraSpec, ModelFacts, extra_state_bytes, model_facts
 from .node import Offload, node_rows, resident_bytes
 
@@ -44,10 +59,13 @@ def recipe_strategies(names: Sequence[str] | None, overrides: Sequence[str] = ()
         cfg = ((data.get("actor_rollout_ref") or {}).get("actor") or {}).get("checkpoint") or {}
         trainer = data.get("trainer") or {}
         strategy = Strategy.from_checkpoint_config(f"+recipe={name}{suffix}", {**cfg, **extra})
-        out.append(replace(strategy, actor_keep=parse_keep("trainer.max_actor_ckpt_to_keep",
-                                                           trainer.get("max_actor_ckpt_to_keep")),
-                           critic_keep=parse_keep("trainer.max_critic_ckpt_to_keep",
-                                                  trainer.get("max_critic_ckpt_to_keep"))))
+        out.append(
+            replace(
+                strategy,
+                actor_keep=parse_keep("trainer.max_actor_ckpt_to_keep", trainer.get("max_actor_ckpt_to_keep")),
+                critic_keep=parse_keep("trainer.max_critic_ckpt_to_keep", trainer.get("max_critic_ckpt_to_keep")),
+            )
+        )
     return out
 
 
@@ -78,30 +96,54 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
     device = str(getattr(args, "device", "accelerator"))
     with_critic = bool(getattr(args, "critic", False))
     node = node_context(args, facts.params)
-    strategies = [resolve_auto_budget(s, node["memory_bytes"], node["local_ranks"], node["resident_bytes"])
-                  for s in strategies]
+    strategies = [
+        resolve_auto_budget(s, node["memory_bytes"], node["local_ranks"], node["resident_bytes"]) for s in strategies
+    ]
     offload = offload_of(args)
     estimates = []
     for s in strategies:
-        e = asdict(estimate(facts.params, args.world_size, s, extra, facts.hf_bytes, args.disk_gbps, fsdp,
-                            facts.hf_dtype, rollout_windows(args), getattr(args, "copy_gbps", None),
-                            offload.actor_kinds, device))
+        e = asdict(
+            estimate(
+                facts.params,
+                args.world_size,
+                s,
+                extra,
+                facts.hf_bytes,
+                args.disk_gbps,
+                fsdp,
+                facts.hf_dtype,
+                rollout_windows(args),
+                getattr(args, "copy_gbps", None),
+                offload.actor_kinds,
+                device,
+            )
+        )
         if facts.split_on_save and s.incremental and s.export_hf:
             e["notes"].append("fused MoE experts split on save: each rank writes its rows of every per-expert tensor")
         e["peak_disk"] = {"actor": peak_disk(e["total_write_bytes"] + e["hf_export_bytes"], s.actor_keep)}
         slim = s.name.startswith("+recipe=")  # verl's own retention has no keep_optimizer_last / keep_best
         optim = optim_total(facts.params, args.world_size, s)
-        e["retention_disk"] = {"actor": [retention_disk(e["total_write_bytes"] + e["hf_export_bytes"], optim, s.actor_keep,
-                                                        last, s.keep_best) for last in keep_choices(s, optim)]
-                               if slim else []}
+        e["retention_disk"] = {
+            "actor": [
+                retention_disk(e["total_write_bytes"] + e["hf_export_bytes"], optim, s.actor_keep, last, s.keep_best)
+                for last in keep_choices(s, optim)
+            ]
+            if slim
+            else []
+        }
         if with_critic:  # the critic saves the same contents, never an HF export
             critic = replace(s, contents=tuple(c for c in s.contents if c != "hf_model"), export_hf=False)
             c = estimate(critic_params(facts.params), args.world_size, critic, extra, 0, None, fsdp, device=device)
             e["peak_disk"]["critic"] = peak_disk(c.total_write_bytes, s.critic_keep)
             c_optim = optim_total(critic_params(facts.params), args.world_size, critic)
-            e["retention_disk"]["critic"] = [retention_disk(c.total_write_bytes, c_optim, s.critic_keep, last,
-                                                            s.keep_best) for last in keep_choices(s, c_optim)] \
-                if slim else []
+            e["retention_disk"]["critic"] = (
+                [
+                    retention_disk(c.total_write_bytes, c_optim, s.critic_keep, last, s.keep_best)
+                    for last in keep_choices(s, c_optim)
+                ]
+                if slim
+                else []
+            )
             e["critic_host_peak_bytes"] = c.host_peak_bytes
         estimates.append(e)
     return {
@@ -120,8 +162,12 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
         "rank0_optimizer_shard_bytes": optim_shard_bytes(facts.params, args.world_size, 0),
         "extra_bytes_per_rank": extra,
         "largest_tensor_shard_bytes": largest_shard_bytes(facts.params, args.world_size, 0),
-        "hf_export": {"dtype": facts.hf_dtype, "max_shard_size": facts.max_shard_size,
-                      "files": [{"name": n, "bytes": b} for n, b in facts.hf_files], "bytes": facts.hf_bytes},
+        "hf_export": {
+            "dtype": facts.hf_dtype,
+            "max_shard_size": facts.max_shard_size,
+            "files": [{"name": n, "bytes": b} for n, b in facts.hf_files],
+            "bytes": facts.hf_bytes,
+        },
         "disk_gbps": args.disk_gbps,
         "estimates": estimates,
         "critic": with_critic,
@@ -150,9 +196,15 @@ def offload_of(args: argparse.Namespace) -> Any:
     optim = choice in ("optimizer", "both") or bool(getattr(args, "optimizer_offload", False))
     critic_param = bool(getattr(args, "critic_param_offload", param))
     critic_optim = bool(getattr(args, "critic_optimizer_offload", optim))
-    return Offload(actor_param=param, actor_optimizer=optim, critic_param=critic_param, critic_optimizer=critic_optim,
-                   ref_param=bool(getattr(args, "ref_param_offload", False)), critic=bool(getattr(args, "critic", False)),
-                   ref=bool(getattr(args, "ref_param_offload", False)))
+    return Offload(
+        actor_param=param,
+        actor_optimizer=optim,
+        critic_param=critic_param,
+        critic_optimizer=critic_optim,
+        ref_param=bool(getattr(args, "ref_param_offload", False)),
+        critic=bool(getattr(args, "critic", False)),
+        ref=bool(getattr(args, "ref_param_offload", False)),
+    )
 
 
 def node_context(args: argparse.Namespace, params: Sequence[ParamSpec]) -> dict[str, Any]:
@@ -166,11 +218,18 @@ def node_context(args: argparse.Namespace, params: Sequence[ParamSpec]) -> dict[
     elements = sum(shard_rows(p.rows, world, 0) * p.row_bytes // p.itemsize for p in trainable)
     critic = critic_params(params) if offload.critic else []
     critic_elements = sum(shard_rows(p.rows, world, 0) * p.row_bytes // p.itemsize for p in critic)
-    resident = resident_bytes(model_shard_bytes(params, world, 0), elements, model_shard_bytes(critic, world, 0),
-                              critic_elements, offload)
-    return {"local_ranks": ranks, "local_ranks_given": bool(given_ranks), "memory_bytes": memory,
-            "memory_source": source, "offload": asdict(offload), "resident": resident,
-            "resident_bytes": sum(resident.values())}
+    resident = resident_bytes(
+        model_shard_bytes(params, world, 0), elements, model_shard_bytes(critic, world, 0), critic_elements, offload
+    )
+    return {
+        "local_ranks": ranks,
+        "local_ranks_given": bool(given_ranks),
+        "memory_bytes": memory,
+        "memory_source": source,
+        "offload": asdict(offload),
+        "resident": resident,
+        "resident_bytes": sum(resident.values()),
+    }
 
 
 def rollout_windows(args: argparse.Namespace) -> list[float] | None:
@@ -191,12 +250,17 @@ def lora_spec(args: argparse.Namespace) -> LoraSpec | None:
     if not rank:
         return None
     targets = str(getattr(args, "lora_target_modules", "all-linear") or "all-linear")
+
     def items(attr: str) -> tuple[str, ...]:
         return tuple(x.strip() for x in str(getattr(args, attr, "") or "").split(",") if x.strip())
 
-    return LoraSpec(rank=rank, alpha=float(getattr(args, "lora_alpha", 16)), exclude_modules=items("lora_exclude_modules"),
-                    target_parameters=items("lora_target_parameters"),
-                    target_modules=targets if targets == "all-linear" else tuple(t.strip() for t in targets.split(",")))
+    return LoraSpec(
+        rank=rank,
+        alpha=float(getattr(args, "lora_alpha", 16)),
+        exclude_modules=items("lora_exclude_modules"),
+        target_parameters=items("lora_target_parameters"),
+        target_modules=targets if targets == "all-linear" else tuple(t.strip() for t in targets.split(",")),
+    )
 
 
 def retention_overrides(args: argparse.Namespace) -> tuple[dict[str, int | None], list[str]]:
@@ -212,10 +276,14 @@ def retention_overrides(args: argparse.Namespace) -> tuple[dict[str, int | None]
         elif key in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"):
             given[key] = value
         else:
-            raise ValueError(f"slimckpt plan: --set {key}: of trainer's keys only trainer.max_actor_ckpt_to_keep "
-                             f"and trainer.max_critic_ckpt_to_keep change the plan; drop it")
-    for key, attr in (("trainer.max_actor_ckpt_to_keep", "max_actor_ckpt_to_keep"),
-                      ("trainer.max_critic_ckpt_to_keep", "max_critic_ckpt_to_keep")):
+            raise ValueError(
+                f"slimckpt plan: --set {key}: of trainer's keys only trainer.max_actor_ckpt_to_keep "
+                f"and trainer.max_critic_ckpt_to_keep change the plan; drop it"
+            )
+    for key, attr in (
+        ("trainer.max_actor_ckpt_to_keep", "max_actor_ckpt_to_keep"),
+        ("trainer.max_critic_ckpt_to_keep", "max_critic_ckpt_to_keep"),
+    ):
         if getattr(args, attr, None) is not None:
             given[key] = getattr(args, attr)
     fields = {"trainer.max_actor_ckpt_to_keep": "actor_keep", "trainer.max_critic_ckpt_to_keep": "critic_keep"}

@@ -34,64 +34,139 @@ HELP = "predict per-rank checkpoint bytes, host memory and time from a model con
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the model's Hugging Face config.json (or its directory)")
     p.add_argument("--world-size", type=int, required=True, help="FSDP ranks of the actor (GPUs)")
-    p.add_argument("--recipe", action="append", default=None,
-                   help="a slimckpt recipe to compare (repeatable; default: all of them)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a recipe's checkpoint key, e.g. --set async_save=true --set host_memory_budget_gb=32; "
-                        "trainer.max_actor_ckpt_to_keep=N and trainer.max_critic_ckpt_to_keep=N set retention")
-    p.add_argument("--max-actor-ckpt-to-keep", dest="max_actor_ckpt_to_keep", default=None, metavar="N",
-                   help="trainer.max_actor_ckpt_to_keep for every row's peak disk (none: keep every step; "
-                        "default: each row's own, a recipe's value or verl's null)")
-    p.add_argument("--max-critic-ckpt-to-keep", dest="max_critic_ckpt_to_keep", default=None, metavar="N",
-                   help="trainer.max_critic_ckpt_to_keep, the same for the critic (with --critic)")
-    p.add_argument("--critic", action="store_true",
-                   help="the run has a critic (PPO with GAE): count its checkpoints in the peak disk")
-    p.add_argument("--disk-gbps", type=float, default=None,
-                   help="aggregate write bandwidth of the checkpoint storage, GB/s (10^9), for the time column")
-    p.add_argument("--rollout-s", default=None, metavar="S[,S...]",
-                   help="async_save=stream: seconds from a save to the next optimizer step (rollout, reward, "
-                        "reference passes), comma separated; default: 0, 1/4, 1/2, 1 and 2 times the write time")
-    p.add_argument("--copy-gbps", type=float, default=None,
-                   help="async_save=stream: device-to-host copy bandwidth per rank, GB/s, for the guard's copy time "
-                        "(without it the copy is shown in bytes)")
-    p.add_argument("--offload", choices=["none", "param", "optimizer", "both"], default="none",
-                   help="verl's actor fsdp_config.param_offload / optimizer_offload of the run (both: the 70B "
-                        "launcher's); async_save=stream then reads the offload's host copies")
-    p.add_argument("--fsdp", type=int, choices=[1, 2], default=1,
-                   help="FSDP version of the run: 1 = verl's strategy=fsdp (its default), 2 = strategy=fsdp2")
-    p.add_argument("--device", choices=["accelerator", "cpu"], default="accelerator",
-                   help="where training holds the tensors: accelerator (GPUs, NPUs: a save copies them to host) "
-                        "or cpu (verl on CPU, SLIMCKPT_CPU=1: they are host memory already)")
-    p.add_argument("--export-dtype", choices=["bf16", "fp16", "fp32"], default=None,
-                   help="HF listing's dtype (default: the export_dtype of the recipes that export, where they agree; "
-                        "else bf16)")
-    p.add_argument("--max-shard-size", default=None,
-                   help="HF export file size limit, e.g. 5GB (default: the exporting recipes' max_shard_size, where "
-                        "they agree; else save_pretrained's, as verl uses)")
+    p.add_argument(
+        "--recipe",
+        action="append",
+        default=None,
+        help="a slimckpt recipe to compare (repeatable; default: all of them)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe's checkpoint key, e.g. --set async_save=true --set host_memory_budget_gb=32; "
+        "trainer.max_actor_ckpt_to_keep=N and trainer.max_critic_ckpt_to_keep=N set retention",
+    )
+    p.add_argument(
+        "--max-actor-ckpt-to-keep",
+        dest="max_actor_ckpt_to_keep",
+        default=None,
+        metavar="N",
+        help="trainer.max_actor_ckpt_to_keep for every row's peak disk (none: keep every step; "
+        "default: each row's own, a recipe's value or verl's null)",
+    )
+    p.add_argument(
+        "--max-critic-ckpt-to-keep",
+        dest="max_critic_ckpt_to_keep",
+        default=None,
+        metavar="N",
+        help="trainer.max_critic_ckpt_to_keep, the same for the critic (with --critic)",
+    )
+    p.add_argument(
+        "--critic",
+        action="store_true",
+        help="the run has a critic (PPO with GAE): count its checkpoints in the peak disk",
+    )
+    p.add_argument(
+        "--disk-gbps",
+        type=float,
+        default=None,
+        help="aggregate write bandwidth of the checkpoint storage, GB/s (10^9), for the time column",
+    )
+    p.add_argument(
+        "--rollout-s",
+        default=None,
+        metavar="S[,S...]",
+        help="async_save=stream: seconds from a save to the next optimizer step (rollout, reward, "
+        "reference passes), comma separated; default: 0, 1/4, 1/2, 1 and 2 times the write time",
+    )
+    p.add_argument(
+        "--copy-gbps",
+        type=float,
+        default=None,
+        help="async_save=stream: device-to-host copy bandwidth per rank, GB/s, for the guard's copy time "
+        "(without it the copy is shown in bytes)",
+    )
+    p.add_argument(
+        "--offload",
+        choices=["none", "param", "optimizer", "both"],
+        default="none",
+        help="verl's actor fsdp_config.param_offload / optimizer_offload of the run (both: the 70B "
+        "launcher's); async_save=stream then reads the offload's host copies",
+    )
+    p.add_argument(
+        "--fsdp",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="FSDP version of the run: 1 = verl's strategy=fsdp (its default), 2 = strategy=fsdp2",
+    )
+    p.add_argument(
+        "--device",
+        choices=["accelerator", "cpu"],
+        default="accelerator",
+        help="where training holds the tensors: accelerator (GPUs, NPUs: a save copies them to host) "
+        "or cpu (verl on CPU, SLIMCKPT_CPU=1: they are host memory already)",
+    )
+    p.add_argument(
+        "--export-dtype",
+        choices=["bf16", "fp16", "fp32"],
+        default=None,
+        help="HF listing's dtype (default: the export_dtype of the recipes that export, where they agree; else bf16)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        default=None,
+        help="HF export file size limit, e.g. 5GB (default: the exporting recipes' max_shard_size, where "
+        "they agree; else save_pretrained's, as verl uses)",
+    )
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--lora-rank", type=int, default=0,
-                   help="a LoRA actor (verl's actor_rollout_ref.model.lora_rank): the base model frozen, only the "
-                        "adapter trained; its export adds lora_adapter/")
+    p.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="a LoRA actor (verl's actor_rollout_ref.model.lora_rank): the base model frozen, only the "
+        "adapter trained; its export adds lora_adapter/",
+    )
     p.add_argument("--lora-alpha", type=float, default=16, help="verl's model.lora_alpha (reported only)")
-    p.add_argument("--lora-target-modules", default="all-linear",
-                   help="verl's model.target_modules: all-linear (its default; with transformers 5 peft also adapts "
-                        "fused MoE experts and routers) or module names, comma separated")
+    p.add_argument(
+        "--lora-target-modules",
+        default="all-linear",
+        help="verl's model.target_modules: all-linear (its default; with transformers 5 peft also adapts "
+        "fused MoE experts and routers) or module names, comma separated",
+    )
     p.add_argument("--lora-exclude-modules", default="", help="verl's model.exclude_modules, comma separated")
-    p.add_argument("--lora-target-parameters", default="",
-                   help="verl's model.target_parameters (LoRA on nn.Parameters, e.g. fused experts), comma separated")
+    p.add_argument(
+        "--lora-target-parameters",
+        default="",
+        help="verl's model.target_parameters (LoRA on nn.Parameters, e.g. fused experts), comma separated",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     add_node_arguments(p)
 
 
 def add_node_arguments(p: argparse.ArgumentParser) -> None:
     """The node's side: ranks per node, its memory and verl's offload (plan_node)."""
-    p.add_argument("--gpus-per-node", type=int, default=None,
-                   help="ranks per node (trainer.n_gpus_per_node; default: the world size, at most 8)")
-    p.add_argument("--node-memory-gb", type=float, default=None,
-                   help="host memory of a training node, GiB (default: this machine's); host_memory_budget_gb=auto "
-                        "and the per-node check use it")
-    p.add_argument("--ref-param-offload", action="store_true",
-                   help="the run has a reference model with param_offload (its bf16 params on the host)")
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="ranks per node (trainer.n_gpus_per_node; default: the world size, at most 8)",
+    )
+    p.add_argument(
+        "--node-memory-gb",
+        type=float,
+        default=None,
+        help="host memory of a training node, GiB (default: this machine's); host_memory_budget_gb=auto "
+        "and the per-node check use it",
+    )
+    p.add_argument(
+        "--ref-param-offload",
+        action="store_true",
+        help="the run has a reference model with param_offload (its bf16 params on the host)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -75,8 +75,7 @@ def model_shard_bytes(params: Sequence[ParamSpec], world: int, rank: int) -> int
 
 
 def optim_shard_bytes(params: Sequence[ParamSpec], world: int, rank: int) -> int:
-    return sum(ADAM_STATES * shard_rows(p.rows, world, rank) * p.row_bytes + STEP_BYTES
-               for p in params if p.trainable)
+    return sum(ADAM_STATES * shard_rows(p.rows, world, rank) * p.row_bytes + STEP_BYTES for p in params if p.trainable)
 
 
 def largest_shard_bytes(params: Sequence[ParamSpec], world: int, rank: int) -> int:
@@ -110,7 +109,7 @@ class Strategy:
         return "hf_model" in self.contents
 
     @classmethod
-    def from_checkpoint_config(cls, name: str, cfg: dict[str, Any]) -> "Strategy":
+    def from_checkpoint_config(cls, name: str, cfg: dict[str, Any]) -> Strategy:
         from ..verl_seam.checkpoint_config import SlimCheckpointConfig, async_mode
 
         defaults = {f.name: f.default for f in fields(SlimCheckpointConfig) if f.default is not MISSING}
@@ -127,8 +126,9 @@ class Strategy:
             host_memory_budget_gb=_budget_value(cfg.get("host_memory_budget_gb", defaults["host_memory_budget_gb"])),
             keep_optimizer_last=parse_keep("keep_optimizer_last", cfg.get("keep_optimizer_last")),
             keep_best=parse_keep("keep_best", cfg.get("keep_best")) or 0,
-            max_shard_size=str(cfg.get("max_shard_size", defaults.get("max_shard_size"))) if bool(
-                cfg.get("export_hf", False)) else None,
+            max_shard_size=str(cfg.get("max_shard_size", defaults.get("max_shard_size")))
+            if bool(cfg.get("export_hf", False))
+            else None,
         )
 
 
@@ -167,10 +167,20 @@ def export_bytes(strategy: Strategy, hf_bytes: int, hf_dtype: str) -> int:
     return hf_bytes * ELEM_BYTES.get(dtype, 2) // ELEM_BYTES.get(hf_dtype, 2)
 
 
-def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_bytes: int,
-             hf_bytes: int, disk_gbps: float | None, fsdp: int = 1, hf_dtype: str = "bf16",
-             rollout_s: list[float] | None = None, copy_gbps: float | None = None,
-             offload: Sequence[str] = (), device: str = "accelerator") -> Estimate:
+def estimate(
+    params: Sequence[ParamSpec],
+    world: int,
+    strategy: Strategy,
+    extra_bytes: int,
+    hf_bytes: int,
+    disk_gbps: float | None,
+    fsdp: int = 1,
+    hf_dtype: str = "bf16",
+    rollout_s: list[float] | None = None,
+    copy_gbps: float | None = None,
+    offload: Sequence[str] = (),
+    device: str = "accelerator",
+) -> Estimate:
     """Bytes, host memory and time of one save with `strategy` at world size `world`, training
     with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators, or
     with `device="cpu"` on host memory (verl on CPU): there no save copies a tensor to the host, it
@@ -182,9 +192,12 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
     model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
     optim_r = optim_shard_bytes(params, world, 0) if "optimizer" in strategy.contents else 0
     extra_r = extra_bytes if "extra" in strategy.contents else 0
-    total = sum((model_shard_bytes(params, world, r) if "model" in strategy.contents else 0)
-                + (optim_shard_bytes(params, world, r) if "optimizer" in strategy.contents else 0)
-                + extra_r for r in range(world))
+    total = sum(
+        (model_shard_bytes(params, world, r) if "model" in strategy.contents else 0)
+        + (optim_shard_bytes(params, world, r) if "optimizer" in strategy.contents else 0)
+        + extra_r
+        for r in range(world)
+    )
     full_fp32 = sum(p.nbytes for p in params)
     export = export_bytes(strategy, hf_bytes, hf_dtype)
     notes: list[str] = []
@@ -213,8 +226,10 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
         # more than the rank holds
         streaming = min(staged, strategy.write_threads * (strategy.bucket_mb * 2**20 + largest))
         if fsdp == 1 and staged:
-            notes.append(f"FSDP1: its reshardable sharded state dict is a transient {human(staged)} copy "
-                         f"{'in host memory, counted' if on_cpu else 'on the accelerator'} (strategy=fsdp2 has none)")
+            notes.append(
+                f"FSDP1: its reshardable sharded state dict is a transient {human(staged)} copy "
+                f"{'in host memory, counted' if on_cpu else 'on the accelerator'} (strategy=fsdp2 has none)"
+            )
         offloaded = (model_r if "param" in offload else 0) + (optim_r if "optimizer" in offload else 0)
         if on_cpu and not (strategy.async_save and not strategy.async_stream and staged <= budget_bytes(strategy)):
             # DCP writes host tensors as they are; an export cast to another dtype goes through one
@@ -223,24 +238,35 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
             peak = strategy.write_threads * strategy.bucket_mb * 2**20 if cast else 0
             note = "CPU: written from the live host tensors" + (", the export cast in bucket_mb chunks" if cast else "")
             peak += staged if fsdp == 1 else 0
-            blocking = ("capture only, while the rollout window >= the write (see stream mode below)"
-                        if strategy.async_stream else "whole save")
+            blocking = (
+                "capture only, while the rollout window >= the write (see stream mode below)"
+                if strategy.async_stream
+                else "whole save"
+            )
             if strategy.async_save and not strategy.async_stream:
                 notes.append(f"over host_memory_budget_gb={strategy.host_memory_budget_gb}: saves synchronously")
         elif strategy.async_stream and offloaded:
             peak = streaming
-            note = (f"streamed from the host copies verl's offload makes ({human(offloaded)}: no copy of its own, no "
-                    f"device memory past the offload) and the live shards: write_threads x (bucket_mb + largest "
-                    f"tensor shard); a reload before the write ends keeps the unread host copies alive, at most "
-                    f"{human(offloaded)}" + (f", and the next step's guard copies what is unread of the rest (at most "
-                                             f"{human(min(staged - offloaded, strategy.host_memory_budget_gb * 2**30))})"
-                                             if staged > offloaded else ""))
+            note = (
+                f"streamed from the host copies verl's offload makes ({human(offloaded)}: no copy of its own, no "
+                f"device memory past the offload) and the live shards: write_threads x (bucket_mb + largest "
+                f"tensor shard); a reload before the write ends keeps the unread host copies alive, at most "
+                f"{human(offloaded)}"
+                + (
+                    f", and the next step's guard copies what is unread of the rest (at most "
+                    f"{human(min(staged - offloaded, strategy.host_memory_budget_gb * 2**30))})"
+                    if staged > offloaded
+                    else ""
+                )
+            )
             blocking = "capture only, while the rollout window >= the write (see stream mode below)"
         elif strategy.async_stream:
             peak = streaming
-            note = ("streamed from the live shards: write_threads x (bucket_mb + largest tensor shard), plus what the "
-                    f"next step's guard copies if it comes before the write ends (at most "
-                    f"{human(min(staged, float(strategy.host_memory_budget_gb) * 2**30))}, host_memory_budget_gb)")
+            note = (
+                "streamed from the live shards: write_threads x (bucket_mb + largest tensor shard), plus what the "
+                f"next step's guard copies if it comes before the write ends (at most "
+                f"{human(min(staged, float(strategy.host_memory_budget_gb) * 2**30))}, host_memory_budget_gb)"
+            )
             blocking = "capture only, while the rollout window >= the write (see stream mode below)"
         elif strategy.async_save and staged <= budget_bytes(strategy):
             peak = staged
@@ -253,9 +279,10 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
             if strategy.async_save:
                 notes.append(f"over host_memory_budget_gb={strategy.host_memory_budget_gb}: saves synchronously")
     if strategy.incremental and strategy.export_hf:
-        notes.append("HF export written without a gather: every rank its own rows, in place"
-                     + ("" if strategy.export_dtype == "auto" else f" (cast to {strategy.export_dtype} in "
-                                                                   f"bucket_mb chunks)"))
+        notes.append(
+            "HF export written without a gather: every rank its own rows, in place"
+            + ("" if strategy.export_dtype == "auto" else f" (cast to {strategy.export_dtype} in bucket_mb chunks)")
+        )
     elif strategy.export_hf:
         notes.append("HF export streamed from the fresh shards by all ranks (bounded chunks)")
     elif strategy.hf_model:
@@ -266,17 +293,40 @@ def estimate(params: Sequence[ParamSpec], world: int, strategy: Strategy, extra_
     stream = []
     if strategy.incremental and strategy.async_stream and seconds:
         budget = int(budget_bytes(strategy))
-        stream = [{**asdict(b), "window_s": w, "blocked_s": b.blocked_s}
-                  for w in windows_for(seconds, rollout_s)
-                  for b in [stream_block(model_r + optim_r, seconds, w, budget, copy_gbps,
-                                         (model_r if "param" in offload else 0)
-                                         + (optim_r if "optimizer" in offload else 0))]]
+        stream = [
+            {**asdict(b), "window_s": w, "blocked_s": b.blocked_s}
+            for w in windows_for(seconds, rollout_s)
+            for b in [
+                stream_block(
+                    model_r + optim_r,
+                    seconds,
+                    w,
+                    budget,
+                    copy_gbps,
+                    (model_r if "param" in offload else 0) + (optim_r if "optimizer" in offload else 0),
+                )
+            ]
+        ]
     budget_b = int(budget_bytes(strategy))
-    pool_over = bool(strategy.incremental and strategy.async_save and not strategy.async_stream
-                     and model_r + optim_r > budget_b)
-    return Estimate(strategy.name, model_r + optim_r + extra_r, total, export, peak, note, blocking, seconds, notes,
-                    stream, device_extra_bytes(strategy, fsdp, model_r + optim_r), budget_b, pool_over,
-                    full_fp32 if strategy.hf_model and not strategy.incremental else 0)
+    pool_over = bool(
+        strategy.incremental and strategy.async_save and not strategy.async_stream and model_r + optim_r > budget_b
+    )
+    return Estimate(
+        strategy.name,
+        model_r + optim_r + extra_r,
+        total,
+        export,
+        peak,
+        note,
+        blocking,
+        seconds,
+        notes,
+        stream,
+        device_extra_bytes(strategy, fsdp, model_r + optim_r),
+        budget_b,
+        pool_over,
+        full_fp32 if strategy.hf_model and not strategy.incremental else 0,
+    )
 
 
 def device_extra_bytes(strategy: Strategy, fsdp: int, staged: int) -> int:
@@ -310,25 +360,47 @@ def peak_disk(per_step: int, max_keep: int | None) -> dict[str, Any]:
     """Disk one role needs while a step is written, keeping `max_keep` steps (None: all of them)."""
     verl_steps, slim = verl_peak_steps(max_keep), peak_steps(max_keep)
     if verl_steps is None or slim is None:
-        return {"max_ckpt_to_keep": max_keep, "per_step_bytes": per_step, "grows_without_bound": True,
-                "verl_steps": None, "verl_bytes": None, "slimckpt_steps": None, "slimckpt_bytes": None,
-                "slimckpt_steps_tracker_behind": None, "slimckpt_bytes_tracker_behind": None}
-    return {"max_ckpt_to_keep": max_keep, "per_step_bytes": per_step, "grows_without_bound": False,
-            "verl_steps": verl_steps, "verl_bytes": verl_steps * per_step,
-            "slimckpt_steps": slim[0], "slimckpt_bytes": slim[0] * per_step,
-            "slimckpt_steps_tracker_behind": slim[1], "slimckpt_bytes_tracker_behind": slim[1] * per_step}
+        return {
+            "max_ckpt_to_keep": max_keep,
+            "per_step_bytes": per_step,
+            "grows_without_bound": True,
+            "verl_steps": None,
+            "verl_bytes": None,
+            "slimckpt_steps": None,
+            "slimckpt_bytes": None,
+            "slimckpt_steps_tracker_behind": None,
+            "slimckpt_bytes_tracker_behind": None,
+        }
+    return {
+        "max_ckpt_to_keep": max_keep,
+        "per_step_bytes": per_step,
+        "grows_without_bound": False,
+        "verl_steps": verl_steps,
+        "verl_bytes": verl_steps * per_step,
+        "slimckpt_steps": slim[0],
+        "slimckpt_bytes": slim[0] * per_step,
+        "slimckpt_steps_tracker_behind": slim[1],
+        "slimckpt_bytes_tracker_behind": slim[1] * per_step,
+    }
 
 
-def retention_disk(per_step: int, optimizer_bytes: int, max_keep: int | None, keep_optimizer_last: int | None,
-                   keep_best: int = 0) -> dict[str, Any]:
+def retention_disk(
+    per_step: int, optimizer_bytes: int, max_keep: int | None, keep_optimizer_last: int | None, keep_best: int = 0
+) -> dict[str, Any]:
     """Disk one role holds while a step is written under slimckpt's retention with keep_optimizer_last
     and keep_best: whole steps, steps without their optimizer state (`optimizer_bytes` less), and
     the bytes; with max_keep None, how much each save adds."""
     policy = RetentionPolicy(max_keep=max_keep, optimizer_last=keep_optimizer_last, keep_best=keep_best)
     held = steps_held(policy, peak_steps(max_keep))
-    out = {"max_ckpt_to_keep": max_keep, "keep_optimizer_last": keep_optimizer_last, "keep_best": keep_best,
-           "per_step_bytes": per_step, "optimizer_bytes": optimizer_bytes, "steps": held,
-           "bytes": disk_bytes(per_step, optimizer_bytes, held)}
+    out = {
+        "max_ckpt_to_keep": max_keep,
+        "keep_optimizer_last": keep_optimizer_last,
+        "keep_best": keep_best,
+        "per_step_bytes": per_step,
+        "optimizer_bytes": optimizer_bytes,
+        "steps": held,
+        "bytes": disk_bytes(per_step, optimizer_bytes, held),
+    }
     if held is None:  # every step kept: each save adds one, without its optimizer once it is old enough
         out["bytes_per_save"] = per_step - (optimizer_bytes if keep_optimizer_last is not None else 0)
     return out
@@ -338,8 +410,9 @@ def critic_params(params: Sequence[ParamSpec]) -> list[ParamSpec]:
     """verl's critic: the actor's model with a one-output value head (`score`) in place of lm_head
     (without the actor's LoRA adapter, trained in full)."""
     params = [replace(p, trainable=True) for p in params if ".lora_" not in p.name]
-    hidden = next((p.shape[-1] for p in params if p.name == "lm_head.weight" or p.name.endswith("embed_tokens.weight")),
-                  None)
+    hidden = next(
+        (p.shape[-1] for p in params if p.name == "lm_head.weight" or p.name.endswith("embed_tokens.weight")), None
+    )
     body = [p for p in params if p.name != "lm_head.weight"]
     return body + ([ParamSpec("score.weight", (1, hidden))] if hidden else [])
 
@@ -351,8 +424,9 @@ def parse_keep(key: str, value: Any) -> int | None:
     try:
         n = int(str(value).strip())
     except ValueError:
-        raise ValueError(f"slimckpt plan: {key}={value!r}: give a whole number of steps, e.g. {key}=2, "
-                         f"or none to keep every step") from None
+        raise ValueError(
+            f"slimckpt plan: {key}={value!r}: give a whole number of steps, e.g. {key}=2, or none to keep every step"
+        ) from None
     return n if n > 0 else None
 
 
@@ -371,8 +445,9 @@ def keep_choices(strategy: Strategy, optimizer_bytes: int) -> list[int | None]:
     return list(dict.fromkeys([strategy.keep_optimizer_last, None, 1]))
 
 
-def listing_format(strategies: Sequence[Strategy], dtype: str | None,
-                   max_shard_size: str | None) -> tuple[str, str | None]:
+def listing_format(
+    strategies: Sequence[Strategy], dtype: str | None, max_shard_size: str | None
+) -> tuple[str, str | None]:
     """The HF listing's dtype and file size limit: what was asked; else, where the recipes that export
     agree on them, theirs (export_dtype=auto: fp32, as the export writes); else bf16 and save_pretrained's."""
     exporters = {(s.export_dtype, s.max_shard_size) for s in strategies if s.export_hf}

@@ -39,14 +39,24 @@ from .printers import print_report
 
 # lazy imports: omegaconf, verl's trainer and huggingface_hub load only once a config is composed and planned
 
-HELP = "compose verl's PPO config as main_ppo would, print and validate it (no Ray, no GPU); --plan: what its saves cost"
+HELP = (
+    "compose verl's PPO config as main_ppo would, print and validate it (no Ray, no GPU); --plan: what its saves cost"
+)
 SHIPPED = Path(__file__).resolve().parent.parent / "model_configs"
 # assumed where the config cannot say (printed with the plan, each with the option that changes it)
 DEFAULT_DISK_GBPS = 10.0
 DEFAULT_ROLLOUT_S = 60.0
 DEFAULT_COPY_GBPS = 10.0
-PLAN_KEYS = ("async_save", "bucket_mb", "write_threads", "host_memory_budget_gb", "export_hf", "export_dtype",
-             "incremental_save", "save_contents")
+PLAN_KEYS = (
+    "async_save",
+    "bucket_mb",
+    "write_threads",
+    "host_memory_budget_gb",
+    "export_hf",
+    "export_dtype",
+    "incremental_save",
+    "save_contents",
+)
 
 
 @dataclass(frozen=True)
@@ -59,17 +69,35 @@ class Assumptions:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan (with --plan: what a save will cost, from the composed config)")
-    g.add_argument("--plan", action="store_true",
-                   help="after validation, print slimckpt plan for this configuration's checkpoint saves")
-    g.add_argument("--disk-gbps", type=float, default=DEFAULT_DISK_GBPS,
-                   help="aggregate write bandwidth of the checkpoint storage, GB/s (assumed: %(default)s)")
-    g.add_argument("--rollout-s", type=float, default=DEFAULT_ROLLOUT_S,
-                   help="seconds from a save to the next optimizer step (rollout, reward, ref passes; "
-                        "assumed: %(default)s)")
-    g.add_argument("--copy-gbps", type=float, default=DEFAULT_COPY_GBPS,
-                   help="device-to-host copy bandwidth per rank, GB/s (assumed: %(default)s)")
-    g.add_argument("--node-memory-gb", type=float, default=None,
-                   help="host memory of one training node, GiB (default: this machine's)")
+    g.add_argument(
+        "--plan",
+        action="store_true",
+        help="after validation, print slimckpt plan for this configuration's checkpoint saves",
+    )
+    g.add_argument(
+        "--disk-gbps",
+        type=float,
+        default=DEFAULT_DISK_GBPS,
+        help="aggregate write bandwidth of the checkpoint storage, GB/s (assumed: %(default)s)",
+    )
+    g.add_argument(
+        "--rollout-s",
+        type=float,
+        default=DEFAULT_ROLLOUT_S,
+        help="seconds from a save to the next optimizer step (rollout, reward, ref passes; assumed: %(default)s)",
+    )
+    g.add_argument(
+        "--copy-gbps",
+        type=float,
+        default=DEFAULT_COPY_GBPS,
+        help="device-to-host copy bandwidth per rank, GB/s (assumed: %(default)s)",
+    )
+    g.add_argument(
+        "--node-memory-gb",
+        type=float,
+        default=None,
+        help="host memory of one training node, GiB (default: this machine's)",
+    )
 
 
 def model_config_path(model_path: str) -> tuple[str | None, str]:
@@ -99,11 +127,11 @@ def _select(cfg, key: str, default: Any = None) -> Any:
     return OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
 
 
-def plan_namespace(cfg, assumed: Assumptions, config_json: str, overrides: list[str] | None = None
-                   ) -> tuple[argparse.Namespace, dict[str, Any]]:
+def plan_namespace(
+    cfg, assumed: Assumptions, config_json: str, overrides: list[str] | None = None
+) -> tuple[argparse.Namespace, dict[str, Any]]:
     """`slimckpt plan`'s arguments for this composed config, and what the run is (for the verdict)."""
     from omegaconf import OmegaConf
-
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
     ckpt = OmegaConf.to_container(_select(cfg, "actor_rollout_ref.actor.checkpoint"), resolve=True) or {}
@@ -118,17 +146,29 @@ def plan_namespace(cfg, assumed: Assumptions, config_json: str, overrides: list[
     lora = int(_select(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0)
     targets = _select(cfg, "actor_rollout_ref.model.target_modules", "all-linear")
     args = argparse.Namespace(
-        config=config_json, world_size=nnodes * per_node, recipe=[recipe] if recipe else ["quickstart"],
-        overrides=sets, max_actor_ckpt_to_keep=None, max_critic_ckpt_to_keep=None, critic=critic,
-        disk_gbps=assumed.disk_gbps, rollout_s=str(assumed.rollout_s), copy_gbps=assumed.copy_gbps,
+        config=config_json,
+        world_size=nnodes * per_node,
+        recipe=[recipe] if recipe else ["quickstart"],
+        overrides=sets,
+        max_actor_ckpt_to_keep=None,
+        max_critic_ckpt_to_keep=None,
+        critic=critic,
+        disk_gbps=assumed.disk_gbps,
+        rollout_s=str(assumed.rollout_s),
+        copy_gbps=assumed.copy_gbps,
         fsdp=2 if str(_select(cfg, "actor_rollout_ref.actor.strategy")) == "fsdp2" else 1,
         # the export's file layout in the dtype the run writes (auto: the fp32 parameters')
         export_dtype={"auto": "fp32"}.get(str(ckpt.get("export_dtype", "bf16")), str(ckpt.get("export_dtype", "bf16"))),
-        max_shard_size=ckpt.get("max_shard_size") if recipe else None, trust_remote_code=bool(_select(cfg, "actor_rollout_ref.model.trust_remote_code", False)),
-        lora_rank=lora, lora_alpha=float(_select(cfg, "actor_rollout_ref.model.lora_alpha", 16) or 16),
+        max_shard_size=ckpt.get("max_shard_size") if recipe else None,
+        trust_remote_code=bool(_select(cfg, "actor_rollout_ref.model.trust_remote_code", False)),
+        lora_rank=lora,
+        lora_alpha=float(_select(cfg, "actor_rollout_ref.model.lora_alpha", 16) or 16),
         lora_target_modules=targets if isinstance(targets, str) else ",".join(targets or []) or "all-linear",
-        lora_exclude_modules="", lora_target_parameters="", json=False,
-        gpus_per_node=per_node, node_memory_gb=assumed.node_memory_gb,
+        lora_exclude_modules="",
+        lora_target_parameters="",
+        json=False,
+        gpus_per_node=per_node,
+        node_memory_gb=assumed.node_memory_gb,
         param_offload=bool(_select(cfg, "actor_rollout_ref.actor.fsdp_config.param_offload", False)),
         optimizer_offload=bool(_select(cfg, "actor_rollout_ref.actor.fsdp_config.optimizer_offload", False)),
         critic_param_offload=bool(_select(cfg, "critic.fsdp.param_offload", False)),
@@ -153,12 +193,16 @@ def _yaml(value: Any) -> str:
 def own_rows(report: dict[str, Any], row: str, label: str) -> dict[str, Any]:
     """The report cut to the run's own save (the recipe's row, or verl's), named `label`."""
     keep = [i for i, e in enumerate(report["estimates"]) if e["strategy"] == row or e["strategy"].startswith(row + " ")]
-    return {**report, "estimates": [{**report["estimates"][i], "strategy": label} for i in keep],
-            "node_rows": [{**report["node_rows"][i], "strategy": label} for i in keep]}
+    return {
+        **report,
+        "estimates": [{**report["estimates"][i], "strategy": label} for i in keep],
+        "node_rows": [{**report["node_rows"][i], "strategy": label} for i in keep],
+    }
 
 
-def stream_alternative(cfg, assumed: Assumptions, config_json: str, what: dict[str, Any], facts: Any
-                       ) -> dict[str, Any] | None:
+def stream_alternative(
+    cfg, assumed: Assumptions, config_json: str, what: dict[str, Any], facts: Any
+) -> dict[str, Any] | None:
     """The incremental recipe as it is, with async_save=stream instead: what turning it on gives."""
     ckpt = what["checkpoint"]
     if not (what["recipe"] and ckpt.get("incremental_save")) or str(ckpt.get("async_save")).lower() == "stream":
@@ -172,16 +216,20 @@ def verdict_lines(report: dict[str, Any], alternative: dict[str, Any] | None, nn
     lines = []
     for v in report["node_rows"]:
         blocked = "-" if v["blocked_s"] is None else f"{v['blocked_s']:.1f} s"
-        head = (f"{v['strategy']}: host {v['per_node_bytes'] / 2**30:.1f} of {v['node_memory_bytes'] / 2**30:.0f} GiB "
-                f"per node ({nnodes} node(s)), blocked {blocked} per save")
+        head = (
+            f"{v['strategy']}: host {v['per_node_bytes'] / 2**30:.1f} of {v['node_memory_bytes'] / 2**30:.0f} GiB "
+            f"per node ({nnodes} node(s)), blocked {blocked} per save"
+        )
         lines.append(f"plan: {head}: " + ("fits" if v["fits"] else "DOES NOT FIT: " + "; ".join(v["problems"])))
     if alternative:
         for v in alternative["node_rows"]:
             blocked = "-" if v["blocked_s"] is None else f"{v['blocked_s']:.1f} s"
             state = "fits" if v["fits"] else "does not fit: " + "; ".join(v["problems"])
-            lines.append(f"plan: with actor_rollout_ref.actor.checkpoint.async_save=stream "
-                         f"critic.checkpoint.async_save=stream: blocked {blocked} per save, "
-                         f"host {v['per_node_bytes'] / 2**30:.1f} GiB per node: {state}")
+            lines.append(
+                f"plan: with actor_rollout_ref.actor.checkpoint.async_save=stream "
+                f"critic.checkpoint.async_save=stream: blocked {blocked} per save, "
+                f"host {v['per_node_bytes'] / 2**30:.1f} GiB per node: {state}"
+            )
     return lines
 
 
@@ -193,9 +241,12 @@ def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
     model = str(_select(cfg, "actor_rollout_ref.model.path"))
     config_json, source = model_config_path(model)
     if config_json is None:
-        print(f"plan: skipped: {model} is not a local model dir, nor in the Hugging Face cache or "
-              f"slimckpt/model_configs/; run `slimckpt plan --config <its config.json> --world-size "
-              f"{int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)}` where it is", file=out)
+        print(
+            f"plan: skipped: {model} is not a local model dir, nor in the Hugging Face cache or "
+            f"slimckpt/model_configs/; run `slimckpt plan --config <its config.json> --world-size "
+            f"{int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)}` where it is",
+            file=out,
+        )
         return 0
     try:
         args, what = plan_namespace(cfg, assumed, config_json)
@@ -207,11 +258,14 @@ def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
         print(f"plan: cannot plan {config_json}: {first}", file=out)
         return 2
     print(f"\n=== slimckpt plan for this configuration (model config: {source}) ===", file=out)
-    print(f"assumed (the config cannot say): checkpoint storage {assumed.disk_gbps:g} GB/s aggregate "
-          f"(--disk-gbps / DISK_GBPS), rollout window {assumed.rollout_s:g} s from a save to the next update "
-          f"(--rollout-s / ROLLOUT_S), device-to-host {assumed.copy_gbps:g} GB/s per rank (--copy-gbps / COPY_GBPS), "
-          f"node memory {'%g GiB' % assumed.node_memory_gb if assumed.node_memory_gb else 'this machine' + chr(39) + 's'} "
-          f"(--node-memory-gb / NODE_MEMORY_GB)", file=out)
+    print(
+        f"assumed (the config cannot say): checkpoint storage {assumed.disk_gbps:g} GB/s aggregate "
+        f"(--disk-gbps / DISK_GBPS), rollout window {assumed.rollout_s:g} s from a save to the next update "
+        f"(--rollout-s / ROLLOUT_S), device-to-host {assumed.copy_gbps:g} GB/s per rank (--copy-gbps / COPY_GBPS), "
+        f"node memory {f'{assumed.node_memory_gb:g} GiB' if assumed.node_memory_gb else 'this machine' + chr(39) + 's'} "
+        f"(--node-memory-gb / NODE_MEMORY_GB)",
+        file=out,
+    )
     print_report(report, out)
     lines = verdict_lines(report, alternative, what["nnodes"])
     for line in lines:
@@ -222,12 +276,12 @@ def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
 def _after(args: argparse.Namespace, overrides: list[str]) -> int:
     if not getattr(args, "plan", False) or args.no_validate or args.show:
         return 0
-    assumed = Assumptions(disk_gbps=args.disk_gbps, rollout_s=args.rollout_s, copy_gbps=args.copy_gbps,
-                          node_memory_gb=args.node_memory_gb)
+    assumed = Assumptions(
+        disk_gbps=args.disk_gbps, rollout_s=args.rollout_s, copy_gbps=args.copy_gbps, node_memory_gb=args.node_memory_gb
+    )
     return run(overrides, assumed)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command: verl's dry run with the plan's options, then the plan once the config passed."""
     return verl_main(argv, extend=add_arguments, after=_after)
-

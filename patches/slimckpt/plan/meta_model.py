@@ -23,9 +23,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..format import layout
-from ..log import quieted
 from ..format.names import DTYPE_CHOICES as DTYPE_NAMES
 from ..hf.naming import HfSide, default_max_shard_size
+from ..log import quieted
 from .cost import ParamSpec
 
 # lazy imports: torch, numpy and peft load only when a model is measured (`slimckpt --help` imports the plan's command)
@@ -71,8 +71,13 @@ def _hf_dir(config_path: str) -> tuple[str, Any]:
     return tmp.name, tmp
 
 
-def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: str | int | None = None,
-                trust_remote_code: bool = False, lora: LoraSpec | None = None) -> ModelFacts:
+def model_facts(
+    config_path: str,
+    export_dtype: str = "bf16",
+    max_shard_size: str | int | None = None,
+    trust_remote_code: bool = False,
+    lora: LoraSpec | None = None,
+) -> ModelFacts:
     root, keep = _hf_dir(config_path)
     # verl prints a warning about the missing generation config on stdout; keep stdout for the report
     with keep, contextlib.redirect_stdout(sys.stderr):
@@ -102,9 +107,18 @@ def model_facts(config_path: str, export_dtype: str = "bf16", max_shard_size: st
         if lora is not None:
             params, files, lora_facts = _with_lora(model, params, files, lora, export_dtype)
         vision = sum(t.numel() for n, t in state.items() if n not in tied and _is_vision(n))
-        return ModelFacts(params=params, total_parameters=total + (lora_facts or {}).get("parameters", 0),
-                          tied=tied, hf_files=files, hf_bytes=sum(b for _, b in files), hf_dtype=export_dtype,
-                          max_shard_size=size, split_on_save=split, lora=lora_facts, vision_parameters=vision)
+        return ModelFacts(
+            params=params,
+            total_parameters=total + (lora_facts or {}).get("parameters", 0),
+            tied=tied,
+            hf_files=files,
+            hf_bytes=sum(b for _, b in files),
+            hf_dtype=export_dtype,
+            max_shard_size=size,
+            split_on_save=split,
+            lora=lora_facts,
+            vision_parameters=vision,
+        )
 
 
 def _is_vision(name: str) -> bool:
@@ -113,8 +127,9 @@ def _is_vision(name: str) -> bool:
     return any(p in ("visual", "vision_tower", "vision_model", "multi_modal_projector") for p in parts)
 
 
-def _with_lora(model, params: list[ParamSpec], files: list[tuple[str, int]], lora: LoraSpec,
-               export_dtype: str) -> tuple[list[ParamSpec], list[tuple[str, int]], dict[str, Any]]:
+def _with_lora(
+    model, params: list[ParamSpec], files: list[tuple[str, int]], lora: LoraSpec, export_dtype: str
+) -> tuple[list[ParamSpec], list[tuple[str, int]], dict[str, Any]]:
     """A LoRA actor, wrapped as verl wraps it (peft's get_peft_model with verl's LoraConfig keys, on
     the meta model): the base frozen (no AdamW state), the adapter trainable fp32 (on fused MoE
     experts too, where peft puts it); the export adds lora_adapter/ (what verl's merger and
@@ -123,24 +138,40 @@ def _with_lora(model, params: list[ParamSpec], files: list[tuple[str, int]], lor
 
     if lora.rank < 1:
         raise ValueError(f"slimckpt plan: --lora-rank {lora.rank}: give the adapter's rank, 1 or more")
-    config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=lora.rank, lora_alpha=lora.alpha,
-                        target_modules=lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules),
-                        target_parameters=list(lora.target_parameters) or None,
-                        exclude_modules=list(lora.exclude_modules) or None, bias="none")
+    config = LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        target_modules=lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules),
+        target_parameters=list(lora.target_parameters) or None,
+        exclude_modules=list(lora.exclude_modules) or None,
+        bias="none",
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             wrapped = get_peft_model(model, config)
     except ValueError as exc:
         raise ValueError(f"slimckpt plan: LoRA ({_lora_keys(lora)}): {str(exc).strip().splitlines()[0]}") from None
-    adapter = [ParamSpec(n.removeprefix("base_model.model."), tuple(t.shape))
-               for n, t in wrapped.named_parameters() if t.requires_grad]
-    specs = [layout.TensorSpec("base_model.model." + p.name.replace(".default.", "."), DTYPE_NAMES[export_dtype],
-                               p.shape) for p in adapter]
+    adapter = [
+        ParamSpec(n.removeprefix("base_model.model."), tuple(t.shape))
+        for n, t in wrapped.named_parameters()
+        if t.requires_grad
+    ]
+    specs = [
+        layout.TensorSpec("base_model.model." + p.name.replace(".default.", "."), DTYPE_NAMES[export_dtype], p.shape)
+        for p in adapter
+    ]
     adapter_bytes = sum(f.size for f in layout.plan_files(specs, 1 << 62).files)
     modules = {p.name.split(".lora_")[0] for p in adapter}
-    facts = {"rank": lora.rank, "alpha": lora.alpha, "modules": len(modules), "keys": _lora_keys(lora),
-             "parameters": sum(p.rows * (p.row_bytes // p.itemsize) for p in adapter), "adapter_bytes": adapter_bytes}
+    facts = {
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "modules": len(modules),
+        "keys": _lora_keys(lora),
+        "parameters": sum(p.rows * (p.row_bytes // p.itemsize) for p in adapter),
+        "adapter_bytes": adapter_bytes,
+    }
     frozen = [replace(p, trainable=False) for p in params]
     return frozen + adapter, files + [("lora_adapter/adapter_model.safetensors", adapter_bytes)], facts
 
@@ -163,6 +194,7 @@ def extra_state_bytes() -> int:
     import torch
 
     buf = io.BytesIO()
-    torch.save({"rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}},
-               buf)
+    torch.save(
+        {"rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}}, buf
+    )
     return buf.tell()

@@ -47,8 +47,9 @@ class Offload:
         return (("param",) if self.actor_param else ()) + (("optimizer",) if self.actor_optimizer else ())
 
 
-def resident_bytes(params_r: int, elements_r: int, critic_params_r: int, critic_elements_r: int,
-                   offload: Offload) -> dict[str, int]:
+def resident_bytes(
+    params_r: int, elements_r: int, critic_params_r: int, critic_elements_r: int, offload: Offload
+) -> dict[str, int]:
     """Host bytes one rank holds between steps because of verl's offload, by what holds them.
 
     params_r: the rank's fp32 model shard bytes (actor); elements_r: its parameter elements (for
@@ -91,30 +92,52 @@ class NodeVerdict:
         return not self.problems
 
 
-def node_verdict(strategy: str, save_host_bytes: int, resident: int, local_ranks: int, node_memory_bytes: int,
-                 budget_bytes: int | None, staged_bytes: int, blocked_s: float | None, device_bytes: int,
-                 stream: bool, pool_over_budget: bool, rank0_only_bytes: int = 0) -> NodeVerdict:
+def node_verdict(
+    strategy: str,
+    save_host_bytes: int,
+    resident: int,
+    local_ranks: int,
+    node_memory_bytes: int,
+    budget_bytes: int | None,
+    staged_bytes: int,
+    blocked_s: float | None,
+    device_bytes: int,
+    stream: bool,
+    pool_over_budget: bool,
+    rank0_only_bytes: int = 0,
+) -> NodeVerdict:
     """Whether the node holds the run's host memory with this save, and the budget holds the save.
     `save_host_bytes` is the largest rank's; `rank0_only_bytes` of it only rank 0 holds."""
     per_rank = resident + save_host_bytes
-    verdict = NodeVerdict(strategy, per_rank, per_rank * local_ranks - rank0_only_bytes * (local_ranks - 1),
-                          node_memory_bytes, budget_bytes, blocked_s, device_bytes)
+    verdict = NodeVerdict(
+        strategy,
+        per_rank,
+        per_rank * local_ranks - rank0_only_bytes * (local_ranks - 1),
+        node_memory_bytes,
+        budget_bytes,
+        blocked_s,
+        device_bytes,
+    )
     if verdict.per_node_bytes > node_memory_bytes:
         verdict.problems.append(
             f"{local_ranks} ranks x {_gib(per_rank)} = {_gib(verdict.per_node_bytes)} is over the node's "
-            f"{_gib(node_memory_bytes)}: turn an offload off or save model-only (+recipe=quickstart)")
+            f"{_gib(node_memory_bytes)}: turn an offload off or save model-only (+recipe=quickstart)"
+        )
     if pool_over_budget:
         verdict.problems.append(
             f"the rank's {_gib(staged_bytes)} does not fit host_memory_budget_gb ({_gib(budget_bytes or 0)}): "
-            f"every save runs synchronously; use async_save=stream or raise the budget")
+            f"every save runs synchronously; use async_save=stream or raise the budget"
+        )
     if stream and blocked_s is not None and blocked_s >= BLOCK_LIMIT_S:
         verdict.problems.append(
             f"async_save=stream blocks {blocked_s:.1f} s per save (>= {BLOCK_LIMIT_S:g} s): the write outlasts "
-            f"the rollout window and the guard copies or waits; a faster disk or more write_threads shortens it")
+            f"the rollout window and the guard copies or waits; a faster disk or more write_threads shortens it"
+        )
     if device_bytes:
         verdict.problems.append(
             f"the save adds {_gib(device_bytes)} on each accelerator (FSDP1's sharded state dict): "
-            f"use strategy=fsdp2 (actor_rollout_ref.actor.strategy=fsdp2 critic.strategy=fsdp2)")
+            f"use strategy=fsdp2 (actor_rollout_ref.actor.strategy=fsdp2 critic.strategy=fsdp2)"
+        )
     return verdict
 
 
@@ -122,8 +145,9 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def node_rows(node: dict[str, Any], estimates: list[dict[str, Any]], copy_gbps: float | None = None
-              ) -> list[dict[str, Any]]:
+def node_rows(
+    node: dict[str, Any], estimates: list[dict[str, Any]], copy_gbps: float | None = None
+) -> list[dict[str, Any]]:
     """Each strategy's node verdict (node_verdict): host memory per rank and node, the
     budget, blocked seconds per save, device memory added, and what to change."""
     rows = []
@@ -138,13 +162,31 @@ def node_rows(node: dict[str, Any], estimates: list[dict[str, Any]], copy_gbps: 
         # the critic saves after the actor: its transient memory is not added, but a pool is held for the run
         held_pool = e["host_note"].startswith("staging pool")
         save_host = e["host_peak_bytes"] + (e.get("critic_host_peak_bytes", 0) if held_pool else 0)
-        v = node_verdict(e["strategy"], save_host, node["resident_bytes"], node["local_ranks"],
-                         node["memory_bytes"], e.get("budget_bytes"), e["rank0_write_bytes"], blocked,
-                         e.get("device_bytes", 0), stream, bool(e.get("pool_over_budget")),
-                         e.get("rank0_only_bytes", 0))
+        v = node_verdict(
+            e["strategy"],
+            save_host,
+            node["resident_bytes"],
+            node["local_ranks"],
+            node["memory_bytes"],
+            e.get("budget_bytes"),
+            e["rank0_write_bytes"],
+            blocked,
+            e.get("device_bytes", 0),
+            stream,
+            bool(e.get("pool_over_budget")),
+            e.get("rank0_only_bytes", 0),
+        )
         rows.append({**asdict(v), "fits": v.fits})
     return rows
 
 
-__all__ = ["AUTO_SHARE", "BLOCK_LIMIT_S", "NodeVerdict", "Offload", "auto_budget", "node_rows", "node_verdict",
-           "resident_bytes"]
+__all__ = [
+    "AUTO_SHARE",
+    "BLOCK_LIMIT_S",
+    "NodeVerdict",
+    "Offload",
+    "auto_budget",
+    "node_rows",
+    "node_verdict",
+    "resident_bytes",
+]

@@ -11,31 +11,57 @@ from .cost import human
 
 def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     w = r["world_size"]
-    print(f"model: {r['config']}: {r['parameters']:,} parameters, fp32 {human(r['fp32_model_bytes'])}"
-          + (f", tied: {', '.join(r['tied'])}" if r["tied"] else ""), file=out)
+    print(
+        f"model: {r['config']}: {r['parameters']:,} parameters, fp32 {human(r['fp32_model_bytes'])}"
+        + (f", tied: {', '.join(r['tied'])}" if r["tied"] else ""),
+        file=out,
+    )
     split = r.get("split_on_save") or {}
     if split.get("fused_tensors"):
-        print(f"fused MoE experts: {split['fused_tensors']} tensors, split into {split['outputs']} per-expert tensors "
-              f"in the HF export (as save_pretrained writes them)", file=out)
+        print(
+            f"fused MoE experts: {split['fused_tensors']} tensors, split into {split['outputs']} per-expert tensors "
+            f"in the HF export (as save_pretrained writes them)",
+            file=out,
+        )
     if r.get("vision_parameters"):
         print(f"vision tower: {r['vision_parameters']:,} parameters (sharded and exported with the rest)", file=out)
     lora = r.get("lora")
     if lora:
-        print(f"LoRA rank {lora['rank']} (alpha {lora['alpha']:g}) on {lora['modules']} modules ({lora['keys']}, as peft "
-              f"wraps them): "
-              f"{lora['parameters']:,} trainable parameters; the base is frozen (AdamW state only for the adapter); "
-              f"the export adds lora_adapter/ ({human(lora['adapter_bytes'])})", file=out)
-    print(f"FSDP{r['fsdp']}, world size {w}: rank 0 holds {human(r['rank0_model_shard_bytes'])} of model and "
-          f"{human(r['rank0_optimizer_shard_bytes'])} of AdamW state; largest tensor shard "
-          f"{human(r['largest_tensor_shard_bytes'])}; extra state ~{human(r['extra_bytes_per_rank'])} per rank",
-          file=out)
+        print(
+            f"LoRA rank {lora['rank']} (alpha {lora['alpha']:g}) on {lora['modules']} modules ({lora['keys']}, as peft "
+            f"wraps them): "
+            f"{lora['parameters']:,} trainable parameters; the base is frozen (AdamW state only for the adapter); "
+            f"the export adds lora_adapter/ ({human(lora['adapter_bytes'])})",
+            file=out,
+        )
+    print(
+        f"FSDP{r['fsdp']}, world size {w}: rank 0 holds {human(r['rank0_model_shard_bytes'])} of model and "
+        f"{human(r['rank0_optimizer_shard_bytes'])} of AdamW state; largest tensor shard "
+        f"{human(r['largest_tensor_shard_bytes'])}; extra state ~{human(r['extra_bytes_per_rank'])} per rank",
+        file=out,
+    )
     bw = r["disk_gbps"]
-    head = ["strategy", "rank 0 writes", "all ranks write", "HF export", "host memory / rank",
-            f"time @{bw:g} GB/s" if bw else "time", "training blocked for"]
-    rows = [[e["strategy"], human(e["rank0_write_bytes"]), human(e["total_write_bytes"]),
-             human(e["hf_export_bytes"]) if e["hf_export_bytes"] else "-", human(e["host_peak_bytes"]),
-             f"{e['write_seconds']:.1f} s" if e["write_seconds"] is not None else "(--disk-gbps)", e["blocking"]]
-            for e in r["estimates"]]
+    head = [
+        "strategy",
+        "rank 0 writes",
+        "all ranks write",
+        "HF export",
+        "host memory / rank",
+        f"time @{bw:g} GB/s" if bw else "time",
+        "training blocked for",
+    ]
+    rows = [
+        [
+            e["strategy"],
+            human(e["rank0_write_bytes"]),
+            human(e["total_write_bytes"]),
+            human(e["hf_export_bytes"]) if e["hf_export_bytes"] else "-",
+            human(e["host_peak_bytes"]),
+            f"{e['write_seconds']:.1f} s" if e["write_seconds"] is not None else "(--disk-gbps)",
+            e["blocking"],
+        ]
+        for e in r["estimates"]
+    ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     for row in [head, ["-" * n for n in widths], *rows]:
         print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
@@ -48,8 +74,10 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     print_retention_disk(r, out)
     hf = r["hf_export"]
     files = hf["files"]
-    print(f"HF export ({hf['dtype']}, max_shard_size {hf['max_shard_size']}): {len(files)} file(s), "
-          f"{human(hf['bytes'])}", file=out)
+    print(
+        f"HF export ({hf['dtype']}, max_shard_size {hf['max_shard_size']}): {len(files)} file(s), {human(hf['bytes'])}",
+        file=out,
+    )
     shown = files if len(files) <= 6 else files[:3] + [None] + files[-2:]
     for f in shown:
         print("  ..." if f is None else f"  {f['name']}  {human(f['bytes'])}", file=out)
@@ -64,20 +92,41 @@ def print_stream(r: dict[str, Any], out=sys.stdout) -> None:
         if any("async_save=stream" in e["strategy"] for e in r["estimates"]) and not r["disk_gbps"]:
             print("stream mode: pass --disk-gbps for the blocked time against the rollout window", file=out)
         return
-    print("stream mode (slimckpt.plan.stream): training blocks only if the next optimizer step comes before the "
-          "write ends;\n  its guard then copies what is unread into host memory (within host_memory_budget_gb) "
-          "and waits for the writer for the rest", file=out)
+    print(
+        "stream mode (slimckpt.plan.stream): training blocks only if the next optimizer step comes before the "
+        "write ends;\n  its guard then copies what is unread into host memory (within host_memory_budget_gb) "
+        "and waits for the writer for the rest",
+        file=out,
+    )
     kept = any(b.get("kept_bytes") for e in rows for b in e["stream"])
-    head = ["strategy", "rollout window", "unread at the step", *(["kept (offload's host copies)"] if kept else []),
-            "guard copies", "waits for the writer", "blocked"]
+    head = [
+        "strategy",
+        "rollout window",
+        "unread at the step",
+        *(["kept (offload's host copies)"] if kept else []),
+        "guard copies",
+        "waits for the writer",
+        "blocked",
+    ]
     table = []
     for e in rows:
         for b in e["stream"]:
-            blocked = f"{b['blocked_s']:.1f} s" if b["blocked_s"] is not None else \
-                f"{b['wait_s']:.1f} s + copy of {human(b['copied_bytes'])}"
-            table.append([e["strategy"], f"{b['window_s']:.1f} s", human(b["pending_bytes"]),
-                          *([human(b.get("kept_bytes", 0))] if kept else []),
-                          human(b["copied_bytes"]), f"{b['wait_s']:.1f} s", blocked])
+            blocked = (
+                f"{b['blocked_s']:.1f} s"
+                if b["blocked_s"] is not None
+                else f"{b['wait_s']:.1f} s + copy of {human(b['copied_bytes'])}"
+            )
+            table.append(
+                [
+                    e["strategy"],
+                    f"{b['window_s']:.1f} s",
+                    human(b["pending_bytes"]),
+                    *([human(b.get("kept_bytes", 0))] if kept else []),
+                    human(b["copied_bytes"]),
+                    f"{b['wait_s']:.1f} s",
+                    blocked,
+                ]
+            )
     widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
     for row in [head, ["-" * n for n in widths], *table]:
         print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
@@ -90,15 +139,26 @@ def print_node(r: dict[str, Any], out=sys.stdout) -> None:
         return
     resident = ", ".join(f"{k} {human(v)}" for k, v in node["resident"].items()) or "nothing (no offload)"
     ranks = f"{node['local_ranks']} ranks" + ("" if node["local_ranks_given"] else " (assumed; --gpus-per-node)")
-    print(f"per node: {ranks}, {human(node['memory_bytes'])} of host memory ({node['memory_source']}); "
-          f"held per rank between steps by verl's offload: {resident}", file=out)
+    print(
+        f"per node: {ranks}, {human(node['memory_bytes'])} of host memory ({node['memory_source']}); "
+        f"held per rank between steps by verl's offload: {resident}",
+        file=out,
+    )
     head = ["strategy", "host / rank", "host / node", "budget / rank", "device added / rank", "blocked / save", "fits"]
     table = []
     for v in rows:
         blocked = "-" if v["blocked_s"] is None else f"{v['blocked_s']:.1f} s"
-        table.append([v["strategy"], human(v["per_rank_bytes"]), human(v["per_node_bytes"]),
-                      human(v["budget_bytes"]) if v["budget_bytes"] is not None else "-",
-                      human(v["device_bytes"]) if v["device_bytes"] else "0", blocked, "yes" if v["fits"] else "NO"])
+        table.append(
+            [
+                v["strategy"],
+                human(v["per_rank_bytes"]),
+                human(v["per_node_bytes"]),
+                human(v["budget_bytes"]) if v["budget_bytes"] is not None else "-",
+                human(v["device_bytes"]) if v["device_bytes"] else "0",
+                blocked,
+                "yes" if v["fits"] else "NO",
+            ]
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
     for row in [head, ["-" * n for n in widths], *table]:
         print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
@@ -109,8 +169,11 @@ def print_node(r: dict[str, Any], out=sys.stdout) -> None:
 
 def print_peak_disk(r: dict[str, Any], out=sys.stdout) -> None:
     roles = ("actor", "critic") if r.get("critic") else ("actor",)
-    print("peak disk while a step is written (per step x steps held; retention keeps the newest "
-          "max_*_ckpt_to_keep, slimckpt deletes only after the new step is complete):", file=out)
+    print(
+        "peak disk while a step is written (per step x steps held; retention keeps the newest "
+        "max_*_ckpt_to_keep, slimckpt deletes only after the new step is complete):",
+        file=out,
+    )
     head = ["strategy", "role", "keep", "per step", "verl's order", "slimckpt's order", "slimckpt, tracker behind"]
     rows = []
     for e in r["estimates"]:
@@ -120,17 +183,22 @@ def print_peak_disk(r: dict[str, Any], out=sys.stdout) -> None:
             if d["grows_without_bound"]:
                 cells = ["grows without bound"] * 3
             else:
-                cells = [f"{human(d['verl_bytes'])} ({d['verl_steps']})",
-                         f"{human(d['slimckpt_bytes'])} ({d['slimckpt_steps']})",
-                         f"{human(d['slimckpt_bytes_tracker_behind'])} ({d['slimckpt_steps_tracker_behind']})"]
+                cells = [
+                    f"{human(d['verl_bytes'])} ({d['verl_steps']})",
+                    f"{human(d['slimckpt_bytes'])} ({d['slimckpt_steps']})",
+                    f"{human(d['slimckpt_bytes_tracker_behind'])} ({d['slimckpt_steps_tracker_behind']})",
+                ]
             rows.append([e["strategy"], role, keep, human(d["per_step_bytes"]), *cells])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     for row in [head, ["-" * n for n in widths], *rows]:
         print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
-    print("  (n) = steps on disk. verl's rows (no recipe) run verl's order, +recipe rows slimckpt's: one "
-          "step more (keep=1: 3 vs 2).\n  keep all = trainer.max_*_ckpt_to_keep null (verl's default): one more step per "
-          "save, no bound.\n  tracker behind: the tracker names a step older than the newest keep at a commit (a "
-          "failed save with on_save_error=continue, an async commit ahead of its watcher).", file=out)
+    print(
+        "  (n) = steps on disk. verl's rows (no recipe) run verl's order, +recipe rows slimckpt's: one "
+        "step more (keep=1: 3 vs 2).\n  keep all = trainer.max_*_ckpt_to_keep null (verl's default): one more step per "
+        "save, no bound.\n  tracker behind: the tracker names a step older than the newest keep at a commit (a "
+        "failed save with on_save_error=continue, an async commit ahead of its watcher).",
+        file=out,
+    )
     if not r.get("critic"):
         print("  critic not counted: pass --critic for a run with one (PPO with GAE).", file=out)
 
@@ -152,18 +220,43 @@ def print_retention_disk(r: dict[str, Any], out=sys.stdout) -> None:
                 else:
                     held = f"{d['steps']['whole']} whole + {d['steps']['without_optimizer']}"
                     usual, behind = human(d["bytes"]["usual"]), human(d["bytes"]["tracker_behind"])
-                rows.append([e["strategy"], role, keep, str(d["keep_best"]), last,
-                             f"{human(d['per_step_bytes'])} / {human(d['per_step_bytes'] - d['optimizer_bytes'])}",
-                             held, usual, behind])
+                rows.append(
+                    [
+                        e["strategy"],
+                        role,
+                        keep,
+                        str(d["keep_best"]),
+                        last,
+                        f"{human(d['per_step_bytes'])} / {human(d['per_step_bytes'] - d['optimizer_bytes'])}",
+                        held,
+                        usual,
+                        behind,
+                    ]
+                )
     if not rows:
         return
-    print("retention with keep_optimizer_last / keep_best (slimckpt's order; --set keep_optimizer_last=N "
-          "--set keep_best=K):", file=out)
-    head = ["strategy", "role", "keep", "best", "optimizer in", "step whole / without optimizer",
-            "steps held (whole + without)", "peak disk", "tracker behind"]
+    print(
+        "retention with keep_optimizer_last / keep_best (slimckpt's order; --set keep_optimizer_last=N "
+        "--set keep_best=K):",
+        file=out,
+    )
+    head = [
+        "strategy",
+        "role",
+        "keep",
+        "best",
+        "optimizer in",
+        "step whole / without optimizer",
+        "steps held (whole + without)",
+        "peak disk",
+        "tracker behind",
+    ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     for row in [head, ["-" * n for n in widths], *rows]:
         print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
-    print("  a step without its optimizer keeps model, extra state and export; the optimizer of the step before the "
-          "newest goes\n  before the next step is written (the tracker names it at the newest's commit). keep_best "
-          "counts its steps as extra ones (none among the newest).", file=out)
+    print(
+        "  a step without its optimizer keeps model, extra state and export; the optimizer of the step before the "
+        "newest goes\n  before the next step is written (the tracker names it at the newest's commit). keep_best "
+        "counts its steps as extra ones (none among the newest).",
+        file=out,
+    )

@@ -40,8 +40,14 @@ class StreamBlock:
         return None if self.copy_s is None else self.wait_s + self.copy_s
 
 
-def stream_block(shard_bytes: int, write_s: float, window_s: float, budget_bytes: int,
-                 copy_gbps: float | None = None, offloaded_bytes: int = 0) -> StreamBlock:
+def stream_block(
+    shard_bytes: int,
+    write_s: float,
+    window_s: float,
+    budget_bytes: int,
+    copy_gbps: float | None = None,
+    offloaded_bytes: int = 0,
+) -> StreamBlock:
     """The guard of the next optimizer step, `window_s` after a stream save returned."""
     if shard_bytes <= 0 or write_s <= 0 or window_s >= write_s:
         return StreamBlock(window_s, 0, 0, 0.0, 0.0 if copy_gbps else None)

@@ -40,18 +40,22 @@ def rank_files(local_path: str, rank: int) -> list[str]:
 def read_fsdp_config(local_dir: str) -> tuple[int, int | None]:
     path = os.path.join(local_dir, FSDP_CONFIG)
     if not os.path.isdir(local_dir):
-        raise CheckpointError(f"{local_dir}: no such checkpoint directory; pass --local_dir "
-                              f"<default_local_dir>/global_step_N/actor")
+        raise CheckpointError(
+            f"{local_dir}: no such checkpoint directory; pass --local_dir <default_local_dir>/global_step_N/actor"
+        )
     if not os.path.isfile(path):
-        raise CheckpointError(f"{path} is missing: not a verl FSDP checkpoint dir, or the save was "
-                              f"interrupted; point --local_dir at a complete global_step_N/actor dir")
+        raise CheckpointError(
+            f"{path} is missing: not a verl FSDP checkpoint dir, or the save was "
+            f"interrupted; point --local_dir at a complete global_step_N/actor dir"
+        )
     try:
         with open(path) as f:
             cfg = json.load(f)
         world = int(cfg["world_size"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path}: unreadable ({exc}); it should hold {{\"FSDP_version\": 2, "
-                              f"\"world_size\": W}} as verl writes it") from None
+        raise CheckpointError(
+            f'{path}: unreadable ({exc}); it should hold {{"FSDP_version": 2, "world_size": W}} as verl writes it'
+        ) from None
     version = cfg.get("FSDP_version")
     return world, int(version) if version is not None else None
 
@@ -65,12 +69,16 @@ def check_rank_files(local_dir: str, world_size: int) -> list[str]:
             others.setdefault(int(m.group(1)), []).append(name)
     if others:
         sizes = ", ".join(f"world size {w} ({len(v)} files, e.g. {sorted(v)[0]})" for w, v in sorted(others.items()))
-        raise CheckpointError(f"{local_dir}: holds model files of two world sizes: {world_size} "
-                              f"(from {FSDP_CONFIG}) and {sizes}; remove the stale files or merge "
-                              f"from a clean checkpoint dir")
+        raise CheckpointError(
+            f"{local_dir}: holds model files of two world sizes: {world_size} "
+            f"(from {FSDP_CONFIG}) and {sizes}; remove the stale files or merge "
+            f"from a clean checkpoint dir"
+        )
     paths = [model_file(local_dir, world_size, r) for r in range(world_size)]
     for path in paths:
         if not os.path.isfile(path):
-            raise CheckpointError(f"{path} is missing ({FSDP_CONFIG} says world size {world_size}); "
-                                  f"copy every rank's model file into {local_dir}")
+            raise CheckpointError(
+                f"{path} is missing ({FSDP_CONFIG} says world size {world_size}); "
+                f"copy every rank's model file into {local_dir}"
+            )
     return paths

@@ -29,17 +29,25 @@ def check_step(local_dir: str, checksums: bool = True) -> Manifest:
         manifest = check_committed(local_dir, checksums=checksums)
     except UncommittedCheckpoint as exc:
         line = str(exc).removeprefix("slimckpt: ")
-        raise CheckpointError(f"{line} (a merge reads only a committed, intact step: merge an earlier "
-                              f"global_step_*)") from None
+        raise CheckpointError(
+            f"{line} (a merge reads only a committed, intact step: merge an earlier global_step_*)"
+        ) from None
     if "model" not in manifest.contents:
-        raise CheckpointError(f"{os.path.join(local_dir, MANIFEST_NAME)}: this step was saved with contents "
-                              f"{manifest.contents}, without the model; merge a step saved with 'model' in "
-                              f"checkpoint.save_contents")
+        raise CheckpointError(
+            f"{os.path.join(local_dir, MANIFEST_NAME)}: this step was saved with contents "
+            f"{manifest.contents}, without the model; merge a step saved with 'model' in "
+            f"checkpoint.save_contents"
+        )
     if manifest.extra.get(LORA_ONLY_KEY):
         hf = os.path.join(local_dir, HF_SUBDIR, "lora_adapter")
-        where = f"its adapter is {hf} (the save's export)" if os.path.isdir(hf) else \
-            "export_hf=false left no lora_adapter/ export of it"
-        raise CheckpointError(f"{local_dir} was saved with save_lora_only: it holds the LoRA adapter and no base "
-                              f"weights, so there is no model to merge; {where}: load it onto the base model "
-                              f"(actor_rollout_ref.model.path) with peft, or save with save_lora_only=false")
+        where = (
+            f"its adapter is {hf} (the save's export)"
+            if os.path.isdir(hf)
+            else "export_hf=false left no lora_adapter/ export of it"
+        )
+        raise CheckpointError(
+            f"{local_dir} was saved with save_lora_only: it holds the LoRA adapter and no base "
+            f"weights, so there is no model to merge; {where}: load it onto the base model "
+            f"(actor_rollout_ref.model.path) with peft, or save with save_lora_only=false"
+        )
     return manifest

@@ -86,10 +86,14 @@ def page_cache_fallback(path: str, exc: OSError) -> None:
         if _fallback_logged:
             return
         _fallback_logged = True
-    log.warning("O_DIRECT refused for %s (%s): reading and writing through the page cache instead, which can "
-                "be about twice as slow; put the checkpoint on a filesystem with O_DIRECT (ext4, xfs), or set "
-                "%s=0 to choose the page cache without this warning (logged once per process)",
-                path, exc.strerror or exc, ENV)
+    log.warning(
+        "O_DIRECT refused for %s (%s): reading and writing through the page cache instead, which can "
+        "be about twice as slow; put the checkpoint on a filesystem with O_DIRECT (ext4, xfs), or set "
+        "%s=0 to choose the page cache without this warning (logged once per process)",
+        path,
+        exc.strerror or exc,
+        ENV,
+    )
 
 
 def supported(paths: list[str]) -> bool:
@@ -124,4 +128,4 @@ def aligned_empty(nbytes: int):
 
     raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
     skip = (-raw.data_ptr()) % ALIGN
-    return raw[skip:skip + nbytes]
+    return raw[skip : skip + nbytes]

@@ -138,17 +138,21 @@ class Prefetcher:
                 n = os.preadv(dfd if dfd is not None else fd, [mv[got:]], start + got)
             except OSError as exc:
                 if dfd is None or not direct_io.refused(exc):
-                    raise CheckpointError(f"{r.path}: read failed at byte {start + got} ({exc.strerror}); "
-                                          f"check the disk, or re-copy the file from the training run") from None
+                    raise CheckpointError(
+                        f"{r.path}: read failed at byte {start + got} ({exc.strerror}); "
+                        f"check the disk, or re-copy the file from the training run"
+                    ) from None
                 direct_io.page_cache_fallback(r.path, exc)
                 dfd = None  # this transfer is not O_DIRECT-able here: finish it buffered
                 continue
             if n == 0:
-                raise CheckpointError(f"{r.path}: ends at byte {start + got} but a tensor needs bytes up to "
-                                      f"{r.offset + r.nbytes}; the file is truncated: re-copy it from the training run")
+                raise CheckpointError(
+                    f"{r.path}: ends at byte {start + got} but a tensor needs bytes up to "
+                    f"{r.offset + r.nbytes}; the file is truncated: re-copy it from the training run"
+                )
             got += n
         skip = r.offset - start
-        return buf[skip:skip + r.nbytes]
+        return buf[skip : skip + r.nbytes]
 
     def _run(self) -> None:
         read_s = wait_s = 0.0
@@ -180,7 +184,7 @@ class Prefetcher:
                 self.wait_buffer_s += wait_s
                 self.read_bytes += read_bytes
 
-    def _hand_over(self, i: int, result: "memoryview | BaseException", buf: memoryview) -> None:
+    def _hand_over(self, i: int, result: memoryview | BaseException, buf: memoryview) -> None:
         with self._cond:
             self._done[i] = (result, buf)
             if isinstance(result, BaseException):

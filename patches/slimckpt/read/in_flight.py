@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 
 _LOCK = threading.Lock()
-_WRITES: list["Write"] = []
+_WRITES: list[Write] = []
 
 
 @dataclass(eq=False)

@@ -87,7 +87,7 @@ class Lock:
         finally:
             os.close(fd)
 
-    def __enter__(self) -> "Lock":
+    def __enter__(self) -> Lock:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -156,8 +156,7 @@ def try_exclusive(path: str, what: str) -> Lock | None:
 @contextlib.contextmanager
 def reading(path: str, what: str) -> Iterator[Lock]:
     """Shared lock for the duration of a read: retention will not delete `path` meanwhile."""
-    lock = acquire(path, exclusive=False, what=what,
-                   fix="wait until it is written (or deleted) and retry")
+    lock = acquire(path, exclusive=False, what=what, fix="wait until it is written (or deleted) and retry")
     try:
         yield lock
     finally:
@@ -181,5 +180,15 @@ def writing(path: str, what: str, fix: str) -> Iterator[Lock]:
         lock.release()
 
 
-__all__ = ["LOCK_SUFFIX", "Lock", "LockBusy", "acquire", "describe_holder", "lock_file_for", "reading",
-           "reading_if_dir", "try_exclusive", "writing"]
+__all__ = [
+    "LOCK_SUFFIX",
+    "Lock",
+    "LockBusy",
+    "acquire",
+    "describe_holder",
+    "lock_file_for",
+    "reading",
+    "reading_if_dir",
+    "try_exclusive",
+    "writing",
+]

@@ -40,14 +40,42 @@ TRUST_ENV = "SLIMCKPT_TRUST_PICKLE"
 REFUSALS_LOG_ENV = "SLIMCKPT_PICKLE_REFUSALS_LOG"
 
 _TORCH_DTYPES = (
-    "float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32", "int64", "int32",
-    "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool", "float8_e5m2", "float8_e4m3fn",
-    "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu",
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "complex128",
+    "complex64",
+    "complex32",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+    "float8_e5m2",
+    "float8_e4m3fn",
+    "float8_e5m2fnuz",
+    "float8_e4m3fnuz",
+    "float8_e8m0fnu",
 )
 # the legacy storage classes torch.save names for the older dtypes (newer ones: UntypedStorage + dtype)
 _TORCH_STORAGES = (
-    "UntypedStorage", "DoubleStorage", "FloatStorage", "HalfStorage", "BFloat16Storage", "LongStorage",
-    "IntStorage", "ShortStorage", "CharStorage", "ByteStorage", "BoolStorage", "ComplexDoubleStorage",
+    "UntypedStorage",
+    "DoubleStorage",
+    "FloatStorage",
+    "HalfStorage",
+    "BFloat16Storage",
+    "LongStorage",
+    "IntStorage",
+    "ShortStorage",
+    "CharStorage",
+    "ByteStorage",
+    "BoolStorage",
+    "ComplexDoubleStorage",
     "ComplexFloatStorage",
 )
 _SHARDED = "torch.distributed._shard"
@@ -55,74 +83,90 @@ _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 
 # (module, name) as a pickle names them. Only constructors of data: none of them calls a function
 # it is handed, imports a module it is told, or reads or writes a file.
-ALLOWED: frozenset[tuple[str, str]] = frozenset({
-    # containers
-    ("collections", "OrderedDict"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("_codecs", "encode"),  # how protocol 2 pickles bytes (numpy arrays' data, their dtype codes)
-    # tensors and what describes them
-    ("torch._utils", "_rebuild_tensor_v2"),
-    ("torch._utils", "_rebuild_tensor_v3"),
-    ("torch._utils", "_rebuild_parameter"),
-    ("torch._utils", "_rebuild_parameter_with_state"),
-    ("torch._utils", "_rebuild_wrapper_subclass"),
-    ("torch._tensor", "_rebuild_from_type_v2"),
-    ("torch", "Tensor"),  # the type _rebuild_from_type_v2 restores: FSDP1 at one rank saves plain tensors so
-    ("torch.nn.parameter", "Parameter"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("torch", "strided"),
-    ("torch", "contiguous_format"),
-    ("torch", "channels_last"),
-    ("torch", "preserve_format"),
-    *(("torch", name) for name in _TORCH_DTYPES),
-    *(("torch", name) for name in _TORCH_STORAGES),
-    # FSDP2 (and FSDP1 on a device mesh): DTensor, its spec, placements and mesh
-    ("torch.distributed.tensor", "DTensor"),
-    ("torch.distributed.tensor._api", "DTensor"),
-    ("torch.distributed.tensor._dtensor_spec", "DTensorSpec"),
-    ("torch.distributed.tensor._dtensor_spec", "TensorMeta"),
-    ("torch.distributed.tensor._dtensor_spec", "ShardOrderEntry"),
-    ("torch.distributed.tensor.placement_types", "Shard"),
-    ("torch.distributed.tensor.placement_types", "Replicate"),
-    ("torch.distributed.tensor.placement_types", "Partial"),
-    ("torch.distributed.tensor.placement_types", "_StridedShard"),
-    ("torch.distributed.device_mesh", "DeviceMesh"),
-    ("torch.distributed._mesh_layout", "_MeshLayout"),
-    ("torch.distributed._mesh_layout", "_FlatLayout"),
-    # FSDP1 without a device mesh: ShardedTensor, its shards and metadata
-    (f"{_SHARDED}.sharded_tensor.api", "ShardedTensor"),
-    (f"{_SHARDED}.sharded_tensor.api", "ShardedTensor.ProcessGroupState"),
-    (f"{_SHARDED}.sharded_tensor.shard", "Shard"),
-    (f"{_SHARDED}.sharded_tensor.metadata", "ShardedTensorMetadata"),
-    (f"{_SHARDED}.sharded_tensor.metadata", "TensorProperties"),
-    (f"{_SHARDED}.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"),
-    (f"{_SHARDED}.metadata", "ShardMetadata"),
-    (f"{_SHARDED}.sharding_spec.chunk_sharding_spec", "ChunkShardingSpec"),
-    ("torch.distributed.remote_device", "_remote_device"),  # a shard's placement: parses "rank:0/cpu"
-    # DCP's .metadata (the incremental tier's steps)
-    (_DCP_METADATA, "Metadata"),
-    (_DCP_METADATA, "StorageMeta"),
-    (_DCP_METADATA, "MetadataIndex"),
-    (_DCP_METADATA, "TensorStorageMetadata"),
-    (_DCP_METADATA, "BytesStorageMetadata"),
-    (_DCP_METADATA, "ChunkStorageMetadata"),
-    (_DCP_METADATA, "TensorProperties"),
-    (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id: the directory the step was saved to
-    # numpy's RNG state in extra_state (MT19937 key: a uint32 array)
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    # never named by a pickle, but torch's weights_only loader asks for the dtype's class to BUILD it
-    *(("numpy.dtypes", f"{kind}DType") for kind in (
-        "UInt8", "UInt16", "UInt32", "UInt64", "Int8", "Int16", "Int32", "Int64", "Float16", "Float32",
-        "Float64", "Bool")),
-})
+ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    {
+        # containers
+        ("collections", "OrderedDict"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("_codecs", "encode"),  # how protocol 2 pickles bytes (numpy arrays' data, their dtype codes)
+        # tensors and what describes them
+        ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_tensor_v3"),
+        ("torch._utils", "_rebuild_parameter"),
+        ("torch._utils", "_rebuild_parameter_with_state"),
+        ("torch._utils", "_rebuild_wrapper_subclass"),
+        ("torch._tensor", "_rebuild_from_type_v2"),
+        ("torch", "Tensor"),  # the type _rebuild_from_type_v2 restores: FSDP1 at one rank saves plain tensors so
+        ("torch.nn.parameter", "Parameter"),
+        ("torch.serialization", "_get_layout"),
+        ("torch", "Size"),
+        ("torch", "device"),
+        ("torch", "strided"),
+        ("torch", "contiguous_format"),
+        ("torch", "channels_last"),
+        ("torch", "preserve_format"),
+        *(("torch", name) for name in _TORCH_DTYPES),
+        *(("torch", name) for name in _TORCH_STORAGES),
+        # FSDP2 (and FSDP1 on a device mesh): DTensor, its spec, placements and mesh
+        ("torch.distributed.tensor", "DTensor"),
+        ("torch.distributed.tensor._api", "DTensor"),
+        ("torch.distributed.tensor._dtensor_spec", "DTensorSpec"),
+        ("torch.distributed.tensor._dtensor_spec", "TensorMeta"),
+        ("torch.distributed.tensor._dtensor_spec", "ShardOrderEntry"),
+        ("torch.distributed.tensor.placement_types", "Shard"),
+        ("torch.distributed.tensor.placement_types", "Replicate"),
+        ("torch.distributed.tensor.placement_types", "Partial"),
+        ("torch.distributed.tensor.placement_types", "_StridedShard"),
+        ("torch.distributed.device_mesh", "DeviceMesh"),
+        ("torch.distributed._mesh_layout", "_MeshLayout"),
+        ("torch.distributed._mesh_layout", "_FlatLayout"),
+        # FSDP1 without a device mesh: ShardedTensor, its shards and metadata
+        (f"{_SHARDED}.sharded_tensor.api", "ShardedTensor"),
+        (f"{_SHARDED}.sharded_tensor.api", "ShardedTensor.ProcessGroupState"),
+        (f"{_SHARDED}.sharded_tensor.shard", "Shard"),
+        (f"{_SHARDED}.sharded_tensor.metadata", "ShardedTensorMetadata"),
+        (f"{_SHARDED}.sharded_tensor.metadata", "TensorProperties"),
+        (f"{_SHARDED}.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"),
+        (f"{_SHARDED}.metadata", "ShardMetadata"),
+        (f"{_SHARDED}.sharding_spec.chunk_sharding_spec", "ChunkShardingSpec"),
+        ("torch.distributed.remote_device", "_remote_device"),  # a shard's placement: parses "rank:0/cpu"
+        # DCP's .metadata (the incremental tier's steps)
+        (_DCP_METADATA, "Metadata"),
+        (_DCP_METADATA, "StorageMeta"),
+        (_DCP_METADATA, "MetadataIndex"),
+        (_DCP_METADATA, "TensorStorageMetadata"),
+        (_DCP_METADATA, "BytesStorageMetadata"),
+        (_DCP_METADATA, "ChunkStorageMetadata"),
+        (_DCP_METADATA, "TensorProperties"),
+        (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id: the directory the step was saved to
+        # numpy's RNG state in extra_state (MT19937 key: a uint32 array)
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        # never named by a pickle, but torch's weights_only loader asks for the dtype's class to BUILD it
+        *(
+            ("numpy.dtypes", f"{kind}DType")
+            for kind in (
+                "UInt8",
+                "UInt16",
+                "UInt32",
+                "UInt64",
+                "Int8",
+                "Int16",
+                "Int32",
+                "Int64",
+                "Float16",
+                "Float32",
+                "Float64",
+                "Bool",
+            )
+        ),
+    }
+)
 
 REFUSED_PREFIX = "refused: pickle global"
 TRUST_HINT = "pass --trust-pickle (trainer: checkpoint.trust_pickle=true) only if you trust who made it"
@@ -135,8 +179,10 @@ class PickleRefused(CheckpointError):
     def __init__(self, path: str, global_name: str, part: str = "") -> None:
         self.path, self.global_name, self.part = path, global_name, part
         where = f"{path} ({part})" if part else path
-        super().__init__(f"{where}: {REFUSED_PREFIX} {global_name}, which verl and torch never write "
-                         f"(unpickling it could run code), so nothing was loaded from it; {TRUST_HINT}")
+        super().__init__(
+            f"{where}: {REFUSED_PREFIX} {global_name}, which verl and torch never write "
+            f"(unpickling it could run code), so nothing was loaded from it; {TRUST_HINT}"
+        )
 
     @property
     def reason(self) -> str:
@@ -222,8 +268,9 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 # --- checking a pickle without building it ---
 
-_STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING",
-                         "SHORT_BINSTRING"})
+_STRING_OPS = frozenset(
+    {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING", "SHORT_BINSTRING"}
+)
 _PUT_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
 _GET_OPS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 _GETATTR = ("builtins", "getattr")
@@ -294,13 +341,14 @@ def _check_ops(ops: list[tuple[str, object]], path: str) -> None:
         pushed.append(value)
 
 
-def _check_pushed_global(module: str, name: str, ops: list[tuple[str, object]], i: int,
-                         memo: dict[int, tuple | None], path: str) -> None:
+def _check_pushed_global(
+    module: str, name: str, ops: list[tuple[str, object]], i: int, memo: dict[int, tuple | None], path: str
+) -> None:
     if _canonical(module, name) != _GETATTR:
         check_global(module, name, path)
         return
     # getattr only as protocol 2 names a nested class: getattr(<global>, "<name>"), called at once
-    after = [(n, a) for n, a in ops[i + 1:i + 12] if n not in _PUT_OPS][:4]
+    after = [(n, a) for n, a in ops[i + 1 : i + 12] if n not in _PUT_OPS][:4]
     kinds = [n for n, _ in after]
     if len(after) == 4 and kinds[1] in _STRING_OPS and kinds[2:] == ["TUPLE2", "REDUCE"]:
         owner = None

@@ -39,9 +39,17 @@ from .pickle_policy import RestrictedUnpickler
 _ITEMSIZE: dict[str, int] = TORCH_ITEMSIZE
 # the legacy storage classes torch.save names for the older dtypes (newer ones: UntypedStorage + dtype)
 _STORAGE_DTYPE: dict[str, str] = {
-    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
-    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
-    "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexDoubleStorage": "complex128",
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "ComplexDoubleStorage": "complex128",
     "ComplexFloatStorage": "complex64",
 }
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # zip local file header, 30 bytes
@@ -93,6 +101,7 @@ class _NotSimple(NotATorchFile):
 
 
 # --- what the pickle rebuilds, as plain records ---
+
 
 @dataclass(frozen=True)
 class _Dtype:
@@ -199,8 +208,13 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, bac
 
 
 def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None):
-    if not isinstance(storage, StorageRecord) or storage.dtype is not None or not isinstance(dtype, _Dtype) \
-            or backward_hooks or metadata:
+    if (
+        not isinstance(storage, StorageRecord)
+        or storage.dtype is not None
+        or not isinstance(dtype, _Dtype)
+        or backward_hooks
+        or metadata
+    ):
         raise _NotSimple("tensor")
     return _tensor(storage, storage_offset, size, stride, dtype)
 
@@ -236,7 +250,9 @@ _GLOBALS: dict[tuple[str, str], object] = {
     **{("torch", name): dt for name, dt in _DTYPES.items()},
 }
 STORAGE_TYPES: dict[str, _StorageType] = {
-    "UntypedStorage": _StorageType(None), **{name: _StorageType(_DTYPES[dt]) for name, dt in _STORAGE_DTYPE.items()}}
+    "UntypedStorage": _StorageType(None),
+    **{name: _StorageType(_DTYPES[dt]) for name, dt in _STORAGE_DTYPE.items()},
+}
 _STUBS: dict[tuple[str, str], type] = {}
 
 
@@ -245,7 +261,7 @@ class RecordUnpickler(RestrictedUnpickler):
     as a `Stub` of its pickled state; each storage's data offset in the file is found as it is named.
     `pt_tensors.TorchUnpickler` resolves the same pickle to torch's objects instead."""
 
-    def __init__(self, file, path: str, records: "ZipRecords") -> None:
+    def __init__(self, file, path: str, records: ZipRecords) -> None:
         super().__init__(file)
         self.path, self.records = path, records
         self.storages: dict[str, StorageRecord] = {}
@@ -280,6 +296,7 @@ class RecordUnpickler(RestrictedUnpickler):
 
 
 # --- one file ---
+
 
 class _Window(io.RawIOBase):
     """Bytes [offset, offset + length) of an open file, as a file of their own (one DCP record)."""
@@ -367,7 +384,7 @@ class ZipRecords:
         if len(block) < _LOCAL_HEADER.size:
             raise _NotSimple(f"record {name}: short local header")
         magic, *_, name_len, extra_len = _LOCAL_HEADER.unpack_from(block)
-        stored_name = block[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_len]
+        stored_name = block[_LOCAL_HEADER.size : _LOCAL_HEADER.size + name_len]
         if len(stored_name) < name_len:
             stored_name += _pread(self.f, name_len - len(stored_name), at + len(block))
         if magic != b"PK\x03\x04" or stored_name != info.orig_filename.encode("utf-8"):
@@ -412,8 +429,14 @@ class PtFile:
     """One `.pt` file read by `unpickler` (records: no torch): `state`, what it holds, and `storages`,
     each with its data offset in the file. `base`/`length`: a torch.save zip inside a larger file."""
 
-    def __init__(self, path: str, unpickler: type[RecordUnpickler] = RecordUnpickler, base: int = 0,
-                 length: int | None = None, **unpickler_args) -> None:
+    def __init__(
+        self,
+        path: str,
+        unpickler: type[RecordUnpickler] = RecordUnpickler,
+        base: int = 0,
+        length: int | None = None,
+        **unpickler_args,
+    ) -> None:
         self.path = path
         self.world = 0  # the checkpoint's world size, where open_index reads it
         with open(path, "rb") as f:
@@ -458,6 +481,7 @@ def tensor_records(obj, where: tuple = ()) -> list[tuple[tuple, TensorRecord]]:
 
 
 # --- the checkpoint ---
+
 
 def open_index(local_dir: str) -> IndexedCheckpoint | None:
     """Every tensor's byte locations, when `local_dir` is the simple kind of checkpoint; else None
@@ -517,15 +541,24 @@ def _indexed(key: str, values: list, files: list[PtFile], meshes_ok: dict[int, b
     dim = dim + len(shape) if dim < 0 else dim
     if not 0 <= dim < len(shape):
         raise _NotSimple(key)
-    rest = shape[:dim] + shape[dim + 1:]
-    if any(len(t.shape) != len(shape) or t.shape[:dim] + t.shape[dim + 1:] != rest for t in locals_) \
-            or sum(t.shape[dim] for t in locals_) != shape[dim]:
+    rest = shape[:dim] + shape[dim + 1 :]
+    if (
+        any(len(t.shape) != len(shape) or t.shape[:dim] + t.shape[dim + 1 :] != rest for t in locals_)
+        or sum(t.shape[dim] for t in locals_) != shape[dim]
+    ):
         raise _NotSimple(key)
     return _made(key, shape, dim, locals_, files, list(range(world)), False)
 
 
-def _made(key: str, shape: tuple, dim: int | None, pieces: list[TensorRecord], files: list[PtFile],
-          ranks: list[int], replicated: bool) -> IndexedTensor:
+def _made(
+    key: str,
+    shape: tuple,
+    dim: int | None,
+    pieces: list[TensorRecord],
+    files: list[PtFile],
+    ranks: list[int],
+    replicated: bool,
+) -> IndexedTensor:
     dtype = pieces[0].dtype
     if any(p.dtype != dtype for p in pieces):
         raise _NotSimple(key)  # a piece's dtype is not kept per piece here
@@ -561,8 +594,12 @@ def _mesh_is_ranks(mesh: Stub, rank: int, rf: PtFile) -> bool:
     shards in mesh order and plain tensors from the mesh's ranks, so only then do both read alike."""
     s = mesh.state
     coord = s.get("_coordinate_on_dim")
-    if not isinstance(coord, (tuple, list)) or list(coord) != [rank] or s.get("_rank", rank) != rank \
-            or s.get("_root_mesh") is not None:
+    if (
+        not isinstance(coord, (tuple, list))
+        or list(coord) != [rank]
+        or s.get("_rank", rank) != rank
+        or s.get("_root_mesh") is not None
+    ):
         return False
     if isinstance(s.get("mesh"), TensorRecord):  # torch releases that pickle the mesh tensor itself
         return rf.int_values(s["mesh"]) == list(range(rf.world))
@@ -587,7 +624,6 @@ def signature(index: IndexedCheckpoint, name_map: dict[str, str]) -> list[tuple]
     out = []
     for new, old in name_map.items():
         t = index.tensors[old]
-        pieces = tuple(((p.path, p.offset) if 0 not in p.shape else None, p.shape, p.stride, t.dtype)
-                       for p in t.pieces)
+        pieces = tuple(((p.path, p.offset) if 0 not in p.shape else None, p.shape, p.stride, t.dtype) for p in t.pieces)
         out.append((new, old, t.shape, t.dtype, t.shard_dim, tuple(t.ranks), t.replicated_dtensor, pieces))
     return out

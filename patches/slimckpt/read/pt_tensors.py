@@ -57,8 +57,9 @@ def _view(base: torch.Tensor, dtype: torch.dtype, shape, stride, storage_offset:
     return typed.as_strided(tuple(shape), tuple(stride), storage_offset)
 
 
-def tensor_at(buffer, offset: int, dtype: torch.dtype, shape: tuple[int, ...],
-              stride: tuple[int, ...] | None = None) -> torch.Tensor:
+def tensor_at(
+    buffer, offset: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...] | None = None
+) -> torch.Tensor:
     """A tensor viewing the bytes of `buffer` (a `mapping`) from `offset`, contiguous (`stride`: as
     pickled, which may differ from torch's on dims of size 1); its start need not be aligned to the
     dtype's width (x86 and arm64 load unaligned data)."""
@@ -82,8 +83,13 @@ def torch_dtype(record_dtype) -> torch.dtype:
 def record_tensor(buffer, record: pt_index.TensorRecord) -> torch.Tensor:
     """The torch tensor of a pt_index tensor record, viewing `buffer` (the `mapping` of its file)."""
     st = record.storage
-    return _view(_frombuffer(buffer, st.data_offset, st.nbytes), torch_dtype(record.dtype), record.shape,
-                 record.stride, record.storage_offset)
+    return _view(
+        _frombuffer(buffer, st.data_offset, st.nbytes),
+        torch_dtype(record.dtype),
+        record.shape,
+        record.stride,
+        record.storage_offset,
+    )
 
 
 class ShardedTensorState(torch.Tensor):
@@ -128,7 +134,8 @@ class TorchUnpickler(pt_index.RecordUnpickler):
         if (module, name) == ("torch._utils", "_rebuild_wrapper_subclass"):
             # torch.load(map_location="cpu") puts a tensor subclass (DTensor) on the CPU too
             return lambda cls, dtype, size, stride, offset, layout, _device, grad: real(
-                cls, dtype, size, stride, offset, layout, _CPU, grad)
+                cls, dtype, size, stride, offset, layout, _CPU, grad
+            )
         return real
 
     def _storage(self, st: pt_index.StorageRecord) -> torch.Tensor:

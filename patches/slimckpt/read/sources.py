@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
-from . import pt_index, pt_tensors
-from .pt_tensors import ShardedTensorState, sharded_tensor_metadata  # noqa: F401 - verify's reader of them
-from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
 from ..format import names
+from ..log import get_logger, quieted
+from . import pt_index, pt_tensors
+from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
 from .direct_read import MappedFiles
 from .pickle_policy import PickleRefused
-from ..log import get_logger, quieted
+from .pt_tensors import ShardedTensorState, sharded_tensor_metadata  # noqa: F401 - verify's reader of them
 
 log = get_logger("slimckpt.sources")
 
@@ -68,8 +68,11 @@ class SourceTensor:
         """The rank file piece k came from (named in error messages)."""
         if self.files:
             return self.files[k]
-        name = f"model_world_size_{self.world_size}_rank_{self.ranks[k]}.pt" if self.world_size else \
-            f"model_world_size_*_rank_{self.ranks[k]}.pt"
+        name = (
+            f"model_world_size_{self.world_size}_rank_{self.ranks[k]}.pt"
+            if self.world_size
+            else f"model_world_size_*_rank_{self.ranks[k]}.pt"
+        )
         return os.path.join(self.local_dir, name) if self.local_dir else name
 
     @property
@@ -129,19 +132,24 @@ def load_mmap(path: str) -> Any:
 def load_rank_file(path: str) -> dict:
     """torch.load(mmap=True) of one model file, with errors that say what is wrong with it."""
     if os.path.getsize(path) == 0:
-        raise CheckpointError(f"{path} is empty (interrupted save?); re-copy it from the training run "
-                              f"or merge an earlier global_step")
+        raise CheckpointError(
+            f"{path} is empty (interrupted save?); re-copy it from the training run or merge an earlier global_step"
+        )
     try:
         sd = load_mmap(path)
     except PickleRefused:
         raise
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged zip/pickle
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: not a readable torch checkpoint ({reason[:160]}); it is truncated "
-                              f"or not a verl model shard: re-copy it from the training run") from None
+        raise CheckpointError(
+            f"{path}: not a readable torch checkpoint ({reason[:160]}); it is truncated "
+            f"or not a verl model shard: re-copy it from the training run"
+        ) from None
     if not isinstance(sd, dict) or not all(isinstance(k, str) for k in sd):
-        raise CheckpointError(f"{path}: holds a {type(sd).__name__}, not a model state dict; is this a "
-                              f"verl model_world_size_*_rank_*.pt file?")
+        raise CheckpointError(
+            f"{path}: holds a {type(sd).__name__}, not a model state dict; is this a "
+            f"verl model_world_size_*_rank_*.pt file?"
+        )
     if not any(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path}: the state dict holds no tensors; not a verl model shard")
     return sd
@@ -164,11 +172,14 @@ def open_checkpoint(local_dir: str) -> VerlFsdpCheckpoint:
     for r, sd in enumerate(state_dicts[1:], start=1):
         if set(sd) != set(keys0):
             diff = sorted(set(sd) ^ set(keys0))
-            raise CheckpointError(f"{paths[r]}: its keys differ from rank 0's (e.g. {diff[:3]}); the files "
-                                  f"come from different models or runs: re-copy the checkpoint")
+            raise CheckpointError(
+                f"{paths[r]}: its keys differ from rank 0's (e.g. {diff[:3]}); the files "
+                f"come from different models or runs: re-copy the checkpoint"
+            )
     mesh = _find_mesh(state_dicts[0])
-    ckpt = VerlFsdpCheckpoint(local_dir=local_dir, world_size=world, fsdp_version=version,
-                              state_dicts=state_dicts, tensors={}, mesh=mesh)
+    ckpt = VerlFsdpCheckpoint(
+        local_dir=local_dir, world_size=world, fsdp_version=version, state_dicts=state_dicts, tensors={}, mesh=mesh
+    )
     plain_ranks = _plain_compare_ranks(mesh, world)
     for key in keys0:
         value = state_dicts[0][key]
@@ -213,9 +224,11 @@ def _source_tensor(ckpt: VerlFsdpCheckpoint, key: str, plain_ranks: list[int]) -
     for r in plain_ranks:
         t = ckpt.state_dicts[r][key]
         if not isinstance(t, torch.Tensor) or type(t) is not type(v0) or t.shape != v0.shape:
-            raise CheckpointError(f"{ckpt.model_file(r)}: entry {key!r} is {type(t).__name__} "
-                                  f"{tuple(getattr(t, 'shape', ()))}, rank 0 has {tuple(v0.shape)}; "
-                                  f"the files come from different runs")
+            raise CheckpointError(
+                f"{ckpt.model_file(r)}: entry {key!r} is {type(t).__name__} "
+                f"{tuple(getattr(t, 'shape', ()))}, rank 0 has {tuple(v0.shape)}; "
+                f"the files come from different runs"
+            )
         pieces.append(t)
         ranks.append(r)
     return SourceTensor(key, tuple(v0.shape), v0.dtype, None, pieces, ranks)
@@ -226,8 +239,10 @@ def _from_dtensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
     placements = tuple(v0.placements)
     path0 = ckpt.model_file(0)
     if any(p.is_partial() for p in placements):
-        raise CheckpointError(f"{path0}: {key!r} has a Partial placement {placements}, which no FSDP "
-                              f"checkpoint should hold; this checkpoint cannot be merged")
+        raise CheckpointError(
+            f"{path0}: {key!r} has a Partial placement {placements}, which no FSDP "
+            f"checkpoint should hold; this checkpoint cannot be merged"
+        )
     shard_mesh_dims = [i for i, p in enumerate(placements) if p.is_shard()]
     shape = tuple(v0.shape)
     if not shard_mesh_dims:
@@ -235,15 +250,19 @@ def _from_dtensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
         local = v0._local_tensor
         return SourceTensor(key, shape, local.dtype, None, [local], [0], replicated_dtensor=True)
     if len(shard_mesh_dims) > 1:
-        raise CheckpointError(f"{path0}: {key!r} is sharded on {len(shard_mesh_dims)} mesh dims "
-                              f"{placements} (FSDP + TP); only FSDP/HSDP checkpoints can be merged")
+        raise CheckpointError(
+            f"{path0}: {key!r} is sharded on {len(shard_mesh_dims)} mesh dims "
+            f"{placements} (FSDP + TP); only FSDP/HSDP checkpoints can be merged"
+        )
     mesh_dim = shard_mesh_dims[0]
     dim = placements[mesh_dim].dim
     dim = dim + len(shape) if dim < 0 else dim
     mesh_t = v0.device_mesh.mesh
     if int(mesh_t.numel()) != ckpt.world_size:
-        raise CheckpointError(f"{path0}: {key!r} lives on a mesh of {mesh_t.numel()} ranks but "
-                              f"{FSDP_CONFIG} says world size {ckpt.world_size}; the dir mixes two checkpoints")
+        raise CheckpointError(
+            f"{path0}: {key!r} lives on a mesh of {mesh_t.numel()} ranks but "
+            f"{FSDP_CONFIG} says world size {ckpt.world_size}; the dir mixes two checkpoints"
+        )
     # rank 0's coordinate on every other mesh dim, varying the sharded one
     coord0 = [int(c[0]) for c in (mesh_t == 0).nonzero(as_tuple=True)]
     ranks = []
@@ -255,13 +274,17 @@ def _from_dtensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
     for r in ranks:
         v = ckpt.state_dicts[r][key]
         if not isinstance(v, _dtensor_types()) or tuple(v.shape) != shape or tuple(v.placements) != placements:
-            raise CheckpointError(f"{ckpt.model_file(r)}: entry {key!r} does not match rank 0's "
-                                  f"(shape/placement); the files come from different runs")
+            raise CheckpointError(
+                f"{ckpt.model_file(r)}: entry {key!r} does not match rank 0's "
+                f"(shape/placement); the files come from different runs"
+            )
         pieces.append(v._local_tensor)
     total = sum(p.shape[dim] for p in pieces)
     if total != shape[dim]:
-        raise CheckpointError(f"{ckpt.model_file(ranks[-1])}: shards of {key!r} add up to {total} rows "
-                              f"along dim {dim}, the tensor has {shape[dim]}; a rank file is damaged or stale")
+        raise CheckpointError(
+            f"{ckpt.model_file(ranks[-1])}: shards of {key!r} add up to {total} rows "
+            f"along dim {dim}, the tensor has {shape[dim]}; a rank file is damaged or stale"
+        )
     return SourceTensor(key, shape, pieces[0].dtype, dim, pieces, ranks)
 
 
@@ -276,15 +299,18 @@ def _from_sharded_tensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
         for shard in st._slim_local_shards:
             md = shard.metadata
             if any(o for o in md.shard_offsets[1:]) or tuple(md.shard_sizes[1:]) != shape[1:]:
-                raise CheckpointError(f"{ckpt.model_file(r)}: {key!r} is not sharded along dim 0 only; "
-                                      f"cannot be merged")
+                raise CheckpointError(
+                    f"{ckpt.model_file(r)}: {key!r} is not sharded along dim 0 only; cannot be merged"
+                )
             by_offset.append((md.shard_offsets[0], r, shard.tensor))
     by_offset.sort(key=lambda x: (x[0], x[1]))
     pieces, ranks, expect = [], [], 0
     for offset, r, t in by_offset:
         if offset != expect:
-            raise CheckpointError(f"{ckpt.model_file(r)}: shards of {key!r} leave a gap or overlap at row "
-                                  f"{expect}; a rank file is missing or stale")
+            raise CheckpointError(
+                f"{ckpt.model_file(r)}: shards of {key!r} leave a gap or overlap at row "
+                f"{expect}; a rank file is missing or stale"
+            )
         pieces.append(t)
         ranks.append(r)
         expect += t.shape[0]
@@ -309,14 +335,21 @@ def open_indexed(local_dir: str) -> VerlFsdpCheckpoint | None:
                 if p.path not in maps:
                     maps[p.path] = pt_tensors.mapping(p.path)
                 pieces.append(pt_tensors.tensor_at(maps[p.path], p.offset, dtype, p.shape, p.stride))
-            st = SourceTensor(key, it.shape, dtype, it.shard_dim, pieces, list(it.ranks),
-                              replicated_dtensor=it.replicated_dtensor)
+            st = SourceTensor(
+                key, it.shape, dtype, it.shard_dim, pieces, list(it.ranks), replicated_dtensor=it.replicated_dtensor
+            )
             st.local_dir, st.world_size = index.local_dir, index.world_size
             tensors[key] = st
     except (OSError, ValueError, RuntimeError):  # changed since it was indexed: the full reader reports it
         return None
-    return VerlFsdpCheckpoint(local_dir=index.local_dir, world_size=index.world_size, fsdp_version=index.fsdp_version,
-                              state_dicts=[], tensors=tensors, mesh=None)
+    return VerlFsdpCheckpoint(
+        local_dir=index.local_dir,
+        world_size=index.world_size,
+        fsdp_version=index.fsdp_version,
+        state_dicts=[],
+        tensors=tensors,
+        mesh=None,
+    )
 
 
 def signature(ckpt: VerlFsdpCheckpoint, name_map: dict[str, str]) -> list[tuple]:
@@ -332,6 +365,16 @@ def signature(ckpt: VerlFsdpCheckpoint, name_map: dict[str, str]) -> list[tuple]
         for p in st.pieces:
             where = files.locate(p)
             pieces.append((where, tuple(p.shape), tuple(p.stride()), str(p.dtype)))
-        out.append((new, old, tuple(st.shape), str(st.dtype), st.shard_dim, tuple(st.ranks),
-                    st.replicated_dtensor, tuple(pieces)))
+        out.append(
+            (
+                new,
+                old,
+                tuple(st.shape),
+                str(st.dtype),
+                st.shard_dim,
+                tuple(st.ranks),
+                st.replicated_dtensor,
+                tuple(pieces),
+            )
+        )
     return out

@@ -31,8 +31,11 @@ def dcp_refusals(role_dir: str, extra_files: Iterable[str] | None = None) -> lis
     if trusted():
         return []
     if extra_files is None:
-        extra_files = [os.path.join(role_dir, n) for n in sorted(os.listdir(role_dir))
-                       if n.startswith(EXTRA_PREFIX) and n.endswith(".pt")]
+        extra_files = [
+            os.path.join(role_dir, n)
+            for n in sorted(os.listdir(role_dir))
+            if n.startswith(EXTRA_PREFIX) and n.endswith(".pt")
+        ]
     out: list[PickleRefused] = []
     for path in extra_files:
         _collect(out, check_file, path)

@@ -111,25 +111,33 @@ def _check_role(step_dir: str, role: RoleLoad, world_size: int | None = None) ->
     where = os.path.join(step_dir, role.name)
     state = role_state(where)
     if state is None:
-        return (f"slimckpt: {where} holds no saved {role.name} state, which this run loads: resume an earlier step "
-                f"with trainer.resume_mode=resume_path trainer.resume_from_path=<its global_step_N dir>, or start "
-                f"afresh with trainer.resume_mode=disable"), []
+        return (
+            f"slimckpt: {where} holds no saved {role.name} state, which this run loads: resume an earlier step "
+            f"with trainer.resume_mode=resume_path trainer.resume_from_path=<its global_step_N dir>, or start "
+            f"afresh with trainer.resume_mode=disable"
+        ), []
     if state.fmt == "slimckpt" and not role.slim:
-        return (f"slimckpt: {where} is in slimckpt's incremental format (dcp/), which verl's own loader cannot "
-                f"read: relaunch with +recipe=incremental to continue from it (exactly), or +recipe=quickstart "
-                f"(its weights; the optimizer restarts), or write it as verl's own files with "
-                f"`{convert_command(os.path.dirname(where), world_size)}` and resume from the directory it names"), []
+        return (
+            f"slimckpt: {where} is in slimckpt's incremental format (dcp/), which verl's own loader cannot "
+            f"read: relaunch with +recipe=incremental to continue from it (exactly), or +recipe=quickstart "
+            f"(its weights; the optimizer restarts), or write it as verl's own files with "
+            f"`{convert_command(os.path.dirname(where), world_size)}` and resume from the directory it names"
+        ), []
     missing = [c for c in role.load_contents if c in SHARD_CONTENTS and c not in state.contents]
     # retention's keep_optimizer_last: the load resumes the rest and says so (format.dropped_optimizer)
     by_retention = "optimizer" in missing and optimizer_dropped(where) is not None
     if by_retention:
         missing.remove("optimizer")
     if missing:
-        settings = " ".join(f"{key}.checkpoint.load_contents=[{','.join(state.contents)}]"
-                            for key in ("actor_rollout_ref.actor", "critic"))
-        return (f"slimckpt: {where} holds {'+'.join(state.contents)} only ({state.describe()}), and this run "
-                f"also loads {'+'.join(missing)}: relaunch with +recipe=quickstart to continue from its weights "
-                f"(the optimizer restarts), or add {settings}"), []
+        settings = " ".join(
+            f"{key}.checkpoint.load_contents=[{','.join(state.contents)}]"
+            for key in ("actor_rollout_ref.actor", "critic")
+        )
+        return (
+            f"slimckpt: {where} holds {'+'.join(state.contents)} only ({state.describe()}), and this run "
+            f"also loads {'+'.join(missing)}: relaunch with +recipe=quickstart to continue from its weights "
+            f"(the optimizer restarts), or add {settings}"
+        ), []
     dropped = [c for c in state.contents if c not in role.load_contents]
     return None, dropped + (["optimizer"] if by_retention else [])
 
@@ -144,8 +152,14 @@ def _dropped_line(dropped: Mapping[str, list[str]], recipe: str | None) -> str:
     return f"; {by} does not load {', '.join(parts)}: {restart} start afresh"
 
 
-def plan_resume(local_dir: str, resume_mode: str, roles: Sequence[RoleLoad], recipe: str | None = None,
-                resume_from_path: str | None = None, world_size: int | None = None) -> Decision:
+def plan_resume(
+    local_dir: str,
+    resume_mode: str,
+    roles: Sequence[RoleLoad],
+    recipe: str | None = None,
+    resume_from_path: str | None = None,
+    world_size: int | None = None,
+) -> Decision:
     """The decision for a run whose trainer.default_local_dir is `local_dir` (absolute), loading
     `roles` ("actor", and "critic" where the run has one); `recipe` is the recipe's name, None
     without one; `world_size` the run's ranks (named in the convert command a refusal gives)."""
@@ -162,12 +176,26 @@ def plan_resume(local_dir: str, resume_mode: str, roles: Sequence[RoleLoad], rec
         if mine is None:
             return Decision("keep")
         return _judge(os.path.join(here, f"global_step_{mine}"), roles, recipe, moved=False, world_size=world_size)
-    return _judge(os.path.join(there, f"global_step_{other}"), roles, recipe, moved=True, saves_to=here, mine=mine,
-                  world_size=world_size)
+    return _judge(
+        os.path.join(there, f"global_step_{other}"),
+        roles,
+        recipe,
+        moved=True,
+        saves_to=here,
+        mine=mine,
+        world_size=world_size,
+    )
 
 
-def _judge(step_dir: str, roles: Sequence[RoleLoad], recipe: str | None, moved: bool,
-           saves_to: str = "", mine: int | None = None, world_size: int | None = None) -> Decision:
+def _judge(
+    step_dir: str,
+    roles: Sequence[RoleLoad],
+    recipe: str | None,
+    moved: bool,
+    saves_to: str = "",
+    mine: int | None = None,
+    world_size: int | None = None,
+) -> Decision:
     dropped: dict[str, list[str]] = {}
     for role in roles:
         why, drops = _check_role(step_dir, role, world_size)
@@ -183,11 +211,21 @@ def _judge(step_dir: str, roles: Sequence[RoleLoad], recipe: str | None, moved: 
             back, older = "start from step 0", "trainer.resume_mode=disable"
         else:
             back = f"go back to global_step_{mine}"
-            older = (f"trainer.resume_mode=resume_path "
-                     f"trainer.resume_from_path={os.path.join(saves_to, f'global_step_{mine}')}")
-        return Decision("stop", step_dir, f"slimckpt: the newest step of this job is {step_dir}, outside "
-                                          f"trainer.default_local_dir {saves_to}, where verl would {back}: relaunch "
-                                          f"with +recipe=quickstart to continue from it, or pass {older} to go back")
+            older = (
+                f"trainer.resume_mode=resume_path "
+                f"trainer.resume_from_path={os.path.join(saves_to, f'global_step_{mine}')}"
+            )
+        return Decision(
+            "stop",
+            step_dir,
+            f"slimckpt: the newest step of this job is {step_dir}, outside "
+            f"trainer.default_local_dir {saves_to}, where verl would {back}: relaunch "
+            f"with +recipe=quickstart to continue from it, or pass {older} to go back",
+        )
     already = f" (newer than its global_step_{mine})" if mine is not None else ""
-    return Decision("resume", step_dir, f"slimckpt: +recipe={recipe} continues from {step_dir}, the newest step of "
-                                        f"this job{already}; new steps go to {saves_to}{tail}")
+    return Decision(
+        "resume",
+        step_dir,
+        f"slimckpt: +recipe={recipe} continues from {step_dir}, the newest step of "
+        f"this job{already}; new steps go to {saves_to}{tail}",
+    )

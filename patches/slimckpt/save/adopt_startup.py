@@ -13,7 +13,6 @@ from __future__ import annotations
 
 # lazy imports: `import verl` loads this module (the plugin applies its patch), and nothing else of
 # slimckpt may load with it (docs/configuration.md, "What changes without a recipe")
-
 import functools
 import os
 from typing import Any
@@ -81,9 +80,14 @@ def adopt(config: Any, use_critic: bool) -> None:
 
     if _select(config, "trainer.default_hdfs_dir") is not None:
         return  # verl refuses it itself
-    decision = plan_resume(_absolute(_select(config, "trainer.default_local_dir")),
-                           _select(config, "trainer.resume_mode"), _roles(config, use_critic), recipe_of(config),
-                           _absolute(_select(config, "trainer.resume_from_path")), _world_size(config))
+    decision = plan_resume(
+        _absolute(_select(config, "trainer.default_local_dir")),
+        _select(config, "trainer.resume_mode"),
+        _roles(config, use_critic),
+        recipe_of(config),
+        _absolute(_select(config, "trainer.resume_from_path")),
+        _world_size(config),
+    )
     if decision.action == "stop":
         raise SystemExit(decision.message)
     if decision.action == "resume":
@@ -159,8 +163,10 @@ def recipe_settings_line(config: Any, recipe: str) -> str:
             changed.append(f"{key}={_show(value)} (verl's default: {_show(verl_value)})")
     if not changed:
         return ""
-    return (f"slimckpt: +recipe={recipe} also sets {', '.join(changed)}; "
-            f"set any of them after +recipe={recipe} to change it")
+    return (
+        f"slimckpt: +recipe={recipe} also sets {', '.join(changed)}; "
+        f"set any of them after +recipe={recipe} to change it"
+    )
 
 
 def _show(value: Any) -> str:

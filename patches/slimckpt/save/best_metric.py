@@ -102,8 +102,11 @@ def wrap_tracking_init(original):
         if root:
             state = driver_state_of(self)
             state.metrics_root = root if os.path.isabs(root) else os.path.join(os.getcwd(), root)
-            log.info("keep_best: the metrics of each save step are recorded in %s/global_step_N/%s",
-                     state.metrics_root, METRICS_NAME)
+            log.info(
+                "keep_best: the metrics of each save step are recorded in %s/global_step_N/%s",
+                state.metrics_root,
+                METRICS_NAME,
+            )
 
     return __init__
 
@@ -119,8 +122,12 @@ def wrap_tracking_log(original):
                 try:
                     record(step_dir, int(step), data)
                 except OSError as exc:  # the metric is for retention only: training goes on
-                    log.warning("keep_best: cannot record step %s's metrics in %s (%s); retention will not rank "
-                                "it", step, step_dir, exc.strerror or exc)
+                    log.warning(
+                        "keep_best: cannot record step %s's metrics in %s (%s); retention will not rank it",
+                        step,
+                        step_dir,
+                        exc.strerror or exc,
+                    )
         return result
 
     return log_metrics

@@ -34,12 +34,12 @@ import torch.distributed as dist
 from ..collective import outcome
 from ..format.os_errors import describe_os_error, redescribe
 from ..format.resume_manifest import TRACKER_NAME, atomic_write_text, failure_markers, read_tracker, write_failure
+from ..log import get_logger
 from ..read.checkpoint_dir import rank_files
 from ..read.locks import LockBusy, acquire
+from ..verl_seam.manager_state import config_of, state_of
 from ..write.peers import causes
 from .lost_rank import peer_loss_line
-from ..log import get_logger
-from ..verl_seam.manager_state import config_of, state_of
 from .os_fixes import trainer_fixes
 from .process_group import checkpoint_group
 from .resume_async import writer_for
@@ -108,8 +108,14 @@ def _group_of(manager):
     return checkpoint_group(manager)
 
 
-def _alone(group, step: Callable[[], Any], error: outcome.ErrorFactory, describe: Callable[[BaseException], str],
-           catch: tuple[type[BaseException], ...], kind_of: Callable[[BaseException], str]) -> Any:
+def _alone(
+    group,
+    step: Callable[[], Any],
+    error: outcome.ErrorFactory,
+    describe: Callable[[BaseException], str],
+    catch: tuple[type[BaseException], ...],
+    kind_of: Callable[[BaseException], str],
+) -> Any:
     """outcome.from_rank0's outcome for a job of one process: no collective to tell it."""
     try:
         return step()
@@ -126,17 +132,27 @@ def take_writer_lock(manager, local_path: str, step: int):
 
     def lock_on_rank0() -> None:  # the lock stays here: every rank gets only the outcome
         os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
-        held.append(acquire(local_path, exclusive=True, what=f"saving step {step} (rank 0 of a trainer)",
-                            fix="another trainer is saving this step into the same trainer.default_local_dir; "
-                                "give each run its own default_local_dir"))
+        held.append(
+            acquire(
+                local_path,
+                exclusive=True,
+                what=f"saving step {step} (rank 0 of a trainer)",
+                fix="another trainer is saving this step into the same trainer.default_local_dir; "
+                "give each run its own default_local_dir",
+            )
+        )
 
     def busy_or_failed(failure: outcome.Failure) -> BaseException:
         return LockBusy(failure.line) if failure.kind == "busy" else SaveFailed(failure.line)
 
     (outcome.from_rank0 if group is not None else _alone)(
-        group, lock_on_rank0, busy_or_failed,
+        group,
+        lock_on_rank0,
+        busy_or_failed,
         describe=lambda exc: str(exc) if isinstance(exc, LockBusy) else describe_save_error(exc, local_path, step),
-        catch=(LockBusy, OSError), kind_of=lambda exc: "busy" if isinstance(exc, LockBusy) else "os")
+        catch=(LockBusy, OSError),
+        kind_of=lambda exc: "busy" if isinstance(exc, LockBusy) else "os",
+    )
     return held[0] if held else None
 
 
@@ -176,8 +192,12 @@ def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -
             discard_rank_files(local_path, manager.rank)
             mark_failed(local_path, manager.rank, line)
         if policy == "continue" and not isinstance(exc, LockBusy) and lost is None:
-            log.error("CHECKPOINT NOT SAVED (rank %s, on_save_error=continue, training goes on; the last committed "
-                      "step stays the resume point): %s", manager.rank, line)
+            log.error(
+                "CHECKPOINT NOT SAVED (rank %s, on_save_error=continue, training goes on; the last committed "
+                "step stays the resume point): %s",
+                manager.rank,
+                line,
+            )
             return None
         raise SaveFailed(line) from exc
     finally:
@@ -190,8 +210,11 @@ def restore_tracker(root: str, step: int, previous: int | None) -> bool:
     marker, put latest_checkpointed_iteration.txt back to `previous` (the trainer wrote `step`).
     True if it did."""
     step_dir = os.path.join(root, f"global_step_{step}")
-    roles = sorted(n for n in os.listdir(step_dir) if os.path.isdir(os.path.join(step_dir, n))) \
-        if os.path.isdir(step_dir) else []
+    roles = (
+        sorted(n for n in os.listdir(step_dir) if os.path.isdir(os.path.join(step_dir, n)))
+        if os.path.isdir(step_dir)
+        else []
+    )
     failed = [m for role in roles for m in failure_markers(os.path.join(step_dir, role))]
     if not failed or read_tracker(root) != step:
         return False
@@ -200,8 +223,9 @@ def restore_tracker(root: str, step: int, previous: int | None) -> bool:
         os.remove(tracker)
     else:
         atomic_write_text(tracker, str(int(previous)))
-    log.error("step %s was not saved (see %s): latest_checkpointed_iteration.txt stays at %s", step, failed[0],
-              previous)
+    log.error(
+        "step %s was not saved (see %s): latest_checkpointed_iteration.txt stays at %s", step, failed[0], previous
+    )
     return True
 
 
@@ -215,5 +239,15 @@ def save_then_restore_tracker(trainer, original, *args, **kwargs):
     return result
 
 
-__all__ = ["POLICIES", "SaveFailed", "describe_save_error", "guarded_save", "mark_failed", "restore_tracker",
-           "root_os_error", "save_then_restore_tracker", "take_writer_lock", "trainer_fixes"]
+__all__ = [
+    "POLICIES",
+    "SaveFailed",
+    "describe_save_error",
+    "guarded_save",
+    "mark_failed",
+    "restore_tracker",
+    "root_os_error",
+    "save_then_restore_tracker",
+    "take_writer_lock",
+    "trainer_fixes",
+]

@@ -15,7 +15,6 @@ Printed in verl's driver (adopt_startup's validate_config hook), once, before Ra
 from __future__ import annotations
 
 # lazy imports: torch and transformers load only to count a model's parameters, once per run
-
 import contextlib
 import warnings
 from typing import Any
@@ -67,15 +66,24 @@ def fsdp1_cost_line(config: Any, use_critic: bool, count=parameter_count) -> str
         return ""
     world = int(_select(config, "trainer.nnodes", 1) or 1) * int(_select(config, "trainer.n_gpus_per_node", 1) or 1)
     model_key = roles[0][1]
-    params = count(str(_select(config, f"{model_key}.path")), bool(_select(config, f"{model_key}.trust_remote_code",
-                                                                           False)))
-    size = (f"{FP32_MODEL_AND_ADAM * params / world / 2**30:.2f} GiB per GPU at {params / 1e9:.1f}B parameters over "
-            f"{world} GPUs") if params else f"{FP32_MODEL_AND_ADAM} bytes x parameters / {world} GPUs"
+    params = count(
+        str(_select(config, f"{model_key}.path")), bool(_select(config, f"{model_key}.trust_remote_code", False))
+    )
+    size = (
+        (
+            f"{FP32_MODEL_AND_ADAM * params / world / 2**30:.2f} GiB per GPU at {params / 1e9:.1f}B parameters over "
+            f"{world} GPUs"
+        )
+        if params
+        else f"{FP32_MODEL_AND_ADAM} bytes x parameters / {world} GPUs"
+    )
     names = " and ".join(r for r, _ in roles)
-    return (f"slimckpt: FSDP1 (strategy=fsdp) with incremental_save: every {names} save makes its reshardable "
-            f"state dict as a copy of the rank's model and optimizer shards on the accelerator, {size}, "
-            f"alive while it is written; strategy=fsdp2 (actor_rollout_ref.actor.strategy=fsdp2 "
-            f"critic.strategy=fsdp2) saves from views, without a copy")
+    return (
+        f"slimckpt: FSDP1 (strategy=fsdp) with incremental_save: every {names} save makes its reshardable "
+        f"state dict as a copy of the rank's model and optimizer shards on the accelerator, {size}, "
+        f"alive while it is written; strategy=fsdp2 (actor_rollout_ref.actor.strategy=fsdp2 "
+        f"critic.strategy=fsdp2) saves from views, without a copy"
+    )
 
 
 def say_fsdp1_cost(config: Any, use_critic: bool) -> None:

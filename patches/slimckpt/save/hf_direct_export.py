@@ -59,10 +59,10 @@ from ..hf.naming import ConfigMismatch, HfSide, NeedsVerlMerger
 from ..hf.plan import EMPTY, ExportPlan
 from ..internals import dtensor_box
 from ..log import get_logger
+from ..verl_seam.manager_state import state_of
 from ..write.out_files import os_error, pwrite_all
 from ..write.share_writer import as_bytes, lora_merged
 from .os_fixes import trainer_fixes
-from ..verl_seam.manager_state import state_of
 
 log = get_logger("slimckpt.hf_direct_export")
 T = TypeVar("T")
@@ -87,8 +87,10 @@ def _box_of(value: Any) -> tuple[tuple[int, ...], torch.dtype, Box | None]:
         local_shape, offset = dtensor_box(value)
         local = value.to_local()
         if tuple(local.shape) != tuple(local_shape):
-            raise ExportError(f"local shard of shape {tuple(local.shape)} where its placements "
-                              f"{value.placements} give {tuple(local_shape)}")
+            raise ExportError(
+                f"local shard of shape {tuple(local.shape)} where its placements "
+                f"{value.placements} give {tuple(local_shape)}"
+            )
         box = Box(tuple(offset), tuple(local_shape))
         return shape, value.dtype, box if box.numel else None
     if hasattr(value, "local_shards") and hasattr(value, "metadata"):  # ShardedTensor (FSDP1 without a mesh)
@@ -126,8 +128,10 @@ def verl_contents(manager, config: Any) -> list[str]:
     if config.export_hf and "hf_model" in rest:
         rest.remove("hf_model")
         if state_of(manager).note_once("hf_model") and manager.rank == 0:
-            log.info("save_contents has hf_model and export_hf=true: the gather-free export writes huggingface/ "
-                     "(each rank its own rows); verl's rank-0 gather is skipped")
+            log.info(
+                "save_contents has hf_model and export_hf=true: the gather-free export writes huggingface/ "
+                "(each rank its own rows); verl's rank-0 gather is skipped"
+            )
     return rest
 
 
@@ -141,8 +145,14 @@ def _hf_side(manager, local_path: str):
     return state.hf_side
 
 
-def _takes_and_specs(manager, local_path: str, shapes: dict[str, tuple[int, ...]],
-                     dtypes: dict[str, torch.dtype], aliases: dict[str, str], export_dtype: str):
+def _takes_and_specs(
+    manager,
+    local_path: str,
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict[str, torch.dtype],
+    aliases: dict[str, str],
+    export_dtype: str,
+):
     """(HfSide, {output name: Take of a state-dict key}, specs), in save_pretrained's order. A LoRA
     actor's base model is named as verl's merger names it (peft's names undone, adapter left out)."""
     side = _hf_side(manager, local_path)
@@ -156,8 +166,10 @@ def _takes_and_specs(manager, local_path: str, shapes: dict[str, tuple[int, ...]
         sources = side.output_sources(list(renamed), {new: all_shapes[old] for new, old in renamed.items()})
         sources = {new: layout.Take(renamed[t.source], t.shape, t.span) for new, t in sources.items()}
     except NeedsVerlMerger as exc:
-        raise ExportError(f"the gather-free export cannot reproduce this model's save: {exc}; set "
-                          f"checkpoint.export_hf=false and add 'hf_model' to checkpoint.save_contents") from None
+        raise ExportError(
+            f"the gather-free export cannot reproduce this model's save: {exc}; set "
+            f"checkpoint.export_hf=false and add 'hf_model' to checkpoint.save_contents"
+        ) from None
     except ConfigMismatch as exc:
         raise ExportError(str(exc)) from None
     fixed = EXPORT_DTYPES[export_dtype]
@@ -172,8 +184,9 @@ def _takes_and_specs(manager, local_path: str, shapes: dict[str, tuple[int, ...]
     return side, takes, specs
 
 
-def _shares(held: list[dict[str, Box]], takes: dict[str, layout.Take], shapes: dict[str, tuple[int, ...]],
-            plan: layout.Plan) -> list[list[tuple[str, Box]]]:
+def _shares(
+    held: list[dict[str, Box]], takes: dict[str, layout.Take], shapes: dict[str, tuple[int, ...]], plan: layout.Plan
+) -> list[list[tuple[str, Box]]]:
     """Per rank, the (output name, box of its source) pairs it writes: every box of a source goes to
     one of its holders (assign_writers, balanced by bytes), who writes its part of every output
     taken from that source (none where the box holds none of the output's elements)."""
@@ -181,18 +194,27 @@ def _shares(held: list[dict[str, Box]], takes: dict[str, layout.Take], shapes: d
     for new, take in takes.items():
         outputs.setdefault(take.source, []).append(new)
     itemsize = {src: max(plan.placements[n].spec.itemsize for n in names) for src, names in outputs.items()}
-    assigned = assign_writers([{src: h[src] for src in outputs if src in h} for h in held],
-                              {src: shapes[src] for src in outputs}, itemsize)
+    assigned = assign_writers(
+        [{src: h[src] for src in outputs if src in h} for h in held], {src: shapes[src] for src in outputs}, itemsize
+    )
     shares = []
     for pairs in assigned:
-        mine = [(new, box) for src, box in pairs for new in outputs[src]
-                if takes[new].whole or take_pieces(shapes[src], box, takes[new].span)]
+        mine = [
+            (new, box)
+            for src, box in pairs
+            for new in outputs[src]
+            if takes[new].whole or take_pieces(shapes[src], box, takes[new].span)
+        ]
         shares.append(sorted(mine, key=lambda nb: (plan.placements[nb[0]].file, plan.placements[nb[0]].begin)))
     return shares
 
 
-def b_rows_elsewhere(held: list[dict[str, Box]], shares: list[list[tuple[str, Box]]],
-                     takes: dict[str, layout.Take], shapes: dict[str, tuple[int, ...]]) -> frozenset[str]:
+def b_rows_elsewhere(
+    held: list[dict[str, Box]],
+    shares: list[list[tuple[str, Box]]],
+    takes: dict[str, layout.Take],
+    shapes: dict[str, tuple[int, ...]],
+) -> frozenset[str]:
     """Merged outputs (export_merge_lora) where some writer of W's rows does not hold all of B's
     [out, r] for those rows: their B is all-gathered like A. FSDP1 and FSDP2 cut every parameter
     on dim 0 into the same world-size chunks, and W [out, in] and B [out, r] have the same dim 0,
@@ -205,8 +227,13 @@ def b_rows_elsewhere(held: list[dict[str, Box]], shares: list[list[tuple[str, Bo
                 continue
             b_box = held[rank].get(delta.b)
             r0, r1 = box.offset[0], box.offset[0] + box.size[0]
-            if (b_box is None or b_box.offset[1] != 0 or b_box.size[1] != shapes[delta.b][1]
-                    or b_box.offset[0] > r0 or b_box.offset[0] + b_box.size[0] < r1):
+            if (
+                b_box is None
+                or b_box.offset[1] != 0
+                or b_box.size[1] != shapes[delta.b][1]
+                or b_box.offset[0] > r0
+                or b_box.offset[0] + b_box.size[0] < r1
+            ):
                 out.add(name)
     return frozenset(out)
 
@@ -239,8 +266,16 @@ def _plain(outcome: Callable[[], T]) -> T:
     raise error
 
 
-def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, layout.Take],
-                  shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype], export_dtype: str, config: Any):
+def _with_adapter(
+    manager,
+    local_path: str,
+    plan: layout.Plan,
+    takes: dict[str, layout.Take],
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict[str, torch.dtype],
+    export_dtype: str,
+    config: Any,
+):
     """A LoRA actor's export as verl's merger writes it: `plan` plus lora_adapter/adapter_model.safetensors
     (its tensors added to `takes`), the model's own plan (for the index) and adapter_config.json's text;
     rank and alpha from the live model's peft config, as verl's lora_train_meta.json has them."""
@@ -254,9 +289,14 @@ def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, 
         except lora.MergeError as exc:
             raise ExportError(str(exc)) from None
         if state_of(manager).note_once("merge_lora"):
-            log.info("export_merge_lora: %d weights exported as W + B @ A x %s / %d, each rank its own rows "
-                     "(A all-gathered, no W gathered); no %s/", sum(t.delta is not None for t in merged.values()),
-                     settings.lora_alpha, settings.r, lora.ADAPTER_DIR)
+            log.info(
+                "export_merge_lora: %d weights exported as W + B @ A x %s / %d, each rank its own rows "
+                "(A all-gathered, no W gathered); no %s/",
+                sum(t.delta is not None for t in merged.values()),
+                settings.lora_alpha,
+                settings.r,
+                lora.ADAPTER_DIR,
+            )
         return plan, None, None
     fixed = EXPORT_DTYPES[export_dtype]
     specs = []
@@ -270,8 +310,9 @@ def _with_adapter(manager, local_path: str, plan: layout.Plan, takes: dict[str, 
     return lora.with_adapter_files(plan, specs), plan, lora.adapter_config_text(settings)
 
 
-def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: dict[str, str], config: Any,
-                group) -> ExportPlan | None:
+def plan_export(
+    manager, local_path: str, model_state: dict[str, Any], aliases: dict[str, str], config: Any, group
+) -> ExportPlan | None:
     """Collective over `group`: this rank's part of the export of `model_state` (the sharded
     state dict the DCP save writes, tied aliases split off) into `local_path/huggingface/`. A LoRA
     actor's is what verl's merger writes: the base model (peft's names undone) and lora_adapter/."""
@@ -299,17 +340,20 @@ def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: 
         export_dtype = str(config.export_dtype)
         if shapes and all(is_lora_key(n) for n in shapes):  # save_lora_only: the adapter alone
             if config.export_merge_lora:
-                raise ExportError(f"{MERGE_LORA_HINT} with save_lora_only=true: the step holds no base weights "
-                                  f"to merge the adapter into; set export_merge_lora=false (the export is then "
-                                  f"lora_adapter/ alone) or save_lora_only=false")
+                raise ExportError(
+                    f"{MERGE_LORA_HINT} with save_lora_only=true: the step holds no base weights "
+                    f"to merge the adapter into; set export_merge_lora=false (the export is then "
+                    f"lora_adapter/ alone) or save_lora_only=false"
+                )
             side, takes, plan = _hf_side(manager, local_path), {}, EMPTY
         else:
             side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases, export_dtype)
             plan = layout.plan_files(specs, config.max_shard_size)
         index_plan, adapter_config = None, None
         if any(is_lora_key(n) for n in shapes):
-            plan, index_plan, adapter_config = _with_adapter(manager, local_path, plan, takes, shapes, dtypes,
-                                                             export_dtype, config)
+            plan, index_plan, adapter_config = _with_adapter(
+                manager, local_path, plan, takes, shapes, dtypes, export_dtype, config
+            )
         for take in takes.values():
             take.check_source(shapes[take.source])
         holders = [h for h, _ in held]
@@ -322,11 +366,17 @@ def plan_export(manager, local_path: str, model_state: dict[str, Any], aliases: 
         return whole, shares, used, b_rows_elsewhere(holders, shares, takes, shapes)
 
     def said(exc: BaseException) -> str:
-        return str(exc) if isinstance(exc, (ExportError, AssignError, layout.LayoutError)) \
+        return (
+            str(exc)
+            if isinstance(exc, (ExportError, AssignError, layout.LayoutError))
             else f"{type(exc).__name__}: {exc}"
+        )
 
-    whole, shares, used, gather_b = _plain(lambda: from_rank0(
-        group, plan_on_rank0, lambda failure: ExportError(f"HF export of {local_path}: {failure.line}"), said))
+    whole, shares, used, gather_b = _plain(
+        lambda: from_rank0(
+            group, plan_on_rank0, lambda failure: ExportError(f"HF export of {local_path}: {failure.line}"), said
+        )
+    )
     return whole.with_share(shares[rank], used, gather_b)
 
 
@@ -385,8 +435,7 @@ class _BoxWriter:
         out.copy_(src)
         return out
 
-    def write_box(self, out_name: str, value: Any, box: Box, take: layout.Take,
-                  source_shape: tuple[int, ...]) -> int:
+    def write_box(self, out_name: str, value: Any, box: Box, take: layout.Take, source_shape: tuple[int, ...]) -> int:
         """This rank's part of output `out_name`: the elements of its box of the source (`value`,
         its local shard) that the output takes, each piece cast in chunks and pwritten in place."""
         placement = self.plan.placements[out_name]
@@ -406,7 +455,7 @@ class _BoxWriter:
         for piece in take_pieces(source_shape, box, take.span, starts):
             offset = placement.begin + piece.out_start * spec.itemsize
             for a in range(piece.local_start, piece.local_end, per_chunk):
-                chunk = self._staged(flat[a:min(piece.local_end, a + per_chunk)], dtype)
+                chunk = self._staged(flat[a : min(piece.local_end, a + per_chunk)], dtype)
                 data = as_bytes(chunk)
                 try:
                     pwrite_all(fd, data, offset)
@@ -416,8 +465,9 @@ class _BoxWriter:
                 written += len(data)
         return written
 
-    def write_merged(self, out_name: str, w_value: Any, box: Box, take: layout.Take, a: torch.Tensor,
-                     b_rows: torch.Tensor) -> int:
+    def write_merged(
+        self, out_name: str, w_value: Any, box: Box, take: layout.Take, a: torch.Tensor, b_rows: torch.Tensor
+    ) -> int:
         """This rank's rows of a LoRA-merged output: W's box (`w_value`, its local shard) plus
         (B @ A) x scaling for the same rows (`b_rows`: B's rows of the box; `a`: all of A), a few
         rows at a time, in the output dtype as `slimckpt merge --merge_lora` computes them
@@ -427,8 +477,9 @@ class _BoxWriter:
         itemsize = placement.spec.itemsize
         local = _local(w_value)
         if tuple(local.shape) != box.size or tuple(b_rows.shape[:1]) != box.size[:1]:
-            raise ExportError(f"{out_name}: local shard {tuple(local.shape)} / B rows {tuple(b_rows.shape)} != "
-                              f"planned {box.size}")
+            raise ExportError(
+                f"{out_name}: local shard {tuple(local.shape)} / B rows {tuple(b_rows.shape)} != planned {box.size}"
+            )
         width = take.shape[1]
         (r0, c0), (rows, cols) = box.offset, box.size
         window = None if cols == width else (c0, c0 + cols)
@@ -440,8 +491,11 @@ class _BoxWriter:
         for s in range(0, rows, step):
             e = min(rows, s + step)
             merged = lora_merged(local[s:e].to(dtype), b_rows[s:e].to(dtype), a, take.delta.scaling, window)
-            runs = [(placement.begin + (r0 + s) * width * itemsize, merged)] if window is None else \
-                [(placement.begin + ((r0 + i) * width + c0) * itemsize, merged[i - s]) for i in range(s, e)]
+            runs = (
+                [(placement.begin + (r0 + s) * width * itemsize, merged)]
+                if window is None
+                else [(placement.begin + ((r0 + i) * width + c0) * itemsize, merged[i - s]) for i in range(s, e)]
+            )
             for offset, piece in runs:
                 data = as_bytes(piece.contiguous())
                 try:
@@ -491,8 +545,9 @@ def _gathered(value: Any, shape: tuple[int, ...], group, local: torch.Tensor | N
     return whole
 
 
-def _gathered_read(reads: "_Reads", model_state: dict[str, Any], name: str, shape: tuple[int, ...],
-                   group) -> torch.Tensor:
+def _gathered_read(
+    reads: _Reads, model_state: dict[str, Any], name: str, shape: tuple[int, ...], group
+) -> torch.Tensor:
     """_gathered of `name`, its local part read through `reads` when this rank holds one."""
     if _box_of(model_state[name])[2] is None:
         return _gathered(model_state[name], shape, group)
@@ -507,7 +562,7 @@ def _held_rows(value: Any, box: Box, local: torch.Tensor | None = None) -> torch
     """The rows of `box` (of W) in this rank's shard of B (b_rows_elsewhere checked it holds them)."""
     _, _, b_box = _box_of(value)
     start = box.offset[0] - b_box.offset[0]
-    return (local if local is not None else _local(value))[start:start + box.size[0]]
+    return (local if local is not None else _local(value))[start : start + box.size[0]]
 
 
 class _Reads:
@@ -542,8 +597,9 @@ def sources_read(job: ExportPlan, model_state: dict[str, Any]) -> list[str]:
     return names
 
 
-def write_export(manager, job: ExportPlan, local_path: str, model_state: dict[str, Any], config: Any,
-                 group, stream_reads: Any = None) -> int:
+def write_export(
+    manager, job: ExportPlan, local_path: str, model_state: dict[str, Any], config: Any, group, stream_reads: Any = None
+) -> int:
     """Collective over `group`: rank 0 lays the files out, every rank writes its boxes from
     `model_state` (live shards in sync mode, the staged copy in pool mode), fsyncs, and all
     ranks raise the same error if any failed. Returns the bytes this rank wrote. `stream_reads`
@@ -553,8 +609,7 @@ def write_export(manager, job: ExportPlan, local_path: str, model_state: dict[st
     describe = lambda exc: _failure_line(exc, local_path)  # noqa: E731
     _plain(lambda: from_rank0(group, lambda: _lay_out(job, local_path, manager), _on_a_rank, describe))
 
-    writer = _BoxWriter(os.path.join(local_path, HF_SUBDIR), job.plan,
-                        int(config.bucket_mb) << 20)
+    writer = _BoxWriter(os.path.join(local_path, HF_SUBDIR), job.plan, int(config.bucket_mb) << 20)
     written = 0
     failure: BaseException | None = None
     reads = _Reads(model_state, stream_reads)
@@ -571,8 +626,11 @@ def write_export(manager, job: ExportPlan, local_path: str, model_state: dict[st
     for out_name in job.merged_outputs:
         take = job.takes[out_name]
         a = _gathered_read(reads, model_state, take.delta.a, job.source_shapes[take.delta.a], group)
-        b_full = _gathered_read(reads, model_state, take.delta.b, job.source_shapes[take.delta.b], group) \
-            if out_name in job.gather_b else None
+        b_full = (
+            _gathered_read(reads, model_state, take.delta.b, job.source_shapes[take.delta.b], group)
+            if out_name in job.gather_b
+            else None
+        )
         if failure is not None:
             continue
         try:
@@ -580,7 +638,7 @@ def write_export(manager, job: ExportPlan, local_path: str, model_state: dict[st
                 if name == out_name:
                     w = reads.begin(take.source)
                     if b_full is not None:
-                        b_rows = b_full[box.offset[0]:box.offset[0] + box.size[0]]
+                        b_rows = b_full[box.offset[0] : box.offset[0] + box.size[0]]
                     else:
                         b_rows = _held_rows(model_state[take.delta.b], box, _local(reads.begin(take.delta.b)))
                     written += writer.write_merged(name, w, box, take, a, b_rows)
@@ -607,11 +665,15 @@ def write_export(manager, job: ExportPlan, local_path: str, model_state: dict[st
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        log.info("HF export %s: %d tensors, %.1f MiB in %d file(s), written in place by %d rank(s), no gather",
-                 os.path.join(local_path, HF_SUBDIR), len(job.plan.placements), job.plan.total_size / 2**20,
-                 len(job.plan.files), dist.get_world_size(group))
+        log.info(
+            "HF export %s: %d tensors, %.1f MiB in %d file(s), written in place by %d rank(s), no gather",
+            os.path.join(local_path, HF_SUBDIR),
+            len(job.plan.placements),
+            job.plan.total_size / 2**20,
+            len(job.plan.files),
+            dist.get_world_size(group),
+        )
     return written
-
 
 
 def export_files(local_path: str) -> list[str]:
@@ -620,5 +682,6 @@ def export_files(local_path: str) -> list[str]:
     hf_dir = os.path.join(local_path, HF_SUBDIR)
     if not os.path.isdir(hf_dir):
         return []
-    return sorted(os.path.relpath(os.path.join(root, n), local_path)
-                  for root, _, names in os.walk(hf_dir) for n in names)
+    return sorted(
+        os.path.relpath(os.path.join(root, n), local_path) for root, _, names in os.walk(hf_dir) for n in names
+    )

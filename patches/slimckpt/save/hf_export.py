@@ -21,8 +21,9 @@ from .os_fixes import trainer_fixes
 log = get_logger("slimckpt.hf_export")
 
 
-def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allow_verl_fallback: bool = True,
-                          merge_lora: bool = False) -> None:
+def export_hf_from_shards(
+    local_path: str, dtype: str, max_shard_size: str, allow_verl_fallback: bool = True, merge_lora: bool = False
+) -> None:
     """Collective over the default process group: every rank must call it after the save. MoE
     experts (split per expert on save) and LoRA actors (the base model + `lora_adapter/`, or with
     `merge_lora` the adapter merged into the base weights) are streamed like any checkpoint; what
@@ -31,6 +32,7 @@ def export_hf_from_shards(local_path: str, dtype: str, max_shard_size: str, allo
     `allow_verl_fallback` off, is refused; either way every rank ends the same way."""
     from ..merge.pipeline import merge
     from ..merge.plan import MergeError, MergeOptions
+
     target = os.path.join(local_path, HF_SUBDIR)
     opts = MergeOptions(
         local_dir=local_path,

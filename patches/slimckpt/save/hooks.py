@@ -9,7 +9,6 @@ from __future__ import annotations
 
 # lazy imports: a tier's modules (DCP, the export) load at its first save, not when the patch
 # that imports this module is applied in every worker
-
 import functools
 
 from ..log import get_logger
@@ -41,8 +40,12 @@ def _guarded_dispatch(original, manager, local_path, hdfs_path, global_step, max
         return _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     from .errors import guarded_save
 
-    return guarded_save(manager, local_path, int(global_step), lambda: _dispatch(
-        original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep))
+    return guarded_save(
+        manager,
+        local_path,
+        int(global_step),
+        lambda: _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep),
+    )
 
 
 def _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep):
@@ -57,6 +60,7 @@ def _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to
     if config.export_hf:
         from .hf_export import export_hf_from_shards
 
-        export_hf_from_shards(local_path, config.export_dtype, config.max_shard_size, config.allow_verl_fallback,
-                              config.export_merge_lora)
+        export_hf_from_shards(
+            local_path, config.export_dtype, config.max_shard_size, config.allow_verl_fallback, config.export_merge_lora
+        )
     return result

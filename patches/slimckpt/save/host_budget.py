@@ -28,8 +28,10 @@ log = get_logger("slimckpt.resume")
 AUTO = "auto"
 # half the node: the other half is for what a run's host memory does after the first save
 AUTO_SHARE = 0.5
-CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
-                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+CGROUP_FILES = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
 
 _resolved: dict[str, int] = {}
 
@@ -74,8 +76,10 @@ def node_available_bytes() -> int:
     """What this node can still give: MemAvailable, within the cgroup's limit if it has one."""
     found = [v for v in (_meminfo_available(), _cgroup_room()) if v is not None]
     if not found:
-        raise RuntimeError("slimckpt: host_memory_budget_gb=auto cannot read /proc/meminfo; set "
-                           "actor_rollout_ref.actor.checkpoint.host_memory_budget_gb=<GiB> (and critic's)")
+        raise RuntimeError(
+            "slimckpt: host_memory_budget_gb=auto cannot read /proc/meminfo; set "
+            "actor_rollout_ref.actor.checkpoint.host_memory_budget_gb=<GiB> (and critic's)"
+        )
     return min(found)
 
 
@@ -97,9 +101,14 @@ def budget_bytes(config: Any) -> int:
         available, ranks = node_available_bytes(), local_ranks()
         _resolved[AUTO] = auto_budget_bytes(available, ranks)
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            log.info("host_memory_budget_gb=auto: %.2f GiB per rank (%g of the %.1f GiB available on this node, "
-                     "over %d local ranks); set a number of GiB to override", _resolved[AUTO] / 2**30, AUTO_SHARE,
-                     available / 2**30, ranks)
+            log.info(
+                "host_memory_budget_gb=auto: %.2f GiB per rank (%g of the %.1f GiB available on this node, "
+                "over %d local ranks); set a number of GiB to override",
+                _resolved[AUTO] / 2**30,
+                AUTO_SHARE,
+                available / 2**30,
+                ranks,
+            )
     return _resolved[AUTO]
 
 

@@ -31,6 +31,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from ..format.dropped_optimizer import optimizer_dropped
 from ..format.resume_manifest import (
     DAMAGED_FIX,
     TRACKER_NAME,
@@ -42,12 +43,11 @@ from ..format.resume_manifest import (
     role_damage,
     saved_steps,
 )
-from ..format.dropped_optimizer import optimizer_dropped
 from ..log import get_logger
 from ..read.checkpoint_dir import DCP_DIR
+from ..verify.native import check_zip_records
 from .tracker import SLIM_TARGETS, config_value
 from .tracker_recovery import role_complete
-from ..verify.native import check_zip_records
 
 log = get_logger("slimckpt.resume")
 
@@ -75,8 +75,9 @@ def _role(role_dir: str, checksums: bool) -> tuple[Damage | None, int]:
         return (damage[0] if damage else None), sum(e.bytes for e in manifest.files) if manifest else 0
     # verl's own format records no checksums: all there is to check is that its save finished
     if not role_complete(role_dir):
-        return _damage(role_dir, "verl's save of this role did not finish (no fsdp_config.json, or a failure "
-                                 "marker)"), 0
+        return _damage(
+            role_dir, "verl's save of this role did not finish (no fsdp_config.json, or a failure marker)"
+        ), 0
     return None, 0
 
 
@@ -184,38 +185,56 @@ def _auto(root: str, roles: dict[str, bool]) -> None:
         raise UncommittedCheckpoint(
             f"slimckpt: {first.file}: {first.reason}; no step in {root} at or below global_step_{named} is intact "
             f"(checked {', '.join(f'global_step_{c.step}' for c in damaged)}): re-copy the damaged files, or "
-            f"start from scratch with trainer.resume_mode=disable")
+            f"start from scratch with trainer.resume_mode=disable"
+        )
     atomic_write_text(tracker, str(good.step))
     if named is None:
-        log.warning("slimckpt: %s was empty or unreadable (a kill during verl's tracker write): it now names "
-                    "global_step_%d, the newest intact step", tracker, good.step)
+        log.warning(
+            "slimckpt: %s was empty or unreadable (a kill during verl's tracker write): it now names "
+            "global_step_%d, the newest intact step",
+            tracker,
+            good.step,
+        )
         return
     first = damaged[0].damage
     also = [c.step for c in damaged[1:]]
     model_only = [r for r in roles if optimizer_dropped(os.path.join(root, f"global_step_{good.step}", r))]
-    log.warning("slimckpt: %s: %s; resuming from global_step_%d, the newest intact step (%s now names it; "
-                "global_step_%d is left on disk as it is%s)%s", first.file, first.reason, good.step, TRACKER_NAME,
-                damaged[0].step, f"; also damaged: {', '.join(f'global_step_{s}' for s in also)}" if also else "",
-                f"; retention dropped its {'/'.join(model_only)} optimizer state: the optimizer starts afresh"
-                if model_only else "")
+    log.warning(
+        "slimckpt: %s: %s; resuming from global_step_%d, the newest intact step (%s now names it; "
+        "global_step_%d is left on disk as it is%s)%s",
+        first.file,
+        first.reason,
+        good.step,
+        TRACKER_NAME,
+        damaged[0].step,
+        f"; also damaged: {', '.join(f'global_step_{s}' for s in also)}" if also else "",
+        f"; retention dropped its {'/'.join(model_only)} optimizer state: the optimizer starts afresh"
+        if model_only
+        else "",
+    )
 
 
 def _resume_path(path: str, roles: dict[str, bool]) -> None:
     """Refuse a resume_from_path whose step is damaged, naming the file and an intact step."""
     step_dir = os.path.normpath(_absolute(path))
     name = os.path.basename(step_dir)
-    if not name.startswith("global_step_") or not name[len("global_step_"):].isdigit():
+    if not name.startswith("global_step_") or not name[len("global_step_") :].isdigit():
         return  # verl's own assertion says what it must look like
-    root, step = os.path.dirname(step_dir), int(name[len("global_step_"):])
+    root, step = os.path.dirname(step_dir), int(name[len("global_step_") :])
     check = check_step(root, step, roles)
     if check.damage is None:
         log.info("resume: %s is intact", _said(check))
         return
     good, _ = newest_intact(root, roles, step - 1)
-    instead = f"trainer.resume_from_path={os.path.join(root, f'global_step_{good.step}')} (intact)" if good else \
-        "an earlier step (none below it in this dir is intact)"
-    raise UncommittedCheckpoint(f"slimckpt: {check.damage.file}: {check.damage.reason}; trainer.resume_from_path "
-                                f"names a damaged step: re-copy the file, or resume from {instead}")
+    instead = (
+        f"trainer.resume_from_path={os.path.join(root, f'global_step_{good.step}')} (intact)"
+        if good
+        else "an earlier step (none below it in this dir is intact)"
+    )
+    raise UncommittedCheckpoint(
+        f"slimckpt: {check.damage.file}: {check.damage.reason}; trainer.resume_from_path "
+        f"names a damaged step: re-copy the file, or resume from {instead}"
+    )
 
 
 def wrap_trainer_load_checkpoint(original):

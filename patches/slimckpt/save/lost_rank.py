@@ -15,8 +15,10 @@ def peer_loss_line(exc: BaseException, local_path: str, step: int) -> str | None
     lost = lost_ranks_line(exc)
     if lost is None:
         return None
-    return (f"slimckpt: saving step {step} to {local_path} failed: {lost}; step {step} is not committed and "
-            f"the tracker stays on the last committed step: restart the job (resume_mode=auto resumes from it)")
+    return (
+        f"slimckpt: saving step {step} to {local_path} failed: {lost}; step {step} is not committed and "
+        f"the tracker stays on the last committed step: restart the job (resume_mode=auto resumes from it)"
+    )
 
 
 __all__ = ["RankLost", "peer_loss_line"]

@@ -74,6 +74,6 @@ def load_template(model: Any, optimizer: Any, options: Any, with_state: bool) ->
 
 def apply(model: Any, optimizer: Any, loaded: dict[str, Any], options: Any) -> None:
     """Put the loaded optimizer part back; a step without state leaves the optimizer without any."""
-    with warnings.catch_warnings(), (without_init() if not loaded.get("state") else contextlib.nullcontext()):
+    with warnings.catch_warnings(), without_init() if not loaded.get("state") else contextlib.nullcontext():
         warnings.simplefilter("ignore")
         set_optimizer_state_dict(model, optimizer, loaded, options=options)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 # lazy imports: DCP's metadata reader loads only when a DCP step's optimizer is dropped (retention,
 # which imports this module, is patched into every worker)
-
 import dataclasses
 import json
 import os
@@ -92,8 +91,12 @@ def _drop_native(role_dir: str, keep_last: int | None) -> int:
     if not names:
         raise NothingToDrop("no optim_world_size_* files")
     freed = sum(os.path.getsize(os.path.join(role_dir, n)) for n in names)
-    atomic_write_text(os.path.join(role_dir, NATIVE_MARKER), json.dumps(
-        {DROPPED_KEY: True, "files": names, "bytes": freed, "keep_optimizer_last": keep_last, "at": time.time()}))
+    atomic_write_text(
+        os.path.join(role_dir, NATIVE_MARKER),
+        json.dumps(
+            {DROPPED_KEY: True, "files": names, "bytes": freed, "keep_optimizer_last": keep_last, "at": time.time()}
+        ),
+    )
     for name in names:
         os.remove(os.path.join(role_dir, name))
     fsync_path(role_dir)
@@ -179,12 +182,18 @@ def _drop_dcp(role_dir: str, keep_last: int | None) -> int:
         for index, info in items:
             storage[index] = dataclasses.replace(info, offset=offset)
             offset += info.length
-        checksum = _copy_ranges(os.path.join(dcp_dir, rel), os.path.join(new_dir, rel),
-                                [(info.offset, info.length) for _, info in items], manifest.checksum_algo)
+        checksum = _copy_ranges(
+            os.path.join(dcp_dir, rel),
+            os.path.join(new_dir, rel),
+            [(info.offset, info.length) for _, info in items],
+            manifest.checksum_algo,
+        )
         entries.append(FileEntry(f"{DCP_DIR}/{rel}", offset, checksum))
     new_meta = dataclasses.replace(
-        meta, state_dict_metadata={k: v for k, v in meta.state_dict_metadata.items() if k in kept_keys},
-        storage_data=storage)
+        meta,
+        state_dict_metadata={k: v for k, v in meta.state_dict_metadata.items() if k in kept_keys},
+        storage_data=storage,
+    )
     if getattr(meta, "planner_data", None) is not None:
         new_meta = dataclasses.replace(new_meta, planner_data={k: v for k, v in planner.items() if k in kept_keys})
     meta_path = os.path.join(new_dir, ".metadata")
@@ -203,9 +212,15 @@ def _drop_dcp(role_dir: str, keep_last: int | None) -> int:
     extra = dict(manifest.extra)
     extra["bytes"] = sum(e.bytes for e in files)
     extra[DROPPED_KEY] = {"bytes": freed, "keep_optimizer_last": keep_last, "at": time.time()}
-    new = Manifest(global_step=manifest.global_step, world_size=manifest.world_size,
-                   contents=[c for c in manifest.contents if c != "optimizer"], files=files,
-                   fsdp_version=manifest.fsdp_version, extra=extra, checksum_algo=manifest.checksum_algo)
+    new = Manifest(
+        global_step=manifest.global_step,
+        world_size=manifest.world_size,
+        contents=[c for c in manifest.contents if c != "optimizer"],
+        files=files,
+        fsdp_version=manifest.fsdp_version,
+        extra=extra,
+        checksum_algo=manifest.checksum_algo,
+    )
     atomic_write_text(os.path.join(role_dir, NEW_MANIFEST), json.dumps(new.to_json(), indent=1))
     finish_interrupted(role_dir, said=False)  # the switch: the renames a pass after a kill would make
     return freed

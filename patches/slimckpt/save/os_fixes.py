@@ -17,5 +17,6 @@ def trainer_fixes(local_path: str) -> OsErrorFixes:
     keep = f"max_{role}_ckpt_to_keep" if role in ("actor", "critic") else "max_actor_ckpt_to_keep"
     return OsErrorFixes(
         full=f"free space there, lower trainer.{keep}, or point trainer.default_local_dir at a larger filesystem, "
-             f"{CONTINUE_HINT}",
-        not_writable=f"make it writable or point trainer.default_local_dir at a writable directory, {CONTINUE_HINT}")
+        f"{CONTINUE_HINT}",
+        not_writable=f"make it writable or point trainer.default_local_dir at a writable directory, {CONTINUE_HINT}",
+    )

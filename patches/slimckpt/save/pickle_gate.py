@@ -28,6 +28,11 @@ def refuse_together(group: Any, refusals: Callable[[], list[PickleRefused]]) -> 
         return
     mine = refusals()
     # the refusal's fields travel as the failure's kind: every rank raises the same PickleRefused
-    failure = outcome.Failure(dist.get_rank(group), str(mine[0]),
-                              kind=json.dumps([mine[0].path, mine[0].global_name, mine[0].part])) if mine else None
+    failure = (
+        outcome.Failure(
+            dist.get_rank(group), str(mine[0]), kind=json.dumps([mine[0].path, mine[0].global_name, mine[0].part])
+        )
+        if mine
+        else None
+    )
     outcome.agree(group, failure, _refused)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..write import peers
 from ..verl_seam.manager_state import state_of
+from ..write import peers
 
 
 def checkpoint_group(manager) -> dist.ProcessGroup:

@@ -44,13 +44,13 @@ from torch.distributed.tensor import DTensor
 
 from ..log import get_logger
 from ..read import in_flight
+from ..verl_seam.manager_state import state_of
 from . import stream_guards
 from .host_budget import budget_bytes
-from ..verl_seam.manager_state import state_of
 
 log = get_logger("slimckpt.resume")
 
-_WRITERS: "weakref.WeakSet[AsyncResumeWriter]" = weakref.WeakSet()
+_WRITERS: weakref.WeakSet[AsyncResumeWriter] = weakref.WeakSet()
 _LOCK = threading.Lock()
 
 
@@ -138,8 +138,12 @@ class StagingPool:
         nbytes = buf.numel() * buf.element_size()
         err = int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 1))  # 1: portable
         if err != 0:
-            log.warning("async_save: page-locking %.1f MiB of the staging pool failed (cudaError %d); staging the "
-                        "rest into pageable memory", nbytes / 2**20, err)
+            log.warning(
+                "async_save: page-locking %.1f MiB of the staging pool failed (cudaError %d); staging the "
+                "rest into pageable memory",
+                nbytes / 2**20,
+                err,
+            )
             return False
         finalizer = weakref.finalize(buf, _unregister, buf.data_ptr())
         finalizer.atexit = False  # never after the CUDA context is gone
@@ -242,7 +246,9 @@ class AsyncResumeWriter:
             log.warning(
                 "async_save step %s: the largest rank's state is %.2f GiB, over host_memory_budget_gb (%.2f GiB); "
                 "streaming it synchronously instead (raise the budget to save in the background)",
-                step, need / 2**30, budget / 2**30,
+                step,
+                need / 2**30,
+                budget / 2**30,
             )
             return None
         started = time.perf_counter()

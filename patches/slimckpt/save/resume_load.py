@@ -11,7 +11,6 @@ from __future__ import annotations
 
 # lazy imports: torch.distributed.checkpoint loads when a step is loaded, not when the patch that
 # imports this module is applied in every worker
-
 import functools
 import os
 import warnings
@@ -26,10 +25,10 @@ from ..read.checkpoint_dir import DCP_DIR
 from ..read.locks import reading_if_dir
 from ..read.pickle_policy import trusting
 from ..read.step_pickles import dcp_refusals, native_refusals
+from ..verl_seam.manager_state import config_of
 from . import resume_async, step_check
 from .contents import load_contents
 from .extra_state import extra_path, load_extra
-from ..verl_seam.manager_state import config_of
 from .pickle_gate import refuse_together
 from .process_group import checkpoint_group, made_group
 from .resume_state import is_resume_state
@@ -63,22 +62,30 @@ def _load_committed(manager, local_path: str, manifest: Manifest, group: dist.Pr
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
+    from ..format.names import is_lora_key
     from ..read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
     from . import optim_capture
-    from ..format.names import is_lora_key
     from .state_dicts import LORA_ONLY_KEY, build_state_dict, load_options, options
 
-    missing = [c for c in ("model", "optimizer", "extra")
-               if c in manager.checkpoint_load_contents and c not in manifest.contents]
+    missing = [
+        c
+        for c in ("model", "optimizer", "extra")
+        if c in manager.checkpoint_load_contents and c not in manifest.contents
+    ]
     if missing:
         raise ValueError(
             f"slimckpt: checkpoint.load_contents asks for {missing} but {local_path} was saved with "
             f"{manifest.contents}; drop them from load_contents"
         )
-    with_optim_state = manager.should_load_optimizer and \
-        optim_capture.saved_with_state(os.path.join(local_path, DCP_DIR))
-    state = build_state_dict(manager, model=manager.should_load_model, optimizer=manager.should_load_optimizer,
-                             optimizer_state=with_optim_state)
+    with_optim_state = manager.should_load_optimizer and optim_capture.saved_with_state(
+        os.path.join(local_path, DCP_DIR)
+    )
+    state = build_state_dict(
+        manager,
+        model=manager.should_load_model,
+        optimizer=manager.should_load_optimizer,
+        optimizer_state=with_optim_state,
+    )
     aliases = dict(manifest.extra.get("aliases") or {})
     lora_only = bool(manifest.extra.get(LORA_ONLY_KEY)) and "model" in state
     if state:
@@ -87,12 +94,18 @@ def _load_committed(manager, local_path: str, manifest: Manifest, group: dist.Pr
         if lora_only:  # the base weights stay those the model was built with (model.path)
             state["model"] = {k: v for k, v in state["model"].items() if is_lora_key(k)}
             if not state["model"]:
-                raise ValueError(f"slimckpt: {local_path} holds LoRA weights only (save_lora_only) and this model has "
-                                 f"no LoRA adapter; resume with the saving run's LoRA settings "
-                                 f"(actor_rollout_ref.model.lora_rank, target_modules)")
+                raise ValueError(
+                    f"slimckpt: {local_path} holds LoRA weights only (save_lora_only) and this model has "
+                    f"no LoRA adapter; resume with the saving run's LoRA settings "
+                    f"(actor_rollout_ref.model.lora_rank, target_modules)"
+                )
         dcp_dir = os.path.join(local_path, DCP_DIR)
-        dcp.load(state, storage_reader=CheckedFileSystemReader(dcp_dir), planner=CheckedLoadPlanner(dcp_dir),
-                 process_group=group)
+        dcp.load(
+            state,
+            storage_reader=CheckedFileSystemReader(dcp_dir),
+            planner=CheckedLoadPlanner(dcp_dir),
+            process_group=group,
+        )
         if "model" in state:
             for alias, target in aliases.items():
                 state["model"][alias] = state["model"][target]
@@ -105,8 +118,11 @@ def _load_committed(manager, local_path: str, manifest: Manifest, group: dist.Pr
     if manager.should_load_extra:
         load_extra(manager, local_path, manifest.world_size)
     if manager.rank == 0:
-        how = "" if manifest.world_size == manager.world_size else \
-            f" (saved at world size {manifest.world_size}, resharded to {manager.world_size})"
+        how = (
+            ""
+            if manifest.world_size == manager.world_size
+            else f" (saved at world size {manifest.world_size}, resharded to {manager.world_size})"
+        )
         if lora_only:
             how += "; LoRA weights only (save_lora_only): the base weights are the model's own (model.path)"
         log.info("loaded step %s from %s%s", manifest.global_step, local_path, how)
@@ -141,8 +157,9 @@ def wrap_load_checkpoint(original):
                 if local_path is not None and is_resume_state(local_path):
                     return load_resume_state(self, local_path)
                 if local_path is not None:  # verl's own load unpickles them unchecked
-                    refuse_together(checkpoint_group(self),
-                                    lambda: native_refusals(local_path, self.world_size, self.rank))
+                    refuse_together(
+                        checkpoint_group(self), lambda: native_refusals(local_path, self.world_size, self.rank)
+                    )
                 if local_path is not None and optimizer_dropped(local_path) and self.should_load_optimizer:
                     loads = _without_optimizer(self)
                     if self.rank == 0:

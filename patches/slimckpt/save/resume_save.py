@@ -18,10 +18,10 @@ import time
 import torch.distributed as dist
 from verl.utils.fs import local_mkdir_safe
 
+from ..verl_seam.manager_state import config_of
 from . import hf_direct_export, host_budget, resume_async, retention, step_write
 from .contents import save_contents
 from .extra_state import save_extra
-from ..verl_seam.manager_state import config_of
 from .process_group import checkpoint_group
 from .save_context import SaveContext
 from .state_dicts import build_state_dict, lora_only_state, note_fsdp1_copy, note_lora_only, split_aliases
@@ -43,8 +43,14 @@ def _lap(timings: dict[str, float]):
     return lap
 
 
-def save_resume_state(original, manager, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
-                      max_ckpt_to_keep: int | None = None) -> None:
+def save_resume_state(
+    original,
+    manager,
+    local_path: str,
+    hdfs_path: str | None = None,
+    global_step: int = 0,
+    max_ckpt_to_keep: int | None = None,
+) -> None:
     """Drop-in for FSDPCheckpointManager.save_checkpoint with an incremental SlimCheckpointConfig.
 
     `original` is verl's unpatched save; it still writes everything but the shards."""
@@ -86,23 +92,44 @@ def save_resume_state(original, manager, local_path: str, hdfs_path: str | None 
         state["model"], aliases = split_aliases(state["model"])
     lap("state_dict")
     # planned here, in the foreground, from the shards' specs (a staged copy has the same ones)
-    export = hf_direct_export.plan_export(manager, local_path, state.get("model", {}), aliases, config, group) \
-        if config.export_hf else None
+    export = (
+        hf_direct_export.plan_export(manager, local_path, state.get("model", {}), aliases, config, group)
+        if config.export_hf
+        else None
+    )
     lap("plan_export")
 
-    ctx = SaveContext(manager=manager, local_path=local_path, step=global_step, group=group, config=config,
-                      contents=contents, max_keep=max_ckpt_to_keep, timings=timings, aliases=aliases,
-                      lora_only=lora_only, export=export, first=drop_first(manager, drops))
+    ctx = SaveContext(
+        manager=manager,
+        local_path=local_path,
+        step=global_step,
+        group=group,
+        config=config,
+        contents=contents,
+        max_keep=max_ckpt_to_keep,
+        timings=timings,
+        aliases=aliases,
+        lora_only=lora_only,
+        export=export,
+        first=drop_first(manager, drops),
+    )
     if config.async_save == "stream":
-        capture = StreamCapture(state, host_budget.budget_bytes(config),
-                                step=int(global_step), live=live_tensors(manager.model, manager.optimizer))
+        capture = StreamCapture(
+            state,
+            host_budget.budget_bytes(config),
+            step=int(global_step),
+            live=live_tensors(manager.model, manager.optimizer),
+        )
         lap("capture")
         timings["blocking"] = time.perf_counter() - waited
         del state
-        writer.submit(global_step, local_path,
-                      functools.partial(step_write.write_and_commit, dataclasses.replace(ctx, capture=capture),
-                                        capture.state),
-                      capture=capture, optimizer=manager.optimizer)
+        writer.submit(
+            global_step,
+            local_path,
+            functools.partial(step_write.write_and_commit, dataclasses.replace(ctx, capture=capture), capture.state),
+            capture=capture,
+            optimizer=manager.optimizer,
+        )
         return
     staged = writer.stage(state, config, step=global_step, group=group) if config.async_save == "pool" else None
     if staged is not None:

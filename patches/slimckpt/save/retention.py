@@ -47,14 +47,14 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 
-from ..read.locks import try_exclusive
-from ..log import get_logger
 from ..format import retention_plan
 from ..format.resume_manifest import protected_dirs, remove_manifest
 from ..format.retention_plan import RetentionPolicy
-from . import best_metric, optimizer_drop
+from ..log import get_logger
+from ..read.locks import try_exclusive
 from ..verl_seam.checkpoint_config import SlimCheckpointConfig
 from ..verl_seam.manager_state import config_of, state_of
+from . import best_metric, optimizer_drop
 
 log = get_logger("slimckpt.retention")
 
@@ -113,9 +113,13 @@ def delete_step_dir(path: str) -> str | None:
 def policy_for(config: SlimCheckpointConfig, max_keep) -> RetentionPolicy:
     """The role's policy: a recipe's checkpoint config adds keep_optimizer_last and keep_best."""
     keep_n = _valid_keep(max_keep)
-    return RetentionPolicy(max_keep=keep_n, optimizer_last=config.keep_optimizer_last,
-                           keep_best=int(config.keep_best or 0), best_metric=config.best_metric or None,
-                           best_mode=str(config.best_mode or "max"))
+    return RetentionPolicy(
+        max_keep=keep_n,
+        optimizer_last=config.keep_optimizer_last,
+        keep_best=int(config.keep_best or 0),
+        best_metric=config.best_metric or None,
+        best_mode=str(config.best_mode or "max"),
+    )
 
 
 def drop_step_optimizer(path: str, keep_last: int | None) -> str | None:
@@ -135,8 +139,11 @@ def drop_step_optimizer(path: str, keep_last: int | None) -> str | None:
             return None
         except OSError as exc:
             return f"cannot drop its optimizer state ({exc.strerror or exc})"
-    log.info("retention dropped the optimizer state of %s (%.1f MiB freed; model, extra state and export kept)",
-             abs_path, freed / 2**20)
+    log.info(
+        "retention dropped the optimizer state of %s (%.1f MiB freed; model, extra state and export kept)",
+        abs_path,
+        freed / 2**20,
+    )
     return None
 
 
@@ -150,8 +157,14 @@ def apply(paths: Sequence[str], max_keep, policy: RetentionPolicy | None = None)
     for path in decision.protected:
         log.info("retention keeps %s: latest_checkpointed_iteration.txt names it", os.path.abspath(path))
     for path in decision.best:
-        log.info("retention keeps %s: among the best %d by %s (%s %s)", os.path.abspath(path), policy.keep_best,
-                 policy.best_metric, policy.best_mode, metrics.get(path))
+        log.info(
+            "retention keeps %s: among the best %d by %s (%s %s)",
+            os.path.abspath(path),
+            policy.keep_best,
+            policy.best_metric,
+            policy.best_mode,
+            metrics.get(path),
+        )
     deleted: list[str] = []
     for path in decision.delete:
         why = delete_step_dir(path)
@@ -163,8 +176,11 @@ def apply(paths: Sequence[str], max_keep, policy: RetentionPolicy | None = None)
     for path in decision.drop_optimizer:
         why = drop_step_optimizer(path, policy.optimizer_last)
         if why is not None:
-            log.warning("retention kept the optimizer state of %s: %s; it is retried at the next save",
-                        os.path.abspath(path), why)
+            log.warning(
+                "retention kept the optimizer state of %s: %s; it is retried at the next save",
+                os.path.abspath(path),
+                why,
+            )
     return [p for p in paths if p not in deleted], deleted
 
 
@@ -188,8 +204,11 @@ def drop_before_save(paths: Sequence[str], keep_last: int | None) -> None:
     for path in paths:
         why = drop_step_optimizer(path, keep_last)
         if why is not None:
-            log.warning("retention kept the optimizer state of %s: %s; it is retried at the next save",
-                        os.path.abspath(path), why)
+            log.warning(
+                "retention kept the optimizer state of %s: %s; it is retried at the next save",
+                os.path.abspath(path),
+                why,
+            )
 
 
 def before_save(manager, max_keep) -> None:
@@ -246,7 +265,17 @@ def wrap_register_checkpoint(original):
     return register_checkpoint
 
 
-__all__ = ["after_save", "apply", "before_save", "delete_step_dir", "drop_before_save", "drop_step_optimizer",
-           "optimizer_drops", "peak_steps", "policy_for",
-           "verl_peak_steps",
-           "wrap_ensure_checkpoint_capacity", "wrap_register_checkpoint"]
+__all__ = [
+    "after_save",
+    "apply",
+    "before_save",
+    "delete_step_dir",
+    "drop_before_save",
+    "drop_step_optimizer",
+    "optimizer_drops",
+    "peak_steps",
+    "policy_for",
+    "verl_peak_steps",
+    "wrap_ensure_checkpoint_capacity",
+    "wrap_register_checkpoint",
+]

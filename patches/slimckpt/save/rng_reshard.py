@@ -101,14 +101,19 @@ def reshard_message(saved_world: int, world: int) -> str | None:
     if world == saved_world:
         return None
     shared = min(world, saved_world)
-    kept = (f"{_ranks(0, shared - 1)} " + ("resumes its saved stream" if shared == 1 else "resume their saved streams")
-            + " exactly")
+    kept = (
+        f"{_ranks(0, shared - 1)} "
+        + ("resumes its saved stream" if shared == 1 else "resume their saved streams")
+        + " exactly"
+    )
     head = f"RNG resharded from world size {saved_world} to {world}: {kept}; "
     if world > saved_world:
         if world - saved_world == 1:
             return head + f"rank {saved_world} gets a new stream derived from saved rank 0 and its rank"
-        return head + (f"{_ranks(saved_world, world - 1)} get new streams derived, rank r from saved rank "
-                       f"r % {saved_world}, and the rank")
+        return head + (
+            f"{_ranks(saved_world, world - 1)} get new streams derived, rank r from saved rank "
+            f"r % {saved_world}, and the rank"
+        )
     if saved_world - world == 1:
         return head + f"the stream of saved rank {world} is not resumed"
     return head + f"the streams of saved {_ranks(world, saved_world - 1)} are not resumed"

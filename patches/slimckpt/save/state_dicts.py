@@ -17,8 +17,8 @@ from verl.utils.fsdp_utils import fsdp_version
 
 from ..format.names import is_lora_key
 from ..log import get_logger
-from . import optim_capture
 from ..verl_seam.manager_state import state_of
+from . import optim_capture
 from .resume_async import state_bytes
 
 log = get_logger("slimckpt.resume")
@@ -57,8 +57,7 @@ def _view_key(t: Any) -> tuple | None:
     local = t.to_local() if hasattr(t, "to_local") else t
     if not isinstance(local, torch.Tensor) or local.device.type == "meta" or local.numel() == 0:
         return None
-    return (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape), local.stride(),
-            local.dtype)
+    return (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape), local.stride(), local.dtype)
 
 
 def split_aliases(model_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -87,17 +86,23 @@ def lora_only_state(model_state: dict[str, Any]) -> dict[str, Any]:
     them; verl's error when there are none."""
     kept = {k: v for k, v in model_state.items() if is_lora_key(k)}
     if not kept:
-        raise ValueError(f"save_lora_only is True and the model has a peft_config, but no LoRA/adapter parameters "
-                         f"were found in the state dict. Total params checked: {len(model_state)}.")
+        raise ValueError(
+            f"save_lora_only is True and the model has a peft_config, but no LoRA/adapter parameters "
+            f"were found in the state dict. Total params checked: {len(model_state)}."
+        )
     return kept
 
 
 def note_lora_only(manager, model_state: dict[str, Any], total: int) -> None:
     if manager.rank != 0 or not state_of(manager).note_once("lora_only"):
         return
-    log.info("save_lora_only: the resume state holds the %d LoRA parameters of %d (%.1f MiB on rank 0) and their "
-             "optimizer state; a resume takes the base weights from actor_rollout_ref.model.path, as verl's does",
-             len(model_state), total, state_bytes(model_state) / 2**20)
+    log.info(
+        "save_lora_only: the resume state holds the %d LoRA parameters of %d (%.1f MiB on rank 0) and their "
+        "optimizer state; a resume takes the base weights from actor_rollout_ref.model.path, as verl's does",
+        len(model_state),
+        total,
+        state_bytes(model_state) / 2**20,
+    )
 
 
 def note_fsdp1_copy(manager, state: dict[str, Any]) -> None:
@@ -107,10 +112,22 @@ def note_fsdp1_copy(manager, state: dict[str, Any]) -> None:
         return
     with contextlib.suppress(Exception):
         if fsdp_version(manager.model) == 1 and manager.rank == 0:
-            log.warning("FSDP1: the reshardable state dict is a %.1f MiB copy of this rank's shards on %s while "
-                        "it is written (strategy=fsdp2 saves without a copy)", state_bytes(state) / 2**20,
-                        next(iter(manager.model.parameters())).device.type)
+            log.warning(
+                "FSDP1: the reshardable state dict is a %.1f MiB copy of this rank's shards on %s while "
+                "it is written (strategy=fsdp2 saves without a copy)",
+                state_bytes(state) / 2**20,
+                next(iter(manager.model.parameters())).device.type,
+            )
 
 
-__all__ = ["LORA_ONLY_KEY", "build_state_dict", "is_lora_key", "load_options", "lora_only_state",
-           "note_fsdp1_copy", "note_lora_only", "options", "split_aliases"]
+__all__ = [
+    "LORA_ONLY_KEY",
+    "build_state_dict",
+    "is_lora_key",
+    "load_options",
+    "lora_only_state",
+    "note_fsdp1_copy",
+    "note_lora_only",
+    "options",
+    "split_aliases",
+]

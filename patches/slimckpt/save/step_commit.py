@@ -34,9 +34,9 @@ from ..format.resume_manifest import (
 from ..log import get_logger
 from ..read import checkpoint_dir
 from ..read.checkpoint_dir import DCP_DIR
+from ..verl_seam.manager_state import config_of
 from . import hf_direct_export, retention
 from .extra_state import EXTRA_NAME, EXTRA_PREFIX
-from ..verl_seam.manager_state import config_of
 from .save_context import SaveContext
 from .state_dicts import LORA_ONLY_KEY
 
@@ -123,9 +123,13 @@ def commit(ctx: SaveContext, known: dict[str, str] | None = None) -> None:
         return CommitFailed(f"slimckpt: step {ctx.step} at {ctx.local_path} was not committed: {failure.line}")
 
     mine = outcome.on_every_rank(
-        group, lambda: [e.to_json() for e in describe_files(ctx.local_path, rank_files(ctx.local_path, rank, world),
-                                                            known=known)],
-        not_committed, describe=lambda exc: _failure_line(f"rank {rank}", exc))
+        group,
+        lambda: [
+            e.to_json() for e in describe_files(ctx.local_path, rank_files(ctx.local_path, rank, world), known=known)
+        ],
+        not_committed,
+        describe=lambda exc: _failure_line(f"rank {rank}", exc),
+    )
     gathered: list | None = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=dist.get_global_rank(group, 0), group=group)
 
@@ -147,15 +151,31 @@ def _commit_on_rank0(ctx: SaveContext, reported: list[dict], world: int, t0: flo
     version = None
     with contextlib.suppress(Exception):
         version = int(fsdp_version(ctx.manager.model))
-    write_manifest(ctx.local_path, Manifest(
-        global_step=int(ctx.step), world_size=world, contents=list(ctx.contents), files=files,
-        fsdp_version=version,
-        extra={"timings_s": timings, "bytes": sum(f.bytes for f in files), "aliases": dict(ctx.aliases or {}),
-               **({LORA_ONLY_KEY: True} if ctx.lora_only else {})},
-    ))
+    write_manifest(
+        ctx.local_path,
+        Manifest(
+            global_step=int(ctx.step),
+            world_size=world,
+            contents=list(ctx.contents),
+            files=files,
+            fsdp_version=version,
+            extra={
+                "timings_s": timings,
+                "bytes": sum(f.bytes for f in files),
+                "aliases": dict(ctx.aliases or {}),
+                **({LORA_ONLY_KEY: True} if ctx.lora_only else {}),
+            },
+        ),
+    )
     register_committed(ctx.manager, ctx.local_path, ctx.max_keep)
-    log.info("committed step %s at %s: %d files, %.1f MiB (%s)", ctx.step, ctx.local_path, len(files),
-             sum(f.bytes for f in files) / 2**20, ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+    log.info(
+        "committed step %s at %s: %d files, %.1f MiB (%s)",
+        ctx.step,
+        ctx.local_path,
+        len(files),
+        sum(f.bytes for f in files) / 2**20,
+        ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()),
+    )
 
 
 __all__ = ["CommitFailed", "clear_stale", "commit", "drop_first", "make_room", "rank_files", "register_committed"]

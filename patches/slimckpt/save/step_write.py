@@ -60,8 +60,9 @@ def _after_shards(ctx: SaveContext, model_state: dict[str, Any] | None = None, r
     if ctx.export is None or not ctx.config.export_hf:
         return
     start = time.perf_counter()
-    hf_direct_export.write_export(ctx.manager, ctx.export, ctx.local_path, model_state or {}, ctx.config, ctx.group,
-                                  stream_reads=reads)
+    hf_direct_export.write_export(
+        ctx.manager, ctx.export, ctx.local_path, model_state or {}, ctx.config, ctx.group, stream_reads=reads
+    )
     ctx.timings["export_hf"] = time.perf_counter() - start
 
 

@@ -77,8 +77,15 @@ def view_key(t: torch.Tensor) -> tuple | None:
     """Identity of the memory a tensor views (the same for every view object DCP makes of it)."""
     if t.device.type == "meta" or t.numel() == 0:
         return None
-    return (t.device.type, t.device.index, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-            t.stride(), t.dtype)
+    return (
+        t.device.type,
+        t.device.index,
+        t.untyped_storage().data_ptr(),
+        t.storage_offset(),
+        tuple(t.shape),
+        t.stride(),
+        t.dtype,
+    )
 
 
 def _local(t: Any) -> torch.Tensor:
@@ -190,8 +197,9 @@ def _host_copy(t: torch.Tensor, side=None, after=None) -> torch.Tensor:
 class StreamCapture:
     """One save's sources and the protocol between the writer (begin/end) and guards."""
 
-    def __init__(self, state: dict[str, Any], budget_bytes: int, step: int,
-                 live: list[torch.Tensor] | tuple = ()) -> None:
+    def __init__(
+        self, state: dict[str, Any], budget_bytes: int, step: int, live: list[torch.Tensor] | tuple = ()
+    ) -> None:
         self.step = step
         self.budget_bytes = int(budget_bytes)
         self.copied_bytes = 0
@@ -229,9 +237,15 @@ class StreamCapture:
             key = view_key(local)
             if key is not None and key not in self._sources:
                 watched = list({id(t): t for t in _counters(obj) + self._live.get(key, [])}.values())
-                self._sources[key] = Source(path, local, watched, tuple(t._version for t in watched),
-                                            local.numel() * local.element_size(), holders=[obj],
-                                            orphan=key not in self._live)
+                self._sources[key] = Source(
+                    path,
+                    local,
+                    watched,
+                    tuple(t._version for t in watched),
+                    local.numel() * local.element_size(),
+                    holders=[obj],
+                    orphan=key not in self._live,
+                )
             elif key is not None and all(h is not obj for h in self._sources[key].holders):
                 self._sources[key].holders.append(obj)
             return obj  # by reference: DCP plans from the DTensor itself
@@ -281,10 +295,12 @@ class StreamCapture:
             log.error("%s", message)
 
     def _changed(self, source: Source, when: str) -> None:
-        self._fail(f"slimckpt: async_save=stream step {self.step}: tensor {source.name} was changed in place "
-                   f"{when}; this step is not committed (async_save=stream reads the live shards until the "
-                   f"write ends: change them in place only through the optimizer's step, or save with "
-                   f"async_save=pool)")
+        self._fail(
+            f"slimckpt: async_save=stream step {self.step}: tensor {source.name} was changed in place "
+            f"{when}; this step is not committed (async_save=stream reads the live shards until the "
+            f"write ends: change them in place only through the optimizer's step, or save with "
+            f"async_save=pool)"
+        )
 
     def begin(self, key: tuple | None, fallback: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """(the tensor to read for source `key`, whether it is the live one): its guard copy, or
@@ -382,9 +398,15 @@ class StreamCapture:
                 self._cond.wait(timeout=1.0)
         blocked = time.perf_counter() - started
         self.blocked_s += blocked
-        log.info("async_save=stream step %s: %s waited %.3f s for the writer (%.1f MiB copied within "
-                 "host_memory_budget_gb)%s", self.step, what, blocked, self.copied_bytes / 2**20,
-                 "" if waited else ", no wait")
+        log.info(
+            "async_save=stream step %s: %s waited %.3f s for the writer (%.1f MiB copied within "
+            "host_memory_budget_gb)%s",
+            self.step,
+            what,
+            blocked,
+            self.copied_bytes / 2**20,
+            "" if waited else ", no wait",
+        )
         return blocked
 
     # ------------------------------------------------------------------ moves (offload, reload)
@@ -477,8 +499,13 @@ class StreamCapture:
         except RuntimeError as exc:  # another reference to the old tensor: undo, keep it
             for holder, replacement in reversed(done):
                 torch.utils.swap_tensors(holder, replacement)
-            log.warning("async_save=stream step %s: %s stays on %s until written (%s)", self.step, source.name,
-                        source.live.device, exc)
+            log.warning(
+                "async_save=stream step %s: %s stays on %s until written (%s)",
+                self.step,
+                source.name,
+                source.live.device,
+                exc,
+            )
             return False
         source.live = new_local.data
         source.followed = True
@@ -504,8 +531,13 @@ class StreamCapture:
         (naming the rank it happened on, on the other ranks)."""
         rank = dist.get_rank(group)
         mine = outcome.Failure(rank, self.failure) if self.failure else None
-        outcome.agree(group, mine, lambda failure: StreamMutationError(
-            failure.line if failure.rank == rank else f"{failure.line} (rank {failure.rank})"))
+        outcome.agree(
+            group,
+            mine,
+            lambda failure: StreamMutationError(
+                failure.line if failure.rank == rank else f"{failure.line} (rank {failure.rank})"
+            ),
+        )
 
 
 class StreamReads:

@@ -49,6 +49,7 @@ def activate(capture: StreamCapture, optimizer: Any | None) -> Callable[[], None
         _ACTIVE.append(capture)
     handle = None
     if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
+
         def step_pre_hook(_optimizer, _args, _kwargs) -> None:
             if not capture.closed:
                 capture.guard("the optimizer step")

@@ -23,8 +23,11 @@ class StreamSavePlanner(DefaultSavePlanner):
 
     def finish_plan(self, new_plan: SavePlan) -> SavePlan:
         plan = super().finish_plan(new_plan)
-        keys = [self.capture.key_of(self.lookup_object(item.index))
-                for item in plan.items if item.type != WriteItemType.BYTE_IO]
+        keys = [
+            self.capture.key_of(self.lookup_object(item.index))
+            for item in plan.items
+            if item.type != WriteItemType.BYTE_IO
+        ]
         self.capture.plan_reads("dcp", [k for k in keys if k is not None])
         self.capture.start()
         return plan

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 # lazy imports: torch-free for the driver's resume check (intact_resume, adopt); verl's Role and
 # the save's error handling (torch.distributed) load only in the trainer's save
-
 import functools
 import glob
 import os
@@ -32,8 +31,6 @@ import threading
 import time
 from typing import Any
 
-from ..log import get_logger
-from .driver_state import driver_state_of
 from ..format.resume_manifest import (
     MANIFEST_NAME,
     failure_markers,
@@ -42,6 +39,8 @@ from ..format.resume_manifest import (
     saved_steps,
     write_tracker,
 )
+from ..log import get_logger
+from .driver_state import driver_state_of
 
 log = get_logger("slimckpt.tracker")
 
@@ -74,8 +73,9 @@ def watched_roles(trainer) -> list[str] | None:
 
     config = trainer.config
     actor = config_value(config_value(config.actor_rollout_ref, "actor"), "checkpoint")
-    critic = config_value(config_value(config, "critic"), "checkpoint") if getattr(trainer, "use_critic", False) \
-        else None
+    critic = (
+        config_value(config_value(config, "critic"), "checkpoint") if getattr(trainer, "use_critic", False) else None
+    )
     if not is_async_incremental(actor):
         if is_async_incremental(critic):
             raise ValueError(
@@ -101,8 +101,10 @@ class CommitWatcher:
         self.superseded: str | None = None
         # commits already on disk when this run began saving: steps above the one a resume went on
         # from (a damaged newest step it walked back from) are no commit of this run's
-        self._before = {path: self._commit_id(path) for path in glob.glob(
-            os.path.join(glob.escape(root), "global_step_*", "*", MANIFEST_NAME))}
+        self._before = {
+            path: self._commit_id(path)
+            for path in glob.glob(os.path.join(glob.escape(root), "global_step_*", "*", MANIFEST_NAME))
+        }
 
     @staticmethod
     def _commit_id(manifest: str) -> tuple[int, int] | None:
@@ -148,8 +150,10 @@ class CommitWatcher:
             role_dir = os.path.join(step_dir, role)
             failed = failure_markers(role_dir)
             if failed:
-                self.error = f"slimckpt: the save of step {step} failed (see {failed[0]}); the tracker stays at " \
-                             f"{read_tracker(self.root)}"
+                self.error = (
+                    f"slimckpt: the save of step {step} failed (see {failed[0]}); the tracker stays at "
+                    f"{read_tracker(self.root)}"
+                )
                 return True
         self.superseded = self._superseded(step, roles)
         if self.superseded is not None:
@@ -172,8 +176,7 @@ class CommitWatcher:
     def after_save(self, step: int, roles: list[str]) -> None:
         self.wait(timeout=120.0)  # the previous step: committed before this save's calls returned
         self._step = step
-        self._thread = threading.Thread(target=self._watch, args=(step, roles), name="slimckpt-tracker",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._watch, args=(step, roles), name="slimckpt-tracker", daemon=True)
         self._thread.start()
 
     def wait(self, timeout: float | None = None) -> None:

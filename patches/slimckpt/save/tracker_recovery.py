@@ -19,12 +19,11 @@ from __future__ import annotations
 import functools
 import os
 
+from ..format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker, saved_steps
 from ..log import get_logger
 from ..read.checkpoint_dir import DCP_DIR
-from ..format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker, saved_steps
 
 log = get_logger("slimckpt.tracker")
-
 
 
 def role_complete(role_dir: str) -> bool:
@@ -59,11 +58,18 @@ def wrap_find_latest_ckpt_path(original):
             return original(path, directory_format)
         step = newest_complete_step(path)
         if step is None:
-            log.warning("%s is empty or unreadable (a kill during verl's tracker write) and no complete step is "
-                        "there: starting from scratch", tracker)
+            log.warning(
+                "%s is empty or unreadable (a kill during verl's tracker write) and no complete step is "
+                "there: starting from scratch",
+                tracker,
+            )
             return None
-        log.warning("%s is empty or unreadable (a kill during verl's tracker write): resuming from global_step_%d, "
-                    "the newest step whose save had finished (data.pt and every role complete)", tracker, step)
+        log.warning(
+            "%s is empty or unreadable (a kill during verl's tracker write): resuming from global_step_%d, "
+            "the newest step whose save had finished (data.pt and every role complete)",
+            tracker,
+            step,
+        )
         return os.path.join(path, f"global_step_{step}")
 
     return find_latest_ckpt_path

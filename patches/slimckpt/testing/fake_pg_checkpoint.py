@@ -42,9 +42,10 @@ _TABLE: dict[str, object] = {}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m slimckpt.testing.fake_pg_checkpoint",
-                                description="Save a verl FSDP2 checkpoint of any size, one rank at a time, "
-                                            "with torch's fake process group.")
+    p = argparse.ArgumentParser(
+        prog="python -m slimckpt.testing.fake_pg_checkpoint",
+        description="Save a verl FSDP2 checkpoint of any size, one rank at a time, with torch's fake process group.",
+    )
     p.add_argument("--out", required=True, help="checkpoint dir to write (verl's <step>/actor)")
     p.add_argument("--world-size", type=int, default=None, help="ranks to act as (default: torchrun's, else 2)")
     p.add_argument("--ranks", default=None, help="comma separated ranks to write (default: all)")
@@ -52,16 +53,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size-preset", choices=sorted(PRESETS), default="tiny")
     for name in ("layers", "hidden", "intermediate", "vocab", "heads", "kv-heads"):
         p.add_argument(f"--{name}", type=int, default=None, help="overrides the preset")
-    p.add_argument("--save-contents", default="model",
-                   help="verl checkpoint.save_contents, comma separated (model, optimizer, extra)")
+    p.add_argument(
+        "--save-contents",
+        default="model",
+        help="verl checkpoint.save_contents, comma separated (model, optimizer, extra)",
+    )
     p.add_argument("--step", type=int, default=0, help="global_step given to save_checkpoint")
-    p.add_argument("--optimizer-state", dest="optimizer_state", action="store_true",
-                   help="give AdamW state (step 1, both moments filled like the weights) instead of none, so the "
-                        "optimizer files are full size")
+    p.add_argument(
+        "--optimizer-state",
+        dest="optimizer_state",
+        action="store_true",
+        help="give AdamW state (step 1, both moments filled like the weights) instead of none, so the "
+        "optimizer files are full size",
+    )
     p.add_argument("--no-tokenizer", action="store_true", help="save no tokenizer in huggingface/")
     p.add_argument("--jobs", type=int, default=1, help="ranks written at once (each holds its own shards)")
-    p.add_argument("--materialize", action="store_true",
-                   help="under torchrun (gloo): build the whole model on every rank, over the real process group")
+    p.add_argument(
+        "--materialize",
+        action="store_true",
+        help="under torchrun (gloo): build the whole model on every rank, over the real process group",
+    )
     args = p.parse_args(argv)
     preset = PRESETS[args.size_preset]
     for name, value in zip(("layers", "hidden", "intermediate", "vocab", "heads", "kv_heads"), preset):
@@ -95,7 +106,7 @@ def _fill_run(name: str, out, first: int) -> None:
     pos, done = (first + _shift(name)) % PERIOD, 0
     while done < out.numel():
         n = min(PERIOD - pos, out.numel() - done)
-        out[done:done + n].copy_(table[pos:pos + n])
+        out[done : done + n].copy_(table[pos : pos + n])
         done, pos = done + n, 0
 
 
@@ -169,8 +180,9 @@ def build_sharded(args: argparse.Namespace, world_size: int, materialize: bool =
     return model
 
 
-def save_rank(args: argparse.Namespace, world_size: int, tokenizer=None, materialize: bool = False,
-              expect_rank: int | None = None) -> int:
+def save_rank(
+    args: argparse.Namespace, world_size: int, tokenizer=None, materialize: bool = False, expect_rank: int | None = None
+) -> int:
     """This process's rank of the checkpoint, saved by verl's manager; returns the model's parameters."""
     import torch
     from omegaconf import OmegaConf
@@ -179,8 +191,9 @@ def save_rank(args: argparse.Namespace, world_size: int, tokenizer=None, materia
 
     model = build_sharded(args, world_size, materialize)
     if expect_rank is not None:  # a mesh of another rank would silently write that rank's rows
-        wrong = {tuple(p.device_mesh.get_coordinate() or ()) for p in model.parameters()
-                 if isinstance(p, DTensor)} - {(expect_rank,)}
+        wrong = {tuple(p.device_mesh.get_coordinate() or ()) for p in model.parameters() if isinstance(p, DTensor)} - {
+            (expect_rank,)
+        }
         if wrong:
             raise RuntimeError(f"rank {expect_rank}: FSDP placed shards at mesh coordinate(s) {sorted(wrong)}")
     n_params = sum(p.numel() for p in model.parameters())
@@ -192,8 +205,9 @@ def save_rank(args: argparse.Namespace, world_size: int, tokenizer=None, materia
             _fill_optimizer(model, optimizer)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     ckpt_cfg = OmegaConf.create({"save_contents": contents, "load_contents": contents})
-    manager = FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                    processing_class=tokenizer, checkpoint_config=ckpt_cfg)
+    manager = FSDPCheckpointManager(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, processing_class=tokenizer, checkpoint_config=ckpt_cfg
+    )
     manager.save_checkpoint(local_path=args.out, global_step=args.step)
     return n_params
 
@@ -224,16 +238,21 @@ def _write_rank(args: argparse.Namespace, world_size: int, rank: int) -> int:
     start = time.perf_counter()
     fake_store = internals.lookup("torch.testing._internal.distributed.fake_pg:FakeStore")
     if fake_store is None:  # torch has no public fake process group to fall back on
-        raise SystemExit(f"fake_pg_checkpoint: torch {internals.release('torch')}'s fake process group is not one "
-                         f"slimckpt was checked on; {internals.TRUST_ENV}=1 tries it anyway")
+        raise SystemExit(
+            f"fake_pg_checkpoint: torch {internals.release('torch')}'s fake process group is not one "
+            f"slimckpt was checked on; {internals.TRUST_ENV}=1 tries it anyway"
+        )
     dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=world_size)
     try:
         tokenizer = None if args.no_tokenizer else build_tokenizer(args.vocab)
         n_params = save_rank(args, world_size, tokenizer, expect_rank=rank)
     finally:
         dist.destroy_process_group()
-    print(f"[fake_pg_checkpoint] rank {rank}/{world_size} written in {time.perf_counter() - start:.1f} s",
-          file=sys.stderr, flush=True)
+    print(
+        f"[fake_pg_checkpoint] rank {rank}/{world_size} written in {time.perf_counter() - start:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return n_params
 
 
@@ -266,7 +285,6 @@ def write_fake(args: argparse.Namespace, world_size: int, ranks: list[int], jobs
                 _write_rank(args, world_size, rank)
                 code = 0
             except BaseException:  # noqa: BLE001 - reported here, the parent names the rank
-
                 traceback.print_exc()
             finally:
                 sys.stdout.flush()
@@ -310,8 +328,18 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             raise SystemExit(f"--ranks: rank {bad[0]} is outside world size {world}")
         n_params = write_fake(args, world, ranks, args.jobs)
-    print(json.dumps({"out": os.path.abspath(args.out), "model": args.model, "world_size": world, "params": n_params,
-                      "fsdp_version": 2, "mesh": "1d"}))
+    print(
+        json.dumps(
+            {
+                "out": os.path.abspath(args.out),
+                "model": args.model,
+                "world_size": world,
+                "params": n_params,
+                "fsdp_version": 2,
+                "mesh": "1d",
+            }
+        )
+    )
     return 0
 
 

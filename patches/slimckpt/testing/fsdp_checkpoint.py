@@ -61,46 +61,75 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Save a verl FSDP checkpoint of a random model on CPU (run under torchrun).",
     )
     p.add_argument("--out", required=True, help="checkpoint dir to write (verl's <step>/actor)")
-    p.add_argument("--model", choices=ALL_MODELS, default="llama",
-                   help="llama (untied lm_head), qwen2-tied (tie_word_embeddings=True), another dense family, "
-                        "a mixture-of-experts family, qwen2.5-vl, or critic (verl's value model)")
-    p.add_argument("--models", default=None,
-                   help="several of --model's choices, comma separated: each saved into <out>/<model> in this run; "
-                        "NAME+lora: that model wrapped in a LoRA adapter (rank --lora-rank, else 4)")
-    p.add_argument("--export", default="",
-                   help="comma separated tiers (incremental, incremental-merged, intermediate) whose in-training HF export each model "
-                        "also gets after verl's save, into <out>/<model>.<tier> (one process group for all); "
-                        "TIER:a/b for models a and b only")
+    p.add_argument(
+        "--model",
+        choices=ALL_MODELS,
+        default="llama",
+        help="llama (untied lm_head), qwen2-tied (tie_word_embeddings=True), another dense family, "
+        "a mixture-of-experts family, qwen2.5-vl, or critic (verl's value model)",
+    )
+    p.add_argument(
+        "--models",
+        default=None,
+        help="several of --model's choices, comma separated: each saved into <out>/<model> in this run; "
+        "NAME+lora: that model wrapped in a LoRA adapter (rank --lora-rank, else 4)",
+    )
+    p.add_argument(
+        "--export",
+        default="",
+        help="comma separated tiers (incremental, incremental-merged, intermediate) whose in-training HF export each model "
+        "also gets after verl's save, into <out>/<model>.<tier> (one process group for all); "
+        "TIER:a/b for models a and b only",
+    )
     p.add_argument("--experts", type=int, default=4, help="routed experts of the mixture-of-experts families")
-    p.add_argument("--size-preset", choices=sorted(PRESETS), default=None,
-                   help="fills layers/hidden/intermediate/vocab/heads; explicit flags still win")
+    p.add_argument(
+        "--size-preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="fills layers/hidden/intermediate/vocab/heads; explicit flags still win",
+    )
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--hidden", type=int, default=None)
     p.add_argument("--intermediate", type=int, default=None)
     p.add_argument("--vocab", type=int, default=None)
     p.add_argument("--heads", type=int, default=None)
     p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--mesh", choices=["1d", "2d"], default="1d",
-                   help="1d: ('fsdp',); 2d: ('ddp','fsdp') hybrid sharding as verl builds with fsdp_size")
+    p.add_argument(
+        "--mesh",
+        choices=["1d", "2d"],
+        default="1d",
+        help="1d: ('fsdp',); 2d: ('ddp','fsdp') hybrid sharding as verl builds with fsdp_size",
+    )
     p.add_argument("--fsdp-size", type=int, default=2, help="inner (fsdp) mesh size for --mesh 2d")
     p.add_argument("--fsdp-version", type=int, choices=[1, 2], default=2)
-    p.add_argument("--fsdp1-no-mesh", action="store_true",
-                   help="FSDP1 without a device mesh (verl always passes one): the state dict then holds "
-                        "ShardedTensors instead of DTensors")
-    p.add_argument("--shard-placement", choices=["dim0", "divisible"], default="dim0",
-                   help="FSDP2 only: 'divisible' shards each param on its first dim divisible by the "
-                        "fsdp size (verl.utils.fsdp_utils.get_shard_placement_fn)")
+    p.add_argument(
+        "--fsdp1-no-mesh",
+        action="store_true",
+        help="FSDP1 without a device mesh (verl always passes one): the state dict then holds "
+        "ShardedTensors instead of DTensors",
+    )
+    p.add_argument(
+        "--shard-placement",
+        choices=["dim0", "divisible"],
+        default="dim0",
+        help="FSDP2 only: 'divisible' shards each param on its first dim divisible by the "
+        "fsdp size (verl.utils.fsdp_utils.get_shard_placement_fn)",
+    )
     p.add_argument("--steps", type=int, default=1, help="AdamW steps before saving (0: empty optimizer state)")
     p.add_argument("--lora-rank", type=int, default=0, help="wrap with a peft LoRA adapter of this rank")
     p.add_argument("--no-tokenizer", action="store_true", help="save no tokenizer in huggingface/")
-    p.add_argument("--no-generation-config", action="store_true",
-                   help="save no generation_config.json in huggingface/")
-    p.add_argument("--save-contents", default="model,optimizer,extra",
-                   help="verl checkpoint.save_contents, comma separated (add hf_model for verl's own HF export)")
+    p.add_argument("--no-generation-config", action="store_true", help="save no generation_config.json in huggingface/")
+    p.add_argument(
+        "--save-contents",
+        default="model,optimizer,extra",
+        help="verl checkpoint.save_contents, comma separated (add hf_model for verl's own HF export)",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.models = args.models.split(",") if args.models else None
-    unknown = [m for m in args.models or () if m.partition("+")[0] not in ALL_MODELS or m.partition("+")[2] not in LORA_KINDS]
+    unknown = [
+        m for m in args.models or () if m.partition("+")[0] not in ALL_MODELS or m.partition("+")[2] not in LORA_KINDS
+    ]
     if unknown:
         p.error(f"--models: unknown model {unknown[0]!r}")
     preset = PRESETS[args.size_preset or "tiny"]
@@ -114,9 +143,15 @@ MOE_MODELS = ("qwen3-moe", "mixtral", "olmoe", "qwen2-moe", "deepseek-v3")
 # dense causal LMs: (transformers config class, tie_word_embeddings); llama/qwen2 give an untied and a
 # tied case of one family
 DENSE_MODELS = {
-    "llama": ("LlamaConfig", False), "qwen2": ("Qwen2Config", False), "qwen2-tied": ("Qwen2Config", True),
-    "qwen3": ("Qwen3Config", False), "qwen3-tied": ("Qwen3Config", True), "mistral": ("MistralConfig", False),
-    "gemma2": ("Gemma2Config", True), "gemma3": ("Gemma3TextConfig", True), "phi3": ("Phi3Config", False),
+    "llama": ("LlamaConfig", False),
+    "qwen2": ("Qwen2Config", False),
+    "qwen2-tied": ("Qwen2Config", True),
+    "qwen3": ("Qwen3Config", False),
+    "qwen3-tied": ("Qwen3Config", True),
+    "mistral": ("MistralConfig", False),
+    "gemma2": ("Gemma2Config", True),
+    "gemma3": ("Gemma3TextConfig", True),
+    "phi3": ("Phi3Config", False),
 }
 VL_MODELS = ("qwen2.5-vl",)
 CRITIC_MODELS = ("critic",)  # verl's value model: AutoModelForTokenClassification(num_labels=1) of a Qwen2
@@ -129,10 +164,17 @@ LORA_KINDS = {"": None, "lora": ["q_proj", "v_proj"], "lora-all": "all-linear"}
 def build_config(args: argparse.Namespace, model: str | None = None):
     model = model or args.model
     common = dict(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        max_position_embeddings=256, attn_implementation="sdpa",
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=256,
+        attn_implementation="sdpa",
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     import transformers
 
@@ -140,18 +182,31 @@ def build_config(args: argparse.Namespace, model: str | None = None):
     if model in MOE_MODELS:
         return moe_config(model, args, common)
     if model == "critic":  # verl's critic: the actor's config with num_labels=1 (load_valuehead_model)
-        return transformers.Qwen2Config(tie_word_embeddings=False, num_labels=1,
-                                        architectures=["Qwen2ForTokenClassification"], **common)
+        return transformers.Qwen2Config(
+            tie_word_embeddings=False, num_labels=1, architectures=["Qwen2ForTokenClassification"], **common
+        )
     if model == "qwen2.5-vl":
         head = args.hidden // args.heads
         section = [head // 8, 3 * head // 16, 3 * head // 16]  # mrope: sums to head_dim / 2
         text = {k: v for k, v in common.items() if k != "attn_implementation"}
         return transformers.Qwen2_5_VLConfig(
             text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": section}},
-            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=args.hidden,
-                               fullatt_block_indexes=[1], window_size=28),
-            tie_word_embeddings=False, architectures=["Qwen2_5_VLForConditionalGeneration"],
-            attn_implementation="sdpa", bos_token_id=1, eos_token_id=2, pad_token_id=0)
+            vision_config=dict(
+                depth=2,
+                hidden_size=32,
+                intermediate_size=64,
+                num_heads=2,
+                out_hidden_size=args.hidden,
+                fullatt_block_indexes=[1],
+                window_size=28,
+            ),
+            tie_word_embeddings=False,
+            architectures=["Qwen2_5_VLForConditionalGeneration"],
+            attn_implementation="sdpa",
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
     cls_name, tied = DENSE_MODELS[model]
     cls = getattr(transformers, cls_name)
     arch = {"Gemma3TextConfig": "Gemma3ForCausalLM"}.get(cls_name, cls_name.removesuffix("Config") + "ForCausalLM")
@@ -180,25 +235,51 @@ def moe_config(model: str, args: argparse.Namespace, common: dict):
     experts = args.experts
     routed = dict(num_experts_per_tok=min(2, experts), tie_word_embeddings=False)
     if model == "qwen3-moe":
-        return transformers.Qwen3MoeConfig(moe_intermediate_size=moe, num_experts=experts,
-                                           head_dim=args.hidden // args.heads, architectures=["Qwen3MoeForCausalLM"],
-                                           **routed, **common)
+        return transformers.Qwen3MoeConfig(
+            moe_intermediate_size=moe,
+            num_experts=experts,
+            head_dim=args.hidden // args.heads,
+            architectures=["Qwen3MoeForCausalLM"],
+            **routed,
+            **common,
+        )
     if model == "mixtral":
-        return transformers.MixtralConfig(num_local_experts=experts, architectures=["MixtralForCausalLM"],
-                                          **routed, **{**common, "intermediate_size": moe})
+        return transformers.MixtralConfig(
+            num_local_experts=experts,
+            architectures=["MixtralForCausalLM"],
+            **routed,
+            **{**common, "intermediate_size": moe},
+        )
     if model == "olmoe":
-        return transformers.OlmoeConfig(num_experts=experts, architectures=["OlmoeForCausalLM"],
-                                        **routed, **{**common, "intermediate_size": moe})
+        return transformers.OlmoeConfig(
+            num_experts=experts, architectures=["OlmoeForCausalLM"], **routed, **{**common, "intermediate_size": moe}
+        )
     if model == "qwen2-moe":
-        return transformers.Qwen2MoeConfig(moe_intermediate_size=moe, num_experts=experts,
-                                           shared_expert_intermediate_size=2 * moe,
-                                           architectures=["Qwen2MoeForCausalLM"], **routed, **common)
+        return transformers.Qwen2MoeConfig(
+            moe_intermediate_size=moe,
+            num_experts=experts,
+            shared_expert_intermediate_size=2 * moe,
+            architectures=["Qwen2MoeForCausalLM"],
+            **routed,
+            **common,
+        )
     head = args.hidden // args.heads
     return transformers.DeepseekV3Config(
-        moe_intermediate_size=moe, n_routed_experts=experts, n_shared_experts=1, n_group=1, topk_group=1,
-        first_k_dense_replace=1, q_lora_rank=args.hidden // 2, kv_lora_rank=args.hidden // 4,
-        qk_rope_head_dim=head // 2, qk_nope_head_dim=head // 2, v_head_dim=head,
-        architectures=["DeepseekV3ForCausalLM"], **routed, **common)
+        moe_intermediate_size=moe,
+        n_routed_experts=experts,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        q_lora_rank=args.hidden // 2,
+        kv_lora_rank=args.hidden // 4,
+        qk_rope_head_dim=head // 2,
+        qk_nope_head_dim=head // 2,
+        v_head_dim=head,
+        architectures=["DeepseekV3ForCausalLM"],
+        **routed,
+        **common,
+    )
 
 
 def build_tokenizer(vocab: int):
@@ -210,8 +291,9 @@ def build_tokenizer(vocab: int):
     words = [f"w{i}" for i in range(max(0, min(vocab, 512) - len(specials)))]
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def decoder_layer_classes(model) -> set[type]:
@@ -247,8 +329,14 @@ def wrap_fsdp1(model, mesh, no_mesh: bool = False, use_orig_params: bool = True)
     # builds the same weights from the same seed, so there is nothing to sync).
     where = {} if no_mesh else {"device_mesh": mesh}
     # use_orig_params: verl's fsdp_config.use_orig_params (verl's default is False)
-    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, use_orig_params=use_orig_params,
-                device_id=torch.device("cpu"), **where)
+    return FSDP(
+        model,
+        auto_wrap_policy=policy,
+        sharding_strategy=strategy,
+        use_orig_params=use_orig_params,
+        device_id=torch.device("cpu"),
+        **where,
+    )
 
 
 def train_steps(model, optimizer, vocab: int, steps: int, seed: int) -> None:
@@ -272,8 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.mesh == "2d":
         if world % args.fsdp_size or world == args.fsdp_size:
-            raise SystemExit(f"--mesh 2d needs a world size that is a multiple of --fsdp-size {args.fsdp_size} "
-                             f"and larger than it; got {world}")
+            raise SystemExit(
+                f"--mesh 2d needs a world size that is a multiple of --fsdp-size {args.fsdp_size} "
+                f"and larger than it; got {world}"
+            )
         mesh = init_device_mesh("cpu", (world // args.fsdp_size, args.fsdp_size), mesh_dim_names=("ddp", "fsdp"))
         fsdp_size = args.fsdp_size
     else:
@@ -292,8 +382,18 @@ def main(argv: list[str] | None = None) -> int:
                 dist.barrier()
                 continue
         if rank == 0:
-            print(json.dumps({"out": os.path.abspath(out), "model": name, "world_size": world, "params": n_params,
-                              "fsdp_version": args.fsdp_version, "mesh": args.mesh}))
+            print(
+                json.dumps(
+                    {
+                        "out": os.path.abspath(out),
+                        "model": name,
+                        "world_size": world,
+                        "params": n_params,
+                        "fsdp_version": args.fsdp_version,
+                        "mesh": args.mesh,
+                    }
+                )
+            )
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -324,8 +424,9 @@ def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int
     if not args.no_generation_config:
         # verl saves generation_config.json only when config.name_or_path points at one
         gen_dir = tempfile.mkdtemp(prefix="slimckpt-gen-")
-        GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, do_sample=True,
-                         temperature=0.7, top_p=0.9).save_pretrained(gen_dir)
+        GenerationConfig(
+            bos_token_id=1, eos_token_id=2, pad_token_id=0, do_sample=True, temperature=0.7, top_p=0.9
+        ).save_pretrained(gen_dir)
         model.config.name_or_path = gen_dir
     lora_kind = name.partition("+")[2]
     lora_rank = args.lora_rank or (4 if lora_kind else 0)
@@ -333,8 +434,16 @@ def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int
         from peft import LoraConfig, get_peft_model
 
         # without training steps B starts random instead of zero, so the adapter changes the model
-        model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, init_lora_weights=bool(args.steps),
-                                                 target_modules=LORA_KINDS[lora_kind or "lora"], task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora_rank,
+                lora_alpha=2 * lora_rank,
+                init_lora_weights=bool(args.steps),
+                target_modules=LORA_KINDS[lora_kind or "lora"],
+                task_type="CAUSAL_LM",
+            ),
+        )
     if args.fsdp_version == 2:
         model = wrap_fsdp2(model, mesh, args.shard_placement, fsdp_size)
     else:
@@ -347,10 +456,12 @@ def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int
         scheduler.step()
 
     tokenizer = None if args.no_tokenizer else build_tokenizer(args.vocab)
-    ckpt_cfg = OmegaConf.create({"save_contents": args.save_contents.split(","),
-                                 "load_contents": ["model", "optimizer", "extra"]})
-    manager = FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                    processing_class=tokenizer, checkpoint_config=ckpt_cfg)
+    ckpt_cfg = OmegaConf.create(
+        {"save_contents": args.save_contents.split(","), "load_contents": ["model", "optimizer", "extra"]}
+    )
+    manager = FSDPCheckpointManager(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, processing_class=tokenizer, checkpoint_config=ckpt_cfg
+    )
     manager.save_checkpoint(local_path=out, global_step=args.steps)
     for spec in filter(None, args.export.split(",")):
         tier, _, only = spec.partition(":")  # TIER:a/b: only models a and b get this tier's export
@@ -378,13 +489,23 @@ def save_export(manager, tier: str, out: str, step: int) -> None:
 
     saved = manager.checkpoint_config, manager.checkpoint_save_contents
     if tier in ("incremental", "incremental-merged"):
-        manager.checkpoint_config = SlimCheckpointConfig(recipe="incremental", incremental_save=True, measure=False,
-                                                         export_hf=True, export_dtype="bf16",
-                                                         export_merge_lora=tier == "incremental-merged")
+        manager.checkpoint_config = SlimCheckpointConfig(
+            recipe="incremental",
+            incremental_save=True,
+            measure=False,
+            export_hf=True,
+            export_dtype="bf16",
+            export_merge_lora=tier == "incremental-merged",
+        )
     elif tier == "intermediate":
-        manager.checkpoint_config = SlimCheckpointConfig(recipe="intermediate", save_contents=["model"],
-                                                         load_contents=["model"], export_hf=True, export_dtype="bf16",
-                                                         measure=False)
+        manager.checkpoint_config = SlimCheckpointConfig(
+            recipe="intermediate",
+            save_contents=["model"],
+            load_contents=["model"],
+            export_hf=True,
+            export_dtype="bf16",
+            measure=False,
+        )
         manager.checkpoint_save_contents = ["model"]
     else:
         raise SystemExit(f"--export: unknown tier {tier!r} (incremental, incremental-merged, intermediate)")

@@ -74,9 +74,11 @@ def shard_like_state(total_bytes: int, device: torch.device, seed: int = 0) -> d
     for i, shape in enumerate(shapes):
         dtype = torch.bfloat16 if i == 2 else torch.float32
         model[f"layers.{i}.weight"] = torch.randn(shape, generator=g, device=device).to(dtype)
-        state[i] = {"step": torch.tensor(float(i + 1)),  # AdamW keeps `step` on the CPU
-                    "exp_avg": torch.randn(shape, generator=g, device=device).to(dtype),
-                    "exp_avg_sq": torch.rand(shape, generator=g, device=device).to(dtype)}
+        state[i] = {
+            "step": torch.tensor(float(i + 1)),  # AdamW keeps `step` on the CPU
+            "exp_avg": torch.randn(shape, generator=g, device=device).to(dtype),
+            "exp_avg_sq": torch.rand(shape, generator=g, device=device).to(dtype),
+        }
     optim = {"state": state, "param_groups": [{"lr": 1e-4, "betas": (0.9, 0.999), "params": list(range(len(shapes)))}]}
     return {"model": model, "optim": optim}
 
@@ -125,7 +127,9 @@ def check_staging(device: torch.device, total_bytes: int) -> tuple[dict[str, boo
     checks["staged_bytes_equal"] = _equal(staged, reference)
     checks["pinned"] = all(t.is_pinned() for t in tensors_in(staged) if t.numel())
     checks["exact_storages"] = pool.nbytes == nbytes and all(
-        local_tensor(t).untyped_storage().nbytes() == local_tensor(t).numel() * local_tensor(t).element_size() for t in tensors_in(staged))
+        local_tensor(t).untyped_storage().nbytes() == local_tensor(t).numel() * local_tensor(t).element_size()
+        for t in tensors_in(staged)
+    )
     times["pool_bytes"] = float(pool.nbytes)
 
     before = [t.data_ptr() for t in tensors_in(staged)]
@@ -170,8 +174,12 @@ def check_dtensor(device: torch.device) -> bool | str:
         staged = pool.stage({"w": dt})
         pool.wait_ready()
         out = staged["w"]
-        return (isinstance(out, DTensor) and out.placements == dt.placements and out.to_local().is_pinned()
-                and torch.equal(out.to_local(), full.cpu()))
+        return (
+            isinstance(out, DTensor)
+            and out.placements == dt.placements
+            and out.to_local().is_pinned()
+            and torch.equal(out.to_local(), full.cpu())
+        )
     except Exception as exc:  # noqa: BLE001 - reported, not fatal: the plain-tensor path is checked above
         return f"error: {type(exc).__name__}: {exc}"
     finally:
@@ -204,8 +212,12 @@ def time_copies(device: torch.device, nbytes: int) -> dict[str, float]:
         _on(side, lambda: pinned.copy_(src, non_blocking=True))
 
     t_both = _timed(both)
-    out.update(side_copy_s=t_copy, compute_s=t_compute, both_s=t_both,
-               overlap=max(0.0, (t_copy + t_compute - t_both) / min(t_copy, t_compute)))
+    out.update(
+        side_copy_s=t_copy,
+        compute_s=t_compute,
+        both_s=t_both,
+        overlap=max(0.0, (t_copy + t_compute - t_both) / min(t_copy, t_compute)),
+    )
     return out
 
 
@@ -215,16 +227,26 @@ def _on(stream, fn) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m slimckpt.testing.gpu_check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m slimckpt.testing.gpu_check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--gib", type=float, default=1.0, help="size of the staged state and of the timed copy (GiB)")
     p.add_argument("--json", default="gpu_check.json", help="where to write the results")
-    p.add_argument("--fsdp-hidden", type=int, default=2048,
-                   help="hidden size of the FSDP save check's model (4 blocks; 2048: ~0.1B parameters)")
+    p.add_argument(
+        "--fsdp-hidden",
+        type=int,
+        default=2048,
+        help="hidden size of the FSDP save check's model (4 blocks; 2048: ~0.1B parameters)",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print(f"gpu_check: no CUDA device visible (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
-              "this check needs one NVIDIA GPU. Nothing was run.", file=sys.stderr)
+        print(
+            f"gpu_check: no CUDA device visible (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
+            "this check needs one NVIDIA GPU. Nothing was run.",
+            file=sys.stderr,
+        )
         return NO_CUDA
     device = torch.device("cuda", torch.cuda.current_device())
     nbytes = int(args.gib * 2**30)
@@ -241,10 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     times.update(time_copies(device, nbytes))
     fsdp_checks, fsdp_figures = check_fsdp_save("cuda", hidden=args.fsdp_hidden)
     checks.update(fsdp_checks)
-    result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "cuda": torch.version.cuda,
-              "checks": checks, "dtensor_detail": None if dtensor is True else str(dtensor), "timings": times,
-              "fsdp_save": fsdp_figures,
-              "seconds": time.perf_counter() - started}
+    result = {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "checks": checks,
+        "dtensor_detail": None if dtensor is True else str(dtensor),
+        "timings": times,
+        "fsdp_save": fsdp_figures,
+        "seconds": time.perf_counter() - started,
+    }
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     print(f"slimckpt gpu_check on {result['device']} (torch {result['torch']}, CUDA {result['cuda']})")
@@ -262,19 +290,30 @@ def main(argv: list[str] | None = None) -> int:
         (f"stage {t['stage_bytes'] / 2**30:.2f} GiB, first: blocking", f"{t['stage_first_blocking_s'] * 1e3:.1f} ms"),
         ("stage, first: until copied", f"{t['stage_first_ready_s'] * 1e3:.1f} ms (pool allocation included)"),
         ("stage, reused pool: blocking", f"{t['stage_reused_blocking_s'] * 1e3:.1f} ms"),
-        ("stage, reused pool: until copied", f"{t['stage_reused_ready_s'] * 1e3:.1f} ms "
-                                             f"({t['stage_reused_gb_s']:.1f} GB/s)"),
+        (
+            "stage, reused pool: until copied",
+            f"{t['stage_reused_ready_s'] * 1e3:.1f} ms ({t['stage_reused_gb_s']:.1f} GB/s)",
+        ),
         ("stream: writer reads alone", f"{t['stream_read_alone_s'] * 1e3:.1f} ms"),
-        ("stream: reads + matmuls at once", f"{t['stream_read_with_compute_s'] * 1e3:.1f} ms "
-                                            f"(matmuls alone {t['compute_alone_s'] * 1e3:.1f} ms)"),
-        ("stream: guard copy of the unread", f"{t['guard_copy_s'] * 1e3:.1f} ms "
-                                             f"({t['guard_copied_bytes'] / 2**30:.2f} GiB)"),
+        (
+            "stream: reads + matmuls at once",
+            f"{t['stream_read_with_compute_s'] * 1e3:.1f} ms (matmuls alone {t['compute_alone_s'] * 1e3:.1f} ms)",
+        ),
+        (
+            "stream: guard copy of the unread",
+            f"{t['guard_copy_s'] * 1e3:.1f} ms ({t['guard_copied_bytes'] / 2**30:.2f} GiB)",
+        ),
         ("offload: verl's round trip alone", f"{t['offload_round_trip_plain_s'] * 1e3:.1f} ms"),
-        ("offload: followed by a stream write", f"{t['offload_following_s'] * 1e3:.1f} ms "
-                                                f"(device bytes over before the save: "
-                                                f"{t['device_bytes_after_offload_over_before_save'] / 2**20:.1f} MiB)"),
-        ("offload: reload keeps unread copies", f"{t['held_bytes'] / 2**30:.2f} GiB held, RssAnon "
-                                                f"+{t['held_rss_extra_bytes'] / 2**30:.2f} GiB"),
+        (
+            "offload: followed by a stream write",
+            f"{t['offload_following_s'] * 1e3:.1f} ms "
+            f"(device bytes over before the save: "
+            f"{t['device_bytes_after_offload_over_before_save'] / 2**20:.1f} MiB)",
+        ),
+        (
+            "offload: reload keeps unread copies",
+            f"{t['held_bytes'] / 2**30:.2f} GiB held, RssAnon +{t['held_rss_extra_bytes'] / 2**30:.2f} GiB",
+        ),
     ]
     for version in (1, 2):
         ranks = fsdp_figures.get(f"fsdp{version}")
@@ -282,9 +321,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"FSDP{version} save", fsdp_figures.get(f"fsdp{version}_error", "not run")))
             continue
         r = max(ranks, key=lambda x: x["device_added"] or 0)
-        rows.append((f"FSDP{version} state dict: device added", f"{(r['device_added'] or 0) / 2**20:.1f} MiB of a "
-                     f"{r['shard_bytes'] / 2**20:.1f} MiB shard (copy {r['copied_bytes'] / 2**20:.1f} MiB), "
-                     f"{r['state_dict_s'] * 1e3:.0f} ms; write {r['write_s']:.2f} s"))
+        rows.append(
+            (
+                f"FSDP{version} state dict: device added",
+                f"{(r['device_added'] or 0) / 2**20:.1f} MiB of a "
+                f"{r['shard_bytes'] / 2**20:.1f} MiB shard (copy {r['copied_bytes'] / 2**20:.1f} MiB), "
+                f"{r['state_dict_s'] * 1e3:.0f} ms; write {r['write_s']:.2f} s",
+            )
+        )
     for name, value in rows:
         print(f"{name:<40} {value}")
     print(f"\nwrote {args.json} in {result['seconds']:.1f} s")

@@ -46,8 +46,10 @@ class Block(torch.nn.Sequential):
 
 def _model(hidden: int, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(0)  # every rank builds the same weights: nothing to sync (as on CPU for FSDP1)
-    blocks = [Block(torch.nn.Linear(hidden, 3 * hidden + 5), torch.nn.GELU(), torch.nn.Linear(3 * hidden + 5, hidden))
-              for _ in range(BLOCKS)]
+    blocks = [
+        Block(torch.nn.Linear(hidden, 3 * hidden + 5), torch.nn.GELU(), torch.nn.Linear(3 * hidden + 5, hidden))
+        for _ in range(BLOCKS)
+    ]
     return torch.nn.Sequential(torch.nn.Embedding(257, hidden), *blocks, torch.nn.Linear(hidden, 257)).to(device)
 
 
@@ -58,8 +60,13 @@ def _wrap(model: torch.nn.Module, fsdp: int, device: torch.device) -> torch.nn.M
             fully_shard(block)
         fully_shard(model)
         return model
-    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}),
-                sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True, device_id=device)
+    return FSDP(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        use_orig_params=True,
+        device_id=device,
+    )
 
 
 def _live_storages(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
@@ -142,8 +149,16 @@ def rank_main(rank: int, world: int, fsdp: int, device_type: str, hidden: int, i
                 if t.is_floating_point() and t.dim():
                     t.zero_()
         dcp.load(fresh, checkpoint_id=path)
-        result = {"rank": rank, "fsdp": fsdp, "shard_bytes": shard, "copied_bytes": copied, "device_added": added,
-                  "roundtrip": _equal(fresh, reference), "state_dict_s": state_dict_s, "write_s": write_s}
+        result = {
+            "rank": rank,
+            "fsdp": fsdp,
+            "shard_bytes": shard,
+            "copied_bytes": copied,
+            "device_added": added,
+            "roundtrip": _equal(fresh, reference),
+            "state_dict_s": state_dict_s,
+            "write_s": write_s,
+        }
         with open(os.path.join(out_dir, f"fsdp{fsdp}_rank{rank}.json"), "w") as f:
             json.dump(result, f)
     finally:

@@ -60,9 +60,13 @@ def _matmuls(device: torch.device) -> None:
         a = a / a.norm()
 
 
-def check_stream(device: torch.device, total_bytes: int, make_state: Callable[..., dict[str, Any]],
-                 clone: Callable[[Any], Any], overwrite: Callable[[dict[str, Any]], None]
-                 ) -> tuple[dict[str, bool], dict[str, float]]:
+def check_stream(
+    device: torch.device,
+    total_bytes: int,
+    make_state: Callable[..., dict[str, Any]],
+    clone: Callable[[Any], Any],
+    overwrite: Callable[[dict[str, Any]], None],
+) -> tuple[dict[str, bool], dict[str, float]]:
     """gpu_check's shard-like state (`make_state`), its deep copy to the host (`clone`) and its
     optimizer-step stand-in (`overwrite`, in place on the training stream)."""
     checks, times = {}, {}
@@ -88,8 +92,11 @@ def check_stream(device: torch.device, total_bytes: int, make_state: Callable[..
     torch.cuda.synchronize()
     times["compute_alone_s"] = time.perf_counter() - t0
     wanted = [clone(t) for t in (live for _, live in items)]
-    checks["stream_read_equal"] = capture.failure is None and len(out) == len(wanted) and all(
-        pinned and torch.equal(o, w.cpu()) for (o, pinned), w in zip(out, wanted))
+    checks["stream_read_equal"] = (
+        capture.failure is None
+        and len(out) == len(wanted)
+        and all(pinned and torch.equal(o, w.cpu()) for (o, pinned), w in zip(out, wanted))
+    )
 
     # 2. the guard copies what is unread, then the step overwrites in place
     pause, go = threading.Event(), threading.Event()
@@ -117,8 +124,11 @@ def check_stream(device: torch.device, total_bytes: int, make_state: Callable[..
         thread.join()
     finally:
         stream_capture.READ_HOOK = None
-    checks["stream_guard_copy"] = capture.failure is None and len(out) == len(before) and all(
-        torch.equal(o, b.cpu()) for (o, _), b in zip(out, before))
+    checks["stream_guard_copy"] = (
+        capture.failure is None
+        and len(out) == len(before)
+        and all(torch.equal(o, b.cpu()) for (o, _), b in zip(out, before))
+    )
 
     # 3. an unguarded in-place update while the writer is paused before that tensor
     pause, go, count[0] = threading.Event(), threading.Event(), 0
@@ -133,18 +143,21 @@ def check_stream(device: torch.device, total_bytes: int, make_state: Callable[..
         thread.join()
     finally:
         stream_capture.READ_HOOK = None
-    checks["stream_version_catch"] = bool(capture.failure) and f"tensor {victim.name} " in capture.failure \
-        and "\n" not in capture.failure
+    checks["stream_version_catch"] = (
+        bool(capture.failure) and f"tensor {victim.name} " in capture.failure and "\n" not in capture.failure
+    )
     return checks, times
 
 
 # ---------------------------------------------------------------------------- under verl's offload
+
 
 def verl_moves(device: torch.device, move: Callable[[torch.Tensor, Any], torch.Tensor] | None = None):
     """verl 0.9.1's FSDP2 offload and reload (verl.utils.fsdp_utils: offload_fsdp2_model_to_cpu,
     load_fsdp2_model_to_gpu, offload_fsdp_optimizer, load_fsdp_optimizer), restated without verl,
     wrapped as slimckpt's patch registry wraps verl's own. `move(t, to)` stands for `t.to(to,
     non_blocking=True)` (a test on a CPU passes one that copies: `.to("cpu")` there moves nothing)."""
+
     def to(t: torch.Tensor, where: Any) -> torch.Tensor:
         return t.to(where, non_blocking=True) if move is None else move(t, where)
 
@@ -167,9 +180,12 @@ def verl_moves(device: torch.device, move: Callable[[torch.Tensor, Any], torch.T
                     if isinstance(value, torch.Tensor):
                         state[key] = to(value, where)
 
-    return (stream_guards.wrap_offload_model(offload_model), stream_guards.wrap_load_model(load_model),
-            stream_guards.wrap_offload_optimizer(lambda o: move_optimizer(o, "cpu")),
-            stream_guards.wrap_load_optimizer(lambda o, d: move_optimizer(o, d)))
+    return (
+        stream_guards.wrap_offload_model(offload_model),
+        stream_guards.wrap_load_model(load_model),
+        stream_guards.wrap_offload_optimizer(lambda o: move_optimizer(o, "cpu")),
+        stream_guards.wrap_load_optimizer(lambda o, d: move_optimizer(o, d)),
+    )
 
 
 def _lookup_reader(capture, paths: list[tuple[Any, Any]], out: list) -> threading.Thread:
@@ -189,8 +205,11 @@ def _lookup_reader(capture, paths: list[tuple[Any, Any]], out: list) -> threadin
     return thread
 
 
-def check_stream_offload(device: torch.device, total_bytes: int, move=None,
-                         ) -> tuple[dict[str, bool], dict[str, float]]:
+def check_stream_offload(
+    device: torch.device,
+    total_bytes: int,
+    move=None,
+) -> tuple[dict[str, bool], dict[str, float]]:
     """async_save=stream under param_offload + optimizer_offload, verl's order: the update leaves
     both offloaded, the save reloads the model, captures and returns, then offloads it; the next
     update reloads both and steps. Checks (PASS/FAIL):
@@ -276,16 +295,23 @@ def check_stream_offload(device: torch.device, total_bytes: int, move=None,
     times["offload_following_s"] = time.perf_counter() - t0
     gc.collect()
     times["device_bytes_after_offload_over_before_save"] = float(allocated() - base)
-    checks["offload_releases_device"] = (all(w.expired() for w in made) and allocated() <= base
-                                         and capture.copied_bytes == 0 and capture.followed_bytes > 0)
+    checks["offload_releases_device"] = (
+        all(w.expired() for w in made)
+        and allocated() <= base
+        and capture.copied_bytes == 0
+        and capture.followed_bytes > 0
+    )
     times["offload_host_copies_pinned"] = float(all(p.is_pinned() for p in model.parameters()))
     go.set()
     thread.join()
     stream_capture.READ_HOOK = None
     unhook()
     stream_guards.deactivate(capture)
-    checks["offload_read_equal"] = capture.failure is None and len(out) == len(want) and all(
-        torch.equal(t.cpu(), want[f"model.{name}"]) for name, t in out)
+    checks["offload_read_equal"] = (
+        capture.failure is None
+        and len(out) == len(want)
+        and all(torch.equal(t.cpu(), want[f"model.{name}"]) for name, t in out)
+    )
 
     capture, unhook, go, thread, out, want, made = save(2)
     offload_model(model)
@@ -305,6 +331,11 @@ def check_stream_offload(device: torch.device, total_bytes: int, move=None,
     stream_capture.READ_HOOK = None
     unhook()
     stream_guards.deactivate(capture)
-    checks["reload_held_equal"] = capture.failure is None and capture.copied_bytes == 0 and capture.held_bytes > 0 \
-        and len(out) == len(want) and all(torch.equal(t.cpu(), want[f"model.{name}"]) for name, t in out)
+    checks["reload_held_equal"] = (
+        capture.failure is None
+        and capture.copied_bytes == 0
+        and capture.held_bytes > 0
+        and len(out) == len(want)
+        and all(torch.equal(t.cpu(), want[f"model.{name}"]) for name, t in out)
+    )
     return checks, times

@@ -51,17 +51,41 @@ class Launched:
 
 def command(nproc: int, module: str, *args: str) -> list[str]:
     """The torchrun command line that runs `module` on `nproc` ranks."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-            "-m", LAUNCHER, module, *map(str, args)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        LAUNCHER,
+        module,
+        *map(str, args),
+    ]
 
 
-def launch(nproc: int, module: str, *args: str, result: str | Path | None = None, env: dict | None = None,
-           timeout: float = 300, cwd: str | Path | None = None) -> Launched:
+def launch(
+    nproc: int,
+    module: str,
+    *args: str,
+    result: str | Path | None = None,
+    env: dict | None = None,
+    timeout: float = 300,
+    cwd: str | Path | None = None,
+) -> Launched:
     """Runs `module` on `nproc` ranks (env: added to this process's environment) and reads `result`.
     On timeout the whole process tree goes (torchrun leaves its ranks behind) and TimeoutExpired is raised."""
     cmd = command(nproc, module, *args)
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})}, start_new_session=True) as child:
+    with subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    ) as child:
         try:
             out, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -102,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merged", required=True, help="the merged Hugging Face dir (*.safetensors)")
     args = p.parse_args(argv)
     result = check_merged(args.shards, args.merged)
-    print(json.dumps({"ok": result.ok, "tensors": result.tensors, "elements": result.elements,
-                      "problems": result.problems[:20]}))
+    print(
+        json.dumps(
+            {"ok": result.ok, "tensors": result.tensors, "elements": result.elements, "problems": result.problems[:20]}
+        )
+    )
     return 0 if result.ok else 1
 
 

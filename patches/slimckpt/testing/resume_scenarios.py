@@ -40,8 +40,9 @@ LORA_RANK = 0  # > 0: the model wrapped by peft (LoRA of this rank, alpha 2r, on
 
 def tiny_args():
     # experts: routed experts of the mixture-of-experts families (3 over 2 ranks: uneven shards)
-    return SimpleNamespace(model=MODEL, vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2,
-                           experts=3)
+    return SimpleNamespace(
+        model=MODEL, vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2, experts=3
+    )
 
 
 class Run:
@@ -60,14 +61,25 @@ class Run:
         if LORA_RANK:
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, task_type="CAUSAL_LM",
-                                                     target_modules=["q_proj", "v_proj"]))
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=LORA_RANK, lora_alpha=2 * LORA_RANK, task_type="CAUSAL_LM", target_modules=["q_proj", "v_proj"]
+                ),
+            )
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
         self.model = wrap_fsdp2(model, mesh, PLACEMENT, world) if FSDP_VERSION == 2 else wrap_fsdp1(model, mesh)
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 4))
-        self.manager = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler,
-                                             processing_class=build_tokenizer(VOCAB), checkpoint_config=ckpt_config)
+        self.manager = FSDPCheckpointManager(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            processing_class=build_tokenizer(VOCAB),
+            checkpoint_config=ckpt_config,
+        )
 
     def step(self) -> float:
         # data from the global RNG, so the RNG state in extra matters for an exact resume
@@ -103,8 +115,13 @@ def slim_config(**kw):
 def _tensors_equal(a, b, path="") -> list[str]:
     """Paths where two nested state dicts differ (bitwise for tensors)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and \
-            a.shape == b.shape and torch.equal(a, b)
+        same = (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
         return [] if same else [path]
     if isinstance(a, dict) and isinstance(b, dict):
         if set(a) != set(b):
@@ -185,13 +202,23 @@ def scenario_resume(args) -> None:
     files = sorted(os.listdir(path))
     with open(os.path.join(path, "slimckpt_resume.json")) as f:
         aliases = json.load(f)["extra"]["aliases"]
-    write_result(args, "resume_async" if args.async_save else "resume", {
-        "reference": reference, "resumed": after, "blocking_s": blocking, "files": files,
-        "committed_during_training": committed_during_training, "aliases": aliases,
-        "over_budget_committed_on_return": over_budget_committed,
-        "dcp_files": sorted(os.listdir(os.path.join(path, "dcp"))),
-        "verl_format_files": sorted(os.listdir(verl_path)), "verl_reference": plain_ref, "verl_resumed": plain_after,
-    })
+    write_result(
+        args,
+        "resume_async" if args.async_save else "resume",
+        {
+            "reference": reference,
+            "resumed": after,
+            "blocking_s": blocking,
+            "files": files,
+            "committed_during_training": committed_during_training,
+            "aliases": aliases,
+            "over_budget_committed_on_return": over_budget_committed,
+            "dcp_files": sorted(os.listdir(os.path.join(path, "dcp"))),
+            "verl_format_files": sorted(os.listdir(verl_path)),
+            "verl_reference": plain_ref,
+            "verl_resumed": plain_after,
+        },
+    )
 
 
 def scenario_reshard(args) -> None:
@@ -213,9 +240,11 @@ def scenario_reshard(args) -> None:
     torch.save(after_load, os.path.join(args.dir, f"rng_after_load_ws{world}_rank{rank}.pt"))
     saved = torch.load(os.path.join(args.dir, "full_state_at_save.pt"), weights_only=False)
     loaded = run.full_state()
-    diffs = _tensors_equal(saved["model"], loaded["model"], "model") + \
-        _tensors_equal(saved["optim"], loaded["optim"], "optim") + \
-        _tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")
+    diffs = (
+        _tensors_equal(saved["model"], loaded["model"], "model")
+        + _tensors_equal(saved["optim"], loaded["optim"], "optim")
+        + _tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")
+    )
     losses = [run.step() for _ in range(2)]
     save_to = getattr(args, "save_to", None)
     if save_to:
@@ -231,8 +260,8 @@ def scenario_tracker(args) -> None:
     a watcher thread checks all along that the tracker never names a step without its manifest."""
     from omegaconf import OmegaConf
 
-    from slimckpt.save import step_write
     from slimckpt.format.resume_manifest import MANIFEST_NAME, read_tracker
+    from slimckpt.save import step_write
     from slimckpt.save.resume_state import finish_pending
     from slimckpt.save.tracker import wrap_trainer_save_checkpoint
 
@@ -251,20 +280,30 @@ def scenario_tracker(args) -> None:
     class FakeTrainer:
         """What verl's _save_checkpoint does with actor async_save=true: save, data.pt, no tracker."""
 
-        config = OmegaConf.create({
-            "actor_rollout_ref": {"actor": {"checkpoint": {
-                "_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True, "async_save": True}}},
-            "critic": {"checkpoint": {}},
-            "trainer": {"default_local_dir": root},
-        })
+        config = OmegaConf.create(
+            {
+                "actor_rollout_ref": {
+                    "actor": {
+                        "checkpoint": {
+                            "_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig",
+                            "incremental_save": True,
+                            "async_save": True,
+                        }
+                    }
+                },
+                "critic": {"checkpoint": {}},
+                "trainer": {"default_local_dir": root},
+            }
+        )
         use_critic = False
         total_training_steps = total
         global_steps = 0
 
         def _save_checkpoint(self):
             step_dir = os.path.join(root, f"global_step_{self.global_steps}")
-            run.manager.save_checkpoint(os.path.join(step_dir, "actor"), global_step=self.global_steps,
-                                        max_ckpt_to_keep=1)
+            run.manager.save_checkpoint(
+                os.path.join(step_dir, "actor"), global_step=self.global_steps, max_ckpt_to_keep=1
+            )
             if dist.get_rank() == 0:
                 torch.save({"step": self.global_steps}, os.path.join(step_dir, "data.pt"))
 
@@ -302,15 +341,25 @@ def scenario_tracker(args) -> None:
     stop.set()
     kept = sorted(n for n in os.listdir(root) if n.startswith("global_step_"))
     actor_dirs = sorted(n for n in kept if os.path.isdir(os.path.join(root, n, "actor")))
-    write_result(args, "tracker", {"violations": violations, "seen": seen, "tracker_right_after_save": right_after,
-                                   "final": read_tracker(root), "blocking_s": blocking, "delay_s": delay,
-                                   "actor_dirs": actor_dirs})
+    write_result(
+        args,
+        "tracker",
+        {
+            "violations": violations,
+            "seen": seen,
+            "tracker_right_after_save": right_after,
+            "final": read_tracker(root),
+            "blocking_s": blocking,
+            "delay_s": delay,
+            "actor_dirs": actor_dirs,
+        },
+    )
 
 
 def scenario_refuse(args) -> None:
     """A save that dies before its commit leaves a directory that every load refuses."""
-    from slimckpt.save import step_commit
     from slimckpt.format.resume_manifest import UncommittedCheckpoint
+    from slimckpt.save import step_commit
 
     outcomes: dict[str, str] = {}
     run = Run(seed=0, ckpt_config=slim_config())
@@ -362,17 +411,27 @@ class VerlTrainerShim:
     the actor's worker group (this rank's load) and a stateful dataloader. `_save_checkpoint`
     does what verl's does with actor async_save=true: save, data.pt, no tracker write."""
 
-    def __init__(self, root: str, run: "Run", async_save: bool, mode: str = "auto", path: str | None = None) -> None:
+    def __init__(self, root: str, run: Run, async_save: bool, mode: str = "auto", path: str | None = None) -> None:
         from omegaconf import OmegaConf
 
         self.root, self.run = root, run
-        self.config = OmegaConf.create({
-            "actor_rollout_ref": {"actor": {"checkpoint": {"_target_": SLIM_TARGET, "incremental_save": True,
-                                                           "async_save": async_save}}},
-            "critic": {"checkpoint": {}},
-            "trainer": {"default_local_dir": root, "default_hdfs_dir": None, "resume_mode": mode,
-                        "resume_from_path": path, "del_local_ckpt_after_load": False},
-        })
+        self.config = OmegaConf.create(
+            {
+                "actor_rollout_ref": {
+                    "actor": {
+                        "checkpoint": {"_target_": SLIM_TARGET, "incremental_save": True, "async_save": async_save}
+                    }
+                },
+                "critic": {"checkpoint": {}},
+                "trainer": {
+                    "default_local_dir": root,
+                    "default_hdfs_dir": None,
+                    "resume_mode": mode,
+                    "resume_from_path": path,
+                    "del_local_ckpt_after_load": False,
+                },
+            }
+        )
         self.use_critic = False
         self.trainer_mode = "sync"
         self.global_steps = 0
@@ -435,8 +494,11 @@ def scenario_damaged_newest(args) -> None:
     run = Run(seed=0, ckpt_config=slim_config(**config))
     trainer = VerlTrainerShim(base, run, async_save=True)
     # the tracker is moved by slimckpt's watcher in the driver (rank 0 here), as in a verl run
-    save = wrap_trainer_save_checkpoint(VerlTrainerShim._save_checkpoint) if rank == 0 else \
-        VerlTrainerShim._save_checkpoint
+    save = (
+        wrap_trainer_save_checkpoint(VerlTrainerShim._save_checkpoint)
+        if rank == 0
+        else VerlTrainerShim._save_checkpoint
+    )
     load = PPOTrainer._load_checkpoint  # verl's own, with slimckpt's patch (the registry applied it)
     assert getattr(load, "__wrapped__", None) is not None, "slimckpt's _load_checkpoint patch is not applied"
     for step in (1, 2, 3, 4):
@@ -485,16 +547,27 @@ def scenario_damaged_newest(args) -> None:
         loss = fresh.step() if error is None else None
         refused = None
         try:
-            load(VerlTrainerShim(root, fresh, async_save=True, mode="resume_path",
-                                 path=os.path.join(root, "global_step_4")))
+            load(
+                VerlTrainerShim(
+                    root, fresh, async_save=True, mode="resume_path", path=os.path.join(root, "global_step_4")
+                )
+            )
         except UncommittedCheckpoint as exc:
             refused = str(exc)
         dist.barrier()
-        result = {"kind": kind, "damage": what[0], "error": error, "global_steps": resumed.global_steps,
-                  "data": resumed.loaded_data, "diffs": diffs[:8], "loss_equal": loss == ref_loss,
-                  "tracker": read_tracker(root),
-                  "step4_kept": os.path.isdir(os.path.join(root, "global_step_4", "actor")),
-                  "lines": sorted({line for part in said for line in part}), "refused": refused}
+        result = {
+            "kind": kind,
+            "damage": what[0],
+            "error": error,
+            "global_steps": resumed.global_steps,
+            "data": resumed.loaded_data,
+            "diffs": diffs[:8],
+            "loss_equal": loss == ref_loss,
+            "tracker": read_tracker(root),
+            "step4_kept": os.path.isdir(os.path.join(root, "global_step_4", "actor")),
+            "lines": sorted({line for part in said for line in part}),
+            "refused": refused,
+        }
         if i == 0:  # the resumed run saves step 3, below the damaged 4: the tracker follows
             resumed.global_steps = 3
             save(resumed)
@@ -531,8 +604,9 @@ def scenario_lora_only(args) -> None:
         run.step()
     run.manager.checkpoint_config = slim_config(export_hf=True, export_dtype="bf16")
     run.manager.save_checkpoint(full, global_step=2)
-    run.manager.checkpoint_config = slim_config(save_lora_only=True, export_hf=True, export_dtype="bf16",
-                                                async_save=True, host_memory_budget_gb=1.0)
+    run.manager.checkpoint_config = slim_config(
+        save_lora_only=True, export_hf=True, export_dtype="bf16", async_save=True, host_memory_budget_gb=1.0
+    )
     run.manager.save_checkpoint(lora, global_step=2)
     finish_pending()
     # +recipe=intermediate with save_lora_only: verl's LoRA-only .pt shards, exported as lora_adapter/ alone
@@ -541,11 +615,19 @@ def scenario_lora_only(args) -> None:
     run.manager.checkpoint_save_contents = ["model"]
     for merge_lora in (False, True):
         run.manager.checkpoint_config = SlimCheckpointConfig(
-            recipe="intermediate", save_contents=["model"], load_contents=["model"], export_hf=True,
-            export_dtype="bf16", measure=False, save_lora_only=True, export_merge_lora=merge_lora)
+            recipe="intermediate",
+            save_contents=["model"],
+            load_contents=["model"],
+            export_hf=True,
+            export_dtype="bf16",
+            measure=False,
+            save_lora_only=True,
+            export_merge_lora=merge_lora,
+        )
         try:
-            run.manager.save_checkpoint(os.path.join(root, f"intermediate_{merge_lora}", "global_step_2", "actor"),
-                                        global_step=2)
+            run.manager.save_checkpoint(
+                os.path.join(root, f"intermediate_{merge_lora}", "global_step_2", "actor"), global_step=2
+            )
         except Exception as exc:  # noqa: BLE001 - the line is the result
             refused_intermediate = str(exc)
     run.manager.checkpoint_save_contents = ["model", "optimizer", "extra"]
@@ -567,8 +649,13 @@ def scenario_lora_only(args) -> None:
     state_lora = from_lora.full_state()
     after_lora = [from_lora.step() for _ in range(2)]
 
-    out = {"reference": reference, "after_full": after_full, "after_lora": after_lora, "refused": refused,
-           "refused_intermediate": refused_intermediate}
+    out = {
+        "reference": reference,
+        "after_full": after_full,
+        "after_lora": after_lora,
+        "refused": refused,
+        "refused_intermediate": refused_intermediate,
+    }
     if dist.get_rank() == 0:
         out["state_differs"] = _tensors_equal(state_full, state_lora)
         out.update(_lora_only_step(root, full, lora))
@@ -605,14 +692,18 @@ def _lora_only_step(root: str, full: str, lora: str) -> dict:
         "manifest_extra": {k: v for k, v in manifest(lora)["extra"].items() if k != "timings_s"},
         "bytes": {"full": manifest(full)["extra"]["bytes"], "lora_only": manifest(lora)["extra"]["bytes"]},
         "model_keys": [k for k in keys if k.startswith("model.")],
-        "optim_state_keys": sorted({k.split(".", 2)[2].rsplit(".", 1)[0] for k in keys if k.startswith("optim.state.")}),
+        "optim_state_keys": sorted(
+            {k.split(".", 2)[2].rsplit(".", 1)[0] for k in keys if k.startswith("optim.state.")}
+        ),
         "export_files": sorted(os.path.relpath(os.path.join(r, n), hf) for r, _, ns in os.walk(hf) for n in ns),
-        "adapter_same_as_full_export": digest(os.path.join(hf, adapter)) == digest(os.path.join(full, "huggingface", adapter)),
+        "adapter_same_as_full_export": digest(os.path.join(hf, adapter))
+        == digest(os.path.join(full, "huggingface", adapter)),
         "adapter_config_same": open(os.path.join(hf, "lora_adapter", "adapter_config.json")).read()
         == open(os.path.join(full, "huggingface", "lora_adapter", "adapter_config.json")).read(),
         "verify_ok": verify_path(lora).ok,
         "intermediate_export_files": sorted(
-            os.path.relpath(os.path.join(r, n), ihf) for r, _, ns in os.walk(ihf) for n in ns),
+            os.path.relpath(os.path.join(r, n), ihf) for r, _, ns in os.walk(ihf) for n in ns
+        ),
         "intermediate_adapter_same": digest(os.path.join(ihf, adapter)) == digest(os.path.join(hf, adapter)),
     }
 

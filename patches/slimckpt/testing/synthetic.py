@@ -15,15 +15,26 @@ import torch
 def tiny_llama_config(**overrides):
     from transformers import LlamaConfig
 
-    kw = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, architectures=["LlamaForCausalLM"],
-              bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    kw = dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        architectures=["LlamaForCausalLM"],
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     kw.update(overrides)
     return LlamaConfig(**kw)
 
 
-def synthetic_checkpoint(root: Path, world_size: int = 1, config=None, extra: dict | None = None,
-                         per_rank_edit=None) -> Path:
+def synthetic_checkpoint(
+    root: Path, world_size: int = 1, config=None, extra: dict | None = None, per_rank_edit=None
+) -> Path:
     """A checkpoint dir verl's merger accepts, made without torchrun: every rank holds the whole
     state dict as plain tensors (what FSDP stores for anything it does not shard)."""
     from transformers import AutoModelForCausalLM

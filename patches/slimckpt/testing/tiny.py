@@ -169,8 +169,9 @@ def write_parquet(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def build_data(out_dir: Path, seed: int = 0, n_train: int = 256, n_val: int = 32,
-               max_operand: int = 4) -> tuple[Path, Path]:
+def build_data(
+    out_dir: Path, seed: int = 0, n_train: int = 256, n_val: int = 32, max_operand: int = 4
+) -> tuple[Path, Path]:
     train = write_parquet(addition_rows(n_train, seed, "train", max_operand), out_dir / "train.parquet")
     val = write_parquet(addition_rows(n_val, seed, "val", max_operand), out_dir / "val.parquet")
     return train, val
@@ -178,8 +179,10 @@ def build_data(out_dir: Path, seed: int = 0, n_train: int = 256, n_val: int = 32
 
 def warmup_questions(seed: int, max_operand: int, n: int = 2048) -> list[tuple[str, str]]:
     """(question, answer) pairs for the supervised warm-up, from their own split of the task."""
-    return [(r["extra_info"]["question"], r["reward_model"]["ground_truth"])
-            for r in addition_rows(n, seed, "warmup", max_operand)]
+    return [
+        (r["extra_info"]["question"], r["reward_model"]["ground_truth"])
+        for r in addition_rows(n, seed, "warmup", max_operand)
+    ]
 
 
 def assets_key(model: str, seed: int, max_operand: int, warmup: WarmUp) -> dict:
@@ -199,8 +202,13 @@ def cached(out: Path, key: dict) -> TinyAssets | None:
     return TinyAssets(out / "model", out / "data" / "train.parquet", out / "data" / "val.parquet")
 
 
-def build_all(out: Path, model: str = "llama", seed: int = 0, max_operand: int = 4,
-              warmup: WarmUp = WarmUp()) -> TinyAssets:
+def build_all(
+    out: Path,
+    model: str = "llama",
+    seed: int = 0,
+    max_operand: int = 4,
+    warmup: WarmUp = WarmUp(),  # noqa: B008 - a frozen dataclass: one shared value is safe
+) -> TinyAssets:
     key = assets_key(model, seed, max_operand, warmup)
     (out / "tiny.json").unlink(missing_ok=True)  # written last: a build cut short is never taken as cached
     model_dir = build_model(out / "model", model=model, seed=seed)
@@ -221,7 +229,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     match = _LEADING_INT.match(solution_str)
     if match is None or match.group(1) != str(ground_truth).strip():
         return 0.0
-    return 1.0 if not solution_str[match.end():].strip() else 0.5
+    return 1.0 if not solution_str[match.end() :].strip() else 0.5
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,33 +240,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="output directory (model/ and data/ go here)")
     parser.add_argument("--model", choices=MODELS, default="llama", help="architecture (default: llama)")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and data (default: 0)")
-    parser.add_argument("--max-operand", type=int, default=4,
-                        help="questions a+b= with 0 <= a, b <= this (default: %(default)s)")
-    parser.add_argument("--warmup-steps", type=int, default=0,
-                        help="supervised warm-up steps on the task before RL (default: 0, random weights)")
+    parser.add_argument(
+        "--max-operand", type=int, default=4, help="questions a+b= with 0 <= a, b <= this (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=0,
+        help="supervised warm-up steps on the task before RL (default: 0, random weights)",
+    )
     parser.add_argument("--warmup-lr", type=float, default=WarmUp.lr, help="default: %(default)s")
     parser.add_argument("--warmup-batch-size", type=int, default=WarmUp.batch_size, help="default: %(default)s")
-    parser.add_argument("--warmup-teacher-error", default=",".join(map(str, WarmUp.teacher_error)), metavar="LOW,HIGH",
-                        help="each question's share of wrong (sum + 1) warm-up labels lies between these "
-                             "(default: %(default)s; 0,0: right labels only)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep --out as it is when its tiny.json says it was built from these same arguments")
+    parser.add_argument(
+        "--warmup-teacher-error",
+        default=",".join(map(str, WarmUp.teacher_error)),
+        metavar="LOW,HIGH",
+        help="each question's share of wrong (sum + 1) warm-up labels lies between these "
+        "(default: %(default)s; 0,0: right labels only)",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep --out as it is when its tiny.json says it was built from these same arguments",
+    )
     args = parser.parse_args(argv)
     out = args.out.resolve()
     try:
         low, high = (float(x) for x in args.warmup_teacher_error.split(","))
     except ValueError:
         parser.error(f"--warmup-teacher-error {args.warmup_teacher_error!r}: expected LOW,HIGH, e.g. 0.4,0.9")
-    warmup = WarmUp(steps=args.warmup_steps, lr=args.warmup_lr, batch_size=args.warmup_batch_size,
-                    teacher_error=(low, high))
+    warmup = WarmUp(
+        steps=args.warmup_steps, lr=args.warmup_lr, batch_size=args.warmup_batch_size, teacher_error=(low, high)
+    )
     key = assets_key(args.model, args.seed, args.max_operand, warmup)
     if args.reuse:
         # launchers started side by side ask for the same assets: one builds, the others wait and reuse
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(out.parent / f".{out.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            assets = cached(out, key) or build_all(out, model=args.model, seed=args.seed,
-                                                   max_operand=args.max_operand, warmup=warmup)
+            assets = cached(out, key) or build_all(
+                out, model=args.model, seed=args.seed, max_operand=args.max_operand, warmup=warmup
+            )
     else:
         assets = build_all(out, model=args.model, seed=args.seed, max_operand=args.max_operand, warmup=warmup)
     print(f"model_path={assets.model_dir}")

@@ -35,8 +35,12 @@ class WarmUp:
     teacher_error: tuple[float, float] = (0.4, 0.9)
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps, "lr": self.lr, "batch_size": self.batch_size,
-                "teacher_error": list(self.teacher_error)}
+        return {
+            "steps": self.steps,
+            "lr": self.lr,
+            "batch_size": self.batch_size,
+            "teacher_error": list(self.teacher_error),
+        }
 
 
 def teacher_label(question: str, answer: str, error: tuple[float, float], rng: random.Random) -> str:
@@ -51,8 +55,9 @@ def _examples(tokenizer, questions: list[tuple[str, str]]) -> list[tuple[list[in
     """(token ids of prompt + label + EOS, prompt length) for each (question, label)."""
     out = []
     for question, answer in questions:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                               tokenize=True, return_dict=False)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
         out.append((list(prompt) + answer_ids, len(prompt)))
     return out
@@ -68,7 +73,7 @@ def _batch(examples: list[tuple[list[int], int]], pad_id: int):
     mask = torch.zeros((len(examples), width), dtype=torch.long)
     for row, (ids, prompt_len) in enumerate(examples):
         input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, prompt_len: len(ids)] = torch.tensor(ids[prompt_len:])
+        labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
         mask[row, : len(ids)] = 1
     return input_ids, labels, mask
 

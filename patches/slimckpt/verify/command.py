@@ -85,9 +85,16 @@ class Report:
             self.notes.append(text)
 
     def to_json(self) -> dict:
-        return {"target": self.target, "ok": self.ok, "checked": self.checked,
-                "bad": [asdict(p) for p in self.bad], "not_checked": self.notes, "files": self.files,
-                "bytes": self.bytes, "seconds": round(self.seconds, 3)}
+        return {
+            "target": self.target,
+            "ok": self.ok,
+            "checked": self.checked,
+            "bad": [asdict(p) for p in self.bad],
+            "not_checked": self.notes,
+            "files": self.files,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 # --------------------------------------------------------------------------- what a dir is
@@ -109,8 +116,10 @@ def role_kind(path: str) -> str | None:
 
 def detect(path: str) -> str:
     if not os.path.isdir(path):
-        raise NotACheckpoint(f"{path}: no such directory; pass a checkpoint dir (trainer.default_local_dir, "
-                             f"a global_step_N dir, a role dir such as global_step_N/actor, or a merge output)")
+        raise NotACheckpoint(
+            f"{path}: no such directory; pass a checkpoint dir (trainer.default_local_dir, "
+            f"a global_step_N dir, a role dir such as global_step_N/actor, or a merge output)"
+        )
     kind = role_kind(path)
     if kind:
         return kind
@@ -121,8 +130,10 @@ def detect(path: str) -> str:
         return KIND_ROOT
     if path.rstrip(os.sep).endswith(merge_manifest.PARTIAL_SUFFIX):
         return KIND_MERGE  # a merge that never committed: reported as such below
-    raise NotACheckpoint(f"{path}: not a checkpoint dir (no manifest.json, {rm.MANIFEST_NAME}, fsdp_config.json, "
-                         f"rank files or global_step_* dirs); pass trainer.default_local_dir or a dir inside it")
+    raise NotACheckpoint(
+        f"{path}: not a checkpoint dir (no manifest.json, {rm.MANIFEST_NAME}, fsdp_config.json, "
+        f"rank files or global_step_* dirs); pass trainer.default_local_dir or a dir inside it"
+    )
 
 
 # --------------------------------------------------------------------------- checks per kind
@@ -159,8 +170,10 @@ def check_incremental(report: Report, path: str, quick: bool, on_bytes: Callable
     report.files += len(m.files) + 1
     report.bytes += sum(e.bytes for e in m.files)
     if DROPPED_KEY in m.extra:  # retention's keep_optimizer_last: a committed step that holds less
-        report.note(f"{path}: optimizer state dropped by retention (keep_optimizer_last): holds "
-                    f"{'+'.join(m.contents)}, a resume from it starts the optimizer afresh")
+        report.note(
+            f"{path}: optimizer state dropped by retention (keep_optimizer_last): holds "
+            f"{'+'.join(m.contents)}, a resume from it starts the optimizer afresh"
+        )
     if quick:
         report.note("--quick: sizes only, checksums not compared")
 
@@ -186,7 +199,8 @@ def _fix(reason: str, fix: str) -> str:
 def check_role(report: Report, path: str, kind: str, quick: bool, on_bytes) -> None:
     report.checked.append({"path": path, "kind": kind})
     {KIND_MERGE: check_merge, KIND_INCREMENTAL: check_incremental, KIND_NATIVE: check_native}[kind](
-        report, path, quick, on_bytes)
+        report, path, quick, on_bytes
+    )
 
 
 def check_step(report: Report, path: str, quick: bool, on_bytes) -> None:
@@ -197,8 +211,12 @@ def check_step(report: Report, path: str, quick: bool, on_bytes) -> None:
         if os.path.isdir(sub):
             kind = role_kind(sub)
             if kind is None:
-                report.add(sub, "neither slimckpt's nor verl's checkpoint (no manifest, fsdp_config.json or rank "
-                                "files): an interrupted save", "resume from an earlier step, or delete this step")
+                report.add(
+                    sub,
+                    "neither slimckpt's nor verl's checkpoint (no manifest, fsdp_config.json or rank "
+                    "files): an interrupted save",
+                    "resume from an earlier step, or delete this step",
+                )
                 continue
             roles += 1
             check_role(report, sub, kind, quick, on_bytes)
@@ -207,7 +225,9 @@ def check_step(report: Report, path: str, quick: bool, on_bytes) -> None:
             report.bytes += os.path.getsize(sub)
             reason = None if quick else verify_native.check_torch_file(sub, on_bytes)
             if reason:
-                report.add(sub, reason, _fix(reason, "resume from an earlier step (it holds the dataloader's position)"))
+                report.add(
+                    sub, reason, _fix(reason, "resume from an earlier step (it holds the dataloader's position)")
+                )
             report.note("data.pt (dataloader state): no checksum is recorded; checked that it is whole and loads")
     if roles == 0:
         report.add(path, "holds no role dir (actor/, critic/, ...)", "delete it; its save never wrote a role")
@@ -215,8 +235,11 @@ def check_step(report: Report, path: str, quick: bool, on_bytes) -> None:
 
 def check_root(report: Report, path: str, quick: bool, on_bytes) -> None:
     report.checked.append({"path": path, "kind": KIND_ROOT})
-    steps = sorted((int(m.group(1)), n) for n in os.listdir(path) if (m := STEP_RE.match(n))
-                   and os.path.isdir(os.path.join(path, n)))
+    steps = sorted(
+        (int(m.group(1)), n)
+        for n in os.listdir(path)
+        if (m := STEP_RE.match(n)) and os.path.isdir(os.path.join(path, n))
+    )
     whole: dict[int, bool] = {}
     for step, name in steps:
         before = len(report.bad)
@@ -224,8 +247,11 @@ def check_root(report: Report, path: str, quick: bool, on_bytes) -> None:
         whole[step] = len(report.bad) == before
     tracker = os.path.join(path, rm.TRACKER_NAME)
     good = [s for s, ok in whole.items() if ok]
-    fix = (f"write the newest whole step into it (echo {max(good)} > {tracker})" if good
-           else "delete it (no step here is whole: training starts from scratch)")
+    fix = (
+        f"write the newest whole step into it (echo {max(good)} > {tracker})"
+        if good
+        else "delete it (no step here is whole: training starts from scratch)"
+    )
     if not os.path.isfile(tracker):
         if steps:
             report.note(f"{tracker} does not exist: resume_mode=auto starts from scratch")
@@ -258,31 +284,49 @@ def verify_path(path: str, quick: bool = False, on_bytes: Callable[[int], object
 
 
 def tree_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names
-               if os.path.isfile(os.path.join(d, n)))
+    return sum(
+        os.path.getsize(os.path.join(d, n))
+        for d, _, names in os.walk(path)
+        for n in names
+        if os.path.isfile(os.path.join(d, n))
+    )
 
 
 # --------------------------------------------------------------------------- CLI
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", help="trainer.default_local_dir, a global_step_N dir, a role dir (global_step_N/actor) "
-                               "or a slimckpt merge output")
+    p.add_argument(
+        "dir",
+        help="trainer.default_local_dir, a global_step_N dir, a role dir (global_step_N/actor) "
+        "or a slimckpt merge output",
+    )
     p.add_argument("--quick", action="store_true", help="sizes and names only: read no file's contents")
     p.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
-    p.add_argument("--trust-pickle", "--trust_pickle", dest="trust_pickle", action="store_true",
-                   help="load pickles naming any global (default: a global verl and torch never write is reported "
-                        "as damage, and not run)")
+    p.add_argument(
+        "--trust-pickle",
+        "--trust_pickle",
+        dest="trust_pickle",
+        action="store_true",
+        help="load pickles naming any global (default: a global verl and torch never write is reported "
+        "as damage, and not run)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     set_trusted(args.trust_pickle)
 
-    total = 0 if args.quick or args.no_progress or not sys.stderr.isatty() else tree_bytes(args.dir) \
-        if os.path.isdir(args.dir) else 0
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=total < PROGRESS_MIN_BYTES,
-               file=sys.stderr)
+    total = (
+        0
+        if args.quick or args.no_progress or not sys.stderr.isatty()
+        else tree_bytes(args.dir)
+        if os.path.isdir(args.dir)
+        else 0
+    )
+    bar = tqdm(
+        total=total, unit="B", unit_scale=True, desc="verify", disable=total < PROGRESS_MIN_BYTES, file=sys.stderr
+    )
     try:
         report = verify_path(args.dir, quick=args.quick, on_bytes=bar.update)
     except NotACheckpoint as exc:
@@ -299,8 +343,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"not checked: {n}")
     kinds = ", ".join(sorted({c["kind"] for c in report.checked}))
     if report.ok:
-        print(f"OK: {report.target} ({kinds}; {report.files} files, {report.bytes / 2**20:.1f} MiB, "
-              f"{report.seconds:.1f} s)")
+        print(
+            f"OK: {report.target} ({kinds}; {report.files} files, {report.bytes / 2**20:.1f} MiB, "
+            f"{report.seconds:.1f} s)"
+        )
         return 0
     print(f"BAD: {report.target}: {len(report.bad)} problem(s) ({kinds})")
     return 1

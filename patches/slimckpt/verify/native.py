@@ -87,8 +87,10 @@ def check_zip_records(path: str, on_bytes: Callable[[int], object] | None = None
             prefixes = {i.filename.split("/", 1)[0] for i in infos}
             # "archive": what torch.save names it when given a file object instead of a path
             if prefixes != {stem} and prefixes != {"archive"}:
-                return (f"holds archive {sorted(prefixes)[0]!r}, not {stem!r}: torch names the archive after the "
-                        f"file it saves, so this file was renamed or swapped with another")
+                return (
+                    f"holds archive {sorted(prefixes)[0]!r}, not {stem!r}: torch names the archive after the "
+                    f"file it saves, so this file was renamed or swapped with another"
+                )
             for info in infos:
                 with zf.open(info) as member:
                     if info.CRC == 0 and info.file_size > 0:
@@ -130,8 +132,7 @@ def _shape_info(value) -> tuple | None:
     if not isinstance(value, torch.Tensor):
         return None
     if hasattr(value, "placements") and hasattr(value, "_local_tensor"):
-        return tuple(value.shape), tuple(str(p) for p in value.placements), tuple(value._local_tensor.shape), \
-            value
+        return tuple(value.shape), tuple(str(p) for p in value.placements), tuple(value._local_tensor.shape), value
     return tuple(value.shape), None, tuple(value.shape), None
 
 
@@ -183,14 +184,22 @@ def compare_ranks(kind: str, loaded: dict[int, object], names: dict[int, str]) -
             g, placements, local, dtensor = _shape_info(value)
             g0, p0, _, _ = _shape_info(ref[key])
             if g != g0 or placements != p0:
-                bad.append(BadFile(names[r], f"{key}: shape {g} {placements or ''}, rank {ref_rank} has {g0} "
-                                             f"{p0 or ''}".rstrip()))
+                bad.append(
+                    BadFile(
+                        names[r], f"{key}: shape {g} {placements or ''}, rank {ref_rank} has {g0} {p0 or ''}".rstrip()
+                    )
+                )
                 break
             if dtensor is not None:
                 want = _expected_local(dtensor, r)
                 if want is not None and want != local:
-                    bad.append(BadFile(names[r], f"{key}: holds a {local} shard, rank {r} of this mesh owns {want}: "
-                                                 f"a rank file of another rank or run"))
+                    bad.append(
+                        BadFile(
+                            names[r],
+                            f"{key}: holds a {local} shard, rank {r} of this mesh owns {want}: "
+                            f"a rank file of another rank or run",
+                        )
+                    )
                     break
     return bad
 
@@ -261,8 +270,9 @@ def check_hf_dir(role_dir: str) -> tuple[list[BadFile], int]:
             except (ValueError, UnicodeDecodeError) as exc:
                 bad.append(BadFile(rel, f"not valid JSON ({str(exc)[:120]})"))
                 continue
-            if name == "config.json" and not (isinstance(data, dict) and (data.get("model_type") or
-                                                                          data.get("architectures"))):
+            if name == "config.json" and not (
+                isinstance(data, dict) and (data.get("model_type") or data.get("architectures"))
+            ):
                 bad.append(BadFile(rel, "names no model_type or architectures"))
         elif name.endswith(".safetensors"):
             reason = check_safetensors_header(path)
@@ -271,11 +281,20 @@ def check_hf_dir(role_dir: str) -> tuple[list[BadFile], int]:
     names = set(os.listdir(hf))
     vocab = names & TOKENIZER_FILES
     if vocab and "tokenizer_config.json" not in names:
-        bad.append(BadFile(HF_SUBDIR + "/tokenizer_config.json", f"missing, next to {sorted(vocab)[0]} (a tokenizer "
-                                                                 f"saved by save_pretrained has both)"))
+        bad.append(
+            BadFile(
+                HF_SUBDIR + "/tokenizer_config.json",
+                f"missing, next to {sorted(vocab)[0]} (a tokenizer saved by save_pretrained has both)",
+            )
+        )
     elif "tokenizer_config.json" in names and not vocab:
-        bad.append(BadFile(HF_SUBDIR + "/tokenizer.json", "missing: tokenizer_config.json is there but no tokenizer "
-                                                          "file (tokenizer.json, vocab.json, tokenizer.model)"))
+        bad.append(
+            BadFile(
+                HF_SUBDIR + "/tokenizer.json",
+                "missing: tokenizer_config.json is there but no tokenizer "
+                "file (tokenizer.json, vocab.json, tokenizer.model)",
+            )
+        )
     return bad, count
 
 
@@ -289,8 +308,9 @@ TOKENIZER_FILES = {"tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model
 def _read_world(role_dir: str) -> tuple[int | None, BadFile | None]:
     path = os.path.join(role_dir, FSDP_CONFIG)
     if not os.path.isfile(path):
-        return None, BadFile(FSDP_CONFIG, "missing (verl writes it on rank 0 after the shards: the save was "
-                                          "interrupted)")
+        return None, BadFile(
+            FSDP_CONFIG, "missing (verl writes it on rank 0 after the shards: the save was interrupted)"
+        )
     try:
         with open(path, "rb") as f:
             world = int(json.loads(f.read().decode("utf-8"))["world_size"])
@@ -298,8 +318,9 @@ def _read_world(role_dir: str) -> tuple[int | None, BadFile | None]:
             raise ValueError(world)
         return world, None
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        return None, BadFile(FSDP_CONFIG, f"unreadable ({type(exc).__name__}: {exc}); verl writes "
-                                          f'{{"FSDP_version": 2, "world_size": W}}')
+        return None, BadFile(
+            FSDP_CONFIG, f'unreadable ({type(exc).__name__}: {exc}); verl writes {{"FSDP_version": 2, "world_size": W}}'
+        )
 
 
 def check_native(role_dir: str, on_bytes: Callable[[int], object] | None = None, quick: bool = False) -> NativeResult:
@@ -317,14 +338,22 @@ def check_native(role_dir: str, on_bytes: Callable[[int], object] | None = None,
     if world is None and len(worlds) == 1:
         world = next(iter(worlds))
     elif world is not None and worlds and world not in worlds:
-        bad.append(BadFile(FSDP_CONFIG, f"says world size {world}, the rank files are of world size "
-                                        f"{', '.join(map(str, sorted(worlds)))}"))
+        bad.append(
+            BadFile(
+                FSDP_CONFIG,
+                f"says world size {world}, the rank files are of world size {', '.join(map(str, sorted(worlds)))}",
+            )
+        )
         if len(worlds) == 1:  # the names agree among themselves: check the files by them
             world = next(iter(worlds))
     for w, names in sorted(worlds.items()):
         if w != world:
-            bad += [BadFile(n, f"of world size {w}, but {FSDP_CONFIG} says world size {world}: a stale file of "
-                               f"another save") for n in names]
+            bad += [
+                BadFile(
+                    n, f"of world size {w}, but {FSDP_CONFIG} says world size {world}: a stale file of another save"
+                )
+                for n in names
+            ]
             continue
         for name in names:
             m = RANK_FILE_RE.match(name)
@@ -337,8 +366,12 @@ def check_native(role_dir: str, on_bytes: Callable[[int], object] | None = None,
     for kind, ranks in sorted(by_kind.items()):
         for r in range(world or 0):
             if r not in ranks:
-                bad.append(BadFile(f"{kind}_world_size_{world}_rank_{r}.pt",
-                                   f"missing ({FSDP_CONFIG} says world size {world}; rank {r} has none)"))
+                bad.append(
+                    BadFile(
+                        f"{kind}_world_size_{world}_rank_{r}.pt",
+                        f"missing ({FSDP_CONFIG} says world size {world}; rank {r} has none)",
+                    )
+                )
     files = sum(len(v) for v in by_kind.values())
     nbytes = 0
     if not quick:
@@ -365,10 +398,18 @@ def check_native(role_dir: str, on_bytes: Callable[[int], object] | None = None,
     if quick:
         notes.insert(0, "--quick: rank files were not opened (no CRC32, load or shape check)")
     if dropped:
-        notes.insert(0, f"optimizer state dropped by retention (keep_optimizer_last; {NATIVE_MARKER}): model and "
-                        f"extra state checked, a resume from it starts the optimizer afresh")
-    others = sorted(n for n in os.listdir(role_dir) if os.path.isfile(os.path.join(role_dir, n))
-                    and not RANK_FILE_RE.match(n) and n not in (FSDP_CONFIG, NATIVE_MARKER))
+        notes.insert(
+            0,
+            f"optimizer state dropped by retention (keep_optimizer_last; {NATIVE_MARKER}): model and "
+            f"extra state checked, a resume from it starts the optimizer afresh",
+        )
+    others = sorted(
+        n
+        for n in os.listdir(role_dir)
+        if os.path.isfile(os.path.join(role_dir, n))
+        and not RANK_FILE_RE.match(n)
+        and n not in (FSDP_CONFIG, NATIVE_MARKER)
+    )
     if others:
         notes.append(f"files verl's format does not define, not checked: {', '.join(others[:8])}")
     return NativeResult(bad, notes, files + hf_files + 1, nbytes)

@@ -96,8 +96,10 @@ def _as_choice(key: str, value, allowed: tuple[str, ...]) -> str:
         return value
     hint = difflib.get_close_matches(str(value), allowed, 1)
     what = "a slimckpt recipe" if key == "recipe" else "allowed"
-    raise ValueError(f"checkpoint.{key}={value!r} is not {what}; use one of {', '.join(allowed)}"
-                     + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    raise ValueError(
+        f"checkpoint.{key}={value!r} is not {what}; use one of {', '.join(allowed)}"
+        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+    )
 
 
 def _checker(hint) -> tuple[int, typing.Callable | None]:
@@ -204,7 +206,7 @@ class SlimCheckpointConfig(CheckpointConfig):
     """Whether the best value of best_metric is the largest (max) or the smallest (min)."""
 
     @classmethod
-    def defaults(cls) -> "SlimCheckpointConfig":
+    def defaults(cls) -> SlimCheckpointConfig:
         """The fields' defaults, for a manager whose config is verl's own: checks nothing against
         the installed verl and switches no feature on (no recipe asked for it)."""
         token = _DEFAULTS_ONLY.set(True)
@@ -228,11 +230,15 @@ class SlimCheckpointConfig(CheckpointConfig):
                 "drop 'hf_model' (export_hf replaces verl's gather)"
             )
         if self.export_hf and "model" not in self.save_contents:
-            raise ValueError("checkpoint.export_hf=true exports from the saved model shards: keep 'model' in "
-                             "checkpoint.save_contents")
+            raise ValueError(
+                "checkpoint.export_hf=true exports from the saved model shards: keep 'model' in "
+                "checkpoint.save_contents"
+            )
         if self.export_dtype == "auto" and not self.incremental_save:
-            raise ValueError("checkpoint.export_dtype=auto (the parameters' dtype) needs incremental_save=true; "
-                             "the intermediate tier's export takes bf16, fp16 or fp32")
+            raise ValueError(
+                "checkpoint.export_dtype=auto (the parameters' dtype) needs incremental_save=true; "
+                "the intermediate tier's export takes bf16, fp16 or fp32"
+            )
         if self.async_save != "off" and not self.incremental_save:
             raise ValueError(
                 f"checkpoint.async_save={'stream' if self.async_save == 'stream' else 'true'} needs checkpoint.incremental_save=true: verl's FSDP manager has no "
@@ -262,13 +268,17 @@ _CHECKS = _field_checks(SlimCheckpointConfig)
 def check_retention(keep_optimizer_last: int | None, keep_best: int, best_metric: str | None, best_mode: str) -> None:
     """One-line ValueError for retention settings that cannot be carried out (docs/retention.md)."""
     if keep_optimizer_last is not None and keep_optimizer_last < 1:
-        raise ValueError(f"checkpoint.keep_optimizer_last={keep_optimizer_last}: use a whole number >= 1 (the newest "
-                         f"step always keeps its optimizer state), or null to keep it in every step")
+        raise ValueError(
+            f"checkpoint.keep_optimizer_last={keep_optimizer_last}: use a whole number >= 1 (the newest "
+            f"step always keeps its optimizer state), or null to keep it in every step"
+        )
     if keep_best < 0:
         raise ValueError(f"checkpoint.keep_best={keep_best}: use 0 (off) or a whole number of steps")
     if keep_best and not best_metric:
-        raise ValueError("checkpoint.keep_best needs checkpoint.best_metric: the name of a metric the trainer logs at "
-                         "save steps, e.g. best_metric=critic/score/mean")
+        raise ValueError(
+            "checkpoint.keep_best needs checkpoint.best_metric: the name of a metric the trainer logs at "
+            "save steps, e.g. best_metric=critic/score/mean"
+        )
     if best_mode not in ("max", "min"):
         raise ValueError(f"checkpoint.best_mode={best_mode!r}: use max or min")
 
@@ -283,8 +293,10 @@ def _reject_unknown_fields(cls):
         valid = [f.name for f in fields(cls) if f.init and not f.name.startswith("_")]
         unknown = sorted(k for k in kwargs if k not in valid and not k.startswith("_"))
         if unknown:
-            hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, valid, 1)) else repr(k)
-                     for k in unknown]
+            hints = [
+                f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, valid, 1)) else repr(k)
+                for k in unknown
+            ]
             raise TypeError(
                 f"checkpoint: unknown field {', '.join(hints)} for slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig; "
                 f"valid fields: {', '.join(valid)}"
@@ -299,7 +311,7 @@ _reject_unknown_fields(SlimCheckpointConfig)
 
 
 def async_mode(value) -> str:
-    """"off", "pool" or "stream" for an async_save value as a config holds it (a checked
+    """ "off", "pool" or "stream" for an async_save value as a config holds it (a checked
     SlimCheckpointConfig field, or the raw YAML value verl's trainer reads)."""
     try:
         return _as_async("async_save", False if value is None else value)

@@ -50,7 +50,6 @@ from ..log import get_logger
 from .config_keys import unknown_keys, unknown_keys_in_file
 from .recipes import GROUPS, format_options, list_group
 
-
 # verl's trainer module and config name, as in verl/trainer/main_ppo.py's @hydra.main
 CONFIG_MODULE = "verl.trainer.config"
 DEFAULT_CONFIG_NAME = "ppo_trainer"
@@ -135,9 +134,7 @@ def _hydra_error(e: Exception, config_name: str) -> DryRunError:
                 hint = f" (did you mean {parent_key + '.' if parent_key else ''}{close[0]}?)"
     except DryRunError:
         pass
-    return DryRunError(
-        f"{key} is not a key of verl's config{hint}; to add a new key on purpose write +{m.group(2)}"
-    )
+    return DryRunError(f"{key} is not a key of verl's config{hint}; to add a new key on purpose write +{m.group(2)}")
 
 
 def _one_line(text: str) -> str:
@@ -259,7 +256,9 @@ def _resolve(cfg) -> None:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
-        raise DryRunError(f"cannot resolve {key or 'an interpolation'}: {_one_line(str(e).split('    full_key')[0])}")
+        raise DryRunError(
+            f"cannot resolve {key or 'an interpolation'}: {_one_line(str(e).split('    full_key')[0])}"
+        ) from None
 
 
 def _check_missing(cfg, use_critic: bool) -> None:
@@ -352,7 +351,9 @@ def _check_registries(report: Report, cfg) -> None:
         try:
             importlib.import_module(lib)
         except Exception as e:
-            raise DryRunError(f"actor_rollout_ref.model.external_lib={lib}: cannot import ({_one_line(str(e))})") from None
+            raise DryRunError(
+                f"actor_rollout_ref.model.external_lib={lib}: cannot import ({_one_line(str(e))})"
+            ) from None
 
     rollout = cfg.actor_rollout_ref.rollout
     replicas = sorted(RolloutReplicaRegistry._registry)
@@ -605,4 +606,3 @@ def _fail(e: DryRunError) -> None:
     print(f"slimckpt.dryrun: config error: {e.reason}", file=sys.stderr)
     if e.details:
         print(e.details, file=sys.stderr)
-

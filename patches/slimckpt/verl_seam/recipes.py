@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("recipe", "size", "cluster", "algo")
 HELP = "list slimckpt's Hydra config groups (recipes and overrides) with their descriptions"
@@ -91,8 +90,9 @@ def recipe_checkpoint_block(name: str, role: str = "actor", recipes_dir: str | P
     return OmegaConf.to_container(block, resolve=True)
 
 
-def recipe_checkpoint_config(name: str, role: str = "actor", recipes_dir: str | Path | None = None,
-                             **overrides: Any) -> Any:
+def recipe_checkpoint_config(
+    name: str, role: str = "actor", recipes_dir: str | Path | None = None, **overrides: Any
+) -> Any:
     """The SlimCheckpointConfig a run with `+recipe=<name>` gets for `role`, plus `overrides`."""
     from .checkpoint_config import SlimCheckpointConfig
 
@@ -118,4 +118,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{group}:")
         print(format_options(group))
     return 0
-

@@ -20,8 +20,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from .. import SUPPORTED_VERL, __version__, env_vars
-from .import_hooks import cancel, when_imported
 from ..log import get_logger
+from .import_hooks import cancel, when_imported
 
 log = get_logger("slimckpt.registry")
 
@@ -45,8 +45,14 @@ def check_verl_version(spec: str = SUPPORTED_VERL, installed: str | None = None)
     if Version(installed) in SpecifierSet(spec):
         return installed
     if env_vars.text(ALLOW_ENV) == installed:
-        log.warning("verl %s is outside slimckpt %s's tested range (verl%s); %s=%s says go ahead",
-                    installed, __version__, spec, ALLOW_ENV, installed)
+        log.warning(
+            "verl %s is outside slimckpt %s's tested range (verl%s); %s=%s says go ahead",
+            installed,
+            __version__,
+            spec,
+            ALLOW_ENV,
+            installed,
+        )
         return installed
     raise UnsupportedVerlVersion(
         f"slimckpt {__version__} supports verl{spec} but verl {installed} is installed: "

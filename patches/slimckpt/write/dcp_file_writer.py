@@ -63,8 +63,10 @@ class BoundedFileSystemWriter(FileSystemWriter):
         if self.serialization_format != SerializationFormat.TORCH_SAVE:
             if not getattr(BoundedFileSystemWriter, "_warned", False):
                 BoundedFileSystemWriter._warned = True
-                log.warning("slimckpt: DCP's safetensors format cannot be written bounded: each rank file keeps "
-                            "its tensors in host memory until it is written")
+                log.warning(
+                    "slimckpt: DCP's safetensors format cannot be written bounded: each rank file keeps "
+                    "its tensors in host memory until it is written"
+                )
             return super()._write_data(planner, file_queue)
         results: queue.Queue = queue.Queue()
         errors: list[BaseException] = []
@@ -80,8 +82,10 @@ class BoundedFileSystemWriter(FileSystemWriter):
             except BaseException as exc:  # noqa: BLE001 - raised on the calling thread below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=work, name=f"slimckpt-dcp-write-{i}", daemon=True)
-                   for i in range(1, self.thread_count)]
+        threads = [
+            threading.Thread(target=work, name=f"slimckpt-dcp-write-{i}", daemon=True)
+            for i in range(1, self.thread_count)
+        ]
         for t in threads:
             t.start()
         work()
@@ -102,12 +106,21 @@ class BoundedFileSystemWriter(FileSystemWriter):
         written = []
         with self.fs.create_stream(path, "wb") as stream:
             for item in [i for i in items if i.type == WriteItemType.BYTE_IO]:
-                written.append(write_item(self.transforms, stream, planner.resolve_data(item), item, storage_key,
-                                           self.serialization_format))
+                written.append(
+                    write_item(
+                        self.transforms,
+                        stream,
+                        planner.resolve_data(item),
+                        item,
+                        storage_key,
+                        self.serialization_format,
+                    )
+                )
             for item in [i for i in items if i.type != WriteItemType.BYTE_IO]:
                 tensor = host_tensor(planner.resolve_data(item))
-                written.append(write_item(self.transforms, stream, tensor, item, storage_key,
-                                           self.serialization_format))
+                written.append(
+                    write_item(self.transforms, stream, tensor, item, storage_key, self.serialization_format)
+                )
                 del tensor
             if self.sync_files:
                 try:

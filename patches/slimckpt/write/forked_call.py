@@ -31,8 +31,12 @@ PR_SET_PDEATHSIG = 1
 
 def possible() -> bool:
     """Whether fork is available and safe here (Linux, this thread alone, not disabled)."""
-    return (sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
-            and env_vars.flag("SLIMCKPT_MERGE_FORK"))
+    return (
+        sys.platform.startswith("linux")
+        and hasattr(os, "fork")
+        and threading.active_count() == 1
+        and env_vars.flag("SLIMCKPT_MERGE_FORK")
+    )
 
 
 class ChildDied(RuntimeError):
@@ -89,7 +93,7 @@ class ForkedCall:
                     outcome = ("error", exc)
                 data = memoryview(_payload(outcome))
                 while len(data):
-                    data = data[os.write(write_end, data):]
+                    data = data[os.write(write_end, data) :]
                 sys.stdout.flush()
                 sys.stderr.flush()
             except BaseException:  # noqa: BLE001 - nothing may escape into the parent's code

@@ -29,8 +29,11 @@ class HasNaN(Exception):
 def supported(src_dtype: str, out: str) -> bool:
     """Whether `cast` does this pair (the pairs a verl checkpoint merge meets)."""
     dst = OUT_DTYPES.get(out)
-    return dst is not None and (src_dtype == dst or (src_dtype == "torch.float32" and dst != src_dtype)
-                                or (src_dtype == "torch.bfloat16" and dst == "torch.float32"))
+    return dst is not None and (
+        src_dtype == dst
+        or (src_dtype == "torch.float32" and dst != src_dtype)
+        or (src_dtype == "torch.bfloat16" and dst == "torch.float32")
+    )
 
 
 class Caster:
@@ -70,11 +73,11 @@ class Caster:
         # five passes per block, each block small enough that they all run in the core's cache
         # (faster than whole-chunk passes; measured: BENCHMARKS.md, Figures quoted in the code)
         for a in range(0, u.size, BLOCK):
-            b = u[a:a + BLOCK]
-            t = self._scratch[:b.size]
+            b = u[a : a + BLOCK]
+            t = self._scratch[: b.size]
             # round to nearest even: add 0x7FFF plus the lowest kept bit, then drop the low half
             np.right_shift(b, 16, out=t)
             np.bitwise_and(t, 1, out=t)
             t += 0x7FFF
             t += b
-            np.right_shift(t, 16, out=o[a:a + BLOCK], casting="unsafe")
+            np.right_shift(t, 16, out=o[a : a + BLOCK], casting="unsafe")

@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..read import direct_io, direct_read
 from ..format import layout
-from . import np_cast
 from ..format.merge_manifest import DEFAULT_ALGO
+from ..read import direct_io, direct_read
+from . import np_cast
 from .out_files import OutputFiles
 from .writer_stats import WriterStats
 
@@ -61,10 +61,18 @@ def check(sources: dict, out_dtype: str) -> None:
         raise Declined("the rank files cannot be read with O_DIRECT here")
 
 
-def write_plan(root: str, plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int,
-               progress: Callable[[int], None] | None = None, fsync: bool = True,
-               algo: str = DEFAULT_ALGO, stats: WriterStats | None = None,
-               takes: dict[str, layout.Take] | None = None) -> dict[str, str]:
+def write_plan(
+    root: str,
+    plan: layout.Plan,
+    sources: dict,
+    out_dtype: str,
+    chunk_bytes: int,
+    progress: Callable[[int], None] | None = None,
+    fsync: bool = True,
+    algo: str = DEFAULT_ALGO,
+    stats: WriterStats | None = None,
+    takes: dict[str, layout.Take] | None = None,
+) -> dict[str, str]:
     """Every weight byte of `plan` (files made by `out_files.create_files`), from `sources`
     ({output name: pt_index.IndexedTensor}); returns the checksums of the files written. `takes`
     says which outputs are parts of their source (default: none). `stats`, when given, receives
@@ -97,7 +105,7 @@ def write_plan(root: str, plan: layout.Plan, sources: dict, out_dtype: str, chun
 def _write_chunk(out: OutputFiles, prefetch: direct_read.Prefetcher, c: _Chunk, timing: WriterStats) -> None:
     buf = memoryview(out.stage(c.nbytes))
     shift = c.offset % direct_io.ALIGN  # the cast lands at the file offset modulo ALIGN: O_DIRECT-able
-    data = buf[shift:shift + c.nbytes]
+    data = buf[shift : shift + c.nbytes]
     try:
         for k, i in enumerate(c.reads):
             t0 = time.perf_counter()
@@ -117,8 +125,9 @@ def _write_chunk(out: OutputFiles, prefetch: direct_read.Prefetcher, c: _Chunk, 
     out.submit(c.file, data, c.offset)
 
 
-def _chunks(plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int,
-            spans: dict[str, tuple[int, int]] | None = None) -> tuple[list[_Chunk], list[direct_read.ChunkRead]]:
+def _chunks(
+    plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int, spans: dict[str, tuple[int, int]] | None = None
+) -> tuple[list[_Chunk], list[direct_read.ChunkRead]]:
     """The plan in write order as chunks of at most `chunk_bytes` of source each, and the reads
     they need, in the order they need them. An output in `spans` is that run of its source's
     elements: its chunks count elements, not rows, and may cross the source's rows."""
@@ -138,8 +147,10 @@ def _chunks(plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int,
         step = max(1, chunk_bytes // (row_items * max(src.itemsize, caster.out_width)))
         if src.shard_dim == 0:
             sizes = [p.shape[0] for p in src.pieces]
-            ranges = [(sr.source, sr.local_start, sr.local_end, sr.begin)
-                      for sr in layout.source_ranges(placement, sizes, seg.row_start, seg.row_end)]
+            ranges = [
+                (sr.source, sr.local_start, sr.local_end, sr.begin)
+                for sr in layout.source_ranges(placement, sizes, seg.row_start, seg.row_end)
+            ]
             copies = None
         else:  # plain or replicated: rank 0's copy written, the others compared, as verl does
             begin = placement.rows_to_bytes(seg.row_start, seg.row_end)[0]
@@ -150,19 +161,28 @@ def _chunks(plan: layout.Plan, sources: dict, out_dtype: str, chunk_bytes: int,
                 end = min(b, start + step)
                 src_bytes = (end - start) * row_items * src.itemsize
                 positions = []
-                for k in (copies if copies is not None else (source,)):
+                for k in copies if copies is not None else (source,):
                     piece = src.pieces[k]
                     positions.append(len(reads))
-                    reads.append(direct_read.ChunkRead(piece.path, piece.offset + start * row_items * src.itemsize,
-                                                       src_bytes))
+                    reads.append(
+                        direct_read.ChunkRead(piece.path, piece.offset + start * row_items * src.itemsize, src_bytes)
+                    )
                 nbytes = caster.out_nbytes(src_bytes)
                 chunks.append(_Chunk(placement.file, offset, nbytes, positions, caster, seg.name))
                 offset += nbytes
     return chunks, reads
 
 
-def _slice_chunks(chunks: list[_Chunk], reads: list[direct_read.ChunkRead], seg: layout.Segment, src,
-                  placement: layout.Placement, span_start: int, caster: np_cast.Caster, chunk_bytes: int) -> None:
+def _slice_chunks(
+    chunks: list[_Chunk],
+    reads: list[direct_read.ChunkRead],
+    seg: layout.Segment,
+    src,
+    placement: layout.Placement,
+    span_start: int,
+    caster: np_cast.Caster,
+    chunk_bytes: int,
+) -> None:
     """Rows [row_start, row_end) of an output that is its source's elements from `span_start` on:
     element chunks of each dim-0 shard (or of rank 0's copy, the others compared)."""
     spec = placement.spec
@@ -170,8 +190,9 @@ def _slice_chunks(chunks: list[_Chunk], reads: list[direct_read.ChunkRead], seg:
     e0, e1 = seg.row_start * per_row, seg.row_end * per_row
     numel = [math.prod(p.shape) for p in src.pieces]
     if src.shard_dim == 0:
-        ranges = [(r.source, r.local_start, r.local_end, r.out_start)
-                  for r in layout.take_ranges(span_start, numel, e0, e1)]
+        ranges = [
+            (r.source, r.local_start, r.local_end, r.out_start) for r in layout.take_ranges(span_start, numel, e0, e1)
+        ]
         copies = None
     else:
         ranges = [(0, span_start + e0, span_start + e1, e0)]
@@ -182,11 +203,12 @@ def _slice_chunks(chunks: list[_Chunk], reads: list[direct_read.ChunkRead], seg:
         for start in range(a, b, step):
             end = min(b, start + step)
             positions = []
-            for k in (copies if copies is not None else (source,)):
+            for k in copies if copies is not None else (source,):
                 piece = src.pieces[k]
                 positions.append(len(reads))
-                reads.append(direct_read.ChunkRead(piece.path, piece.offset + start * src.itemsize,
-                                                   (end - start) * src.itemsize))
+                reads.append(
+                    direct_read.ChunkRead(piece.path, piece.offset + start * src.itemsize, (end - start) * src.itemsize)
+                )
             nbytes = (end - start) * caster.out_width
             chunks.append(_Chunk(placement.file, offset, nbytes, positions, caster, seg.name))
             offset += nbytes

@@ -19,10 +19,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..read import direct_io
 from ..format import layout
 from ..format.merge_manifest import DEFAULT_ALGO, new_hasher
 from ..format.os_errors import os_failure
+from ..read import direct_io
 
 PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
 
@@ -170,8 +170,16 @@ class OutputFiles:
     """One writer's open output files: positional writes (O_DIRECT for the aligned middle where the
     filesystem allows), queued behind the caster, checksummed in order, fsync'ed at close."""
 
-    def __init__(self, root: str, plan: layout.Plan, alloc: Callable[[int], object], chunk_bytes: int,
-                 progress: Progress | None = None, algo: str = DEFAULT_ALGO, fsync: bool = True) -> None:
+    def __init__(
+        self,
+        root: str,
+        plan: layout.Plan,
+        alloc: Callable[[int], object],
+        chunk_bytes: int,
+        progress: Progress | None = None,
+        algo: str = DEFAULT_ALGO,
+        fsync: bool = True,
+    ) -> None:
         self.root, self.plan = root, plan
         self.progress = progress or (lambda n: None)
         self.algo = algo
@@ -206,10 +214,12 @@ class OutputFiles:
     def _pwrite(self, st: _FileState, data: memoryview, offset: int) -> None:
         """The aligned middle with O_DIRECT when possible, the rest (or all of it) buffered. The two
         parts never share a block, so the page cache never holds a stale copy of a direct block."""
-        head, body, _tail = direct_io.split(offset, len(data), _address(data)) if st.dfd is not None else (len(data), 0, 0)
+        head, body, _tail = (
+            direct_io.split(offset, len(data), _address(data)) if st.dfd is not None else (len(data), 0, 0)
+        )
         if body:
             try:
-                pwrite_all(st.dfd, data[head:head + body], offset + head)
+                pwrite_all(st.dfd, data[head : head + body], offset + head)
             except OSError as exc:
                 if not direct_io.refused(exc):
                     raise
@@ -219,7 +229,7 @@ class OutputFiles:
                 pwrite_all(st.fd, data, offset)
                 return
             pwrite_all(st.fd, data[:head], offset)
-            pwrite_all(st.fd, data[head + body:], offset + head + body)
+            pwrite_all(st.fd, data[head + body :], offset + head + body)
         else:
             pwrite_all(st.fd, data, offset)
 

@@ -37,9 +37,21 @@ BEAT_S = 1.0
 CALL_TIMEOUT_S = 5.0
 PREFIX = "slimckpt/alive"
 # words of gloo's and NCCL's errors when a peer is gone or does not answer
-PEER_WORDS = ("connection closed by peer", "connection reset by peer", "timed out waiting", "socket timeout",
-              "broken pipe", "connection refused", "ncclremoteerror", "nccl watchdog", "collective operation timeout",
-              "read error", "write error", "transport", "no route to host")
+PEER_WORDS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "timed out waiting",
+    "socket timeout",
+    "broken pipe",
+    "connection refused",
+    "ncclremoteerror",
+    "nccl watchdog",
+    "collective operation timeout",
+    "read error",
+    "write error",
+    "transport",
+    "no route to host",
+)
 
 
 class StoreSilent(RuntimeError):
@@ -88,8 +100,9 @@ def _is_backend_words(e: BaseException) -> bool:
     if not isinstance(e, (RuntimeError, OSError, TimeoutError)):
         return False
     text = str(e).lower()
-    return any(w in text for w in PEER_WORDS) and any(w in text for w in ("gloo", "nccl", "pair", "timed out",
-                                                                           "connection"))
+    return any(w in text for w in PEER_WORDS) and any(
+        w in text for w in ("gloo", "nccl", "pair", "timed out", "connection")
+    )
 
 
 def peer_error(exc: BaseException) -> BaseException | None:
@@ -124,7 +137,7 @@ class Heartbeat:
     def _key(self, rank: int) -> str:
         return f"{self.prefix}/{rank}"
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         if self._thread is None:
             with contextlib.suppress(Exception):  # the first beat before start() returns
                 bounded(lambda: self.store.add(self._key(self.rank), 1))
@@ -166,8 +179,9 @@ class Heartbeat:
             after = self.counts()
         except Exception as exc:  # noqa: BLE001 - StoreSilent, or the store's host is gone
             host = "rank 0" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" else "torchrun's agent"
-            return ([0] if host == "rank 0" and self.rank != 0 else []), \
-                f"the job's store ({host}) stopped answering: {type(exc).__name__}"
+            return (
+                [0] if host == "rank 0" and self.rank != 0 else []
+            ), f"the job's store ({host}) stopped answering: {type(exc).__name__}"
         return [r for r in sorted(after) if after[r] == before[r]], ""
 
     def watch(self, timeout: float, on_silent: Callable[[list[int], str], None]) -> None:
@@ -281,9 +295,21 @@ def lost_ranks_line(exc: BaseException, beat: Heartbeat | None = None) -> str | 
         ranks, note = beat.silent()
         if ranks:
             _LOST.append((ranks, note))
-    return (f"{describe_ranks(ranks, beat.world)} stopped answering: killed, or stalled past the process group's "
-            f"timeout ({note or cause}; this is rank {beat.rank})")
+    return (
+        f"{describe_ranks(ranks, beat.world)} stopped answering: killed, or stalled past the process group's "
+        f"timeout ({note or cause}; this is rank {beat.rank})"
+    )
 
 
-__all__ = ["Heartbeat", "StoreSilent", "bounded", "causes", "default_group_timeout", "describe_ranks", "is_peer_loss",
-           "lost_ranks_line", "peer_error", "process_heartbeat"]
+__all__ = [
+    "Heartbeat",
+    "StoreSilent",
+    "bounded",
+    "causes",
+    "default_group_timeout",
+    "describe_ranks",
+    "is_peer_loss",
+    "lost_ranks_line",
+    "peer_error",
+    "process_heartbeat",
+]

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..read import direct_io, direct_read
 from ..format import layout
 from ..format.merge_manifest import DEFAULT_ALGO, file_checksum
 from ..format.names import DEFAULT_CHUNK_BYTES, torch_dtypes_of_choices
-from .out_files import OutputFiles, Progress
+from ..read import direct_io, direct_read
 from ..read.sources import CheckpointError, SourceTensor
+from .out_files import OutputFiles, Progress
 
 OUT_DTYPES: dict[str, torch.dtype] = torch_dtypes_of_choices(torch)
 
@@ -78,10 +78,19 @@ class ShareWriter:
     """Writes one worker's share of a plan into the files `create_files` made; `takes` says which
     outputs are parts of their source (by default every output is its whole source)."""
 
-    def __init__(self, root: str, plan: layout.Plan, sources: dict[str, SourceTensor], out_dtype: torch.dtype,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress | None = None,
-                 algo: str = DEFAULT_ALGO, fsync: bool = True, takes: dict[str, layout.Take] | None = None,
-                 lora_sources: dict[str, SourceTensor] | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        plan: layout.Plan,
+        sources: dict[str, SourceTensor],
+        out_dtype: torch.dtype,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        progress: Progress | None = None,
+        algo: str = DEFAULT_ALGO,
+        fsync: bool = True,
+        takes: dict[str, layout.Take] | None = None,
+        lora_sources: dict[str, SourceTensor] | None = None,
+    ) -> None:
         self.plan, self.sources, self.out_dtype = plan, sources, out_dtype
         self.spans = {name: t.span for name, t in (takes or {}).items() if not t.whole}
         # outputs with a LoRA adapter merged in; their A and B by checkpoint name in `lora_sources`
@@ -151,8 +160,9 @@ class ShareWriter:
                     offset += chunk.nbytes
         return out
 
-    def _slice_chunks(self, seg: layout.Segment, src: SourceTensor, placement: layout.Placement
-                      ) -> list[_RowChunk | _SliceSegment]:
+    def _slice_chunks(
+        self, seg: layout.Segment, src: SourceTensor, placement: layout.Placement
+    ) -> list[_RowChunk | _SliceSegment]:
         """Rows [row_start, row_end) of an output that is elements [span) of its source. From dim-0
         shards (contiguous, as FSDP and torch.load leave them): flat element chunks of each shard,
         read and written like row chunks (so too from a single unsharded copy); else one `_SliceSegment`."""
@@ -169,24 +179,30 @@ class ShareWriter:
             offset = placement.begin + r.out_start * self.out_width
             for start in range(r.local_start, r.local_end, step):
                 end = min(r.local_end, start + step)
-                out.append(_RowChunk(placement.file, flat[r.source], start, end, offset, (end - start) * self.out_width))
+                out.append(
+                    _RowChunk(placement.file, flat[r.source], start, end, offset, (end - start) * self.out_width)
+                )
                 offset += (end - start) * self.out_width
         return out
 
     def _prefetcher(self, items: list[_RowChunk | layout.Segment | _SliceSegment]) -> direct_read.Prefetcher | None:
         if not self.direct:
             return None
-        paths = sorted({src.file_of(k) for src in self.sources.values() for k in range(len(src.pieces))
-                        if src.local_dir})
+        paths = sorted(
+            {src.file_of(k) for src in self.sources.values() for k in range(len(src.pieces)) if src.local_dir}
+        )
         if not direct_io.supported(paths):
             return None
         files = direct_read.MappedFiles(paths)
-        reads = [direct_read.rows_read(files, it.piece, it.start, it.end) if isinstance(it, _RowChunk) else None
-                 for it in items]
+        reads = [
+            direct_read.rows_read(files, it.piece, it.start, it.end) if isinstance(it, _RowChunk) else None
+            for it in items
+        ]
         return direct_read.Prefetcher(reads) if any(reads) else None
 
-    def _write_item(self, i: int, item: _RowChunk | layout.Segment | _SliceSegment,
-                    prefetch: direct_read.Prefetcher | None) -> None:
+    def _write_item(
+        self, i: int, item: _RowChunk | layout.Segment | _SliceSegment, prefetch: direct_read.Prefetcher | None
+    ) -> None:
         if isinstance(item, _SliceSegment):
             self._write_slice_by_rows(item)
             return
@@ -202,11 +218,11 @@ class ShareWriter:
                 self._write_plain(placement, src, item.row_start, item.row_end)
             return
         if prefetch is not None and prefetch.has(i):
-            rows = item.piece[item.start:item.end]
+            rows = item.piece[item.start : item.end]
             read = torch.frombuffer(prefetch.get(i), dtype=torch.uint8).view(rows.dtype).view(rows.shape)
             data = as_bytes(self._cast(read, item.offset, borrowed=True))
         else:
-            data = as_bytes(self._cast(item.piece[item.start:item.end], item.offset))
+            data = as_bytes(self._cast(item.piece[item.start : item.end], item.offset))
         self.out.submit(item.file, data, item.offset)
 
     def _cast(self, src: torch.Tensor, offset: int, borrowed: bool = False) -> torch.Tensor:
@@ -219,7 +235,7 @@ class ShareWriter:
         nbytes = src.numel() * self.out_width
         buf = self.out.stage(nbytes)
         shift = offset % direct_io.ALIGN
-        out = buf[shift:shift + nbytes].view(self.out_dtype).view(src.shape)
+        out = buf[shift : shift + nbytes].view(self.out_dtype).view(src.shape)
         out.copy_(src)
         return out
 
@@ -253,11 +269,11 @@ class ShareWriter:
                 if not torch.equal(other[start:end].to(self.out_dtype), chunk):
                     raise CheckpointError(
                         f"{src.file_of(k)}: unsharded entry {src.name!r} differs from rank {src.ranks[0]}'s copy; "
-                        f"the rank files come from different steps: re-copy the checkpoint")
+                        f"the rank files come from different steps: re-copy the checkpoint"
+                    )
             data = as_bytes(chunk)
             self.out.submit(placement.file, data, offset)
             offset += len(data)
-
 
     def _write_slice_by_rows(self, item: _SliceSegment) -> None:
         """Output elements [start, end) of a part of a source that is sharded on dim d > 0 or held
@@ -280,7 +296,7 @@ class ShareWriter:
                 held = None  # free the old rows before the new ones are made
                 h0, h1 = r0, min(rows_total, max(r1, r0 + step // row_elems))
                 held = self._source_rows(src, h0, h1).reshape(-1)
-            chunk = held[g0 - h0 * row_elems:g1 - h0 * row_elems]
+            chunk = held[g0 - h0 * row_elems : g1 - h0 * row_elems]
             data = as_bytes(self._cast(chunk, offset))
             self.out.submit(placement.file, data, offset)
             offset += len(data)
@@ -301,8 +317,9 @@ class ShareWriter:
         offset = placement.rows_to_bytes(item.start, item.end)[0]
         for start in range(item.start, item.end, step):
             end = min(item.end, start + step)
-            merged = lora_merged(self._source_rows(w_src, start, end), self._source_rows(b_src, start, end), a,
-                                 delta.scaling)
+            merged = lora_merged(
+                self._source_rows(w_src, start, end), self._source_rows(b_src, start, end), a, delta.scaling
+            )
             data = as_bytes(self._cast(merged, offset))
             self.out.submit(placement.file, data, offset)
             offset += len(data)
@@ -317,21 +334,23 @@ class ShareWriter:
                 if not torch.equal(other[r0:r1].to(self.out_dtype), rows):
                     raise CheckpointError(
                         f"{src.file_of(k)}: unsharded entry {src.name!r} differs from rank {src.ranks[0]}'s copy; "
-                        f"the rank files come from different steps: re-copy the checkpoint")
+                        f"the rank files come from different steps: re-copy the checkpoint"
+                    )
             return rows.contiguous()
         if src.shard_dim == 0:
             parts, base = [], 0
             for p in src.pieces:
                 a, b = max(r0, base), min(r1, base + p.shape[0])
                 if a < b:
-                    parts.append(p[a - base:b - base].to(self.out_dtype))
+                    parts.append(p[a - base : b - base].to(self.out_dtype))
                 base += p.shape[0]
             return torch.cat(parts, dim=0).contiguous()
         return torch.cat([p[r0:r1].to(self.out_dtype) for p in src.pieces], dim=src.shard_dim).contiguous()
 
 
-def lora_merged(w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: float,
-                cols: tuple[int, int] | None = None) -> torch.Tensor:
+def lora_merged(
+    w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: float, cols: tuple[int, int] | None = None
+) -> torch.Tensor:
     """W + (B @ A) * scaling as peft 0.21's `merge_and_unload()` makes it of a model and adapter loaded
     in W's dtype (`PeftModel.from_pretrained`, which keeps a bf16/fp16 adapter in fp32:
     autocast_adapter_dtype): the delta (B @ A) * scaling in fp32, added to W in fp32 (`W += delta`
@@ -343,7 +362,7 @@ def lora_merged(w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: floa
     acc = b.float() @ a.float()
     acc.mul_(scaling)
     if cols is not None:
-        acc = acc[:, cols[0]:cols[1]]
+        acc = acc[:, cols[0] : cols[1]]
     acc.add_(w)
     return acc if w.dtype == torch.float32 else acc.to(w.dtype)
 

@@ -44,7 +44,7 @@ class WriterStats:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str) -> "WriterStats":
+    def load(cls, path: str) -> WriterStats:
         with open(path, encoding="utf-8") as f:
             return cls(**json.load(f))
 
