@@ -24,53 +24,8 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-# safetensors' Dtype enum in declaration order: its serializer sorts tensors by this order,
-# descending, then by name. Sub-byte dtypes (F4, F6_*) are listed for ordering only.
-DTYPE_ORDER: tuple[str, ...] = (
-    "BOOL",
-    "F4",
-    "F6_E2M3",
-    "F6_E3M2",
-    "U8",
-    "I8",
-    "F8_E5M2",
-    "F8_E4M3",
-    "F8_E8M0",
-    "F8_E4M3FNUZ",
-    "F8_E5M2FNUZ",
-    "I16",
-    "U16",
-    "F16",
-    "BF16",
-    "I32",
-    "U32",
-    "F32",
-    "C64",
-    "F64",
-    "I64",
-    "U64",
-)
-DTYPE_BYTES: dict[str, int] = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "F8_E8M0": 1,
-    "F8_E4M3FNUZ": 1,
-    "F8_E5M2FNUZ": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "C64": 8,
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-}
+from .names import DTYPE_BYTES, DTYPE_ORDER
+
 _DTYPE_RANK = {name: i for i, name in enumerate(DTYPE_ORDER)}
 
 # huggingface_hub's units are decimal: "5GB" is 5 * 10**9 bytes.
