@@ -91,12 +91,14 @@ bench: $(STAMP)
 	$(PY) -m scripts.bench.save --fsdp 1 --sizes $(BENCH_FSDP1_SIZES) --modes verl,incremental --tag fsdp1 \
 	  --json docs/bench_save_fsdp1.json
 	$(PY) -m scripts.bench.loop --json docs/bench_loop.json
+	$(PY) -m scripts.bench.plots
 
 # not part of `make bench`: needs ~50 GB of free disk (says so and stops without it), about 30 minutes;
 # BENCH_SCALE_ARGS="--verl-cap-gib 14" on a host with less memory to spare
 BENCH_SCALE_ARGS ?=
 bench-scale: $(STAMP)
 	$(PY) -m scripts.bench.scale $(BENCH_SCALE_ARGS)
+	$(PY) -m scripts.bench.plots
 
 # SIGKILL at random moments (50 trials per mode), corruption and environment faults: RELIABILITY.md
 # FAULTS_ARGS="--trials 10 --keep 2" for a shorter run

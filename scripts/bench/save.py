@@ -66,6 +66,8 @@ MODE_LABEL = {
     "stream": "incremental (async stream)",
 }
 BEGIN, END = "<!-- save-bench:begin -->", "<!-- save-bench:end -->"
+# drawn by `python -m scripts.bench.plots` (make bench) from this table's JSON
+PICTURE = "\n![peak extra memory of one save against model size](docs/save_peak_memory.png)\n"
 
 
 def markers(tag: str = "") -> tuple[str, str]:
@@ -637,7 +639,7 @@ the step; verl's `torch.save` does not, so part of verl's bytes may still be in 
 returns (the page cache is synced before every save, outside the timed window).
 {note}
 {table(rows)}
-
+{PICTURE if not meta.get("tag") else ""}
 ### {"Targets (incremental tier)" if fsdp == 2 else "FSDP1"}
 
 {chr(10).join(target_lines)}

@@ -49,6 +49,8 @@ from slimckpt.observe.memory import rss_anon_bytes  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- scale-bench:begin -->", "<!-- scale-bench:end -->"
 README_BEGIN, README_END = "<!-- scale-headline:begin -->", "<!-- scale-headline:end -->"
+# drawn by `python -m scripts.bench.plots` (make bench-scale) from the bench and scale JSONs
+PICTURE = "![merge peak memory and wall against model size, with the I/O floor](docs/merge_scale.png)"
 SINGLE, DISTRIBUTED = "slimckpt merge", "slimckpt merge --distributed_merge"
 GiB, MiB, GB = 2**30, 2**20, 1e9
 ENV = {"OMP_NUM_THREADS": "2", "SLIMCKPT_LOG_LEVEL": "WARNING"}
@@ -571,6 +573,8 @@ tensor against the shards, one tensor at a time (`python -m slimckpt.testing.mer
 run's output).
 
 {table(result)}
+
+{PICTURE}
 
 {_wrap(verl_words(result))}
 The cap stands for this host's memory: {result["verl_cap"] / GiB:.1f} GiB{cap_words}; the documented default
