@@ -5,6 +5,8 @@ device (DCP copies each to host only while writing it); tied weights written onc
 verl's save_lora_only kept as verl keeps it (lora_only_state).
 """
 
+# lazy imports: verl only where a manager's model is asked its FSDP version (the GPU check builds these
+# state dicts with torch alone)
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +15,6 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from verl.utils.fsdp_utils import fsdp_version
 
 from ..format.names import is_lora_key
 from ..log import get_logger
@@ -111,6 +112,8 @@ def note_fsdp1_copy(manager, state: dict[str, Any]) -> None:
     if not state_of(manager).note_once("fsdp1_copy"):
         return
     with contextlib.suppress(Exception):
+        from verl.utils.fsdp_utils import fsdp_version
+
         if fsdp_version(manager.model) == 1 and manager.rank == 0:
             log.warning(
                 "FSDP1: the reshardable state dict is a %.1f MiB copy of this rank's shards on %s while "

@@ -16,6 +16,7 @@ on the tensors' own device). Then:
 Needs only torch and this package (no verl, no transformers).
 """
 
+# lazy imports: the incremental tier's writer (which imports verl) only inside a rank; importing the check needs torch alone
 from __future__ import annotations
 
 import json
@@ -34,8 +35,6 @@ from torch.distributed.fsdp import ShardingStrategy, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from ..save.resume_async import tensors_in
-from ..save.state_dicts import build_state_dict
-from ..save.step_write import storage_writer
 
 BLOCKS = 4
 
@@ -110,6 +109,9 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def rank_main(rank: int, world: int, fsdp: int, device_type: str, hidden: int, init_file: str, out_dir: str) -> None:
+    from ..save.state_dicts import build_state_dict
+    from ..save.step_write import storage_writer
+
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device_type == "cuda":
         torch.cuda.set_device(device)

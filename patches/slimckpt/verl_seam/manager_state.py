@@ -7,13 +7,16 @@ never shadowed and a manager dropped by verl takes its state with it. The driver
 theirs in driver_state.
 """
 
+# lazy imports: the config class (it subclasses verl's, so it imports verl) only when a config is resolved;
+# the staging pool imports this module and runs where verl is not installed (slimckpt.testing.gpu_check)
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .checkpoint_config import SlimCheckpointConfig
+if TYPE_CHECKING:
+    from .checkpoint_config import SlimCheckpointConfig
 
 _ATTR = "_slimckpt_state"
 _LOCK = threading.Lock()  # the background writer and the trainer's thread may both ask first
@@ -61,6 +64,8 @@ def state_of(manager: Any) -> ManagerState:
 
 def default_config() -> SlimCheckpointConfig:
     """The dataclass's defaults, for a manager whose config is verl's own (no recipe)."""
+    from .checkpoint_config import SlimCheckpointConfig
+
     if not _DEFAULTS:
         _DEFAULTS.append(SlimCheckpointConfig.defaults())
     return _DEFAULTS[0]
@@ -70,6 +75,8 @@ def config_of(manager: Any) -> SlimCheckpointConfig:
     """The manager's checkpoint config as a SlimCheckpointConfig: a recipe's own, or the defaults
     where verl's config has none of slimckpt's fields. Resolved again when the manager's config is
     replaced (a test or tool swapping recipes on one manager)."""
+    from .checkpoint_config import SlimCheckpointConfig
+
     state = state_of(manager)
     raw = getattr(manager, "checkpoint_config", None)
     if state._config is None or state._config_source is not raw:
