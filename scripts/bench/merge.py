@@ -122,86 +122,34 @@ def is_verl(tool: str) -> bool:
     return tool.startswith("verl")
 
 
+def verl_command(ckpt: Path, target: Path) -> list[str]:
+    """verl 0.9.1's own merger (run it with SLIMCKPT_DISABLE=1)."""
+    return [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"] + _dirs(ckpt, target)
+
+
+def slimckpt_command(ckpt: Path, target: Path, *extra: str) -> list[str]:
+    """`slimckpt merge` over an existing target, with `extra` flags."""
+    return [sys.executable, "-m", "slimckpt.cli", "merge", *_dirs(ckpt, target), "--overwrite", *extra]
+
+
+def _dirs(ckpt: Path, target: Path) -> list[str]:
+    return ["--local_dir", str(ckpt), "--target_dir", str(target)]
+
+
 def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]]:
     """In the order each turn runs them."""
-    verl = (
-        [
-            sys.executable,
-            "-m",
-            "verl.model_merger",
-            "merge",
-            "--backend",
-            "fsdp",
-            "--local_dir",
-            str(ckpt),
-            "--target_dir",
-            str(target),
-        ],
-        {"SLIMCKPT_DISABLE": "1"},
-    )
+    verl = (verl_command(ckpt, target), {"SLIMCKPT_DISABLE": "1"})
+    ours = slimckpt_command(ckpt, target)
     return {
         VERL_COLD: verl,
         VERL_WARM: verl,  # the same command again, directly after the cold one
-        "slimckpt": (
-            [
-                sys.executable,
-                "-m",
-                "slimckpt.cli",
-                "merge",
-                "--local_dir",
-                str(ckpt),
-                "--target_dir",
-                str(target),
-                "--overwrite",
-            ],
-            {},
-        ),
+        "slimckpt": (ours, {}),
         # what durability costs: the same merge without fsync, as verl's merger writes (not the default)
-        NO_FSYNC: (
-            [
-                sys.executable,
-                "-m",
-                "slimckpt.cli",
-                "merge",
-                "--local_dir",
-                str(ckpt),
-                "--target_dir",
-                str(target),
-                "--overwrite",
-                "--no_fsync",
-            ],
-            {},
-        ),
+        NO_FSYNC: (slimckpt_command(ckpt, target, "--no_fsync"), {}),
         # what O_DIRECT buys: the default merge through the page cache, as verl's merger reads and writes
-        PAGE_CACHE: (
-            [
-                sys.executable,
-                "-m",
-                "slimckpt.cli",
-                "merge",
-                "--local_dir",
-                str(ckpt),
-                "--target_dir",
-                str(target),
-                "--overwrite",
-            ],
-            {"SLIMCKPT_DIRECT_IO": "0"},
-        ),
+        PAGE_CACHE: (ours, {"SLIMCKPT_DIRECT_IO": "0"}),
         # what the torch-free early write earns (slimckpt.merge.early_write): the merge on the torch path alone
-        NO_EARLY: (
-            [
-                sys.executable,
-                "-m",
-                "slimckpt.cli",
-                "merge",
-                "--local_dir",
-                str(ckpt),
-                "--target_dir",
-                str(target),
-                "--overwrite",
-            ],
-            {"SLIMCKPT_MERGE_GUESS": "0"},
-        ),
+        NO_EARLY: (ours, {"SLIMCKPT_MERGE_GUESS": "0"}),
     }
 
 

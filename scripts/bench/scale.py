@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from scripts.bench.merge import floor_ratio, source_commit
+from scripts.bench.merge import floor_ratio, source_commit, verl_command
 from scripts.bench.save import machine_line, mem_available, write_section
 from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed  # noqa: E402
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured  # noqa: E402
@@ -273,21 +273,6 @@ def run_capped(cmd: list[str], env: dict, cap: int, interval_s: float = 0.02) ->
         "output_tail": output[-1500:],
         "timeline": timeline,
     }
-
-
-def verl_command(ckpt: Path, target: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "verl.model_merger",
-        "merge",
-        "--backend",
-        "fsdp",
-        "--local_dir",
-        str(ckpt),
-        "--target_dir",
-        str(target),
-    ]
 
 
 def verl_reference(preset: str, world: int, work: Path, jobs: int = 1) -> dict:
