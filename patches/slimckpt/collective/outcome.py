@@ -34,6 +34,7 @@ class Failure:
     line: str
     os_error: tuple[int, str, str | None] | None = None  # errno, strerror, filename
     kind: str = ""  # lets a caller pick its exception type (e.g. "busy" for a lock held elsewhere)
+    args: tuple = ()  # what a caller rebuilds its own exception from on every rank (picklable values)
     order: int = 0  # callers that rank failures (the first damaged file, not the lowest rank) set it
 
     def cause(self) -> OSError | None:
@@ -67,7 +68,7 @@ def _active(group: Any) -> bool:
         dist = _dist()
     except ImportError:
         return False
-    return dist.is_available() and dist.is_initialized() and (group is None or dist.get_world_size(group) >= 1)
+    return dist.is_available() and dist.is_initialized()
 
 
 def _rank(group: Any) -> int:

@@ -8,7 +8,6 @@ collectives.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ from ..read.pickle_policy import PickleRefused, trusted
 
 
 def _refused(failure: outcome.Failure) -> PickleRefused:
-    return PickleRefused(*json.loads(failure.kind))
+    return PickleRefused(*failure.args)
 
 
 def refuse_together(group: Any, refusals: Callable[[], list[PickleRefused]]) -> None:
@@ -27,12 +26,11 @@ def refuse_together(group: Any, refusals: Callable[[], list[PickleRefused]]) -> 
     if trusted():
         return
     mine = refusals()
-    # the refusal's fields travel as the failure's kind: every rank raises the same PickleRefused
+    # the refusal's fields travel with the failure: every rank raises the same PickleRefused
+    first = mine[0] if mine else None
     failure = (
-        outcome.Failure(
-            dist.get_rank(group), str(mine[0]), kind=json.dumps([mine[0].path, mine[0].global_name, mine[0].part])
-        )
-        if mine
+        outcome.Failure(dist.get_rank(group), str(first), args=(first.path, first.global_name, first.part))
+        if first
         else None
     )
     outcome.agree(group, failure, _refused)
