@@ -18,6 +18,7 @@ import warnings
 import torch.distributed as dist
 
 from ..format.dropped_optimizer import optimizer_dropped, resume_line
+from ..format.names import is_lora_key
 from ..format.resume_manifest import Manifest
 from ..log import get_logger
 from ..read import in_flight
@@ -62,7 +63,6 @@ def _load_committed(manager, local_path: str, manifest: Manifest, group: dist.Pr
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    from ..format.names import is_lora_key
     from ..read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
     from . import optim_capture
     from .state_dicts import LORA_ONLY_KEY, build_state_dict, load_options, options
