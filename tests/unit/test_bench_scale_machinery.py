@@ -1,0 +1,56 @@
+"""The scale bench's speed-machinery table: each mechanism's worth is its wall against the default
+merge's walls of the same turns, and the 5% line decides."""
+
+from __future__ import annotations
+
+from scripts.bench import scale
+
+
+def _result(default_walls, machinery):
+    return {
+        "rows": [{"tool": scale.SINGLE, "walls": default_walls, "turns": list(range(len(default_walls)))}],
+        "machinery": machinery,
+    }
+
+
+def _row(name, walls, turns):
+    var = next(v for n, v, _ in scale.MACHINERY if n == name)
+    return {
+        "tool": scale.machinery_tool(name),
+        "mechanism": name,
+        "switch": f"{var}=0",
+        "walls": walls,
+        "turns": turns,
+        "peaks": [280 * scale.MiB],
+    }
+
+
+def test_worth_compares_with_the_default_of_the_same_turns_only():
+    # the default's third turn ran on a slow minute; a mechanism run only in turns 0 and 1 is
+    # judged against turns 0 and 1
+    row = _row("readahead", [105.0, 107.0], [0, 1])
+    without, base, slower = scale.machinery_worth(_result([100.0, 100.0, 200.0], [row]), row)
+    assert (without, base) == (106.0, 100.0)
+    assert abs(slower - 0.06) < 1e-9
+
+
+def test_table_says_which_mechanism_earns_its_place():
+    rows = [_row("early writer", [130.0, 126.0], [0, 1]), _row("O_DIRECT", [101.0, 99.0], [0, 1])]
+    text = scale.machinery_table(_result([100.0, 100.0], rows))
+    lines = {ln.split(":")[0].strip("| "): ln for ln in text.splitlines() if ln.startswith("| ") and ":" in ln}
+    assert lines["early writer"].rstrip(" |").endswith("yes") and "+28.0%" in lines["early writer"]
+    assert lines["O_DIRECT"].rstrip(" |").endswith("**no**") and "+0.0%" in lines["O_DIRECT"]
+    assert "`SLIMCKPT_MERGE_GUESS=0`" in lines["early writer"]
+
+
+def test_a_run_without_machinery_renders_no_table():
+    assert scale.machinery_table({"rows": []}) == ""
+    assert scale.machinery_table({"rows": [], "machinery": []}) == ""
+
+
+def test_every_switch_is_a_documented_flag():
+    from slimckpt import env_vars
+
+    known = {v.name: v for v in env_vars.VARIABLES}
+    for _, var, _ in scale.MACHINERY:
+        assert known[var].type == "flag" and known[var].default == "1", var
