@@ -177,3 +177,18 @@ def full_disk_after_headers(monkeypatch) -> None:
         return real(fd, data, off)
 
     monkeypatch.setattr(os, "pwrite", pwrite)
+
+
+def adapter_config_fields(raw: bytes) -> dict:
+    """An adapter_config.json's fields, target_modules sorted. verl's merger and peft both pass that
+    field through Python sets, whose order follows the string hashes (PYTHONHASHSEED, and on a
+    collision the order the names went in), so one merge may list the same modules in another order
+    than the next; peft reads the field back as a set."""
+    d = json.loads(raw)
+    if isinstance(d.get("target_modules"), list):
+        d["target_modules"] = sorted(d["target_modules"])
+    return d
+
+
+def same_adapter_config(a: bytes, b: bytes) -> bool:
+    return adapter_config_fields(a) == adapter_config_fields(b)

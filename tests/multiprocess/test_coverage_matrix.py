@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers.merge_helpers import REPO, run, verl_merge
+from ..helpers.merge_helpers import REPO, run, same_adapter_config, verl_merge
 
 pytestmark = pytest.mark.slow
 
@@ -155,7 +155,7 @@ def tree_diff(ours: Path, ref: Path, skip: tuple[str, ...] = ()) -> str | None:
     if sorted(a) != sorted(b):
         return f"files differ: ours only {sorted(set(a) - set(b))}, reference only {sorted(set(b) - set(a))}"
     differ = [
-        n for n in b if a[n] != b[n] and not (n.endswith("adapter_config.json") and _same_adapter_config(a[n], b[n]))
+        n for n in b if a[n] != b[n] and not (n.endswith("adapter_config.json") and same_adapter_config(a[n], b[n]))
     ]
     if not differ:
         return None
@@ -178,19 +178,6 @@ def tree_diff(ours: Path, ref: Path, skip: tuple[str, ...] = ()) -> str | None:
         else:
             why.append(n)
     return "differ: " + "; ".join(why)
-
-
-def _same_adapter_config(a: bytes, b: bytes) -> bool:
-    """peft writes target_modules from a Python set: its order follows the process's string hashes
-    (PYTHONHASHSEED), so two processes may list the same modules in another order."""
-
-    def norm(raw: bytes) -> dict:
-        d = json.loads(raw)
-        if isinstance(d.get("target_modules"), list):
-            d["target_modules"] = sorted(d["target_modules"])
-        return d
-
-    return norm(a) == norm(b)
 
 
 def first_line(text: str) -> str:
