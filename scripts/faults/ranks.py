@@ -390,8 +390,13 @@ def in_save(events: list[oracle.Event], t: float) -> bool:
     return bool(begun) and begun[-1] not in done
 
 
+def _unnamed(trial: dict) -> bool:
+    """A fault inside a save that did not commit whose survivors' output named no lost rank."""
+    return bool(trial.get("in_save")) and trial.get("last_committed") != trial.get("step") and not trial.get("named")
+
+
 def _keep_or_remove(trial: dict, trial_dir: str) -> dict:
-    if trial["outcome"] in BAD or KEEP_ALL[0]:
+    if trial["outcome"] in BAD or _unnamed(trial) or KEEP_ALL[0]:
         trial["kept_dir"] = trial_dir
     else:
         shutil.rmtree(trial_dir, ignore_errors=True)
