@@ -45,7 +45,6 @@ from torch.distributed.tensor import DTensor
 from ..log import get_logger
 from ..read import in_flight
 from ..verl_seam.manager_state import state_of
-from ..write import peers  # noqa: F401 - imported first so that its exit hook (the beat's end) runs after finish_all
 from . import stream_guards
 from .host_budget import budget_bytes
 

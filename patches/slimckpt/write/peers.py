@@ -23,7 +23,6 @@ cannot tell a slow rank from a dead one, but a beat that stops for `timeout` sec
 # lazy imports: torch only where a process group exists (its error type, its store); describing ranks is torch-free
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import re
@@ -146,12 +145,8 @@ class Heartbeat:
             self._thread.start()
         return self
 
-    def stop(self, wait_s: float = 0.0) -> None:
-        """End the beat; with `wait_s`, wait up to that long for the beat thread to be gone."""
+    def stop(self) -> None:
         self._stop.set()
-        thread = self._thread
-        if wait_s > 0 and thread is not None and thread is not threading.current_thread():
-            thread.join(wait_s)
 
     def _beat(self) -> None:
         # on this thread itself, unbounded: a store that blocks stops this process's beat, and a
@@ -275,23 +270,6 @@ def process_heartbeat() -> Heartbeat | None:
                 return None
             _PROCESS.append(Heartbeat(store, dist.get_rank(), dist.get_world_size(), prefix="beat").start())
         return _PROCESS[0]
-
-
-def stop_process_heartbeat() -> None:
-    """At interpreter exit: the beat thread must not be inside a store call when finalization starts.
-    A daemon thread that returns from C++ (the store call releases the GIL) into a finalizing
-    interpreter is ended by pthread_exit, whose unwinding through pybind11's noexcept frames calls
-    std::terminate: the process aborts ("terminate called without an active exception") after its
-    work is done. The wait is a store call's bound: a beat asleep ends at once, and a call that never
-    returns is harmless (its thread never takes the GIL again)."""
-    for beat in list(_PROCESS):
-        beat.stop(wait_s=CALL_TIMEOUT_S)
-
-
-# registered at import: atexit runs it after the hooks registered later, among them the background
-# writes' finish_all (save.resume_async imports this module first), whose collectives may still need
-# this rank's beat to tell a slow peer from a lost one
-atexit.register(stop_process_heartbeat)
 
 
 def _short(text: str) -> str:
