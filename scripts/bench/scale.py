@@ -42,7 +42,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from scripts.bench.merge import floor_ratio, source_commit, verl_command
+from scripts.bench.merge import floor_ratio, slimckpt_command, source_commit, verl_command
 from scripts.bench.save import machine_line, mem_available, write_section
 from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed  # noqa: E402
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured  # noqa: E402
@@ -154,17 +154,7 @@ def shard_files(ckpt: Path) -> list[Path]:
 
 
 def merge_command(tool: str, ckpt: Path, target: Path, workers: int) -> list[str]:
-    merge = [
-        "-m",
-        "slimckpt.cli",
-        "merge",
-        "--local_dir",
-        str(ckpt),
-        "--target_dir",
-        str(target),
-        "--overwrite",
-        "--no_progress",
-    ]
+    _, *merge = slimckpt_command(ckpt, target, "--no_progress")
     if tool != DISTRIBUTED:
         return [sys.executable, *merge]
     return [
@@ -224,16 +214,19 @@ def merge_runs(
     inputs = [str(p) for p in shard_files(ckpt)]
     rows = {t: _new_row(t) for t in (SINGLE, DISTRIBUTED)}
     switched = {}
+    # (row, the switches it runs with, its number of runs), in the order each turn runs them
+    plan = [(rows[SINGLE], {}, repeats), (rows[DISTRIBUTED], {}, repeats)]
     if machinery:
         for name, var, _ in MACHINERY:
-            row = _new_row(machinery_tool(name))
-            row.update(mechanism=name, switch=f"{var}=0")
-            switched[row["tool"]] = row
-    plan = [(SINGLE, {}), (DISTRIBUTED, {})] + [(t, {r["switch"].split("=")[0]: "0"}) for t, r in switched.items()]
-    for i in range(max(repeats, machinery_repeats if machinery else 0)):
-        for tool, env in plan:
-            row = rows.get(tool) or switched[tool]
-            wanted = repeats if tool in rows else machinery_repeats
+            row = switched[machinery_tool(name)] = {
+                **_new_row(machinery_tool(name)),
+                "mechanism": name,
+                "switch": f"{var}=0",
+            }
+            plan.append((row, {var: "0"}, machinery_repeats))
+    for i in range(max(wanted for _, _, wanted in plan)):
+        for row, env, wanted in plan:
+            tool = row["tool"]
             if i >= wanted:
                 continue
             target = work / "merged"
@@ -260,7 +253,7 @@ def merge_runs(
                 f" (load {row['loads'][-1]:.1f})",
                 flush=True,
             )
-            if tool in rows and i == repeats - 1:
+            if tool in rows and i == wanted - 1:
                 row["check"] = check_output(ckpt, target)
             clean(target)
     return rows, switched
