@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from ..log import get_logger
 from ..read import in_flight
 from ..verl_seam.manager_state import state_of
+from ..write import peers  # noqa: F401 - its exit hook registered before finish_all's, so it runs after it
 from . import stream_guards
 from .host_budget import budget_bytes
 

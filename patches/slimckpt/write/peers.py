@@ -23,11 +23,13 @@ cannot tell a slow rank from a dead one, but a beat that stops for `timeout` sec
 # lazy imports: torch only where a process group exists (its error type, its store); describing ranks is torch-free
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +37,9 @@ from .. import internals
 
 BEAT_S = 1.0
 CALL_TIMEOUT_S = 5.0
+# how long interpreter exit waits for store calls in flight (see end_store_calls): a store that
+# answers does so in milliseconds; one that has not after this is held by a stopped or dead host
+EXIT_WAIT_S = 1.0
 PREFIX = "slimckpt/alive"
 # words of gloo's and NCCL's errors when a peer is gone or does not answer
 PEER_WORDS = (
@@ -67,8 +72,13 @@ def bounded(call: Callable[[], Any], timeout: float = CALL_TIMEOUT_S) -> Any:
             box.append(("ok", call()))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             box.append(("error", exc))
+        finally:
+            with _LIVE_LOCK:
+                _CALLS.discard(threading.current_thread())
 
     thread = threading.Thread(target=run, name="slimckpt-store-call", daemon=True)
+    with _LIVE_LOCK:
+        _CALLS.add(thread)
     thread.start()
     thread.join(timeout)
     if not box:
@@ -143,10 +153,15 @@ class Heartbeat:
                 bounded(lambda: self.store.add(self._key(self.rank), 1))
             self._thread = threading.Thread(target=self._run, name="slimckpt-heartbeat", daemon=True)
             self._thread.start()
+            _BEATS.add(self)
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> None:
+        """End the beat; with `wait_s`, wait up to that long for its thread to be gone."""
         self._stop.set()
+        thread = self._thread
+        if wait_s > 0 and thread is not None and thread is not threading.current_thread():
+            thread.join(wait_s)
 
     def _beat(self) -> None:
         # on this thread itself, unbounded: a store that blocks stops this process's beat, and a
@@ -247,6 +262,36 @@ def default_group_timeout():
     return None
 
 
+# every started beat, and the bounded() threads still inside their call
+_BEATS: weakref.WeakSet[Heartbeat] = weakref.WeakSet()
+_CALLS: set[threading.Thread] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def end_store_calls(wait_s: float = EXIT_WAIT_S) -> None:
+    """At interpreter exit: stop every beat and give the store calls in flight `wait_s` in all to
+    return. A daemon thread that comes back from a store call (C++, the GIL released) into a
+    finalizing interpreter is ended by pthread_exit, and that unwinding through pybind11's noexcept
+    frames calls std::terminate: the process would abort ("terminate called without an active
+    exception") after its work is done. A sleeping beat ends at once; a call still blocked after the
+    wait is on a stopped or dead store host and is left alone (a thread that never takes the GIL
+    again is harmless), so a lost host delays the exit by `wait_s` at most."""
+    deadline = time.monotonic() + wait_s
+    beats = list(_BEATS)
+    for beat in beats:
+        beat._stop.set()
+    with _LIVE_LOCK:
+        threads = [b._thread for b in beats if b._thread is not None] + list(_CALLS)
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+# registered at import, so that it runs after the exit hooks registered later (atexit runs them last
+# first): among them the background writes' finish_all (save.resume_async imports this module before
+# registering it), whose collectives still need this rank's beat so the others can name a lost peer
+atexit.register(end_store_calls)
+
 _PROCESS: list[Heartbeat] = []
 _LOST: list[tuple[list[int], str]] = []
 _LOCK = threading.Lock()
@@ -308,6 +353,7 @@ __all__ = [
     "causes",
     "default_group_timeout",
     "describe_ranks",
+    "end_store_calls",
     "is_peer_loss",
     "lost_ranks_line",
     "peer_error",
