@@ -45,9 +45,7 @@ CHILD = textwrap.dedent(
 
 
 def _exit(wait_ms: float, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, str(wait_ms)], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-c", CHILD, str(wait_ms)], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.slow
