@@ -156,12 +156,8 @@ class Heartbeat:
             _BEATS.add(self)
         return self
 
-    def stop(self, wait_s: float = 0.0) -> None:
-        """End the beat; with `wait_s`, wait up to that long for its thread to be gone."""
+    def stop(self) -> None:
         self._stop.set()
-        thread = self._thread
-        if wait_s > 0 and thread is not None and thread is not threading.current_thread():
-            thread.join(wait_s)
 
     def _beat(self) -> None:
         # on this thread itself, unbounded: a store that blocks stops this process's beat, and a
@@ -279,11 +275,11 @@ def end_store_calls(wait_s: float = EXIT_WAIT_S) -> None:
     deadline = time.monotonic() + wait_s
     beats = list(_BEATS)
     for beat in beats:
-        beat._stop.set()
+        beat.stop()
     with _LIVE_LOCK:
         threads = [b._thread for b in beats if b._thread is not None] + list(_CALLS)
     for thread in threads:
-        if thread is not threading.current_thread():
+        if thread.is_alive() and thread is not threading.current_thread():  # one that never started cannot be joined
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
