@@ -10,7 +10,7 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install lint format test test-fast test-verl-stack quickstart bench bench-scale compare faults clean
+.PHONY: help install lint format test test-fast test-verl-stack quickstart bench bench-scale bench-train-scale compare faults clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
@@ -21,6 +21,7 @@ help:
 	@echo "make test-verl-stack  the distributed/DCP/transformers tests on verl's GPU stack (torch 2.11.0, transformers 5.9.0) in .venv-verl-stack"
 	@echo "make bench        merge/save benchmarks vs verl 0.9.1, written to BENCHMARKS.md"
 	@echo "make bench-scale  an 8B checkpoint (world size 8) merged by slimckpt and by verl 0.9.1 under a memory cap (~50 GB disk)"
+	@echo "make bench-train-scale  a 3.6B model saved and resumed inside verl, slimckpt's tiers and verl 0.9.1's, under a memory cap (~40 GB disk)"
 	@echo "make faults       SIGKILL/corruption/environment fault campaigns vs verl 0.9.1: RELIABILITY.md"
 	@echo "make install      create .venv and install slimckpt with its test extras"
 
@@ -98,6 +99,12 @@ bench: $(STAMP)
 BENCH_SCALE_ARGS ?=
 bench-scale: $(STAMP)
 	$(PY) -m scripts.bench.scale $(BENCH_SCALE_ARGS)
+	$(PY) -m scripts.bench.plots
+
+# not part of `make bench`: needs ~40 GB of free disk (says so and stops without it), about 20 minutes;
+# writes its section of BENCHMARKS.md, its README rows and docs/bench_train_scale.json
+bench-train-scale: $(STAMP)
+	$(PY) -m scripts.bench.train_scale
 	$(PY) -m scripts.bench.plots
 
 # SIGKILL at random moments (50 trials per mode), corruption and environment faults: RELIABILITY.md

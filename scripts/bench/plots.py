@@ -1,7 +1,9 @@
 """Pictures of the measured sizes: merge peak memory and wall against model size up to 8B (the I/O floor
-drawn), and a save's peak extra memory against size. Reads the committed bench JSONs; measures nothing.
+drawn), a save's peak extra memory against size, and the job's memory over one save at the largest
+in-training size. Reads the committed bench JSONs; measures nothing.
 
-    python -m scripts.bench.plots            # docs/merge_scale.png, docs/save_peak_memory.png
+    python -m scripts.bench.plots            # docs/merge_scale.png, docs/save_peak_memory.png,
+                                             # docs/save_rss_timeline.png (from make bench-train-scale)
 """
 
 # lazy imports: matplotlib only when a picture is drawn (the tests import the point tables)
@@ -142,6 +144,52 @@ def plot_save(save: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def timeline_points(train: dict) -> dict[str, list[tuple[float, float]]]:
+    """mode -> [(seconds since its first save began, the job's RssAnon in GiB)] at the bench's largest
+    size, from a little before that save to its end (or the kill)."""
+    meta, pts = train["meta"], {}
+    for r in train["rows"]:
+        if (
+            r["preset"] != meta["preset"]
+            or r["mode"] == "verl-resume"
+            or r["mode"] in pts
+            or "save-1" not in r["events"]
+        ):
+            continue
+        start = r["events"]["save-1"]
+        end = r["killed_at_s"] if r["killed"] else r["events"].get("saved-1", start)
+        pts[r["mode"]] = [(t - start, v / GIB) for t, v in r["timeline"] if start - 5 <= t <= end + 2]
+    return pts
+
+
+def plot_timeline(train: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = {
+        "verl": "verl 0.9.1 (hf_model)",
+        "intermediate": "+recipe=intermediate",
+        "incremental": "+recipe=incremental",
+        "stream": "+recipe=incremental, async_save=stream",
+    }
+    meta = train["meta"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for mode, rows in timeline_points(train).items():
+        ax.plot([p[0] for p in rows], [p[1] for p in rows], label=names[mode])
+    ax.axhline(meta["cap"] / GIB, color="grey", linestyle="--", label="the cap (the run is killed past it)")
+    ax.set_xlabel("seconds since the save began")
+    ax.set_ylabel("the job's anonymous RSS (GiB)")
+    ax.set_title(f"One save inside verl, {meta['params'] / 1e9:.2f}B model, FSDP2, 2 ranks, CPU", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.text(0.01, 0.01, f"`make bench-train-scale` at {meta['commit']}", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--docs", type=Path, default=DOCS, help="where the JSONs are and the pictures go")
@@ -149,7 +197,11 @@ def main(argv: list[str] | None = None) -> None:
     load = lambda name: json.loads((args.docs / name).read_text())  # noqa: E731
     plot_merge(load("bench_merge.json"), load("bench_scale.json"), args.docs / "merge_scale.png")
     plot_save(load("bench_save.json"), args.docs / "save_peak_memory.png")
-    print(f"wrote {args.docs / 'merge_scale.png'} and {args.docs / 'save_peak_memory.png'}")
+    wrote = ["merge_scale.png", "save_peak_memory.png"]
+    if (args.docs / "bench_train_scale.json").exists():  # written by make bench-train-scale
+        plot_timeline(load("bench_train_scale.json"), args.docs / "save_rss_timeline.png")
+        wrote.append("save_rss_timeline.png")
+    print("wrote " + ", ".join(str(args.docs / name) for name in wrote))
 
 
 if __name__ == "__main__":

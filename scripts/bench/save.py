@@ -139,9 +139,11 @@ class WindowSampler:
 # --------------------------------------------------------------------------- worker (one torchrun rank)
 
 
-def build_model(preset: str, world: int, fsdp: int = 2):
+def build_model(preset: str, world: int, fsdp: int = 2, adamw_state: bool = True):
     """The preset's Llama, sharded like verl's FSDP2 wrap (or FSDP1's, `fsdp=1`); weights and AdamW
-    state random and materialised (never zero pages, which would hide their RSS)."""
+    state random and materialised (never zero pages, which would hide their RSS). `adamw_state=False`:
+    an SGD optimizer without momentum (it has no state) for the lr scheduler, and no optimizer step,
+    for sizes whose AdamW moments would not fit the host."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
@@ -165,6 +167,9 @@ def build_model(preset: str, world: int, fsdp: int = 2):
     with torch.no_grad():
         for p in model.parameters():
             (p.to_local() if hasattr(p, "to_local") else p).normal_(0.0, 0.02, generator=gen)
+    if not adamw_state:
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+        return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0), n_params, vocab
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for p in model.parameters():  # one step on zero gradients creates the state without a forward pass
         p.grad = torch.zeros_like(p)

@@ -259,14 +259,22 @@ def merge_runs(
     return rows, switched
 
 
-def run_capped(cmd: list[str], env: dict, cap: int, interval_s: float = 0.02) -> dict:
+def run_capped(
+    cmd: list[str], env: dict, cap: int, interval_s: float = 0.02, timeline_s: float = 0.5, cwd: Path | None = None
+) -> dict:
     """`cmd`, its process group killed (SIGKILL) once its tree's summed RssAnon passes `cap`.
-    Returns wall, peak, whether and when it was killed, what it had read and printed by then."""
+    Returns wall, peak, whether and when it was killed, what it had read and printed by then, and the
+    tree's RssAnon every `timeline_s` (seconds since `started_at`, a time.time())."""
     import psutil
 
-    start = time.perf_counter()
+    started_at, start = time.time(), time.perf_counter()
     proc = subprocess.Popen(
-        cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=cwd,
     )
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(4096), b"")), daemon=True)
@@ -284,7 +292,7 @@ def run_capped(cmd: list[str], env: dict, cap: int, interval_s: float = 0.02) ->
             read_bytes = max(read_bytes, sum(p.io_counters().read_chars for p in procs))
         except (psutil.Error, AttributeError):
             pass
-        if not timeline or time.perf_counter() - start - timeline[-1][0] >= 0.5:
+        if not timeline or time.perf_counter() - start - timeline[-1][0] >= timeline_s:
             timeline.append((round(time.perf_counter() - start, 2), now))
         if now > cap:
             killed_at = time.perf_counter() - start
@@ -303,7 +311,9 @@ def run_capped(cmd: list[str], env: dict, cap: int, interval_s: float = 0.02) ->
         "returncode": proc.returncode,
         "read_bytes": read_bytes,
         "shards_loaded": int(loaded[-1][1]) if loaded else 0,
+        "output": output,
         "output_tail": output[-1500:],
+        "started_at": started_at,
         "timeline": timeline,
     }
 
@@ -402,6 +412,7 @@ def measure(args: argparse.Namespace) -> dict:
         evict_from_page_cache([str(p) for p in shard_files(ckpt)])
         print(f"[bench-scale] verl's merger under a {cap / GiB:.1f} GiB cap", flush=True)
         verl = run_capped(verl_command(ckpt, target), {**ENV, "SLIMCKPT_DISABLE": "1"}, cap)
+        del verl["output"]  # its tail is kept; the whole of tqdm's output does not belong in the JSON
         verl["wrote_bytes"] = sum(f.stat().st_size for f in target.glob("*.safetensors")) if target.exists() else 0
         clean(target)
         print(

@@ -120,7 +120,13 @@ def test_checked_reader_and_planner_load_what_dcps_own_load(tmp_path, monkeypatc
             dcp.load(state, checkpoint_id=dcp_dir, no_dist=True, **kw)
         return state
 
-    ours, theirs = load(storage_reader=CheckedFileSystemReader(dcp_dir), planner=CheckedLoadPlanner(dcp_dir)), load()
+    torch_loads = []  # DCP's reader builds each tensor record with torch.load; ours maps the file
+    real_torch_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: torch_loads.append(a) or real_torch_load(*a, **kw))
+    ours = load(storage_reader=CheckedFileSystemReader(dcp_dir), planner=CheckedLoadPlanner(dcp_dir))
+    assert torch_loads == []
+    theirs = load()
+    assert torch_loads  # the watch sees DCP's own reads
     assert ours["optim"] == theirs["optim"] and ours["optim"]["param_groups"] == groups
     assert len(records) >= len(groups)  # each group's values were records of ours
     assert all(torch.equal(ours["model"][k], theirs["model"][k]) for k in theirs["model"])
