@@ -110,7 +110,10 @@ def test_readme_and_report_are_replaced_between_markers_only(tmp_path):
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{ts.README_END}\nafter\n")
     assert "old row" not in text
-    assert "| killed 31 s into the save at 18 GiB for the job (`hf_model`) | 10 MiB, 45.0 s (`+recipe=incremental`) |" in text
+    assert (
+        "| killed 31 s into the save at 18 GiB for the job (`hf_model`) | 10 MiB, 45.0 s (`+recipe=incremental`) |"
+        in text
+    )
     assert "| killed 50 s into the load at 18 GiB for the job | 40 MiB, 20.0 s |" in text
     report = tmp_path / "BENCHMARKS.md"
     report.write_text("# Benchmarks\n\nmerge\n")
