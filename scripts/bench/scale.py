@@ -277,7 +277,9 @@ def run_capped(
         cwd=cwd,
     )
     chunks: list[bytes] = []
-    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(4096), b"")), daemon=True)
+    # read1: what the pipe holds now, so a line printed long before a kill is read even when a
+    # process outside the killed group keeps the pipe open past the join below
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read1(4096), b"")), daemon=True)
     reader.start()
     peak, killed_at, read_bytes, timeline = 0, None, 0, []
     root = psutil.Process(proc.pid)

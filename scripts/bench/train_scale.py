@@ -66,6 +66,7 @@ LABEL = {
     "stream": "`+recipe=incremental`, async_save=stream",
 }
 EVENT = re.compile(r"\[train-scale\] event (\S+) (\d+\.\d+)")
+KERNEL_KILL = re.compile(r"exitcode\s*:\s*-9|Signals\.SIGKILL|signal 9", re.IGNORECASE)
 # the tier's load holds one bucket of this size per rank (recipes/incremental.yaml's bucket_mb)
 LOAD_SLACK = 64 * MiB
 SAVE_TARGET = 64 * MiB
@@ -240,6 +241,12 @@ def run_one(preset: str, mode: str, args: argparse.Namespace, cap: int, resume: 
         env["SLIMCKPT_DISABLE"] = "1"
     try:
         got = run_capped(cmd, env, cap, timeline_s=0.25, cwd=REPO)
+        if not got["killed"] and got["returncode"] != 0 and KERNEL_KILL.search(got["output"]):
+            # the kernel's OOM killer got there before the cap's watcher: a kill all the same
+            got["killed"], got["killed_by"] = True, "the kernel's OOM killer"
+            got["killed_at_s"] = (
+                max(got["timeline"], key=lambda point: point[1])[0] if got["timeline"] else got["wall_s"]
+            )
         result = out / "result.json"
         ranks = json.loads(result.read_text()) if result.exists() and not got["killed"] else None
     finally:
@@ -264,6 +271,9 @@ def summarise(preset: str, mode: str, got: dict, events: dict[str, float], ranks
         "timeline": got["timeline"],
         "events": events,
     }
+    if got["killed"]:
+        row["killed_by"] = got.get("killed_by", "the cap")
+        row["output_tail"] = got["output_tail"]
     # what it was doing when it was killed: the last event before the kill
     if got["killed"]:
         before = [(t, name) for name, t in events.items() if t <= got["killed_at_s"]]
@@ -372,6 +382,10 @@ def when_killed(row: dict) -> str:
     return f"killed {row['killed_after_s']:.0f} s into {during}"
 
 
+def killer(row: dict) -> str:
+    return "killed by the kernel's OOM killer" if row.get("killed_by", "the cap").startswith("the kernel") else "cap"
+
+
 def outcome(row: dict) -> str:
     if row["killed"]:
         return f"{when_killed(row)}, the job's RssAnon at {row['tree_peak'] / GiB:.1f} GiB"
@@ -425,7 +439,7 @@ def save_table(result: dict) -> str:
         if r["killed"]:
             lines.append(
                 f"| {LABEL[mode]} | {when_killed(r)}: {verl_need_words(meta, mode, r)} "
-                f"| {r['tree_peak'] / GiB:.1f} GiB (cap) | - | - | - | - |"
+                f"| {r['tree_peak'] / GiB:.1f} GiB ({killer(r)}) | - | - | - | - |"
             )
             continue
         lines.append(
@@ -451,7 +465,7 @@ def resume_table(result: dict) -> str:
             )
             if r["killed"]:
                 lines.append(
-                    f"| {name} | {what} | {when_killed(r)}: {verl_need_words(meta, r['mode'], r)} | {r['tree_peak'] / GiB:.1f} GiB (cap) | - | - |"
+                    f"| {name} | {what} | {when_killed(r)}: {verl_need_words(meta, r['mode'], r)} | {r['tree_peak'] / GiB:.1f} GiB ({killer(r)}) | - | - |"
                 )
                 continue
             load = r["load"]
