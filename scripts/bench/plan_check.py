@@ -15,6 +15,9 @@ is larger (a few MiB of allocator and Python objects are no model bytes). The as
 with the staging budget the bench had: the bench sizes it to the host's free memory, and records
 whether the pool was used.
 
+The saves of scripts/bench/train_scale.py (docs/bench_train_scale.json: the 3.6B Llama, model and extra
+state, no optimizer) that finished are planned the same way, with those contents.
+
 Time is not compared here: bench_save measures no disk speed in the same run, and its writes land
 in the page cache of a shared host.
 """
@@ -39,6 +42,7 @@ MEMORY_SLACK = 64 * 2**20
 MiB = 2**20
 MODE_LABEL = {
     "verl": "verl 0.9.1 (hf_model)",
+    "intermediate": "+recipe=intermediate",
     "incremental": "+recipe=incremental",
     "async": "incremental, async",
     "stream": "incremental, async=stream",
@@ -77,13 +81,19 @@ def preset_config(size: str, root: str) -> str:
     return path
 
 
-def strategy_for(mode: str, staged: bool | None):
+def strategy_for(mode: str, staged: bool | None, contents: tuple[str, ...] | None = None):
+    """The plan's strategy of a measured save; `contents`: the incremental tier's save_contents when the
+    bench set them (scripts/bench/train_scale.py saves [model, extra])."""
     from slimckpt.plan import build, cost
 
     if mode == "verl":
         return cost.Strategy("verl + hf_model", contents=(*cost.VERL_CONTENTS, "hf_model"))
+    if mode == "intermediate":
+        return build.recipe_strategies(["intermediate"])[0]
     # the measured saves ran with a number for host_memory_budget_gb (the recipe's auto is per node)
     inc = replace(build.recipe_strategies(["incremental"])[0], host_memory_budget_gb=16.0)
+    if contents:
+        inc = replace(inc, contents=contents)
     if mode == "incremental":
         return inc
     if mode == "stream":
@@ -133,6 +143,46 @@ def points(bench: dict, world: int) -> list[Point]:
     return out
 
 
+def train_points(train: dict, world: int) -> list[Point]:
+    """The saves scripts/bench/train_scale.py measured at its largest size ([model, extra]; intermediate
+    [model]) that finished: verl's hf_model save was killed there, so it has no measured point."""
+    from slimckpt.plan import cost, meta_model
+
+    extra = meta_model.extra_state_bytes()
+    preset, out = train["meta"]["preset"], []
+    with tempfile.TemporaryDirectory(prefix="plan-check-") as root:
+        f = meta_model.model_facts(preset_config(preset, root))
+        for row in train["rows"]:
+            if row["preset"] != preset or row["killed"] or row["mode"] not in ("intermediate", "incremental", "stream"):
+                continue
+            e = cost.estimate(
+                f.params,
+                world,
+                strategy_for(row["mode"], None, contents=("model", "extra")),
+                extra,
+                f.hf_bytes,
+                None,
+                fsdp=2,
+                hf_dtype=f.hf_dtype,
+                device="cpu",
+            )
+            peaks = row["save_extra_per_rank"]
+            out.append(
+                Point(
+                    preset,
+                    row["mode"],
+                    row["params"],
+                    e.total_write_bytes + e.hf_export_bytes,
+                    row["bytes_on_disk"],
+                    e.host_peak_bytes,
+                    peaks[0],
+                    peaks[1:],
+                    "model and extra state, no optimizer (make bench-train-scale)",
+                )
+            )
+    return out
+
+
 def table(found: list[Point], meta: dict) -> str:
     lines = [
         f"{BEGIN}",
@@ -174,9 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=str(REPO / "docs" / "bench_save.json"), help="scripts/bench/save.py's results")
     p.add_argument("--world-size", type=int, default=2, help="the bench's ranks (its --nproc)")
     p.add_argument("--out", default=None, help="a markdown file whose plan-check section to write")
+    p.add_argument(
+        "--train-json",
+        default=str(REPO / "docs" / "bench_train_scale.json"),
+        help="scripts/bench/train_scale.py's results ('' for none)",
+    )
     args = p.parse_args(argv)
     bench = json.loads(Path(args.json).read_text())
     found = points(bench, args.world_size)
+    if args.train_json and Path(args.train_json).exists():
+        found += train_points(json.loads(Path(args.train_json).read_text()), args.world_size)
     section = table(found, bench.get("meta", {}))
     if args.out:
         write_section(section, Path(args.out))

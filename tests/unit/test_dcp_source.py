@@ -132,3 +132,33 @@ def test_checked_reader_and_planner_load_what_dcps_own_load(tmp_path, monkeypatc
     assert all(torch.equal(ours["model"][k], theirs["model"][k]) for k in theirs["model"])
     meta, real = read_metadata(dcp_dir), dcp.FileSystemReader(dcp_dir).read_metadata()
     assert meta.state_dict_metadata == real.state_dict_metadata and meta.storage_data == real.storage_data
+
+
+def test_a_step_of_tensors_only_loads_through_the_checked_reader(tmp_path):
+    """A plan with no byte record (a model-only step) is read wholly from the mapped records, and DCP
+    waits on what the reader returns."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from slimckpt.read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
+
+    step = synthetic_dcp_step(tmp_path / "actor")
+    dcp_dir = str(step / "dcp")
+    saved = open_dcp(str(step)).tensors
+    state = {"model": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in saved.items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # single-process load, as meant
+        dcp.load(
+            state,
+            storage_reader=CheckedFileSystemReader(dcp_dir),
+            planner=CheckedLoadPlanner(dcp_dir),
+            no_dist=True,
+        )
+    reference = {"model": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in saved.items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(reference, checkpoint_id=dcp_dir, no_dist=True)
+    assert state["model"].keys() == reference["model"].keys()
+    assert all(torch.equal(state["model"][k], reference["model"][k]) for k in reference["model"])
+    assert any(v.abs().sum() > 0 for v in state["model"].values())

@@ -21,12 +21,12 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-from concurrent.futures import Future
 
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType
+from torch.futures import Future
 
 from . import pt_index, pt_tensors
 from .pickle_policy import PickleRefused, RestrictedUnpickler
