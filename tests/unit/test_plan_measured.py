@@ -1,5 +1,5 @@
-"""`slimckpt plan` held to the saves `make bench` measured (docs/bench_save.json): bytes and rank 0's
-host memory of every committed point agree, and docs/plan_check.md shows what the plan predicts now."""
+"""`slimckpt plan` held to the saves `make bench` and `make bench-train-scale` measured (docs/bench_save.json,
+docs/bench_train_scale.json): bytes and rank 0's host memory of every committed point agree, and docs/plan_check.md shows what the plan predicts now."""
 
 from __future__ import annotations
 
@@ -22,12 +22,14 @@ def check():
 @pytest.fixture(scope="module")
 def found(check):
     bench = json.loads((REPO / "docs" / "bench_save.json").read_text())
-    return bench, check.points(bench, world=2)
+    train = json.loads((REPO / "docs" / "bench_train_scale.json").read_text())
+    return bench, check.points(bench, world=2) + check.train_points(train, world=2)
 
 
 def test_every_measured_save_agrees_with_the_plan(found):
     bench, points = found
-    assert len(points) == len(bench["rows"]) >= 9  # three sizes, verl's save and ours
+    assert len(points) >= len(bench["rows"]) + 3  # three sizes, verl's save and ours; 3.6B: our three tiers
+    assert {p.mode for p in points if p.params > 3e9} == {"intermediate", "incremental", "stream"}
     for p in points:
         assert p.bytes_ok, (p.size, p.mode, p.planned_bytes, p.measured_bytes)
         assert p.host_ok, (p.size, p.mode, p.planned_host, p.measured_host)
