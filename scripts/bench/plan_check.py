@@ -102,8 +102,17 @@ def strategy_for(mode: str, staged: bool | None, contents: tuple[str, ...] | Non
     return replace(inc, async_save=True, host_memory_budget_gb=1e6 if staged else 0.0)
 
 
+def planned(facts, world: int, strategy, extra: int):
+    """`slimckpt plan --device cpu --fsdp 2`'s estimate of one save of the model of `facts`."""
+    from slimckpt.plan import cost
+
+    return cost.estimate(
+        facts.params, world, strategy, extra, facts.hf_bytes, None, fsdp=2, hf_dtype=facts.hf_dtype, device="cpu"
+    )
+
+
 def points(bench: dict, world: int) -> list[Point]:
-    from slimckpt.plan import cost, meta_model
+    from slimckpt.plan import meta_model
 
     extra = meta_model.extra_state_bytes()
     out = []
@@ -113,17 +122,7 @@ def points(bench: dict, world: int) -> list[Point]:
             if row["size"] not in facts:
                 facts[row["size"]] = meta_model.model_facts(preset_config(row["size"], root))
             f = facts[row["size"]]
-            e = cost.estimate(
-                f.params,
-                world,
-                strategy_for(row["mode"], row.get("staged")),
-                extra,
-                f.hf_bytes,
-                None,
-                fsdp=2,
-                hf_dtype=f.hf_dtype,
-                device="cpu",
-            )
+            e = planned(f, world, strategy_for(row["mode"], row.get("staged")), extra)
             peaks = row["peak_extra_per_rank"]
             out.append(
                 Point(
@@ -146,7 +145,7 @@ def points(bench: dict, world: int) -> list[Point]:
 def train_points(train: dict, world: int) -> list[Point]:
     """The saves scripts/bench/train_scale.py measured at its largest size ([model, extra]; intermediate
     [model]) that finished: verl's hf_model save was killed there, so it has no measured point."""
-    from slimckpt.plan import cost, meta_model
+    from slimckpt.plan import meta_model
 
     extra = meta_model.extra_state_bytes()
     preset, out = train["meta"]["preset"], []
@@ -155,17 +154,7 @@ def train_points(train: dict, world: int) -> list[Point]:
         for row in train["rows"]:
             if row["preset"] != preset or row["killed"] or row["mode"] not in ("intermediate", "incremental", "stream"):
                 continue
-            e = cost.estimate(
-                f.params,
-                world,
-                strategy_for(row["mode"], None, contents=("model", "extra")),
-                extra,
-                f.hf_bytes,
-                None,
-                fsdp=2,
-                hf_dtype=f.hf_dtype,
-                device="cpu",
-            )
+            e = planned(f, world, strategy_for(row["mode"], None, contents=("model", "extra")), extra)
             peaks = row["save_extra_per_rank"]
             out.append(
                 Point(

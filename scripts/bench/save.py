@@ -207,18 +207,22 @@ def wrap_fsdp1_from_meta(model, mesh):
     )
 
 
-def fsdp1_need(preset: str) -> int:
-    """Host bytes an FSDP1 run of `preset` needs over all its ranks: the fp32 model and AdamW's two
-    moments, and FSDP1's sharded state dict, a copy of them (gpu_check_fsdp), plus 2 GiB."""
+def preset_params(preset: str) -> int:
+    """Parameters of the preset's Llama (embeddings untied), from its shape."""
     from slimckpt.testing.fsdp_checkpoint import PRESETS
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
-    params = (
+    return (
         2 * vocab * hidden
         + hidden
         + layers * (2 * hidden * hidden + 2 * hidden * hidden * kv // heads + 3 * hidden * inter + 2 * hidden)
     )
-    return 2 * 12 * params + 2 * 2**30
+
+
+def fsdp1_need(preset: str) -> int:
+    """Host bytes an FSDP1 run of `preset` needs over all its ranks: the fp32 model and AdamW's two
+    moments, and FSDP1's sharded state dict, a copy of them (gpu_check_fsdp), plus 2 GiB."""
+    return 2 * 12 * preset_params(preset) + 2 * 2**30
 
 
 def fsdp1_fits(preset: str) -> bool:
@@ -271,6 +275,45 @@ def checkpoint_config(mode: str, budget_gb: float, fsdp: int = 2):
     return config, bool(config.export_hf)
 
 
+def timed_save(manager, sampler: WindowSampler, path: str, step: int, mark=None) -> dict:
+    """One save_checkpoint on every rank, waited for until committed: the rank's RssAnon before it and
+    at its peak, its wall and blocking seconds. `mark(name)`: called as the timed window opens and closes."""
+    import torch.distributed as dist
+
+    from slimckpt.save.resume_state import finish_pending
+
+    gc.collect()
+    os.sync()  # no dirty pages of earlier writes left for this save to wait on
+    dist.barrier()
+    level = sampler.start()
+    if mark:
+        mark(f"save-{step}")
+    t0 = time.perf_counter()
+    manager.save_checkpoint(path, global_step=step)
+    blocking = time.perf_counter() - t0
+    finish_pending()
+    dist.barrier()
+    wall = time.perf_counter() - t0
+    peak = sampler.stop()
+    if mark:
+        mark(f"saved-{step}")
+    return {"blocking_s": blocking, "wall_s": wall, "level_before": level, "peak": peak}
+
+
+def name_pretrained(model, out: str) -> None:
+    """verl saves generation_config.json from config.name_or_path, as for a pretrained model: one made
+    under `out` by rank 0."""
+    import torch.distributed as dist
+
+    gen_dir = os.path.join(out, "generation_config")
+    if dist.get_rank() == 0:
+        from transformers import GenerationConfig
+
+        GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(gen_dir)
+    dist.barrier()
+    model.config.name_or_path = gen_dir
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
@@ -281,13 +324,7 @@ def worker(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     sampler = WindowSampler()
     model, optimizer, scheduler, n_params, vocab = build_model(args.preset, world, args.fsdp)
-    gen_dir = os.path.join(args.out, "generation_config")
-    if rank == 0:  # verl saves generation_config.json from config.name_or_path, as for a pretrained model
-        from transformers import GenerationConfig
-
-        GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(gen_dir)
-    dist.barrier()
-    model.config.name_or_path = gen_dir
+    name_pretrained(model, args.out)
     dist.barrier()
     budget = [staging_budget_gb(world)]
     dist.broadcast_object_list(budget, src=0)  # one budget for all ranks: rank 0's view of the machine
@@ -297,25 +334,12 @@ def worker(args: argparse.Namespace) -> None:
     manager = FSDPCheckpointManager(
         model, optimizer, scheduler, processing_class=build_tokenizer(vocab), checkpoint_config=config
     )
-    from slimckpt.save.resume_state import finish_pending
-
     saves = []
     first_level = None
     for i in range(args.repeats):
         path = os.path.join(args.out, f"global_step_{i + 1}", "actor")
-        gc.collect()
-        os.sync()  # no dirty pages of earlier writes left for this save to wait on
-        dist.barrier()
-        level = sampler.start()
-        first_level = level if first_level is None else first_level
-        t0 = time.perf_counter()
-        manager.save_checkpoint(path, global_step=i + 1)
-        blocking = time.perf_counter() - t0
-        finish_pending()
-        dist.barrier()
-        wall = time.perf_counter() - t0
-        peak = sampler.stop()
-        save = {"blocking_s": blocking, "wall_s": wall, "level_before": level, "peak": peak}
+        save = timed_save(manager, sampler, path, i + 1)
+        first_level = save["level_before"] if first_level is None else first_level
         if rank == 0:
             hf = Path(path) / "huggingface"
             save["hf_safetensors"] = len(list(hf.glob("*.safetensors"))) if hf.is_dir() else 0

@@ -352,6 +352,19 @@ def verl_reference(preset: str, world: int, work: Path, jobs: int = 1) -> dict:
     return row
 
 
+def enough_disk(work: Path, need_gib: float, tag: str, what: str) -> bool:
+    """Whether `work` has `need_gib` free; if not, one line saying so (nothing is measured then)."""
+    free = shutil.disk_usage(work).free
+    if free >= need_gib * GiB:
+        return True
+    print(
+        f"[{tag}] {work} has {free / GiB:.0f} GiB free; the run needs {need_gib:g} GiB ({what}): nothing "
+        f"measured. Free disk there, or pass --work on a larger disk.",
+        flush=True,
+    )
+    return False
+
+
 def choose_cap(requested_gib: float) -> tuple[int, str]:
     """The cap, lowered below what the host has available (other work shares it) so that the kill is
     ours, not the kernel's; and why, when lowered."""
@@ -368,15 +381,11 @@ def choose_cap(requested_gib: float) -> tuple[int, str]:
 def measure(args: argparse.Namespace) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(work).free
-    if free < args.min_free_gib * GiB:
-        print(
-            f"[bench-scale] {work} has {free / GiB:.0f} GiB free; the {args.preset} run needs {args.min_free_gib:g} "
-            f"GiB (the shards, one merge output, a smaller checkpoint): nothing measured. Free disk there, or "
-            f"pass --work on a larger disk.",
-            flush=True,
-        )
+    if not enough_disk(
+        work, args.min_free_gib, "bench-scale", f"the {args.preset} shards, one merge output, a smaller checkpoint"
+    ):
         return {}
+    free = shutil.disk_usage(work).free
     started = time.time()
     cap, cap_note = choose_cap(args.verl_cap_gib)
     meta = {

@@ -45,8 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.bench.save import machine_line, mem_available, write_section
-from scripts.bench.scale import choose_cap, run_capped
+from scripts.bench.save import machine_line, mem_available, preset_params, write_section
+from scripts.bench.scale import choose_cap, enough_disk, run_capped
 from scripts.provenance import source_commit
 
 # lazy imports: torch, verl and slimckpt load in the worker ranks only; the driver stays torch-free
@@ -118,22 +118,15 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from scripts.bench.save import WindowSampler, build_model
+    from scripts.bench.save import WindowSampler, build_model, name_pretrained, timed_save
     from slimckpt.observe.measure import evict_from_page_cache
-    from slimckpt.save.resume_state import finish_pending
     from slimckpt.testing.fsdp_checkpoint import build_tokenizer
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     sampler = WindowSampler()
     model, optimizer, scheduler, n_params, vocab = build_model(args.preset, world, adamw_state=False)
-    gen_dir = os.path.join(args.out, "generation_config")
-    if rank == 0:  # verl saves generation_config.json from config.name_or_path, as for a pretrained model
-        from transformers import GenerationConfig
-
-        GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(gen_dir)
-    dist.barrier()
-    model.config.name_or_path = gen_dir
+    name_pretrained(model, args.out)
     manager = FSDPCheckpointManager(
         model,
         optimizer,
@@ -146,26 +139,11 @@ def worker(args: argparse.Namespace) -> None:
     event(rank, "built")
     for i in range(args.repeats):
         path = os.path.join(args.out, f"global_step_{i + 1}", "actor")
-        gc.collect()
-        os.sync()
-        dist.barrier()
-        level = sampler.start()
-        event(rank, f"save-{i + 1}")
-        t0 = time.perf_counter()
-        manager.save_checkpoint(path, global_step=i + 1)
-        blocking = time.perf_counter() - t0
-        finish_pending()
-        dist.barrier()
-        wall = time.perf_counter() - t0
-        peak = sampler.stop()
-        event(rank, f"saved-{i + 1}")
+        save = timed_save(manager, sampler, path, i + 1, mark=lambda name: event(rank, name))
         files = [f for f in Path(path).rglob("*") if f.is_file()]
         row["saves"].append(
             {
-                "level_before": level,
-                "peak": peak,
-                "wall_s": wall,
-                "blocking_s": blocking,
+                **save,
                 "bytes_on_disk": sum(f.stat().st_size for f in files),
                 "hf_safetensors": len(
                     [f for f in files if f.parent.name == "huggingface" and f.suffix == ".safetensors"]
@@ -307,27 +285,10 @@ def shape(preset: str) -> str:
     return f"{layers} layers, hidden {hidden}, intermediate {inter}, vocabulary {vocab:,}, {heads} heads, {kv} KV heads"
 
 
-def preset_params(preset: str) -> int:
-    from slimckpt.testing.fsdp_checkpoint import PRESETS
-
-    layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
-    return (
-        2 * vocab * hidden
-        + hidden
-        + layers * (2 * hidden * hidden + 2 * hidden * hidden * kv // heads + 3 * hidden * inter + 2 * hidden)
-    )
-
-
 def measure(args: argparse.Namespace) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(work).free
-    if free < args.min_free_gib * GiB:
-        print(
-            f"[bench-train-scale] {work} has {free / GiB:.0f} GiB free; this bench needs {args.min_free_gib:g} GiB "
-            f"(one step: the fp32 shards and their HF export). Free some, or point --work at a bigger disk.",
-            flush=True,
-        )
+    if not enough_disk(work, args.min_free_gib, "bench-train-scale", "one step: the fp32 shards and their HF export"):
         return {}
     cap, cap_note = choose_cap(args.cap_gib)
     plan = [(args.preset, m, m == "incremental") for m in args.modes] + [(args.preset, "verl-resume", True)]
