@@ -102,12 +102,17 @@ def strategy_for(mode: str, staged: bool | None, contents: tuple[str, ...] | Non
     return replace(inc, async_save=True, host_memory_budget_gb=1e6 if staged else 0.0)
 
 
-def planned(facts, world: int, strategy, extra: int):
-    """`slimckpt plan --device cpu --fsdp 2`'s estimate of one save of the model of `facts`."""
+def planned(facts, world: int, strategy, extra: int, size: str, row: dict, peaks: list[int], note: str) -> Point:
+    """`slimckpt plan --device cpu --fsdp 2`'s estimate of one measured save (`row`) of the model of
+    `facts`, next to what was measured: the bytes on disk and each rank's peak extra RssAnon (`peaks`)."""
     from slimckpt.plan import cost
 
-    return cost.estimate(
+    e = cost.estimate(
         facts.params, world, strategy, extra, facts.hf_bytes, None, fsdp=2, hf_dtype=facts.hf_dtype, device="cpu"
+    )
+    total = e.total_write_bytes + e.hf_export_bytes
+    return Point(
+        size, row["mode"], row["params"], total, row["bytes_on_disk"], e.host_peak_bytes, peaks[0], peaks[1:], note
     )
 
 
@@ -122,23 +127,13 @@ def points(bench: dict, world: int) -> list[Point]:
             if row["size"] not in facts:
                 facts[row["size"]] = meta_model.model_facts(preset_config(row["size"], root))
             f = facts[row["size"]]
-            e = planned(f, world, strategy_for(row["mode"], row.get("staged")), extra)
-            peaks = row["peak_extra_per_rank"]
-            out.append(
-                Point(
-                    row["size"],
-                    row["mode"],
-                    row["params"],
-                    e.total_write_bytes + e.hf_export_bytes,
-                    row["bytes_on_disk"],
-                    e.host_peak_bytes,
-                    peaks[0],
-                    peaks[1:],
-                    "pool not used: the host lacked the memory"
-                    if row["mode"] == "async" and row.get("staged") is False
-                    else "",
-                )
+            note = (
+                "pool not used: the host lacked the memory"
+                if row["mode"] == "async" and row.get("staged") is False
+                else ""
             )
+            strategy = strategy_for(row["mode"], row.get("staged"))
+            out.append(planned(f, world, strategy, extra, row["size"], row, row["peak_extra_per_rank"], note))
     return out
 
 
@@ -154,21 +149,9 @@ def train_points(train: dict, world: int) -> list[Point]:
         for row in train["rows"]:
             if row["preset"] != preset or row["killed"] or row["mode"] not in ("intermediate", "incremental", "stream"):
                 continue
-            e = planned(f, world, strategy_for(row["mode"], None, contents=("model", "extra")), extra)
-            peaks = row["save_extra_per_rank"]
-            out.append(
-                Point(
-                    preset,
-                    row["mode"],
-                    row["params"],
-                    e.total_write_bytes + e.hf_export_bytes,
-                    row["bytes_on_disk"],
-                    e.host_peak_bytes,
-                    peaks[0],
-                    peaks[1:],
-                    "model and extra state, no optimizer (make bench-train-scale)",
-                )
-            )
+            strategy = strategy_for(row["mode"], None, contents=("model", "extra"))
+            note = "model and extra state, no optimizer (make bench-train-scale)"
+            out.append(planned(f, world, strategy, extra, preset, row, row["save_extra_per_rank"], note))
     return out
 
 
