@@ -29,6 +29,7 @@ checkpoint); without it it says so and exits 0. Everything it writes under --wor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -283,11 +284,13 @@ def run_capped(
     reader.start()
     peak, killed_at, read_bytes, timeline = 0, None, 0, []
     root = psutil.Process(proc.pid)
+    seen: dict[int, psutil.Process] = {}
     while proc.poll() is None:
         try:
             procs = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             break
+        seen.update((p.pid, p) for p in procs)
         now = sum(rss_anon_bytes(p.pid) for p in procs)
         peak = max(peak, now)
         try:
@@ -301,6 +304,11 @@ def run_capped(
             os.killpg(proc.pid, signal.SIGKILL)
             break
         time.sleep(interval_s)
+    # torchrun starts its ranks in sessions of their own: the group kill misses them, and a rank whose
+    # launcher is gone can wait on its store for half an hour
+    for p in seen.values():
+        with contextlib.suppress(psutil.Error):
+            p.kill()
     proc.wait()
     reader.join(timeout=10)
     output = b"".join(chunks).decode(errors="replace")

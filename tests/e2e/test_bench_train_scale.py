@@ -47,3 +47,8 @@ def test_a_run_over_its_cap_is_reported_killed_where_it_was(tmp_path):
         assert row["killed"] and row["killed_by"] == "the cap"
         assert row["killed_in"] == "start-up"  # two ranks importing verl pass 0.3 GiB before any save
         assert row["tree_peak"] > 0.3 * 2**30
+    import psutil
+
+    procs = psutil.process_iter(["cmdline"])  # a zombie's or a vanished process's cmdline comes back None
+    left = [p.info["cmdline"] for p in procs if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert left == []  # no rank outlives its killed launcher
