@@ -193,3 +193,26 @@ def test_a_killed_writer_child_is_a_one_line_error_and_nothing_is_committed(tmp_
         _merge(ckpt, tmp_path / "out")
     assert made == [1]
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_a_distributed_error_line_is_written_before_the_ranks_meet(capsys):
+    """Each rank writes its error line, then waits for the others' (torchrun ends the ranks still
+    running once one exits with an error); a peer that never reports costs the wait, not a hang."""
+    import threading
+
+    import torch.distributed as dist
+
+    from slimckpt.hf.plan import MergeError
+    from slimckpt.merge import pipeline
+
+    store = dist.HashStore()
+    exc = MergeError("bad config")
+    peer = threading.Timer(0.2, lambda: store.add(pipeline.REPORTED_KEY, 1))
+    peer.start()
+    pipeline.report_together(exc, store, world=2, wait_s=60.0)
+    peer.join()
+    assert store.add(pipeline.REPORTED_KEY, 0) == 2 and exc.reported
+    assert capsys.readouterr().err == "slimckpt merge: error: bad config\n"
+    alone = MergeError("lost")
+    pipeline.report_together(alone, dist.HashStore(), world=2, wait_s=0.1)  # nobody else reports: returns
+    assert alone.reported

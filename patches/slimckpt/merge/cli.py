@@ -110,9 +110,11 @@ def run(args: argparse.Namespace) -> int:
         result = merge(opts)
     except MergeError as exc:
         # one write: print() writes the line and its newline apart, and the ranks of a distributed
-        # merge, sharing one stderr, then interleave their lines
-        sys.stderr.write(f"slimckpt merge: error: {exc}\n")
-        sys.stderr.flush()
+        # merge, sharing one stderr, then interleave their lines (a distributed rank wrote it already,
+        # before it met the others: pipeline.report_together)
+        if not getattr(exc, "reported", False):
+            sys.stderr.write(f"slimckpt merge: error: {exc}\n")
+            sys.stderr.flush()
         return 1
     if not opts.distributed or os.environ.get("RANK", "0") == "0":
         print(

@@ -440,7 +440,7 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
     import torch.distributed as dist
 
     _resolve_max_shard_size(opts)
-    own_group, beat = False, None
+    own_group, beat, store = False, None, None
     if not dist.is_initialized():
         unset = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if unset:
@@ -461,17 +461,24 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
         own_group = True
         beat = _watch_peers(opts, store)
     try:
-        with _source_lock(opts):
-            return _merge_ranks(opts, verl_fallback, dist)
-    except LockBusy as exc:  # this rank's read lock (the others fail at their next collective)
-        raise MergeError(str(exc)) from None
-    except Exception as exc:  # a collective that lost a rank: name it
-        lost = lost_ranks_line(exc, beat)
-        if lost is None:
+        try:
+            with _source_lock(opts):
+                return _merge_ranks(opts, verl_fallback, dist)
+        except LockBusy as exc:  # this rank's read lock (the others fail at their next collective)
+            raise MergeError(str(exc)) from None
+        except MergeError:
             raise
-        raise MergeError(
-            f"{opts.distributed_hint}: {lost}; nothing was committed ({opts.target_dir} not written): rerun the merge"
-        ) from None
+        except Exception as exc:  # a collective that lost a rank: name it
+            lost = lost_ranks_line(exc, beat)
+            if lost is None:
+                raise
+            raise MergeError(
+                f"{opts.distributed_hint}: {lost}; nothing was committed ({opts.target_dir} not written): rerun the merge"
+            ) from None
+    except MergeError as exc:
+        if store is not None:
+            report_together(exc, store, int(os.environ["WORLD_SIZE"]))
+        raise
     finally:
         if beat is not None:
             beat.stop()
@@ -480,6 +487,26 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
             held.release()
         if own_group:
             dist.destroy_process_group()
+
+
+REPORTED_KEY = "merge_error_reported"
+REPORT_WAIT_S = 5.0
+
+
+def report_together(exc: MergeError, store, world: int, wait_s: float = REPORT_WAIT_S) -> None:
+    """Write this rank's one error line now, then wait (up to `wait_s`) until every rank has written
+    its own: torchrun ends the ranks still running as soon as one exits with an error, which could
+    cut off a rank that had not printed yet. A rank that never reports (lost) costs the wait."""
+    sys.stderr.write(f"slimckpt merge: error: {exc}\n")
+    sys.stderr.flush()
+    exc.reported = True
+    try:
+        store.add(REPORTED_KEY, 1)
+        deadline = time.monotonic() + wait_s
+        while store.add(REPORTED_KEY, 0) < world and time.monotonic() < deadline:
+            time.sleep(0.02)
+    except Exception:  # noqa: BLE001 - the store's host is gone: nobody is left to wait for
+        return
 
 
 PEER_TIMEOUT_ENV = "SLIMCKPT_MERGE_PEER_TIMEOUT"  # seconds a rank's heartbeat may stop before the others give up

@@ -83,8 +83,8 @@ def wrap_merge_and_save(original: Callable) -> Callable:
         )
         try:
             result = merge(opts, verl_fallback=lambda: original(self))
-        except MergeError as exc:
-            raise SystemExit(f"slimckpt merge: error: {exc}") from None
+        except MergeError as exc:  # a distributed rank wrote its line already (pipeline.report_together)
+            raise SystemExit(1 if getattr(exc, "reported", False) else f"slimckpt merge: error: {exc}") from None
         if cfg.hf_upload and not result.used_verl_merger and os.environ.get("RANK", "0") == "0":
             log.info(
                 "slimckpt: uploading %s to the Hugging Face Hub as %s (verl's uploader)",
