@@ -275,29 +275,41 @@ def checkpoint_config(mode: str, budget_gb: float, fsdp: int = 2):
     return config, bool(config.export_hf)
 
 
-def timed_save(manager, sampler: WindowSampler, path: str, step: int, mark=None) -> dict:
-    """One save_checkpoint on every rank, waited for until committed: the rank's RssAnon before it and
-    at its peak, its wall and blocking seconds. `mark(name)`: called as the timed window opens and closes."""
+def measured(sampler: WindowSampler, action, opened: str, closed: str, mark=None) -> dict:
+    """`action()` on every rank in one sampled window, from a barrier to the barrier after every rank's
+    action: the rank's RssAnon before and at its peak, the wall seconds, and what `action` returns (a
+    dict). `mark(name)`: called with `opened` and `closed` as the window opens and closes."""
     import torch.distributed as dist
 
-    from slimckpt.save.resume_state import finish_pending
-
     gc.collect()
-    os.sync()  # no dirty pages of earlier writes left for this save to wait on
+    os.sync()  # no dirty pages of earlier writes left for this window to wait on
     dist.barrier()
     level = sampler.start()
     if mark:
-        mark(f"save-{step}")
+        mark(opened)
     t0 = time.perf_counter()
-    manager.save_checkpoint(path, global_step=step)
-    blocking = time.perf_counter() - t0
-    finish_pending()
+    got = action()
     dist.barrier()
     wall = time.perf_counter() - t0
     peak = sampler.stop()
     if mark:
-        mark(f"saved-{step}")
-    return {"blocking_s": blocking, "wall_s": wall, "level_before": level, "peak": peak}
+        mark(closed)
+    return {**got, "wall_s": wall, "level_before": level, "peak": peak}
+
+
+def timed_save(manager, sampler: WindowSampler, path: str, step: int, mark=None) -> dict:
+    """One save_checkpoint on every rank, waited for until committed (`measured`), and its blocking
+    seconds: until save_checkpoint returned."""
+    from slimckpt.save.resume_state import finish_pending
+
+    def save() -> dict:
+        t0 = time.perf_counter()
+        manager.save_checkpoint(path, global_step=step)
+        blocking = time.perf_counter() - t0
+        finish_pending()
+        return {"blocking_s": blocking}
+
+    return measured(sampler, save, f"save-{step}", f"saved-{step}", mark)
 
 
 def name_pretrained(model, out: str) -> None:

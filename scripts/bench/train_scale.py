@@ -33,7 +33,6 @@ The saves' directories are deleted after each run; the run needs --min-free-gib 
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import json
 import os
@@ -118,7 +117,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from scripts.bench.save import WindowSampler, build_model, name_pretrained, timed_save
+    from scripts.bench.save import WindowSampler, build_model, measured, name_pretrained, timed_save
     from slimckpt.observe.measure import evict_from_page_cache
     from slimckpt.testing.fsdp_checkpoint import build_tokenizer
 
@@ -134,12 +133,16 @@ def worker(args: argparse.Namespace) -> None:
         processing_class=build_tokenizer(vocab),
         checkpoint_config=checkpoint_config(args.mode),
     )
-    resume = args.mode == "verl-resume" or (args.mode == "incremental" and args.resume)
+    resume = args.mode in RESUME_MODES
     row = {"rank": rank, "world": world, "params": n_params, "saves": [], "load": None}
-    event(rank, "built")
+
+    def mark(name: str) -> None:
+        event(rank, name)
+
+    mark("built")
     for i in range(args.repeats):
         path = os.path.join(args.out, f"global_step_{i + 1}", "actor")
-        save = timed_save(manager, sampler, path, i + 1, mark=lambda name: event(rank, name))
+        save = timed_save(manager, sampler, path, i + 1, mark)
         files = [f for f in Path(path).rglob("*") if f.is_file()]
         row["saves"].append(
             {
@@ -160,20 +163,11 @@ def worker(args: argparse.Namespace) -> None:
         with torch.no_grad():  # a load that does nothing must not pass
             for p in model.parameters():
                 (p.to_local() if hasattr(p, "to_local") else p).add_(1.0)
-        gc.collect()
         os.sync()
         if rank == 0:  # both loads read from disk, not from the page cache the save left warm
             evict_from_page_cache([str(f) for f in Path(path).rglob("*") if f.is_file()])
-        dist.barrier()
-        level = sampler.start()
-        event(rank, "load")
-        t0 = time.perf_counter()
-        manager.load_checkpoint(path)
-        dist.barrier()
-        wall = time.perf_counter() - t0
-        peak = sampler.stop()
-        event(rank, "loaded")
-        row["load"] = {"level_before": level, "peak": peak, "wall_s": wall, "equal": shard_digest(model) == saved}
+        row["load"] = measured(sampler, lambda: manager.load_checkpoint(path) or {}, "load", "loaded", mark)
+        row["load"]["equal"] = shard_digest(model) == saved
     sampler.close()
     rows = [None] * world
     dist.all_gather_object(rows, row)
@@ -186,7 +180,7 @@ def worker(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- driver
 
 
-def run_one(preset: str, mode: str, args: argparse.Namespace, cap: int, resume: bool) -> dict:
+def run_one(preset: str, mode: str, args: argparse.Namespace, cap: int) -> dict:
     """One torchrun of `mode` at `preset`, under the cap: its rows, or how far it got when killed."""
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -209,7 +203,7 @@ def run_one(preset: str, mode: str, args: argparse.Namespace, cap: int, resume: 
         str(args.repeats),
         "--out",
         str(out),
-    ] + (["--resume"] if resume else [])
+    ]
     env = {
         "OMP_NUM_THREADS": "1",
         "SLIMCKPT_LOG_LEVEL": "WARNING",
@@ -252,8 +246,7 @@ def summarise(preset: str, mode: str, got: dict, events: dict[str, float], ranks
     if got["killed"]:
         row["killed_by"] = got.get("killed_by", "the cap")
         row["output_tail"] = got["output_tail"]
-    # what it was doing when it was killed: the last event before the kill
-    if got["killed"]:
+        # what it was doing when it was killed: the last event before the kill
         before = [(t, name) for name, t in events.items() if t <= got["killed_at_s"]]
         row["killed_in"] = max(before)[1] if before else "start-up"
         start = events.get(row["killed_in"])
@@ -291,16 +284,16 @@ def measure(args: argparse.Namespace) -> dict:
     if not enough_disk(work, args.min_free_gib, "bench-train-scale", "one step: the fp32 shards and their HF export"):
         return {}
     cap, cap_note = choose_cap(args.cap_gib)
-    plan = [(args.preset, m, m == "incremental") for m in args.modes] + [(args.preset, "verl-resume", True)]
+    plan = [(args.preset, m) for m in args.modes] + [(args.preset, "verl-resume")]
     if args.resume_ref:
-        plan += [(args.resume_ref, m, True) for m in RESUME_MODES]
+        plan += [(args.resume_ref, m) for m in RESUME_MODES]
     from tqdm import tqdm
 
     started, commit, rows = time.time(), source_commit(), []
     with tqdm(plan, desc="train-scale bench", unit="run") as bar:
-        for preset, mode, resume in bar:
+        for preset, mode in bar:
             bar.set_postfix_str(f"{preset} {mode}")
-            row = run_one(preset, mode, args, cap, resume)
+            row = run_one(preset, mode, args, cap)
             rows.append(row)
             tqdm.write(
                 f"[bench-train-scale] {preset} {mode}: {outcome(row)}"
@@ -606,7 +599,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
-    p.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in args.modes if m not in SAVE_MODES]

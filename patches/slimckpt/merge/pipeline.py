@@ -466,8 +466,6 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
                 return _merge_ranks(opts, verl_fallback, dist)
         except LockBusy as exc:  # this rank's read lock (the others fail at their next collective)
             raise MergeError(str(exc)) from None
-        except MergeError:
-            raise
         except Exception as exc:  # a collective that lost a rank: name it
             lost = lost_ranks_line(exc, beat)
             if lost is None:
