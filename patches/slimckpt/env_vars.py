@@ -180,13 +180,6 @@ VARIABLES: tuple[EnvVar, ...] = (
         "where they still import, instead of the public fallback (`slimckpt/internals.py` lists them)",
     ),
     EnvVar(
-        "SLIMCKPT_READAHEAD",
-        "flag",
-        "1",
-        "bench",
-        "`0`: no `posix_fadvise(WILLNEED)` on the shards a merge is about to read",
-    ),
-    EnvVar(
         "SLIMCKPT_MERGE_FORK",
         "flag",
         "1",

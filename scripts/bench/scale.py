@@ -14,7 +14,7 @@ FSDPCheckpointManager, so no process ever holds the model. Then, in the same run
     written / write bandwidth, the bandwidths measured in this run), --repeats runs each, turn by
     turn; each output checked tensor for tensor against the shards (slimckpt.testing.merge_check).
   --machinery: the single merge again with each piece of its speed machinery switched off (the
-    early writer, the forked torch-free writer, readahead, O_DIRECT), --machinery-repeats runs each,
+    early writer, the forked torch-free writer, O_DIRECT), --machinery-repeats runs each,
     in the same turns as the default merge, so each piece's worth is its wall against the default's
     of the same turns (a piece earns its place at 5% or more).
   verl's merger (SLIMCKPT_DISABLE=1) under a memory cap: its process tree is killed when its
@@ -61,7 +61,6 @@ SINGLE, DISTRIBUTED = "slimckpt merge", "slimckpt merge --distributed_merge"
 MACHINERY = (
     ("early writer", "SLIMCKPT_MERGE_GUESS", "writes from a layout guessed from config.json while torch imports"),
     ("forked writer", "SLIMCKPT_MERGE_FORK", "a writer child forked before torch is imported"),
-    ("readahead", "SLIMCKPT_READAHEAD", "posix_fadvise(WILLNEED) on the shards about to be read"),
     ("O_DIRECT", "SLIMCKPT_DIRECT_IO", "reads and writes past the page cache"),
 )
 EARNS_PLACE = 0.05  # a mechanism stays if the merge is at least this much slower without it
@@ -85,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--machinery",
         action="store_true",
-        help="also merge with each speed mechanism switched off (early writer, forked writer, readahead, O_DIRECT)",
+        help="also merge with each speed mechanism switched off (early writer, forked writer, O_DIRECT)",
     )
     p.add_argument("--machinery-repeats", type=int, default=2, help="merges per switched-off mechanism")
     p.add_argument("--ref-preset", default="0.5b", help="the smaller checkpoint verl's merger runs on without a cap")
@@ -628,7 +627,7 @@ def machinery_table(result: dict) -> str:
             "| "
             + " | ".join(
                 [
-                    f"{r['mechanism']}: {what.get(r['mechanism'], '')}",
+                    f"{r['mechanism']}: {what.get(r['mechanism'], 'removed since this run')}",
                     f"`{r['switch']}`",
                     str(len(r["walls"])),
                     f"{max(r['peaks']) / MiB:,.0f} MiB",

@@ -28,7 +28,7 @@ def _row(name, walls, turns):
 def test_worth_compares_with_the_default_of_the_same_turns_only():
     # the default's third turn ran on a slow minute; a mechanism run only in turns 0 and 1 is
     # judged against turns 0 and 1
-    row = _row("readahead", [105.0, 107.0], [0, 1])
+    row = _row("forked writer", [105.0, 107.0], [0, 1])
     without, base, slower = scale.machinery_worth(_result([100.0, 100.0, 200.0], [row]), row)
     assert (without, base) == (106.0, 100.0)
     assert abs(slower - 0.06) < 1e-9
@@ -54,3 +54,10 @@ def test_every_switch_is_a_documented_flag():
     known = {v.name: v for v in env_vars.VARIABLES}
     for _, var, _ in scale.MACHINERY:
         assert known[var].type == "flag" and known[var].default == "1", var
+
+
+def test_a_mechanism_removed_after_the_run_is_named_as_removed():
+    # the committed run still holds rows of machinery deleted since; the table says so, not a blank
+    row = {**_row("O_DIRECT", [100.0], [0]), "mechanism": "readahead", "switch": "a retired flag"}
+    text = scale.machinery_table(_result([100.0], [row]))
+    assert "| readahead: removed since this run |" in text

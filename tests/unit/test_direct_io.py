@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from slimckpt.format import layout
-from slimckpt.read import direct_io, direct_read, readahead
+from slimckpt.read import direct_io, direct_read
 from slimckpt.read.sources import CheckpointError, SourceTensor
 from slimckpt.write.out_files import create_files
 from slimckpt.write.share_writer import ShareWriter
@@ -232,12 +232,3 @@ def test_choosing_the_page_cache_logs_nothing(tmp_path, monkeypatch, odd_sources
         _write(tmp_path, "buffered", odd_sources, 64 << 10)
         assert not direct_io.supported([str(p) for p in tmp_path.rglob("*.pt")])
     assert out.getvalue() == ""
-
-
-def test_readahead_stands_down_when_the_shards_are_read_directly(tmp_path, monkeypatch):
-    (tmp_path / "model_world_size_1_rank_0.pt").write_bytes(b"x" * 8192)
-    assert readahead.start(str(tmp_path)) is None
-    monkeypatch.setenv(direct_io.ENV, "0")
-    thread = readahead.start(str(tmp_path))
-    assert thread is not None
-    thread.join()

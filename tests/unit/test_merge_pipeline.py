@@ -1,4 +1,4 @@
-"""The merge's overlaps: cast/write pipelining in slimckpt.write.share_writer, the readahead plan, and writing
+"""The merge's overlaps: cast/write pipelining in slimckpt.write.share_writer, and writing
 from a guessed layout while verl/transformers import (slimckpt.merge.guess) — a wrong guess must
 cost time only, never change a byte."""
 
@@ -14,7 +14,6 @@ from slimckpt.format import layout
 from slimckpt.merge import early_write
 from slimckpt.merge import guess as merge_guess
 from slimckpt.merge import pipeline as merge
-from slimckpt.read import readahead
 from slimckpt.read.sources import SourceTensor
 from slimckpt.write.out_files import OutputError, create_files
 from slimckpt.write.share_writer import ShareWriter
@@ -45,13 +44,6 @@ def test_guess_drops_flowrl_and_tied_head_only():
 )
 def test_no_guess_where_transformers_might_differ(names, config):
     assert merge_guess.guess_output_names(names, config) is None
-
-
-def test_readahead_plan_fits_the_budget():
-    sizes = {"a": 600, "b": 400}
-    assert readahead.plan(sizes, 2000) == sizes
-    assert readahead.plan(sizes, 500) == {"a": 300, "b": 200}
-    assert readahead.plan(sizes, 0) == {"a": 0, "b": 0}
 
 
 def _merge(local, target, **kw):

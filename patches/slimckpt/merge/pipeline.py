@@ -61,7 +61,7 @@ from ..hf.lora import plan_lora
 from ..hf.naming import HfSide, NeedsVerlMerger, default_max_shard_size
 from ..hf.plan import ExportPlan, check_output_room, make_plan
 from ..log import get_logger
-from ..read import in_flight, readahead
+from ..read import in_flight
 from ..read.checkpoint_dir import CheckpointError
 from ..read.locks import LockBusy, acquire, reading
 from ..read.merge_input import check_source, open_source
@@ -233,7 +233,6 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     # before any import: a wrong --local_dir fails in milliseconds, not after torch and transformers
     check_source(opts.local_dir)
 
-    readahead.start(opts.local_dir)  # the shards load into the page cache while torch/verl import
     early = EarlyWrite.start(opts, target)
     signature: list[tuple] = []
     try:
