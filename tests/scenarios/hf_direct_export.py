@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 
 from slimckpt.testing import resume_scenarios
+
+from ..helpers.merge_helpers import adapter_config_fields
 from slimckpt.testing.resume_scenarios import Run, slim_config  # the same tiny model and manager
 
 # lazy imports: verl and slimckpt's save path load inside a scenario, after it set the module settings they read
@@ -337,14 +339,20 @@ def scenario_moe(args) -> None:
 
 
 def tree_digest(path: str) -> dict[str, str]:
-    """Every file under `path` but slimckpt's manifest: relative path -> sha256 of its bytes."""
+    """Every file under `path` but slimckpt's manifest: relative path -> sha256 of its bytes. An
+    adapter_config.json is hashed with its target_modules sorted: verl's merger and peft write that
+    list from a Python set, whose order changes from one process to the next."""
     out = {}
     for root, _, names in os.walk(path):
         for n in names:
             full = os.path.join(root, n)
             rel = os.path.relpath(full, path)
-            if rel != "manifest.json":
-                out[rel] = hashlib.sha256(open(full, "rb").read()).hexdigest()
+            if rel == "manifest.json":
+                continue
+            raw = open(full, "rb").read()
+            if n == "adapter_config.json":
+                raw = json.dumps(adapter_config_fields(raw), sort_keys=True).encode()
+            out[rel] = hashlib.sha256(raw).hexdigest()
     return dict(sorted(out.items()))
 
 
