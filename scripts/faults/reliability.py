@@ -872,7 +872,9 @@ def main(argv: list[str] | None = None) -> int:
                 ("corruption_campaign.py", "corruption.json", ()),
                 ("corruption_campaign.py", "damaged_restarts.json", ("--damaged_restarts", "30")),
                 ("env_faults.py", "env_faults.json", ()),
-                ("rank_faults.py", "rank_faults.json", ()),
+                # a stall lasts until the survivors time out: a 5 s group timeout keeps 10 stalls per mode
+                # to minutes; what is checked (the lost rank named, ended within the timeout) is the same
+                ("rank_faults.py", "rank_faults.json", ("--timeout", "5")),
             ):
                 side = side_campaign(script, os.path.join(OUT_DIR, name), args.source, extra)
                 if side is None:
