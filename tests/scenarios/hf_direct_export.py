@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 
 from slimckpt.testing import resume_scenarios
+from slimckpt.testing.resume_scenarios import Run, slim_config  # the same tiny model and manager
 
 from ..helpers.merge_helpers import adapter_config_fields
-from slimckpt.testing.resume_scenarios import Run, slim_config  # the same tiny model and manager
 
 # lazy imports: verl and slimckpt's save path load inside a scenario, after it set the module settings they read
 
