@@ -363,7 +363,7 @@ def save_trial(
         "victim": victim,
         "step": step,
         "fault_after_save_begin_s": round(t_fault - t_ready, 4),
-        "in_save": in_save(events[0], t_fault),
+        "in_save": in_save(events, [r for r in range(world) if r != victim], t_fault, mode),
         "phase_rank0": oracle.phase_at(events[0], t_fault),
         "phase_victim": oracle.phase_at(events[victim], t_fault),
         "survivors_end_s": round(max(ends), 2) if ends else None,
@@ -382,12 +382,19 @@ def save_trial(
     return _keep_or_remove(trial, trial_dir)
 
 
-def in_save(events: list[oracle.Event], t: float) -> bool:
-    """Whether a save was in flight at `t` (begun, not yet committed, per rank 0's log), rather than
-    the next step's training: a fault there fails the training's collectives, not a save's."""
-    begun = [e.step for e in events if e.kind == "save-begin" and e.t <= t]
-    done = {e.step for e in events if e.kind == "committed" and e.t <= t}
-    return bool(begun) and begun[-1] not in done
+def in_save(events: list[list[oracle.Event]], survivors: list[int], t: float, mode: str) -> bool:
+    """Whether a surviving rank was inside a save at `t`: its save call begun and, for slimckpt's tier,
+    that save's commit not yet known to it (an async write goes on after the call returns); for verl's
+    own save, the call not yet returned. A fault anywhere else (the next step's training, the worker
+    group's own calls, or rank 0's tracker write once the others have left the save) fails the
+    survivors in a collective that is not a save's, with the backend's own error."""
+    end = "commit-done" if mode.startswith("incremental") else "save-call-done"
+    for rank in survivors:
+        began = sum(e.kind == "save-call" and e.t <= t for e in events[rank])
+        ended = sum(e.kind == end and e.t <= t for e in events[rank])
+        if began > ended:
+            return True
+    return False
 
 
 def _unnamed(trial: dict) -> bool:

@@ -161,6 +161,16 @@ def install_slim_markers() -> None:
     from slimckpt.save import tracker as resume_tracker
 
     _wrap(step_commit, "write_manifest", "manifest")
+    commit = step_commit.commit
+
+    def commit_then_mark(*a, **k):
+        # on every rank, once the step's commit outcome is known to it (after the save call, for an
+        # async write): until then the rank is inside the save's collectives
+        result = commit(*a, **k)
+        _mark("commit-done")
+        return result
+
+    step_commit.commit = commit_then_mark
     original = resume_tracker.write_tracker
 
     def write_tracker(root, step):
@@ -316,7 +326,10 @@ class WorkerGroup:
 
 def execute(run: Run, op: str, args: list) -> None:
     if op == "save":
+        # every rank marks its own save call: whether a survivor was inside a save when a peer was lost
+        _mark("save-call")
         run.roles[args[0]].manager.save_checkpoint(args[1], args[2], args[3], max_ckpt_to_keep=args[4])
+        _mark("save-call-done")
     elif op == "load":
         run.roles[args[0]].manager.load_checkpoint(args[1], args[2], del_local_after_load=args[3])
     elif op == "train":

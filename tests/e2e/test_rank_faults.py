@@ -31,6 +31,9 @@ def test_peer_loss_is_told_from_other_failures():
     wrapped.__cause__ = RuntimeError(GLOO_TIMEOUT)
     assert peers.is_peer_loss(RuntimeError(GLOO_CLOSED)) and peers.is_peer_loss(wrapped)
     assert str(peers.peer_error(wrapped)) == GLOO_TIMEOUT
+    # a group created inside the save (its rendezvous in the store) with a rank that never arrives
+    assert peers.is_peer_loss(RuntimeError("Wait timeout"))
+    assert peers.is_peer_loss(RuntimeError("wait timeout after 5000ms, keys: /default_pg/1//cpu//0"))
     assert not peers.is_peer_loss(OSError(28, "No space left on device"))
     assert not peers.is_peer_loss(RuntimeError("file write failed"))
 
@@ -129,9 +132,9 @@ def test_one_rank_killed_or_stalled_mid_save(tmp_path):
     for mode, entry in data["modes"].items():
         assert not entry.get("errors"), (mode, entry["errors"])
         assert [t["fault"] for t in entry["trials"]] == ["kill", "stall"], mode
-        # a fault that lands once rank 0 has left the save, or once the step's commit went through,
-        # fails the survivors in the next training collective with the backend's own error: only
-        # faults inside a save that did not commit must name the rank
+        # a fault that lands once every survivor has left the save, or once the step's commit went
+        # through, fails the survivors in a collective that is not a save's, with the backend's own
+        # error: only faults inside a survivor's save that did not commit must name the rank
         inside = [t for t in entry["trials"] if t["in_save"] and t["last_committed"] != t["step"]]
         assert inside, (mode, entry["trials"])
         for t in entry["trials"]:

@@ -110,6 +110,10 @@ def _is_backend_words(e: BaseException) -> bool:
     if not isinstance(e, (RuntimeError, OSError, TimeoutError)):
         return False
     text = str(e).lower()
+    # the store's own words when a rank never arrived at a rendezvous (a new group's first collective
+    # setup, a store barrier): a bare "Wait timeout" / "wait timeout after 600000ms", naming no backend
+    if text.startswith("wait timeout"):
+        return True
     return any(w in text for w in PEER_WORDS) and any(
         w in text for w in ("gloo", "nccl", "pair", "timed out", "connection")
     )
