@@ -72,9 +72,10 @@ def render(data: dict) -> str:
             f"{s['named_in_save']} of {s['in_save']} / {s['named']} of {n} | {ended} |"
         )
     ours = [e for m, e in data["modes"].items() if m != "verl-default"]
+    bad = sum(e["summary"]["bad"] for e in ours)
     lines += [
         "",
-        f"**slimckpt: {sum(e['summary']['bad'] for e in ours)} bad outcomes in "
+        f"**slimckpt: {bad} bad outcome{'' if bad == 1 else 's'} in "
         f"{sum(len(e['trials']) for e in ours)} single-rank faults.**"
         + (
             f" verl 0.9.1's own save path: {data['modes']['verl-default']['summary']['bad']} bad in "
@@ -86,7 +87,8 @@ def render(data: dict) -> str:
     ]
     errors = [f"- {m}: {err}" for m, e in data["modes"].items() for err in e.get("errors", [])]
     bad = [
-        f"- {m} ws{t['world']} {t['fault']} {t['trial']}: {t['outcome']} (victim rank {t['victim']}, "
+        f"- {m} ws{t['world']} {t['fault']} {t['trial']}: {t['outcome']} (victim rank {t['victim']} at "
+        f"`{t.get('phase_victim')}`, tracker after the fault: {t.get('tracker')}; the resume: "
         f"{t.get('why') or t.get('resume')}; orphans {t['orphans']}, locks {t['locks_held']})"
         for m, e in data["modes"].items()
         for t in e["trials"]
