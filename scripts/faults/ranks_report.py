@@ -72,10 +72,10 @@ def render(data: dict) -> str:
             f"{s['named_in_save']} of {s['in_save']} / {s['named']} of {n} | {ended} |"
         )
     ours = [e for m, e in data["modes"].items() if m != "verl-default"]
-    bad = sum(e["summary"]["bad"] for e in ours)
+    ours_bad = sum(e["summary"]["bad"] for e in ours)
     lines += [
         "",
-        f"**slimckpt: {bad} bad outcome{'' if bad == 1 else 's'} in "
+        f"**slimckpt: {ours_bad} bad outcome{'' if ours_bad == 1 else 's'} in "
         f"{sum(len(e['trials']) for e in ours)} single-rank faults.**"
         + (
             f" verl 0.9.1's own save path: {data['modes']['verl-default']['summary']['bad']} bad in "
