@@ -626,6 +626,17 @@ def summarize(entry: dict) -> dict:
     }
 
 
+# the campaigns beside the SIGKILL one: (script, result file, arguments)
+SIDES = {
+    "corruption": ("corruption_campaign.py", "corruption.json", ()),
+    "damaged": ("corruption_campaign.py", "damaged_restarts.json", ("--damaged_restarts", "30")),
+    "env": ("env_faults.py", "env_faults.json", ()),
+    # a stall lasts until the survivors time out: a 5 s group timeout keeps 10 stalls per mode
+    # to minutes; what is checked (the lost rank named, ended within the timeout) is the same
+    "ranks": ("rank_faults.py", "rank_faults.json", ("--timeout", "5")),
+}
+
+
 def side_campaign(script: str, out: str, source: str | None = None, args: tuple[str, ...] = ()) -> dict | None:
     """Another helper's campaign script, when it exists: `python <script> --json OUT`, on the snapshot's
     slimckpt when there is one (--source/--snapshot), as the SIGKILL campaign."""
@@ -840,7 +851,14 @@ def main(argv: list[str] | None = None) -> int:
         help="test the last commit: export HEAD's patches/ and recipes/ into the scratch dir and use that as --source",
     )
     p.add_argument("--json", default=None, help="write the SIGKILL results here instead of docs/reliability/")
-    p.add_argument("--no-side", action="store_true", help="skip the corruption and environment campaigns")
+    p.add_argument("--no-side", action="store_true", help="skip the campaigns beside the SIGKILL one")
+    p.add_argument(
+        "--sides",
+        nargs="+",
+        choices=list(SIDES),
+        default=list(SIDES),
+        help="which campaigns beside the SIGKILL one to run (default all; the others keep their last results)",
+    )
     p.add_argument("--no-report", action="store_true", help="do not write RELIABILITY.md")
     p.add_argument(
         "--side-only", action="store_true", help="run only the corruption and environment campaigns, then render"
@@ -867,15 +885,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 return 0 if all(m["summary"]["bad"] == 0 for m in sigkill["modes"].values() if m["mode"] in OURS) else 1
         if not args.no_side:
-            runs = {}
-            for script, name, extra in (
-                ("corruption_campaign.py", "corruption.json", ()),
-                ("corruption_campaign.py", "damaged_restarts.json", ("--damaged_restarts", "30")),
-                ("env_faults.py", "env_faults.json", ()),
-                # a stall lasts until the survivors time out: a 5 s group timeout keeps 10 stalls per mode
-                # to minutes; what is checked (the lost rank named, ended within the timeout) is the same
-                ("rank_faults.py", "rank_faults.json", ("--timeout", "5")),
-            ):
+            runs = load_json("side_runs.json") or {}  # campaigns not chosen this time keep their entries
+            for script, name, extra in (SIDES[side] for side in args.sides):
                 side = side_campaign(script, os.path.join(OUT_DIR, name), args.source, extra)
                 if side is None:
                     continue

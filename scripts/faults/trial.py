@@ -122,13 +122,20 @@ def _mark(kind: str) -> None:
         _EVENTS(kind, _STEP[0])
 
 
-def _wrap(owner: Any, name: str, kind) -> None:
-    """Write a phase marker before `owner.name` runs; behaviour unchanged."""
+def _wrap(owner: Any, name: str, kind=None, after=None) -> None:
+    """Write a phase marker before `owner.name` runs (`kind`) and once it has returned (`after`,
+    given its result; a marker, or None for none); behaviour unchanged."""
     original = getattr(owner, name)
 
     def wrapper(*a, **k):
-        _mark(kind(a, k) if callable(kind) else kind)
-        return original(*a, **k)
+        if kind is not None:
+            _mark(kind(a, k) if callable(kind) else kind)
+        result = original(*a, **k)
+        if after is not None:
+            marker = after(a, result) if callable(after) else after
+            if marker is not None:
+                _mark(marker)
+        return result
 
     wrapper.__wrapped__ = original
     setattr(owner, name, wrapper)
@@ -161,26 +168,16 @@ def install_slim_markers() -> None:
     from slimckpt.save import tracker as resume_tracker
 
     _wrap(step_commit, "write_manifest", "manifest")
-    commit = step_commit.commit
+    # on every rank, once the step's commit outcome is known to it (after the save call, for an
+    # async write): until then the rank is inside the save's collectives
+    _wrap(step_commit, "commit", after="commit-done")
+    _wrap(resume_tracker, "write_tracker", "tracker", after=_tracker_moved)
 
-    def commit_then_mark(*a, **k):
-        # on every rank, once the step's commit outcome is known to it (after the save call, for an
-        # async write): until then the rank is inside the save's collectives
-        result = commit(*a, **k)
-        _mark("commit-done")
-        return result
 
-    step_commit.commit = commit_then_mark
-    original = resume_tracker.write_tracker
-
-    def write_tracker(root, step):
-        _mark("tracker")
-        moved = original(root, step)
-        if moved and _EVENTS is not None:
-            _EVENTS("committed", int(step))
-        return moved
-
-    resume_tracker.write_tracker = write_tracker
+def _tracker_moved(args: tuple, moved: bool) -> None:
+    """`write_tracker(root, step)` returned: log the step as committed if the tracker moved to it."""
+    if moved and _EVENTS is not None:
+        _EVENTS("committed", int(args[1]))
 
 
 # --------------------------------------------------------------------------- the ranks' model

@@ -3,10 +3,10 @@
 verl's trainers write `latest_checkpointed_iteration.txt` with `open(path, "w")` then `write`: a
 process killed between the two leaves an empty file, and the next `resume_mode=auto` dies on
 `int('')` (seen in `make faults`: 1 in 50 kills of quickstart saves, and of verl's default path).
-slimckpt's own tracker writes are atomic, but the sync recipes keep verl's write so that verl's
-checkpoint callback and logs see what they always see.
+With a recipe on, that write is atomic (`tracker_write`); a tracker cut short by plain verl (a
+run from before the recipe was added, or one that left it) is still met on the read side.
 
-The read side repairs it instead. verl writes the tracker only after every role of the step is
+The read side repairs it. verl writes the tracker only after every role of the step is
 saved and `data.pt` is written, so an empty tracker means the newest step holding `data.pt` had
 finished saving when the kill came: resuming from it is exact. A step counts as complete when it
 has `data.pt`, no slimckpt failure marker, and every role dir is either committed by slimckpt's

@@ -237,6 +237,13 @@ PATCHES: list[Patch] = [
         "with async incremental saves, move latest_checkpointed_iteration.txt only to committed steps",
     ),
     *_in_both_trainers(
+        "checkpoint.tracker_write",
+        "open",
+        "slimckpt.save.tracker_write:wrap_open",
+        "verl writes latest_checkpointed_iteration.txt with open(path, 'w') then write: the trainer's write of it "
+        "goes to a temporary file renamed into place, so a kill mid-write leaves the previous step named",
+    ),
+    *_in_both_trainers(
         "checkpoint.intact_resume",
         "{trainer}._load_checkpoint",
         "slimckpt.save.intact_resume:wrap_trainer_load_checkpoint",

@@ -9,6 +9,7 @@ behaviour nobody tested.
 
 from __future__ import annotations
 
+import builtins
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -104,13 +105,20 @@ class Patch:
 
 
 def resolve(target: str) -> tuple[Any, str, Any]:
-    """`module:A.b` -> (owner object, attribute name, current value). Imports the module."""
+    """`module:A.b` -> (owner object, attribute name, current value). Imports the module.
+
+    `module:open` (a builtin the module calls by name, with no global of its own) resolves to the
+    builtin: a patch then sets the module's own global, which shadows it there only, and its
+    revert deletes that global again."""
     module_name, _, path = target.partition(":")
     owner: Any = importlib.import_module(module_name)
     parts = path.split(".")
     for part in parts[:-1]:
         owner = getattr(owner, part)
-    return owner, parts[-1], getattr(owner, parts[-1])
+    name = parts[-1]
+    if isinstance(owner, ModuleType) and not hasattr(owner, name) and hasattr(builtins, name):
+        return owner, name, getattr(builtins, name)
+    return owner, name, getattr(owner, name)
 
 
 def resolve_table(patch: Patch) -> dict:
