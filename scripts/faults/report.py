@@ -178,8 +178,8 @@ CAUSES = (
         "**empty tracker**: verl's `_save_checkpoint` writes "
         "`latest_checkpointed_iteration.txt` with `open(..., 'w')` then `write` (no temp file and rename); a kill "
         "between the two leaves an empty file and "
-        "`find_latest_ckpt_path` raises. slimckpt's sync recipes still go through that write (only async moves the "
-        "tracker itself, atomically)",
+        "`find_latest_ckpt_path` raises. With a recipe on, that write goes to a temporary file renamed into place "
+        "(`slimckpt.save.tracker_write`)",
     ),
     (
         "FileNotFoundError",
@@ -236,7 +236,10 @@ FIXED_SINCE = (
     "Found later, when the uncut run of incremental-async@keep=1 hung twice in two: retention removes "
     "the step's role dir and leaves its data.pt, and the watcher gave up only a removed step dir, so it waited for "
     "a manifest that could no longer appear - since commit 6696ca6 it gives up a step whose role dir has no "
-    "manifest once a newer step of that role is committed (tests/e2e/test_faults.py reproduces it)."
+    "manifest once a newer step of that role is committed (tests/e2e/test_faults.py reproduces it). "
+    "Found by the rank-loss campaign (commit 247fd10): the same cut tracker when rank 0's trainer was killed inside "
+    "that write in the sync incremental tier (the resume repaired it and was exact, but plain verl would crash on it) "
+    "- the trainers' tracker write is now atomic with a recipe on (`slimckpt.save.tracker_write`)."
 )
 
 

@@ -437,11 +437,13 @@ def build_checkpoint_configs(mode: str) -> dict[str, Any]:
 
 
 def assert_patching(mode: str) -> None:
-    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.trainer.ppo.v1 import trainer_base
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    patched = hasattr(FSDPCheckpointManager.save_checkpoint, "__wrapped__") and hasattr(
-        PPOTrainer._save_checkpoint, "__wrapped__"
+    patched = (
+        hasattr(FSDPCheckpointManager.save_checkpoint, "__wrapped__")
+        and hasattr(trainer_base.PPOTrainer._save_checkpoint, "__wrapped__")
+        and "open" in vars(trainer_base)  # the trainer's tracker write, made atomic
     )
     want = MODES[mode][0] is not None
     if patched != want:
