@@ -180,25 +180,18 @@ VARIABLES: tuple[EnvVar, ...] = (
         "where they still import, instead of the public fallback (`slimckpt/internals.py` lists them)",
     ),
     EnvVar(
-        "SLIMCKPT_MERGE_FORK",
-        "flag",
-        "1",
-        "bench",
-        "`0`: no writer child forked before torch is imported (it starts writing during the imports)",
-    ),
-    EnvVar(
         "SLIMCKPT_MERGE_GUESS",
         "flag",
         "1",
         "bench",
-        "`0`: that early writer does not start on a layout guessed from `config.json` (same bytes, slower)",
+        "`0`: the merge's early writer does not start on a layout guessed from `config.json` (same bytes)",
     ),
     EnvVar(
         "SLIMCKPT_MERGE_STATS",
         "path",
         None,
         "bench",
-        "the merge's torch-free writer writes where its time went (reading, waiting, casting) to this file as JSON",
+        "the merge's writer (one worker) writes where its time went (reading, waiting, casting) to this file as JSON",
     ),
     EnvVar(
         "SLIMCKPT_PICKLE_REFUSALS_LOG",

@@ -66,7 +66,7 @@ class MergeRow:
     read_bytes: int
     written_bytes: int
     io_floor_s: float = 0.0  # set once the run's disk measurements are in
-    writer_stats: list = field(default_factory=list)  # slimckpt's forked writer, per run (writer_stats.WriterStats)
+    writer_stats: list = field(default_factory=list)  # slimckpt's writer, per run (writer_stats.WriterStats)
 
 
 def make_checkpoint(size: str, work: Path, world_size: int) -> tuple[Path, int]:
@@ -148,7 +148,7 @@ def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]
         NO_FSYNC: (slimckpt_command(ckpt, target, "--no_fsync"), {}),
         # what O_DIRECT buys: the default merge through the page cache, as verl's merger reads and writes
         PAGE_CACHE: (ours, {"SLIMCKPT_DIRECT_IO": "0"}),
-        # what the torch-free early write earns (slimckpt.merge.early_write): the merge on the torch path alone
+        # what the early write earns (slimckpt.merge.early_write): the merge that plans first, then writes
         NO_EARLY: (ours, {"SLIMCKPT_MERGE_GUESS": "0"}),
     }
 
@@ -161,7 +161,8 @@ def measure_imports(repeats: int = 5) -> float:
     """Median wall of starting Python and importing what the merge's commit waits for: torch and
     transformers' modeling code (they name the tensors and write the configs as verl does) and
     DTensor (torch's reader checks the shards' locations). The weights themselves are written
-    meanwhile, by a child forked before torch. (verl's package is not imported: `verl_leaves`.)"""
+    meanwhile, by the early writer's thread, once torch is in. (verl's package is not imported:
+    `verl_leaves`.)"""
     walls = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -219,7 +220,7 @@ def bench_merge(size: str, work: Path, repeats: int, warm_repeats: int | None = 
                 )
             written[tool] = sum(f.stat().st_size for f in files)
             walls[tool].append(res.wall_s)
-            peaks[tool].append(res.physical_peak)  # slimckpt's forked writer: parent + child, shared pages once
+            peaks[tool].append(res.physical_peak)  # a process tree: its processes' shared pages once
             print(
                 f"[bench] merge {size} {tool} run {len(walls[tool])}/{repeats}: {res.wall_s:.1f} s, "
                 f"peak anonymous {res.physical_peak / 2**20:.0f} MiB",
@@ -579,7 +580,7 @@ def _floor_analysis(
         lines += [
             "",
             f"Starting Python and importing torch and transformers took {imports_s:.1f} s at best in this "
-            f"run. slimckpt's writer, a child forked before those imports, reads and writes meanwhile; "
+            f"run. slimckpt starts writing the weights once torch is in, while transformers imports; "
             f"the commit waits for both. The smallest model's merge ({smallest.size}, its bytes "
             f"{smallest.io_floor_s:.1f} s at the floor) took {smallest.wall_s:.1f} s.",
         ]
@@ -600,7 +601,7 @@ def _writer_analysis(ours: MergeRow) -> list[str]:
     busy = [100 * r.read_busy() for r in runs]
     return [
         "",
-        f"Where slimckpt's writer (the child forked before the imports) spent its time, in {len(runs)} of "
+        f"Where slimckpt's writer spent its time, in {len(runs)} of "
         f"these runs: it took {span([r.wall_s for r in runs], '.1f')} s, and its read thread was inside "
         f"`preadv` for {span(busy, '.0f')}% of that, waiting {max(r.wait_buffer_s for r in runs):.2f} s at "
         f"most for the cast to hand a buffer back. Its reads moved "
@@ -898,7 +899,7 @@ def summary_block(rows: list[MergeRow], meta: dict) -> str:
     stats = [w for w in stats if w.wall_s > 0 and w.read_s > 0]
     if stats:
         words.append(
-            f"Every bench run records where the torch-free writer's time went (`SLIMCKPT_MERGE_STATS`): "
+            f"Every bench run records where the merge's writer's time went (`SLIMCKPT_MERGE_STATS`): "
             f"in this one it took {_span([w.wall_s for w in stats], '.1f')} s, its read thread inside "
             f"`preadv` for {_span([100 * w.read_busy() for w in stats], '.0f')}% of that."
         )
@@ -965,9 +966,9 @@ verl 0.9.1 and slimckpt are measured in the same run, on the same checkpoint fil
 Checkpoints are written by verl's own `FSDPCheckpointManager` (model shards, fp32). verl:
 `python -m verl.model_merger merge --backend fsdp` with `SLIMCKPT_DISABLE=1`; slimckpt: `slimckpt merge`.
 Peak RssAnon is the peak anonymous memory of the merge, sampled from outside (largest over the
-runs): the process's RssAnon every 10 ms; for slimckpt, whose writer runs in a forked child, also
-the sum of parent's and child's Pss_Anon every 50 ms (pages they share counted once; summing their
-RssAnon would count them twice), and the larger of the two is reported. Wall is the median of
+runs): the process's RssAnon every 10 ms, and, where a merge runs more than one process, the sum of
+their Pss_Anon every 50 ms (pages they share counted once; summing their RssAnon would count them
+twice); the larger of the two is reported. Wall is the median of
 the runs (the runs column) with the input pages evicted from the page cache before each run; the tools take
 turns run after run, so a slow minute of the VM falls on all of them. {orders} I/O floor =
 bytes read / read bandwidth + bytes written / write bandwidth, with the bandwidths measured in this
@@ -987,8 +988,8 @@ rounded toward failing their targets (speed-ups down, wall / floor up); memory r
 {targets(rows, disk, imports_s, disks)}
 {_moe_section(rows)}
 Wall times are whole processes, Python and library imports included (both tools import torch and
-transformers, verl's merger verl too). slimckpt's imports: {_imports_words(imports_s)}; its writer,
-forked before torch is imported, reads and writes meanwhile.
+transformers, verl's merger verl too). slimckpt's imports: {_imports_words(imports_s)}; its early
+writer starts once torch is imported and writes while the rest imports.
 slimckpt fsyncs every file it writes and verl's merger does not. slimckpt reads the shards and
 writes the output with O_DIRECT where the filesystem allows it (`slimckpt.read.direct_io`);
 `SLIMCKPT_DIRECT_IO=0` goes through the page cache instead.

@@ -14,7 +14,7 @@ FSDPCheckpointManager, so no process ever holds the model. Then, in the same run
     written / write bandwidth, the bandwidths measured in this run), --repeats runs each, turn by
     turn; each output checked tensor for tensor against the shards (slimckpt.testing.merge_check).
   --machinery: the single merge again with each piece of its speed machinery switched off (the
-    early writer, the forked torch-free writer, O_DIRECT), --machinery-repeats runs each,
+    early writer, O_DIRECT), --machinery-repeats runs each,
     in the same turns as the default merge, so each piece's worth is its wall against the default's
     of the same turns (a piece earns its place at 5% or more).
   verl's merger (SLIMCKPT_DISABLE=1) under a memory cap: its process tree is killed when its
@@ -60,7 +60,6 @@ SINGLE, DISTRIBUTED = "slimckpt merge", "slimckpt merge --distributed_merge"
 # each piece of the merge's speed machinery, and the switch that turns it off (slimckpt.env_vars)
 MACHINERY = (
     ("early writer", "SLIMCKPT_MERGE_GUESS", "writes from a layout guessed from config.json while torch imports"),
-    ("forked writer", "SLIMCKPT_MERGE_FORK", "a writer child forked before torch is imported"),
     ("O_DIRECT", "SLIMCKPT_DIRECT_IO", "reads and writes past the page cache"),
 )
 EARNS_PLACE = 0.05  # a mechanism stays if the merge is at least this much slower without it
@@ -84,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--machinery",
         action="store_true",
-        help="also merge with each speed mechanism switched off (early writer, forked writer, O_DIRECT)",
+        help="also merge with each speed mechanism switched off (early writer, O_DIRECT)",
     )
     p.add_argument("--machinery-repeats", type=int, default=2, help="merges per switched-off mechanism")
     p.add_argument("--ref-preset", default="0.5b", help="the smaller checkpoint verl's merger runs on without a cap")
@@ -241,7 +240,7 @@ def merge_runs(
                 raise SystemExit(f"[bench-scale] {tool} failed (exit {res.returncode}):\n{res.output[-3000:]}")
             row["written_bytes"] = sum(f.stat().st_size for f in files)
             row["walls"].append(res.wall_s)
-            # one process's merge: parent and forked writer, shared pages once; torchrun's: each rank's
+            # one process's merge: its process tree, shared pages once; torchrun's: each rank's
             # process tree apart from the launcher
             launcher = next(iter(res.peaks), None)  # the sampler sees the root first
             ranks = {pid: peak for pid, peak in res.peaks.items() if pid != launcher}
@@ -672,7 +671,7 @@ The checkpoint: {built["params"] / 1e9:.2f}B parameters (preset `{result["preset
 {built["wall_s"]:.0f} s by `slimckpt.testing.fake_pg_checkpoint` (one rank at a time over torch's fake process
 group from a meta model, each rank's shards saved by verl's own `FSDPCheckpointManager`; the builder's peak
 was {built["peak_rss_anon"] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is sampled from outside every
-10 ms (the merge and its forked writer, shared pages counted once; for the distributed merge the largest
+10 ms (the merge's process, shared pages counted once; for the distributed merge the largest
 rank, its launcher left out, and {max(dist["tree_peaks"]) / MiB:,.0f} MiB for the whole torchrun tree).
 The I/O floor is {built["shard_bytes"] / GB:.1f} GB read at {read_speed / GB:.2f} GB/s plus the
 output written at {write_speed / GB:.2f} GB/s: O_DIRECT, the merge's path to the disk, at its best over the

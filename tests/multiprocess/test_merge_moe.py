@@ -198,50 +198,6 @@ def test_same_as_verl_merger_and_loads(families, tmp_path, family):
 
 
 @pytest.mark.slow
-def test_the_torch_free_writer_cuts_the_same_spans_from_the_rank_files(families, tmp_path):
-    """The early writer's torch-free path (pt_index + np_writer), given a plan with spans, writes the
-    torch writer's bytes from FSDP's dim-0 shards."""
-    from slimckpt.hf.plan import make_plan
-    from slimckpt.read import pt_index
-    from slimckpt.read.sources import open_checkpoint
-    from slimckpt.write import np_writer
-    from slimckpt.write.out_files import create_files
-    from slimckpt.write.share_writer import OUT_DTYPES, ShareWriter
-
-    ckpt_dir = families / "qwen2-moe"
-    ckpt = open_checkpoint(str(ckpt_dir))
-    mp = make_plan(ckpt, HfSide(str(ckpt_dir), "bf16", False), "bf16", "20KB")
-    assert len(mp.plan.files) > 1 and any(not t.whole for t in mp.takes.values())
-    (tmp_path / "torch").mkdir()
-    create_files(str(tmp_path / "torch"), mp.plan)
-    w = ShareWriter(
-        str(tmp_path / "torch"),
-        mp.plan,
-        {n: ckpt.tensors[t.source] for n, t in mp.takes.items()},
-        OUT_DTYPES["bf16"],
-        chunk_bytes=1000,
-        takes=mp.takes,
-    )
-    w.write_share(layout.partition(mp.plan, 1)[0])
-    ckpt.close()
-    index = pt_index.open_index(str(ckpt_dir))
-    assert index is not None
-    (tmp_path / "np").mkdir()
-    create_files(str(tmp_path / "np"), mp.plan)
-    checksums = np_writer.write_plan(
-        str(tmp_path / "np"),
-        mp.plan,
-        {n: index.tensors[t.source] for n, t in mp.takes.items()},
-        "bf16",
-        1000,
-        takes=mp.takes,
-    )
-    assert checksums == w.checksums
-    for f in mp.plan.files:
-        assert (tmp_path / "np" / f.name).read_bytes() == (tmp_path / "torch" / f.name).read_bytes(), f.name
-
-
-@pytest.mark.slow
 def test_the_early_write_stands_down(families, tmp_path):
     """Which parts transformers splits a fused tensor into is known only once it is imported: the
     early write makes no guess for an MoE checkpoint (either reader), and the merge plans first."""

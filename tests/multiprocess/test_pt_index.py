@@ -286,7 +286,8 @@ def test_not_the_simple_kind_is_none(plain, tmp_path, how):
 
 
 def test_no_torch_imported(plain, tmp_path):
-    """The early writer's process forks before `import torch`: pt_index must not import it (nor numpy)."""
+    """pt_index reads byte locations from the pickles alone: torch's side is pt_tensors, so neither
+    torch nor numpy loads with it."""
     index = pt_index.open_index(str(plain))
     names = {k: k for k in index.tensors}
     code = (

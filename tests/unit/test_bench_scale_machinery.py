@@ -28,7 +28,7 @@ def _row(name, walls, turns):
 def test_worth_compares_with_the_default_of_the_same_turns_only():
     # the default's third turn ran on a slow minute; a mechanism run only in turns 0 and 1 is
     # judged against turns 0 and 1
-    row = _row("forked writer", [105.0, 107.0], [0, 1])
+    row = _row("O_DIRECT", [105.0, 107.0], [0, 1])
     without, base, slower = scale.machinery_worth(_result([100.0, 100.0, 200.0], [row]), row)
     assert (without, base) == (106.0, 100.0)
     assert abs(slower - 0.06) < 1e-9

@@ -87,41 +87,37 @@ def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch):
     assert not (tmp_path / "guessed.partial").exists()
 
 
-def _count_forks(monkeypatch) -> list:
-    from slimckpt.write import forked_call
+def _count_early_writes(monkeypatch) -> list:
+    started = []
+    real = early_write.EarlyWrite._start
 
-    made = []
-    real = forked_call.ForkedCall
+    def counting(cls, *a):
+        started.append(real(*a))
+        return started[-1]
 
-    class Counting(real):
-        def __init__(self, *a, **k):
-            made.append(1)
-            super().__init__(*a, **k)
-
-    monkeypatch.setattr(forked_call, "ForkedCall", Counting)
-    monkeypatch.setattr(forked_call, "possible", lambda: True)  # pytest's own threads would say no
-    return made
+    monkeypatch.setattr(early_write.EarlyWrite, "_start", classmethod(counting))
+    return started
 
 
-def test_forked_and_threaded_early_writes_are_byte_identical(tmp_path, monkeypatch):
+def test_a_failed_write_in_the_early_writer_is_the_users_error(tmp_path, monkeypatch):
     ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
-    monkeypatch.setenv("SLIMCKPT_MERGE_FORK", "0")
-    _merge(ckpt, tmp_path / "threaded")
-    monkeypatch.undo()
-    made = _count_forks(monkeypatch)
-    _merge(ckpt, tmp_path / "forked")
-    assert made == [1]
-    assert _bytes_of(tmp_path / "forked") == _bytes_of(tmp_path / "threaded")
-
-
-def test_a_failed_write_in_the_forked_writer_is_the_users_error(tmp_path, monkeypatch):
-    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
-    made = _count_forks(monkeypatch)
+    started = _count_early_writes(monkeypatch)
     full_disk_after_headers(monkeypatch)
     with pytest.raises(merge.MergeError, match=r"model.*safetensors.*(space|full)"):
         _merge(ckpt, tmp_path / "out")
-    assert made == [1]
+    assert len(started) == 1 and started[0] is not None  # the early writer was the one that failed
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_the_writer_records_where_its_time_went(tmp_path, monkeypatch):
+    from slimckpt.write.writer_stats import STATS_ENV, WriterStats
+
+    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
+    monkeypatch.setenv(STATS_ENV, str(tmp_path / "stats.json"))
+    _merge(ckpt, tmp_path / "out")
+    stats = WriterStats.load(str(tmp_path / "stats.json"))
+    assert stats.wall_s > 0 and 0 < stats.cast_s <= stats.wall_s
+    assert stats.read_s <= stats.read_threads * stats.wall_s
 
 
 def test_a_failed_background_write_surfaces_and_stops(tmp_path, monkeypatch):
@@ -155,36 +151,6 @@ def test_no_fsync_skips_only_the_weight_fsyncs(tmp_path, monkeypatch, durable):
     writer.write_share(layout.partition(plan, 1)[0])
     assert bool(synced) == durable
     assert "model.safetensors" in writer.checksums  # the manifest's checksums are there either way
-
-
-def test_a_failed_fork_writes_on_a_thread_instead(tmp_path, monkeypatch):
-    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
-    monkeypatch.setenv("SLIMCKPT_MERGE_FORK", "0")
-    _merge(ckpt, tmp_path / "threaded")
-    monkeypatch.delenv("SLIMCKPT_MERGE_FORK")
-    made = _count_forks(monkeypatch)
-
-    def no_fork():
-        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
-
-    monkeypatch.setattr(os, "fork", no_fork)
-    _merge(ckpt, tmp_path / "out")
-    assert made == [1]  # a fork was tried
-    assert _bytes_of(tmp_path / "out") == _bytes_of(tmp_path / "threaded")
-
-
-def test_a_killed_writer_child_is_a_one_line_error_and_nothing_is_committed(tmp_path, monkeypatch):
-    import signal
-
-    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
-    made = _count_forks(monkeypatch)
-    monkeypatch.setattr(early_write, "write_weights", lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
-    with pytest.raises(
-        merge.MergeError, match=r"writer process .* without a result \(killed by signal SIGKILL.*run the merge again"
-    ):
-        _merge(ckpt, tmp_path / "out")
-    assert made == [1]
-    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
 def test_a_distributed_error_line_is_written_before_the_ranks_meet(capsys):

@@ -63,18 +63,13 @@ def test_the_dtype_choices_name_one_dtype_in_every_table():
     assert set(as_torch) == set(names.DTYPE_CHOICES) == {"bf16", "fp16", "fp32"}
     for choice, dtype in as_torch.items():
         assert names.by_torch_dtype(torch)[dtype] == names.DTYPE_CHOICES[choice]
-    from slimckpt.write import np_cast, share_writer
+    from slimckpt.write import share_writer
 
     assert share_writer.OUT_DTYPES == as_torch
-    assert np_cast.OUT_DTYPES == {c: str(d) for c, d in as_torch.items()}
-    assert np_cast.WIDTH == {str(d): d.itemsize for d in as_torch.values()}
 
 
 def test_the_tables_load_without_torch():
-    code = (
-        "import sys; import slimckpt.format.names, slimckpt.write.np_cast, slimckpt.read.pt_index; "
-        "print('torch' in sys.modules)"
-    )
+    code = "import sys; import slimckpt.format.names, slimckpt.read.pt_index; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
 

@@ -1,7 +1,7 @@
 """The names slimckpt reads and writes on disk, and the dtype tables between them: the one place
 save, merge, convert and verify take a directory name, a dtype choice or a safetensors dtype from.
 
-Torch-free (the torch-free merge writer and the `.pt` index import it): torch dtypes are named
+Torch-free (the `.pt` index and the torch-free commands import it): torch dtypes are named
 here by their torch name ("bfloat16"), and `by_torch_dtype(torch)` builds the torch-keyed table
 in a module that has torch already.
 """

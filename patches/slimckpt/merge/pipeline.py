@@ -66,8 +66,7 @@ from ..read.checkpoint_dir import CheckpointError
 from ..read.locks import LockBusy, acquire, reading
 from ..read.merge_input import check_source, open_source
 from ..verl_seam.leaves import leaf
-from ..write import forked_call
-from ..write.out_files import OutputError, create_files
+from ..write.out_files import OutputError
 from ..write.peers import Heartbeat, describe_ranks, lost_ranks_line
 from .early_write import EarlyWrite
 from .plan import MergeError, MergeOptions, MergeResult
@@ -163,8 +162,6 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
                 return _merge_local(opts, verl_fallback)
     except (CommitError, layout.LayoutError, LockBusy) as exc:
         raise MergeError(_message(exc, opts.os_fixes)) from None
-    except forked_call.ChildDied as exc:  # the forked writer was killed (OOM killer, a signal): nothing was committed
-        raise MergeError(f"{exc}; nothing was committed: run the merge again") from None
     except Exception as exc:
         if _is_input_or_output_error(exc):
             raise MergeError(_message(exc, opts.os_fixes)) from None
@@ -390,7 +387,7 @@ def _write_and_commit(
             checksums = write_weights(opts, partial, mp)
         else:  # weights are being written already: configs and tokenizer meanwhile
             tokenizer_saved = lay_out(partial, mp, hf, weight_files=False)
-            checksums = _join_or_rewrite(early, opts, partial, mp)
+            checksums = early.join()
         files = _finish(partial, target, mp, checksums, opts, tokenizer_saved)
         ok = True
     finally:
@@ -402,19 +399,6 @@ def _write_and_commit(
     seconds = time.perf_counter() - t0
     log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
-
-
-def _join_or_rewrite(early: EarlyWrite, opts: MergeOptions, partial: str, mp: ExportPlan) -> dict[str, str]:
-    """The early writer's checksums; or, where it left the weights to torch (a NaN, say), the
-    weights written again by the torch writer, over the same files."""
-    from ..write.np_writer import Declined
-
-    try:
-        return early.join()
-    except Declined as exc:
-        log.info("the early writer left the weights to torch (%s): writing them again", exc)
-        create_files(partial, mp.plan)
-        return write_weights(opts, partial, mp)
 
 
 def _message(exc: BaseException, fixes: OsErrorFixes = MERGE_FIXES) -> str:

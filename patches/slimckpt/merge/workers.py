@@ -6,21 +6,38 @@ progress, checksums and the first error. Torchrun ranks of `--distributed_merge`
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mproc
 import os
 import queue as queue_mod
+import signal
 import sys
 from collections.abc import Callable
 
 from ..format import layout
 from ..format.merge_manifest import CommitError
 from ..hf.plan import ExportPlan
+from ..log import get_logger
 from ..read.checkpoint_dir import CheckpointError
-from ..write.forked_call import die_with_parent
+from ..write import writer_stats
 from ..write.out_files import OutputError
 from .plan import MergeError, MergeOptions
 
 # lazy imports: torch (the cast), the torch readers and tqdm load only when weights are written
+
+log = get_logger("slimckpt.merge")
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when `parent` dies (exit at once if it already has)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # no prctl: the worker still finishes its writes and exits on its own
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def write_shares(
@@ -33,9 +50,11 @@ def write_shares(
     progress: Callable[[int], None],
     fsync: bool = True,
     ckpt=None,
+    stats: writer_stats.WriterStats | None = None,
 ) -> dict[str, str]:
     """Write `shares` here, one after the other; returns checksums of files written whole. An opened
-    `ckpt` is used (and left open) instead of opening `local_dir`."""
+    `ckpt` is used (and left open) instead of opening `local_dir`; `stats`, when given, receives
+    where the time went."""
     import torch
 
     from ..read.merge_input import open_source
@@ -66,6 +85,7 @@ def write_shares(
                 fsync=fsync,
                 takes=mp.takes,
                 lora_sources=lora_sources,
+                stats=stats,
             )
             w.write_share(share)
             checksums.update(w.checksums)
@@ -109,11 +129,12 @@ def run_workers(
     progress: Callable[[int], None],
     fsync: bool = True,
     ckpt=None,
+    stats: writer_stats.WriterStats | None = None,
 ) -> dict[str, str]:
     """One spawned process per share (a fresh interpreter: no forked OpenMP or torch threads); one
-    share is written here, from `ckpt` when given."""
+    share is written here, from `ckpt` when given (and timed into `stats`, when given)."""
     if len(shares) == 1:
-        return write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress, fsync, ckpt=ckpt)
+        return write_shares(local_dir, partial, mp, shares, dtype, chunk_bytes, progress, fsync, ckpt=ckpt, stats=stats)
     ctx = mproc.get_context("spawn")
     q = ctx.Queue()
     parent = os.getpid()
@@ -193,9 +214,23 @@ def write_weights(opts: MergeOptions, partial: str, mp: ExportPlan, ckpt=None) -
     (an opened `ckpt` is used by a single worker; more open their own)."""
     shares = layout.partition(mp.plan, opts.workers)
     bar = ProgressBar(mp.plan.total_size, opts.progress, "slimckpt merge")
+    stats_path = writer_stats.requested_path() if len(shares) == 1 else None
+    stats = writer_stats.WriterStats() if stats_path else None
     try:
-        return run_workers(
-            opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync, ckpt=ckpt
+        checksums = run_workers(
+            opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync, ckpt=ckpt, stats=stats
         )
     finally:
         bar.close()
+    if stats is not None:
+        try:
+            stats.save(stats_path)
+        except OSError as exc:  # a diagnostic: the merge itself succeeded
+            log.warning(
+                "could not write the writer's timings to %s (%s): %s=%s is ignored",
+                stats_path,
+                exc.strerror or exc,
+                writer_stats.STATS_ENV,
+                stats_path,
+            )
+    return checksums

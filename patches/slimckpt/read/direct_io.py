@@ -20,7 +20,7 @@ the shards). `SLIMCKPT_DIRECT_IO=0` turns O_DIRECT off, as a choice: nothing is 
 
 from __future__ import annotations
 
-# lazy imports: torch-free (the merge's early writer forks before torch is imported); torch only for aligned_empty
+# lazy imports: torch only for aligned_empty (the verify and plan commands read without torch)
 import errno
 import mmap
 import os

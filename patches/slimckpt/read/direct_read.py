@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from . import direct_io
 from .checkpoint_dir import CheckpointError
 
-READERS = 1  # reads in flight. With the writer in a forked child (no GIL shared with imports), one reader
-# a chunk ahead is as fast as two readers two chunks ahead, with less memory (fewer buffers, and no
-# malloc arena of a second reader thread); measured: BENCHMARKS.md, Figures quoted in the code
+READERS = 1  # reads in flight. One reader a chunk ahead was as fast as two readers two chunks ahead,
+# with less memory (fewer buffers, and no malloc arena of a second reader thread); measured:
+# BENCHMARKS.md, Figures quoted in the code
 DEPTH = 1  # buffers beyond one per reader: the chunk being cast while the next is read
 
 

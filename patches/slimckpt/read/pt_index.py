@@ -9,8 +9,8 @@ file is listed (dtype, shape, stride, storage offset, the byte range in the file
 is built; `pt_tensors` makes torch tensors from those offsets where torch is loaded (verl's rank
 files, DCP's records, extra state, convert's own rank files), memory-mapped.
 
-`slimckpt merge` forks its early writer before `import torch` (1.3-4 s), so that writer needs the
-byte locations with the standard library only: `open_index` indexes "the simple kind" of checkpoint:
+The merge's early writer starts from a quick index that skips the full reader's DTensor rebuild
+(and its torch.distributed import): `open_index` indexes "the simple kind" of checkpoint:
 every rank a dict with the same keys, every value a plain tensor (same shape everywhere) or a
 DTensor on a 1-D mesh of ranks 0..W-1 with one Shard or Replicate placement. Anything else, or
 anything this reader does not recognise or finds damaged, gives None: the full reader
@@ -18,7 +18,7 @@ anything this reader does not recognise or finds damaged, gives None: the full r
 `sources.signature` makes of the full reader's result, so the merge can compare the two and keep
 early writes only when they read the same bytes.
 
-No torch, no numpy, by design (a test checks `sys.modules`).
+No torch, no numpy (a test checks `sys.modules`): torch's side is `pt_tensors`.
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
 """Writing planned bytes: output files created at their final size, positional and O_DIRECT writes,
-dtype casts (torch and numpy), the merge's forked torch-free writer, and DCP's hashing filesystem."""
+dtype casts, the merge's writer and its timings, and DCP's hashing filesystem."""

@@ -1,10 +1,9 @@
 """The output half of a merge's writer: planned files created at their final size, then bytes
 `pwrite`n at their offsets, behind the caster, with running checksums and fsync at the end.
 
-Shared by the torch writer (`writer.ShareWriter`) and the one that runs before torch is imported
-(`np_writer`): what differs between them is only how a chunk is read and cast, never how it
-reaches the disk. Staging buffers are handed out by `StagingRing`, which the caster fills and the
-write-behind thread gives back once the bytes are on their way to the disk.
+Used by the writer (`share_writer.ShareWriter`), which reads and casts the chunks. Staging buffers
+are handed out by `StagingRing`, which the caster fills and the write-behind thread gives back once
+the bytes are on their way to the disk.
 
 No torch here, by design.
 """

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ from ..format.names import DEFAULT_CHUNK_BYTES, torch_dtypes_of_choices
 from ..read import direct_io, direct_read
 from ..read.sources import CheckpointError, SourceTensor
 from .out_files import OutputFiles, Progress
+from .writer_stats import WriterStats
 
 OUT_DTYPES: dict[str, torch.dtype] = torch_dtypes_of_choices(torch)
 
@@ -90,8 +92,10 @@ class ShareWriter:
         fsync: bool = True,
         takes: dict[str, layout.Take] | None = None,
         lora_sources: dict[str, SourceTensor] | None = None,
+        stats: WriterStats | None = None,
     ) -> None:
         self.plan, self.sources, self.out_dtype = plan, sources, out_dtype
+        self.stats = stats if stats is not None else WriterStats()  # where the time went, added up over shares
         self.spans = {name: t.span for name, t in (takes or {}).items() if not t.whole}
         # outputs with a LoRA adapter merged in; their A and B by checkpoint name in `lora_sources`
         self.deltas = {name: t.delta for name, t in (takes or {}).items() if t.delta is not None}
@@ -113,6 +117,7 @@ class ShareWriter:
 
     # -- tensors ---------------------------------------------------------------------------------
     def write_share(self, share: list[layout.Segment]) -> None:
+        start = time.perf_counter()
         items = self._chunks(share)
         row_chunks = [it.nbytes for it in items if isinstance(it, _RowChunk)]
         if row_chunks:  # cast buffers of the output size (half the source chunk for fp32 -> bf16)
@@ -127,7 +132,14 @@ class ShareWriter:
         finally:
             if prefetch is not None:
                 prefetch.close()
+                self.stats.read_s += prefetch.read_s
+                self.stats.wait_buffer_s += prefetch.wait_buffer_s
+                self.stats.read_bytes += prefetch.read_bytes
+                self.stats.read_threads = max(self.stats.read_threads, len(prefetch.threads))
+        closing = time.perf_counter()
         self.close()
+        self.stats.close_s += time.perf_counter() - closing
+        self.stats.wall_s += time.perf_counter() - start
 
     def _chunks(self, share: list[layout.Segment]) -> list[_RowChunk | layout.Segment | _SliceSegment]:
         """The share in write order: dim-0 shards as row chunks (each read, cast and written as one
@@ -219,7 +231,9 @@ class ShareWriter:
             return
         if prefetch is not None and prefetch.has(i):
             rows = item.piece[item.start : item.end]
+            t0 = time.perf_counter()
             read = torch.frombuffer(prefetch.get(i), dtype=torch.uint8).view(rows.dtype).view(rows.shape)
+            self.stats.wait_read_s += time.perf_counter() - t0
             data = as_bytes(self._cast(read, item.offset, borrowed=True))
         else:
             data = as_bytes(self._cast(item.piece[item.start : item.end], item.offset))
@@ -236,7 +250,9 @@ class ShareWriter:
         buf = self.out.stage(nbytes)
         shift = offset % direct_io.ALIGN
         out = buf[shift : shift + nbytes].view(self.out_dtype).view(src.shape)
-        out.copy_(src)
+        t0 = time.perf_counter()
+        out.copy_(src)  # from the mmap: its page faults (the reads) are timed as the cast's
+        self.stats.cast_s += time.perf_counter() - t0
         return out
 
     def _rows_per_chunk(self, t: torch.Tensor) -> int:

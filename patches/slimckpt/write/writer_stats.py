@@ -1,10 +1,11 @@
-"""Where the merge's torch-free writer spent its time: whether the disk or the CPU bounds a merge.
+"""Where a merge's writer spent its time: whether the disk or the CPU bounds a merge.
 
 The writer reads the rank files on one thread and casts and writes on others. If its read thread
 is inside `preadv` for nearly all of the writer's time, and rarely waits for a free buffer, the
 disk's reads bound the merge (the writes compete with them on the same disk); if the read thread
-waits for buffers, the cast or the writes do. `slimckpt merge` records this when
-`SLIMCKPT_MERGE_STATS=FILE` is set (the benchmark sets it) and writes it to FILE as JSON.
+waits for buffers, the cast or the writes do. `slimckpt merge` (one writer: `--workers 1`, the
+default) records this when `SLIMCKPT_MERGE_STATS=FILE` is set (the benchmark sets it) and writes
+it to FILE as JSON.
 
 No torch here.
 """
@@ -22,7 +23,7 @@ STATS_ENV = "SLIMCKPT_MERGE_STATS"
 
 @dataclass
 class WriterStats:
-    wall_s: float = 0.0  # the writer's whole `write_plan`, fsync included
+    wall_s: float = 0.0  # the writer's whole share, fsync included
     read_bytes: int = 0  # tensor bytes the read threads delivered
     read_s: float = 0.0  # read threads inside preadv, summed over threads
     read_threads: int = 0
