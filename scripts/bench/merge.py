@@ -787,13 +787,13 @@ SUMMARY_DOC = REPO / "docs" / "merge.md"  # the merge's user doc; README quotes 
 
 
 def write_keeping_save_section(path: Path, report: str) -> None:
-    """The merge report replaces the file, except the other benchmarks' marked sections
-    (scripts/bench/save.py's, scripts/bench/loop.py's, scripts/bench/scale.py's: `<!-- save-...:begin -->`
-    or `<!-- scale-...:begin -->` to its end marker), kept at the end in their order (so `bench.py`
-    alone does not drop their results); the hand-written `<!-- code-...:begin -->` too."""
+    """The merge report replaces the file, except every marked section (`<!-- NAME:begin -->` to
+    `<!-- NAME:end -->`: the save, loop, scale and train-scale benchmarks', the hand-written
+    `code-figures`), kept at the end in their order, so that the merge bench alone drops no other
+    benchmark's results."""
     old = path.read_text() if path.exists() else ""
     kept = []
-    for match in re.finditer(r"<!-- ((?:save|scale|code)-[\w.-]+):begin -->.*?<!-- \1:end -->", old, flags=re.S):
+    for match in re.finditer(r"<!-- ([\w.-]+):begin -->.*?<!-- \1:end -->", old, flags=re.S):
         kept.append(match.group(0))
     for section in kept:
         report = report.rstrip("\n") + "\n\n" + section + "\n"

@@ -113,9 +113,9 @@ def test_merge_bench_keeps_every_save_section(tmp_path):
     out.write_text(
         "old\n\n<!-- save-bench:begin -->\nA\n<!-- save-bench:end -->\nx\n"
         "<!-- save-loop:begin -->\nB\n<!-- save-loop:end -->\n<!-- save-loop-0.25b:begin -->\nC\n"
-        "<!-- save-loop-0.25b:end -->\n"
+        "<!-- save-loop-0.25b:end -->\n<!-- train-scale:begin -->\nD\n<!-- train-scale:end -->\n"
     )
     bench.write_keeping_save_section(out, "new\n")
     text = out.read_text()
     assert text.startswith("new") and "old" not in text and "\nx\n" not in text
-    assert text.index("\nA\n") < text.index("\nB\n") < text.index("\nC\n")
+    assert text.index("\nA\n") < text.index("\nB\n") < text.index("\nC\n") < text.index("\nD\n")
