@@ -167,8 +167,7 @@ def run_cli(
 
 
 def full_disk_after_headers(monkeypatch) -> None:
-    """os.pwrite fails with ENOSPC past the first 4 KiB: headers go in, weights hit a full disk
-    (also in a forked writer, which inherits the patch)."""
+    """os.pwrite fails with ENOSPC past the first 4 KiB: headers go in, weights hit a full disk."""
     real = os.pwrite
 
     def pwrite(fd, data, off):

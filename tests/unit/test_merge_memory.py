@@ -24,7 +24,7 @@ def peak_rss_anon(args: list[str]) -> int:
         text=True,
         env={"OMP_NUM_THREADS": "1", **_env()},
     )
-    # the writer runs in a forked child sharing the parent's pages: count shared pages once
+    # the merge's whole process tree (worker processes with --workers), shared pages counted once
     peaks = sample_tree_peaks(proc.pid, interval_s=0.002, pss_interval_s=0.01)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
