@@ -158,3 +158,14 @@ def test_each_row_keeps_the_commit_of_the_file_it_came_from(tmp_path, monkeypatc
         "verl-default@keep=2": {"commit": "1111111aaaaa", "dirty": False},
         "merge": {"commit": "2222222bbbbb", "dirty": False},
     }
+
+
+def test_sides_names_each_side_campaign_and_refuses_others(capsys):
+    """`--sides` chooses among the campaigns beside the SIGKILL one, by the names SIDES gives them;
+    each names a script the renderer knows. Nothing runs with --render --no-report."""
+    assert set(reliability.SIDES) == {"corruption", "damaged", "env", "ranks"}
+    assert {script for script, _, _ in reliability.SIDES.values()} == set(report.SIDE_MODULES)
+    assert reliability.main(["--render", "--no-report", "--sides", "env", "ranks"]) == 0
+    with pytest.raises(SystemExit):
+        reliability.main(["--render", "--no-report", "--sides", "everything"])
+    assert "invalid choice" in capsys.readouterr().err
