@@ -9,7 +9,10 @@
 SIGKILLed (a node that hangs), at a uniform moment of a save (the ranks run scripts/faults/trial.py's
 saver: verl's own `_save_checkpoint` and FSDPCheckpointManager on a tiny FSDP2 Llama over gloo,
 with the process group's timeout set short, `--timeout`) or of `slimckpt merge --distributed_merge`
-under torchrun. Each trial is classified:
+under torchrun. Beside those uniform moments, `--at-commit K` places K more kills and K stalls per
+slimckpt save mode and world size where a committed step was once given up: the victim stops itself
+once rank 0 has written the manifest that completes a step, before any rank knows the commit's
+outcome. Each trial is classified:
 
 - **hung** (bad): a surviving rank was still running `--timeout` + SLACK_S after the fault;
 - **orphan** (bad): a process of the trial outlived its rank (the campaign is the subreaper of
@@ -46,7 +49,7 @@ from datetime import timedelta
 from scripts.faults import oracle
 from scripts.faults import reliability as rel
 from scripts.faults import trial as fault_trial
-from scripts.faults.ranks_report import BAD, render, summarize
+from scripts.faults.ranks_report import AT_COMMIT, BAD, render, summarize
 
 # lazy imports: torch, verl and slimckpt load after reliability.quiet_imports() set the environment they read, before the forks
 
@@ -70,6 +73,11 @@ SLACK_S = 15.0  # beyond the group's timeout: naming the lost rank (a few heartb
 WINDOW_FACTOR = 1.3
 TIMEOUT_S = [20.0]
 KEEP_ALL = [False]  # --keep-dirs  # the process group's timeout of the ranks (set by --timeout before any fork)
+# where a save trial's fault lands: "random", a uniform moment of a save; "commit-outcome" (--at-commit),
+# the victim stops itself in the commit of the chosen step's last role (the critic: its manifest
+# completes the step, and the tracker's watcher may name it at once) before it knows the commit's
+# outcome (rank 0 right after writing the manifest; another rank as the outcome's broadcast begins)
+ARMED: list[tuple[int, int] | None] = [None]  # (victim rank, step), set in the parent before the fork
 NAMED = re.compile(r"rank (\d+) of (\d+) stopped answering|rank\s*: (\d+) \(local_rank")
 
 
@@ -211,11 +219,72 @@ def init_group(trial_dir: str, rank: int, tag: str) -> None:
     )
 
 
+def stop_at_commit_outcome(rank: int, step: int) -> None:
+    """This rank SIGSTOPs itself at the commit-outcome point of `step`'s last role (AT_COMMIT)."""
+    import threading
+    import types
+
+    from slimckpt.format.resume_manifest import step_of
+    from slimckpt.save import step_commit
+
+    armed = threading.Event()
+    armed.set()
+
+    def stop() -> None:
+        if armed.is_set():
+            armed.clear()
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    if rank == 0:  # register_committed runs right after rank 0's write_manifest
+        register = step_commit.register_committed
+
+        def register_committed(manager, local_path, max_keep):
+            found = step_of(local_path)
+            if found is not None and found[1] == step and os.path.basename(local_path) == fault_trial.ROLES[-1]:
+                stop()
+            return register(manager, local_path, max_keep)
+
+        step_commit.register_committed = register_committed
+        return
+    commit, from_rank0 = step_commit.commit, step_commit.outcome.from_rank0
+    current = threading.local()
+
+    def commit_of(ctx, *a, **k):
+        current.step = int(ctx.step) if os.path.basename(ctx.local_path) == fault_trial.ROLES[-1] else None
+        try:
+            return commit(ctx, *a, **k)
+        finally:
+            current.step = None
+
+    def outcome_from_rank0(*a, **k):
+        if getattr(current, "step", None) == step:
+            stop()
+        return from_rank0(*a, **k)
+
+    step_commit.commit = commit_of
+    step_commit.outcome = types.SimpleNamespace(**{**vars(step_commit.outcome), "from_rank0": outcome_from_rank0})
+
+
+def wait_stopped(pid: int, timeout: float = 120.0) -> float | None:
+    """The moment `pid` was seen stopped (SIGSTOP), or None if it ended or the timeout passed first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = _state(pid)
+        if state == "T":
+            return time.monotonic()
+        if state in (None, "Z", "X"):
+            return None
+        time.sleep(0.002)
+    return None
+
+
 def rank_saver(mode: str, trial_dir: str, rank: int, keep: int | None, steps: int) -> None:
     """fault_trial's saver; a failure ends this rank as an interpreter exit would (atexit: slimckpt
     finishes, or fails, the background write in flight), so what it says about a lost peer is in the
     log."""
 
+    if ARMED[0] is not None and ARMED[0][0] == rank:
+        stop_at_commit_outcome(rank, ARMED[0][1])
     try:
         fault_trial.saver(mode, trial_dir, rank, keep, steps)
     except BaseException:
@@ -311,20 +380,45 @@ def calibrate(mode: str, world: int, work: str, keep: int | None) -> dict:
 
 
 def save_trial(
-    mode: str, world: int, fault: str, work: str, index: int, rng: random.Random, window: float, keep: int | None
+    mode: str,
+    world: int,
+    fault: str,
+    work: str,
+    index: int,
+    rng: random.Random,
+    window: float,
+    keep: int | None,
+    at: str = "random",
 ) -> dict:
 
     timeout = TIMEOUT_S[0]
-    trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", f"{fault}_{index:03d}"))
-    pids = fork_ranks(rank_saver, world, trial_dir, "save", mode, keep, STEPS)
+    where = "_at_commit" if at == AT_COMMIT else ""
+    trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", f"{fault}{where}_{index:03d}"))
     victim = rng.randrange(world)
     step = rng.randint(1, KILL_STEPS)
     delay = rng.uniform(0.0, window)
     then = "kill" if index % 2 else "cont"  # a stalled rank is resumed or killed afterwards
+    targeted = at == AT_COMMIT
+    if targeted:  # each rank in turn: a kill starts at rank 0 (the one that wrote the manifest), a stall at rank 1
+        victim = (index + (fault == "stall")) % world
+    ARMED[0] = (victim, step) if targeted else None
+    try:
+        pids = fork_ranks(rank_saver, world, trial_dir, "save", mode, keep, STEPS)
+    finally:
+        ARMED[0] = None
     t_ready = rel.wait_save_begin(trial_dir, pids, step)
-    time.sleep(max(0.0, t_ready + delay - time.monotonic()))
-    t_fault = time.monotonic()
-    os.kill(pids[victim], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    if targeted:
+        stopped = wait_stopped(pids[victim])
+        if stopped is None:
+            end(pids)
+            raise RuntimeError(f"{mode} ws{world}: rank {victim} never reached step {step}'s commit; see {trial_dir}")
+        t_fault = stopped
+        if fault == "kill":
+            os.kill(pids[victim], signal.SIGKILL)
+    else:
+        time.sleep(max(0.0, t_ready + delay - time.monotonic()))
+        t_fault = time.monotonic()
+        os.kill(pids[victim], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     survivors = [p for i, p in enumerate(pids) if i != victim]
     ended = wait_until(survivors, t_fault + timeout + SLACK_S)
     hung = [p for p, t in ended.items() if t is None]
@@ -362,6 +456,7 @@ def save_trial(
         "then": then if fault == "stall" else None,
         "victim": victim,
         "step": step,
+        "at": at,
         "fault_after_save_begin_s": round(t_fault - t_ready, 4),
         "in_save": in_save(events, [r for r in range(world) if r != victim], t_fault, mode),
         "phase_rank0": oracle.phase_at(events[0], t_fault),
@@ -600,12 +695,14 @@ def campaign(
     keep: int,
     out: str | None,
     window_s: float | None = None,
+    at_commit: int = 0,
 ) -> dict:
 
     rng = random.Random(seed)
     result: dict = {
         "kills_per_mode": kills,
         "stalls_per_mode": stalls,
+        "at_commit_per_world": at_commit,
         "world_sizes": worlds,
         "seed": seed,
         "timeout_s": TIMEOUT_S[0],
@@ -641,19 +738,27 @@ def campaign(
                 print(f"{mode} ws{world}: {exc}", flush=True)
                 continue
             entry["calibration"][f"ws{world}"] = {**cal, "window_s": window}
-            for fault, n in (("kill", n_kill), ("stall", n_stall)):
-                for i in range(n):
-                    if mode == "merge":
-                        trial = merge_trial(world, fault, work, fixture, i, rng, window, reference)
-                    else:
-                        trial = save_trial(mode, world, fault, work, i, rng, window, keep)
-                    trial["world"] = world
-                    entry["trials"].append(trial)
-                    print(
-                        f"{mode} ws{world} {fault} {i}: {trial['outcome']} (victim {trial['victim']}, named "
-                        f"{trial['named']}, survivors ended {trial['survivors_end_s']} s)",
-                        flush=True,
-                    )
+            plan = [("kill", i, "random") for i in range(n_kill)] + [("stall", i, "random") for i in range(n_stall)]
+            if mode.startswith("incremental"):  # only slimckpt's commit has an outcome to learn
+                plan += [(f, i, AT_COMMIT) for f in ("kill", "stall") for i in range(at_commit)]
+            for fault, i, at in plan:
+                if mode == "merge":
+                    trial = merge_trial(world, fault, work, fixture, i, rng, window, reference)
+                else:
+                    try:
+                        trial = save_trial(mode, world, fault, work, i, rng, window, keep, at)
+                    except RuntimeError as exc:  # the fault never landed: not a trial
+                        entry.setdefault("errors", []).append(str(exc))
+                        print(f"{mode} ws{world} {fault} {i}: {exc}", flush=True)
+                        continue
+                trial["world"] = world
+                entry["trials"].append(trial)
+                print(
+                    f"{mode} ws{world} {fault} {i}{' at the commit outcome' if at == AT_COMMIT else ''}: "
+                    f"{trial['outcome']} (victim {trial['victim']}, named "
+                    f"{trial['named']}, survivors ended {trial['survivors_end_s']} s)",
+                    flush=True,
+                )
         entry["summary"] = summarize(entry["trials"])
         entry["seconds"] = round(time.monotonic() - t0, 1)
         result["modes"][mode] = entry
@@ -687,6 +792,13 @@ def main(argv: list[str] | None = None) -> int:
         help="save modes: faults within this many s of a save's start, with no calibration run (default: "
         "1.3x the calibrated save-to-commit time, and the uncut run must resume exactly)",
     )
+    p.add_argument(
+        "--at-commit",
+        type=int,
+        default=1,
+        help="slimckpt's save modes: per world size, this many more kills and as many stalls placed once rank 0 "
+        "has written the manifest that completes a step, before the ranks know the commit's outcome (default 1)",
+    )
     p.add_argument("--keep-dirs", action="store_true", help="keep every trial's dir (default: the bad ones)")
     p.add_argument("--render", action="store_true", help="print the report section of --json and exit")
     args = p.parse_args(argv)
@@ -707,7 +819,16 @@ def main(argv: list[str] | None = None) -> int:
     source, provenance = rel.source_note(), rel.source_commit()  # before any trial: what the trials run
     t0 = time.monotonic()
     data = campaign(
-        args.modes, args.worlds, args.kills, args.stalls, args.seed, args.work, args.keep, args.json, args.window
+        args.modes,
+        args.worlds,
+        args.kills,
+        args.stalls,
+        args.seed,
+        args.work,
+        args.keep,
+        args.json,
+        args.window,
+        args.at_commit,
     )
     data["seconds"] = round(time.monotonic() - t0, 1)
     data["command"] = "python -m scripts.faults.ranks " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -7,6 +7,7 @@ from scripts.faults import oracle
 
 GOOD = ("exact", "clean")
 BAD = ("hung", "orphan", "committed-partial", "wrong-resume")
+AT_COMMIT = "commit-outcome"  # a trial whose fault was placed at a commit's outcome (ranks.py --at-commit)
 
 
 def _in_save(t: dict) -> bool:
@@ -30,6 +31,10 @@ def summarize(trials: list[dict]) -> dict:
         "in_save": sum(_in_save(t) for t in trials),
         "named_in_save": sum(t["named"] for t in trials if _in_save(t)),
         "end_s": oracle.quantiles(ends),
+        "at_commit": sum(t.get("at") == AT_COMMIT for t in trials),
+        "at_commit_bad": sum(t.get("at") == AT_COMMIT and t["outcome"] in BAD for t in trials),
+        # the step whose manifest was written before the fault is the one the relaunch resumed
+        "at_commit_resumed_it": sum(t.get("at") == AT_COMMIT and t.get("loaded") == t["step"] for t in trials),
     }
 
 
@@ -85,6 +90,18 @@ def render(data: dict) -> str:
         ),
         "",
     ]
+    placed = [summarize(e["trials"]) for e in ours]
+    n_placed = sum(p["at_commit"] for p in placed)
+    if n_placed:
+        lines += [
+            f"Of slimckpt's faults, {n_placed} were placed at a commit's outcome ({data.get('at_commit_per_world', 1)} "
+            "kill and as many stalls per save mode and world size): the victim stopped itself once rank 0 had written "
+            "the manifest that completes a step, before any rank knew the commit's outcome. "
+            f"{sum(p['at_commit_bad'] for p in placed)} bad; in {sum(p['at_commit_resumed_it'] for p in placed)} "
+            "the relaunch resumed that very step (its data was all on disk; a failure after the manifest is raised "
+            "but leaves the step committed), in the others the step before it (the tracker had not moved).",
+            "",
+        ]
     errors = [f"- {m}: {err}" for m, e in data["modes"].items() for err in e.get("errors", [])]
     bad = [
         f"- {m} ws{t['world']} {t['fault']} {t['trial']}: {t['outcome']} (victim rank {t['victim']} at "

@@ -145,6 +145,11 @@ def test_on_save_error_is_checked():
 
 # --------------------------------------------------------------------------- guarded_save
 
+GLOO_TIMEOUT = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 5000ms for "
+    "send operation to complete"
+)
+
 
 def _manager(policy: str):
     return SimpleNamespace(rank=0, checkpoint_config=SlimCheckpointConfig(on_save_error=policy))
@@ -172,6 +177,33 @@ def test_a_failed_save_is_marked_and_discarded(tmp_path, policy):
         assert "CHECKPOINT NOT SAVED" in logged.getvalue()
     assert failure_markers(str(role)) and not (role / "model_world_size_1_rank_0.pt").exists()
     assert state_of(manager).save_failed and not os.path.exists(locks.lock_file_for(str(role)))
+
+
+def test_a_failure_after_the_manifest_leaves_the_step_committed(tmp_path):
+    """A peer lost while the ranks learn the commit's outcome (rank 0 already wrote the manifest,
+    and the tracker's watcher may already name the step): the save still fails, on every policy,
+    but neither the failure note nor the discard touches the committed dir."""
+    from slimckpt.format import resume_manifest as rm
+
+    role = tmp_path / "global_step_5" / "critic"
+    shard = role / "extra_state_world_size_2_rank_0.pt"
+
+    def save():
+        role.mkdir(parents=True)
+        shard.write_bytes(b"rows" * 64)
+        rm.write_manifest(
+            str(role),
+            rm.Manifest(
+                global_step=5, world_size=2, contents=["extra"], files=rm.describe_files(str(role), [shard.name])
+            ),
+        )
+        raise RuntimeError(GLOO_TIMEOUT)
+
+    with pytest.raises(save_errors.SaveFailed):
+        save_errors.guarded_save(_manager("continue"), str(role), 5, save)
+    assert not failure_markers(str(role)) and shard.exists()
+    assert rm.check_committed(str(role)).global_step == 5
+    assert not rm.write_failure(str(role), 1, "peer lost") and not failure_markers(str(role))
 
 
 def test_a_lock_conflict_stops_even_with_continue(tmp_path):

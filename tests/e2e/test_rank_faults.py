@@ -96,9 +96,11 @@ def test_the_store_going_silent_names_its_host():
 @pytest.mark.slow
 def test_one_rank_killed_or_stalled_mid_save(tmp_path):
     """Per save mode (sync, pool, stream; export on, as the recipe ships): one SIGKILL and one
-    SIGSTOP (longer than the 4 s group timeout) of a random rank of 2 at a random moment of a save:
-    the survivors end within the timeout plus the few heartbeats that name the rank, in a line naming
-    it; nothing partial committed, no orphan or held lock, the relaunch resumes exactly."""
+    SIGSTOP (longer than the 4 s group timeout) of a random rank of 2 at a random moment of a save,
+    then one of each at a commit's outcome (the manifest that completes the step written, the ranks
+    not yet told): the survivors end within the timeout plus the few heartbeats that name the rank,
+    in a line naming it; nothing partial committed, no orphan or held lock, the relaunch resumes
+    exactly, and a step whose manifest was written before the fault is never given up."""
     out = tmp_path / "rank_faults.json"
     timeout = 4.0
     cmd = [
@@ -108,6 +110,8 @@ def test_one_rank_killed_or_stalled_mid_save(tmp_path):
         "--kills",
         "1",
         "--stalls",
+        "1",
+        "--at-commit",
         "1",
         "--worlds",
         "2",
@@ -131,7 +135,12 @@ def test_one_rank_killed_or_stalled_mid_save(tmp_path):
     assert set(data["modes"]) == {"incremental-sync", "incremental-async", "incremental-stream"}
     for mode, entry in data["modes"].items():
         assert not entry.get("errors"), (mode, entry["errors"])
-        assert [t["fault"] for t in entry["trials"]] == ["kill", "stall"], mode
+        assert [(t["fault"], t["at"]) for t in entry["trials"]] == [
+            ("kill", "random"),
+            ("stall", "random"),
+            ("kill", "commit-outcome"),
+            ("stall", "commit-outcome"),
+        ], mode
         # a fault that lands once every survivor has left the save, or once the step's commit went
         # through, fails the survivors in a collective that is not a save's, with the backend's own
         # error: only faults inside a survivor's save that did not commit must name the rank
@@ -143,6 +152,12 @@ def test_one_rank_killed_or_stalled_mid_save(tmp_path):
             assert not t["orphans"] and not t["locks_held"], (mode, t)
             limit = timeout + 8.0 if t["fault"] == "stall" else 8.0
             assert t["survivors_end_s"] <= limit, (mode, t)
+    # rank 1 stalled while rank 0, its manifest written, told the outcome: the async modes' watcher
+    # named the step at once, and the relaunch resumes that step (a failure after the manifest used
+    # to mark the committed step failed, and the relaunch went one step back)
+    for mode in ("incremental-async", "incremental-stream"):
+        (stall,) = [t for t in data["modes"][mode]["trials"] if t["at"] == "commit-outcome" and t["fault"] == "stall"]
+        assert stall["victim"] == 1 and stall["tracker"] == stall["loaded"] == stall["step"], (mode, stall)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

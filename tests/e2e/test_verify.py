@@ -167,7 +167,9 @@ def test_incremental_damage_load_refuses_with_verify_line(tmp_path, damage):
     elif damage == "extra_top":
         (d / "notes.txt").write_text("x")
     elif damage == "marker":
-        rm.write_failure(str(d), 1, "boom")
+        # a rank that failed after listing its files, before rank 0's manifest (write_failure keeps
+        # out of a committed dir, so the note is written as that rank wrote it)
+        (d / f"{rm.FAILED_PREFIX}1.txt").write_text("boom\n")
     elif damage == "manifest_flip":
         _flip(d / rm.MANIFEST_NAME, 60)
     elif damage == "manifest_truncate":

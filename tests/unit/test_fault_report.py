@@ -169,3 +169,39 @@ def test_sides_names_each_side_campaign_and_refuses_others(capsys):
     with pytest.raises(SystemExit):
         reliability.main(["--render", "--no-report", "--sides", "everything"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_rank_section_counts_the_faults_placed_at_a_commit_outcome():
+    from scripts.faults.ranks_report import render, summarize
+
+    def trial(at, fault, outcome, step, loaded):
+        return {
+            "trial": 0,
+            "world": 2,
+            "fault": fault,
+            "at": at,
+            "victim": 1,
+            "outcome": outcome,
+            "step": step,
+            "loaded": loaded,
+            "last_committed": loaded,
+            "in_save": True,
+            "named": True,
+            "survivors_end_s": 3.0,
+            "orphans": [],
+            "locks_held": [],
+        }
+
+    trials = [
+        trial("random", "kill", "exact", 2, 1),
+        trial("commit-outcome", "kill", "exact", 2, 1),
+        trial("commit-outcome", "stall", "exact", 3, 3),
+        trial("commit-outcome", "stall", "wrong-resume", 3, 2),
+    ]
+    entry = {"trials": trials, "summary": summarize(trials)}
+    data = {"world_sizes": [2], "timeout_s": 5, "slack_s": 15, "seed": 0, "at_commit_per_world": 1}
+    text = render({**data, "modes": {"incremental-async": entry}})
+    assert "3 were placed at a commit's outcome" in text and "1 bad; in 1 the relaunch resumed that very step" in text
+    assert "placed at a commit's outcome" not in render(
+        {**data, "modes": {"incremental-async": {**entry, "trials": trials[:1], "summary": summarize(trials[:1])}}}
+    )

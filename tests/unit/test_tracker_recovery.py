@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from slimckpt.format.resume_manifest import MANIFEST_NAME, write_failure
+from slimckpt.format.resume_manifest import FAILED_PREFIX, MANIFEST_NAME
 from slimckpt.save import tracker_recovery
 
 
@@ -52,7 +52,7 @@ def test_uncommitted_or_failed_slimckpt_steps_are_skipped(tmp_path, find):
     (s2 / "actor" / "dcp").mkdir()  # incremental format without its manifest
     s3 = _verl_step(tmp_path, 3)
     (s3 / "actor" / MANIFEST_NAME).write_text("{}")
-    write_failure(str(s3 / "actor"), 0, "disk full")
+    (s3 / "actor" / f"{FAILED_PREFIX}0.txt").write_text("disk full\n")  # written before the manifest
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("")
     assert find(str(tmp_path)) == str(tmp_path / "global_step_1")
 

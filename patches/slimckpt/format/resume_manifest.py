@@ -327,10 +327,17 @@ def failure_markers(role_dir: str) -> list[str]:
     return sorted(os.path.join(role_dir, n) for n in os.listdir(role_dir) if n.startswith(FAILED_PREFIX))
 
 
-def write_failure(role_dir: str, rank: int, message: str) -> None:
-    """A background write that failed leaves a note, so whoever waits for the commit stops waiting."""
+def write_failure(role_dir: str, rank: int, message: str) -> bool:
+    """A save that failed leaves a note, so whoever waits for the commit stops waiting. Never next
+    to a manifest: once it is written the step is committed (every file listed, checksummed, on
+    disk, and the tracker's watcher may already name it), and what fails after it (a peer lost
+    while every rank learns the outcome) is raised but does not uncommit the step. False if the
+    dir holds a manifest and no note was written."""
+    if has_manifest(role_dir):
+        return False
     os.makedirs(role_dir, exist_ok=True)
     atomic_write_text(os.path.join(role_dir, f"{FAILED_PREFIX}{rank}.txt"), message + "\n")
+    return True
 
 
 # --------------------------------------------------------------------------- tracker

@@ -33,7 +33,14 @@ import torch.distributed as dist
 
 from ..collective import outcome
 from ..format.os_errors import describe_os_error, redescribe
-from ..format.resume_manifest import TRACKER_NAME, atomic_write_text, failure_markers, read_tracker, write_failure
+from ..format.resume_manifest import (
+    TRACKER_NAME,
+    atomic_write_text,
+    failure_markers,
+    has_manifest,
+    read_tracker,
+    write_failure,
+)
 from ..log import get_logger
 from ..read.checkpoint_dir import rank_files
 from ..read.locks import LockBusy, acquire
@@ -158,14 +165,20 @@ def take_writer_lock(manager, local_path: str, step: int):
 
 def mark_failed(local_path: str, rank: int, line: str) -> None:
     try:
-        write_failure(local_path, rank, line)
+        if not write_failure(local_path, rank, line):
+            log.warning(
+                "the save of %s failed after its manifest was written: the step stays committed (%s)", local_path, line
+            )
     except OSError as exc:  # the directory itself is what failed (read-only, gone): say so once
         log.debug("could not write the failure marker in %s: %s", local_path, exc)
 
 
 def discard_rank_files(local_path: str, rank: int) -> None:
     """This rank's shard files of a failed save: they are useless and take the space a full disk
-    needs for the next save."""
+    needs for the next save. Kept once the manifest is written (resume_manifest.write_failure):
+    they are a committed step's."""
+    if has_manifest(local_path):
+        return
     for name in rank_files(local_path, rank):
         try:
             os.remove(os.path.join(local_path, name))
