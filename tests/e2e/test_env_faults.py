@@ -206,6 +206,25 @@ def test_a_failure_after_the_manifest_leaves_the_step_committed(tmp_path):
     assert not rm.write_failure(str(role), 1, "peer lost") and not failure_markers(str(role))
 
 
+def test_a_save_after_a_lost_rank_fails_at_once(tmp_path, monkeypatch):
+    """The actor's background write lost a rank; the critic's first save of the same step would
+    make its group with the lost rank (a rendezvous that waits for the store's timeout). It fails
+    at once instead, on every policy, naming the rank, before any collective."""
+    from slimckpt.save import lost_rank
+
+    monkeypatch.setattr(lost_rank, "_LOST", [])
+    monkeypatch.setattr(lost_rank, "_in_a_job", lambda: True)
+    actor, critic = tmp_path / "global_step_1" / "actor", tmp_path / "global_step_1" / "critic"
+    first = lost_rank.peer_loss_line(RuntimeError(GLOO_TIMEOUT), str(actor), 1)
+    assert first is not None
+    monkeypatch.setattr(save_errors, "take_writer_lock", lambda *a: pytest.fail("a collective with the lost rank"))
+    with pytest.raises(save_errors.SaveFailed) as info:
+        save_errors.guarded_save(_manager("continue"), str(critic), 1, lambda: pytest.fail("saved anyway"))
+    line = str(info.value)
+    assert str(critic) in line and "found by an earlier save of this job" in line and "restart the job" in line
+    assert failure_markers(str(critic))  # the tracker's watcher stops waiting for the step
+
+
 def test_a_lock_conflict_stops_even_with_continue(tmp_path):
     role = tmp_path / "global_step_2" / "actor"
     role.mkdir(parents=True)

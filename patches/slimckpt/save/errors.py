@@ -15,7 +15,8 @@ Every recipe's save runs inside `guarded_save`:
     conflict always stops: two runs writing one directory is a misconfiguration, and going on
     would silently save nothing for the rest of the run. So does a lost rank (a collective failed
     because a peer was killed or stalled past the group's timeout): the group is broken, and the
-    line names the rank (slimckpt.write.peers).
+    line names the rank (slimckpt.write.peers); every later save of the process (another role's,
+    whose group would be made or used with the lost rank) fails at once with it (lost_rank).
 
 Caveat of continue: it needs every rank to fail the same way (a full or read-only filesystem,
 a lock conflict: all ranks see it). A failure on one rank only, inside verl's save, leaves the
@@ -46,7 +47,7 @@ from ..read.checkpoint_dir import rank_files
 from ..read.locks import LockBusy, acquire
 from ..verl_seam.manager_state import config_of, state_of
 from ..write.peers import causes
-from .lost_rank import peer_loss_line
+from .lost_rank import RankLost, already_lost, peer_loss_line
 from .os_fixes import trainer_fixes
 from .process_group import checkpoint_group
 from .resume_async import writer_for
@@ -192,13 +193,16 @@ def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -
     state = state_of(manager)
     state.save_failed = None
     lock = None
+    earlier = already_lost(local_path, step)
     try:
+        if earlier is not None:
+            raise RankLost(earlier)
         lock = take_writer_lock(manager, local_path, step)
         return save()
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-        lost = peer_loss_line(exc, local_path, step)
+        lost = earlier or peer_loss_line(exc, local_path, step)
         line = lost or describe_save_error(exc, local_path, step)
         state.save_failed = line
         if not isinstance(exc, LockBusy):  # a dir another trainer is writing is not ours to touch
