@@ -64,8 +64,9 @@ def render(data: dict) -> str:
         "lost rank named: faults in a save / all | survivors ended after (s, min/median/max) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    sums = {mode: summarize(e["trials"]) for mode, e in data["modes"].items()}  # older JSONs lack newer keys
     for mode, e in data["modes"].items():
-        s = summarize(e["trials"])
+        s = sums[mode]
         c = s["outcomes"]
         q = s["end_s"]
         ended = f"{q[0]:.1f} / {q[2]:.1f} / {q[4]:.1f}" if q else "—"
@@ -90,7 +91,7 @@ def render(data: dict) -> str:
         ),
         "",
     ]
-    placed = [summarize(e["trials"]) for e in ours]
+    placed = [s for mode, s in sums.items() if mode != "verl-default"]
     n_placed = sum(p["at_commit"] for p in placed)
     if n_placed:
         lines += [
