@@ -103,14 +103,6 @@ VARIABLES: tuple[EnvVar, ...] = (
         "a verl version: apply the patches to that verl anyway (only 0.9.1 is tested)",
     ),
     EnvVar(
-        "SLIMCKPT_DIRECT_IO",
-        "flag",
-        "1",
-        "user",
-        "`0`: merges read and write through the page cache instead of O_DIRECT (a filesystem that "
-        "refuses O_DIRECT falls back by itself, with one warning)",
-    ),
-    EnvVar(
         "SLIMCKPT_MERGE_WORKERS",
         "int",
         "1",
@@ -191,7 +183,8 @@ VARIABLES: tuple[EnvVar, ...] = (
         "path",
         None,
         "bench",
-        "the merge's writer (one worker) writes where its time went (reading, waiting, casting) to this file as JSON",
+        "the merge's writer (one worker) writes where its time went (casting, the last writes and fsyncs) to "
+        "this file as JSON",
     ),
     EnvVar(
         "SLIMCKPT_PICKLE_REFUSALS_LOG",

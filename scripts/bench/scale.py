@@ -14,7 +14,7 @@ FSDPCheckpointManager, so no process ever holds the model. Then, in the same run
     written / write bandwidth, the bandwidths measured in this run), --repeats runs each, turn by
     turn; each output checked tensor for tensor against the shards (slimckpt.testing.merge_check).
   --machinery: the single merge again with each piece of its speed machinery switched off (the
-    early writer, O_DIRECT), --machinery-repeats runs each,
+    early writer), --machinery-repeats runs each,
     in the same turns as the default merge, so each piece's worth is its wall against the default's
     of the same turns (a piece earns its place at 5% or more).
   verl's merger (SLIMCKPT_DISABLE=1) under a memory cap: its process tree is killed when its
@@ -60,7 +60,6 @@ SINGLE, DISTRIBUTED = "slimckpt merge", "slimckpt merge --distributed_merge"
 # each piece of the merge's speed machinery, and the switch that turns it off (slimckpt.env_vars)
 MACHINERY = (
     ("early writer", "SLIMCKPT_MERGE_GUESS", "writes from a layout guessed from config.json while torch imports"),
-    ("O_DIRECT", "SLIMCKPT_DIRECT_IO", "reads and writes past the page cache"),
 )
 EARNS_PLACE = 0.05  # a mechanism stays if the merge is at least this much slower without it
 GiB, MiB, GB = 2**30, 2**20, 1e9
@@ -83,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--machinery",
         action="store_true",
-        help="also merge with each speed mechanism switched off (early writer, O_DIRECT)",
+        help="also merge with each speed mechanism switched off (the early writer)",
     )
     p.add_argument("--machinery-repeats", type=int, default=2, help="merges per switched-off mechanism")
     p.add_argument("--ref-preset", default="0.5b", help="the smaller checkpoint verl's merger runs on without a cap")
@@ -465,7 +464,8 @@ def measure(args: argparse.Namespace) -> dict:
 
 def io_floor_s(disks: list[DiskSpeed], read_bytes: int, written_bytes: int) -> float:
     """Bytes read at the best O_DIRECT read speed of the run plus bytes written at its best O_DIRECT
-    write speed: the merge's own path to the disk (a filesystem without O_DIRECT: the page cache's)."""
+    write speed: what the disk itself moves, past the page cache the merge goes through (a filesystem
+    without O_DIRECT: the page cache's)."""
     best = fastest_of(disks)
     read = best.direct_read_bytes_per_s or best.read_bytes_per_s
     write = best.direct_write_bytes_per_s or best.write_bytes_per_s
@@ -674,7 +674,7 @@ was {built["peak_rss_anon"] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is 
 10 ms (the merge's process, shared pages counted once; for the distributed merge the largest
 rank, its launcher left out, and {max(dist["tree_peaks"]) / MiB:,.0f} MiB for the whole torchrun tree).
 The I/O floor is {built["shard_bytes"] / GB:.1f} GB read at {read_speed / GB:.2f} GB/s plus the
-output written at {write_speed / GB:.2f} GB/s: O_DIRECT, the merge's path to the disk, at its best over the
+output written at {write_speed / GB:.2f} GB/s: O_DIRECT, the disk's own speed, at its best over the
 run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {"; ".join(d.describe() for d in disks)}). Each output was checked tensor for
 tensor against the shards, one tensor at a time (`python -m slimckpt.testing.merge_check`, with the last
 run's output).

@@ -14,7 +14,6 @@ import torch
 
 from slimckpt.observe.memory import rss_anon_bytes
 from slimckpt.read import pt_index, pt_tensors
-from slimckpt.read.direct_read import MappedFiles
 from slimckpt.read.sources import open_checkpoint, open_indexed, signature
 
 from ..conftest import run_python
@@ -136,7 +135,7 @@ def test_torch_side_reads_what_torch_load_reads_mapped(plain, tmp_path):
     ours = pt_tensors.load(path)
     a, b = ours["extra.view_a"], ours["extra.view_b"]
     assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    files = MappedFiles([path])
+    files = pt_tensors.MappedFiles([path])
     records = dict(pt_index.tensor_records(pt_index.PtFile(path).state))
     assert list(records) == [(k,) for k in ours]
     for key, t in ours.items():

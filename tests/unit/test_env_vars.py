@@ -101,7 +101,7 @@ def test_a_default_off_flag_is_on_only_when_set_to_1(monkeypatch):
 
 
 def test_a_default_on_flag_is_off_only_when_set_to_0(monkeypatch):
-    name = "SLIMCKPT_DIRECT_IO"
+    name = "SLIMCKPT_MERGE_GUESS"
     assert env_vars.BY_NAME[name].default == "1"
     monkeypatch.delenv(name, raising=False)
     assert env_vars.flag(name) is True

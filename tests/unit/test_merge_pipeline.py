@@ -116,8 +116,7 @@ def test_the_writer_records_where_its_time_went(tmp_path, monkeypatch):
     monkeypatch.setenv(STATS_ENV, str(tmp_path / "stats.json"))
     _merge(ckpt, tmp_path / "out")
     stats = WriterStats.load(str(tmp_path / "stats.json"))
-    assert stats.wall_s > 0 and 0 < stats.cast_s <= stats.wall_s
-    assert stats.read_s <= stats.read_threads * stats.wall_s
+    assert stats.wall_s > 0 and 0 < stats.cast_s <= stats.wall_s and 0 <= stats.close_s <= stats.wall_s
 
 
 def test_a_failed_background_write_surfaces_and_stops(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ class MergeOptions:
     overwrite: bool = False
     trust_remote_code: bool = False
     progress: bool = True
-    # source bytes per chunk; a writer holds 2 read buffers (direct_read) and 2 cast buffers of the output's size
+    # source bytes per chunk; a writer holds 2 cast buffers of the output's size (out_files.StagingRing)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     fsync: bool = True  # False: --no_fsync, faster but the output may be lost or torn by a power loss
     overwrite_hint: str = "--overwrite"

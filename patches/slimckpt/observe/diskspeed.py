@@ -1,10 +1,10 @@
 """Sequential disk bandwidth of a directory's filesystem, measured the way checkpoints use it:
 large writes ending in fsync, then a read of the same file with its pages evicted first.
 
-Both ways to reach the disk are measured: through the page cache (what `torch.save`, verl's merger
-and plain `open()` use) and with O_DIRECT (what slimckpt's merge uses, see `direct_io`). They
-can differ by 4x on a VM whose page-cache pages are slow to come by. The I/O floor of a job uses
-the faster of the two, so it is what the disk can do, not what one path happens to get.
+Both ways to reach the disk are measured: through the page cache (what `torch.save`, verl's merger,
+slimckpt's merge and plain `open()` use) and with O_DIRECT (past the page cache: what the disk
+itself moves). They can differ by 4x either way, by host and by request size. The I/O floor of a
+job uses the faster of the two, so it is what the disk can do, not what one path happens to get.
 O_DIRECT is measured with two request sizes, for the same reason: a disk can move 1 MiB requests
 faster than 16 MiB ones, and a floor from 16 MiB alone would then be too easy to come close to
 (measured: BENCHMARKS.md, Figures quoted in the code).
@@ -15,18 +15,20 @@ faster than 16 MiB ones, and a floor from 16 MiB alone would then be too easy to
 from __future__ import annotations
 
 import argparse
+import errno
+import mmap
 import os
 import statistics
 import threading
 import time
 from dataclasses import dataclass, fields
 
-from ..read import direct_io
 from .measure import evict_from_page_cache
 
 HELP = "a directory's sequential disk bandwidth: through the page cache, with O_DIRECT, and both at once"
 CHUNK = 16 * 2**20  # through the page cache (the kernel splits and reads ahead on its own)
 DIRECT_CHUNKS = (2**20, 16 * 2**20)  # O_DIRECT: each measured, the faster kept
+_REFUSALS = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)  # what a filesystem says to O_DIRECT it will not do
 
 
 @dataclass
@@ -70,12 +72,32 @@ def fastest_of(speeds: list[DiskSpeed]) -> DiskSpeed:
     return DiskSpeed(size_bytes=speeds[0].size_bytes, **best)
 
 
+def _open(path: str, flags: int, direct: bool) -> int | None:
+    """A descriptor of `path`; with `direct`, an O_DIRECT one, or None where the filesystem refuses
+    O_DIRECT (tmpfs on older kernels, some network filesystems): that path is then not measured."""
+    if not direct:
+        return os.open(path, flags, 0o644)
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        return os.open(path, flags | os.O_DIRECT, 0o644)
+    except OSError as exc:
+        if exc.errno in _REFUSALS:
+            return None
+        raise
+
+
+def _buffer(nbytes: int) -> mmap.mmap:
+    # anonymous memory is page-aligned, as O_DIRECT wants its buffers
+    return mmap.mmap(-1, max(1, nbytes))
+
+
 def _write(path: str, size: int, direct: bool, chunk: int = CHUNK) -> float:
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    block = direct_io.aligned_buffer(chunk)
+    block = _buffer(chunk)
     block[:] = os.urandom(chunk)
     start = time.perf_counter()
-    fd = direct_io.open_direct(path, flags) if direct else os.open(path, flags, 0o644)
+    fd = _open(path, flags, direct)
     if fd is None:
         return 0.0
     try:
@@ -90,9 +112,9 @@ def _write(path: str, size: int, direct: bool, chunk: int = CHUNK) -> float:
 
 def _read(path: str, direct: bool, chunk: int = CHUNK) -> float:
     evict_from_page_cache([path])
-    block = direct_io.aligned_buffer(chunk)
+    block = _buffer(chunk)
     start = time.perf_counter()
-    fd = direct_io.open_direct(path, os.O_RDONLY) if direct else os.open(path, os.O_RDONLY)
+    fd = _open(path, os.O_RDONLY, direct)
     if fd is None:
         return 0.0
     total = 0

@@ -34,7 +34,6 @@ from ..format import names
 from ..log import get_logger, quieted
 from . import pt_index, pt_tensors
 from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
-from .direct_read import MappedFiles
 from .pickle_policy import PickleRefused
 from .pt_tensors import ShardedTensorState, sharded_tensor_metadata  # noqa: F401 - verify's reader of them
 
@@ -357,7 +356,7 @@ def signature(ckpt: VerlFsdpCheckpoint, name_map: dict[str, str]) -> list[tuple]
     where each piece sits in which file. Equal signatures write equal bytes (`pt_index.signature`
     makes the same list from the index alone)."""
     paths = sorted({st.file_of(k) for st in ckpt.tensors.values() for k in range(len(st.pieces))})
-    files = MappedFiles(paths)
+    files = pt_tensors.MappedFiles(paths)
     out = []
     for new, old in name_map.items():
         st = ckpt.tensors[old]

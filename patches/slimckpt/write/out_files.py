@@ -5,12 +5,13 @@ Used by the writer (`share_writer.ShareWriter`), which reads and casts the chunk
 are handed out by `StagingRing`, which the caster fills and the write-behind thread gives back once
 the bytes are on their way to the disk.
 
+Plain `pwrite`s through the page cache: O_DIRECT was removed (`share_writer` says why).
+
 No torch here, by design.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import queue
@@ -21,7 +22,6 @@ from dataclasses import dataclass
 from ..format import layout
 from ..format.merge_manifest import DEFAULT_ALGO, new_hasher
 from ..format.os_errors import os_failure
-from ..read import direct_io
 
 PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
 
@@ -67,12 +67,6 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         if n <= 0:
             raise OSError(errno.EIO, "short write")
         data, offset = data[n:], offset + n
-
-
-def _address(data: memoryview) -> int:
-    if not len(data) or data.readonly:
-        return -1  # header bytes and the like: never aligned on purpose, written buffered
-    return ctypes.addressof(ctypes.c_char.from_buffer(data))
 
 
 class _WriteBehind:
@@ -124,7 +118,7 @@ class _WriteBehind:
 class StagingRing:
     """PIPELINE_DEPTH reusable cast buffers: a chunk is cast into a free one, which comes back once
     written. Reused buffers keep their pages faulted in; the ring bounds memory to a few chunks.
-    `alloc(n)` makes a 1-D byte buffer (`len()` is n) whose first byte sits on an ALIGN boundary."""
+    `alloc(n)` makes a 1-D byte buffer whose `len()` is n."""
 
     def __init__(self, min_bytes: int, alloc: Callable[[int], object]) -> None:
         self.min_bytes = min_bytes
@@ -132,18 +126,17 @@ class StagingRing:
         self._free: queue.Queue = queue.Queue()
         self._made = 0
 
-    def take(self, nbytes: int):
+    def take(self, nbytes: int) -> object:
         if self._free.empty() and self._made < PIPELINE_DEPTH:
             self._made += 1
             buf = None
         else:
             buf = self._free.get()
-        if buf is None or len(buf) < nbytes + direct_io.ALIGN:
-            # slack for placing a chunk at its file offset modulo ALIGN (see the writers' casts)
-            buf = self._alloc(max(nbytes, self.min_bytes) + direct_io.ALIGN)
+        if buf is None or len(buf) < nbytes:
+            buf = self._alloc(max(nbytes, self.min_bytes))
         return buf
 
-    def give_back(self, buf) -> None:
+    def give_back(self, buf: object) -> None:
         self._free.put(buf)
 
 
@@ -151,23 +144,20 @@ class StagingRing:
 class _FileState:
     path: str
     fd: int
-    dfd: int | None  # O_DIRECT descriptor of the same file, None where refused
     next_offset: int  # for the running checksum: where the next in-order write must start
     hasher: object | None
 
 
 def _close(st: _FileState) -> None:
-    for fd in (st.fd, st.dfd):
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    try:
+        os.close(st.fd)
+    except OSError:
+        pass
 
 
 class OutputFiles:
-    """One writer's open output files: positional writes (O_DIRECT for the aligned middle where the
-    filesystem allows), queued behind the caster, checksummed in order, fsync'ed at close."""
+    """One writer's open output files: positional writes queued behind the caster, checksummed in
+    order, fsync'ed at close."""
 
     def __init__(
         self,
@@ -183,7 +173,6 @@ class OutputFiles:
         self.progress = progress or (lambda n: None)
         self.algo = algo
         self.fsync = fsync  # False only for `slimckpt merge --no_fsync`: not durable across a power loss
-        self.direct = direct_io.enabled()
         self.ring = StagingRing(min(max(1, chunk_bytes), 1 << 30), alloc)
         self._files: dict[str, _FileState] = {}
         self._behind: _WriteBehind | None = None
@@ -199,44 +188,17 @@ class OutputFiles:
                 fd = os.open(path, os.O_WRONLY)
             except OSError as exc:
                 raise os_error(exc, path) from None
-            try:
-                dfd = direct_io.open_direct(path, os.O_WRONLY) if self.direct else None
-            except OSError as exc:  # a refusal is logged by open_direct; anything else here
-                direct_io.page_cache_fallback(path, exc)
-                dfd = None
             f = self._layouts[name]
             hasher = new_hasher(self.algo)
             hasher.update(f.header)
-            st = self._files[name] = _FileState(path, fd, dfd, f.data_start, hasher)
+            st = self._files[name] = _FileState(path, fd, f.data_start, hasher)
         return st
-
-    def _pwrite(self, st: _FileState, data: memoryview, offset: int) -> None:
-        """The aligned middle with O_DIRECT when possible, the rest (or all of it) buffered. The two
-        parts never share a block, so the page cache never holds a stale copy of a direct block."""
-        head, body, _tail = (
-            direct_io.split(offset, len(data), _address(data)) if st.dfd is not None else (len(data), 0, 0)
-        )
-        if body:
-            try:
-                pwrite_all(st.dfd, data[head : head + body], offset + head)
-            except OSError as exc:
-                if not direct_io.refused(exc):
-                    raise
-                direct_io.page_cache_fallback(st.path, exc)
-                os.close(st.dfd)  # this filesystem's alignment rules are stricter: buffered from now on
-                st.dfd = None
-                pwrite_all(st.fd, data, offset)
-                return
-            pwrite_all(st.fd, data[:head], offset)
-            pwrite_all(st.fd, data[head + body :], offset + head + body)
-        else:
-            pwrite_all(st.fd, data, offset)
 
     def write(self, file: str, data: memoryview, offset: int) -> None:
         """Write now, on this thread."""
         st = self._file(file)
         try:
-            self._pwrite(st, data, offset)
+            pwrite_all(st.fd, data, offset)
         except OSError as exc:
             raise os_error(exc, st.path, sum(f.size for f in self.plan.files)) from None
         if st.hasher is not None:
@@ -247,8 +209,8 @@ class OutputFiles:
                 st.hasher = None  # not written in order by us alone: checksum by reading back
         self.progress(len(data))
 
-    def stage(self, nbytes: int):
-        """A staging buffer for the next chunk (at least nbytes + ALIGN); `submit` hands it back."""
+    def stage(self, nbytes: int) -> object:
+        """A staging buffer for the next chunk (at least nbytes); `submit` hands it back."""
         if self._pending_buf is not None:  # staged but never submitted (a check failed): reuse it
             self.ring.give_back(self._pending_buf)
         self._pending_buf = buf = self.ring.take(nbytes)

@@ -2,16 +2,16 @@
 
 Each output file is created once at its final size (space reserved up front where the filesystem
 allows, so a full disk fails before the long part), then any number of workers `os.pwrite` their
-own disjoint ranges into it. A chunk is at most `chunk_bytes` of source, cast into a staging buffer
-(without O_DIRECT, a chunk already in the output dtype is written straight from the mmap).
+own disjoint ranges into it. A chunk is at most `chunk_bytes` of source, cast into a reused
+staging buffer; a chunk already in the output dtype is written straight from the mmap.
 
-Reading, casting and writing overlap, each on its own threads: `direct_read.Prefetcher` reads the
-source rows a few chunks ahead (O_DIRECT), the caller casts chunk k+1 into one of two staging
-buffers, and a write-behind thread pwrites chunk k from the other. All three release the GIL, so one worker
-keeps the disk busy; host memory is a few chunks. A cast chunk is placed in its staging buffer at
-its file offset modulo `direct_io.ALIGN`, so all of it but a partial block at each end goes to
-the disk with O_DIRECT (`direct_io` says why); where the filesystem refuses O_DIRECT, or
-SLIMCKPT_DIRECT_IO=0, the same bytes go through the page cache and the mmap.
+Casting and writing overlap: the caller casts chunk k+1 into one of two staging buffers while a
+write-behind thread pwrites chunk k from the other. Both release the GIL, so one worker keeps the
+disk busy; host memory is a few chunks. The rank files are read through the page cache (the
+cast's page faults on the mmap, the kernel reading ahead) and the output is written through it,
+fsync'ed before the commit. O_DIRECT reads and writes were slower at every size measured, the
+reads above all (one request in flight against the kernel's readahead), and were removed
+(measured: BENCHMARKS.md, Figures quoted in the code).
 
 An output that is a part of a checkpoint tensor (a `layout.Take` with a span: one expert split off
 a fused MoE tensor) is written the same way from a flat view of each dim-0 shard, in chunks of
@@ -31,7 +31,6 @@ import torch
 from ..format import layout
 from ..format.merge_manifest import DEFAULT_ALGO, file_checksum
 from ..format.names import DEFAULT_CHUNK_BYTES, torch_dtypes_of_choices
-from ..read import direct_io, direct_read
 from ..read.sources import CheckpointError, SourceTensor
 from .out_files import OutputFiles, Progress
 from .writer_stats import WriterStats
@@ -102,8 +101,7 @@ class ShareWriter:
         self.lora_sources = lora_sources or {}
         self.out_width = torch.empty((), dtype=out_dtype).element_size()
         self.chunk_bytes = max(1, chunk_bytes)
-        self.out = OutputFiles(root, plan, direct_io.aligned_empty, self.chunk_bytes, progress, algo, fsync)
-        self.direct = self.out.direct
+        self.out = OutputFiles(root, plan, _byte_buffer, self.chunk_bytes, progress, algo, fsync)
 
     @property
     def checksums(self) -> dict[str, str]:
@@ -122,20 +120,12 @@ class ShareWriter:
         row_chunks = [it.nbytes for it in items if isinstance(it, _RowChunk)]
         if row_chunks:  # cast buffers of the output size (half the source chunk for fp32 -> bf16)
             self.out.ring.min_bytes = max(row_chunks)
-        prefetch = self._prefetcher(items)
         try:
-            for i, item in enumerate(items):
-                self._write_item(i, item, prefetch)
+            for item in items:
+                self._write_item(item)
         except BaseException:
             self.abort()
             raise
-        finally:
-            if prefetch is not None:
-                prefetch.close()
-                self.stats.read_s += prefetch.read_s
-                self.stats.wait_buffer_s += prefetch.wait_buffer_s
-                self.stats.read_bytes += prefetch.read_bytes
-                self.stats.read_threads = max(self.stats.read_threads, len(prefetch.threads))
         closing = time.perf_counter()
         self.close()
         self.stats.close_s += time.perf_counter() - closing
@@ -197,24 +187,7 @@ class ShareWriter:
                 offset += (end - start) * self.out_width
         return out
 
-    def _prefetcher(self, items: list[_RowChunk | layout.Segment | _SliceSegment]) -> direct_read.Prefetcher | None:
-        if not self.direct:
-            return None
-        paths = sorted(
-            {src.file_of(k) for src in self.sources.values() for k in range(len(src.pieces)) if src.local_dir}
-        )
-        if not direct_io.supported(paths):
-            return None
-        files = direct_read.MappedFiles(paths)
-        reads = [
-            direct_read.rows_read(files, it.piece, it.start, it.end) if isinstance(it, _RowChunk) else None
-            for it in items
-        ]
-        return direct_read.Prefetcher(reads) if any(reads) else None
-
-    def _write_item(
-        self, i: int, item: _RowChunk | layout.Segment | _SliceSegment, prefetch: direct_read.Prefetcher | None
-    ) -> None:
+    def _write_item(self, item: _RowChunk | layout.Segment | _SliceSegment) -> None:
         if isinstance(item, _SliceSegment):
             self._write_slice_by_rows(item)
             return
@@ -229,27 +202,16 @@ class ShareWriter:
             else:
                 self._write_plain(placement, src, item.row_start, item.row_end)
             return
-        if prefetch is not None and prefetch.has(i):
-            rows = item.piece[item.start : item.end]
-            t0 = time.perf_counter()
-            read = torch.frombuffer(prefetch.get(i), dtype=torch.uint8).view(rows.dtype).view(rows.shape)
-            self.stats.wait_read_s += time.perf_counter() - t0
-            data = as_bytes(self._cast(read, item.offset, borrowed=True))
-        else:
-            data = as_bytes(self._cast(item.piece[item.start : item.end], item.offset))
+        data = as_bytes(self._cast(item.piece[item.start : item.end]))
         self.out.submit(item.file, data, item.offset)
 
-    def _cast(self, src: torch.Tensor, offset: int, borrowed: bool = False) -> torch.Tensor:
-        """`src` in the output dtype, contiguous, in a reused staging buffer at `offset` modulo
-        ALIGN (so the write can bypass the page cache). Without O_DIRECT, a source that already is
-        in the output dtype is returned as is (written straight from the mmap); a `borrowed` one (a
-        prefetch buffer, reused at the next read) is always copied."""
-        if src.dtype == self.out_dtype and src.is_contiguous() and not borrowed and not self.direct:
+    def _cast(self, src: torch.Tensor) -> torch.Tensor:
+        """`src` in the output dtype, contiguous: as is when it already is (the write reads it
+        straight from the mmap, no copy), else cast into a reused staging buffer (no allocation per chunk)."""
+        if src.dtype == self.out_dtype and src.is_contiguous():
             return src
         nbytes = src.numel() * self.out_width
-        buf = self.out.stage(nbytes)
-        shift = offset % direct_io.ALIGN
-        out = buf[shift : shift + nbytes].view(self.out_dtype).view(src.shape)
+        out = self.out.stage(nbytes)[:nbytes].view(self.out_dtype).view(src.shape)
         t0 = time.perf_counter()
         out.copy_(src)  # from the mmap: its page faults (the reads) are timed as the cast's
         self.stats.cast_s += time.perf_counter() - t0
@@ -279,7 +241,7 @@ class ShareWriter:
         offset = placement.rows_to_bytes(a, b)[0]
         for start in range(a, b, step):
             end = min(b, start + step)
-            chunk = self._cast(first[start:end], offset)
+            chunk = self._cast(first[start:end])
             for k, other in enumerate(others, start=1):
                 # verl compares the copies after its bf16 cast; compare after ours
                 if not torch.equal(other[start:end].to(self.out_dtype), chunk):
@@ -313,7 +275,7 @@ class ShareWriter:
                 h0, h1 = r0, min(rows_total, max(r1, r0 + step // row_elems))
                 held = self._source_rows(src, h0, h1).reshape(-1)
             chunk = held[g0 - h0 * row_elems : g1 - h0 * row_elems]
-            data = as_bytes(self._cast(chunk, offset))
+            data = as_bytes(self._cast(chunk))
             self.out.submit(placement.file, data, offset)
             offset += len(data)
 
@@ -336,7 +298,7 @@ class ShareWriter:
             merged = lora_merged(
                 self._source_rows(w_src, start, end), self._source_rows(b_src, start, end), a, delta.scaling
             )
-            data = as_bytes(self._cast(merged, offset))
+            data = as_bytes(self._cast(merged))
             self.out.submit(placement.file, data, offset)
             offset += len(data)
 
@@ -362,6 +324,10 @@ class ShareWriter:
                 base += p.shape[0]
             return torch.cat(parts, dim=0).contiguous()
         return torch.cat([p[r0:r1].to(self.out_dtype) for p in src.pieces], dim=src.shard_dim).contiguous()
+
+
+def _byte_buffer(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8)
 
 
 def lora_merged(
