@@ -213,7 +213,7 @@ def test_a_save_after_a_lost_rank_fails_at_once(tmp_path, monkeypatch):
     from slimckpt.save import lost_rank
 
     monkeypatch.setattr(lost_rank, "_LOST", [])
-    monkeypatch.setattr(lost_rank, "_in_a_job", lambda: True)
+    monkeypatch.setattr(lost_rank, "in_a_job", lambda: True)
     actor, critic = tmp_path / "global_step_1" / "actor", tmp_path / "global_step_1" / "critic"
     first = lost_rank.peer_loss_line(RuntimeError(GLOO_TIMEOUT), str(actor), 1)
     assert first is not None

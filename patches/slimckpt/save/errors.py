@@ -30,8 +30,6 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-import torch.distributed as dist
-
 from ..collective import outcome
 from ..format.os_errors import describe_os_error, redescribe
 from ..format.resume_manifest import (
@@ -46,7 +44,7 @@ from ..log import get_logger
 from ..read.checkpoint_dir import rank_files
 from ..read.locks import LockBusy, acquire
 from ..verl_seam.manager_state import config_of, state_of
-from ..write.peers import causes
+from ..write.peers import causes, in_a_job
 from .lost_rank import RankLost, already_lost, peer_loss_line
 from .os_fixes import trainer_fixes
 from .process_group import checkpoint_group
@@ -111,7 +109,7 @@ def describe_save_error(exc: BaseException, local_path: str, step: int) -> str:
 
 
 def _group_of(manager):
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if not in_a_job():
         return None
     return checkpoint_group(manager)
 

@@ -3,9 +3,7 @@ line naming the rank (slimckpt.write.peers finds it by its heartbeat), the step 
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
-from ..write.peers import lost_ranks_line
+from ..write.peers import in_a_job, lost_ranks_line
 
 
 class RankLost(RuntimeError):
@@ -30,7 +28,7 @@ def peer_loss_line(exc: BaseException, local_path: str, step: int) -> str | None
     lost = lost_ranks_line(exc)
     if lost is None:
         return None
-    if not _LOST and _in_a_job():
+    if not _LOST and in_a_job():
         _LOST.append(lost)
     return _line(lost, local_path, step)
 
@@ -42,10 +40,6 @@ def already_lost(local_path: str, step: int) -> str | None:
     if not _LOST:
         return None
     return _line(f"{_LOST[0]} (found by an earlier save of this job)", local_path, step)
-
-
-def _in_a_job() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 __all__ = ["RankLost", "already_lost", "peer_loss_line"]

@@ -4,7 +4,7 @@
 Both formats our recipes write:
 
   incremental tier (dcp/)   model and optimizer chunks share each rank's `__r_0.distcp` file, so
-      the files are rewritten: each one's model chunks are copied, 16 MiB at a time, into a new
+      the files are rewritten: each one's model chunks are copied, 2 MiB at a time, into a new
       file in `dcp.slimckpt-drop/` (hashed as written), with a `.metadata` that no longer names
       the optimizer's keys (so no DCP reader can load zeros or stale bytes as Adam state). Then
       the manifest for the new files is written beside the old one (`slimckpt_resume.json.drop`),

@@ -297,12 +297,20 @@ _LOST: list[tuple[list[int], str]] = []
 _LOCK = threading.Lock()
 
 
+def in_a_job() -> bool:
+    """Whether this process is one rank of a default process group of several: the only case where
+    a peer can be lost."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def process_heartbeat() -> Heartbeat | None:
     """This process's heartbeat in the default process group's store (started on first use), or
     None without a multi-rank group or a store to beat into."""
     import torch.distributed as dist
 
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if not in_a_job():
         return None
     with _LOCK:
         if not _PROCESS:
