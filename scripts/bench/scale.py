@@ -675,7 +675,7 @@ was {built["peak_rss_anon"] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is 
 rank, its launcher left out, and {max(dist["tree_peaks"]) / MiB:,.0f} MiB for the whole torchrun tree).
 The I/O floor is {built["shard_bytes"] / GB:.1f} GB read at {read_speed / GB:.2f} GB/s plus the
 output written at {write_speed / GB:.2f} GB/s: O_DIRECT, the disk's own speed, at its best over the
-run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {"; ".join(d.describe() for d in disks)}). Each output was checked tensor for
+run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {"; ".join(d.describe() for d in disks)}).{_mixed_words(result)} Each output was checked tensor for
 tensor against the shards, one tensor at a time (`python -m slimckpt.testing.merge_check`, with the last
 run's output).
 
@@ -690,6 +690,23 @@ The cap stands for this host's memory: {result["verl_cap"] / GiB:.1f} GiB{cap_wo
 {targets(result)}
 {machinery_table(result)}{_note(result)}{END}
 """
+
+
+def _mixed_words(result: dict) -> str:
+    """The floor adds a read and a write each at its own best; a merge reads and writes at once,
+    and on a disk that does both at once more slowly than either alone, that is what bounds it."""
+    mixed = [d["mixed_bytes_per_s"] for d in result["disk_measurements"] if d.get("mixed_bytes_per_s")]
+    single = next((r for r in result["rows"] if r["tool"] == SINGLE), None)
+    if not mixed or single is None:
+        return ""
+    moved = single["read_bytes"] + single["written_bytes"]
+    at_best = moved / max(mixed)
+    return (
+        f" Read and written at once, as a merge does, the disk moved {_span([m / GB for m in mixed], '.2f')} GB/s"
+        f" combined: the merge's {moved / GB:.1f} GB of reads and writes at the best of those take"
+        f" {at_best:.0f} s, {at_best / single['io_floor_s']:.2f}x the I/O floor, where {SINGLE} took"
+        f" {median(single['walls']):.0f} s (median)."
+    )
 
 
 def _note(result: dict) -> str:

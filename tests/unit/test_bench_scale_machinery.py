@@ -69,3 +69,18 @@ def test_a_mechanism_removed_after_the_run_is_named_as_removed():
     row = _row("O_DIRECT", [100.0], [0], switch=RETIRED)
     text = scale.machinery_table(_result([100.0], [row]))
     assert "| O_DIRECT: removed since this run |" in text
+
+
+def test_the_section_says_what_reading_and_writing_at_once_allows():
+    """The floor adds a read and a write each at its best; the disk's speed doing both at once, as
+    the merge does, is shown beside it, from the run's own measurements."""
+    gb = scale.GB
+    result = {
+        "rows": [{"tool": scale.SINGLE, "walls": [60.0, 64.0, 70.0], "read_bytes": 32 * gb, "written_bytes": 16 * gb}],
+        "disk_measurements": [{"mixed_bytes_per_s": 0.6 * gb}, {"mixed_bytes_per_s": 0.8 * gb}, {}],
+    }
+    result["rows"][0]["io_floor_s"] = 40.0
+    words = scale._mixed_words(result)
+    assert "0.60-0.80 GB/s combined" in words and "48.0 GB" in words
+    assert "take 60 s, 1.50x the I/O floor" in words and "took 64 s (median)" in words
+    assert scale._mixed_words({**result, "disk_measurements": [{}]}) == ""
