@@ -37,15 +37,14 @@ TYPES = ("flag", "int", "seconds", "path", "level", "version")
 @dataclass(frozen=True)
 class EnvVar:
     """One variable. `default` is the value the code assumes when it is unset (None: unset means off
-    or none); a `flag` is on only when set to one of `on` (`1`) unless its default is `1`, when `0`
-    turns it off."""
+    or none); a `flag` is on only when set to one of `on` (`1`)."""
 
     name: str
     type: str
     default: str | None
     kind: str
     meaning: str
-    on: tuple[str, ...] = ("1",)  # a default-off flag's values that turn it on (compared stripped, lower-case)
+    on: tuple[str, ...] = ("1",)  # the values that turn a flag on (compared stripped, lower-case)
 
 
 VARIABLES: tuple[EnvVar, ...] = (
@@ -172,13 +171,6 @@ VARIABLES: tuple[EnvVar, ...] = (
         "where they still import, instead of the public fallback (`slimckpt/internals.py` lists them)",
     ),
     EnvVar(
-        "SLIMCKPT_MERGE_GUESS",
-        "flag",
-        "1",
-        "bench",
-        "`0`: the merge's early writer does not start on a layout guessed from `config.json` (same bytes)",
-    ),
-    EnvVar(
         "SLIMCKPT_MERGE_STATS",
         "path",
         None,
@@ -225,13 +217,9 @@ def _raw(name: str, want: str) -> str | None:
 
 
 def flag(name: str) -> bool:
-    """Whether a flag is on: a default-`1` flag is off only when set to `0`; any other is on only when
-    set to one of its declared `on` values."""
+    """Whether a flag is on: set to one of its declared `on` values."""
     raw = _raw(name, "flag")
-    var = BY_NAME[name]
-    if var.default == "1":
-        return raw != "0"
-    return raw is not None and raw.strip().lower() in var.on
+    return raw is not None and raw.strip().lower() in BY_NAME[name].on
 
 
 def integer(name: str) -> int:

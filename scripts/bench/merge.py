@@ -115,7 +115,6 @@ def shard_files(ckpt: Path) -> list[str]:
 VERL_COLD = "verl 0.9.1, cold"
 VERL_WARM = "verl 0.9.1, warm"
 NO_FSYNC = "slimckpt --no_fsync"
-NO_EARLY = "slimckpt, no early write"
 
 
 def is_verl(tool: str) -> bool:
@@ -146,8 +145,6 @@ def merge_commands(ckpt: Path, target: Path) -> dict[str, tuple[list[str], dict]
         "slimckpt": (ours, {}),
         # what durability costs: the same merge without fsync, as verl's merger writes (not the default)
         NO_FSYNC: (slimckpt_command(ckpt, target, "--no_fsync"), {}),
-        # what the early write earns (slimckpt.merge.early_write): the merge that plans first, then writes
-        NO_EARLY: (ours, {"SLIMCKPT_MERGE_GUESS": "0"}),
     }
 
 
@@ -158,8 +155,7 @@ IMPORTS = "import gc; gc.disable(); import torch, transformers.modeling_utils, t
 def measure_imports(repeats: int = 5) -> float:
     """Median wall of starting Python and importing what the merge's commit waits for: torch and
     transformers' modeling code (they name the tensors and write the configs as verl does) and
-    DTensor (torch's reader checks the shards' locations). The weights themselves are written
-    meanwhile, by the early writer's thread, once torch is in. (verl's package is not imported:
+    DTensor (torch's reader checks the shards' locations). (verl's package is not imported:
     `verl_leaves`.)"""
     walls = []
     for _ in range(repeats):
@@ -441,7 +437,6 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None, dis
     others = [r for r in group if is_verl(r.tool) and r is not fastest]
     budget = largest_output_tensor_bytes(largest) + 256 * 2**20
     fast = next((r for r in rows if r.size == largest and r.tool == NO_FSYNC), None)
-    late = next((r for r in rows if r.size == largest and r.tool == NO_EARLY), None)
     mine = sorted((r.params, r.peak_rss_anon) for r in rows if r.tool == "slimckpt")
     theirs = sorted(
         (r.params, r.peak_rss_anon)
@@ -517,24 +512,7 @@ def targets(rows: list[MergeRow], disk=None, imports_s: float | None = None, dis
             "",
             f"Without fsync (`--no_fsync`, not crash-safe) it takes {fast.wall_s:.1f} s, {verdict}.",
         ]
-    if late is not None:
-        lines += [
-            "",
-            f"Without the early write (`SLIMCKPT_MERGE_GUESS=0`: nothing is written before torch and "
-            f"transformers are imported and the real plan is made) it takes {late.wall_s:.1f} s "
-            f"(runs {min(late.walls):.1f}-{max(late.walls):.1f} s) and peaks at "
-            f"{late.peak_rss_anon / 2**20:.0f} MiB: " + _early_write_words(ours, late) + ".",
-        ]
     return "\n".join(lines)
-
-
-def _early_write_words(ours: MergeRow, late: MergeRow) -> str:
-    """What the early write earned in this run (the median with it against the one without), and what it cost."""
-    gain, cost = late.wall_s - ours.wall_s, (ours.peak_rss_anon - late.peak_rss_anon) / 2**20
-    costs = f"for {cost:.0f} MiB" if cost >= 0.5 else "for no extra memory"
-    if gain >= 0.05:
-        return f"the early write earns {gain:.1f} s at {ours.size} {costs}"
-    return f"the early write earned no time at {ours.size} in this run ({-gain:.1f} s slower with it)"
 
 
 def _floor_analysis(
@@ -578,8 +556,7 @@ def _floor_analysis(
         lines += [
             "",
             f"Starting Python and importing torch and transformers took {imports_s:.1f} s at best in this "
-            f"run. slimckpt starts writing the weights once torch is in, while transformers imports; "
-            f"the commit waits for both. The smallest model's merge ({smallest.size}, its bytes "
+            f"run, before slimckpt plans the merge and writes a byte. The smallest model's merge ({smallest.size}, its bytes "
             f"{smallest.io_floor_s:.1f} s at the floor) took {smallest.wall_s:.1f} s.",
         ]
     return lines
@@ -900,12 +877,6 @@ def summary_block(rows: list[MergeRow], meta: dict) -> str:
             f"in this one it took {_span([w.wall_s for w in stats], '.1f')} s, casting (the reads of the rank "
             f"files included) for {_span([100 * w.cast_s / w.wall_s for w in stats], '.0f')}% of that."
         )
-    late = next((r for r in group if r.tool == NO_EARLY), None)
-    if late is not None:
-        words.append(
-            f"The same merge with `SLIMCKPT_MERGE_GUESS=0` (no early write during the imports; the row "
-            f'"{NO_EARLY}") took {late.wall_s:.1f} s: ' + _early_write_words(ours, late) + "."
-        )
     shards = ours.read_bytes
     base = reference(group)
     words.append(f"verl's peak at {largest} was {base.peak_rss_anon / shards:.2f}x the bytes of its fp32 shard files.")
@@ -978,8 +949,8 @@ rounded toward failing their targets (speed-ups down, wall / floor up); memory r
 {targets(rows, disk, imports_s, disks)}
 {_moe_section(rows)}
 Wall times are whole processes, Python and library imports included (both tools import torch and
-transformers, verl's merger verl too). slimckpt's imports: {_imports_words(imports_s)}; its early
-writer starts once torch is imported and writes while the rest imports.
+transformers, verl's merger verl too). slimckpt's imports: {_imports_words(imports_s)}; it plans
+and writes once they are done.
 slimckpt fsyncs every file it writes and verl's merger does not. Both read the shards and write
 the output through the page cache.
 """

@@ -13,10 +13,6 @@ FSDPCheckpointManager, so no process ever holds the model. Then, in the same run
     (sampled from outside), wall, and wall over the I/O floor (bytes read / read bandwidth + bytes
     written / write bandwidth, the bandwidths measured in this run), --repeats runs each, turn by
     turn; each output checked tensor for tensor against the shards (slimckpt.testing.merge_check).
-  --machinery: the single merge again with each piece of its speed machinery switched off (the
-    early writer), --machinery-repeats runs each,
-    in the same turns as the default merge, so each piece's worth is its wall against the default's
-    of the same turns (a piece earns its place at 5% or more).
   verl's merger (SLIMCKPT_DISABLE=1) under a memory cap: its process tree is killed when its
     anonymous RSS passes --verl-cap-gib, as the OOM killer would; the report says how far it got
     and what it would have needed, from verl's own peak per byte of shards on a smaller checkpoint
@@ -57,11 +53,6 @@ README_BEGIN, README_END = "<!-- scale-headline:begin -->", "<!-- scale-headline
 # drawn by `python -m scripts.bench.plots` (make bench-scale) from the bench and scale JSONs
 PICTURE = "![merge peak memory and wall against model size, with the I/O floor](docs/merge_scale.png)"
 SINGLE, DISTRIBUTED = "slimckpt merge", "slimckpt merge --distributed_merge"
-# each piece of the merge's speed machinery, and the switch that turns it off (slimckpt.env_vars)
-MACHINERY = (
-    ("early writer", "SLIMCKPT_MERGE_GUESS", "writes from a layout guessed from config.json while torch imports"),
-)
-EARNS_PLACE = 0.05  # a mechanism stays if the merge is at least this much slower without it
 GiB, MiB, GB = 2**30, 2**20, 1e9
 ENV = {"OMP_NUM_THREADS": "2", "SLIMCKPT_LOG_LEVEL": "WARNING"}
 
@@ -79,12 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="anonymous RSS at which verl's merger is killed (lowered, and the report says so, when "
         "the host has less available)",
     )
-    p.add_argument(
-        "--machinery",
-        action="store_true",
-        help="also merge with each speed mechanism switched off (the early writer)",
-    )
-    p.add_argument("--machinery-repeats", type=int, default=2, help="merges per switched-off mechanism")
     p.add_argument("--ref-preset", default="0.5b", help="the smaller checkpoint verl's merger runs on without a cap")
     p.add_argument(
         "--build-jobs",
@@ -200,40 +185,20 @@ def _new_row(tool: str) -> dict:
     }
 
 
-def machinery_tool(name: str) -> str:
-    return f"{SINGLE}, no {name}"
-
-
-def merge_runs(
-    ckpt: Path, work: Path, repeats: int, workers: int, machinery: bool = False, machinery_repeats: int = 2
-) -> tuple[dict[str, dict], dict[str, dict]]:
-    """The default merges (single and distributed) and, with `machinery`, the single merge with each
-    mechanism switched off, turn by turn: turn i runs every tool that still has runs to make."""
+def merge_runs(ckpt: Path, work: Path, repeats: int, workers: int) -> dict[str, dict]:
+    """The single and the distributed merge, taking turns run after run (a slow minute falls on both)."""
     inputs = [str(p) for p in shard_files(ckpt)]
     rows = {t: _new_row(t) for t in (SINGLE, DISTRIBUTED)}
-    switched = {}
-    # (row, the switches it runs with, its number of runs), in the order each turn runs them
-    plan = [(rows[SINGLE], {}, repeats), (rows[DISTRIBUTED], {}, repeats)]
-    if machinery:
-        for name, var, _ in MACHINERY:
-            row = switched[machinery_tool(name)] = {
-                **_new_row(machinery_tool(name)),
-                "mechanism": name,
-                "switch": f"{var}=0",
-            }
-            plan.append((row, {var: "0"}, machinery_repeats))
-    for i in range(max(wanted for _, _, wanted in plan)):
-        for row, env, wanted in plan:
+    for i in range(repeats):
+        for row in rows.values():
             tool = row["tool"]
-            if i >= wanted:
-                continue
             target = work / "merged"
             clean(target)
             os.sync()
             evict_from_page_cache(inputs)
             row["loads"].append(round(os.getloadavg()[0], 2))
             row["turns"].append(i)
-            res = run_measured(merge_command(tool, ckpt, target, workers), env={**ENV, **env})
+            res = run_measured(merge_command(tool, ckpt, target, workers), env=ENV)
             files = list(target.glob("*.safetensors"))
             if res.returncode != 0 or not files:
                 raise SystemExit(f"[bench-scale] {tool} failed (exit {res.returncode}):\n{res.output[-3000:]}")
@@ -247,14 +212,14 @@ def merge_runs(
             row["rank_peaks"].append(max(ranks.values(), default=0))
             row["tree_peaks"].append(res.physical_peak)
             print(
-                f"[bench-scale] {tool} run {i + 1}/{wanted}: {res.wall_s:.1f} s, peak {row['peaks'][-1] / MiB:.0f} MiB"
+                f"[bench-scale] {tool} run {i + 1}/{repeats}: {res.wall_s:.1f} s, peak {row['peaks'][-1] / MiB:.0f} MiB"
                 f" (load {row['loads'][-1]:.1f})",
                 flush=True,
             )
-            if tool in rows and i == wanted - 1:
+            if i == repeats - 1:
                 row["check"] = check_output(ckpt, target)
             clean(target)
-    return rows, switched
+    return rows
 
 
 def run_capped(
@@ -394,7 +359,7 @@ def measure(args: argparse.Namespace) -> dict:
     started = time.time()
     cap, cap_note = choose_cap(args.verl_cap_gib)
     meta = {
-        "command": "python -m scripts.bench.scale " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python -m scripts.bench.scale", *sys.argv[1:]]),
         **source_commit(),
         "date": time.strftime("%Y-%m-%d"),
         "preset": args.preset,
@@ -419,7 +384,7 @@ def measure(args: argparse.Namespace) -> dict:
         built = build(args.preset, args.world_size, ckpt, args.build_jobs)
         disks = [measure_disk_speed(str(work))]
         print(f"[bench-scale] disk: {disks[-1].describe()}", flush=True)
-        rows, switched = merge_runs(ckpt, work, args.repeats, args.workers, args.machinery, args.machinery_repeats)
+        rows = merge_runs(ckpt, work, args.repeats, args.workers)
         disks.append(measure_disk_speed(str(work)))
         print(f"[bench-scale] disk: {disks[-1].describe()}", flush=True)
         target = work / "verl_merged"
@@ -441,7 +406,7 @@ def measure(args: argparse.Namespace) -> dict:
         if not args.keep:
             for child in work.glob("*"):
                 shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
-    for row in [*rows.values(), *switched.values()]:
+    for row in rows.values():
         row["read_bytes"] = built["shard_bytes"]
     meta.update(
         seconds=time.time() - started,
@@ -454,7 +419,6 @@ def measure(args: argparse.Namespace) -> dict:
             **meta,
             "build": built,
             "rows": list(rows.values()),
-            "machinery": list(switched.values()),
             "verl": verl,
             "verl_reference": reference,
         }
@@ -469,7 +433,7 @@ def refloor(result: dict) -> dict:
     earlier definition of the floor (O_DIRECT alone, before the merge read through the page cache)
     to this one."""
     disks = [DiskSpeed(**d) for d in result["disk_measurements"]]
-    for row in [*result["rows"], *(result.get("machinery") or [])]:
+    for row in result["rows"]:
         row["io_floor_s"] = io_floor_s(disks, row["read_bytes"], row["written_bytes"])
     result["floor"] = FLOOR
     return result
@@ -604,60 +568,6 @@ def targets(result: dict) -> str:
     return "\n".join(lines)
 
 
-def machinery_worth(result: dict, row: dict) -> tuple[float, float, float]:
-    """(median wall without the mechanism, the default single merge's median over the same turns,
-    how much slower the merge is without it: 0.10 = 10% slower)."""
-    default = next(r for r in result["rows"] if r["tool"] == SINGLE)
-    by_turn = dict(zip(default.get("turns") or range(len(default["walls"])), default["walls"]))
-    same = [by_turn[t] for t in row["turns"] if t in by_turn] or default["walls"]
-    without, base = median(row["walls"]), median(same)
-    return without, base, without / base - 1.0
-
-
-def machinery_table(result: dict) -> str:
-    rows = result.get("machinery") or []
-    if not rows:
-        return ""
-    what = {name: words for name, _, words in MACHINERY}
-    head = [
-        "mechanism",
-        "switched off by",
-        "runs",
-        "peak RssAnon",
-        "wall without it (median)",
-        "walls",
-        f"{SINGLE}, same turns",
-        "slower without it",
-        f"earns its place (>= {EARNS_PLACE:.0%})",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        without, base, slower = machinery_worth(result, r)
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    f"{r['mechanism']}: {what.get(r['mechanism'], 'removed since this run')}",
-                    f"`{r['switch']}`",
-                    str(len(r["walls"])),
-                    f"{max(r['peaks']) / MiB:,.0f} MiB",
-                    f"{without:.1f} s",
-                    _span(r["walls"], ".1f") + " s",
-                    f"{base:.1f} s",
-                    f"{slower:+.1%}",
-                    "yes" if slower >= EARNS_PLACE else "**no**",
-                ]
-            )
-            + " |"
-        )
-    return (
-        "\nThe speed machinery, each piece switched off in turn (`--machinery`): the single merge without it, "
-        "in the same turns as the default merge, against the default's median over those turns.\n\n"
-        + "\n".join(lines)
-        + "\n"
-    )
-
-
 def render_section(result: dict) -> str:
     built, disk = result["build"], DiskSpeed(**result["disk"])
     disks = [DiskSpeed(**d) for d in result["disk_measurements"]]
@@ -698,7 +608,7 @@ The cap stands for this host's memory: {result["verl_cap"] / GiB:.1f} GiB{cap_wo
 (`--verl-cap-gib`) is 18 GiB.
 
 {targets(result)}
-{machinery_table(result)}{_note(result)}{END}
+{_note(result)}{END}
 """
 
 

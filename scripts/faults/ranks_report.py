@@ -3,7 +3,9 @@ rendered from the campaign's JSON, torch-free, so that `make faults`' report nee
 
 from __future__ import annotations
 
-from scripts.faults import oracle
+from collections.abc import Callable
+
+from scripts.faults import oracle, report
 
 GOOD = ("exact", "clean")
 BAD = ("hung", "orphan", "committed-partial", "wrong-resume")
@@ -50,8 +52,12 @@ LABELS = {
 }
 
 
-def render(data: dict) -> str:
-    """The RELIABILITY.md section."""
+def render(data: dict, check: Callable | None = None) -> str:
+    """The RELIABILITY.md section; each row checked against HEAD like the other sections' rows
+    (`check(provenance, paths)`, default: git in this repository)."""
+    check = check or report.Checker()
+    labels = {m: LABELS.get(m, m) for m in data["modes"]}
+    flags = {labels[m]: check(report.provenance(data), report.rank_code(m)) for m in data["modes"]}
     lines = [
         "## One rank lost mid-save or mid-merge",
         "",
@@ -72,11 +78,14 @@ def render(data: dict) -> str:
         ended = f"{q[0]:.1f} / {q[2]:.1f} / {q[4]:.1f}" if q else "—"
         n = len(e["trials"])
         lines.append(
-            f"| {LABELS.get(mode, mode)} | {s['kills']} | {s['stalls']} | {c.get('exact', 0)} | "
+            f"| {report.mark(labels[mode], flags[labels[mode]])} | {s['kills']} | {s['stalls']} | {c.get('exact', 0)} | "
             f"{c.get('clean', 0)} | {c.get('hung', 0)} | {c.get('orphan', 0)} | "
             f"{c.get('committed-partial', 0)} | {c.get('wrong-resume', 0)} | "
             f"{s['named_in_save']} of {s['in_save']} / {s['named']} of {n} | {ended} |"
         )
+    notes = report.flag_notes(flags)
+    if notes:
+        lines += ["", *notes]
     ours = [e for m, e in data["modes"].items() if m != "verl-default"]
     ours_bad = sum(e["summary"]["bad"] for e in ours)
     lines += [

@@ -30,6 +30,7 @@ SIDE_CODE = {
     "corruption_campaign.py": OUR_CODE + ("scripts/faults/corruption.py",),
     # the environment campaign takes its checkpoint builder and its resume scenario from slimckpt.testing (in patches)
     "env_faults.py": OUR_CODE + ("scripts/faults/env.py",),
+    "rank_faults.py": OUR_CODE + ("scripts/faults/ranks.py",),
 }
 # the campaigns `make faults` runs besides the SIGKILL one, by the name side_runs.json records them under
 SIDE_MODULES = {
@@ -38,6 +39,11 @@ SIDE_MODULES = {
     "rank_faults.py": "scripts.faults.ranks",
 }
 STALE, UNKNOWN = "stale", "commit unknown"
+
+
+def rank_code(mode: str) -> tuple[str, ...]:
+    """What a rank-loss row exercises: verl's own row the campaign's script only, slimckpt's also its code."""
+    return ("scripts/faults/ranks.py",) if mode == "verl-default" else SIDE_CODE["rank_faults.py"]
 
 
 def sigkill_code(mode: str) -> tuple[str, ...]:
@@ -107,11 +113,11 @@ def staleness(
     return Flag(STALE, f"run on {commit}; {commits} up to {at} changed {shown}")
 
 
-def _mark(label: str, flag: Flag | None) -> str:
+def mark(label: str, flag: Flag | None) -> str:
     return label if flag is None else f"{label} **[{flag.marker}]**"
 
 
-def _flag_notes(flags: dict[str, Flag | None]) -> list[str]:
+def flag_notes(flags: dict[str, Flag | None]) -> list[str]:
     """One line per distinct flag under a table, naming its rows."""
     by_note: dict[Flag, list[str]] = {}
     for key, flag in flags.items():
@@ -158,7 +164,7 @@ def _save_rows(modes: dict[str, Any], flags: dict[str, Flag | None] | None = Non
     for key, e in modes.items():
         if e["kind"] != "save":
             continue
-        label = _mark(LABELS[e["mode"]], (flags or {}).get(key))
+        label = mark(LABELS[e["mode"]], (flags or {}).get(key))
         if "error" in e:
             rows.append(f"| {label} | {e['max_ckpt_to_keep']} | — | could not run: {e['error']} |||||||")
             continue
@@ -198,7 +204,7 @@ def check_words() -> str:
 
 
 def _flag_lines(flags: dict[str, Flag | None], checked: str) -> list[str]:
-    notes = _flag_notes(flags)
+    notes = flag_notes(flags)
     return notes + [f"({checked}.)", ""] if notes else []
 
 
@@ -273,7 +279,7 @@ def _merge_rows(modes: dict[str, Any], flags: dict[str, Flag | None] | None = No
             continue
         c = e["summary"]["outcomes"]
         rows.append(
-            f"| {_mark(LABELS[e['mode']], (flags or {}).get(key))} | {len(e['trials'])} | {c.get('absent', 0)} | "
+            f"| {mark(LABELS[e['mode']], (flags or {}).get(key))} | {len(e['trials'])} | {c.get('absent', 0)} | "
             f"{c.get('complete-verified', 0)} | {c.get('looks-complete-but-broken', 0)} | "
             f"{c.get('rerun-failed', 0)} | {_pairs(e['summary']['states'])} |"
         )

@@ -551,8 +551,8 @@ def build_merge_fixture(out_dir: str, rank: int, hidden: int, layers: int, vocab
 def merge_child(kind: str, local_dir: str, target: str, overwrite: bool) -> int:
     """`slimckpt merge` as a fresh command, or verl's own FSDPModelMerger in this process.
 
-    slimckpt's merge is exec'd, not run here: a fresh interpreter, as the command a user runs (its
-    early writer overlaps the imports this process has done already). The exec keeps this pid, so
+    slimckpt's merge is exec'd, not run here: a fresh interpreter, as the command a user runs (with
+    its imports' time, which this process has done already). The exec keeps this pid, so
     the campaign kills and waits for it as before."""
     if kind == "merge":
         import slimckpt

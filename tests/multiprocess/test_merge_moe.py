@@ -197,33 +197,6 @@ def test_same_as_verl_merger_and_loads(families, tmp_path, family):
         assert torch.equal(loaded[name], t.to(torch.bfloat16)), name
 
 
-@pytest.mark.slow
-def test_the_early_write_stands_down(families, tmp_path):
-    """Which parts transformers splits a fused tensor into is known only once it is imported: the
-    early write makes no guess for an MoE checkpoint (either reader), and the merge plans first."""
-    from slimckpt.merge import guess as merge_guess
-    from slimckpt.merge.early_write import EarlyWrite
-    from slimckpt.merge.pipeline import log as merge_log
-    from slimckpt.read import pt_index
-
-    from ..helpers.slim_logs import lines_of
-
-    ckpt = families / "olmoe"
-    index = pt_index.open_index(str(ckpt))
-    config = merge_guess.read_config(str(ckpt / "huggingface"))
-    assert merge_guess.guess_output_names(list(index.tensors), config) is not None  # names alone look dense
-    assert (
-        merge_guess.guess_output_names(list(index.tensors), config, {n: t.shape for n, t in index.tensors.items()})
-        is None
-    )
-    opts = MergeOptions(local_dir=str(ckpt), target_dir=str(tmp_path / "o"), progress=False)
-    assert EarlyWrite.start(opts, str(tmp_path / "o")) is None
-    assert not (tmp_path / "o.partial").exists()
-    with lines_of(merge_log) as logged:
-        ours(ckpt, tmp_path / "o")
-    assert "slimckpt merge committed" in logged.getvalue() and "guessed layout differs" not in logged.getvalue()
-
-
 def _dir_bytes(path) -> dict[str, bytes]:
     return {n: (path / n).read_bytes() for n in sorted(os.listdir(path))}
 

@@ -134,8 +134,7 @@ def _refused(text: str, path) -> bool:
 @pytest.mark.slow
 @pytest.mark.pickle_refusals
 def test_merge_refuses_a_trapped_rank_file_and_trust_pickle_runs_it(trapped_native, tmp_path):
-    """The early writer's quick reader and the real reader both refuse; one line, exit
-    1, nothing written. With --trust-pickle the payload runs (proof the file is armed)."""
+    """The merge's reader refuses; one line, exit 1, nothing written. With --trust-pickle the payload runs (proof the file is armed)."""
     target = tmp_path / "merged"
     proc = run_cli(["merge", "--no_progress", "--local_dir", str(trapped_native), "--target_dir", str(target)])
     assert proc.returncode == 1, proc.stderr[-2000:]

@@ -100,16 +100,6 @@ def test_a_default_off_flag_is_on_only_when_set_to_1(monkeypatch):
     assert env_vars.flag(name) is False
 
 
-def test_a_default_on_flag_is_off_only_when_set_to_0(monkeypatch):
-    name = "SLIMCKPT_MERGE_GUESS"
-    assert env_vars.BY_NAME[name].default == "1"
-    monkeypatch.delenv(name, raising=False)
-    assert env_vars.flag(name) is True
-    for value, on in (("0", False), ("1", True), ("", True), ("no", True)):
-        monkeypatch.setenv(name, value)
-        assert env_vars.flag(name) is on, value
-
-
 def test_trust_pickle_also_takes_true_and_yes(monkeypatch):
     name = "SLIMCKPT_TRUST_PICKLE"
     for value, on in (("1", True), ("TRUE", True), (" yes ", True), ("0", False), ("on", False)):

@@ -205,3 +205,44 @@ def test_the_rank_section_counts_the_faults_placed_at_a_commit_outcome():
     assert "placed at a commit's outcome" not in render(
         {**data, "modes": {"incremental-async": {**entry, "trials": trials[:1], "summary": summarize(trials[:1])}}}
     )
+
+
+def test_the_rank_sections_rows_are_checked_against_head_like_the_others():
+    from scripts.faults.ranks_report import LABELS, render, summarize
+
+    trials = [
+        {
+            "trial": 0,
+            "world": 2,
+            "fault": "kill",
+            "at": "random",
+            "victim": 1,
+            "outcome": "exact",
+            "in_save": True,
+            "named": True,
+            "survivors_end_s": 3.0,
+            "orphans": [],
+            "locks_held": [],
+        }
+    ]
+    entry = {"trials": trials, "summary": summarize(trials)}
+    data = {
+        "world_sizes": [2],
+        "timeout_s": 5,
+        "slack_s": 15,
+        "seed": 0,
+        "commit": "abc1234",
+        "dirty": False,
+        "modes": {"verl-default": entry, "incremental-sync": entry},
+    }
+    asked = []
+
+    def check(prov, paths):
+        asked.append((prov["commit"], paths))
+        return report.Flag(report.STALE, "run on abc1234; patches changed") if "patches" in paths else None
+
+    text = render(data, check)
+    assert f"| {LABELS['incremental-sync']} **[stale]** |" in text
+    assert f"| {LABELS['verl-default']} |" in text  # verl's own row runs none of slimckpt's code
+    assert f"**[stale]** {LABELS['incremental-sync']}: run on abc1234; patches changed." in text
+    assert {c for c, _ in asked} == {"abc1234"}

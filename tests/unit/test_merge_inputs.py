@@ -317,11 +317,10 @@ def _output_bytes(ckpt) -> int:
 
 
 @pytest.mark.skipif(not _unshare_ok(), reason="needs `unshare -rm` and tmpfs mounts")
-@pytest.mark.parametrize("how", ["early-write", "planned-first", pytest.param("distributed", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("how", ["single", pytest.param("distributed", marks=pytest.mark.slow)])
 def test_disk_too_small_is_refused_before_writing(ckpt, tmp_path, monkeypatch, how):
     """A filesystem that cannot hold the output: refused up front, naming the bytes needed and free,
     and nothing is created there (no partial, no empty files at their final size)."""
-    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0" if how == "planned-first" else "1")
     proc = _merge_in_tmpfs(
         ckpt,
         tmp_path / "mnt",

@@ -1,6 +1,5 @@
-"""The merge's overlaps: cast/write pipelining in slimckpt.write.share_writer, and writing
-from a guessed layout while verl/transformers import (slimckpt.merge.guess) — a wrong guess must
-cost time only, never change a byte."""
+"""The merge's write pipeline (slimckpt.write.share_writer): casts overlapped with writes, a failed
+write surfaced and the output discarded."""
 
 from __future__ import annotations
 
@@ -11,101 +10,23 @@ import pytest
 import torch
 
 from slimckpt.format import layout
-from slimckpt.merge import early_write
-from slimckpt.merge import guess as merge_guess
 from slimckpt.merge import pipeline as merge
 from slimckpt.read.sources import SourceTensor
 from slimckpt.write.out_files import OutputError, create_files
 from slimckpt.write.share_writer import ShareWriter
 
-from ..helpers.merge_helpers import full_disk_after_headers, synthetic_checkpoint, tiny_llama_config
-from ..helpers.slim_logs import lines_of
-
-
-def test_guess_drops_flowrl_and_tied_head_only():
-    names = [
-        "model.embed_tokens.weight",
-        "model.layers.0.mlp.up_proj.weight",
-        "lm_head.weight",
-        "model.flowrl_log_z.0.weight",
-    ]
-    assert list(merge_guess.guess_output_names(names, {"tie_word_embeddings": False})) == names[:3]
-    assert list(merge_guess.guess_output_names(names, {"tie_word_embeddings": True})) == names[:2]
-
-
-@pytest.mark.parametrize(
-    "names,config",
-    [
-        (["model.a"], {}),  # tie setting not stated: the model class decides, so no guess
-        (["model.a"], None),
-        (["model.q_proj.lora_A.weight"], {"tie_word_embeddings": False}),
-        (["visual.patch_embed.weight"], {"tie_word_embeddings": False}),  # names outside model./lm_head.
-    ],
-)
-def test_no_guess_where_transformers_might_differ(names, config):
-    assert merge_guess.guess_output_names(names, config) is None
+from ..helpers.merge_helpers import full_disk_after_headers, synthetic_checkpoint
 
 
 def _merge(local, target, **kw):
     return merge.merge(merge.MergeOptions(local_dir=str(local), target_dir=str(target), progress=False, **kw))
 
 
-def _bytes_of(d):
-    return {
-        n: (d / n).read_bytes()
-        for n in sorted(os.listdir(d))
-        if n.endswith((".safetensors", ".json")) and n != "manifest.json"
-    }
-
-
-@pytest.mark.parametrize("tied", [False, True])
-def test_guessed_and_planned_merges_are_byte_identical(tmp_path, monkeypatch, tied):
-    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2, config=tiny_llama_config(tie_word_embeddings=tied))
-    _merge(ckpt, tmp_path / "guessed")
-    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0")
-    _merge(ckpt, tmp_path / "planned")
-    assert _bytes_of(tmp_path / "guessed") == _bytes_of(tmp_path / "planned")
-
-
-def test_a_wrong_guess_is_rewritten(tmp_path, monkeypatch):
-    ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=1)
-    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "0")
-    _merge(ckpt, tmp_path / "planned")
-    monkeypatch.setenv("SLIMCKPT_MERGE_GUESS", "1")
-    real = merge_guess.guess_output_names
-    monkeypatch.setattr(
-        merge_guess,
-        "guess_output_names",
-        lambda names, config, shapes=None: {
-            k: v for k, v in real(names, config, shapes).items() if k != "lm_head.weight"
-        },
-    )
-    with lines_of(merge.log) as logged:
-        _merge(ckpt, tmp_path / "guessed")
-    assert "guessed layout differs" in logged.getvalue()
-    assert _bytes_of(tmp_path / "guessed") == _bytes_of(tmp_path / "planned")
-    assert not (tmp_path / "guessed.partial").exists()
-
-
-def _count_early_writes(monkeypatch) -> list:
-    started = []
-    real = early_write.EarlyWrite._start
-
-    def counting(cls, *a):
-        started.append(real(*a))
-        return started[-1]
-
-    monkeypatch.setattr(early_write.EarlyWrite, "_start", classmethod(counting))
-    return started
-
-
-def test_a_failed_write_in_the_early_writer_is_the_users_error(tmp_path, monkeypatch):
+def test_a_failed_write_is_the_users_error_and_leaves_nothing(tmp_path, monkeypatch):
     ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
-    started = _count_early_writes(monkeypatch)
     full_disk_after_headers(monkeypatch)
     with pytest.raises(merge.MergeError, match=r"model.*safetensors.*(space|full)"):
         _merge(ckpt, tmp_path / "out")
-    assert len(started) == 1 and started[0] is not None  # the early writer was the one that failed
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 

@@ -34,17 +34,6 @@ def test_a_lora_key_is_what_verls_checkpoint_manager_calls_one(key):
     assert names.is_lora_key(key) == BaseCheckpointManager.is_lora_only_state_dict({key: None})
 
 
-def test_the_early_writers_guess_stands_down_for_every_lora_key():
-    from slimckpt.merge import guess
-
-    config = {"tie_word_embeddings": False}
-    plain = ["model.norm.weight", "lm_head.weight"]
-    assert guess.guess_output_names(plain, config) == {n: n for n in plain}
-    for key in ("model.layers.0.self_attn.q_proj.lora_A.weight", "model.layers.0.mlp.up_proj.adapter_gate.weight"):
-        assert names.is_lora_key(key)
-        assert guess.guess_output_names(plain + [key], config) is None, key
-
-
 @pytest.mark.parametrize("name", sorted(names.SAFETENSORS_OF_TORCH))
 def test_each_torch_dtype_is_written_by_safetensors_under_its_name_and_width(name):
     dtype = getattr(torch, name)

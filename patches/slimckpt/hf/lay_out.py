@@ -15,15 +15,13 @@ from .naming import HfSide
 from .plan import ExportPlan
 
 
-def lay_out(out_dir: str, plan: ExportPlan, side: HfSide, tokenizer: bool = True, weight_files: bool = True) -> bool:
-    """Everything but the weights' bytes into `out_dir` (the weight files too unless `weight_files`
-    is off: an early writer made them already); returns whether a tokenizer was saved."""
+def lay_out(out_dir: str, plan: ExportPlan, side: HfSide, tokenizer: bool = True) -> bool:
+    """Everything but the weights' bytes into `out_dir`; returns whether a tokenizer was saved."""
     side.save_configs(out_dir)
     tokenizer_saved = side.save_tokenizer(out_dir) if tokenizer else False
     if plan.adapter_config is not None:
         write_adapter_config(out_dir, plan.adapter_config)
-    if weight_files:
-        create_files(out_dir, plan.plan)
+    create_files(out_dir, plan.plan)
     index = plan.model_plan.index_json(plan.total_parameters)
     if index is not None:
         with open(os.path.join(out_dir, layout.INDEX_NAME), "w", encoding="utf-8") as f:

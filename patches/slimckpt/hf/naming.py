@@ -13,7 +13,7 @@ from ..format.names import HF_SUBDIR, torch_dtypes_of_choices
 from ..log import get_logger
 from ..read.checkpoint_dir import CheckpointError
 
-# lazy imports: torch and transformers load only once a model is named (the early writer imports this module before them)
+# lazy imports: torch and transformers load only once a model is named (a wrong --local_dir fails before them)
 
 log = get_logger("slimckpt.merge")
 
@@ -42,18 +42,6 @@ def default_max_shard_size() -> int | str:
     from transformers import PreTrainedModel
 
     return inspect.signature(PreTrainedModel.save_pretrained).parameters["max_shard_size"].default
-
-
-def guess_default_max_shard_size() -> str:
-    """`default_max_shard_size()` without importing transformers (seconds): read from its version.
-    Only the early writer uses it; its plan is compared with the real one before it counts."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        major = int(version("transformers").split(".")[0])
-    except (PackageNotFoundError, ValueError):
-        return "50GB"
-    return "50GB" if major >= 5 else "5GB"
 
 
 def auto_model_class(config):

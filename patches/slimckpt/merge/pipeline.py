@@ -35,7 +35,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
@@ -68,11 +68,10 @@ from ..read.merge_input import check_source, open_source
 from ..verl_seam.leaves import leaf
 from ..write.out_files import OutputError
 from ..write.peers import Heartbeat, describe_ranks, lost_ranks_line
-from .early_write import EarlyWrite
 from .plan import MergeError, MergeOptions, MergeResult
 from .workers import ProgressBar, is_user_error, run_workers, write_weights
 
-# lazy imports: torch, transformers and torch.distributed load only where a merge needs them (the early writer starts first)
+# lazy imports: torch, transformers and torch.distributed load only where a merge needs them (a bad input fails first)
 
 log = get_logger("slimckpt.merge")
 T = TypeVar("T")
@@ -140,8 +139,6 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
     """Merge `opts.local_dir` into `opts.target_dir`; raises MergeError with a one-line message.
     Called in a training job, it first waits for the commit of that job's save of the step, if
     one is in flight."""
-    # Nothing here imports torch or transformers: the early writer starts before those imports
-    # (seconds), and the main thread does them while it writes.
     in_flight.wait_for(opts.local_dir)
 
     if opts.dtype not in DTYPE_CHOICES:
@@ -155,35 +152,16 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
             raise MergeError(f"--max_shard_size: {exc}") from None
     _ignore_sigxfsz()
     try:
-        with _quick_gil_handoff():
-            if opts.distributed:
-                return merge_distributed(opts, verl_fallback)
-            with _source_lock(opts), _target_lock(opts):
-                return _merge_local(opts, verl_fallback)
+        if opts.distributed:
+            return merge_distributed(opts, verl_fallback)
+        with _source_lock(opts), _target_lock(opts):
+            return _merge_local(opts, verl_fallback)
     except (CommitError, layout.LayoutError, LockBusy) as exc:
         raise MergeError(_message(exc, opts.os_fixes)) from None
     except Exception as exc:
         if _is_input_or_output_error(exc):
             raise MergeError(_message(exc, opts.os_fixes)) from None
         raise
-
-
-GIL_SWITCH_S = 0.0005
-
-
-@contextlib.contextmanager
-def _quick_gil_handoff() -> Iterator[None]:
-    """A shorter GIL switch interval while merging. The read, cast and write threads each hold the
-    GIL for microseconds per chunk, but while another thread runs Python (the imports of
-    torch and transformers during an early write) each of them waits up to the interval (5 ms by
-    default) for it, several times a chunk. Measured here on the 1B merge's write pipeline next to
-    a pure-Python thread: 13.9 s at 5 ms, 5.2-7.0 s at 0.5 ms, 5.2-5.4 s with no such thread."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(min(old, GIL_SWITCH_S))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(old)
 
 
 def _is_input_or_output_error(exc: BaseException) -> bool:
@@ -230,37 +208,18 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     # before any import: a wrong --local_dir fails in milliseconds, not after torch and transformers
     check_source(opts.local_dir)
 
-    early = EarlyWrite.start(opts, target)
-    signature: list[tuple] = []
-    try:
-        _resolve_max_shard_size(opts)
-        planned = open_and_plan(opts, signature if early is not None else None)
-    except BaseException:
-        if early is not None:
-            early.cancel()
-        raise
-    if early is not None and (planned is None or not early.matches(planned[0], signature)):
-        log.info(
-            "the guessed layout differs from transformers' (%s): writing again with the real one",
-            "verl's merger needed" if planned is None else "layout or sources differ",
-        )
-        early.cancel()
-        early = None
+    _resolve_max_shard_size(opts)
+    planned = open_and_plan(opts)
     if planned is None:
         return run_verl_merger(opts, verl_fallback, t0)
-    return _write_and_commit(opts, *planned, t0, early)
+    return _write_and_commit(opts, *planned, t0)
 
 
-def open_and_plan(opts: MergeOptions, signature: list | None = None) -> tuple[ExportPlan, HfSide] | None:
-    """The plan from the real reader; `signature`, when given, receives sources.signature of it."""
+def open_and_plan(opts: MergeOptions) -> tuple[ExportPlan, HfSide] | None:
+    """The plan from the rank files, or None when verl's own merger has to do them."""
     ckpt = open_source(opts.local_dir)
     try:
-        planned = plan_or_fallback(ckpt, opts)
-        if planned is not None and signature is not None:
-            from ..read.sources import signature as signature_of
-
-            signature.extend(signature_of(ckpt, planned[0].name_map))
-        return planned
+        return plan_or_fallback(ckpt, opts)
     finally:
         ckpt.close()
 
@@ -363,9 +322,7 @@ def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None
     return MergeResult(os.path.abspath(opts.target_dir), used_verl_merger=True, seconds=time.perf_counter() - t0)
 
 
-def _write_and_commit(
-    opts: MergeOptions, mp: ExportPlan, hf: HfSide, t0: float, early: EarlyWrite | None = None
-) -> MergeResult:
+def _write_and_commit(opts: MergeOptions, mp: ExportPlan, hf: HfSide, t0: float) -> MergeResult:
     target = os.path.abspath(opts.target_dir)
     log.info(
         "slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
@@ -377,25 +334,17 @@ def _write_and_commit(
         len(mp.plan.files),
         opts.workers,
     )
-    if early is None:
-        check_output_room(opts.local_dir, target, mp)
-    partial = early.partial if early is not None else prepare_partial(target)
+    check_output_room(opts.local_dir, target, mp)
+    partial = prepare_partial(target)
     ok = False
     try:
-        if early is None:
-            tokenizer_saved = lay_out(partial, mp, hf)
-            checksums = write_weights(opts, partial, mp)
-        else:  # weights are being written already: configs and tokenizer meanwhile
-            tokenizer_saved = lay_out(partial, mp, hf, weight_files=False)
-            checksums = early.join()
+        tokenizer_saved = lay_out(partial, mp, hf)
+        checksums = write_weights(opts, partial, mp)
         files = _finish(partial, target, mp, checksums, opts, tokenizer_saved)
         ok = True
     finally:
         if not ok:
-            if early is not None:
-                early.cancel()  # waits for its writes, then removes the partial
-            else:
-                discard_partial(partial)
+            discard_partial(partial)
     seconds = time.perf_counter() - t0
     log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)

@@ -67,8 +67,7 @@ def write_shares(
         n: ckpt.tensors[n] for t in mp.takes.values() if t.delta is not None for n in (t.delta.a, t.delta.b)
     }
     checksums: dict[str, str] = {}
-    # One intra-op thread for the casts: the read and write threads (and, during an early write,
-    # the imports) already keep the cores busy, and an OpenMP cast whose second thread is not
+    # One intra-op thread for the casts: the read and write threads already keep the cores busy, and an OpenMP cast whose second thread is not
     # running waits for it (measured: BENCHMARKS.md, Figures quoted in the code).
     # Restored after: an in-training export shares the process.
     threads = torch.get_num_threads()

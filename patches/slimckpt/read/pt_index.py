@@ -9,15 +9,6 @@ file is listed (dtype, shape, stride, storage offset, the byte range in the file
 is built; `pt_tensors` makes torch tensors from those offsets where torch is loaded (verl's rank
 files, DCP's records, extra state, convert's own rank files), memory-mapped.
 
-The merge's early writer starts from a quick index that skips the full reader's DTensor rebuild
-(and its torch.distributed import): `open_index` indexes "the simple kind" of checkpoint:
-every rank a dict with the same keys, every value a plain tensor (same shape everywhere) or a
-DTensor on a 1-D mesh of ranks 0..W-1 with one Shard or Replicate placement. Anything else, or
-anything this reader does not recognise or finds damaged, gives None: the full reader
-(`sources.open_checkpoint`) decides and reports later. `signature` is the same list
-`sources.signature` makes of the full reader's result, so the merge can compare the two and keep
-early writes only when they read the same bytes.
-
 No torch, no numpy (a test checks `sys.modules`): torch's side is `pt_tensors`.
 """
 
@@ -29,10 +20,9 @@ import os
 import struct
 import sys
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..format.names import TORCH_ITEMSIZE
-from .checkpoint_dir import check_rank_files, read_fsdp_config
 from .pickle_policy import RestrictedUnpickler
 
 # torch's dtype globals as pickled (`torch float32`) -> itemsize; str(dtype) is "torch." + name
@@ -53,51 +43,11 @@ _STORAGE_DTYPE: dict[str, str] = {
     "ComplexFloatStorage": "complex64",
 }
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # zip local file header, 30 bytes
-_MAX_MESH_RANKS = 1 << 16
-_HEADER_READ = 4096  # bytes read from each local header (see _data_offset)
-
-
-@dataclass(frozen=True)
-class StoredPiece:
-    """One rank's tensor (or shard): element 0 at byte `offset` of `path`, C-contiguous."""
-
-    path: str
-    offset: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-
-
-@dataclass
-class IndexedTensor:
-    """One state-dict entry, laid out as `sources.SourceTensor` would be (same pieces and ranks)."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str  # as torch prints it: "torch.float32"
-    itemsize: int
-    shard_dim: int | None
-    ranks: list[int]
-    replicated_dtensor: bool
-    pieces: list[StoredPiece]
-
-
-@dataclass
-class IndexedCheckpoint:
-    """What `open_index` found: the tensors in the state dict's order, paths under `local_dir` (absolute)."""
-
-    local_dir: str
-    world_size: int
-    fsdp_version: int | None
-    tensors: dict[str, IndexedTensor] = field(repr=False)
+_HEADER_READ = 4096  # bytes read at each local header (see get_record_offset)
 
 
 class NotATorchFile(ValueError):
     """A file torch.save did not write, or not as this reader reads it; the message says what."""
-
-
-class _NotSimple(NotATorchFile):
-    """Not the simple kind, or not what torch.save writes: open_index returns None (the full reader
-    names it in its error)."""
 
 
 # --- what the pickle rebuilds, as plain records ---
@@ -164,13 +114,12 @@ class Stub:
 class DTensorStub(Stub):
     qualname = "DTensor"
     shape: tuple = ()
-    rebuilt = False  # made by _rebuild_wrapper_subclass (so `shape` is the pickled global shape)
 
 
 def _ints(value, what: str) -> tuple[int, ...]:
     out = tuple(value)
     if any(type(x) is not int or x < 0 for x in out):
-        raise _NotSimple(what)
+        raise NotATorchFile(what)
     return out
 
 
@@ -191,19 +140,19 @@ def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 
 def _tensor(storage, storage_offset, size, stride, dtype: _Dtype) -> TensorRecord:
     if not isinstance(storage, StorageRecord) or type(storage_offset) is not int or storage_offset < 0:
-        raise _NotSimple("storage")
+        raise NotATorchFile("storage")
     shape, strides = _ints(size, "size"), _ints(stride, "stride")
     if not _contiguous(shape, strides):
-        raise _NotSimple("a non-contiguous tensor")
+        raise NotATorchFile("a non-contiguous tensor")
     t = TensorRecord(storage, dtype, storage_offset, shape, strides)
     if (storage_offset + t.numel) * dtype.itemsize > storage.nbytes:
-        raise _NotSimple("a tensor past the end of its storage")
+        raise NotATorchFile("a tensor past the end of its storage")
     return t
 
 
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks, metadata=None):
     if not isinstance(storage, StorageRecord) or storage.dtype is None or backward_hooks or metadata:
-        raise _NotSimple("tensor")
+        raise NotATorchFile("tensor")
     return _tensor(storage, storage_offset, size, stride, storage.dtype)
 
 
@@ -215,21 +164,21 @@ def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, bac
         or backward_hooks
         or metadata
     ):
-        raise _NotSimple("tensor")
+        raise NotATorchFile("tensor")
     return _tensor(storage, storage_offset, size, stride, dtype)
 
 
 def _rebuild_wrapper_subclass(cls, dtype, size, stride, storage_offset, layout, device, requires_grad):
     if cls is not DTensorStub or layout != "torch.strided":
-        raise _NotSimple("wrapper subclass")
+        raise NotATorchFile("wrapper subclass")
     obj = DTensorStub()
-    obj.shape, obj.rebuilt = _ints(size, "size"), True
+    obj.shape = _ints(size, "size")
     return obj
 
 
 def _rebuild_from_type_v2(func, new_type, args, state):
     if func is not _rebuild_wrapper_subclass or new_type is not DTensorStub:
-        raise _NotSimple("tensor subclass")
+        raise NotATorchFile("tensor subclass")
     obj = func(*args)
     obj.__setstate__(state)
     return obj
@@ -277,21 +226,21 @@ class RecordUnpickler(RestrictedUnpickler):
             if key not in _STUBS:
                 _STUBS[key] = type(name, (Stub,), {"qualname": name})
             return _STUBS[key]
-        raise _NotSimple(f"pickle global {module}.{name}")
+        raise NotATorchFile(f"pickle global {module}.{name}")
 
     def persistent_load(self, pid):
         if not isinstance(pid, tuple) or len(pid) != 5 or pid[0] not in ("storage", b"storage"):
-            raise _NotSimple("persistent id")
+            raise NotATorchFile("persistent id")
         _, stype, key, _location, numel = pid
         if not isinstance(stype, _StorageType) or type(key) is not str or type(numel) is not int or numel < 0:
-            raise _NotSimple("storage id")
+            raise NotATorchFile("storage id")
         nbytes = numel * (stype.dtype.itemsize if stype.dtype else 1)
         st = self.storages.get(key)
         if st is None:
             st = self.storages[key] = StorageRecord(key, stype.dtype, nbytes)
             st.data_offset = self.records.storage_offset(key, nbytes)
         elif st.nbytes != nbytes or st.dtype != stype.dtype:
-            raise _NotSimple("one storage named with two sizes")
+            raise NotATorchFile("one storage named with two sizes")
         return st
 
 
@@ -350,7 +299,7 @@ class ZipRecords:
             self.zip = zipfile.ZipFile(_Window(f, base, end))
         self.infos = {i.filename: i for i in self.zip.infolist()}
         if not self.infos:
-            raise _NotSimple("an empty zip archive")
+            raise NotATorchFile("an empty zip archive")
         self.prefix = next(iter(self.infos)).split("/")[0]  # torch names records after the first one's prefix
 
     def get_all_records(self) -> list[str]:
@@ -365,7 +314,7 @@ class ZipRecords:
         info = _stored(self.infos[name])
         data = _pread(self.f, info.file_size, self.base + self.get_record_offset(name))
         if len(data) != info.file_size:
-            raise _NotSimple(f"record {name} is cut short")
+            raise NotATorchFile(f"record {name} is cut short")
         return data
 
     def get_record_size(self, name: str) -> int:
@@ -375,27 +324,24 @@ class ZipRecords:
         """Where the entry's bytes start in the zip: after its LOCAL header, whose extra field (torch
         pads it to align the data) need not match the central directory's."""
         info = _stored(self.infos[name])
-        # One read of _HEADER_READ bytes, not of the header alone: torch's reader, which the merge runs
-        # later as a check while the early writer streams the same files, reads that much from each local
-        # header. Read now, before the stream starts, those pages are in the page cache then, and the check
-        # does not wait behind the writer's reads (measured: BENCHMARKS.md, Figures quoted in the code).
+        # one read of a page covers the header and its name (the kernel reads no less from disk)
         at = self.base + info.header_offset
         block = _pread(self.f, _HEADER_READ, at)
         if len(block) < _LOCAL_HEADER.size:
-            raise _NotSimple(f"record {name}: short local header")
+            raise NotATorchFile(f"record {name}: short local header")
         magic, *_, name_len, extra_len = _LOCAL_HEADER.unpack_from(block)
         stored_name = block[_LOCAL_HEADER.size : _LOCAL_HEADER.size + name_len]
         if len(stored_name) < name_len:
             stored_name += _pread(self.f, name_len - len(stored_name), at + len(block))
         if magic != b"PK\x03\x04" or stored_name != info.orig_filename.encode("utf-8"):
-            raise _NotSimple(f"record {name}: local header does not match the central directory")
+            raise NotATorchFile(f"record {name}: local header does not match the central directory")
         return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
 
     def read_at(self, offset: int, n: int) -> bytes:
         """Bytes [offset, offset + n) of the file."""
         data = _pread(self.f, n, offset)
         if len(data) != n:
-            raise _NotSimple(f"the file ends before byte {offset + n}")
+            raise NotATorchFile(f"the file ends before byte {offset + n}")
         return data
 
     def storage_offset(self, key: str, nbytes: int) -> int:
@@ -403,25 +349,25 @@ class ZipRecords:
         name = f"{self.prefix}/data/{key}"
         info = self.infos.get(name)
         if info is None or _stored(info).file_size != nbytes:
-            raise _NotSimple(f"storage {key}: missing or of another size")
+            raise NotATorchFile(f"storage {key}: missing or of another size")
         return self.base + self.get_record_offset(name)
 
     def pickle(self) -> bytes:
         """data.pkl's bytes, once the archive is one torch wrote in this host's byte order."""
         order = self.infos.get(f"{self.prefix}/byteorder")
         if order is not None and (_stored(order).file_size > 16 or self.get_record(order.filename) != b"little"):
-            raise _NotSimple("a big-endian file")
+            raise NotATorchFile("a big-endian file")
         if sys.byteorder != "little":
-            raise _NotSimple("a big-endian host")
+            raise NotATorchFile("a big-endian host")
         pkl = self.infos.get(f"{self.prefix}/data.pkl")
         if pkl is None:
-            raise _NotSimple("no data.pkl")
+            raise NotATorchFile("no data.pkl")
         return self.get_record(pkl.filename)
 
 
 def _stored(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
     if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1 or info.compress_size != info.file_size:
-        raise _NotSimple(f"{info.filename}: compressed or encrypted")
+        raise NotATorchFile(f"{info.filename}: compressed or encrypted")
     return info
 
 
@@ -438,7 +384,6 @@ class PtFile:
         **unpickler_args,
     ) -> None:
         self.path = path
-        self.world = 0  # the checkpoint's world size, where open_index reads it
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             records = ZipRecords(f, base, length)
@@ -447,19 +392,7 @@ class PtFile:
         self.storages = reader.storages
         for st in self.storages.values():
             if st.data_offset + st.nbytes > size:
-                raise _NotSimple(f"storage {st.key} runs past the end of the file")
-
-    def int_values(self, t: TensorRecord) -> list[int]:
-        """The values of a small 1-D int tensor (a device mesh's ranks)."""
-        fmt = {"int32": "i", "int64": "q"}.get(t.dtype.name)
-        if fmt is None or len(t.shape) != 1 or t.shape[0] > _MAX_MESH_RANKS:
-            raise _NotSimple("mesh tensor")
-        n = t.shape[0]
-        with open(self.path, "rb") as f:
-            data = os.pread(f.fileno(), n * t.dtype.itemsize, t.offset)
-        if len(data) != n * t.dtype.itemsize:
-            raise _NotSimple("short read")
-        return list(struct.unpack(f"<{n}{fmt}", data))
+                raise NotATorchFile(f"storage {st.key} runs past the end of the file")
 
 
 def tensor_records(obj, where: tuple = ()) -> list[tuple[tuple, TensorRecord]]:
@@ -477,153 +410,4 @@ def tensor_records(obj, where: tuple = ()) -> list[tuple[tuple, TensorRecord]]:
     elif isinstance(obj, Stub):
         for k, v in obj.state.items():
             out += tensor_records(v, (*where, k))
-    return out
-
-
-# --- the checkpoint ---
-
-
-def open_index(local_dir: str) -> IndexedCheckpoint | None:
-    """Every tensor's byte locations, when `local_dir` is the simple kind of checkpoint; else None
-    (never raises for a bad checkpoint: the real reader reports what is wrong)."""
-    local_dir = os.path.abspath(local_dir)
-    try:
-        return _open(local_dir)
-    except Exception:  # noqa: BLE001 - not the simple kind, or damaged
-        return None
-
-
-def _open(local_dir: str) -> IndexedCheckpoint:
-    world, version = read_fsdp_config(local_dir)
-    paths = check_rank_files(local_dir, world)
-    if len({os.path.realpath(p) for p in paths}) != len(paths):
-        raise _NotSimple("two rank files are one file")  # the real reader's locations would name only one
-    files = [PtFile(p) for p in paths]
-    for f in files:
-        f.world = world
-    sds = [f.state for f in files]
-    if not all(isinstance(sd, dict) and sd for sd in sds) or any(set(sd) != set(sds[0]) for sd in sds[1:]):
-        raise _NotSimple("state dicts")
-    tensors: dict[str, IndexedTensor] = {}
-    meshes_ok: dict[int, bool] = {}
-    for key in sds[0]:
-        if type(key) is not str:
-            raise _NotSimple("key")
-        tensors[key] = _indexed(key, [sd[key] for sd in sds], files, meshes_ok)
-    return IndexedCheckpoint(local_dir=local_dir, world_size=world, fsdp_version=version, tensors=tensors)
-
-
-def _indexed(key: str, values: list, files: list[PtFile], meshes_ok: dict[int, bool]) -> IndexedTensor:
-    world = len(files)
-    v0 = values[0]
-    if type(v0) is TensorRecord:  # plain: every rank's copy, compared as verl does
-        if any(type(v) is not TensorRecord or v.shape != v0.shape for v in values):
-            raise _NotSimple(key)
-        return _made(key, v0.shape, None, values, files, list(range(world)), False)
-    if type(v0) is not DTensorStub:
-        raise _NotSimple(key)
-    kinds = []
-    for r, v in enumerate(values):
-        if type(v) is not DTensorStub or v.shape != v0.shape:
-            raise _NotSimple(key)
-        kinds.append(_placement(v, r, files[r], meshes_ok))
-    if len(set(kinds)) != 1:
-        raise _NotSimple(key)
-    kind, dim = kinds[0]
-    shape = v0.shape
-    locals_ = [v.state.get("_local_tensor") for v in values]
-    if any(type(t) is not TensorRecord for t in locals_):
-        raise _NotSimple(key)
-    if kind == "Replicate":
-        if locals_[0].shape != shape:
-            raise _NotSimple(key)
-        return _made(key, shape, None, locals_[:1], files[:1], [0], True)
-    dim = dim + len(shape) if dim < 0 else dim
-    if not 0 <= dim < len(shape):
-        raise _NotSimple(key)
-    rest = shape[:dim] + shape[dim + 1 :]
-    if (
-        any(len(t.shape) != len(shape) or t.shape[:dim] + t.shape[dim + 1 :] != rest for t in locals_)
-        or sum(t.shape[dim] for t in locals_) != shape[dim]
-    ):
-        raise _NotSimple(key)
-    return _made(key, shape, dim, locals_, files, list(range(world)), False)
-
-
-def _made(
-    key: str,
-    shape: tuple,
-    dim: int | None,
-    pieces: list[TensorRecord],
-    files: list[PtFile],
-    ranks: list[int],
-    replicated: bool,
-) -> IndexedTensor:
-    dtype = pieces[0].dtype
-    if any(p.dtype != dtype for p in pieces):
-        raise _NotSimple(key)  # a piece's dtype is not kept per piece here
-    stored = [StoredPiece(f.path, p.offset, p.shape, p.stride) for p, f in zip(pieces, files)]
-    return IndexedTensor(key, shape, f"torch.{dtype.name}", dtype.itemsize, dim, ranks, replicated, stored)
-
-
-def _placement(v: DTensorStub, rank: int, rf: PtFile, meshes_ok: dict[int, bool]) -> tuple[str, int | None]:
-    spec = v.state.get("_spec")
-    if not v.rebuilt or not isinstance(spec, Stub) or spec.qualname != "DTensorSpec":
-        raise _NotSimple("spec")
-    placements = spec.state.get("placements")
-    mesh = spec.state.get("mesh")
-    if not isinstance(placements, tuple) or len(placements) != 1 or not isinstance(mesh, Stub):
-        raise _NotSimple("2-D mesh")  # and FSDP + TP: the real reader
-    if id(mesh) not in meshes_ok:  # one mesh object per file, pickled once
-        meshes_ok[id(mesh)] = _mesh_is_ranks(mesh, rank, rf)
-    if not meshes_ok[id(mesh)]:
-        raise _NotSimple("mesh")
-    p = placements[0]
-    kind = p.qualname if isinstance(p, Stub) else "?"
-    if kind == "Replicate":
-        return kind, None
-    if kind == "Shard":
-        dim = p.state.get("dim", p.args[0] if p.args else None)
-        if type(dim) is int:
-            return kind, dim
-    raise _NotSimple(f"placement {kind}")  # Partial, _StridedShard...
-
-
-def _mesh_is_ranks(mesh: Stub, rank: int, rf: PtFile) -> bool:
-    """Whether `mesh` is [0, ..., W-1] and `rank` is at its position `rank`: the real reader takes
-    shards in mesh order and plain tensors from the mesh's ranks, so only then do both read alike."""
-    s = mesh.state
-    coord = s.get("_coordinate_on_dim")
-    if (
-        not isinstance(coord, (tuple, list))
-        or list(coord) != [rank]
-        or s.get("_rank", rank) != rank
-        or s.get("_root_mesh") is not None
-    ):
-        return False
-    if isinstance(s.get("mesh"), TensorRecord):  # torch releases that pickle the mesh tensor itself
-        return rf.int_values(s["mesh"]) == list(range(rf.world))
-    # newer torch: ranks + a CuTe-style layout whose 1-D identity is (W,):(1,); torch 2.11 pickles
-    # the _MeshLayout's shape and stride itself, torch 2.13 one axis (a _FlatLayout) of it
-    layout, rank_map = s.get("_layout"), s.get("_rank_map")
-    if not isinstance(rank_map, TensorRecord) or not isinstance(layout, Stub):
-        return False
-    axis = layout.state
-    if "shape" not in axis:
-        axes = layout.state.get("axes")
-        if not isinstance(axes, tuple) or len(axes) != 1 or not isinstance(axes[0], Stub):
-            return False
-        axis = axes[0].state
-    if axis.get("shape") != (rf.world,) or axis.get("stride") != (1,):
-        return False
-    return rf.int_values(rank_map) == list(range(rf.world))
-
-
-def signature(index: IndexedCheckpoint, name_map: dict[str, str]) -> list[tuple]:
-    """`sources.signature` of the same checkpoint read by the full reader, from the index alone."""
-    out = []
-    for new, old in name_map.items():
-        t = index.tensors[old]
-        pieces = tuple(((p.path, p.offset) if 0 not in p.shape else None, p.shape, p.stride, t.dtype) for p in t.pieces)
-        out.append((new, old, t.shape, t.dtype, t.shard_dim, tuple(t.ranks), t.replicated_dtensor, pieces))
     return out

@@ -14,9 +14,6 @@ memory map per file (`access`):
 - `READ`: a read-only map (DCP's `.distcp` files: a stray write faults instead of copying);
 - `WRITE` (MAP_SHARED): convert fills the rank file it has just laid out in place;
 - `None`: the storages are read into memory (small files: extra state, DCP's byte records).
-
-`MappedFiles` says where a mapped tensor's bytes sit in its file (the merge's signature of a
-checkpoint compares those locations).
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ import io
 import mmap
 import os
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -186,44 +182,3 @@ def load_bytes(data: bytes, path: str) -> Any:
     reader = pt_index.ZipRecords(io.BytesIO(data))
     unpickler = TorchUnpickler(io.BytesIO(reader.pickle()), path, reader, buffer=None)
     return unpickler.load()
-
-
-@dataclass(frozen=True)
-class _Mapping:
-    start: int
-    end: int
-    file_offset: int
-    path: str
-
-
-class MappedFiles:
-    """Where the bytes of tensors memory-mapped from `paths` sit in those files. Read from the
-    mappings themselves (`/proc/self/maps`), so it holds for any reader that mapped the files."""
-
-    def __init__(self, paths: list[str]) -> None:
-        wanted = {os.path.realpath(p): p for p in paths}
-        self._maps: list[_Mapping] = []
-        try:
-            with open("/proc/self/maps") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            return  # not Linux: no locations
-        for line in lines:
-            parts = line.split(maxsplit=5)
-            if len(parts) < 6:
-                continue
-            path = parts[5]
-            if path not in wanted:
-                continue
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            self._maps.append(_Mapping(lo, hi, int(parts[2], 16), wanted[path]))
-
-    def locate(self, t: torch.Tensor) -> tuple[str, int] | None:
-        """(file, byte offset) of a contiguous CPU tensor's data, or None when it is not file-backed."""
-        if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
-            return None
-        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
-        for m in self._maps:
-            if m.start <= ptr and ptr + nbytes <= m.end:
-                return m.path, ptr - m.start + m.file_offset
-        return None

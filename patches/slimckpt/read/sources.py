@@ -17,13 +17,11 @@ Every file is read by the one `.pt` reader (`pt_index`, its tensors made by `pt_
 offsets it finds, over a private memory map as `torch.load(mmap=True)` makes): shard bytes stay
 file-backed (page cache), never a whole rank file in anonymous memory. The result is one
 `SourceTensor` per state-dict key, in the checkpoint's order, with lazy per-shard views.
-`open_indexed` makes the same of `pt_index.open_index` (the simple kind) without unpickling any
-torch.distributed class: the merge's early writer, once torch is imported.
 """
 
 from __future__ import annotations
 
-# lazy imports: torch.distributed.tensor only once a DTensor is looked at (open_indexed skips it: 0.9 s)
+# lazy imports: torch.distributed.tensor only once a DTensor is looked at (0.9 s)
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +30,7 @@ import torch
 
 from ..format import names
 from ..log import get_logger, quieted
-from . import pt_index, pt_tensors
+from . import pt_tensors
 from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
 from .pickle_policy import PickleRefused
 from .pt_tensors import ShardedTensorState, sharded_tensor_metadata  # noqa: F401 - verify's reader of them
@@ -316,64 +314,3 @@ def _from_sharded_tensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
     if expect != (shape[0] if shape else 1):
         raise CheckpointError(f"{ckpt.local_dir}: shards of {key!r} cover {expect} of {shape[0]} rows")
     return SourceTensor(key, shape, pieces[0].dtype, 0, pieces, ranks)
-
-
-def open_indexed(local_dir: str) -> VerlFsdpCheckpoint | None:
-    """The checkpoint as `open_checkpoint` reads it, made from `pt_index.open_index` (no
-    torch.distributed class unpickled: 0.9 s sooner), when it is the simple kind; else None."""
-    index = pt_index.open_index(local_dir)
-    if index is None:
-        return None
-    maps: dict[str, Any] = {}
-    tensors: dict[str, SourceTensor] = {}
-    try:
-        for key, it in index.tensors.items():
-            dtype = getattr(torch, it.dtype.removeprefix("torch."))
-            pieces = []
-            for p in it.pieces:
-                if p.path not in maps:
-                    maps[p.path] = pt_tensors.mapping(p.path)
-                pieces.append(pt_tensors.tensor_at(maps[p.path], p.offset, dtype, p.shape, p.stride))
-            st = SourceTensor(
-                key, it.shape, dtype, it.shard_dim, pieces, list(it.ranks), replicated_dtensor=it.replicated_dtensor
-            )
-            st.local_dir, st.world_size = index.local_dir, index.world_size
-            tensors[key] = st
-    except (OSError, ValueError, RuntimeError):  # changed since it was indexed: the full reader reports it
-        return None
-    return VerlFsdpCheckpoint(
-        local_dir=index.local_dir,
-        world_size=index.world_size,
-        fsdp_version=index.fsdp_version,
-        state_dicts=[],
-        tensors=tensors,
-        mesh=None,
-    )
-
-
-def signature(ckpt: VerlFsdpCheckpoint, name_map: dict[str, str]) -> list[tuple]:
-    """What the merge's bytes depend on, per output tensor: source shape, dtype, sharding, ranks, and
-    where each piece sits in which file. Equal signatures write equal bytes (`pt_index.signature`
-    makes the same list from the index alone)."""
-    paths = sorted({st.file_of(k) for st in ckpt.tensors.values() for k in range(len(st.pieces))})
-    files = pt_tensors.MappedFiles(paths)
-    out = []
-    for new, old in name_map.items():
-        st = ckpt.tensors[old]
-        pieces = []
-        for p in st.pieces:
-            where = files.locate(p)
-            pieces.append((where, tuple(p.shape), tuple(p.stride()), str(p.dtype)))
-        out.append(
-            (
-                new,
-                old,
-                tuple(st.shape),
-                str(st.dtype),
-                st.shard_dim,
-                tuple(st.ranks),
-                st.replicated_dtensor,
-                tuple(pieces),
-            )
-        )
-    return out

@@ -1,0 +1,43 @@
+"""The scale bench's I/O floor and what the disk allows when a merge reads and writes at once."""
+
+from __future__ import annotations
+
+from scripts.bench import scale
+
+
+def test_the_section_says_what_reading_and_writing_at_once_allows():
+    """The floor adds a read and a write each at its best; the disk's speed doing both at once, as
+    the merge does, is shown beside it, from the run's own measurements."""
+    gb = scale.GB
+    result = {
+        "rows": [{"tool": scale.SINGLE, "walls": [60.0, 64.0, 70.0], "read_bytes": 32 * gb, "written_bytes": 16 * gb}],
+        "disk_measurements": [{"mixed_bytes_per_s": 0.6 * gb}, {"mixed_bytes_per_s": 0.8 * gb}, {}],
+    }
+    result["rows"][0]["io_floor_s"] = 40.0
+    words = scale._mixed_words(result)
+    assert "0.60-0.80 GB/s combined" in words and "48.0 GB" in words
+    assert "take 60 s, 1.50x the I/O floor" in words and "took 64 s (median)" in words
+    assert scale._mixed_words({**result, "disk_measurements": [{}]}) == ""
+
+
+def test_the_floor_takes_the_faster_path_of_each_direction_over_the_run():
+    """The merge reads through the page cache: a floor from O_DIRECT alone (one request at a time)
+    would be easy to beat, so each direction's floor is its faster path at its best in the run."""
+    gb = scale.GB
+
+    def disk(buffered_read, direct_read, buffered_write, direct_write):
+        return {
+            "write_bytes_per_s": max(buffered_write, direct_write) * gb,
+            "read_bytes_per_s": max(buffered_read, direct_read) * gb,
+            "size_bytes": 2**30,
+            "buffered_write_bytes_per_s": buffered_write * gb,
+            "buffered_read_bytes_per_s": buffered_read * gb,
+            "direct_write_bytes_per_s": direct_write * gb,
+            "direct_read_bytes_per_s": direct_read * gb,
+        }
+
+    row = {"tool": scale.SINGLE, "walls": [50.0], "read_bytes": 32 * gb, "written_bytes": 16 * gb}
+    result = {"disk_measurements": [disk(3.2, 1.0, 0.5, 0.6), disk(2.5, 1.1, 0.8, 0.4)], "rows": [row]}
+    scale.refloor(result)
+    assert abs(row["io_floor_s"] - (32 / 3.2 + 16 / 0.8)) < 1e-9
+    assert result["floor"] == scale.FLOOR
