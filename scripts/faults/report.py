@@ -406,7 +406,8 @@ def render_report(
         )
         lines += [
             f"The whole `make faults` took {total:.1f} min here (SIGKILL campaign "
-            f"{sigkill.get('seconds', 0) / 60:.1f} min, the other two {side_s / 60:.1f} min), on "
+            f"{sigkill.get('seconds', 0) / 60:.1f} min, the {len(side_runs)} campaigns beside it "
+            f"{side_s / 60:.1f} min), on "
             f"{sigkill.get('machine', {}).get('cpus', '?')} cores ({load_text}).",
             "",
         ]
