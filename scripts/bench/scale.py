@@ -222,12 +222,88 @@ def merge_runs(ckpt: Path, work: Path, repeats: int, workers: int) -> dict[str, 
     return rows
 
 
+def merge_as_typed(ckpt: Path, target: Path) -> list[str]:
+    """`slimckpt merge` as a user types it again after a failure: no --overwrite."""
+    return [sys.executable, "-m", "slimckpt.cli", "merge", "--local_dir", str(ckpt), "--target_dir", str(target)]
+
+
+def verify_target(target: Path) -> dict:
+    res = subprocess.run(
+        [sys.executable, "-m", "slimckpt.cli", "verify", "--no_progress", str(target)],
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+    )
+    said = (res.stdout + res.stderr).replace(str(target), "<target>").strip().splitlines()
+    return {"returncode": res.returncode, "said": said[-1][:300] if said else ""}
+
+
+def killed_midway(ckpt: Path, work: Path, at_s: float) -> dict:
+    """`slimckpt merge` SIGKILLed `at_s` into its run, as a job killed mid-merge: what it left where
+    its output goes, what `slimckpt verify` says of that, then the same command again over it."""
+    target = work / "merged"
+    partial = Path(f"{target}.partial")
+    clean(target)
+    os.sync()
+    evict_from_page_cache([str(p) for p in shard_files(ckpt)])
+    command = [*merge_as_typed(ckpt, target), "--no_progress"]
+    killed = run_capped(command, ENV, cap=1 << 62, kill_after_s=at_s)
+    left = sorted(p for p in partial.rglob("*") if p.is_file()) if partial.exists() else []
+    found = {
+        "kill_after_s": at_s,
+        "killed": killed["killed"],
+        "killed_at_s": killed["killed_at_s"],
+        "returncode": killed["returncode"],
+        "target_exists": target.exists(),
+        "partial_files": len(left),
+        "partial_bytes": sum(p.stat().st_size for p in left),
+        "partial_manifest": (partial / "manifest.json").exists(),
+        "verify_after_kill": verify_target(target),
+    }
+    again = run_measured(command, env=ENV)
+    found.update(
+        rerun_returncode=again.returncode,
+        rerun_wall_s=again.wall_s,
+        rerun_tail=again.output[-500:] if again.returncode else "",
+        partial_after_rerun=partial.exists(),
+        verify_after_rerun=verify_target(target),
+    )
+    clean(target)
+    return found
+
+
+def left_looks_incomplete(found: dict) -> bool:
+    """Nothing a user or a loader would take for a finished merge: no output dir, no manifest in the
+    partial one, and `slimckpt verify` refusing the output path."""
+    return (
+        found["killed"]
+        and not found["target_exists"]
+        and not found["partial_manifest"]
+        and found["verify_after_kill"]["returncode"] != 0
+    )
+
+
+def rerun_recovers(found: dict) -> bool:
+    return (
+        found["rerun_returncode"] == 0
+        and not found["partial_after_rerun"]
+        and found["verify_after_rerun"]["returncode"] == 0
+    )
+
+
 def run_capped(
-    cmd: list[str], env: dict, cap: int, interval_s: float = 0.02, timeline_s: float = 0.5, cwd: Path | None = None
+    cmd: list[str],
+    env: dict,
+    cap: int,
+    interval_s: float = 0.02,
+    timeline_s: float = 0.5,
+    cwd: Path | None = None,
+    kill_after_s: float | None = None,
 ) -> dict:
-    """`cmd`, its process group killed (SIGKILL) once its tree's summed RssAnon passes `cap`.
-    Returns wall, peak, whether and when it was killed, what it had read and printed by then, and the
-    tree's RssAnon every `timeline_s` (seconds since `started_at`, a time.time())."""
+    """`cmd`, its process group killed (SIGKILL) once its tree's summed RssAnon passes `cap`, or once
+    it has run `kill_after_s`. Returns wall, peak, whether, when and why it was killed, what it had
+    read and printed by then, and the tree's RssAnon every `timeline_s` (seconds since `started_at`,
+    a time.time())."""
     import psutil
 
     started_at, start = time.time(), time.perf_counter()
@@ -244,7 +320,7 @@ def run_capped(
     # process outside the killed group keeps the pipe open past the join below
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read1(4096), b"")), daemon=True)
     reader.start()
-    peak, killed_at, read_bytes, timeline = 0, None, 0, []
+    peak, killed_at, kill_reason, read_bytes, timeline = 0, None, None, 0, []
     root = psutil.Process(proc.pid)
     seen: dict[int, psutil.Process] = {}
     while proc.poll() is None:
@@ -261,8 +337,9 @@ def run_capped(
             pass
         if not timeline or time.perf_counter() - start - timeline[-1][0] >= timeline_s:
             timeline.append((round(time.perf_counter() - start, 2), now))
-        if now > cap:
-            killed_at = time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        if now > cap or (kill_after_s is not None and elapsed >= kill_after_s):
+            killed_at, kill_reason = elapsed, "memory" if now > cap else "time"
             os.killpg(proc.pid, signal.SIGKILL)
             break
         time.sleep(interval_s)
@@ -280,6 +357,7 @@ def run_capped(
         "peak_rss_anon": peak,
         "killed": killed_at is not None,
         "killed_at_s": killed_at,
+        "kill_reason": kill_reason,
         "returncode": proc.returncode,
         "read_bytes": read_bytes,
         "shards_loaded": int(loaded[-1][1]) if loaded else 0,
@@ -385,6 +463,12 @@ def measure(args: argparse.Namespace) -> dict:
         disks = [measure_disk_speed(str(work))]
         print(f"[bench-scale] disk: {disks[-1].describe()}", flush=True)
         rows = merge_runs(ckpt, work, args.repeats, args.workers)
+        midway = killed_midway(ckpt, work, median(rows[SINGLE]["walls"]) / 2)
+        print(
+            f"[bench-scale] merge killed at {midway['killed_at_s'] or 0:.0f} s: left incomplete "
+            f"{left_looks_incomplete(midway)}, merged again {rerun_recovers(midway)}",
+            flush=True,
+        )
         disks.append(measure_disk_speed(str(work)))
         print(f"[bench-scale] disk: {disks[-1].describe()}", flush=True)
         target = work / "verl_merged"
@@ -421,6 +505,7 @@ def measure(args: argparse.Namespace) -> dict:
             "rows": list(rows.values()),
             "verl": verl,
             "verl_reference": reference,
+            "killed_midway": midway,
         }
     )
 
@@ -563,6 +648,23 @@ def targets(result: dict) -> str:
                 f"{check.get('tensors', 0)} tensors, {check.get('elements', 0) / 1e9:.2f}B elements",
             )
         )
+    midway = result.get("killed_midway")
+    if midway:
+        checks.append(
+            (
+                f"{SINGLE} killed midway: leaves nothing that looks complete",
+                left_looks_incomplete(midway),
+                f"killed at {midway['killed_at_s'] or 0:.0f} s; `slimckpt verify` exit "
+                f"{midway['verify_after_kill']['returncode']}",
+            )
+        )
+        checks.append(
+            (
+                f"{SINGLE} killed midway: the same command again finishes and verifies",
+                rerun_recovers(midway),
+                f"{midway['rerun_wall_s']:.0f} s, `slimckpt verify` exit {midway['verify_after_rerun']['returncode']}",
+            )
+        )
     lines = ["| target | met | measured |", "|---|---|---|"]
     lines += [f"| {name} | {'yes' if ok else '**no**'} | {value} |" for name, ok, value in checks]
     return "\n".join(lines)
@@ -606,7 +708,7 @@ run's output).
 {_wrap(verl_words(result))}
 The cap stands for this host's memory: {result["verl_cap"] / GiB:.1f} GiB{cap_words}; the documented default
 (`--verl-cap-gib`) is 18 GiB.
-
+{_midway_words(result)}
 {targets(result)}
 {_note(result)}{END}
 """
@@ -626,6 +728,38 @@ def _mixed_words(result: dict) -> str:
         f" combined: the merge's {moved / GB:.1f} GB of reads and writes at the best of those take"
         f" {at_best:.0f} s, {at_best / single['io_floor_s']:.2f}x the I/O floor, where {SINGLE} took"
         f" {median(single['walls']):.0f} s (median)."
+    )
+
+
+def _midway_words(result: dict) -> str:
+    """What a merge killed midway left: nothing when an earlier run did not try it."""
+    m = result.get("killed_midway")
+    if not m:
+        return ""
+    if not m["killed"]:
+        return f"\nThe merge meant to be killed {m['kill_after_s']:.0f} s in finished before that.\n"
+    target, partial = "`<target>`", "`<target>.partial/`"
+    left = (
+        f"{partial} with {m['partial_files']} files ({m['partial_bytes'] / GB:.1f} GB) "
+        + ("and a manifest" if m["partial_manifest"] else "and no manifest")
+        if m["partial_files"]
+        else f"no {partial}"
+    )
+    target_words = f"{target} exists" if m["target_exists"] else f"no {target}"
+    again = (
+        f"The same command run again (no `--overwrite`) took {m['rerun_wall_s']:.0f} s, "
+        + ("left no partial dir" if not m["partial_after_rerun"] else f"left {partial} behind")
+        + f", and `slimckpt verify` of its output exited {m['verify_after_rerun']['returncode']}."
+    )
+    said = m["verify_after_kill"]["said"].replace("`", "'")
+    return (
+        "\n"
+        + _wrap(
+            f"A merge killed midway: `{SINGLE}` SIGKILLed {m['killed_at_s']:.0f} s into its run (half its median "
+            f"wall) left {target_words} and {left}; `slimckpt verify <target>` exited "
+            f'{m["verify_after_kill"]["returncode"]} ("{said}"). {again}'
+        )
+        + "\n"
     )
 
 

@@ -94,3 +94,44 @@ def test_committed_section_and_headline_are_the_committed_json_rendered(tmp_path
     for row in result["rows"]:
         ratio = scale.floor_ratio(scale.median(row["walls"]), row["io_floor_s"])
         assert f"| {ratio} |" in section
+
+
+def test_a_merge_killed_midway_leaves_nothing_complete_and_the_same_command_recovers(tmp_path):
+    scale = _load("scale")
+    ckpt = tmp_path / "ckpt" / "actor"
+    scale.build("tiny", 2, ckpt)
+    # killed while it imports: the earliest a user's kill can land; the SIGKILL campaign kills merges
+    # at random moments of their writes (RELIABILITY.md), the scale bench halfway through an 8B one
+    found = scale.killed_midway(ckpt, tmp_path, 0.5)
+    assert found["killed"] and found["returncode"] == -9, found
+    assert scale.left_looks_incomplete(found), found
+    assert found["verify_after_kill"]["said"], found
+    assert scale.rerun_recovers(found), found
+    assert not (tmp_path / "merged").exists()  # cleaned up after itself
+
+
+def test_the_killed_merge_is_reported_and_a_complete_looking_leftover_fails_its_target():
+    scale = _load("scale")
+    result = json.loads((REPO / "docs" / "bench_scale.json").read_text())
+    found = {
+        "kill_after_s": 23.0,
+        "killed": True,
+        "killed_at_s": 23.0,
+        "returncode": -9,
+        "target_exists": False,
+        "partial_files": 3,
+        "partial_bytes": 7 * 10**9,
+        "partial_manifest": False,
+        "verify_after_kill": {"returncode": 1, "said": "no checkpoint at merged"},
+        "rerun_returncode": 0,
+        "rerun_wall_s": 48.0,
+        "rerun_tail": "",
+        "partial_after_rerun": False,
+        "verify_after_rerun": {"returncode": 0, "said": "ok"},
+    }
+    section = scale.render_section({**result, "killed_midway": found})
+    assert "SIGKILLed 23 s into its run" in section and "7.0 GB" in section
+    assert "| slimckpt merge killed midway: leaves nothing that looks complete | yes |" in section
+    assert "| slimckpt merge killed midway: the same command again finishes and verifies | yes |" in section
+    bad = scale.render_section({**result, "killed_midway": {**found, "target_exists": True}})
+    assert "| slimckpt merge killed midway: leaves nothing that looks complete | **no** |" in bad
