@@ -465,6 +465,9 @@ def summarise(size: str, mode: str, ranks: list[dict]) -> dict:
         "export_hf": ranks[0]["export_hf"],
         "peak_extra_per_rank": extra,
         "peak_extra": max(extra),
+        # one save in a fresh process, what `slimckpt plan` predicts; the later saves' peaks also
+        # carry what the allocator kept of the earlier ones (verl's hf_model save: ~0.1-1.6 GiB)
+        "first_save_extra_per_rank": [r["saves"][0]["peak"] - r["saves"][0]["level_before"] for r in ranks],
         "wall_s": statistics.median(max(r["saves"][i]["wall_s"] for r in ranks) for i in range(len(saves0))),
         "blocking_s": statistics.median(max(r["saves"][i]["blocking_s"] for r in ranks) for i in range(len(saves0))),
         "walls": [max(r["saves"][i]["wall_s"] for r in ranks) for i in range(len(saves0))],

@@ -256,6 +256,7 @@ def summarise(preset: str, mode: str, got: dict, events: dict[str, float], ranks
     row.update(
         params=ranks[0]["params"],
         save_extra_per_rank=[max(s["peak"] for s in r["saves"]) - r["saves"][0]["level_before"] for r in ranks],
+        first_save_extra_per_rank=[r["saves"][0]["peak"] - r["saves"][0]["level_before"] for r in ranks],
         walls=[max(s["wall_s"] for s in per_rank) for per_rank in saves],
         blockings=[max(s["blocking_s"] for s in per_rank) for per_rank in saves],
         bytes_on_disk=ranks[0]["saves"][0]["bytes_on_disk"],
