@@ -3,6 +3,7 @@
 
   python -m scripts.bench.plan_check                         # print the table (docs/bench_save.json's saves)
   python -m scripts.bench.plan_check --out docs/plan_check.md   # write it into that file's marked section
+                                                             # and README's plan-headline rows
   python -m scripts.bench.plan_check --json docs/bench_save.json --world-size 2
 
 Every committed save of scripts/bench/save.py (a Llama preset of slimckpt.testing.fsdp_checkpoint,
@@ -36,6 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- plan-check:begin -->", "<!-- plan-check:end -->"
+HEADLINE = ("<!-- plan-headline:begin -->", "<!-- plan-headline:end -->")
 BYTES_TOLERANCE = 0.001
 MEMORY_TOLERANCE = 0.15
 MEMORY_SLACK = 64 * 2**20
@@ -210,11 +212,40 @@ def table(found: list[Point], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(section: str, path: Path) -> None:
+def headline(found: list[Point]) -> str:
+    """README's rows: verl's hf_model save of the largest model of `make bench`, and ours of the largest
+    model of `make bench-train-scale`, planned next to measured."""
+    bench = [p for p in found if "make bench-train-scale" not in p.note]
+    top = max(p.params for p in bench)
+    picked = [p for p in bench if p.params == top and p.mode == "verl"]
+    train = [p for p in found if "make bench-train-scale" in p.note and p.mode == "incremental"]
+    agree = sum(p.bytes_ok and p.host_ok for p in found)
+    lines = [
+        HEADLINE[0],
+        f"| `slimckpt plan --device cpu` against a save measured on CPU ({agree} of {len(found)} agree: "
+        "[docs/plan_check.md](docs/plan_check.md); on a GPU the plan adds the copies to host) "
+        "| bytes written, planned / measured "
+        "| rank 0's extra host memory, planned / measured |",
+        "|---|---|---|",
+    ]
+    for p in picked + train:
+        what = f"{p.params / 1e9:.2f}B, {MODE_LABEL.get(p.mode, p.mode)}" + (
+            ", model and extra state" if p in train else ", model, optimizer and extra state"
+        )
+        lines.append(
+            f"| {what} | {p.planned_bytes / 1e9:.2f} / {p.measured_bytes / 1e9:.2f} GB "
+            f"| {p.planned_host / MiB:,.0f} / {p.measured_host / MiB:,.0f} MiB |"
+        )
+    lines.append(HEADLINE[1])
+    return "\n".join(lines) + "\n"
+
+
+def write_section(section: str, path: Path, markers: tuple[str, str] = (BEGIN, END)) -> None:
+    begin, end = markers
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
     else:
         text = (text.rstrip("\n") + "\n\n" if text else "") + section
     path.write_text(text)
@@ -238,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     section = table(found, bench.get("meta", {}))
     if args.out:
         write_section(section, Path(args.out))
+        readme = REPO / "README.md"
+        if HEADLINE[0] not in readme.read_text():
+            sys.exit(f"{readme}: no {HEADLINE[0]} line; put the two plan-headline markers where the rows go")
+        write_section(headline(found), readme, HEADLINE)
     print(section, end="")
     return 0 if all(pt.bytes_ok and pt.host_ok for pt in found) else 1
 

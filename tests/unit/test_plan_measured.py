@@ -52,6 +52,13 @@ def test_the_committed_table_is_what_the_plan_says_now(check, found):
     )
 
 
+def test_readme_shows_the_plan_next_to_the_largest_measured_saves(check, found):
+    _, points = found
+    rows = check.headline(points)
+    assert rows in (REPO / "README.md").read_text(), "run: python -m scripts.bench.plan_check --out docs/plan_check.md"
+    assert rows.count("\n| ") == 3 and "3.61B" in rows and "verl 0.9.1" in rows
+
+
 def test_cpu_and_accelerator_differ_only_where_a_copy_to_host_is_made():
     params = [cost.ParamSpec("embed", (1000, 64)), cost.ParamSpec("w", (64, 64))]
     largest = cost.largest_shard_bytes(params, 2, 0)
