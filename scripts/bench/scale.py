@@ -12,7 +12,8 @@ FSDPCheckpointManager, so no process ever holds the model. Then, in the same run
   slimckpt merge, and torchrun --nproc_per_node 2 ... --distributed_merge: peak anonymous RSS
     (sampled from outside), wall, and wall over the I/O floor (bytes read / read bandwidth + bytes
     written / write bandwidth, the bandwidths measured in this run), --repeats runs each, turn by
-    turn; each output checked tensor for tensor against the shards (slimckpt.testing.merge_check).
+    turn; each output checked tensor for tensor against the shards (slimckpt.testing.merge_check);
+    the single merge's writer also reports where its time went (SLIMCKPT_MERGE_STATS).
   verl's merger (SLIMCKPT_DISABLE=1) under a memory cap: its process tree is killed when its
     anonymous RSS passes --verl-cap-gib, as the OOM killer would; the report says how far it got
     and what it would have needed, from verl's own peak per byte of shards on a smaller checkpoint
@@ -44,6 +45,7 @@ from scripts.bench.save import machine_line, mem_available, write_section
 from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed  # noqa: E402
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured  # noqa: E402
 from slimckpt.observe.memory import rss_anon_bytes  # noqa: E402
+from slimckpt.write.writer_stats import STATS_ENV, WriterStats  # noqa: E402
 
 # lazy imports: psutil loads where a capped merge is watched
 
@@ -186,9 +188,12 @@ def _new_row(tool: str) -> dict:
 
 
 def merge_runs(ckpt: Path, work: Path, repeats: int, workers: int) -> dict[str, dict]:
-    """The single and the distributed merge, taking turns run after run (a slow minute falls on both)."""
+    """The single and the distributed merge, taking turns run after run (a slow minute falls on both).
+    The single merge also records where its writer's time went (slimckpt.write.writer_stats)."""
     inputs = [str(p) for p in shard_files(ckpt)]
     rows = {t: _new_row(t) for t in (SINGLE, DISTRIBUTED)}
+    rows[SINGLE]["writer_stats"] = []
+    stats_file = work / "writer_stats.json"
     for i in range(repeats):
         for row in rows.values():
             tool = row["tool"]
@@ -198,10 +203,14 @@ def merge_runs(ckpt: Path, work: Path, repeats: int, workers: int) -> dict[str, 
             evict_from_page_cache(inputs)
             row["loads"].append(round(os.getloadavg()[0], 2))
             row["turns"].append(i)
-            res = run_measured(merge_command(tool, ckpt, target, workers), env=ENV)
+            stats_file.unlink(missing_ok=True)
+            env = {**ENV, STATS_ENV: str(stats_file)} if tool == SINGLE else ENV
+            res = run_measured(merge_command(tool, ckpt, target, workers), env=env)
             files = list(target.glob("*.safetensors"))
             if res.returncode != 0 or not files:
                 raise SystemExit(f"[bench-scale] {tool} failed (exit {res.returncode}):\n{res.output[-3000:]}")
+            if tool == SINGLE and stats_file.exists():
+                row["writer_stats"].append(json.loads(stats_file.read_text()))
             row["written_bytes"] = sum(f.stat().st_size for f in files)
             row["walls"].append(res.wall_s)
             # one process's merge: its process tree, shared pages once; torchrun's: each rank's
@@ -219,6 +228,7 @@ def merge_runs(ckpt: Path, work: Path, repeats: int, workers: int) -> dict[str, 
             if i == repeats - 1:
                 row["check"] = check_output(ckpt, target)
             clean(target)
+    stats_file.unlink(missing_ok=True)
     return rows
 
 
@@ -697,7 +707,7 @@ was {built["peak_rss_anon"] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is 
 rank, its launcher left out, and {max(dist["tree_peaks"]) / MiB:,.0f} MiB for the whole torchrun tree).
 The I/O floor is {built["shard_bytes"] / GB:.1f} GB read at {read_speed / GB:.2f} GB/s plus the
 output written at {write_speed / GB:.2f} GB/s: {result["floor"]}, at its best over the
-run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {"; ".join(d.describe() for d in disks)}).{_mixed_words(result)} Each output was checked tensor for
+run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {"; ".join(d.describe() for d in disks)}).{_mixed_words(result)}{_writer_words(result)} Each output was checked tensor for
 tensor against the shards, one tensor at a time (`python -m slimckpt.testing.merge_check`, with the last
 run's output).
 
@@ -728,6 +738,28 @@ def _mixed_words(result: dict) -> str:
         f" combined: the merge's {moved / GB:.1f} GB of reads and writes at the best of those take"
         f" {at_best:.0f} s, {at_best / single['io_floor_s']:.2f}x the I/O floor, where {SINGLE} took"
         f" {median(single['walls']):.0f} s (median)."
+    )
+
+
+def _writer_words(result: dict) -> str:
+    """Where the single merge's wall went, from its writer's own timings: the casts (one thread, the
+    reads of the rank files being its page faults) against a cold read alone in the same run, the last
+    writes and fsyncs, and what is neither (starting Python, the imports, the plan, the commit)."""
+    single = next((r for r in result["rows"] if r["tool"] == SINGLE), None)
+    runs = [WriterStats.from_dict(d) for d in (single or {}).get("writer_stats", [])]
+    if not runs or len(runs) != len(single["walls"]):
+        return ""
+    read = single["read_bytes"]
+    cold = max(d["buffered_read_bytes_per_s"] for d in result["disk_measurements"])
+    outside = [wall - w.wall_s for wall, w in zip(single["walls"], runs)]
+    return (
+        f" Where {SINGLE}'s wall went (its writer's timings, `SLIMCKPT_MERGE_STATS`): the writer ran"
+        f" {_span([w.wall_s for w in runs], '.1f')} s of it; casting to the output dtype on one thread, the reads"
+        f" of the rank files being its page faults, took {_span([w.cast_s for w in runs], '.1f')} s"
+        f" ({_span([read / w.cast_s / GB for w in runs], '.2f')} GB/s of rank files, where a cold read alone"
+        f" moved {cold / GB:.2f} GB/s at best), the writes overlapping it; the last writes and fsyncs after the"
+        f" last chunk {_span([w.close_s for w in runs], '.1f')} s; starting Python, importing torch and"
+        f" transformers, planning and the commit the other {_span(outside, '.1f')} s."
     )
 
 

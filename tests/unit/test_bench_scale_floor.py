@@ -41,3 +41,22 @@ def test_the_floor_takes_the_faster_path_of_each_direction_over_the_run():
     scale.refloor(result)
     assert abs(row["io_floor_s"] - (32 / 3.2 + 16 / 0.8)) < 1e-9
     assert result["floor"] == scale.FLOOR
+
+
+def test_the_section_says_where_the_single_merges_wall_went():
+    """The writer's own timings split the wall: casting (with its page-fault reads) against a cold read
+    alone in the same run, the last writes and fsyncs, and the rest (Python, imports, plan, commit)."""
+    gb = scale.GB
+    stats = [{"wall_s": 28.0, "cast_s": 21.4, "close_s": 0.5}, {"wall_s": 30.0, "cast_s": 23.3, "close_s": 0.8}]
+    row = {"tool": scale.SINGLE, "walls": [34.0, 35.0], "read_bytes": 32.1 * gb, "writer_stats": stats}
+    result = {
+        "rows": [row],
+        "disk_measurements": [{"buffered_read_bytes_per_s": 2.2 * gb}, {"buffered_read_bytes_per_s": 2.5 * gb}],
+    }
+    words = scale._writer_words(result)
+    assert "the writer ran 28.0-30.0 s" in words and "took 21.4-23.3 s (1.38-1.50 GB/s of rank files" in words
+    assert "moved 2.50 GB/s at best" in words and "after the last chunk 0.5-0.8 s" in words
+    assert "the other 5.0-6.0 s" in words
+    # a run that did not record them (an older JSON), or recorded fewer than it ran, says nothing
+    assert scale._writer_words({**result, "rows": [{**row, "writer_stats": []}]}) == ""
+    assert scale._writer_words({**result, "rows": [{**row, "writer_stats": stats[:1]}]}) == ""
