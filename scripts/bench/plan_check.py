@@ -33,6 +33,8 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from scripts.bench.save import write_section  # one way to replace a marked section of a report
+
 # lazy imports: slimckpt's planner and the model builder (torch) load when the table is computed, not for --help
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,17 +242,6 @@ def headline(found: list[Point]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(section: str, path: Path, markers: tuple[str, str] = (BEGIN, END)) -> None:
-    begin, end = markers
-    text = path.read_text() if path.exists() else ""
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
-    else:
-        text = (text.rstrip("\n") + "\n\n" if text else "") + section
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default=str(REPO / "docs" / "bench_save.json"), help="scripts/bench/save.py's results")
@@ -272,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         readme = REPO / "README.md"
         if HEADLINE[0] not in readme.read_text():
             sys.exit(f"{readme}: no {HEADLINE[0]} line; put the two plan-headline markers where the rows go")
-        write_section(headline(found), readme, HEADLINE)
+        write_section(headline(found), readme)
     print(section, end="")
     return 0 if all(pt.bytes_ok and pt.host_ok for pt in found) else 1
 
