@@ -214,13 +214,13 @@ def table(found: list[Point], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def headline(found: list[Point]) -> str:
-    """README's rows: verl's hf_model save of the largest model of `make bench`, and ours of the largest
-    model of `make bench-train-scale`, planned next to measured."""
-    bench = [p for p in found if "make bench-train-scale" not in p.note]
+def headline(bench: list[Point], train: list[Point]) -> str:
+    """README's rows: verl's hf_model save of the largest model `make bench` measured (`bench`), and ours
+    of the largest `make bench-train-scale` measured (`train`), planned next to measured."""
+    found = bench + train
     top = max(p.params for p in bench)
-    picked = [p for p in bench if p.params == top and p.mode == "verl"]
-    train = [p for p in found if "make bench-train-scale" in p.note and p.mode == "incremental"]
+    shown = [(p, "model, optimizer and extra state") for p in bench if p.params == top and p.mode == "verl"]
+    shown += [(p, "model and extra state") for p in train if p.mode == "incremental"]
     agree = sum(p.bytes_ok and p.host_ok for p in found)
     lines = [
         HEADLINE[0],
@@ -230,12 +230,9 @@ def headline(found: list[Point]) -> str:
         "| rank 0's extra host memory, planned / measured |",
         "|---|---|---|",
     ]
-    for p in picked + train:
-        what = f"{p.params / 1e9:.2f}B, {MODE_LABEL.get(p.mode, p.mode)}" + (
-            ", model and extra state" if p in train else ", model, optimizer and extra state"
-        )
+    for p, contents in shown:
         lines.append(
-            f"| {what} | {p.planned_bytes / 1e9:.2f} / {p.measured_bytes / 1e9:.2f} GB "
+            f"| {p.params / 1e9:.2f}B, {MODE_LABEL.get(p.mode, p.mode)}, {contents} | {p.planned_bytes / 1e9:.2f} / {p.measured_bytes / 1e9:.2f} GB "
             f"| {p.planned_host / MiB:,.0f} / {p.measured_host / MiB:,.0f} MiB |"
         )
     lines.append(HEADLINE[1])
@@ -254,16 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     bench = json.loads(Path(args.json).read_text())
-    found = points(bench, args.world_size)
+    ours = points(bench, args.world_size)
+    train = []
     if args.train_json and Path(args.train_json).exists():
-        found += train_points(json.loads(Path(args.train_json).read_text()), args.world_size)
+        train = train_points(json.loads(Path(args.train_json).read_text()), args.world_size)
+    found = ours + train
     section = table(found, bench.get("meta", {}))
     if args.out:
         write_section(section, Path(args.out))
         readme = REPO / "README.md"
         if HEADLINE[0] not in readme.read_text():
             sys.exit(f"{readme}: no {HEADLINE[0]} line; put the two plan-headline markers where the rows go")
-        write_section(headline(found), readme)
+        write_section(headline(ours, train), readme)
     print(section, end="")
     return 0 if all(pt.bytes_ok and pt.host_ok for pt in found) else 1
 
