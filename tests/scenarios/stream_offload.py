@@ -15,7 +15,9 @@ Training runs the engine's order (FSDPEngine.to around the update: reload model 
 step, offload both); the save is FSDPEngine.save_checkpoint (reload the model, save, offload it).
 
 1. equal: a sync save of step 3, then a stream save of it with the writer paused at its second
-   read; the save's offload must leave no device tensor alive; the next update (reload, step,
+   read; the save's offload must leave no device tensor alive but the one the paused read holds
+   (where the writer reached its pause before the offload, DCP's planner looked that tensor up
+   before the read began), and none once the write has ended; the next update (reload, step,
    offload) runs with the writer still paused: its guard copies nothing; then the write ends. Every
    file equals the sync save's; a fresh run loads the stream step: bitwise-equal losses.
 2. held: the writer paused across the reload; the new device parameters are then changed in
@@ -46,7 +48,7 @@ from .stream import PauseAt, _same_step
 # lazy imports: verl's engine and slimckpt's stream capture load inside a phase, after the device double is installed
 
 MANIFEST = "slimckpt_resume.json"
-DEVICE_STORAGES: list = []  # weak references to the storage of each tensor the last reload made
+DEVICE_STORAGES: dict = {}  # name -> weak reference to the storage of each tensor the last reload made
 
 
 def _move(t: torch.Tensor) -> torch.Tensor:
@@ -57,10 +59,11 @@ def _reload_model(model, *_):
     from torch.multiprocessing.reductions import StorageWeakRef
 
     model._apply(_move)
-    DEVICE_STORAGES[:] = [
-        StorageWeakRef(getattr(t, "_local_tensor", t).untyped_storage())
-        for t in [*model.parameters(), *model.buffers()]
-    ]
+    DEVICE_STORAGES.clear()
+    DEVICE_STORAGES.update(
+        (name, StorageWeakRef(getattr(t, "_local_tensor", t).untyped_storage()))
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+    )
 
 
 def _offload_optimizer(optimizer):
@@ -165,13 +168,15 @@ def phase_equal(run, d: str, result: dict) -> list[float]:
     stream, pause = _paused_stream_save(run, os.path.join(d, "stream"), rs.SAVE_STEP)
     capture = writer_for(run.manager).capture
     gc.collect()
-    device_alive = sum(not w.expired() for w in DEVICE_STORAGES)
+    saved_on_device = dict(DEVICE_STORAGES)  # the next update's reload replaces DEVICE_STORAGES
+    device_alive = sorted(name for name, w in saved_on_device.items() if not w.expired())
     model_bytes = state_bytes(dict(run.model.named_parameters()))
     followed = capture.followed_bytes
     reference = [update(run)]  # reload (the sources are held), step, offload, with the writer paused
     rank = {
-        "device_tensors": len(DEVICE_STORAGES),
+        "device_tensors": len(saved_on_device),
         "device_alive_after_offload": device_alive,
+        "paused_at": pause.name,
         "model_bytes": model_bytes,
         "followed_bytes": followed,
         "held_bytes": capture.held_bytes,
@@ -181,6 +186,8 @@ def phase_equal(run, d: str, result: dict) -> list[float]:
         "committed_while_paused": os.path.exists(os.path.join(stream, MANIFEST)),
     }
     rank["failure"] = _finish(run, pause)
+    gc.collect()
+    rank["device_alive_after_write"] = sorted(name for name, w in saved_on_device.items() if not w.expired())
     reference += [update(run) for _ in range(rs.STEPS_AFTER - 1)]
     result["equal_ranks"] = _gather(rank)
     if dist.get_rank() == 0:
