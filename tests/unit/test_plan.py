@@ -104,6 +104,36 @@ def test_report_for_a_known_config(tmp_path):
     assert "+recipe=incremental" in out.getvalue() and "model.safetensors" in out.getvalue()
 
 
+def test_verls_hf_model_export_is_timed_as_rank_0_writing_alone(tmp_path):
+    """verl's hf_model export comes after the shards and only rank 0 writes it: at one node's
+    share of the storage (or --writer-gbps), not at the aggregate all ranks get."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+
+    def report(**kw):
+        r = build.build_report(_args(cfg, world_size=32, recipe=["incremental"], disk_gbps=2.0, **kw))
+        return r, {e["strategy"]: e for e in r["estimates"]}
+
+    r, by = report(gpus_per_node=8)
+    verl, ours = by["verl + hf_model"], by["+recipe=incremental"]
+    shards = verl["total_write_bytes"] / 2e9
+    assert r["writer"] == {"gbps": 0.5, "source": "--disk-gbps over 4 nodes"}
+    assert verl["write_seconds"] == pytest.approx(shards + verl["hf_export_bytes"] / 0.5e9)
+    assert ours["write_seconds"] == pytest.approx((ours["total_write_bytes"] + ours["hf_export_bytes"]) / 2e9)
+    assert by["verl default"]["write_seconds"] == pytest.approx(shards)
+    out = io.StringIO()
+    printers.print_report(r, out)
+    assert "verl + hf_model: the export is written by rank 0 alone after the shards, at 0.5 GB/s" in out.getvalue()
+
+    r, by = report(gpus_per_node=8, writer_gbps=0.25)
+    assert r["writer"]["source"] == "--writer-gbps"
+    assert by["verl + hf_model"]["write_seconds"] == pytest.approx(shards + verl["hf_export_bytes"] / 0.25e9)
+    r, by = report(gpus_per_node=32)  # one node: the lone writer is not held below the storage's speed
+    assert by["verl + hf_model"]["write_seconds"] == pytest.approx(shards + verl["hf_export_bytes"] / 2e9)
+    with pytest.raises(ValueError, match="^slimckpt plan: --writer-gbps 0: give a bandwidth above 0 GB/s$"):
+        report(writer_gbps=0.0)
+
+
 def test_tied_embeddings_are_counted_once(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(

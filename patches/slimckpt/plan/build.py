@@ -100,6 +100,7 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
         resolve_auto_budget(s, node["memory_bytes"], node["local_ranks"], node["resident_bytes"]) for s in strategies
     ]
     offload = offload_of(args)
+    writer = writer_bandwidth(args, node["local_ranks"])
     estimates = []
     for s in strategies:
         e = asdict(
@@ -116,6 +117,7 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
                 getattr(args, "copy_gbps", None),
                 offload.actor_kinds,
                 device,
+                writer["gbps"],
             )
         )
         if facts.split_on_save and s.incremental and s.export_hf:
@@ -169,6 +171,7 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
             "bytes": facts.hf_bytes,
         },
         "disk_gbps": args.disk_gbps,
+        "writer": writer,
         "estimates": estimates,
         "critic": with_critic,
         "node": node,
@@ -230,6 +233,22 @@ def node_context(args: argparse.Namespace, params: Sequence[ParamSpec]) -> dict[
         "resident": resident,
         "resident_bytes": sum(resident.values()),
     }
+
+
+def writer_bandwidth(args: argparse.Namespace, local_ranks: int) -> dict[str, Any]:
+    """What one process writing alone gets (rank 0 writing verl's hf_model export): --writer-gbps,
+    else one node's share of --disk-gbps (a lone writer is held to its node's link)."""
+    given = getattr(args, "writer_gbps", None)
+    if given is not None:
+        if given <= 0:
+            raise ValueError(f"slimckpt plan: --writer-gbps {given:g}: give a bandwidth above 0 GB/s")
+        return {"gbps": float(given), "source": "--writer-gbps"}
+    if not args.disk_gbps:
+        return {"gbps": None, "source": None}
+    nodes = -(-args.world_size // max(1, local_ranks))
+    if nodes == 1:
+        return {"gbps": float(args.disk_gbps), "source": "--disk-gbps, one node"}
+    return {"gbps": args.disk_gbps / nodes, "source": f"--disk-gbps over {nodes} nodes"}
 
 
 def rollout_windows(args: argparse.Namespace) -> list[float] | None:

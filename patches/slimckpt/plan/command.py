@@ -76,6 +76,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="aggregate write bandwidth of the checkpoint storage, GB/s (10^9), for the time column",
     )
     p.add_argument(
+        "--writer-gbps",
+        type=float,
+        default=None,
+        help="write bandwidth one process gets writing alone, GB/s: rank 0 writing verl's hf_model export "
+        "(default: --disk-gbps over the number of nodes, --gpus-per-node)",
+    )
+    p.add_argument(
         "--rollout-s",
         default=None,
         metavar="S[,S...]",

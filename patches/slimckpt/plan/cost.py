@@ -180,14 +180,16 @@ def estimate(
     copy_gbps: float | None = None,
     offload: Sequence[str] = (),
     device: str = "accelerator",
+    writer_gbps: float | None = None,
 ) -> Estimate:
     """Bytes, host memory and time of one save with `strategy` at world size `world`, training
     with FSDP `fsdp` (1: verl's strategy=fsdp, its default; 2: strategy=fsdp2) on accelerators, or
     with `device="cpu"` on host memory (verl on CPU): there no save copies a tensor to the host, it
     is there already, so only what a path allocates beside the live tensors counts (hf_model's
     gather, a staging pool, the export's cast chunks). `offload`: what verl offloads between
-    updates ("param", "optimizer"). host_memory_budget_gb must be a number here
-    (resolve_auto_budget)."""
+    updates ("param", "optimizer"). `writer_gbps`: what one process writing alone gets (verl's
+    hf_model export is written by rank 0 only, after the shards); `disk_gbps` when not given.
+    host_memory_budget_gb must be a number here (resolve_auto_budget)."""
     on_cpu = device == "cpu"
     model_r = model_shard_bytes(params, world, 0) if "model" in strategy.contents else 0
     optim_r = optim_shard_bytes(params, world, 0) if "optimizer" in strategy.contents else 0
@@ -289,7 +291,12 @@ def estimate(
         notes.append("HF export (fp32) gathered and written by rank 0")
     seconds = None
     if disk_gbps:
-        seconds = (total + export) / (disk_gbps * 1e9)
+        # verl's hf_model export comes after the shards and only rank 0 writes it; every other
+        # export is written by all ranks at once, each its own part
+        alone = strategy.hf_model and not strategy.incremental
+        seconds = (total + (0 if alone else export)) / (disk_gbps * 1e9)
+        if alone:
+            seconds += export / ((writer_gbps or disk_gbps) * 1e9)
     stream = []
     if strategy.incremental and strategy.async_stream and seconds:
         budget = int(budget_bytes(strategy))

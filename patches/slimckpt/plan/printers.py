@@ -65,6 +65,14 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     for row in [head, ["-" * n for n in widths], *rows]:
         print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
+    writer = r.get("writer") or {}
+    alone = [e["strategy"] for e in r["estimates"] if "hf_model" in e["strategy"] and e["write_seconds"] is not None]
+    if alone and writer.get("gbps"):
+        print(
+            f"time: {', '.join(alone)}: the export is written by rank 0 alone after the shards, at "
+            f"{writer['gbps']:g} GB/s ({writer['source']}; --writer-gbps sets it); the gather before it is not timed",
+            file=out,
+        )
     print("host memory:", file=out)
     for e in r["estimates"]:
         print(f"  {e['strategy']}: {e['host_note']}" + "".join(f"; {n}" for n in e["notes"]), file=out)
