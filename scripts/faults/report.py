@@ -25,7 +25,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The code each row exercises (this module only renders, so it is not in any list; verl is pinned):
 # the SIGKILL campaign's drivers, slimckpt's code, and what each side campaign runs.
 FAULT_SCRIPTS = ("scripts/faults/reliability.py", "scripts/faults/trial.py", "scripts/faults/oracle.py")
-OUR_CODE = ("patches", "recipes")
+# `slimckpt plan` and `slimckpt dryrun` (patches/slimckpt/plan) are arithmetic no campaign runs: a
+# change there leaves every row as measured
+PLAN_CODE = "patches/slimckpt/plan"
+OUR_CODE = ("patches", "recipes", f":(exclude){PLAN_CODE}")
 SIDE_CODE = {
     "corruption_campaign.py": OUR_CODE + ("scripts/faults/corruption.py",),
     # the environment campaign takes its checkpoint builder and its resume scenario from slimckpt.testing (in patches)
@@ -198,7 +201,8 @@ CAUSES = (
 
 def check_words() -> str:
     return (
-        f"slimckpt's rows are checked against HEAD in {', '.join(f'`{p}`' for p in OUR_CODE + FAULT_SCRIPTS)}"
+        f"slimckpt's rows are checked against HEAD in "
+        f"{', '.join(f'`{p}`' for p in OUR_CODE + FAULT_SCRIPTS if not p.startswith(':'))} (but `{PLAN_CODE}`)"
         f"; verl's in the scripts only (verl itself is pinned)"
     )
 

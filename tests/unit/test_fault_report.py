@@ -79,6 +79,17 @@ def test_a_row_older_than_a_change_to_patches_is_stale_and_says_what_changed(scr
     assert "`scripts/faults/trial.py`" in report.staleness({"commit": first}, VERL, str(root)).note
 
 
+def test_a_change_to_the_plan_command_alone_leaves_slimckpts_rows_as_measured(scratch):
+    root, first = scratch
+    _commit(root, {"patches/slimckpt/plan/cost.py": "seconds = 1\n"}, "plan")
+    assert report.staleness({"commit": first, "dirty": False}, SLIM, str(root)) is None
+    _commit(root, {"patches/slimckpt/plan/cost.py": "seconds = 2\n", "patches/slimckpt/a.py": "x = 3\n"}, "both")
+    assert report.staleness({"commit": first, "dirty": False}, SLIM, str(root)).note.endswith(
+        "changed `patches/slimckpt/a.py`"
+    )
+    assert "(but `patches/slimckpt/plan`)" in report.check_words()
+
+
 def test_what_cannot_be_checked_is_flagged_commit_unknown(scratch):
     root, first = scratch
     unknown = [
