@@ -18,7 +18,13 @@ from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
 from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeError, MergeOptions
 
-from ..helpers.merge_helpers import fsdp_checkpoint, full_disk_after_headers, torchrun, verl_merge
+from ..helpers.merge_helpers import (
+    adapter_config_fields,
+    fsdp_checkpoint,
+    full_disk_after_headers,
+    torchrun,
+    verl_merge,
+)
 from ..helpers.slim_logs import lines_of
 
 MODELS = ("llama", "qwen3-moe")
@@ -59,17 +65,26 @@ def ours(local_dir, target, **kw):
 
 
 def tree_bytes(path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(path)): p.read_bytes()
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and p.name != MANIFEST_NAME
-    }
+    """Every file's bytes; adapter_config.json's with target_modules sorted (adapter_config_fields:
+    verl's merger lists them in the order of a set built from another set, which follows
+    PYTHONHASHSEED), once its bytes are checked to be json.dump(..., ensure_ascii=False, indent=4)'s
+    as verl writes them."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        if not p.is_file() or p.name == MANIFEST_NAME:
+            continue
+        raw = p.read_bytes()
+        if p.name == "adapter_config.json":
+            assert raw.decode() == json.dumps(json.loads(raw), ensure_ascii=False, indent=4), p
+            raw = json.dumps(adapter_config_fields(raw), ensure_ascii=False, indent=4).encode()
+        out[str(p.relative_to(path))] = raw
+    return out
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_same_as_verl_merger(lora_ckpts, tmp_path, model, slim_log):
-    """Every file verl's merger writes, byte for byte (adapter_config.json's target_modules come out
-    of a Python set in both: same process, same order), streamed: verl's merger is not run."""
+    """Every file verl's merger writes, byte for byte (adapter_config.json's target_modules in any
+    order: tree_bytes), streamed: verl's merger is not run."""
     ckpt = lora_ckpts / model
     assert verl_merge(ckpt, tmp_path / "verl") is None
     result = ours(ckpt, tmp_path / "ours", chunk_bytes=1000)
