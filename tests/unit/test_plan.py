@@ -116,6 +116,7 @@ def test_verls_hf_model_export_is_timed_as_rank_0_writing_alone(tmp_path):
 
     r, by = report(gpus_per_node=8)
     verl, ours = by["verl + hf_model"], by["+recipe=incremental"]
+    assert verl["export_by_rank0"] and not ours["export_by_rank0"] and not by["verl default"]["export_by_rank0"]
     shards = verl["total_write_bytes"] / 2e9
     assert r["writer"] == {"gbps": 0.5, "source": "--disk-gbps over 4 nodes"}
     assert verl["write_seconds"] == pytest.approx(shards + verl["hf_export_bytes"] / 0.5e9)

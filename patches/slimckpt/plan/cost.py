@@ -153,6 +153,7 @@ class Estimate:
     budget_bytes: int | None = None  # host_memory_budget_gb as resolved for this plan (auto: per node)
     pool_over_budget: bool = False  # async pool mode that saves synchronously
     rank0_only_bytes: int = 0  # of host_peak_bytes, what only rank 0 holds (verl's hf_model gather)
+    export_by_rank0: bool = False  # verl's hf_model: rank 0 alone writes the export, after the shards
 
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "auto": 4}  # auto: fp32 master weights, as verl keeps them
@@ -289,14 +290,13 @@ def estimate(
         notes.append("HF export streamed from the fresh shards by all ranks (bounded chunks)")
     elif strategy.hf_model:
         notes.append("HF export (fp32) gathered and written by rank 0")
+    # verl's hf_model export comes after the shards and only rank 0 writes it; every other export
+    # is written by all ranks at once, each its own part
+    by_rank0 = strategy.hf_model and not strategy.incremental
     seconds = None
     if disk_gbps:
-        # verl's hf_model export comes after the shards and only rank 0 writes it; every other
-        # export is written by all ranks at once, each its own part
-        alone = strategy.hf_model and not strategy.incremental
-        seconds = (total + (0 if alone else export)) / (disk_gbps * 1e9)
-        if alone:
-            seconds += export / ((writer_gbps or disk_gbps) * 1e9)
+        export_gbps = (writer_gbps or disk_gbps) if by_rank0 else disk_gbps
+        seconds = total / (disk_gbps * 1e9) + export / (export_gbps * 1e9)
     stream = []
     if strategy.incremental and strategy.async_stream and seconds:
         budget = int(budget_bytes(strategy))
@@ -332,7 +332,8 @@ def estimate(
         device_extra_bytes(strategy, fsdp, model_r + optim_r),
         budget_b,
         pool_over,
-        full_fp32 if strategy.hf_model and not strategy.incremental else 0,
+        full_fp32 if by_rank0 else 0,
+        by_rank0,
     )
 
 

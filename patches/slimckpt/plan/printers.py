@@ -66,7 +66,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     for row in [head, ["-" * n for n in widths], *rows]:
         print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
     writer = r.get("writer") or {}
-    alone = [e["strategy"] for e in r["estimates"] if "hf_model" in e["strategy"] and e["write_seconds"] is not None]
+    alone = [e["strategy"] for e in r["estimates"] if e["export_by_rank0"] and e["write_seconds"] is not None]
     if alone and writer.get("gbps"):
         print(
             f"time: {', '.join(alone)}: the export is written by rank 0 alone after the shards, at "
