@@ -178,6 +178,17 @@ def full_disk_after_headers(monkeypatch) -> None:
     monkeypatch.setattr(os, "pwrite", pwrite)
 
 
+def tree_bytes(path: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Every file under `path` but slimckpt's merge manifest (and the names in `skip`), by relative path."""
+    from slimckpt.format.merge_manifest import MANIFEST_NAME
+
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(Path(path).rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME and p.name not in skip
+    }
+
+
 def adapter_config_fields(raw: bytes) -> dict:
     """An adapter_config.json's fields, target_modules sorted. verl's merger and peft both pass that
     field through Python sets, whose order follows the string hashes (PYTHONHASHSEED, and on a

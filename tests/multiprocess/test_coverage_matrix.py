@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers.merge_helpers import REPO, run, same_adapter_config, verl_merge
+from ..helpers.merge_helpers import REPO, run, same_adapter_config, tree_bytes, verl_merge
 
 pytestmark = pytest.mark.slow
 
@@ -137,16 +137,6 @@ def save_cell(root: Path, cell: tuple[int, int]) -> tuple[Path, float, str]:
 # re-saves the one it loads from huggingface/ (transformers adds is_local, a normalizer, ...): the
 # export's tokenizer files are not compared with the merger's
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def tree_bytes(path: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
-    from slimckpt.format.merge_manifest import MANIFEST_NAME
-
-    return {
-        str(p.relative_to(path)): p.read_bytes()
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and p.name != MANIFEST_NAME and p.name not in skip
-    }
 
 
 def tree_diff(ours: Path, ref: Path, skip: tuple[str, ...] = ()) -> str | None:

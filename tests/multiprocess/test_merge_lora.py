@@ -23,6 +23,7 @@ from ..helpers.merge_helpers import (
     fsdp_checkpoint,
     full_disk_after_headers,
     torchrun,
+    tree_bytes,
     verl_merge,
 )
 from ..helpers.slim_logs import lines_of
@@ -64,33 +65,29 @@ def ours(local_dir, target, **kw):
     return merge(MergeOptions(local_dir=str(local_dir), target_dir=str(target), progress=False, **kw))
 
 
-def tree_bytes(path) -> dict[str, bytes]:
-    """Every file's bytes; adapter_config.json's with target_modules sorted (adapter_config_fields:
+def comparable_tree(path) -> dict[str, bytes]:
+    """merge_helpers.tree_bytes, adapter_config.json's with target_modules sorted (adapter_config_fields:
     verl's merger lists them in the order of a set built from another set, which follows
     PYTHONHASHSEED), once its bytes are checked to be json.dump(..., ensure_ascii=False, indent=4)'s
     as verl writes them."""
-    out = {}
-    for p in sorted(path.rglob("*")):
-        if not p.is_file() or p.name == MANIFEST_NAME:
-            continue
-        raw = p.read_bytes()
-        if p.name == "adapter_config.json":
-            assert raw.decode() == json.dumps(json.loads(raw), ensure_ascii=False, indent=4), p
-            raw = json.dumps(adapter_config_fields(raw), ensure_ascii=False, indent=4).encode()
-        out[str(p.relative_to(path))] = raw
+    out = tree_bytes(path)
+    for name, raw in out.items():
+        if name.rsplit("/", 1)[-1] == "adapter_config.json":
+            assert raw.decode() == json.dumps(json.loads(raw), ensure_ascii=False, indent=4), name
+            out[name] = json.dumps(adapter_config_fields(raw), ensure_ascii=False, indent=4).encode()
     return out
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_same_as_verl_merger(lora_ckpts, tmp_path, model, slim_log):
     """Every file verl's merger writes, byte for byte (adapter_config.json's target_modules in any
-    order: tree_bytes), streamed: verl's merger is not run."""
+    order: comparable_tree), streamed: verl's merger is not run."""
     ckpt = lora_ckpts / model
     assert verl_merge(ckpt, tmp_path / "verl") is None
     result = ours(ckpt, tmp_path / "ours", chunk_bytes=1000)
     assert not result.used_verl_merger
     assert (tmp_path / "verl" / "lora_adapter" / "adapter_model.safetensors").is_file()
-    assert tree_bytes(tmp_path / "ours") == tree_bytes(tmp_path / "verl")
+    assert comparable_tree(tmp_path / "ours") == comparable_tree(tmp_path / "verl")
     assert verify(str(tmp_path / "ours")) == []
     manifest = json.loads((tmp_path / "ours" / MANIFEST_NAME).read_text())
     assert manifest["info"]["lora_adapter"] == ["lora_adapter/adapter_model.safetensors"]
@@ -161,8 +158,8 @@ def test_distributed_merge_lora(lora_ckpts, tmp_path):
         ],
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len([n for n in tree_bytes(tmp_path / "one") if n.endswith(".safetensors")]) > 2
-    assert tree_bytes(tmp_path / "d") == tree_bytes(tmp_path / "one")
+    assert len([n for n in comparable_tree(tmp_path / "one") if n.endswith(".safetensors")]) > 2
+    assert comparable_tree(tmp_path / "d") == comparable_tree(tmp_path / "one")
 
 
 def test_without_train_meta_rank_and_alpha_are_inferred_as_verl_does(lora_ckpts, tmp_path, slim_log):
@@ -173,7 +170,7 @@ def test_without_train_meta_rank_and_alpha_are_inferred_as_verl_does(lora_ckpts,
     (ckpt / "lora_train_meta.json").unlink()
     assert verl_merge(ckpt, tmp_path / "verl") is None
     ours(ckpt, tmp_path / "ours")
-    assert tree_bytes(tmp_path / "ours") == tree_bytes(tmp_path / "verl")
+    assert comparable_tree(tmp_path / "ours") == comparable_tree(tmp_path / "verl")
     config = json.loads((tmp_path / "ours" / "lora_adapter" / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"]) == (4, 0)
     lines = [line for line in slim_log.getvalue().splitlines() if "lora_train_meta.json" in line]

@@ -26,6 +26,7 @@ from ..helpers.merge_helpers import (
     run_cli,
     synthetic_checkpoint,
     tiny_llama_config,
+    tree_bytes,
     verl_merge,
 )
 
@@ -370,7 +371,7 @@ def test_lora_checkpoint_is_streamed(tmp_path, capsys):
     assert rc == 0, err
     assert "running verl's own FSDPModelMerger" not in err and "slimckpt merge committed" in err
     assert verl_merge(root, tmp_path / "v") is None
-    ours, theirs = _tree_bytes(tmp_path / "o"), _tree_bytes(tmp_path / "v")
+    ours, theirs = tree_bytes(tmp_path / "o"), tree_bytes(tmp_path / "v")
     config = "lora_adapter/adapter_config.json"
     # a dict comparison, so that a failure shows the field that differs
     assert adapter_config_fields(ours.pop(config)) == adapter_config_fields(theirs.pop(config))
@@ -378,15 +379,6 @@ def test_lora_checkpoint_is_streamed(tmp_path, capsys):
     out = dir_tensors(tmp_path / "o")
     assert "model.layers.0.self_attn.q_proj.weight" in out and not any("lora_" in k for k in out)
     assert verify(str(tmp_path / "o")) == []
-
-
-def _tree_bytes(path) -> dict[str, bytes]:
-    """Every file under `path` but slimckpt's manifest, by relative path."""
-    return {
-        str(p.relative_to(path)): p.read_bytes()
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and p.name != MANIFEST_NAME
-    }
 
 
 def force_verl_fallback(monkeypatch) -> None:
