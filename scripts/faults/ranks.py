@@ -224,7 +224,7 @@ def stop_at_commit_outcome(rank: int, step: int) -> None:
     import threading
     import types
 
-    from slimckpt.format.resume_manifest import step_of
+    from slimckpt.format.resume_manifest import MANIFEST_NAME, step_of
     from slimckpt.save import step_commit
 
     armed = threading.Event()
@@ -251,6 +251,7 @@ def stop_at_commit_outcome(rank: int, step: int) -> None:
 
     def commit_of(ctx, *a, **k):
         current.step = int(ctx.step) if os.path.basename(ctx.local_path) == fault_trial.ROLES[-1] else None
+        current.manifest = os.path.join(ctx.local_path, MANIFEST_NAME)
         try:
             return commit(ctx, *a, **k)
         finally:
@@ -258,6 +259,12 @@ def stop_at_commit_outcome(rank: int, step: int) -> None:
 
     def outcome_from_rank0(*a, **k):
         if getattr(current, "step", None) == step:
+            # this rank reaches the broadcast once its part of the collective before it is sent, which
+            # rank 0 may not have received yet: stopping here at once can leave rank 0 short of the
+            # manifest. The point is rank 0's manifest written and this rank not told.
+            deadline = time.monotonic() + 2 * TIMEOUT_S[0]
+            while not os.path.exists(current.manifest) and time.monotonic() < deadline:
+                time.sleep(0.002)
             stop()
         return from_rank0(*a, **k)
 
