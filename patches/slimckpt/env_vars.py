@@ -186,6 +186,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "every pickle global refused is appended to this file (the test suite fails a test whose checkpoints got one)",
     ),
     EnvVar(
+        "SLIMCKPT_TEST_MERGE_DELAY",
+        "seconds",
+        None,
+        "test",
+        "the merge sleeps a random 0 to this many seconds at each point where its writers, workers or ranks "
+        "could race (`slimckpt.write.race_points`); `make stress-merge` sets it",
+    ),
+    EnvVar(
         "SLIMCKPT_WRITE_SUPPORT_TABLE",
         "flag",
         None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import subprocess
 import sys
 import warnings
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from slimckpt.testing.launch import STACKS_ON_ABORT, end_hung_tree
 from slimckpt.testing.synthetic import synthetic_checkpoint, tiny_llama_config  # noqa: F401  (the tests' names)
 
 # lazy imports: transformers, verl and DCP load in the tests that use them, so importing the helpers stays quick
@@ -132,8 +132,9 @@ def full_state_from_shards(local_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def run(cmd: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
-    """subprocess.run in its own session, killing the whole tree on timeout (torchrun leaves ranks behind)."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    """subprocess.run in its own session; on timeout every process's stacks, then the whole tree killed
+    (torchrun leaves ranks behind)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **STACKS_ON_ABORT, **(env or {})}
     with subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -147,17 +148,31 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, err = p.communicate()
-            raise AssertionError(f"timed out after {timeout}s: {cmd}\n{err[-3000:]}") from None
+            out, err = end_hung_tree(p)  # every process's stacks, then the tree killed
+            raise AssertionError(f"timed out after {timeout}s: {cmd}\nits stderr's end:\n{err[-12000:]}") from None
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
-def torchrun(nproc: int, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, args: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
+        env=env,
         timeout=timeout,
     )
+
+
+# the distributed merges of the byte tests sleep up to this at each race point (slimckpt.write.race_points),
+# so the ranks' order differs from run to run; `make stress-merge` does the same a hundred times
+SHAKE = {"SLIMCKPT_TEST_MERGE_DELAY": "0.005"}
+
+
+def assert_same_tree(ours: Path, reference: Path) -> None:
+    """The two directories hold the same files, byte for byte; else one line naming the first
+    differing file and offset (not a dump of both trees)."""
+    from scripts.stress.merge_bytes import first_difference
+
+    diff = first_difference(Path(ours), Path(reference))
+    assert diff is None, f"{ours} differs from {reference}: {diff.line()}"
 
 
 def run_cli(

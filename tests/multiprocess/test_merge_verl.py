@@ -17,7 +17,9 @@ from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeOptions
 
 from ..helpers.merge_helpers import (
+    SHAKE,
     assert_same_tensors,
+    assert_same_tree,
     dir_tensors,
     fsdp_checkpoint,
     full_state_from_shards,
@@ -157,19 +159,15 @@ def test_logits_equal_source_weights(tmp_path_factory, tmp_path, name):
         assert torch.equal(merged(input_ids=ids).logits, ref(input_ids=ids).logits)
 
 
-def _dir_bytes(path) -> dict[str, bytes]:
-    return {n: (path / n).read_bytes() for n in sorted(os.listdir(path))}
-
-
 def test_workers_and_ranks_give_identical_bytes(tmp_path_factory, tmp_path):
     """1 worker, 3 spawned workers, 2 torchrun ranks x 2 workers: byte-identical dirs (manifest included),
     with a small --max_shard_size so shares cross file boundaries."""
     ckpt = checkpoint(tmp_path_factory, "fsdp2_w2")
     ours(ckpt, tmp_path / "w1", max_shard_size="40KB", chunk_bytes=4096)
-    reference = _dir_bytes(tmp_path / "w1")
-    assert len([n for n in reference if n.endswith(".safetensors")]) > 2
+    reference = tmp_path / "w1"
+    assert len([n for n in os.listdir(reference) if n.endswith(".safetensors")]) > 2
     ours(ckpt, tmp_path / "w3", max_shard_size="40KB", workers=3, chunk_bytes=4096)
-    assert _dir_bytes(tmp_path / "w3") == reference
+    assert_same_tree(tmp_path / "w3", reference)
     proc = torchrun(
         2,
         [
@@ -189,11 +187,12 @@ def test_workers_and_ranks_give_identical_bytes(tmp_path_factory, tmp_path):
             "--target_dir",
             str(tmp_path / "d"),
         ],
+        env=SHAKE,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 rank(s) x 2 worker(s)" in proc.stderr
     # chunk size changes how bytes are cut, not which bytes: the same dir
-    assert _dir_bytes(tmp_path / "d") == reference
+    assert_same_tree(tmp_path / "d", reference)
 
 
 def test_a_distributed_merge_that_fails_on_one_rank_fails_on_every_rank(tmp_path_factory, tmp_path):

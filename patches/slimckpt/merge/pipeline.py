@@ -68,6 +68,7 @@ from ..read.merge_input import check_source, open_source
 from ..verl_seam.leaves import leaf
 from ..write.out_files import OutputError
 from ..write.peers import Heartbeat, describe_ranks, lost_ranks_line
+from ..write.race_points import pause
 from .plan import MergeError, MergeOptions, MergeResult
 from .workers import ProgressBar, is_user_error, run_workers, write_weights
 
@@ -530,8 +531,6 @@ def _join_ranks(opts: MergeOptions, dist):
 
 
 def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
-    from ..write.share_writer import checksum_files
-
     rank, world = dist.get_rank(), dist.get_world_size()
     t0 = time.perf_counter()
     target = os.path.abspath(opts.target_dir)
@@ -560,7 +559,9 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
         check_output_room(opts.local_dir, target, mp)
         partial = prepare_partial(target)
         try:
-            return mp, partial, lay_out(partial, mp, hf)
+            laid_out = mp, partial, lay_out(partial, mp, hf)
+            pause("laid_out")
+            return laid_out
         except BaseException:
             discard_partial(partial)
             raise
@@ -596,8 +597,8 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
             written = _plain(
                 lambda: on_every_rank(
                     None,
-                    lambda: run_workers(
-                        opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync
+                    lambda: _written(
+                        run_workers(opts.local_dir, partial, mp, shares, opts.dtype, opts.chunk_bytes, bar, opts.fsync)
                     ),
                     on_a_rank,
                     said,
@@ -610,9 +611,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
         checksums.update(
             _union(
                 dist,
-                _plain(
-                    lambda: on_every_rank(None, lambda: checksum_files(partial, missing[rank::world]), on_a_rank, said)
-                ),
+                _plain(lambda: on_every_rank(None, lambda: _read_back(partial, missing[rank::world]), on_a_rank, said)),
             )
         )
     except MergeError:
@@ -622,6 +621,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
 
     def commit_on_rank0() -> list[str]:
         try:
+            pause("commit")
             return _finish(partial, target, mp, checksums, opts, tokenizer_saved)
         except BaseException:
             discard_partial(partial)
@@ -632,6 +632,18 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     if rank == 0:
         log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
+
+
+def _written(checksums: dict[str, str]) -> dict[str, str]:
+    pause("written")  # this rank's writers have closed; the outcome collective waits for the others
+    return checksums
+
+
+def _read_back(partial: str, names: list[str]) -> dict[str, str]:
+    from ..write.share_writer import checksum_files
+
+    pause("read_back")
+    return checksum_files(partial, names)
 
 
 def _plain(outcome: Callable[[], T]) -> T:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..format import layout
 from ..format.merge_manifest import DEFAULT_ALGO, new_hasher
 from ..format.os_errors import os_failure
+from .race_points import pause
 
 PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
 
@@ -197,6 +198,7 @@ class OutputFiles:
     def write(self, file: str, data: memoryview, offset: int) -> None:
         """Write now, on this thread."""
         st = self._file(file)
+        pause("write")
         try:
             pwrite_all(st.fd, data, offset)
         except OSError as exc:
@@ -244,6 +246,8 @@ class OutputFiles:
             self.abort()
             raise failed
         errors = []
+        if self._files:
+            pause("close")
         for name, st in self._files.items():
             try:
                 if self.fsync:
