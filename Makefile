@@ -10,7 +10,7 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install lint format test test-fast test-verl-stack quickstart bench bench-scale bench-train-scale compare faults clean
+.PHONY: help install lint format test test-fast test-verl-stack quickstart bench bench-scale bench-train-scale compare faults stress-merge stress-flaky clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
@@ -23,6 +23,8 @@ help:
 	@echo "make bench-scale  an 8B checkpoint (world size 8) merged by slimckpt and by verl 0.9.1 under a memory cap (~50 GB disk)"
 	@echo "make bench-train-scale  a 3.6B model saved and resumed inside verl, slimckpt's tiers and verl 0.9.1's, under a memory cap (~40 GB disk)"
 	@echo "make faults       SIGKILL/corruption/environment fault campaigns vs verl 0.9.1: RELIABILITY.md"
+	@echo "make stress-merge 100 distributed merges (2 and 3 ranks) shaken at every race point, each compared byte for byte"
+	@echo "make stress-flaky the tests that once failed without a code change, 20 times each beside a CPU load"
 	@echo "make install      create .venv and install slimckpt with its test extras"
 
 $(STAMP): pyproject.toml
@@ -58,8 +60,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# the slowest 10 tests are printed at the end, so a test that slows the suite is seen the day it lands
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=10 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
@@ -112,6 +115,16 @@ bench-train-scale: $(STAMP)
 FAULTS_ARGS ?=
 faults: $(STAMP)
 	$(PY) -m scripts.faults.reliability $(FAULTS_ARGS)
+
+# not part of `make test`: about 25 minutes on 2 cores; STRESS_MERGE_ARGS="--runs 24" for a shorter run
+STRESS_MERGE_ARGS ?=
+stress-merge: $(STAMP)
+	$(PY) -m scripts.stress.merge_bytes --json docs/stress_merge_bytes.json $(STRESS_MERGE_ARGS)
+
+# STRESS_FLAKY_ARGS="--repeats 5" for a shorter run
+STRESS_FLAKY_ARGS ?=
+stress-flaky: $(STAMP)
+	$(PY) -m scripts.stress.flaky $(STRESS_FLAKY_ARGS)
 
 clean:
 	rm -rf runs bench_work .pytest_cache

@@ -20,6 +20,7 @@ result file's JSON (None when the scenario wrote none).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
 import json
@@ -65,6 +66,25 @@ def command(nproc: int, module: str, *args: str) -> list[str]:
     ]
 
 
+# every Python process of a launched tree prints each thread's stack on SIGABRT (and on a crash)
+STACKS_ON_ABORT = {"PYTHONFAULTHANDLER": "1"}
+STACKS_WAIT_S = 3.0  # for the stacks to be written before the tree is killed
+
+
+def end_hung_tree(child: subprocess.Popen) -> tuple[str, str]:
+    """A tree started with `start_new_session` and STACKS_ON_ABORT that ran past its time: SIGABRT to
+    all of it (each process started with the environment prints its threads' stacks to stderr),
+    then SIGKILL (torchrun leaves ranks behind); returns its (stdout, stderr), the stacks at the end."""
+    try:
+        os.killpg(child.pid, signal.SIGABRT)
+        return child.communicate(timeout=STACKS_WAIT_S)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    return child.communicate()
+
+
 def launch(
     nproc: int,
     module: str,
@@ -83,14 +103,13 @@ def launch(
         stderr=subprocess.PIPE,
         text=True,
         cwd=cwd,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **STACKS_ON_ABORT, **(env or {})},
         start_new_session=True,
     ) as child:
         try:
             out, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            out, err = child.communicate()
+            out, err = end_hung_tree(child)
             raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
     proc = subprocess.CompletedProcess(cmd, child.returncode, out, err)
     found = None
