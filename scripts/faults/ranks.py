@@ -72,11 +72,14 @@ STEPS = 40  # savers run this many steps unless a fault ends them
 SLACK_S = 15.0  # beyond the group's timeout: naming the lost rank (a few heartbeats) and exiting
 WINDOW_FACTOR = 1.3
 TIMEOUT_S = [20.0]
+COMMIT_WAIT_FACTOR = 2  # group timeouts a commit-outcome victim waits for its step's manifests
 KEEP_ALL = [False]  # --keep-dirs  # the process group's timeout of the ranks (set by --timeout before any fork)
 # where a save trial's fault lands: "random", a uniform moment of a save; "commit-outcome" (--at-commit),
-# the victim stops itself in the commit of the chosen step's last role (the critic: its manifest
-# completes the step, and the tracker's watcher may name it at once) before it knows the commit's
-# outcome (rank 0 right after writing the manifest; another rank as the outcome's broadcast begins)
+# the victim stops itself in the commit of the chosen step's last role (the critic) once every role's
+# manifest of that step is on disk (the step complete, and the tracker's watcher may name it at once),
+# before it knows the commit's outcome (rank 0 right after writing the manifest; another rank as the
+# outcome's broadcast begins). The async modes write each role in its own background thread, so the
+# actor's commit may still be going on when the critic's manifest is written
 ARMED: list[tuple[int, int] | None] = [None]  # (victim rank, step), set in the parent before the fork
 NAMED = re.compile(r"rank (\d+) of (\d+) stopped answering|rank\s*: (\d+) \(local_rank")
 
@@ -235,12 +238,31 @@ def stop_at_commit_outcome(rank: int, step: int) -> None:
             armed.clear()
             os.kill(os.getpid(), signal.SIGSTOP)
 
+    def wait_for_the_step(role_dir: str) -> None:
+        """Until every role's manifest of the step is on disk: its other roles commit on other threads
+        (async modes) or have already (sync). Bounded: where they never come, the fault lands anyway,
+        and the rank's log says it is not at the point claimed."""
+        step_dir = os.path.dirname(role_dir)
+        manifests = [os.path.join(step_dir, role, MANIFEST_NAME) for role in fault_trial.ROLES]
+        deadline = time.monotonic() + COMMIT_WAIT_FACTOR * TIMEOUT_S[0]
+        while not all(os.path.exists(m) for m in manifests) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        missing = [m for m in manifests if not os.path.exists(m)]
+        if missing:
+            print(
+                f"fault harness: {', '.join(missing)} not written within {COMMIT_WAIT_FACTOR * TIMEOUT_S[0]:.0f} s; "
+                "stopping anyway: this fault is before the step's commit, not at its outcome",
+                file=sys.stderr,
+                flush=True,
+            )
+
     if rank == 0:  # register_committed runs right after rank 0's write_manifest
         register = step_commit.register_committed
 
         def register_committed(manager, local_path, max_keep):
             found = step_of(local_path)
             if found is not None and found[1] == step and os.path.basename(local_path) == fault_trial.ROLES[-1]:
+                wait_for_the_step(local_path)
                 stop()
             return register(manager, local_path, max_keep)
 
@@ -251,7 +273,7 @@ def stop_at_commit_outcome(rank: int, step: int) -> None:
 
     def commit_of(ctx, *a, **k):
         current.step = int(ctx.step) if os.path.basename(ctx.local_path) == fault_trial.ROLES[-1] else None
-        current.manifest = os.path.join(ctx.local_path, MANIFEST_NAME)
+        current.role_dir = ctx.local_path
         try:
             return commit(ctx, *a, **k)
         finally:
@@ -261,10 +283,8 @@ def stop_at_commit_outcome(rank: int, step: int) -> None:
         if getattr(current, "step", None) == step:
             # this rank reaches the broadcast once its part of the collective before it is sent, which
             # rank 0 may not have received yet: stopping here at once can leave rank 0 short of the
-            # manifest. The point is rank 0's manifest written and this rank not told.
-            deadline = time.monotonic() + 2 * TIMEOUT_S[0]
-            while not os.path.exists(current.manifest) and time.monotonic() < deadline:
-                time.sleep(0.002)
+            # manifest. The point is rank 0's manifests written and this rank not told.
+            wait_for_the_step(current.role_dir)
             stop()
         return from_rank0(*a, **k)
 
