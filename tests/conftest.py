@@ -90,7 +90,6 @@ from .helpers.verl_runs import (  # noqa: E402,F401  (fixtures)
     incremental_resumed,
     incremental_run,
     ppo_run,
-    ppo_twice,
     ppo_warmup,
     retention_runs,
     verl_pool,

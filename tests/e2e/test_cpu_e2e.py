@@ -174,17 +174,3 @@ def test_ppo_with_critic_and_kl_one_rank(ppo_run):
 
 # run-specific by nature: wall times, throughput, memory, the save's own metrics
 NOT_TRAINING = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "critic/perf/", "ckpt/")
-
-
-def test_ppo_repeats_bit_for_bit(ppo_twice):
-    """Two runs of one PPO config log the same value for every training metric at every step (the
-    critic's value head was initialised differently in each run before cpu.yaml seeded it)."""
-    first, again = (step_metrics(run.text) for run in ppo_twice)
-    assert sorted(first) == sorted(again) == [1, 2]
-    for step in first:
-        keys = sorted(k for k in first[step] if not k.startswith(NOT_TRAINING))
-        assert "critic/values/mean" in keys and "actor/entropy" in keys
-        differ = [k for k in keys if first[step][k] != again[step].get(k)]
-        assert not differ, (
-            f"step {step}: {differ[:5]} differ, e.g. {first[step][differ[0]]} vs {again[step].get(differ[0])}"
-        )

@@ -79,10 +79,11 @@ def test_async_save_metrics_come_with_the_commit(incremental_run):
 
 
 def test_a_save_before_the_actors_first_update_changes_no_metric(ppo_warmup):
-    """PPO with trainer.critic_warmup=2 saving every step: the actor's step-1 save comes before its
-    first optimizer step. With +recipe=incremental (export on) every training metric of every step
-    equals verl's own run; a save that stepped the optimizer (Adam's step count 1 before the first
-    update) changes step 3's."""
+    """PPO (critic, KL in the reward) with trainer.critic_warmup=2 saving every step: the actor's step-1
+    save comes before its first optimizer step. With +recipe=incremental (export on) every training
+    metric of every step equals verl's own run; a save that stepped the optimizer (Adam's step count 1
+    before the first update) changes step 3's. Two runs of one PPO config must repeat bit for bit for
+    this to hold (the critic's value head seeded by overrides/cluster/cpu.yaml): no other test runs PPO twice."""
     from .test_cpu_e2e import NOT_TRAINING
 
     verl, ours = (step_metrics(run.text) for run in ppo_warmup)
@@ -93,7 +94,7 @@ def test_a_save_before_the_actors_first_update_changes_no_metric(ppo_warmup):
     assert (ppo_warmup[1].ckpt / "global_step_1" / "critic" / MANIFEST_NAME).is_file()
     for step in verl:
         keys = sorted(k for k in verl[step] if not k.startswith(NOT_TRAINING))
-        assert "critic/values/mean" in keys
+        assert "critic/values/mean" in keys and "actor/reward_kl_penalty" in keys
         differ = [k for k in keys if verl[step][k] != ours[step].get(k)]
         assert not differ, (
             f"step {step}: {differ[:5]} differ, e.g. {verl[step][differ[0]]} vs {ours[step].get(differ[0])}"

@@ -15,11 +15,11 @@ The runs (RUNS, in the order they start; a resumed run starts after the run it r
   incremental   +recipe=incremental with async_save, steps 1-4 never stopped: checked by
                 test_incremental_e2e, and the uninterrupted reference of the GRPO runs above
   ppo           PPO with a critic and KL in the reward, 1 rank, +recipe=quickstart, 2 steps
-  ppo_again     the same PPO run again, into another directory: the two must log the same numbers
   flowrl        FlowRL, 2 ranks, verl's own checkpoint (+hf_model) and wandb (offline), 2 steps, validated at step 2
-  ppo_warmup_verl  PPO, 1 rank, trainer.critic_warmup=2 (the actor first updates at step 2), 3 steps
-                saving every step with verl's own checkpoint
-  ppo_warmup    the same with +recipe=incremental: its step-1 save precedes the actor's first update
+  ppo_warmup_verl  PPO with KL in the reward, 1 rank, trainer.critic_warmup=2 (the actor first updates at
+                step 2), 3 steps saving every step with verl's own checkpoint
+  ppo_warmup    the same with +recipe=incremental: its step-1 save precedes the actor's first update; both
+                must log the same numbers, so they also show that two PPO runs repeat bit for bit
   incremental_resumed   +recipe=incremental resumed from incremental's step 2 to step 4
   adopt_verl    GRPO, 2 ranks, no recipe, verl's default checkpoint dir (CKPT_DIR=""): steps 1-2
   adopt_<recipe>  +recipe=quickstart / intermediate / incremental added to a relaunch of a copy of
@@ -93,7 +93,16 @@ GRPO_COMMON = (
     "trainer.default_local_dir={root}/grpo_ckpt",
     "trainer.rollout_data_dir={root}/grpo_rollouts",
 )
-PPO_WARMUP = ("algo=ppo", CONSOLE, "trainer.critic_warmup=2", "trainer.total_training_steps=3", "trainer.save_freq=1")
+# verl's own save and +recipe=incremental's of one PPO config (critic, KL in the reward) must log the same numbers
+# (overrides/cluster/cpu.yaml's critic seed makes two runs repeat bit for bit)
+PPO_WARMUP = (
+    "algo=ppo",
+    CONSOLE,
+    "algorithm.use_kl_in_reward=true",
+    "trainer.critic_warmup=2",
+    "trainer.total_training_steps=3",
+    "trainer.save_freq=1",
+)
 RUNS = {
     "grpo_first": Spec(("+recipe=intermediate", *GRPO_COMMON, "trainer.total_training_steps=3"), GRPO_ENV),
     "grpo_resume": Spec(
@@ -118,19 +127,6 @@ RUNS = {
             "trainer.total_training_steps=2",
             "trainer.save_freq=2",
             "trainer.default_local_dir={root}/ppo_ckpt",
-        ),
-        {"NPROC": "1"},
-    ),
-    # the same PPO run again: both must log the same numbers (overrides/cluster/cpu.yaml's critic seed)
-    "ppo_again": Spec(
-        (
-            "algo=ppo",
-            "+recipe=quickstart",
-            CONSOLE,
-            "algorithm.use_kl_in_reward=true",
-            "trainer.total_training_steps=2",
-            "trainer.save_freq=2",
-            "trainer.default_local_dir={root}/ppo_again_ckpt",
         ),
         {"NPROC": "1"},
     ),
@@ -245,7 +241,6 @@ READS = {
     "incremental_run": ("incremental",),
     "incremental_resumed": ("incremental", "incremental_resumed"),
     "ppo_run": ("ppo",),
-    "ppo_twice": ("ppo", "ppo_again"),
     "flowrl_run": ("flowrl",),
     "ppo_warmup": ("ppo_warmup_verl", "ppo_warmup"),
     "adopt_runs": tuple(name for name in RUNS if name.startswith("adopt_")),
@@ -416,15 +411,6 @@ def incremental_resumed(verl_pool) -> Run:
 @pytest.fixture(scope="session")
 def ppo_run(verl_pool) -> Run:
     return Run(verl_pool.root / "ppo_ckpt", verl_pool.wait("ppo"))
-
-
-@pytest.fixture(scope="session")
-def ppo_twice(verl_pool) -> tuple[Run, Run]:
-    """Two runs of one PPO config."""
-    return (
-        Run(verl_pool.root / "ppo_ckpt", verl_pool.wait("ppo")),
-        Run(verl_pool.root / "ppo_again_ckpt", verl_pool.wait("ppo_again")),
-    )
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,9 @@ def _exit(wait_ms: float, timeout: float) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_exit_with_the_beat_inside_a_store_call_does_not_abort():
-    for _ in range(6):
+    # without the exit hook the first exit already aborted here; `make stress-flaky --only exit_abort`
+    # repeats this test to show the rate under load
+    for _ in range(3):
         proc = _exit(20, timeout=60)
         assert "work done" in proc.stdout
         assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
