@@ -37,6 +37,7 @@ def _no_legitimate_pickle_refused(request):
         )
 
 
+# a fresh interpreter imports torch or verl in seconds, slower on a loaded host; 300 s is a hang
 def run_python(code: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter of this venv (so verl's plugin loading starts from zero)."""
     full_env = {**os.environ, **(env or {})}
@@ -61,6 +62,7 @@ def ws2_scenarios(tmp_path_factory) -> Path:
         "tests.scenarios.batch",
         "--dir",
         str(root),
+        # ~70 s for every scenario on a loaded host; above the batch's own 540 s, so a hang dumps stacks first
         timeout=600,
         cwd=REPO,
         env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},

@@ -20,6 +20,7 @@ def _load(name: str):
 # a process that grows its anonymous memory by 32 MiB every 20 ms, to 1 GiB, and then sleeps
 GROW = (
     "import time\nheld = []\nfor i in range(32):\n    held.append(bytearray(32 << 20))\n    "
+    # 20 ms a step: the 20 ms sampler sees each; 30 s: alive until the cap kills it
     "print(f'step {i}', flush=True)\n    time.sleep(0.02)\ntime.sleep(30)\n"
 )
 
@@ -37,7 +38,7 @@ def test_capped_run_is_killed_past_its_cap():
 
 def test_capped_run_below_its_cap_finishes():
     scale = _load("scale")
-    got = scale.run_capped(
+    got = scale.run_capped(  # alive 0.5 s after it allocates, so the 20 ms sampler sees its 64 MiB
         [sys.executable, "-c", "import time; x = b'1' * (64 << 20); time.sleep(0.5); print('done')"], {}, 1 << 30
     )
     assert not got["killed"] and got["returncode"] == 0 and "done" in got["output_tail"]
@@ -64,6 +65,7 @@ def test_too_little_disk_is_said_and_nothing_is_measured(tmp_path):
         ],
         capture_output=True,
         text=True,
+        # the free-disk check refuses at start-up, before any measuring; 120 s is a hang
         timeout=120,
         cwd=REPO,
     )

@@ -28,6 +28,7 @@ def _wandb_run(wandb_dir: Path, rows: dict[int, dict[str, float]]) -> None:
         run.finish()
         """
     )
+    # wandb's offline start-up and a few logged rows: seconds; 120 s is a hang
     proc = run_python(code, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"}, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -115,6 +116,7 @@ def test_compare_runs_writes_png_and_table(runs, tmp_path):
         ],
         capture_output=True,
         text=True,
+        # reads four offline runs and draws one plot: seconds; 120 s is a hang
         timeout=120,
         cwd=REPO,
     )
@@ -137,6 +139,7 @@ def test_compare_runs_bad_path_is_one_line_and_no_png(tmp_path):
         [sys.executable, *COMPARE, str(tmp_path / "missing" / "dir"), "--out", str(out)],
         capture_output=True,
         text=True,
+        # the bad path fails at start-up, before any run is read; 60 s is a hang
         timeout=60,
         cwd=REPO,
     )

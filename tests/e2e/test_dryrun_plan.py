@@ -37,6 +37,7 @@ def launcher_argv(script: Path, *args: str, env: dict | None = None) -> list[str
             text=True,
             check=True,
             cwd=REPO,
+            # PYTHON=echo: bash alone runs, in well under a second; 60 s is a hang
             timeout=60,
         )
         .stdout.strip()
@@ -139,6 +140,7 @@ def test_launcher_dry_run_prints_the_plan_after_the_config(tmp_path):
         capture_output=True,
         text=True,
         cwd=REPO,
+        # one interpreter imports verl, composes and plans: well under a minute; 600 s is a hang
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -157,6 +159,7 @@ def test_small_launcher_plans_its_local_tiny_model(tmp_path):
         capture_output=True,
         text=True,
         cwd=REPO,
+        # builds the tiny assets, imports verl, composes and plans: under a minute; 600 s is a hang
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -58,6 +58,7 @@ def test_a_killed_holder_never_blocks(tmp_path):
     code = (
         "import sys, time; from slimckpt.read import locks\n"
         "l = locks.acquire(sys.argv[1], exclusive=True, what='writing', fix='')\n"
+        # far longer than the checks below (milliseconds): the holder still holds its lock when killed
         "print('held', flush=True); time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, target], stdout=subprocess.PIPE, text=True)
@@ -297,6 +298,7 @@ def test_env_faults_script_through_verls_manager(tmp_path):
         cwd=REPO,
         capture_output=True,
         text=True,
+        # 5 faulted saves through verl's manager (~60 s on a loaded host); 300 s is a hang
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -331,6 +333,7 @@ def test_async_commit_watcher_follows_on_save_error(tmp_path, keep_going):
     watcher.keep_going = keep_going
     watcher.after_save(5, ["actor"])
     if keep_going:
+        # the failure marker is on disk: the watcher's next 0.2 s poll sees it; 30 s is a hang
         watcher.wait(timeout=30)
     else:
         with pytest.raises(RuntimeError, match="step 5 failed"):

@@ -109,6 +109,7 @@ def test_sigkill_campaign_slimckpt_modes(tmp_path):
         str(tmp_path / "work"),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # 2 kills per mode plus each mode's calibration: ~80 s on a loaded host; 600 s is a hang
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert out.exists(), proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -137,6 +138,7 @@ def test_async_keep1_saves_go_on_when_retention_beats_the_tracker_watcher(tmp_pa
         [sys.executable, "-m", "tests.scenarios.keep1", str(tmp_path / "work"), mode],
         capture_output=True,
         text=True,
+        # 4 saves of 2 ranks and a resume: ~40 s on a loaded host; the old watcher's hang ends here
         timeout=400,
         cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1"},

@@ -86,6 +86,7 @@ def test_hf_exports_leave_the_head_out(flowrl_run, tmp_path):
         ],
         capture_output=True,
         text=True,
+        # the redirected merger imports verl and merges a tiny checkpoint: seconds; 300 s is a hang
         timeout=300,
         cwd=REPO,
     )
@@ -119,6 +120,7 @@ def test_save_metrics_logged_to_wandb_and_readable_by_compare_runs(flowrl_run, t
         ],
         capture_output=True,
         text=True,
+        # reads one offline run and draws one plot: seconds; 120 s is a hang
         timeout=120,
         cwd=REPO,
     )
@@ -142,6 +144,7 @@ def test_wandb_offline_run_has_grouped_keys_and_wandb_sync_takes_it(flowrl_run):
         [str(wandb_cli), "sync", "--dry-run", run_dir],
         capture_output=True,
         text=True,
+        # wandb sync --dry-run reads one small offline run: seconds; 120 s is a hang
         timeout=120,
         env={**os.environ, "WANDB_MODE": "offline"},
     )

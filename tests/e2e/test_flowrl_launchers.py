@@ -23,6 +23,7 @@ def _dry_run(script: str, *args: str, env: dict | None = None) -> dict:
         text=True,
         env=full_env,
         cwd=REPO,
+        # a dry run imports verl and composes its config in seconds; 300 s is a hang
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,6 +16,7 @@ TRAIN_70B = REPO / "scripts" / "train_70b.sh"
 TRAIN_SMALL = REPO / "scripts" / "train_small.sh"
 
 
+# a dry run imports verl and composes its config in seconds; 300 s is a hang
 def _run(script: Path, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     # PYTHON: the scripts default to python3 on PATH; here it must be this venv's interpreter
     full_env = {**os.environ, "PYTHON": sys.executable, **(env or {})}

@@ -51,6 +51,7 @@ def test_silent_names_the_rank_whose_beat_stopped():
     beats[0].start(), beats[2].start()
     beats[1].start()
     beats[1].stop()  # rank 1 "dies": its thread stops beating
+    # two 0.05 s beat intervals: the live beats are counting, rank 1's has stopped, before silent() looks
     time.sleep(0.1)
     try:
         assert beats[0].silent() == ([1], "")
@@ -70,10 +71,12 @@ def test_watch_ends_on_a_stopped_peer_only_after_its_timeout():
     done = threading.Event()
     beats[0].watch(0.5, lambda ranks, note: (called.append((ranks, time.monotonic())), done.set()))
     try:
+        # longer than the 0.5 s watch timeout: a watcher that took live beats for silence has fired
         time.sleep(0.8)
         assert not called  # both beating: a slow collective is not a dead rank
         stopped = time.monotonic()
         beats[1].stop()
+        # the watch fires ~0.5 s after the stop; 5 s means it never did
         assert done.wait(5.0)
         ranks, when = called[0]
         assert ranks == [1] and when - stopped >= 0.5 - 2 * 0.05  # its last beat may precede the stop by one interval
@@ -102,6 +105,7 @@ def test_one_rank_killed_or_stalled_mid_save(tmp_path):
     in a line naming it; nothing partial committed, no orphan or held lock, the relaunch resumes
     exactly, and a step whose manifest was written before the fault is never given up."""
     out = tmp_path / "rank_faults.json"
+    # short, so a stalled trial ends in seconds; long beside a healthy collective of this tiny save
     timeout = 4.0
     cmd = [
         sys.executable,
@@ -130,6 +134,7 @@ def test_one_rank_killed_or_stalled_mid_save(tmp_path):
         "incremental-stream",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # 12 trials of 2-rank runs: ~140 s on a loaded host; 300 s is a hang
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert out.exists(), proc.stderr[-3000:]
     data = json.loads(out.read_text())

@@ -149,6 +149,7 @@ def test_plan_prints_the_retention_table(tmp_path):
         ],
         capture_output=True,
         text=True,
+        # the plan reads a config and prints a table (no torchrun): seconds; 120 s is a hang
         timeout=120,
     )
     assert res.returncode == 0, res.stderr
@@ -213,6 +214,7 @@ def _scenario(tmp_path: Path, fmt: str) -> dict:
         str(tmp_path),
         "--format",
         fmt,
+        # 2 ranks through verl's manager: ~40 s on a loaded host; 300 s is a hang
         timeout=300,
         cwd=REPO,
         env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "INFO"},
@@ -224,7 +226,7 @@ def _scenario(tmp_path: Path, fmt: str) -> dict:
 
 
 def _verify(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return subprocess.run(  # verify reads a tiny checkpoint after its imports: seconds; 180 s is a hang
         [sys.executable, "-m", "slimckpt.cli", "verify", str(path)], capture_output=True, text=True, timeout=180
     )
 

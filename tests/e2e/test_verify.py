@@ -333,7 +333,7 @@ def test_cli_exit_codes_and_lines(tmp_path, capsys):
 
 
 def test_cli_help_lists_verify():
-    proc = subprocess.run(
+    proc = subprocess.run(  # --help imports the CLI and prints: seconds; 60 s is a hang
         [sys.executable, "-m", "slimckpt.cli", "verify", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
     )
     assert proc.returncode == 0 and "--quick" in proc.stdout and "--json" in proc.stdout
@@ -379,6 +379,7 @@ def test_small_campaign_detects_every_corruption(tmp_path):
         text=True,
         env=env,
         cwd=REPO,
+        # the campaign makes real checkpoints and damages them 27 times (~50 s loaded); 400 s is a hang
         timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -19,6 +19,7 @@ from slimckpt.testing.synthetic import synthetic_checkpoint, tiny_llama_config  
 # lazy imports: transformers, verl and DCP load in the tests that use them, so importing the helpers stays quick
 
 REPO = Path(__file__).resolve().parents[2]
+# a torchrun of up to 4 ranks saving a tiny model is mostly torch's start-up; 240 s is a hang
 FIXTURE_TIMEOUT = 240
 
 
@@ -131,6 +132,7 @@ def full_state_from_shards(local_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+# a torchrun or CLI merge of a tiny checkpoint ends in well under a minute; 300 s is a hang
 def run(cmd: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=None) -> subprocess.CompletedProcess:
     """subprocess.run in its own session; on timeout every process's stacks, then the whole tree killed
     (torchrun leaves ranks behind)."""
@@ -153,6 +155,7 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
+# a few ranks, each starting torch (and verl) on 2 cores, then a tiny job; 300 s is a hang
 def torchrun(nproc: int, args: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
@@ -175,7 +178,7 @@ def assert_same_tree(ours: Path, reference: Path) -> None:
     assert diff is None, f"{ours} differs from {reference}: {diff.line()}"
 
 
-def run_cli(
+def run_cli(  # the CLI merges or verifies a tiny checkpoint in seconds after its imports; 300 s is a hang
     args: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=None
 ) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "slimckpt.cli", *args], env=env, timeout=timeout, preexec_fn=preexec_fn)

@@ -27,6 +27,7 @@ def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True
         nproc,
         "tests.scenarios.convert",
         *args,
+        # a few ranks importing torch and verl (10-20 s here), then a tiny save or load; 300 s is a hang
         timeout=300,
         cwd=REPO,
         env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING", **(env or {})},
@@ -264,6 +265,7 @@ def test_killed_convert_leaves_nothing_verl_would_load(saved, tmp_path):
     step = saved[2] / "ours" / f"global_step_{STEP}"
     target = tmp_path / "t"
     argv = ["convert", str(step), "--to", "verl", "--world-size", "2", "--target_dir", str(target)]
+    # the child imports torch and dies after its first rank file: seconds; 300 s is a hang
     proc = subprocess.run([sys.executable, "-c", KILLED, *argv], capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert sorted(p.name for p in target.iterdir()) == [f"global_step_{STEP}.partial"]

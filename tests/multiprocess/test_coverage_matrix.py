@@ -126,6 +126,7 @@ def save_cell(root: Path, cell: tuple[int, int]) -> tuple[Path, float, str]:
             *FIXTURE_ARGS,
         ],
         env={"SLIMCKPT_LOG_LEVEL": "WARNING"},
+        # one torchrun (up to 3 ranks) saves every model of its cell: tens of seconds; 300 s is a hang
         timeout=300,
     )
     (root / f"{cell_name(cell)}.log").write_text(proc.stdout + proc.stderr)

@@ -55,6 +55,7 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
         ),
     ]
     for proc in procs:
+        # the fake build and a 3-rank torchrun side by side on 2 cores (~50 s loaded); 300 s is a hang
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-4000:]
     return fake, real
@@ -132,6 +133,7 @@ def test_merge_of_fake_group_checkpoint_holds_the_builder_values(pair, tmp_path)
         env=ENV,
         capture_output=True,
         text=True,
+        # one interpreter merges a tiny checkpoint: seconds after its imports; 300 s is a hang
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -35,9 +35,11 @@ CHILD = textwrap.dedent(
 
     beat = peers.Heartbeat(SlowStore(), 0, 2, interval=0.001).start()
     try:  # a bounded read of another rank's beat, given up on while its call is in flight
+        # 5 ms, well inside the 20 ms store call: the read is given up while its call is in flight
         peers.bounded(lambda: SlowStore().add("other", 0), timeout=0.005)
     except peers.StoreSilent:
         pass
+    # the work: 0.3 s of beats, each ~20 ms inside a store call, so the exit finds one in flight
     time.sleep(0.3)
     print("work done", flush=True)
     """
@@ -53,6 +55,7 @@ def test_exit_with_the_beat_inside_a_store_call_does_not_abort():
     # without the exit hook the first exit already aborted here; `make stress-flaky --only exit_abort`
     # repeats this test to show the rate under load
     for _ in range(3):
+        # up to ~20 s a child on a loaded host (torch's import), then a quick exit; 60 s is a hang
         proc = _exit(20, timeout=60)
         assert "work done" in proc.stdout
         assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
@@ -62,6 +65,7 @@ def test_exit_with_the_beat_inside_a_store_call_does_not_abort():
 def test_a_store_call_that_never_returns_does_not_hold_the_exit():
     """A store host that stopped answering: the exit waits its bound (peers.EXIT_WAIT_S), not the
     store's own timeout."""
+    # under the call's 60 s, so an exit held by it fails; room for torch's import and the 1 s bound
     proc = _exit(60_000, timeout=20)
     assert "work done" in proc.stdout
     assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr[-2000:]

@@ -29,6 +29,7 @@ def round_trips(request, tmp_path_factory) -> tuple[int, dict]:
         str(root),
         "--fsdp",
         str(fsdp),
+        # ~50 s on a loaded host; above the scenario's own 540 s deadline, so a hang dumps its stacks first
         timeout=600,
         cwd=REPO,
         env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},
@@ -97,10 +98,12 @@ def test_wait_for_blocks_until_the_write_of_a_dir_under_it_ends(tmp_path):
     waited: list[list[str]] = []
     reader = threading.Thread(target=lambda: waited.append(in_flight.wait_for(str(tmp_path / "global_step_2"))))
     reader.start()
+    # the reader thread starts in milliseconds: by now it is inside wait_for if it is going to wait
     time.sleep(0.2)
     assert reader.is_alive() and waited == []  # still in flight
     assert in_flight.wait_for(str(tmp_path / "global_step_3")) == []  # another step does not wait
     in_flight.end(write)
+    # end() wakes the reader at once; 5 s means it missed the wake-up
     reader.join(timeout=5)
     assert waited == [[str(role)]]
     assert in_flight.wait_for(str(role)) == []
@@ -116,6 +119,7 @@ def test_the_writer_thread_never_waits_for_its_own_write(tmp_path):
 
     thread = threading.Thread(target=writer)
     thread.start()
+    # a writer that does not wait returns at once; 5 s means it waits for its own write
     thread.join(timeout=5)
     in_flight.end(write)
     assert seen == [[]]

@@ -248,6 +248,7 @@ def test_no_torch_imported(plain):
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))\n"
         "print(json.dumps({'offsets': {repr(k): r.offset for k, r in records}, 'heavy': heavy}))\n"
     )
+    # no torch to import here: the child ends in about a second; 120 s is a hang
     proc = run_python(code, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)

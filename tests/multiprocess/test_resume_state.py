@@ -120,9 +120,11 @@ def test_commit_watcher_moves_tracker_only_after_every_manifest(tmp_path):
     _commit(actor, 4)
     (tmp_path / "global_step_4" / "data.pt").write_bytes(b"d")
     with pytest.raises(RuntimeError, match="not committed within"):
+        # three of the watcher's 0.2 s polls: long enough to show it still waits, short enough to stay fast
         watcher.wait(timeout=0.6)  # the critic has no manifest yet
     assert rm.read_tracker(root) is None
     _commit(critic, 4)
+    # the manifest is on disk: the watcher's next 0.2 s poll sees it; 10 s is a hang
     watcher.wait(timeout=10)
     assert rm.read_tracker(root) == 4
 
@@ -135,6 +137,7 @@ def test_commit_watcher_stops_on_a_failed_write(tmp_path):
     watcher.after_save(2, ["actor"])
     rm.write_failure(str(actor), 1, "step 2: OSError: disk full")
     with pytest.raises(RuntimeError, match="failed"):
+        # the failure marker is on disk: the watcher's next 0.2 s poll sees it; 10 s is a hang
         watcher.wait(timeout=10)
     assert rm.read_tracker(str(tmp_path)) is None
 
@@ -151,6 +154,7 @@ def test_commit_watcher_gives_up_a_step_retention_deleted(tmp_path):
     watcher = CommitWatcher(str(tmp_path))
     watcher.after_save(5, ["actor"])
     shutil.rmtree(tmp_path / "global_step_5")
+    # the step dir is gone: the watcher's next 0.2 s poll gives it up; 10 s is a hang
     watcher.wait(timeout=10)
     assert rm.read_tracker(str(tmp_path)) == 4
 
@@ -175,6 +179,7 @@ def test_commit_watcher_gives_up_a_step_whose_role_dir_retention_removed(tmp_pat
     if left == "nothing":
         shutil.rmtree(critic)
     watcher.after_save(1, ["actor", "critic"])
+    # step 2 is committed: the watcher's next 0.2 s poll gives step 1 up; 10 s is a hang
     watcher.wait(timeout=10)
     assert rm.read_tracker(str(tmp_path)) is None
     assert "critic dir was deleted by retention once step 2 committed" in watcher.superseded
@@ -191,9 +196,11 @@ def test_commit_watcher_still_waits_for_an_unfinished_step_without_a_newer_commi
     watcher = CommitWatcher(str(tmp_path))
     watcher.after_save(3, ["actor"])
     with pytest.raises(RuntimeError, match="not committed within"):
+        # three of the watcher's 0.2 s polls: long enough to show it still waits, short enough to stay fast
         watcher.wait(timeout=0.6)
     assert watcher.superseded is None and rm.read_tracker(str(tmp_path)) is None
     _commit(tmp_path / "global_step_3" / "actor", 3)
+    # the manifest is on disk: the watcher's next 0.2 s poll sees it; 10 s is a hang
     watcher.wait(timeout=10)
     assert rm.read_tracker(str(tmp_path)) == 3
 
@@ -210,8 +217,10 @@ def test_commit_watcher_names_a_step_below_a_newer_commit_left_from_before_the_r
     (d.parent / "data.pt").write_bytes(b"d")
     watcher.after_save(3, ["actor"])
     with pytest.raises(RuntimeError, match="not committed within"):
+        # three of the watcher's 0.2 s polls: long enough to show it still waits, short enough to stay fast
         watcher.wait(timeout=0.6)  # no manifest yet: still waiting, not superseded by step 4
     _commit(d, 3)
+    # the manifest is on disk: the watcher's next 0.2 s poll sees it; 10 s is a hang
     watcher.wait(timeout=10)
     assert watcher.superseded is None and rm.read_tracker(str(tmp_path)) == 3
 
@@ -368,6 +377,7 @@ def test_reshard_message_names_derived_and_dropped_ranks():
 # torchrun of its own; the 1-rank reshard needs a torchrun of its own.
 
 
+# a 1-rank torchrun: ~10 s of torch and verl start-up, then seconds of work; 240 s is a hang
 def _torchrun(nproc: int, *args: str, timeout: int = 240, log_level: str = "WARNING") -> subprocess.CompletedProcess:
     run = launch(
         nproc,
@@ -436,6 +446,7 @@ def test_reshard_to_more_then_fewer_ranks_keeps_or_derives_rng(ws2_scenarios, tm
     scheduler are exact both ways; RNG as _check_resharded_rng says (the new rank 2 derived at 3,
     saved rank 2's stream dropped at 2)."""
     resumed_dir = ws2_scenarios / "resume"
+    # 3 ranks on 2 cores start slower than the default's 1 (~40 s on a loaded host); 300 s is a hang
     proc = _torchrun(3, "reshard", "--dir", str(resumed_dir), "--save-to", str(tmp_path), timeout=300, log_level="INFO")
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "RNG resharded" in ln]
     assert len(lines) == 2 and all("rank 2 gets a new stream derived from saved rank 0" in ln for ln in lines), lines

@@ -229,6 +229,7 @@ def test_trainer_resume_refuses_trapped_steps_on_every_rank(tmp_path):
         "--dir",
         str(tmp_path),
         env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},
+        # 2 ranks save and load several trapped steps (verl imported per rank); 400 s is a hang
         timeout=400,
         cwd=REPO,
         result=tmp_path / "result.json",

@@ -208,6 +208,7 @@ def test_stream_under_offload_through_verl_equals_sync_resumes_and_holds_sync_le
         "tests.scenarios.stream_offload",
         "--dir",
         str(tmp_path),
+        # ~40 s on a loaded host; above the scenario's 240 s group timeout, so a hung collective says so first
         timeout=480,
         cwd=REPO,
         env=env,

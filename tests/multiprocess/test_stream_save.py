@@ -63,10 +63,13 @@ def test_guard_over_budget_waits_until_the_writer_has_read_the_rest():
 
     step = threading.Thread(target=guarded_step)
     step.start()
+    # the step thread starts in milliseconds; 5 s is a hang
     entered.wait(5)
+    # a guard that did not block would finish in far less than 0.2 s
     assert not done.wait(0.2), "the guard must wait while b is unread"
     assert capture.copied_bytes == 4 * 4
     assert torch.equal(_read(capture, keys[1], b), torch.arange(8.0))
+    # the guard returns as soon as b is read; 5 s means it never did
     step.join(5)
     assert done.is_set() and torch.equal(_read(capture, keys[0], a), torch.arange(4.0))
     assert capture.failure is None and capture.blocked_s > 0

@@ -30,6 +30,7 @@ from . import presave as presave_scenario
 from . import stream as stream_scenario
 
 # lazy imports: verl and slimckpt's save path load once the scenarios' module settings are in place
+# far above any healthy wait (a rank failing alone ends in < 30 s); under the batch's 540 s
 COLLECTIVE_TIMEOUT_S = 240
 
 # name -> (function, its args besides dir, resume_scenarios.MODEL, resume_scenarios.FSDP_VERSION)
@@ -109,6 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", required=True)
     p.add_argument("names", nargs="*", help=f"scenarios to run (default all: {' '.join(SCENARIOS)})")
+    # under conftest's 600 s for the torchrun: the stacks are dumped before the test kills the tree
     p.add_argument("--timeout", type=int, default=540, help="seconds the batch may run before it dumps its stacks")
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in SCENARIOS]

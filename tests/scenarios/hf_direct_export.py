@@ -141,6 +141,7 @@ def run_model(args, model: str) -> dict:
     real_write = hf_direct_export.write_export
 
     def late_write(*a, **k):
+        # the tiny model's next step takes far less than 1 s: the write starts after it moved everything
         time.sleep(1.0)
         return real_write(*a, **k)
 
@@ -428,6 +429,7 @@ def scenario_lora(args) -> None:
             from slimckpt.save import step_write
 
             real_writer = getattr(step_write.storage_writer, "real", step_write.storage_writer)
+            # the tiny model's next step takes far less than 1 s: the write starts after it has moved B
             step_write.storage_writer = lambda *a, **k: (time.sleep(1.0), real_writer(*a, **k))[1]
             step_write.storage_writer.real = real_writer
         t0 = time.perf_counter()

@@ -16,6 +16,7 @@ import sys
 import time
 
 # lazy imports: the campaign and slimckpt load after the environment they read is set
+# the next step commits about a second later; past 60 s it never will, and the look goes on
 LATE_LOOK_LIMIT_S = 60.0
 
 
@@ -31,6 +32,7 @@ def install_late_look(record: str, last_step: int) -> None:
             actor = os.path.join(self.root, f"global_step_{step}", "actor")
             deadline = time.monotonic() + LATE_LOOK_LIMIT_S
             while os.path.isdir(actor) and time.monotonic() < deadline:
+                # a 20 ms poll: the look goes on soon after the delete at little CPU cost
                 time.sleep(0.02)
             with open(record, "a") as f:
                 f.write(json.dumps({"step": step, "actor_gone": not os.path.isdir(actor)}) + "\n")

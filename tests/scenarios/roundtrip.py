@@ -72,6 +72,7 @@ class _Commit:
 
     def __enter__(self) -> _Commit:
         def write_manifest(role_dir, manifest):
+            # held back so the verify, merge and load started right after the save find the commit in flight
             time.sleep(self.delay)
             if self.fail:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(role_dir, "slimckpt_resume.json"))
@@ -166,16 +167,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dir", required=True)
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=2)
     p.add_argument("--repeat", type=int, default=1)
+    # 0.5 s: the verify, merge and load start well before the manifest lands; short per mode
     p.add_argument("--delay", type=float, default=0.5, help="s rank 0's commit is held back in the in-flight part")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--round-trip-only", action="store_true", help="verl's round trip alone (no part 2 and 3)")
+    # a healthy collective here waits seconds; 60 s ends a mode whose peer raised alone
     p.add_argument("--timeout", type=int, default=60, help="s a collective may wait (a rank that raised alone)")
+    # under test_load_waits' 600 s: the stacks are dumped before the test kills the tree
     p.add_argument("--deadline", type=int, default=540, help="s the whole run may take")
     return p.parse_args(argv)
 
 
 def pg_timeout_s(args: argparse.Namespace) -> float:
     """How long the launcher's process group lets a collective wait."""
+    # 3x: the checkpoint's own groups give up first, so a failure ends one mode, not the run
     return 3 * args.timeout
 
 

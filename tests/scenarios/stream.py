@@ -54,6 +54,7 @@ class PauseAt:
         if self.count == self.nth:
             self.name = name
             self.reached.set()
+            # the scenario releases the writer after seconds of steps; 120 s is a hang, under the 240 s group
             if not self.go.wait(timeout=120):
                 raise RuntimeError("stream scenario: the paused writer was never released")
 
@@ -115,6 +116,7 @@ def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str,
     failure = None
     try:
         path, _ = _save(run, root, step, async_save="stream", **kw)
+        # the writer reads within milliseconds of the save; 120 s is a hang, under the 240 s group timeout
         assert pause.reached.wait(timeout=120), "the stream writer never started reading"
         change(pause)
         pause.release()
@@ -146,6 +148,7 @@ def scenario(args) -> None:
     stream_capture.READ_HOOK = pause
     try:
         stream3, blocking = _save(run, stream_root, rs.SAVE_STEP, async_save="stream", host_memory_budget_gb=1.0)
+        # the writer reads within milliseconds of the save; 120 s is a hang, under the 240 s group timeout
         assert pause.reached.wait(timeout=120), "the stream writer never started reading"
         capture = writer.capture
         reference = [run.step() for _ in range(rs.STEPS_AFTER)]
@@ -176,6 +179,7 @@ def scenario(args) -> None:
 
         def release_once_waiting() -> None:
             while capture.guards == 0 and not capture.closed:
+                # a 5 ms poll: the writer is released within milliseconds of the guard starting to wait
                 time.sleep(0.005)
             pause.release()
 
@@ -293,6 +297,7 @@ def _commit_tracker(watcher, root: str, step: int) -> str | None:
         pass
     watcher.after_save(step, ["actor"])
     try:
+        # the write has ended: the watcher's next 0.2 s poll settles it; 60 s is a hang
         watcher.wait(timeout=60)
     except RuntimeError as exc:
         return str(exc)

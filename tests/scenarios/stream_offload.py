@@ -142,6 +142,7 @@ def _paused_stream_save(run, root: str, step: int, nth: int = 2, **kw):
     pause = PauseAt(nth)
     stream_capture.READ_HOOK = pause
     path = save(run, root, step, async_save="stream", host_memory_budget_gb=1.0, **kw)
+    # the writer reads within milliseconds of the save; 120 s is a hang, under the 240 s group timeout
     assert pause.reached.wait(timeout=120), "the stream writer never started reading"
     return path, pause
 
@@ -285,6 +286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# a collective one rank never joins fails in 4 min, not gloo's 30 min; under the test's 480 s
 PG_TIMEOUT_S = 240
 BARRIER_AT_EXIT = False  # each rank closes the group as soon as it is done (rank 0 once its result is written)
 

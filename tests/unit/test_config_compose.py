@@ -198,6 +198,7 @@ def matrix() -> dict:
         text=True,
         env=env,
         cwd=REPO,
+        # one interpreter composes every combination (~40 s on a loaded host); 600 s is a hang
         timeout=600,
     )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULTS ")), None)
@@ -230,6 +231,7 @@ def test_same_config_as_verls_own_entry_point():
         capture_output=True,
         text=True,
         cwd=REPO,
+        # verl's entry point imports verl and prints the config: seconds; 300 s is a hang
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -143,6 +143,7 @@ print("PROBE" + json.dumps(out))
 
 
 def _probe(env):
+    # the probe imports verl's rollout and engine modules (~13 s on a loaded host); 180 s is a hang
     result = run_python(PROBE, env=env, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     line = [ln for ln in result.stdout.splitlines() if ln.startswith("PROBE")][-1]

@@ -92,6 +92,7 @@ def test_a_failing_writer_thread_fails_the_save(tmp_path, monkeypatch):
 
     def broken(data):
         if threading.current_thread() is threading.main_thread():
+            # the second writer thread starts in milliseconds; 30 s is a hang
             assert failed.wait(timeout=30), "the second writer thread never started"
             return real(data)
         failed.set()

@@ -69,7 +69,7 @@ def test_the_docs_table_is_up_to_date():
 def test_the_generator_rewrites_only_between_the_markers(tmp_path):
     doc = tmp_path / "configuration.md"
     doc.write_text(f"intro\n\n{env_vars.TABLE_BEGIN}\nold\n{env_vars.TABLE_END}\n\nafter\n")
-    proc = subprocess.run(
+    proc = subprocess.run(  # the generator imports no torch or verl: seconds at most; 120 s is a hang
         [sys.executable, "-m", "slimckpt.env_vars", "--write", str(doc)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
@@ -117,6 +117,7 @@ def test_set_flag_sets_and_unsets(monkeypatch):
             [sys.executable, "-c", f"import os; print(os.environ.get('{name}'))"],
             capture_output=True,
             text=True,
+            # a bare interpreter prints one variable in well under a second; 60 s is a hang
             timeout=60,
         ).stdout.strip()
         == "1"

@@ -44,7 +44,7 @@ def test_cpu_staging_takes_the_plain_path_and_reuses_the_pool():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_gpu_check_without_cuda_says_so_and_imports_no_verl(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    proc = subprocess.run(
+    proc = subprocess.run(  # without CUDA the script stops before it imports verl: seconds; 120 s is a hang
         ["bash", str(REPO / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2, proc.stderr
@@ -55,7 +55,7 @@ def test_gpu_check_without_cuda_says_so_and_imports_no_verl(tmp_path):
         "sys.exit(any(m == 'verl' or m.startswith('verl.') for m in sys.modules))"
     )
     assert (
-        subprocess.run(
+        subprocess.run(  # the child imports slimckpt's modules (torch, no verl): seconds; 120 s is a hang
             [sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO / "patches")}, timeout=120
         ).returncode
         == 0

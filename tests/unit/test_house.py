@@ -136,6 +136,7 @@ def test_every_module_imports_in_a_fresh_interpreter():
         "        bad[m.name] = repr(exc)\n"
         "print(json.dumps(bad))\n"
     )
+    # one interpreter imports every slimckpt module, torch and verl with them: under a minute; 300 s is a hang
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {}
@@ -230,6 +231,7 @@ def test_paths_that_configs_and_commands_name_work():
         "import importlib.metadata as md, slimckpt.verl_seam.plugin as p; "
         "print([e.value for e in md.entry_points(group='verl.plugins') if e.name == 'slimckpt'])"
     )
+    # one interpreter imports slimckpt's verl plugin module: seconds; 300 s is a hang
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "['slimckpt.verl_seam.plugin']"
@@ -239,6 +241,7 @@ def test_paths_that_configs_and_commands_name_work():
         ["slimckpt.cli", "dryrun", "--help"],
         ["slimckpt.plan", "--help"],
     ):
+        # each command imports slimckpt and prints its help or list: seconds; 300 s is a hang
         proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=300, cwd=REPO)
         assert proc.returncode == 0 and proc.stdout.strip(), (command, proc.stderr[-2000:])
 

@@ -8,6 +8,7 @@ from slimckpt.observe.memory import RssSampler, rss_anon_bytes
 
 
 def test_run_measured_sees_a_child_allocation():
+    # the 300 MiB stays alive for 0.5 s: many 10 ms samples see it, and wall_s has a known floor
     code = "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.5)"
     res = run_measured([sys.executable, "-c", code])
     assert res.returncode == 0
@@ -17,6 +18,7 @@ def test_run_measured_sees_a_child_allocation():
 
 
 def test_run_measured_sees_each_process_of_a_tree():
+    # the inner child holds its 200 MiB for 0.8 s, so the 10 ms sampler finds both processes
     inner = "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.8)"
     outer = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {inner!r}])"
     res = run_measured([sys.executable, "-c", outer])
@@ -30,6 +32,7 @@ def test_in_process_sampler_sees_a_plateau():
         block[::4096] = b"y" * len(block[::4096])
         import time
 
+        # 25 of the sampler's 2 ms intervals: the plateau is sampled however the threads are scheduled
         time.sleep(0.05)
     assert sampler.result.extra >= 120 * 2**20
     del block
@@ -54,6 +57,7 @@ def test_forked_child_shared_pages_count_once():
     code = (
         "import os, time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); pid = os.fork()\n"
         "if pid == 0:\n"
+        # the child holds its pages for 1 s, so the sampler reads both processes' Pss while both live
         "    c = bytearray(100 * 2**20); c[::4096] = b'y' * len(c[::4096]); time.sleep(1.0); os._exit(0)\n"
         "os.waitpid(pid, 0)"
     )

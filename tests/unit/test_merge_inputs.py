@@ -159,6 +159,7 @@ def test_a_wrong_local_dir_fails_before_torch_is_imported(ckpt, tmp_path):
         f"rc = cli.main(['merge', '--local_dir', {str(bad)!r}, '--target_dir', {str(tmp_path / 'o')!r}]); "
         "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc)"
     )
+    # the error comes before torch is imported, in about a second; 120 s is a hang
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split()[-2:] == ["NO-TORCH", "1"], proc.stdout + proc.stderr
     assert "model_world_size_2_rank_1.pt is missing" in proc.stderr
@@ -297,6 +298,7 @@ def _merge_in_tmpfs(
         f"echo left: $(cd {mount} && find . -mindepth 1 | sort); exit $rc"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # the tiny merge may start a 2-rank torchrun (torch imported per rank); 300 s is a hang
     return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -680,6 +682,7 @@ def test_a_distributed_merge_whose_ranks_do_not_all_join_ends_in_minutes(ckpt, t
             str(tmp_path / "o"),
         ],
         env=env,
+        # the join gives up after its 3 s plus the imports; 90 s fails a join that waits its default 600 s
         timeout=90,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]

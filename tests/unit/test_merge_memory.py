@@ -26,6 +26,7 @@ def peak_rss_anon(args: list[str]) -> int:
     )
     # the merge's whole process tree (worker processes with --workers), shared pages counted once
     peaks = sample_tree_peaks(proc.pid, interval_s=0.002, pss_interval_s=0.01)
+    # a merge of up to 430 MB under a 2 ms sampler: tens of seconds loaded; 300 s is a hang
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     return peaks.physical

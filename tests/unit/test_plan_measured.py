@@ -120,6 +120,7 @@ def test_plan_prints_no_warning_naming_its_temp_dir(tmp_path):
         ],
         capture_output=True,
         text=True,
+        # the plan's imports can wait minutes on a busy disk; 900 s still catches a hang
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -149,6 +149,7 @@ def test_a_step_locked_by_another_process_is_kept(tmp_path):
     retention.after_save(m, s1, 1)
     code = (
         "import sys, time; from slimckpt.read import locks\n"
+        # far longer than the checks below (milliseconds): the reader still holds its lock when killed
         "with locks.reading(sys.argv[1], 'reading it'):\n print('held', flush=True); time.sleep(30)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, s1], stdout=subprocess.PIPE, text=True)

@@ -83,6 +83,7 @@ def _save(out: str, measure: bool) -> subprocess.CompletedProcess:
         env=env,
         capture_output=True,
         text=True,
+        # one rank starts torch and saves a tiny model for one step: seconds; 300 s is a hang
         timeout=300,
         cwd=REPO,
     )

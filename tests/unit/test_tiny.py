@@ -137,6 +137,7 @@ def test_cli(tmp_path):
         [sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--model", "qwen2-tied"],
         capture_output=True,
         text=True,
+        # building the tiny model and data takes seconds; 120 s is a hang
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
@@ -208,6 +209,7 @@ def test_cli_reuse_keeps_matching_assets_and_rebuilds_others(tmp_path):
             [sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--reuse", *extra],
             capture_output=True,
             text=True,
+            # building (or reusing) the tiny model and data takes seconds; 120 s is a hang
             timeout=120,
         )
         assert out.returncode == 0, out.stderr

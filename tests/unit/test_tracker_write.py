@@ -125,6 +125,7 @@ sys.setprofile(None)
 
 def _save(root, step: int, patched: bool, kill: bool):
     code = KILLED_IN_TRACKER_WRITE.format(root=str(root), step=step, patched=patched, kill=kill)
+    # the child imports verl's trainer and saves one tracker: seconds; 120 s is a hang
     return run_python(code, env={"SLIMCKPT_DISABLE": "1"} if not patched else {}, timeout=120)
 
 

@@ -135,6 +135,7 @@ def test_hf_side_does_not_import_verl(tmp_path):
         leaf("output_validation").validate_hf_model_output(out)
         print(json.dumps({{"names": sorted(mapping), "verl": sorted(m for m in sys.modules if m.split(".")[0] == "verl")}}))
     """)
+    # the child maps a tiny model's names and writes its configs, without verl: seconds; 300 s is a hang
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
