@@ -34,22 +34,10 @@ from pathlib import Path
 from scripts.provenance import source_commit
 
 REPO = Path(__file__).resolve().parents[2]
+# the builder's arguments of tests/multiprocess/test_merge_verl.py's fsdp2_w2 and test_merge_moe.py's families
 CHECKPOINTS = {
-    "dense": ["--model", "llama", "--layers", "2", "--hidden", "64", "--vocab", "256"],
-    "moe": [
-        "--models",
-        "deepseek-v3,qwen3-moe",
-        "--experts",
-        "3",
-        "--steps",
-        "0",
-        "--layers",
-        "2",
-        "--hidden",
-        "64",
-        "--vocab",
-        "256",
-    ],
+    "dense": "--model llama --layers 2 --hidden 64 --vocab 256".split(),
+    "moe": "--models deepseek-v3,qwen3-moe --experts 3 --steps 0 --layers 2 --hidden 64 --vocab 256".split(),
 }
 CASES = {"dense": "dense/actor", "deepseek-v3": "moe/actor/deepseek-v3", "qwen3-moe": "moe/actor/qwen3-moe"}
 MAX_SHARD = "30KB"  # a tiny model in about ten files: shares cross file boundaries and experts
