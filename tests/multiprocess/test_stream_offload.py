@@ -216,14 +216,16 @@ def test_stream_under_offload_through_verl_equals_sync_resumes_and_holds_sync_le
     )
     assert run.proc.returncode == 0, run.output
     r = run.result
-    # 1. the offload leaves no device tensor alive but the one the paused read holds (DCP's planner
-    # looks a tensor up before its read begins: where the writer paused before the offload, that
-    # lookup is of the device tensor), and none once the write has ended; the writer reads verl's
+    # 1. the offload leaves no device tensor alive but those being read: the one the paused read holds
+    # (DCP's planner looks a tensor up before its read begins: where the writer paused before the
+    # offload, that lookup is of the device tensor) and one the export's thread was reading then (under
+    # load its read of the embedding can outlast the pause), and none once the write has ended; the writer reads verl's
     # host copies; the next update's reload keeps what is unread, its step copies nothing;
     # byte-equal; exact resume
     for x in r["equal_ranks"]:
         assert x["device_tensors"] > 0 and x["device_alive_after_write"] == [], x
-        assert all(x["paused_at"] == f"model.{name}" for name in x["device_alive_after_offload"]), x
+        being_read = {x["paused_at"], *x["reading_at_offload"]}
+        assert all(f"model.{name}" in being_read for name in x["device_alive_after_offload"]), x
         assert x["followed_bytes"] >= x["model_bytes"] // 2 and x["held_bytes"] > 0, x
         assert x["guard_copied_bytes"] == 0 and x["failure"] is None and not x["committed_while_paused"], x
     for phase in ("equal", "held"):

@@ -168,6 +168,9 @@ def phase_equal(run, d: str, result: dict) -> list[float]:
     sync = save(run, os.path.join(d, "sync"), rs.SAVE_STEP)
     stream, pause = _paused_stream_save(run, os.path.join(d, "stream"), rs.SAVE_STEP)
     capture = writer_for(run.manager).capture
+    # the reads in flight besides the paused one (the export reads on its own thread), taken before the
+    # device tensors are looked at: a read that ends in between only releases its tensor
+    reading = sorted(s.name for s in list(capture._sources.values()) if s.reading)
     gc.collect()
     saved_on_device = dict(DEVICE_STORAGES)  # the next update's reload replaces DEVICE_STORAGES
     device_alive = sorted(name for name, w in saved_on_device.items() if not w.expired())
@@ -178,6 +181,7 @@ def phase_equal(run, d: str, result: dict) -> list[float]:
         "device_tensors": len(saved_on_device),
         "device_alive_after_offload": device_alive,
         "paused_at": pause.name,
+        "reading_at_offload": reading,
         "model_bytes": model_bytes,
         "followed_bytes": followed,
         "held_bytes": capture.held_bytes,
