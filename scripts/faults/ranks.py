@@ -244,13 +244,14 @@ def stop_at_commit_outcome(rank: int, step: int) -> None:
         and the rank's log says it is not at the point claimed."""
         step_dir = os.path.dirname(role_dir)
         manifests = [os.path.join(step_dir, role, MANIFEST_NAME) for role in fault_trial.ROLES]
-        deadline = time.monotonic() + COMMIT_WAIT_FACTOR * TIMEOUT_S[0]
+        limit_s = COMMIT_WAIT_FACTOR * TIMEOUT_S[0]
+        deadline = time.monotonic() + limit_s
         while not all(os.path.exists(m) for m in manifests) and time.monotonic() < deadline:
             time.sleep(0.002)
         missing = [m for m in manifests if not os.path.exists(m)]
         if missing:
             print(
-                f"fault harness: {', '.join(missing)} not written within {COMMIT_WAIT_FACTOR * TIMEOUT_S[0]:.0f} s; "
+                f"fault harness: {', '.join(missing)} not written within {limit_s:.0f} s; "
                 "stopping anyway: this fault is before the step's commit, not at its outcome",
                 file=sys.stderr,
                 flush=True,

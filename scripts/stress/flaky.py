@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from scripts.provenance import source_commit
+from scripts.stress import cpu_load
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,9 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     args.work.mkdir(parents=True, exist_ok=True)
-    load = None if args.no_load else subprocess.Popen([sys.executable, "-c", "while True: pass"])
     counts: dict[str, dict] = {}
-    try:
+    with cpu_load(not args.no_load):
         for name in args.only or list(GUARDS):
             nodes, why = GUARDS[name]
             failed, walls = 0, []
@@ -98,10 +98,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{name} {k + 1}/{args.repeats}] {'ok' if ok else 'FAILED'} {seconds:.0f} s", flush=True)
             counts[name] = {"failed": failed, "runs": args.repeats, "median_s": sorted(walls)[len(walls) // 2]}
             print(f"{name}: {failed} of {args.repeats} failed ({why})", flush=True)
-    finally:
-        if load is not None:
-            load.kill()
-            load.wait()
     if args.json:
         args.json.write_text(
             json.dumps({"commit": source_commit(), "cpu_load": not args.no_load, "guards": counts}, indent=1) + "\n"

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from scripts.provenance import source_commit
+from scripts.stress import cpu_load
+from slimckpt.format.merge_manifest import MANIFEST_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 # the builder's arguments of tests/multiprocess/test_merge_verl.py's fsdp2_w2 and test_merge_moe.py's families
@@ -175,11 +177,6 @@ def configurations(runs: int) -> list[tuple[str, int, int]]:
     return [combos[k % len(combos)] for k in range(runs)]
 
 
-def cpu_load() -> subprocess.Popen:
-    """A second process that keeps one core busy for as long as the stress runs."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
-
-
 def summary(outcomes: list[Outcome]) -> dict:
     by: dict[str, dict[str, int]] = {}
     for o in outcomes:
@@ -210,14 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     build_checkpoints(work)
     for case, rel in CASES.items():
         ref = work / "reference" / case
-        if not (ref / "manifest.json").exists():
+        if not (ref / MANIFEST_NAME).exists():
             shutil.rmtree(ref, ignore_errors=True)
             ref.parent.mkdir(exist_ok=True)
             single_merge(work / rel, ref)
 
-    load = None if args.no_load else cpu_load()
     outcomes: list[Outcome] = []
-    try:
+    with cpu_load(not args.no_load):
         for k, (case, ranks, workers) in enumerate(configurations(args.runs)):
             o = distributed_merge(work, k, case, ranks, workers, args.delay)
             outcomes.append(o)
@@ -226,10 +222,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"[{k + 1}/{args.runs}] {case} ranks={ranks} workers={workers} {o.seconds:.1f} s: {mark} {o.detail}",
                 flush=True,
             )
-    finally:
-        if load is not None:
-            load.kill()
-            load.wait()
 
     bad = [o for o in outcomes if o.status != "same"]
     wall = time.time() - t_start
