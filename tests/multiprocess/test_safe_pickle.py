@@ -67,6 +67,63 @@ def test_getattr_gives_only_allowed_nested_classes():
             check(method, "bad.pt")
 
 
+class _EnumsByName(pickle.Pickler):
+    """Pickles an Enum member as getattr(<class>, "<name>"), as some Python 3.11 releases do (3.11.2,
+    Debian 12's python3, does), whatever this interpreter does."""
+
+    def reducer_override(self, obj):
+        import enum
+
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+@pytest.mark.pickle_refusals
+def test_metadata_with_enum_members_pickled_by_name_loads(tmp_path):
+    """DCP's .metadata and a ShardedTensor's metadata name a memory-format enum member; written by a
+    Python that pickles members by name, both load, and a getattr of a name the enum does not allow
+    is still refused."""
+    import io
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._shard.sharded_tensor.metadata import MEM_FORMAT_ENCODING
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    dcp.save({"w": torch.arange(6.0)}, checkpoint_id=str(tmp_path / "step"), no_dist=True)
+    metadata = pickle.loads((tmp_path / "step" / ".metadata").read_bytes())
+    for value in (metadata, _MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST, MEM_FORMAT_ENCODING.TORCH_PRESERVE_FORMAT):
+        buf = io.BytesIO()
+        _EnumsByName(buf, protocol=4).dump(value)
+        data = buf.getvalue()
+        assert b"TORCH_" in data and b"getattr" in data
+        check_bytes(data, ".metadata")
+        pickle_policy.scan_ops(data, ".metadata")
+        assert _loads(data, ".metadata") == value
+    (tmp_path / "step" / ".metadata").write_bytes(_metadata_by_name(metadata))
+    check_file(str(tmp_path / "step" / ".metadata"))
+    other = pickle.dumps(_GetattrOf(_MEM_FORMAT_ENCODING, "_missing_"), protocol=4)  # a method, not a member
+    for check in (check_bytes, pickle_policy.scan_ops, _loads):
+        with pytest.raises(PickleRefused, match=r"_MEM_FORMAT_ENCODING\._missing_"):
+            check(other, ".metadata")
+
+
+class _GetattrOf:
+    def __init__(self, owner, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return getattr, (self.owner, self.name)
+
+
+def _metadata_by_name(metadata) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    _EnumsByName(buf, protocol=4).dump(metadata)
+    return buf.getvalue()
+
+
 def test_extra_state_loads_through_torchs_restricted_loader(tmp_path):
     """verl's extra state (lr scheduler, torch/numpy/Python RNG) loads with weights_only=True."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9)

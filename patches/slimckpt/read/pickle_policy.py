@@ -80,6 +80,10 @@ _TORCH_STORAGES = (
 )
 _SHARDED = "torch.distributed._shard"
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
+# the members of the two memory-format enums that sharded and DCP metadata pickle. Some Python 3.11
+# releases (3.11.2, Debian 12's python3, does; 3.11.7 does not) pickle an Enum member by name, as
+# getattr(<enum class>, "<member>"); others as <enum class>(<value>): both forms must load
+_MEM_FORMATS = ("TORCH_CONTIGUOUS_FORMAT", "TORCH_CHANNELS_LAST", "TORCH_PRESERVE_FORMAT")
 
 # (module, name) as a pickle names them. Only constructors of data: none of them calls a function
 # it is handed, imports a module it is told, or reads or writes a file.
@@ -128,6 +132,7 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         (f"{_SHARDED}.sharded_tensor.metadata", "ShardedTensorMetadata"),
         (f"{_SHARDED}.sharded_tensor.metadata", "TensorProperties"),
         (f"{_SHARDED}.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"),
+        *((f"{_SHARDED}.sharded_tensor.metadata", f"MEM_FORMAT_ENCODING.{m}") for m in _MEM_FORMATS),
         (f"{_SHARDED}.metadata", "ShardMetadata"),
         (f"{_SHARDED}.sharding_spec.chunk_sharding_spec", "ChunkShardingSpec"),
         ("torch.distributed.remote_device", "_remote_device"),  # a shard's placement: parses "rank:0/cpu"
@@ -140,6 +145,7 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         (_DCP_METADATA, "ChunkStorageMetadata"),
         (_DCP_METADATA, "TensorProperties"),
         (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
+        *((_DCP_METADATA, f"_MEM_FORMAT_ENCODING.{m}") for m in _MEM_FORMATS),
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id: the directory the step was saved to
         # numpy's RNG state in extra_state (MT19937 key: a uint32 array)
@@ -244,8 +250,8 @@ def refuse(global_name: str, path: str) -> None:
 class RestrictedUnpickler(pickle.Unpickler):
     """`pickle.Unpickler` that looks up only allowed globals; `resolve` says what an allowed one is.
 
-    `getattr`, which protocol 2 pickles use to name a nested class (ShardedTensor.ProcessGroupState),
-    is given only for such a name that is itself allowed."""
+    `getattr`, which protocol 2 pickles use to name a nested class (ShardedTensor.ProcessGroupState)
+    and some Python releases an Enum member, is given only for such a name that is itself allowed."""
 
     path = "<pickle>"
 
@@ -347,19 +353,42 @@ def _check_pushed_global(
     if _canonical(module, name) != _GETATTR:
         check_global(module, name, path)
         return
-    # getattr only as protocol 2 names a nested class: getattr(<global>, "<name>"), called at once
-    after = [(n, a) for n, a in ops[i + 1 : i + 12] if n not in _PUT_OPS][:4]
+    # getattr only as protocol 2 names a nested class, or an Enum member by name: getattr(<global>,
+    # "<name>"), called at once; the global spelled out (GLOBAL), fetched from the memo, or looked up
+    # from two strings (STACK_GLOBAL, protocol 4)
+    after = [(n, a) for n, a in ops[i + 1 : i + 16] if n not in _PUT_OPS][:6]
     kinds = [n for n, _ in after]
-    if len(after) == 4 and kinds[1] in _STRING_OPS and kinds[2:] == ["TUPLE2", "REDUCE"]:
-        owner = None
-        if kinds[0] == "GLOBAL":
-            owner = ("global", *str(after[0][1]).partition(" ")[::2])
-        elif kinds[0] in _GET_OPS:
-            owner = memo.get(int(after[0][1]))  # puts between here and there store getattr only
-        if owner is not None and owner[0] == "global" and isinstance(after[1][1], str):
-            check_global(owner[1], f"{owner[2]}.{after[1][1]}", path)
-            return
+    owner, rest = None, after
+    if len(kinds) >= 3 and kinds[2] == "STACK_GLOBAL":
+        names = [_string_at(n, a, memo) for n, a in after[:2]]
+        if all(isinstance(v, str) for v in names):
+            owner, rest = ("global", *names), after[3:]
+    elif kinds[:1] == ["GLOBAL"]:
+        owner, rest = ("global", *str(after[0][1]).partition(" ")[::2]), after[1:]
+    elif kinds[:1] and kinds[0] in _GET_OPS:
+        owner, rest = memo.get(int(after[0][1])), after[1:]  # puts between here and there store getattr only
+    rest_kinds = [n for n, _ in rest[:3]]
+    if (
+        owner is not None
+        and owner[0] == "global"
+        and len(rest_kinds) == 3
+        and rest_kinds[0] in _STRING_OPS
+        and rest_kinds[1:] == ["TUPLE2", "REDUCE"]
+        and isinstance(rest[0][1], str)
+    ):
+        check_global(owner[1], f"{owner[2]}.{rest[0][1]}", path)
+        return
     refuse(f"{module}.{name}", path)
+
+
+def _string_at(op: str, arg: object, memo: dict[int, tuple | None]) -> str | None:
+    """The string an op pushes: a literal, or a memo entry holding one; None otherwise."""
+    if op in _STRING_OPS:
+        return arg if isinstance(arg, str) else bytes(arg).decode("latin-1")
+    if op in _GET_OPS:
+        value = memo.get(int(arg))
+        return value[1] if value and value[0] == "str" else None
+    return None
 
 
 def check_torch_bytes(data: bytes, path: str) -> None:
