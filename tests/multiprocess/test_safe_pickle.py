@@ -108,6 +108,18 @@ def test_metadata_with_enum_members_pickled_by_name_loads(tmp_path):
             check(other, ".metadata")
 
 
+def test_a_path_pickled_by_python_3_13_is_allowed():
+    """Python 3.13 pickles DCP's StorageMeta.checkpoint_id (a PosixPath) as pathlib._local.PosixPath."""
+    # pickle.dumps(pathlib.PosixPath("/a/b"), 4) on Python 3.13.0
+    by_313 = (
+        b"\x80\x04\x95+\x00\x00\x00\x00\x00\x00\x00\x8c\x0epathlib._local\x94\x8c\tPosixPath\x94\x93\x94"
+        b"\x8c\x04/a/b\x94\x85\x94R\x94."
+    )
+    assert pickle_policy.is_allowed("pathlib._local", "PosixPath")
+    pickle_policy.scan_ops(by_313, ".metadata")
+    check_bytes(by_313, ".metadata")  # this Python has no pathlib._local: the opcode scan decides
+
+
 class _GetattrOf:
     def __init__(self, owner, name: str) -> None:
         self.owner, self.name = owner, name

@@ -148,6 +148,7 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         *((_DCP_METADATA, f"_MEM_FORMAT_ENCODING.{m}") for m in _MEM_FORMATS),
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id: the directory the step was saved to
+        ("pathlib._local", "PosixPath"),  # the same, pickled by Python 3.13 (pathlib became a package)
         # numpy's RNG state in extra_state (MT19937 key: a uint32 array)
         ("numpy._core.multiarray", "_reconstruct"),
         ("numpy.core.multiarray", "_reconstruct"),
