@@ -253,3 +253,23 @@ def test_the_checkpoints_hold_what_each_case_names(ckpts):
     assert shard_sizes(ckpts["llama"], "model.embed_tokens.weight", WORLD) == (0, [128, 127])
     assert shard_sizes(ckpts["qwen3-moe"], "model.layers.0.mlp.experts.gate_up_proj", WORLD) == (0, [2, 1])
     assert any(".lora_A." in k for k in rank_file(ckpts["llama+lora"], 0))
+
+
+def test_no_fallback_to_verls_merger_where_it_would_read_rank0_alone(ckpts, tmp_path, monkeypatch):
+    """A checkpoint slimckpt cannot stream goes to verl's merger, but not one whose first key is
+    unsharded (verl would write rank 0's rows of every tensor): that is refused in one line."""
+    from slimckpt.hf.naming import NeedsVerlMerger
+    from slimckpt.merge import pipeline
+    from slimckpt.merge.plan import MergeError
+
+    def cannot_stream(*args, **kwargs):
+        raise NeedsVerlMerger("a save the streaming merge does not reproduce")
+
+    monkeypatch.setattr(pipeline, "make_plan", cannot_stream)
+    with pytest.raises(MergeError, match="first key, 'lm_head.weight', which is not sharded") as refused:
+        merge(
+            MergeOptions(local_dir=str(ckpts["replicated_first_key"]), target_dir=str(tmp_path / "o"), progress=False)
+        )
+    assert "\n" not in str(refused.value) and not (tmp_path / "o").exists()
+    result = merge(MergeOptions(local_dir=str(ckpts["llama"]), target_dir=str(tmp_path / "v"), progress=False))
+    assert result.used_verl_merger and (tmp_path / "v" / "model.safetensors").is_file()
