@@ -272,6 +272,16 @@ def _log_fallback(opts: MergeOptions, why: str, ckpt) -> None:
             f"FSDPModelMerger reads verl's rank files, not dcp/: resume from this step with "
             f"+recipe=intermediate, whose saves verl's merger reads, and merge that save"
         )
+    from ..read.sources import verl_reads_rank0_alone
+
+    first = verl_reads_rank0_alone(ckpt)
+    if first is not None:
+        raise MergeError(
+            f"slimckpt's streaming merge does not handle this checkpoint ({why}), and verl's own "
+            f"FSDPModelMerger would write it wrong: it takes the device mesh from the first key, {first!r}, "
+            f"which is not sharded, so it reads {ckpt.model_file(0)} alone and writes rank 0's rows of "
+            f"every sharded tensor; not run"
+        )
     total, shards, params = verl_merger_memory(ckpt)
     memory = (
         f"about {human_bytes(total)} of host memory (the {human_bytes(shards)} of rank model files, read "

@@ -201,6 +201,19 @@ def _find_mesh(sd: dict) -> MeshInfo | None:
     return None
 
 
+def verl_reads_rank0_alone(ckpt: VerlFsdpCheckpoint) -> str | None:
+    """The key that makes verl 0.9.1's FSDPModelMerger read rank 0's file alone, or None. It takes
+    the device mesh from the alphabetically first key of rank 0's state dict; a plain tensor there (a
+    parameter FSDP left unsharded, or a buffer whose name sorts first) gives it a mesh of one rank,
+    and it then writes every sharded tensor as rank 0's rows, with no error."""
+    if ckpt.world_size < 2 or not ckpt.state_dicts:
+        return None
+    first = min(ckpt.state_dicts[0])
+    value = ckpt.state_dicts[0][first]
+    plain = isinstance(value, torch.Tensor) and not isinstance(value, (*_dtensor_types(), ShardedTensorState))
+    return first if plain else None
+
+
 def _plain_compare_ranks(mesh: MeshInfo | None, world: int) -> list[int]:
     """Ranks whose copies of an unsharded tensor verl compares: rank 0's FSDP group."""
     if mesh is None:

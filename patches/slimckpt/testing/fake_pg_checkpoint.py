@@ -2,6 +2,8 @@
 
     python -m slimckpt.testing.fake_pg_checkpoint --out /data/ckpt/actor --world-size 8 \
         --size-preset llama3-8b [--save-contents model] [--ranks 0,1]
+    python -m slimckpt.testing.fake_pg_checkpoint --out /tmp/g4/actor --world-size 64 --model gemma4 \
+        --replicate '*norm.weight'      # norms left unsharded, beside Gemma4's persistent buffers
 
 torch's fake process group (backend "fake") lets one process act as rank r of N: collectives
 return at once and move no data. For each rank in turn the model is built on the meta device,
@@ -21,12 +23,17 @@ group: the reference the fake-group files are tested against.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import sys
 import time
 import traceback
 import zlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 from .. import internals
 from ..internals import dtensor_box
@@ -50,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, default=None, help="ranks to act as (default: torchrun's, else 2)")
     p.add_argument("--ranks", default=None, help="comma separated ranks to write (default: all)")
     p.add_argument("--model", choices=sorted(DENSE_MODELS), default="llama")
+    p.add_argument(
+        "--replicate",
+        default="",
+        help="comma separated parameter names (fnmatch patterns) FSDP leaves unsharded (fully_shard's "
+        "ignored_params): every rank saves them whole as plain tensors, as it saves buffers",
+    )
     p.add_argument("--size-preset", choices=sorted(PRESETS), default="tiny")
     for name in ("layers", "hidden", "intermediate", "vocab", "heads", "kv-heads"):
         p.add_argument(f"--{name}", type=int, default=None, help="overrides the preset")
@@ -148,12 +161,17 @@ def fill_local(name: str, local, global_shape, global_offset) -> None:
 
 
 def fill_model(model) -> None:
-    """Every parameter and persistent buffer of an FSDP2 model, filled on this rank's rows."""
+    """Every parameter and persistent buffer of an FSDP2 model, filled on this rank's rows; a tensor
+    under two names (tied embeddings) is filled once, as its first name in the state dict."""
     import torch
     from torch.distributed.tensor import DTensor
 
+    seen: set[int] = set()
     with torch.no_grad():
         for name, tensor in model.state_dict(keep_vars=True).items():
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
             if isinstance(tensor, DTensor):
                 _, offset = dtensor_box(tensor)
                 fill_local(name, tensor.to_local(), tuple(tensor.shape), tuple(offset))
@@ -170,14 +188,25 @@ def build_sharded(args: argparse.Namespace, world_size: int, materialize: bool =
     config = build_config(args, args.model)
     if materialize:
         model = auto_class(args.model).from_config(config, dtype=torch.float32)
-        wrap_fsdp2(model, mesh, "dim0", world_size)
     else:
         with torch.device("meta"):
             model = auto_class(args.model).from_config(config, dtype=torch.float32)
-        wrap_fsdp2(model, mesh, "dim0", world_size)
+    wrap_fsdp2(model, mesh, "dim0", world_size, replicated_params(model, getattr(args, "replicate", "")))
+    if not materialize:
         model.to_empty(device="cpu")  # non-persistent buffers (rotary) stay unset: nothing saves them
     fill_model(model)
     return model
+
+
+def replicated_params(model: torch.nn.Module, patterns: str) -> set[torch.nn.Parameter]:
+    """The parameters `--replicate` names (fnmatch patterns, comma separated); one that matches
+    nothing is an error, so a misspelt name cannot leave the checkpoint without replicated tensors."""
+    wanted = [p for p in patterns.split(",") if p]
+    named = list(model.named_parameters(remove_duplicate=False))
+    for pattern in wanted:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name, _ in named):
+            raise SystemExit(f"--replicate: {pattern!r} matches no parameter of the model")
+    return {p for name, p in named if any(fnmatch.fnmatchcase(name, pattern) for pattern in wanted)}
 
 
 def save_rank(

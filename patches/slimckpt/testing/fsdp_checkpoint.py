@@ -19,7 +19,7 @@ the benchmarks use; --size-preset picks those. The mixture-of-experts families (
 --experts routed experts of --intermediate/4 each, fused by transformers 5 into one [E, 2I, H] and
 one [E, H, I] tensor per layer) are built the same way; `--models a,b,...` saves several models
 in one torchrun (one process group, one import of verl), each into `<out>/<model>`. The dense
-families (`DENSE_MODELS`: Llama, Qwen2 untied and tied, Qwen3, Mistral, Gemma2, Gemma3, Phi-3),
+families (`DENSE_MODELS`: Llama, Qwen2 untied and tied, Qwen3, Mistral, Gemma2, Gemma3, Gemma4, Phi-3),
 Qwen2.5-VL (its vision tower too) and verl's critic (`critic`: a Qwen2 token classifier with one
 label, as verl's load_valuehead_model builds it) are built the same way; `NAME+lora` wraps NAME in
 a peft LoRA adapter (q_proj/v_proj, rank 4, B random when no step is taken; `NAME+lora-all`: verl's
@@ -42,6 +42,10 @@ import shutil
 import sys
 import tempfile
 import traceback
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # sizes the merge/save benchmarks use: (layers, hidden, intermediate, vocab, heads, kv_heads)
 PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -110,10 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--shard-placement",
-        choices=["dim0", "divisible"],
         default="dim0",
         help="FSDP2 only: 'divisible' shards each param on its first dim divisible by the "
-        "fsdp size (verl.utils.fsdp_utils.get_shard_placement_fn)",
+        "fsdp size (verl.utils.fsdp_utils.get_shard_placement_fn); 'divisible:a/b' for models a and b "
+        "only, the others on dim 0",
     )
     p.add_argument("--steps", type=int, default=1, help="AdamW steps before saving (0: empty optimizer state)")
     p.add_argument("--lora-rank", type=int, default=0, help="wrap with a peft LoRA adapter of this rank")
@@ -132,6 +136,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ]
     if unknown:
         p.error(f"--models: unknown model {unknown[0]!r}")
+    kind, _, only = args.shard_placement.partition(":")
+    if kind not in ("dim0", "divisible") or (only and kind != "divisible"):
+        p.error(f"--shard-placement: {args.shard_placement!r} is not dim0, divisible or divisible:a/b")
     preset = PRESETS[args.size_preset or "tiny"]
     for name, value in zip(("layers", "hidden", "intermediate", "vocab", "heads", "kv_heads"), preset):
         if getattr(args, name) is None:
@@ -151,6 +158,7 @@ DENSE_MODELS = {
     "mistral": ("MistralConfig", False),
     "gemma2": ("Gemma2Config", True),
     "gemma3": ("Gemma3TextConfig", True),
+    "gemma4": ("Gemma4TextConfig", True),  # persistent buffers (each layer's layer_scalar) besides its weights
     "phi3": ("Phi3Config", False),
 }
 VL_MODELS = ("qwen2.5-vl",)
@@ -209,8 +217,17 @@ def build_config(args: argparse.Namespace, model: str | None = None):
         )
     cls_name, tied = DENSE_MODELS[model]
     cls = getattr(transformers, cls_name)
-    arch = {"Gemma3TextConfig": "Gemma3ForCausalLM"}.get(cls_name, cls_name.removesuffix("Config") + "ForCausalLM")
+    arch = {"Gemma3TextConfig": "Gemma3ForCausalLM", "Gemma4TextConfig": "Gemma4ForCausalLM"}.get(
+        cls_name, cls_name.removesuffix("Config") + "ForCausalLM"
+    )
     extra = {"head_dim": args.hidden // args.heads} if model.startswith(("gemma", "qwen3")) else {}
+    if model == "gemma4":  # its defaults add a 262144-row per-layer embedding and 512-wide global heads
+        extra.update(
+            global_head_dim=args.hidden // args.heads,
+            vocab_size_per_layer_input=args.vocab,
+            hidden_size_per_layer_input=max(8, args.hidden // 4),
+            layer_types=["sliding_attention"] * (args.layers - 1) + ["full_attention"],  # its last must be full
+        )
     return cls(tie_word_embeddings=tied, architectures=[arch], **extra, **common)
 
 
@@ -302,10 +319,16 @@ def decoder_layer_classes(model) -> set[type]:
     return {type(m) for m in model.modules() if type(m).__name__ in names}
 
 
-def wrap_fsdp2(model, mesh, placement: str, fsdp_size: int):
+def wrap_fsdp2(
+    model: torch.nn.Module, mesh, placement: str, fsdp_size: int, ignored_params: set[torch.nn.Parameter] | None = None
+) -> torch.nn.Module:
+    """`fully_shard` on every decoder layer, then the root, as verl's apply_fsdp2 wraps a model;
+    `ignored_params` stay whole on every rank (plain tensors in the state dict, as buffers are)."""
     from torch.distributed.fsdp import fully_shard
 
     kwargs = {"mesh": mesh}
+    if ignored_params:  # every call: a layer's own fully_shard would otherwise shard them
+        kwargs["ignored_params"] = ignored_params
     if placement == "divisible":
         from verl.utils.fsdp_utils import get_shard_placement_fn
 
@@ -337,6 +360,12 @@ def wrap_fsdp1(model, mesh, no_mesh: bool = False, use_orig_params: bool = True)
         device_id=torch.device("cpu"),
         **where,
     )
+
+
+def placement_of(spec: str, name: str) -> str:
+    """The FSDP2 placement `--shard-placement` gives model `name`: dim0 or divisible."""
+    kind, _, only = spec.partition(":")
+    return kind if not only or name in only.split("/") else "dim0"
 
 
 def train_steps(model, optimizer, vocab: int, steps: int, seed: int) -> None:
@@ -408,26 +437,13 @@ def _record_error(path: str, exc: BaseException) -> None:
     traceback.print_exc()
 
 
-def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int) -> int:
-    """Build model `name` (seeded), wrap it as verl does, and save it with verl's manager into `out`
-    (then, with --export, each tier's in-training export of the same model into `<out>.<tier>`)."""
+def build_model(args: argparse.Namespace, name: str) -> torch.nn.Module:
+    """Model `name` as the saver builds it before wrapping (seeded, fp32; `NAME+lora`: in its peft
+    adapter): with --steps 0 the model the checkpoint holds, so a test can rebuild it unsharded."""
     import torch
-    from omegaconf import OmegaConf
-    from transformers import GenerationConfig
-    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     torch.manual_seed(args.seed)
-    config = build_config(args, name)
-    model = auto_class(name).from_config(config, dtype=torch.float32)
-    n_params = sum(p.numel() for p in model.parameters())
-    gen_dir = None
-    if not args.no_generation_config:
-        # verl saves generation_config.json only when config.name_or_path points at one
-        gen_dir = tempfile.mkdtemp(prefix="slimckpt-gen-")
-        GenerationConfig(
-            bos_token_id=1, eos_token_id=2, pad_token_id=0, do_sample=True, temperature=0.7, top_p=0.9
-        ).save_pretrained(gen_dir)
-        model.config.name_or_path = gen_dir
+    model = auto_class(name).from_config(build_config(args, name), dtype=torch.float32)
     lora_kind = name.partition("+")[2]
     lora_rank = args.lora_rank or (4 if lora_kind else 0)
     if lora_rank:
@@ -444,8 +460,29 @@ def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int
                 task_type="CAUSAL_LM",
             ),
         )
+    return model
+
+
+def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int) -> int:
+    """Build model `name` (seeded), wrap it as verl does, and save it with verl's manager into `out`
+    (then, with --export, each tier's in-training export of the same model into `<out>.<tier>`)."""
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import GenerationConfig
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    model = build_model(args, name)
+    n_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)  # the base model's
+    gen_dir = None
+    if not args.no_generation_config:
+        # verl saves generation_config.json only when config.name_or_path points at one
+        gen_dir = tempfile.mkdtemp(prefix="slimckpt-gen-")
+        GenerationConfig(
+            bos_token_id=1, eos_token_id=2, pad_token_id=0, do_sample=True, temperature=0.7, top_p=0.9
+        ).save_pretrained(gen_dir)
+        model.config.name_or_path = gen_dir
     if args.fsdp_version == 2:
-        model = wrap_fsdp2(model, mesh, args.shard_placement, fsdp_size)
+        model = wrap_fsdp2(model, mesh, placement_of(args.shard_placement, name), fsdp_size)
     else:
         model = wrap_fsdp1(model, mesh, args.fsdp1_no_mesh)
 
