@@ -3,11 +3,12 @@ CPU, the 78k-parameter tiny Llama) for the end-to-end modules, started in the ba
 session starts.
 
 Why: a run spends ~50 s in Ray and verl start-up on 2 cores before its first step, and uses about one
-core meanwhile (Ray actors start one after another). So the session's runs go one at a time in a
-background thread from its first test on, while the other tests run, and the modules that read them
-(tests/e2e/test_cpu_e2e.py, tests/e2e/test_flowrl_e2e.py, tests/e2e/test_incremental_e2e.py) are moved to the end
-of the session (conftest's pytest_collection_modifyitems); their fixtures wait for the runs they read.
-Only the runs that the selected tests read are started (none under `-m "not slow"`).
+core meanwhile (Ray actors start one after another). So the session's runs go one at a time in the
+background from its first test on, while the other tests run, and the modules that read them
+(tests/e2e/test_cpu_e2e.py, tests/e2e/test_flowrl_e2e.py, tests/e2e/test_incremental_e2e.py, ...) are moved
+to the end of the session (conftest's pytest_collection_modifyitems); their fixtures wait for the runs they
+read, and from the first such wait two runs go at once (RunPool). Only the runs that the selected tests
+read are started (none under `-m "not slow"`).
 
 The runs (RUNS, in the order they start; a resumed run starts after the run it resumes):
   grpo_first    GRPO, 2 ranks, +recipe=intermediate, steps 1-3 saving every step
@@ -250,8 +251,17 @@ READS = {
 
 
 class RunPool:
-    """Runs the needed RUNS one after another in a background thread; `wait(name)` blocks until that
-    one ended and returns its output, or fails the test with the output's tail."""
+    """Runs the needed RUNS in the background, in RUNS order, a run that resumes another only after
+    it; `wait(name)` blocks until that one ended and returns its output, or fails the test with the
+    output's tail.
+
+    One run at a time while the other tests run: they keep both cores busy, and some of them time
+    collectives in seconds. The first `wait` means those tests are done (the tests that read runs go
+    last), and from then on two runs go at once: one run alone leaves a core idle (its Ray actors
+    start one after another), which was the last minutes of every session."""
+
+    WIDTH_WHILE_OTHERS_RUN = 1
+    WIDTH_ONCE_READ = 2
 
     def __init__(self, root: Path, needed: set[str]) -> None:
         self.root = root
@@ -259,9 +269,12 @@ class RunPool:
         self.done = {name: threading.Event() for name in self.order}
         self.outcome: dict[str, str | None] = {}  # name -> None when it passed, else why it failed
         self.snapshots: dict[str, dict] = {}
-        self._proc: subprocess.Popen | None = None
+        self.width = self.WIDTH_WHILE_OTHERS_RUN
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._running: set[str] = set()
+        self._changed = threading.Condition()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run_all, name="verl-runs", daemon=True)
+        self._thread = threading.Thread(target=self._dispatch, name="verl-runs", daemon=True)
 
     def start(self) -> None:
         if self.order:
@@ -273,42 +286,89 @@ class RunPool:
 
     def wait(self, name: str) -> str:
         assert name in self.done, f"{name} was not started: add the fixture that reads it to READS"
+        with self._changed:
+            self.width = max(self.width, self.WIDTH_ONCE_READ)
+            self._changed.notify_all()
         self.done[name].wait()
         text = self.log(name).read_text(errors="replace") if self.log(name).exists() else ""
         assert self.outcome[name] is None, f"verl run {name}: {self.outcome[name]}\n{text[-6000:]}"
         return text
 
     def stop(self) -> None:
-        """Kill the run in flight (the session ended, or was interrupted) and start no other."""
+        """Kill the runs in flight (the session ended, or was interrupted) and start no other."""
         self._stop.set()
-        self._kill()
+        with self._changed:
+            self._changed.notify_all()
+        for name in list(self._procs):
+            self._kill(name)
 
-    def _kill(self) -> None:
-        proc = self._proc
+    def _kill(self, name: str) -> None:
+        proc = self._procs.get(name)
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # train_small.sh, verl's driver and the Ray cluster it started
             proc.wait()
 
-    def _run_all(self) -> None:
-        for name in self.order:
-            spec = RUNS[name]
-            if self._stop.is_set():
-                self.outcome[name] = "not run: the session ended first"
-            elif spec.after and self.outcome.get(spec.after) is not None:
-                self.outcome[name] = f"not run: it resumes from {spec.after}, which failed"
-            else:
-                try:
-                    if spec.copy:
-                        shutil.copytree(self.root / spec.copy[0], self.root / spec.copy[1])
-                    self.outcome[name] = self._run(name, spec)
-                    if name == "grpo_first":  # what the stopped run left, before the resumed run adds to it
-                        ckpt = self.root / "grpo_ckpt"
-                        self.snapshots[name] = {
-                            int(p.name.rsplit("_", 1)[1]): sorted(os.listdir(p)) for p in ckpt.glob("global_step_*")
-                        }
-                except Exception as exc:  # noqa: BLE001 - its readers fail with it instead of waiting forever
-                    self.outcome[name] = f"could not run: {exc!r}"
+    def _ready(self, pending: list[str]) -> str | None:
+        """The first pending run that may start now: the run it resumes from (if any) has ended."""
+        for name in pending:
+            after = RUNS[name].after
+            if after is None or after not in self.done or self.done[after].is_set():
+                return name
+        return None
+
+    def _dispatch(self) -> None:
+        self._build_tiny_assets()
+        pending = list(self.order)
+        while pending:
+            with self._changed:
+                name = None
+                while not self._stop.is_set():
+                    name = self._ready(pending) if len(self._running) < self.width else None
+                    if name is not None:
+                        break
+                    self._changed.wait()
+                if self._stop.is_set():
+                    break
+                pending.remove(name)
+                self._running.add(name)
+            threading.Thread(target=self._run_one, args=(name,), name=f"verl-run-{name}", daemon=True).start()
+        for name in pending:  # the session ended first
+            self.outcome[name] = "not run: the session ended first"
             self.done[name].set()
+
+    def _build_tiny_assets(self) -> None:
+        """The model and data every run shares, built once before two runs could build them at once
+        (train_small.sh's own build then finds them and keeps them)."""
+        out = self.root / "tiny_assets"
+        cmd = [sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(out), "--model", "llama", "--reuse"]
+        cmd += ["--warmup-steps", "0", "--max-operand", "4"]
+        with open(self.root / "tiny_assets.log", "w") as log:
+            # builds a 78k-parameter model and a few hundred rows in seconds; a run that needs them reports a failure
+            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, timeout=RUN_TIMEOUT_S)
+
+    def _run_one(self, name: str) -> None:
+        spec = RUNS[name]
+        try:
+            if spec.after and self.outcome.get(spec.after) is not None:
+                self.outcome[name] = f"not run: it resumes from {spec.after}, which failed"
+            elif self._stop.is_set():
+                self.outcome[name] = "not run: the session ended first"
+            else:
+                if spec.copy:
+                    shutil.copytree(self.root / spec.copy[0], self.root / spec.copy[1])
+                self.outcome[name] = self._run(name, spec)
+                if name == "grpo_first":  # what the stopped run left, before the resumed run adds to it
+                    ckpt = self.root / "grpo_ckpt"
+                    self.snapshots[name] = {
+                        int(p.name.rsplit("_", 1)[1]): sorted(os.listdir(p)) for p in ckpt.glob("global_step_*")
+                    }
+        except Exception as exc:  # noqa: BLE001 - its readers fail with it instead of waiting forever
+            self.outcome[name] = f"could not run: {exc!r}"
+        finally:
+            self.done[name].set()
+            with self._changed:
+                self._running.discard(name)
+                self._changed.notify_all()
 
     def _run(self, name: str, spec: Spec) -> str | None:
         args = [a.format(root=self.root) for a in spec.args]
@@ -334,7 +394,7 @@ class RunPool:
                 )
                 if done.returncode != 0:
                     return f"slimckpt {' '.join(cmd[3:])} exited {done.returncode}"
-            self._proc = subprocess.Popen(
+            proc = self._procs[name] = subprocess.Popen(
                 ["bash", str(SCRIPT), *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -343,9 +403,9 @@ class RunPool:
                 start_new_session=True,
             )
             try:
-                code = self._proc.wait(timeout=RUN_TIMEOUT_S)
+                code = proc.wait(timeout=RUN_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                self._kill()
+                self._kill(name)
                 return f"killed after {RUN_TIMEOUT_S} s"
         if self._stop.is_set():
             return "killed: the session ended first"
