@@ -326,15 +326,11 @@ def _check_ops(ops: list[tuple[str, object]], path: str) -> None:
     memo: dict[int, tuple | None] = {}
     pushed: list[tuple | None] = []  # what each op (memo ops skipped) left on top of the stack, when known
     for i, (name, arg) in enumerate(ops):
-        value: tuple | None = None
         if name in _PUT_OPS:
             memo[len(memo) if name == "MEMOIZE" else int(arg)] = pushed[-1] if pushed else None
             continue
-        if name in _STRING_OPS:
-            value = ("str", arg if isinstance(arg, str) else bytes(arg).decode("latin-1"))
-        elif name in _GET_OPS:
-            value = memo.get(int(arg))
-        elif name in ("GLOBAL", "INST"):
+        value = _pushed(name, arg, memo)
+        if name in ("GLOBAL", "INST"):
             module, _, attr = str(arg).partition(" ")
             value = ("global", module, attr)
         elif name == "STACK_GLOBAL":
@@ -361,13 +357,13 @@ def _check_pushed_global(
     kinds = [n for n, _ in after]
     owner, rest = None, after
     if len(kinds) >= 3 and kinds[2] == "STACK_GLOBAL":
-        names = [_string_at(n, a, memo) for n, a in after[:2]]
-        if all(isinstance(v, str) for v in names):
-            owner, rest = ("global", *names), after[3:]
+        names = [_pushed(n, a, memo) for n, a in after[:2]]
+        if all(v and v[0] == "str" for v in names):
+            owner, rest = ("global", names[0][1], names[1][1]), after[3:]
     elif kinds[:1] == ["GLOBAL"]:
         owner, rest = ("global", *str(after[0][1]).partition(" ")[::2]), after[1:]
     elif kinds[:1] and kinds[0] in _GET_OPS:
-        owner, rest = memo.get(int(after[0][1])), after[1:]  # puts between here and there store getattr only
+        owner, rest = _pushed(*after[0], memo), after[1:]  # puts between here and there store getattr only
     rest_kinds = [n for n, _ in rest[:3]]
     if (
         owner is not None
@@ -382,13 +378,13 @@ def _check_pushed_global(
     refuse(f"{module}.{name}", path)
 
 
-def _string_at(op: str, arg: object, memo: dict[int, tuple | None]) -> str | None:
-    """The string an op pushes: a literal, or a memo entry holding one; None otherwise."""
+def _pushed(op: str, arg: object, memo: dict[int, tuple | None]) -> tuple | None:
+    """What a string or memo-get op leaves on the stack, as the scan tracks it (("str", text), or
+    what the memo holds); None for any other op."""
     if op in _STRING_OPS:
-        return arg if isinstance(arg, str) else bytes(arg).decode("latin-1")
+        return ("str", arg if isinstance(arg, str) else bytes(arg).decode("latin-1"))
     if op in _GET_OPS:
-        value = memo.get(int(arg))
-        return value[1] if value and value[0] == "str" else None
+        return memo.get(int(arg))
     return None
 
 

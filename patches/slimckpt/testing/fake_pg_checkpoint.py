@@ -191,7 +191,7 @@ def build_sharded(args: argparse.Namespace, world_size: int, materialize: bool =
     else:
         with torch.device("meta"):
             model = auto_class(args.model).from_config(config, dtype=torch.float32)
-    wrap_fsdp2(model, mesh, "dim0", world_size, replicated_params(model, getattr(args, "replicate", "")))
+    wrap_fsdp2(model, mesh, "dim0", world_size, replicated_params(model, args.replicate))
     if not materialize:
         model.to_empty(device="cpu")  # non-persistent buffers (rotary) stay unset: nothing saves them
     fill_model(model)
