@@ -30,6 +30,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import SlimckptError
+
 KINDS = ("user", "bench", "test")
 TYPES = ("flag", "int", "seconds", "path", "level", "version")
 
@@ -205,7 +207,7 @@ VARIABLES: tuple[EnvVar, ...] = (
 BY_NAME = {v.name: v for v in VARIABLES}
 
 
-class BadValue(ValueError):
+class BadValue(SlimckptError, ValueError):
     """A variable set to something its type does not take; the message is one line naming it."""
 
 

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import env_vars
+from . import SlimckptError, env_vars
 from .log import get_logger
 
 log = get_logger("slimckpt.internals")
@@ -121,7 +121,7 @@ INTERNALS: dict[str, Internal] = {
 }
 
 
-class InternalMissing(RuntimeError):
+class InternalMissing(SlimckptError, RuntimeError):
     """A listed internal is not where it is listed, on a release it was checked on."""
 
 

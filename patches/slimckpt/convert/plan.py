@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from .. import SlimckptError
 from ..format.resume_manifest import TRACKER_NAME
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")
@@ -18,7 +19,7 @@ ROLES = ("actor", "critic")
 PARTIAL = ".partial"
 
 
-class ConvertError(RuntimeError):
+class ConvertError(SlimckptError, RuntimeError):
     """Bad input to `slimckpt convert`; the message is one line naming the file and the fix."""
 
 

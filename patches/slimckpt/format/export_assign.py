@@ -20,8 +20,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .. import SlimckptError
 
-class AssignError(ValueError):
+
+class AssignError(SlimckptError, ValueError):
     """The ranks' boxes do not cover a tensor exactly once (a bug or an unsupported sharding)."""
 
 

@@ -24,6 +24,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .. import SlimckptError
 from .names import DTYPE_BYTES, DTYPE_ORDER
 
 _DTYPE_RANK = {name: i for i, name in enumerate(DTYPE_ORDER)}
@@ -36,7 +37,7 @@ DEFAULT_METADATA = {"format": "pt"}
 HEADER_LEN_BYTES = 8
 
 
-class LayoutError(ValueError):
+class LayoutError(SlimckptError, ValueError):
     pass
 
 

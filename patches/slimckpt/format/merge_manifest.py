@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
+from .. import SlimckptError
 from .os_errors import os_failure
 
 FORMAT_VERSION = 1
@@ -36,7 +37,7 @@ except ImportError:  # pragma: no cover - xxhash is a dependency; keep working w
     DEFAULT_ALGO = "blake2b"
 
 
-class CommitError(RuntimeError):
+class CommitError(SlimckptError, RuntimeError):
     """An output directory cannot be created or committed; the message names the path and the fix."""
 
 

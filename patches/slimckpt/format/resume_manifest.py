@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import SlimckptError
 from .merge_manifest import (
     DEFAULT_ALGO,
     BadFile,
@@ -47,7 +48,7 @@ LOCK_SUFFIX = ".slimckpt-lock"  # slimckpt.read.locks.LOCK_SUFFIX
 DROP_DIRS = ("dcp.slimckpt-drop/", "dcp.slimckpt-old/")
 
 
-class UncommittedCheckpoint(RuntimeError):
+class UncommittedCheckpoint(SlimckptError, RuntimeError):
     """A step directory whose save did not finish (no manifest), or whose files do not match it."""
 
 

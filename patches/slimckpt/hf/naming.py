@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from .. import SlimckptError
 from ..format.layout import Take
 from ..format.names import HF_SUBDIR, torch_dtypes_of_choices
 from ..log import get_logger
@@ -18,11 +19,11 @@ from ..read.checkpoint_dir import CheckpointError
 log = get_logger("slimckpt.merge")
 
 
-class NeedsVerlMerger(Exception):
+class NeedsVerlMerger(SlimckptError):
     """This checkpoint is outside what the streaming merge reproduces exactly."""
 
 
-class ConfigMismatch(ValueError):
+class ConfigMismatch(SlimckptError, ValueError):
     """A checkpoint tensor that transformers splits on save does not have the shape config.json
     gives it (another number of experts, or other sizes): the config is not this checkpoint's."""
 

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import SlimckptError
 from ..format import layout
 from ..format.export_assign import Box
 from ..format.merge_manifest import check_room
@@ -18,7 +19,7 @@ from ..read.checkpoint_dir import CheckpointError
 from .naming import ConfigMismatch, HfSide
 
 
-class MergeError(RuntimeError):
+class MergeError(SlimckptError, RuntimeError):
     """Any failure of a merge or export plan a user can act on; str() is the one-line message."""
 
 

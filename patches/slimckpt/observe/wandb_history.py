@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import SlimckptError
+
 FILE_HEADER = 7
 FILE_IDENT = b":W&B"
 BLOCK = 32768
@@ -30,7 +32,7 @@ CHUNK_HEADER = 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
-class HistoryError(Exception):
+class HistoryError(SlimckptError):
     """A run that cannot be read; str() names the path and the reason."""
 
 

@@ -9,12 +9,13 @@ import json
 import os
 import re
 
+from .. import SlimckptError
 from ..format.names import DCP_DIR, FSDP_CONFIG, HF_SUBDIR  # noqa: F401 - the readers take them from here
 
 MODEL_FILE_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(SlimckptError, RuntimeError):
     """A problem with the input checkpoint; the message names the file and the fix, on one line."""
 
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .. import SlimckptError
 from ..log import get_logger
 
 log = get_logger("slimckpt.locks")
@@ -40,7 +41,7 @@ log = get_logger("slimckpt.locks")
 LOCK_SUFFIX = ".slimckpt-lock"
 
 
-class LockBusy(RuntimeError):
+class LockBusy(SlimckptError, RuntimeError):
     """Another process holds a conflicting lock; str() is the one-line message."""
 
     def __init__(self, message: str, holder: str = "") -> None:

@@ -22,6 +22,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 
+from .. import SlimckptError
 from ..format.names import TORCH_ITEMSIZE
 from .pickle_policy import RestrictedUnpickler
 
@@ -46,7 +47,7 @@ _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # zip local file header, 30 byte
 _HEADER_READ = 4096  # bytes read at each local header (see get_record_offset)
 
 
-class NotATorchFile(ValueError):
+class NotATorchFile(SlimckptError, ValueError):
     """A file torch.save did not write, or not as this reader reads it; the message says what."""
 
 

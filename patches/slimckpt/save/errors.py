@@ -30,6 +30,7 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+from .. import SlimckptError
 from ..collective import outcome
 from ..format.os_errors import describe_os_error, redescribe
 from ..format.resume_manifest import (
@@ -55,7 +56,7 @@ log = get_logger("slimckpt.save")
 POLICIES = ("stop", "continue")
 
 
-class SaveFailed(RuntimeError):
+class SaveFailed(SlimckptError, RuntimeError):
     """A checkpoint save failed; str() is the one-line message (path and fix)."""
 
 

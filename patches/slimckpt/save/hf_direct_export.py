@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from .. import SlimckptError
 from ..collective.outcome import Failure, agree, failure_of, from_rank0
 from ..format import layout
 from ..format.export_assign import AssignError, Box, assign_writers, full_box, run_starts, take_pieces
@@ -73,7 +74,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in ST_DTYPES.items()}
 MERGE_LORA_HINT = "checkpoint.export_merge_lora=true"
 
 
-class ExportError(RuntimeError):
+class ExportError(SlimckptError, RuntimeError):
     """The export failed; str() is one line (raised the same on every rank)."""
 
 

@@ -3,10 +3,11 @@ line naming the rank (slimckpt.write.peers finds it by its heartbeat), the step 
 
 from __future__ import annotations
 
+from .. import SlimckptError
 from ..write.peers import in_a_job, lost_ranks_line
 
 
-class RankLost(RuntimeError):
+class RankLost(SlimckptError, RuntimeError):
     """A save's collective lost a rank; str() is the one-line message."""
 
 

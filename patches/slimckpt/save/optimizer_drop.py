@@ -34,6 +34,7 @@ import shutil
 import time
 from typing import Any
 
+from .. import SlimckptError
 from ..format.dropped_optimizer import DROPPED_KEY, NATIVE_MARKER
 from ..format.merge_manifest import READ_CHUNK, fsync_path, new_hasher
 from ..format.resume_manifest import (
@@ -58,7 +59,7 @@ OPTIM_FILE = re.compile(r"^optim_world_size_\d+_rank_\d+\.pt$")
 OPTIM_ROOT = "optim"  # the optimizer's part of the incremental tier's state dict ({"model", "optim"})
 
 
-class NothingToDrop(Exception):
+class NothingToDrop(SlimckptError):
     """The role dir holds no optimizer state (or is not a committed step): str() says why."""
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 from verl.utils.fsdp_utils import fsdp_version
 
+from .. import SlimckptError
 from ..collective import outcome
 from ..format.resume_manifest import (
     FAILED_PREFIX,
@@ -43,7 +44,7 @@ from .state_dicts import LORA_ONLY_KEY
 log = get_logger("slimckpt.resume")
 
 
-class CommitFailed(RuntimeError):
+class CommitFailed(SlimckptError, RuntimeError):
     """The commit of a step failed on some rank; every rank raises it with the same line."""
 
 

@@ -61,6 +61,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from .. import SlimckptError
 from ..collective import outcome
 from ..log import get_logger
 
@@ -69,7 +70,7 @@ log = get_logger("slimckpt.resume")
 READ_HOOK: Callable[[str], None] | None = None
 
 
-class StreamMutationError(RuntimeError):
+class StreamMutationError(SlimckptError, RuntimeError):
     """A captured shard changed before the writer had read it."""
 
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
+from .. import SlimckptError
 from ..format import merge_manifest
 from ..format import resume_manifest as rm
 from ..format.dropped_optimizer import DROPPED_KEY
@@ -52,7 +53,7 @@ KIND_STEP = "step"
 KIND_ROOT = "checkpoint root"
 
 
-class NotACheckpoint(RuntimeError):
+class NotACheckpoint(SlimckptError, RuntimeError):
     """The path is none of the dirs verify knows; the message says what it expected."""
 
 

@@ -46,6 +46,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import SlimckptError
 from ..log import get_logger
 from .config_keys import unknown_keys, unknown_keys_in_file
 from .recipes import GROUPS, format_options, list_group
@@ -55,7 +56,7 @@ CONFIG_MODULE = "verl.trainer.config"
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 
 
-class DryRunError(Exception):
+class DryRunError(SlimckptError):
     """A config that verl would reject (or Hydra could not compose); str() is the one-line reason,
     `details` optional extra lines (e.g. the available recipes)."""
 

@@ -20,7 +20,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .. import SUPPORTED_VERL, __version__, env_vars
+from .. import SUPPORTED_VERL, SlimckptError, __version__, env_vars
 from ..log import get_logger
 from .import_hooks import cancel, when_imported
 
@@ -29,7 +29,7 @@ log = get_logger("slimckpt.registry")
 ALLOW_ENV = "SLIMCKPT_ALLOW_UNTESTED_VERL"
 
 
-class UnsupportedVerlVersion(RuntimeError):
+class UnsupportedVerlVersion(SlimckptError, RuntimeError):
     pass
 
 

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import SlimckptError
 from ..format import layout
 from ..format.merge_manifest import DEFAULT_ALGO, new_hasher
 from ..format.os_errors import os_failure
@@ -29,7 +30,7 @@ PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
 Progress = Callable[[int], None]
 
 
-class OutputError(RuntimeError):
+class OutputError(SlimckptError, RuntimeError):
     """Writing the output failed (disk full, read-only...); the message names the file and the fix."""
 
 

@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import internals
+from .. import SlimckptError, internals
 
 BEAT_S = 1.0
 CALL_TIMEOUT_S = 5.0
@@ -59,7 +59,7 @@ PEER_WORDS = (
 )
 
 
-class StoreSilent(RuntimeError):
+class StoreSilent(SlimckptError, RuntimeError):
     """The store did not answer within CALL_TIMEOUT_S."""
 
 
