@@ -66,7 +66,9 @@ def test_every_exception_class_derives_from_the_root():
         cls = getattr(importlib.import_module(module), name)
         if not (isinstance(cls, type) and issubclass(cls, SlimckptError)):
             bad.append(f"{path}:{line} {name}")
-    assert bad == [], "derive these from slimckpt.SlimckptError (keep their builtin parent as a second base)"
+    assert not bad, "derive these from slimckpt.SlimckptError (keep their builtin parent as a second base):\n" + (
+        "\n".join(bad)
+    )
 
 
 # The builtin type callers catch each by (`except ValueError` around a parse, `except RuntimeError` in
