@@ -130,8 +130,8 @@ def worker_save(work: str) -> None:
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from slimckpt.format.resume_manifest import write_tracker
     from slimckpt.save.resume_state import finish_pending
+    from slimckpt.write.resume_records import write_tracker
 
     dist.init_process_group("gloo")
     manager = _tiny_run(_slim_config())

@@ -185,6 +185,7 @@ def test_a_failure_after_the_manifest_leaves_the_step_committed(tmp_path):
     and the tracker's watcher may already name the step): the save still fails, on every policy,
     but neither the failure note nor the discard touches the committed dir."""
     from slimckpt.format import resume_manifest as rm
+    from slimckpt.write import resume_records as rr
 
     role = tmp_path / "global_step_5" / "critic"
     shard = role / "extra_state_world_size_2_rank_0.pt"
@@ -192,7 +193,7 @@ def test_a_failure_after_the_manifest_leaves_the_step_committed(tmp_path):
     def save():
         role.mkdir(parents=True)
         shard.write_bytes(b"rows" * 64)
-        rm.write_manifest(
+        rr.write_manifest(
             str(role),
             rm.Manifest(
                 global_step=5, world_size=2, contents=["extra"], files=rm.describe_files(str(role), [shard.name])
@@ -204,7 +205,7 @@ def test_a_failure_after_the_manifest_leaves_the_step_committed(tmp_path):
         save_errors.guarded_save(_manager("continue"), str(role), 5, save)
     assert not failure_markers(str(role)) and shard.exists()
     assert rm.check_committed(str(role)).global_step == 5
-    assert not rm.write_failure(str(role), 1, "peer lost") and not failure_markers(str(role))
+    assert not rr.write_failure(str(role), 1, "peer lost") and not failure_markers(str(role))
 
 
 def test_a_save_after_a_lost_rank_fails_at_once(tmp_path, monkeypatch):

@@ -19,6 +19,8 @@ from slimckpt.format import merge_manifest as mm
 from slimckpt.format import resume_manifest as rm
 from slimckpt.verify.command import KIND_INCREMENTAL, KIND_MERGE, KIND_NATIVE, detect, verify_path
 from slimckpt.verify.native import check_safetensors_header
+from slimckpt.write import output_dir as od
+from slimckpt.write import resume_records as rr
 
 from ..conftest import REPO
 from ..helpers.merge_helpers import synthetic_checkpoint
@@ -39,15 +41,15 @@ def _flip(path, offset: int) -> None:
 
 
 def merge_dir(tmp_path, name="out"):
-    partial = mm.prepare_partial(str(tmp_path / name))
+    partial = od.prepare_partial(str(tmp_path / name))
     for rel, data in {
         "model-00001-of-00002.safetensors": b"a" * 300,
         "model-00002-of-00002.safetensors": b"b" * 300,
         "config.json": b'{"model_type": "llama"}',
     }.items():
         _write(os.path.join(partial, rel), data)
-    mm.write_manifest(partial, mm.Manifest(kind="hf_export", files=mm.build_entries(partial), tool_version="t"))
-    mm.commit(partial, str(tmp_path / name))
+    od.write_manifest(partial, mm.Manifest(kind="hf_export", files=mm.build_entries(partial), tool_version="t"))
+    od.commit(partial, str(tmp_path / name))
     return tmp_path / name
 
 
@@ -62,7 +64,7 @@ def role_dir(tmp_path, step=3, role="actor", world=2):
     _write(str(d / "huggingface" / "config.json"), b'{"model_type": "llama"}')
     rels += ["dcp/.metadata", "huggingface/config.json"]
     files = rm.describe_files(str(d), rels)
-    rm.write_manifest(str(d), rm.Manifest(global_step=step, world_size=world, contents=["model"], files=files))
+    rr.write_manifest(str(d), rm.Manifest(global_step=step, world_size=world, contents=["model"], files=files))
     return d
 
 
@@ -204,7 +206,7 @@ def test_root_checks_every_step_and_the_tracker(tmp_path):
     role_dir(tmp_path, step=1)
     role_dir(tmp_path, step=2)
     torch.save({"step": 2}, tmp_path / "global_step_2" / "data.pt")
-    rm.write_tracker(str(tmp_path), 2)
+    rr.write_tracker(str(tmp_path), 2)
     report = verify_path(str(tmp_path))
     assert report.ok, lines(report)
     assert {c["kind"] for c in report.checked} >= {"checkpoint root", "step", KIND_INCREMENTAL}
@@ -214,7 +216,7 @@ def test_root_checks_every_step_and_the_tracker(tmp_path):
     assert any(".metadata" in m for m in bad)
     assert any(rm.TRACKER_NAME in m and "names step 2, which is damaged" in m and "echo 1 >" in m for m in bad)
 
-    rm.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "7")
+    rr.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "7")
     assert any("names step 7, which does not exist" in m for m in lines(verify_path(str(tmp_path))))
     os.truncate(tmp_path / "global_step_2" / "data.pt", 20)
     assert any("data.pt" in m for m in lines(verify_path(str(tmp_path / "global_step_2"))))

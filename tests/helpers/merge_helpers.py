@@ -30,8 +30,9 @@ def synthetic_dcp_step(root: Path, config=None, more: dict | None = None) -> Pat
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
-    from slimckpt.format.resume_manifest import Manifest, describe_files, write_manifest
+    from slimckpt.format.resume_manifest import Manifest, describe_files
     from slimckpt.read.checkpoint_dir import DCP_DIR
+    from slimckpt.write.resume_records import write_manifest
 
     config = config or tiny_llama_config()
     torch.manual_seed(0)

@@ -153,8 +153,8 @@ def test_a_run_without_the_recipe_names_the_convert_command(saved, tmp_path):
     newest step is in slimckpt's format, with one line naming the command."""
     import torch
 
-    from slimckpt.format.resume_manifest import write_tracker
     from slimckpt.save.adopt import RoleLoad, plan_resume
+    from slimckpt.write.resume_records import write_tracker
 
     step = _copy_step(saved[2], tmp_path)
     torch.save({}, step / "data.pt")  # the trainer's dataloader state: a trainer's step is intact only with it
@@ -210,10 +210,11 @@ def test_other_model_is_refused_naming_the_file(saved, tmp_path, capsys, fmt):
     config.write_text(json.dumps(data))
     if fmt == "ours":  # committed as it is now: the manifest lists the new config's checksum
         from slimckpt.format import resume_manifest as rm
+        from slimckpt.write import resume_records as rr
 
         manifest = rm.read_manifest(str(step / "actor"))
         manifest.files = rm.describe_files(str(step / "actor"), [f.path for f in manifest.files])
-        rm.write_manifest(str(step / "actor"), manifest)
+        rr.write_manifest(str(step / "actor"), manifest)
     err = _refusal(
         ["convert", str(step), "--to", "verl", "--world-size", "2", "--target_dir", str(tmp_path / "t")], capsys
     )

@@ -20,6 +20,8 @@ from slimckpt.format import resume_manifest as rm
 from slimckpt.save import intact_resume
 from slimckpt.testing.damage import KINDS, damage_step
 from slimckpt.verify.command import verify_path
+from slimckpt.write import output_dir as od
+from slimckpt.write import resume_records as rr
 
 from ..conftest import scenario_result
 
@@ -31,7 +33,7 @@ def _step(root, step: int, payload: int = 4096):
     (d / "dcp" / ".metadata").write_bytes(b"m" * 64)
     (d / "slimckpt_extra_world_size_1_rank_0.pt").write_bytes(b"e" * 128)
     rels = ["dcp/__0_0.distcp", "dcp/.metadata", "slimckpt_extra_world_size_1_rank_0.pt"]
-    rm.write_manifest(
+    rr.write_manifest(
         str(d), rm.Manifest(global_step=step, world_size=1, contents=["model"], files=rm.describe_files(str(d), rels))
     )
     torch.save({"step": step}, d.parent / "data.pt")
@@ -84,7 +86,7 @@ def warnings(caplog):
 def test_a_damaged_newest_step_resumes_from_the_previous_intact_one(tmp_path, kind, warnings):
     _step(tmp_path, 2)
     newest = _step(tmp_path, 4)
-    rm.write_tracker(str(tmp_path), 4)
+    rr.write_tracker(str(tmp_path), 4)
     damage_step(str(newest), kind, random.Random(0))
     before = sorted(os.listdir(newest))
     t = Trainer(tmp_path)
@@ -102,7 +104,7 @@ def test_a_damaged_newest_step_resumes_from_the_previous_intact_one(tmp_path, ki
 def test_an_intact_newest_step_changes_nothing(tmp_path, warnings):
     _step(tmp_path, 2)
     _step(tmp_path, 4)
-    rm.write_tracker(str(tmp_path), 4)
+    rr.write_tracker(str(tmp_path), 4)
     t = Trainer(tmp_path)
     load(t)
     assert t.loaded == str(tmp_path / "global_step_4") and warnings() == []
@@ -112,13 +114,13 @@ def test_the_walk_back_skips_every_damaged_step_and_refuses_when_none_is_left(tm
     _step(tmp_path, 2)
     for s in (4, 6):
         damage_step(str(_step(tmp_path, s)), "flip", random.Random(s))
-    rm.write_tracker(str(tmp_path), 6)
+    rr.write_tracker(str(tmp_path), 6)
     t = Trainer(tmp_path)
     load(t)
     assert t.loaded == str(tmp_path / "global_step_2")
     assert "also damaged: global_step_4" in warnings()[0]
     damage_step(str(tmp_path / "global_step_2" / "actor"), "truncate", random.Random(2))
-    rm.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "6")
+    rr.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "6")
     with pytest.raises(rm.UncommittedCheckpoint) as info:
         load(Trainer(tmp_path))
     msg = str(info.value)
@@ -142,14 +144,14 @@ def test_resume_from_path_to_a_damaged_step_refuses_naming_the_file_and_an_intac
 def test_verify_false_checks_sizes_only_and_data_pt_counts(tmp_path):
     _step(tmp_path, 2)
     newest = _step(tmp_path, 4)
-    rm.write_tracker(str(tmp_path), 4)
+    rr.write_tracker(str(tmp_path), 4)
     damage_step(str(newest), "flip", random.Random(0))  # same size: only a checksum sees it
     load(t := Trainer(tmp_path, verify=False))
     assert t.loaded == str(tmp_path / "global_step_4")
     load(t := Trainer(tmp_path))
     assert t.loaded == str(tmp_path / "global_step_2")
     _step(tmp_path, 6)
-    rm.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "6")
+    rr.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "6")
     os.truncate(tmp_path / "global_step_6" / "data.pt", 10)  # the dataloader's position
     load(t := Trainer(tmp_path))
     assert t.loaded == str(tmp_path / "global_step_2")
@@ -161,7 +163,7 @@ def test_an_empty_tracker_names_the_newest_intact_step_and_plain_verl_is_untouch
     (tmp_path / rm.TRACKER_NAME).write_text("")
     load(t := Trainer(tmp_path))
     assert t.loaded == str(tmp_path / "global_step_2") and rm.read_tracker(str(tmp_path)) == 2
-    rm.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "4")
+    rr.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "4")
     load(t := Trainer(tmp_path, target="verl.trainer.config.CheckpointConfig"))
     assert t.loaded == str(tmp_path / "global_step_4")  # verl's own config: verl's own choice
 
@@ -211,7 +213,7 @@ def test_a_merge_manifest_without_its_seal_or_of_another_version_is_damaged(tmp_
     out = tmp_path / "out"
     out.mkdir()
     (out / "config.json").write_text("{}")
-    mm.write_manifest(str(out), mm.Manifest(kind="hf_export", files=mm.build_entries(str(out))))
+    od.write_manifest(str(out), mm.Manifest(kind="hf_export", files=mm.build_entries(str(out))))
     assert mm.verify(str(out)) == []
     data = json.loads((out / mm.MANIFEST_NAME).read_text())
     for changed in (

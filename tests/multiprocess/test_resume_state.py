@@ -12,6 +12,7 @@ import pytest
 
 from slimckpt.format import resume_manifest as rm
 from slimckpt.testing.launch import launch
+from slimckpt.write import resume_records as rr
 
 from ..conftest import REPO, scenario_result
 
@@ -29,7 +30,7 @@ def _role_dir(tmp_path: Path, step: int, role: str = "actor") -> Path:
 def _commit(d: Path, step: int) -> rm.Manifest:
     files = rm.describe_files(str(d), ["dcp/__0_0.distcp", "dcp/.metadata"])
     manifest = rm.Manifest(global_step=step, world_size=1, contents=["model"], files=files)
-    rm.write_manifest(str(d), manifest)
+    rr.write_manifest(str(d), manifest)
     return manifest
 
 
@@ -65,7 +66,7 @@ def test_remove_manifest_uncommits(tmp_path):
     d = _role_dir(tmp_path, 1)
     _commit(d, 1)
     assert rm.has_manifest(str(d))
-    rm.remove_manifest(str(d))
+    rr.remove_manifest(str(d))
     assert not rm.has_manifest(str(d))
     assert not [n for n in os.listdir(d) if ".tmp." in n]
 
@@ -79,8 +80,8 @@ def test_other_format_is_refused(tmp_path):
 
 def test_tracker_is_atomic_and_never_moves_back(tmp_path):
     assert rm.read_tracker(str(tmp_path)) is None
-    assert rm.write_tracker(str(tmp_path), 3)
-    assert not rm.write_tracker(str(tmp_path), 2)
+    assert rr.write_tracker(str(tmp_path), 3)
+    assert not rr.write_tracker(str(tmp_path), 2)
     assert rm.read_tracker(str(tmp_path)) == 3
     # verl reads it with int(f.read().decode())
     assert int((tmp_path / rm.TRACKER_NAME).read_bytes().decode()) == 3
@@ -97,7 +98,7 @@ def test_retention_keeps_the_newest_and_the_tracker_step(tmp_path):
     keep, delete = rm.split_retention(paths, 1, protect=set())
     assert keep == paths[2:] and delete == paths[:2]
     # the tracker names step 2: it survives until the tracker moves on
-    rm.write_tracker(str(tmp_path), 2)
+    rr.write_tracker(str(tmp_path), 2)
     protect = rm.protected_dirs(paths)
     assert protect == {os.path.abspath(paths[1])}
     keep, delete = rm.split_retention(paths, 1, protect)
@@ -135,7 +136,7 @@ def test_commit_watcher_stops_on_a_failed_write(tmp_path):
     actor = _role_dir(tmp_path, 2, "actor")
     watcher = CommitWatcher(str(tmp_path))
     watcher.after_save(2, ["actor"])
-    rm.write_failure(str(actor), 1, "step 2: OSError: disk full")
+    rr.write_failure(str(actor), 1, "step 2: OSError: disk full")
     with pytest.raises(RuntimeError, match="failed"):
         # the failure marker is on disk: the watcher's next 0.2 s poll sees it; 10 s is a hang
         watcher.wait(timeout=10)
@@ -150,7 +151,7 @@ def test_commit_watcher_gives_up_a_step_retention_deleted(tmp_path):
     from slimckpt.save.tracker import CommitWatcher
 
     _role_dir(tmp_path, 5, "actor")
-    rm.write_tracker(str(tmp_path), 4)
+    rr.write_tracker(str(tmp_path), 4)
     watcher = CommitWatcher(str(tmp_path))
     watcher.after_save(5, ["actor"])
     shutil.rmtree(tmp_path / "global_step_5")
@@ -211,7 +212,7 @@ def test_commit_watcher_names_a_step_below_a_newer_commit_left_from_before_the_r
     from slimckpt.save.tracker import CommitWatcher
 
     _commit(_role_dir(tmp_path, 4, "actor"), 4)
-    rm.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "2")
+    rr.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "2")
     watcher = CommitWatcher(str(tmp_path))
     d = _role_dir(tmp_path, 3, "actor")
     (d.parent / "data.pt").write_bytes(b"d")

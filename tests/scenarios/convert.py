@@ -48,8 +48,8 @@ def scenario_save(args) -> None:
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.format.resume_manifest import write_tracker
     from slimckpt.save.resume_state import finish_pending
+    from slimckpt.write.resume_records import write_tracker
 
     run = rs.Run(seed=0, ckpt_config=rs.slim_config())
     for _ in range(3):

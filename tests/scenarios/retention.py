@@ -84,9 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
-    from slimckpt.format.resume_manifest import write_tracker
     from slimckpt.read import locks
     from slimckpt.save import best_metric
+    from slimckpt.write.resume_records import write_tracker
 
     lines = Lines()
     logging.getLogger("slimckpt").addHandler(lines)

@@ -15,6 +15,7 @@ from slimckpt.format import resume_manifest as rm
 from slimckpt.save.adopt import RoleLoad, RoleState, plan_resume, role_state
 from slimckpt.save.adopt_startup import adopt, recipe_settings_line
 from slimckpt.verl_seam.dryrun import compose_config
+from slimckpt.write import resume_records as rr
 
 FULL = ("model", "optimizer", "extra")
 
@@ -46,7 +47,7 @@ def dcp_step(root: Path, step: int, contents=FULL) -> Path:
     (actor / "dcp").mkdir(parents=True)
     (actor / "dcp" / "__0_0.distcp").write_bytes(b"x" * 8)
     _data_pt(actor.parent)
-    rm.write_manifest(
+    rr.write_manifest(
         str(actor), rm.Manifest(step, 1, list(contents), rm.describe_files(str(actor), ["dcp/__0_0.distcp"]))
     )
     (root / "latest_checkpointed_iteration.txt").write_text(str(step))
@@ -189,6 +190,6 @@ def test_a_step_whose_optimizer_retention_dropped_is_resumed_not_refused(tmp_pat
     actor = dcp_step(dcp, 5, contents=("model", "extra")) / "actor"
     manifest = rm.read_manifest(str(actor))
     manifest.extra[DROPPED_KEY] = {"keep_optimizer_last": 1}
-    rm.write_manifest(str(actor), manifest)
+    rr.write_manifest(str(actor), manifest)
     decision = plan_resume(str(dcp), "auto", [RoleLoad("actor", FULL, True)], "incremental")
     assert decision.action == "keep" and "does not load actor optimizer" in decision.message, decision

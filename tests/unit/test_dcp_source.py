@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from slimckpt.format.resume_manifest import Manifest, describe_files, read_manifest, write_manifest
+from slimckpt.format.resume_manifest import Manifest, describe_files, read_manifest
 from slimckpt.read.checkpoint_dir import CheckpointError
 from slimckpt.read.dcp_source import _contiguous, _shard_dim, open_dcp
+from slimckpt.write.resume_records import write_manifest
 
 from ..helpers.merge_helpers import synthetic_dcp_step
 

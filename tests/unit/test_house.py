@@ -33,6 +33,7 @@ LAYERS = [
     ("cpu", {"slimckpt.cpu"}),
     ("verl_seam", {"slimckpt.verl_seam"}),
     ("collective", {"slimckpt.collective"}),
+    ("storage", {"slimckpt.storage"}),
     ("ground", {"slimckpt.log", "slimckpt.env_vars", "slimckpt.internals", "slimckpt"}),
 ]
 

@@ -15,17 +15,17 @@ from slimckpt.format.merge_manifest import (
     Manifest,
     build_entries,
     check_target,
-    commit,
     verify,
-    write_manifest,
 )
 from slimckpt.read.sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
+from slimckpt.write import output_dir
 from slimckpt.write.out_files import create_files
+from slimckpt.write.output_dir import commit, write_manifest
 from slimckpt.write.share_writer import ShareWriter
 
 
 def committed_dir(tmp_path):
-    partial = manifest.prepare_partial(str(tmp_path / "out"))
+    partial = output_dir.prepare_partial(str(tmp_path / "out"))
     for name, data in {"a.bin": b"x" * 1000, "sub/b.json": b"{}"}.items():
         os.makedirs(os.path.dirname(os.path.join(partial, name)), exist_ok=True)
         with open(os.path.join(partial, name), "wb") as f:
@@ -88,7 +88,7 @@ def test_check_target_rules(tmp_path):
 
 
 def test_commit_refuses_a_target_filled_meanwhile(tmp_path):
-    partial = manifest.prepare_partial(str(tmp_path / "out"))
+    partial = output_dir.prepare_partial(str(tmp_path / "out"))
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "other").write_text("someone else's")
     with pytest.raises(CommitError, match="became non-empty"):

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from slimckpt.format import resume_manifest as rm
 from slimckpt.save import resume_load, step_check
+from slimckpt.write import resume_records as rr
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def _committed_role_dir(tmp_path):
     (d / "dcp" / "__0_0.distcp").write_bytes(b"x" * 4096)
     (d / "dcp" / ".metadata").write_bytes(b"m" * 64)
     files = rm.describe_files(str(d), ["dcp/__0_0.distcp", "dcp/.metadata"])
-    rm.write_manifest(str(d), rm.Manifest(global_step=3, world_size=1, contents=["model"], files=files))
+    rr.write_manifest(str(d), rm.Manifest(global_step=3, world_size=1, contents=["model"], files=files))
     return d
 
 

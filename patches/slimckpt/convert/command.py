@@ -21,11 +21,12 @@ import time
 from tqdm import tqdm
 
 from .. import internals
-from ..format.merge_manifest import fsync_path
-from ..format.resume_manifest import read_tracker, write_tracker
+from ..format.resume_manifest import read_tracker
 from ..log import get_logger
 from ..read.checkpoint_dir import CheckpointError
 from ..read.pickle_policy import set_trusted
+from ..storage import for_path
+from ..write.resume_records import write_tracker
 from .layout import meta_layout
 from .plan import ConvertError, Target, check_world_size, flat_runs, flat_shard, parse_step_dir, plan_target, row_range
 
@@ -113,8 +114,9 @@ def convert(
             os.path.join(src.role_dir, "huggingface", "config.json"),
         )
         _check_model(src)
-    shutil.rmtree(target.partial_dir, ignore_errors=True)  # what a killed convert left
-    os.makedirs(target.partial_dir)
+    store = for_path(target.partial_dir)
+    store.remove_tree(target.partial_dir, ignore_errors=True)  # what a killed convert left
+    store.make_dirs(target.partial_dir)
     written = 0
     total = sum(_tensor_bytes(src) for src in sources.values())
     bar = tqdm(
@@ -337,7 +339,7 @@ def _write_extra(src, out_dir: str, world: int, rank: int) -> None:
     with open(path, "wb") as f:
         torch.save({"lr_scheduler": saved.get("lr_scheduler"), "rng": rng}, f)
         f.flush()
-        os.fsync(f.fileno())
+        for_path(path).sync_open(f)
     if rank == 0:
         message = rng_reshard.reshard_message(src.world, world)
         if message:
@@ -362,28 +364,15 @@ def _copy_side_files(src, out_dir: str, world: int, fsdp: int) -> None:
         json.dump({"FSDP_version": fsdp, "world_size": world}, f, indent=4)
 
 
-def _fsync_tree(top: str) -> None:
-    for dirpath, _dirs, files in os.walk(top):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_path(dirpath)
-
-
 def _commit(target: Target) -> None:
-    """Rename the finished `.partial` into place (an existing step moved aside first, under --overwrite)."""
-    _fsync_tree(target.partial_dir)
-    old = None
-    if os.path.exists(target.step_dir):
-        old = f"{target.step_dir}.replaced.{os.getpid()}"
-        os.replace(target.step_dir, old)
-    os.replace(target.partial_dir, target.step_dir)
-    fsync_path(target.root)
+    """Put the finished `.partial` in place (an existing step moved aside first, under --overwrite)."""
+    store = for_path(target.step_dir)
+    store.sync_tree(target.partial_dir)
+    old = f"{target.step_dir}.replaced.{os.getpid()}" if os.path.exists(target.step_dir) else None
+    store.atomic_publish(target.partial_dir, target.step_dir, aside=old, durable=False)
+    store.sync(target.root)
     if old:
-        shutil.rmtree(old, ignore_errors=True)
+        store.remove_tree(old, ignore_errors=True)
 
 
 def _move_tracker(target: Target) -> str:

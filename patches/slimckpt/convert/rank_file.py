@@ -11,7 +11,6 @@ exactly as verl's own file does (same structure, DTensors on the same mesh).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from torch.distributed.tensor import DTensor, Shard
 from .. import internals
 from ..read import pt_index, pt_tensors
 from ..read.sources import SourceTensor
+from ..storage import for_path
 
 
 class FlatSource:
@@ -155,8 +155,4 @@ def write(path: str, obj: Any, skeleton: Skeleton, on_bytes: Callable[[int], obj
                 buffer.close()
             except BufferError:  # a view still held (an error mid-copy): the map closes when it goes
                 pass
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    for_path(path).sync(path)

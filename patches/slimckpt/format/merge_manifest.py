@@ -1,25 +1,23 @@
-"""manifest.json and the atomic commit of an output directory; `verify` re-checks one.
+"""manifest.json of an output directory, and the checks of one; `verify` re-checks one.
 
 An output dir is committed or it does not exist: everything is written into `<target>.partial/`,
 each file fsync'ed, `manifest.json` (sizes and checksums of every other file) written last, and
-the directory renamed to `<target>` in one `rename(2)`. A dir with a manifest whose files match
-it is complete; anything named `*.partial` is not.
+the directory put in place as `<target>` in one step (the commit itself, on its storage:
+slimckpt.write.output_dir). A dir with a manifest whose files match it is complete; anything
+named `*.partial` is not.
 
-Imports nothing of slimckpt's but format.os_errors, and no torch: used by the merger, and by `slimckpt verify`.
+Pure records and reads: imports nothing of slimckpt's, no torch; used by the merger, and by `slimckpt verify`.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from .. import SlimckptError
-from .os_errors import os_failure
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -204,33 +202,6 @@ def build_entries(root: str, known: dict[str, str] | None = None, algo: str = DE
     return entries
 
 
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: str) -> None:
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            fsync_path(os.path.join(dirpath, name))
-        fsync_path(dirpath)
-
-
-def write_manifest(root: str, manifest: Manifest) -> str:
-    path = os.path.join(root, MANIFEST_NAME)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(manifest.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(root)
-    return path
-
-
 def read_manifest(root: str) -> Manifest:
     with open(os.path.join(root, MANIFEST_NAME), encoding="utf-8") as f:
         return Manifest.from_json(f.read())
@@ -240,7 +211,7 @@ def partial_path(target: str) -> str:
     return os.path.abspath(target).rstrip(os.sep) + PARTIAL_SUFFIX
 
 
-def _dir_is_empty(path: str) -> bool:
+def dir_is_empty(path: str) -> bool:
     with os.scandir(path) as it:
         return next(it, None) is None
 
@@ -250,82 +221,11 @@ def check_target(target: str, overwrite: bool, overwrite_hint: str = "--overwrit
     target = os.path.abspath(target)
     if os.path.exists(target) and not os.path.isdir(target):
         raise CommitError(f"{target} exists and is not a directory; choose another --target_dir")
-    if os.path.isdir(target) and not _dir_is_empty(target) and not overwrite:
+    if os.path.isdir(target) and not dir_is_empty(target) and not overwrite:
         raise CommitError(f"{target} is not empty; pass {overwrite_hint} to replace it, or choose another --target_dir")
     parent = os.path.dirname(target)
     if not os.path.isdir(parent):
         raise CommitError(f"{parent} does not exist; create it or choose another --target_dir")
-
-
-def check_room(target: str, need_bytes: int) -> None:
-    """Refuse an output its filesystem cannot hold, before `<target>.partial` is made: CommitError
-    naming the bytes needed and free. A stale `<target>.partial` counts as free (prepare_partial
-    deletes it first: a merge killed midway must not block its own rerun); a target being replaced
-    does not (it is deleted only once the new output is committed)."""
-    target = os.path.abspath(target)
-    try:
-        free = shutil.disk_usage(os.path.dirname(target)).free
-    except OSError:
-        return  # a missing parent: check_target and prepare_partial say so in their words
-    free += _allocated_bytes(partial_path(target))
-    if need_bytes > free:
-        raise os_failure(CommitError, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), target, need_bytes, free)
-
-
-def _allocated_bytes(path: str) -> int:
-    """Disk blocks held under `path` (files made at their final size are sparse until written)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
-
-
-def prepare_partial(target: str) -> str:
-    """Create a fresh `<target>.partial/` (a stale one, ours by its name, is removed first)."""
-    partial = partial_path(target)
-    try:
-        if os.path.lexists(partial):
-            shutil.rmtree(partial) if os.path.isdir(partial) and not os.path.islink(partial) else os.remove(partial)
-        os.makedirs(partial)
-    except OSError as exc:
-        raise os_failure(CommitError, exc, partial) from None
-    return partial
-
-
-def commit(partial: str, target: str, overwrite: bool = False) -> None:
-    """Rename the finished `partial` dir to `target` (replacing an empty dir, or any with overwrite)."""
-    target = os.path.abspath(target)
-    fsync_tree(partial)
-    old = None
-    try:
-        if os.path.isdir(target) and not _dir_is_empty(target):
-            if not overwrite:
-                raise CommitError(
-                    f"{target} became non-empty while merging; nothing was replaced, the result is in {partial}"
-                )
-            old = f"{target}.old-{os.getpid()}"
-            os.rename(target, old)
-        # rename(2) replaces an empty directory atomically
-        os.rename(partial, target)
-    except OSError as exc:
-        if old is not None and not os.path.exists(target):
-            os.rename(old, target)
-        raise os_failure(CommitError, exc, target) from None
-    fsync_path(os.path.dirname(target))
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def discard_partial(partial: str) -> bool:
-    try:
-        shutil.rmtree(partial)
-        return True
-    except OSError:
-        return False
 
 
 @dataclass

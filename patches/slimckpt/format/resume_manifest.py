@@ -2,14 +2,15 @@
 
 A role directory (`<root>/global_step_N/actor`) holds resume state only once
 `slimckpt_resume.json` is in it. The manifest is written last, after every rank's files are on
-disk and fsynced, by an atomic rename; a directory without it is a save that never finished and
-is refused at load. It lists every file of the role directory with its size and checksum
-(xxh3_128, the same check as a merge output's manifest.json: manifest.check_file), and carries a
-checksum of itself (its seal), so a truncated, missing, altered or unlisted file, or a damaged
-manifest, is caught before any tensor is read. `role_damage` is the one definition of an intact
-role dir: the load, `slimckpt verify` and resume_mode=auto's choice of step all ask it, and print
-its one line (`damage_message`) for the first bad file. A manifest without its seal, of another
-format, or missing a field is damaged: there is no other version of this format to accept.
+disk and fsynced, in one step (slimckpt.write.resume_records writes it); a directory without it is
+a save that never finished and is refused at load. It lists every file of the role directory with
+its size and checksum (xxh3_128, the same check as a merge output's manifest.json:
+manifest.check_file), and carries a checksum of itself (its seal), so a truncated, missing,
+altered or unlisted file, or a damaged manifest, is caught before any tensor is read.
+`role_damage` is the one definition of an intact role dir: the load, `slimckpt verify` and
+resume_mode=auto's choice of step all ask it, and print its one line (`damage_message`) for the
+first bad file. A manifest without its seal, of another format, or missing a field is damaged:
+there is no other version of this format to accept.
 
 `latest_checkpointed_iteration.txt` (verl's tracker) is written the same way: a temporary file,
 fsync, rename. A reader sees the old step or the new one, never a torn write.
@@ -33,7 +34,6 @@ from .merge_manifest import (
     check_file,
     check_seal,
     file_checksum,
-    fsync_path,
     list_files,
     seal,
 )
@@ -138,33 +138,8 @@ def unlisted_files(role_dir: str, listed: Iterable[str]) -> list[str]:
     return [rel for rel in list_files(role_dir) if rel not in known and not _not_state(rel)]
 
 
-def atomic_write_text(path: str, text: str) -> None:
-    """Write `text` to `path` so that a reader sees either the old file or the whole new one."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(os.path.dirname(os.path.abspath(path)))
-
-
 def has_manifest(role_dir: str) -> bool:
     return os.path.isfile(os.path.join(role_dir, MANIFEST_NAME))
-
-
-def write_manifest(role_dir: str, manifest: Manifest) -> str:
-    path = os.path.join(role_dir, MANIFEST_NAME)
-    atomic_write_text(path, json.dumps(manifest.to_json(), indent=1))
-    return path
-
-
-def remove_manifest(role_dir: str) -> None:
-    """Un-commit a directory before it is written again (a re-save of the same step)."""
-    path = os.path.join(role_dir, MANIFEST_NAME)
-    if os.path.exists(path):
-        os.remove(path)
-        fsync_path(role_dir)
 
 
 @dataclass(frozen=True)
@@ -328,19 +303,6 @@ def failure_markers(role_dir: str) -> list[str]:
     return sorted(os.path.join(role_dir, n) for n in os.listdir(role_dir) if n.startswith(FAILED_PREFIX))
 
 
-def write_failure(role_dir: str, rank: int, message: str) -> bool:
-    """A save that failed leaves a note, so whoever waits for the commit stops waiting. Never next
-    to a manifest: once it is written the step is committed (every file listed, checksummed, on
-    disk, and the tracker's watcher may already name it), and what fails after it (a peer lost
-    while every rank learns the outcome) is raised but does not uncommit the step. False if the
-    dir holds a manifest and no note was written."""
-    if has_manifest(role_dir):
-        return False
-    os.makedirs(role_dir, exist_ok=True)
-    atomic_write_text(os.path.join(role_dir, f"{FAILED_PREFIX}{rank}.txt"), message + "\n")
-    return True
-
-
 # --------------------------------------------------------------------------- tracker
 
 
@@ -350,15 +312,6 @@ def read_tracker(root: str) -> int | None:
             return int(f.read().strip())
     except (FileNotFoundError, ValueError):
         return None
-
-
-def write_tracker(root: str, step: int) -> bool:
-    """Point verl's tracker at `step` unless it already names a later one. True if written."""
-    current = read_tracker(root)
-    if current is not None and current >= step:
-        return False
-    atomic_write_text(os.path.join(root, TRACKER_NAME), str(int(step)))
-    return True
 
 
 def step_of(role_dir: str) -> tuple[str, int] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from ..format import layout
+from ..storage import for_path
 from ..write.out_files import create_files
 from .lora import write_adapter_config
 from .naming import HfSide
@@ -27,5 +28,5 @@ def lay_out(out_dir: str, plan: ExportPlan, side: HfSide, tokenizer: bool = True
         with open(os.path.join(out_dir, layout.INDEX_NAME), "w", encoding="utf-8") as f:
             f.write(index)
             f.flush()
-            os.fsync(f.fileno())
+            for_path(out_dir).sync_open(f)
     return tokenizer_saved

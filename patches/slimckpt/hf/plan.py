@@ -13,9 +13,9 @@ from typing import Any
 from .. import SlimckptError
 from ..format import layout
 from ..format.export_assign import Box
-from ..format.merge_manifest import check_room
 from ..format.names import DTYPE_CHOICES, HF_SUBDIR
 from ..read.checkpoint_dir import CheckpointError
+from ..write.output_dir import check_room
 from .naming import ConfigMismatch, HfSide
 
 

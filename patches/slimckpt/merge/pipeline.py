@@ -42,18 +42,7 @@ from typing import TypeVar
 from .. import __version__, env_vars
 from ..collective.outcome import from_rank0, on_every_rank
 from ..format import layout
-from ..format.merge_manifest import (
-    DEFAULT_ALGO,
-    MANIFEST_NAME,
-    CommitError,
-    Manifest,
-    build_entries,
-    check_target,
-    commit,
-    discard_partial,
-    prepare_partial,
-    write_manifest,
-)
+from ..format.merge_manifest import DEFAULT_ALGO, MANIFEST_NAME, CommitError, Manifest, build_entries, check_target
 from ..format.names import DTYPE_CHOICES, HF_SUBDIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_DIR
 from ..format.os_errors import MERGE_FIXES, OsErrorFixes, redescribe
 from ..hf.lay_out import lay_out
@@ -67,6 +56,7 @@ from ..read.locks import LockBusy, acquire, reading
 from ..read.merge_input import check_source, open_source
 from ..verl_seam.leaves import leaf
 from ..write.out_files import OutputError
+from ..write.output_dir import commit, discard_partial, prepare_partial, write_manifest
 from ..write.peers import Heartbeat, describe_ranks, lost_ranks_line
 from ..write.race_points import pause
 from .plan import MergeError, MergeOptions, MergeResult

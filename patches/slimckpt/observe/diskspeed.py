@@ -103,8 +103,8 @@ def _write(path: str, size: int, direct: bool, chunk: int = CHUNK) -> float:
     try:
         written = 0
         while written < size:
-            written += os.pwrite(fd, block, written)
-        os.fsync(fd)
+            written += os.pwrite(fd, block, written)  # the disk itself, O_DIRECT included: not the storage's writes
+        os.fsync(fd)  # its own scratch file: part of the timed write
     finally:
         os.close(fd)
     return written / (time.perf_counter() - start)
@@ -143,6 +143,12 @@ def _mixed(read_path: str, write_path: str, size: int) -> float:
     return (size + size // 2) / elapsed if results and results[0] else 0.0
 
 
+def _remove_scratch(*paths: str) -> None:
+    for p in paths:
+        if os.path.exists(p):
+            os.remove(p)  # its own scratch files, never a checkpoint's
+
+
 def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int = 3) -> DiskSpeed:
     """Medians of `repeats` write+read rounds per path, each on a new file."""
     os.makedirs(directory, exist_ok=True)
@@ -162,13 +168,9 @@ def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int
                 results[direct][1].append(r)
                 if direct and w:
                     mixed.append(_mixed(path, other, size_bytes))
-                for p in (path, other):
-                    if os.path.exists(p):
-                        os.remove(p)
+                _remove_scratch(path, other)
     finally:
-        for p in (path, other):
-            if os.path.exists(p):
-                os.remove(p)
+        _remove_scratch(path, other)
     bw, br = (statistics.median(v) for v in results[False])
     dw, dr = (statistics.median(v) for v in results[True])
     return DiskSpeed(max(bw, dw), max(br, dr), size_bytes, bw, br, dw, dr, statistics.median(mixed) if mixed else 0.0)

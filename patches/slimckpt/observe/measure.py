@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..storage import for_path
 from .memory import TreePeaks, sample_tree_peaks
 
 
@@ -88,7 +89,7 @@ def evict_from_page_cache(paths: list[str]) -> None:
         except OSError:
             continue
         try:
-            os.fsync(fd)
+            for_path(path).sync_open(fd)  # dirty pages cannot be dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

@@ -21,10 +21,10 @@ import glob
 import json
 import os
 import re
-import shutil
 from typing import Any
 
 from ..log import get_logger
+from ..storage import for_path
 
 log = get_logger("slimckpt.save_reports")
 
@@ -54,10 +54,8 @@ def write_report(report: dict[str, Any], local_path: str, rank: int, kind: str) 
     """Write one report (temp file + rename: a reader never sees half of one); returns its path."""
     path = report_path(local_path, rank, kind)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({**report, "kind": kind}, f, indent=1)
-    os.replace(tmp, path)
+    text = json.dumps({**report, "kind": kind}, indent=1)
+    for_path(path).put_atomic(path, text.encode(), tmp=f"{path}.tmp", sync=False, sync_dir=False)
     return path
 
 
@@ -72,7 +70,7 @@ def prune(root: str) -> list[str]:
             continue
         for role_reports in sorted(glob.glob(os.path.join(step_reports, "*"))):
             if not os.path.isdir(os.path.join(root, step, os.path.basename(role_reports))):
-                shutil.rmtree(role_reports, ignore_errors=True)
+                for_path(role_reports).remove_tree(role_reports, ignore_errors=True)
                 removed.append(role_reports)
         try:
             os.rmdir(step_reports)  # only when empty

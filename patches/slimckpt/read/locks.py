@@ -1,6 +1,7 @@
 """Advisory locks on checkpoint directories: one writer, or many readers, never retention under either.
 
-A lock on `<parent>/<name>` is `flock(2)` on a sibling file `<parent>/.<name>.slimckpt-lock`:
+A lock on `<parent>/<name>` is the storage's lease on a sibling key `<parent>/.<name>.slimckpt-lock`
+(on a filesystem: `flock(2)` on that file, slimckpt.storage.posix):
 
     exclusive  a writer (a `slimckpt merge` into a target, a trainer saving a step) and retention
                while it deletes.
@@ -8,25 +9,22 @@ A lock on `<parent>/<name>` is `flock(2)` on a sibling file `<parent>/.<name>.sl
 
 The holder writes "pid P on host H: what" into the file, so the one refused can say who holds it.
 
-Why flock and a sibling file: the kernel drops a flock when its holder dies (SIGKILL included), so
-a killed process never leaves a lock that blocks; a pid file would. The lock file lives next to the
-directory, not in it, so it works for a target that does not exist yet (merge creates
+Why a lease and a sibling file: the kernel drops a flock when its holder dies (SIGKILL included),
+so a killed process never leaves a lock that blocks; a pid file would. The lock file lives next to
+the directory, not in it, so it works for a target that does not exist yet (merge creates
 `<target>.partial` only once it holds the lock) and never becomes part of a checkpoint or an
-output dir. An exclusive holder removes the file when it releases; an opener checks after
-`flock` that the path still names the inode it locked (else it retries), so removing it is safe.
-A reader that cannot create the file (read-only parent) reads without a lock: nothing can delete
-that directory either.
+output dir. An exclusive holder removes the file when it releases. A reader that cannot create
+the file (read-only parent) reads without a lock: nothing can delete that directory either.
 
 All locks are non-blocking: a conflict raises LockBusy at once, with a one-line message naming
 the directory, the holder and the fix. Advisory only: a process that does not use slimckpt does
-not see them; on NFS flock is emulated with byte-range locks (Linux >= 2.6.12), which work.
+not see them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import socket
 import time
@@ -35,6 +33,7 @@ from dataclasses import dataclass
 
 from .. import SlimckptError
 from ..log import get_logger
+from ..storage import Lease, for_path
 
 log = get_logger("slimckpt.locks")
 
@@ -57,11 +56,7 @@ def lock_file_for(path: str) -> str:
 
 def describe_holder(lock_file: str) -> str:
     """What the exclusive holder wrote ("pid 123 on host h: merging"), or "" when unknown."""
-    try:
-        with open(lock_file, encoding="utf-8") as f:
-            return f.read(400).strip().splitlines()[0] if f else ""
-    except (OSError, IndexError, UnicodeDecodeError):
-        return ""
+    return for_path(lock_file).lease_note(lock_file)
 
 
 @dataclass
@@ -69,24 +64,12 @@ class Lock:
     path: str  # the directory the lock is about
     lock_file: str
     exclusive: bool
-    fd: int | None
+    lease: Lease | None  # None: a reader without a lock (read-only parent)
 
     def release(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is None:
-            return
-        try:
-            if not self.exclusive:
-                # the last reader out removes the file if nobody else holds it
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    return
-            with contextlib.suppress(OSError):
-                if os.fstat(fd).st_ino == os.stat(self.lock_file).st_ino:
-                    os.unlink(self.lock_file)
-        finally:
-            os.close(fd)
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.release()
 
     def __enter__(self) -> Lock:
         return self
@@ -95,34 +78,8 @@ class Lock:
         self.release()
 
 
-def _open_locked(lock_file: str, exclusive: bool) -> int | None:
-    """An fd holding the flock on `lock_file`, or None when someone else holds a conflicting one.
-    Raises OSError when the file cannot be created (read-only or unwritable parent)."""
-    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-    for _ in range(100):
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return None
-            raise
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock_file).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
-        os.close(fd)  # the previous holder removed the file between our open and flock: retry
-    raise OSError(errno.EAGAIN, "lock file keeps being replaced", lock_file)
-
-
-def _note_holder(fd: int, what: str) -> None:
-    text = f"pid {os.getpid()} on host {socket.gethostname()}: {what} (since {time.strftime('%H:%M:%S')})\n"
-    with contextlib.suppress(OSError):
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, text.encode(), 0)
+def _holder_note(what: str) -> str:
+    return f"pid {os.getpid()} on host {socket.gethostname()}: {what} (since {time.strftime('%H:%M:%S')})\n"
 
 
 def acquire(path: str, *, exclusive: bool, what: str, fix: str) -> Lock:
@@ -132,18 +89,18 @@ def acquire(path: str, *, exclusive: bool, what: str, fix: str) -> Lock:
     one should do. A reader whose lock file cannot be created gets a Lock that holds nothing."""
     lock_file = lock_file_for(path)
     try:
-        fd = _open_locked(lock_file, exclusive)
+        lease = for_path(lock_file).lease(lock_file, exclusive=exclusive)
     except OSError as exc:
         if not exclusive and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             log.debug("reading %s without a lock (%s is not writable)", path, os.path.dirname(lock_file))
             return Lock(path, lock_file, exclusive, None)
         raise
-    if fd is None:
+    if lease is None:
         holder = describe_holder(lock_file)
         who = f"held by {holder}" if holder else "held by another process"
         raise LockBusy(f"slimckpt: {os.path.abspath(path)} is locked ({who}; lock {lock_file}); {fix}", holder)
-    _note_holder(fd, what)  # a reader too: a stale note of a killed writer must not be shown
-    return Lock(path, lock_file, exclusive, fd)
+    lease.note(_holder_note(what))  # a reader too: a stale note of a killed writer must not be shown
+    return Lock(path, lock_file, exclusive, lease)
 
 
 def try_exclusive(path: str, what: str) -> Lock | None:

@@ -22,8 +22,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..format.resume_manifest import atomic_write_text
 from ..log import get_logger
+from ..write.resume_records import atomic_write_text
 from .driver_state import driver_state_of
 
 log = get_logger("slimckpt.retention")

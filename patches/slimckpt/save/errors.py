@@ -8,7 +8,7 @@ Every recipe's save runs inside `guarded_save`:
   - a failure becomes one line naming the path and the fix (the errno is dug out of torch's and
     DCP's wrappers; torch.save reports a full disk as "file write failed", so the free space of
     the filesystem is added when no errno is found);
-  - the role dir gets a failure marker (resume_manifest.write_failure): the incremental loader
+  - the role dir gets a failure marker (resume_records.write_failure): the incremental loader
     refuses it, the tracker is put back (resume_tracker), retention never counts it (a failed
     save never reaches verl's register_checkpoint);
   - on_save_error=stop raises SaveFailed; continue logs the line at ERROR and returns. A lock
@@ -26,26 +26,20 @@ other ranks in verl's barrier; that is verl's collective, not slimckpt's to unwi
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
 from .. import SlimckptError
 from ..collective import outcome
 from ..format.os_errors import describe_os_error, redescribe
-from ..format.resume_manifest import (
-    TRACKER_NAME,
-    atomic_write_text,
-    failure_markers,
-    has_manifest,
-    read_tracker,
-    write_failure,
-)
+from ..format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker
 from ..log import get_logger
 from ..read.checkpoint_dir import rank_files
 from ..read.locks import LockBusy, acquire
+from ..storage import for_path
 from ..verl_seam.manager_state import config_of, state_of
 from ..write.peers import causes, in_a_job
+from ..write.resume_records import atomic_write_text, write_failure
 from .lost_rank import RankLost, already_lost, peer_loss_line
 from .os_fixes import trainer_fixes
 from .process_group import checkpoint_group
@@ -83,7 +77,7 @@ def _free_bytes(path: str) -> int | None:
     while path and not os.path.exists(path):
         path = os.path.dirname(path)
     try:
-        return shutil.disk_usage(path or "/").free
+        return for_path(path or "/").free_bytes(path or "/")
     except OSError:
         return None
 
@@ -175,13 +169,13 @@ def mark_failed(local_path: str, rank: int, line: str) -> None:
 
 def discard_rank_files(local_path: str, rank: int) -> None:
     """This rank's shard files of a failed save: they are useless and take the space a full disk
-    needs for the next save. Kept once the manifest is written (resume_manifest.write_failure):
+    needs for the next save. Kept once the manifest is written (resume_records.write_failure):
     they are a committed step's."""
     if has_manifest(local_path):
         return
     for name in rank_files(local_path, rank):
         try:
-            os.remove(os.path.join(local_path, name))
+            for_path(local_path).remove(os.path.join(local_path, name))
         except OSError:
             pass
 
@@ -236,7 +230,7 @@ def restore_tracker(root: str, step: int, previous: int | None) -> bool:
         return False
     tracker = os.path.join(root, TRACKER_NAME)
     if previous is None:
-        os.remove(tracker)
+        for_path(tracker).remove(tracker)
     else:
         atomic_write_text(tracker, str(int(previous)))
     log.error(

@@ -12,6 +12,7 @@ import torch
 
 from ..log import get_logger
 from ..read.safe_load import load_torch_file
+from ..storage import for_path
 from . import rng_reshard
 
 log = get_logger("slimckpt.resume")
@@ -31,12 +32,8 @@ def save_extra(manager, local_path: str) -> str:
         "lr_scheduler": manager.lr_scheduler.state_dict() if manager.lr_scheduler is not None else None,
         "rng": manager.get_rng_state(),
     }
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with for_path(path).open_atomic(path, tmp=path + ".tmp", sync_dir=False) as f:
         torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return path
 
 

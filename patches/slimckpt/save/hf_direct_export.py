@@ -60,8 +60,9 @@ from ..hf.naming import ConfigMismatch, HfSide, NeedsVerlMerger
 from ..hf.plan import EMPTY, ExportPlan
 from ..internals import dtensor_box
 from ..log import get_logger
+from ..storage import RangeWriter, for_path
 from ..verl_seam.manager_state import state_of
-from ..write.out_files import os_error, pwrite_all
+from ..write.out_files import os_error
 from ..write.share_writer import as_bytes, lora_merged
 from .os_fixes import trainer_fixes
 
@@ -386,14 +387,15 @@ def plan_export(
 
 def _clear_old_weights(hf_dir: str) -> None:
     """Weight files and index of an earlier attempt (their split may differ from this plan's)."""
+    store = for_path(hf_dir)
     for name in os.listdir(hf_dir):
         if (name.startswith("model") and name.endswith(".safetensors")) or name == layout.INDEX_NAME:
-            os.remove(os.path.join(hf_dir, name))
+            store.remove(os.path.join(hf_dir, name))
     adapter_dir = os.path.join(hf_dir, "lora_adapter")
     if os.path.isdir(adapter_dir):
         for name in os.listdir(adapter_dir):
             if name.startswith("adapter_"):
-                os.remove(os.path.join(adapter_dir, name))
+                store.remove(os.path.join(adapter_dir, name))
 
 
 def _lay_out(job: ExportPlan, local_path: str, manager) -> None:
@@ -411,19 +413,19 @@ class _BoxWriter:
     def __init__(self, hf_dir: str, plan: layout.Plan, chunk_bytes: int) -> None:
         self.hf_dir, self.plan = hf_dir, plan
         self.chunk_bytes = max(1 << 16, chunk_bytes)
-        self._fds: dict[str, int] = {}
+        self._files: dict[str, RangeWriter] = {}
         self._buffer: torch.Tensor | None = None
         self._starts: dict[tuple[str, Box], list[int]] = {}
 
-    def _fd(self, name: str) -> int:
-        fd = self._fds.get(name)
-        if fd is None:
+    def _file(self, name: str) -> RangeWriter:
+        out = self._files.get(name)
+        if out is None:
             path = os.path.join(self.hf_dir, name)
             try:
-                fd = self._fds[name] = os.open(path, os.O_WRONLY)
+                out = self._files[name] = for_path(path).open_ranges(path)
             except OSError as exc:
                 raise os_error(exc, path) from None
-        return fd
+        return out
 
     def _staged(self, src: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """`src` (1-d) in `dtype` on the host: itself when it already is, else a view of the buffer."""
@@ -451,7 +453,7 @@ class _BoxWriter:
         # contiguous shards (FSDP's, staged copies) are viewed, not copied
         flat = local.reshape(-1)
         per_chunk = max(1, self.chunk_bytes // max(spec.itemsize, local.element_size()))
-        fd = self._fd(placement.file)
+        out = self._file(placement.file)
         written = 0
         for piece in take_pieces(source_shape, box, take.span, starts):
             offset = placement.begin + piece.out_start * spec.itemsize
@@ -459,7 +461,7 @@ class _BoxWriter:
                 chunk = self._staged(flat[a : min(piece.local_end, a + per_chunk)], dtype)
                 data = as_bytes(chunk)
                 try:
-                    pwrite_all(fd, data, offset)
+                    out.write(data, offset)
                 except OSError as exc:
                     raise os_error(exc, os.path.join(self.hf_dir, placement.file), self.plan.total_size) from None
                 offset += len(data)
@@ -487,7 +489,7 @@ class _BoxWriter:
         a = a.to(dtype)
         # the fp32 product of whole rows is the largest piece: a quarter chunk of it at a time
         step = max(1, self.chunk_bytes // (4 * width * 4))
-        fd = self._fd(placement.file)
+        out = self._file(placement.file)
         written = 0
         for s in range(0, rows, step):
             e = min(rows, s + step)
@@ -500,7 +502,7 @@ class _BoxWriter:
             for offset, piece in runs:
                 data = as_bytes(piece.contiguous())
                 try:
-                    pwrite_all(fd, data, offset)
+                    out.write(data, offset)
                 except OSError as exc:
                     raise os_error(exc, os.path.join(self.hf_dir, placement.file), self.plan.total_size) from None
                 written += len(data)
@@ -508,15 +510,15 @@ class _BoxWriter:
 
     def close(self, sync: bool) -> None:
         first: BaseException | None = None
-        for fd in self._fds.values():
+        for out in self._files.values():
             try:
                 if sync:
-                    os.fsync(fd)
+                    out.sync()
             except OSError as exc:
                 first = first or exc
             finally:
-                os.close(fd)
-        self._fds.clear()
+                out.close()
+        self._files.clear()
         self._buffer = None
         self._starts.clear()
         if first is not None:
@@ -661,11 +663,8 @@ def write_export(
     _plain(lambda: agree(group, mine, _on_a_rank))
     if rank == 0:
         with contextlib.suppress(OSError):  # the directory entries of the new files
-            fd = os.open(os.path.join(local_path, HF_SUBDIR), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            hf_dir = os.path.join(local_path, HF_SUBDIR)
+            for_path(hf_dir).sync(hf_dir)
         log.info(
             "HF export %s: %d tensors, %.1f MiB in %d file(s), written in place by %d rank(s), no gather",
             os.path.join(local_path, HF_SUBDIR),

@@ -37,7 +37,6 @@ from ..format.resume_manifest import (
     TRACKER_NAME,
     Damage,
     UncommittedCheckpoint,
-    atomic_write_text,
     has_manifest,
     read_tracker,
     role_damage,
@@ -46,6 +45,7 @@ from ..format.resume_manifest import (
 from ..log import get_logger
 from ..read.checkpoint_dir import DCP_DIR
 from ..verify.native import check_zip_records
+from ..write.resume_records import atomic_write_text
 from .tracker import SLIM_TARGETS, config_value
 from .tracker_recovery import role_complete
 

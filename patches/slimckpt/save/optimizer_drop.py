@@ -30,26 +30,26 @@ import json
 import os
 import pickle
 import re
-import shutil
 import time
 from typing import Any
 
 from .. import SlimckptError
 from ..format.dropped_optimizer import DROPPED_KEY, NATIVE_MARKER
-from ..format.merge_manifest import READ_CHUNK, fsync_path, new_hasher
+from ..format.merge_manifest import READ_CHUNK, new_hasher
 from ..format.resume_manifest import (
     DROP_DIRS,
     MANIFEST_NAME,
     FileEntry,
     Manifest,
     UncommittedCheckpoint,
-    atomic_write_text,
     has_manifest,
     read_manifest,
     role_damage,
 )
 from ..log import get_logger
 from ..read.checkpoint_dir import DCP_DIR
+from ..storage import for_path
+from ..write.resume_records import atomic_write_text
 
 log = get_logger("slimckpt.retention")
 
@@ -98,9 +98,10 @@ def _drop_native(role_dir: str, keep_last: int | None) -> int:
             {DROPPED_KEY: True, "files": names, "bytes": freed, "keep_optimizer_last": keep_last, "at": time.time()}
         ),
     )
+    store = for_path(role_dir)
     for name in names:
-        os.remove(os.path.join(role_dir, name))
-    fsync_path(role_dir)
+        store.remove(os.path.join(role_dir, name))
+    store.sync(role_dir)
     return freed
 
 
@@ -113,22 +114,22 @@ def finish_interrupted(role_dir: str, said: bool = True) -> None:
     new_dir, old_dir = os.path.join(role_dir, NEW_DIR), os.path.join(role_dir, OLD_DIR)
     new_manifest = os.path.join(role_dir, NEW_MANIFEST)
     dcp_dir = os.path.join(role_dir, DCP_DIR)
+    store = for_path(role_dir)
     if os.path.isfile(new_manifest):
         if os.path.isdir(new_dir):
-            if os.path.isdir(dcp_dir):
-                os.replace(dcp_dir, old_dir)
-            os.replace(new_dir, dcp_dir)
-        os.replace(new_manifest, os.path.join(role_dir, MANIFEST_NAME))
-        fsync_path(role_dir)
+            aside = old_dir if os.path.isdir(dcp_dir) else None
+            store.atomic_publish(new_dir, dcp_dir, aside=aside, durable=False)  # synced with the manifest
+        store.replace(new_manifest, os.path.join(role_dir, MANIFEST_NAME))
+        store.sync(role_dir)
         if said:
             log.warning("retention finished the interrupted optimizer drop of %s", role_dir)
     elif os.path.isdir(new_dir):
-        shutil.rmtree(new_dir)  # the old step is still the committed one
+        store.remove_tree(new_dir)  # the old step is still the committed one
     if os.path.isdir(old_dir):
-        shutil.rmtree(old_dir)
+        store.remove_tree(old_dir)
     if os.path.isfile(os.path.join(role_dir, NATIVE_MARKER)):
         for name in [n for n in os.listdir(role_dir) if OPTIM_FILE.match(n)]:
-            os.remove(os.path.join(role_dir, name))
+            store.remove(os.path.join(role_dir, name))
 
 
 def _optim_key(fqn: str, planner_data: dict[str, Any]) -> bool:
@@ -152,7 +153,7 @@ def _copy_ranges(src: str, dst: str, ranges: list[tuple[int, int]], algo: str) -
                 fout.write(view[:n])
                 hasher.update(view[:n])
                 left -= n
-        os.fsync(fout.fileno())
+        for_path(dst).sync_open(fout)
     return hasher.hexdigest()
 
 
@@ -173,8 +174,9 @@ def _drop_dcp(role_dir: str, keep_last: int | None) -> int:
         if index.fqn in kept_keys:
             by_file.setdefault(info.relative_path, []).append((index, info))
     new_dir = os.path.join(role_dir, NEW_DIR)
-    shutil.rmtree(new_dir, ignore_errors=True)
-    os.makedirs(new_dir)
+    store = for_path(role_dir)
+    store.remove_tree(new_dir, ignore_errors=True)
+    store.make_dirs(new_dir)
     storage: dict[Any, Any] = {}
     entries: list[FileEntry] = []
     for rel, items in sorted(by_file.items()):
@@ -204,9 +206,9 @@ def _drop_dcp(role_dir: str, keep_last: int | None) -> int:
     with open(meta_path, "wb") as f:
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())
+        store.sync_open(f)
     entries.append(FileEntry(f"{DCP_DIR}/.metadata", len(data), hasher.hexdigest()))
-    fsync_path(new_dir)
+    store.sync(new_dir)
     old_bytes = sum(e.bytes for e in manifest.files if e.path.startswith(f"{DCP_DIR}/"))
     files = [e for e in manifest.files if not e.path.startswith(f"{DCP_DIR}/")] + entries
     freed = old_bytes - sum(e.bytes for e in entries)

@@ -44,16 +44,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 
 from ..format import retention_plan
-from ..format.resume_manifest import protected_dirs, remove_manifest
+from ..format.resume_manifest import protected_dirs
 from ..format.retention_plan import RetentionPolicy
 from ..log import get_logger
 from ..read.locks import try_exclusive
+from ..storage import for_path
 from ..verl_seam.checkpoint_config import SlimCheckpointConfig
 from ..verl_seam.manager_state import config_of, state_of
+from ..write.resume_records import remove_manifest
 from . import best_metric, optimizer_drop
 
 log = get_logger("slimckpt.retention")
@@ -105,8 +106,7 @@ def delete_step_dir(path: str) -> str | None:
             remove_manifest(abs_path)  # uncommit first: a delete cut short leaves no committed-looking dir
         except OSError as exc:
             return f"cannot remove its manifest ({exc.strerror or exc})"
-        errors: list[str] = []
-        shutil.rmtree(abs_path, onerror=lambda _f, p, e: errors.append(f"{p}: {e[1]}"))
+        errors = for_path(abs_path).remove_tree(abs_path, ignore_errors=True)
     return f"partly deleted: {errors[0]}" if errors else None
 
 

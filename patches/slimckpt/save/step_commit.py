@@ -1,7 +1,7 @@
 """The commit of a step: what makes a written role dir loadable, on every rank at once.
 
 Every rank lists and checksums the files it wrote; rank 0 adds every other file of the dir
-(verl's huggingface/ ...), writes the manifest (format.resume_manifest, LAST: no manifest, no
+(verl's huggingface/ ...), writes the manifest (write.resume_records, LAST: no manifest, no
 load), then applies retention; every rank learns the outcome (collective.outcome): a failure on
 any rank is raised on all of them, as the same CommitFailed. Until it returns no rank's save (or
 background write) is over, so a load right after it on any rank finds the manifest rank 0 wrote.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 import time
 from collections.abc import Callable
 
@@ -28,14 +27,15 @@ from ..format.resume_manifest import (
     FileEntry,
     Manifest,
     describe_files,
-    remove_manifest,
     unlisted_files,
-    write_manifest,
 )
 from ..log import get_logger
 from ..read import checkpoint_dir
 from ..read.checkpoint_dir import DCP_DIR
+from ..storage import for_path
 from ..verl_seam.manager_state import config_of
+from ..write.resume_records import commit_manifest as write_manifest  # never over a committed one
+from ..write.resume_records import remove_manifest
 from . import hf_direct_export, retention
 from .extra_state import EXTRA_NAME, EXTRA_PREFIX
 from .save_context import SaveContext
@@ -70,10 +70,11 @@ def rank_files(local_path: str, rank: int, world: int) -> list[str]:
 def clear_stale(local_path: str) -> None:
     """Before (re)writing a step: uncommit it first, then drop what an earlier attempt left."""
     remove_manifest(local_path)
-    shutil.rmtree(os.path.join(local_path, DCP_DIR), ignore_errors=True)
+    store = for_path(local_path)
+    store.remove_tree(os.path.join(local_path, DCP_DIR), ignore_errors=True)
     for name in os.listdir(local_path):
         if name.startswith(EXTRA_PREFIX) or name.startswith(FAILED_PREFIX):
-            os.remove(os.path.join(local_path, name))
+            store.remove(os.path.join(local_path, name))
 
 
 # --------------------------------------------------------------------------- retention

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 
-from ..format.resume_manifest import write_failure
 from ..log import get_logger
 from ..verl_seam.checkpoint_config import SlimCheckpointConfig
 from ..write.dcp_file_writer import BoundedFileSystemWriter
 from ..write.hashing_fs import HashingFileSystem
+from ..write.resume_records import write_failure
 from . import hf_direct_export, step_commit
 from .lost_rank import RankLost, peer_loss_line
 from .save_context import SaveContext

@@ -37,9 +37,9 @@ from ..format.resume_manifest import (
     has_manifest,
     read_tracker,
     saved_steps,
-    write_tracker,
 )
 from ..log import get_logger
+from ..write.resume_records import write_tracker
 from .driver_state import driver_state_of
 
 log = get_logger("slimckpt.tracker")

@@ -10,7 +10,7 @@ The trainers call the builtin `open` by name, so a module-level `open` in the tr
 what that line calls (`patch_list`: `checkpoint.tracker_write`). It hands every call through,
 except a text write of the tracker: that one collects the text and, when the `with` block ends
 without an exception, writes it to a temporary file, fsyncs it and renames it over the tracker
-(`resume_manifest.atomic_write_text`). A reader sees the old step or the new one, never a cut
+(`resume_records.atomic_write_text`). A reader sees the old step or the new one, never a cut
 file; what verl writes, and when, is unchanged, so its checkpoint callback sees what it always
 does.
 """
@@ -22,7 +22,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..format.resume_manifest import TRACKER_NAME, atomic_write_text
+from ..format.resume_manifest import TRACKER_NAME
+from ..write.resume_records import atomic_write_text
 
 
 class TrackerWrite(io.StringIO):

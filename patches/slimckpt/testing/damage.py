@@ -46,7 +46,7 @@ def damage_step(role_dir: str, kind: str, rng: random.Random) -> str:
         return f"truncate {rel} from {size} to {new} bytes"
     if kind == "delete":
         rel = rng.choice(files)
-        os.remove(os.path.join(role_dir, rel))
+        os.remove(os.path.join(role_dir, rel))  # damage on purpose, behind the storage's back
         return f"delete {rel}"
     if kind == "manifest":
         size = os.path.getsize(manifest)

@@ -38,11 +38,12 @@ import argparse
 import functools
 import json
 import os
-import shutil
 import sys
 import tempfile
 import traceback
 from typing import TYPE_CHECKING
+
+from ..storage import for_path
 
 if TYPE_CHECKING:
     import torch
@@ -512,7 +513,7 @@ def save_one(args: argparse.Namespace, name: str, out: str, mesh, fsdp_size: int
 
         dist.barrier()
     if gen_dir:
-        shutil.rmtree(gen_dir, ignore_errors=True)
+        for_path(gen_dir).remove_tree(gen_dir, ignore_errors=True)
     return n_params
 
 

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..storage import for_path
+
 # lazy imports: verl, transformers and slimckpt's save path load inside a scenario, after it set the switches
 # and module settings they read
 VOCAB, STEPS_BEFORE, STEPS_AFTER, SAVE_STEP = 64, 3, 3, 3
@@ -579,7 +581,7 @@ def scenario_damaged_newest(args) -> None:
         out.append(result)
         del fresh
         if rank == 0 and not getattr(args, "keep", False):
-            shutil.rmtree(root, ignore_errors=True)
+            for_path(root).remove_tree(root, ignore_errors=True)
     write_result(args, "damaged_newest", {"trials": out, "reference_loss": ref_loss})
 
 

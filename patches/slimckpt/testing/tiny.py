@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         # launchers started side by side ask for the same assets: one builds, the others wait and reuse
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(out.parent / f".{out.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the tiny model's build (not a checkpoint): waits, where leases refuse
             assets = cached(out, key) or build_all(
                 out, model=args.model, seed=args.seed, max_operand=args.max_operand, warmup=warmup
             )

@@ -31,6 +31,7 @@ from torch.futures import Future
 
 from .. import internals
 from ..log import get_logger
+from ..storage import for_path
 
 log = get_logger("slimckpt.resume")
 
@@ -124,7 +125,7 @@ class BoundedFileSystemWriter(FileSystemWriter):
                 del tensor
             if self.sync_files:
                 try:
-                    os.fsync(stream.fileno())
+                    for_path(str(path)).sync_open(stream)
                 except (AttributeError, io.UnsupportedOperation):
                     os.sync()
         return written

@@ -1,5 +1,6 @@
 """The output half of a merge's writer: planned files created at their final size, then bytes
-`pwrite`n at their offsets, behind the caster, with running checksums and fsync at the end.
+written at their offsets (the storage's ranged writes), behind the caster, with running
+checksums and fsync at the end.
 
 Used by the writer (`share_writer.ShareWriter`), which reads and casts the chunks. Staging buffers
 are handed out by `StagingRing`, which the caster fills and the write-behind thread gives back once
@@ -12,7 +13,6 @@ No torch here, by design.
 
 from __future__ import annotations
 
-import errno
 import os
 import queue
 import threading
@@ -23,6 +23,7 @@ from .. import SlimckptError
 from ..format import layout
 from ..format.merge_manifest import DEFAULT_ALGO, new_hasher
 from ..format.os_errors import os_failure
+from ..storage import RangeWriter, for_path
 from .race_points import pause
 
 PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
@@ -44,31 +45,13 @@ def create_files(root: str, plan: layout.Plan) -> None:
     for f in plan.files:
         path = os.path.join(root, f.name)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            out = for_path(path).create_ranges(path, f.size)
             try:
-                _reserve(fd, f.size)
-                pwrite_all(fd, memoryview(f.header), 0)
+                out.write(memoryview(f.header), 0)
             finally:
-                os.close(fd)
+                out.close()
         except OSError as exc:
             raise os_error(exc, path, need) from None
-
-
-def _reserve(fd: int, size: int) -> None:
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        os.ftruncate(fd, size)  # filesystems without fallocate (some network ones): sparse file
-
-
-def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while len(data):
-        n = os.pwrite(fd, data, offset)
-        if n <= 0:
-            raise OSError(errno.EIO, "short write")
-        data, offset = data[n:], offset + n
 
 
 class _WriteBehind:
@@ -145,14 +128,14 @@ class StagingRing:
 @dataclass
 class _FileState:
     path: str
-    fd: int
+    out: RangeWriter
     next_offset: int  # for the running checksum: where the next in-order write must start
     hasher: object | None
 
 
 def _close(st: _FileState) -> None:
     try:
-        os.close(st.fd)
+        st.out.close()
     except OSError:
         pass
 
@@ -187,13 +170,13 @@ class OutputFiles:
         if st is None:
             path = os.path.join(self.root, name)
             try:
-                fd = os.open(path, os.O_WRONLY)
+                out = for_path(path).open_ranges(path)
             except OSError as exc:
                 raise os_error(exc, path) from None
             f = self._layouts[name]
             hasher = new_hasher(self.algo)
             hasher.update(f.header)
-            st = self._files[name] = _FileState(path, fd, f.data_start, hasher)
+            st = self._files[name] = _FileState(path, out, f.data_start, hasher)
         return st
 
     def write(self, file: str, data: memoryview, offset: int) -> None:
@@ -201,7 +184,7 @@ class OutputFiles:
         st = self._file(file)
         pause("write")
         try:
-            pwrite_all(st.fd, data, offset)
+            st.out.write(data, offset)
         except OSError as exc:
             raise os_error(exc, st.path, sum(f.size for f in self.plan.files)) from None
         if st.hasher is not None:
@@ -252,7 +235,7 @@ class OutputFiles:
         for name, st in self._files.items():
             try:
                 if self.fsync:
-                    os.fsync(st.fd)
+                    st.out.sync()
             except OSError as exc:
                 errors.append(os_error(exc, st.path))
             finally:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .. import env_vars
+from ..storage import for_path
 
 STATS_ENV = "SLIMCKPT_MERGE_STATS"
 
@@ -27,10 +28,10 @@ class WriterStats:
     close_s: float = 0.0  # the last writes and the fsyncs, after the last chunk was handed over
 
     def save(self, path: str) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(asdict(self), f)
-        os.replace(tmp, path)
+        text = json.dumps(asdict(self))
+        for_path(path).put_atomic(
+            path, text.encode("utf-8"), tmp=f"{path}.tmp{os.getpid()}", sync=False, sync_dir=False
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> WriterStats:

@@ -1,0 +1,48 @@
+"""Where checkpoint files live: `Storage` (base), one backend per medium, and `for_path`.
+
+Every wing gets the backend of a path from `for_path(path)` and calls it for what it does to
+checkpoint files (ranged writes, atomic puts, the commit, leases, deletes, free space). A plain
+path is the POSIX backend's; a URL (`<scheme>://...`) is the backend registered for its scheme.
+A new medium is one module here with a `Storage` subclass and one line in BACKENDS.
+
+Imports nothing of slimckpt's but the ground, so that every wing can stand on it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from .base import Lease, RangeWriter, Storage
+from .posix import PosixStorage
+
+LOCAL = ""  # the scheme of a plain path
+BACKENDS: dict[str, Callable[[], Storage]] = {
+    LOCAL: PosixStorage,
+}
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_made: dict[Callable[[], Storage], Storage] = {}  # one instance per backend
+
+
+def scheme_of(path: str) -> str:
+    """ "s3" for "s3://bucket/key", LOCAL for a plain path."""
+    m = _SCHEME.match(str(path))
+    return m.group(1).lower() if m else LOCAL
+
+
+def for_path(path: str) -> Storage:
+    """The backend that holds `path` (one instance per scheme)."""
+    scheme = scheme_of(path)
+    store = _made.get(scheme)
+    if store is None:
+        make = BACKENDS.get(scheme)
+        if make is None:
+            known = ", ".join(repr(s) for s in sorted(BACKENDS) if s) or "none"
+            raise ValueError(
+                f"{path}: no storage backend for {scheme}:// (URL schemes known: {known}); give a local path"
+            )
+        store = _made[scheme] = make()
+    return store
+
+
+__all__ = ["BACKENDS", "LOCAL", "Lease", "RangeWriter", "Storage", "for_path", "scheme_of"]
