@@ -20,6 +20,7 @@ PKG = REPO / "patches" / "slimckpt"
 LAYERS = [
     ("tools", {"slimckpt.cli", "slimckpt.testing"}),
     ("plan", {"slimckpt.plan"}),
+    ("verl_seam", {"slimckpt.verl_seam"}),
     ("convert", {"slimckpt.convert"}),
     ("save", {"slimckpt.save"}),
     ("merge", {"slimckpt.merge"}),
@@ -29,9 +30,8 @@ LAYERS = [
     ("observe", {"slimckpt.observe"}),
     ("read", {"slimckpt.read"}),
     ("format", {"slimckpt.format"}),
-    ("flowrl", {"slimckpt.flowrl"}),
-    ("cpu", {"slimckpt.cpu"}),
-    ("verl_seam", {"slimckpt.verl_seam"}),
+    ("verl_files", {"slimckpt.verl_files"}),
+    ("options", {"slimckpt.options"}),
     ("collective", {"slimckpt.collective"}),
     ("ground", {"slimckpt.log", "slimckpt.env_vars", "slimckpt.internals", "slimckpt"}),
 ]
