@@ -36,8 +36,8 @@ def build(layout: str):
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
     from transformers import AutoModelForCausalLM
 
-    from slimckpt.testing import resume_scenarios
-    from slimckpt.testing.fsdp_checkpoint import build_config, wrap_fsdp2
+    from slimckpt.testing.verl_checkpoints import resume_scenarios
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, wrap_fsdp2
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(build_config(resume_scenarios.tiny_args()))

@@ -26,7 +26,7 @@
 # Environment:
 #   ALGO         grpo (default) | ppo | flowrl; an algo=... argument wins
 #   LOGGER       verl trackers (default [console,wandb]; wandb offline unless WANDB_MODE is set, runs under
-#                $WANDB_DIR, default runs/small/<algo>); every save logs ckpt/* metrics (slimckpt.observe.ckpt_metrics)
+#                $WANDB_DIR, default runs/small/<algo>); every save logs ckpt/* metrics (slimckpt.verl_seam.ckpt_metrics)
 #   NPROC        ranks (CPU) or GPUs per node (GPU); default 2 on CPU, all visible GPUs otherwise
 #   TINY_MODEL   llama (default) | qwen2-tied     TINY_ASSETS  cache dir (default runs/tiny_assets/<model>[-op<N>-warm<S>])
 #   TINY_WARMUP_STEPS  supervised warm-up steps of the tiny model before RL, from an unreliable teacher
@@ -93,7 +93,7 @@ COMMON=(
   "data.val_files=$VAL"
   "trainer.experiment_name=small_$ALGO"
   "trainer.logger=${LOGGER:-[console,wandb]}"
-  "trainer.checkpoint_callback_class=slimckpt.observe.ckpt_metrics.CheckpointMetricsCallback"
+  "trainer.checkpoint_callback_class=slimckpt.verl_seam.ckpt_metrics.CheckpointMetricsCallback"
 )
 CKPT_DIR="${CKPT_DIR-$REPO/runs/small/$ALGO/checkpoints}"
 if [[ -n "$CKPT_DIR" ]]; then COMMON+=("trainer.default_local_dir=$CKPT_DIR"); fi

@@ -98,7 +98,7 @@ INTERNALS: dict[str, Internal] = {
             "torch.testing._internal.distributed.fake_pg:FakeStore",
             "torch",
             CHECKED_TORCH,
-            "testing/fake_pg_checkpoint.py, convert/command.py: the fake process group (its store; importing it "
+            "testing/verl_checkpoints/fake_pg_checkpoint.py, convert/command.py: the fake process group (its store; importing it "
             "registers the backend) a big checkpoint is made with, and convert writes another world size's "
             "DTensors with",
             "none in torch's public API: the test builder and convert stop, saying so",

@@ -44,7 +44,7 @@ from slimckpt.write.writer_stats import STATS_ENV, WriterStats
 REPO = Path(__file__).resolve().parents[2]
 
 # Presets of the checkpoint builder (Llama, untied embeddings, vocab 32000): about 0.25B, 0.5B, 1B parameters.
-from slimckpt.testing.fsdp_checkpoint import PRESETS  # noqa: E402
+from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS  # noqa: E402
 
 # lazy imports: torch and matplotlib load where a run measures or plots; --render and the report logic stay light
 
@@ -85,7 +85,7 @@ def make_checkpoint(size: str, work: Path, world_size: int) -> tuple[Path, int]:
         "--standalone",
         f"--nproc_per_node={world_size}",
         "-m",
-        "slimckpt.testing.fsdp_checkpoint",
+        "slimckpt.testing.verl_checkpoints.fsdp_checkpoint",
         "--out",
         str(out / "actor"),
         "--model",

@@ -38,7 +38,7 @@ def _run(args):
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.testing.fsdp_checkpoint import PRESETS, build_config, build_tokenizer, wrap_fsdp2
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, build_tokenizer, wrap_fsdp2
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[args.size_preset]
     cfg = build_config(

@@ -6,7 +6,7 @@
                                                              # and README's plan-headline rows
   python -m scripts.bench.plan_check --json docs/bench_save.json --world-size 2
 
-Every committed save of scripts/bench/save.py (a Llama preset of slimckpt.testing.fsdp_checkpoint,
+Every committed save of scripts/bench/save.py (a Llama preset of slimckpt.testing.verl_checkpoints.fsdp_checkpoint,
 FSDP2, world size 2, on CPU: model, optimizer and extra state, with verl's hf_model or the
 incremental recipe's export) is planned from the preset's config.json with `--device cpu --fsdp 2`:
 the plan is what `slimckpt plan` prints for it. A point agrees when the bytes written are within
@@ -77,7 +77,7 @@ class Point:
 
 def preset_config(size: str, root: str) -> str:
     """The preset's config.json, as the bench's model is built from it."""
-    from slimckpt.testing import fsdp_checkpoint
+    from slimckpt.testing.verl_checkpoints import fsdp_checkpoint
 
     path = os.path.join(root, size)
     fsdp_checkpoint.build_config(fsdp_checkpoint.parse_args(["--out", path, "--size-preset", size])).save_pretrained(

@@ -8,7 +8,7 @@
   python -m scripts.bench.save --fsdp 1 --sizes 0.5b,1b --modes verl,incremental --tag fsdp1   # FSDP1 rows
 
 For every size and mode one fresh `torchrun` (world size 2, FSDP2, gloo, CPU) builds a Llama of
-slimckpt.testing.fsdp_checkpoint's preset with random weights and a filled AdamW state, wraps it
+slimckpt.testing.verl_checkpoints.fsdp_checkpoint's preset with random weights and a filled AdamW state, wraps it
 like verl does (`fully_shard` per decoder layer, then the root; `--fsdp 1`: verl's strategy=fsdp,
 FullyShardedDataParallel with a per-layer wrap policy) and saves it --repeats times
 through verl 0.9.1's real `FSDPCheckpointManager.save_checkpoint`:
@@ -148,7 +148,7 @@ def build_model(preset: str, world: int, fsdp: int = 2, adamw_state: bool = True
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
 
-    from slimckpt.testing.fsdp_checkpoint import PRESETS, build_config, wrap_fsdp2
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, wrap_fsdp2
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
     cfg = argparse.Namespace(
@@ -185,7 +185,7 @@ def build_model(preset: str, world: int, fsdp: int = 2, adamw_state: bool = True
 
 
 def wrap_fsdp1_from_meta(model, mesh):
-    """FSDP1 as slimckpt.testing.fsdp_checkpoint.wrap_fsdp1 wraps it (use_orig_params, per-layer
+    """FSDP1 as slimckpt.testing.verl_checkpoints.fsdp_checkpoint.wrap_fsdp1 wraps it (use_orig_params, per-layer
     units, the mesh), materialising one unit at a time from the meta model: a rank never holds the
     whole unsharded model, as verl's rank 0 does not either."""
     import torch
@@ -193,7 +193,7 @@ def wrap_fsdp1_from_meta(model, mesh):
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-    from slimckpt.testing.fsdp_checkpoint import decoder_layer_classes
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import decoder_layer_classes
 
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
     return FSDP(
@@ -209,7 +209,7 @@ def wrap_fsdp1_from_meta(model, mesh):
 
 def preset_params(preset: str) -> int:
     """Parameters of the preset's Llama (embeddings untied), from its shape."""
-    from slimckpt.testing.fsdp_checkpoint import PRESETS
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
     return (
@@ -330,7 +330,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.testing.fsdp_checkpoint import build_tokenizer
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

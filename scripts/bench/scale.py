@@ -5,7 +5,7 @@
   python -m scripts.bench.scale --preset 1b --world-size 4 --repeats 1 --out /tmp/s.md --readme ''   # a quick look
   python -m scripts.bench.scale --render docs/bench_scale.json      # re-render the section, no runs
 
-The checkpoint (fp32, model only) is written by slimckpt.testing.fake_pg_checkpoint: one rank at
+The checkpoint (fp32, model only) is written by slimckpt.testing.verl_checkpoints.fake_pg_checkpoint: one rank at
 a time over torch's fake process group, each rank's FSDP2 shards saved by verl's own
 FSDPCheckpointManager, so no process ever holds the model. Then, in the same run:
 
@@ -61,7 +61,9 @@ ENV = {"OMP_NUM_THREADS": "2", "SLIMCKPT_LOG_LEVEL": "WARNING"}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="llama3-8b", help="slimckpt.testing.fsdp_checkpoint size preset")
+    p.add_argument(
+        "--preset", default="llama3-8b", help="slimckpt.testing.verl_checkpoints.fsdp_checkpoint size preset"
+    )
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3, help="merges per slimckpt tool")
     p.add_argument("--workers", type=int, default=2, help="torchrun ranks of the distributed merge")
@@ -102,7 +104,7 @@ def build(preset: str, world: int, out: Path, jobs: int = 1) -> dict:
     cmd = [
         sys.executable,
         "-m",
-        "slimckpt.testing.fake_pg_checkpoint",
+        "slimckpt.testing.verl_checkpoints.fake_pg_checkpoint",
         "--out",
         str(out),
         "--world-size",
@@ -699,8 +701,8 @@ memory available as it started; the 1-minute load average was {result["load_star
 {_span(loads, ".1f")} as the merges started (the host is shared) and {result["load_end"]:.1f} at the end.
 
 The checkpoint: {built["params"] / 1e9:.2f}B parameters (preset `{result["preset"]}` of
-`slimckpt.testing.fsdp_checkpoint`, a Llama with untied embeddings), {built["files"]} rank files of {built["shard_bytes"] / GB:.1f} GB, model only, written in
-{built["wall_s"]:.0f} s by `slimckpt.testing.fake_pg_checkpoint` (one rank at a time over torch's fake process
+`slimckpt.testing.verl_checkpoints.fsdp_checkpoint`, a Llama with untied embeddings), {built["files"]} rank files of {built["shard_bytes"] / GB:.1f} GB, model only, written in
+{built["wall_s"]:.0f} s by `slimckpt.testing.verl_checkpoints.fake_pg_checkpoint` (one rank at a time over torch's fake process
 group from a meta model, each rank's shards saved by verl's own `FSDPCheckpointManager`; the builder's peak
 was {built["peak_rss_anon"] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is sampled from outside every
 10 ms (the merge's process, shared pages counted once; for the distributed merge the largest

@@ -119,7 +119,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from scripts.bench.save import WindowSampler, build_model, measured, name_pretrained, timed_save
     from slimckpt.observe.measure import evict_from_page_cache
-    from slimckpt.testing.fsdp_checkpoint import build_tokenizer
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -273,7 +273,7 @@ def summarise(preset: str, mode: str, got: dict, events: dict[str, float], ranks
 
 
 def shape(preset: str) -> str:
-    from slimckpt.testing.fsdp_checkpoint import PRESETS
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
     return f"{layers} layers, hidden {hidden}, intermediate {inter}, vocabulary {vocab:,}, {heads} heads, {kv} KV heads"
@@ -570,7 +570,9 @@ def write_readme(result: dict, path: Path) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="llama3.2-3b", help="the model (slimckpt.testing.fsdp_checkpoint.PRESETS)")
+    p.add_argument(
+        "--preset", default="llama3.2-3b", help="the model (slimckpt.testing.verl_checkpoints.fsdp_checkpoint.PRESETS)"
+    )
     p.add_argument(
         "--modes", default=",".join(SAVE_MODES), help="saves to run, comma-separated, from: " + ", ".join(SAVE_MODES)
     )

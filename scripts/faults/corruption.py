@@ -3,7 +3,7 @@
     python -m scripts.faults.corruption [--trials 120] [--native_trials 60] [--seed 0] [--json OUT]
 
 Builds three small real checkpoints once (CPU, gloo, the tiny Llama of
-slimckpt.testing.fsdp_checkpoint, 2 ranks, one torchrun of this script with --_save):
+slimckpt.testing.verl_checkpoints.fsdp_checkpoint, 2 ranks, one torchrun of this script with --_save):
   - incremental: a save through verl's FSDPCheckpointManager with recipes/incremental.yaml's actor
     block as shipped (DCP shards, per-rank extra state, huggingface/ with its HF export,
     slimckpt_resume.json), tracker and data.pt;
@@ -24,7 +24,7 @@ file names, loads and shapes reveal.
 
     python -m scripts.faults.corruption --damaged_restarts 30 [--seed 0] [--json OUT]
 
-instead runs N restarts whose newest committed step is damaged (patches/slimckpt/testing/resume_scenarios.py
+instead runs N restarts whose newest committed step is damaged (patches/slimckpt/testing/verl_checkpoints/resume_scenarios.py
 damaged_newest, one torchrun of 2 ranks: steps 2 and 4 saved async with the export through verl's
 manager, then per restart a copy with step 4 damaged one way - a flipped .distcp byte, a truncated
 or deleted file, a damaged or unsealed manifest - and a fresh model resumed through verl's
@@ -101,7 +101,7 @@ def _tiny_run(ckpt_config):
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.testing import fsdp_checkpoint as fx
+    from slimckpt.testing.verl_checkpoints import fsdp_checkpoint as fx
 
     args = fx.parse_args(["--out", "unused"])
     torch.manual_seed(0)
@@ -161,7 +161,7 @@ def worker_cost(preset: str, root: str) -> None:
 
     from slimckpt.format.resume_manifest import read_manifest
     from slimckpt.save import resume_state, step_check
-    from slimckpt.testing import fsdp_checkpoint as fx
+    from slimckpt.testing.verl_checkpoints import fsdp_checkpoint as fx
 
     dist.init_process_group("gloo")
     args = fx.parse_args(["--out", "unused", "--size-preset", preset])
@@ -532,7 +532,7 @@ def damaged_restarts(trials: int, seed: int, workdir: str | None) -> dict:
             2,
             "-m",
             "slimckpt.testing.launch",
-            "slimckpt.testing.resume_scenarios",
+            "slimckpt.testing.verl_checkpoints.resume_scenarios",
             "damaged_newest",
             "--dir",
             work,

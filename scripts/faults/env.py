@@ -188,8 +188,8 @@ def make_source(work: str) -> str:
     """A small verl FSDP checkpoint (one rank), big enough to fill the tmpfs when merged."""
     from pathlib import Path
 
-    from slimckpt.testing.fsdp_checkpoint import build_tokenizer
     from slimckpt.testing.synthetic import synthetic_checkpoint, tiny_llama_config
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
     cfg = tiny_llama_config(vocab_size=512, hidden_size=128, intermediate_size=256)
     actor = synthetic_checkpoint(Path(work) / "source" / "global_step_1" / "actor", 1, cfg)
@@ -315,15 +315,16 @@ def calibrate(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from slimckpt.save import resume_async
-    from slimckpt.testing.resume_scenarios import Run
+    from slimckpt.testing.verl_checkpoints.resume_scenarios import Run
     from slimckpt.verl_seam.features import switch_on
+    from slimckpt.verl_seam.manager_state import state_of
 
     switch_on("checkpoint")
     dist.init_process_group("gloo")
     run = Run(0, _config(args.path))
     run.step()
     run.manager.save_checkpoint(target_of(args.path, args.base), global_step=STEP, max_ckpt_to_keep=1)
-    resume_async.writer_for(run.manager).wait()
+    resume_async.writer_for(state_of(run.manager)).wait()
     with open(args.out, "w") as f:
         json.dump({"size": export_full_size(args.base)}, f)
     dist.destroy_process_group()
@@ -351,8 +352,9 @@ def child(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from slimckpt.save import resume_async
-    from slimckpt.testing.resume_scenarios import Run
+    from slimckpt.testing.verl_checkpoints.resume_scenarios import Run
     from slimckpt.verl_seam.features import switch_on
+    from slimckpt.verl_seam.manager_state import state_of
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     switch_on("checkpoint")  # as a recipe's config does; verl_save's plain config bypasses it
@@ -378,7 +380,7 @@ def child(args: argparse.Namespace) -> int:
                         global_step=STEP + 1,
                         max_ckpt_to_keep=1,
                     )
-                resume_async.writer_for(run.manager).wait()
+                resume_async.writer_for(state_of(run.manager)).wait()
                 try:
                     write_tracker_as_trainer(os.path.dirname(os.path.dirname(target)), args.path)
                 except OSError as exc:  # verl's trainer cannot write its tracker there either: it stops

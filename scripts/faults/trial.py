@@ -192,7 +192,12 @@ class Model:
         from torch.distributed.device_mesh import init_device_mesh
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-        from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, build_tokenizer, wrap_fsdp2
+        from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import (
+            auto_class,
+            build_config,
+            build_tokenizer,
+            wrap_fsdp2,
+        )
 
         self.role = role
         args = SimpleNamespace(model="llama", vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
@@ -527,7 +532,7 @@ def build_merge_fixture(out_dir: str, rank: int, hidden: int, layers: int, vocab
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp2
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp2
 
     _init(os.path.dirname(out_dir), rank, "fixture")
     torch.manual_seed(0)

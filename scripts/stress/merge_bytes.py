@@ -3,7 +3,7 @@ single-process merge of the same checkpoint.
 
     python -m scripts.stress.merge_bytes --work /tmp/stress_merge --runs 100     # make stress-merge
 
-The checkpoints are real verl saves (slimckpt.testing.fsdp_checkpoint under torchrun, FSDP2, 2 ranks):
+The checkpoints are real verl saves (slimckpt.testing.verl_checkpoints.fsdp_checkpoint under torchrun, FSDP2, 2 ranks):
 a dense Llama and two MoE families (DeepSeek-V3: shared experts and a dense first layer; Qwen3-MoE),
 with 3 experts over 2 ranks so shards are uneven and outputs cut fused expert tensors. Each is merged
 once by one process with no delays: the reference. Then `--runs` distributed merges
@@ -111,7 +111,9 @@ def build_checkpoints(work: Path) -> None:
         if done.exists():
             continue
         shutil.rmtree(work / name, ignore_errors=True)
-        proc = _torchrun(2, ["-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(work / name / "actor"), *args])
+        proc = _torchrun(
+            2, ["-m", "slimckpt.testing.verl_checkpoints.fsdp_checkpoint", "--out", str(work / name / "actor"), *args]
+        )
         if proc.returncode != 0:
             raise SystemExit(f"building the {name} checkpoint failed:\n{proc.stderr[-3000:]}")
         done.write_text("ok")

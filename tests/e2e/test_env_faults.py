@@ -10,15 +10,14 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from slimckpt.format.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
 from slimckpt.read import locks
 from slimckpt.save import errors as save_errors
+from slimckpt.save.target import SaveTarget, TargetState
 from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
-from slimckpt.verl_seam.manager_state import state_of
 
 from ..helpers.slim_logs import lines_of
 
@@ -153,7 +152,7 @@ GLOO_TIMEOUT = (
 
 
 def _manager(policy: str):
-    return SimpleNamespace(rank=0, checkpoint_config=SlimCheckpointConfig(on_save_error=policy))
+    return SaveTarget(None, None, SlimCheckpointConfig(on_save_error=policy), TargetState(), rank=0)
 
 
 def _failing_save(role: Path):
@@ -177,7 +176,7 @@ def test_a_failed_save_is_marked_and_discarded(tmp_path, policy):
             assert save_errors.guarded_save(manager, str(role), 2, _failing_save(role)) is None
         assert "CHECKPOINT NOT SAVED" in logged.getvalue()
     assert failure_markers(str(role)) and not (role / "model_world_size_1_rank_0.pt").exists()
-    assert state_of(manager).save_failed and not os.path.exists(locks.lock_file_for(str(role)))
+    assert manager.state.save_failed and not os.path.exists(locks.lock_file_for(str(role)))
 
 
 def test_a_failure_after_the_manifest_leaves_the_step_committed(tmp_path):

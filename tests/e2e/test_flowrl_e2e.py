@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from slimckpt.flowrl import is_flowrl_param
 from slimckpt.observe.save_reports import REPORTS_DIR
 from slimckpt.observe.wandb_history import load
+from slimckpt.verl_seam.flowrl import is_flowrl_param
 
 from ..conftest import REPO
 

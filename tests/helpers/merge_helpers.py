@@ -59,14 +59,16 @@ def synthetic_dcp_step(root: Path, config=None, more: dict | None = None) -> Pat
 
 
 def fsdp_checkpoint(tmp_path_factory, name: str, nproc: int, *args: str) -> Path:
-    """A real verl checkpoint from slimckpt.testing.fsdp_checkpoint under torchrun, built once per session."""
+    """A real verl checkpoint from slimckpt.testing.verl_checkpoints.fsdp_checkpoint under torchrun, built once per session."""
     base = tmp_path_factory.getbasetemp() / "fsdp_fixtures" / name
     actor = base / "actor"
     done = base / "DONE"
     if done.exists():
         return actor
     base.mkdir(parents=True, exist_ok=True)
-    proc = torchrun(nproc, ["-m", "slimckpt.testing.fsdp_checkpoint", "--out", str(actor), *args], FIXTURE_TIMEOUT)
+    proc = torchrun(
+        nproc, ["-m", "slimckpt.testing.verl_checkpoints.fsdp_checkpoint", "--out", str(actor), *args], FIXTURE_TIMEOUT
+    )
     assert proc.returncode == 0, f"fixture {name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     done.write_text("ok")
     return actor

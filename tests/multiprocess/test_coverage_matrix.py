@@ -1,5 +1,5 @@
 """The coverage matrix: tiny models of every family verl users train, saved through
-verl 0.9.1's own FSDPCheckpointManager (slimckpt.testing.fsdp_checkpoint, gloo on CPU), and for each:
+verl 0.9.1's own FSDPCheckpointManager (slimckpt.testing.verl_checkpoints.fsdp_checkpoint, gloo on CPU), and for each:
 
 - `slimckpt merge` (in this process, streamed) writes every file verl's merger writes, byte for byte
   (verl's merger, unpatched, is the reference), without falling back to verl's merger;
@@ -114,7 +114,7 @@ def save_cell(root: Path, cell: tuple[int, int]) -> tuple[Path, float, str]:
             "--nproc_per_node",
             str(world),
             "-m",
-            "slimckpt.testing.fsdp_checkpoint",
+            "slimckpt.testing.verl_checkpoints.fsdp_checkpoint",
             "--out",
             str(out),
             "--fsdp-version",
@@ -231,7 +231,7 @@ def check_adapter_loads(ref: Path, model: str) -> str:
     import torch
     from peft import PeftModel
 
-    from slimckpt.testing.fsdp_checkpoint import auto_class
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class
 
     try:
         PeftModel.from_pretrained(auto_class(model).from_pretrained(ref, dtype=torch.bfloat16), ref / "lora_adapter")
@@ -263,7 +263,7 @@ def check_merge_lora(ckpt: Path, work: Path, ref: Path, model: str) -> str:
 
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
-    from slimckpt.testing.fsdp_checkpoint import auto_class
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class
 
     try:
         merge(

@@ -232,13 +232,16 @@ def test_config_accepts_auto_only_for_the_incremental_tier():
 def test_verl_save_skips_its_hf_model_gather_only_when_the_export_replaces_it():
     from types import SimpleNamespace
 
-    from slimckpt.save.hf_direct_export import verl_contents
+    from slimckpt.save.hf_direct_export import side_contents
+    from slimckpt.save.target import SaveTarget, TargetState
 
-    def manager():
-        return SimpleNamespace(checkpoint_save_contents=["model", "optimizer", "extra", "hf_model"], rank=0)
+    def target(export_hf: bool):
+        contents = ("model", "optimizer", "extra", "hf_model")
+        options = SimpleNamespace(export_hf=export_hf)
+        return SaveTarget(None, None, options, TargetState(), rank=0, save_contents=contents)
 
-    assert verl_contents(manager(), SimpleNamespace(export_hf=True)) == []
-    assert verl_contents(manager(), SimpleNamespace(export_hf=False)) == ["hf_model"]
+    assert side_contents(target(True)) == []
+    assert side_contents(target(False)) == ["hf_model"]
 
 
 # --------------------------------------------------------------------------- torchrun (slow)

@@ -24,7 +24,7 @@ from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
 from slimckpt.hf.naming import HfSide, NeedsVerlMerger
 from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeOptions
-from slimckpt.testing.fsdp_checkpoint import MOE_MODELS, build_config, parse_args
+from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import MOE_MODELS, build_config, parse_args
 
 from ..helpers.merge_helpers import (
     SHAKE,

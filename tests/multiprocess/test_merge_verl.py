@@ -287,7 +287,7 @@ def test_slimckpt_cli_end_to_end(tmp_path_factory, tmp_path):
 def test_fsdp1_sharded_tensor_format(tmp_path_factory, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from slimckpt.testing.fsdp_checkpoint import build_config, parse_args
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, parse_args
 
     name, nproc, args = SHARDED_TENSOR
     ckpt = fsdp_checkpoint(tmp_path_factory, name, nproc, *args)

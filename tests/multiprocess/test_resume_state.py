@@ -382,7 +382,7 @@ def test_reshard_message_names_derived_and_dropped_ranks():
 def _torchrun(nproc: int, *args: str, timeout: int = 240, log_level: str = "WARNING") -> subprocess.CompletedProcess:
     run = launch(
         nproc,
-        "slimckpt.testing.resume_scenarios",
+        "slimckpt.testing.verl_checkpoints.resume_scenarios",
         *args,
         timeout=timeout,
         cwd=REPO,

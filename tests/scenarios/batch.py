@@ -5,7 +5,7 @@ verl imported on every rank) before seconds of work, so the tests share one.
     torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.batch --dir D [NAME ...]
 
 NAME (default all of SCENARIOS) runs in its own directory D/NAME with the settings its test had
-as a torchrun of its own (slimckpt.testing.resume_scenarios, tests/scenarios/hf_direct_export.py,
+as a torchrun of its own (slimckpt.testing.verl_checkpoints.resume_scenarios, tests/scenarios/hf_direct_export.py,
 tests/scenarios/critic_save.py, presave.py, stream.py); every
 module-level switch a scenario sets or patches is put back before the next one starts. A scenario
 that raises on every rank leaves D/NAME/error.txt (rank 0's traceback) and the next one runs;
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from slimckpt.testing import resume_scenarios
+from slimckpt.testing.verl_checkpoints import resume_scenarios
 
 from . import critic_save as critic_save_scenario
 from . import hf_direct_export as hf_direct_export_scenario

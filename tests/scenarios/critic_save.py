@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing import resume_scenarios  # the tiny model's sizes and the slimckpt config
+from slimckpt.testing.verl_checkpoints import resume_scenarios  # the tiny model's sizes and the slimckpt config
 
 # lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
 
@@ -23,7 +23,7 @@ def scenario(args) -> None:
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, build_tokenizer, wrap_fsdp2
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config, build_tokenizer, wrap_fsdp2
 
     torch.manual_seed(0)
     world = dist.get_world_size()

@@ -29,8 +29,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing import resume_scenarios
-from slimckpt.testing.resume_scenarios import Run, slim_config  # the same tiny model and manager
+from slimckpt.testing.verl_checkpoints import resume_scenarios
+from slimckpt.testing.verl_checkpoints.resume_scenarios import Run, slim_config  # the same tiny model and manager
 
 from ..helpers.merge_helpers import adapter_config_fields
 
@@ -498,7 +498,7 @@ def measure(args) -> dict:
 
     from slimckpt.observe.memory import RssSampler
     from slimckpt.save import hf_direct_export
-    from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
 
     world = dist.get_world_size()
     fx = parse_args(["--out", args.dir, "--size-preset", args.measure])

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing import resume_scenarios
+from slimckpt.testing.verl_checkpoints import resume_scenarios
 
 from ..helpers import pickle_traps
 

@@ -20,7 +20,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing import resume_scenarios as rs
+from slimckpt.testing.verl_checkpoints import resume_scenarios as rs
 
 # lazy imports: slimckpt's retention, locks and tracker load inside the scenario, after verl's manager
 

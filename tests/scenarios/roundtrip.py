@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from slimckpt.testing import resume_scenarios as rs
+from slimckpt.testing.verl_checkpoints import resume_scenarios as rs
 
 # lazy imports: slimckpt's save path and verl's manager load inside a mode, after it set the switches they read
 

@@ -34,7 +34,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing import resume_scenarios as rs
+from slimckpt.testing.verl_checkpoints import resume_scenarios as rs
 
 # lazy imports: slimckpt's stream capture and torch's internals load inside the scenario, after the batch set the module settings they read
 
@@ -110,6 +110,7 @@ def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str,
     the write ends. (path, the source it paused before, the write's failure or None)."""
     from slimckpt.save import stream_capture
     from slimckpt.save.resume_async import writer_for
+    from slimckpt.verl_seam.manager_state import state_of
 
     pause = PauseAt(nth)
     stream_capture.READ_HOOK = pause
@@ -121,7 +122,7 @@ def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str,
         change(pause)
         pause.release()
         try:
-            writer_for(run.manager).wait()
+            writer_for(state_of(run.manager)).wait()
         except RuntimeError as exc:
             failure = str(exc)
     finally:
@@ -133,11 +134,12 @@ def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str,
 def scenario(args) -> None:
     from slimckpt.save import stream_capture
     from slimckpt.save.resume_async import writer_for
+    from slimckpt.verl_seam.manager_state import state_of
 
     rank = dist.get_rank()
     sync_root, stream_root = os.path.join(args.dir, "sync"), os.path.join(args.dir, "stream")
     run = rs.Run(seed=0, ckpt_config=_config())
-    writer = writer_for(run.manager)
+    writer = writer_for(state_of(run.manager))
     for _ in range(rs.STEPS_BEFORE):
         run.step()
     result: dict = {}
@@ -246,8 +248,9 @@ def _add_then_step(run, rank: int) -> None:
 
 def _step_without_hook(run, rank: int) -> None:
     from slimckpt.save.resume_async import writer_for
+    from slimckpt.verl_seam.manager_state import state_of
 
-    writer_for(run.manager)._remove_hook()  # an optimizer step that runs no slimckpt guard
+    writer_for(state_of(run.manager))._remove_hook()  # an optimizer step that runs no slimckpt guard
     run.step()
 
 

@@ -41,7 +41,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing import resume_scenarios as rs
+from slimckpt.testing.verl_checkpoints import resume_scenarios as rs
 
 from .stream import PauseAt, _same_step
 
@@ -150,10 +150,11 @@ def _paused_stream_save(run, root: str, step: int, nth: int = 2, **kw):
 def _finish(run, pause) -> str | None:
     from slimckpt.save import stream_capture
     from slimckpt.save.resume_async import writer_for
+    from slimckpt.verl_seam.manager_state import state_of
 
     pause.release()
     try:
-        writer_for(run.manager).wait()
+        writer_for(state_of(run.manager)).wait()
         return None
     except RuntimeError as exc:
         return str(exc)
@@ -164,10 +165,11 @@ def _finish(run, pause) -> str | None:
 
 def phase_equal(run, d: str, result: dict) -> list[float]:
     from slimckpt.save.resume_async import state_bytes, writer_for
+    from slimckpt.verl_seam.manager_state import state_of
 
     sync = save(run, os.path.join(d, "sync"), rs.SAVE_STEP)
     stream, pause = _paused_stream_save(run, os.path.join(d, "stream"), rs.SAVE_STEP)
-    capture = writer_for(run.manager).capture
+    capture = writer_for(state_of(run.manager)).capture
     # the reads in flight besides the paused one (the export reads on its own thread), taken before the
     # device tensors are looked at: a read that ends in between only releases its tensor
     reading = sorted(s.name for s in list(capture._sources.values()) if s.reading)
@@ -241,14 +243,15 @@ def _measured_save(run, root: str, step: int, baseline: int, window: bool, **kw)
     else right after the save returns."""
     from slimckpt.observe.memory import RssSampler
     from slimckpt.save.resume_async import writer_for
+    from slimckpt.verl_seam.manager_state import state_of
 
     with RssSampler(interval_s=0.002) as sampler:
         if root:  # else the update alone: what every row pays besides the save
             save(run, root, step, **kw)
         if window and root:
-            writer_for(run.manager).wait()
+            writer_for(state_of(run.manager)).wait()
         update(run)
-        writer_for(run.manager).wait()
+        writer_for(state_of(run.manager)).wait()
         dist.barrier()
     return max(0, sampler.result.peak - baseline)
 

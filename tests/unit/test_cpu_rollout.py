@@ -1,4 +1,4 @@
-"""slimckpt.cpu without Ray: seeded sampling, the hf rollout server, the CPU platform registration,
+"""slimckpt.verl_seam.cpu without Ray: seeded sampling, the hf rollout server, the CPU platform registration,
 the guard against running on CPU where a GPU is visible, and the small fixes."""
 
 import asyncio
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from slimckpt.cpu.sampling import SampleKey, generate, sample_seed
 from slimckpt.testing import tiny
+from slimckpt.verl_seam.cpu.sampling import SampleKey, generate, sample_seed
 
 from ..conftest import run_python
 
@@ -77,7 +77,7 @@ def test_top_k_one_is_greedy(model):
 def test_hf_server_generates_and_takes_weights(model_dir):
     from transformers import AutoModelForCausalLM
 
-    from slimckpt.cpu.hf_server import HFRolloutServer
+    from slimckpt.verl_seam.cpu.hf_server import HFRolloutServer
 
     config = SimpleNamespace(max_model_len=None, prompt_length=16, response_length=8, seed=42, ignore_eos=False)
     server = HFRolloutServer(config, str(model_dir), replica_rank=0)
@@ -98,7 +98,7 @@ def test_hf_server_generates_and_takes_weights(model_dir):
 
 
 def test_plain_gloo():
-    from slimckpt.cpu.fixes import _plain_gloo
+    from slimckpt.verl_seam.cpu.fixes import _plain_gloo
 
     assert _plain_gloo(None) == "gloo"
     assert _plain_gloo("cpu:gloo,cpu:gloo") == "gloo"
@@ -107,7 +107,7 @@ def test_plain_gloo():
 
 
 def test_sample_key_from_both_agent_loops():
-    from slimckpt.cpu.sample_keys import key_from_trajectory
+    from slimckpt.verl_seam.cpu.sample_keys import key_from_trajectory
 
     legacy = {"step": 4, "sample_index": 11, "rollout_n": 2, "validate": False}
     assert key_from_trajectory(legacy, {}) == SampleKey(4, 11, 2, False)
@@ -116,7 +116,7 @@ def test_sample_key_from_both_agent_loops():
 
 
 def test_guard_refuses_cpu_mode_next_to_a_gpu(monkeypatch):
-    from slimckpt import cpu
+    from slimckpt.verl_seam import cpu
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv(cpu.FORCE_ENV, raising=False)

@@ -13,9 +13,11 @@ import typing
 import pytest
 from verl.trainer.config.config import CheckpointConfig
 
-from slimckpt.verl_seam import checkpoint_config as cc
+from slimckpt.options import checkpoint_options as cc
+from slimckpt.options.checkpoint_options import CheckpointOptions
+from slimckpt.save.target import TargetState as ManagerState
 from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
-from slimckpt.verl_seam.manager_state import ManagerState, config_of, default_config, state_of
+from slimckpt.verl_seam.manager_state import config_of, default_config, state_of
 
 
 @pytest.fixture
@@ -61,7 +63,7 @@ def test_verls_own_config_reads_as_the_dataclass_defaults(no_switch_on, raw):
     manager = _manager(raw)
     config = config_of(manager)
     assert isinstance(config, SlimCheckpointConfig) and config is default_config()
-    for f in (f for f in dataclasses.fields(SlimCheckpointConfig) if f.name in SlimCheckpointConfig.__annotations__):
+    for f in (f for f in dataclasses.fields(SlimCheckpointConfig) if f.name in CheckpointOptions.__annotations__):
         assert getattr(config, f.name) == f.default, f.name
     assert no_switch_on == []  # verl's own config switched nothing on
 
@@ -97,15 +99,15 @@ def test_async_save_is_held_as_one_of_three_words(no_switch_on, given, held):
 def test_every_field_has_its_type_and_docstring_once():
     """Each of slimckpt's fields is declared once in the class body, followed by its docstring,
     and its allowed values are its type (no second table of field types)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(SlimCheckpointConfig)))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(CheckpointOptions)))
     body = tree.body[0].body
     declared = [(i, node.target.id) for i, node in enumerate(body) if isinstance(node, ast.AnnAssign)]
     names = [name for _, name in declared]
-    assert len(names) == len(set(names)) and set(names) == set(SlimCheckpointConfig.__annotations__)
+    assert len(names) == len(set(names)) and set(names) == set(CheckpointOptions.__annotations__)
     for i, name in declared:
         doc = body[i + 1]
         assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and doc.value.value.strip(), name
-    hints = typing.get_type_hints(SlimCheckpointConfig)
+    hints = typing.get_type_hints(CheckpointOptions)
     for name in ("recipe", "export_dtype", "on_save_error", "best_mode", "async_save"):
         assert typing.get_origin(hints[name]) is typing.Literal, name
     assert cc.RECIPES == typing.get_args(hints["recipe"])

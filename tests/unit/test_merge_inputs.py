@@ -17,7 +17,7 @@ import torch
 
 from slimckpt import cli
 from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
-from slimckpt.testing.fsdp_checkpoint import build_tokenizer
+from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
 from ..helpers.merge_helpers import (
     adapter_config_fields,

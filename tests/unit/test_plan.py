@@ -185,14 +185,14 @@ def _simulate_peak(root, keep, order, saves=6, tracker_stuck_at=()):
     (retention inside it), then the tracker. `tracker_stuck_at`: steps whose tracker write is skipped
     (a failed critic with on_save_error=continue)."""
     from slimckpt.format.resume_manifest import TRACKER_NAME
-    from slimckpt.save import retention
+    from slimckpt.verl_seam import checkpoint_patches as verl_retention
 
     m, peak = _Manager(), 0
     for step in range(1, saves + 1):
         if order == "verl":
             _verl_method("ensure_checkpoint_capacity")(m, keep)
         else:
-            retention.before_save(m, keep)
+            verl_retention.before_save(m, keep)
         role = root / f"global_step_{step}" / "actor"
         role.mkdir(parents=True)
         (role / "model_world_size_1_rank_0.pt").write_bytes(b"x")
@@ -200,7 +200,7 @@ def _simulate_peak(root, keep, order, saves=6, tracker_stuck_at=()):
         if order == "verl":
             _verl_method("register_checkpoint")(m, str(role), keep)
         else:
-            retention.after_save(m, str(role), keep)
+            verl_retention.after_save(m, str(role), keep)
         if step not in tracker_stuck_at:
             (root / TRACKER_NAME).write_text(str(step))
     return peak
@@ -385,7 +385,7 @@ def test_a_conversion_that_is_not_a_slice_ends_in_one_line(tmp_path, capsys, mon
 # LoRA and vision-language configs
 # ------------------------------------------------------------------------------------------------
 def _save_config(tmp_path, model: str):
-    from slimckpt.testing.fsdp_checkpoint import build_config, parse_args
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, parse_args
 
     build_config(
         parse_args(["--out", "x", "--model", model, "--experts", "3", "--hidden", "64", "--vocab", "256"])
@@ -409,7 +409,7 @@ def test_a_lora_config_is_planned_as_peft_builds_the_actor(tmp_path, model, targ
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, parse_args
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config, parse_args
 
     cfg = _save_config(tmp_path, model)
     r = build.build_report(
@@ -449,7 +449,7 @@ def test_a_vision_language_config_is_planned(tmp_path):
     import torch
     from safetensors import safe_open
 
-    from slimckpt.testing.fsdp_checkpoint import auto_class, build_config, parse_args
+    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config, parse_args
 
     cfg = _save_config(tmp_path / "cfg", "qwen2.5-vl")
     r = build.build_report(_args(cfg, world_size=3))

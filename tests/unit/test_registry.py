@@ -9,12 +9,11 @@ import types
 import pytest
 
 from slimckpt import SUPPORTED_VERL
+from slimckpt.verl_files.version import UnsupportedVerlVersion, check_verl_version
 from slimckpt.verl_seam.patch_list import PATCHES
 from slimckpt.verl_seam.registry import (
     Patch,
     Registry,
-    UnsupportedVerlVersion,
-    check_verl_version,
     resolve,
     resolve_table,
 )
@@ -25,7 +24,7 @@ from ..conftest import REPO, run_python
 # purpose; a verl upgrade that moves one of these fails test_every_target_exists_in_installed_verl.
 EXPECTED_TARGETS = {
     "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint",
-    # feature "cpu" (slimckpt.cpu, SLIMCKPT_CPU=1)
+    # feature "cpu" (slimckpt.verl_seam.cpu, SLIMCKPT_CPU=1)
     "verl.plugin.platform.platform_manager:_detect_platform_name",
     "verl.utils.distributed:initialize_global_process_group_ray",
     "verl.workers.engine_workers:initialize_global_process_group_ray",
@@ -56,12 +55,12 @@ EXPECTED_TARGETS = {
     # keep_best: the trainer's logged metrics recorded next to each save step
     "verl.utils.tracking:Tracking.__init__",
     "verl.utils.tracking:Tracking.log",
-    # feature "adopt" (slimckpt.save.adopt_startup, always on)
+    # feature "adopt" (slimckpt.verl_seam.adopt_startup, always on)
     "verl.utils.config:validate_config",
     # feature "merge" (slimckpt.merge.pipeline)
     "verl.model_merger.fsdp_model_merger:FSDPModelMerger.merge_and_save",
     "verl.model_merger.base_model_merger:BaseModelMerger.save_hf_model_and_tokenizer",
-    # feature "flowrl" (slimckpt.flowrl, +algo=flowrl)
+    # feature "flowrl" (slimckpt.verl_seam.flowrl, +algo=flowrl)
     "verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_module",
     "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_inputs",
     "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs",
@@ -304,9 +303,10 @@ def test_without_a_recipe_exactly_this_changes():
             "slimckpt",
             "slimckpt.env_vars",
             "slimckpt.log",
-            "slimckpt.save",
-            "slimckpt.save.adopt_startup",
+            "slimckpt.verl_files",
+            "slimckpt.verl_files.version",
             "slimckpt.verl_seam",
+            "slimckpt.verl_seam.adopt_startup",
             "slimckpt.verl_seam.features",
             "slimckpt.verl_seam.import_hooks",
             "slimckpt.verl_seam.patch_list",
@@ -343,14 +343,14 @@ def test_recipe_config_switches_on_checkpoint_patches_with_a_log_line():
     """)
     )
     assert res.returncode == 0, res.stderr
-    assert "MODULE hooks.py" in res.stdout
+    assert "MODULE checkpoint_patches.py" in res.stdout
     assert "patched verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint" in res.stderr
 
 
 def test_recipe_config_fails_loudly_on_unsupported_verl():
     res = run_python(
         textwrap.dedent("""
-        import slimckpt.verl_seam.registry as r
+        import slimckpt.verl_files.version as r
         r.installed_verl_version = lambda: "0.12.0"
         from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
         SlimCheckpointConfig(recipe="quickstart")
@@ -448,7 +448,7 @@ def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on
 
 
 def test_async_mode_reads_every_spelling():
-    from slimckpt.verl_seam.checkpoint_config import async_mode
+    from slimckpt.options.checkpoint_options import async_mode
 
     assert [async_mode(v) for v in (None, False, "false", True, "true", "pool", "stream", "Stream")] == [
         "off",
@@ -474,7 +474,7 @@ def test_bad_log_level_falls_back_to_info_and_keeps_slimckpt_on():
         env={"SLIMCKPT_LOG_LEVEL": "verbose", "SLIMCKPT_MEASURE": "1"},
     )
     assert res.returncode == 0, res.stderr
-    assert "MODULE save_measure.py" in res.stdout  # SLIMCKPT_MEASURE=1 still took effect
+    assert "MODULE checkpoint_patches.py" in res.stdout  # SLIMCKPT_MEASURE=1 still took effect
     warnings = [line for line in res.stderr.splitlines() if "SLIMCKPT_LOG_LEVEL" in line]
     assert len(warnings) == 1, res.stderr
     assert "WARNING" in warnings[0] and "'verbose'" in warnings[0] and "using INFO" in warnings[0]

@@ -14,6 +14,7 @@ import pytest
 from slimckpt.format.resume_manifest import MANIFEST_NAME, TRACKER_NAME
 from slimckpt.read import locks
 from slimckpt.save import retention
+from slimckpt.verl_seam import checkpoint_patches as verl_retention
 
 from ..helpers.slim_logs import lines_of
 
@@ -93,21 +94,21 @@ def test_verl_deletes_a_step_being_read(tmp_path):
 def test_nothing_is_deleted_before_a_save(tmp_path):
     m = FakeManager()
     m.previous_saved_paths = [_step(tmp_path, n) for n in (1, 2, 3)]
-    retention.before_save(m, 2)
+    verl_retention.before_save(m, 2)
     assert all(os.path.exists(p) for p in m.previous_saved_paths) and len(m.previous_saved_paths) == 3
 
 
 def test_keep_1_keeps_the_trackers_step_until_the_tracker_moves(tmp_path):
     m = FakeManager()
     s1 = _step(tmp_path, 1)
-    retention.after_save(m, s1, 1)
+    verl_retention.after_save(m, s1, 1)
     _tracker(tmp_path, 1)
     s2 = _step(tmp_path, 2)
-    assert retention.after_save(m, s2, 1) == []  # the tracker still names step 1
+    assert verl_retention.after_save(m, s2, 1) == []  # the tracker still names step 1
     assert os.path.exists(s1) and m.previous_saved_paths == [s1, s2]
     _tracker(tmp_path, 2)
     s3 = _step(tmp_path, 3)
-    assert retention.after_save(m, s3, 1) == [s1]  # step 2 is the tracker's now
+    assert verl_retention.after_save(m, s3, 1) == [s1]  # step 2 is the tracker's now
     assert not os.path.exists(s1) and os.path.exists(s2) and m.previous_saved_paths == [s2, s3]
 
 
@@ -116,9 +117,9 @@ def test_keep_2_failed_critic_keeps_the_committed_step(tmp_path):
     s1, s2 = _step(tmp_path, 1), _step(tmp_path, 2)
     m.previous_saved_paths = [s1, s2]
     _tracker(tmp_path, 1)
-    retention.before_save(m, 2)
+    verl_retention.before_save(m, 2)
     s3 = _step(tmp_path, 3)
-    retention.after_save(m, s3, 2)
+    verl_retention.after_save(m, s3, 2)
     assert os.path.exists(s1)  # verl deleted it (test above); here the tracker protects it
 
 
@@ -126,27 +127,27 @@ def test_keep_none_or_zero_keeps_everything(tmp_path):
     for keep in (None, 0, -1):
         m = FakeManager()
         for n in range(1, 4):
-            retention.after_save(m, str(tmp_path / f"k{keep}" / f"global_step_{n}" / "actor"), keep)
+            verl_retention.after_save(m, str(tmp_path / f"k{keep}" / f"global_step_{n}" / "actor"), keep)
         assert len(m.previous_saved_paths) == 3
 
 
 def test_a_locked_step_is_skipped_then_deleted_at_the_next_save(tmp_path):
     m = FakeManager()
     s1 = _step(tmp_path, 1)
-    retention.after_save(m, s1, 1)
+    verl_retention.after_save(m, s1, 1)
     _tracker(tmp_path, 2)
     with locks.reading(s1, "merging it"), lines_of(retention.log) as logged:
-        assert retention.after_save(m, _step(tmp_path, 2), 1) == []
+        assert verl_retention.after_save(m, _step(tmp_path, 2), 1) == []
     assert os.path.exists(s1) and "holds its lock" in logged.getvalue()
     _tracker(tmp_path, 3)
-    assert retention.after_save(m, _step(tmp_path, 3), 1) == [s1, str(tmp_path / "global_step_2" / "actor")]
+    assert verl_retention.after_save(m, _step(tmp_path, 3), 1) == [s1, str(tmp_path / "global_step_2" / "actor")]
     assert not os.path.exists(s1)
 
 
 def test_a_step_locked_by_another_process_is_kept(tmp_path):
     m = FakeManager()
     s1 = _step(tmp_path, 1)
-    retention.after_save(m, s1, 1)
+    verl_retention.after_save(m, s1, 1)
     code = (
         "import sys, time; from slimckpt.read import locks\n"
         # far longer than the checks below (milliseconds): the reader still holds its lock when killed
@@ -155,13 +156,13 @@ def test_a_step_locked_by_another_process_is_kept(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code, s1], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
-        assert retention.after_save(m, _step(tmp_path, 2), 1) == []
+        assert verl_retention.after_save(m, _step(tmp_path, 2), 1) == []
         assert os.path.exists(s1)
     finally:
         proc.kill()
         proc.wait()
     # the kernel dropped the killed reader's lock: nothing stale blocks
-    assert retention.after_save(m, _step(tmp_path, 3), 1) == [s1, str(tmp_path / "global_step_2" / "actor")]
+    assert verl_retention.after_save(m, _step(tmp_path, 3), 1) == [s1, str(tmp_path / "global_step_2" / "actor")]
 
 
 def test_an_incremental_step_loses_its_manifest_first(tmp_path, monkeypatch):
@@ -190,9 +191,12 @@ def test_the_verl_patch_routes_through_the_policy(tmp_path):
 
 
 def test_resume_state_retention_uses_the_policy(tmp_path):
+    from slimckpt.options.checkpoint_options import CheckpointOptions
     from slimckpt.save.step_commit import make_room, register_committed
+    from slimckpt.save.target import SaveTarget, TargetState
 
-    m = FakeManager()
+    manager = FakeManager()
+    m = SaveTarget(None, None, CheckpointOptions(), TargetState(), saved_paths=manager.previous_saved_paths)
     s1 = _step(tmp_path, 1, manifest=True)
     register_committed(m, s1, 1)
     _tracker(tmp_path, 1)
@@ -218,7 +222,7 @@ def test_random_sequences_never_lose_the_trackers_step(tmp_path, keep):
         path = _step(tmp_path, n)
         if rng.random() < 0.3:  # the save failed: verl never registers it
             continue
-        retention.after_save(m, path, keep)
+        verl_retention.after_save(m, path, keep)
         if rng.random() < 0.8:  # the trainer wrote the tracker (else e.g. the critic failed)
             tracker = n
             _tracker(tmp_path, n)
@@ -229,7 +233,7 @@ def test_random_sequences_never_lose_the_trackers_step(tmp_path, keep):
 
 def test_a_load_holds_a_read_lock(tmp_path):
     """verl's (wrapped) load_checkpoint reads under a shared lock: retention skips the dir meanwhile."""
-    from slimckpt.save.resume_load import wrap_load_checkpoint
+    from slimckpt.verl_seam.checkpoint_patches import wrap_load_checkpoint
 
     s1 = _step(tmp_path, 1)
     seen = []

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from slimckpt.observe import save_reports
-from slimckpt.observe.ckpt_metrics import CheckpointMetricsCallback
+from slimckpt.verl_seam.ckpt_metrics import CheckpointMetricsCallback
 
 from ..conftest import REPO, run_python
 
@@ -54,7 +54,7 @@ def test_measured_plain_verl_runs_verls_own_checkpoint_code():
         "v1_find": "checkpoint_manager.py",
         "legacy_find": "checkpoint_manager.py",
     }, res.stdout
-    assert "SAVE verl/utils/checkpoint/fsdp_checkpoint_manager.py save_measure.py" in res.stdout
+    assert "SAVE verl/utils/checkpoint/fsdp_checkpoint_manager.py checkpoint_patches.py" in res.stdout
     # adopt.startup (which step a relaunch resumes, checked in the driver's validate_config) is on
     # whenever slimckpt is: it changes no checkpoint code
     assert "APPLIED ['adopt.startup', 'measure.save']" in res.stdout
@@ -79,7 +79,7 @@ def _save(out: str, measure: bool) -> subprocess.CompletedProcess:
         "OMP_NUM_THREADS": "1",
     }
     return subprocess.run(
-        [sys.executable, "-m", "slimckpt.testing.fsdp_checkpoint", "--out", out, "--steps", "1"],
+        [sys.executable, "-m", "slimckpt.testing.verl_checkpoints.fsdp_checkpoint", "--out", out, "--steps", "1"],
         env=env,
         capture_output=True,
         text=True,

@@ -151,7 +151,7 @@ def _greedy_score(model_dir: Path, rows: list[dict]) -> float:
     """Mean reward of greedy answers, as verl's validation samples them (temperature 0)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slimckpt.cpu.sampling import generate
+    from slimckpt.verl_seam.cpu.sampling import generate
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     net = AutoModelForCausalLM.from_pretrained(model_dir).eval()

@@ -10,6 +10,8 @@ import torch.distributed as dist
 
 from slimckpt.format import resume_manifest as rm
 from slimckpt.save import resume_load, step_check
+from slimckpt.save.target import SaveTarget, TargetState
+from slimckpt.verl_seam.manager_state import config_of
 from slimckpt.write import resume_records as rr
 
 
@@ -50,12 +52,14 @@ def test_load_passes_the_configs_verify_to_the_check(tmp_path, monkeypatch, veri
         raise _Stop
 
     monkeypatch.setattr(features, "switch_on", lambda feature: None)  # the config alone, no patches applied
-    monkeypatch.setattr(resume_load, "checkpoint_group", lambda manager: None)
+    monkeypatch.setattr(resume_load, "checkpoint_group", lambda state: None)
     monkeypatch.setattr(step_check, "check_committed", check)
     # None: verl's own config, without the field
     config = CheckpointConfig() if verify is None else SlimCheckpointConfig(verify=verify)
     with pytest.raises(_Stop):
-        resume_load.load_resume_state(SimpleNamespace(checkpoint_config=config), str(tmp_path))
+        manager = SimpleNamespace(checkpoint_config=config)
+        target = SaveTarget(model=None, optimizer=None, options=config_of(manager), state=TargetState())
+        resume_load.load_resume_state(target, str(tmp_path))
     assert seen == [True if verify is None else verify]
 
 

@@ -1,5 +1,5 @@
 """The merge's Hugging Face side without `import verl`: verl's own helper files loaded by path
-(`slimckpt.verl_seam.leaves`), and the two small choices of verl's BaseModelMerger that `hf_side`
+(`slimckpt.verl_files.leaves`), and the two small choices of verl's BaseModelMerger that `hf_side`
 makes itself (auto class, generation config), held to verl's answers."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import transformers
 from transformers import LlamaConfig
 
 from slimckpt.hf.naming import auto_model_class, load_generation_config
-from slimckpt.verl_seam import leaves as verl_leaves
-from slimckpt.verl_seam import registry
+from slimckpt.verl_files import leaves as verl_leaves
+from slimckpt.verl_files import version as registry
 
 
 def verl_merger_with(config=None, hf_dir=None):
@@ -124,7 +124,7 @@ def test_hf_side_does_not_import_verl(tmp_path):
     script = textwrap.dedent(f"""
         import json, sys
         from slimckpt.hf.naming import HfSide
-        from slimckpt.verl_seam.leaves import leaf
+        from slimckpt.verl_files.leaves import leaf
         side = HfSide({str(tmp_path / "actor")!r}, "bf16", False)
         shapes = {{n: tuple(p.shape) for n, p in side.model.named_parameters(remove_duplicate=False)}}
         mapping = side.output_names(list(shapes), shapes)

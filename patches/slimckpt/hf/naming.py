@@ -51,7 +51,7 @@ def auto_model_class(config):
     architecture when the model has remote code, else by the architecture's suffix."""
     import transformers
 
-    from ..verl_seam.leaves import leaf
+    from ..verl_files.leaves import leaf
 
     arch = config.architectures[0]
     vision = leaf("transformers_compat").get_auto_model_for_vision2seq
@@ -202,8 +202,8 @@ class HfSide:
     def _kept(self, names: list[str]) -> list[str]:
         """The names save_pretrained writes of `names`: FlowRL's head, tied targets (verl's
         drop_tied_target_keys) and `_keys_to_ignore_on_save` left out."""
-        from ..flowrl.names import is_flowrl_param
-        from ..verl_seam.leaves import leaf
+        from ..format.flowrl_names import is_flowrl_param
+        from ..verl_files.leaves import leaf
 
         # FlowRL's log Z head is trained with the actor but is no part of the language model
         keep: dict[str, object] = {n: None for n in names if not is_flowrl_param(n)}
@@ -243,7 +243,7 @@ class HfSide:
         """Processor and tokenizer through verl's loaders; False (with a warning) when there is none."""
         import warnings
 
-        from ..verl_seam.leaves import leaf
+        from ..verl_files.leaves import leaf
 
         verl_tokenizer = leaf("tokenizer")
         with warnings.catch_warnings():

@@ -54,7 +54,8 @@ from ..read import in_flight
 from ..read.checkpoint_dir import CheckpointError
 from ..read.locks import LockBusy, acquire, reading
 from ..read.merge_input import check_source, open_source
-from ..verl_seam.leaves import leaf
+from ..verl_files.in_process_merger import verl_merger_call
+from ..verl_files.leaves import leaf
 from ..write.out_files import OutputError
 from ..write.output_dir import commit, discard_partial, prepare_partial, write_manifest
 from ..write.peers import Heartbeat, describe_ranks, lost_ranks_line
@@ -298,21 +299,9 @@ def _log_fallback(opts: MergeOptions, why: str, ckpt) -> None:
 
 def run_verl_merger(opts: MergeOptions, verl_fallback: Callable[[], None] | None, t0: float) -> MergeResult:
     if verl_fallback is None:
-        from verl.model_merger.base_model_merger import ModelMergerConfig
-        from verl.model_merger.fsdp_model_merger import FSDPModelMerger
-
-        os.makedirs(opts.target_dir, exist_ok=True)
-        config = ModelMergerConfig(
-            operation="merge",
-            backend="fsdp",
-            local_dir=opts.local_dir,
-            target_dir=opts.target_dir,
-            trust_remote_code=opts.trust_remote_code,
-            hf_model_config_path=os.path.join(opts.local_dir, HF_SUBDIR),
+        verl_fallback = verl_merger_call(
+            opts.local_dir, opts.target_dir, os.path.join(opts.local_dir, HF_SUBDIR), opts.trust_remote_code
         )
-        merger = FSDPModelMerger(config)
-        original = getattr(FSDPModelMerger.merge_and_save, "__wrapped__", FSDPModelMerger.merge_and_save)
-        verl_fallback = lambda: original(merger)  # noqa: E731
     try:
         verl_fallback()
     except Exception as exc:  # noqa: BLE001 - verl's own failure, reported on one line

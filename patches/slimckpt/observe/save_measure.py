@@ -5,9 +5,9 @@ was blocked, the peak anonymous RSS above the level before the save, and the byt
 wrote. Reports go outside the checkpoint (slimckpt.observe.save_reports), into
 $SLIMCKPT_METRICS_FILE (one JSON line each) and the log.
 
-Who calls it: the "measure" feature (SLIMCKPT_MEASURE=1), whose patch wraps verl's own save and
-nothing else, so verl's retention, tracker and load stay verl's; and a recipe's save
-(SlimCheckpointConfig.measure). One save is measured once, whoever wraps it first.
+Who calls it (both through slimckpt.verl_seam.checkpoint_patches): the "measure" feature
+(SLIMCKPT_MEASURE=1), whose patch wraps verl's own save and nothing else, so verl's retention,
+tracker and load stay verl's; and a recipe's save (CheckpointOptions.measure). One save is measured once, whoever wraps it first.
 
 An async save (the incremental tier's background write) is measured twice: its `save` report
 covers the blocking part when the call returns; the `commit` report, written when the background
@@ -20,7 +20,6 @@ the save returned).
 from __future__ import annotations
 
 import contextvars
-import functools
 import json
 import os
 import time
@@ -29,9 +28,8 @@ from typing import Any
 
 from .. import env_vars
 from ..log import get_logger
+from ..options.checkpoint_options import CheckpointOptions
 from ..read.checkpoint_dir import rank_files
-from ..verl_seam.checkpoint_config import SlimCheckpointConfig
-from ..verl_seam.manager_state import state_of
 from . import save_reports
 from .memory import RssSampler
 
@@ -105,8 +103,12 @@ def record(report: dict[str, Any], local_path: str, rank: int, kind: str) -> Non
         )
 
 
-def measured_save(manager: Any, local_path: str, global_step: int, call: Callable[[], Any]) -> Any:
-    """Run `call` (the save) and record its reports; a save inside a measured one runs as is."""
+def measured_save(
+    state: Any, config: Any, rank: int, world_size: int, local_path: str, global_step: int, call: Callable[[], Any]
+) -> Any:
+    """Run `call` (the save) and record its reports; a save inside a measured one runs as is.
+    `state`: the saved target's TargetState (its writer, whether the save failed); `config`: the
+    caller's checkpoint config (CheckpointOptions for a recipe's)."""
     if _MEASURING.get() or local_path is None:
         return call()
     token = _MEASURING.set(True)
@@ -117,19 +119,17 @@ def measured_save(manager: Any, local_path: str, global_step: int, call: Callabl
     finally:
         _MEASURING.reset(token)
     blocked = time.perf_counter() - start
-    state = state_of(manager)
     if state.save_failed:
         return result
-    config = manager.checkpoint_config
-    rank = int(manager.rank)
+    rank = int(rank)
     writer = state.writer
     in_background = writer is not None and writer.step == int(global_step)
     report = {
         "global_step": int(global_step),
         "rank": rank,
-        "world_size": int(manager.world_size),
+        "world_size": int(world_size),
         "role": os.path.basename(os.path.normpath(local_path)),
-        "recipe": (config.recipe if isinstance(config, SlimCheckpointConfig) else None) or "verl-default",
+        "recipe": (config.recipe if isinstance(config, CheckpointOptions) else None) or "verl-default",
         "save_contents": list((config.get("save_contents") if config else None) or []),
         "async": in_background,
         "committed": not in_background,
@@ -185,15 +185,3 @@ def _measure_background_write(writer: Any, saved: dict[str, Any], local_path: st
         )
 
     writer.after_commit(committed)
-
-
-def wrap_save_measured(original):
-    """Feature "measure": verl's save_checkpoint, measured and otherwise untouched."""
-
-    @functools.wraps(original)
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        return measured_save(
-            self, local_path, global_step, lambda: original(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
-        )
-
-    return save_checkpoint

@@ -30,12 +30,11 @@ from typing import Any
 
 from ..format.layout import dim0_row_bytes, dim0_rows
 from ..format.retention_plan import RetentionPolicy, disk_bytes, steps_held
+from ..options.checkpoint_options import CheckpointOptions, async_mode
 from ..save.host_budget import AUTO, is_auto
 from ..save.retention import peak_steps, verl_peak_steps
 from .node import auto_budget
 from .stream import stream_block, windows_for
-
-# lazy imports: verl's config classes (they import verl and torch) load only when a recipe's block is read
 
 FP32 = 4
 ADAM_STATES = 2  # exp_avg, exp_avg_sq
@@ -110,9 +109,7 @@ class Strategy:
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict[str, Any]) -> Strategy:
-        from ..verl_seam.checkpoint_config import SlimCheckpointConfig, async_mode
-
-        defaults = {f.name: f.default for f in fields(SlimCheckpointConfig) if f.default is not MISSING}
+        defaults = {f.name: f.default for f in fields(CheckpointOptions) if f.default is not MISSING}
         return cls(
             name=name,
             contents=tuple(cfg.get("save_contents") or VERL_CONTENTS),

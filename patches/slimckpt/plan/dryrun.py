@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..verl_seam.dryrun import compose_config
+from ..verl_seam.dryrun import compose_config, plain, roles_needed, select
 from ..verl_seam.dryrun import main as verl_main
 from .build import build_report, plan_facts
 from .printers import print_report
 
-# lazy imports: omegaconf, verl's trainer and huggingface_hub load only once a config is composed and planned
+# lazy imports: huggingface_hub loads only once a config is composed and planned
 
 HELP = (
     "compose verl's PPO config as main_ppo would, print and validate it (no Ray, no GPU); --plan: what its saves cost"
@@ -121,30 +121,22 @@ def model_config_path(model_path: str) -> tuple[str | None, str]:
     return None, ""
 
 
-def _select(cfg, key: str, default: Any = None) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
-
-
 def plan_namespace(
     cfg, assumed: Assumptions, config_json: str, overrides: list[str] | None = None
 ) -> tuple[argparse.Namespace, dict[str, Any]]:
     """`slimckpt plan`'s arguments for this composed config, and what the run is (for the verdict)."""
-    from omegaconf import OmegaConf
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-
-    ckpt = OmegaConf.to_container(_select(cfg, "actor_rollout_ref.actor.checkpoint"), resolve=True) or {}
+    ckpt = plain(select(cfg, "actor_rollout_ref.actor.checkpoint")) or {}
+    needs_critic, needs_ref = roles_needed(cfg)
     recipe = ckpt.get("recipe") if "SlimCheckpointConfig" in str(ckpt.get("_target_", "")) else None
     nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
-    critic = bool(need_critic(cfg))
+    critic = needs_critic
     sets = [f"{k}={_yaml(ckpt[k])}" for k in PLAN_KEYS if k in ckpt and k != "save_contents"] if recipe else []
     sets += list(overrides or [])
     for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
-        value = _select(cfg, f"trainer.{key}")
+        value = select(cfg, f"trainer.{key}")
         sets.append(f"trainer.{key}={'none' if value is None else value}")
-    lora = int(_select(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0)
-    targets = _select(cfg, "actor_rollout_ref.model.target_modules", "all-linear")
+    lora = int(select(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0)
+    targets = select(cfg, "actor_rollout_ref.model.target_modules", "all-linear")
     args = argparse.Namespace(
         config=config_json,
         world_size=nnodes * per_node,
@@ -156,25 +148,24 @@ def plan_namespace(
         disk_gbps=assumed.disk_gbps,
         rollout_s=str(assumed.rollout_s),
         copy_gbps=assumed.copy_gbps,
-        fsdp=2 if str(_select(cfg, "actor_rollout_ref.actor.strategy")) == "fsdp2" else 1,
+        fsdp=2 if str(select(cfg, "actor_rollout_ref.actor.strategy")) == "fsdp2" else 1,
         # the export's file layout in the dtype the run writes (auto: the fp32 parameters')
         export_dtype={"auto": "fp32"}.get(str(ckpt.get("export_dtype", "bf16")), str(ckpt.get("export_dtype", "bf16"))),
         max_shard_size=ckpt.get("max_shard_size") if recipe else None,
-        trust_remote_code=bool(_select(cfg, "actor_rollout_ref.model.trust_remote_code", False)),
+        trust_remote_code=bool(select(cfg, "actor_rollout_ref.model.trust_remote_code", False)),
         lora_rank=lora,
-        lora_alpha=float(_select(cfg, "actor_rollout_ref.model.lora_alpha", 16) or 16),
+        lora_alpha=float(select(cfg, "actor_rollout_ref.model.lora_alpha", 16) or 16),
         lora_target_modules=targets if isinstance(targets, str) else ",".join(targets or []) or "all-linear",
         lora_exclude_modules="",
         lora_target_parameters="",
         json=False,
         gpus_per_node=per_node,
         node_memory_gb=assumed.node_memory_gb,
-        param_offload=bool(_select(cfg, "actor_rollout_ref.actor.fsdp_config.param_offload", False)),
-        optimizer_offload=bool(_select(cfg, "actor_rollout_ref.actor.fsdp_config.optimizer_offload", False)),
-        critic_param_offload=bool(_select(cfg, "critic.fsdp.param_offload", False)),
-        critic_optimizer_offload=bool(_select(cfg, "critic.fsdp.optimizer_offload", False)),
-        ref_param_offload=bool(need_reference_policy(cfg))
-        and bool(_select(cfg, "actor_rollout_ref.ref.fsdp_config.param_offload", False)),
+        param_offload=bool(select(cfg, "actor_rollout_ref.actor.fsdp_config.param_offload", False)),
+        optimizer_offload=bool(select(cfg, "actor_rollout_ref.actor.fsdp_config.optimizer_offload", False)),
+        critic_param_offload=bool(select(cfg, "critic.fsdp.param_offload", False)),
+        critic_optimizer_offload=bool(select(cfg, "critic.fsdp.optimizer_offload", False)),
+        ref_param_offload=needs_ref and bool(select(cfg, "actor_rollout_ref.ref.fsdp_config.param_offload", False)),
     )
     contents = list(ckpt.get("save_contents") or ["model", "optimizer", "extra"])
     if recipe:
@@ -238,7 +229,7 @@ def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
     verdict lines say whether the save fits), 2 when the plan cannot be made."""
     out = out if out is not None else sys.stderr
     cfg = compose_config(overrides)
-    model = str(_select(cfg, "actor_rollout_ref.model.path"))
+    model = str(select(cfg, "actor_rollout_ref.model.path"))
     config_json, source = model_config_path(model)
     if config_json is None:
         print(

@@ -37,13 +37,13 @@ from ..log import get_logger
 from ..read.checkpoint_dir import rank_files
 from ..read.locks import LockBusy, acquire
 from ..storage import for_path
-from ..verl_seam.manager_state import config_of, state_of
 from ..write.peers import causes, in_a_job
 from ..write.resume_records import atomic_write_text, write_failure
 from .lost_rank import RankLost, already_lost, peer_loss_line
 from .os_fixes import trainer_fixes
 from .process_group import checkpoint_group
 from .resume_async import writer_for
+from .target import SaveTarget
 
 log = get_logger("slimckpt.save")
 
@@ -103,10 +103,10 @@ def describe_save_error(exc: BaseException, local_path: str, step: int) -> str:
     return f"{head}: {type(exc).__name__}: {first}{hint}"
 
 
-def _group_of(manager):
+def _group_of(target: SaveTarget):
     if not in_a_job():
         return None
-    return checkpoint_group(manager)
+    return checkpoint_group(target.state)
 
 
 def _alone(
@@ -124,11 +124,11 @@ def _alone(
         outcome.raise_failure(outcome.failure_of(exc, 0, describe, kind_of(exc)), error)
 
 
-def take_writer_lock(manager, local_path: str, step: int):
+def take_writer_lock(target: SaveTarget, local_path: str, step: int):
     """Rank 0 locks the role dir for writing; every rank raises the same LockBusy if it cannot."""
-    group = _group_of(manager)
-    if group is not None and config_of(manager).async_save != "off":
-        writer_for(manager).wait()  # the background write of the previous step uses this group: finish it first
+    group = _group_of(target)
+    if group is not None and target.options.async_save != "off":
+        writer_for(target.state).wait()  # the background write of the previous step uses this group: finish it first
     held: list[Any] = []
 
     def lock_on_rank0() -> None:  # the lock stays here: every rank gets only the outcome
@@ -180,17 +180,17 @@ def discard_rank_files(local_path: str, rank: int) -> None:
             pass
 
 
-def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -> Any:
+def guarded_save(target: SaveTarget, local_path: str, step: int, save: Callable[[], Any]) -> Any:
     """Run `save` under the writer lock; on failure mark the dir failed, then stop or continue."""
-    policy = config_of(manager).on_save_error
-    state = state_of(manager)
+    policy = target.options.on_save_error
+    state = target.state
     state.save_failed = None
     lock = None
     earlier = already_lost(local_path, step)
     try:
         if earlier is not None:
             raise RankLost(earlier)
-        lock = take_writer_lock(manager, local_path, step)
+        lock = take_writer_lock(target, local_path, step)
         return save()
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
@@ -199,13 +199,13 @@ def guarded_save(manager, local_path: str, step: int, save: Callable[[], Any]) -
         line = lost or describe_save_error(exc, local_path, step)
         state.save_failed = line
         if not isinstance(exc, LockBusy):  # a dir another trainer is writing is not ours to touch
-            discard_rank_files(local_path, manager.rank)
-            mark_failed(local_path, manager.rank, line)
+            discard_rank_files(local_path, target.rank)
+            mark_failed(local_path, target.rank, line)
         if policy == "continue" and not isinstance(exc, LockBusy) and lost is None:
             log.error(
                 "CHECKPOINT NOT SAVED (rank %s, on_save_error=continue, training goes on; the last committed "
                 "step stays the resume point): %s",
-                manager.rank,
+                target.rank,
                 line,
             )
             return None

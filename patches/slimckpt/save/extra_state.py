@@ -14,6 +14,7 @@ from ..log import get_logger
 from ..read.safe_load import load_torch_file
 from ..storage import for_path
 from . import rng_reshard
+from .target import SaveTarget
 
 log = get_logger("slimckpt.resume")
 
@@ -25,35 +26,36 @@ def extra_path(local_path: str, world: int, rank: int) -> str:
     return os.path.join(local_path, EXTRA_NAME.format(world=world, rank=rank))
 
 
-def save_extra(manager, local_path: str) -> str:
+def save_extra(target: SaveTarget, local_path: str) -> str:
     """lr scheduler + RNG of this rank, as verl's extra_state (fsynced, renamed into place)."""
-    path = extra_path(local_path, manager.world_size, manager.rank)
+    path = extra_path(local_path, target.world_size, target.rank)
     state = {
-        "lr_scheduler": manager.lr_scheduler.state_dict() if manager.lr_scheduler is not None else None,
-        "rng": manager.get_rng_state(),
+        "lr_scheduler": target.lr_scheduler.state_dict() if target.lr_scheduler is not None else None,
+        "rng": target.get_rng_state(),
     }
     with for_path(path).open_atomic(path, tmp=path + ".tmp", sync_dir=False) as f:
         torch.save(state, f)
     return path
 
 
-def load_extra(manager, local_path: str, saved_world: int) -> None:
+def load_extra(target: SaveTarget, local_path: str, saved_world: int) -> None:
     """lr scheduler and RNG. The scheduler is the same on every rank. Rank r < saved_world resumes
     saved rank r's RNG exactly; a rank the saved run did not have gets a stream derived from
     saved rank r % saved_world's (rng_reshard), since a copy would repeat that rank's draws. On
     fewer ranks, the streams of the saved ranks beyond the new world size are not resumed."""
-    source = manager.rank % saved_world
+    source = target.rank % saved_world
     extra = load_torch_file(extra_path(local_path, saved_world, source))
     rng = extra.get("rng")
     if rng is not None:
-        if manager.rank >= saved_world:
-            rng = rng_reshard.derive_rng_state(rng, manager.rank)
-        manager.load_rng_state(rng)
-        message = rng_reshard.reshard_message(saved_world, manager.world_size)
-        if message and manager.rank == 0:
+        if target.rank >= saved_world:
+            rng = rng_reshard.derive_rng_state(rng, target.rank)
+        if target.load_rng_state is not None:
+            target.load_rng_state(rng)
+        message = rng_reshard.reshard_message(saved_world, target.world_size)
+        if message and target.rank == 0:
             log.info("%s", message)
-    if extra.get("lr_scheduler") is not None and manager.lr_scheduler is not None:
-        manager.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+    if extra.get("lr_scheduler") is not None and target.lr_scheduler is not None:
+        target.lr_scheduler.load_state_dict(extra["lr_scheduler"])
 
 
 __all__ = ["EXTRA_NAME", "EXTRA_PREFIX", "extra_path", "load_extra", "save_extra"]

@@ -61,10 +61,10 @@ from ..hf.plan import EMPTY, ExportPlan
 from ..internals import dtensor_box
 from ..log import get_logger
 from ..storage import RangeWriter, for_path
-from ..verl_seam.manager_state import state_of
 from ..write.out_files import os_error
 from ..write.share_writer import as_bytes, lora_merged
 from .os_fixes import trainer_fixes
+from .target import SaveTarget
 
 log = get_logger("slimckpt.hf_direct_export")
 T = TypeVar("T")
@@ -123,13 +123,13 @@ def _local(value: Any) -> torch.Tensor:
 # --------------------------------------------------------------------------- verl's side
 
 
-def verl_contents(manager, config: Any) -> list[str]:
-    """What verl's own save still writes: everything but the shards, and no `hf_model` gather
-    when the gather-free export replaces it."""
-    rest = [c for c in manager.checkpoint_save_contents if c not in ("model", "optimizer", "extra")]
-    if config.export_hf and "hf_model" in rest:
+def side_contents(target: SaveTarget) -> list[str]:
+    """What the caller's own save still writes (verl's: everything but the shards), and no
+    `hf_model` gather when the gather-free export replaces it."""
+    rest = [c for c in target.save_contents if c not in ("model", "optimizer", "extra")]
+    if target.options.export_hf and "hf_model" in rest:
         rest.remove("hf_model")
-        if state_of(manager).note_once("hf_model") and manager.rank == 0:
+        if target.state.note_once("hf_model") and target.rank == 0:
             log.info(
                 "save_contents has hf_model and export_hf=true: the gather-free export writes huggingface/ "
                 "(each rank its own rows); verl's rank-0 gather is skipped"
@@ -137,18 +137,18 @@ def verl_contents(manager, config: Any) -> list[str]:
     return rest
 
 
-def _hf_side(manager, local_path: str):
+def _hf_side(target: SaveTarget, local_path: str):
     """hf.naming.HfSide (names and config files as save_pretrained makes them) from the config verl
-    just wrote; kept per manager: the model's structure does not change during a run."""
-    state = state_of(manager)
+    just wrote; kept per target: the model's structure does not change during a run."""
+    state = target.state
     if state.hf_side is None:
         # bf16 as verl's hf_model builds its save model; tensors keep their own dtype under 'auto'
-        state.hf_side = HfSide(local_path, "bf16", bool(getattr(manager, "trust_remote_code", False)))
+        state.hf_side = HfSide(local_path, "bf16", target.trust_remote_code)
     return state.hf_side
 
 
 def _takes_and_specs(
-    manager,
+    target: SaveTarget,
     local_path: str,
     shapes: dict[str, tuple[int, ...]],
     dtypes: dict[str, torch.dtype],
@@ -157,7 +157,7 @@ def _takes_and_specs(
 ):
     """(HfSide, {output name: Take of a state-dict key}, specs), in save_pretrained's order. A LoRA
     actor's base model is named as verl's merger names it (peft's names undone, adapter left out)."""
-    side = _hf_side(manager, local_path)
+    side = _hf_side(target, local_path)
     all_shapes = dict(shapes)
     for alias, target in aliases.items():  # tied names the DCP state dropped: let HfSide decide
         all_shapes.setdefault(alias, shapes[target])
@@ -269,7 +269,7 @@ def _plain(outcome: Callable[[], T]) -> T:
 
 
 def _with_adapter(
-    manager,
+    target: SaveTarget,
     local_path: str,
     plan: layout.Plan,
     takes: dict[str, layout.Take],
@@ -282,15 +282,15 @@ def _with_adapter(
     (its tensors added to `takes`), the model's own plan (for the index) and adapter_config.json's text;
     rank and alpha from the live model's peft config, as verl's lora_train_meta.json has them."""
     names = [n for n in shapes if is_lora_key(n)]
-    unwrapped = getattr(manager.model, "_fsdp_wrapped_module", manager.model)
-    meta = manager._get_lora_train_meta(unwrapped) if hasattr(manager, "_get_lora_train_meta") else None
+    unwrapped = getattr(target.model, "_fsdp_wrapped_module", target.model)
+    meta = target.lora_train_meta(unwrapped) if target.lora_train_meta is not None else None
     settings = lora.settings(local_path, names, shapes, meta=meta)
     if config.export_merge_lora:
         try:
             merged = lora.merged_takes(local_path, takes, names, shapes, settings, MERGE_LORA_HINT)
         except lora.MergeError as exc:
             raise ExportError(str(exc)) from None
-        if state_of(manager).note_once("merge_lora"):
+        if target.state.note_once("merge_lora"):
             log.info(
                 "export_merge_lora: %d weights exported as W + B @ A x %s / %d, each rank its own rows "
                 "(A all-gathered, no W gathered); no %s/",
@@ -313,7 +313,7 @@ def _with_adapter(
 
 
 def plan_export(
-    manager, local_path: str, model_state: dict[str, Any], aliases: dict[str, str], config: Any, group
+    target: SaveTarget, local_path: str, model_state: dict[str, Any], aliases: dict[str, str], config: Any, group
 ) -> ExportPlan | None:
     """Collective over `group`: this rank's part of the export of `model_state` (the sharded
     state dict the DCP save writes, tied aliases split off) into `local_path/huggingface/`. A LoRA
@@ -347,14 +347,14 @@ def plan_export(
                     f"to merge the adapter into; set export_merge_lora=false (the export is then "
                     f"lora_adapter/ alone) or save_lora_only=false"
                 )
-            side, takes, plan = _hf_side(manager, local_path), {}, EMPTY
+            side, takes, plan = _hf_side(target, local_path), {}, EMPTY
         else:
-            side, takes, specs = _takes_and_specs(manager, local_path, shapes, dtypes, aliases, export_dtype)
+            side, takes, specs = _takes_and_specs(target, local_path, shapes, dtypes, aliases, export_dtype)
             plan = layout.plan_files(specs, config.max_shard_size)
         index_plan, adapter_config = None, None
         if any(is_lora_key(n) for n in shapes):
             plan, index_plan, adapter_config = _with_adapter(
-                manager, local_path, plan, takes, shapes, dtypes, export_dtype, config
+                target, local_path, plan, takes, shapes, dtypes, export_dtype, config
             )
         for take in takes.values():
             take.check_source(shapes[take.source])
@@ -398,13 +398,13 @@ def _clear_old_weights(hf_dir: str) -> None:
                 store.remove(os.path.join(adapter_dir, name))
 
 
-def _lay_out(job: ExportPlan, local_path: str, manager) -> None:
+def _lay_out(job: ExportPlan, local_path: str, target: SaveTarget) -> None:
     """Rank 0: the dir as hf.lay_out makes it (configs as save_pretrained writes them, full-size
     files with headers, the index; verl's save put the tokenizer there), over an earlier attempt's."""
     hf_dir = os.path.join(local_path, HF_SUBDIR)
     os.makedirs(hf_dir, exist_ok=True)
     _clear_old_weights(hf_dir)
-    lay_out(hf_dir, job, _hf_side(manager, local_path), tokenizer=False)
+    lay_out(hf_dir, job, _hf_side(target, local_path), tokenizer=False)
 
 
 class _BoxWriter:
@@ -601,7 +601,13 @@ def sources_read(job: ExportPlan, model_state: dict[str, Any]) -> list[str]:
 
 
 def write_export(
-    manager, job: ExportPlan, local_path: str, model_state: dict[str, Any], config: Any, group, stream_reads: Any = None
+    target: SaveTarget,
+    job: ExportPlan,
+    local_path: str,
+    model_state: dict[str, Any],
+    config: Any,
+    group,
+    stream_reads: Any = None,
 ) -> int:
     """Collective over `group`: rank 0 lays the files out, every rank writes its boxes from
     `model_state` (live shards in sync mode, the staged copy in pool mode), fsyncs, and all
@@ -610,7 +616,7 @@ def write_export(
     them) and is told when the read is over."""
     rank = dist.get_rank(group)
     describe = lambda exc: _failure_line(exc, local_path)  # noqa: E731
-    _plain(lambda: from_rank0(group, lambda: _lay_out(job, local_path, manager), _on_a_rank, describe))
+    _plain(lambda: from_rank0(group, lambda: _lay_out(job, local_path, target), _on_a_rank, describe))
 
     writer = _BoxWriter(os.path.join(local_path, HF_SUBDIR), job.plan, int(config.bucket_mb) << 20)
     written = 0

@@ -1,20 +1,19 @@
-"""The checkpoint group of a manager: a gloo group of its ranks for DCP's coordination and the commit.
+"""The checkpoint group of a save target: a gloo group of its ranks for DCP's coordination and the commit.
 
 Object collectives stay off the accelerator, and a background write never shares a group (and so a
-collective order) with training. One per manager, so actor and critic never interleave.
+collective order) with training. One per target, so actor and critic never interleave.
 """
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..verl_seam.manager_state import state_of
 from ..write import peers
+from .target import TargetState
 
 
-def checkpoint_group(manager) -> dist.ProcessGroup:
-    """The manager's group, made (collectively, on every rank) by its first save or load."""
-    state = state_of(manager)
+def checkpoint_group(state: TargetState) -> dist.ProcessGroup:
+    """The target's group, made (collectively, on every rank) by its first save or load."""
     if state.group is None:
         # the job's own timeout (torch would give a gloo group 30 minutes), and a heartbeat so that a
         # collective that loses a rank can name it
@@ -23,9 +22,9 @@ def checkpoint_group(manager) -> dist.ProcessGroup:
     return state.group
 
 
-def made_group(manager) -> dist.ProcessGroup | None:
-    """The manager's group if a save or load made it (on every rank), else None."""
-    return state_of(manager).group
+def made_group(state: TargetState) -> dist.ProcessGroup | None:
+    """The target's group if a save or load made it (on every rank), else None."""
+    return state.group
 
 
 __all__ = ["checkpoint_group", "made_group"]

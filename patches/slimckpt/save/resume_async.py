@@ -44,10 +44,10 @@ from torch.distributed.tensor import DTensor
 
 from ..log import get_logger
 from ..read import in_flight
-from ..verl_seam.manager_state import state_of
 from ..write import peers  # noqa: F401 - its exit hook registered before finish_all's, so it runs after it
 from . import stream_guards
 from .host_budget import budget_bytes
+from .target import TargetState
 
 log = get_logger("slimckpt.resume")
 
@@ -205,7 +205,7 @@ class StagingPool:
 
 
 class AsyncResumeWriter:
-    """The background write of one manager's saves."""
+    """The background write of one target's saves."""
 
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slimckpt-ckpt-write")
@@ -309,9 +309,9 @@ class AsyncResumeWriter:
             self._remove_hook()
 
 
-def writer_for(manager) -> AsyncResumeWriter:
+def writer_for(state: TargetState) -> AsyncResumeWriter:
+    """The target's background writer, made at its first use."""
     with _LOCK:
-        state = state_of(manager)
         writer = state.writer
         if writer is None:
             writer = state.writer = AsyncResumeWriter()

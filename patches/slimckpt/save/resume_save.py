@@ -1,9 +1,9 @@
 """The save of the incremental tier: plan, then stage (or not), then hand the write to its thread.
 
-Drop-in for FSDPCheckpointManager.save_checkpoint with an incremental SlimCheckpointConfig. In the
-foreground: wait for the previous save's commit, clear the step's dir, run verl's own save for
-everything but the shards, write the extra state, build the sharded state dict, plan the HF
-export. Then by async_save: off streams the shards now (step_write); pool stages the rank's
+For a SaveTarget whose options say incremental_save. In the foreground: wait for the previous save's
+commit, clear the step's dir, have the caller write its own files (the target's side_files: verl's
+huggingface/ and fsdp_config.json), write the extra state, build the sharded state dict, plan the
+HF export. Then by async_save: off streams the shards now (step_write); pool stages the rank's
 tensors into the host pool (within host_memory_budget_gb) and writes them on the background
 thread; stream writes on that thread from the live shards, guarded until read (stream_capture).
 Either way no rank's save (or background write) ends before its step is committed or has failed.
@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 
 import torch.distributed as dist
-from verl.utils.fs import local_mkdir_safe
 
-from ..verl_seam.manager_state import config_of
 from . import hf_direct_export, host_budget, resume_async, retention, step_write
-from .contents import save_contents
 from .extra_state import save_extra
 from .process_group import checkpoint_group
 from .save_context import SaveContext
 from .state_dicts import build_state_dict, lora_only_state, note_fsdp1_copy, note_lora_only, split_aliases
 from .step_commit import clear_stale, drop_first, make_room
 from .stream_capture import StreamCapture, live_tensors
-
-SHARD_CONTENTS = ("model", "optimizer", "extra")
+from .target import SHARD_CONTENTS, SaveTarget
 
 
 def _lap(timings: dict[str, float]):
@@ -44,63 +41,62 @@ def _lap(timings: dict[str, float]):
 
 
 def save_resume_state(
-    original,
-    manager,
+    target: SaveTarget,
     local_path: str,
-    hdfs_path: str | None = None,
     global_step: int = 0,
     max_ckpt_to_keep: int | None = None,
 ) -> None:
-    """Drop-in for FSDPCheckpointManager.save_checkpoint with an incremental SlimCheckpointConfig.
-
-    `original` is verl's unpatched save; it still writes everything but the shards."""
-    config = config_of(manager)
-    lora_only = bool(manager.should_save_lora_only and manager._has_lora())
-    writer = resume_async.writer_for(manager)
+    """Save `target`'s shards (and its caller's own files, through target.side_files) as step
+    `global_step` in `local_path`, committed by a manifest; returns once the step is committed, or
+    once the background writer has it (async_save)."""
+    config = target.options
+    lora_only = target.lora_only
+    writer = resume_async.writer_for(target.state)
     waited = time.perf_counter()
     writer.wait()  # a save starts only once the previous one is committed
     start = time.perf_counter()
     timings = {"wait_previous": start - waited}
     lap = _lap(timings)
-    group = checkpoint_group(manager)
-    manager.previous_global_step = global_step
-    local_path = local_mkdir_safe(local_path)
+    group = checkpoint_group(target.state)
+    local_path = os.path.abspath(local_path)
+    os.makedirs(local_path, exist_ok=True)
     drops: list[str] = []
-    if manager.rank == 0:
-        drops = make_room(manager, max_ckpt_to_keep)
+    if target.rank == 0:
+        drops = make_room(target, max_ckpt_to_keep)
         clear_stale(local_path)
     dist.barrier(group=group)
     lap("setup")
 
-    contents = [c for c in manager.checkpoint_save_contents if c in SHARD_CONTENTS]
-    # verl's own save for huggingface/, fsdp_config.json, LoRA meta and hf_model; retention later
-    with save_contents(manager, hf_direct_export.verl_contents(manager, config)), retention.deferred(manager):
-        original(manager, local_path, hdfs_path, global_step, None)
+    contents = [c for c in target.save_contents if c in SHARD_CONTENTS]
+    # the caller's own files (verl: huggingface/, fsdp_config.json, LoRA meta and hf_model); retention later
+    if target.side_files is not None:
+        with retention.deferred(target.state):
+            target.side_files(local_path, hf_direct_export.side_contents(target))
     lap("verl_save")
 
-    if manager.should_save_extra:
-        save_extra(manager, local_path)
+    if target.should_save_extra:
+        save_extra(target, local_path)
     lap("extra")
-    state = build_state_dict(manager, model=manager.should_save_model, optimizer=manager.should_save_optimizer)
-    note_fsdp1_copy(manager, state)
+    state = build_state_dict(target, model=target.should_save_model, optimizer=target.should_save_optimizer)
+    note_fsdp1_copy(target, state)
     aliases: dict[str, str] = {}
     if "model" in state:
         if lora_only:  # verl's save_lora_only: the adapter's parameters (the optimizer holds only theirs)
             total = len(state["model"])
             state["model"] = lora_only_state(state["model"])
-            note_lora_only(manager, state["model"], total)
+            note_lora_only(target, state["model"], total)
         state["model"], aliases = split_aliases(state["model"])
     lap("state_dict")
     # planned here, in the foreground, from the shards' specs (a staged copy has the same ones)
     export = (
-        hf_direct_export.plan_export(manager, local_path, state.get("model", {}), aliases, config, group)
+        hf_direct_export.plan_export(target, local_path, state.get("model", {}), aliases, config, group)
         if config.export_hf
         else None
     )
     lap("plan_export")
 
     ctx = SaveContext(
-        manager=manager,
+        target=target,
         local_path=local_path,
         step=global_step,
         group=group,
@@ -111,14 +107,14 @@ def save_resume_state(
         aliases=aliases,
         lora_only=lora_only,
         export=export,
-        first=drop_first(manager, drops),
+        first=drop_first(target, drops),
     )
     if config.async_save == "stream":
         capture = StreamCapture(
             state,
             host_budget.budget_bytes(config),
             step=int(global_step),
-            live=live_tensors(manager.model, manager.optimizer),
+            live=live_tensors(target.model, target.optimizer),
         )
         lap("capture")
         timings["blocking"] = time.perf_counter() - waited
@@ -128,7 +124,7 @@ def save_resume_state(
             local_path,
             functools.partial(step_write.write_and_commit, dataclasses.replace(ctx, capture=capture), capture.state),
             capture=capture,
-            optimizer=manager.optimizer,
+            optimizer=target.optimizer,
         )
         return
     staged = writer.stage(state, config, step=global_step, group=group) if config.async_save == "pool" else None
@@ -141,4 +137,4 @@ def save_resume_state(
     step_write.write_and_commit(ctx, state)
 
 
-__all__ = ["SHARD_CONTENTS", "save_resume_state"]
+__all__ = ["save_resume_state"]

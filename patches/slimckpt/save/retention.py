@@ -42,7 +42,6 @@ adds one each while the lock is held.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from collections.abc import Iterator, Sequence
 
@@ -50,12 +49,12 @@ from ..format import retention_plan
 from ..format.resume_manifest import protected_dirs
 from ..format.retention_plan import RetentionPolicy
 from ..log import get_logger
+from ..options.checkpoint_options import CheckpointOptions
 from ..read.locks import try_exclusive
 from ..storage import for_path
-from ..verl_seam.checkpoint_config import SlimCheckpointConfig
-from ..verl_seam.manager_state import config_of, state_of
 from ..write.resume_records import remove_manifest
 from . import best_metric, optimizer_drop
+from .target import TargetState
 
 log = get_logger("slimckpt.retention")
 
@@ -110,7 +109,7 @@ def delete_step_dir(path: str) -> str | None:
     return f"partly deleted: {errors[0]}" if errors else None
 
 
-def policy_for(config: SlimCheckpointConfig, max_keep) -> RetentionPolicy:
+def policy_for(config: CheckpointOptions, max_keep) -> RetentionPolicy:
     """The role's policy: a recipe's checkpoint config adds keep_optimizer_last and keep_best."""
     keep_n = _valid_keep(max_keep)
     return RetentionPolicy(
@@ -184,14 +183,14 @@ def apply(paths: Sequence[str], max_keep, policy: RetentionPolicy | None = None)
     return [p for p in paths if p not in deleted], deleted
 
 
-def optimizer_drops(manager, max_keep) -> list[str]:
+def optimizer_drops(options: CheckpointOptions, saved_paths: Sequence[str], max_keep) -> list[str]:
     """Before a save: the committed steps whose optimizer state may go now. The tracker names the
     newest committed step then (the previous save's retention had to spare the step before it,
     which the tracker still named), so every step outside the newest keep_optimizer_last and the
     tracker's loses it: one fewer optimizer on disk while the new step is written. A failed save
     still leaves the tracker's step whole."""
-    policy = policy_for(config_of(manager), max_keep)
-    paths = [p for p in manager.previous_saved_paths if os.path.isdir(p)]
+    policy = policy_for(options, max_keep)
+    paths = [p for p in saved_paths if os.path.isdir(p)]
     if policy.optimizer_last is None or not paths:
         return []
     metrics = best_metric.metrics_of(paths, policy.best_metric) if policy.keep_best else {}
@@ -211,22 +210,21 @@ def drop_before_save(paths: Sequence[str], keep_last: int | None) -> None:
             )
 
 
-def before_save(manager, max_keep) -> None:
+def before_save(state: TargetState, options: CheckpointOptions, saved_paths: Sequence[str], max_keep) -> None:
     """verl deletes here; slimckpt deletes nothing until the new step is complete, and drops only
     the optimizer state retention no longer keeps (optimizer_drops)."""
-    if state_of(manager).retention_deferred:
+    if state.retention_deferred:
         return  # the incremental tier's save runs them where it writes (step_commit.make_room)
-    drops = optimizer_drops(manager, max_keep)
+    drops = optimizer_drops(options, saved_paths, max_keep)
     if drops:
-        drop_before_save(drops, config_of(manager).keep_optimizer_last)
+        drop_before_save(drops, options.keep_optimizer_last)
 
 
 @contextlib.contextmanager
-def deferred(manager) -> Iterator[None]:
-    """verl's own save called inside the incremental tier's (for huggingface/ and fsdp_config.json)
-    registers the step before its shards exist: nothing may be pruned then; the commit runs
-    retention once the step is complete."""
-    state = state_of(manager)
+def deferred(state: TargetState) -> Iterator[None]:
+    """The caller's own save run inside the incremental tier's (verl's: for huggingface/ and
+    fsdp_config.json) registers the step before its shards exist: nothing may be pruned then; the
+    commit runs retention once the step is complete."""
     state.retention_deferred = True
     try:
         yield
@@ -234,35 +232,19 @@ def deferred(manager) -> Iterator[None]:
         state.retention_deferred = False
 
 
-def after_save(manager, new_path: str, max_keep) -> list[str]:
-    """Track `new_path` (complete now) and delete what retention allows; returns the deleted dirs."""
+def after_save(
+    state: TargetState, options: CheckpointOptions, saved_paths: list[str], new_path: str, max_keep
+) -> list[str]:
+    """Track `new_path` (complete now) in `saved_paths` (updated in place) and delete what retention
+    allows; returns the deleted dirs."""
     new = os.path.abspath(new_path)
-    paths = [p for p in manager.previous_saved_paths if os.path.abspath(p) != new] + [new_path]
-    if state_of(manager).retention_deferred:
-        manager.previous_saved_paths = paths
+    paths = [p for p in saved_paths if os.path.abspath(p) != new] + [new_path]
+    if state.retention_deferred:
+        saved_paths[:] = paths
         return []
-    policy = policy_for(config_of(manager), max_keep)
-    manager.previous_saved_paths, deleted = apply(paths, max_keep, policy)
+    kept, deleted = apply(paths, max_keep, policy_for(options, max_keep))
+    saved_paths[:] = kept
     return deleted
-
-
-# --------------------------------------------------------------------------- the verl patches
-
-
-def wrap_ensure_checkpoint_capacity(original):
-    @functools.wraps(original)
-    def ensure_checkpoint_capacity(self, max_ckpt_to_keep):
-        before_save(self, max_ckpt_to_keep)
-
-    return ensure_checkpoint_capacity
-
-
-def wrap_register_checkpoint(original):
-    @functools.wraps(original)
-    def register_checkpoint(self, new_path, max_ckpt_to_keep):
-        after_save(self, new_path, max_ckpt_to_keep)
-
-    return register_checkpoint
 
 
 __all__ = [
@@ -276,6 +258,5 @@ __all__ = [
     "peak_steps",
     "policy_for",
     "verl_peak_steps",
-    "wrap_ensure_checkpoint_capacity",
-    "wrap_register_checkpoint",
+    "deferred",
 ]

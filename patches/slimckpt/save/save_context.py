@@ -1,7 +1,7 @@
 """One save of the incremental tier, as every phase after the plan sees it.
 
 Built once in the foreground (resume_save) and handed, whole, to the write and the commit, which
-may run on the background writer's thread: what the save is (manager, role dir, step, contents),
+may run on the background writer's thread: what the save is (target, role dir, step, contents),
 where it agrees with the other ranks (group), how it writes (config), and what the plan decided
 (tied-weight aliases, the HF export's plan, the stream capture, retention's optimizer drops).
 `timings` is the one mutable part: each phase adds its seconds, and the manifest records them.
@@ -14,22 +14,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..options.checkpoint_options import CheckpointOptions
 from ..read.checkpoint_dir import DCP_DIR
-from ..verl_seam.checkpoint_config import SlimCheckpointConfig
+from .target import SaveTarget
 
 
 @dataclass(frozen=True)
 class SaveContext:
-    manager: Any
-    """verl's FSDPCheckpointManager being saved."""
+    target: SaveTarget
+    """What is saved (model, optimizer, ranks, the caller's hooks)."""
     local_path: str
     """The role dir (`<root>/global_step_N/actor`)."""
     step: int
     """The global step being saved."""
     group: Any
     """The manager's checkpoint group (process_group.checkpoint_group): every collective of the save."""
-    config: SlimCheckpointConfig
-    """The manager's config, resolved (manager_state.config_of)."""
+    config: CheckpointOptions
+    """The target's options."""
     contents: list[str]
     """The shard contents saved: model, optimizer, extra (of checkpoint.save_contents)."""
     max_keep: int | None = None

@@ -5,11 +5,8 @@ device (DCP copies each to host only while writing it); tied weights written onc
 verl's save_lora_only kept as verl keeps it (lora_only_state).
 """
 
-# lazy imports: verl only where a manager's model is asked its FSDP version (the GPU check builds these
-# state dicts with torch alone)
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import Any
 
@@ -18,9 +15,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from ..format.names import is_lora_key
 from ..log import get_logger
-from ..verl_seam.manager_state import state_of
 from . import optim_capture
 from .resume_async import state_bytes
+from .target import SaveTarget
 
 log = get_logger("slimckpt.resume")
 
@@ -37,8 +34,9 @@ def load_options(partial: bool) -> StateDictOptions:
     return StateDictOptions(full_state_dict=False, cpu_offload=False, strict=not partial)
 
 
-def build_state_dict(manager, model: bool, optimizer: bool, optimizer_state: bool | None = None) -> dict[str, Any]:
-    """{"model": ..., "optim": ...} keyed by parameter name; FSDP2 gives views of the live shards
+def build_state_dict(target: Any, model: bool, optimizer: bool, optimizer_state: bool | None = None) -> dict[str, Any]:
+    """{"model": ..., "optim": ...} keyed by parameter name, of `target.model` and `target.optimizer`
+    (a SaveTarget, or anything holding the two); FSDP2 gives views of the live shards
     (no copy). FSDP1 builds its sharded state dict on the device. The optimizer's part is taken
     as it is (optim_capture: a save before the first step changes nothing); for a load,
     `optimizer_state` says whether the step holds per-parameter optimizer state to read into."""
@@ -46,11 +44,11 @@ def build_state_dict(manager, model: bool, optimizer: bool, optimizer_state: boo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if model:
-            state["model"] = get_model_state_dict(manager.model, options=options())
+            state["model"] = get_model_state_dict(target.model, options=options())
     if optimizer and optimizer_state is None:
-        state["optim"] = optim_capture.capture(manager.model, manager.optimizer, options())
+        state["optim"] = optim_capture.capture(target.model, target.optimizer, options())
     elif optimizer:
-        state["optim"] = optim_capture.load_template(manager.model, manager.optimizer, options(), optimizer_state)
+        state["optim"] = optim_capture.load_template(target.model, target.optimizer, options(), optimizer_state)
     return state
 
 
@@ -94,8 +92,8 @@ def lora_only_state(model_state: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def note_lora_only(manager, model_state: dict[str, Any], total: int) -> None:
-    if manager.rank != 0 or not state_of(manager).note_once("lora_only"):
+def note_lora_only(target: SaveTarget, model_state: dict[str, Any], total: int) -> None:
+    if target.rank != 0 or not target.state.note_once("lora_only"):
         return
     log.info(
         "save_lora_only: the resume state holds the %d LoRA parameters of %d (%.1f MiB on rank 0) and their "
@@ -106,21 +104,18 @@ def note_lora_only(manager, model_state: dict[str, Any], total: int) -> None:
     )
 
 
-def note_fsdp1_copy(manager, state: dict[str, Any]) -> None:
+def note_fsdp1_copy(target: SaveTarget, state: dict[str, Any]) -> None:
     """Say once what FSDP1 costs here: its sharded state dicts are new tensors (model rows
     re-chunked, optimizer state cut out of the flat parameters), all alive during the write."""
-    if not state_of(manager).note_once("fsdp1_copy"):
+    if not target.state.note_once("fsdp1_copy"):
         return
-    with contextlib.suppress(Exception):
-        from verl.utils.fsdp_utils import fsdp_version
-
-        if fsdp_version(manager.model) == 1 and manager.rank == 0:
-            log.warning(
-                "FSDP1: the reshardable state dict is a %.1f MiB copy of this rank's shards on %s while "
-                "it is written (strategy=fsdp2 saves without a copy)",
-                state_bytes(state) / 2**20,
-                next(iter(manager.model.parameters())).device.type,
-            )
+    if target.fsdp_version == 1 and target.rank == 0:
+        log.warning(
+            "FSDP1: the reshardable state dict is a %.1f MiB copy of this rank's shards on %s while "
+            "it is written (strategy=fsdp2 saves without a copy)",
+            state_bytes(state) / 2**20,
+            next(iter(target.model.parameters())).device.type,
+        )
 
 
 __all__ = [

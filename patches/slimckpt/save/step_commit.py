@@ -11,14 +11,12 @@ the commit (nothing is deleted before the new step is committed).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import time
 from collections.abc import Callable
 
 import torch.distributed as dist
-from verl.utils.fsdp_utils import fsdp_version
 
 from .. import SlimckptError
 from ..collective import outcome
@@ -33,13 +31,13 @@ from ..log import get_logger
 from ..read import checkpoint_dir
 from ..read.checkpoint_dir import DCP_DIR
 from ..storage import for_path
-from ..verl_seam.manager_state import config_of
 from ..write.resume_records import commit_manifest as write_manifest  # never over a committed one
 from ..write.resume_records import remove_manifest
 from . import hf_direct_export, retention
 from .extra_state import EXTRA_NAME, EXTRA_PREFIX
 from .save_context import SaveContext
 from .state_dicts import LORA_ONLY_KEY
+from .target import SaveTarget
 
 log = get_logger("slimckpt.resume")
 
@@ -80,25 +78,25 @@ def clear_stale(local_path: str) -> None:
 # --------------------------------------------------------------------------- retention
 
 
-def make_room(manager, max_keep: int | None) -> list[str]:
+def make_room(target: SaveTarget, max_keep: int | None) -> list[str]:
     """Where verl's ensure_checkpoint_capacity deletes before a save: nothing is deleted until the
     new step is committed (slimckpt.save.retention); returns the steps whose optimizer state goes
     before the new step is written (keep_optimizer_last)."""
-    return retention.optimizer_drops(manager, max_keep)
+    return retention.optimizer_drops(target.options, target.saved_paths, max_keep)
 
 
-def drop_first(manager, drops: list[str]) -> Callable[[], None] | None:
+def drop_first(target: SaveTarget, drops: list[str]) -> Callable[[], None] | None:
     """The optimizer drops of make_room, run where the save writes (foreground, or the background
     writer before its shards: an async save's blocking time stays the same)."""
     if not drops:
         return None
-    return functools.partial(retention.drop_before_save, drops, config_of(manager).keep_optimizer_last)
+    return functools.partial(retention.drop_before_save, drops, target.options.keep_optimizer_last)
 
 
-def register_committed(manager, local_path: str, max_keep: int | None) -> None:
+def register_committed(target: SaveTarget, local_path: str, max_keep: int | None) -> None:
     """verl's register_checkpoint, run only after the commit: never deletes the tracker's step or a
     locked one (slimckpt.save.retention)."""
-    retention.after_save(manager, local_path, max_keep)
+    retention.after_save(target.state, target.options, target.saved_paths, local_path, max_keep)
 
 
 # --------------------------------------------------------------------------- commit
@@ -150,9 +148,7 @@ def _commit_on_rank0(ctx: SaveContext, reported: list[dict], world: int, t0: flo
     files += describe_files(ctx.local_path, unlisted_files(ctx.local_path, [f.path for f in files]))
     timings = ctx.timings
     timings["checksum"] = time.perf_counter() - t0  # rank 0's, gather included
-    version = None
-    with contextlib.suppress(Exception):
-        version = int(fsdp_version(ctx.manager.model))
+    version = ctx.target.fsdp_version
     write_manifest(
         ctx.local_path,
         Manifest(
@@ -169,7 +165,7 @@ def _commit_on_rank0(ctx: SaveContext, reported: list[dict], world: int, t0: flo
             },
         ),
     )
-    register_committed(ctx.manager, ctx.local_path, ctx.max_keep)
+    register_committed(ctx.target, ctx.local_path, ctx.max_keep)
     log.info(
         "committed step %s at %s: %d files, %.1f MiB (%s)",
         ctx.step,

@@ -18,7 +18,7 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 
 from ..log import get_logger
-from ..verl_seam.checkpoint_config import SlimCheckpointConfig
+from ..options.checkpoint_options import CheckpointOptions
 from ..write.dcp_file_writer import BoundedFileSystemWriter
 from ..write.hashing_fs import HashingFileSystem
 from ..write.resume_records import write_failure
@@ -31,7 +31,7 @@ from .stream_planner import StreamSavePlanner
 log = get_logger("slimckpt.resume")
 
 
-def storage_writer(path: str, config: SlimCheckpointConfig):
+def storage_writer(path: str, config: CheckpointOptions):
     """DCP's FileSystemWriter, holding one tensor per thread in host memory (write.dcp_file_writer),
     with a filesystem that checksums each file as it is written."""
     writer = BoundedFileSystemWriter(
@@ -61,7 +61,7 @@ def _after_shards(ctx: SaveContext, model_state: dict[str, Any] | None = None, r
         return
     start = time.perf_counter()
     hf_direct_export.write_export(
-        ctx.manager, ctx.export, ctx.local_path, model_state or {}, ctx.config, ctx.group, stream_reads=reads
+        ctx.target, ctx.export, ctx.local_path, model_state or {}, ctx.config, ctx.group, stream_reads=reads
     )
     ctx.timings["export_hf"] = time.perf_counter() - start
 
@@ -103,7 +103,7 @@ def write_and_commit(ctx: SaveContext, state: dict[str, Any]) -> None:
         step_commit.commit(ctx, known)
     except BaseException as exc:
         with contextlib.suppress(Exception):
-            write_failure(ctx.local_path, ctx.manager.rank, f"step {ctx.step}: {type(exc).__name__}: {exc}")
+            write_failure(ctx.local_path, ctx.target.rank, f"step {ctx.step}: {type(exc).__name__}: {exc}")
         line = peer_loss_line(exc, ctx.local_path, ctx.step)
         if line is not None and threading.current_thread() is not threading.main_thread():
             # a background write: said now, not only when the next save or the exit waits for it

@@ -8,7 +8,7 @@ budget, wait for the writer for the rest; slimckpt.save.stream_capture):
   Optimizer.register_step_pre_hook), registered at submit; it is inert once the write ends and
   removed on the training thread at the next wait or save (removing it from the writer thread
   could change the hook table while the optimizer iterates it);
-- verl's checkpoint load: the load patch (resume_load.wrap_load_checkpoint) waits for the write;
+- verl's checkpoint load: the load patch (verl_seam.checkpoint_patches.wrap_load_checkpoint) waits for the write;
 - verl 0.9.1's FSDP engine (verl.workers.engine.fsdp.transformer_impl, the only FSDP worker code
   that version has): merged_lora_context, which merges LoRA into the base weights in place for
   the weight sync; wrapped through the patch registry (patch_list: checkpoint.stream_guard.*).

@@ -22,8 +22,8 @@ the window between a commit and the tracker write both steps exist.
 
 from __future__ import annotations
 
-# lazy imports: torch-free for the driver's resume check (intact_resume, adopt); verl's Role and
-# the save's error handling (torch.distributed) load only in the trainer's save
+# lazy imports: torch-free for the driver's resume check (intact_resume, adopt); the save's error
+# handling (torch.distributed) loads only in the trainer's save
 import functools
 import glob
 import os
@@ -69,8 +69,6 @@ def is_async_incremental(cfg: Any) -> bool:
 def watched_roles(trainer) -> list[str] | None:
     """Role dirs whose manifest must exist before the tracker moves, or None when verl writes the
     tracker itself (the actor is not async)."""
-    from verl.trainer.ppo.utils import Role
-
     config = trainer.config
     actor = config_value(config_value(config.actor_rollout_ref, "actor"), "checkpoint")
     critic = (
@@ -83,9 +81,9 @@ def watched_roles(trainer) -> list[str] | None:
                 "too (verl writes the tracker as soon as the saves return unless the actor's async_save is set)"
             )
         return None
-    roles = ["actor"]
+    roles = ["actor"]  # the role dirs verl's trainer saves into: "actor", and str(Role.Critic)
     if critic is not None and is_incremental(critic):
-        roles.append(str(Role.Critic))
+        roles.append("critic")
     return roles
 
 

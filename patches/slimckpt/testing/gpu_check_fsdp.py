@@ -13,10 +13,11 @@ on the tensors' own device). Then:
   roundtrip      the state dict written by the incremental tier's DCP writer (save.step_write.storage_writer)
                  and read back into a fresh state dict is bit-equal to it
 
-Needs only torch and this package (no verl, no transformers).
+Needs only torch and this package (no verl, no transformers): tests/multiprocess/test_engine_without_verl.py
+runs it where verl, Ray, omegaconf and hydra cannot be imported.
 """
 
-# lazy imports: the incremental tier's writer (which imports verl) only inside a rank; importing the check needs torch alone
+# lazy imports: the incremental tier's state dicts and writer (DCP) load inside a rank only
 from __future__ import annotations
 
 import json

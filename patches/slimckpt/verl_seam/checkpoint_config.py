@@ -12,198 +12,23 @@ from __future__ import annotations
 import contextvars
 import difflib
 import functools
-import math
-import typing
 from dataclasses import dataclass, fields
-from typing import Literal, get_args, get_origin
 
 from verl.trainer.config.config import CheckpointConfig
 
-from . import features, registry
-
-Recipe = Literal["quickstart", "intermediate", "incremental"]
-# async_save as the config holds it; YAML/CLI spell it false | true (= pool) | pool | stream
-AsyncSave = Literal["off", "pool", "stream"]
-ExportDtype = Literal["auto", "bf16", "fp16", "fp32"]
-OnSaveError = Literal["stop", "continue"]
-BestMode = Literal["max", "min"]
-RECIPES: tuple[str, ...] = get_args(Recipe)
-# the spellings async_save takes from YAML or the command line, as its error line names them
-ASYNC_WORDS = {"false": "off", "off": "off", "true": "pool", "pool": "pool", "stream": "stream"}
+from ..options.checkpoint_options import CheckpointOptions
+from ..verl_files import version
+from . import features
 
 # a defaults-only config (state of a manager whose config is verl's own) switches nothing on
 _DEFAULTS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("slimckpt_defaults_only", default=False)
 
 
-def _bad_value(key: str, value, allowed: str) -> ValueError:
-    return ValueError(f"checkpoint.{key}={value!r} ({type(value).__name__}) is not allowed; use {allowed}")
-
-
-# Hydra's instantiate (verl builds a `_target_` config with it) passes each value as YAML parsed it,
-# unchecked: `async_save=stream` arrives as the string "stream", and a non-empty string is true.
-# `true`/`false` arrive as bools; the strings "true"/"false" (an `${oc.env:...}` interpolation) and
-# integer strings are taken too, as OmegaConf takes them for a typed field. Each checker below takes
-# what YAML may give for one field type and returns the value as the field holds it.
-
-
-def _as_bool(key: str, value):
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise _bad_value(key, value, "true or false")
-
-
-def _as_async(key: str, value) -> str:
-    word = str(value).strip().lower() if isinstance(value, (bool, str)) else None
-    if word not in ASYNC_WORDS:
-        raise _bad_value(key, value, "false, true (= pool), pool or stream")
-    return ASYNC_WORDS[word]
-
-
-def _as_int(key: str, value, optional: bool = False):
-    # optional: null (none/"null" from an interpolation) for "every kept step"
-    if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~", ""))):
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise _bad_value(key, value, "a whole number, e.g. 64")
-
-
-def _as_gib(key: str, value):
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"  # resolved on the rank that saves (slimckpt.save.host_budget)
-    number = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            pass
-    if number is None or not math.isfinite(number):
-        raise _bad_value(key, value, "a number of GiB, e.g. 16, or auto")
-    return number
-
-
-def _as_choice(key: str, value, allowed: tuple[str, ...]) -> str:
-    if isinstance(value, str) and value in allowed:
-        return value
-    hint = difflib.get_close_matches(str(value), allowed, 1)
-    what = "a slimckpt recipe" if key == "recipe" else "allowed"
-    raise ValueError(
-        f"checkpoint.{key}={value!r} is not {what}; use one of {', '.join(allowed)}"
-        + (f" (did you mean {hint[0]!r}?)" if hint else "")
-    )
-
-
-def _checker(hint) -> tuple[int, typing.Callable | None]:
-    """(order, check) for a field's declared type: the order in which a config's fields are checked
-    (booleans first, choices last), and the function that takes YAML's value for it (None: unchecked)."""
-    if hint == AsyncSave:
-        return 0, _as_async
-    if hint is bool:
-        return 1, _as_bool
-    if hint is int:
-        return 2, _as_int
-    args = get_args(hint)
-    if set(args) == {int, type(None)}:
-        return 3, functools.partial(_as_int, optional=True)
-    if float in args and Literal["auto"] in args:
-        return 4, _as_gib
-    if get_origin(hint) is Literal:
-        return 5, functools.partial(_as_choice, allowed=args)
-    return 9, None
-
-
 @dataclass
-class SlimCheckpointConfig(CheckpointConfig):
-    """verl's CheckpointConfig plus the fields slimckpt's recipes set; each field's type is the one
-    place its allowed values are declared (YAML's spellings are taken at construction)."""
-
-    recipe: Recipe = "quickstart"
-    """Which tier set this config (quickstart | intermediate | incremental)."""
-    measure: bool = True
-    """Record peak anonymous RSS, bytes and seconds of every save (per rank, JSON next to the
-    checkpoint and a log line)."""
-    export_hf: bool = False
-    """After each save, write `huggingface/` safetensors with bounded memory instead of verl's
-    `hf_model` gather: intermediate tier from the freshly written shards (streaming merge);
-    incremental tier straight from each rank's shards (hf_direct_export; an `hf_model` in
-    save_contents is then skipped, with a log line)."""
-    export_dtype: ExportDtype = "bf16"
-    """Dtype of the export (auto | bf16 | fp16 | fp32). auto (incremental tier only): the
-    parameters' own dtype, what verl's hf_model save writes (fp32 master weights -> fp32); bf16 is
-    what verl's model_merger writes."""
-    max_shard_size: str = "5GB"
-    """Largest safetensors file of the export, as Hugging Face's ("5GB")."""
-    incremental_save: bool = False
-    """Write resume state (model, optimizer, extra) as a reshardable DCP checkpoint, streamed tensor
-    by tensor (slimckpt.save.resume_state), committed by a manifest."""
-    bucket_mb: int = 64
-    """Host bytes (MiB) a streaming save may copy ahead from the accelerator per write thread; a
-    save's extra host memory is about write_threads x (bucket_mb + largest tensor)."""
-    write_threads: int = 1
-    """File-writing threads per rank (DCP FileSystemWriter thread_count)."""
-    async_save: AsyncSave = "off"
-    """false | true (= pool) | pool | stream in YAML, held as off | pool | stream (incremental tier
-    only). pool: the save copies the rank's shards into a host staging pool held for the run and
-    writes it in the background. stream: no copy at the save; the background writer reads the live
-    shards while the rollout runs, and the next change to them (optimizer step, offload, LoRA merge
-    for weight sync, a load) first copies what is still unread into host memory within
-    host_memory_budget_gb, or waits for the writer (slimckpt.save.stream_capture)."""
-    host_memory_budget_gb: float | Literal["auto"] = 16.0
-    """With async_save, the most host memory (GiB) a rank may hold staged state in; pool: a rank
-    whose state is larger saves synchronously (streaming) and logs it; stream: the most a mutation
-    guard copies, it waits for the writer for the rest. auto (the incremental recipe's): half of the
-    node's available memory over its local ranks, resolved by each rank at its first save and
-    logged once per node (slimckpt.save.host_budget); a number always wins."""
-    verify: bool = True
-    """The incremental tier always records size and xxh3_128 of every file of a step at save; with
-    verify (default) a load checks both (the ranks share the hashing: about a quarter of a CPU
-    load's time), without it sizes only, so a bit flip could load silently. `slimckpt verify <dir>`
-    runs the full check offline either way."""
-    save_lora_only: bool = False
-    """verl's: a peft actor's save keeps only the LoRA adapter's parameters."""
-    on_save_error: OnSaveError = "stop"
-    """What a failed save (disk full, unwritable dir, another writer) does: stop (raise, the
-    default) or continue (log it at ERROR, mark the step failed, keep the tracker on the last
-    committed step, train on). See slimckpt.save.errors."""
-    allow_verl_fallback: bool = True
-    """The intermediate tier's export of a model its streaming merge does not handle (a save-time
-    conversion that is not a slice of one tensor) runs verl's own merger on rank 0, which holds the
-    whole model in host memory (logged with how much); false refuses instead: the save fails on
-    every rank in one line (then on_save_error applies). MoE experts and LoRA actors are streamed
-    either way."""
-    export_merge_lora: bool = False
-    """A LoRA actor's export (export_hf) is by default what verl's merger writes: the base model,
-    and `huggingface/lora_adapter/` with the adapter and adapter_config.json; true writes the base
-    weights with the adapter merged in (W + B @ A x alpha / r, as peft's merge_and_unload() and
-    `slimckpt merge --merge_lora`) and no lora_adapter/. No effect without LoRA."""
-    trust_pickle: bool = False
-    """A resume unpickles only the globals verl and torch write (tensors, DTensor and ShardedTensor
-    metadata, containers, dtypes, RNG and lr-scheduler state, DCP's metadata:
-    slimckpt.read.pickle_policy); a checkpoint naming any other is refused before it runs, in one
-    line naming the file and the global. true unpickles anything, as verl's own load
-    (torch.load(weights_only=False)): only for checkpoints from someone you trust."""
-    keep_optimizer_last: int | None = None
-    """Of the steps retention keeps (trainer.max_*_ckpt_to_keep, keep_best), only the newest N keep
-    their optimizer state; older ones keep model, extra state and the HF export (null, the default:
-    every kept step keeps it). The tracker's step always keeps it. A step without it resumes
-    model-only, saying so. See docs/retention.md."""
-    keep_best: int = 0
-    """Also keep the keep_best steps with the best value (best_mode) of best_metric; 0 (default)
-    keeps none for it."""
-    best_metric: str | None = None
-    """A metric the trainer logs at save steps, ranked for keep_best (its value is recorded next to
-    the step, slimckpt_metrics.json)."""
-    best_mode: BestMode = "max"
-    """Whether the best value of best_metric is the largest (max) or the smallest (min)."""
+class SlimCheckpointConfig(CheckpointOptions, CheckpointConfig):
+    """verl's CheckpointConfig plus slimckpt's CheckpointOptions (slimckpt.options.checkpoint_options:
+    each field typed and documented there once). Two of verl's fields are redeclared there:
+    async_save (off | pool | stream) and save_lora_only."""
 
     @classmethod
     def defaults(cls) -> SlimCheckpointConfig:
@@ -216,14 +41,12 @@ class SlimCheckpointConfig(CheckpointConfig):
             _DEFAULTS_ONLY.reset(token)
 
     def __post_init__(self) -> None:
-        parent = getattr(super(), "__post_init__", None)
+        parent = getattr(CheckpointConfig, "__post_init__", None)
         if parent is not None:
-            parent()
+            parent(self)
         if not _DEFAULTS_ONLY.get():
-            registry.check_verl_version()
-        for key, check in _CHECKS:
-            # verl's BaseConfig freezes set fields; this only normalises "true" -> True, "64" -> 64
-            object.__setattr__(self, key, check(key, getattr(self, key)))
+            version.check_verl_version()
+        self.normalise_options()
         if "hf_model" in self.save_contents and self.export_hf and not self.incremental_save:
             raise ValueError(
                 "checkpoint.save_contents has 'hf_model' and export_hf=true: both would write huggingface/; "
@@ -234,53 +57,9 @@ class SlimCheckpointConfig(CheckpointConfig):
                 "checkpoint.export_hf=true exports from the saved model shards: keep 'model' in "
                 "checkpoint.save_contents"
             )
-        if self.export_dtype == "auto" and not self.incremental_save:
-            raise ValueError(
-                "checkpoint.export_dtype=auto (the parameters' dtype) needs incremental_save=true; "
-                "the intermediate tier's export takes bf16, fp16 or fp32"
-            )
-        if self.async_save != "off" and not self.incremental_save:
-            raise ValueError(
-                f"checkpoint.async_save={'stream' if self.async_save == 'stream' else 'true'} needs checkpoint.incremental_save=true: verl's FSDP manager has no "
-                "async save and its trainer then never writes latest_checkpointed_iteration.txt (verl #7952)"
-            )
-        budget_given = not isinstance(self.host_memory_budget_gb, str)
-        if self.bucket_mb < 1 or self.write_threads < 1 or (budget_given and self.host_memory_budget_gb < 0):
-            raise ValueError(
-                f"checkpoint.bucket_mb={self.bucket_mb}, write_threads={self.write_threads}, "
-                f"host_memory_budget_gb={self.host_memory_budget_gb}: use bucket_mb>=1, write_threads>=1, budget>=0"
-            )
-        check_retention(self.keep_optimizer_last, self.keep_best, self.best_metric, self.best_mode)
+        self.check_option_rules()
         if not _DEFAULTS_ONLY.get():
             features.switch_on("checkpoint")
-
-
-def _field_checks(cls) -> list[tuple[str, typing.Callable]]:
-    # slimckpt's own fields and the two of verl's it redeclares (verl's others stay as verl checks them)
-    hints = typing.get_type_hints(cls)
-    found = [(_checker(hints[f.name]), f.name) for f in fields(cls) if f.name in cls.__annotations__]
-    return [(name, check) for (order, check), name in sorted(found, key=lambda x: x[0][0]) if check is not None]
-
-
-_CHECKS = _field_checks(SlimCheckpointConfig)
-
-
-def check_retention(keep_optimizer_last: int | None, keep_best: int, best_metric: str | None, best_mode: str) -> None:
-    """One-line ValueError for retention settings that cannot be carried out (docs/retention.md)."""
-    if keep_optimizer_last is not None and keep_optimizer_last < 1:
-        raise ValueError(
-            f"checkpoint.keep_optimizer_last={keep_optimizer_last}: use a whole number >= 1 (the newest "
-            f"step always keeps its optimizer state), or null to keep it in every step"
-        )
-    if keep_best < 0:
-        raise ValueError(f"checkpoint.keep_best={keep_best}: use 0 (off) or a whole number of steps")
-    if keep_best and not best_metric:
-        raise ValueError(
-            "checkpoint.keep_best needs checkpoint.best_metric: the name of a metric the trainer logs at "
-            "save steps, e.g. best_metric=critic/score/mean"
-        )
-    if best_mode not in ("max", "min"):
-        raise ValueError(f"checkpoint.best_mode={best_mode!r}: use max or min")
 
 
 def _reject_unknown_fields(cls):
@@ -308,12 +87,3 @@ def _reject_unknown_fields(cls):
 
 
 _reject_unknown_fields(SlimCheckpointConfig)
-
-
-def async_mode(value) -> str:
-    """ "off", "pool" or "stream" for an async_save value as a config holds it (a checked
-    SlimCheckpointConfig field, or the raw YAML value verl's trainer reads)."""
-    try:
-        return _as_async("async_save", False if value is None else value)
-    except ValueError:
-        return "off"

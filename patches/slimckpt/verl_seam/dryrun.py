@@ -499,6 +499,30 @@ def _select(cfg, keys: list[str]) -> str:
     return "\n".join(chunks)
 
 
+# --------------------------------------------------------------------------- reading a composed config
+
+
+def select(cfg, key: str, default: Any = None) -> Any:
+    """The value at dotted `key` of a composed config, or `default` where it is missing."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
+
+
+def plain(node) -> Any:
+    """A config node as plain dicts and lists, interpolations resolved (None stays None)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if node is not None else None
+
+
+def roles_needed(cfg) -> tuple[bool, bool]:
+    """(critic, reference policy): whether verl's trainer builds them for this config."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    return bool(need_critic(cfg)), bool(need_reference_policy(cfg))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slimckpt dryrun",

@@ -18,7 +18,7 @@ TRANSFORMER_IMPL = "verl.workers.engine.fsdp.transformer_impl"
 def _cpu_patches() -> list[Patch]:
     """Feature "cpu" (SLIMCKPT_CPU=1): verl's trainer on a host without an accelerator."""
     agent_loop = "verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop"
-    fixes, registrations = "slimckpt.cpu.fixes", "slimckpt.cpu.registrations"
+    fixes, registrations = "slimckpt.verl_seam.cpu.fixes", "slimckpt.verl_seam.cpu.registrations"
     return [
         Patch(
             "cpu.platform",
@@ -103,37 +103,37 @@ def _cpu_patches() -> list[Patch]:
             "cpu.sample_key",
             agent_loop,
             "cpu",
-            "slimckpt.cpu.sample_keys:wrap_run_agent_loop",
+            "slimckpt.verl_seam.cpu.sample_keys:wrap_run_agent_loop",
             why="remember each trajectory's (step, index, n) for seeded hf sampling",
         ),
         Patch(
             "cpu.sample_key.client",
             "verl.workers.rollout.llm_server:LLMServerClient.generate",
             "cpu",
-            "slimckpt.cpu.sample_keys:wrap_client_generate",
+            "slimckpt.verl_seam.cpu.sample_keys:wrap_client_generate",
             why="send that key to the hf rollout server",
         ),
         Patch(
             "cpu.batch_order",
             "verl.trainer.ppo.v1.replay_buffer:ReplayBuffer._materialize_batch",
             "cpu",
-            "slimckpt.cpu.batch_order:wrap_materialize_batch",
+            "slimckpt.verl_seam.cpu.batch_order:wrap_materialize_batch",
             why="a step's trajectories in dataset order, not completion order: runs repeat bit for bit",
         ),
     ]
 
 
 def _flowrl_patches() -> list[Patch]:
-    """Feature "flowrl" (building slimckpt.flowrl.config.FlowRLLossConfig, i.e. +algo=flowrl)."""
+    """Feature "flowrl" (building slimckpt.verl_seam.flowrl.config.FlowRLLossConfig, i.e. +algo=flowrl)."""
     engine = f"{TRANSFORMER_IMPL}:FSDPEngine"
     lm_engine = f"{TRANSFORMER_IMPL}:FSDPEngineWithLMHead"
-    impl = "slimckpt.flowrl.patches"
+    impl = "slimckpt.verl_seam.flowrl.patches"
     return [
         Patch(
             "flowrl.loss.registry",
             "verl.trainer.ppo.core_algos:POLICY_LOSS_REGISTRY",
             "flowrl",
-            "slimckpt.flowrl.loss:registered_loss",
+            "slimckpt.verl_seam.flowrl.loss:registered_loss",
             key=("flowrl",),
             why="FlowRL: the policy loss 'flowrl' (policy_loss.loss_mode=flowrl)",
         ),
@@ -212,7 +212,7 @@ PATCHES: list[Patch] = [
         "measure.save",
         f"{CKPT_MANAGER}.save_checkpoint",
         "measure",
-        "slimckpt.observe.save_measure:wrap_save_measured",
+        "slimckpt.verl_seam.checkpoint_patches:wrap_save_measured",
         why="SLIMCKPT_MEASURE=1: seconds, peak RSS and bytes of verl's own save, reported outside the checkpoint; "
         "the save itself runs unchanged",
     ),
@@ -220,14 +220,14 @@ PATCHES: list[Patch] = [
         "checkpoint.save",
         f"{CKPT_MANAGER}.save_checkpoint",
         "checkpoint",
-        "slimckpt.save.hooks:wrap_save_checkpoint",
+        "slimckpt.verl_seam.checkpoint_patches:wrap_save_checkpoint",
         why="route recipe saves through slimckpt (measured unless the recipe's measure=false)",
     ),
     Patch(
         "checkpoint.load",
         f"{CKPT_MANAGER}.load_checkpoint",
         "checkpoint",
-        "slimckpt.save.resume_load:wrap_load_checkpoint",
+        "slimckpt.verl_seam.checkpoint_patches:wrap_load_checkpoint",
         why="load the incremental tier's DCP resume state (any world size); verl's own format otherwise",
     ),
     *_in_both_trainers(
@@ -302,21 +302,21 @@ PATCHES: list[Patch] = [
         "checkpoint.retention.before",
         "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.ensure_checkpoint_capacity",
         "checkpoint",
-        "slimckpt.save.retention:wrap_ensure_checkpoint_capacity",
+        "slimckpt.verl_seam.checkpoint_patches:wrap_ensure_checkpoint_capacity",
         why="verl deletes old steps at the start of a save, before the new one exists: defer it",
     ),
     Patch(
         "checkpoint.retention.after",
         "verl.utils.checkpoint.checkpoint_manager:BaseCheckpointManager.register_checkpoint",
         "checkpoint",
-        "slimckpt.save.retention:wrap_register_checkpoint",
+        "slimckpt.verl_seam.checkpoint_patches:wrap_register_checkpoint",
         why="delete old steps only once the new one is complete, never the tracker's step or a locked one",
     ),
     Patch(
         "adopt.startup",
         "verl.utils.config:validate_config",
         "adopt",
-        "slimckpt.save.adopt_startup:wrap_validate_config",
+        "slimckpt.verl_seam.adopt_startup:wrap_validate_config",
         why="in verl's driver: resume the job's newest step in either checkpoint dir and format (a recipe moves "
         "default_local_dir), or stop in one line where the run cannot load it; name what a recipe sets "
         "outside checkpointing",
@@ -349,7 +349,7 @@ PATCHES: list[Patch] = [
         "merge.drop_flowrl",
         "verl.model_merger.base_model_merger:BaseModelMerger.save_hf_model_and_tokenizer",
         "merge",
-        "slimckpt.flowrl.patches:wrap_save_hf_model",
+        "slimckpt.verl_seam.flowrl.patches:wrap_save_hf_model",
         why="verl's own model merger (the fallback of `merge --backend fsdp`) leaves out FlowRL's log Z head",
     ),
 ]

@@ -8,7 +8,7 @@ What it switches on, and when:
   merger (always, unless SLIMCKPT_DISABLE=1).
 - `adopt`: at start-up, in verl's driver, a run resumes its job's newest step whichever
   checkpoint dir (a recipe's `model_only` or verl's) and format it is in, or stops in one line
-  where it cannot load it (always, unless SLIMCKPT_DISABLE=1; slimckpt.save.adopt_startup).
+  where it cannot load it (always, unless SLIMCKPT_DISABLE=1; slimckpt.verl_seam.adopt_startup).
 - `measure`: with SLIMCKPT_MEASURE=1, verl's save_checkpoint is timed and its peak RSS sampled;
   nothing else (verl's save, retention, tracker and load stay verl's).
 - `checkpoint`: verl's FSDPCheckpointManager save/load hooks. Applied when a recipe's
@@ -46,8 +46,8 @@ def load() -> list[str]:
     if env_vars.flag("SLIMCKPT_DISABLE"):
         log.debug("SLIMCKPT_DISABLE=1: verl runs unpatched")
         return []
+    from ..verl_files.version import UnsupportedVerlVersion, check_verl_version
     from .features import switch_on
-    from .registry import UnsupportedVerlVersion, check_verl_version
 
     try:
         check_verl_version()

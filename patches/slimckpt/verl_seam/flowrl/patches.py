@@ -9,7 +9,7 @@ like the original unless the actor carries FlowRL's log Z head (only +algo=flowr
   pooling matrix of this micro-batch on the head; the decoder hook evaluates log Z.
 - engine `prepare_model_outputs`: hand log Z to the loss as model_output["flowrl_log_z"].
 - `ppo_loss` (the actor's loss function): for loss_mode=flowrl, put log Z and the reference
-  log-probs where the registered loss "flowrl" reads them (slimckpt.flowrl.loss).
+  log-probs where the registered loss "flowrl" reads them (slimckpt.verl_seam.flowrl.loss).
 - engine `get_per_tensor_param` / `get_per_tensor_param_shard` (weights pushed to the rollout
   engine), the checkpoint manager's `get_fsdp_full_state_dict` (verl's hf_model save) and verl's
   model merger's `save_hf_model_and_tokenizer`: drop FlowRL's parameters (`is_flowrl_param`).
@@ -22,8 +22,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..log import get_logger
-from .names import is_flowrl_param
+from ...format.flowrl_names import is_flowrl_param
+from ...log import get_logger
 
 
 def wrap_build_module(original: Callable) -> Callable:

@@ -3,7 +3,7 @@ hidden states, attached to the actor's Hugging Face module as `flowrl_log_z`.
 
 Being a submodule of the actor makes everything else follow: FSDP shards it with the root
 module, verl's optimizer (built from `module.parameters()`) trains it, verl's checkpoint manager
-saves and loads it with the model shards. `slimckpt.flowrl.names.is_flowrl_param` keeps it out of
+saves and loads it with the model shards. `slimckpt.format.flowrl_names.is_flowrl_param` keeps it out of
 every Hugging Face export and of the rollout weight sync.
 
 How log Z is computed inside verl's forward without changing verl's model call: verl's engine
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .names import LOG_Z_ATTR
+from ...format.flowrl_names import LOG_Z_ATTR
 
 
 class LogZHead(nn.Module):

@@ -60,7 +60,7 @@ def current_inputs() -> FlowRLInputs:
         raise RuntimeError(
             "policy_loss.loss_mode=flowrl needs log Z and the reference log-probs, which only slimckpt's "
             "'flowrl' patch of verl's ppo_loss provides: select FlowRL with +algo=flowrl (its "
-            "policy_loss._target_ is slimckpt.flowrl.config.FlowRLLossConfig), not loss_mode=flowrl alone"
+            "policy_loss._target_ is slimckpt.verl_seam.flowrl.config.FlowRLLossConfig), not loss_mode=flowrl alone"
         )
     return inputs
 

@@ -1,10 +1,10 @@
 """Write a real verl FSDP checkpoint of a randomly initialised model, on CPU.
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.fsdp_checkpoint --out /tmp/ckpt/actor \
+    torchrun --nproc_per_node 2 -m slimckpt.testing.verl_checkpoints.fsdp_checkpoint --out /tmp/ckpt/actor \
         --model llama --layers 2 --hidden 64 [--mesh 1d|2d] [--fsdp-version 2|1]
-    torchrun --nproc_per_node 2 -m slimckpt.testing.fsdp_checkpoint --out /tmp/ckpts \
+    torchrun --nproc_per_node 2 -m slimckpt.testing.verl_checkpoints.fsdp_checkpoint --out /tmp/ckpts \
         --models qwen3-moe,mixtral,olmoe,qwen2-moe,deepseek-v3 --experts 3 --steps 0
-    torchrun --nproc_per_node 3 -m slimckpt.testing.fsdp_checkpoint --out /tmp/ckpts --steps 0 \
+    torchrun --nproc_per_node 3 -m slimckpt.testing.verl_checkpoints.fsdp_checkpoint --out /tmp/ckpts --steps 0 \
         --models llama,gemma2,qwen2.5-vl,critic,llama+lora --export incremental,intermediate:llama
 
 The model comes from a transformers config built here (fixed seed, fp32 master weights as verl
@@ -54,7 +54,7 @@ PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
     "0.25b": (16, 1024, 2816, 32000, 16, 8),  # 0.254B params (llama, untied)
     "0.5b": (16, 1536, 4096, 32000, 16, 8),  # 0.514B params
     "1b": (20, 2048, 5632, 32000, 32, 8),  # 1.033B params
-    # the shapes of Llama-3.2-3B and Llama-3-8B (for slimckpt.testing.fake_pg_checkpoint: no host holds them here)
+    # the shapes of Llama-3.2-3B and Llama-3-8B (for slimckpt.testing.verl_checkpoints.fake_pg_checkpoint: no host holds them here)
     "llama3.2-3b": (28, 3072, 8192, 128256, 24, 8),  # 3.61B params untied (3.21B with tied embeddings)
     "llama3-8b": (32, 4096, 14336, 128256, 32, 8),  # 8.03B params
 }
@@ -62,7 +62,7 @@ PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m slimckpt.testing.fsdp_checkpoint",
+        prog="python -m slimckpt.testing.verl_checkpoints.fsdp_checkpoint",
         description="Save a verl FSDP checkpoint of a random model on CPU (run under torchrun).",
     )
     p.add_argument("--out", required=True, help="checkpoint dir to write (verl's <step>/actor)")

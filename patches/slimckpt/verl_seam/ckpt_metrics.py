@@ -8,7 +8,7 @@ the trainer's own logger at the same step, so the save's memory and time sit in 
 row as `critic/score/mean` and `val-core/...`.
 
 Use it with:
-    trainer.checkpoint_callback_class=slimckpt.observe.ckpt_metrics.CheckpointMetricsCallback
+    trainer.checkpoint_callback_class=slimckpt.verl_seam.ckpt_metrics.CheckpointMetricsCallback
 (scripts/train_small.sh and scripts/train_70b.sh pass it). Reports exist when slimckpt measures
 saves: with a recipe (SlimCheckpointConfig.measure, on by default) or SLIMCKPT_MEASURE=1 for verl's
 own checkpoint config (the launchers set it).
@@ -41,7 +41,7 @@ from typing import Any
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
 from ..log import get_logger
-from .save_reports import checkpoint_root, read_commits, read_reports
+from ..observe.save_reports import checkpoint_root, read_commits, read_reports
 
 log = get_logger("slimckpt.ckpt_metrics")
 

@@ -1,12 +1,12 @@
 """FlowRL (arXiv 2509.15207) for verl 0.9.1, as part of the slimckpt overlay.
 
 Chosen with `+algo=flowrl` (overrides/algo/flowrl.yaml), which points the actor's
-`policy_loss._target_` at `slimckpt.flowrl.config.FlowRLLossConfig`. Building that config (in the
+`policy_loss._target_` at `slimckpt.verl_seam.flowrl.config.FlowRLLossConfig`. Building that config (in the
 driver's validation and in each actor worker, before the model is built) registers the policy
 loss "flowrl" in verl's registry and applies the "flowrl" patches (slimckpt.verl_seam.patch_list).
 
 Pieces:
-  names.py     which parameters belong to FlowRL (`is_flowrl_param`): every HF export, the
+  names        which parameters belong to FlowRL (`is_flowrl_param`, in slimckpt.format.flowrl_names): every HF export, the
                rollout weight sync and the mergers leave them out. Imports nothing heavy.
   loss.py      the per-sample objective (pure torch) and the registered loss "flowrl"
   head.py      Z_phi: the log-partition head on the mean of the prompt's last hidden states
@@ -14,6 +14,6 @@ Pieces:
   patches.py   what the "flowrl" patches do inside verl's FSDP engine and actor loss
 """
 
-from .names import LOG_Z_ATTR, is_flowrl_param
+from ...format.flowrl_names import LOG_Z_ATTR, is_flowrl_param
 
 __all__ = ["LOG_Z_ATTR", "is_flowrl_param"]

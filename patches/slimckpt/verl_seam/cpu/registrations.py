@@ -28,7 +28,7 @@ def replica_loader(_registry: dict) -> Callable[[], type]:
 
 def adapter_path(_registry: dict) -> str:
     # verl's table of in-worker rollout classes, looked up by (name, mode), holds import paths
-    return "slimckpt.cpu.rollout.HFServerAdapter"
+    return "slimckpt.verl_seam.cpu.rollout.HFServerAdapter"
 
 
 def cuda_engine(devices: dict) -> Any:

@@ -2,12 +2,12 @@
 `make faults` (scripts/faults/corruption.py) under torchrun
 (gloo, CPU, FSDP2, a tiny Llama) through verl's real FSDPCheckpointManager:
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios resume --dir D [--async]
-    torchrun --nproc_per_node 1 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios reshard --dir D     (after `resume` at 2)
-    torchrun --nproc_per_node 3 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios reshard --dir D --save-to D3  (D3: a step-3 save at 3)
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios tracker --dir D
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios refuse --dir D
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.resume_scenarios damaged_newest --dir D [--trials N --seed S]
+    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.verl_checkpoints.resume_scenarios resume --dir D [--async]
+    torchrun --nproc_per_node 1 -m slimckpt.testing.launch slimckpt.testing.verl_checkpoints.resume_scenarios reshard --dir D     (after `resume` at 2)
+    torchrun --nproc_per_node 3 -m slimckpt.testing.launch slimckpt.testing.verl_checkpoints.resume_scenarios reshard --dir D --save-to D3  (D3: a step-3 save at 3)
+    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.verl_checkpoints.resume_scenarios tracker --dir D
+    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.verl_checkpoints.resume_scenarios refuse --dir D
+    torchrun --nproc_per_node 2 -m slimckpt.testing.launch slimckpt.testing.verl_checkpoints.resume_scenarios damaged_newest --dir D [--trials N --seed S]
 
 Each writes D/<scenario>[_async]_result.json on rank 0; the test asserts on it.
 """
@@ -55,7 +55,12 @@ class Run:
         from transformers import AutoModelForCausalLM
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-        from slimckpt.testing.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp1, wrap_fsdp2
+        from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import (
+            build_config,
+            build_tokenizer,
+            wrap_fsdp1,
+            wrap_fsdp2,
+        )
 
         torch.manual_seed(seed)
         world = dist.get_world_size()

@@ -49,7 +49,7 @@ def recipe_of(config: Any) -> str | None:
 
 
 def _roles(config: Any, use_critic: bool):
-    from .adopt import RoleLoad
+    from ..save.adopt import RoleLoad
 
     roles = []
     for name, key in ROLE_KEYS[: 2 if use_critic else 1]:
@@ -76,7 +76,7 @@ def adopt(config: Any, use_critic: bool) -> None:
     """Decide the resume of this run; stop it (SystemExit with the one line) where it cannot."""
     from omegaconf import OmegaConf, open_dict
 
-    from .adopt import plan_resume
+    from ..save.adopt import plan_resume
 
     if _select(config, "trainer.default_hdfs_dir") is not None:
         return  # verl refuses it itself
@@ -146,7 +146,7 @@ def recipe_settings_line(config: Any, recipe: str) -> str:
     the recipe's value and it is not verl's default ("" when nothing is left)."""
     from omegaconf import OmegaConf
 
-    from ..verl_seam.recipes import CONF_DIR
+    from .recipes import CONF_DIR
 
     path = CONF_DIR / "recipe" / f"{recipe}.yaml"
     if not path.is_file():

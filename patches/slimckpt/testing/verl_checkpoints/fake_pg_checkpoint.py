@@ -1,8 +1,8 @@
 """Write a verl FSDP2 checkpoint of any size without ever holding the model.
 
-    python -m slimckpt.testing.fake_pg_checkpoint --out /data/ckpt/actor --world-size 8 \
+    python -m slimckpt.testing.verl_checkpoints.fake_pg_checkpoint --out /data/ckpt/actor --world-size 8 \
         --size-preset llama3-8b [--save-contents model] [--ranks 0,1]
-    python -m slimckpt.testing.fake_pg_checkpoint --out /tmp/g4/actor --world-size 64 --model gemma4 \
+    python -m slimckpt.testing.verl_checkpoints.fake_pg_checkpoint --out /tmp/g4/actor --world-size 64 --model gemma4 \
         --replicate '*norm.weight'      # norms left unsharded, beside Gemma4's persistent buffers
 
 torch's fake process group (backend "fake") lets one process act as rank r of N: collectives
@@ -15,7 +15,7 @@ check any merged tensor against `expected_values` without the shards. Peak memor
 shards (the model's bytes / N) per rank written at once (`--jobs`).
 
 Under torchrun with `--materialize`, every rank builds the whole model on the host first (as
-`slimckpt.testing.fsdp_checkpoint` does) and fills its shards the same way, over a real process
+`slimckpt.testing.verl_checkpoints.fsdp_checkpoint` does) and fills its shards the same way, over a real process
 group: the reference the fake-group files are tested against.
 """
 
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-from .. import internals
-from ..internals import dtensor_box
+from ... import internals
+from ...internals import dtensor_box
 from .fsdp_checkpoint import DENSE_MODELS, PRESETS, auto_class, build_config, build_tokenizer, wrap_fsdp2
 
 # Values repeat with this period (a prime, so no row length of a real model divides it): a
@@ -50,7 +50,7 @@ _TABLE: dict[str, object] = {}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m slimckpt.testing.fake_pg_checkpoint",
+        prog="python -m slimckpt.testing.verl_checkpoints.fake_pg_checkpoint",
         description="Save a verl FSDP2 checkpoint of any size, one rank at a time, with torch's fake process group.",
     )
     p.add_argument("--out", required=True, help="checkpoint dir to write (verl's <step>/actor)")

@@ -3,7 +3,7 @@
 It answers the calls verl's agent loop, load balancer and checkpoint engine make on a vLLM or
 SGLang server (generate, wake_up, sleep, set_global_steps, abort ...), token in, token out, with
 the log-probabilities of the sampled tokens. Weights arrive from the actor through
-`update_weights` (see slimckpt.cpu.rollout.HFServerAdapter). Meant for tiny models on CPU: requests
+`update_weights` (see slimckpt.verl_seam.cpu.rollout.HFServerAdapter). Meant for tiny models on CPU: requests
 run one after another, each with KV-cached decoding.
 """
 
@@ -16,11 +16,11 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from verl.workers.rollout.replica import TokenOutput
 
-from .. import env_vars
-from ..log import get_logger
+from ... import env_vars
+from ...log import get_logger
 from .sampling import SampleKey, generate, sample_seed
 
-log = get_logger("slimckpt.cpu.hf_server")
+log = get_logger("slimckpt.verl_seam.cpu.hf_server")
 
 
 class HFRolloutServer:

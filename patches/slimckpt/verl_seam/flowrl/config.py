@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from verl.workers.config import PolicyLossConfig
 
-from ..verl_seam.features import switch_on
-from ..verl_seam.registry import check_verl_version
+from ...verl_files.version import check_verl_version
+from ..features import switch_on
 from .loss import DEFAULT_BETA, DEFAULT_MAX_WEIGHT, LOSS_MODE
 
 
@@ -55,7 +55,7 @@ class FlowRLLossConfig(PolicyLossConfig):
             parent()
         if self.loss_mode != LOSS_MODE:
             raise ValueError(
-                f"policy_loss.loss_mode={self.loss_mode!r} with slimckpt.flowrl.config.FlowRLLossConfig: this config "
+                f"policy_loss.loss_mode={self.loss_mode!r} with slimckpt.verl_seam.flowrl.config.FlowRLLossConfig: this config "
                 f"is for loss_mode={LOSS_MODE}; drop +algo=flowrl (or the _target_) to use another loss"
             )
         if not self.beta > 0 or not self.max_importance_weight > 0:

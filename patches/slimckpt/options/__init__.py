@@ -1,0 +1,1 @@
+"""The checkpoint engine's settings, free of verl: CheckpointOptions."""
