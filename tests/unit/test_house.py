@@ -346,3 +346,29 @@ def test_the_lazy_import_scan_finds_an_unmarked_module(tmp_path):
     (pkg / "b.py").write_text("# lazy imports: torch only when asked\n\ndef g():\n    import torch\n")
     (tmp_path / "scripts" / "c.py").write_text("class C:\n    def m(self):\n        from x import y\n")
     assert function_level_imports(tmp_path) == ["patches/slimckpt/a.py:4", "scripts/c.py:3"]
+
+
+VERL_STACK = ("verl", "omegaconf", "hydra", "ray")
+
+
+def _stack_imports(path: Path) -> list[str]:
+    """The verl-stack packages a module imports, at any level of the module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] in VERL_STACK]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in VERL_STACK:
+            found.append(node.module)
+    return found
+
+
+def test_only_the_verl_wings_import_verls_stack():
+    """The engine runs where verl cannot be installed (a GPU image with torch alone): verl, omegaconf,
+    hydra and Ray are imported only in the verl wings (verl_seam/, verl_files/ and testing/verl_checkpoints/)."""
+    outside = {
+        mod: names
+        for mod, path in MODULES.items()
+        if not any(part.startswith("verl_") for part in mod.split(".")) and (names := _stack_imports(path))
+    }
+    assert outside == {}
+    assert _stack_imports(PKG / "verl_seam" / "checkpoint_config.py")  # the walk sees a verl import

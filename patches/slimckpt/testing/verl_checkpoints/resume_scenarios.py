@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..storage import for_path
+from ...storage import for_path
 
 # lazy imports: verl, transformers and slimckpt's save path load inside a scenario, after it set the switches
 # and module settings they read
