@@ -159,8 +159,8 @@ def _takes_and_specs(
     actor's base model is named as verl's merger names it (peft's names undone, adapter left out)."""
     side = _hf_side(target, local_path)
     all_shapes = dict(shapes)
-    for alias, target in aliases.items():  # tied names the DCP state dropped: let HfSide decide
-        all_shapes.setdefault(alias, shapes[target])
+    for alias, written in aliases.items():  # tied names the DCP state dropped: let HfSide decide
+        all_shapes.setdefault(alias, shapes[written])
     renamed = {lora.base_output_name(n): n for n in all_shapes if not is_lora_key(n)}
     if len(renamed) != sum(not is_lora_key(n) for n in all_shapes):
         raise ExportError("two state-dict keys have one name once peft's names are undone")

@@ -99,8 +99,8 @@ def _load_committed(target: SaveTarget, local_path: str, manifest: Manifest, gro
             process_group=group,
         )
         if "model" in state:
-            for alias, target in aliases.items():
-                state["model"][alias] = state["model"][target]
+            for alias, written in aliases.items():
+                state["model"][alias] = state["model"][written]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if "model" in state:
