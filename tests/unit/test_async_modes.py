@@ -54,8 +54,8 @@ class RecordingWriter:
         self.calls.append(("stage", step))
         return self.staged
 
-    def submit(self, step, path, write, arm=None, capture=None):
-        self.calls.append(("submit", step, path))
+    def submit(self, step, path, write, mode, arm=None, capture=None):
+        self.calls.append(("submit", step, path, mode))
         self.write, self.arm, self.capture = write, arm, capture
 
 
@@ -85,7 +85,7 @@ def test_pool_hands_the_staged_copy_to_the_writer(monkeypatch):
     staged = PoolMode().stage(ctx, {"model": {"w": torch.ones(2)}}, writer)
     assert staged.phase == "stage" and staged.state is copy
     PoolMode().finish(staged, writer)
-    assert writer.calls == [("stage", 7), ("submit", 7, ctx.local_path)]
+    assert writer.calls == [("stage", 7), ("submit", 7, ctx.local_path, "pool")]
     assert writer.write.args == (ctx, copy) and writer.capture is None
     assert writer.arm() is base.NO_GUARD  # the copy is its own: nothing to guard
 
@@ -107,7 +107,8 @@ def test_stream_guards_the_optimizer_step_until_the_write_ends(monkeypatch):
     staged = mode.stage(ctx, {"model": {"w": param}}, writer)
     assert staged.phase == "capture" and staged.state is staged.capture.state
     mode.finish(staged, writer)
-    assert writer.capture is staged.capture and optimizer._optimizer_step_pre_hooks  # armed at the hand-off
+    assert writer.mode == "stream" and writer.capture is staged.capture
+    assert optimizer._optimizer_step_pre_hooks  # the guard, armed at the hand-off
     go.set()
     writer.wait()
     assert seen["capture"] is staged.capture and seen["state"]["model"]["w"] is param
@@ -137,6 +138,7 @@ class FakeMode(base.AsyncMode):
             staged.ctx.step,
             staged.ctx.local_path,
             lambda: self.events.append(f"write {staged.state['copied']}"),
+            self.name,
             arm=functools.partial(self.wait_until_safe_to_step, staged),
         )
 

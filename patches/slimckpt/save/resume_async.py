@@ -214,6 +214,7 @@ class AsyncResumeWriter:
         self._path: str | None = None
         self._after_commit: list[Callable[[], None]] = []
         self.pool = StagingPool()
+        self.mode: str | None = None  # the async_save mode of the write in flight (or the last one)
         self.capture = None  # stream mode: the StreamCapture of the write in flight (or the last one)
         self._unhook: Callable[[], None] | None = None
 
@@ -257,17 +258,18 @@ class AsyncResumeWriter:
         log.debug("staged step %s: %.1f MiB in %.2f s", step, need / 2**20, time.perf_counter() - started)
         return staged
 
-    def submit(self, step: int, path: str, write: Callable[[], None], arm=None, capture=None) -> None:
-        """Write in the background. `arm` (the mode's wait_until_safe_to_step) runs here, before the
-        write starts; what it returns (an async_modes.base.Guard) has its `remove_hooks` called on
-        this thread at the next wait or save and its `write_ended` on the writer's thread once the
-        write ends. `capture`: stream mode's StreamCapture, kept for the reports' counters."""
+    def submit(self, step: int, path: str, write: Callable[[], None], mode: str, arm=None, capture=None) -> None:
+        """Write in the background. `mode`: the async_save mode's name, for reports. `arm` (the
+        mode's wait_until_safe_to_step) runs here, before the write starts; what it returns (an
+        async_modes.base.Guard) has its `remove_hooks` called on this thread at the next wait or
+        save and its `write_ended` on the writer's thread once the write ends. `capture`: stream
+        mode's StreamCapture, kept for the reports' counters."""
         if self._future is not None:
             raise RuntimeError("slimckpt: a background checkpoint write is already in flight")
         self._remove_hook()
         self._step, self._path = step, path
         self._after_commit = []
-        self.capture = capture
+        self.mode, self.capture = mode, capture
         guard = arm() if arm is not None else None
         if guard is not None:
             self._unhook = guard.remove_hooks

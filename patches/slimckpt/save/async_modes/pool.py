@@ -33,6 +33,7 @@ class PoolMode(AsyncMode):
             staged.ctx.step,
             staged.ctx.local_path,
             functools.partial(step_write.write_and_commit, staged.ctx, staged.state),
+            self.name,
             arm=functools.partial(self.wait_until_safe_to_step, staged),
         )
 

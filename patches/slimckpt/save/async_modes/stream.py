@@ -42,6 +42,7 @@ class StreamMode(AsyncMode):
             ctx.step,
             ctx.local_path,
             functools.partial(step_write.write_and_commit, dataclasses.replace(ctx, capture=capture), staged.state),
+            self.name,
             arm=functools.partial(self.wait_until_safe_to_step, staged),
             capture=capture,
         )
