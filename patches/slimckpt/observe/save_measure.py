@@ -173,7 +173,7 @@ def _measure_background_write(writer: Any, saved: dict[str, Any], local_path: st
                 if capture is not None
                 else int(getattr(getattr(writer, "pool", None), "nbytes", 0)),
                 # stream mode: what the guards (optimizer step, offload, ...) waited for the writer and copied
-                "async_mode": "stream" if capture is not None else "pool",
+                "async_mode": writer.mode,
                 "guard_blocked_seconds": capture.blocked_s if capture is not None else 0.0,
                 "guard_copied_bytes": capture.copied_bytes if capture is not None else 0,
                 "bytes_written": bytes_written(local_path, rank),

@@ -40,6 +40,14 @@ FP32 = 4
 ADAM_STATES = 2  # exp_avg, exp_avg_sq
 STEP_BYTES = 4  # AdamW's per-parameter step (a 0-dim fp32 tensor)
 VERL_CONTENTS = ("model", "optimizer", "extra")
+# how the arithmetic below models each async_save mode (save.async_modes.registry.MODES names them;
+# tests/unit/test_async_modes.py holds the two sets of names equal): a background write, and one
+# that reads the live shards instead of a staged copy
+ASYNC_STRATEGY: dict[str, dict[str, bool]] = {
+    "off": {"async_save": False, "async_stream": False},
+    "pool": {"async_save": True, "async_stream": False},
+    "stream": {"async_save": True, "async_stream": True},
+}
 
 
 @dataclass(frozen=True)
@@ -114,8 +122,7 @@ class Strategy:
             name=name,
             contents=tuple(cfg.get("save_contents") or VERL_CONTENTS),
             incremental=bool(cfg.get("incremental_save", False)),
-            async_save=async_mode(cfg.get("async_save", False)) != "off",
-            async_stream=async_mode(cfg.get("async_save", False)) == "stream",
+            **ASYNC_STRATEGY[async_mode(cfg.get("async_save", False))],
             export_hf=bool(cfg.get("export_hf", False)),
             export_dtype=str(cfg.get("export_dtype", defaults["export_dtype"])),
             bucket_mb=int(cfg.get("bucket_mb", defaults["bucket_mb"])),

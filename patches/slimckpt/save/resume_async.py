@@ -1,5 +1,6 @@
-"""Async modes of the incremental tier: write on a background thread (async_save=pool: from a host
-staging pool; async_save=stream: from the live shards, slimckpt.save.stream_capture).
+"""The background writer of async_save's modes (slimckpt.save.async_modes), and the pool mode's
+staging pool: a write on a background thread (async_save=pool: from a host staging pool;
+async_save=stream: from the live shards, slimckpt.save.stream_capture).
 
 The training step is blocked only while the rank's tensors are copied into a host staging pool.
 The pool is allocated at the first async save and reused by every later one, so
@@ -45,7 +46,6 @@ from torch.distributed.tensor import DTensor
 from ..log import get_logger
 from ..read import in_flight
 from ..write import peers  # noqa: F401 - its exit hook registered before finish_all's, so it runs after it
-from . import stream_guards
 from .host_budget import budget_bytes
 from .target import TargetState
 
@@ -214,6 +214,7 @@ class AsyncResumeWriter:
         self._path: str | None = None
         self._after_commit: list[Callable[[], None]] = []
         self.pool = StagingPool()
+        self.mode: str | None = None  # the async_save mode of the write in flight (or the last one)
         self.capture = None  # stream mode: the StreamCapture of the write in flight (or the last one)
         self._unhook: Callable[[], None] | None = None
 
@@ -257,19 +258,24 @@ class AsyncResumeWriter:
         log.debug("staged step %s: %.1f MiB in %.2f s", step, need / 2**20, time.perf_counter() - started)
         return staged
 
-    def submit(self, step: int, path: str, write: Callable[[], None], capture=None, optimizer=None) -> None:
-        """Write in the background. With a StreamCapture (stream mode) its guards are active until
-        the write ends: `optimizer`'s step first runs the capture's guard."""
+    def submit(self, step: int, path: str, write: Callable[[], None], mode: str, arm=None, capture=None) -> None:
+        """Write in the background. `mode`: the async_save mode's name, for reports. `arm` (the
+        mode's wait_until_safe_to_step) runs here, before the write starts; what it returns (an
+        async_modes.base.Guard) has its `remove_hooks` called on this thread at the next wait or
+        save and its `write_ended` on the writer's thread once the write ends. `capture`: stream
+        mode's StreamCapture, kept for the reports' counters."""
         if self._future is not None:
             raise RuntimeError("slimckpt: a background checkpoint write is already in flight")
         self._remove_hook()
         self._step, self._path = step, path
         self._after_commit = []
-        self.capture = capture
-        if capture is not None:
-            self._unhook = stream_guards.activate(capture, optimizer)
+        self.mode, self.capture = mode, capture
+        guard = arm() if arm is not None else None
+        if guard is not None:
+            self._unhook = guard.remove_hooks
         registered = in_flight.begin(path)  # a load, verify or merge of this dir in this process waits for it
-        self._future = self._executor.submit(self._ready_then, write, capture, registered)
+        ended = guard.write_ended if guard is not None else None
+        self._future = self._executor.submit(self._ready_then, write, ended, registered)
         self._future.add_done_callback(lambda _: in_flight.end(registered))  # also if it never ran
 
     def _remove_hook(self) -> None:
@@ -277,15 +283,15 @@ class AsyncResumeWriter:
         if unhook is not None:
             unhook()
 
-    def _ready_then(self, write: Callable[[], None], capture, registered) -> None:
+    def _ready_then(self, write: Callable[[], None], ended: Callable[[], None] | None, registered) -> None:
         in_flight.running(registered)
         try:
             self.pool.wait_ready()  # CUDA: the staged copies are complete before anything reads them
             write()  # returns (or raises) on every rank once the commit's outcome is known to all
         finally:
             in_flight.end(registered)
-            if capture is not None:  # no guard waits for (and nothing holds) the live shards any more
-                stream_guards.deactivate(capture)
+            if ended is not None:  # stream: no guard waits for (and nothing holds) the live shards any more
+                ended()
         for callback in self._after_commit:
             try:
                 callback()

@@ -11,20 +11,18 @@ Either way no rank's save (or background write) ends before its step is committe
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import os
 import time
 
 import torch.distributed as dist
 
-from . import hf_direct_export, host_budget, resume_async, retention, step_write
+from . import hf_direct_export, resume_async, retention
+from .async_modes.registry import mode_for
 from .extra_state import save_extra
 from .process_group import checkpoint_group
 from .save_context import SaveContext
 from .state_dicts import build_state_dict, lora_only_state, note_fsdp1_copy, note_lora_only, split_aliases
 from .step_commit import clear_stale, drop_first, make_room
-from .stream_capture import StreamCapture, live_tensors
 from .target import SHARD_CONTENTS, SaveTarget
 
 
@@ -109,32 +107,13 @@ def save_resume_state(
         export=export,
         first=drop_first(target, drops),
     )
-    if config.async_save == "stream":
-        capture = StreamCapture(
-            state,
-            host_budget.budget_bytes(config),
-            step=int(global_step),
-            live=live_tensors(target.model, target.optimizer),
-        )
-        lap("capture")
+    mode = mode_for(config)
+    staged = mode.stage(ctx, state, writer)
+    if staged.phase is not None:  # taken in the foreground: the rest runs on the writer's thread
+        lap(staged.phase)
         timings["blocking"] = time.perf_counter() - waited
-        del state
-        writer.submit(
-            global_step,
-            local_path,
-            functools.partial(step_write.write_and_commit, dataclasses.replace(ctx, capture=capture), capture.state),
-            capture=capture,
-            optimizer=target.optimizer,
-        )
-        return
-    staged = writer.stage(state, config, step=global_step, group=group) if config.async_save == "pool" else None
-    if staged is not None:
-        lap("stage")
-        timings["blocking"] = time.perf_counter() - waited
-        del state
-        writer.submit(global_step, local_path, functools.partial(step_write.write_and_commit, ctx, staged))
-        return
-    step_write.write_and_commit(ctx, state)
+    del state
+    mode.finish(staged, writer)
 
 
 __all__ = ["save_resume_state"]

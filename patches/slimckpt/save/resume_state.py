@@ -15,6 +15,7 @@ Flow (plan -> stage -> write -> commit), one module per job:
 
     resume_save    plan and stage: verl's own save for the rest, extra state, the sharded state
                    dict (state_dicts), the HF export's plan; then sync, pool or stream by async_save
+                   (async_modes: the mode's stage, then its finish)
     step_write     DCP shards, then the gather-free HF export (hf_direct_export), in the foreground
                    or on the background writer's thread (resume_async), all of one save's inputs
                    in a SaveContext (save_context)

@@ -1,0 +1,24 @@
+"""async_save=false: nothing staged; the save writes the shards from the live state and returns
+once the step is committed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import step_write
+from ..resume_async import AsyncResumeWriter
+from ..save_context import SaveContext
+from .base import AsyncMode, Staged
+
+
+class SyncMode(AsyncMode):
+    name = "off"
+
+    def stage(self, ctx: SaveContext, state: dict[str, Any], writer: AsyncResumeWriter) -> Staged:
+        return Staged(ctx, state)
+
+    def finish(self, staged: Staged, writer: AsyncResumeWriter) -> None:
+        step_write.write_and_commit(staged.ctx, staged.state)
+
+
+__all__ = ["SyncMode"]
