@@ -155,3 +155,11 @@ def test_a_fourth_mode_registered_is_chosen_by_name_and_run_in_order(monkeypatch
     writer.wait()
     main = threading.current_thread().name
     assert FakeMode.events == ["stage", "arm", "write ['model', 'optimizer']", "ended", f"remove on {main}"]
+
+
+def test_a_saves_writer_lock_waits_for_the_background_write_of_every_mode_but_sync():
+    assert {name: cls.background for name, cls in registry.MODES.items()} == {
+        "off": False,
+        "pool": True,
+        "stream": True,
+    }

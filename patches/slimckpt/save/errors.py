@@ -39,6 +39,7 @@ from ..read.locks import LockBusy, acquire
 from ..storage import for_path
 from ..write.peers import causes, in_a_job
 from ..write.resume_records import atomic_write_text, write_failure
+from .async_modes.registry import mode_for
 from .lost_rank import RankLost, already_lost, peer_loss_line
 from .os_fixes import trainer_fixes
 from .process_group import checkpoint_group
@@ -127,7 +128,7 @@ def _alone(
 def take_writer_lock(target: SaveTarget, local_path: str, step: int):
     """Rank 0 locks the role dir for writing; every rank raises the same LockBusy if it cannot."""
     group = _group_of(target)
-    if group is not None and target.options.async_save != "off":
+    if group is not None and mode_for(target.options).background:
         writer_for(target.state).wait()  # the background write of the previous step uses this group: finish it first
     held: list[Any] = []
 

@@ -61,6 +61,9 @@ class AsyncMode(ABC):
 
     name: ClassVar[str]
     """The mode's name as a checked config holds it (checkpoint.async_save)."""
+    background: ClassVar[bool] = True
+    """Whether a save's write may still run when the save returns (the next save, or the writer
+    lock's collective, waits for it first)."""
 
     @abstractmethod
     def stage(self, ctx: SaveContext, state: dict[str, Any], writer: AsyncResumeWriter) -> Staged:

@@ -13,6 +13,7 @@ from .base import AsyncMode, Staged
 
 class SyncMode(AsyncMode):
     name = "off"
+    background = False
 
     def stage(self, ctx: SaveContext, state: dict[str, Any], writer: AsyncResumeWriter) -> Staged:
         return Staged(ctx, state)
