@@ -20,25 +20,23 @@ from .manager_state import config_of, state_of
 
 
 @contextlib.contextmanager
-def load_contents(manager: Any, contents: list[str]) -> Iterator[None]:
+def _narrowed(manager: Any, attr: str, contents: list[str]) -> Iterator[None]:
+    kept = getattr(manager, attr)
+    setattr(manager, attr, list(contents))
+    try:
+        yield
+    finally:
+        setattr(manager, attr, kept)
+
+
+def load_contents(manager: Any, contents: list[str]) -> contextlib.AbstractContextManager[None]:
     """Run verl's load with only `contents` (its should_load_* read this list)."""
-    loaded = manager.checkpoint_load_contents
-    manager.checkpoint_load_contents = list(contents)
-    try:
-        yield
-    finally:
-        manager.checkpoint_load_contents = loaded
+    return _narrowed(manager, "checkpoint_load_contents", contents)
 
 
-@contextlib.contextmanager
-def save_contents(manager: Any, contents: list[str]) -> Iterator[None]:
+def save_contents(manager: Any, contents: list[str]) -> contextlib.AbstractContextManager[None]:
     """Run verl's save with only `contents` (its should_save_* read this list)."""
-    saved = manager.checkpoint_save_contents
-    manager.checkpoint_save_contents = list(contents)
-    try:
-        yield
-    finally:
-        manager.checkpoint_save_contents = saved
+    return _narrowed(manager, "checkpoint_save_contents", contents)
 
 
 def _verl_side_files(manager: Any, original: Callable, hdfs_path: str | None, step: int) -> Callable:
