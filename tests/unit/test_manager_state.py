@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import textwrap
 import typing
+from types import SimpleNamespace
 
 import pytest
 from verl.trainer.config.config import CheckpointConfig
@@ -113,3 +114,21 @@ def test_every_field_has_its_type_and_docstring_once():
     assert cc.RECIPES == typing.get_args(hints["recipe"])
     for table in ("BOOL_FIELDS", "INT_FIELDS", "FLOAT_FIELDS", "ENUM_FIELDS", "OPTIONAL_INT_FIELDS"):
         assert not hasattr(cc, table), table
+
+
+def test_the_tracker_watches_the_role_dirs_verl_names():
+    """save/tracker names verl's role dirs without importing verl: the names must stay verl's."""
+    from verl.trainer.ppo.utils import Role
+
+    from slimckpt.save.tracker import watched_roles
+
+    config = {"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
+    async_config = {**config, "async_save": True}
+    trainer = SimpleNamespace(
+        config=SimpleNamespace(
+            actor_rollout_ref=SimpleNamespace(actor=SimpleNamespace(checkpoint=async_config)),
+            critic=SimpleNamespace(checkpoint=config),
+        ),
+        use_critic=True,
+    )
+    assert watched_roles(trainer) == ["actor", str(Role.Critic)]
