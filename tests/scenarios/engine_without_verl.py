@@ -12,6 +12,7 @@ and the lr scheduler must equal what was saved, bit for bit. Rank 0 writes D/eng
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> None:
         except ModuleNotFoundError:
             blocked.append(name)
     result = {mode: _one_mode(args.dir, mode) for mode in ("off", "pool", "stream")}
+    gc.collect()  # the FSDP models live in reference cycles: freed here, before the group is destroyed
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in STACK)
     outcome = {"ranks": dist.get_world_size(), "modes": result, "blocked": blocked, "stack_loaded": loaded}
     gathered: list = [None] * dist.get_world_size()

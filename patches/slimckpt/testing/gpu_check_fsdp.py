@@ -20,6 +20,7 @@ runs it where verl, Ray, omegaconf and hydra cannot be imported.
 # lazy imports: the incremental tier's state dicts and writer (DCP) load inside a rank only
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
@@ -110,62 +111,75 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def rank_main(rank: int, world: int, fsdp: int, device_type: str, hidden: int, init_file: str, out_dir: str) -> None:
-    from ..save.state_dicts import build_state_dict
-    from ..save.step_write import storage_writer
-
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device_type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        model = _wrap(_model(hidden, device), fsdp, device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        for p in model.parameters():  # a step on zero gradients creates the state without a backward pass
-            p.grad = torch.zeros_like(p)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for st in optimizer.state.values():
-                for key in ("exp_avg", "exp_avg_sq"):
-                    local = st[key].to_local() if hasattr(st[key], "to_local") else st[key]
-                    local.uniform_(0.0, 1.0)
-        manager = SimpleNamespace(model=model, optimizer=optimizer)
-        shard = sum(t.numel() * t.element_size() for t in _locals({"m": list(model.parameters())}))
-        shard += sum(t.numel() * t.element_size() for t in _locals(optimizer.state) if t.dim())
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        started = time.perf_counter()
-        state = build_state_dict(manager, model=True, optimizer=True)
-        state_dict_s = time.perf_counter() - started
-        added = torch.cuda.max_memory_allocated(device) - before if device_type == "cuda" else None
-        copied = copied_bytes(state, _live_storages(model, optimizer))
-        path = os.path.join(out_dir, f"fsdp{fsdp}_dcp")
-        started = time.perf_counter()
-        dcp.save(state, storage_writer=storage_writer(path, SimpleNamespace(write_threads=1, bucket_mb=16)))
-        write_s = time.perf_counter() - started
-        fresh = build_state_dict(manager, model=True, optimizer=True, optimizer_state=True)
-        reference = {k: _clone(v) for k, v in state.items()}
-        with torch.no_grad():  # the template must change for the read-back to prove anything
-            for t in _locals(fresh):
-                if t.is_floating_point() and t.dim():
-                    t.zero_()
-        dcp.load(fresh, checkpoint_id=path)
-        result = {
-            "rank": rank,
-            "fsdp": fsdp,
-            "shard_bytes": shard,
-            "copied_bytes": copied,
-            "device_added": added,
-            "roundtrip": _equal(fresh, reference),
-            "state_dict_s": state_dict_s,
-            "write_s": write_s,
-        }
+        result = _check_rank(rank, fsdp, device, device_type, hidden, out_dir)
+        # the wrapped model and its optimizer live in reference cycles: free them now, while the group and the
+        # interpreter are whole (a collective's work freed during the interpreter's exit aborts the process),
+        # and leave together, so no rank closes its connections while another still uses them
+        gc.collect()
+        dist.barrier()
         with open(os.path.join(out_dir, f"fsdp{fsdp}_rank{rank}.json"), "w") as f:
             json.dump(result, f)
     finally:
         dist.destroy_process_group()
+
+
+def _check_rank(
+    rank: int, fsdp: int, device: torch.device, device_type: str, hidden: int, out_dir: str
+) -> dict[str, Any]:
+    """This rank's figures: the save's state dict taken, written and read back."""
+    from ..save.state_dicts import build_state_dict
+    from ..save.step_write import storage_writer
+
+    model = _wrap(_model(hidden, device), fsdp, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():  # a step on zero gradients creates the state without a backward pass
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for st in optimizer.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                local = st[key].to_local() if hasattr(st[key], "to_local") else st[key]
+                local.uniform_(0.0, 1.0)
+    manager = SimpleNamespace(model=model, optimizer=optimizer)
+    shard = sum(t.numel() * t.element_size() for t in _locals({"m": list(model.parameters())}))
+    shard += sum(t.numel() * t.element_size() for t in _locals(optimizer.state) if t.dim())
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    started = time.perf_counter()
+    state = build_state_dict(manager, model=True, optimizer=True)
+    state_dict_s = time.perf_counter() - started
+    added = torch.cuda.max_memory_allocated(device) - before if device_type == "cuda" else None
+    copied = copied_bytes(state, _live_storages(model, optimizer))
+    path = os.path.join(out_dir, f"fsdp{fsdp}_dcp")
+    started = time.perf_counter()
+    dcp.save(state, storage_writer=storage_writer(path, SimpleNamespace(write_threads=1, bucket_mb=16)))
+    write_s = time.perf_counter() - started
+    fresh = build_state_dict(manager, model=True, optimizer=True, optimizer_state=True)
+    reference = {k: _clone(v) for k, v in state.items()}
+    with torch.no_grad():  # the template must change for the read-back to prove anything
+        for t in _locals(fresh):
+            if t.is_floating_point() and t.dim():
+                t.zero_()
+    dcp.load(fresh, checkpoint_id=path)
+    result = {
+        "rank": rank,
+        "fsdp": fsdp,
+        "shard_bytes": shard,
+        "copied_bytes": copied,
+        "device_added": added,
+        "roundtrip": _equal(fresh, reference),
+        "state_dict_s": state_dict_s,
+        "write_s": write_s,
+    }
+    return result
 
 
 def _clone(value: Any) -> Any:
