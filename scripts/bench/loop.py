@@ -239,7 +239,9 @@ def main() -> int:
     )
     p.add_argument("--work", default=str(REPO / "bench_work"))
     p.add_argument("--timeout", type=int, default=900, help="seconds one run may take")
-    p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"))
+    p.add_argument(
+        "--out", default=str(REPO / "BENCHMARKS.md"), help="report whose loop section is (re)written; '' for none"
+    )
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--render", help="re-render the section from this JSON (no runs)")
     p.add_argument("--note", default="", help="a line under the table (e.g. how loaded the machine was)")
@@ -287,7 +289,8 @@ def main() -> int:
         }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
-    write_section(render_section(result), Path(args.out))
+    if args.out:  # '' for none, as scripts.bench.save takes it
+        write_section(render_section(result), Path(args.out))
     return 0
 
 
