@@ -49,6 +49,7 @@ from ..format.export_assign import AssignError, Box, assign_writers, full_box, r
 from ..format.names import (
     HF_SUBDIR,
     SAFETENSORS_OF_TORCH,
+    SHARD_CONTENTS,
     by_torch_dtype,
     is_lora_key,
     torch_dtypes_of_choices,
@@ -126,7 +127,7 @@ def _local(value: Any) -> torch.Tensor:
 def side_contents(target: SaveTarget) -> list[str]:
     """What the caller's own save still writes (verl's: everything but the shards), and no
     `hf_model` gather when the gather-free export replaces it."""
-    rest = [c for c in target.save_contents if c not in ("model", "optimizer", "extra")]
+    rest = [c for c in target.save_contents if c not in SHARD_CONTENTS]
     if target.options.export_hf and "hf_model" in rest:
         rest.remove("hf_model")
         if target.state.note_once("hf_model") and target.rank == 0:

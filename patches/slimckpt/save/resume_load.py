@@ -17,7 +17,7 @@ import warnings
 import torch.distributed as dist
 
 from ..format.dropped_optimizer import optimizer_dropped, resume_line
-from ..format.names import is_lora_key
+from ..format.names import SHARD_CONTENTS, is_lora_key
 from ..format.resume_manifest import Manifest
 from ..log import get_logger
 from ..read import in_flight
@@ -63,7 +63,7 @@ def _load_committed(target: SaveTarget, local_path: str, manifest: Manifest, gro
     from . import optim_capture
     from .state_dicts import LORA_ONLY_KEY, build_state_dict, load_options, options
 
-    missing = [c for c in ("model", "optimizer", "extra") if c in target.load_contents and c not in manifest.contents]
+    missing = [c for c in SHARD_CONTENTS if c in target.load_contents and c not in manifest.contents]
     if missing:
         raise ValueError(
             f"slimckpt: checkpoint.load_contents asks for {missing} but {local_path} was saved with "

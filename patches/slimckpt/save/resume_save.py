@@ -16,6 +16,7 @@ import time
 
 import torch.distributed as dist
 
+from ..format.names import SHARD_CONTENTS
 from . import hf_direct_export, resume_async, retention
 from .async_modes.registry import mode_for
 from .extra_state import save_extra
@@ -23,7 +24,7 @@ from .process_group import checkpoint_group
 from .save_context import SaveContext
 from .state_dicts import build_state_dict, lora_only_state, note_fsdp1_copy, note_lora_only, split_aliases
 from .step_commit import clear_stale, drop_first, make_room
-from .target import SHARD_CONTENTS, SaveTarget
+from .target import SaveTarget
 
 
 def _lap(timings: dict[str, float]):

@@ -17,9 +17,8 @@ from typing import Any
 
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
+from ..format.names import SHARD_CONTENTS
 from ..options.checkpoint_options import CheckpointOptions
-
-SHARD_CONTENTS = ("model", "optimizer", "extra")
 
 
 @dataclass
@@ -125,4 +124,4 @@ def fsdp_version_of(model: Any) -> int:
     return 2 if isinstance(model, FSDPModule) else 0
 
 
-__all__ = ["SHARD_CONTENTS", "SaveTarget", "TargetState", "fsdp_version_of"]
+__all__ = ["SaveTarget", "TargetState", "fsdp_version_of"]
