@@ -53,28 +53,27 @@ def wrap_save_checkpoint(original):
 
 
 def _guarded_dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep):
-    """A recipe's save runs under slimckpt.save.errors (writer lock, one-line errors, on_save_error)."""
+    """A recipe's save runs its tier under slimckpt.save.errors (writer lock, one-line errors,
+    on_save_error); any other config runs verl's save as it is."""
     if not isinstance(manager.checkpoint_config, SlimCheckpointConfig):
-        return _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     from ..save.errors import guarded_save
 
+    target = target_of(manager, original, hdfs_path, global_step)
     return guarded_save(
-        target_of(manager),
+        target,
         local_path,
         int(global_step),
-        lambda: _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep),
+        lambda: _tier_save(original, manager, target, local_path, hdfs_path, global_step, max_ckpt_to_keep),
     )
 
 
-def _dispatch(original, manager, local_path, hdfs_path, global_step, max_ckpt_to_keep):
-    config = manager.checkpoint_config
-    if not isinstance(config, SlimCheckpointConfig):
-        return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+def _tier_save(original, manager, target, local_path, hdfs_path, global_step, max_ckpt_to_keep):
+    config = target.options
     if config.incremental_save:
         from ..save.resume_save import save_resume_state
 
         manager.previous_global_step = global_step
-        target = target_of(manager, original, hdfs_path, global_step)
         return save_resume_state(target, local_path, global_step, max_ckpt_to_keep)
     result = original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     if config.export_hf:
