@@ -20,7 +20,7 @@ from ..storage import for_path
 
 def atomic_write_text(path: str, text: str) -> None:
     """Write `text` to `path` so that a reader sees either the old file or the whole new one."""
-    for_path(path).put_atomic(path, text.encode(), tmp=f"{path}.tmp.{os.getpid()}")
+    for_path(path).put_atomic(path, text.encode())
 
 
 def write_manifest(role_dir: str, manifest: Manifest) -> str:
@@ -34,7 +34,7 @@ def commit_manifest(role_dir: str, manifest: Manifest) -> str:
     writer removed it before the step was written again: one there now is another's commit)."""
     path = os.path.join(role_dir, MANIFEST_NAME)
     data = json.dumps(manifest.to_json(), indent=1).encode()
-    if not for_path(path).put_if_absent(path, data, tmp=f"{path}.tmp.{os.getpid()}"):
+    if not for_path(path).put_if_absent(path, data):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
     return path
 
