@@ -10,6 +10,7 @@ Imports nothing of slimckpt's but the ground, so that every wing can stand on it
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 
@@ -17,8 +18,17 @@ from .base import Lease, RangeWriter, Storage
 from .posix import PosixStorage
 
 LOCAL = ""  # the scheme of a plain path
+
+
+def _s3() -> Storage:
+    from .s3 import S3Storage  # its client library loads only when an s3:// path is used
+
+    return S3Storage()
+
+
 BACKENDS: dict[str, Callable[[], Storage]] = {
     LOCAL: PosixStorage,
+    "s3": _s3,
 }
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _made: dict[Callable[[], Storage], Storage] = {}  # one instance per backend
@@ -28,6 +38,15 @@ def scheme_of(path: str) -> str:
     """ "s3" for "s3://bucket/key", LOCAL for a plain path."""
     m = _SCHEME.match(str(path))
     return m.group(1).lower() if m else LOCAL
+
+
+def is_url(path: str) -> bool:
+    return scheme_of(path) != LOCAL
+
+
+def absolute(path: str) -> str:
+    """`os.path.abspath` of a plain path; a URL as it is (abspath would fold its "//")."""
+    return str(path) if is_url(path) else os.path.abspath(path)
 
 
 def for_path(path: str) -> Storage:
@@ -45,4 +64,4 @@ def for_path(path: str) -> Storage:
     return store
 
 
-__all__ = ["BACKENDS", "LOCAL", "Lease", "RangeWriter", "Storage", "for_path", "scheme_of"]
+__all__ = ["BACKENDS", "LOCAL", "Lease", "RangeWriter", "Storage", "absolute", "for_path", "is_url", "scheme_of"]

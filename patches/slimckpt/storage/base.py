@@ -27,7 +27,13 @@ merge's output, a converted step):
                                            remove(path) of single files (uncommit: the manifest first)
     9) Lease.release()
 
-A reader: lease(key, exclusive=False), list_files(dir), read_range(path, offset, length), release.
+A writer of a stream of unknown length (DCP's rank files): open_stream(path), written in order;
+`path` exists only once the block ends without an error (an object store completes its multipart
+upload then, and aborts it on an error; abort_uploads(prefix) drops what a killed writer left).
+
+A reader: lease(key, exclusive=False), exists/is_dir/size, list_dir/list_files(dir),
+open_read(path) or read_range(path, offset, length), release. `is_local`: a path of this medium
+is a file the OS can open and map (the merge maps local shards; a remote one is fetched first).
 
 Errors are the medium's OSError, unchanged: the caller, which knows what the user ran, turns it
 into its one line (format.os_errors).
@@ -96,6 +102,11 @@ class Storage(ABC):
         """A lease is dropped by the kernel when its holder dies (flock). Without it a lease needs
         an expiry renewed by its holder."""
 
+    @property
+    def is_local(self) -> bool:
+        """A path is a file the OS opens (open(), mmap) as it is."""
+        return False
+
     # ------------------------------------------------------------------ 1) room
 
     @abstractmethod
@@ -158,6 +169,18 @@ class Storage(ABC):
         never overwritten."""
 
     @abstractmethod
+    def open_stream(self, path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        """A binary file written in order, of a length not known up front (large: a rank file).
+        `path` holds all of it once the block ends without an error (durable); on an error it
+        holds nothing of this write (POSIX: what was written so far stays until the step is
+        cleared; the manifest, never written, keeps it out of every reader's sight)."""
+
+    def abort_uploads(self, prefix: str) -> int:
+        """Unfinished writes of a killed writer under `prefix` dropped; how many (0 where the
+        medium has no such thing)."""
+        return 0
+
+    @abstractmethod
     def sync_open(self, f: int | IO) -> None:
         """What was written through an open file (a descriptor or a file object), durable."""
 
@@ -196,6 +219,28 @@ class Storage(ABC):
         removed (a missing `path` included) and return one "path: error" line for each."""
 
     # ------------------------------------------------------------------ reads
+
+    @abstractmethod
+    def exists(self, path: str) -> bool:
+        """A file or a directory is at `path`."""
+
+    @abstractmethod
+    def is_dir(self, path: str) -> bool:
+        """`path` is a directory (on an object store: some object's key starts with `path/`)."""
+
+    @abstractmethod
+    def size(self, path: str) -> int:
+        """Bytes of the file `path` (FileNotFoundError when there is none)."""
+
+    @abstractmethod
+    def list_dir(self, path: str) -> list[str]:
+        """Names directly under the directory `path` (files and directories), sorted;
+        FileNotFoundError when there is none."""
+
+    @abstractmethod
+    def open_read(self, path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        """The file `path`, open for reading (read, readinto, seek, tell); FileNotFoundError when
+        there is none."""
 
     @abstractmethod
     def list_files(self, root: str) -> list[str]:

@@ -102,6 +102,7 @@ class PosixStorage(Storage):
     supports_inplace_writes = True
     supports_dir_rename = True
     supports_leases_that_die_with_holder = True
+    is_local = True
 
     # ------------------------------------------------------------------ room
 
@@ -204,6 +205,13 @@ class PosixStorage(Storage):
         self.sync(os.path.dirname(os.path.abspath(path)))
         return True
 
+    @contextlib.contextmanager
+    def open_stream(self, path: str) -> Iterator[IO[bytes]]:
+        with open(path, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+
     def sync_open(self, f: int | IO) -> None:
         os.fsync(f if isinstance(f, int) else f.fileno())
 
@@ -256,6 +264,21 @@ class PosixStorage(Storage):
         return errors
 
     # ------------------------------------------------------------------ reads
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def list_dir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def open_read(self, path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        return open(path, "rb")
 
     def list_files(self, root: str) -> list[str]:
         out = []
