@@ -75,7 +75,7 @@ def test_peak_memory_does_not_grow_with_model_size(tmp_path):
 def test_incremental_step_peak_memory_does_not_grow_with_model_size(tmp_path):
     """An incremental-tier step (dcp/): 416 MB of fp32 tensors in one .distcp file, none over 16 MiB,
     each chunk mapped from its record: the peak stays within the bound (largest tensor + chunk +
-    256 MiB), well under the model's size, and no more than a tiny step's merge plus about one chunk."""
+    272 MiB), well under the model's size, and no more than a tiny step's merge plus about one chunk."""
     import math
 
     small = synthetic_dcp_step(tmp_path / "small")
@@ -90,7 +90,9 @@ def test_incremental_step_peak_memory_does_not_grow_with_model_size(tmp_path):
     big = synthetic_dcp_step(tmp_path / "big", config=big_cfg)
     shard_bytes, chunk, extra, peak = _extra_of_the_big_merge(tmp_path, small, big)
     largest = 4 * max(math.prod(s) for s in ((4096, 1024), (1024, 4096)))
-    bound = largest + chunk + (256 << 20)
+    # 272 MiB: the interpreter with torch and transformers; transformers imports accelerate, which
+    # imports boto3 where it is installed (slimckpt[s3], the test extras): 11 MiB of the 272
+    bound = largest + chunk + (272 << 20)
     assert shard_bytes > bound + (64 << 20)  # the whole model clearly does not fit the bound
     assert peak <= bound, f"merge of {shard_bytes / 1e6:.0f} MB of dcp/ peaked at {peak / 2**20:.0f} MiB"
     assert extra < chunk + (48 << 20), f"merge of {shard_bytes / 1e6:.0f} MB of dcp/ used {extra / 2**20:.0f} MiB more"

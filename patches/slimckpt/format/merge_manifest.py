@@ -6,7 +6,8 @@ the directory put in place as `<target>` in one step (the commit itself, on its 
 slimckpt.write.output_dir). A dir with a manifest whose files match it is complete; anything
 named `*.partial` is not.
 
-Pure records and reads: imports nothing of slimckpt's, no torch; used by the merger, and by `slimckpt verify`.
+Records, and reads through the storage of the path (a local dir or an object store's prefix); no
+torch. Used by the merger, the incremental tier's commit and `slimckpt verify`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from .. import SlimckptError
+from ..storage import absolute, for_path
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -59,9 +61,10 @@ def file_checksum(
 ) -> str:
     """Checksum of bytes [begin, end) of a file, read in bounded chunks (`on_bytes(n)` after each)."""
     h = hasher or new_hasher(algo)
-    with open(path, "rb", buffering=0) as f:
+    store = for_path(path)
+    with store.open_read(path) as f:
         f.seek(begin)
-        left = (os.fstat(f.fileno()).st_size if end is None else end) - begin
+        left = (store.size(path) if end is None else end) - begin
         buf = bytearray(min(READ_CHUNK, max(left, 1)))
         view = memoryview(buf)
         while left > 0:
@@ -123,9 +126,10 @@ def check_file(
 
     The one check behind every manifest of slimckpt (merge outputs and incremental resume state)."""
     path = os.path.join(root, rel)
-    if not os.path.isfile(path):
+    try:
+        got_size = for_path(path).size(path)
+    except (FileNotFoundError, IsADirectoryError):
         return "missing"
-    got_size = os.path.getsize(path)
     if got_size != size:
         return f"size {got_size} bytes, manifest says {size}"
     if checksums and checksum is not None:
@@ -182,13 +186,7 @@ class Manifest:
 
 def list_files(root: str) -> list[str]:
     """Relative paths of every regular file under root except the manifest, sorted."""
-    out = []
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            rel = os.path.relpath(os.path.join(dirpath, name), root)
-            if rel != MANIFEST_NAME:
-                out.append(rel.replace(os.sep, "/"))
-    return sorted(out)
+    return [rel for rel in for_path(root).list_files(root) if rel != MANIFEST_NAME]
 
 
 def build_entries(root: str, known: dict[str, str] | None = None, algo: str = DEFAULT_ALGO) -> dict[str, FileEntry]:
@@ -198,17 +196,18 @@ def build_entries(root: str, known: dict[str, str] | None = None, algo: str = DE
     for rel in list_files(root):
         path = os.path.join(root, rel)
         checksum = known.get(rel) or file_checksum(path, algo)
-        entries[rel] = FileEntry(os.path.getsize(path), checksum)
+        entries[rel] = FileEntry(for_path(path).size(path), checksum)
     return entries
 
 
 def read_manifest(root: str) -> Manifest:
-    with open(os.path.join(root, MANIFEST_NAME), encoding="utf-8") as f:
-        return Manifest.from_json(f.read())
+    path = os.path.join(root, MANIFEST_NAME)
+    with for_path(path).open_read(path) as f:
+        return Manifest.from_json(f.read().decode("utf-8"))
 
 
 def partial_path(target: str) -> str:
-    return os.path.abspath(target).rstrip(os.sep) + PARTIAL_SUFFIX
+    return absolute(target).rstrip("/") + PARTIAL_SUFFIX
 
 
 def dir_is_empty(path: str) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import SlimckptError
+from ..storage import absolute, for_path
 from .merge_manifest import (
     DEFAULT_ALGO,
     BadFile,
@@ -113,7 +114,7 @@ def describe_files(root: str, relpaths: Iterable[str], known: dict[str, str] | N
     return [
         FileEntry(
             rel,
-            os.path.getsize(os.path.join(root, rel)),
+            for_path(root).size(os.path.join(root, rel)),
             known.get(rel) or file_checksum(os.path.join(root, rel), DEFAULT_ALGO),
         )
         for rel in relpaths
@@ -139,7 +140,9 @@ def unlisted_files(role_dir: str, listed: Iterable[str]) -> list[str]:
 
 
 def has_manifest(role_dir: str) -> bool:
-    return os.path.isfile(os.path.join(role_dir, MANIFEST_NAME))
+    path = os.path.join(role_dir, MANIFEST_NAME)
+    store = for_path(path)
+    return store.exists(path) and not store.is_dir(path)
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,7 @@ def _manifest_damage(role_dir: str, reason: str) -> Damage:
 
 def _parse_manifest(role_dir: str) -> tuple[Manifest | None, Damage | None]:
     path = os.path.join(role_dir, MANIFEST_NAME)
-    if not os.path.isfile(path):
+    if not has_manifest(role_dir):
         reason = "missing: its save never finished"
         return None, Damage(
             -1,
@@ -173,7 +176,7 @@ def _parse_manifest(role_dir: str) -> tuple[Manifest | None, Damage | None]:
             ),
         )
     try:
-        with open(path, "rb") as f:
+        with for_path(path).open_read(path) as f:
             data = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError) as exc:
         return None, _manifest_damage(role_dir, f"unreadable ({_one_line(exc)})")
@@ -298,25 +301,27 @@ def check_files(role_dir: str, files: Sequence[FileEntry], checksums: bool, algo
 
 
 def failure_markers(role_dir: str) -> list[str]:
-    if not os.path.isdir(role_dir):
+    store = for_path(role_dir)
+    if not store.is_dir(role_dir):
         return []
-    return sorted(os.path.join(role_dir, n) for n in os.listdir(role_dir) if n.startswith(FAILED_PREFIX))
+    return sorted(os.path.join(role_dir, n) for n in store.list_dir(role_dir) if n.startswith(FAILED_PREFIX))
 
 
 # --------------------------------------------------------------------------- tracker
 
 
 def read_tracker(root: str) -> int | None:
+    path = os.path.join(root, TRACKER_NAME)
     try:
-        with open(os.path.join(root, TRACKER_NAME)) as f:
-            return int(f.read().strip())
+        with for_path(path).open_read(path) as f:
+            return int(f.read().decode("utf-8", "replace").strip())
     except (FileNotFoundError, ValueError):
         return None
 
 
 def step_of(role_dir: str) -> tuple[str, int] | None:
     """(`<root>`, N) for verl's layout `<root>/global_step_N/<role>`; None for any other path."""
-    step_dir = os.path.dirname(os.path.normpath(os.path.abspath(role_dir)))
+    step_dir = os.path.dirname(absolute(role_dir).rstrip("/"))
     name = os.path.basename(step_dir)
     if not name.startswith("global_step_"):
         return None

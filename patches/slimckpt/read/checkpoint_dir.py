@@ -11,6 +11,7 @@ import re
 
 from .. import SlimckptError
 from ..format.names import DCP_DIR, FSDP_CONFIG, HF_SUBDIR  # noqa: F401 - the readers take them from here
+from ..storage import for_path
 
 MODEL_FILE_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 
@@ -28,13 +29,17 @@ def rank_files(local_path: str, rank: int) -> list[str]:
     (`*_rank_{r}.*`: model, optim, extra state, slimckpt's extra state) and the incremental tier's
     `dcp/__{r}_*.distcp`. The one listing of a rank's files (save metrics, a failed save's cleanup,
     the incremental tier's manifest)."""
-    if not os.path.isdir(local_path):
+    store = for_path(local_path)
+    if not store.is_dir(local_path):
         return []
     marker = f"_rank_{rank}."
-    files = [n for n in os.listdir(local_path) if marker in n and os.path.isfile(os.path.join(local_path, n))]
-    dcp_dir = os.path.join(local_path, DCP_DIR)
-    if os.path.isdir(dcp_dir):
-        files += [f"{DCP_DIR}/{n}" for n in os.listdir(dcp_dir) if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
+    names = store.list_dir(local_path)
+    files = [n for n in names if marker in n and not store.is_dir(os.path.join(local_path, n))]
+    if DCP_DIR in names:
+        dcp_dir = os.path.join(local_path, DCP_DIR)
+        files += [
+            f"{DCP_DIR}/{n}" for n in store.list_dir(dcp_dir) if n.startswith(f"__{rank}_") and n.endswith(".distcp")
+        ]
     return sorted(files)
 
 

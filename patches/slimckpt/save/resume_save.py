@@ -11,12 +11,12 @@ Either way no rank's save (or background write) ends before its step is committe
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch.distributed as dist
 
 from ..format.names import SHARD_CONTENTS
+from ..storage import absolute, for_path, scheme_of
 from . import hf_direct_export, resume_async, retention
 from .async_modes.registry import mode_for
 from .extra_state import save_extra
@@ -57,8 +57,16 @@ def save_resume_state(
     timings = {"wait_previous": start - waited}
     lap = _lap(timings)
     group = checkpoint_group(target.state)
-    local_path = os.path.abspath(local_path)
-    os.makedirs(local_path, exist_ok=True)
+    local_path = absolute(local_path)
+    store = for_path(local_path)
+    if config.export_hf and not store.supports_inplace_writes:
+        # every rank writes its rows of the export's files at their offsets: one file, many writers
+        raise ValueError(
+            f"slimckpt: {local_path}: the in-training HF export cannot be written to "
+            f"{scheme_of(local_path)}:// (no in-place writes there); set "
+            f"actor_rollout_ref.actor.checkpoint.export_hf=false and run `slimckpt merge` from the step afterwards"
+        )
+    store.make_dirs(local_path, exist_ok=True)
     drops: list[str] = []
     if target.rank == 0:
         drops = make_room(target, max_ckpt_to_keep)

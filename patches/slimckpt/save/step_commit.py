@@ -51,14 +51,15 @@ class CommitFailed(SlimckptError, RuntimeError):
 
 def rank_files(local_path: str, rank: int, world: int) -> list[str]:
     """Files of the resume state this rank wrote, relative to `local_path`."""
+    store = for_path(local_path)
     written = checkpoint_dir.rank_files(local_path, rank)
     out = [f for f in written if f.startswith(f"{DCP_DIR}/")]
-    if rank == 0 and os.path.exists(os.path.join(local_path, DCP_DIR, ".metadata")):
+    if rank == 0 and store.exists(os.path.join(local_path, DCP_DIR, ".metadata")):
         out.append(f"{DCP_DIR}/.metadata")
     extra = EXTRA_NAME.format(world=world, rank=rank)
     if extra in written:
         out.append(extra)
-    if rank == 0 and os.path.exists(os.path.join(local_path, "fsdp_config.json")):
+    if rank == 0 and store.exists(os.path.join(local_path, "fsdp_config.json")):
         out.append("fsdp_config.json")
     if rank == 0:  # huggingface/: verl's configs and tokenizer, the export's weights (every rank wrote rows)
         out += hf_direct_export.export_files(local_path)
@@ -70,7 +71,8 @@ def clear_stale(local_path: str) -> None:
     remove_manifest(local_path)
     store = for_path(local_path)
     store.remove_tree(os.path.join(local_path, DCP_DIR), ignore_errors=True)
-    for name in os.listdir(local_path):
+    store.abort_uploads(local_path.rstrip("/") + "/")  # a killed writer's unfinished uploads (object stores)
+    for name in store.list_dir(local_path) if store.is_dir(local_path) else []:
         if name.startswith(EXTRA_PREFIX) or name.startswith(FAILED_PREFIX):
             store.remove(os.path.join(local_path, name))
 

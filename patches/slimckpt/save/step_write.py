@@ -10,7 +10,6 @@ dir, so the half-written step is never committed or loaded.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from typing import Any
@@ -19,6 +18,7 @@ import torch.distributed.checkpoint as dcp
 
 from ..log import get_logger
 from ..options.checkpoint_options import CheckpointOptions
+from ..storage import absolute, for_path
 from ..write.dcp_file_writer import BoundedFileSystemWriter
 from ..write.hashing_fs import HashingFileSystem
 from ..write.resume_records import write_failure
@@ -37,19 +37,23 @@ def storage_writer(path: str, config: CheckpointOptions):
     writer = BoundedFileSystemWriter(
         path,
         single_file_per_rank=True,
-        sync_files=True,
+        # a local file is fsynced; an object store's upload is durable once completed, and torch's
+        # own sync of a stream without a descriptor would be a whole-host os.sync()
+        sync_files=for_path(path).is_local,
         thread_count=int(config.write_threads),
         per_thread_copy_ahead=int(config.bucket_mb) * 2**20,
         overwrite=True,
     )
     writer.fs = HashingFileSystem()
+    writer.path = writer.fs.init_path(path)
     return writer
 
 
 def written_checksums(writer: Any, local_path: str) -> dict[str, str]:
     """{path relative to the role dir: checksum} of the files a storage_writer wrote."""
     sums = getattr(getattr(writer, "fs", None), "checksums", {})
-    return {os.path.relpath(p, local_path).replace(os.sep, "/"): c for p, c in sums.items()}
+    root = absolute(local_path).rstrip("/") + "/"
+    return {p[len(root) :] if p.startswith(root) else p: c for p, c in sums.items()}
 
 
 def _after_shards(ctx: SaveContext, model_state: dict[str, Any] | None = None, reads: Any = None) -> None:

@@ -8,6 +8,8 @@ A new medium is one module here with a `Storage` subclass and one line in BACKEN
 Imports nothing of slimckpt's but the ground, so that every wing can stand on it.
 """
 
+# lazy imports: a backend whose client library is an extra (s3: boto3) loads when its scheme is first used
+
 from __future__ import annotations
 
 import os

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from typing import IO
 
@@ -272,13 +273,16 @@ class PosixStorage(Storage):
         return os.path.isdir(path)
 
     def size(self, path: str) -> int:
-        return os.stat(path).st_size
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        return st.st_size
 
     def list_dir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
 
     def open_read(self, path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
-        return open(path, "rb")
+        return open(path, "rb", buffering=0)  # readers read large chunks (checksums) or whole small files
 
     def list_files(self, root: str) -> list[str]:
         out = []
