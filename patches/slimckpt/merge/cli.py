@@ -20,9 +20,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--local_dir",
         required=True,
-        help="verl checkpoint dir holding model_world_size_*_rank_*.pt (…/global_step_N/actor)",
+        help="verl checkpoint dir holding model_world_size_*_rank_*.pt (…/global_step_N/actor), or an "
+        "incremental step's role dir, local or s3://bucket/prefix/global_step_N/actor",
     )
-    p.add_argument("--target_dir", required=True, help="output dir; must not exist, be empty, or --overwrite")
+    p.add_argument(
+        "--target_dir",
+        required=True,
+        help="output dir, local or s3://bucket/prefix; must not exist, be empty, or --overwrite",
+    )
+    p.add_argument(
+        "--scratch_dir",
+        default=None,
+        help="where an s3:// source's model records (and an s3:// target's output) are staged on local "
+        "disk (default: next to a local --target_dir, else $TMPDIR); removed when the merge ends",
+    )
     p.add_argument(
         "--dtype", choices=list(DTYPE_CHOICES), default="bf16", help="output dtype (verl's merger always writes bf16)"
     )
@@ -105,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
         merge_lora=args.merge_lora,
     )
     from .pipeline import merge
+    from .remote import is_remote, merge_remote
 
     try:
-        result = merge(opts)
+        result = merge_remote(opts, merge, args.scratch_dir) if is_remote(opts) else merge(opts)
     except MergeError as exc:
         # one write: print() writes the line and its newline apart, and the ranks of a distributed
         # merge, sharing one stderr, then interleave their lines (a distributed rank wrote it already,

@@ -93,7 +93,7 @@ def _finish(
         checksum_algo=DEFAULT_ALGO,
         info={
             "source": {
-                "local_dir": os.path.abspath(opts.local_dir),
+                "local_dir": opts.source_name or os.path.abspath(opts.local_dir),
                 "format": mp.source_format,
                 "fsdp_version": mp.fsdp_version,
                 "world_size": mp.world_size,
@@ -198,7 +198,7 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
     target = os.path.abspath(opts.target_dir)
     check_target(target, opts.overwrite, opts.overwrite_hint)
     # before any import: a wrong --local_dir fails in milliseconds, not after torch and transformers
-    check_source(opts.local_dir)
+    check_source(opts.local_dir, checksums=not opts.source_checked)
 
     _resolve_max_shard_size(opts)
     planned = open_and_plan(opts)
@@ -529,7 +529,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     def plan_on_rank0():
         opts.__dict__["_held_target_lock"] = _target_lock(opts)  # released by merge_distributed
         check_target(target, opts.overwrite, opts.overwrite_hint)
-        check_source(opts.local_dir)
+        check_source(opts.local_dir, checksums=not opts.source_checked)
         planned = open_and_plan(opts)
         if planned is None:
             return None

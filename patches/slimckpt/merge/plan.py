@@ -42,6 +42,10 @@ class MergeOptions:
     # a LoRA-only checkpoint (verl's save_lora_only): True writes lora_adapter/ alone (the in-training
     # export: the base is model.path's); False refuses it (a merge makes a model, and there is no base)
     adapter_only: bool = False
+    # the source's checksums were checked already (a step fetched from a remote medium: read.remote_step)
+    source_checked: bool = False
+    # what the output's manifest calls the source (a fetched step: its URL, not the scratch mirror)
+    source_name: str | None = None
     # a full or unwritable output, in the words of whoever asked for it (the in-training export: a trainer's)
     os_fixes: OsErrorFixes = MERGE_FIXES
 

@@ -10,12 +10,13 @@ from . import dcp_step
 from .checkpoint_dir import check_rank_files, read_fsdp_config
 
 
-def check_source(local_dir: str) -> None:
+def check_source(local_dir: str, checksums: bool = True) -> None:
     """Raise CheckpointError (one line) unless `local_dir` can be merged: verl's rank files all there;
-    or an incremental-tier step committed and intact (every file's checksum: the one full read of it)."""
+    or an incremental-tier step committed and intact (every file's checksum: the one full read of it,
+    unless `checksums` is False: checked where it was fetched from)."""
     world = read_fsdp_config(local_dir)[0]
     if dcp_step.is_dcp_role_dir(local_dir):
-        dcp_step.check_step(local_dir)
+        dcp_step.check_step(local_dir, checksums=checksums)
     else:
         check_rank_files(local_dir, world)
 

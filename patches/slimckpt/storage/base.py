@@ -107,6 +107,12 @@ class Storage(ABC):
         """A path is a file the OS opens (open(), mmap) as it is."""
         return False
 
+    def check_access(self, path: str) -> None:
+        """Raise, in one line naming `path` and the fix, when `path` cannot be reached (a remote
+        medium: endpoint, credentials, bucket, permission) before anything is written; a local
+        path is reported by its first real use."""
+        return None
+
     # ------------------------------------------------------------------ 1) room
 
     @abstractmethod
