@@ -8,6 +8,8 @@ A new medium is one module here with a `Storage` subclass and one line in BACKEN
 Imports nothing of slimckpt's but the ground, so that every wing can stand on it.
 """
 
+# lazy imports: a backend's client library (boto3 for s3://) loads only when a path of its scheme is used
+
 from __future__ import annotations
 
 import os
