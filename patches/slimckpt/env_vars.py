@@ -173,6 +173,29 @@ VARIABLES: tuple[EnvVar, ...] = (
         "where they still import, instead of the public fallback (`slimckpt/internals.py` lists them)",
     ),
     EnvVar(
+        "SLIMCKPT_S3_PART_MB",
+        "int",
+        "32",
+        "user",
+        "MiB of one part of an s3:// upload (at least 5, S3's rule; an object has at most 10000 parts)",
+    ),
+    EnvVar(
+        "SLIMCKPT_S3_CONCURRENCY",
+        "int",
+        "4",
+        "user",
+        "parts an s3:// writing process holds in memory at once (one being filled, the rest uploading): its "
+        "upload buffers stay under part size x this",
+    ),
+    EnvVar(
+        "SLIMCKPT_S3_LEASE_S",
+        "seconds",
+        "21600",
+        "user",
+        "how long an s3:// writer's lease object holds before another writer may take it over (object "
+        "stores have no lock that dies with its holder)",
+    ),
+    EnvVar(
         "SLIMCKPT_MERGE_STATS",
         "path",
         None,
