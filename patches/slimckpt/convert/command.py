@@ -25,10 +25,11 @@ from ..format.resume_manifest import read_tracker
 from ..log import get_logger
 from ..read.checkpoint_dir import CheckpointError
 from ..read.pickle_policy import set_trusted
-from ..storage import for_path
+from ..storage import for_path, is_url
 from ..write.resume_records import write_tracker
 from .layout import meta_layout
 from .plan import ConvertError, Target, check_world_size, flat_runs, flat_shard, parse_step_dir, plan_target, row_range
+from .remote import mirror_step
 
 log = get_logger("slimckpt.convert")
 
@@ -77,9 +78,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     set_trusted(args.trust_pickle)
+    step_dir, scratch = args.step_dir, None
     try:
+        if is_url(args.step_dir):
+            if not args.target_dir or is_url(args.target_dir):
+                raise ConvertError(
+                    f"{args.step_dir}: a step on object storage is converted into a local checkpoint root; "
+                    f"pass --target_dir <local dir> (the resuming job's trainer.default_local_dir)"
+                )
+            scratch, step_dir = mirror_step(args.step_dir, args.target_dir)
         target, summary = convert(
-            args.step_dir,
+            step_dir,
             args.world_size,
             args.fsdp,
             args.target_dir,
@@ -88,9 +97,14 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ConvertError, CheckpointError) as exc:
         line = str(exc).removeprefix("slimckpt: ")
+        if scratch is not None:
+            line = line.replace(os.path.dirname(step_dir), os.path.dirname(args.step_dir.rstrip("/")))
         sys.stderr.write(f"slimckpt convert: error: {line}\n")
         sys.stderr.flush()
         return 1
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     print(summary)
     return 0
 

@@ -28,8 +28,9 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 
+from ..storage import for_path, is_url
 from . import pt_index, pt_tensors
-from .pickle_policy import PickleRefused, RestrictedUnpickler
+from .pickle_policy import PickleRefused, RestrictedUnpickler, read_all
 
 METADATA_NAME = ".metadata"
 
@@ -132,4 +133,14 @@ def _set_at(root, path: tuple, value) -> None:
 
 def read_metadata(dcp_dir: str):
     """DCP's Metadata of `dcp_dir`, its pickle checked first; raises PickleRefused or what DCP raises."""
-    return CheckedFileSystemReader(dcp_dir).read_metadata()
+    if not is_url(dcp_dir):
+        return CheckedFileSystemReader(dcp_dir).read_metadata()
+    path = f"{dcp_dir.rstrip('/')}/{METADATA_NAME}"  # a remote step's: read whole (it is small), same unpickler
+    with for_path(path).open_read(path) as f:
+        data = read_all(f)
+    unpickler = RestrictedUnpickler(io.BytesIO(data))
+    unpickler.path = path
+    metadata = unpickler.load()
+    if getattr(metadata, "storage_meta", None) is None:
+        metadata.storage_meta = StorageMeta()
+    return metadata

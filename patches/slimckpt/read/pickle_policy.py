@@ -32,6 +32,7 @@ import zipfile
 from collections.abc import Iterator
 
 from .. import env_vars
+from ..storage import for_path, is_url
 from .checkpoint_dir import CheckpointError
 
 TRUST_ENV = "SLIMCKPT_TRUST_PICKLE"
@@ -399,6 +400,14 @@ def check_torch_bytes(data: bytes, path: str) -> None:
         _check_zip(zf, path)
 
 
+def read_all(f) -> bytes:
+    """Every byte of an open file (a raw stream may return less than asked per read)."""
+    parts = []
+    while chunk := f.read(8 << 20):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 _CHECKED: set[tuple] = set()  # files found clean in this process, by identity (a load opens one twice)
 _CHECKED_MAX = 4096
 
@@ -406,6 +415,14 @@ _CHECKED_MAX = 4096
 def check_file(path: str) -> None:
     """`check_torch_bytes` of a file, reading only its pickles (never a tensor's bytes)."""
     if trusted():
+        return
+    if is_url(path):  # a remote file (a step's small pickles: extra state, .metadata) is checked whole
+        try:
+            with for_path(path).open_read(path) as f:
+                data = read_all(f)
+        except OSError:
+            return  # missing or unreadable: the real load reports it
+        check_torch_bytes(data, path)
         return
     try:
         st = os.stat(path)

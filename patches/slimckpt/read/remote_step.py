@@ -21,6 +21,8 @@ checksum check is skipped (`checked`: done here, and the sparse files would not 
 
 from __future__ import annotations
 
+# lazy imports: torch's DCP metadata types load only when a rank file's records are chosen (the merge imports torch anyway)
+
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +47,7 @@ def _is_rank_file(rel: str) -> bool:
 def records_of(local_dcp_dir: str, prefixes: Iterable[str]) -> dict[str, list[tuple[int, int]]]:
     """{rank file name: [offset, end) of each record whose key starts with one of `prefixes`, and of
     every bytes record (its pickle is checked before a load)}, from the mirrored `.metadata`."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata  # the merge imports torch anyway
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     from .dcp_pickle import read_metadata
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from ..storage import for_path, is_url
 from .checkpoint_dir import DCP_DIR
 from .pickle_policy import PickleRefused, check_file, check_torch_bytes, trusted
 
@@ -33,7 +34,7 @@ def dcp_refusals(role_dir: str, extra_files: Iterable[str] | None = None) -> lis
     if extra_files is None:
         extra_files = [
             os.path.join(role_dir, n)
-            for n in sorted(os.listdir(role_dir))
+            for n in for_path(role_dir).list_dir(role_dir)
             if n.startswith(EXTRA_PREFIX) and n.endswith(".pt")
         ]
     out: list[PickleRefused] = []
@@ -41,7 +42,7 @@ def dcp_refusals(role_dir: str, extra_files: Iterable[str] | None = None) -> lis
         _collect(out, check_file, path)
     dcp_dir = os.path.join(role_dir, DCP_DIR)
     meta = os.path.join(dcp_dir, ".metadata")
-    if os.path.isfile(meta) and _collect(out, check_file, meta):
+    if for_path(meta).exists(meta) and _collect(out, check_file, meta):
         out += _bytes_records(dcp_dir)
     return out
 
@@ -86,11 +87,14 @@ def _bytes_records(dcp_dir: str) -> list[PickleRefused]:
                 continue
             path = os.path.join(dcp_dir, info.relative_path)
             try:
-                if path not in handles:
-                    handles[path] = open(path, "rb")
-                f = handles[path]
-                f.seek(info.offset)
-                data = f.read(info.length)
+                if is_url(path):
+                    data = for_path(path).read_range(path, info.offset, info.length)
+                else:
+                    if path not in handles:
+                        handles[path] = open(path, "rb")
+                    f = handles[path]
+                    f.seek(info.offset)
+                    data = f.read(info.length)
             except OSError:
                 continue  # missing or short: the manifest's sizes report it
             try:

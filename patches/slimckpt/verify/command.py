@@ -37,6 +37,7 @@ from ..format.dropped_optimizer import DROPPED_KEY
 from ..read import in_flight
 from ..read.pickle_policy import REFUSED_PREFIX, set_trusted
 from ..read.step_pickles import dcp_refusals
+from ..storage import absolute, for_path, is_url
 from . import native as verify_native
 
 HELP = "check a checkpoint dir: manifest, size and checksum of every file; exit 1 naming each bad file"
@@ -103,20 +104,26 @@ class Report:
 
 def role_kind(path: str) -> str | None:
     """The kind of a role-level dir (one manifest or one verl save), or None."""
-    if os.path.isfile(os.path.join(path, merge_manifest.MANIFEST_NAME)):
+    store = for_path(path)
+    if _is_file(os.path.join(path, merge_manifest.MANIFEST_NAME)):
         return KIND_MERGE
-    if rm.has_manifest(path) or os.path.isdir(os.path.join(path, "dcp")):
+    if rm.has_manifest(path) or store.is_dir(os.path.join(path, "dcp")):
         return KIND_INCREMENTAL
-    if verify_native.is_native_dir(path):
+    if store.is_local and verify_native.is_native_dir(path):  # verl's own rank files live on local disk only
         return KIND_NATIVE
-    names = os.listdir(path)
+    names = store.list_dir(path)
     if "config.json" in names and any(n.endswith(".safetensors") for n in names):
         return KIND_MERGE  # a model dir without its manifest: reported as never committed
     return None
 
 
+def _is_file(path: str) -> bool:
+    store = for_path(path)
+    return store.exists(path) and not store.is_dir(path)
+
+
 def detect(path: str) -> str:
-    if not os.path.isdir(path):
+    if not for_path(path).is_dir(path):
         raise NotACheckpoint(
             f"{path}: no such directory; pass a checkpoint dir (trainer.default_local_dir, "
             f"a global_step_N dir, a role dir such as global_step_N/actor, or a merge output)"
@@ -124,9 +131,9 @@ def detect(path: str) -> str:
     kind = role_kind(path)
     if kind:
         return kind
-    if STEP_RE.match(os.path.basename(os.path.normpath(path))):
+    if STEP_RE.match(os.path.basename(path.rstrip("/"))):
         return KIND_STEP
-    names = os.listdir(path)
+    names = for_path(path).list_dir(path)
     if rm.TRACKER_NAME in names or any(STEP_RE.match(n) for n in names):
         return KIND_ROOT
     if path.rstrip(os.sep).endswith(merge_manifest.PARTIAL_SUFFIX):
@@ -207,9 +214,10 @@ def check_role(report: Report, path: str, kind: str, quick: bool, on_bytes) -> N
 def check_step(report: Report, path: str, quick: bool, on_bytes) -> None:
     report.checked.append({"path": path, "kind": KIND_STEP})
     roles = 0
-    for name in sorted(os.listdir(path)):
+    store = for_path(path)
+    for name in store.list_dir(path):
         sub = os.path.join(path, name)
-        if os.path.isdir(sub):
+        if store.is_dir(sub):
             kind = role_kind(sub)
             if kind is None:
                 report.add(
@@ -223,7 +231,7 @@ def check_step(report: Report, path: str, quick: bool, on_bytes) -> None:
             check_role(report, sub, kind, quick, on_bytes)
         elif name == "data.pt":
             report.files += 1
-            report.bytes += os.path.getsize(sub)
+            report.bytes += store.size(sub)
             reason = None if quick else verify_native.check_torch_file(sub, on_bytes)
             if reason:
                 report.add(
@@ -236,10 +244,11 @@ def check_step(report: Report, path: str, quick: bool, on_bytes) -> None:
 
 def check_root(report: Report, path: str, quick: bool, on_bytes) -> None:
     report.checked.append({"path": path, "kind": KIND_ROOT})
+    store = for_path(path)
     steps = sorted(
         (int(m.group(1)), n)
-        for n in os.listdir(path)
-        if (m := STEP_RE.match(n)) and os.path.isdir(os.path.join(path, n))
+        for n in store.list_dir(path)
+        if (m := STEP_RE.match(n)) and store.is_dir(os.path.join(path, n))
     )
     whole: dict[int, bool] = {}
     for step, name in steps:
@@ -253,7 +262,7 @@ def check_root(report: Report, path: str, quick: bool, on_bytes) -> None:
         if good
         else "delete it (no step here is whole: training starts from scratch)"
     )
-    if not os.path.isfile(tracker):
+    if not _is_file(tracker):
         if steps:
             report.note(f"{tracker} does not exist: resume_mode=auto starts from scratch")
         return
@@ -269,8 +278,14 @@ def check_root(report: Report, path: str, quick: bool, on_bytes) -> None:
 def verify_path(path: str, quick: bool = False, on_bytes: Callable[[int], object] | None = None) -> Report:
     """Check `path` (any kind verify accepts); raises NotACheckpoint. Called in a training job, it
     first waits for the commits of that job's saves in flight under `path`."""
-    path = os.path.abspath(path)
-    in_flight.wait_for(path)
+    path = absolute(path)
+    if is_url(path):
+        try:
+            for_path(path).check_access(path)
+        except OSError as exc:
+            raise NotACheckpoint(str(exc)) from None
+    else:
+        in_flight.wait_for(path)
     kind = detect(path)
     report = Report(target=path)
     start = time.perf_counter()
@@ -285,12 +300,8 @@ def verify_path(path: str, quick: bool = False, on_bytes: Callable[[int], object
 
 
 def tree_bytes(path: str) -> int:
-    return sum(
-        os.path.getsize(os.path.join(d, n))
-        for d, _, names in os.walk(path)
-        for n in names
-        if os.path.isfile(os.path.join(d, n))
-    )
+    store = for_path(path)
+    return sum(store.size(os.path.join(path, rel)) for rel in store.list_files(path))
 
 
 # --------------------------------------------------------------------------- CLI
@@ -306,6 +317,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     p.add_argument(
+        "--clean",
+        action="store_true",
+        help="an s3:// dir: first abort the unfinished multipart uploads a killed save or merge left under it "
+        "(they hold space and are invisible to every reader); nothing committed is touched",
+    )
+    p.add_argument(
         "--trust-pickle",
         "--trust_pickle",
         dest="trust_pickle",
@@ -317,12 +334,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     set_trusted(args.trust_pickle)
+    if getattr(args, "clean", False) and is_url(args.dir):
+        try:
+            aborted = for_path(args.dir).abort_uploads(args.dir.rstrip("/") + "/")
+        except OSError as exc:
+            print(f"slimckpt verify: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"cleaned: {aborted} unfinished upload(s) under {args.dir} aborted")
 
     total = (
         0
         if args.quick or args.no_progress or not sys.stderr.isatty()
         else tree_bytes(args.dir)
-        if os.path.isdir(args.dir)
+        if for_path(args.dir).is_dir(args.dir)
         else 0
     )
     bar = tqdm(

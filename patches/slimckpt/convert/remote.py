@@ -1,0 +1,66 @@
+"""`slimckpt convert` of a step on a remote medium (`s3://.../global_step_N`) into a local verl checkpoint.
+
+    1. the URL checked before anything is written (endpoint, credentials, bucket: one line)
+    2. each role of the step mirrored into a scratch dir inside the target root (read.remote_step:
+       every record kept, since the optimizer is converted too; every checksum checked as it streams)
+    3. the dataloader's data.pt, if the step has one, copied whole
+    4. the local convert on the mirror; the scratch dir removed, whatever happened
+
+Host memory stays the local convert's plus one read block per file fetched; local disk holds the
+step's files while it runs (and the converted step).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+
+from ..format.resume_manifest import UncommittedCheckpoint
+from ..read.remote_step import READ_BLOCK, fetch_step
+from ..storage import for_path
+from .plan import ROLES, ConvertError
+
+STEP_RE = re.compile(r"^global_step_(\d+)$")
+DATA_FILE = "data.pt"
+
+
+def mirror_step(url: str, target_root: str) -> tuple[str, str]:
+    """(scratch dir to remove, local global_step_N dir mirroring `url`) inside `target_root`."""
+    store = for_path(url)
+    try:
+        store.check_access(url)
+    except OSError as exc:
+        raise ConvertError(str(exc)) from None
+    url = url.rstrip("/")
+    name = url.rsplit("/", 1)[-1]
+    if name in ROLES:  # a role dir names its step
+        url = url.rsplit("/", 1)[0]
+        name = url.rsplit("/", 1)[-1]
+    if not STEP_RE.match(name) or not store.is_dir(url):
+        raise ConvertError(f"{url}: not a step directory; pass s3://.../<trainer.default_local_dir>/global_step_N")
+    roles = [r for r in ROLES if store.is_dir(f"{url}/{r}")]
+    if not roles:
+        raise ConvertError(f"{url}: holds no actor/ or critic/ dir; pass a step that a save finished")
+    os.makedirs(target_root, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=".slimckpt-convert-", dir=target_root)
+    local_step = os.path.join(scratch, name)
+    try:
+        for role in roles:
+            fetch_step(f"{url}/{role}", os.path.join(local_step, role))
+        data = f"{url}/{DATA_FILE}"
+        if store.exists(data):
+            with store.open_read(data) as src, open(os.path.join(local_step, DATA_FILE), "wb") as dst:
+                while block := src.read(READ_BLOCK):
+                    dst.write(block)
+    except UncommittedCheckpoint as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise ConvertError(str(exc).removeprefix("slimckpt: ")) from None
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return scratch, local_step
+
+
+__all__ = ["mirror_step"]
