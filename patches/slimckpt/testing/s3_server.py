@@ -1,4 +1,4 @@
-"""A throwaway SeaweedFS S3 server on loopback (`weed mini`), for the S3 tests, benchmarks and `make s3-server`.
+"""A throwaway SeaweedFS S3 server on loopback (`weed mini`), for the S3 tests, the benchmarks and `make s3-server`.
 
 `weed mini` runs a master, a volume server, a filer and the S3 gateway in one process. Every port it
 listens on is picked free here (each http port's gRPC twin is port + 10000, so both must be free), its
@@ -6,8 +6,10 @@ data lives in a fresh temporary dir removed at stop, and the S3 identity is a ke
 given to it through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (with them set it creates that identity and
 the bucket). WebDAV, Iceberg and Lance are switched off.
 
-    python -m tests.helpers.s3_server      # one in the foreground; prints the env to export
+    python -m slimckpt.testing.s3_server      # one in the foreground; prints the env to export
 """
+
+# lazy imports: boto3 loads when a server is started or polled, not when the module is imported
 
 from __future__ import annotations
 
@@ -184,16 +186,19 @@ def wait_ready(server: S3Server, timeout: float) -> None:
     raise TimeoutError(f"weed mini not ready after {timeout:.0f} s ({last}); see {server.log}")
 
 
+def interrupted(*_args: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the foreground server as Ctrl-C does: its data removed
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, interrupted)
     server = start()
-    print("SeaweedFS S3 server on", server.endpoint, "bucket", server.bucket, "data in", server.root)
-    print("export these in another shell:")
-    for k, v in server.env.items():
-        print(f"export {k}={v}")
-    print("Ctrl-C stops it and deletes its data.", flush=True)
-    stop = lambda *_a: (_ for _ in ()).throw(KeyboardInterrupt())  # noqa: E731
-    signal.signal(signal.SIGTERM, stop)
     try:
+        print("SeaweedFS S3 server on", server.endpoint, "bucket", server.bucket, "data in", server.root)
+        print("export these in another shell:")
+        for k, v in server.env.items():
+            print(f"export {k}={v}")
+        print("Ctrl-C stops it and deletes its data.", flush=True)
         while server.proc is not None and server.proc.poll() is None:
             time.sleep(1)
     except KeyboardInterrupt:
