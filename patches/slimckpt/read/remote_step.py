@@ -22,7 +22,6 @@ checksum check is skipped (`checked`: done here, and the sparse files would not 
 from __future__ import annotations
 
 # lazy imports: torch's DCP metadata types load only when a rank file's records are chosen (the merge imports torch anyway)
-
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
