@@ -59,9 +59,25 @@ def test_bad_settings_are_one_line_naming_the_option(args, says):
         upload.upload_settings(*args)
 
 
-def test_a_save_is_durable_after_its_bytes_at_the_bandwidth_and_one_commit():
-    s = upload.upload_settings(2.0, None, None)
-    u = upload.save_upload(
+def test_the_defaults_are_the_backends_own():
+    from slimckpt.storage import s3
+
+    assert upload.DEFAULT_PART_MB * MiB == 32 * MiB and upload.DEFAULT_CONCURRENCY == 4
+    assert (upload.MIN_PART_MB, upload.MAX_PART_MB, upload.MAX_PARTS) == (5, 5120, 10_000)
+    # the plan refuses the in-training export where the backend has no in-place writes, as the save does
+    assert s3.S3Storage.supports_inplace_writes is False
+
+
+def test_backend_defaults_when_its_variables_are_unset(monkeypatch):
+    from slimckpt.storage import s3
+
+    monkeypatch.delenv("SLIMCKPT_S3_PART_MB", raising=False)
+    monkeypatch.delenv("SLIMCKPT_S3_CONCURRENCY", raising=False)
+    assert (s3.part_bytes(), s3.concurrency()) == (upload.DEFAULT_PART_MB * MiB, upload.DEFAULT_CONCURRENCY)
+
+
+def _save(s, **kw):
+    return upload.save_upload(
         rank_state=30 * 10**9,
         all_state=100 * 10**9,
         rank_export=5 * 10**9,
@@ -69,8 +85,14 @@ def test_a_save_is_durable_after_its_bytes_at_the_bandwidth_and_one_commit():
         largest_file=30 * 10**9,
         host_peak=100 * MiB,
         settings=s,
+        **kw,
     )
-    assert u["supported"]
+
+
+def test_a_save_is_durable_after_its_bytes_at_the_bandwidth_and_one_commit():
+    s = upload.upload_settings(2.0, None, None)
+    u = _save(s, inplace_writes=True)
+    assert u["supported"] and u["export_refused"] is None
     assert (u["rank0_upload_bytes"], u["total_upload_bytes"]) == (35 * 10**9, 120 * 10**9)
     assert (u["rank0_export_upload_bytes"], u["export_upload_bytes"]) == (5 * 10**9, 20 * 10**9)
     assert u["upload_seconds"] == pytest.approx(60.0)  # 120 GB at 2 GB/s
@@ -80,13 +102,24 @@ def test_a_save_is_durable_after_its_bytes_at_the_bandwidth_and_one_commit():
     assert u["host_peak_with_upload_bytes"] == 100 * MiB + 192 * MiB
     assert u["notes"] == []  # 30 GB is 895 parts of 32 MiB
 
+    # a medium without in-place writes (S3): the export is not uploaded, the run turns it off
+    no = _save(s)
+    assert no["export_refused"] == upload.EXPORT_REFUSED and "export_hf=false" in no["export_refused"]
+    assert (no["rank0_upload_bytes"], no["total_upload_bytes"], no["export_upload_bytes"]) == (30 * 10**9, 10**11, 0)
+    assert no["durable_seconds"] == pytest.approx(50.1)
+
+    # two write threads: two files open at once, one more part being filled
+    two = _save(s, streams=2)
+    assert two["upload_buffer_bytes"] == 32 * MiB * 5 + 64 * MiB
+    assert two["host_peak_with_upload_bytes"] == 100 * MiB + two["upload_buffer_bytes"]
+
 
 def test_a_rank_file_over_s3s_part_limit_names_the_part_size_that_fits():
     s = upload.upload_settings(None, None, None)
     limit = upload.MAX_PARTS * 32 * MiB
     assert upload.part_notes(limit, s, "a rank file") == []
     (note,) = upload.part_notes(limit + 1, s, "a rank file")
-    assert "more than 10,000 parts of 32.00 MiB" in note and "--s3-part-mb 33" in note
+    assert "more than 10,000 parts of 32.00 MiB" in note and "SLIMCKPT_S3_PART_MB=33" in note
     assert upload.min_part_bytes(limit + 1) == 33 * MiB
     assert upload.min_part_bytes(1) == 5 * MiB  # never below S3's smallest part
     assert "buffers grow to 196.00 MiB" in note  # 33 MiB x 4 + 64 MiB
@@ -126,7 +159,7 @@ def _args(cfg, **kw):
     return argparse.Namespace(**{**base, **kw})
 
 
-def test_the_report_uploads_only_the_incremental_rows(tmp_path, capsys):
+def test_the_report_uploads_only_the_incremental_rows(tmp_path, capsys, monkeypatch):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
     posix = build.build_report(_args(cfg))
@@ -142,11 +175,10 @@ def test_the_report_uploads_only_the_incremental_rows(tmp_path, capsys):
         assert by[name]["write_seconds"] is not None  # the disk time stays
     inc = by["+recipe=incremental"]
     u = inc["s3"]
-    assert u["supported"]
-    assert u["export_upload_bytes"] == inc["hf_export_bytes"] > 0
-    assert u["rank0_export_upload_bytes"] == -(-inc["hf_export_bytes"] // 2)  # rank 0 holds half the rows
-    assert u["total_upload_bytes"] == inc["total_write_bytes"] + inc["hf_export_bytes"]
-    assert u["rank0_upload_bytes"] == inc["rank0_write_bytes"] + u["rank0_export_upload_bytes"]
+    assert u["supported"] and inc["hf_export_bytes"] > 0  # the recipe exports: not to s3:// (in place)
+    assert u["export_refused"] == upload.EXPORT_REFUSED and u["export_upload_bytes"] == 0
+    assert u["total_upload_bytes"] == inc["total_write_bytes"]
+    assert u["rank0_upload_bytes"] == inc["rank0_write_bytes"]
     assert u["durable_seconds"] == pytest.approx(u["total_upload_bytes"] / 4e9 + 0.1)
     assert u["host_peak_with_upload_bytes"] == inc["host_peak_bytes"] + 8 * MiB * 2 + 64 * MiB
     assert u["largest_file_bytes"] == inc["rank0_write_bytes"]  # one write thread: one DCP file per rank
@@ -155,12 +187,21 @@ def test_the_report_uploads_only_the_incremental_rows(tmp_path, capsys):
     assert merge["total_upload_bytes"] == r["hf_export"]["bytes"] and merge["gbps"] == 4.0  # one node
     assert merge["durable_seconds"] == pytest.approx(r["hf_export"]["bytes"] / 4e9 + 0.1)
 
+    # where the export could be written in place, rank 0 uploads its half of the rows
+    monkeypatch.setattr(build.S3Storage, "supports_inplace_writes", True)
+    inc = {e["strategy"]: e for e in build.build_report(_args(cfg, storage="s3"))["estimates"]}["+recipe=incremental"]
+    assert inc["s3"]["export_upload_bytes"] == inc["hf_export_bytes"]
+    assert inc["s3"]["rank0_export_upload_bytes"] == -(-inc["hf_export_bytes"] // 2)
+    assert inc["s3"]["total_upload_bytes"] == inc["total_write_bytes"] + inc["hf_export_bytes"]
+    monkeypatch.undo()
+
     out = io.StringIO()
     printers.print_report(r, out)
     text = out.getvalue()
     head = text.splitlines()[2]
     assert "time @2 GB/s  S3 durable @4 GB/s" in head  # the S3 time beside the disk time
     assert "incremental only: verl's own rank files" in text and "slimckpt merge (bf16)" in text
+    assert "(export_hf=false)" in text and "not uploaded" in text
 
     assert command.run(_args(cfg, storage="s3", upload_gbps=4.0)) == 0  # --json: the same fields
     printed = json.loads(capsys.readouterr().out)
@@ -178,8 +219,8 @@ def test_upload_options_without_storage_s3_are_refused(tmp_path):
 
 SECRET = "plan-must-never-read-this-secret"
 # the command as a user runs it, with AWS credentials in the environment: every read of a key is
-# recorded (os.getenv and os.environ[...] alike, botocore's credential lookup too), and neither the S3
-# backend nor a client session is made
+# recorded (os.getenv and os.environ[...] alike, botocore's credential lookup too), and no client
+# session is made
 RUN = """
 import os, sys
 seen = set()
@@ -196,7 +237,7 @@ class Recording(dict):
 os.environ = Recording(os.environ)
 from slimckpt.cli import main
 rc = main(sys.argv[1:])
-clients = sorted(m for m in ("slimckpt.storage.s3", "obstore", "s3fs", "s3torchconnector") if m in sys.modules)
+clients = sorted(m for m in ("obstore", "s3fs", "s3torchconnector") if m in sys.modules)
 # transformers imports accelerate, which imports boto3 where it is installed: no session made is what counts
 clients += ["a boto3 session"] if getattr(sys.modules.get("boto3"), "DEFAULT_SESSION", None) is not None else []
 print("RECORD", sorted(k for k in seen if k.startswith("AWS_")), clients, rc, file=sys.stderr)
@@ -243,10 +284,11 @@ def test_the_cli_plans_an_s3_upload_without_reading_credentials():
     assert re.search(r"\btime +S3 durable @10 GB/s +training blocked for$", lines[2])  # beside the disk time
     s3 = lines[lines.index(next(x for x in lines if x.startswith("S3 (--storage s3): 10 GB/s"))) :]
     row = next(x for x in s3 if x.startswith("+recipe=incremental "))
-    # 788.50 GiB of resume state + a 262.83 GiB fp32 export: 1.03 TiB, 1129 GB at 10 GB/s + the commit
-    assert row.split()[1:7] == ["32.85", "GiB", "1.03", "TiB", "8.21", "GiB"]
-    assert "113.0 s" in row and "192.00 MiB" in row
+    # 788.50 GiB of resume state (the fp32 export is not uploaded: export_hf=false): 847 GB at 10 GB/s + the commit
+    assert row.split()[1:8] == ["24.64", "GiB", "788.50", "GiB", "not", "uploaded", "84.8"]
+    assert "84.8 s (export_hf=false)" in row and "192.00 MiB" in row
+    assert "+recipe=incremental: the in-training HF export needs in-place writes" in proc.stdout
     assert next(x for x in s3 if x.startswith("verl default ")).split()[2:] == [*"---", "incremental", "only", *"--"]
     merge = next(x for x in s3 if x.startswith("slimckpt merge (fp32)"))
     assert merge.split()[4:8] == ["262.83", "GiB", "262.83", "GiB"] and "113.0 s" in merge  # 282 GB at 10/4 GB/s
-    assert "from one node at 2.5 GB/s (--upload-gbps over 4 nodes)" in proc.stdout
+    assert "uploaded by one process at 2.5 GB/s (--upload-gbps over 4 nodes" in proc.stdout

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from ..storage.s3 import S3Storage
 from ..verl_seam.recipes import list_group
 from .cost import (
     VERL_CONTENTS,
@@ -225,6 +226,8 @@ def s3_report(
             -(-e["rank0_write_bytes"] // max(1, s.write_threads)),  # DCP: a file per rank and write thread
             e["host_peak_bytes"],
             upload,
+            S3Storage.supports_inplace_writes,  # the in-training export writes in place (save.resume_save)
+            max(1, s.write_threads),
         )
     nodes = -(-world // max(1, local_ranks))
     merge_gbps = upload.gbps / nodes

@@ -86,7 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="posix",
         help="where the checkpoints go: posix (a directory: the disk columns) or s3 (an s3:// bucket: adds each "
         "save's upload, time to durable and upload buffers, beside the disk time; verl's own rank files, "
-        "+recipe=quickstart and intermediate included, refuse s3://: incremental only)",
+        "+recipe=quickstart and intermediate included, refuse s3://: incremental only, with export_hf=false: "
+        "slimckpt merge uploads the HF model)",
     )
     p.add_argument(
         "--upload-gbps",
@@ -101,14 +102,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--s3-part-mb",
         type=int,
         default=None,
-        help=f"with --storage s3: multipart part size, MiB (default {DEFAULT_PART_MB}, the S3 backend's); a rank "
-        f"holds part x concurrency + {SLACK_BYTES >> 20} MiB extra while it uploads",
+        help=f"with --storage s3: multipart part size, MiB: the run's SLIMCKPT_S3_PART_MB (default "
+        f"{DEFAULT_PART_MB}, the backend's); a rank holds part x concurrency + {SLACK_BYTES >> 20} MiB extra "
+        f"while it uploads",
     )
     p.add_argument(
         "--s3-concurrency",
         type=int,
         default=None,
-        help=f"with --storage s3: parts in flight per rank (default {DEFAULT_CONCURRENCY}, the S3 backend's)",
+        help=f"with --storage s3: parts a rank holds at once: the run's SLIMCKPT_S3_CONCURRENCY (default "
+        f"{DEFAULT_CONCURRENCY}, the backend's)",
     )
     p.add_argument(
         "--writer-gbps",

@@ -98,7 +98,9 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
 
 
 def durable_cell(u: dict[str, Any]) -> str:
-    return f"{u['durable_seconds']:.1f} s" if u["supported"] else "incremental only"
+    if not u["supported"]:
+        return "incremental only"
+    return f"{u['durable_seconds']:.1f} s" + (" (export_hf=false)" if u["export_refused"] else "")
 
 
 def print_s3(r: dict[str, Any], out=sys.stdout) -> None:
@@ -133,7 +135,7 @@ def print_s3(r: dict[str, Any], out=sys.stdout) -> None:
         export = (
             f"{human(u['rank0_export_upload_bytes'])} / {human(u['export_upload_bytes'])}"
             if u["export_upload_bytes"]
-            else "-"
+            else ("not uploaded" if u["export_refused"] else "-")
         )
         table.append(
             [
@@ -154,7 +156,7 @@ def print_s3(r: dict[str, Any], out=sys.stdout) -> None:
             human(m["total_upload_bytes"]),
             human(m["total_upload_bytes"]),
             f"{m['durable_seconds']:.1f} s",
-            f"{human(m['upload_buffer_bytes'])} / writer",
+            f"{human(m['upload_buffer_bytes'])} / process",
             "-",
         ]
     )
@@ -164,6 +166,9 @@ def print_s3(r: dict[str, Any], out=sys.stdout) -> None:
     refused = [e for e in r["estimates"] if not e["s3"]["supported"]]
     if refused:
         print(f"  {', '.join(e['strategy'] for e in refused)}: {refused[0]['s3']['reason']}", file=out)
+    for e in r["estimates"]:
+        if e["s3"].get("export_refused"):
+            print(f"  {e['strategy']}: {e['s3']['export_refused']}", file=out)
     commit = s3["merge"]["commit_seconds"]
     print(
         f"  time to durable: every rank's bytes at the job's bandwidth, then the commit: one conditional PUT of the "
@@ -172,9 +177,9 @@ def print_s3(r: dict[str, Any], out=sys.stdout) -> None:
         file=out,
     )
     print(
-        f"  upload buffers: parts in flight x part size + 64 MiB, whatever the model size, on top of the save's own "
-        f"host memory; slimckpt merge --target_dir s3://...: the HF model from one node at {m['gbps']:g} GB/s "
-        f"({m['gbps_source']}), each writer process its own buffers",
+        f"  upload buffers: part size x parts in flight (+1 per further write thread) + 64 MiB, whatever the model "
+        f"size, on top of the save's own host memory; slimckpt merge --target_dir s3://...: the HF model merged into local scratch, then uploaded "
+        f"by one process at {m['gbps']:g} GB/s ({m['gbps_source']}; the merge itself not timed)",
         file=out,
     )
     for e in r["estimates"]:

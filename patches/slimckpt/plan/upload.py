@@ -2,17 +2,21 @@
 the time until the step is durable, and the host memory the upload's buffers take. Pure arithmetic
 (no client library, no credentials, no network), unit-tested.
 
-The model: every rank uploads its own files as multipart uploads, straight from its shards, with at
-most `concurrency` parts of `part_bytes` in flight; so the upload adds part x concurrency to a
-rank's host memory, plus a fixed slack for the client's own buffers and the request being signed,
-whatever the model size. The step is durable once every rank's parts are confirmed and one
-conditional PUT of the manifest (If-None-Match: *) has committed it: the bytes at the job's
-aggregate bandwidth to the store, then one request. Anything the store does slower (a per-prefix
-request rate, one connection's throughput times `concurrency` below a rank's share) is not modelled.
+The model, as slimckpt.storage.s3 uploads: every rank streams its own rank files as multipart uploads
+straight from its shards, holding at most `concurrency` parts of `part_bytes` (the one being filled,
+the rest in flight; one more being filled per further file open at once: DCP's write threads); so the
+upload adds part x concurrency to a rank's host memory, plus a fixed slack for the client's own
+buffers, whatever the model size. The step is durable once every rank's uploads
+are complete and one conditional PUT of the manifest (If-None-Match: *) has committed it: the bytes at
+the job's aggregate bandwidth to the store, then one request. What a store does slower (a per-prefix
+request rate; one process's `concurrency` connections below its share) is not modelled.
 
 Only slimckpt's incremental writer uploads. verl's own rank files (verl's save, and the quickstart
 and intermediate recipes, which keep verl's model shards) are written with torch.save to a local
-path and refuse an s3:// directory.
+path and refuse an s3:// directory. The in-training HF export needs a medium with in-place writes
+(every rank writes its rows of each file at their offsets); on one without, the run sets
+export_hf=false and `slimckpt merge` writes the HF model from the committed step, then uploads it
+from one process, its manifest last (slimckpt.merge.remote).
 """
 
 from __future__ import annotations
@@ -20,20 +24,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .. import env_vars
+from ..storage.s3 import MAX_PART, MAX_PARTS, MIN_PART
 from .cost import human
 
 # the job's whole bandwidth to the store, GB/s: one 10 Gb/s link. Conservative on purpose: what one
-# gateway or NAT path to an on-premise store (MinIO, Ceph, SeaweedFS) or another region often gives;
-# a bucket in the job's own cloud region, reached from every node, usually gets far more
+# gateway or NAT path to an on-premise store (MinIO, Ceph, SeaweedFS) often gives; a bucket in the
+# job's own cloud region, reached from every node, usually takes far more
 DEFAULT_UPLOAD_GBPS = 1.25
-DEFAULT_PART_MB = 32  # the S3 backend's part size
-DEFAULT_CONCURRENCY = 4  # the S3 backend's parts in flight per rank
+# the backend's own defaults, from their declarations (a plan reads no environment)
+DEFAULT_PART_MB = int(env_vars.declared("SLIMCKPT_S3_PART_MB").default or 0)
+DEFAULT_CONCURRENCY = int(env_vars.declared("SLIMCKPT_S3_CONCURRENCY").default or 0)
 SLACK_BYTES = 64 * 2**20  # beyond part x concurrency: the client's buffers, the request being signed
 COMMIT_SECONDS = 0.1  # one conditional PUT of a small manifest: a request's round trip, assumed
-MIN_PART_MB = 5  # S3's smallest part (every part but the last)
-MAX_PART_MB = 5 * 1024  # S3's largest part
-MAX_PARTS = 10_000  # S3's limit of parts in one multipart upload
+MIN_PART_MB, MAX_PART_MB = MIN_PART >> 20, MAX_PART >> 20
 REFUSED = "incremental only: verl's own rank files (torch.save to a local path) refuse s3://"
+EXPORT_REFUSED = (
+    "the in-training HF export needs in-place writes, which s3:// has not: the run sets "
+    "actor_rollout_ref.actor.checkpoint.export_hf=false (else its first save stops, saying so) and "
+    "`slimckpt merge --target_dir s3://...` writes the HF model from the step (the merge row)"
+)
 
 
 @dataclass(frozen=True)
@@ -47,8 +57,13 @@ class UploadSettings:
 
     @property
     def buffer_bytes(self) -> int:
-        """Extra host memory of one uploading process: the parts in flight, plus the slack."""
-        return self.part_bytes * self.concurrency + SLACK_BYTES
+        """Extra host memory of a process uploading one file at a time: its parts, plus the slack."""
+        return self.buffers_for(1)
+
+    def buffers_for(self, streams: int) -> int:
+        """The same with `streams` files open at once (DCP's write threads): the process's parts are
+        shared by its uploads, and each further open file fills one part of its own beside them."""
+        return self.part_bytes * (self.concurrency + max(0, streams - 1)) + SLACK_BYTES
 
 
 def upload_settings(gbps: float | None, part_mb: int | None, concurrency: int | None) -> UploadSettings:
@@ -97,8 +112,8 @@ def part_notes(largest_file: int, settings: UploadSettings, what: str) -> list[s
     need = min_part_bytes(largest_file)
     return [
         f"{what} (~{human(largest_file)}) is more than {MAX_PARTS:,} parts of {human(settings.part_bytes)}, "
-        f"S3's limit for one upload: parts of at least {need >> 20} MiB (--s3-part-mb {need >> 20}; "
-        f"the upload buffers grow to {human(need * settings.concurrency + SLACK_BYTES)})"
+        f"S3's limit for one upload: the run sets SLIMCKPT_S3_PART_MB={need >> 20} or more (here --s3-part-mb "
+        f"{need >> 20}; the upload buffers grow to {human(need * settings.concurrency + SLACK_BYTES)})"
     ]
 
 
@@ -110,10 +125,17 @@ def save_upload(
     largest_file: int,
     host_peak: int,
     settings: UploadSettings,
+    inplace_writes: bool = False,
+    streams: int = 1,
 ) -> dict[str, Any]:
     """One incremental save to s3://: the largest rank's bytes (resume state `rank_state` and its
     rows of the HF export `rank_export`) and all ranks', the time until the step is committed, and
-    the rank's host memory with the upload's buffers on top of the save's own `host_peak`."""
+    the rank's host memory with the upload's buffers (`streams` files written at once) on top of the
+    save's own `host_peak`. Without
+    `inplace_writes` (the backend's) an export is not uploaded: the run turns it off (EXPORT_REFUSED)."""
+    refused_export = bool(all_export) and not inplace_writes
+    if refused_export:
+        rank_export = all_export = 0
     total = all_state + all_export
     upload_s = seconds_at(total, settings.gbps)
     return {
@@ -122,11 +144,12 @@ def save_upload(
         "total_upload_bytes": total,
         "rank0_export_upload_bytes": rank_export,
         "export_upload_bytes": all_export,
+        "export_refused": EXPORT_REFUSED if refused_export else None,
         "upload_seconds": upload_s,
         "commit_seconds": COMMIT_SECONDS,
         "durable_seconds": upload_s + COMMIT_SECONDS,
-        "upload_buffer_bytes": settings.buffer_bytes,
-        "host_peak_with_upload_bytes": host_peak + settings.buffer_bytes,
+        "upload_buffer_bytes": settings.buffers_for(streams),
+        "host_peak_with_upload_bytes": host_peak + settings.buffers_for(streams),
         "largest_file_bytes": largest_file,
         "notes": part_notes(largest_file, settings, "a rank file"),
     }
@@ -138,9 +161,9 @@ def refused(reason: str = REFUSED) -> dict[str, Any]:
 
 
 def merge_upload(export_bytes: int, largest_file: int, gbps: float, source: str, settings: UploadSettings) -> dict:
-    """`slimckpt merge --target_dir s3://...`: the HF model uploaded from the one node the merge runs
-    on, at `gbps` (that node's share), committed by its manifest; each writer process holds one
-    upload's buffers on top of the merge's own bound."""
+    """`slimckpt merge --target_dir s3://...`: the HF model, merged into local scratch first, then
+    uploaded file by file by one process at `gbps` (its node's share) and committed by its manifest;
+    that process holds one upload's buffers on top of the merge's own bound."""
     upload_s = seconds_at(export_bytes, gbps)
     return {
         "total_upload_bytes": export_bytes,
