@@ -19,8 +19,8 @@ save to an s3:// bucket (the incremental tier's), the bytes uploaded, the time u
 committed at `--upload-gbps` and the upload's host memory, and the same for `slimckpt merge` of the
 HF model to s3://.
 
-The arithmetic is in slimckpt.plan.cost (slimckpt.plan.upload for an object store), the model in slimckpt.plan.meta_model, the report in
-slimckpt.plan.build, the tables in slimckpt.plan.printers.
+The arithmetic is in slimckpt.plan.cost (slimckpt.plan.upload for an object store), the model
+in slimckpt.plan.meta_model, the report in slimckpt.plan.build, the tables in slimckpt.plan.printers.
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def print_s3(r: dict[str, Any], out=sys.stdout) -> None:
     print(
         f"S3 (--storage s3): {s3['upload_gbps']:g} GB/s to the object store for the whole job "
         f"({source}), parts of {human(s3['part_bytes'])}, "
-        f"{s3['concurrency']} in flight per rank (--s3-part-mb, --s3-concurrency)",
+        f"{s3['concurrency']} held at once per rank (--s3-part-mb, --s3-concurrency)",
         file=out,
     )
     head = [
@@ -177,9 +177,10 @@ def print_s3(r: dict[str, Any], out=sys.stdout) -> None:
         file=out,
     )
     print(
-        f"  upload buffers: part size x parts in flight (+1 per further write thread) + 64 MiB, whatever the model "
-        f"size, on top of the save's own host memory; slimckpt merge --target_dir s3://...: the HF model merged into local scratch, then uploaded "
-        f"by one process at {m['gbps']:g} GB/s ({m['gbps_source']}; the merge itself not timed)",
+        f"  upload buffers: part size x parts held (+1 per further write thread) + 64 MiB, whatever the model "
+        f"size, on top of the save's own host memory; slimckpt merge --target_dir s3://...: the HF model merged "
+        f"into local scratch, then uploaded by one process at {m['gbps']:g} GB/s ({m['gbps_source']}; the merge "
+        f"itself not timed)",
         file=out,
     )
     for e in r["estimates"]:
