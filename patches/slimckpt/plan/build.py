@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from ..storage.s3 import S3Storage
 from ..verl_seam.recipes import list_group
 from .cost import (
     VERL_CONTENTS,
@@ -37,6 +38,7 @@ from .cost import (
 )
 from .meta_model import LoraSpec, ModelFacts, extra_state_bytes, model_facts
 from .node import Offload, node_rows, resident_bytes
+from .upload import UploadSettings, merge_upload, rank_share, refused, save_upload, upload_settings
 
 
 def recipe_strategies(names: Sequence[str] | None, overrides: Sequence[str] = ()) -> list[Strategy]:
@@ -89,6 +91,7 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
     """The plan; `facts` from plan_facts(args) when a caller plans one model more than once."""
     if args.world_size < 1:
         raise ValueError("slimckpt plan: --world-size must be >= 1")
+    upload = storage_settings(args)  # a bad value fails before the model is built
     strategies = plan_strategies(args)
     facts = plan_facts(args, strategies) if facts is None else facts
     extra = extra_state_bytes()
@@ -148,7 +151,7 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
             )
             e["critic_host_peak_bytes"] = c.host_peak_bytes
         estimates.append(e)
-    return {
+    report = {
         "config": args.config,
         "world_size": args.world_size,
         "fsdp": fsdp,
@@ -176,6 +179,68 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
         "critic": with_critic,
         "node": node,
         "node_rows": node_rows(node, estimates, getattr(args, "copy_gbps", None)),
+    }
+    if upload is not None:  # only then: a POSIX plan's report stays as it was
+        report["storage"] = "s3"
+        report["s3"] = s3_report(args, upload, strategies, estimates, facts, node["local_ranks"])
+    return report
+
+
+def storage_settings(args: argparse.Namespace) -> UploadSettings | None:
+    """--storage s3's upload settings; None for POSIX (where the upload options are refused)."""
+    storage = getattr(args, "storage", "posix") or "posix"
+    given = {
+        "--upload-gbps": getattr(args, "upload_gbps", None),
+        "--s3-part-mb": getattr(args, "s3_part_mb", None),
+        "--s3-concurrency": getattr(args, "s3_concurrency", None),
+    }
+    if storage != "s3":
+        option = next((k for k, v in given.items() if v is not None), None)
+        if option:
+            raise ValueError(f"slimckpt plan: {option} plans an upload to an object store: add --storage s3")
+        return None
+    return upload_settings(*given.values())
+
+
+def s3_report(
+    args: argparse.Namespace,
+    upload: UploadSettings,
+    strategies: Sequence[Strategy],
+    estimates: list[dict[str, Any]],
+    facts: ModelFacts,
+    local_ranks: int,
+) -> dict[str, Any]:
+    """Each row's upload to s3:// (estimate["s3"]; verl's rank files refused), and the settings and
+    `slimckpt merge`'s upload of the HF model, for the report."""
+    world = args.world_size
+    rank0_model, full_model = model_shard_bytes(facts.params, world, 0), sum(p.nbytes for p in facts.params)
+    for s, e in zip(strategies, estimates):
+        if not s.incremental:
+            e["s3"] = refused()
+            continue
+        e["s3"] = save_upload(
+            e["rank0_write_bytes"],
+            e["total_write_bytes"],
+            rank_share(e["hf_export_bytes"], rank0_model, full_model),
+            e["hf_export_bytes"],
+            -(-e["rank0_write_bytes"] // max(1, s.write_threads)),  # DCP: a file per rank and write thread
+            e["host_peak_bytes"],
+            upload,
+            S3Storage.supports_inplace_writes,  # the in-training export writes in place (save.resume_save)
+            max(1, s.write_threads),
+        )
+    nodes = -(-world // max(1, local_ranks))
+    merge_gbps = upload.gbps / nodes
+    source = "--upload-gbps" if upload.gbps_source == "--upload-gbps" else "the default"
+    source = f"{source}, one node" if nodes == 1 else f"{source} over {nodes} nodes"
+    largest = max((b for _, b in facts.hf_files), default=0)
+    return {
+        "upload_gbps": upload.gbps,
+        "upload_gbps_source": upload.gbps_source,
+        "part_bytes": upload.part_bytes,
+        "concurrency": upload.concurrency,
+        "upload_buffer_bytes": upload.buffer_bytes,
+        "merge": {"dtype": facts.hf_dtype, **merge_upload(facts.hf_bytes, largest, merge_gbps, source, upload)},
     }
 
 

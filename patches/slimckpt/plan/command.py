@@ -2,6 +2,7 @@
 
     slimckpt plan --config path/to/config.json --world-size 64 [--recipe incremental] [--disk-gbps 2]
                   [--max-actor-ckpt-to-keep 2] [--max-critic-ckpt-to-keep 2 --critic]
+                  [--storage s3 [--upload-gbps 10] [--s3-part-mb 32] [--s3-concurrency 4]]
     python -m slimckpt.plan ...   (the same)
 
 From the model config alone (a meta-device model: shapes, no weights) it prints, for verl's
@@ -13,10 +14,13 @@ keep_optimizer_last / keep_best (`--set keep_optimizer_last=1 --set keep_best=2`
 splits the steps held into whole ones and ones without their optimizer state, next to the same
 retention with the optimizer in every kept step and with keep_optimizer_last=1. `--critic` counts
 a PPO critic's checkpoints; `--lora-rank R` (with verl's lora_alpha / target_modules /
-exclude_modules / target_parameters keys) plans a LoRA actor.
+exclude_modules / target_parameters keys) plans a LoRA actor. `--storage s3` adds, per row that can
+save to an s3:// bucket (the incremental tier's), the bytes uploaded, the time until the step is
+committed at `--upload-gbps` and the upload's host memory, and the same for `slimckpt merge` of the
+HF model to s3://.
 
-The arithmetic is in slimckpt.plan.cost, the model in slimckpt.plan.meta_model, the report in
-slimckpt.plan.build, the tables in slimckpt.plan.printers.
+The arithmetic is in slimckpt.plan.cost (slimckpt.plan.upload for an object store), the model
+in slimckpt.plan.meta_model, the report in slimckpt.plan.build, the tables in slimckpt.plan.printers.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import sys
 
 from .build import build_report
 from .printers import print_report
+from .upload import DEFAULT_CONCURRENCY, DEFAULT_PART_MB, DEFAULT_UPLOAD_GBPS, SLACK_BYTES
 
 HELP = "predict per-rank checkpoint bytes, host memory and time from a model config (no weights)"
 
@@ -74,6 +79,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="aggregate write bandwidth of the checkpoint storage, GB/s (10^9), for the time column",
+    )
+    p.add_argument(
+        "--storage",
+        choices=["posix", "s3"],
+        default="posix",
+        help="where the checkpoints go: posix (a directory: the disk columns) or s3 (an s3:// bucket: adds each "
+        "save's upload, time to durable and upload buffers, beside the disk time; verl's own rank files, "
+        "+recipe=quickstart and intermediate included, refuse s3://: incremental only, with export_hf=false: "
+        "slimckpt merge uploads the HF model)",
+    )
+    p.add_argument(
+        "--upload-gbps",
+        type=float,
+        default=None,
+        help=f"with --storage s3: the whole job's bandwidth to the object store, GB/s (10^9), aggregate over all "
+        f"nodes as --disk-gbps is (default {DEFAULT_UPLOAD_GBPS:g}: one 10 Gb/s link, conservative: what one "
+        f"gateway to an on-premise store often gives; a bucket in the cluster's own cloud region usually takes "
+        f"more: nodes x each node's share). slimckpt merge to s3:// gets one node's share",
+    )
+    p.add_argument(
+        "--s3-part-mb",
+        type=int,
+        default=None,
+        help=f"with --storage s3: multipart part size, MiB: the run's SLIMCKPT_S3_PART_MB (default "
+        f"{DEFAULT_PART_MB}, the backend's); a rank holds part x concurrency + {SLACK_BYTES >> 20} MiB extra "
+        f"while it uploads",
+    )
+    p.add_argument(
+        "--s3-concurrency",
+        type=int,
+        default=None,
+        help=f"with --storage s3: parts a rank holds at once: the run's SLIMCKPT_S3_CONCURRENCY (default "
+        f"{DEFAULT_CONCURRENCY}, the backend's)",
     )
     p.add_argument(
         "--writer-gbps",

@@ -41,6 +41,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
         file=out,
     )
     bw = r["disk_gbps"]
+    s3 = r.get("s3")  # --storage s3 only: a POSIX plan prints as it always has
     head = [
         "strategy",
         "rank 0 writes",
@@ -48,6 +49,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
         "HF export",
         "host memory / rank",
         f"time @{bw:g} GB/s" if bw else "time",
+        *([f"S3 durable @{s3['upload_gbps']:g} GB/s"] if s3 else []),
         "training blocked for",
     ]
     rows = [
@@ -58,6 +60,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
             human(e["hf_export_bytes"]) if e["hf_export_bytes"] else "-",
             human(e["host_peak_bytes"]),
             f"{e['write_seconds']:.1f} s" if e["write_seconds"] is not None else "(--disk-gbps)",
+            *([durable_cell(e["s3"])] if s3 else []),
             e["blocking"],
         ]
         for e in r["estimates"]
@@ -76,6 +79,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     print("host memory:", file=out)
     for e in r["estimates"]:
         print(f"  {e['strategy']}: {e['host_note']}" + "".join(f"; {n}" for n in e["notes"]), file=out)
+    print_s3(r, out)
     print_stream(r, out)
     print_node(r, out)
     print_peak_disk(r, out)
@@ -91,6 +95,99 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
         print("  ..." if f is None else f"  {f['name']}  {human(f['bytes'])}", file=out)
     if len(files) > 1:
         print("  model.safetensors.index.json", file=out)
+
+
+def durable_cell(u: dict[str, Any]) -> str:
+    if not u["supported"]:
+        return "incremental only"
+    return f"{u['durable_seconds']:.1f} s" + (" (export_hf=false)" if u["export_refused"] else "")
+
+
+def print_s3(r: dict[str, Any], out=sys.stdout) -> None:
+    """--storage s3: per row, what a save uploads, when the step is durable, and the upload's host
+    memory; and `slimckpt merge` of the HF model to s3://."""
+    s3 = r.get("s3")
+    if not s3:
+        return
+    source = s3["upload_gbps_source"]
+    source += "" if source == "--upload-gbps" else "; --upload-gbps sets it"
+    print(
+        f"S3 (--storage s3): {s3['upload_gbps']:g} GB/s to the object store for the whole job "
+        f"({source}), parts of {human(s3['part_bytes'])}, "
+        f"{s3['concurrency']} held at once per rank (--s3-part-mb, --s3-concurrency)",
+        file=out,
+    )
+    head = [
+        "strategy",
+        "uploads / rank",
+        "all ranks upload",
+        "of which HF export",
+        "time to durable",
+        "upload buffers / rank",
+        "host / rank with upload",
+    ]
+    table = []
+    for e in r["estimates"]:
+        u = e["s3"]
+        if not u["supported"]:
+            table.append([e["strategy"], "-", "-", "-", durable_cell(u), "-", "-"])
+            continue
+        export = (
+            f"{human(u['rank0_export_upload_bytes'])} / {human(u['export_upload_bytes'])}"
+            if u["export_upload_bytes"]
+            else ("not uploaded" if u["export_refused"] else "-")
+        )
+        table.append(
+            [
+                e["strategy"],
+                human(u["rank0_upload_bytes"]),
+                human(u["total_upload_bytes"]),
+                export,
+                durable_cell(u),
+                human(u["upload_buffer_bytes"]),
+                human(u["host_peak_with_upload_bytes"]),
+            ]
+        )
+    m = s3["merge"]
+    table.append(
+        [
+            f"slimckpt merge ({m['dtype']})",
+            "-",
+            human(m["total_upload_bytes"]),
+            human(m["total_upload_bytes"]),
+            f"{m['durable_seconds']:.1f} s",
+            f"{human(m['upload_buffer_bytes'])} / process",
+            "-",
+        ]
+    )
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
+    for row in [head, ["-" * n for n in widths], *table]:
+        print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
+    refused = [e for e in r["estimates"] if not e["s3"]["supported"]]
+    if refused:
+        print(f"  {', '.join(e['strategy'] for e in refused)}: {refused[0]['s3']['reason']}", file=out)
+    for e in r["estimates"]:
+        if e["s3"].get("export_refused"):
+            print(f"  {e['strategy']}: {e['s3']['export_refused']}", file=out)
+    commit = s3["merge"]["commit_seconds"]
+    print(
+        f"  time to durable: every rank's bytes at the job's bandwidth, then the commit: one conditional PUT of the "
+        f"manifest (If-None-Match: *, {commit:g} s assumed); uploads / rank: rank 0's resume state and its rows of "
+        f"the HF export",
+        file=out,
+    )
+    print(
+        f"  upload buffers: part size x parts held (+1 per further write thread) + 64 MiB, whatever the model "
+        f"size, on top of the save's own host memory; slimckpt merge --target_dir s3://...: the HF model merged "
+        f"into local scratch, then uploaded by one process at {m['gbps']:g} GB/s ({m['gbps_source']}; the merge "
+        f"itself not timed)",
+        file=out,
+    )
+    for e in r["estimates"]:
+        for n in e["s3"].get("notes", []):
+            print(f"  {e['strategy']}: {n}", file=out)
+    for n in m["notes"]:
+        print(f"  slimckpt merge: {n}", file=out)
 
 
 def print_stream(r: dict[str, Any], out=sys.stdout) -> None:
