@@ -158,10 +158,17 @@ def test_a_kill_mid_upload_leaves_nothing_a_reader_takes(s3_server, tmp_path):
     assert merged.returncode == 1 and "never finished" in merged.stderr and not (tmp_path / "m").exists()
     uploads = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix + "/").get("Uploads", [])
     assert uploads, "the kill came after the first part: its upload is unfinished"
-    cleaned = _cli(env, "verify", "--clean", url)
-    assert f"cleaned: {len(uploads)} unfinished upload(s)" in cleaned.stdout, cleaned.stdout
+    # the next save of the step drops what the killed one left and commits
+    again = _save(env, "", url, "--vocab", "8192")
+    assert again.returncode == 0, again.stderr[-3000:]
     assert not client.list_multipart_uploads(Bucket=bucket, Prefix=prefix + "/").get("Uploads")
-    _no_secret(s3_server.secret, proc, out, merged, cleaned)
+    assert _cli(env, "verify", url).returncode == 0
+    # verify --clean drops a dead writer's upload without touching the committed step
+    client.create_multipart_upload(Bucket=bucket, Key=f"{prefix}/dcp/__0_0.distcp")
+    cleaned = _cli(env, "verify", "--clean", url)
+    assert "cleaned: 1 unfinished upload(s)" in cleaned.stdout and cleaned.returncode == 0, cleaned.stdout
+    assert not client.list_multipart_uploads(Bucket=bucket, Prefix=prefix + "/").get("Uploads")
+    _no_secret(s3_server.secret, proc, out, merged, again, cleaned)
 
 
 def test_a_wrong_endpoint_secret_or_bucket_fails_in_one_line_before_anything_is_written(s3_server, saved, tmp_path):
@@ -182,3 +189,37 @@ def test_a_wrong_endpoint_secret_or_bucket_fails_in_one_line_before_anything_is_
         assert not target.exists() and not list(tmp_path.glob(".slimckpt-*")), name
         _no_secret(s3_server.secret, out)
         _no_secret("not-the-secret", out)
+
+
+def test_a_merge_from_s3_holds_the_bound_of_a_merge_from_disk(s3_server, s3_url, tmp_path):
+    """416 MB of fp32 tensors in one .distcp file: merged from disk and from the server, in the same test;
+    the merge from S3 adds at most the fetch's blocks (FILES_AT_ONCE x READ_BLOCK) and the client."""
+    import math
+
+    from slimckpt.read.remote_step import FILES_AT_ONCE, READ_BLOCK
+
+    from ..helpers.merge_helpers import synthetic_dcp_step, tiny_llama_config
+    from ..unit.test_merge_memory import peak_rss_anon
+
+    cfg = tiny_llama_config(
+        vocab_size=4096,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+    )
+    step = synthetic_dcp_step(tmp_path / "step", config=cfg)
+    client, bucket = s3_server.client(), s3_server.bucket
+    prefix = s3_url.removeprefix(f"s3://{bucket}/")
+    for path in step.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(step)}")
+    common = ["merge", "--no_progress", "--chunk_mb", "16"]
+    disk = peak_rss_anon([*common, "--local_dir", str(step), "--target_dir", str(tmp_path / "from_disk")])
+    remote = peak_rss_anon([*common, "--local_dir", s3_url, "--target_dir", str(tmp_path / "from_s3")])
+    print(f"peak RssAnon: merge from disk {disk / 2**20:.0f} MiB, from S3 {remote / 2**20:.0f} MiB")
+    largest = 4 * max(math.prod(s) for s in ((4096, 1024), (1024, 4096)))
+    assert remote <= largest + (16 << 20) + (272 << 20) + FILES_AT_ONCE * READ_BLOCK, remote
+    assert remote <= disk + FILES_AT_ONCE * READ_BLOCK + (32 << 20), (disk, remote)
+    assert filecmp.cmp(tmp_path / "from_disk" / "model.safetensors", tmp_path / "from_s3" / "model.safetensors")

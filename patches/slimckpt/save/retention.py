@@ -51,7 +51,7 @@ from ..format.retention_plan import RetentionPolicy
 from ..log import get_logger
 from ..options.checkpoint_options import CheckpointOptions
 from ..read.locks import try_exclusive
-from ..storage import for_path
+from ..storage import absolute, for_path
 from ..write.resume_records import remove_manifest
 from . import best_metric, optimizer_drop
 from .target import TargetState
@@ -94,8 +94,8 @@ def _exclusive(abs_path: str, what: str):
 
 def delete_step_dir(path: str) -> str | None:
     """Delete a role dir under an exclusive lock; None when done, else why it was kept."""
-    abs_path = os.path.abspath(path)
-    if not os.path.exists(abs_path):
+    abs_path = absolute(path)
+    if not for_path(abs_path).exists(abs_path):
         return None
     lock, why = _exclusive(abs_path, "deleting it (retention)")
     if lock is None:

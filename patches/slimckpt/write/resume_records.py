@@ -42,8 +42,8 @@ def commit_manifest(role_dir: str, manifest: Manifest) -> str:
 def remove_manifest(role_dir: str) -> None:
     """Un-commit a directory before it is written again (a re-save of the same step)."""
     path = os.path.join(role_dir, MANIFEST_NAME)
-    if os.path.exists(path):
-        store = for_path(path)
+    store = for_path(path)
+    if store.exists(path):
         store.remove(path)
         store.sync(role_dir)
 
