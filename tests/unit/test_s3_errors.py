@@ -285,3 +285,23 @@ def test_a_bucket_without_conditional_writes_is_refused_at_the_first_write(aws):
             text = one_line_about(raised.value, url, "conditional writes", "two writers could both commit")
             assert "filesystem path" in text
         assert store.list_files("s3://lax/run") == []  # nothing committed, the probes removed
+
+
+def test_a_failed_stream_leaves_no_object_and_no_upload(aws):
+    store = s3.S3Storage()
+    aws.setenv("SLIMCKPT_S3_PART_MB", "5")
+    with moto.mock_aws():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="ckpts")
+        with pytest.raises(RuntimeError, match="serializer failed"), store.open_stream("s3://ckpts/r/a") as f:
+            f.write(b"x" * (11 << 20))  # two parts uploaded, a third being filled
+            raise RuntimeError("serializer failed")
+        aws.setattr(s3, "MAX_PARTS", 2)
+        with pytest.raises(ValueError, match="more than 2 parts of 5 MiB.*raise SLIMCKPT_S3_PART_MB"):
+            with store.open_stream("s3://ckpts/r/b") as f:
+                f.write(b"y" * (16 << 20))
+        assert store.list_files("s3://ckpts/r") == []
+        assert client.list_multipart_uploads(Bucket="ckpts").get("Uploads", []) == []
+        with store.open_stream("s3://ckpts/r/c") as f:
+            f.write(b"z" * (10 << 20))  # exactly two parts
+        assert store.size("s3://ckpts/r/c") == 10 << 20

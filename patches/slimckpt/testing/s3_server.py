@@ -152,7 +152,9 @@ def start(
     try:
         wait_ready(server, timeout)
     except BaseException:
-        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        tail = (
+            log.read_text(errors="replace")[-3000:].replace(env["AWS_SECRET_ACCESS_KEY"], "***") if log.exists() else ""
+        )
         server.stop()
         if isinstance(tail, str) and tail:
             sys.stderr.write(f"weed mini's log (tail):\n{tail}\n")
