@@ -98,6 +98,7 @@ BUILTIN_PARENT = {
     "S3AccessDenied": PermissionError,
     "S3BadCredentials": OSError,
     "S3Error": OSError,
+    "UnknownStorage": ValueError,
     "S3Failed": OSError,
     "S3NoBucket": OSError,
     "S3NoConditionalWrites": OSError,

@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
                     f"{args.step_dir}: a step on object storage is converted into a local checkpoint root; "
                     f"pass --target_dir <local dir> (the resuming job's trainer.default_local_dir)"
                 )
-            scratch, step_dir = mirror_step(args.step_dir, args.target_dir)
+            scratch, step_dir = mirror_step(
+                args.step_dir, args.target_dir, not args.no_progress and sys.stderr.isatty()
+            )
         target, summary = convert(
             step_dir,
             args.world_size,

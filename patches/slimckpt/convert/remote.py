@@ -17,21 +17,23 @@ import re
 import shutil
 import tempfile
 
-from ..format.resume_manifest import UncommittedCheckpoint
+from tqdm import tqdm
+
+from ..format.resume_manifest import UncommittedCheckpoint, read_manifest
 from ..read.remote_step import READ_BLOCK, fetch_step
-from ..storage import for_path
+from ..storage import UnknownStorage, for_path
 from .plan import ROLES, ConvertError
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 DATA_FILE = "data.pt"
 
 
-def mirror_step(url: str, target_root: str) -> tuple[str, str]:
+def mirror_step(url: str, target_root: str, progress: bool = False) -> tuple[str, str]:
     """(scratch dir to remove, local global_step_N dir mirroring `url`) inside `target_root`."""
-    store = for_path(url)
     try:
+        store = for_path(url)
         store.check_access(url)
-    except OSError as exc:
+    except (OSError, UnknownStorage) as exc:
         raise ConvertError(str(exc)) from None
     url = url.rstrip("/")
     name = url.rsplit("/", 1)[-1]
@@ -47,8 +49,11 @@ def mirror_step(url: str, target_root: str) -> tuple[str, str]:
     scratch = tempfile.mkdtemp(prefix=".slimckpt-convert-", dir=target_root)
     local_step = os.path.join(scratch, name)
     try:
-        for role in roles:
-            fetch_step(f"{url}/{role}", os.path.join(local_step, role))
+        total = sum(e.bytes for role in roles for e in read_manifest(f"{url}/{role}").files)
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="fetch", disable=not progress)
+        with bar:
+            for role in roles:
+                fetch_step(f"{url}/{role}", os.path.join(local_step, role), on_bytes=bar.update)
         data = f"{url}/{DATA_FILE}"
         if store.exists(data):
             with store.open_read(data) as src, open(os.path.join(local_step, DATA_FILE), "wb") as dst:

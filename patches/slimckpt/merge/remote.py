@@ -15,19 +15,34 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 
+from tqdm import tqdm
+
 from ..format.merge_manifest import CommitError
-from ..format.resume_manifest import UncommittedCheckpoint
+from ..format.resume_manifest import UncommittedCheckpoint, read_manifest
 from ..log import get_logger
 from ..read.remote_step import fetch_step, records_of
-from ..storage import for_path, is_url
+from ..storage import UnknownStorage, for_path, is_url
 from ..write.upload import upload_dir
 from .plan import MergeError, MergeOptions
 
 log = get_logger("slimckpt.merge")
 MODEL_PREFIX = "model."  # read.dcp_source.MODEL_PREFIX (that module imports torch)
+
+
+def _bar(desc: str, total: int, progress: bool) -> tqdm:
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=desc,
+        disable=not progress or not sys.stderr.isatty(),
+        file=sys.stderr,
+    )
 
 
 def is_remote(opts: MergeOptions) -> bool:
@@ -42,12 +57,7 @@ def _scratch_root(opts: MergeOptions, scratch_dir: str | None) -> str:
     return tempfile.gettempdir()
 
 
-def merge_remote(
-    opts: MergeOptions,
-    merge: Callable[[MergeOptions], object],
-    scratch_dir: str | None = None,
-    on_bytes: Callable[[int], object] | None = None,
-):
+def merge_remote(opts: MergeOptions, merge: Callable[[MergeOptions], object], scratch_dir: str | None = None):
     """Run `merge` (the pipeline's) for a remote source or target (see the module doc)."""
     if opts.distributed:
         raise MergeError(
@@ -58,7 +68,7 @@ def merge_remote(
     try:
         for url in (u for u in (source, target) if is_url(u)):
             for_path(url).check_access(url)
-    except OSError as exc:
+    except (OSError, UnknownStorage) as exc:
         raise MergeError(str(exc)) from None
     root = _scratch_root(opts, scratch_dir)
     try:
@@ -71,7 +81,10 @@ def merge_remote(
             mirror = os.path.join(work, "source")
             names[mirror] = source
             try:
-                fetch_step(source, mirror, records=lambda d: records_of(d, [MODEL_PREFIX]), on_bytes=on_bytes)
+                total = sum(e.bytes for e in read_manifest(source).files)
+                with _bar("fetch", total, opts.progress) as bar:
+                    fetch_step(source, mirror, records=lambda d: records_of(d, [MODEL_PREFIX]), on_bytes=bar.update)
+                log.info("fetched %s (%.1f MiB checked) into %s", source, total / 2**20, mirror)
             except UncommittedCheckpoint as exc:
                 line = str(exc).removeprefix("slimckpt: ")
                 raise MergeError(f"{line} (a merge reads only a committed, intact step)") from None
@@ -81,7 +94,15 @@ def merge_remote(
             names[opts.target_dir] = target
         result = merge(opts)
         if is_url(target):
-            upload_dir(opts.target_dir, target, overwrite=opts.overwrite, overwrite_hint=opts.overwrite_hint)
+            total = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(opts.target_dir) for n in names)
+            with _bar("upload", total, opts.progress) as bar:
+                upload_dir(
+                    opts.target_dir,
+                    target,
+                    overwrite=opts.overwrite,
+                    overwrite_hint=opts.overwrite_hint,
+                    on_bytes=bar.update,
+                )
             result.target_dir = target
         return result
     except (MergeError, CommitError, OSError) as exc:

@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Callable
 
+from .. import SlimckptError
 from .base import Lease, RangeWriter, Storage
 from .posix import PosixStorage
 
@@ -42,6 +43,10 @@ def scheme_of(path: str) -> str:
     return m.group(1).lower() if m else LOCAL
 
 
+class UnknownStorage(SlimckptError, ValueError):
+    """A URL whose scheme no backend serves; the message names the path and the schemes known."""
+
+
 def is_url(path: str) -> bool:
     return scheme_of(path) != LOCAL
 
@@ -59,11 +64,22 @@ def for_path(path: str) -> Storage:
         make = BACKENDS.get(scheme)
         if make is None:
             known = ", ".join(repr(s) for s in sorted(BACKENDS) if s) or "none"
-            raise ValueError(
+            raise UnknownStorage(
                 f"{path}: no storage backend for {scheme}:// (URL schemes known: {known}); give a local path"
             )
         store = _made[scheme] = make()
     return store
 
 
-__all__ = ["BACKENDS", "LOCAL", "Lease", "RangeWriter", "Storage", "absolute", "for_path", "is_url", "scheme_of"]
+__all__ = [
+    "BACKENDS",
+    "LOCAL",
+    "Lease",
+    "RangeWriter",
+    "Storage",
+    "UnknownStorage",
+    "absolute",
+    "for_path",
+    "is_url",
+    "scheme_of",
+]

@@ -37,7 +37,7 @@ from ..format.dropped_optimizer import DROPPED_KEY
 from ..read import in_flight
 from ..read.pickle_policy import REFUSED_PREFIX, set_trusted
 from ..read.step_pickles import dcp_refusals
-from ..storage import absolute, for_path, is_url
+from ..storage import UnknownStorage, absolute, for_path, is_url
 from . import native as verify_native
 
 HELP = "check a checkpoint dir: manifest, size and checksum of every file; exit 1 naming each bad file"
@@ -112,6 +112,8 @@ def role_kind(path: str) -> str | None:
     if store.is_local and verify_native.is_native_dir(path):  # verl's own rank files live on local disk only
         return KIND_NATIVE
     names = store.list_dir(path)
+    if not store.is_local and any(n == "fsdp_config.json" or n.startswith("slimckpt_") for n in names):
+        return KIND_INCREMENTAL  # only the incremental tier saves to a remote medium: a save cut short
     if "config.json" in names and any(n.endswith(".safetensors") for n in names):
         return KIND_MERGE  # a model dir without its manifest: reported as never committed
     return None
@@ -334,6 +336,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     set_trusted(args.trust_pickle)
+    try:
+        for_path(args.dir)
+    except UnknownStorage as exc:
+        print(f"slimckpt verify: error: {exc}", file=sys.stderr)
+        return 2
     if getattr(args, "clean", False) and is_url(args.dir):
         try:
             aborted = for_path(args.dir).abort_uploads(args.dir.rstrip("/") + "/")

@@ -52,6 +52,7 @@ def upload_dir(
     for rel in files:
         if rel == MANIFEST_NAME:
             continue
+        store.make_dirs(os.path.dirname(f"{url}/{rel}"), exist_ok=True)  # nothing to make on an object store
         with open(os.path.join(local, rel), "rb") as src, store.open_stream(f"{url}/{rel}") as dst:
             while block := src.read(READ_BLOCK):
                 dst.write(block)
