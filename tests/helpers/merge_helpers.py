@@ -23,6 +23,19 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURE_TIMEOUT = 240
 
 
+def big_dcp_config():
+    """A Llama whose incremental step is 416 MB of fp32 tensors in one .distcp file, none over 16 MiB:
+    the memory tests' model (the bound: its largest tensor + a chunk + the interpreter's)."""
+    return tiny_llama_config(
+        vocab_size=4096,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+    )
+
+
 def synthetic_dcp_step(root: Path, config=None, more: dict | None = None) -> Path:
     """An incremental-tier role dir made without torchrun: the model's state dict saved by DCP in
     one process (one chunk per tensor, as a world-size-1 save), committed by slimckpt_resume.json

@@ -198,17 +198,10 @@ def test_a_merge_from_s3_holds_the_bound_of_a_merge_from_disk(s3_server, s3_url,
 
     from slimckpt.read.remote_step import FILES_AT_ONCE, READ_BLOCK
 
-    from ..helpers.merge_helpers import synthetic_dcp_step, tiny_llama_config
+    from ..helpers.merge_helpers import big_dcp_config, synthetic_dcp_step
     from ..unit.test_merge_memory import peak_rss_anon
 
-    cfg = tiny_llama_config(
-        vocab_size=4096,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-    )
+    cfg = big_dcp_config()
     step = synthetic_dcp_step(tmp_path / "step", config=cfg)
     client, bucket = s3_server.client(), s3_server.bucket
     prefix = s3_url.removeprefix(f"s3://{bucket}/")

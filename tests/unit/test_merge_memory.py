@@ -10,7 +10,7 @@ import pytest
 
 from slimckpt.observe.memory import sample_tree_peaks
 
-from ..helpers.merge_helpers import REPO, synthetic_checkpoint, synthetic_dcp_step, tiny_llama_config
+from ..helpers.merge_helpers import REPO, big_dcp_config, synthetic_checkpoint, synthetic_dcp_step, tiny_llama_config
 
 pytestmark = pytest.mark.slow
 
@@ -79,14 +79,7 @@ def test_incremental_step_peak_memory_does_not_grow_with_model_size(tmp_path):
     import math
 
     small = synthetic_dcp_step(tmp_path / "small")
-    big_cfg = tiny_llama_config(
-        vocab_size=4096,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-    )
+    big_cfg = big_dcp_config()
     big = synthetic_dcp_step(tmp_path / "big", config=big_cfg)
     shard_bytes, chunk, extra, peak = _extra_of_the_big_merge(tmp_path, small, big)
     largest = 4 * max(math.prod(s) for s in ((4096, 1024), (1024, 4096)))

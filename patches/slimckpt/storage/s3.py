@@ -222,19 +222,37 @@ def client_error() -> type[Exception]:
 # ---------------------------------------------------------------------- uploads
 
 
-class PartBody(io.RawIOBase):
-    """A filled part handed to the client as a seekable file, without a copy of its buffer."""
+class Positioned(io.RawIOBase):
+    """A readable, seekable raw file of `length` bytes at position `pos` (a part's body, an object's reader)."""
 
-    def __init__(self, buf: bytearray, n: int) -> None:
-        super().__init__()
-        self.view = memoryview(buf)[:n]
-        self.pos = 0
+    length = 0
+    pos = 0
+    name = ""
 
     def readable(self) -> bool:
         return True
 
     def seekable(self) -> bool:
         return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.name}: negative seek position {base + offset}")
+        self.pos = base + offset
+        return self.pos
+
+
+class PartBody(Positioned):
+    """A filled part handed to the client as a seekable file, without a copy of its buffer."""
+
+    def __init__(self, buf: bytearray, n: int) -> None:
+        super().__init__()
+        self.view = memoryview(buf)[:n]
+        self.length, self.pos = n, 0
 
     def __len__(self) -> int:
         return len(self.view)
@@ -250,14 +268,6 @@ class PartBody(io.RawIOBase):
         b[:n] = self.view[self.pos : self.pos + n]
         self.pos += n
         return n
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: len(self.view)}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
 
 
 class Upload:
@@ -505,7 +515,7 @@ class S3Lease(Lease):
                 self.store.remove(self.key)
 
 
-class S3Reader(io.RawIOBase):
+class S3Reader(Positioned):
     """A read-only, seekable view of one object: ranged GETs of a block at a time (one block held)."""
 
     def __init__(self, url: str, size: int, block: int = READ_BLOCK) -> None:
@@ -516,22 +526,6 @@ class S3Reader(io.RawIOBase):
         self.pos = 0
         self.block = b""
         self.block_at = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
-        if base + offset < 0:
-            raise ValueError(f"{self.url}: negative seek position {base + offset}")
-        self.pos = base + offset
-        return self.pos
 
     def get(self, offset: int, n: int) -> bytes:
         out = call(
