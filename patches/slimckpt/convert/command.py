@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+            for_path(scratch).remove_tree(scratch, ignore_errors=True)
     print(summary)
     return 0
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import tempfile
 
 from tqdm import tqdm
@@ -60,10 +59,10 @@ def mirror_step(url: str, target_root: str, progress: bool = False) -> tuple[str
                 while block := src.read(READ_BLOCK):
                     dst.write(block)
     except UncommittedCheckpoint as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
+        for_path(scratch).remove_tree(scratch, ignore_errors=True)
         raise ConvertError(str(exc).removeprefix("slimckpt: ")) from None
     except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
+        for_path(scratch).remove_tree(scratch, ignore_errors=True)
         raise
     return scratch, local_step
 

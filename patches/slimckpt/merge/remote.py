@@ -14,7 +14,6 @@ part in flight); local disk holds the model's records and, for a remote target, 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -112,7 +111,7 @@ def merge_remote(opts: MergeOptions, merge: Callable[[MergeOptions], object], sc
         raise MergeError(text) from None
     finally:
         opts.local_dir, opts.target_dir = source, target
-        shutil.rmtree(work, ignore_errors=True)
+        for_path(work).remove_tree(work, ignore_errors=True)
 
 
 __all__ = ["is_remote", "merge_remote"]

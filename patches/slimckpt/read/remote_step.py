@@ -65,9 +65,8 @@ def _copy(
 ) -> str | None:
     """`url` into `local` (sparse: only `keep`), hashed whole when `hasher` is given; the hex digest."""
     store = for_path(url)
-    fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = for_path(local).create_ranges(local, size, sparse=True)
     try:
-        os.ftruncate(fd, size)
         if hasher is None:  # only the kept ranges cross the network
             for begin, end in keep if keep is not None else [(0, size)]:
                 at = begin
@@ -75,7 +74,7 @@ def _copy(
                     data = store.read_range(url, at, min(READ_BLOCK, end - at))
                     if not data:
                         raise OSError(f"{url}: ended at byte {at}, its manifest says {size}")
-                    os.pwrite(fd, data, at)
+                    out.write(data, at)
                     at += len(data)
                     if on_bytes is not None:
                         on_bytes(len(data))
@@ -90,13 +89,13 @@ def _copy(
                 for begin, end in keep if keep is not None else [(0, size)]:
                     lo, hi = max(begin, at), min(end, at + len(data))
                     if lo < hi:
-                        os.pwrite(fd, memoryview(data)[lo - at : hi - at], lo)
+                        out.write(memoryview(data)[lo - at : hi - at], lo)
                 at += len(data)
                 if on_bytes is not None:
                     on_bytes(len(data))
         return hasher.hexdigest()
     finally:
-        os.close(fd)
+        out.close()
 
 
 def fetch_step(

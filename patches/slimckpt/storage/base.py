@@ -144,9 +144,10 @@ class Storage(ABC):
     # ------------------------------------------------------------------ 4) writes
 
     @abstractmethod
-    def create_ranges(self, path: str, size: int) -> RangeWriter:
+    def create_ranges(self, path: str, size: int, *, sparse: bool = False) -> RangeWriter:
         """A new file (an old one is truncated) at its final `size`, space reserved where the
-        medium can, open for ranged writes."""
+        medium can, open for ranged writes. `sparse`: no space reserved, what is never written
+        takes none (a scratch mirror that keeps some ranges of a file)."""
 
     @abstractmethod
     def open_ranges(self, path: str) -> RangeWriter:

@@ -154,10 +154,13 @@ class PosixStorage(Storage):
 
     # ------------------------------------------------------------------ writes
 
-    def create_ranges(self, path: str, size: int) -> PosixRangeWriter:
+    def create_ranges(self, path: str, size: int, *, sparse: bool = False) -> PosixRangeWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            reserve(fd, size)
+            if sparse:
+                os.ftruncate(fd, size)
+            else:
+                reserve(fd, size)
         except BaseException:
             os.close(fd)
             raise

@@ -674,7 +674,9 @@ class S3Storage(Storage):
 
     # ------------------------------------------------------------------ writes
 
-    def create_ranges(self, path: str, size: int) -> S3RangeWriter:
+    def create_ranges(
+        self, path: str, size: int, *, sparse: bool = False
+    ) -> S3RangeWriter:  # sparse: an upload reserves nothing anyway
         old = OPEN_RANGES.pop(path, None)
         if old is not None:
             old.upload.abort()

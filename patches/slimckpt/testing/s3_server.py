@@ -27,6 +27,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..storage import for_path
+
 BUCKET = "slimckpt-test"
 READY_TIMEOUT_S = 30.0
 GRPC_OFFSET = 10000  # SeaweedFS's gRPC port for an http port p is p + 10000
@@ -101,7 +103,7 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
-        shutil.rmtree(self.root, ignore_errors=True)
+        for_path(str(self.root)).remove_tree(str(self.root), ignore_errors=True)
 
 
 def start(
