@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """One incremental step written through slimckpt's engine to local disk and to a local S3 server, same run.
 
-  make bench-s3                                            # llama3.2-3b (3.61B), once per target -> BENCHMARKS.md
+  make bench-s3                                            # llama3.2-3b (3.61B), 3 pairs -> BENCHMARKS.md
   python -m scripts.bench.s3_save --preset 0.25b --repeat 3 --out /tmp/s.md --json /tmp/s.json
-  python -m scripts.bench.s3_save --preset llama3.2-3b --repeat 1 --json docs/bench_s3_save.json
+  python -m scripts.bench.s3_save --preset llama3.2-3b --repeat 1 --out /tmp/s.md --json /tmp/s.json  # one pair
   python -m scripts.bench.s3_save --render docs/bench_s3_save.json --out BENCHMARKS.md     # re-render, no runs
 
 Each row is one fresh `torchrun --nproc_per_node 2` (FSDP2, gloo, CPU) that builds the preset's Llama
@@ -22,6 +22,7 @@ Wall: from a barrier before the save to the barrier after every rank's save retu
 committed and durable (disk: fsynced and its manifest renamed into place; S3: every multipart upload
 completed and the manifest's conditional PUT answered). Memory: each rank's peak RssAnon above its
 level just before the save, sampled every 5 ms by a process of its own (scripts.bench.save's sampler).
+CPU seconds: the ranks' (user + system, all threads) during the save, plus the server's over the row.
 S3 settings (`SLIMCKPT_S3_PART_MB`, `SLIMCKPT_S3_CONCURRENCY`) are the backend's defaults unless given;
 the bound a rank's rise is checked against is part x concurrency x write_threads + 64 MiB.
 """
@@ -144,9 +145,11 @@ def worker(args: argparse.Namespace) -> None:
     )
 
     def save() -> dict:
+        before = os.times()
         save_resume_state(target, args.path, 1)
         resume_async.writer_for(state).wait()
-        return {}
+        after = os.times()
+        return {"cpu_s": (after.user - before.user) + (after.system - before.system)}
 
     # before the save's window: the client made (boto3 imported, the bucket checked) and one object of
     # a part and a MiB written through the same upload path and removed, as at any save after a run's
@@ -158,6 +161,7 @@ def worker(args: argparse.Namespace) -> None:
         "rank": rank,
         "params": n_params,
         "wall_s": got["wall_s"],
+        "cpu_s": got["cpu_s"],
         "level_before": got["level_before"],
         "peak": got["peak"],
         "write_threads": options.write_threads,
@@ -181,11 +185,19 @@ def worker(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- driver
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class PeakSampler:
-    """The server process's peak RssAnon, sampled every 50 ms on a thread of the driver."""
+    """The server process's peak RssAnon, sampled every 50 ms on a thread of the driver, and the CPU
+    seconds it spent from the sampler's start to its stop."""
 
     def __init__(self, pid: int) -> None:
         self.pid, self.peak = pid, 0
+        self.cpu0, self.cpu_s = cpu_seconds(pid), 0.0
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -200,8 +212,13 @@ class PeakSampler:
                 return
 
     def stop(self) -> int:
-        self.done.set()
-        self.thread.join(timeout=5)
+        if not self.done.is_set():
+            self.done.set()
+            self.thread.join(timeout=5)
+            try:
+                self.cpu_s = cpu_seconds(self.pid) - self.cpu0
+            except OSError:
+                pass
         return self.peak
 
 
@@ -282,6 +299,7 @@ def run_row(preset: str, target: str, rep: int, args: argparse.Namespace, cap: i
         "rep": rep,
         "params": r0["params"],
         "wall_s": max(r["wall_s"] for r in ranks),
+        "ranks_cpu_s": sum(r.get("cpu_s", 0.0) for r in ranks),
         "rise_per_rank": [r["peak"] - r["level_before"] for r in ranks],
         "tree_peak": got["peak_rss_anon"],
         "files": r0["files"],
@@ -295,6 +313,7 @@ def run_row(preset: str, target: str, rep: int, args: argparse.Namespace, cap: i
             part_bytes=r0["part_bytes"],
             concurrency=r0["concurrency"],
             server_peak=server_peak,
+            server_cpu_s=watcher.cpu_s,
             on_server_disk=on_server_disk,
         )
     print(
@@ -370,6 +389,12 @@ def summarise(result: dict) -> dict:
             "gbps": nbytes / med / GB if med else 0.0,
             "rise_per_rank": [max(r["rise_per_rank"][i] for r in mine) for i in range(ranks)],
             "tree_peak": max(r["tree_peak"] for r in mine),
+            "cpu_s": statistics.median(r.get("ranks_cpu_s", 0.0) + (r.get("server_cpu_s") or 0.0) for r in mine)
+            if all("ranks_cpu_s" in r for r in mine)
+            else None,
+            "server_cpu_s": statistics.median(r["server_cpu_s"] for r in mine)
+            if all(r.get("server_cpu_s") is not None for r in mine)
+            else None,
             "params": mine[0]["params"],
         }
         if target == "s3":
@@ -397,18 +422,28 @@ def wall_words(e: dict) -> str:
     return f"{e['median_s']:.1f} s ({e['min_s']:.1f}–{e['max_s']:.1f}, {e['runs']} runs)"
 
 
+def cpu_words(e: dict) -> str:
+    """The ranks' and (S3) the server's CPU seconds during a row: where a host's cores went."""
+    if e.get("cpu_s") is None:
+        return "-"
+    if e.get("server_cpu_s") is None:
+        return f"{e['cpu_s']:.0f} (ranks)"
+    ranks = e["cpu_s"] - e["server_cpu_s"]
+    return f"{e['cpu_s']:.0f} (ranks {ranks:.0f}, server {e['server_cpu_s']:.0f})"
+
+
 def table(result: dict) -> str:
     summary = summarise(result)
     lines = [
-        "| target | wall until durable (median, min–max) | GB/s | s3 / disk | extra RssAnon, rank 0 / rank 1 (peak) | bound per rank | within |",
-        "|---|---|---|---|---|---|---|",
+        "| target | wall until durable (median, min–max) | GB/s | s3 / disk | CPU seconds (median) | extra RssAnon, rank 0 / rank 1 (peak) | bound per rank | within |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for target, e in summary["targets"].items():
         ratio = f"{summary['ratio']:.2f}x" if target == "s3" and summary["ratio"] is not None else "-"
         what = "local disk (fsync)" if target == "disk" else "S3, local SeaweedFS"
         bound_words = _mib(e["bound"]) + (" (the engine's own)" if target == "disk" else "")
         lines.append(
-            f"| {what} | {wall_words(e)} | {e['gbps']:.2f} | {ratio} | {' / '.join(_mib(v) for v in e['rise_per_rank'])} "
+            f"| {what} | {wall_words(e)} | {e['gbps']:.2f} | {ratio} | {cpu_words(e)} | {' / '.join(_mib(v) for v in e['rise_per_rank'])} "
             f"| {bound_words} | {'yes' if e['within'] else 'NO'} |"
         )
     return "\n".join(lines)
@@ -472,7 +507,8 @@ its data on the same disk, stopped and its dir deleted after; SeaweedFS does not
 part {meta["part_bytes"] / MiB:.0f} MiB, concurrency {meta["concurrency"]}, write_threads {write_threads}
 (the backend's defaults unless the command says otherwise). Wall: from a barrier before the save to the barrier
 after every rank's save returned (the step committed). Extra RssAnon: each rank's peak during the save above
-its level just before it, sampled every 5 ms from a separate process. The bound per rank is part x
+its level just before it, sampled every 5 ms from a separate process. CPU seconds: the ranks' (user and
+system, every thread) during the save, and the server's over its row; the host's cores are shared by both. The bound per rank is part x
 concurrency x write_threads + 64 MiB: a writing process holds concurrency - 1 parts uploading and one being
 filled per open stream (at most write_threads), and the engine's streaming needs 64 MiB whatever the target.{server}
 
@@ -497,7 +533,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeat",
         type=int,
         default=None,
-        help=f"disk+s3 pairs of rows; the wall is their median (default 3, and 1 for {BIG})",
+        help="disk+s3 pairs of rows; the wall is their median (default 3)",
     )
     p.add_argument(
         "--repeat-note",
@@ -522,7 +558,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scratch", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeat is None:
-        args.repeat = 1 if args.preset == BIG else 3
+        args.repeat = 3
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
     args.command = command(args, p)
@@ -547,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.render:
         result = json.loads(Path(args.render).read_text())
+        if args.repeat_note:
+            result["meta"]["repeat_note"] = args.repeat_note
     else:
         result = measure(args)
         if not result:

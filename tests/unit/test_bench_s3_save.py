@@ -17,6 +17,7 @@ def _row(target, rep, wall, rise_mib, nbytes=14.4e9):
         "rep": rep,
         "params": 3.61e9,
         "wall_s": wall,
+        "ranks_cpu_s": 2 * wall,
         "rise_per_rank": [rise_mib[0] * MiB, rise_mib[1] * MiB],
         "tree_peak": 15 * GiB,
         "files": 7,
@@ -26,7 +27,9 @@ def _row(target, rep, wall, rise_mib, nbytes=14.4e9):
         "connect_rise_per_rank": [15 * MiB, 14 * MiB],
     }
     if target == "s3":
-        row.update(part_bytes=32 * MiB, concurrency=4, server_peak=300 * MiB, on_server_disk=nbytes)
+        row.update(
+            part_bytes=32 * MiB, concurrency=4, server_peak=300 * MiB, server_cpu_s=3 * wall, on_server_disk=nbytes
+        )
     return row
 
 
@@ -80,10 +83,10 @@ def test_section_has_provenance_table_and_targets_met():
     assert text.startswith(s3_save.BEGIN) and text.rstrip().endswith(s3_save.END)
     assert "python -m scripts.bench.s3_save --preset llama3.2-3b --repeat 3" in text and "abc1234" in text
     assert (
-        "| S3, local SeaweedFS | 42.0 s (40.0–44.0, 3 runs) | 0.34 | 1.20x | 150 MiB / 140 MiB | 192 MiB | yes |"
+        "| S3, local SeaweedFS | 42.0 s (40.0–44.0, 3 runs) | 0.34 | 1.20x | 210 (ranks 84, server 126) | 150 MiB / 140 MiB | 192 MiB | yes |"
         in text
     )
-    assert "| local disk (fsync) | 35.0 s (34.0–36.0, 3 runs) | 0.41 | - |" in text
+    assert "| local disk (fsync) | 35.0 s (34.0–36.0, 3 runs) | 0.41 | - | 70 (ranks) |" in text
     assert "part 32 MiB, concurrency 4, write_threads 1" in text
     checks = s3_save.targets(_three_pairs())
     assert [ok for _n, ok, _v in checks] == [True, True]
@@ -122,7 +125,7 @@ def test_command_names_the_switches_that_change_a_run():
     args = s3_save.parse_args(["--preset", "0.25b", "--part-mb", "16", "--out", "", "--json", ""])
     assert args.repeat == 3
     assert args.command == "python -m scripts.bench.s3_save --preset 0.25b --repeat 3 --part-mb 16"
-    assert s3_save.parse_args([]).repeat == 1
+    assert s3_save.parse_args([]).repeat == 3
 
 
 def test_a_run_cut_short_says_how_far_it_got():
@@ -131,3 +134,11 @@ def test_a_run_cut_short_says_how_far_it_got():
     result["meta"]["done"] = False
     text = s3_save.render_section(result)
     assert "2 pairs of rows" in text and "cut short: 3 of the 6 rows planned ran" in text
+
+
+def test_rows_without_cpu_seconds_render_a_dash():
+    result = _three_pairs()
+    for r in result["rows"]:
+        r.pop("ranks_cpu_s")
+        r.pop("server_cpu_s", None)
+    assert "| 1.20x | - | 150 MiB / 140 MiB |" in s3_save.render_section(result)
