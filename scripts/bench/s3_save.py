@@ -33,6 +33,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -339,6 +340,7 @@ def measure(args: argparse.Namespace) -> dict | None:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": source_commit(),
         "machine": machine_line(),
+        "cores": os.cpu_count(),
         "preset": args.preset,
         "repeat": args.repeat,
         "repeat_note": args.repeat_note,
@@ -432,6 +434,28 @@ def cpu_words(e: dict) -> str:
     return f"{e['cpu_s']:.0f} (ranks {ranks:.0f}, server {e['server_cpu_s']:.0f})"
 
 
+def cores_of(meta: dict) -> int | None:
+    if meta.get("cores"):
+        return int(meta["cores"])
+    found = re.search(r"(\d+) cores", meta.get("machine", ""))
+    return int(found.group(1)) if found else None
+
+
+def where_time_went(result: dict) -> str:
+    """One sentence when the S3 rows kept the host's cores busy: their time was CPU, mostly the server's."""
+    meta, summary = result["meta"], summarise(result)
+    s3, cores = summary["targets"].get("s3"), cores_of(meta)
+    if not s3 or s3.get("server_cpu_s") is None or not cores:
+        return ""
+    busy = s3["cpu_s"] / (cores * s3["median_s"])
+    return (
+        f" The S3 rows kept the host's {cores} cores {busy:.0%} busy; the server alone spent"
+        f" {s3['server_cpu_s'] / (s3['bytes'] / GB):.1f} CPU seconds per GB stored (the ranks"
+        f" {(s3['cpu_s'] - s3['server_cpu_s']) / (s3['bytes'] / GB):.1f}), so on this host the upload's time is the"
+        f" server's CPU: at least {s3['server_cpu_s'] / cores:.0f} s with every core on it."
+    )
+
+
 def table(result: dict) -> str:
     summary = summarise(result)
     lines = [
@@ -509,10 +533,12 @@ part {meta["part_bytes"] / MiB:.0f} MiB, concurrency {meta["concurrency"]}, writ
 after every rank's save returned (the step committed). Extra RssAnon: each rank's peak during the save above
 its level just before it, sampled every 5 ms from a separate process. CPU seconds: the ranks' (user and
 system, every thread) during the save, and the server's over its row; the host's cores are shared by both. The bound per rank is part x
-concurrency x write_threads + 64 MiB: a writing process holds concurrency - 1 parts uploading and one being
+concurrency x write_threads + 64 MiB: by the backend's design a writing process holds concurrency - 1 parts uploading and one being
 filled per open stream (at most write_threads), and the engine's streaming needs 64 MiB whatever the target.{server}
 
 {table(result)}
+
+{where_time_went(result).strip()}
 
 | target | met | measured |
 |---|---|---|

@@ -142,3 +142,13 @@ def test_rows_without_cpu_seconds_render_a_dash():
         r.pop("ranks_cpu_s")
         r.pop("server_cpu_s", None)
     assert "| 1.20x | - | 150 MiB / 140 MiB |" in s3_save.render_section(result)
+
+
+def test_where_the_s3_rows_time_went_from_their_cpu_seconds():
+    result = _three_pairs()  # s3: ranks 2 x wall, server 3 x wall CPU seconds, 2 cores
+    words = s3_save.where_time_went(result)
+    assert "kept the host's 2 cores 250% busy" in words
+    assert "the server alone spent 8.8 CPU seconds per GB stored (the ranks 5.8)" in words
+    assert "at least 63 s with every core on it" in words
+    result["meta"]["machine"] = "somewhere"
+    assert s3_save.where_time_went(result) == ""
