@@ -116,7 +116,7 @@ bench-train-scale: $(STAMP)
 	$(PY) -m scripts.bench.plots
 
 # not part of `make bench`: one llama3.2-3b step (14.4 GB) to disk and to a fresh local SeaweedFS, deleted after each
-# row (~17 GB free disk, ~16 GB of memory, about 10 minutes); BENCH_S3_ARGS="--preset 0.25b --repeat 3" for a short look.
+# row (~17 GB free disk, ~16 GB of memory, 3 pairs in about 12 minutes); BENCH_S3_ARGS="--preset 0.25b" for a short look.
 # Writes its section of BENCHMARKS.md and docs/bench_s3_save.json
 BENCH_S3_ARGS ?=
 bench-s3: $(STAMP)
