@@ -10,7 +10,7 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install lint format test test-fast test-verl-stack s3-server quickstart bench bench-scale bench-train-scale compare faults stress-merge stress-flaky clean
+.PHONY: help install lint format test test-fast test-verl-stack s3-server quickstart bench bench-scale bench-train-scale bench-s3 compare faults stress-merge stress-flaky clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench        merge/save benchmarks vs verl 0.9.1, written to BENCHMARKS.md"
 	@echo "make bench-scale  an 8B checkpoint (world size 8) merged by slimckpt and by verl 0.9.1 under a memory cap (~50 GB disk)"
 	@echo "make bench-train-scale  a 3.6B model saved and resumed inside verl, slimckpt's tiers and verl 0.9.1's, under a memory cap (~40 GB disk)"
+	@echo "make bench-s3     one 3.6B step through the engine to local disk and to a local S3 server (SeaweedFS), same run (~17 GB disk)"
 	@echo "make faults       SIGKILL/corruption/environment fault campaigns vs verl 0.9.1: RELIABILITY.md"
 	@echo "make stress-merge 100 distributed merges (2 and 3 ranks) shaken at every race point, each compared byte for byte"
 	@echo "make stress-flaky the tests that once failed without a code change, 20 times each beside a CPU load"
@@ -113,6 +114,13 @@ bench-scale: $(STAMP)
 bench-train-scale: $(STAMP)
 	$(PY) -m scripts.bench.train_scale
 	$(PY) -m scripts.bench.plots
+
+# not part of `make bench`: one llama3.2-3b step (14.4 GB) to disk and to a fresh local SeaweedFS, deleted after each
+# row (~17 GB free disk, ~16 GB of memory, 3 pairs in about 12 minutes); BENCH_S3_ARGS="--preset 0.25b" for a short look.
+# Writes its section of BENCHMARKS.md and docs/bench_s3_save.json
+BENCH_S3_ARGS ?=
+bench-s3: $(STAMP)
+	$(PY) -m scripts.bench.s3_save $(BENCH_S3_ARGS)
 
 # SIGKILL at random moments (50 trials per mode), corruption and environment faults: RELIABILITY.md
 # FAULTS_ARGS="--trials 10 --keep 2" for a shorter run
