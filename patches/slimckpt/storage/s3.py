@@ -143,6 +143,33 @@ class Budget:
         self.in_flight = max(1, parts - 1)
         self.slots = threading.BoundedSemaphore(self.in_flight)
         self.pool = ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="slimckpt-s3")
+        # part buffers reused while uploads run: a fresh part-sized buffer per part leaves the allocator
+        # holding freed ones (glibc raises its mmap threshold after the first free), above the bound
+        self.lock = threading.Lock()
+        self.free: list[bytearray] = []
+        self.users = 0
+
+    def take(self) -> bytearray:
+        with self.lock:
+            return self.free.pop() if self.free else bytearray(self.part)
+
+    def give(self, buf: bytearray | None) -> None:
+        if buf is None:
+            return
+        with self.lock:
+            if self.users and len(self.free) < self.parts:
+                self.free.append(buf)
+
+    def begin(self) -> None:
+        with self.lock:
+            self.users += 1
+
+    def end(self) -> None:
+        """An upload is over; the last one out drops the spare buffers (nothing held between saves)."""
+        with self.lock:
+            self.users = max(0, self.users - 1)
+            if not self.users:
+                self.free.clear()
 
 
 class BudgetHolder:
@@ -257,9 +284,11 @@ class PartBody(Positioned):
     def __len__(self) -> int:
         return len(self.view)
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int = -1) -> memoryview:  # type: ignore[override]
+        # a view, not a copy: the client hashes and sends the part in pieces, and a fresh bytes object
+        # per piece leaves freed memory with the allocator (the upload's bound is the part buffers)
         end = len(self.view) if size is None or size < 0 else min(len(self.view), self.pos + size)
-        out = bytes(self.view[self.pos : end])
+        out = self.view[self.pos : end]
         self.pos = max(self.pos, end)
         return out
 
@@ -278,6 +307,7 @@ class Upload:
         self.url = url
         self.bucket, self.key = split(url)
         self.budget = BUDGET.get()
+        self.budget.begin()
         self.part = self.budget.part
         self.buf: bytearray | None = None
         self.fill = 0
@@ -300,7 +330,7 @@ class Upload:
             done, total = 0, len(view)
             while done < total:
                 if self.buf is None:
-                    self.buf, self.fill = bytearray(self.part), 0
+                    self.buf, self.fill = self.budget.take(), 0
                 take = min(total - done, self.part - self.fill)
                 self.buf[self.fill : self.fill + take] = view[done : done + take]
                 self.fill += take
@@ -330,7 +360,12 @@ class Upload:
         except BaseException:
             budget.slots.release()
             raise
-        future.add_done_callback(lambda _f: budget.slots.release())
+
+        def done(_f: Future) -> None:
+            budget.give(buf)  # the part is sent (or failed): its buffer fills another
+            budget.slots.release()
+
+        future.add_done_callback(done)
         self.parts.append((number, future))
 
     def put_part(self, number: int, buf: bytearray, n: int) -> str:
@@ -378,14 +413,18 @@ class Upload:
             except BaseException:
                 self.abort()
                 raise
+            self.budget.give(self.buf)
             self.state, self.buf, self.parts = "done", None, []
+            self.budget.end()
 
     def abort(self) -> None:
         """Nothing of this write left at the key, nor as an unfinished upload (idempotent)."""
         with self.lock:
             if self.state != "open":
                 return
+            self.budget.give(self.buf)
             self.state, self.buf = "aborted", None
+            self.budget.end()
             for _number, future in self.parts:
                 future.cancel()
             for _number, future in self.parts:
