@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .. import SlimckptError
 from ..format.resume_manifest import TRACKER_NAME
+from ..storage import absolute, for_path
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 ROLES = ("actor", "critic")
@@ -52,13 +53,14 @@ class Target:
 
 def parse_step_dir(path: str) -> tuple[str, int, list[str]]:
     """(checkpoint root, N, roles present) of `<root>/global_step_N`; a role dir is accepted too."""
-    path = os.path.normpath(os.path.abspath(path))
+    store = for_path(path)
+    path = absolute(path).rstrip("/")  # a local path normalised, a URL as it is
     if os.path.basename(path) in ROLES and STEP_RE.match(os.path.basename(os.path.dirname(path))):
         path = os.path.dirname(path)
     m = STEP_RE.match(os.path.basename(path))
-    if not m or not os.path.isdir(path):
+    if not m or not store.is_dir(path):
         raise ConvertError(f"{path}: not a step directory; pass <trainer.default_local_dir>/global_step_N")
-    roles = [r for r in ROLES if os.path.isdir(os.path.join(path, r))]
+    roles = [r for r in ROLES if store.is_dir(os.path.join(path, r))]
     if not roles:
         raise ConvertError(f"{path}: holds no actor/ or critic/ dir; pass a step that a save finished")
     return os.path.dirname(path), int(m.group(1)), roles

@@ -13,7 +13,6 @@ step's files while it runs (and the converted step).
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 
 from tqdm import tqdm
@@ -21,9 +20,8 @@ from tqdm import tqdm
 from ..format.resume_manifest import UncommittedCheckpoint, read_manifest
 from ..read.remote_step import READ_BLOCK, fetch_step
 from ..storage import UnknownStorage, for_path
-from .plan import ROLES, ConvertError
+from .plan import ConvertError, parse_step_dir
 
-STEP_RE = re.compile(r"^global_step_(\d+)$")
 DATA_FILE = "data.pt"
 
 
@@ -34,16 +32,9 @@ def mirror_step(url: str, target_root: str, progress: bool = False) -> tuple[str
         store.check_access(url)
     except (OSError, UnknownStorage) as exc:
         raise ConvertError(str(exc)) from None
-    url = url.rstrip("/")
-    name = url.rsplit("/", 1)[-1]
-    if name in ROLES:  # a role dir names its step
-        url = url.rsplit("/", 1)[0]
-        name = url.rsplit("/", 1)[-1]
-    if not STEP_RE.match(name) or not store.is_dir(url):
-        raise ConvertError(f"{url}: not a step directory; pass s3://.../<trainer.default_local_dir>/global_step_N")
-    roles = [r for r in ROLES if store.is_dir(f"{url}/{r}")]
-    if not roles:
-        raise ConvertError(f"{url}: holds no actor/ or critic/ dir; pass a step that a save finished")
+    root, step, roles = parse_step_dir(url)
+    name = f"global_step_{step}"
+    url = f"{root}/{name}"
     os.makedirs(target_root, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".slimckpt-convert-", dir=target_root)
     local_step = os.path.join(scratch, name)

@@ -14,6 +14,7 @@ from types import ModuleType
 HF_SUBDIR = "huggingface"  # a role dir's HF model: verl's hf_model save, slimckpt's export
 FSDP_CONFIG = "fsdp_config.json"  # verl's record of a role dir's FSDP version and world size
 DCP_DIR = "dcp"  # the incremental tier's torch.distributed.checkpoint files: __{rank}_{i}.distcp, .metadata
+MODEL_PREFIX = "model."  # the model's keys in those files: the save's {"model": ..., "optim": ...}, flattened with "."
 SHARD_CONTENTS = ("model", "optimizer", "extra")  # the save/load_contents kinds held in a rank's shards
 LORA_ADAPTER_DIR = "lora_adapter"  # verl's merger's output for a peft actor: the adapter beside the base
 LORA_ADAPTER_CONFIG = "adapter_config.json"

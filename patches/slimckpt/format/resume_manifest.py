@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import SlimckptError
-from ..storage import absolute, for_path
+from ..storage import absolute, for_path, is_file
 from .merge_manifest import (
     DEFAULT_ALGO,
     BadFile,
@@ -140,9 +140,7 @@ def unlisted_files(role_dir: str, listed: Iterable[str]) -> list[str]:
 
 
 def has_manifest(role_dir: str) -> bool:
-    path = os.path.join(role_dir, MANIFEST_NAME)
-    store = for_path(path)
-    return store.exists(path) and not store.is_dir(path)
+    return is_file(os.path.join(role_dir, MANIFEST_NAME))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from tqdm import tqdm
 
 from ..format.merge_manifest import CommitError
+from ..format.names import MODEL_PREFIX
 from ..format.resume_manifest import UncommittedCheckpoint, read_manifest
 from ..log import get_logger
 from ..read.remote_step import fetch_step, records_of
@@ -29,7 +30,6 @@ from ..write.upload import upload_dir
 from .plan import MergeError, MergeOptions
 
 log = get_logger("slimckpt.merge")
-MODEL_PREFIX = "model."  # read.dcp_source.MODEL_PREFIX (that module imports torch)
 
 
 def _bar(desc: str, total: int, progress: bool) -> tqdm:

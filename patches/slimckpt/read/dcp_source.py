@@ -33,6 +33,7 @@ import re
 import torch
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
 
+from ..format.names import MODEL_PREFIX
 from ..format.resume_manifest import MANIFEST_NAME, Manifest
 from . import pt_index, pt_tensors
 from .checkpoint_dir import DCP_DIR, CheckpointError
@@ -41,7 +42,6 @@ from .dcp_step import SOURCE_FORMAT, check_step
 from .pickle_policy import PickleRefused
 from .sources import SourceTensor, VerlFsdpCheckpoint
 
-MODEL_PREFIX = "model."  # resume_state saves {"model": ..., "optim": ...}; DCP flattens the keys with "."
 _RANK_OF_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
 
 

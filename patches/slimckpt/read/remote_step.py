@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..format.merge_manifest import BadFile, new_hasher
-from ..format.resume_manifest import MANIFEST_NAME, Manifest, UncommittedCheckpoint, damage_message, role_damage
+from ..format.resume_manifest import MANIFEST_NAME, Manifest, UncommittedCheckpoint, check_committed, damage_message
 from ..storage import for_path
 from .checkpoint_dir import DCP_DIR
 
@@ -108,9 +108,7 @@ def fetch_step(
     """Mirror the committed role dir `url` into `local_dir` (made here; see the module doc) and return
     its manifest. `records(local_dcp_dir)`: the ranges of each rank file to keep (None: every byte).
     Raises UncommittedCheckpoint with verify's line for the first bad file (named by its URL)."""
-    manifest, damage = role_damage(url, checksums=False)
-    if manifest is None or damage:
-        raise UncommittedCheckpoint(damage[0].message if damage else f"slimckpt: {url}: no manifest")
+    manifest = check_committed(url, checksums=False)
     os.makedirs(local_dir, exist_ok=True)
     entries = {e.path: e for e in manifest.files}
     small = [e for e in manifest.files if not _is_rank_file(e.path)]

@@ -56,6 +56,12 @@ def absolute(path: str) -> str:
     return str(path) if is_url(path) else os.path.abspath(path)
 
 
+def is_file(path: str) -> bool:
+    """A file (not a directory, nor an object store's prefix) is at `path`."""
+    store = for_path(path)
+    return store.exists(path) and not store.is_dir(path)
+
+
 def for_path(path: str) -> Storage:
     """The backend that holds `path` (one instance per scheme)."""
     scheme = scheme_of(path)
@@ -80,6 +86,7 @@ __all__ = [
     "UnknownStorage",
     "absolute",
     "for_path",
+    "is_file",
     "is_url",
     "scheme_of",
 ]

@@ -37,7 +37,7 @@ from ..format.dropped_optimizer import DROPPED_KEY
 from ..read import in_flight
 from ..read.pickle_policy import REFUSED_PREFIX, set_trusted
 from ..read.step_pickles import dcp_refusals
-from ..storage import UnknownStorage, absolute, for_path, is_url
+from ..storage import UnknownStorage, absolute, for_path, is_file, is_url
 from . import native as verify_native
 
 HELP = "check a checkpoint dir: manifest, size and checksum of every file; exit 1 naming each bad file"
@@ -105,7 +105,7 @@ class Report:
 def role_kind(path: str) -> str | None:
     """The kind of a role-level dir (one manifest or one verl save), or None."""
     store = for_path(path)
-    if _is_file(os.path.join(path, merge_manifest.MANIFEST_NAME)):
+    if is_file(os.path.join(path, merge_manifest.MANIFEST_NAME)):
         return KIND_MERGE
     if rm.has_manifest(path) or store.is_dir(os.path.join(path, "dcp")):
         return KIND_INCREMENTAL
@@ -117,11 +117,6 @@ def role_kind(path: str) -> str | None:
     if "config.json" in names and any(n.endswith(".safetensors") for n in names):
         return KIND_MERGE  # a model dir without its manifest: reported as never committed
     return None
-
-
-def _is_file(path: str) -> bool:
-    store = for_path(path)
-    return store.exists(path) and not store.is_dir(path)
 
 
 def detect(path: str) -> str:
@@ -264,7 +259,7 @@ def check_root(report: Report, path: str, quick: bool, on_bytes) -> None:
         if good
         else "delete it (no step here is whole: training starts from scratch)"
     )
-    if not _is_file(tracker):
+    if not is_file(tracker):
         if steps:
             report.note(f"{tracker} does not exist: resume_mode=auto starts from scratch")
         return

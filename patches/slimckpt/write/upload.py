@@ -44,9 +44,7 @@ def upload_dir(
     if store.exists(url):  # an uncommitted output: what a killed upload left, or the one just uncommitted
         store.remove_tree(url)
     store.abort_uploads(url + "/")
-    files = sorted(
-        os.path.relpath(os.path.join(d, n), local).replace(os.sep, "/") for d, _, names in os.walk(local) for n in names
-    )
+    files = for_path(local).list_files(local)
     if MANIFEST_NAME not in files:
         raise CommitError(f"{local}: has no {MANIFEST_NAME}; only a committed output is uploaded")
     for rel in files:
