@@ -88,6 +88,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`1`: verl's trainer on a host without an accelerator (platform `cpu`, gloo, rollout `hf`)",
     ),
     EnvVar("SLIMCKPT_CPU_FORCE", "flag", None, "user", "`1`: allow `SLIMCKPT_CPU=1` where a GPU is visible"),
+    EnvVar(
+        "SLIMCKPT_GPU_MEMORY_GB",
+        "int",
+        None,
+        "user",
+        "GiB of one training GPU, for the start-up check of an incremental save on FSDP1 where the driver sees "
+        "no GPU (a dry run, a CPU head node); unset: the driver's free GPU memory",
+    ),
     EnvVar("SLIMCKPT_ROLLOUT_THREADS", "int", "1", "user", "torch threads of the CPU `hf` rollout server"),
     EnvVar(
         "SLIMCKPT_LOG_LEVEL",

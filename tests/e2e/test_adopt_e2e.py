@@ -61,6 +61,11 @@ def test_recipe_added_mid_run_continues_from_the_last_step(adopt_runs, increment
         assert not slim_lines(run.text, "continues from") and not slim_lines(run.text, "does not load")
         assert (run.ckpt / "global_step_3" / "actor" / "dcp").is_dir()
         assert (run.ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+        # verl's steps from before the adoption are not the recipe's to prune (it keeps 2): kept, and named
+        for step in (1, 2):
+            assert (run.ckpt / f"global_step_{step}" / "actor" / "fsdp_config.json").is_file(), step
+        kept = [line for line in run.text.splitlines() if "holds no slimckpt manifest" in line]
+        assert any(f"{run.ckpt}/global_step_1/actor" in line for line in kept), run.text[-3000:]
         return
     moved = slim_lines(run.text, "continues from")
     assert len(moved) == 1, moved

@@ -206,3 +206,46 @@ def test_fsdp1_start_up_line_sizes_the_device_copy(tmp_path):
     assert "24.64 GiB per GPU at 70.6B parameters over 32 GPUs" in line and "strategy=fsdp2" in line
     quick = [o if o != "+recipe=incremental" else "+recipe=quickstart" for o in base]
     assert fsdp1_cost_line(compose_config(quick), use_critic=True) == ""
+
+
+@pytest.mark.slow
+def test_fsdp1_dry_run_checks_the_gpu_peak_and_refuses_in_one_line():
+    """`train_70b.sh --dry-run` on FSDP1 with SLIMCKPT_GPU_MEMORY_GB: a run whose save does not fit the GPU
+    stops (exit 2) in one line naming strategy=fsdp2 and the override; one that fits says by how much."""
+    env = {**os.environ, "PYTHON": sys.executable, "NODE_MEMORY_GB": "2048", "SLIMCKPT_GPU_MEMORY_GB": "80"}
+    for knob in ("NNODES", "GPUS_PER_NODE", "MODEL_PATH", "ALGO"):
+        env.pop(knob, None)
+    fsdp1 = ["+recipe=incremental", "actor_rollout_ref.actor.strategy=fsdp", "critic.strategy=fsdp"]
+    actor_on_gpu = [f"actor_rollout_ref.actor.fsdp_config.{k}_offload=false" for k in ("param", "optimizer")]
+    critic_on_gpu = [f"critic.fsdp.{k}_offload=false" for k in ("param", "optimizer")]
+
+    def dry(*args: str) -> subprocess.CompletedProcess:
+        # one interpreter imports verl, composes and plans: seconds; 600 s is a hang
+        return subprocess.run(
+            ["bash", str(TRAIN_70B), "--dry-run", "--no-print", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=600,
+        )
+
+    refused = dry(*fsdp1, *actor_on_gpu, *critic_on_gpu)
+    stops = [line for line in refused.stderr.splitlines() if line.startswith("slimckpt: an incremental save on FSDP1")]
+    assert refused.returncode == 2 and len(stops) == 1, refused.stderr[-3000:]
+    assert "of 80.0 GiB (SLIMCKPT_GPU_MEMORY_GB=80)" in stops[0] and "strategy=fsdp2" in stops[0]
+    assert "critic.checkpoint.allow_fsdp1_device_copy=true" in stops[0]
+    # the critic offloaded (the 70B override's default): 6 GiB to spare, and where its AdamW copy goes
+    fits = dry(*fsdp1, *actor_on_gpu)
+    line = next(x for x in fits.stderr.splitlines() if "at the actor's save a GPU holds" in x)
+    assert fits.returncode == 0 and ": fits, 6.2 GiB to spare" in line, line
+    assert "the critic's AdamW rows are copied in host memory instead" in line
+    # anyway: the override starts the refused run, saying it does not fit
+    anyway = dry(
+        *fsdp1,
+        *actor_on_gpu,
+        *critic_on_gpu,
+        "actor_rollout_ref.actor.checkpoint.allow_fsdp1_device_copy=true",
+        "critic.checkpoint.allow_fsdp1_device_copy=true",
+    )
+    assert anyway.returncode == 0 and "does NOT fit, started anyway" in anyway.stderr, anyway.stderr[-2000:]

@@ -53,8 +53,16 @@ SCRIPT = REPO / "scripts" / "train_small.sh"
 RUN_TIMEOUT_S = int(os.environ.get("VERL_RUN_TIMEOUT_S", "400"))
 CONSOLE = "trainer.logger=[console]"  # no wandb start-up where the test does not read wandb
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
+# the recipe keeps 2 steps, the optimizer in the newest only: runs that resume or convert an older step keep all
+KEEP_ALL = (
+    "trainer.max_actor_ckpt_to_keep=null",
+    "trainer.max_critic_ckpt_to_keep=null",
+    "actor_rollout_ref.actor.checkpoint.keep_optimizer_last=null",
+    "critic.checkpoint.keep_optimizer_last=null",
+)
 INCREMENTAL_ASYNC = (
     "+recipe=incremental",
+    *KEEP_ALL,
     "actor_rollout_ref.actor.checkpoint.async_save=true",
     "trainer.save_freq=1",
     "trainer.total_training_steps=4",
@@ -146,7 +154,8 @@ RUNS = {
     # the actor's first save precedes its first update (critic_warmup): verl's own save, then the recipe's
     "ppo_warmup_verl": Spec(PPO_WARMUP + ("trainer.default_local_dir={root}/ppo_warmup_verl_ckpt",), {"NPROC": "1"}),
     "ppo_warmup": Spec(
-        ("+recipe=incremental", *PPO_WARMUP, "trainer.default_local_dir={root}/ppo_warmup_ckpt"), {"NPROC": "1"}
+        ("+recipe=incremental", *KEEP_ALL, *PPO_WARMUP, "trainer.default_local_dir={root}/ppo_warmup_ckpt"),
+        {"NPROC": "1"},
     ),
     "incremental_resumed": Spec(
         (

@@ -252,7 +252,8 @@ def test_export_equals_verl_hf_model(ws2_scenarios):
     """Tiny Llama and tied Qwen2, FSDP2, 2 ranks: export_hf (sync, one file; async, several files,
     written after training moved the parameters) equals verl's hf_model tensor for tensor (names,
     dtypes, shapes, bits), config.json and generation_config.json included; the single file is
-    byte-identical; it loads with from_pretrained; the manifest lists it; a bf16 export is the cast;
+    byte-identical; it loads with from_pretrained; the manifest lists it; a bf16 export is the cast,
+    byte-identical to verl's own merger's bf16 output of the same weights;
     a rank failing mid-export fails the save on every rank and leaves the step uncommitted."""
     result = scenario_result(ws2_scenarios, "hf_export", "hf_direct_export_result.json")
     for model, r in result.items():
@@ -266,6 +267,10 @@ def test_export_equals_verl_hf_model(ws2_scenarios):
         assert not r["async_committed_before_finish"]
         assert not r["broken_committed"] and "rank 1" in r["broken_error"], r["broken_error"]
         assert r["sync_loads"] and r["async_loads"] and r["bf16_equal_cast"], model
+        # incremental's default export_dtype=bf16 is what verl's own merger writes from the same weights
+        m = r["bf16_vs_verl_merger"]
+        assert m["diffs"] == [] and m["n_ours"] == m["n_verl"] > 0 and m["dtypes"] == ["torch.bfloat16"], (model, m)
+        assert m["bytes_identical"], (model, m)
         for mode in ("sync", "async"):
             listed = r[f"manifest_{mode}"]
             weights = [f"huggingface/{n}" for n in r[mode]["files"] if n.endswith((".safetensors", ".json"))]

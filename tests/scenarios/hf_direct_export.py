@@ -162,8 +162,13 @@ def run_model(args, model: str) -> dict:
     verl_hf = os.path.join(verl_dir, "huggingface")
     ref = load_export(verl_hf)
     bf16 = load_export(os.path.join(bf16_dir, "huggingface"))
+    # the recipe's default export_dtype=bf16 against what `python -m verl.model_merger merge` writes
+    # (bf16) from verl's own rank files of the same weights
+    merged = os.path.join(root, "verl_merged")
+    verl_merged(verl_dir, merged)
     # (only rank 0 reaches here; rank 1's error was the same collective one)
     return {
+        "bf16_vs_verl_merger": compare(os.path.join(bf16_dir, "huggingface"), merged),
         "sync": compare(os.path.join(sync_dir, "huggingface"), verl_hf),
         "async": compare(os.path.join(async_dir, "huggingface"), verl_hf),
         "async_committed_before_finish": committed_early,

@@ -156,8 +156,21 @@ def test_recipe_settings_line_names_what_the_run_keeps(composed, tmp_path):
     )
     mine = recipe_settings_line(config(composed, "quickstart", tmp_path, **{"trainer.save_freq": 50}), "quickstart")
     assert "save_freq" not in mine and "max_actor_ckpt_to_keep=2" in mine
-    # incremental sets nothing outside the checkpoint sections but the switch of its own patches
-    assert recipe_settings_line(composed["incremental"], "incremental") == ""
+    # incremental's bounded defaults: retention, the optimizer kept in the newest step, a bf16 export
+    line = recipe_settings_line(composed["incremental"], "incremental")
+    assert line.count("\n") == 0
+    for key in ("trainer.max_actor_ckpt_to_keep=2 (verl's default: null)", "trainer.max_critic_ckpt_to_keep=2"):
+        assert key in line, line
+    for role in ("actor_rollout_ref.actor", "critic"):
+        assert f"{role}.checkpoint.keep_optimizer_last=1 (null keeps every kept step's)" in line, line
+    assert "actor_rollout_ref.actor.checkpoint.export_dtype=bf16 (auto exports fp32 as verl)" in line, line
+    assert "ray_kwargs" not in line and "save_contents" not in line
+    # a value the user set is theirs: not named
+    mine = recipe_settings_line(
+        config(composed, "incremental", tmp_path, **{"actor_rollout_ref.actor.checkpoint.export_dtype": "auto"}),
+        "incremental",
+    )
+    assert "export_dtype" not in mine and "keep_optimizer_last=1" in mine
 
 
 def test_the_newest_step_is_the_newest_intact_one_as_intact_resume_walks_back(tmp_path):

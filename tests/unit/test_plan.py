@@ -258,11 +258,13 @@ def _args(cfg, **kw):
 def test_report_peak_disk(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
-    # unset: each row keeps what its config does (verl's null, incremental sets none, quickstart 2)
+    # unset: each row keeps what its config does (verl's null; every recipe 2, incremental's optimizer in 1)
     r = build.build_report(_args(cfg, critic=True))
     by = {e["strategy"]: e["peak_disk"] for e in r["estimates"]}
     assert by["verl default"]["actor"]["grows_without_bound"]
-    assert by["+recipe=incremental"]["actor"]["grows_without_bound"]
+    inc = by["+recipe=incremental"]
+    for role in ("actor", "critic"):
+        assert not inc[role]["grows_without_bound"] and inc[role]["max_ckpt_to_keep"] == 2, inc[role]
     quick = by["+recipe=quickstart"]
     assert quick["actor"]["max_ckpt_to_keep"] == 2 and quick["critic"]["max_ckpt_to_keep"] == 2
     assert quick["actor"]["per_step_bytes"] == 4 * PARAMS  # fp32 model shards

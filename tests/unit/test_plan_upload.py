@@ -289,6 +289,7 @@ def test_the_cli_plans_an_s3_upload_without_reading_credentials():
     assert "84.8 s (export_hf=false)" in row and "192.00 MiB" in row
     assert "+recipe=incremental: the in-training HF export needs in-place writes" in proc.stdout
     assert next(x for x in s3 if x.startswith("verl default ")).split()[2:] == [*"---", "incremental", "only", *"--"]
-    merge = next(x for x in s3 if x.startswith("slimckpt merge (fp32)"))
-    assert merge.split()[4:8] == ["262.83", "GiB", "262.83", "GiB"] and "113.0 s" in merge  # 282 GB at 10/4 GB/s
+    # the recipe's export_dtype=bf16: 141 GB at 10/4 GB/s
+    merge = next(x for x in s3 if x.startswith("slimckpt merge (bf16)"))
+    assert merge.split()[4:8] == ["131.42", "GiB", "131.42", "GiB"] and "56.5 s" in merge
     assert "uploaded by one process at 2.5 GB/s (--upload-gbps over 4 nodes" in proc.stdout

@@ -253,3 +253,66 @@ def test_a_load_holds_a_read_lock(tmp_path):
         dist.destroy_process_group()
     assert seen == [None]
     assert locks.try_exclusive(s1, "deleting it") is not None  # released after the load
+
+
+# --------------------------------------------------------------------------- an earlier launch's steps
+
+
+def _incremental_after_save(saved: list[str], new_path: str, keep: int, state=None):
+    from slimckpt.options.checkpoint_options import CheckpointOptions
+    from slimckpt.save.target import TargetState
+
+    state = state or TargetState()
+    options = CheckpointOptions(incremental_save=True, keep_optimizer_last=None)
+    return state, retention.after_save(state, options, saved, new_path, keep)
+
+
+def test_an_earlier_launchs_committed_steps_are_pruned_at_the_first_commit(tmp_path, caplog):
+    """A job restarted from step 4 saves step 5: the steps its earlier launches committed (2, 3) go by the
+    same rules as its own; verl's step 1 from before slimckpt, a save that never committed (6: no manifest)
+    and a step numbered above the new one (7, an earlier launch that went further) stay and are named."""
+    verl_step = _step(tmp_path, 1)  # verl's own files, no manifest
+    for n in (2, 3, 4, 7):
+        _step(tmp_path, n, manifest=True)
+    uncommitted = _step(tmp_path, 6)
+    _tracker(tmp_path, 4)
+    new = _step(tmp_path, 5, manifest=True)
+    saved: list[str] = []
+    with caplog.at_level("INFO", logger="slimckpt"):
+        state, deleted = _incremental_after_save(saved, new, keep=2)
+    assert sorted(os.path.basename(os.path.dirname(p)) for p in deleted) == ["global_step_2", "global_step_3"]
+    left = sorted(p.parent.name for p in tmp_path.glob("global_step_*/actor"))  # role dirs go, as verl's do
+    assert left == ["global_step_1", "global_step_4", "global_step_5", "global_step_6", "global_step_7"]
+    assert os.path.isdir(verl_step) and os.path.isdir(uncommitted)
+    assert [os.path.basename(os.path.dirname(p)) for p in saved] == ["global_step_4", "global_step_5"]
+    text = caplog.text
+    assert f"retention keeps {verl_step}: it holds no slimckpt manifest" in text
+    assert f"retention keeps {tmp_path}/global_step_7/actor: an earlier launch saved it after" in text
+    # looked at once per target: the next commit deletes step 4 (the tracker moved on) and nothing else
+    _tracker(tmp_path, 5)
+    _, deleted = _incremental_after_save(saved, _step(tmp_path, 8, manifest=True), keep=2, state=state)
+    assert [os.path.basename(os.path.dirname(p)) for p in deleted] == ["global_step_4"]
+    assert (tmp_path / "global_step_1" / "actor").is_dir() and (tmp_path / "global_step_7" / "actor").is_dir()
+
+
+def test_the_step_the_tracker_names_survives_an_earlier_launchs_pruning(tmp_path):
+    """A relaunch resumed from step 2 (the tracker names it) with keep 1: step 2 stays until the tracker moves."""
+    for n in (1, 2):
+        _step(tmp_path, n, manifest=True)
+    _tracker(tmp_path, 2)
+    saved: list[str] = []
+    _, deleted = _incremental_after_save(saved, _step(tmp_path, 3, manifest=True), keep=1)
+    assert [os.path.basename(os.path.dirname(p)) for p in deleted] == ["global_step_1"]
+    assert (tmp_path / "global_step_2" / "actor").is_dir()
+
+
+def test_model_only_tiers_leave_earlier_steps_to_verls_list(tmp_path):
+    """quickstart/intermediate write verl's format without a resume manifest: nothing is adopted or named."""
+    from slimckpt.options.checkpoint_options import CheckpointOptions
+    from slimckpt.save.target import TargetState
+
+    for n in (1, 2, 3):
+        _step(tmp_path, n)
+    saved: list[str] = []
+    deleted = retention.after_save(TargetState(), CheckpointOptions(), saved, _step(tmp_path, 4), 1)
+    assert deleted == [] and len(list(tmp_path.glob("global_step_*/actor"))) == 4

@@ -183,6 +183,11 @@ class CheckpointOptions:
     slimckpt.read.pickle_policy); a checkpoint naming any other is refused before it runs, in one
     line naming the file and the global. true unpickles anything, as verl's own load
     (torch.load(weights_only=False)): only for checkpoints from someone you trust."""
+    allow_fsdp1_device_copy: bool = False
+    """An incremental save on FSDP1 (strategy=fsdp) copies the rank's model and optimizer shards on
+    the GPU while it writes them (FSDP2 saves from views). At start-up the driver compares that peak
+    with the GPU's memory (slimckpt.save.device_budget) and stops a run it does not fit, naming
+    strategy=fsdp2; true starts it anyway."""
     keep_optimizer_last: int | None = None
     """Of the steps retention keeps (trainer.max_*_ckpt_to_keep, keep_best), only the newest N keep
     their optimizer state; older ones keep model, extra state and the HF export (null, the default:

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..verl_seam.dryrun import compose_config, plain, roles_needed, select
 from ..verl_seam.dryrun import main as verl_main
+from ..verl_seam.fsdp1_note import fsdp1_check
 from .build import build_report, plan_facts
 from .printers import print_report
 
@@ -226,7 +227,8 @@ def verdict_lines(report: dict[str, Any], alternative: dict[str, Any] | None, nn
 
 def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
     """Compose, plan and print (on stderr: stdout is the composed config); 0 either way (the
-    verdict lines say whether the save fits), 2 when the plan cannot be made."""
+    verdict lines say whether the save fits), 2 when the plan cannot be made or a launch would stop
+    at start-up (an incremental save on FSDP1 that does not fit the GPU)."""
     out = out if out is not None else sys.stderr
     cfg = compose_config(overrides)
     model = str(select(cfg, "actor_rollout_ref.model.path"))
@@ -261,6 +263,14 @@ def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
     lines = verdict_lines(report, alternative, what["nnodes"])
     for line in lines:
         print(line, file=out)
+    # what the driver checks at start-up: an incremental save on FSDP1 against the GPU's memory
+    use_critic, use_ref = roles_needed(cfg)
+    line, stop = fsdp1_check(cfg, use_critic, use_ref, model_json=config_json)
+    if stop:
+        print(f"{line} (a launch stops here, before Ray starts)", file=out)
+        return 2
+    if line:
+        print(f"plan: {line.removeprefix('slimckpt: ')}", file=out)
     return 0
 
 

@@ -53,7 +53,7 @@ from ..options.checkpoint_options import CheckpointOptions
 from ..read.locks import try_exclusive
 from ..storage import absolute, for_path
 from ..write.resume_records import remove_manifest
-from . import best_metric, optimizer_drop
+from . import best_metric, earlier_steps, optimizer_drop
 from .target import TargetState
 
 log = get_logger("slimckpt.retention")
@@ -242,6 +242,8 @@ def after_save(
     if state.retention_deferred:
         saved_paths[:] = paths
         return []
+    if options.incremental_save:  # its steps carry the manifest that says slimckpt committed them
+        earlier_steps.track_earlier(state, paths, new_path)  # an earlier launch's steps, at the first commit
     kept, deleted = apply(paths, max_keep, policy_for(options, max_keep))
     saved_paths[:] = kept
     return deleted

@@ -124,11 +124,18 @@ def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [leaf for key, value in node.items() for leaf in _leaves(value, f"{prefix}.{key}" if prefix else str(key))]
 
 
-def _outside_checkpointing(key: str) -> bool:
-    # the checkpoint sections are what a recipe is for; ray_kwargs only carries the switch of
-    # slimckpt's own checkpoint patches to verl's trainer actor
+# keys of the checkpoint sections whose recipe value bounds disk and that a user of verl's defaults would not
+# expect: named in the start-up line too, with what keeps everything as verl does
+BOUNDING_KEYS = {"keep_optimizer_last": "null keeps every kept step's", "export_dtype": "auto exports fp32 as verl"}
+
+
+def _stated(key: str) -> bool:
+    # the checkpoint sections are what a recipe is for (only their bounding defaults are named);
+    # ray_kwargs only carries the switch of slimckpt's own checkpoint patches to verl's trainer actor
     parts = key.split(".")
-    return "checkpoint" not in parts and parts[0] != "ray_kwargs"
+    if parts[0] == "ray_kwargs":
+        return False
+    return "checkpoint" not in parts or parts[-1] in BOUNDING_KEYS
 
 
 def _resolved_as(config: Any, raw: Any) -> Any:
@@ -143,7 +150,8 @@ def _resolved_as(config: Any, raw: Any) -> Any:
 
 def recipe_settings_line(config: Any, recipe: str) -> str:
     """One line naming what the recipe sets outside the checkpoint sections, where this run keeps
-    the recipe's value and it is not verl's default ("" when nothing is left)."""
+    the recipe's value and it is not verl's default, and the checkpoint sections' bounding defaults
+    (BOUNDING_KEYS) the run keeps ("" when nothing is left)."""
     from omegaconf import OmegaConf
 
     from .recipes import CONF_DIR
@@ -155,11 +163,17 @@ def recipe_settings_line(config: Any, recipe: str) -> str:
     defaults = _verl_defaults()
     changed = []
     for key, raw in _leaves(ours):
-        if not _outside_checkpointing(key):
+        if not _stated(key):
             continue
         value = _select(config, key)
+        if value != _resolved_as(config, raw):
+            continue  # the user set it
+        leaf = key.rsplit(".", 1)[-1]
+        if "checkpoint" in key.split("."):
+            changed.append(f"{key}={_show(value)} ({BOUNDING_KEYS[leaf]})")
+            continue
         verl_value = _resolved_as(config, _raw(defaults, key))
-        if value == _resolved_as(config, raw) and value != verl_value:
+        if value != verl_value:
             changed.append(f"{key}={_show(value)} (verl's default: {_show(verl_value)})")
     if not changed:
         return ""
@@ -191,7 +205,7 @@ def wrap_validate_config(original):
             _say_recipe_settings(config)
             from .fsdp1_note import say_fsdp1_cost
 
-            say_fsdp1_cost(config, use_critic)
+            say_fsdp1_cost(config, use_critic, use_reference_policy)
             adopt(config, use_critic)
         return result
 
