@@ -63,12 +63,23 @@ class Trainer:
 
 
 def _verl_load(self):
+    """verl's _load_checkpoint: the step its tracker (or resume_from_path) names, then the ranks' load,
+    which refuses a damaged role dir before reading it (step_check: checksums unless verify: false)."""
     from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
     trainer = self.config.trainer
     self.loaded = (
         find_latest_ckpt_path(trainer.default_local_dir) if trainer.resume_mode == "auto" else trainer.resume_from_path
     )
+    checkpoint = self.config.actor_rollout_ref.actor.checkpoint
+    if "SlimCheckpointConfig" not in checkpoint._target_:
+        return  # verl's own load checks nothing
+    self.rank_checks = getattr(self, "rank_checks", 0) + 1
+    verify = bool(checkpoint.verify)
+    _, damage = rm.role_damage(os.path.join(self.loaded, "actor"), checksums=verify)
+    if damage:
+        self.loaded = None
+        raise rm.UncommittedCheckpoint(damage[0].message)
 
 
 load = intact_resume.wrap_trainer_load_checkpoint(_verl_load)
@@ -118,7 +129,11 @@ def test_the_walk_back_skips_every_damaged_step_and_refuses_when_none_is_left(tm
     t = Trainer(tmp_path)
     load(t)
     assert t.loaded == str(tmp_path / "global_step_2")
-    assert "also damaged: global_step_4" in warnings()[0]
+    # the ranks checksum each step they load: a flipped bit is found one load at a time, a line each
+    assert t.rank_checks == 3
+    first, second = warnings()
+    assert "global_step_6/actor" in first and "resuming from global_step_4" in first
+    assert "global_step_4/actor" in second and "resuming from global_step_2" in second
     damage_step(str(tmp_path / "global_step_2" / "actor"), "truncate", random.Random(2))
     rr.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "6")
     with pytest.raises(rm.UncommittedCheckpoint) as info:
@@ -244,3 +259,58 @@ def test_damaged_newest_step_resumes_the_previous_one(ws2_scenarios):
         assert t["refused"] and "\n" not in t["refused"] and "global_step_4/actor" in t["refused"], t
         assert "global_step_2 (intact)" in t["refused"], t
     assert r["trials"][0]["tracker_after_saving_3"] == 3
+
+
+def test_the_driver_reads_no_role_file_the_ranks_checksum_it(tmp_path, monkeypatch):
+    """resume_mode=auto at 70B: the driver checks sizes and seals only (one host reading the whole step
+    would take longer the larger the cluster); the ranks' load checksums, each its share."""
+    calls = []
+    real = intact_resume.role_damage
+
+    def recorded(role_dir, checksums=True, **kw):
+        calls.append(checksums)
+        return real(role_dir, checksums=checksums, **kw)
+
+    monkeypatch.setattr(intact_resume, "role_damage", recorded)
+    _step(tmp_path, 2)
+    _step(tmp_path, 4)
+    rr.write_tracker(str(tmp_path), 4)
+    load(t := Trainer(tmp_path))
+    assert t.loaded == str(tmp_path / "global_step_4") and calls and not any(calls)
+
+
+class RayTaskError(Exception):
+    """What ray.get raises for a worker's exception: the original travels as `cause`."""
+
+    def __init__(self, cause):
+        super().__init__("ray.exceptions.RayTaskError: traceback ...\n" + str(cause))
+        self.cause = cause
+
+
+def test_a_refusal_is_recognised_wrapped_or_chained_and_nothing_else_is():
+    line = "slimckpt: /c/global_step_4/actor/dcp/__0_0.distcp: xxh3_128 mismatch"
+    refusal = rm.UncommittedCheckpoint(f"{line}; {rm.DAMAGED_FIX}")
+    assert intact_resume.load_refusal(refusal) == line
+    assert intact_resume.load_refusal(RayTaskError(refusal)) == line
+    try:
+        try:
+            raise refusal
+        except rm.UncommittedCheckpoint as inner:
+            raise RuntimeError("worker group call failed") from inner
+    except RuntimeError as outer:
+        assert intact_resume.load_refusal(outer) == line
+    assert intact_resume.load_refusal(RayTaskError(OSError(5, "I/O error"))) is None
+    assert intact_resume.load_refusal(ValueError("x")) is None
+
+
+def test_a_load_failing_for_another_reason_is_not_walked_back(tmp_path):
+    _step(tmp_path, 2)
+    _step(tmp_path, 4)
+    rr.write_tracker(str(tmp_path), 4)
+
+    def broken(self):
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(OSError):
+        intact_resume.wrap_trainer_load_checkpoint(broken)(Trainer(tmp_path))
+    assert rm.read_tracker(str(tmp_path)) == 4

@@ -38,6 +38,7 @@ from .cost import (
 )
 from .meta_model import LoraSpec, ModelFacts, extra_state_bytes, model_facts
 from .node import Offload, node_rows, resident_bytes
+from .resume_time import resume_times
 from .upload import UploadSettings, merge_upload, rank_share, refused, save_upload, upload_settings
 
 
@@ -136,6 +137,8 @@ def build_report(args: argparse.Namespace, facts: ModelFacts | None = None) -> d
             if slim
             else []
         }
+        if s.incremental:
+            e["resume_times"] = resume_times(e["total_write_bytes"], args.world_size, args.disk_gbps, writer["gbps"])
         if with_critic:  # the critic saves the same contents, never an HF export
             critic = replace(s, contents=tuple(c for c in s.contents if c != "hf_model"), export_hf=False)
             c = estimate(critic_params(facts.params), args.world_size, critic, extra, 0, None, fsdp, device=device)

@@ -84,6 +84,7 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
     print_node(r, out)
     print_peak_disk(r, out)
     print_retention_disk(r, out)
+    print_resume_times(r, out)
     hf = r["hf_export"]
     files = hf["files"]
     print(
@@ -95,6 +96,47 @@ def print_report(r: dict[str, Any], out=sys.stdout) -> None:
         print("  ..." if f is None else f"  {f['name']}  {human(f['bytes'])}", file=out)
     if len(files) > 1:
         print("  model.safetensors.index.json", file=out)
+
+
+def _seconds(s: float | None, option: str) -> str:
+    if s is None:
+        return f"({option})"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def print_resume_times(r: dict[str, Any], out=sys.stdout) -> None:
+    """Incremental rows: a resume's checksum check (spread over the ranks; on one host for comparison)
+    and `slimckpt convert --to verl` of one step (slimckpt.plan.resume_time)."""
+    rows = [e for e in r["estimates"] if e.get("resume_times")]
+    if not rows:
+        return
+    print(
+        "resume and leave, per step of resume state (verify: true; the driver checks sizes only, each rank "
+        "checksums its share before it loads):",
+        file=out,
+    )
+    head = ["strategy", "resume state", "check at resume", "(on one host)", "slimckpt convert --to verl"]
+    table = [
+        [
+            e["strategy"],
+            human(t["resume_bytes"]),
+            _seconds(t["check_spread_s"], "--disk-gbps"),
+            _seconds(t["check_one_host_s"], "--writer-gbps"),
+            _seconds(t["convert_s"], "--writer-gbps"),
+        ]
+        for e in rows
+        for t in [e["resume_times"]]
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
+    for row in [head, ["-" * n for n in widths], *table]:
+        print("  ".join(str(x).ljust(n) for x, n in zip(row, widths)).rstrip(), file=out)
+    writer = r.get("writer") or {}
+    print(
+        f"  check: the step read once at the storage's {r['disk_gbps'] or '?'} GB/s (--disk-gbps), each rank hashing "
+        f"its share; one host would read it all at {writer.get('gbps') or '?'} GB/s ({writer.get('source') or '--writer-gbps'}). "
+        f"convert: one process reads the step and writes verl's rank files at that node's share",
+        file=out,
+    )
 
 
 def durable_cell(u: dict[str, Any]) -> str:

@@ -15,13 +15,16 @@ training from scratch. An empty tracker (a kill during verl's write) is repaired
 `trainer.resume_from_path` naming a damaged step refuses in one line naming the file and an
 intact step to use instead.
 
-What it costs: sizes and the manifests' seals of every role first (no file is read, a few ms),
-then the xxh3_128 checksum of every listed file, streamed in 16 MiB chunks (bounded memory),
-unless the role's checkpoint config says `verify: false`. That is one read of the step on the
-trainer's host before the ranks' own load check reads it again (each rank its share, mostly from
-the page cache on one host). data.pt has no recorded checksum: torch's CRC32 of each of its zip
-records is checked. verl's own format records no checksums: for such role dirs the check is
-whether verl's save finished (fsdp_config.json, no failure marker) and data.pt.
+What it costs the driver: sizes and the manifests' seals of every role (no file is read, a few
+ms) and the CRC32 of data.pt's zip records. The checksums of the role dirs are the load's own: every
+rank checks its share of the listed files (slimckpt.save.step_check, agreed through the collective
+helper) before any of it is read, so the check's time does not grow with the cluster on one host. A
+step whose checksums the ranks refuse (a flipped bit: same size, same seal) is handled here too: the
+tracker moves to the newest step below it whose sizes check out, and verl's load runs again (its
+ranks check that one). With `verify: false` the ranks check sizes only. verl's own format records
+no checksums: for such role dirs the check is whether verl's save finished (fsdp_config.json, no
+failure marker) and data.pt. Only a refused `trainer.resume_from_path` checksums a step on the
+driver: the older one its message names as intact.
 """
 
 from __future__ import annotations
@@ -215,13 +218,14 @@ def _auto(root: str, roles: dict[str, bool]) -> None:
 
 
 def _resume_path(path: str, roles: dict[str, bool]) -> None:
-    """Refuse a resume_from_path whose step is damaged, naming the file and an intact step."""
+    """Refuse a resume_from_path whose step is damaged by its sizes and seals, naming the file and
+    an intact step (checksummed: the run stops anyway)."""
     step_dir = os.path.normpath(_absolute(path))
     name = os.path.basename(step_dir)
     if not name.startswith("global_step_") or not name[len("global_step_") :].isdigit():
         return  # verl's own assertion says what it must look like
     root, step = os.path.dirname(step_dir), int(name[len("global_step_") :])
-    check = check_step(root, step, roles)
+    check = check_step(root, step, _sizes(roles))  # the ranks' load checksums it
     if check.damage is None:
         log.info("resume: %s is intact", _said(check))
         return
@@ -237,6 +241,93 @@ def _resume_path(path: str, roles: dict[str, bool]) -> None:
     )
 
 
+def load_refusal(exc: BaseException) -> str | None:
+    """The one line of a load that a rank refused as damaged (UncommittedCheckpoint, also when it
+    comes back wrapped by Ray or chained), without its generic fix; None for any other failure."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        cause = getattr(e, "cause", None)  # Ray's RayTaskError carries the worker's exception here
+        if isinstance(cause, BaseException):
+            todo.insert(0, cause)
+            continue
+        if isinstance(e, UncommittedCheckpoint):
+            line = (str(e).strip().splitlines() or [""])[0]
+            return line.removesuffix(f"; {DAMAGED_FIX}")
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+def _sizes(roles: dict[str, bool]) -> dict[str, bool]:
+    return dict.fromkeys(roles, False)
+
+
+def _load_walking_back(original, trainer, args, kwargs, root: str, roles: dict[str, bool]):
+    """verl's load; where its ranks refuse the tracker's step as damaged, the tracker moves to the
+    newest older step whose sizes check out and verl loads again (its ranks checksum that one)."""
+    tracker = os.path.join(root, TRACKER_NAME)
+    refused: list[int] = []  # steps the ranks refused on this walk, newest first
+    while True:
+        try:
+            return original(trainer, *args, **kwargs)
+        except Exception as exc:
+            line = load_refusal(exc)
+            named = read_tracker(root)
+            if line is None or named is None:
+                raise
+            refused.append(named)
+            good, damaged = newest_intact(root, _sizes(roles), named - 1)
+            if good is None:
+                checked = refused + [c.step for c in damaged]
+                raise UncommittedCheckpoint(
+                    f"{line}; no step in {root} at or below global_step_{refused[0]} is intact (checked "
+                    f"{', '.join(f'global_step_{s}' for s in checked)}): re-copy the damaged files, or start "
+                    f"from scratch with trainer.resume_mode=disable"
+                ) from exc
+            atomic_write_text(tracker, str(good.step))
+            also = [c.step for c in damaged]
+            model_only = [r for r in roles if optimizer_dropped(os.path.join(root, f"global_step_{good.step}", r))]
+            log.warning(
+                "%s; resuming from global_step_%d, the newest intact step (%s now names it; global_step_%d is "
+                "left on disk as it is%s)%s",
+                line,
+                good.step,
+                TRACKER_NAME,
+                named,
+                f"; also damaged: {', '.join(f'global_step_{s}' for s in also)}" if also else "",
+                f"; retention dropped its {'/'.join(model_only)} optimizer state: the optimizer starts afresh"
+                if model_only
+                else "",
+            )
+
+
+def _load_resume_path(original, trainer, args, kwargs, path: str, roles: dict[str, bool]):
+    """verl's load of resume_from_path; a step its ranks refuse is refused in one line naming an
+    intact step below it (checksummed here: the run stops anyway)."""
+    try:
+        return original(trainer, *args, **kwargs)
+    except Exception as exc:
+        line = load_refusal(exc)
+        step_dir = os.path.normpath(_absolute(path))
+        name = os.path.basename(step_dir)
+        if line is None or not name[len("global_step_") :].isdigit():
+            raise
+        root, step = os.path.dirname(step_dir), int(name[len("global_step_") :])
+        good, _ = newest_intact(root, roles, step - 1)
+        instead = (
+            f"trainer.resume_from_path={os.path.join(root, f'global_step_{good.step}')} (intact)"
+            if good
+            else "an earlier step (none below it in this dir is intact)"
+        )
+        raise UncommittedCheckpoint(
+            f"{line}; trainer.resume_from_path names a damaged step: re-copy the file, or resume from {instead}"
+        ) from exc
+
+
 def wrap_trainer_load_checkpoint(original):
     @functools.wraps(original)
     def _load_checkpoint(self, *args, **kwargs):
@@ -244,9 +335,12 @@ def wrap_trainer_load_checkpoint(original):
         trainer = self.config.trainer
         mode = config_value(trainer, "resume_mode")
         if roles is not None and mode == "auto" and config_value(trainer, "default_local_dir"):
-            _auto(_absolute(str(trainer.default_local_dir)), roles)
-        elif roles is not None and mode == "resume_path" and isinstance(config_value(trainer, "resume_from_path"), str):
+            root = _absolute(str(trainer.default_local_dir))
+            _auto(root, _sizes(roles))  # no file read here: the ranks' load checksums what it reads
+            return _load_walking_back(original, self, args, kwargs, root, roles)
+        if roles is not None and mode == "resume_path" and isinstance(config_value(trainer, "resume_from_path"), str):
             _resume_path(trainer.resume_from_path, roles)
+            return _load_resume_path(original, self, args, kwargs, trainer.resume_from_path, roles)
         return original(self, *args, **kwargs)
 
     return _load_checkpoint

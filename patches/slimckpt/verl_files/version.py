@@ -53,4 +53,41 @@ def check_verl_version(spec: str = SUPPORTED_VERL, installed: str | None = None)
     )
 
 
-__all__ = ["ALLOW_ENV", "UnsupportedVerlVersion", "check_verl_version", "installed_verl_version"]
+def build_note(installed: str | None = None, direct_url: str | None = None) -> str:
+    """One line when the installed verl is not the release from the package index that slimckpt was
+    tested on: a local build (a `+label`, an editable or VCS or directory install) passes the version
+    guard as the release it says it is, so a change of its checkpoint classes shows only here. ""
+    for a release."""
+    import json
+    from importlib.metadata import distribution
+
+    installed = installed or installed_verl_version()
+    if direct_url is None:
+        try:
+            direct_url = distribution("verl").read_text("direct_url.json")
+        except Exception:  # noqa: BLE001 - no metadata to read: treated as a release
+            direct_url = None
+    where = ""
+    if direct_url:
+        try:
+            info = json.loads(direct_url)
+        except ValueError:
+            info = {}
+        if (info.get("dir_info") or {}).get("editable"):
+            where = f"an editable install of {info.get('url', '?')}"
+        elif "vcs_info" in info:
+            where = f"a build of {info.get('url', '?')} at {(info['vcs_info'] or {}).get('commit_id', '?')[:12]}"
+        elif info.get("url", "").startswith("file:"):
+            where = f"a local build from {info['url']}"
+    local = Version(installed).local
+    if not where and not local:
+        return ""
+    what = where or f"a local build (+{local})"
+    return (
+        f"slimckpt: verl {installed} is {what}, not the verl{SUPPORTED_VERL} release slimckpt {__version__} was "
+        f"tested on: its patches apply as to that release; if its checkpoint code differs, run "
+        f"`slimckpt dryrun <your args>` and SLIMCKPT_DISABLE=1 to compare (docs/configuration.md)"
+    )
+
+
+__all__ = ["ALLOW_ENV", "UnsupportedVerlVersion", "build_note", "check_verl_version", "installed_verl_version"]

@@ -197,11 +197,48 @@ def _say_recipe_settings(config: Any) -> None:
         log.warning("%s", line)
 
 
+MODEL_ONLY = "model_only"
+MODEL_ONLY_RECIPES = ("quickstart", "intermediate")
+
+
+def model_only_line(config: Any) -> str | None:
+    """A model-only recipe's steps go to `<verl's default dir>/model_only` unless the user's own
+    trainer.default_local_dir replaces it; then they go where the user said, beside any verl steps
+    there. What keeps a later run without the recipe (which loads the optimizer) from resuming one of
+    them is adopt's start-up check (it stops in one line), not the directory: this line says so."""
+    if recipe_of(config) not in MODEL_ONLY_RECIPES:
+        return None
+    path = str(_select(config, "trainer.default_local_dir") or "")
+    if not path or path.rstrip("/").rsplit("/", 1)[-1] == MODEL_ONLY:
+        return None
+    recipe = recipe_of(config)
+    return (
+        f"slimckpt: +recipe={recipe} saves model-only steps in {path} (your trainer.default_local_dir; the "
+        f"recipe's own is <verl's default dir>/{MODEL_ONLY}); a later run without +recipe={recipe} that finds one "
+        f"there stops at start-up in one line instead of resuming without its optimizer"
+    )
+
+
+def _say_build() -> None:
+    from ..verl_files.version import build_note
+
+    try:
+        line = build_note()
+    except Exception as exc:  # noqa: BLE001 - a line of information must not stop a run
+        line = f"slimckpt: could not read how verl was installed ({exc})"
+    if line:
+        log.warning("%s", line)
+
+
 def wrap_validate_config(original):
     @functools.wraps(original)
     def validate_config(config, use_reference_policy: bool, use_critic: bool, *args, **kwargs):
         result = original(config, use_reference_policy, use_critic, *args, **kwargs)
         if not _in_ray_worker():
+            _say_build()
+            where = model_only_line(config)
+            if where:
+                log.warning("%s", where)
             _say_recipe_settings(config)
             from .fsdp1_note import say_fsdp1_cost
 
