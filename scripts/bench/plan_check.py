@@ -86,9 +86,17 @@ def preset_config(size: str, root: str) -> str:
     return path
 
 
-def strategy_for(mode: str, staged: bool | None, contents: tuple[str, ...] | None = None):
+# the incremental recipe exported fp32 (export_dtype: auto) until it shipped bf16: a measured row that does not
+# record its export's dtype was written with fp32
+UNRECORDED_EXPORT_DTYPE = "auto"
+
+
+def strategy_for(
+    mode: str, staged: bool | None, contents: tuple[str, ...] | None = None, export_dtype: str | None = None
+):
     """The plan's strategy of a measured save; `contents`: the incremental tier's save_contents when the
-    bench set them (scripts/bench/train_scale.py saves [model, extra])."""
+    bench set them (scripts/bench/train_scale.py saves [model, extra]); `export_dtype`: the incremental
+    export's dtype the bench ran with."""
     from slimckpt.plan import build, cost
 
     if mode == "verl":
@@ -96,7 +104,11 @@ def strategy_for(mode: str, staged: bool | None, contents: tuple[str, ...] | Non
     if mode == "intermediate":
         return build.recipe_strategies(["intermediate"])[0]
     # the measured saves ran with a number for host_memory_budget_gb (the recipe's auto is per node)
-    inc = replace(build.recipe_strategies(["incremental"])[0], host_memory_budget_gb=16.0)
+    inc = replace(
+        build.recipe_strategies(["incremental"])[0],
+        host_memory_budget_gb=16.0,
+        export_dtype=export_dtype or UNRECORDED_EXPORT_DTYPE,
+    )
     if contents:
         inc = replace(inc, contents=contents)
     if mode == "incremental":
@@ -157,7 +169,7 @@ def points(bench: dict, world: int) -> list[Point]:
                 if row["mode"] == "async" and row.get("staged") is False
                 else ""
             )
-            strategy = strategy_for(row["mode"], row.get("staged"))
+            strategy = strategy_for(row["mode"], row.get("staged"), export_dtype=row.get("export_dtype"))
             one = row.get("first_save_extra_per_rank") or row["peak_extra_per_rank"]
             largest = row["peak_extra_per_rank"][0] if row.get("first_save_extra_per_rank") else None
             out.append(planned(f, world, strategy, extra, row["size"], row, one, note, largest))
@@ -176,7 +188,9 @@ def train_points(train: dict, world: int) -> list[Point]:
         for row in train["rows"]:
             if row["preset"] != preset or row["killed"] or row["mode"] not in ("intermediate", "incremental", "stream"):
                 continue
-            strategy = strategy_for(row["mode"], None, contents=("model", "extra"))
+            strategy = strategy_for(
+                row["mode"], None, contents=("model", "extra"), export_dtype=row.get("export_dtype")
+            )
             note = "model and extra state, no optimizer (make bench-train-scale)"
             one = row.get("first_save_extra_per_rank") or row["save_extra_per_rank"]
             largest = row["save_extra_per_rank"][0] if row.get("first_save_extra_per_rank") else None

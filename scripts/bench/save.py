@@ -384,6 +384,7 @@ def worker(args: argparse.Namespace) -> None:
         "fsdp": args.fsdp,
         "params": n_params,
         "export_hf": export_hf,
+        "export_dtype": None if args.mode == "verl" else str(config.export_dtype),
         "first_level": first_level,
         "saves": saves,
         "stream_bound": bound,
@@ -463,6 +464,7 @@ def summarise(size: str, mode: str, ranks: list[dict]) -> dict:
         "fsdp": ranks[0].get("fsdp", 2),
         "params": ranks[0]["params"],
         "export_hf": ranks[0]["export_hf"],
+        "export_dtype": ranks[0].get("export_dtype"),
         "peak_extra_per_rank": extra,
         "peak_extra": max(extra),
         # one save in a fresh process, what `slimckpt plan` predicts; the later saves' peaks also

@@ -44,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from scripts.bench.save import machine_line, mem_available, preset_params, write_section
 from scripts.bench.scale import choose_cap, enough_disk, run_capped
 from scripts.provenance import source_commit
@@ -233,10 +235,17 @@ def run_one(preset: str, mode: str, args: argparse.Namespace, cap: int) -> dict:
     return summarise(preset, mode, got, events, ranks)
 
 
+def recipe_export_dtype() -> str:
+    recipe = yaml.safe_load((REPO / "recipes" / "incremental.yaml").read_text())
+    return str(recipe["actor_rollout_ref"]["actor"]["checkpoint"].get("export_dtype", "bf16"))
+
+
 def summarise(preset: str, mode: str, got: dict, events: dict[str, float], ranks: list[dict] | None) -> dict:
     row = {
         "preset": preset,
         "mode": mode,
+        # the dtype of the incremental recipe's export in this run (the plan's check reads it)
+        "export_dtype": recipe_export_dtype() if mode in ("incremental", "stream") else None,
         "killed": got["killed"],
         "killed_at_s": got["killed_at_s"],
         "tree_peak": got["peak_rss_anon"],

@@ -129,8 +129,8 @@ def test_plan_prints_no_warning_naming_its_temp_dir(tmp_path):
 
 
 def test_hf_listing_follows_the_exporting_recipe(tmp_path, capsys):
-    """`--recipe incremental` lists the export it writes (export_dtype=auto: fp32, in its max_shard_size
-    files), not bf16 in save_pretrained's; an explicit --export-dtype still wins."""
+    """`--recipe incremental` lists the export it writes (its export_dtype, in its max_shard_size files);
+    export_dtype=auto lists fp32; an explicit --export-dtype still wins."""
     import yaml
 
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
@@ -160,8 +160,11 @@ def test_hf_listing_follows_the_exporting_recipe(tmp_path, capsys):
         return json.loads(capsys.readouterr().out)
 
     ours = report("--recipe", "incremental")
-    assert ours["hf_export"]["dtype"] == "fp32" and str(ours["hf_export"]["max_shard_size"]) == str(shard)
+    assert ours["hf_export"]["dtype"] == recipe["export_dtype"] == "bf16"  # the recipe's bounded default
+    assert str(ours["hf_export"]["max_shard_size"]) == str(shard)
     inc = next(e for e in ours["estimates"] if e["strategy"] == "+recipe=incremental")
     assert inc["hf_export_bytes"] == ours["hf_export"]["bytes"]  # the listing is the export that row writes
-    asked = report("--recipe", "incremental", "--export-dtype", "bf16")
-    assert asked["hf_export"]["dtype"] == "bf16" and asked["hf_export"]["bytes"] < ours["hf_export"]["bytes"]
+    auto = report("--recipe", "incremental", "--set", "export_dtype=auto")  # the parameters' dtype: fp32
+    assert auto["hf_export"]["dtype"] == "fp32" and auto["hf_export"]["bytes"] > ours["hf_export"]["bytes"]
+    asked = report("--recipe", "incremental", "--set", "export_dtype=auto", "--export-dtype", "bf16")
+    assert asked["hf_export"]["dtype"] == "bf16" and asked["hf_export"]["bytes"] == ours["hf_export"]["bytes"]

@@ -7,7 +7,8 @@ file of verl read by path goes through `check_verl_version`; an untested verl fa
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+import json
+from importlib.metadata import PackageNotFoundError, distribution, version
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -58,9 +59,6 @@ def build_note(installed: str | None = None, direct_url: str | None = None) -> s
     tested on: a local build (a `+label`, an editable or VCS or directory install) passes the version
     guard as the release it says it is, so a change of its checkpoint classes shows only here. ""
     for a release."""
-    import json
-    from importlib.metadata import distribution
-
     installed = installed or installed_verl_version()
     if direct_url is None:
         try:
