@@ -153,7 +153,7 @@ def test_plan_prints_the_retention_table(tmp_path):
         timeout=120,
     )
     assert res.returncode == 0, res.stderr
-    table = res.stdout[res.stdout.index("retention with keep_optimizer_last") :]
+    table = res.stdout[res.stdout.index("retention with keep_optimizer_last") : res.stdout.index("resume and leave")]
     rows = [line for line in table.splitlines() if line.startswith("+recipe=incremental")]
     assert [("newest 1" in r, "all kept" in r) for r in rows] == [(True, False), (False, True)], table
     assert "verl default" not in table  # verl's own retention has no such keys

@@ -147,6 +147,24 @@ def test_quickstart_effective_keys():
     assert re.search(r"RESTARTS the optimizer", text), "quickstart must state its trade-off"
 
 
+def test_incremental_is_bounded_by_default():
+    """The one adoption line cannot fill a 70B disk: the newest 2 steps per role, the optimizer in the newest
+    only, a bf16 export; FSDP1's device copy is checked at start-up unless allowed."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_config(["+recipe=incremental"])
+    assert cfg.trainer.max_actor_ckpt_to_keep == 2 and cfg.trainer.max_critic_ckpt_to_keep == 2
+    for role in ("actor_rollout_ref.actor", "critic"):
+        ckpt = OmegaConf.select(cfg, f"{role}.checkpoint")
+        assert ckpt.keep_optimizer_last == 1 and ckpt.allow_fsdp1_device_copy is False
+    assert cfg.actor_rollout_ref.actor.checkpoint.export_dtype == "bf16"
+    # keeping everything, as verl does, is one override per key
+    kept = compose_config(
+        ["+recipe=incremental", "trainer.max_actor_ckpt_to_keep=null", "critic.checkpoint.keep_optimizer_last=null"]
+    )
+    assert kept.trainer.max_actor_ckpt_to_keep is None and kept.critic.checkpoint.keep_optimizer_last is None
+
+
 def test_unknown_recipe_lists_the_recipes(capsys):
     with pytest.raises(DryRunError) as err:
         compose_config(["+recipe=does_not_exist"])
