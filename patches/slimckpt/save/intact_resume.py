@@ -272,11 +272,11 @@ def _load_walking_back(original, trainer, args, kwargs, root: str, roles: dict[s
     tracker = os.path.join(root, TRACKER_NAME)
     refused: list[int] = []  # steps the ranks refused on this walk, newest first
     while True:
+        named = read_tracker(root)  # the step verl loads now: read before, another reader may move it after
         try:
             return original(trainer, *args, **kwargs)
         except Exception as exc:
             line = load_refusal(exc)
-            named = read_tracker(root)
             if line is None or named is None:
                 raise
             refused.append(named)
