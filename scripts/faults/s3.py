@@ -485,7 +485,8 @@ def trial_specs(args: argparse.Namespace) -> list[dict]:
             elif cell == "revoke":
                 fault["rank"] = 0
             elif cell == "throttle":
-                fault = {"kind": cell, "variant": i % len(THROTTLES)}
+                variants = args.variants or list(range(len(THROTTLES)))
+                fault = {"kind": cell, "variant": variants[i % len(variants)]}
             specs.append({"cell": cell, "index": i, "fault": fault})
     return specs
 
@@ -655,6 +656,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restarts", type=int, default=10, help="server stopped and restarted mid-save (10)")
     p.add_argument("--throttles", type=int, default=10, help="throttling/5xx trials, cycling the variants (10)")
     p.add_argument("--revokes", type=int, default=10, help="credentials revoked mid-save (10)")
+    p.add_argument(
+        "--variants",
+        type=int,
+        nargs="+",
+        choices=range(len(THROTTLES)),
+        default=None,
+        help="the throttle variants to cycle (indexes into THROTTLES; default all)",
+    )
     p.add_argument("--cells", nargs="+", choices=CELLS, default=list(CELLS))
     p.add_argument("--work", default=os.path.join(REPO, "runs", "s3_faults"), help="trial dirs (bad ones are kept)")
     p.add_argument("--json", default=OUT, help=f"results (default {os.path.relpath(OUT, REPO)})")
@@ -701,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             data = {
-                "command": "python -m scripts.faults.s3 " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "command": " ".join(["python -m scripts.faults.s3", *(argv if argv is not None else sys.argv[1:])]),
                 "commit": commit,
                 "host": host,
                 "minutes": (time.monotonic() - started) / 60,
