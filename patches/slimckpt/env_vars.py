@@ -198,10 +198,28 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar(
         "SLIMCKPT_S3_LEASE_S",
         "seconds",
-        "21600",
+        "60",
         "user",
-        "how long an s3:// writer's lease object holds before another writer may take it over (object "
-        "stores have no lock that dies with its holder)",
+        "how long an s3:// writer's lease object holds unrenewed (its holder renews it every quarter of this): "
+        "a killed writer's lease is taken over this long after the kill, since object stores have no lock that "
+        "dies with its holder; a writer that finds a lease held waits up to this long to see which",
+    ),
+    EnvVar(
+        "SLIMCKPT_S3_RETRIES",
+        "int",
+        "10",
+        "user",
+        "attempts an s3:// request gets when S3 answers throttling (SlowDown, 503), 500/502/504 or the "
+        "connection fails (reset, refused, timed out), with exponential backoff between them; a refusal "
+        "(access, credentials, no bucket) is never retried",
+    ),
+    EnvVar(
+        "SLIMCKPT_S3_RETRY_S",
+        "seconds",
+        "120",
+        "user",
+        "the time an s3:// request's retries may take in all, from its first attempt: past it, the last "
+        "failure fails the save (on every rank) in one line",
     ),
     EnvVar(
         "SLIMCKPT_MERGE_STATS",

@@ -5,11 +5,13 @@ and no credential in anything the tests print, log or raise."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -132,7 +134,8 @@ def test_ranges_in_order_become_one_object_and_out_of_order_is_refused(s3_url, s
     assert not store.exists(f"{s3_url}/left.bin")
 
 
-def test_commits_are_put_once_and_leases_are_exclusive(s3_url):
+def test_commits_are_put_once_and_leases_are_exclusive(s3_url, monkeypatch):
+    monkeypatch.setenv("SLIMCKPT_S3_LEASE_S", "2")  # renewed every 0.5 s: a second writer learns it is held at once
     store = for_path(s3_url)
     manifest = f"{s3_url}/global_step_1/slimckpt_manifest.json"
     assert store.put_if_absent(manifest, b'{"step": 1}')
@@ -153,6 +156,24 @@ def test_commits_are_put_once_and_leases_are_exclusive(s3_url):
     again = store.lease(key, exclusive=True)
     assert again is not None
     again.release()
+
+
+def test_a_killed_writers_lease_is_taken_over_once_it_expires_unrenewed(s3_url, monkeypatch):
+    monkeypatch.setenv("SLIMCKPT_S3_LEASE_S", "2")
+    store = for_path(s3_url)
+    key = f"{s3_url}/.global_step_2.slimckpt-lock"
+    bucket, k = key[len("s3://") :].split("/", 1)
+    # what a SIGKILLed holder leaves: its lease object, renewed no more
+    dead = {"holder": "pid 1 on gone", "created": time.time(), "expires": time.time() + 2, "token": "dead"}
+    store.client().put_object(Bucket=bucket, Key=k, Body=json.dumps(dead).encode())
+    t0 = time.monotonic()
+    lease = store.lease(key, exclusive=True)
+    assert lease is not None and 0.5 < time.monotonic() - t0 < 6
+    time.sleep(1.2)  # renewed meanwhile: still ours, and a third writer is refused
+    assert json.loads(store.read_range(key, 0, 4096))["token"] == lease.token
+    assert store.lease(key, exclusive=True) is None
+    lease.release()
+    assert not store.exists(key)
 
 
 def test_listing_sizes_copies_and_deletes(s3_url, s3_server):

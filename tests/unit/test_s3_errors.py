@@ -233,6 +233,7 @@ def test_errors_pickle_across_processes_unchanged():
 
 
 def test_commits_and_leases_are_conditional_puts(aws):
+    aws.setenv("SLIMCKPT_S3_LEASE_S", "2")  # renewed every 0.5 s: a second writer sees it held at once
     store = s3.S3Storage()
     with moto.mock_aws():
         boto3.client("s3").create_bucket(Bucket="ckpts")
@@ -248,6 +249,7 @@ def test_commits_and_leases_are_conditional_puts(aws):
 
 
 def test_an_expired_lease_is_taken_over(aws):
+    aws.setenv("SLIMCKPT_S3_LEASE_S", "1")  # a lease expiring past our watch is held: watched 1 s
     store = s3.S3Storage()
     key = "s3://ckpts/run/.step_2.lock"
     with moto.mock_aws():

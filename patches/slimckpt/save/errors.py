@@ -36,7 +36,8 @@ from ..format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest
 from ..log import get_logger
 from ..read.checkpoint_dir import rank_files
 from ..read.locks import LockBusy, acquire
-from ..storage import for_path
+from ..storage import absolute, for_path
+from ..storage.s3_errors import S3Error
 from ..write.peers import causes, in_a_job
 from ..write.resume_records import atomic_write_text, write_failure
 from .async_modes.registry import mode_for
@@ -88,6 +89,9 @@ def describe_save_error(exc: BaseException, local_path: str, step: int) -> str:
     head = f"slimckpt: saving step {step} to {local_path} failed"
     if isinstance(exc, (LockBusy, SaveFailed)):
         return str(exc)
+    for e in causes(exc):
+        if isinstance(e, S3Error):  # already one line naming the object and the fix (throttled past the retries,
+            return f"{head}: {e}"  # credentials refused...): an errno's generic words would lose the fix
     line = _os_line(exc, local_path)
     if line is not None:
         return f"{head}: {line}"
@@ -133,7 +137,8 @@ def take_writer_lock(target: SaveTarget, local_path: str, step: int):
     held: list[Any] = []
 
     def lock_on_rank0() -> None:  # the lock stays here: every rank gets only the outcome
-        os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
+        parent = os.path.dirname(absolute(local_path).rstrip("/"))
+        for_path(parent).make_dirs(parent, exist_ok=True)
         held.append(
             acquire(
                 local_path,
@@ -172,9 +177,13 @@ def discard_rank_files(local_path: str, rank: int) -> None:
     """This rank's shard files of a failed save: they are useless and take the space a full disk
     needs for the next save. Kept once the manifest is written (resume_records.write_failure):
     they are a committed step's."""
-    if has_manifest(local_path):
+    try:
+        if has_manifest(local_path):
+            return
+        names = rank_files(local_path, rank)
+    except OSError:  # the storage itself is what failed (a server gone, credentials revoked): the save's line says it
         return
-    for name in rank_files(local_path, rank):
+    for name in names:
         try:
             for_path(local_path).remove(os.path.join(local_path, name))
         except OSError:

@@ -29,7 +29,9 @@ sync      sync, sync_tree, sync_open, make_dirs: nothing to do (durable on retur
 publish   `supports_dir_rename = False`: an output is written in its final place and committed by its
           manifest alone; atomic_publish raises. replace is a server-side copy then a delete (up to 5 GiB).
 leases    `supports_leases_that_die_with_holder = False`. Exclusive: a small JSON object put with
-          `If-None-Match: *` (holder, expiry `SLIMCKPT_S3_LEASE_S` ahead); an expired one is taken over.
+          `If-None-Match: *` (holder, expiry `SLIMCKPT_S3_LEASE_S` ahead), renewed by its holder every
+          quarter of that; a writer finding one held watches it until it expires: renewed, it is busy;
+          expired unrenewed (its holder was killed), it is taken over.
           Shared: granted without an object: a reader of a committed step is protected by the commit
           rules instead (pruning deletes the manifest before any file, so a reader never takes a step
           being deleted as committed).
@@ -46,9 +48,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import io
 import json
 import os
+import random
 import socket
 import threading
 import time
@@ -59,7 +63,7 @@ from typing import IO, Any
 
 from .. import env_vars
 from .base import Lease, RangeWriter, Storage
-from .s3_errors import S3Error, S3Failed, S3NotFound, mapped, no_conditional_writes
+from .s3_errors import S3Error, S3Failed, S3NotFound, gave_up, mapped, no_conditional_writes, retryable
 
 MIB = 1 << 20
 MIN_PART = 5 * MIB  # S3's smallest part (but the last)
@@ -68,7 +72,9 @@ MAX_PARTS = 10_000
 MAX_COPY = 5 << 30  # one CopyObject; above it a multipart copy would be needed
 READ_BLOCK = 8 * MIB
 DELETE_BATCH = 1000  # DeleteObjects' limit
-MAX_ATTEMPTS = 5  # botocore's standard retry mode: throttling, 5xx and connection errors, with backoff
+BACKOFF_BASE_S = 0.2  # the first retry's wait (about); each next one doubles, up to BACKOFF_CAP_S
+BACKOFF_CAP_S = 10.0
+CHECK_ATTEMPTS = 3  # the start-up check's requests: a wrong endpoint or a stopped server is said at once
 # a bucket does not fill up: the room check passes whatever the output's size
 UNLIMITED = 1 << 62
 PROBE_NAME = ".slimckpt-conditional-write-probe-"
@@ -104,7 +110,9 @@ def make_client() -> Any:
     from botocore.config import Config
 
     options: dict[str, Any] = {
-        "retries": {"mode": "standard", "max_attempts": MAX_ATTEMPTS},
+        # one attempt per call: the retries are ours (`Retries`), bounded in attempts and time, and they
+        # know when a repeated conditional PUT or completion may have landed the first time
+        "retries": {"mode": "standard", "total_max_attempts": 1},
         "max_pool_connections": max(10, concurrency() + 4),
         "connect_timeout": 10,
         "read_timeout": 120,
@@ -222,15 +230,80 @@ def dir_prefix(key: str) -> str:
     return f"{key}/" if key else ""
 
 
-def call(url: str, fn: Callable[..., Any], *, bucket_level: bool = False, **kwargs: Any) -> Any:
-    """`fn(**kwargs)` with its botocore failure raised as the one-line error about `url`."""
-    try:
-        return fn(**kwargs)
-    except Exception as exc:  # noqa: BLE001 - mapped to S3Error when it is botocore's, else re-raised as it is
+class Retries:
+    """The retries of one request: at most `SLIMCKPT_S3_RETRIES` attempts within `SLIMCKPT_S3_RETRY_S`
+    seconds, waiting between them with exponential backoff and jitter (about 0.2, 0.4, 0.8 ... s, at most
+    10 s, each a random 50-100% of that). Only a retryable failure is tried again (`s3_errors.retryable`)."""
+
+    def __init__(self, most: int | None = None) -> None:
+        self.attempts = env_vars.integer("SLIMCKPT_S3_RETRIES")
+        if self.attempts < 1:
+            raise env_vars.BadValue(f"SLIMCKPT_S3_RETRIES={self.attempts}: use 1 or more attempts (default 10)")
+        if most is not None:
+            self.attempts = min(self.attempts, most)
+        self.budget = env_vars.seconds("SLIMCKPT_S3_RETRY_S")
+        self.start = time.monotonic()
+        self.attempt = 1
+
+    def again(self, exc: BaseException) -> bool:
+        """Whether to send the request once more after `exc` (having waited); False: give up now."""
+        if not retryable(exc) or self.attempt >= self.attempts:
+            return False
+        ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (self.attempt - 1))
+        wait = ceiling * random.uniform(0.5, 1.0)
+        if time.monotonic() - self.start + wait > self.budget:
+            return False
+        time.sleep(wait)
+        self.attempt += 1
+        return True
+
+    def failed(self, exc: BaseException, url: str, *, bucket_level: bool = False) -> BaseException:
+        """The one-line error for the last failure (saying how often it was tried when it was more than once)."""
         err = mapped(exc, url, bucket_level=bucket_level)
-        if err is exc:
-            raise
-        raise err from None
+        if self.attempt > 1:
+            err = gave_up(err, self.attempt, time.monotonic() - self.start)
+        return err
+
+
+def retried(url: str, attempt: Callable[[], Any], *, bucket_level: bool = False, most: int | None = None) -> Any:
+    """`attempt()` until it returns, retried by `Retries` (at most `most` attempts when given); its last
+    botocore failure raised as the one-line error about `url` (anything else as it is)."""
+    retries = Retries(most)
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:  # noqa: BLE001 - mapped to S3Error when it is botocore's, else re-raised as it is
+            if retries.again(exc):
+                continue
+            err = retries.failed(exc, url, bucket_level=bucket_level)
+            if err is exc:
+                raise
+            raise err from None
+
+
+def call(
+    url: str, fn: Callable[..., Any], *, bucket_level: bool = False, most: int | None = None, **kwargs: Any
+) -> Any:
+    """`fn(**kwargs)`, retried, with its botocore failure raised as the one-line error about `url`."""
+    body = kwargs.get("Body")
+
+    def attempt() -> Any:
+        if hasattr(body, "seek"):
+            body.seek(0)  # a retry sends the whole body again
+        return fn(**kwargs)
+
+    return retried(url, attempt, bucket_level=bucket_level, most=most)
+
+
+def listing(url: str, *, bucket_level: bool = True, **kwargs: Any) -> Iterator[dict]:
+    """The pages of ListObjectsV2 (`kwargs`: Bucket, Prefix, Delimiter), each request retried."""
+    token: dict[str, str] = {}
+    while True:
+        page = call(url, CLIENT.get().list_objects_v2, bucket_level=bucket_level, **kwargs, **token)
+        yield page
+        if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+            return
+        token = {"ContinuationToken": page["NextContinuationToken"]}
 
 
 def code_of(exc: BaseException) -> str:
@@ -401,21 +474,42 @@ class Upload:
                 else:
                     if self.fill:
                         self.ship()
-                    etags = [(number, future.result()) for number, future in self.parts]
-                    call(
-                        self.url,
-                        CLIENT.get().complete_multipart_upload,
-                        Bucket=self.bucket,
-                        Key=self.key,
-                        UploadId=self.upload_id,
-                        MultipartUpload={"Parts": [{"ETag": etag, "PartNumber": n} for n, etag in etags]},
-                    )
+                    self.complete([(number, future.result()) for number, future in self.parts])
             except BaseException:
                 self.abort()
                 raise
             self.budget.give(self.buf)
             self.state, self.buf, self.parts = "done", None, []
             self.budget.end()
+
+    def complete(self, etags: list[tuple[int, str]]) -> None:
+        """CompleteMultipartUpload, retried. A retry answered NoSuchUpload may follow a first attempt that
+        completed with its answer lost: it is done when the key's ETag is the one these parts make."""
+        client = CLIENT.get()
+        retries = Retries()
+        parts = {"Parts": [{"ETag": etag, "PartNumber": n} for n, etag in etags]}
+        while True:
+            try:
+                client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, MultipartUpload=parts
+                )
+                return
+            except Exception as exc:  # noqa: BLE001 - retried or mapped
+                if retries.attempt > 1 and code_of(exc) in ("NoSuchUpload", "404") and self.completed_as(etags):
+                    return
+                if retries.again(exc):
+                    continue
+                err = retries.failed(exc, self.url)
+                if err is exc:
+                    raise
+                raise err from None
+
+    def completed_as(self, etags: list[tuple[int, str]]) -> bool:
+        try:
+            head = CLIENT.get().head_object(Bucket=self.bucket, Key=self.key)
+        except Exception:  # noqa: BLE001 - no object (or no answer): not completed as far as we can tell
+            return False
+        return str(head.get("ETag", "")).strip('"') == multipart_etag([etag for _n, etag in etags])
 
     def abort(self) -> None:
         """Nothing of this write left at the key, nor as an unfinished upload (idempotent)."""
@@ -440,6 +534,16 @@ class Upload:
                         Key=self.key,
                         UploadId=self.upload_id,
                     )
+
+
+def multipart_etag(etags: list[str]) -> str:
+    """The ETag S3 gives an object completed from parts with these ETags: the MD5 of their MD5s, "-" count
+    ("" when a part's ETag is not a plain MD5, e.g. under SSE-KMS: then no match is claimed)."""
+    try:
+        digests = b"".join(bytes.fromhex(e.strip('"')) for e in etags)
+    except ValueError:
+        return ""
+    return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(etags)}"
 
 
 class StreamFile:
@@ -528,30 +632,55 @@ CONDITIONAL_OK: set[str] = set()  # buckets whose server was seen to refuse a se
 
 
 class S3Lease(Lease):
+    """A lease held on S3. An exclusive one is renewed by a thread every quarter of
+    `SLIMCKPT_S3_LEASE_S` while it is held, so it expires that long after its holder dies (a SIGKILL, a
+    lost node) and the next writer takes it over then, instead of being refused until a long expiry."""
+
     def __init__(self, store: S3Storage, key: str, exclusive: bool, token: str | None, body: dict) -> None:
         self.store, self.key, self.exclusive = store, key, exclusive
         self.token, self.body = token, body
         self.held = True
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        if exclusive:
+            threading.Thread(target=self.renew_until_released, name="slimckpt-s3-lease", daemon=True).start()
+
+    def put_body(self, **changes: Any) -> None:
+        """Our lease object again with `changes` and a new expiry, unless it is no longer ours."""
+        with self.lock:
+            if not self.held:
+                return
+            body = dict(self.body, **changes, expires=time.time() + env_vars.seconds("SLIMCKPT_S3_LEASE_S"))
+            bucket, key = split(self.key)
+            with contextlib.suppress(S3Error):
+                # checked first: an expired lease may have been taken over (a holder stalled past its expiry)
+                if (self.store.lease_body(self.key) or {}).get("token") != self.token:
+                    return
+                call(self.key, CLIENT.get().put_object, Bucket=bucket, Key=key, Body=json.dumps(body).encode())
+                self.body = body
+
+    def renew_until_released(self) -> None:
+        while not self.stopped.wait(max(0.05, env_vars.seconds("SLIMCKPT_S3_LEASE_S") / 4)):
+            self.put_body()
 
     def note(self, text: str) -> None:
-        if not (self.held and self.exclusive):
-            return
-        body = dict(self.body, note=text, expires=time.time() + env_vars.seconds("SLIMCKPT_S3_LEASE_S"))
-        bucket, key = split(self.key)
-        with contextlib.suppress(S3Error):
-            call(self.key, CLIENT.get().put_object, Bucket=bucket, Key=key, Body=json.dumps(body).encode())
-            self.body = body
+        if self.held and self.exclusive:
+            self.put_body(note=text)
 
     def release(self) -> None:
         if not self.held:
             return
-        self.held = False
+        self.stopped.set()
+        with self.lock:
+            self.held = False
         if not self.exclusive:
             return
-        # only our own: an expired lease may have been taken over by another writer since
-        if (self.store.lease_body(self.key) or {}).get("token") == self.token:
-            with contextlib.suppress(FileNotFoundError):
-                self.store.remove(self.key)
+        # only our own: an expired lease may have been taken over by another writer since; a release that
+        # fails (the server gone, the credentials revoked) leaves the lease to expire
+        with contextlib.suppress(S3Error):
+            if (self.store.lease_body(self.key) or {}).get("token") == self.token:
+                with contextlib.suppress(FileNotFoundError):
+                    self.store.remove(self.key)
 
 
 class S3Reader(Positioned):
@@ -567,14 +696,11 @@ class S3Reader(Positioned):
         self.block_at = 0
 
     def get(self, offset: int, n: int) -> bytes:
-        out = call(
-            self.url,
-            CLIENT.get().get_object,
-            Bucket=self.bucket,
-            Key=self.key,
-            Range=f"bytes={offset}-{offset + n - 1}",
-        )
-        return out["Body"].read()
+        def attempt() -> bytes:
+            out = CLIENT.get().get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={offset}-{offset + n - 1}")
+            return out["Body"].read()  # a connection lost while the body streams is retried too
+
+        return retried(self.url, attempt)
 
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")
@@ -627,20 +753,29 @@ class S3Storage(Storage):
 
     def check_access(self, url: str) -> None:
         """One cheap request, before anything is written: the bucket is there, and its keys under the
-        URL's prefix may be listed with these credentials (else the one-line S3Error with its fix)."""
+        URL's prefix may be listed with these credentials (else the one-line S3Error with its fix). Tried
+        CHECK_ATTEMPTS times at most: a wrong endpoint is said in seconds, not after a save's retries."""
         bucket, key = split(url)
         client = CLIENT.get()
         try:
-            call(url, client.head_bucket, bucket_level=True, Bucket=bucket)
+            call(url, client.head_bucket, bucket_level=True, most=CHECK_ATTEMPTS, Bucket=bucket)
         except S3Error as head_failed:
             # a HEAD's answer has no body, so no error code: a 403 may be a wrong secret, a 301 any
             # region; the listing's answer names it
             try:
-                call(url, client.list_objects_v2, bucket_level=True, Bucket=bucket, Prefix=key, MaxKeys=1)
+                call(
+                    url,
+                    client.list_objects_v2,
+                    bucket_level=True,
+                    most=CHECK_ATTEMPTS,
+                    Bucket=bucket,
+                    Prefix=key,
+                    MaxKeys=1,
+                )
             except S3Error as named:
                 raise named from None
             raise head_failed from None
-        call(url, client.list_objects_v2, bucket_level=True, Bucket=bucket, Prefix=key, MaxKeys=1)
+        call(url, client.list_objects_v2, bucket_level=True, most=CHECK_ATTEMPTS, Bucket=bucket, Prefix=key, MaxKeys=1)
 
     # ------------------------------------------------------------------ room
 
@@ -657,7 +792,7 @@ class S3Storage(Storage):
             return S3Lease(self, key, False, None, {})
         bucket, k = split(key)
         self.require_conditional_writes(key)
-        for _ in range(2):
+        for _ in range(3):
             now = time.time()
             token = uuid.uuid4().hex
             body = {
@@ -672,12 +807,29 @@ class S3Storage(Storage):
             if held is None:
                 continue  # released between our put and our read: try again
             expires = held.get("expires")
-            if isinstance(expires, int | float) and expires < time.time():
-                with contextlib.suppress(FileNotFoundError):
-                    call(key, CLIENT.get().delete_object, Bucket=bucket, Key=k)
-                continue
-            return None
+            if not isinstance(expires, int | float):
+                return None  # not one of ours: held, no expiry known
+            if expires >= time.time() and not self.expired_unrenewed(key, expires):
+                return None  # its holder renews it (alive), or it outlasts our watch
+            with contextlib.suppress(FileNotFoundError):
+                call(key, CLIENT.get().delete_object, Bucket=bucket, Key=k)
         return None
+
+    def expired_unrenewed(self, key: str, expires: float) -> bool:
+        """Watch a held lease for at most `SLIMCKPT_S3_LEASE_S`: True when it expires unrenewed (its holder
+        is dead) or is released; False as soon as it is renewed (or taken by another), or when the watch
+        ends first (a lease longer than ours, e.g. a holder with another setting: held)."""
+        ttl = env_vars.seconds("SLIMCKPT_S3_LEASE_S")
+        poll = min(1.0, max(0.05, ttl / 8))
+        until = min(expires, time.time() + ttl)
+        while time.time() <= until:
+            time.sleep(min(poll, max(0.0, until - time.time()) + 0.01))
+            held = self.lease_body(key)
+            if held is None:
+                return True
+            if held.get("expires") != expires:
+                return False
+        return time.time() > expires
 
     def lease_body(self, key: str) -> dict | None:
         bucket, k = split(key)
@@ -755,29 +907,42 @@ class S3Storage(Storage):
 
     def put_new(self, path: str, data: bytes) -> bool:
         """PUT with `If-None-Match: *`: False when the key exists (412). A 409 means another conditional
-        write of the key was in flight: retried once, whose 412 (or second 409) is a False too."""
+        write of the key was in flight: tried once more, whose 412 (or second 409) is a False too.
+
+        A retryable failure (throttling, a 5xx, a lost connection) is retried; the attempt it cut short may
+        have landed, so a 412 after a retry is ours (True) only when the object holds exactly `data`, and a
+        conflict (False) otherwise."""
         bucket, key = split(path)
-        for attempt in range(2):
+        retries = Retries()
+        conflicts = 0
+        while True:
             try:
                 CLIENT.get().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
                 return True
-            except client_error() as exc:
-                code = code_of(exc)
+            except Exception as exc:  # noqa: BLE001 - a condition's answer, retried, or mapped
+                code = code_of(exc) if isinstance(exc, client_error()) else ""
                 if code in ("PreconditionFailed", "412"):
-                    return False
-                if code in ("ConditionalRequestConflict", "409") and attempt == 0:
-                    continue
+                    return retries.attempt > 1 and self.holds(path, data)
                 if code in ("ConditionalRequestConflict", "409"):
-                    return False
+                    conflicts += 1
+                    if conflicts < 2:
+                        continue
+                    return retries.attempt > 1 and self.holds(path, data)
                 if code in ("NotImplemented", "501"):
                     raise no_conditional_writes(path) from None
-                raise mapped(exc, path) from None
-            except Exception as exc:  # noqa: BLE001 - botocore's other failures, mapped
-                err = mapped(exc, path)
+                if retries.again(exc):
+                    continue
+                err = retries.failed(exc, path)
                 if err is exc:
                     raise
                 raise err from None
-        return False
+
+    def holds(self, path: str, data: bytes) -> bool:
+        """Whether the object at `path` is exactly `data` (a small one: a manifest, a lease)."""
+        try:
+            return self.read_range(path, 0, len(data) + 1) == data
+        except FileNotFoundError:
+            return False
 
     def require_conditional_writes(self, path: str) -> None:
         """Raise S3NoConditionalWrites unless this bucket's server refuses a second `If-None-Match: *` PUT
@@ -905,12 +1070,7 @@ class S3Storage(Storage):
     def objects(self, path: str) -> Iterator[tuple[str, int]]:
         """(key, size) of every object under the prefix `path/`."""
         bucket, key = split(path)
-        pages = iter(CLIENT.get().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=dir_prefix(key)))
-        while True:
-            try:
-                page = next_page(path, pages)
-            except StopIteration:
-                return
+        for page in listing(path, Bucket=bucket, Prefix=dir_prefix(key)):
             for obj in page.get("Contents", []):
                 yield obj["Key"], int(obj.get("Size", 0))
 
@@ -942,14 +1102,7 @@ class S3Storage(Storage):
         bucket, key = split(path)
         prefix = dir_prefix(key)
         names: set[str] = set()
-        pages = iter(
-            CLIENT.get().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
-        )
-        while True:
-            try:
-                page = next_page(path, pages)
-            except StopIteration:
-                break
+        for page in listing(path, Bucket=bucket, Prefix=prefix, Delimiter="/"):
             for obj in page.get("Contents", []):
                 name = obj["Key"][len(prefix) :]
                 if name:  # "prefix/" itself: a folder marker some tools put
@@ -974,31 +1127,17 @@ class S3Storage(Storage):
         if length <= 0:
             return b""
         bucket, key = split(path)
-        try:
-            out = CLIENT.get().get_object(Bucket=bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
-        except client_error() as exc:
-            if code_of(exc) in ("InvalidRange", "416"):
-                return b""  # from past the end of the file
-            raise mapped(exc, path) from None
-        except Exception as exc:  # noqa: BLE001 - botocore's other failures, mapped
-            err = mapped(exc, path)
-            if err is exc:
+
+        def attempt() -> bytes:
+            try:
+                out = CLIENT.get().get_object(Bucket=bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
+            except client_error() as exc:
+                if code_of(exc) in ("InvalidRange", "416"):
+                    return b""  # from past the end of the file
                 raise
-            raise err from None
-        return out["Body"].read()
+            return out["Body"].read()
 
-
-def next_page(url: str, pages: Any) -> dict:
-    """The next page of a paginator, its failure mapped (StopIteration at the end)."""
-    try:
-        return next(pages)
-    except StopIteration:
-        raise
-    except Exception as exc:  # noqa: BLE001 - mapped to S3Error when it is botocore's
-        err = mapped(exc, url, bucket_level=True)
-        if err is exc:
-            raise
-        raise err from None
+        return retried(path, attempt)
 
 
 __all__ = ["S3Lease", "S3RangeWriter", "S3Reader", "S3Storage", "StreamFile", "Upload", "split"]

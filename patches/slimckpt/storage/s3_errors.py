@@ -136,6 +136,63 @@ def mapped(exc: BaseException, url: str, *, bucket_level: bool = False) -> BaseE
     return exc
 
 
+# an answer that says "not now": the same request may succeed later (throttling, a server's transient failure)
+RETRYABLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "InternalError",
+        "ServiceUnavailable",
+        "BadGateway",
+        "GatewayTimeout",
+    }
+)
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether the request that raised `exc` may succeed if sent again: throttling, a 5xx, a connection
+    refused, reset or timed out (the server restarting, a proxy's hiccup). A refusal (access, credentials,
+    a missing bucket or key, a failed condition) is not: sending it again gets the same answer."""
+    from botocore import exceptions as bx
+
+    if isinstance(exc, S3Error):
+        return False
+    if isinstance(exc, bx.ClientError):
+        response = getattr(exc, "response", None) or {}
+        code = str(response.get("Error", {}).get("Code", ""))
+        status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        return code in RETRYABLE_CODES or status in RETRYABLE_STATUS
+    transient = (
+        bx.ConnectionError,  # refused, closed by the server, a proxy's
+        bx.HTTPClientError,
+        bx.ReadTimeoutError,
+        bx.ConnectTimeoutError,
+        bx.ResponseStreamingError,
+        bx.IncompleteReadError,
+        ConnectionError,  # a reset or broken pipe while a response body is read
+        TimeoutError,
+    )
+    return isinstance(exc, transient) and not isinstance(exc, bx.SSLError)
+
+
+def gave_up(err: BaseException, attempts: int, seconds: float) -> BaseException:
+    """`err` (an S3Error) saying that it is the last of `attempts` tries over `seconds`, and what bounds them."""
+    if not isinstance(err, S3Error):
+        return err
+    note = (
+        f" (gave up after {attempts} attempts in {seconds:.0f} s; SLIMCKPT_S3_RETRIES and SLIMCKPT_S3_RETRY_S "
+        f"bound the retries)"
+    )
+    return type(err)(err.errno, f"{err.strerror}{note}", err.filename)
+
+
 def from_code(exc: BaseException, url: str, *, bucket_level: bool = False) -> S3Error:
     response = getattr(exc, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", ""))
@@ -183,7 +240,9 @@ __all__ = [
     "S3NotFound",
     "S3Unreachable",
     "S3WrongRegion",
+    "gave_up",
     "mapped",
     "no_conditional_writes",
     "one_line",
+    "retryable",
 ]

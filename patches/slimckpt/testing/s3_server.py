@@ -6,6 +6,10 @@ data lives in a fresh temporary dir removed at stop, and the S3 identity is a ke
 given to it through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (with them set it creates that identity and
 the bucket). WebDAV, Iceberg and Lance are switched off.
 
+For fault tests a server can be stopped and started again on the same ports and data (`halt`, `resume`),
+or started again with its identities read from an `-s3.config` file that no longer holds its key
+(`resume(revoked=True)`: the credentials revoked, every request answered InvalidAccessKeyId).
+
     python -m slimckpt.testing.s3_server      # one in the foreground; prints the env to export
 """
 
@@ -13,6 +17,7 @@ the bucket). WebDAV, Iceberg and Lance are switched off.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
@@ -74,6 +79,8 @@ class S3Server:
     proc: subprocess.Popen | None = None
     log: Path | None = None
     prefixes: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+    child_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def secret(self) -> str:
@@ -94,7 +101,8 @@ class S3Server:
             region_name=self.env["AWS_REGION"],
         ).client("s3", endpoint_url=self.endpoint)
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop the server process, keeping its data and ports for `resume`."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -103,6 +111,30 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+    def resume(self, *, revoked: bool = False, timeout: float = READY_TIMEOUT_S) -> None:
+        """Start the halted server again on its data and ports, answering within `timeout` s. `revoked`:
+        its identities come from an `-s3.config` file holding only another key, so this server's key
+        is refused (InvalidAccessKeyId) until a plain `resume`."""
+        self.halt()
+        cmd = list(self.cmd)
+        env = dict(self.child_env)
+        if revoked:
+            config = self.root / "s3-revoked.json"
+            other = {
+                "name": "someone-else",
+                "credentials": [{"accessKey": "other" + secrets.token_hex(6), "secretKey": secrets.token_hex(20)}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+            config.write_text(json.dumps({"identities": [other]}))
+            cmd.append(f"-s3.config={config}")
+            env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+        with open(self.root / "weed.log", "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.root)
+        wait_answering(self, timeout) if revoked else wait_ready(self, timeout)
+
+    def stop(self) -> None:
+        self.halt()
         for_path(str(self.root)).remove_tree(str(self.root), ignore_errors=True)
 
 
@@ -150,7 +182,9 @@ def start(
     child_env.update(AWS_ACCESS_KEY_ID=env["AWS_ACCESS_KEY_ID"], AWS_SECRET_ACCESS_KEY=env["AWS_SECRET_ACCESS_KEY"])
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, cwd=base)
-    server = S3Server(endpoint=endpoint, bucket=bucket, env=env, root=base, proc=proc, log=log)
+    server = S3Server(
+        endpoint=endpoint, bucket=bucket, env=env, root=base, proc=proc, log=log, cmd=cmd, child_env=child_env
+    )
     try:
         wait_ready(server, timeout)
     except BaseException:
@@ -164,19 +198,42 @@ def start(
     return server
 
 
-def wait_ready(server: S3Server, timeout: float) -> None:
+def quick_client(server: S3Server):
     import boto3
     from botocore.config import Config
 
-    client = boto3.session.Session(
+    return boto3.session.Session(
         aws_access_key_id=server.env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=server.secret,
         region_name=server.env["AWS_REGION"],
     ).client(
         "s3",
         endpoint_url=server.endpoint,
-        config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
+        config=Config(retries={"total_max_attempts": 1}, connect_timeout=1, read_timeout=5),
     )
+
+
+def wait_answering(server: S3Server, timeout: float) -> None:
+    """Until the S3 port answers a request with an S3 error code (revoked credentials: the refusal)."""
+    from botocore.exceptions import ClientError
+
+    client = quick_client(server)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc is not None and server.proc.poll() is not None:
+            raise RuntimeError(f"weed mini exited with {server.proc.returncode}; see {server.log}")
+        try:
+            client.list_objects_v2(Bucket=server.bucket, MaxKeys=1)
+            return
+        except ClientError:
+            return
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.2)
+    raise TimeoutError(f"weed mini not answering after {timeout:.0f} s; see {server.log}")
+
+
+def wait_ready(server: S3Server, timeout: float) -> None:
+    client = quick_client(server)
     deadline = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < deadline:
