@@ -62,7 +62,7 @@ def record(report: dict[str, Any], local_path: str, rank: int, kind: str) -> Non
     """The report file, a line in $SLIMCKPT_METRICS_FILE, a log line; old steps' reports pruned."""
     save_reports.write_report(report, local_path, rank, kind)
     if rank == 0:
-        save_reports.prune(save_reports.checkpoint_root(os.path.dirname(os.path.normpath(local_path))))
+        save_reports.prune(save_reports.checkpoint_root(os.path.dirname(save_reports.norm_dir(local_path))))
     target = env_vars.path(METRICS_FILE_ENV)
     if target:
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
@@ -128,7 +128,7 @@ def measured_save(
         "global_step": int(global_step),
         "rank": rank,
         "world_size": int(world_size),
-        "role": os.path.basename(os.path.normpath(local_path)),
+        "role": os.path.basename(save_reports.norm_dir(local_path)),
         "recipe": (config.recipe if isinstance(config, CheckpointOptions) else None) or "verl-default",
         "save_contents": list((config.get("save_contents") if config else None) or []),
         "async": in_background,

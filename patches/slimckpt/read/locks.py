@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from .. import SlimckptError
 from ..log import get_logger
-from ..storage import Lease, for_path
+from ..storage import Lease, absolute, for_path
 
 log = get_logger("slimckpt.locks")
 
@@ -50,7 +50,7 @@ class LockBusy(SlimckptError, RuntimeError):
 
 def lock_file_for(path: str) -> str:
     """`<parent>/.<name>.slimckpt-lock` for the directory `path` (which may not exist yet)."""
-    path = os.path.abspath(path).rstrip(os.sep)
+    path = absolute(path).rstrip("/")  # a URL stays one
     return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{LOCK_SUFFIX}")
 
 
@@ -98,7 +98,7 @@ def acquire(path: str, *, exclusive: bool, what: str, fix: str) -> Lock:
     if lease is None:
         holder = describe_holder(lock_file)
         who = f"held by {holder}" if holder else "held by another process"
-        raise LockBusy(f"slimckpt: {os.path.abspath(path)} is locked ({who}; lock {lock_file}); {fix}", holder)
+        raise LockBusy(f"slimckpt: {absolute(path)} is locked ({who}; lock {lock_file}); {fix}", holder)
     lease.note(_holder_note(what))  # a reader too: a stale note of a killed writer must not be shown
     return Lock(path, lock_file, exclusive, lease)
 
