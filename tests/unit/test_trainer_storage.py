@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from slimckpt.format.resume_manifest import FAILED_PREFIX, MANIFEST_NAME, TRACKER_NAME
+from slimckpt.format.resume_manifest import FAILED_PREFIX, MANIFEST_NAME, TRACKER_NAME, saved_steps
 from slimckpt.read.pickle_policy import PickleRefused
 from slimckpt.save import tracker_recovery, trainer_storage
 from slimckpt.storage import for_path, s3
@@ -126,7 +126,7 @@ def test_the_newest_committed_step_is_found_from_the_manifests(bucket, find, cap
     _step(3, roles=("actor", "critic"), committed=("actor",))  # the critic never committed
     _step(4, data=False)  # the trainer had not written data.pt: its save did not finish
     _step(5, committed=())  # no manifest
-    assert trainer_storage.saved_steps(ROOT) == [1, 2, 3, 4, 5]
+    assert saved_steps(ROOT) == [1, 2, 3, 4, 5]
     assert find(ROOT) == f"{ROOT}/global_step_2"
     assert "global_step_5 (actor/ is not committed (no manifest))" in caplog.text
     assert "global_step_3 (critic/ is not committed" in caplog.text

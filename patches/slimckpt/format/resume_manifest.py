@@ -333,9 +333,9 @@ STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
 def saved_steps(root: str) -> list[int]:
-    """The N of every `<root>/global_step_N` dir, ascending; [] when `root` cannot be listed."""
+    """The N of every `<root>/global_step_N` dir (any storage), ascending; [] when `root` cannot be listed."""
     try:
-        names = os.listdir(root)
+        names = for_path(root).list_dir(root)
     except OSError:
         return []
     return sorted(int(m.group(1)) for m in map(STEP_DIR.match, names) if m)

@@ -30,6 +30,7 @@ from .. import env_vars
 from ..log import get_logger
 from ..options.checkpoint_options import CheckpointOptions
 from ..read.checkpoint_dir import rank_files
+from ..storage import for_path
 from . import save_reports
 from .memory import RssSampler
 
@@ -43,7 +44,7 @@ def _bytes_of(paths: list[str]) -> int:
     total = 0
     for path in paths:
         try:
-            total += os.path.getsize(path)
+            total += for_path(path).size(path)
         except OSError:
             pass
     return total
@@ -54,7 +55,8 @@ def bytes_written(local_path: str, rank: int) -> int:
     files = [os.path.join(local_path, f) for f in rank_files(local_path, rank)]
     if rank == 0:
         hf_dir = os.path.join(local_path, "huggingface")
-        files += [os.path.join(hf_dir, n) for n in os.listdir(hf_dir)] if os.path.isdir(hf_dir) else []
+        store = for_path(hf_dir)
+        files += [os.path.join(hf_dir, n) for n in store.list_dir(hf_dir)] if store.is_dir(hf_dir) else []
     return _bytes_of(files)
 
 

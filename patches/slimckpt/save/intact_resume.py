@@ -336,7 +336,10 @@ def wrap_trainer_load_checkpoint(original):
         roles = loaded_roles(self)
         trainer = self.config.trainer
         mode = config_value(trainer, "resume_mode")
-        if is_url(str(config_value(trainer, "default_local_dir") or "")):
+        on_storage = is_url(str(config_value(trainer, "default_local_dir") or "")) or (
+            mode == "resume_path" and is_url(str(config_value(trainer, "resume_from_path") or ""))
+        )
+        if on_storage:
             # object storage: the lookup takes committed steps only (trainer_storage), each rank checks its load
             return original(self, *args, **kwargs)
         if roles is not None and mode == "auto" and config_value(trainer, "default_local_dir"):

@@ -35,7 +35,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..format.resume_manifest import STEP_DIR, failure_markers, has_manifest, read_tracker
+from ..format.resume_manifest import failure_markers, has_manifest, read_tracker, saved_steps
 from ..log import get_logger
 from ..read import pt_tensors
 from ..storage import for_path, is_file, is_url
@@ -46,16 +46,6 @@ DATA_FILE = "data.pt"  # verl's dataloader state in each step folder
 
 
 # --------------------------------------------------------------------------- which step a resume loads
-
-
-def saved_steps(root: str) -> list[int]:
-    """The N of every `global_step_N` under `root` (any storage), ascending; [] when there is none."""
-    store = for_path(root)
-    try:
-        names = store.list_dir(root)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(int(m.group(1)) for m in map(STEP_DIR.match, (n.rstrip("/") for n in names)) if m)
 
 
 def uncommitted_reason(step_dir: str) -> str | None:
@@ -173,7 +163,6 @@ def wrap_local_mkdir_safe(original: Callable[[str], str]) -> Callable[[str], str
 __all__ = [
     "DATA_FILE",
     "latest_committed_step",
-    "saved_steps",
     "uncommitted_reason",
     "wrap_local_mkdir_safe",
     "wrap_os",

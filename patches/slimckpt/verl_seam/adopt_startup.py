@@ -81,6 +81,10 @@ def adopt(config: Any, use_critic: bool) -> None:
 
     if _select(config, "trainer.default_hdfs_dir") is not None:
         return  # verl refuses it itself
+    if _select(config, "trainer.resume_mode") == "resume_path" and "://" in str(
+        _select(config, "trainer.resume_from_path")
+    ):
+        return  # a step on object storage: its ranks load it from there, checked as they read it
     decision = plan_resume(
         _absolute(_select(config, "trainer.default_local_dir")),
         _select(config, "trainer.resume_mode"),
