@@ -183,6 +183,12 @@ def test_keep_optimizer_last_is_refused_on_object_storage():
     assert storage_startup.refusal(_config("incremental"), use_critic=True) is None
 
 
+def test_an_asynchronous_trainer_mode_is_refused_on_object_storage():
+    config = _config("incremental")
+    OmegaConf.update(config, "trainer.v1.trainer_mode", "fully_async", force_add=True)
+    assert "trainer.v1.trainer_mode=sync" in storage_startup.refusal(config, use_critic=False)
+
+
 def test_the_recipes_default_export_is_turned_off_naming_the_merge():
     config = _config("incremental")
     assert config.actor_rollout_ref.actor.checkpoint.export_hf is True

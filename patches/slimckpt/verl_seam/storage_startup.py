@@ -8,6 +8,7 @@ one line (a SystemExit, no traceback):
   rank files and rename in place on local disk; they are refused, naming `+recipe=incremental`.
 - `keep_optimizer_last` rewrites a committed step's files and switches them by renames, which an object
   store has not: refused, naming the retention that works there (whole steps, `max_*_ckpt_to_keep`).
+  So is an asynchronous v1 trainer mode, whose TransferQueue state verl writes with local writes.
 - the in-training HF export writes one file from many ranks at offsets, which an object store has not
   either. The recipe turns it on by default, and one argument must be enough to save to S3: the export
   is switched off with one line naming `slimckpt merge --local_dir s3://...`, which writes the same HF
@@ -65,6 +66,12 @@ def refusal(config: Any, use_critic: bool) -> str | None:
             )
     if _select(config, "trainer.default_hdfs_dir") is not None:
         return f"slimckpt: trainer.default_local_dir={root}: set trainer.default_hdfs_dir=null (one remote target)"
+    mode = _select(config, "trainer.v1.trainer_mode", "sync")
+    if _select(config, "trainer.use_v1", True) and mode not in (None, "sync"):
+        return (
+            f"slimckpt: trainer.default_local_dir={root}: trainer.v1.trainer_mode={mode} saves TransferQueue's "
+            f"state with its own local writes; use trainer.v1.trainer_mode=sync, or save to a local directory"
+        )
     return None
 
 
