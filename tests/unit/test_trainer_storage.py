@@ -213,3 +213,25 @@ def test_aws_variables_reach_every_worker_but_never_a_secret(monkeypatch):
     env_vars = OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.env_vars)
     assert env_vars["AWS_ENDPOINT_URL"] == "http://s3:9000" and env_vars["AWS_REGION"] == "us-east-1"
     assert env_vars["SLIMCKPT_CHECKPOINT"] == "1" and "never-in-the-config" not in str(OmegaConf.to_yaml(config))
+
+
+# --------------------------------------------------------------------------- retention on the bucket
+
+
+def test_retention_and_keep_best_prune_on_the_bucket(bucket):
+    """max_keep=1 with keep_best=1 by a metric the driver recorded next to each step: the best old step
+    and the newest stay, the tracker's step too, the rest is deleted from the bucket, manifest first."""
+    from slimckpt.format.retention_plan import RetentionPolicy
+    from slimckpt.save import best_metric, retention
+
+    roles = [f"{_step(s)}/actor" for s in (1, 2, 3, 4)]
+    for step, score in ((1, 0.9), (2, 0.1), (3, 0.2), (4, 0.3)):
+        best_metric.record(f"{ROOT}/global_step_{step}", step, {"score": score})
+    assert best_metric.step_metric(f"{ROOT}/global_step_1", "score") == 0.9
+    _put(f"{ROOT}/{TRACKER_NAME}", b"3")
+    policy = RetentionPolicy(max_keep=1, keep_best=1, best_metric="score")
+    kept, deleted = retention.apply(roles, 1, policy)
+    assert kept == [roles[0], roles[2], roles[3]] and deleted == [roles[1]]
+    assert not bucket.exists(roles[1]) and bucket.exists(f"{ROOT}/global_step_2/data.pt")  # verl's retention: role dirs
+    assert all(bucket.exists(f"{r}/{MANIFEST_NAME}") for r in kept)
+    assert not any(k.endswith("slimckpt-lock") for k in bucket.list_files(ROOT))  # the delete's lease is gone
