@@ -177,10 +177,18 @@ def test_a_local_dir_is_left_to_adopt():
     assert storage_startup.on_object_storage(_config("quickstart", root="/tmp/ckpt"), use_critic=False) is False
 
 
-def test_keep_optimizer_last_is_refused_on_object_storage():
-    line = storage_startup.refusal(_config("incremental", keep_optimizer_last=1), use_critic=False)
-    assert line and "keep_optimizer_last" in line and "max_actor_ckpt_to_keep" in line
-    assert storage_startup.refusal(_config("incremental"), use_critic=True) is None
+def test_the_recipes_optimizer_drop_is_turned_off_on_object_storage():
+    """The recipe keeps the optimizer in the newest step only (keep_optimizer_last=1), which rewrites a
+    committed step: on a bucket the kept steps stay whole instead, said in one line; the run starts."""
+    config = _config("incremental")
+    assert config.actor_rollout_ref.actor.checkpoint.keep_optimizer_last == 1
+    assert storage_startup.refusal(config, use_critic=True) is None
+    line = storage_startup.turn_optimizer_drop_off(config, use_critic=True)
+    assert config.actor_rollout_ref.actor.checkpoint.keep_optimizer_last is None
+    assert config.critic.checkpoint.keep_optimizer_last is None
+    assert "\n" not in line and "critic.checkpoint.keep_optimizer_last=null on s3://ckpts/run" in line
+    assert "trainer.max_actor_ckpt_to_keep=2" in line
+    assert storage_startup.turn_optimizer_drop_off(config, use_critic=True) is None
 
 
 def test_an_asynchronous_trainer_mode_is_refused_on_object_storage():

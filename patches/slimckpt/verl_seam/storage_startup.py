@@ -6,9 +6,10 @@ one line (a SystemExit, no traceback):
 - only the incremental tier writes a step through the storage: the actor's (and a critic's) checkpoint
   config must be `+recipe=incremental`'s. `+recipe=quickstart`/`intermediate` and verl's own save write
   rank files and rename in place on local disk; they are refused, naming `+recipe=incremental`.
-- `keep_optimizer_last` rewrites a committed step's files and switches them by renames, which an object
-  store has not: refused, naming the retention that works there (whole steps, `max_*_ckpt_to_keep`).
-  So is an asynchronous v1 trainer mode, whose TransferQueue state verl writes with local writes.
+- `keep_optimizer_last` (the recipe's default: 1) rewrites a committed step's files and switches them by
+  renames, which an object store has not: switched off with one line, as the export is; the kept steps
+  (`max_*_ckpt_to_keep`) stay whole. An asynchronous v1 trainer mode, whose TransferQueue state verl
+  writes with local writes, is refused.
 - the in-training HF export writes one file from many ranks at offsets, which an object store has not
   either. The recipe turns it on by default, and one argument must be enough to save to S3: the export
   is switched off with one line naming `slimckpt merge --local_dir s3://...`, which writes the same HF
@@ -58,12 +59,6 @@ def refusal(config: Any, use_critic: bool) -> str | None:
                 f"slimckpt: trainer.default_local_dir={root}: {used} writes the {role}'s files on local disk only; "
                 f"use +recipe=incremental to save to object storage, or give a local directory"
             )
-        if checkpoint.get("keep_optimizer_last") is not None:
-            return (
-                f"slimckpt: trainer.default_local_dir={root}: {key}.keep_optimizer_last rewrites a committed step "
-                f"in place, which object storage cannot; drop it and keep whole steps with "
-                f"trainer.max_{role}_ckpt_to_keep, or save to a local directory"
-            )
     if _select(config, "trainer.default_hdfs_dir") is not None:
         return f"slimckpt: trainer.default_local_dir={root}: set trainer.default_hdfs_dir=null (one remote target)"
     mode = _select(config, "trainer.v1.trainer_mode", "sync")
@@ -96,6 +91,30 @@ def turn_export_off(config: Any) -> str | None:
     )
 
 
+def turn_optimizer_drop_off(config: Any, use_critic: bool) -> str | None:
+    """Switch keep_optimizer_last off (it rewrites a committed step in place); the line said."""
+    keys = [
+        f"{key}.keep_optimizer_last"
+        for _role, key in ROLE_KEYS[: 2 if use_critic else 1]
+        if _select(config, f"{key}.keep_optimizer_last") is not None
+    ]
+    if not keys:
+        return None
+    with open_dict(config):
+        for key in keys:
+            OmegaConf.update(config, key, None)
+    root = str(_select(config, "trainer.default_local_dir")).rstrip("/")
+    kept = ", ".join(
+        f"trainer.max_{role}_ckpt_to_keep={_select(config, f'trainer.max_{role}_ckpt_to_keep')}"
+        for role, _key in ROLE_KEYS[: 2 if use_critic else 1]
+    )
+    return (
+        f"slimckpt: {'/'.join(keys)}=null on {root} (dropping a committed step's optimizer state rewrites its "
+        f"files in place, which object storage cannot): the kept steps stay whole, each with its optimizer "
+        f"({kept})"
+    )
+
+
 def forward_env(config: Any) -> list[str]:
     """Add forwarded_env() to Ray's runtime_env of this run (a value the config sets already wins)."""
     env = forwarded_env()
@@ -122,9 +141,9 @@ def on_object_storage(config: Any, use_critic: bool) -> bool:
         for_path(root).check_access(root)
     except OSError as exc:
         raise SystemExit(str(exc).splitlines()[0] if str(exc) else f"slimckpt: {root}: {exc!r}") from None
-    said = turn_export_off(config)
-    if said:
-        log.warning("%s", said)
+    for said in (turn_export_off(config), turn_optimizer_drop_off(config, use_critic)):
+        if said:
+            log.warning("%s", said)
     names = forward_env(config)
     log.info(
         "slimckpt: checkpoints go to %s%s",
@@ -134,4 +153,4 @@ def on_object_storage(config: Any, use_critic: bool) -> bool:
     return True
 
 
-__all__ = ["forwarded_env", "on_object_storage", "refusal", "turn_export_off"]
+__all__ = ["forwarded_env", "on_object_storage", "refusal", "turn_export_off", "turn_optimizer_drop_off"]
