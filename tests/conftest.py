@@ -94,6 +94,7 @@ from .helpers.verl_runs import (  # noqa: E402,F401  (fixtures)
     ppo_run,
     ppo_warmup,
     retention_runs,
+    s3_runs,
     verl_pool,
 )
 

@@ -29,6 +29,8 @@ The runs (RUNS, in the order they start; a resumed run starts after the run it r
   retention, retention_resumed  keep_optimizer_last / keep_best, then a resume of a step without optimizer
   convert_back  incremental's step 2 through `slimckpt convert --to verl --world-size 2`, resumed without
                 the recipe (verl's own load) to step 4
+  s3_killed, s3_resumed  +recipe=incremental with trainer.default_local_dir=s3://... (the session's SeaweedFS),
+                SIGKILLed after its step-3 commit, then resumed from the bucket to step 4
 All share one tiny model and data set (built by train_small.sh in the first run).
 """
 
@@ -42,6 +44,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +96,8 @@ class Spec:
     copy: tuple[str, str] | None = None  # (from, to) under the pool's directory, copied before the run
     fails: bool = False  # it must exit non-zero (a run that refuses to start)
     prepare: tuple[str, ...] = ()  # a `slimckpt` command run before it (its output goes to the run's log)
+    s3: bool = False  # `{s3}` in its arguments is a prefix on the session's S3 server, its AWS_* in the env
+    kill_at: str | None = None  # SIGKILL the whole run (driver, Ray, ranks) once its output has this line
 
 
 GRPO_ENV = {"NPROC": "2", "ALGO": "grpo"}
@@ -245,6 +250,19 @@ RUNS["convert_back"] = Spec(
         "--no_progress",
     ),
 )
+# +recipe=incremental saving to object storage with its one argument (the session's SeaweedFS): `incremental`'s
+# steps with sync saves and max_actor_ckpt_to_keep=1, SIGKILLed once step 3 is committed (retention has deleted
+# step 1 from the bucket by then); then resume_mode=auto from the same URL to step 4
+S3_RUN = (
+    "+recipe=incremental",
+    "trainer.save_freq=1",
+    "trainer.total_training_steps=4",
+    "trainer.max_actor_ckpt_to_keep=1",
+    CONSOLE,
+    "trainer.default_local_dir={s3}/ckpt",
+)
+RUNS["s3_killed"] = Spec(S3_RUN, GRPO_ENV, s3=True, kill_at="committed step 3 at s3://")
+RUNS["s3_resumed"] = Spec((*S3_RUN, "trainer.resume_mode=auto"), GRPO_ENV, s3=True, after="s3_killed")
 # which runs a fixture reads (with the runs they resume from): decides what a session starts
 READS = {
     "grpo_runs": ("grpo_first", "grpo_resume"),
@@ -256,6 +274,7 @@ READS = {
     "adopt_runs": tuple(name for name in RUNS if name.startswith("adopt_")),
     "retention_runs": ("retention", "retention_resumed"),
     "convert_back_run": ("incremental", "convert_back"),
+    "s3_runs": ("incremental", "s3_killed", "s3_resumed"),
 }
 
 
@@ -272,8 +291,10 @@ class RunPool:
     WIDTH_WHILE_OTHERS_RUN = 1
     WIDTH_ONCE_READ = 2
 
-    def __init__(self, root: Path, needed: set[str]) -> None:
+    def __init__(self, root: Path, needed: set[str], s3_server=None) -> None:
         self.root = root
+        self.s3 = s3_server  # the session's SeaweedFS (conftest's s3_server), for the runs that save to it
+        self.s3_root = s3_server.url("verl_runs") if s3_server is not None else None
         self.order = [name for name in RUNS if name in needed]
         self.done = {name: threading.Event() for name in self.order}
         self.outcome: dict[str, str | None] = {}  # name -> None when it passed, else why it failed
@@ -380,7 +401,7 @@ class RunPool:
                 self._changed.notify_all()
 
     def _run(self, name: str, spec: Spec) -> str | None:
-        args = [a.format(root=self.root) for a in spec.args]
+        args = [a.format(root=self.root, s3=self.s3_root) for a in spec.args]
         # SLIMCKPT_CPU_FORCE: these tests are about the CPU path, also where a GPU is visible
         env = {
             **os.environ,
@@ -391,6 +412,9 @@ class RunPool:
             **{k: v.format(root=self.root) for k, v in spec.env.items()},
         }
         env.pop("RAY_ADDRESS", None)
+        if spec.s3:
+            env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+            env.update(self.s3.env)
         if "WANDB_DIR" in env:
             os.makedirs(env["WANDB_DIR"], exist_ok=True)
         with open(self.log(name), "w") as out:
@@ -412,6 +436,8 @@ class RunPool:
                 start_new_session=True,
             )
             try:
+                if spec.kill_at is not None:
+                    return self._kill_at(name, proc, spec.kill_at)
                 code = proc.wait(timeout=RUN_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self._kill(name)
@@ -422,6 +448,19 @@ class RunPool:
             return None if code != 0 else f"train_small.sh {' '.join(args)} exited 0, and it must refuse to start"
         return None if code == 0 else f"train_small.sh {' '.join(args)} exited {code}"
 
+    def _kill_at(self, name: str, proc: subprocess.Popen, line: str) -> str | None:
+        """SIGKILL the run's process group once `line` is in its output (None), or say why it never was."""
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if line in self.log(name).read_text(errors="replace"):
+                self._kill(name)
+                return None
+            if proc.poll() is not None:
+                return f"exited {proc.returncode} before {line!r} was in its output"
+            time.sleep(0.2)
+        self._kill(name)
+        return "killed: the session ended first" if self._stop.is_set() else f"no {line!r} within {RUN_TIMEOUT_S} s"
+
 
 def needed_runs(items) -> set[str]:
     """The runs that the fixtures of these test items read."""
@@ -431,7 +470,9 @@ def needed_runs(items) -> set[str]:
 
 @pytest.fixture(scope="session")
 def verl_pool(request, tmp_path_factory) -> RunPool:
-    pool = RunPool(tmp_path_factory.mktemp("verl_runs"), needed_runs(request.session.items))
+    needed = needed_runs(request.session.items)
+    server = request.getfixturevalue("s3_server") if any(RUNS[n].s3 for n in needed) else None
+    pool = RunPool(tmp_path_factory.mktemp("verl_runs"), needed, server)
     pool.start()
     yield pool
     pool.stop()
@@ -514,6 +555,22 @@ def adopt_runs(verl_pool) -> dict[str, Run]:
 def convert_back_run(verl_pool) -> Run:
     """`incremental`'s step 2 converted to verl's format (2 ranks) and resumed without the recipe to step 4."""
     return Run(verl_pool.root / "converted_ckpt", verl_pool.wait("convert_back"))
+
+
+@dataclass
+class S3Runs:
+    url: str  # both runs' trainer.default_local_dir
+    killed: str  # the output of the run SIGKILLed after its step-3 commit
+    resumed: str  # the output of its resume
+    cwd: Path  # where both ran (no local copy of the URL may appear there)
+    server: object  # the session's S3 server (slimckpt.testing.s3_server.S3Server)
+
+
+@pytest.fixture(scope="session")
+def s3_runs(verl_pool) -> S3Runs:
+    """`S3_RUN` killed after its step-3 commit, then resumed from the bucket to step 4."""
+    killed, resumed = verl_pool.wait("s3_killed"), verl_pool.wait("s3_resumed")
+    return S3Runs(f"{verl_pool.s3_root}/ckpt", killed, resumed, verl_pool.root, verl_pool.s3)
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,12 @@ EXPECTED_TARGETS = {
     "verl.trainer.ppo.ray_trainer:find_latest_ckpt_path",
     "verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint",
     "verl.trainer.ppo.ray_trainer:RayPPOTrainer._load_checkpoint",
+    # trainer.default_local_dir=s3://...: the names verl's trainer calls for its step folder and data.pt
+    "verl.trainer.ppo.v1.trainer_base:os",
+    "verl.trainer.ppo.ray_trainer:os",
+    "verl.trainer.ppo.v1.trainer_base:torch",
+    "verl.trainer.ppo.ray_trainer:torch",
+    "verl.utils.fs:local_mkdir_safe",
     # async_save=stream: guards before verl's FSDP engine moves or merges the shards in place
     "verl.workers.engine.fsdp.transformer_impl:offload_fsdp_model_to_cpu",
     "verl.workers.engine.fsdp.transformer_impl:load_fsdp_model_to_gpu",

@@ -333,9 +333,9 @@ STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
 def saved_steps(root: str) -> list[int]:
-    """The N of every `<root>/global_step_N` dir, ascending; [] when `root` cannot be listed."""
+    """The N of every `<root>/global_step_N` dir (any storage), ascending; [] when `root` cannot be listed."""
     try:
-        names = os.listdir(root)
+        names = for_path(root).list_dir(root)
     except OSError:
         return []
     return sorted(int(m.group(1)) for m in map(STEP_DIR.match, names) if m)
@@ -352,7 +352,7 @@ def protected_dirs(paths: Iterable[str]) -> set[str]:
     for path in paths:
         where = step_of(path)
         if where is not None and read_tracker(where[0]) == where[1]:
-            protect.add(os.path.abspath(path))
+            protect.add(absolute(path))
     return protect
 
 
@@ -363,5 +363,5 @@ def split_retention(paths: Sequence[str], keep: int | None, protect: set[str]) -
     if not keep or keep <= 0 or len(paths) <= keep:
         return list(paths), []
     excess = list(paths[: len(paths) - keep])
-    delete = [p for p in excess if os.path.abspath(p) not in protect]
+    delete = [p for p in excess if absolute(p) not in protect]
     return [p for p in paths if p not in delete], delete

@@ -23,9 +23,10 @@ newer step.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from ..storage import absolute
 
 BEST_MODES = ("max", "min")
 
@@ -77,7 +78,7 @@ def plan(
     paths = list(paths)
     newest = set(paths if not policy.max_keep or policy.max_keep <= 0 else paths[-policy.max_keep :])
     best = set(best_paths(paths, metrics or {}, policy.keep_best, policy.best_mode))
-    tracked = {p for p in paths if os.path.abspath(p) in protect}
+    tracked = {p for p in paths if absolute(p) in protect}
     decision = RetentionDecision()
     for p in paths:
         if p in newest or p in best or p in tracked:

@@ -30,6 +30,7 @@ from .. import env_vars
 from ..log import get_logger
 from ..options.checkpoint_options import CheckpointOptions
 from ..read.checkpoint_dir import rank_files
+from ..storage import for_path
 from . import save_reports
 from .memory import RssSampler
 
@@ -43,7 +44,7 @@ def _bytes_of(paths: list[str]) -> int:
     total = 0
     for path in paths:
         try:
-            total += os.path.getsize(path)
+            total += for_path(path).size(path)
         except OSError:
             pass
     return total
@@ -54,7 +55,8 @@ def bytes_written(local_path: str, rank: int) -> int:
     files = [os.path.join(local_path, f) for f in rank_files(local_path, rank)]
     if rank == 0:
         hf_dir = os.path.join(local_path, "huggingface")
-        files += [os.path.join(hf_dir, n) for n in os.listdir(hf_dir)] if os.path.isdir(hf_dir) else []
+        store = for_path(hf_dir)
+        files += [os.path.join(hf_dir, n) for n in store.list_dir(hf_dir)] if store.is_dir(hf_dir) else []
     return _bytes_of(files)
 
 
@@ -62,7 +64,7 @@ def record(report: dict[str, Any], local_path: str, rank: int, kind: str) -> Non
     """The report file, a line in $SLIMCKPT_METRICS_FILE, a log line; old steps' reports pruned."""
     save_reports.write_report(report, local_path, rank, kind)
     if rank == 0:
-        save_reports.prune(save_reports.checkpoint_root(os.path.dirname(os.path.normpath(local_path))))
+        save_reports.prune(save_reports.checkpoint_root(os.path.dirname(save_reports.norm_dir(local_path))))
     target = env_vars.path(METRICS_FILE_ENV)
     if target:
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
@@ -128,7 +130,7 @@ def measured_save(
         "global_step": int(global_step),
         "rank": rank,
         "world_size": int(world_size),
-        "role": os.path.basename(os.path.normpath(local_path)),
+        "role": os.path.basename(save_reports.norm_dir(local_path)),
         "recipe": (config.recipe if isinstance(config, CheckpointOptions) else None) or "verl-default",
         "save_contents": list((config.get("save_contents") if config else None) or []),
         "async": in_background,

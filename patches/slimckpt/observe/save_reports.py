@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 from ..log import get_logger
-from ..storage import for_path
+from ..storage import for_path, is_url
 
 log = get_logger("slimckpt.save_reports")
 
@@ -33,13 +33,18 @@ KINDS = ("save", "commit")
 _STEP_DIR = re.compile(r"^global_step_\d+$")
 
 
+def norm_dir(path: str) -> str:
+    """normpath of a local path; a URL keeps its "//" (normpath would fold it into a local path)."""
+    return str(path).rstrip("/") if is_url(path) else os.path.normpath(path)
+
+
 def checkpoint_root(step_dir: str) -> str:
-    return os.path.dirname(os.path.normpath(step_dir))
+    return os.path.dirname(norm_dir(step_dir))
 
 
 def report_dir(local_path: str) -> str:
     """`<root>/slimckpt_reports/<step dir name>/<role>` for a role dir `<root>/<step dir>/<role>`."""
-    role_dir = os.path.normpath(local_path)
+    role_dir = norm_dir(local_path)
     step_dir = os.path.dirname(role_dir)
     return os.path.join(checkpoint_root(step_dir), REPORTS_DIR, os.path.basename(step_dir), os.path.basename(role_dir))
 
@@ -53,9 +58,10 @@ def report_path(local_path: str, rank: int, kind: str) -> str:
 def write_report(report: dict[str, Any], local_path: str, rank: int, kind: str) -> str:
     """Write one report (temp file + rename: a reader never sees half of one); returns its path."""
     path = report_path(local_path, rank, kind)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    store = for_path(path)
+    store.make_dirs(os.path.dirname(path), exist_ok=True)
     text = json.dumps({**report, "kind": kind}, indent=1)
-    for_path(path).put_atomic(path, text.encode(), tmp=f"{path}.tmp", sync=False, sync_dir=False)
+    store.put_atomic(path, text.encode(), tmp=f"{path}.tmp", sync=False, sync_dir=False)
     return path
 
 
@@ -97,7 +103,7 @@ def read_reports(step_dir: str, global_step: int, not_before: float = 0.0, kind:
     """One step's reports of `kind`, every role and rank; reports of another step or older than
     `not_before` (a previous run's save of the same step) are skipped."""
     pattern = os.path.join(
-        checkpoint_root(step_dir), REPORTS_DIR, os.path.basename(os.path.normpath(step_dir)), "*", f"rank_*.{kind}.json"
+        checkpoint_root(step_dir), REPORTS_DIR, os.path.basename(norm_dir(step_dir)), "*", f"rank_*.{kind}.json"
     )
     return [
         r

@@ -18,12 +18,15 @@ while the mapped record is file pages the kernel can drop. The record's pickle i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
+from collections.abc import Iterator
 
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
@@ -43,13 +46,41 @@ def _narrow(tensor, offsets, lengths):
     return tensor
 
 
+class StorageFileSystem(FileSystem):
+    """torch's FileSystem for reading, with a URL read through its storage (ranged reads of an object)
+    and kept a string (torch's would make it a Path and fold its "//")."""
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
+        if not is_url(str(path)):
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        if mode != "rb":
+            raise ValueError(f"{path}: a checkpoint is only read here, not opened with mode {mode!r}")
+        with for_path(str(path)).open_read(str(path)) as stream:
+            yield stream
+
+    def init_path(self, path: str | os.PathLike) -> str | os.PathLike:
+        return str(path) if is_url(str(path)) else super().init_path(path)
+
+    def concat_path(self, path: str | os.PathLike, suffix: str) -> str | os.PathLike:
+        return f"{str(path).rstrip('/')}/{suffix}" if is_url(str(path)) else super().concat_path(path, suffix)
+
+
 class CheckedFileSystemReader(FileSystemReader):
     """FileSystemReader whose `.metadata` is unpickled with pickle_policy's globals only, and whose
-    tensor records are copied from a memory map of their file."""
+    tensor records are copied from a memory map of their file. A step on object storage (a URL) is
+    read through its storage: each record's bytes by a ranged read, DCP's own way (no map)."""
+
+    def __init__(self, path: str | os.PathLike, *args, **kwargs) -> None:
+        super().__init__(path, *args, **kwargs)
+        self.fs = StorageFileSystem()
+        self.path = self.fs.init_path(path)
 
     def read_metadata(self, *args, **kwargs):
         path = os.path.join(os.fspath(self.path), METADATA_NAME)
-        with open(path, "rb") as f:
+        with self.fs.create_stream(path, "rb") as f:
             unpickler = RestrictedUnpickler(f)
             unpickler.path = path
             metadata = unpickler.load()
@@ -73,7 +104,7 @@ class CheckedFileSystemReader(FileSystemReader):
     def _read_mapped(self, req, planner, maps: dict) -> bool:
         """Copy one tensor read item from the mapped record; False where DCP's own way must read it."""
         info = self.storage_data[req.storage_index]
-        if getattr(info, "transform_descriptors", None):
+        if getattr(info, "transform_descriptors", None) or is_url(os.fspath(self.path)):
             return False
         path = os.fspath(self.fs.concat_path(self.path, info.relative_path))
         try:

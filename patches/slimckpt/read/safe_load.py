@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..storage import for_path, is_url
 from . import pt_tensors
 
 
@@ -18,4 +19,7 @@ def load_torch_file(path: str, map_location: str = "cpu") -> Any:
     (not what torch.save writes) or OSError."""
     if map_location != "cpu":
         raise ValueError(f"load_torch_file loads onto the CPU only, not {map_location!r}")
+    if is_url(path):  # object storage: the whole (small) file read through its storage
+        with for_path(path).open_read(path) as f:
+            return pt_tensors.load_bytes(f.read(), path)
     return pt_tensors.load(path, access=None)

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..log import get_logger
+from ..storage import absolute, for_path
 from ..write.resume_records import atomic_write_text
 from .driver_state import driver_state_of
 
@@ -49,18 +50,21 @@ def record(step_dir: str, step: int, data: Mapping[str, Any]) -> None:
     path = os.path.join(step_dir, METRICS_NAME)
     known: dict[str, float] = {}
     try:
-        with open(path, encoding="utf-8") as f:
-            known = dict(json.load(f).get("metrics") or {})
+        known = dict(_read_json(path).get("metrics") or {})
     except (OSError, ValueError, AttributeError):
         pass
     known.update({str(k): n for k, v in data.items() if (n := _number(v)) is not None})
     atomic_write_text(path, json.dumps({"step": int(step), "metrics": known}, indent=0, sort_keys=True))
 
 
+def _read_json(path: str) -> dict:
+    with for_path(path).open_read(path) as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
 def step_metric(step_dir: str, name: str) -> float | None:
     try:
-        with open(os.path.join(step_dir, METRICS_NAME), encoding="utf-8") as f:
-            return _number((json.load(f).get("metrics") or {}).get(name))
+        return _number((_read_json(os.path.join(step_dir, METRICS_NAME)).get("metrics") or {}).get(name))
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -69,7 +73,7 @@ def metrics_of(paths: Sequence[str], name: str | None) -> dict[str, float | None
     """{role dir: the value of `name` logged at its step} (the step dir is the role dir's parent)."""
     if not name:
         return {}
-    return {p: step_metric(os.path.dirname(os.path.abspath(p)), name) for p in paths}
+    return {p: step_metric(os.path.dirname(absolute(p).rstrip("/")), name) for p in paths}
 
 
 # --------------------------------------------------------------------------- the driver patches
@@ -101,7 +105,7 @@ def wrap_tracking_init(original):
             log.debug("keep_best: cannot read the trainer config", exc_info=True)
         if root:
             state = driver_state_of(self)
-            state.metrics_root = root if os.path.isabs(root) else os.path.join(os.getcwd(), root)
+            state.metrics_root = absolute(root)
             log.info(
                 "keep_best: the metrics of each save step are recorded in %s/global_step_N/%s",
                 state.metrics_root,
@@ -118,7 +122,7 @@ def wrap_tracking_log(original):
         root = driver_state_of(self).metrics_root
         if root and isinstance(data, Mapping):
             step_dir = os.path.join(root, f"global_step_{int(step)}")
-            if os.path.isdir(step_dir):  # a save step (the save came first in verl's loop)
+            if for_path(step_dir).is_dir(step_dir):  # a save step (the save came first in verl's loop)
                 try:
                     record(step_dir, int(step), data)
                 except OSError as exc:  # the metric is for retention only: training goes on

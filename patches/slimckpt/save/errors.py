@@ -36,7 +36,7 @@ from ..format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest
 from ..log import get_logger
 from ..read.checkpoint_dir import rank_files
 from ..read.locks import LockBusy, acquire
-from ..storage import absolute, for_path
+from ..storage import absolute, for_path, is_url
 from ..storage.s3_errors import S3Error
 from ..write.peers import causes, in_a_job
 from ..write.resume_records import atomic_write_text, write_failure
@@ -76,6 +76,8 @@ def _os_line(exc: BaseException, local_path: str) -> str | None:
 
 
 def _free_bytes(path: str) -> int | None:
+    if is_url(path):
+        return for_path(path).free_bytes(path)
     while path and not os.path.exists(path):
         path = os.path.dirname(path)
     try:
@@ -230,9 +232,10 @@ def restore_tracker(root: str, step: int, previous: int | None) -> bool:
     marker, put latest_checkpointed_iteration.txt back to `previous` (the trainer wrote `step`).
     True if it did."""
     step_dir = os.path.join(root, f"global_step_{step}")
+    store = for_path(step_dir)
     roles = (
-        sorted(n for n in os.listdir(step_dir) if os.path.isdir(os.path.join(step_dir, n)))
-        if os.path.isdir(step_dir)
+        sorted(n for n in store.list_dir(step_dir) if store.is_dir(os.path.join(step_dir, n)))
+        if store.is_dir(step_dir)
         else []
     )
     failed = [m for role in roles for m in failure_markers(os.path.join(step_dir, role))]

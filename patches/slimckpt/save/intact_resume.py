@@ -13,7 +13,8 @@ Moving the tracker keeps it what verl's is: the step the run goes on from; the n
 it forward again. With no intact step left, the resume refuses in one line instead of silently
 training from scratch. An empty tracker (a kill during verl's write) is repaired the same way.
 `trainer.resume_from_path` naming a damaged step refuses in one line naming the file and an
-intact step to use instead.
+intact step to use instead. On object storage (`s3://`) the lookup itself takes only committed
+steps (trainer_storage.latest_committed_step) and each rank's load checks its files: nothing here.
 
 What it costs the driver: sizes and the manifests' seals of every role (no file is read, a few
 ms) and the CRC32 of data.pt's zip records. The checksums of the role dirs are the load's own: every
@@ -47,6 +48,7 @@ from ..format.resume_manifest import (
 )
 from ..log import get_logger
 from ..read.checkpoint_dir import DCP_DIR
+from ..storage import is_url
 from ..verify.native import check_zip_records
 from ..write.resume_records import atomic_write_text
 from .tracker import SLIM_TARGETS, config_value
@@ -334,6 +336,12 @@ def wrap_trainer_load_checkpoint(original):
         roles = loaded_roles(self)
         trainer = self.config.trainer
         mode = config_value(trainer, "resume_mode")
+        on_storage = is_url(str(config_value(trainer, "default_local_dir") or "")) or (
+            mode == "resume_path" and is_url(str(config_value(trainer, "resume_from_path") or ""))
+        )
+        if on_storage:
+            # object storage: the lookup takes committed steps only (trainer_storage), each rank checks its load
+            return original(self, *args, **kwargs)
         if roles is not None and mode == "auto" and config_value(trainer, "default_local_dir"):
             root = _absolute(str(trainer.default_local_dir))
             _auto(root, _sizes(roles))  # no file read here: the ranks' load checksums what it reads

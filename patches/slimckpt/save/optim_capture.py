@@ -18,16 +18,16 @@ its load puts that back. Here, likewise:
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import state_dict as torch_state_dict
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from .. import internals
+from ..read.dcp_pickle import CheckedFileSystemReader
+from ..storage import absolute
 
 STATE_PREFIX = "optim.state."  # DCP's flattened keys of the optimizer's per-parameter state
 
@@ -56,7 +56,7 @@ def capture(model: Any, optimizer: Any, options: Any) -> dict[str, Any]:
 
 def saved_with_state(dcp_dir: str) -> bool:
     """Whether the step's DCP checkpoint holds per-parameter optimizer state."""
-    keys = FileSystemReader(os.path.abspath(dcp_dir)).read_metadata().state_dict_metadata
+    keys = CheckedFileSystemReader(absolute(dcp_dir)).read_metadata().state_dict_metadata
     return any(k.startswith(STATE_PREFIX) for k in keys)
 
 

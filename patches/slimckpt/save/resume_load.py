@@ -23,6 +23,7 @@ from ..log import get_logger
 from ..read import in_flight
 from ..read.checkpoint_dir import DCP_DIR
 from ..read.step_pickles import dcp_refusals
+from ..storage import check_access_once
 from . import resume_async, step_check
 from .extra_state import extra_path, load_extra
 from .pickle_gate import refuse_together
@@ -40,6 +41,7 @@ def without_optimizer(contents) -> list[str]:
 def load_resume_state(target: SaveTarget, local_path: str) -> None:
     """Load model, optimizer and extra state written by save_resume_state, at any world size; a
     step whose optimizer state retention dropped loads the rest, saying so in one line."""
+    check_access_once(local_path)  # this rank's environment reaches it (a URL)
     group = checkpoint_group(target.state)
     # every rank raises the same one-line error; checksums unless the options say verify: false
     manifest = step_check.check_committed(local_path, group, target.options.verify)

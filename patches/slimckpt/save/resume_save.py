@@ -16,7 +16,7 @@ import time
 import torch.distributed as dist
 
 from ..format.names import SHARD_CONTENTS
-from ..storage import absolute, for_path, scheme_of
+from ..storage import absolute, check_access_once, for_path, scheme_of
 from . import hf_direct_export, resume_async, retention
 from .async_modes.registry import mode_for
 from .extra_state import save_extra
@@ -58,6 +58,7 @@ def save_resume_state(
     lap = _lap(timings)
     group = checkpoint_group(target.state)
     local_path = absolute(local_path)
+    check_access_once(local_path)  # this rank's environment reaches it (a URL), before anything is written
     store = for_path(local_path)
     if config.export_hf and not store.supports_inplace_writes:
         # every rank writes its rows of the export's files at their offsets: one file, many writers

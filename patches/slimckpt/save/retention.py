@@ -124,7 +124,7 @@ def policy_for(config: CheckpointOptions, max_keep) -> RetentionPolicy:
 def drop_step_optimizer(path: str, keep_last: int | None) -> str | None:
     """Drop a role dir's optimizer state under its exclusive lock; None when done (or there was
     none), else why it was kept."""
-    abs_path = os.path.abspath(path)
+    abs_path = absolute(path)
     if not os.path.isdir(abs_path) or not optimizer_drop.holds_optimizer(abs_path):
         return None
     lock, why = _exclusive(abs_path, "dropping its optimizer state (retention)")
@@ -154,11 +154,11 @@ def apply(paths: Sequence[str], max_keep, policy: RetentionPolicy | None = None)
     metrics = best_metric.metrics_of(paths, policy.best_metric) if policy.keep_best else {}
     decision = retention_plan.plan(paths, policy, protected_dirs(paths), metrics)
     for path in decision.protected:
-        log.info("retention keeps %s: latest_checkpointed_iteration.txt names it", os.path.abspath(path))
+        log.info("retention keeps %s: latest_checkpointed_iteration.txt names it", absolute(path))
     for path in decision.best:
         log.info(
             "retention keeps %s: among the best %d by %s (%s %s)",
-            os.path.abspath(path),
+            absolute(path),
             policy.keep_best,
             policy.best_metric,
             policy.best_mode,
@@ -169,15 +169,15 @@ def apply(paths: Sequence[str], max_keep, policy: RetentionPolicy | None = None)
         why = delete_step_dir(path)
         if why is None:
             deleted.append(path)
-            log.info("retention deleted %s", os.path.abspath(path))
+            log.info("retention deleted %s", absolute(path))
         else:
-            log.warning("retention kept %s: %s; it is retried at the next save", os.path.abspath(path), why)
+            log.warning("retention kept %s: %s; it is retried at the next save", absolute(path), why)
     for path in decision.drop_optimizer:
         why = drop_step_optimizer(path, policy.optimizer_last)
         if why is not None:
             log.warning(
                 "retention kept the optimizer state of %s: %s; it is retried at the next save",
-                os.path.abspath(path),
+                absolute(path),
                 why,
             )
     return [p for p in paths if p not in deleted], deleted
@@ -205,7 +205,7 @@ def drop_before_save(paths: Sequence[str], keep_last: int | None) -> None:
         if why is not None:
             log.warning(
                 "retention kept the optimizer state of %s: %s; it is retried at the next save",
-                os.path.abspath(path),
+                absolute(path),
                 why,
             )
 
@@ -237,8 +237,8 @@ def after_save(
 ) -> list[str]:
     """Track `new_path` (complete now) in `saved_paths` (updated in place) and delete what retention
     allows; returns the deleted dirs."""
-    new = os.path.abspath(new_path)
-    paths = [p for p in saved_paths if os.path.abspath(p) != new] + [new_path]
+    new = absolute(new_path)
+    paths = [p for p in saved_paths if absolute(p) != new] + [new_path]
     if state.retention_deferred:
         saved_paths[:] = paths
         return []

@@ -26,6 +26,7 @@ from __future__ import annotations
 # handling (torch.distributed) loads only in the trainer's save
 import functools
 import glob
+import hashlib
 import os
 import threading
 import time
@@ -39,6 +40,7 @@ from ..format.resume_manifest import (
     saved_steps,
 )
 from ..log import get_logger
+from ..storage import for_path, is_file, is_url
 from ..write.resume_records import write_tracker
 from .driver_state import driver_state_of
 
@@ -99,13 +101,29 @@ class CommitWatcher:
         self.superseded: str | None = None
         # commits already on disk when this run began saving: steps above the one a resume went on
         # from (a damaged newest step it walked back from) are no commit of this run's
-        self._before = {
-            path: self._commit_id(path)
-            for path in glob.glob(os.path.join(glob.escape(root), "global_step_*", "*", MANIFEST_NAME))
-        }
+        self._before = {path: self._commit_id(path) for path in self._manifests(root)}
 
     @staticmethod
-    def _commit_id(manifest: str) -> tuple[int, int] | None:
+    def _manifests(root: str) -> list[str]:
+        if not is_url(root):
+            return glob.glob(os.path.join(glob.escape(root), "global_step_*", "*", MANIFEST_NAME))
+        store = for_path(root)
+        step_dirs = [os.path.join(root, f"global_step_{s}") for s in saved_steps(root)]
+        return [
+            os.path.join(d, role, MANIFEST_NAME)
+            for d in step_dirs
+            for role in store.list_dir(d)
+            if is_file(os.path.join(d, role, MANIFEST_NAME))
+        ]
+
+    @staticmethod
+    def _commit_id(manifest: str) -> tuple[int, int] | str | None:
+        if is_url(manifest):  # an object store: each commit's manifest differs (its committed_at)
+            try:
+                with for_path(manifest).open_read(manifest) as f:
+                    return hashlib.sha256(f.read()).hexdigest()
+            except OSError:
+                return None
         try:
             st = os.stat(manifest)
         except OSError:
@@ -133,7 +151,7 @@ class CommitWatcher:
         commits count: a newer step left from before a resume that walked back from it (damaged)
         deletes nothing."""
         step_dir = os.path.join(self.root, f"global_step_{step}")
-        if not os.path.isdir(step_dir):
+        if not for_path(step_dir).is_dir(step_dir):
             return f"{step_dir} was deleted"
         for role in roles:
             if not has_manifest(os.path.join(step_dir, role)):
@@ -158,7 +176,7 @@ class CommitWatcher:
             return True
         if not all(has_manifest(os.path.join(step_dir, role)) for role in roles):
             return False
-        return os.path.exists(os.path.join(step_dir, "data.pt"))
+        return for_path(step_dir).exists(os.path.join(step_dir, "data.pt"))
 
     def _watch(self, step: int, roles: list[str]) -> None:
         self.superseded = None

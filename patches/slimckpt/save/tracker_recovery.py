@@ -12,6 +12,7 @@ finished saving when the kill came: resuming from it is exact. A step counts as 
 has `data.pt`, no slimckpt failure marker, and every role dir is either committed by slimckpt's
 manifest or (verl's own format) holds `fsdp_config.json`. No complete step: a clean start, said
 in the log. The function is patched where the trainers imported it (they bound the name).
+On object storage (`s3://`) the step is the newest committed one there (trainer_storage).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import os
 from ..format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker, saved_steps
 from ..log import get_logger
 from ..read.checkpoint_dir import DCP_DIR
+from ..storage import is_url
+from .trainer_storage import latest_committed_step
 
 log = get_logger("slimckpt.tracker")
 
@@ -53,6 +56,9 @@ def wrap_find_latest_ckpt_path(original):
     def find_latest_ckpt_path(path, directory_format="global_step_{}"):
         if path is None or directory_format != "global_step_{}":
             return original(path, directory_format)
+        if is_url(path):  # object storage: the newest committed step, the tracker only a hint
+            step = latest_committed_step(path)
+            return None if step is None else os.path.join(path, f"global_step_{step}")
         tracker = os.path.join(path, TRACKER_NAME)
         if not os.path.exists(tracker) or read_tracker(path) is not None:
             return original(path, directory_format)

@@ -34,6 +34,7 @@ BACKENDS: dict[str, Callable[[], Storage]] = {
     "s3": _s3,
 }
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_BUCKET = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*")
 _made: dict[Callable[[], Storage], Storage] = {}  # one instance per backend
 
 
@@ -62,6 +63,22 @@ def is_file(path: str) -> bool:
     return store.exists(path) and not store.is_dir(path)
 
 
+_reached: set[str] = set()  # scheme://bucket whose access this process has checked
+
+
+def check_access_once(path: str) -> None:
+    """The storage's `check_access` of `path`, once per process and bucket (a rank's first save or
+    load on a URL, before it writes: each rank may run on another node, with its own environment)."""
+    if not is_url(path):
+        return
+    where = _BUCKET.match(str(path))
+    key = where.group(0) if where else str(path)
+    if key in _reached:
+        return
+    for_path(path).check_access(path)
+    _reached.add(key)
+
+
 def for_path(path: str) -> Storage:
     """The backend that holds `path` (one instance per scheme)."""
     scheme = scheme_of(path)
@@ -85,6 +102,7 @@ __all__ = [
     "Storage",
     "UnknownStorage",
     "absolute",
+    "check_access_once",
     "for_path",
     "is_file",
     "is_url",

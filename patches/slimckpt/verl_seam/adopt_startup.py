@@ -6,7 +6,8 @@ installed): `python -m verl.trainer.main_ppo` calls it in the driver with the co
 before Ray starts, so a run that cannot resume stops there in one line (a SystemExit: no traceback,
 no minute of Ray start-up), and a move to the other directory reaches every Ray actor as
 trainer.resume_mode=resume_path. Inside Ray (verl's legacy TaskRunner validates again) it does
-nothing: the driver has decided.
+nothing: the driver has decided. A default_local_dir on object storage (`s3://`) is checked and
+prepared by storage_startup instead (there is no second directory to adopt from).
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def adopt(config: Any, use_critic: bool) -> None:
 
     if _select(config, "trainer.default_hdfs_dir") is not None:
         return  # verl refuses it itself
+    if _select(config, "trainer.resume_mode") == "resume_path" and "://" in str(
+        _select(config, "trainer.resume_from_path")
+    ):
+        return  # a step on object storage: its ranks load it from there, checked as they read it
     decision = plan_resume(
         _absolute(_select(config, "trainer.default_local_dir")),
         _select(config, "trainer.resume_mode"),
@@ -243,7 +248,10 @@ def wrap_validate_config(original):
             from .fsdp1_note import say_fsdp1_cost
 
             say_fsdp1_cost(config, use_critic, use_reference_policy)
-            adopt(config, use_critic)
+            from .storage_startup import on_object_storage
+
+            if not on_object_storage(config, use_critic):  # a URL: one dir, its steps found by their manifests
+                adopt(config, use_critic)
         return result
 
     return validate_config

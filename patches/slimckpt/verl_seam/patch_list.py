@@ -257,6 +257,28 @@ PATCHES: list[Patch] = [
         "verl writes latest_checkpointed_iteration.txt non-atomically; an empty one (a kill mid-write) resumes from "
         "the newest complete step instead of crashing on int('')",
     ),
+    *_in_both_trainers(
+        "checkpoint.storage_os",
+        "os",
+        "slimckpt.save.trainer_storage:wrap_os",
+        "trainer.default_local_dir=s3://...: a URL counts as absolute (verl joins any other path onto the working "
+        "dir) and os.path.exists of one (data.pt) asks its storage",
+    ),
+    *_in_both_trainers(
+        "checkpoint.storage_torch",
+        "torch",
+        "slimckpt.save.trainer_storage:wrap_torch",
+        "trainer.default_local_dir=s3://...: the trainer's data.pt is one atomic put to the storage, and read "
+        "back with pickle_policy's globals only",
+    ),
+    Patch(
+        "checkpoint.storage_mkdir",
+        "verl.utils.fs:local_mkdir_safe",
+        "checkpoint",
+        "slimckpt.save.trainer_storage:wrap_local_mkdir_safe",
+        why="trainer.default_local_dir=s3://...: the step folder verl's trainer makes is the storage's, not "
+        "<cwd>/s3:/...",
+    ),
     *[
         Patch(
             f"checkpoint.stream_guard.{name}",

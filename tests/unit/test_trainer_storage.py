@@ -1,0 +1,245 @@
+"""verl's trainer with trainer.default_local_dir=s3://...: the names its driver code calls hand a URL to the
+storage (slimckpt.save.trainer_storage), the step a resume loads is the newest committed one there
+whatever the tracker says, and the start-up refuses what cannot save there (slimckpt.verl_seam.storage_startup).
+moto stands in for S3; the trainer end to end is tests/e2e/test_s3_trainer_e2e.py."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from slimckpt.format.resume_manifest import FAILED_PREFIX, MANIFEST_NAME, TRACKER_NAME, saved_steps
+from slimckpt.read.pickle_policy import PickleRefused
+from slimckpt.save import tracker_recovery, trainer_storage
+from slimckpt.storage import for_path, s3
+from slimckpt.verl_seam import storage_startup
+from slimckpt.verl_seam.recipes import CONF_DIR
+
+moto = pytest.importorskip("moto", reason="moto is in the test extra: pip install -e '.[test]'")
+boto3 = pytest.importorskip("boto3", reason="boto3 is in the test extra: pip install -e '.[test]'")
+
+BUCKET = "ckpts"
+ROOT = f"s3://{BUCKET}/run"
+
+
+@pytest.fixture
+def bucket(monkeypatch, tmp_path):
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIATESTSLIMCKPT")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    s3.after_fork()
+    with moto.mock_aws():
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        yield for_path(ROOT)
+    s3.after_fork()
+
+
+def _put(path: str, data: bytes = b"x") -> None:
+    for_path(path).put_atomic(path, data)
+
+
+def _step(step: int, *, data: bool = True, roles=("actor",), committed=("actor",)) -> str:
+    step_dir = f"{ROOT}/global_step_{step}"
+    for role in roles:
+        _put(f"{step_dir}/{role}/dcp/__0_0.distcp")
+        if role in committed:
+            _put(f"{step_dir}/{role}/{MANIFEST_NAME}", b"{}")
+    if data:
+        _put(f"{step_dir}/data.pt")
+    return step_dir
+
+
+# --------------------------------------------------------------------------- the path join and the step folder
+
+
+def test_a_url_is_absolute_and_its_folder_is_the_storages(tmp_path):
+    verl_os = trainer_storage.wrap_os(os)
+    assert verl_os.path.isabs(ROOT) and verl_os.path.isabs("/x") and not verl_os.path.isabs("rel/dir")
+    assert verl_os.path.join(ROOT, "global_step_3") == f"{ROOT}/global_step_3"  # the rest is os's own
+    assert verl_os.environ is os.environ and verl_os.getcwd() == os.getcwd()
+    made: list[str] = []
+    mkdir = trainer_storage.wrap_local_mkdir_safe(lambda p: made.append(p) or p)
+    assert mkdir(f"{ROOT}/global_step_1") == f"{ROOT}/global_step_1" and made == []  # no <cwd>/s3:/...
+    assert mkdir(str(tmp_path / "a")) == str(tmp_path / "a") and made == [str(tmp_path / "a")]
+
+
+def test_verls_own_join_would_put_the_url_under_the_working_dir():
+    """What the os patch is for: verl's _load_checkpoint joins any path os.path.isabs denies onto the cwd."""
+    assert not os.path.isabs(ROOT)
+
+
+# --------------------------------------------------------------------------- data.pt
+
+
+def test_data_pt_is_put_whole_and_read_back_by_the_restricted_unpickler(bucket):
+    verl_torch = trainer_storage.wrap_torch(torch)
+    verl_os = trainer_storage.wrap_os(os)
+    state = {"_num_yielded": 3, "_sampler_iter_state": {"generator": torch.Generator().manual_seed(1).get_state()}}
+    path = f"{ROOT}/global_step_1/data.pt"
+    assert not verl_os.path.exists(path)
+    verl_torch.save(state, path)
+    assert verl_os.path.exists(path) and bucket.size(path) > 0
+    back = verl_torch.load(path, weights_only=False)
+    assert back["_num_yielded"] == 3
+    assert torch.equal(back["_sampler_iter_state"]["generator"], state["_sampler_iter_state"]["generator"])
+    assert verl_torch.Tensor is torch.Tensor  # everything else is torch's own
+
+
+class Payload:  # a global no checkpoint of verl's or torch's names
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+@pytest.mark.pickle_refusals
+def test_a_data_pt_naming_another_global_is_refused(bucket, tmp_path):
+    local = tmp_path / "data.pt"
+    torch.save({"x": Payload()}, local, pickle_module=pickle)
+    path = f"{ROOT}/global_step_1/data.pt"
+    _put(path, local.read_bytes())
+    with pytest.raises(PickleRefused, match="global_step_1/data.pt"):
+        trainer_storage.wrap_torch(torch).load(path, weights_only=False)
+
+
+# --------------------------------------------------------------------------- which step a resume loads
+
+
+@pytest.fixture
+def find():
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    return tracker_recovery.wrap_find_latest_ckpt_path(find_latest_ckpt_path)
+
+
+def test_the_newest_committed_step_is_found_from_the_manifests(bucket, find, caplog):
+    _step(1)
+    _step(2, roles=("actor", "critic"), committed=("actor", "critic"))
+    _step(3, roles=("actor", "critic"), committed=("actor",))  # the critic never committed
+    _step(4, data=False)  # the trainer had not written data.pt: its save did not finish
+    _step(5, committed=())  # no manifest
+    assert saved_steps(ROOT) == [1, 2, 3, 4, 5]
+    assert find(ROOT) == f"{ROOT}/global_step_2"
+    assert "global_step_5 (actor/ is not committed (no manifest))" in caplog.text
+    assert "global_step_3 (critic/ is not committed" in caplog.text
+
+
+def test_a_tracker_naming_an_uncommitted_step_is_not_trusted(bucket, find, caplog):
+    _step(1)
+    _step(2, committed=())
+    _put(f"{ROOT}/{TRACKER_NAME}", b"2")
+    assert find(ROOT) == f"{ROOT}/global_step_1"
+    assert "names global_step_2; resuming from global_step_1, the newest committed step" in caplog.text
+
+
+def test_a_failed_step_and_an_empty_root_are_no_resume(bucket, find):
+    assert find(ROOT) is None  # nothing there yet: a start from scratch
+    step = _step(1)
+    _put(f"{step}/actor/{FAILED_PREFIX}0.txt", b"disk full\n")
+    assert find(ROOT) is None
+    _step(2)
+    _put(f"{ROOT}/{TRACKER_NAME}", b"1")  # behind the newest commit (a kill before its write)
+    assert find(ROOT) == f"{ROOT}/global_step_2"
+
+
+# --------------------------------------------------------------------------- start-up
+
+
+def _config(recipe: str | None, root: str = ROOT, **checkpoint) -> object:
+    base = {"trainer": {"default_local_dir": root, "default_hdfs_dir": None}, "ray_kwargs": {"ray_init": {}}}
+    config = OmegaConf.create(base)
+    if recipe:
+        config = OmegaConf.merge(config, OmegaConf.load(CONF_DIR / "recipe" / f"{recipe}.yaml"))
+    OmegaConf.update(config, "trainer.default_local_dir", root)  # given after the recipe, as a user does
+    for key, value in checkpoint.items():
+        OmegaConf.update(config, f"actor_rollout_ref.actor.checkpoint.{key}", value, force_add=True)
+    return config
+
+
+@pytest.mark.parametrize("recipe", ["quickstart", "intermediate", None])
+def test_verls_rank_files_on_object_storage_are_refused_in_one_line(recipe):
+    with pytest.raises(SystemExit) as stopped:
+        storage_startup.on_object_storage(_config(recipe), use_critic=False)
+    line = str(stopped.value.code)
+    assert "\n" not in line and line.startswith(f"slimckpt: trainer.default_local_dir={ROOT}: ")
+    assert "use +recipe=incremental" in line and (f"+recipe={recipe}" in line if recipe else "verl's own" in line)
+
+
+def test_a_local_dir_is_left_to_adopt():
+    assert storage_startup.on_object_storage(_config("quickstart", root="/tmp/ckpt"), use_critic=False) is False
+
+
+def test_the_recipes_optimizer_drop_is_turned_off_on_object_storage():
+    """The recipe keeps the optimizer in the newest step only (keep_optimizer_last=1), which rewrites a
+    committed step: on a bucket the kept steps stay whole instead, said in one line; the run starts."""
+    config = _config("incremental")
+    assert config.actor_rollout_ref.actor.checkpoint.keep_optimizer_last == 1
+    assert storage_startup.refusal(config, use_critic=True) is None
+    line = storage_startup.turn_optimizer_drop_off(config, use_critic=True)
+    assert config.actor_rollout_ref.actor.checkpoint.keep_optimizer_last is None
+    assert config.critic.checkpoint.keep_optimizer_last is None
+    assert "\n" not in line and "critic.checkpoint.keep_optimizer_last=null on s3://ckpts/run" in line
+    assert "trainer.max_actor_ckpt_to_keep=2" in line
+    assert storage_startup.turn_optimizer_drop_off(config, use_critic=True) is None
+
+
+def test_an_asynchronous_trainer_mode_is_refused_on_object_storage():
+    config = _config("incremental")
+    OmegaConf.update(config, "trainer.v1.trainer_mode", "fully_async", force_add=True)
+    assert "trainer.v1.trainer_mode=sync" in storage_startup.refusal(config, use_critic=False)
+
+
+def test_the_recipes_default_export_is_turned_off_naming_the_merge():
+    config = _config("incremental")
+    assert config.actor_rollout_ref.actor.checkpoint.export_hf is True
+    line = storage_startup.turn_export_off(config)
+    assert config.actor_rollout_ref.actor.checkpoint.export_hf is False
+    assert f"slimckpt merge --local_dir {ROOT}/global_step_N/actor" in line
+    assert storage_startup.turn_export_off(config) is None  # said once
+
+
+def test_aws_variables_reach_every_worker_but_never_a_secret(monkeypatch):
+    env = {"AWS_ENDPOINT_URL": "http://s3:9000", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t", "HOME": "/"}
+    assert storage_startup.forwarded_env(env) == {"AWS_ENDPOINT_URL": "http://s3:9000"}
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://s3:9000")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "never-in-the-config")
+    config = _config("incremental")
+    OmegaConf.update(config, "ray_kwargs.ray_init.runtime_env.env_vars.AWS_REGION", "us-east-1", force_add=True)
+    assert storage_startup.forward_env(config) == ["AWS_ENDPOINT_URL"]  # a value the config sets wins
+    env_vars = OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.env_vars)
+    assert env_vars["AWS_ENDPOINT_URL"] == "http://s3:9000" and env_vars["AWS_REGION"] == "us-east-1"
+    assert env_vars["SLIMCKPT_CHECKPOINT"] == "1" and "never-in-the-config" not in str(OmegaConf.to_yaml(config))
+
+
+# --------------------------------------------------------------------------- retention on the bucket
+
+
+def test_retention_and_keep_best_prune_on_the_bucket(bucket):
+    """max_keep=1 with keep_best=1 by a metric the driver recorded next to each step: the best old step
+    and the newest stay, the tracker's step too, the rest is deleted from the bucket, manifest first."""
+    from slimckpt.format.retention_plan import RetentionPolicy
+    from slimckpt.save import best_metric, retention
+
+    roles = [f"{_step(s)}/actor" for s in (1, 2, 3, 4)]
+    for step, score in ((1, 0.9), (2, 0.1), (3, 0.2), (4, 0.3)):
+        best_metric.record(f"{ROOT}/global_step_{step}", step, {"score": score})
+    assert best_metric.step_metric(f"{ROOT}/global_step_1", "score") == 0.9
+    _put(f"{ROOT}/{TRACKER_NAME}", b"3")
+    policy = RetentionPolicy(max_keep=1, keep_best=1, best_metric="score")
+    kept, deleted = retention.apply(roles, 1, policy)
+    assert kept == [roles[0], roles[2], roles[3]] and deleted == [roles[1]]
+    assert not bucket.exists(roles[1]) and bucket.exists(f"{ROOT}/global_step_2/data.pt")  # verl's retention: role dirs
+    assert all(bucket.exists(f"{r}/{MANIFEST_NAME}") for r in kept)
+    assert not any(k.endswith("slimckpt-lock") for k in bucket.list_files(ROOT))  # the delete's lease is gone
