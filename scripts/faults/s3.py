@@ -266,18 +266,6 @@ def install_fault(fault: dict, rank: int, trial_dir: str) -> None:
     s3.Upload.put_part = after_part
 
 
-def download(url: str, local: str) -> None:
-    """Every object under `url` into the local dir `local`, through the storage."""
-    from slimckpt.storage import for_path
-
-    store = for_path(url)
-    for rel in store.list_files(url):
-        path = os.path.join(local, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with store.open_read(f"{url}/{rel}") as src, open(path, "wb") as dst:
-            shutil.copyfileobj(src, dst, 8 << 20)
-
-
 def rank_body(spec: dict, rank: int) -> None:
     """One rank of a group: (load a committed step,) train and save steps, record hashes and errors."""
     import torch.distributed as dist
@@ -309,13 +297,8 @@ def rank_body(spec: dict, rank: int) -> None:
                     f.write(mine)
 
         def load(step: int, what: str) -> None:
-            # the engine reads a step from local disk: its objects are fetched first (the step's checks,
-            # sizes and checksums, then run on exactly the bytes the bucket holds)
-            local = os.path.join(spec["dir"], f"{what}-{step}", "actor")
-            if rank == 0:
-                download(step_url(root, step), local)
-            dist.barrier()
-            load_resume_state(make_target(model, optimizer, state, rank), local)
+            # straight from the bucket, as a resume does: the ranks check sizes and checksums first
+            load_resume_state(make_target(model, optimizer, state, rank), step_url(root, step))
             expected = open(os.path.join(spec["dir"], f"expected.{step}.rank{rank}")).read()
             result["equal"][f"{what} {step}"] = state_hash(model, optimizer) == expected
 
