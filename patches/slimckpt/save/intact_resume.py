@@ -222,24 +222,37 @@ def _auto(root: str, roles: dict[str, bool]) -> None:
 def _resume_path(path: str, roles: dict[str, bool]) -> None:
     """Refuse a resume_from_path whose step is damaged by its sizes and seals, naming the file and
     an intact step (checksummed: the run stops anyway)."""
-    step_dir = os.path.normpath(_absolute(path))
-    name = os.path.basename(step_dir)
-    if not name.startswith("global_step_") or not name[len("global_step_") :].isdigit():
+    where = _step_dir(path)
+    if where is None:
         return  # verl's own assertion says what it must look like
-    root, step = os.path.dirname(step_dir), int(name[len("global_step_") :])
+    root, step = where
     check = check_step(root, step, _sizes(roles))  # the ranks' load checksums it
     if check.damage is None:
         log.info("resume: %s is intact", _said(check))
         return
+    raise _damaged_resume_path(f"slimckpt: {check.damage.file}: {check.damage.reason}", root, step, roles)
+
+
+def _step_dir(path: str) -> tuple[str, int] | None:
+    """(root, N) of a resume_from_path `<root>/global_step_N`; None for anything else."""
+    step_dir = os.path.normpath(_absolute(path))
+    name = os.path.basename(step_dir)
+    if not name.startswith("global_step_") or not name[len("global_step_") :].isdigit():
+        return None
+    return os.path.dirname(step_dir), int(name[len("global_step_") :])
+
+
+def _damaged_resume_path(line: str, root: str, step: int, roles: dict[str, bool]) -> UncommittedCheckpoint:
+    """The one-line refusal of a damaged resume_from_path, naming an intact step below it (checksummed
+    here: the run stops anyway)."""
     good, _ = newest_intact(root, roles, step - 1)
     instead = (
         f"trainer.resume_from_path={os.path.join(root, f'global_step_{good.step}')} (intact)"
         if good
         else "an earlier step (none below it in this dir is intact)"
     )
-    raise UncommittedCheckpoint(
-        f"slimckpt: {check.damage.file}: {check.damage.reason}; trainer.resume_from_path "
-        f"names a damaged step: re-copy the file, or resume from {instead}"
+    return UncommittedCheckpoint(
+        f"{line}; trainer.resume_from_path names a damaged step: re-copy the file, or resume from {instead}"
     )
 
 
@@ -313,21 +326,10 @@ def _load_resume_path(original, trainer, args, kwargs, path: str, roles: dict[st
     try:
         return original(trainer, *args, **kwargs)
     except Exception as exc:
-        line = load_refusal(exc)
-        step_dir = os.path.normpath(_absolute(path))
-        name = os.path.basename(step_dir)
-        if line is None or not name[len("global_step_") :].isdigit():
+        line, where = load_refusal(exc), _step_dir(path)
+        if line is None or where is None:
             raise
-        root, step = os.path.dirname(step_dir), int(name[len("global_step_") :])
-        good, _ = newest_intact(root, roles, step - 1)
-        instead = (
-            f"trainer.resume_from_path={os.path.join(root, f'global_step_{good.step}')} (intact)"
-            if good
-            else "an earlier step (none below it in this dir is intact)"
-        )
-        raise UncommittedCheckpoint(
-            f"{line}; trainer.resume_from_path names a damaged step: re-copy the file, or resume from {instead}"
-        ) from exc
+        raise _damaged_resume_path(line, *where, roles) from exc
 
 
 def wrap_trainer_load_checkpoint(original):
