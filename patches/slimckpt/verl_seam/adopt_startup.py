@@ -240,17 +240,18 @@ def wrap_validate_config(original):
     def validate_config(config, use_reference_policy: bool, use_critic: bool, *args, **kwargs):
         result = original(config, use_reference_policy, use_critic, *args, **kwargs)
         if not _in_ray_worker():
+            from .fsdp1_note import say_fsdp1_cost
+            from .storage_startup import on_object_storage
+
             _say_build()
+            # first: what object storage refuses or switches off, so the lines below name what the run keeps
+            on_storage = on_object_storage(config, use_critic)
             where = model_only_line(config)
             if where:
                 log.warning("%s", where)
             _say_recipe_settings(config)
-            from .fsdp1_note import say_fsdp1_cost
-
             say_fsdp1_cost(config, use_critic, use_reference_policy)
-            from .storage_startup import on_object_storage
-
-            if not on_object_storage(config, use_critic):  # a URL: one dir, its steps found by their manifests
+            if not on_storage:  # a URL: one dir, its steps found by their manifests
                 adopt(config, use_critic)
         return result
 
