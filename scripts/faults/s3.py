@@ -596,7 +596,8 @@ def render(data: dict) -> str:
         f"per rank; {data['host']}; slimckpt at commit {data['commit']}; the campaign took "
         f"{data['minutes']:.1f} min. Command:",
         "",
-        f"- `{data['command']}`",
+        f"- `{data['command']}` (the issue's counts, its defaults; not part of `make faults`; `--render` prints this "
+        f"section from `docs/reliability/s3.json`)",
         "",
         f"**{bad} bad outcomes in {total} trials.**",
         "",
@@ -612,7 +613,8 @@ def render(data: dict) -> str:
         "*exact*: step 2 committed and loads to the state recorded before its save, bit for bit. *resumed*: step 2 "
         "not committed, step 1 (found from the committed manifests under the prefix) loads exactly, and the next "
         "save of step 2 (after the same training step) commits and loads exactly. *failed in one line*: of the good "
-        "trials, those whose faulted save failed on every rank in one line naming `s3://bucket/key` and the fix. "
+        "trials, those whose faulted save failed in one line on every rank still running, naming `s3://bucket/key` "
+        "and the fix (for one rank lost: the survivor's line names the step and the lost rank). "
         "Bad: *half-committed* (a manifest with a missing or changed object), *lost committed*, *wrong state*, "
         "*re-save failed*, *hung*, *bad message*; *fault missed* (the hook did not fire: the trial tested nothing). The moments are hooks in the ranks (`scripts/faults/s3.py`), "
         "not random timing.",
