@@ -146,13 +146,18 @@ def drop_step_optimizer(path: str, keep_last: int | None) -> str | None:
     return None
 
 
-def apply(paths: Sequence[str], max_keep, policy: RetentionPolicy | None = None) -> tuple[list[str], list[str]]:
+def apply(
+    paths: Sequence[str], max_keep, policy: RetentionPolicy | None = None, spare: Sequence[str] = ()
+) -> tuple[list[str], list[str]]:
     """(still tracked, deleted) for verl's list of saved role dirs, oldest first, after the newest
-    one is complete. Deletes on disk, and drops the optimizer state the policy says to."""
+    one is complete. Deletes on disk, and drops the optimizer state the policy says to, except the
+    optimizer state of the dirs in `spare`."""
     paths = list(paths)
     policy = policy or RetentionPolicy(max_keep=_valid_keep(max_keep))
     metrics = best_metric.metrics_of(paths, policy.best_metric) if policy.keep_best else {}
     decision = retention_plan.plan(paths, policy, protected_dirs(paths), metrics)
+    spared = {absolute(p) for p in spare}
+    decision.drop_optimizer[:] = [p for p in decision.drop_optimizer if absolute(p) not in spared]
     for path in decision.protected:
         log.info("retention keeps %s: latest_checkpointed_iteration.txt names it", absolute(path))
     for path in decision.best:
@@ -244,7 +249,12 @@ def after_save(
         return []
     if options.incremental_save:  # its steps carry the manifest that says slimckpt committed them
         earlier_steps.track_earlier(state, paths, new_path)  # an earlier launch's steps, at the first commit
-    kept, deleted = apply(paths, max_keep, policy_for(options, max_keep))
+    # the step before this one keeps its optimizer at this commit: the new step is complete for this role
+    # only (a later role may still fail it, and the run then resumes the step before), and an async
+    # tracker may not name the step before yet; the next save's start, when the tracker names the newest
+    # complete step, drops it by the policy
+    previous = paths[-2:-1]
+    kept, deleted = apply(paths, max_keep, policy_for(options, max_keep), spare=previous)
     saved_paths[:] = kept
     return deleted
 
