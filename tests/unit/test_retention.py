@@ -316,3 +316,22 @@ def test_model_only_tiers_leave_earlier_steps_to_verls_list(tmp_path):
     saved: list[str] = []
     deleted = retention.after_save(TargetState(), CheckpointOptions(), saved, _step(tmp_path, 4), 1)
     assert deleted == [] and len(list(tmp_path.glob("global_step_*/actor"))) == 4
+
+
+def test_a_roles_commit_leaves_the_step_before_its_optimizer_whatever_the_tracker_says(tmp_path, monkeypatch):
+    """keep_optimizer_last=1, an async tracker still on step 1 when step 3's actor commits: step 2 keeps its
+    optimizer (step 3's critic may still fail, and the run then resumes step 2); step 1, not the tracker's
+    after all once the tracker moves, loses it at the next save's start."""
+    from slimckpt.options.checkpoint_options import CheckpointOptions
+    from slimckpt.save.target import TargetState
+
+    dropped: list[str] = []
+    monkeypatch.setattr(retention, "drop_step_optimizer", lambda path, keep: dropped.append(path))
+    options = CheckpointOptions(incremental_save=True, keep_optimizer_last=1)
+    s1, s2, s3 = (_step(tmp_path, n, manifest=True) for n in (1, 2, 3))
+    _tracker(tmp_path, 1)  # the watcher has not named step 2 yet
+    saved = [s1, s2]
+    retention.after_save(TargetState(), options, saved, s3, 3)
+    assert s2 not in dropped and s1 not in dropped  # step 1: the tracker's; step 2: the step before
+    _tracker(tmp_path, 3)
+    assert set(retention.optimizer_drops(options, saved, 3)) == {s1, s2}  # the next save's start
