@@ -26,6 +26,8 @@ from slimckpt.storage.s3_errors import (
 )
 from tests.conftest import run_python
 
+from ..helpers.aws_env import isolate_aws
+
 moto = pytest.importorskip("moto", reason="moto is in the test extra: pip install -e '.[test]'")
 boto3 = pytest.importorskip("boto3", reason="boto3 is in the test extra: pip install -e '.[test]'")
 
@@ -35,15 +37,7 @@ SECRET = "sekrit-9f2c7be1d04a-never-shown"
 @pytest.fixture
 def aws(monkeypatch, tmp_path):
     """An environment with only a test identity in it (no ~/.aws, no endpoint), and a fresh client."""
-    for name in list(__import__("os").environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIATESTSLIMCKPT")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    isolate_aws(monkeypatch, tmp_path, SECRET)
     s3.after_fork()  # the process's client and caches start over with this environment
     yield monkeypatch
     s3.after_fork()

@@ -19,6 +19,8 @@ from slimckpt.storage import for_path, s3
 from slimckpt.verl_seam import storage_startup
 from slimckpt.verl_seam.recipes import CONF_DIR
 
+from ..helpers.aws_env import isolate_aws
+
 moto = pytest.importorskip("moto", reason="moto is in the test extra: pip install -e '.[test]'")
 boto3 = pytest.importorskip("boto3", reason="boto3 is in the test extra: pip install -e '.[test]'")
 
@@ -28,15 +30,7 @@ ROOT = f"s3://{BUCKET}/run"
 
 @pytest.fixture
 def bucket(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIATESTSLIMCKPT")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    isolate_aws(monkeypatch, tmp_path, "test-secret")
     s3.after_fork()
     with moto.mock_aws():
         boto3.client("s3").create_bucket(Bucket=BUCKET)

@@ -44,16 +44,8 @@ def _select(config: Any, key: str, default: Any = None) -> Any:
 def parameter_count(model_path: str, trust_remote_code: bool = False) -> int | None:
     """Parameters of the model at `model_path` (a meta model from its config: no weights); None
     when its config cannot be read here."""
-    with contextlib.suppress(Exception), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
-        return sum(p.numel() for p in model.parameters())
-    return None
+    found = model_shape(model_path, trust_remote_code)
+    return found[0] if found else None
 
 
 def fsdp1_roles(config: Any, use_critic: bool) -> list[tuple[str, str]]:
