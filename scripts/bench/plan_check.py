@@ -77,7 +77,7 @@ class Point:
 
 def preset_config(size: str, root: str) -> str:
     """The preset's config.json, as the bench's model is built from it."""
-    from slimckpt.testing.verl_checkpoints import fsdp_checkpoint
+    import slimckpt.testing.verl_checkpoints.fsdp_checkpoint as fsdp_checkpoint
 
     path = os.path.join(root, size)
     fsdp_checkpoint.build_config(fsdp_checkpoint.parse_args(["--out", path, "--size-preset", size])).save_pretrained(
@@ -97,7 +97,8 @@ def strategy_for(
     """The plan's strategy of a measured save; `contents`: the incremental tier's save_contents when the
     bench set them (scripts/bench/train_scale.py saves [model, extra]); `export_dtype`: the incremental
     export's dtype the bench ran with."""
-    from slimckpt.plan import build, cost
+    import slimckpt.plan.build as build
+    import slimckpt.plan.cost as cost
 
     if mode == "verl":
         return cost.Strategy("verl + hf_model", contents=(*cost.VERL_CONTENTS, "hf_model"))
@@ -133,7 +134,7 @@ def planned(
     """`slimckpt plan --device cpu --fsdp 2`'s estimate of one measured save (`row`) of the model of
     `facts`, next to what was measured: the bytes on disk and each rank's peak extra RssAnon in one
     save (`peaks`); `largest`: rank 0's over all the run's saves."""
-    from slimckpt.plan import cost
+    import slimckpt.plan.cost as cost
 
     e = cost.estimate(
         facts.params, world, strategy, extra, facts.hf_bytes, None, fsdp=2, hf_dtype=facts.hf_dtype, device="cpu"
@@ -154,7 +155,7 @@ def planned(
 
 
 def points(bench: dict, world: int) -> list[Point]:
-    from slimckpt.plan import meta_model
+    import slimckpt.plan.meta_model as meta_model
 
     extra = meta_model.extra_state_bytes()
     out = []
@@ -179,7 +180,7 @@ def points(bench: dict, world: int) -> list[Point]:
 def train_points(train: dict, world: int) -> list[Point]:
     """The saves scripts/bench/train_scale.py measured at its largest size ([model, extra]; intermediate
     [model]) that finished: verl's hf_model save was killed there, so it has no measured point."""
-    from slimckpt.plan import meta_model
+    import slimckpt.plan.meta_model as meta_model
 
     extra = meta_model.extra_state_bytes()
     preset, out = train["meta"]["preset"], []

@@ -52,7 +52,8 @@ def chunks(total: int) -> Callable[[], object]:
 
 
 def boto3_writer(server, total: int, gen) -> Callable[[], None]:
-    from slimckpt.storage import for_path, s3
+    import slimckpt.storage.s3 as s3
+    from slimckpt.storage import for_path
 
     os.environ.update(server.env)
     s3.after_fork()  # a client made from this server's environment
@@ -74,7 +75,7 @@ def obstore_writer(server, total: int, gen) -> Callable[[], None]:
     import obstore
     from obstore.store import S3Store
 
-    from slimckpt.storage import s3
+    import slimckpt.storage.s3 as s3
 
     store = S3Store(
         server.bucket,
@@ -101,7 +102,7 @@ def object_size(server) -> int:
 
 
 def timed_s3(make_writer, total: int, gen, where: str) -> tuple[float, int]:
-    from slimckpt.testing import s3_server
+    import slimckpt.testing.s3_server as s3_server
 
     server = s3_server.start(root=where)
     try:
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "obstore": lambda: timed_s3(obstore_writer, total, gen, args.dir),
         "disk": lambda: timed_disk(total, gen, args.dir),
     }
-    from slimckpt.storage import s3
+    import slimckpt.storage.s3 as s3
 
     print(
         f"{total / GB:.2f} GB per row in {CHUNK >> 20} MiB writes, part {s3.part_bytes() >> 20} MiB x "

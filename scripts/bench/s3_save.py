@@ -99,7 +99,7 @@ def warm_up(path: str, rank: int) -> dict:
     store.check_access(path)
     part = MiB
     if path.startswith("s3://"):
-        from slimckpt.storage import s3
+        import slimckpt.storage.s3 as s3
 
         part = s3.part_bytes()
     probe = f"{path.rstrip('/').rsplit('/', 2)[0]}/warmup/rank{rank}.bin"
@@ -116,9 +116,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
+    import slimckpt.save.resume_async as resume_async
     from scripts.bench.save import WindowSampler, build_model, measured
     from slimckpt.options.checkpoint_options import CheckpointOptions
-    from slimckpt.save import resume_async
     from slimckpt.save.resume_save import save_resume_state
     from slimckpt.save.target import SaveTarget, TargetState, fsdp_version_of
 
@@ -170,7 +170,7 @@ def worker(args: argparse.Namespace) -> None:
         "connect_rise": first["peak"] - first["level_before"],
     }
     if args.path.startswith("s3://"):
-        from slimckpt.storage import s3
+        import slimckpt.storage.s3 as s3
 
         row.update(part_bytes=s3.part_bytes(), concurrency=s3.concurrency())
     if rank == 0:
@@ -229,7 +229,7 @@ def tree_bytes(root: Path) -> int:
 
 def s3_settings(args: argparse.Namespace) -> dict[str, int]:
     """The part size (MiB) and concurrency the S3 rows use: given, else the backend's defaults."""
-    from slimckpt import env_vars
+    import slimckpt.env_vars as env_vars
 
     return {
         "part_mb": args.part_mb or env_vars.integer("SLIMCKPT_S3_PART_MB"),
@@ -239,7 +239,7 @@ def s3_settings(args: argparse.Namespace) -> dict[str, int]:
 
 def run_row(preset: str, target: str, rep: int, args: argparse.Namespace, cap: int) -> dict:
     """One torchrun saving `preset` to `target` (a fresh dir, or a fresh server); the row's numbers."""
-    from slimckpt.testing import s3_server
+    import slimckpt.testing.s3_server as s3_server
 
     work = Path(args.work)
     scratch = Path(tempfile.mkdtemp(prefix=f"s3save-{preset}-{target}-", dir=work))

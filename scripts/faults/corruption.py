@@ -101,7 +101,7 @@ def _tiny_run(ckpt_config):
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from slimckpt.testing.verl_checkpoints import fsdp_checkpoint as fx
+    import slimckpt.testing.verl_checkpoints.fsdp_checkpoint as fx
 
     args = fx.parse_args(["--out", "unused"])
     torch.manual_seed(0)
@@ -159,9 +159,10 @@ def worker_cost(preset: str, root: str) -> None:
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
+    import slimckpt.save.resume_state as resume_state
+    import slimckpt.save.step_check as step_check
+    import slimckpt.testing.verl_checkpoints.fsdp_checkpoint as fx
     from slimckpt.format.resume_manifest import read_manifest
-    from slimckpt.save import resume_state, step_check
-    from slimckpt.testing.verl_checkpoints import fsdp_checkpoint as fx
 
     dist.init_process_group("gloo")
     args = fx.parse_args(["--out", "unused", "--size-preset", preset])
@@ -276,8 +277,8 @@ def _files(root: str) -> list[str]:
 
 
 def _manifest_name(fmt: str) -> str:
-    from slimckpt.format import merge_manifest as mm
-    from slimckpt.format import resume_manifest as rm
+    import slimckpt.format.merge_manifest as mm
+    import slimckpt.format.resume_manifest as rm
 
     return {"merge": mm.MANIFEST_NAME, "incremental": rm.MANIFEST_NAME, "native": "fsdp_config.json"}[fmt]
 
@@ -381,7 +382,7 @@ def damage(root: str, fmt: str, kind: str, rng: random.Random) -> Trial:
 
 
 def run_trial(source: str, work: str, fmt: str, kind: str, rng: random.Random, i: int, keep: bool) -> dict:
-    from slimckpt.format import resume_manifest as rm
+    import slimckpt.format.resume_manifest as rm
     from slimckpt.verify.command import NotACheckpoint, verify_path
 
     copy = os.path.join(work, "trials", f"{i:04d}_{fmt}_{kind}", ROLE if fmt != "merge" else "merged")

@@ -239,7 +239,7 @@ def run_merge(env: Env, path: str, fault: str, source: str, base: str) -> dict:
         cmd = DROP_CAPS + cmd
     holder = None
     if fault == "lock":
-        from slimckpt.read import locks
+        import slimckpt.read.locks as locks
 
         holder = locks.acquire(target, exclusive=True, what="merging (env_faults' stand-in for a first merge)", fix="")
     t0 = time.perf_counter()
@@ -314,7 +314,7 @@ def calibrate(args: argparse.Namespace) -> int:
     )
     import torch.distributed as dist
 
-    from slimckpt.save import resume_async
+    import slimckpt.save.resume_async as resume_async
     from slimckpt.testing.verl_checkpoints.resume_scenarios import Run
     from slimckpt.verl_seam.features import switch_on
     from slimckpt.verl_seam.manager_state import state_of
@@ -351,7 +351,7 @@ def child(args: argparse.Namespace) -> int:
     )
     import torch.distributed as dist
 
-    from slimckpt.save import resume_async
+    import slimckpt.save.resume_async as resume_async
     from slimckpt.testing.verl_checkpoints.resume_scenarios import Run
     from slimckpt.verl_seam.features import switch_on
     from slimckpt.verl_seam.manager_state import state_of
@@ -454,7 +454,7 @@ def calibration_size(env: Env, path: str, port: int) -> int:
 
 def run_saves(env: Env, path: str, faults: list[str], bases: list[str], port: int) -> list[dict]:
     holders = []
-    from slimckpt.read import locks
+    import slimckpt.read.locks as locks
 
     for fault, base in zip(faults, bases):
         if fault == "lock":

@@ -227,8 +227,8 @@ def stop_at_commit_outcome(rank: int, step: int) -> None:
     import threading
     import types
 
+    import slimckpt.save.step_commit as step_commit
     from slimckpt.format.resume_manifest import MANIFEST_NAME, step_of
-    from slimckpt.save import step_commit
 
     armed = threading.Event()
     armed.set()

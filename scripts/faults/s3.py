@@ -205,8 +205,8 @@ def wait_for(path: str, timeout: float = 60.0) -> None:
 
 def install_fault(fault: dict, rank: int, trial_dir: str) -> None:
     """The trial's moment, as a hook on this rank's S3 writes (installed before the faulted save)."""
+    import slimckpt.storage.s3 as s3
     from slimckpt.format.resume_manifest import MANIFEST_NAME
-    from slimckpt.storage import s3
 
     kind, k = fault["kind"], fault.get("part", 1)
     if kind == "kill-manifest" and rank == 0:
@@ -270,7 +270,7 @@ def rank_body(spec: dict, rank: int) -> None:
     """One rank of a group: (load a committed step,) train and save steps, record hashes and errors."""
     import torch.distributed as dist
 
-    from slimckpt.save import resume_async
+    import slimckpt.save.resume_async as resume_async
     from slimckpt.save.errors import guarded_save
     from slimckpt.save.resume_load import load_resume_state
     from slimckpt.save.resume_save import save_resume_state
@@ -662,9 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     # loaded here once: the forked ranks start with them
     import torch  # noqa: F401
 
-    from slimckpt.save import resume_load, resume_save  # noqa: F401
-    from slimckpt.storage import s3  # noqa: F401
-    from slimckpt.testing import s3_server
+    import slimckpt.save.resume_save as resume_save  # noqa: F401
+    import slimckpt.storage.s3 as s3  # noqa: F401
+    import slimckpt.testing.s3_server as s3_server
 
     commit = provenance.source_commit()
     os.makedirs(args.work, exist_ok=True)

@@ -164,8 +164,8 @@ def install_phase_markers() -> None:
 
 def install_slim_markers() -> None:
     """After slimckpt's patches are on: its commit and its async tracker write."""
-    from slimckpt.save import step_commit
-    from slimckpt.save import tracker as resume_tracker
+    import slimckpt.save.step_commit as step_commit
+    import slimckpt.save.tracker as resume_tracker
 
     _wrap(step_commit, "write_manifest", "manifest")
     # on every rank, once the step's commit outcome is known to it (after the save call, for an

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import slimckpt.read.locks as locks
+import slimckpt.save.errors as save_errors
 from slimckpt.format.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
-from slimckpt.read import locks
-from slimckpt.save import errors as save_errors
 from slimckpt.save.target import SaveTarget, TargetState
 from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
@@ -183,8 +183,8 @@ def test_a_failure_after_the_manifest_leaves_the_step_committed(tmp_path):
     """A peer lost while the ranks learn the commit's outcome (rank 0 already wrote the manifest,
     and the tracker's watcher may already name the step): the save still fails, on every policy,
     but neither the failure note nor the discard touches the committed dir."""
-    from slimckpt.format import resume_manifest as rm
-    from slimckpt.write import resume_records as rr
+    import slimckpt.format.resume_manifest as rm
+    import slimckpt.write.resume_records as rr
 
     role = tmp_path / "global_step_5" / "critic"
     shard = role / "extra_state_world_size_2_rank_0.pt"
@@ -211,7 +211,7 @@ def test_a_save_after_a_lost_rank_fails_at_once(tmp_path, monkeypatch):
     """The actor's background write lost a rank; the critic's first save of the same step would
     make its group with the lost rank (a rendezvous that waits for the store's timeout). It fails
     at once instead, on every policy, naming the rank, before any collective."""
-    from slimckpt.save import lost_rank
+    import slimckpt.save.lost_rank as lost_rank
 
     monkeypatch.setattr(lost_rank, "_LOST", [])
     monkeypatch.setattr(lost_rank, "in_a_job", lambda: True)

@@ -25,7 +25,7 @@ GLOO_TIMEOUT = (
 
 
 def test_peer_loss_is_told_from_other_failures():
-    from slimckpt.write import peers
+    import slimckpt.write.peers as peers
 
     wrapped = RuntimeError("slimckpt: the background write of step 3 failed")
     wrapped.__cause__ = RuntimeError(GLOO_TIMEOUT)
@@ -85,7 +85,7 @@ def test_watch_ends_on_a_stopped_peer_only_after_its_timeout():
 
 
 def test_the_store_going_silent_names_its_host():
-    from slimckpt.write import peers
+    import slimckpt.write.peers as peers
 
     class Gone:
         def add(self, key, n):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt.format import retention_plan as rp
-from slimckpt.plan import cost
-from slimckpt.save import best_metric
+import slimckpt.format.retention_plan as rp
+import slimckpt.plan.cost as cost
+import slimckpt.save.best_metric as best_metric
 from slimckpt.testing.launch import launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -266,8 +266,8 @@ def test_retention_keeps_what_it_says_across_saves(tmp_path, fmt):
 def _interrupted_drops(whole: Path, tmp_path: Path) -> None:
     """A kill at each point of an incremental step's drop: before its new manifest (rolled back),
     after it (rolled forward); the step is intact at both points and after the next pass."""
+    import slimckpt.save.optimizer_drop as optimizer_drop
     from slimckpt.format.resume_manifest import role_damage
-    from slimckpt.save import optimizer_drop
 
     for stop_after_manifest in (False, True):
         role = tmp_path / f"kill_{stop_after_manifest}" / "global_step_4" / "actor"

@@ -14,13 +14,13 @@ import sys
 import pytest
 import torch
 
-from slimckpt import cli
-from slimckpt.format import merge_manifest as mm
-from slimckpt.format import resume_manifest as rm
+import slimckpt.cli as cli
+import slimckpt.format.merge_manifest as mm
+import slimckpt.format.resume_manifest as rm
+import slimckpt.write.output_dir as od
+import slimckpt.write.resume_records as rr
 from slimckpt.verify.command import KIND_INCREMENTAL, KIND_MERGE, KIND_NATIVE, detect, verify_path
 from slimckpt.verify.native import check_safetensors_header
-from slimckpt.write import output_dir as od
-from slimckpt.write import resume_records as rr
 
 from ..conftest import REPO
 from ..helpers.merge_helpers import synthetic_checkpoint

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt.convert import plan
+import slimckpt.convert.plan as plan
 from slimckpt.testing.launch import launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -209,8 +209,8 @@ def test_other_model_is_refused_naming_the_file(saved, tmp_path, capsys, fmt):
     data["intermediate_size"] *= 2  # the config of another model beside these shards
     config.write_text(json.dumps(data))
     if fmt == "ours":  # committed as it is now: the manifest lists the new config's checksum
-        from slimckpt.format import resume_manifest as rm
-        from slimckpt.write import resume_records as rr
+        import slimckpt.format.resume_manifest as rm
+        import slimckpt.write.resume_records as rr
 
         manifest = rm.read_manifest(str(step / "actor"))
         manifest.files = rm.describe_files(str(step / "actor"), [f.path for f in manifest.files])
@@ -249,7 +249,7 @@ def test_existing_target_is_kept_without_overwrite(saved, tmp_path, capsys):
 
 KILLED = """
 import os, signal, sys
-from slimckpt.convert import rank_file
+import slimckpt.convert.rank_file as rank_file
 real = rank_file.write
 def write(path, *a, **k):
     real(path, *a, **k)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from slimckpt.plan import cost
+import slimckpt.plan.cost as cost
 from slimckpt.testing.gpu_check_fsdp import check_fsdp_save
 
 

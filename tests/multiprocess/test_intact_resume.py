@@ -15,13 +15,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from slimckpt.format import merge_manifest as mm
-from slimckpt.format import resume_manifest as rm
-from slimckpt.save import intact_resume
+import slimckpt.format.merge_manifest as mm
+import slimckpt.format.resume_manifest as rm
+import slimckpt.save.intact_resume as intact_resume
+import slimckpt.write.output_dir as od
+import slimckpt.write.resume_records as rr
 from slimckpt.testing.damage import KINDS, damage_step
 from slimckpt.verify.command import verify_path
-from slimckpt.write import output_dir as od
-from slimckpt.write import resume_records as rr
 
 from ..conftest import scenario_result
 

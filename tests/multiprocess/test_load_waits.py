@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from slimckpt.read import in_flight
+import slimckpt.read.in_flight as in_flight
 from slimckpt.testing.launch import launch
 
 from ..conftest import REPO

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from slimckpt import cli
+import slimckpt.cli as cli
 from slimckpt.format.merge_manifest import MANIFEST_NAME
 
 from ..helpers.merge_helpers import assert_same_tensors, dir_tensors, run

@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from slimckpt.format import layout
+import slimckpt.format.layout as layout
 from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
 from slimckpt.hf.naming import HfSide, NeedsVerlMerger
 from slimckpt.merge.pipeline import merge

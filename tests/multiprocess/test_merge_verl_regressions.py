@@ -109,7 +109,7 @@ def unsharded(case: str, tmp_path: Path) -> dict[str, torch.Tensor]:
     under the names of verl's `lora_adapter/` (prefixed so here)."""
     name = CASES[case][0]
     if name in FAKE_PG:
-        from slimckpt.testing.verl_checkpoints import fake_pg_checkpoint as fake
+        import slimckpt.testing.verl_checkpoints.fake_pg_checkpoint as fake
         from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config
 
         args = fake.parse_args(["--out", "-", *FAKE_PG[name]])
@@ -258,8 +258,8 @@ def test_the_checkpoints_hold_what_each_case_names(ckpts):
 def test_no_fallback_to_verls_merger_where_it_would_read_rank0_alone(ckpts, tmp_path, monkeypatch):
     """A checkpoint slimckpt cannot stream goes to verl's merger, but not one whose first key is
     unsharded (verl would write rank 0's rows of every tensor): that is refused in one line."""
+    import slimckpt.merge.pipeline as pipeline
     from slimckpt.hf.naming import NeedsVerlMerger
-    from slimckpt.merge import pipeline
     from slimckpt.merge.plan import MergeError
 
     def cannot_stream(*args, **kwargs):

@@ -12,8 +12,9 @@ import zipfile
 import pytest
 import torch
 
+import slimckpt.read.pt_index as pt_index
+import slimckpt.read.pt_tensors as pt_tensors
 from slimckpt.observe.memory import rss_anon_bytes
-from slimckpt.read import pt_index, pt_tensors
 from slimckpt.read.sources import open_checkpoint
 
 from ..conftest import run_python

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt.format import resume_manifest as rm
+import slimckpt.format.resume_manifest as rm
+import slimckpt.write.resume_records as rr
 from slimckpt.testing.launch import launch
-from slimckpt.write import resume_records as rr
 
 from ..conftest import REPO, scenario_result
 
@@ -458,7 +458,7 @@ def test_reshard_to_more_then_fewer_ranks_keeps_or_derives_rng(ws2_scenarios, tm
     # the world-size-3 step (uneven shards) merges to the state it saved
     import torch
 
-    from slimckpt import cli
+    import slimckpt.cli as cli
 
     from ..helpers.merge_helpers import assert_same_tensors, dir_tensors
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from slimckpt.testing import s3_server
+import slimckpt.testing.s3_server as s3_server
 
 from ..conftest import REPO
 

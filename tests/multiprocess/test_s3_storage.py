@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import slimckpt.storage.s3 as s3
 from slimckpt.observe.memory import RssSampler
-from slimckpt.storage import for_path, s3
+from slimckpt.storage import for_path
 from slimckpt.storage.s3_errors import S3BadCredentials, S3NotFound
 
 pytestmark = pytest.mark.slow
@@ -272,7 +273,8 @@ def test_a_process_using_the_backend_prints_and_logs_no_secret(s3_server, tmp_pa
 import logging, os
 logging.basicConfig(level=logging.DEBUG)
 os.environ["SLIMCKPT_LOG_LEVEL"] = "DEBUG"
-from slimckpt.storage import for_path, s3
+import slimckpt.storage.s3 as s3
+from slimckpt.storage import for_path
 store = for_path({url!r})
 store.check_access({url!r})
 with store.open_stream({url!r} + "/f") as f:

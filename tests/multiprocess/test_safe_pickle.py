@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from slimckpt import cli
-from slimckpt.read import pickle_policy
+import slimckpt.cli as cli
+import slimckpt.read.pickle_policy as pickle_policy
 from slimckpt.read.pickle_policy import PickleRefused, RestrictedUnpickler, check_bytes, check_file
 from slimckpt.read.safe_load import load_torch_file
 from slimckpt.read.step_pickles import dcp_refusals

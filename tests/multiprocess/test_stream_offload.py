@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from slimckpt.save import stream_guards
+import slimckpt.save.stream_guards as stream_guards
 from slimckpt.save.stream_capture import StreamCapture, live_tensors
 from slimckpt.testing.launch import launch
 
@@ -139,7 +139,10 @@ def test_a_move_with_no_capture_in_flight_is_verls_own(saved):
 
 
 def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
-    from slimckpt.plan import build, command, cost, printers
+    import slimckpt.plan.build as build
+    import slimckpt.plan.command as command
+    import slimckpt.plan.cost as cost
+    import slimckpt.plan.printers as printers
     from slimckpt.plan.stream import stream_block
 
     gib = 2**30

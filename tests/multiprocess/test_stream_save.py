@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from slimckpt.save import stream_capture
+import slimckpt.save.stream_capture as stream_capture
 from slimckpt.save.stream_capture import StreamCapture
 
 from ..conftest import scenario_result

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from slimckpt.testing.verl_checkpoints import resume_scenarios
+import slimckpt.testing.verl_checkpoints.resume_scenarios as resume_scenarios
 
 from . import critic_save as critic_save_scenario
 from . import hf_direct_export as hf_direct_export_scenario
@@ -63,8 +63,11 @@ def _module_state() -> dict:
     """Every module attribute a scenario sets or monkeypatches, to put back after it."""
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
+    import slimckpt.save.hf_direct_export as hf_direct_export
+    import slimckpt.save.step_commit as step_commit
+    import slimckpt.save.step_write as step_write
+    import slimckpt.save.stream_capture as stream_capture
     from slimckpt.hf.naming import HfSide
-    from slimckpt.save import hf_direct_export, step_commit, step_write, stream_capture
 
     return {
         (resume_scenarios, "MODEL"): resume_scenarios.MODEL,

@@ -22,7 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing.verl_checkpoints import resume_scenarios as rs  # the same model, optimizer and training step
+import slimckpt.testing.verl_checkpoints.resume_scenarios as rs  # the same model, optimizer and training step
 
 # lazy imports: verl and slimckpt's modules load inside a scenario (resume runs verl unpatched)
 SAVE_STEP, STEPS_AFTER = 3, 3
@@ -157,7 +157,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> None:
     rs.FSDP_VERSION = args.fsdp
     if args.fsdp == 1:  # verl's default FSDP1 wrapping: flat parameters (fsdp_config.use_orig_params=false)
-        from slimckpt.testing.verl_checkpoints import fsdp_checkpoint
+        import slimckpt.testing.verl_checkpoints.fsdp_checkpoint as fsdp_checkpoint
 
         fsdp_checkpoint.wrap_fsdp1 = functools.partial(fsdp_checkpoint.wrap_fsdp1, use_orig_params=False)
     globals()[f"scenario_{args.scenario}"](args)

@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing.verl_checkpoints import resume_scenarios  # the tiny model's sizes and the slimckpt config
+import slimckpt.testing.verl_checkpoints.resume_scenarios as resume_scenarios  # the tiny model's sizes and the slimckpt config
 
 # lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
 

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
+import slimckpt.save.resume_async as resume_async
 from slimckpt.format.resume_manifest import MANIFEST_NAME
 from slimckpt.options.checkpoint_options import CheckpointOptions
-from slimckpt.save import resume_async
 from slimckpt.save.resume_load import load_resume_state
 from slimckpt.save.resume_save import save_resume_state
 from slimckpt.save.target import SaveTarget, TargetState, fsdp_version_of

@@ -29,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing.verl_checkpoints import resume_scenarios
+import slimckpt.testing.verl_checkpoints.resume_scenarios as resume_scenarios
 from slimckpt.testing.verl_checkpoints.resume_scenarios import Run, slim_config  # the same tiny model and manager
 
 from ..helpers.merge_helpers import adapter_config_fields
@@ -94,7 +94,7 @@ def manifest_lists(role_dir: str) -> list[str]:
 def run_model(args, model: str) -> dict:
     from verl.trainer.config import CheckpointConfig
 
-    from slimckpt.save import hf_direct_export
+    import slimckpt.save.hf_direct_export as hf_direct_export
     from slimckpt.save.resume_state import finish_pending
 
     resume_scenarios.MODEL = model
@@ -224,7 +224,7 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
     from verl.trainer.config import CheckpointConfig
 
-    from slimckpt.hf import naming as hf_side
+    import slimckpt.hf.naming as hf_side
     from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     resume_scenarios.MODEL = model
@@ -431,7 +431,7 @@ def scenario_lora(args) -> None:
         dirs[kind] = os.path.join(root, kind, "global_step_1", "actor")
         run.manager.checkpoint_config = slim_config(export_hf=True, **kw)
         if kw.get("async_save"):  # hold the background write back until the step below changed B in place
-            from slimckpt.save import step_write
+            import slimckpt.save.step_write as step_write
 
             real_writer = getattr(step_write.storage_writer, "real", step_write.storage_writer)
             # the tiny model's next step takes far less than 1 s: the write starts after it has moved B
@@ -501,8 +501,8 @@ def measure(args) -> dict:
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
+    import slimckpt.save.hf_direct_export as hf_direct_export
     from slimckpt.observe.memory import RssSampler
-    from slimckpt.save import hf_direct_export
     from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
 
     world = dist.get_world_size()

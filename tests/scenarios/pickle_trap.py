@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing.verl_checkpoints import resume_scenarios
+import slimckpt.testing.verl_checkpoints.resume_scenarios as resume_scenarios
 
 from ..helpers import pickle_traps
 

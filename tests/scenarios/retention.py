@@ -20,7 +20,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing.verl_checkpoints import resume_scenarios as rs
+import slimckpt.testing.verl_checkpoints.resume_scenarios as rs
 
 # lazy imports: slimckpt's retention, locks and tracker load inside the scenario, after verl's manager
 
@@ -84,8 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
-    from slimckpt.read import locks
-    from slimckpt.save import best_metric
+    import slimckpt.read.locks as locks
+    import slimckpt.save.best_metric as best_metric
     from slimckpt.write.resume_records import write_tracker
 
     lines = Lines()

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from slimckpt.testing.verl_checkpoints import resume_scenarios as rs
+import slimckpt.testing.verl_checkpoints.resume_scenarios as rs
 
 # lazy imports: slimckpt's save path and verl's manager load inside a mode, after it set the switches they read
 
@@ -65,7 +65,7 @@ class _Commit:
     """step_commit.write_manifest on rank 0, held back `delay` s, or failing with ENOSPC."""
 
     def __init__(self) -> None:
-        from slimckpt.save import step_commit
+        import slimckpt.save.step_commit as step_commit
 
         self.module, self.real = step_commit, step_commit.write_manifest
         self.delay, self.fail = 0.0, False

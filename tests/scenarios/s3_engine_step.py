@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
+import slimckpt.save.resume_async as resume_async
 from slimckpt.options.checkpoint_options import CheckpointOptions
-from slimckpt.save import resume_async
 from slimckpt.save.resume_save import save_resume_state
 from slimckpt.save.target import SaveTarget, TargetState, fsdp_version_of
 from slimckpt.storage import for_path
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _kill_mid_upload() -> None:
     """SIGKILL this rank's process group once its first multipart part is sent (rank 0)."""
-    from slimckpt.storage import s3
+    import slimckpt.storage.s3 as s3
 
     sent = s3.Upload.put_part
 

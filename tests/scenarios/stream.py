@@ -34,7 +34,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing.verl_checkpoints import resume_scenarios as rs
+import slimckpt.testing.verl_checkpoints.resume_scenarios as rs
 
 # lazy imports: slimckpt's stream capture and torch's internals load inside the scenario, after the batch set the module settings they read
 
@@ -108,7 +108,7 @@ def _save(run, root: str, step: int, **kw) -> tuple[str, float]:
 def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str, str | None, str | None]:
     """A stream save whose writer is paused at its `nth` read while `change(pause)` runs; then
     the write ends. (path, the source it paused before, the write's failure or None)."""
-    from slimckpt.save import stream_capture
+    import slimckpt.save.stream_capture as stream_capture
     from slimckpt.save.resume_async import writer_for
     from slimckpt.verl_seam.manager_state import state_of
 
@@ -132,7 +132,7 @@ def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str,
 
 
 def scenario(args) -> None:
-    from slimckpt.save import stream_capture
+    import slimckpt.save.stream_capture as stream_capture
     from slimckpt.save.resume_async import writer_for
     from slimckpt.verl_seam.manager_state import state_of
 

@@ -41,7 +41,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from slimckpt.testing.verl_checkpoints import resume_scenarios as rs
+import slimckpt.testing.verl_checkpoints.resume_scenarios as rs
 
 from .stream import PauseAt, _same_step
 
@@ -137,7 +137,7 @@ def _gather(value) -> list:
 
 
 def _paused_stream_save(run, root: str, step: int, nth: int = 2, **kw):
-    from slimckpt.save import stream_capture
+    import slimckpt.save.stream_capture as stream_capture
 
     pause = PauseAt(nth)
     stream_capture.READ_HOOK = pause
@@ -148,7 +148,7 @@ def _paused_stream_save(run, root: str, step: int, nth: int = 2, **kw):
 
 
 def _finish(run, pause) -> str | None:
-    from slimckpt.save import stream_capture
+    import slimckpt.save.stream_capture as stream_capture
     from slimckpt.save.resume_async import writer_for
     from slimckpt.verl_seam.manager_state import state_of
 

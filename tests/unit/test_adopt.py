@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from slimckpt.format import resume_manifest as rm
+import slimckpt.format.resume_manifest as rm
+import slimckpt.write.resume_records as rr
 from slimckpt.save.adopt import RoleLoad, RoleState, plan_resume, role_state
 from slimckpt.verl_seam.adopt_startup import adopt, recipe_settings_line
 from slimckpt.verl_seam.dryrun import compose_config
-from slimckpt.write import resume_records as rr
 
 FULL = ("model", "optimizer", "extra")
 

@@ -12,10 +12,11 @@ from typing import get_args
 import pytest
 import torch
 
+import slimckpt.plan.cost as cost
+import slimckpt.save.async_modes.base as base
+import slimckpt.save.async_modes.registry as registry
+import slimckpt.save.step_write as step_write
 from slimckpt.options.checkpoint_options import ASYNC_WORDS, AsyncSave
-from slimckpt.plan import cost
-from slimckpt.save import step_write
-from slimckpt.save.async_modes import base, registry
 from slimckpt.save.async_modes.pool import PoolMode
 from slimckpt.save.async_modes.stream import StreamMode
 from slimckpt.save.async_modes.sync import SyncMode

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from slimckpt.testing import tiny
+import slimckpt.testing.tiny as tiny
 from slimckpt.verl_seam.cpu.sampling import SampleKey, generate, sample_seed
 
 from ..conftest import run_python
@@ -116,7 +116,7 @@ def test_sample_key_from_both_agent_loops():
 
 
 def test_guard_refuses_cpu_mode_next_to_a_gpu(monkeypatch):
-    from slimckpt.verl_seam import cpu
+    import slimckpt.verl_seam.cpu as cpu
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv(cpu.FORCE_ENV, raising=False)

@@ -92,7 +92,7 @@ def test_checked_reader_and_planner_load_what_dcps_own_load(tmp_path, monkeypatc
 
     import torch.distributed.checkpoint as dcp
 
-    from slimckpt.read import pt_tensors
+    import slimckpt.read.pt_tensors as pt_tensors
     from slimckpt.read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner, read_metadata
 
     records = []  # the byte records our reader unpickled (watched, still read by it)

@@ -151,7 +151,7 @@ def test_the_walk_finds_exception_classes_by_their_bases(tmp_path):
 
 
 def test_messages_are_unchanged(monkeypatch):
-    from slimckpt import env_vars
+    import slimckpt.env_vars as env_vars
     from slimckpt.format.layout import LayoutError, parse_size
     from slimckpt.hf.naming import ConfigMismatch
     from slimckpt.read.pickle_policy import PickleRefused

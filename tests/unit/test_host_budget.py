@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from slimckpt.save import host_budget
+import slimckpt.save.host_budget as host_budget
 from slimckpt.save.resume_async import AsyncResumeWriter
 
 

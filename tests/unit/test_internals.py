@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from slimckpt import internals
+import slimckpt.internals as internals
 
 from ..conftest import REPO, run_python
 
@@ -187,7 +187,7 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # registers the "fake" backend
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
-from slimckpt import internals
+import slimckpt.internals as internals
 
 checked_release, world = internals.release, 4
 for rank in range(world):

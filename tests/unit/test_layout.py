@@ -12,7 +12,7 @@ import torch
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors.torch import load_file, save_file
 
-from slimckpt.format import layout
+import slimckpt.format.layout as layout
 from slimckpt.format.layout import LayoutError, TensorSpec
 
 TORCH_TO_ST = {

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from verl.trainer.config.config import CheckpointConfig
 
-from slimckpt.options import checkpoint_options as cc
+import slimckpt.options.checkpoint_options as cc
 from slimckpt.options.checkpoint_options import CheckpointOptions
 from slimckpt.save.target import TargetState as ManagerState
 from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig

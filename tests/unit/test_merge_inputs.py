@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from slimckpt import cli
+import slimckpt.cli as cli
 from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
 from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
@@ -386,7 +386,7 @@ def test_lora_checkpoint_is_streamed(tmp_path, capsys):
 def force_verl_fallback(monkeypatch) -> None:
     """The streaming merge's planner says this model needs verl's merger (as for a save-time
     conversion that is not a slice of one tensor)."""
-    from slimckpt.hf import naming as hf_side
+    import slimckpt.hf.naming as hf_side
 
     def needs_verl(self, names, shapes):
         raise hf_side.NeedsVerlMerger(
@@ -451,7 +451,7 @@ def test_verl_fallback_says_its_memory_or_is_refused(tmp_path, capsys, monkeypat
     from verl.model_merger.base_model_merger import ModelMergerConfig
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-    from slimckpt.merge import verl_merger
+    import slimckpt.merge.verl_merger as verl_merger
 
     ran = []
     patched = verl_merger.wrap_merge_and_save(lambda self: ran.append(self))

@@ -8,8 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from slimckpt.format import layout
-from slimckpt.format import merge_manifest as manifest
+import slimckpt.format.layout as layout
+import slimckpt.format.merge_manifest as manifest
+import slimckpt.write.output_dir as output_dir
 from slimckpt.format.merge_manifest import (
     CommitError,
     Manifest,
@@ -18,7 +19,6 @@ from slimckpt.format.merge_manifest import (
     verify,
 )
 from slimckpt.read.sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
-from slimckpt.write import output_dir
 from slimckpt.write.out_files import create_files
 from slimckpt.write.output_dir import commit, write_manifest
 from slimckpt.write.share_writer import ShareWriter

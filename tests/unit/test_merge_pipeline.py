@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from slimckpt.format import layout
-from slimckpt.merge import pipeline as merge
+import slimckpt.format.layout as layout
+import slimckpt.merge.pipeline as merge
 from slimckpt.read.sources import SourceTensor
 from slimckpt.write.out_files import OutputError, create_files
 from slimckpt.write.share_writer import ShareWriter
@@ -80,8 +80,8 @@ def test_a_distributed_error_line_is_written_before_the_ranks_meet(capsys):
 
     import torch.distributed as dist
 
+    import slimckpt.merge.pipeline as pipeline
     from slimckpt.hf.plan import MergeError
-    from slimckpt.merge import pipeline
 
     store = dist.HashStore()
     exc = MergeError("bad config")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import slimckpt.write.race_points as race_points
 from scripts.stress.merge_bytes import CASES, configurations, first_difference
-from slimckpt.write import race_points
 
 from ..conftest import REPO
 

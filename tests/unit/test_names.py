@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save as st_save
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 
-from slimckpt.format import names
+import slimckpt.format.names as names
 
 KEYS = [
     "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight",
@@ -52,7 +52,7 @@ def test_the_dtype_choices_name_one_dtype_in_every_table():
     assert set(as_torch) == set(names.DTYPE_CHOICES) == {"bf16", "fp16", "fp32"}
     for choice, dtype in as_torch.items():
         assert names.by_torch_dtype(torch)[dtype] == names.DTYPE_CHOICES[choice]
-    from slimckpt.write import share_writer
+    import slimckpt.write.share_writer as share_writer
 
     assert share_writer.OUT_DTYPES == as_torch
 
@@ -64,9 +64,9 @@ def test_the_tables_load_without_torch():
 
 
 def test_one_chunk_default_for_the_merge_and_its_writer():
-    from slimckpt.merge import cli
+    import slimckpt.merge.cli as cli
+    import slimckpt.write.share_writer as share_writer
     from slimckpt.merge.plan import MergeOptions
-    from slimckpt.write import share_writer
 
     assert MergeOptions("a", "b").chunk_bytes == share_writer.DEFAULT_CHUNK_BYTES == names.DEFAULT_CHUNK_BYTES
     assert cli.DEFAULT_CHUNK_MB << 20 == names.DEFAULT_CHUNK_BYTES

@@ -9,7 +9,11 @@ import json
 
 import pytest
 
-from slimckpt.plan import build, command, cost, meta_model, printers
+import slimckpt.plan.build as build
+import slimckpt.plan.command as command
+import slimckpt.plan.cost as cost
+import slimckpt.plan.meta_model as meta_model
+import slimckpt.plan.printers as printers
 
 # a 2-layer Llama: vocab 1000, hidden 64, intermediate 128, 4 heads, 2 kv heads (head_dim 16)
 TINY = {
@@ -184,8 +188,8 @@ def _simulate_peak(root, keep, order, saves=6, tracker_stuck_at=()):
     """Role dirs on disk at the peak over `saves` saves, in the trainer's order: the actor's save
     (retention inside it), then the tracker. `tracker_stuck_at`: steps whose tracker write is skipped
     (a failed critic with on_save_error=continue)."""
+    import slimckpt.verl_seam.checkpoint_patches as verl_retention
     from slimckpt.format.resume_manifest import TRACKER_NAME
-    from slimckpt.verl_seam import checkpoint_patches as verl_retention
 
     m, peak = _Manager(), 0
     for step in range(1, saves + 1):
@@ -208,7 +212,7 @@ def _simulate_peak(root, keep, order, saves=6, tracker_stuck_at=()):
 
 @pytest.mark.parametrize("keep", [1, 2, 3])
 def test_peak_steps_match_what_retention_leaves_on_disk(tmp_path, keep):
-    from slimckpt.save import retention
+    import slimckpt.save.retention as retention
 
     (tmp_path / "v").mkdir(), (tmp_path / "s").mkdir()
     verl_peak = _simulate_peak(tmp_path / "v", keep, "verl")
@@ -218,7 +222,7 @@ def test_peak_steps_match_what_retention_leaves_on_disk(tmp_path, keep):
 
 
 def test_peak_steps_with_the_tracker_behind(tmp_path):
-    from slimckpt.save import retention
+    import slimckpt.save.retention as retention
 
     assert _simulate_peak(tmp_path, 2, "slimckpt", tracker_stuck_at={3}) == retention.peak_steps(2)[1] == 4
     assert retention.peak_steps(1) == (3, 3)

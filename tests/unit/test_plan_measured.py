@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+import slimckpt.plan.command as command
+import slimckpt.plan.cost as cost
 from scripts.bench import plan_check
-from slimckpt.plan import command, cost
 
 from ..conftest import REPO
 

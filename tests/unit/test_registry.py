@@ -287,7 +287,7 @@ def test_without_a_recipe_exactly_this_changes():
             del os.environ[k]
         before = list(sys.meta_path)
         import verl
-        from slimckpt.verl_seam import import_hooks
+        import slimckpt.verl_seam.import_hooks as import_hooks
         from slimckpt.verl_seam.registry import REGISTRY
         print("APPLIED", REGISTRY.applied())
         print("PENDING", sorted(REGISTRY._pending))

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
+import slimckpt.read.locks as locks
+import slimckpt.save.retention as retention
+import slimckpt.verl_seam.checkpoint_patches as verl_retention
 from slimckpt.format.resume_manifest import MANIFEST_NAME, TRACKER_NAME
-from slimckpt.read import locks
-from slimckpt.save import retention
-from slimckpt.verl_seam import checkpoint_patches as verl_retention
 
 from ..helpers.slim_logs import lines_of
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from slimckpt.observe import save_reports
+import slimckpt.observe.save_reports as save_reports
 from slimckpt.verl_seam.ckpt_metrics import CheckpointMetricsCallback
 
 from ..conftest import REPO, run_python

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimckpt.format import layout
+import slimckpt.format.layout as layout
+import slimckpt.write.out_files as out_files
 from slimckpt.read.sources import SourceTensor
-from slimckpt.write import out_files
 from slimckpt.write.out_files import create_files
 from slimckpt.write.share_writer import ShareWriter
 

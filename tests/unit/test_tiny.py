@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from slimckpt.testing import tiny
+import slimckpt.testing.tiny as tiny
 
 
 def _digests(root: Path) -> dict[str, str]:

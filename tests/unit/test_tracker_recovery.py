@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+import slimckpt.save.tracker_recovery as tracker_recovery
 from slimckpt.format.resume_manifest import FAILED_PREFIX, MANIFEST_NAME
-from slimckpt.save import tracker_recovery
 
 
 def _verl_step(root, step, data=True, roles=("actor",)):

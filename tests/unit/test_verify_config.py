@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from slimckpt.format import resume_manifest as rm
-from slimckpt.save import resume_load, step_check
+import slimckpt.format.resume_manifest as rm
+import slimckpt.save.resume_load as resume_load
+import slimckpt.save.step_check as step_check
+import slimckpt.write.resume_records as rr
 from slimckpt.save.target import SaveTarget, TargetState
 from slimckpt.verl_seam.manager_state import config_of
-from slimckpt.write import resume_records as rr
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ import pytest
 import transformers
 from transformers import LlamaConfig
 
+import slimckpt.verl_files.leaves as verl_leaves
+import slimckpt.verl_files.version as registry
 from slimckpt.hf.naming import auto_model_class, load_generation_config
-from slimckpt.verl_files import leaves as verl_leaves
-from slimckpt.verl_files import version as registry
 
 
 def verl_merger_with(config=None, hf_dir=None):

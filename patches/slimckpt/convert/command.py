@@ -20,16 +20,25 @@ import time
 
 from tqdm import tqdm
 
-from .. import internals
-from ..format.resume_manifest import read_tracker
-from ..log import get_logger
-from ..read.checkpoint_dir import CheckpointError
-from ..read.pickle_policy import set_trusted
-from ..storage import for_path, is_url
-from ..write.resume_records import write_tracker
-from .layout import meta_layout
-from .plan import ConvertError, Target, check_world_size, flat_runs, flat_shard, parse_step_dir, plan_target, row_range
-from .remote import mirror_step
+import slimckpt.internals as internals
+from slimckpt.convert.layout import meta_layout
+from slimckpt.convert.plan import (
+    ConvertError,
+    Target,
+    check_world_size,
+    flat_runs,
+    flat_shard,
+    parse_step_dir,
+    plan_target,
+    row_range,
+)
+from slimckpt.convert.remote import mirror_step
+from slimckpt.format.resume_manifest import read_tracker
+from slimckpt.log import get_logger
+from slimckpt.read.checkpoint_dir import CheckpointError
+from slimckpt.read.pickle_policy import set_trusted
+from slimckpt.storage import for_path, is_url
+from slimckpt.write.resume_records import write_tracker
 
 log = get_logger("slimckpt.convert")
 
@@ -115,7 +124,7 @@ def convert(
     step_dir: str, world: int, fsdp: int | None, target_dir: str | None, overwrite: bool, progress: bool = False
 ) -> tuple[Target, str]:
     """Convert every role of the step; returns the target and a one-line summary."""
-    from .source import open_role
+    from slimckpt.convert.source import open_role
 
     start = time.perf_counter()
     root, step, roles = parse_step_dir(step_dir)
@@ -217,14 +226,14 @@ class FakeWorld:
 
 def _tensor_bytes(src) -> int:
     """Bytes of tensors a convert of `src` writes (every rank's files together; FSDP1's padding aside)."""
-    from .rank_file import FlatSource
+    from slimckpt.convert.rank_file import FlatSource
 
     tensors = list(src.model.values()) + [v for p in src.optim for v in p.state.values() if isinstance(v, FlatSource)]
     return sum(sum(piece.numel() for piece in t.pieces) * t.pieces[0].element_size() for t in tensors if t.pieces)
 
 
 def _write_role(src, out_dir: str, world: int, fsdp: int, mesh, on_bytes=None) -> int:
-    from . import rank_file
+    import slimckpt.convert.rank_file as rank_file
 
     os.makedirs(out_dir)
     total = 0
@@ -282,7 +291,7 @@ def target_order(src) -> tuple[list, list[dict]]:
 
 
 def _state_value(skel, path: tuple, value, world: int, rank: int):
-    from .rank_file import FlatSource
+    from slimckpt.convert.rank_file import FlatSource
 
     if isinstance(value, FlatSource):
         if value.shape:
@@ -304,7 +313,7 @@ def _fsdp2_optim(src, skel, order, world: int, rank: int) -> dict:
 def _fsdp1_optim(src, skel, order, world: int, rank: int) -> dict:
     """verl's FSDP1 optimizer file (use_orig_params=False, its default): one state entry per flat
     parameter, each tensor the rank's run of the parameters flattened one after another, padded."""
-    from .rank_file import FlatSource, Run
+    from slimckpt.convert.rank_file import FlatSource, Run
 
     params, groups = order
     layout = src.layout
@@ -345,7 +354,7 @@ def _write_extra(src, out_dir: str, world: int, rank: int) -> None:
     slimckpt's own resharded load does."""
     import torch
 
-    from ..save import rng_reshard
+    import slimckpt.save.rng_reshard as rng_reshard
 
     saved = src.extra(rank % src.world)
     rng = saved.get("rng")

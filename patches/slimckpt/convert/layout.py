@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..log import get_logger
+from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.convert")
 

@@ -11,9 +11,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from .. import SlimckptError
-from ..format.resume_manifest import TRACKER_NAME
-from ..storage import absolute, for_path
+from slimckpt import SlimckptError
+from slimckpt.format.resume_manifest import TRACKER_NAME
+from slimckpt.storage import absolute, for_path
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 ROLES = ("actor", "critic")

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, Shard
 
-from .. import internals
-from ..read import pt_index, pt_tensors
-from ..read.sources import SourceTensor
-from ..storage import for_path
+import slimckpt.internals as internals
+import slimckpt.read.pt_index as pt_index
+import slimckpt.read.pt_tensors as pt_tensors
+from slimckpt.read.sources import SourceTensor
+from slimckpt.storage import for_path
 
 
 class FlatSource:

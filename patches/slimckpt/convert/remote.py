@@ -17,10 +17,10 @@ import tempfile
 
 from tqdm import tqdm
 
-from ..format.resume_manifest import UncommittedCheckpoint, read_manifest
-from ..read.remote_step import READ_BLOCK, fetch_step
-from ..storage import UnknownStorage, for_path
-from .plan import ConvertError, parse_step_dir
+from slimckpt.convert.plan import ConvertError, parse_step_dir
+from slimckpt.format.resume_manifest import UncommittedCheckpoint, read_manifest
+from slimckpt.read.remote_step import READ_BLOCK, fetch_step
+from slimckpt.storage import UnknownStorage, for_path
 
 DATA_FILE = "data.pt"
 

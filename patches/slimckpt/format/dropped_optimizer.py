@@ -17,7 +17,7 @@ import json
 import os
 from typing import Any
 
-from .resume_manifest import MANIFEST_NAME, UncommittedCheckpoint, read_manifest
+from slimckpt.format.resume_manifest import MANIFEST_NAME, UncommittedCheckpoint, read_manifest
 
 DROPPED_KEY = "optimizer_dropped"  # manifest.extra of an incremental step
 NATIVE_MARKER = "slimckpt_optimizer_dropped.json"  # verl's format: next to the rank files

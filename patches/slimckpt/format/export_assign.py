@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .. import SlimckptError
+from slimckpt import SlimckptError
 
 
 class AssignError(SlimckptError, ValueError):

@@ -24,8 +24,8 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .. import SlimckptError
-from .names import DTYPE_BYTES, DTYPE_ORDER
+from slimckpt import SlimckptError
+from slimckpt.format.names import DTYPE_BYTES, DTYPE_ORDER
 
 _DTYPE_RANK = {name: i for i, name in enumerate(DTYPE_ORDER)}
 

@@ -18,8 +18,8 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
-from .. import SlimckptError
-from ..storage import absolute, for_path
+from slimckpt import SlimckptError
+from slimckpt.storage import absolute, for_path
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"

@@ -26,9 +26,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import SlimckptError
-from ..storage import absolute, for_path, is_file
-from .merge_manifest import (
+from slimckpt import SlimckptError
+from slimckpt.format.merge_manifest import (
     DEFAULT_ALGO,
     BadFile,
     CommitError,
@@ -38,6 +37,7 @@ from .merge_manifest import (
     list_files,
     seal,
 )
+from slimckpt.storage import absolute, for_path, is_file
 
 MANIFEST_NAME = "slimckpt_resume.json"
 FORMAT = "slimckpt-resume/1"

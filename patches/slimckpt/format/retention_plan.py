@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..storage import absolute
+from slimckpt.storage import absolute
 
 BEST_MODES = ("max", "min")
 

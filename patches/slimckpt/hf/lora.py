@@ -25,8 +25,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..format import layout
-from ..format.names import (
+import slimckpt.format.layout as layout
+from slimckpt.format.names import (
     DTYPE_CHOICES,
     LORA_ADAPTER_CONFIG,
     LORA_ADAPTER_DIR,
@@ -34,10 +34,10 @@ from ..format.names import (
     LORA_TRAIN_META,
     is_lora_key,
 )
-from ..log import get_logger
-from ..read.checkpoint_dir import CheckpointError
-from .naming import ConfigMismatch
-from .plan import EMPTY, ExportPlan, MergeError, plan_takes
+from slimckpt.hf.naming import ConfigMismatch
+from slimckpt.hf.plan import EMPTY, ExportPlan, MergeError, plan_takes
+from slimckpt.log import get_logger
+from slimckpt.read.checkpoint_dir import CheckpointError
 
 # lazy imports: peft loads only when an adapter_config.json is written
 

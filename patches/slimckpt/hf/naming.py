@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 
-from .. import SlimckptError
-from ..format.layout import Take
-from ..format.names import HF_SUBDIR, torch_dtypes_of_choices
-from ..log import get_logger
-from ..read.checkpoint_dir import CheckpointError
+from slimckpt import SlimckptError
+from slimckpt.format.layout import Take
+from slimckpt.format.names import HF_SUBDIR, torch_dtypes_of_choices
+from slimckpt.log import get_logger
+from slimckpt.read.checkpoint_dir import CheckpointError
 
 # lazy imports: torch and transformers load only once a model is named (a wrong --local_dir fails before them)
 
@@ -51,7 +51,7 @@ def auto_model_class(config):
     architecture when the model has remote code, else by the architecture's suffix."""
     import transformers
 
-    from ..verl_files.leaves import leaf
+    from slimckpt.verl_files.leaves import leaf
 
     arch = config.architectures[0]
     vision = leaf("transformers_compat").get_auto_model_for_vision2seq
@@ -144,7 +144,7 @@ class HfSide:
         ConfigMismatch when a tensor transformers splits does not have the shape config.json gives it."""
         import torch
 
-        from .. import internals
+        import slimckpt.internals as internals
 
         revert_weight_conversion = internals.lookup("transformers.core_model_loading:revert_weight_conversion")
         if revert_weight_conversion is None:
@@ -202,8 +202,8 @@ class HfSide:
     def _kept(self, names: list[str]) -> list[str]:
         """The names save_pretrained writes of `names`: FlowRL's head, tied targets (verl's
         drop_tied_target_keys) and `_keys_to_ignore_on_save` left out."""
-        from ..format.flowrl_names import is_flowrl_param
-        from ..verl_files.leaves import leaf
+        from slimckpt.format.flowrl_names import is_flowrl_param
+        from slimckpt.verl_files.leaves import leaf
 
         # FlowRL's log Z head is trained with the actor but is no part of the language model
         keep: dict[str, object] = {n: None for n in names if not is_flowrl_param(n)}
@@ -243,7 +243,7 @@ class HfSide:
         """Processor and tokenizer through verl's loaders; False (with a warning) when there is none."""
         import warnings
 
-        from ..verl_files.leaves import leaf
+        from slimckpt.verl_files.leaves import leaf
 
         verl_tokenizer = leaf("tokenizer")
         with warnings.catch_warnings():

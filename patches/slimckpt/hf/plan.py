@@ -10,13 +10,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import SlimckptError
-from ..format import layout
-from ..format.export_assign import Box
-from ..format.names import DTYPE_CHOICES, HF_SUBDIR
-from ..read.checkpoint_dir import CheckpointError
-from ..write.output_dir import check_room
-from .naming import ConfigMismatch, HfSide
+import slimckpt.format.layout as layout
+from slimckpt import SlimckptError
+from slimckpt.format.export_assign import Box
+from slimckpt.format.names import DTYPE_CHOICES, HF_SUBDIR
+from slimckpt.hf.naming import ConfigMismatch, HfSide
+from slimckpt.read.checkpoint_dir import CheckpointError
+from slimckpt.write.output_dir import check_room
 
 
 class MergeError(SlimckptError, RuntimeError):

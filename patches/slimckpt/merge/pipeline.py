@@ -39,29 +39,37 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
-from .. import __version__, env_vars
-from ..collective.outcome import from_rank0, on_every_rank
-from ..format import layout
-from ..format.merge_manifest import DEFAULT_ALGO, MANIFEST_NAME, CommitError, Manifest, build_entries, check_target
-from ..format.names import DTYPE_CHOICES, HF_SUBDIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_DIR
-from ..format.os_errors import MERGE_FIXES, OsErrorFixes, redescribe
-from ..hf.lay_out import lay_out
-from ..hf.lora import plan_lora
-from ..hf.naming import HfSide, NeedsVerlMerger, default_max_shard_size
-from ..hf.plan import ExportPlan, check_output_room, make_plan
-from ..log import get_logger
-from ..read import in_flight
-from ..read.checkpoint_dir import CheckpointError
-from ..read.locks import LockBusy, acquire, reading
-from ..read.merge_input import check_source, open_source
-from ..verl_files.in_process_merger import verl_merger_call
-from ..verl_files.leaves import leaf
-from ..write.out_files import OutputError
-from ..write.output_dir import commit, discard_partial, prepare_partial, write_manifest
-from ..write.peers import Heartbeat, describe_ranks, lost_ranks_line
-from ..write.race_points import pause
-from .plan import MergeError, MergeOptions, MergeResult
-from .workers import ProgressBar, is_user_error, run_workers, write_weights
+import slimckpt.env_vars as env_vars
+import slimckpt.format.layout as layout
+import slimckpt.read.in_flight as in_flight
+from slimckpt import __version__
+from slimckpt.collective.outcome import from_rank0, on_every_rank
+from slimckpt.format.merge_manifest import (
+    DEFAULT_ALGO,
+    MANIFEST_NAME,
+    CommitError,
+    Manifest,
+    build_entries,
+    check_target,
+)
+from slimckpt.format.names import DTYPE_CHOICES, HF_SUBDIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_DIR
+from slimckpt.format.os_errors import MERGE_FIXES, OsErrorFixes, redescribe
+from slimckpt.hf.lay_out import lay_out
+from slimckpt.hf.lora import plan_lora
+from slimckpt.hf.naming import HfSide, NeedsVerlMerger, default_max_shard_size
+from slimckpt.hf.plan import ExportPlan, check_output_room, make_plan
+from slimckpt.log import get_logger
+from slimckpt.merge.plan import MergeError, MergeOptions, MergeResult
+from slimckpt.merge.workers import ProgressBar, is_user_error, run_workers, write_weights
+from slimckpt.read.checkpoint_dir import CheckpointError
+from slimckpt.read.locks import LockBusy, acquire, reading
+from slimckpt.read.merge_input import check_source, open_source
+from slimckpt.verl_files.in_process_merger import verl_merger_call
+from slimckpt.verl_files.leaves import leaf
+from slimckpt.write.out_files import OutputError
+from slimckpt.write.output_dir import commit, discard_partial, prepare_partial, write_manifest
+from slimckpt.write.peers import Heartbeat, describe_ranks, lost_ranks_line
+from slimckpt.write.race_points import pause
 
 # lazy imports: torch, transformers and torch.distributed load only where a merge needs them (a bad input fails first)
 
@@ -263,7 +271,7 @@ def _log_fallback(opts: MergeOptions, why: str, ckpt) -> None:
             f"FSDPModelMerger reads verl's rank files, not dcp/: resume from this step with "
             f"+recipe=intermediate, whose saves verl's merger reads, and merge that save"
         )
-    from ..read.sources import verl_reads_rank0_alone
+    from slimckpt.read.sources import verl_reads_rank0_alone
 
     first = verl_reads_rank0_alone(ckpt)
     if first is not None:
@@ -629,7 +637,7 @@ def _written(checksums: dict[str, str]) -> dict[str, str]:
 
 
 def _read_back(partial: str, names: list[str]) -> dict[str, str]:
-    from ..write.share_writer import checksum_files
+    from slimckpt.write.share_writer import checksum_files
 
     pause("read_back")
     return checksum_files(partial, names)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..format.names import DEFAULT_CHUNK_BYTES
-from ..format.os_errors import MERGE_FIXES, OsErrorFixes
-from ..hf.plan import MergeError
+from slimckpt.format.names import DEFAULT_CHUNK_BYTES
+from slimckpt.format.os_errors import MERGE_FIXES, OsErrorFixes
+from slimckpt.hf.plan import MergeError
 
 __all__ = ["MergeError", "MergeOptions", "MergeResult"]
 

@@ -8,10 +8,10 @@ import os
 import sys
 from collections.abc import Callable
 
-from .. import env_vars
-from ..log import get_logger
-from .pipeline import merge
-from .plan import MergeError, MergeOptions
+import slimckpt.env_vars as env_vars
+from slimckpt.log import get_logger
+from slimckpt.merge.pipeline import merge
+from slimckpt.merge.plan import MergeError, MergeOptions
 
 log = get_logger("slimckpt.merge")
 

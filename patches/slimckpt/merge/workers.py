@@ -14,14 +14,14 @@ import signal
 import sys
 from collections.abc import Callable
 
-from ..format import layout
-from ..format.merge_manifest import CommitError
-from ..hf.plan import ExportPlan
-from ..log import get_logger
-from ..read.checkpoint_dir import CheckpointError
-from ..write import writer_stats
-from ..write.out_files import OutputError
-from .plan import MergeError, MergeOptions
+import slimckpt.format.layout as layout
+import slimckpt.write.writer_stats as writer_stats
+from slimckpt.format.merge_manifest import CommitError
+from slimckpt.hf.plan import ExportPlan
+from slimckpt.log import get_logger
+from slimckpt.merge.plan import MergeError, MergeOptions
+from slimckpt.read.checkpoint_dir import CheckpointError
+from slimckpt.write.out_files import OutputError
 
 # lazy imports: torch (the cast), the torch readers and tqdm load only when weights are written
 
@@ -57,8 +57,8 @@ def write_shares(
     where the time went."""
     import torch
 
-    from ..read.merge_input import open_source
-    from ..write.share_writer import OUT_DTYPES, ShareWriter
+    from slimckpt.read.merge_input import open_source
+    from slimckpt.write.share_writer import OUT_DTYPES, ShareWriter
 
     owned = ckpt is None
     ckpt = open_source(local_dir) if owned else ckpt

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, fields
 
-from .measure import evict_from_page_cache
+from slimckpt.observe.measure import evict_from_page_cache
 
 HELP = "a directory's sequential disk bandwidth: through the page cache, with O_DIRECT, and both at once"
 CHUNK = 16 * 2**20  # through the page cache (the kernel splits and reads ahead on its own)

@@ -11,8 +11,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..storage import for_path
-from .memory import TreePeaks, sample_tree_peaks
+from slimckpt.observe.memory import TreePeaks, sample_tree_peaks
+from slimckpt.storage import for_path
 
 
 @dataclass

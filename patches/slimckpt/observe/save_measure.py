@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import env_vars
-from ..log import get_logger
-from ..options.checkpoint_options import CheckpointOptions
-from ..read.checkpoint_dir import rank_files
-from ..storage import for_path
-from . import save_reports
-from .memory import RssSampler
+import slimckpt.env_vars as env_vars
+import slimckpt.observe.save_reports as save_reports
+from slimckpt.log import get_logger
+from slimckpt.observe.memory import RssSampler
+from slimckpt.options.checkpoint_options import CheckpointOptions
+from slimckpt.read.checkpoint_dir import rank_files
+from slimckpt.storage import for_path
 
 log = get_logger("slimckpt.save")
 

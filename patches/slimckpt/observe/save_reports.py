@@ -23,8 +23,8 @@ import os
 import re
 from typing import Any
 
-from ..log import get_logger
-from ..storage import for_path, is_url
+from slimckpt.log import get_logger
+from slimckpt.storage import for_path, is_url
 
 log = get_logger("slimckpt.save_reports")
 

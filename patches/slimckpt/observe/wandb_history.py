@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import SlimckptError
+from slimckpt import SlimckptError
 
 FILE_HEADER = 7
 FILE_IDENT = b":W&B"

@@ -2,8 +2,8 @@
 
 import sys
 
-from ..log import cli_logging
-from .command import main
+from slimckpt.log import cli_logging
+from slimckpt.plan.command import main
 
 if __name__ == "__main__":
     with cli_logging():

@@ -16,9 +16,7 @@ from typing import Any
 
 import yaml
 
-from ..storage.s3 import S3Storage
-from ..verl_seam.recipes import list_group
-from .cost import (
+from slimckpt.plan.cost import (
     VERL_CONTENTS,
     ParamSpec,
     Strategy,
@@ -36,10 +34,12 @@ from .cost import (
     retention_disk,
     shard_rows,
 )
-from .meta_model import LoraSpec, ModelFacts, extra_state_bytes, model_facts
-from .node import Offload, node_rows, resident_bytes
-from .resume_time import resume_times
-from .upload import UploadSettings, merge_upload, rank_share, refused, save_upload, upload_settings
+from slimckpt.plan.meta_model import LoraSpec, ModelFacts, extra_state_bytes, model_facts
+from slimckpt.plan.node import Offload, node_rows, resident_bytes
+from slimckpt.plan.resume_time import resume_times
+from slimckpt.plan.upload import UploadSettings, merge_upload, rank_share, refused, save_upload, upload_settings
+from slimckpt.storage.s3 import S3Storage
+from slimckpt.verl_seam.recipes import list_group
 
 
 def recipe_strategies(names: Sequence[str] | None, overrides: Sequence[str] = ()) -> list[Strategy]:

@@ -29,9 +29,9 @@ import argparse
 import json
 import sys
 
-from .build import build_report
-from .printers import print_report
-from .upload import DEFAULT_CONCURRENCY, DEFAULT_PART_MB, DEFAULT_UPLOAD_GBPS, SLACK_BYTES
+from slimckpt.plan.build import build_report
+from slimckpt.plan.printers import print_report
+from slimckpt.plan.upload import DEFAULT_CONCURRENCY, DEFAULT_PART_MB, DEFAULT_UPLOAD_GBPS, SLACK_BYTES
 
 HELP = "predict per-rank checkpoint bytes, host memory and time from a model config (no weights)"
 

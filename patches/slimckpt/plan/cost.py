@@ -28,13 +28,13 @@ from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ..format.layout import dim0_row_bytes, dim0_rows
-from ..format.retention_plan import RetentionPolicy, disk_bytes, steps_held
-from ..options.checkpoint_options import CheckpointOptions, async_mode
-from ..save.host_budget import AUTO, is_auto
-from ..save.retention import peak_steps, verl_peak_steps
-from .node import auto_budget
-from .stream import stream_block, windows_for
+from slimckpt.format.layout import dim0_row_bytes, dim0_rows
+from slimckpt.format.retention_plan import RetentionPolicy, disk_bytes, steps_held
+from slimckpt.options.checkpoint_options import CheckpointOptions, async_mode
+from slimckpt.plan.node import auto_budget
+from slimckpt.plan.stream import stream_block, windows_for
+from slimckpt.save.host_budget import AUTO, is_auto
+from slimckpt.save.retention import peak_steps, verl_peak_steps
 
 FP32 = 4
 ADAM_STATES = 2  # exp_avg, exp_avg_sq

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..verl_seam.dryrun import compose_config, plain, roles_needed, select
-from ..verl_seam.dryrun import main as verl_main
-from ..verl_seam.fsdp1_note import fsdp1_check
-from .build import build_report, plan_facts
-from .printers import print_report
+from slimckpt.plan.build import build_report, plan_facts
+from slimckpt.plan.printers import print_report
+from slimckpt.verl_seam.dryrun import compose_config, plain, roles_needed, select
+from slimckpt.verl_seam.dryrun import main as verl_main
+from slimckpt.verl_seam.fsdp1_note import fsdp1_check
 
 # lazy imports: huggingface_hub loads only once a config is composed and planned
 

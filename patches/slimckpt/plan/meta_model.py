@@ -22,11 +22,11 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..format import layout
-from ..format.names import DTYPE_CHOICES as DTYPE_NAMES
-from ..hf.naming import HfSide, default_max_shard_size
-from ..log import quieted
-from .cost import ParamSpec
+import slimckpt.format.layout as layout
+from slimckpt.format.names import DTYPE_CHOICES as DTYPE_NAMES
+from slimckpt.hf.naming import HfSide, default_max_shard_size
+from slimckpt.log import quieted
+from slimckpt.plan.cost import ParamSpec
 
 # lazy imports: torch, numpy and peft load only when a model is measured (`slimckpt --help` imports the plan's command)
 

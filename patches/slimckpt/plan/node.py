@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..save.host_budget import AUTO_SHARE, auto_budget_bytes
+from slimckpt.save.host_budget import AUTO_SHARE, auto_budget_bytes
 
 BF16 = 2
 FP32 = 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .cost import human
+from slimckpt.plan.cost import human
 
 
 def print_report(r: dict[str, Any], out=sys.stdout) -> None:

@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import env_vars
-from ..storage.s3 import MAX_PART, MAX_PARTS, MIN_PART
-from .cost import human
+import slimckpt.env_vars as env_vars
+from slimckpt.plan.cost import human
+from slimckpt.storage.s3 import MAX_PART, MAX_PARTS, MIN_PART
 
 # the job's whole bandwidth to the store, GB/s: one 10 Gb/s link. Conservative on purpose: what one
 # gateway or NAT path to an on-premise store (MinIO, Ceph, SeaweedFS) often gives; a bucket in the

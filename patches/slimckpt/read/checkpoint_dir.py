@@ -9,9 +9,9 @@ import json
 import os
 import re
 
-from .. import SlimckptError
-from ..format.names import DCP_DIR, FSDP_CONFIG, HF_SUBDIR  # noqa: F401 - the readers take them from here
-from ..storage import for_path
+from slimckpt import SlimckptError
+from slimckpt.format.names import DCP_DIR, FSDP_CONFIG, HF_SUBDIR  # noqa: F401 - the readers take them from here
+from slimckpt.storage import for_path
 
 MODEL_FILE_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 

@@ -31,9 +31,10 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 
-from ..storage import for_path, is_url
-from . import pt_index, pt_tensors
-from .pickle_policy import PickleRefused, RestrictedUnpickler, read_all
+import slimckpt.read.pt_index as pt_index
+import slimckpt.read.pt_tensors as pt_tensors
+from slimckpt.read.pickle_policy import PickleRefused, RestrictedUnpickler, read_all
+from slimckpt.storage import for_path, is_url
 
 METADATA_NAME = ".metadata"
 

@@ -33,14 +33,15 @@ import re
 import torch
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
 
-from ..format.names import MODEL_PREFIX
-from ..format.resume_manifest import MANIFEST_NAME, Manifest
-from . import pt_index, pt_tensors
-from .checkpoint_dir import DCP_DIR, CheckpointError
-from .dcp_pickle import read_metadata
-from .dcp_step import SOURCE_FORMAT, check_step
-from .pickle_policy import PickleRefused
-from .sources import SourceTensor, VerlFsdpCheckpoint
+import slimckpt.read.pt_index as pt_index
+import slimckpt.read.pt_tensors as pt_tensors
+from slimckpt.format.names import MODEL_PREFIX
+from slimckpt.format.resume_manifest import MANIFEST_NAME, Manifest
+from slimckpt.read.checkpoint_dir import DCP_DIR, CheckpointError
+from slimckpt.read.dcp_pickle import read_metadata
+from slimckpt.read.dcp_step import SOURCE_FORMAT, check_step
+from slimckpt.read.pickle_policy import PickleRefused
+from slimckpt.read.sources import SourceTensor, VerlFsdpCheckpoint
 
 _RANK_OF_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from ..format.resume_manifest import MANIFEST_NAME, Manifest, UncommittedCheckpoint, check_committed
-from .checkpoint_dir import DCP_DIR, HF_SUBDIR, MODEL_FILE_RE, CheckpointError
+from slimckpt.format.resume_manifest import MANIFEST_NAME, Manifest, UncommittedCheckpoint, check_committed
+from slimckpt.read.checkpoint_dir import DCP_DIR, HF_SUBDIR, MODEL_FILE_RE, CheckpointError
 
 SOURCE_FORMAT = "slimckpt_dcp"  # the merge manifest's source format for such a step
 LORA_ONLY_KEY = "lora_only"  # save.state_dicts.LORA_ONLY_KEY (that module imports torch.distributed)

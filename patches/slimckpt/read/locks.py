@@ -31,9 +31,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .. import SlimckptError
-from ..log import get_logger
-from ..storage import Lease, absolute, for_path
+from slimckpt import SlimckptError
+from slimckpt.log import get_logger
+from slimckpt.storage import Lease, absolute, for_path
 
 log = get_logger("slimckpt.locks")
 

@@ -6,8 +6,8 @@ is imported, so a wrong or damaged input fails before seconds of imports.
 from __future__ import annotations
 
 # lazy imports: torch-free until a reader opens the input, so a wrong --local_dir fails before torch is imported
-from . import dcp_step
-from .checkpoint_dir import check_rank_files, read_fsdp_config
+import slimckpt.read.dcp_step as dcp_step
+from slimckpt.read.checkpoint_dir import check_rank_files, read_fsdp_config
 
 
 def check_source(local_dir: str, checksums: bool = True) -> None:
@@ -24,9 +24,9 @@ def check_source(local_dir: str, checksums: bool = True) -> None:
 def open_source(local_dir: str):
     """The opened input as `sources.VerlFsdpCheckpoint` (its tensors memory-mapped); raises CheckpointError."""
     if dcp_step.is_dcp_role_dir(local_dir):
-        from .dcp_source import open_dcp
+        from slimckpt.read.dcp_source import open_dcp
 
         return open_dcp(local_dir)
-    from .sources import open_checkpoint
+    from slimckpt.read.sources import open_checkpoint
 
     return open_checkpoint(local_dir)

@@ -31,9 +31,9 @@ import pickletools
 import zipfile
 from collections.abc import Iterator
 
-from .. import env_vars
-from ..storage import for_path, is_url
-from .checkpoint_dir import CheckpointError
+import slimckpt.env_vars as env_vars
+from slimckpt.read.checkpoint_dir import CheckpointError
+from slimckpt.storage import for_path, is_url
 
 TRUST_ENV = "SLIMCKPT_TRUST_PICKLE"
 # a file each refusal is appended to ("<file>\t<global>"), when set: the test suite fails a test

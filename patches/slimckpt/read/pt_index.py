@@ -22,9 +22,9 @@ import sys
 import zipfile
 from dataclasses import dataclass
 
-from .. import SlimckptError
-from ..format.names import TORCH_ITEMSIZE
-from .pickle_policy import RestrictedUnpickler
+from slimckpt import SlimckptError
+from slimckpt.format.names import TORCH_ITEMSIZE
+from slimckpt.read.pickle_policy import RestrictedUnpickler
 
 # torch's dtype globals as pickled (`torch float32`) -> itemsize; str(dtype) is "torch." + name
 _ITEMSIZE: dict[str, int] = TORCH_ITEMSIZE

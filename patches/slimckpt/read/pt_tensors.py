@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from . import pt_index
-from .pickle_policy import RestrictedUnpickler
+import slimckpt.read.pt_index as pt_index
+from slimckpt.read.pickle_policy import RestrictedUnpickler
 
 COPY, READ, WRITE = mmap.ACCESS_COPY, mmap.ACCESS_READ, mmap.ACCESS_WRITE
 _REBUILD_TENSOR = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor_v3")}

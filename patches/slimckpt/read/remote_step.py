@@ -26,10 +26,16 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..format.merge_manifest import BadFile, new_hasher
-from ..format.resume_manifest import MANIFEST_NAME, Manifest, UncommittedCheckpoint, check_committed, damage_message
-from ..storage import for_path
-from .checkpoint_dir import DCP_DIR
+from slimckpt.format.merge_manifest import BadFile, new_hasher
+from slimckpt.format.resume_manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    UncommittedCheckpoint,
+    check_committed,
+    damage_message,
+)
+from slimckpt.read.checkpoint_dir import DCP_DIR
+from slimckpt.storage import for_path
 
 READ_BLOCK = 8 << 20
 FILES_AT_ONCE = 4
@@ -48,7 +54,7 @@ def records_of(local_dcp_dir: str, prefixes: Iterable[str]) -> dict[str, list[tu
     every bytes record (its pickle is checked before a load)}, from the mirrored `.metadata`."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from .dcp_pickle import read_metadata
+    from slimckpt.read.dcp_pickle import read_metadata
 
     metadata = read_metadata(local_dcp_dir)
     prefixes = tuple(prefixes)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..storage import for_path, is_url
-from . import pt_tensors
+import slimckpt.read.pt_tensors as pt_tensors
+from slimckpt.storage import for_path, is_url
 
 
 def load_torch_file(path: str, map_location: str = "cpu") -> Any:

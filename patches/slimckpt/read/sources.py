@@ -28,12 +28,19 @@ from typing import Any
 
 import torch
 
-from ..format import names
-from ..log import get_logger, quieted
-from . import pt_tensors
-from .checkpoint_dir import FSDP_CONFIG, HF_SUBDIR, CheckpointError, check_rank_files, model_file, read_fsdp_config
-from .pickle_policy import PickleRefused
-from .pt_tensors import ShardedTensorState, sharded_tensor_metadata  # noqa: F401 - verify's reader of them
+import slimckpt.format.names as names
+import slimckpt.read.pt_tensors as pt_tensors
+from slimckpt.log import get_logger, quieted
+from slimckpt.read.checkpoint_dir import (
+    FSDP_CONFIG,
+    HF_SUBDIR,
+    CheckpointError,
+    check_rank_files,
+    model_file,
+    read_fsdp_config,
+)
+from slimckpt.read.pickle_policy import PickleRefused
+from slimckpt.read.pt_tensors import ShardedTensorState, sharded_tensor_metadata  # noqa: F401 - verify's reader of them
 
 log = get_logger("slimckpt.sources")
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ..storage import for_path, is_url
-from .checkpoint_dir import DCP_DIR
-from .pickle_policy import PickleRefused, check_file, check_torch_bytes, trusted
+from slimckpt.read.checkpoint_dir import DCP_DIR
+from slimckpt.read.pickle_policy import PickleRefused, check_file, check_torch_bytes, trusted
+from slimckpt.storage import for_path, is_url
 
 EXTRA_PREFIX = "slimckpt_extra_"  # save.extra_state.EXTRA_PREFIX (that module imports torch)
 VERL_RANK_KINDS = ("model", "optim", "extra_state")  # what FSDPCheckpointManager.load_checkpoint torch.loads
@@ -72,7 +72,7 @@ def _collect(out: list[PickleRefused], check, *args) -> bool:
 def _bytes_records(dcp_dir: str) -> list[PickleRefused]:
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from .dcp_pickle import read_metadata
+    from slimckpt.read.dcp_pickle import read_metadata
 
     try:
         metadata = read_metadata(dcp_dir)

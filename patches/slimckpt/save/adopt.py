@@ -24,11 +24,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..format.dropped_optimizer import optimizer_dropped
-from ..format.names import SHARD_CONTENTS
-from ..format.resume_manifest import UncommittedCheckpoint, read_manifest
-from ..read.checkpoint_dir import DCP_DIR
-from .intact_resume import latest_intact_step
+from slimckpt.format.dropped_optimizer import optimizer_dropped
+from slimckpt.format.names import SHARD_CONTENTS
+from slimckpt.format.resume_manifest import UncommittedCheckpoint, read_manifest
+from slimckpt.read.checkpoint_dir import DCP_DIR
+from slimckpt.save.intact_resume import latest_intact_step
 
 MODEL_ONLY_DIR = "model_only"  # where the model-only recipes move default_local_dir
 _VERL_FILE = re.compile(r"^(model|optim|extra_state)_world_size_\d+_rank_\d+\.pt$")

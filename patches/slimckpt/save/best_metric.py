@@ -22,10 +22,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..log import get_logger
-from ..storage import absolute, for_path
-from ..write.resume_records import atomic_write_text
-from .driver_state import driver_state_of
+from slimckpt.log import get_logger
+from slimckpt.save.driver_state import driver_state_of
+from slimckpt.storage import absolute, for_path
+from slimckpt.write.resume_records import atomic_write_text
 
 log = get_logger("slimckpt.retention")
 

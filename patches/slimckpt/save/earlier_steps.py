@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from ..format.resume_manifest import STEP_DIR, has_manifest, step_of
-from ..log import get_logger
-from ..storage import absolute, for_path
-from .target import TargetState
+from slimckpt.format.resume_manifest import STEP_DIR, has_manifest, step_of
+from slimckpt.log import get_logger
+from slimckpt.save.target import TargetState
+from slimckpt.storage import absolute, for_path
 
 log = get_logger("slimckpt.retention")
 

@@ -29,23 +29,23 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .. import SlimckptError
-from ..collective import outcome
-from ..format.os_errors import describe_os_error, redescribe
-from ..format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker
-from ..log import get_logger
-from ..read.checkpoint_dir import rank_files
-from ..read.locks import LockBusy, acquire
-from ..storage import absolute, for_path, is_url
-from ..storage.s3_errors import S3Error
-from ..write.peers import causes, in_a_job
-from ..write.resume_records import atomic_write_text, write_failure
-from .async_modes.registry import mode_for
-from .lost_rank import RankLost, already_lost, peer_loss_line
-from .os_fixes import trainer_fixes
-from .process_group import checkpoint_group
-from .resume_async import writer_for
-from .target import SaveTarget
+import slimckpt.collective.outcome as outcome
+from slimckpt import SlimckptError
+from slimckpt.format.os_errors import describe_os_error, redescribe
+from slimckpt.format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker
+from slimckpt.log import get_logger
+from slimckpt.read.checkpoint_dir import rank_files
+from slimckpt.read.locks import LockBusy, acquire
+from slimckpt.save.async_modes.registry import mode_for
+from slimckpt.save.lost_rank import RankLost, already_lost, peer_loss_line
+from slimckpt.save.os_fixes import trainer_fixes
+from slimckpt.save.process_group import checkpoint_group
+from slimckpt.save.resume_async import writer_for
+from slimckpt.save.target import SaveTarget
+from slimckpt.storage import absolute, for_path, is_url
+from slimckpt.storage.s3_errors import S3Error
+from slimckpt.write.peers import causes, in_a_job
+from slimckpt.write.resume_records import atomic_write_text, write_failure
 
 log = get_logger("slimckpt.save")
 

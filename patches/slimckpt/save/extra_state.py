@@ -10,11 +10,11 @@ import os
 
 import torch
 
-from ..log import get_logger
-from ..read.safe_load import load_torch_file
-from ..storage import for_path
-from . import rng_reshard
-from .target import SaveTarget
+import slimckpt.save.rng_reshard as rng_reshard
+from slimckpt.log import get_logger
+from slimckpt.read.safe_load import load_torch_file
+from slimckpt.save.target import SaveTarget
+from slimckpt.storage import for_path
 
 log = get_logger("slimckpt.resume")
 

@@ -42,11 +42,12 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from .. import SlimckptError
-from ..collective.outcome import Failure, agree, failure_of, from_rank0
-from ..format import layout
-from ..format.export_assign import AssignError, Box, assign_writers, full_box, run_starts, take_pieces
-from ..format.names import (
+import slimckpt.format.layout as layout
+import slimckpt.hf.lora as lora
+from slimckpt import SlimckptError
+from slimckpt.collective.outcome import Failure, agree, failure_of, from_rank0
+from slimckpt.format.export_assign import AssignError, Box, assign_writers, full_box, run_starts, take_pieces
+from slimckpt.format.names import (
     HF_SUBDIR,
     SAFETENSORS_OF_TORCH,
     SHARD_CONTENTS,
@@ -54,18 +55,17 @@ from ..format.names import (
     is_lora_key,
     torch_dtypes_of_choices,
 )
-from ..format.os_errors import redescribe
-from ..hf import lora
-from ..hf.lay_out import lay_out
-from ..hf.naming import ConfigMismatch, HfSide, NeedsVerlMerger
-from ..hf.plan import EMPTY, ExportPlan
-from ..internals import dtensor_box
-from ..log import get_logger
-from ..storage import RangeWriter, for_path
-from ..write.out_files import os_error
-from ..write.share_writer import as_bytes, lora_merged
-from .os_fixes import trainer_fixes
-from .target import SaveTarget
+from slimckpt.format.os_errors import redescribe
+from slimckpt.hf.lay_out import lay_out
+from slimckpt.hf.naming import ConfigMismatch, HfSide, NeedsVerlMerger
+from slimckpt.hf.plan import EMPTY, ExportPlan
+from slimckpt.internals import dtensor_box
+from slimckpt.log import get_logger
+from slimckpt.save.os_fixes import trainer_fixes
+from slimckpt.save.target import SaveTarget
+from slimckpt.storage import RangeWriter, for_path
+from slimckpt.write.out_files import os_error
+from slimckpt.write.share_writer import as_bytes, lora_merged
 
 log = get_logger("slimckpt.hf_direct_export")
 T = TypeVar("T")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-from ..format.names import HF_SUBDIR
-from ..log import get_logger
-from .os_fixes import trainer_fixes
+from slimckpt.format.names import HF_SUBDIR
+from slimckpt.log import get_logger
+from slimckpt.save.os_fixes import trainer_fixes
 
 # lazy imports: the merge pipeline and torch.distributed load only when a step is exported
 
@@ -30,8 +30,8 @@ def export_hf_from_shards(
     the streaming merge does not handle (a save-time conversion that is not a slice of one tensor)
     goes to verl's merger on rank 0, logged with the host memory it takes, or, with
     `allow_verl_fallback` off, is refused; either way every rank ends the same way."""
-    from ..merge.pipeline import merge
-    from ..merge.plan import MergeError, MergeOptions
+    from slimckpt.merge.pipeline import merge
+    from slimckpt.merge.plan import MergeError, MergeOptions
 
     target = os.path.join(local_path, HF_SUBDIR)
     opts = MergeOptions(

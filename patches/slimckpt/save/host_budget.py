@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..log import get_logger
+from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.resume")
 

@@ -35,8 +35,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..format.dropped_optimizer import optimizer_dropped
-from ..format.resume_manifest import (
+from slimckpt.format.dropped_optimizer import optimizer_dropped
+from slimckpt.format.resume_manifest import (
     DAMAGED_FIX,
     TRACKER_NAME,
     Damage,
@@ -46,13 +46,13 @@ from ..format.resume_manifest import (
     role_damage,
     saved_steps,
 )
-from ..log import get_logger
-from ..read.checkpoint_dir import DCP_DIR
-from ..storage import is_url
-from ..verify.native import check_zip_records
-from ..write.resume_records import atomic_write_text
-from .tracker import SLIM_TARGETS, config_value
-from .tracker_recovery import role_complete
+from slimckpt.log import get_logger
+from slimckpt.read.checkpoint_dir import DCP_DIR
+from slimckpt.save.tracker import SLIM_TARGETS, config_value
+from slimckpt.save.tracker_recovery import role_complete
+from slimckpt.storage import is_url
+from slimckpt.verify.native import check_zip_records
+from slimckpt.write.resume_records import atomic_write_text
 
 log = get_logger("slimckpt.resume")
 

@@ -3,8 +3,8 @@ line naming the rank (slimckpt.write.peers finds it by its heartbeat), the step 
 
 from __future__ import annotations
 
-from .. import SlimckptError
-from ..write.peers import in_a_job, lost_ranks_line
+from slimckpt import SlimckptError
+from slimckpt.write.peers import in_a_job, lost_ranks_line
 
 
 class RankLost(SlimckptError, RuntimeError):

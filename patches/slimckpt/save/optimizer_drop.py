@@ -33,10 +33,10 @@ import re
 import time
 from typing import Any
 
-from .. import SlimckptError
-from ..format.dropped_optimizer import DROPPED_KEY, NATIVE_MARKER
-from ..format.merge_manifest import READ_CHUNK, new_hasher
-from ..format.resume_manifest import (
+from slimckpt import SlimckptError
+from slimckpt.format.dropped_optimizer import DROPPED_KEY, NATIVE_MARKER
+from slimckpt.format.merge_manifest import READ_CHUNK, new_hasher
+from slimckpt.format.resume_manifest import (
     DROP_DIRS,
     MANIFEST_NAME,
     FileEntry,
@@ -46,10 +46,10 @@ from ..format.resume_manifest import (
     read_manifest,
     role_damage,
 )
-from ..log import get_logger
-from ..read.checkpoint_dir import DCP_DIR
-from ..storage import for_path
-from ..write.resume_records import atomic_write_text
+from slimckpt.log import get_logger
+from slimckpt.read.checkpoint_dir import DCP_DIR
+from slimckpt.storage import for_path
+from slimckpt.write.resume_records import atomic_write_text
 
 log = get_logger("slimckpt.retention")
 
@@ -158,7 +158,7 @@ def _copy_ranges(src: str, dst: str, ranges: list[tuple[int, int]], algo: str) -
 
 
 def _drop_dcp(role_dir: str, keep_last: int | None) -> int:
-    from ..read.dcp_pickle import read_metadata
+    from slimckpt.read.dcp_pickle import read_metadata
 
     manifest, damage = role_damage(role_dir, checksums=False)
     if manifest is None or damage:

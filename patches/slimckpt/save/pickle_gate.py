@@ -13,8 +13,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..collective import outcome
-from ..read.pickle_policy import PickleRefused, trusted
+import slimckpt.collective.outcome as outcome
+from slimckpt.read.pickle_policy import PickleRefused, trusted
 
 
 def _refused(failure: outcome.Failure) -> PickleRefused:

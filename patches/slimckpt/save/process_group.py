@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..write import peers
-from .target import TargetState
+import slimckpt.write.peers as peers
+from slimckpt.save.target import TargetState
 
 
 def checkpoint_group(state: TargetState) -> dist.ProcessGroup:

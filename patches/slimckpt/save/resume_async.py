@@ -43,11 +43,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from ..log import get_logger
-from ..read import in_flight
-from ..write import peers  # noqa: F401 - its exit hook registered before finish_all's, so it runs after it
-from .host_budget import budget_bytes
-from .target import TargetState
+import slimckpt.read.in_flight as in_flight
+import slimckpt.write.peers as peers  # noqa: F401 - its exit hook registered before finish_all's, so it runs after it
+from slimckpt.log import get_logger
+from slimckpt.save.host_budget import budget_bytes
+from slimckpt.save.target import TargetState
 
 log = get_logger("slimckpt.resume")
 

@@ -16,19 +16,20 @@ import warnings
 
 import torch.distributed as dist
 
-from ..format.dropped_optimizer import optimizer_dropped, resume_line
-from ..format.names import SHARD_CONTENTS, is_lora_key
-from ..format.resume_manifest import Manifest
-from ..log import get_logger
-from ..read import in_flight
-from ..read.checkpoint_dir import DCP_DIR
-from ..read.step_pickles import dcp_refusals
-from ..storage import check_access_once
-from . import resume_async, step_check
-from .extra_state import extra_path, load_extra
-from .pickle_gate import refuse_together
-from .process_group import checkpoint_group, made_group
-from .target import SaveTarget, TargetState
+import slimckpt.read.in_flight as in_flight
+import slimckpt.save.resume_async as resume_async
+import slimckpt.save.step_check as step_check
+from slimckpt.format.dropped_optimizer import optimizer_dropped, resume_line
+from slimckpt.format.names import SHARD_CONTENTS, is_lora_key
+from slimckpt.format.resume_manifest import Manifest
+from slimckpt.log import get_logger
+from slimckpt.read.checkpoint_dir import DCP_DIR
+from slimckpt.read.step_pickles import dcp_refusals
+from slimckpt.save.extra_state import extra_path, load_extra
+from slimckpt.save.pickle_gate import refuse_together
+from slimckpt.save.process_group import checkpoint_group, made_group
+from slimckpt.save.target import SaveTarget, TargetState
+from slimckpt.storage import check_access_once
 
 log = get_logger("slimckpt.resume")
 
@@ -61,9 +62,9 @@ def _load_committed(target: SaveTarget, local_path: str, manifest: Manifest, gro
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    from ..read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
-    from . import optim_capture
-    from .state_dicts import LORA_ONLY_KEY, build_state_dict, load_options, options
+    import slimckpt.save.optim_capture as optim_capture
+    from slimckpt.read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
+    from slimckpt.save.state_dicts import LORA_ONLY_KEY, build_state_dict, load_options, options
 
     missing = [c for c in SHARD_CONTENTS if c in target.load_contents and c not in manifest.contents]
     if missing:

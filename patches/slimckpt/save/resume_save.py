@@ -15,16 +15,18 @@ import time
 
 import torch.distributed as dist
 
-from ..format.names import SHARD_CONTENTS
-from ..storage import absolute, check_access_once, for_path, scheme_of
-from . import hf_direct_export, resume_async, retention
-from .async_modes.registry import mode_for
-from .extra_state import save_extra
-from .process_group import checkpoint_group
-from .save_context import SaveContext
-from .state_dicts import build_state_dict, lora_only_state, note_fsdp1_copy, note_lora_only, split_aliases
-from .step_commit import clear_stale, drop_first, make_room
-from .target import SaveTarget
+import slimckpt.save.hf_direct_export as hf_direct_export
+import slimckpt.save.resume_async as resume_async
+import slimckpt.save.retention as retention
+from slimckpt.format.names import SHARD_CONTENTS
+from slimckpt.save.async_modes.registry import mode_for
+from slimckpt.save.extra_state import save_extra
+from slimckpt.save.process_group import checkpoint_group
+from slimckpt.save.save_context import SaveContext
+from slimckpt.save.state_dicts import build_state_dict, lora_only_state, note_fsdp1_copy, note_lora_only, split_aliases
+from slimckpt.save.step_commit import clear_stale, drop_first, make_room
+from slimckpt.save.target import SaveTarget
+from slimckpt.storage import absolute, check_access_once, for_path, scheme_of
 
 
 def _lap(timings: dict[str, float]):

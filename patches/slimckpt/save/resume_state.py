@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import os
 
-from ..format.resume_manifest import has_manifest
-from ..read.checkpoint_dir import DCP_DIR
-from . import resume_async
+import slimckpt.save.resume_async as resume_async
+from slimckpt.format.resume_manifest import has_manifest
+from slimckpt.read.checkpoint_dir import DCP_DIR
 
 
 def is_resume_state(local_path: str | None) -> bool:

@@ -45,16 +45,18 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 
-from ..format import retention_plan
-from ..format.resume_manifest import protected_dirs
-from ..format.retention_plan import RetentionPolicy
-from ..log import get_logger
-from ..options.checkpoint_options import CheckpointOptions
-from ..read.locks import try_exclusive
-from ..storage import absolute, for_path
-from ..write.resume_records import remove_manifest
-from . import best_metric, earlier_steps, optimizer_drop
-from .target import TargetState
+import slimckpt.format.retention_plan as retention_plan
+import slimckpt.save.best_metric as best_metric
+import slimckpt.save.earlier_steps as earlier_steps
+import slimckpt.save.optimizer_drop as optimizer_drop
+from slimckpt.format.resume_manifest import protected_dirs
+from slimckpt.format.retention_plan import RetentionPolicy
+from slimckpt.log import get_logger
+from slimckpt.options.checkpoint_options import CheckpointOptions
+from slimckpt.read.locks import try_exclusive
+from slimckpt.save.target import TargetState
+from slimckpt.storage import absolute, for_path
+from slimckpt.write.resume_records import remove_manifest
 
 log = get_logger("slimckpt.retention")
 

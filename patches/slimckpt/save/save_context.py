@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..options.checkpoint_options import CheckpointOptions
-from ..read.checkpoint_dir import DCP_DIR
-from .target import SaveTarget
+from slimckpt.options.checkpoint_options import CheckpointOptions
+from slimckpt.read.checkpoint_dir import DCP_DIR
+from slimckpt.save.target import SaveTarget
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from ..format.names import is_lora_key
-from ..log import get_logger
-from . import optim_capture
-from .resume_async import state_bytes
-from .target import SaveTarget
+import slimckpt.save.optim_capture as optim_capture
+from slimckpt.format.names import is_lora_key
+from slimckpt.log import get_logger
+from slimckpt.save.resume_async import state_bytes
+from slimckpt.save.target import SaveTarget
 
 log = get_logger("slimckpt.resume")
 

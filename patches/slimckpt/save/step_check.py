@@ -12,8 +12,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..collective import outcome
-from ..format.resume_manifest import MANIFEST_NAME, Manifest, UncommittedCheckpoint, role_damage
+import slimckpt.collective.outcome as outcome
+from slimckpt.format.resume_manifest import MANIFEST_NAME, Manifest, UncommittedCheckpoint, role_damage
 
 
 def check_committed(local_path: str, group: Any, checksums: bool = True) -> Manifest:

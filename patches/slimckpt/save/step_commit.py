@@ -18,26 +18,27 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from .. import SlimckptError
-from ..collective import outcome
-from ..format.resume_manifest import (
+import slimckpt.collective.outcome as outcome
+import slimckpt.read.checkpoint_dir as checkpoint_dir
+import slimckpt.save.hf_direct_export as hf_direct_export
+import slimckpt.save.retention as retention
+from slimckpt import SlimckptError
+from slimckpt.format.resume_manifest import (
     FAILED_PREFIX,
     FileEntry,
     Manifest,
     describe_files,
     unlisted_files,
 )
-from ..log import get_logger
-from ..read import checkpoint_dir
-from ..read.checkpoint_dir import DCP_DIR
-from ..storage import for_path
-from ..write.resume_records import commit_manifest as write_manifest  # never over a committed one
-from ..write.resume_records import remove_manifest
-from . import hf_direct_export, retention
-from .extra_state import EXTRA_NAME, EXTRA_PREFIX
-from .save_context import SaveContext
-from .state_dicts import LORA_ONLY_KEY
-from .target import SaveTarget
+from slimckpt.log import get_logger
+from slimckpt.read.checkpoint_dir import DCP_DIR
+from slimckpt.save.extra_state import EXTRA_NAME, EXTRA_PREFIX
+from slimckpt.save.save_context import SaveContext
+from slimckpt.save.state_dicts import LORA_ONLY_KEY
+from slimckpt.save.target import SaveTarget
+from slimckpt.storage import for_path
+from slimckpt.write.resume_records import commit_manifest as write_manifest  # never over a committed one
+from slimckpt.write.resume_records import remove_manifest
 
 log = get_logger("slimckpt.resume")
 

@@ -61,9 +61,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from .. import SlimckptError
-from ..collective import outcome
-from ..log import get_logger
+import slimckpt.collective.outcome as outcome
+from slimckpt import SlimckptError
+from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.resume")
 

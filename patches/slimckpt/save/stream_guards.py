@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .stream_capture import StreamCapture
+from slimckpt.save.stream_capture import StreamCapture
 
 _ACTIVE: list[StreamCapture] = []
 _LOCK = threading.Lock()

@@ -13,7 +13,7 @@ from typing import Any
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
-from .stream_capture import StreamCapture
+from slimckpt.save.stream_capture import StreamCapture
 
 
 class StreamSavePlanner(DefaultSavePlanner):

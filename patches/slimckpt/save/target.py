@@ -17,8 +17,8 @@ from typing import Any
 
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-from ..format.names import SHARD_CONTENTS
-from ..options.checkpoint_options import CheckpointOptions
+from slimckpt.format.names import SHARD_CONTENTS
+from slimckpt.options.checkpoint_options import CheckpointOptions
 
 
 @dataclass

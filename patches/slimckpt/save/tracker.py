@@ -32,17 +32,17 @@ import threading
 import time
 from typing import Any
 
-from ..format.resume_manifest import (
+from slimckpt.format.resume_manifest import (
     MANIFEST_NAME,
     failure_markers,
     has_manifest,
     read_tracker,
     saved_steps,
 )
-from ..log import get_logger
-from ..storage import for_path, is_file, is_url
-from ..write.resume_records import write_tracker
-from .driver_state import driver_state_of
+from slimckpt.log import get_logger
+from slimckpt.save.driver_state import driver_state_of
+from slimckpt.storage import for_path, is_file, is_url
+from slimckpt.write.resume_records import write_tracker
 
 log = get_logger("slimckpt.tracker")
 
@@ -219,7 +219,7 @@ def wrap_trainer_save_checkpoint(original):
     def _save_checkpoint(self, *args, **kwargs):
         roles = watched_roles(self)
         if roles is None:  # verl writes the tracker; put it back if a save failed (on_save_error=continue)
-            from .errors import save_then_restore_tracker
+            from slimckpt.save.errors import save_then_restore_tracker
 
             return save_then_restore_tracker(self, original, *args, **kwargs)
         result = original(self, *args, **kwargs)  # verl skips its tracker write: actor async_save=true

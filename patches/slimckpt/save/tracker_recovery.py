@@ -20,11 +20,11 @@ from __future__ import annotations
 import functools
 import os
 
-from ..format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker, saved_steps
-from ..log import get_logger
-from ..read.checkpoint_dir import DCP_DIR
-from ..storage import is_url
-from .trainer_storage import latest_committed_step
+from slimckpt.format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker, saved_steps
+from slimckpt.log import get_logger
+from slimckpt.read.checkpoint_dir import DCP_DIR
+from slimckpt.save.trainer_storage import latest_committed_step
+from slimckpt.storage import is_url
 
 log = get_logger("slimckpt.tracker")
 

@@ -22,8 +22,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..format.resume_manifest import TRACKER_NAME
-from ..write.resume_records import atomic_write_text
+from slimckpt.format.resume_manifest import TRACKER_NAME
+from slimckpt.write.resume_records import atomic_write_text
 
 
 class TrackerWrite(io.StringIO):

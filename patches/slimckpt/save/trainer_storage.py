@@ -35,10 +35,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..format.resume_manifest import failure_markers, has_manifest, read_tracker, saved_steps
-from ..log import get_logger
-from ..read import pt_tensors
-from ..storage import for_path, is_file, is_url
+import slimckpt.read.pt_tensors as pt_tensors
+from slimckpt.format.resume_manifest import failure_markers, has_manifest, read_tracker, saved_steps
+from slimckpt.log import get_logger
+from slimckpt.storage import for_path, is_file, is_url
 
 log = get_logger("slimckpt.resume")
 

@@ -16,15 +16,15 @@ import os
 import re
 from collections.abc import Callable
 
-from .. import SlimckptError
-from .base import Lease, RangeWriter, Storage
-from .posix import PosixStorage
+from slimckpt import SlimckptError
+from slimckpt.storage.base import Lease, RangeWriter, Storage
+from slimckpt.storage.posix import PosixStorage
 
 LOCAL = ""  # the scheme of a plain path
 
 
 def _s3() -> Storage:
-    from .s3 import S3Storage  # its client library loads only when an s3:// path is used
+    from slimckpt.storage.s3 import S3Storage  # its client library loads only when an s3:// path is used
 
     return S3Storage()
 

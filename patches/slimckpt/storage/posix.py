@@ -23,7 +23,7 @@ import stat
 from collections.abc import Iterator
 from typing import IO
 
-from .base import Lease, RangeWriter, Storage
+from slimckpt.storage.base import Lease, RangeWriter, Storage
 
 NO_FALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 # link(2) refused by the filesystem itself (FAT, some FUSE and SMB mounts): put_if_absent checks, then renames

@@ -61,9 +61,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
-from .. import env_vars
-from .base import Lease, RangeWriter, Storage
-from .s3_errors import S3Error, S3Failed, S3NotFound, gave_up, mapped, no_conditional_writes, retryable
+import slimckpt.env_vars as env_vars
+from slimckpt.storage.base import Lease, RangeWriter, Storage
+from slimckpt.storage.s3_errors import S3Error, S3Failed, S3NotFound, gave_up, mapped, no_conditional_writes, retryable
 
 MIB = 1 << 20
 MIN_PART = 5 * MIB  # S3's smallest part (but the last)

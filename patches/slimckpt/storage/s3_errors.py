@@ -19,7 +19,7 @@ import errno
 import os
 import re
 
-from .. import SlimckptError
+from slimckpt import SlimckptError
 
 ENDPOINT_FIX = "set AWS_ENDPOINT_URL to the server's URL (http://host:port) and check that it is running"
 CREDENTIALS_FIX = "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"

@@ -8,8 +8,8 @@ import json
 import os
 import random
 
-from ..format.merge_manifest import SEAL_KEY
-from ..format.resume_manifest import MANIFEST_NAME
+from slimckpt.format.merge_manifest import SEAL_KEY
+from slimckpt.format.resume_manifest import MANIFEST_NAME
 
 KINDS = ("flip", "truncate", "delete", "manifest", "seal")
 

@@ -43,9 +43,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from ..save.resume_async import StagingPool, local_tensor, state_bytes, tensors_in
-from .gpu_check_fsdp import check_fsdp_save
-from .gpu_check_stream import check_stream, check_stream_offload
+from slimckpt.save.resume_async import StagingPool, local_tensor, state_bytes, tensors_in
+from slimckpt.testing.gpu_check_fsdp import check_fsdp_save
+from slimckpt.testing.gpu_check_stream import check_stream, check_stream_offload
 
 NO_CUDA = 2
 

@@ -36,7 +36,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import ShardingStrategy, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from ..save.resume_async import tensors_in
+from slimckpt.save.resume_async import tensors_in
 
 BLOCKS = 4
 
@@ -132,8 +132,8 @@ def _check_rank(
     rank: int, fsdp: int, device: torch.device, device_type: str, hidden: int, out_dir: str
 ) -> dict[str, Any]:
     """This rank's figures: the save's state dict taken, written and read back."""
-    from ..save.state_dicts import build_state_dict
-    from ..save.step_write import storage_writer
+    from slimckpt.save.state_dicts import build_state_dict
+    from slimckpt.save.step_write import storage_writer
 
     model = _wrap(_model(hidden, device), fsdp, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -25,10 +25,11 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..observe.memory import rss_anon_bytes
-from ..save import stream_capture, stream_guards
-from ..save.resume_async import tensors_in
-from ..save.stream_capture import StreamCapture, live_tensors
+import slimckpt.save.stream_capture as stream_capture
+import slimckpt.save.stream_guards as stream_guards
+from slimckpt.observe.memory import rss_anon_bytes
+from slimckpt.save.resume_async import tensors_in
+from slimckpt.save.stream_capture import StreamCapture, live_tensors
 
 
 def _reader(capture, keys_and_live, out: list) -> threading.Thread:

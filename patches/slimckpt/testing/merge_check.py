@@ -19,7 +19,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from ..internals import dtensor_box
+from slimckpt.internals import dtensor_box
 
 
 @dataclass

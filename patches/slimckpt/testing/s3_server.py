@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..storage import for_path
+from slimckpt.storage import for_path
 
 BUCKET = "slimckpt-test"
 READY_TIMEOUT_S = 30.0

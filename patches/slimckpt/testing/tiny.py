@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tiny_warmup import WarmUp, warm_up
+from slimckpt.testing.tiny_warmup import WarmUp, warm_up
 
 # lazy imports: torch and pyarrow load only when assets are built (verl's reward workers import this module for compute_score)
 

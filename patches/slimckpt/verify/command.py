@@ -30,15 +30,15 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from .. import SlimckptError
-from ..format import merge_manifest
-from ..format import resume_manifest as rm
-from ..format.dropped_optimizer import DROPPED_KEY
-from ..read import in_flight
-from ..read.pickle_policy import REFUSED_PREFIX, set_trusted
-from ..read.step_pickles import dcp_refusals
-from ..storage import UnknownStorage, absolute, for_path, is_file, is_url
-from . import native as verify_native
+import slimckpt.format.merge_manifest as merge_manifest
+import slimckpt.format.resume_manifest as rm
+import slimckpt.read.in_flight as in_flight
+import slimckpt.verify.native as verify_native
+from slimckpt import SlimckptError
+from slimckpt.format.dropped_optimizer import DROPPED_KEY
+from slimckpt.read.pickle_policy import REFUSED_PREFIX, set_trusted
+from slimckpt.read.step_pickles import dcp_refusals
+from slimckpt.storage import UnknownStorage, absolute, for_path, is_file, is_url
 
 HELP = "check a checkpoint dir: manifest, size and checksum of every file; exit 1 naming each bad file"
 

@@ -19,7 +19,7 @@ import os
 import sys
 from types import ModuleType
 
-from .version import UnsupportedVerlVersion, check_verl_version
+from slimckpt.verl_files.version import UnsupportedVerlVersion, check_verl_version
 
 # name -> path inside the installed verl package (verl 0.9.1's layout)
 LEAVES = {

@@ -18,7 +18,7 @@ import functools
 import os
 from typing import Any
 
-from ..log import get_logger
+from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.adopt")
 
@@ -50,7 +50,7 @@ def recipe_of(config: Any) -> str | None:
 
 
 def _roles(config: Any, use_critic: bool):
-    from ..save.adopt import RoleLoad
+    from slimckpt.save.adopt import RoleLoad
 
     roles = []
     for name, key in ROLE_KEYS[: 2 if use_critic else 1]:
@@ -77,7 +77,7 @@ def adopt(config: Any, use_critic: bool) -> None:
     """Decide the resume of this run; stop it (SystemExit with the one line) where it cannot."""
     from omegaconf import OmegaConf, open_dict
 
-    from ..save.adopt import plan_resume
+    from slimckpt.save.adopt import plan_resume
 
     if _select(config, "trainer.default_hdfs_dir") is not None:
         return  # verl refuses it itself
@@ -159,7 +159,7 @@ def recipe_settings_line(config: Any, recipe: str) -> str:
     (BOUNDING_KEYS) the run keeps ("" when nothing is left)."""
     from omegaconf import OmegaConf
 
-    from .recipes import CONF_DIR
+    from slimckpt.verl_seam.recipes import CONF_DIR
 
     path = CONF_DIR / "recipe" / f"{recipe}.yaml"
     if not path.is_file():
@@ -225,7 +225,7 @@ def model_only_line(config: Any) -> str | None:
 
 
 def _say_build() -> None:
-    from ..verl_files.version import build_note
+    from slimckpt.verl_files.version import build_note
 
     try:
         line = build_note()
@@ -240,8 +240,8 @@ def wrap_validate_config(original):
     def validate_config(config, use_reference_policy: bool, use_critic: bool, *args, **kwargs):
         result = original(config, use_reference_policy, use_critic, *args, **kwargs)
         if not _in_ray_worker():
-            from .fsdp1_note import say_fsdp1_cost
-            from .storage_startup import on_object_storage
+            from slimckpt.verl_seam.fsdp1_note import say_fsdp1_cost
+            from slimckpt.verl_seam.storage_startup import on_object_storage
 
             _say_build()
             # first: what object storage refuses or switches off, so the lines below name what the run keeps

@@ -16,9 +16,9 @@ from dataclasses import dataclass, fields
 
 from verl.trainer.config.config import CheckpointConfig
 
-from ..options.checkpoint_options import CheckpointOptions
-from ..verl_files import version
-from . import features
+import slimckpt.verl_files.version as version
+import slimckpt.verl_seam.features as features
+from slimckpt.options.checkpoint_options import CheckpointOptions
 
 # a defaults-only config (state of a manager whose config is verl's own) switches nothing on
 _DEFAULTS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("slimckpt_defaults_only", default=False)

@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import functools
 
-from ..format.dropped_optimizer import optimizer_dropped, resume_line
-from ..log import get_logger
-from ..observe.save_measure import measured_save
-from ..read.locks import reading_if_dir
-from ..read.pickle_policy import trusting
-from ..read.step_pickles import native_refusals
-from ..save import retention
-from ..save.pickle_gate import refuse_together
-from ..save.process_group import checkpoint_group
-from ..save.resume_load import after_saves_here, load_resume_state, without_optimizer
-from ..save.resume_state import is_resume_state
-from .checkpoint_config import SlimCheckpointConfig
-from .manager_state import config_of, state_of
-from .save_target import load_contents, target_of
+import slimckpt.save.retention as retention
+from slimckpt.format.dropped_optimizer import optimizer_dropped, resume_line
+from slimckpt.log import get_logger
+from slimckpt.observe.save_measure import measured_save
+from slimckpt.read.locks import reading_if_dir
+from slimckpt.read.pickle_policy import trusting
+from slimckpt.read.step_pickles import native_refusals
+from slimckpt.save.pickle_gate import refuse_together
+from slimckpt.save.process_group import checkpoint_group
+from slimckpt.save.resume_load import after_saves_here, load_resume_state, without_optimizer
+from slimckpt.save.resume_state import is_resume_state
+from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+from slimckpt.verl_seam.manager_state import config_of, state_of
+from slimckpt.verl_seam.save_target import load_contents, target_of
 
 log = get_logger("slimckpt.save")
 
@@ -57,7 +57,7 @@ def _guarded_dispatch(original, manager, local_path, hdfs_path, global_step, max
     on_save_error); any other config runs verl's save as it is."""
     if not isinstance(manager.checkpoint_config, SlimCheckpointConfig):
         return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
-    from ..save.errors import guarded_save
+    from slimckpt.save.errors import guarded_save
 
     target = target_of(manager, original, hdfs_path, global_step)
     return guarded_save(
@@ -71,13 +71,13 @@ def _guarded_dispatch(original, manager, local_path, hdfs_path, global_step, max
 def _tier_save(original, manager, target, local_path, hdfs_path, global_step, max_ckpt_to_keep):
     config = target.options
     if config.incremental_save:
-        from ..save.resume_save import save_resume_state
+        from slimckpt.save.resume_save import save_resume_state
 
         manager.previous_global_step = global_step
         return save_resume_state(target, local_path, global_step, max_ckpt_to_keep)
     result = original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     if config.export_hf:
-        from ..save.hf_export import export_hf_from_shards
+        from slimckpt.save.hf_export import export_hf_from_shards
 
         export_hf_from_shards(
             local_path, config.export_dtype, config.max_shard_size, config.allow_verl_fallback, config.export_merge_lora

@@ -40,8 +40,8 @@ from typing import Any
 
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
-from ..log import get_logger
-from ..observe.save_reports import checkpoint_root, read_commits, read_reports
+from slimckpt.log import get_logger
+from slimckpt.observe.save_reports import checkpoint_root, read_commits, read_reports
 
 log = get_logger("slimckpt.ckpt_metrics")
 

@@ -46,10 +46,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import SlimckptError
-from ..log import get_logger
-from .config_keys import unknown_keys, unknown_keys_in_file
-from .recipes import GROUPS, format_options, list_group
+from slimckpt import SlimckptError
+from slimckpt.log import get_logger
+from slimckpt.verl_seam.config_keys import unknown_keys, unknown_keys_in_file
+from slimckpt.verl_seam.recipes import GROUPS, format_options, list_group
 
 # verl's trainer module and config name, as in verl/trainer/main_ppo.py's @hydra.main
 CONFIG_MODULE = "verl.trainer.config"

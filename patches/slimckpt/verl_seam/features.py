@@ -9,8 +9,8 @@ builds it) and FlowRLLossConfig ("flowrl").
 
 from __future__ import annotations
 
-from .patch_list import PATCHES
-from .registry import REGISTRY, check_verl_version
+from slimckpt.verl_seam.patch_list import PATCHES
+from slimckpt.verl_seam.registry import REGISTRY, check_verl_version
 
 
 def register_all() -> None:

@@ -27,9 +27,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..env_vars import integer
-from ..log import get_logger
-from ..save.device_budget import RoleOnGpu, gib, gpu_peak
+from slimckpt.env_vars import integer
+from slimckpt.log import get_logger
+from slimckpt.save.device_budget import RoleOnGpu, gib, gpu_peak
 
 log = get_logger("slimckpt.resume")
 

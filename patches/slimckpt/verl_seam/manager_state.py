@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..save.target import TargetState
+from slimckpt.save.target import TargetState
 
 if TYPE_CHECKING:
-    from .checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
 _ATTR = "_slimckpt_state"
 _LOCK = threading.Lock()  # the background writer and the trainer's thread may both ask first
@@ -36,7 +36,7 @@ def state_of(manager: Any) -> TargetState:
 
 def default_config() -> SlimCheckpointConfig:
     """The dataclass's defaults, for a manager whose config is verl's own (no recipe)."""
-    from .checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     if not _DEFAULTS:
         _DEFAULTS.append(SlimCheckpointConfig.defaults())
@@ -46,7 +46,7 @@ def default_config() -> SlimCheckpointConfig:
 def config_of(manager: Any) -> SlimCheckpointConfig:
     """The manager's checkpoint config as a SlimCheckpointConfig: a recipe's own, or the defaults
     where verl's config has none of slimckpt's fields (a test or tool may swap a manager's config)."""
-    from .checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     raw = getattr(manager, "checkpoint_config", None)
     return raw if isinstance(raw, SlimCheckpointConfig) else default_config()

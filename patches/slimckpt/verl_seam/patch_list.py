@@ -9,7 +9,7 @@ silently turning a patch off.
 
 from __future__ import annotations
 
-from .registry import Patch
+from slimckpt.verl_seam.registry import Patch
 
 CKPT_MANAGER = "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager"
 TRANSFORMER_IMPL = "verl.workers.engine.fsdp.transformer_impl"

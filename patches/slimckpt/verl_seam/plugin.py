@@ -24,8 +24,8 @@ without +recipe=" is the whole list, and tests/unit/test_registry.py asserts it.
 # lazy imports: verl imports this module in every process: with SLIMCKPT_DISABLE=1 nothing more loads
 from __future__ import annotations
 
-from .. import env_vars
-from ..log import get_logger
+import slimckpt.env_vars as env_vars
+from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.plugin")
 
@@ -46,8 +46,8 @@ def load() -> list[str]:
     if env_vars.flag("SLIMCKPT_DISABLE"):
         log.debug("SLIMCKPT_DISABLE=1: verl runs unpatched")
         return []
-    from ..verl_files.version import UnsupportedVerlVersion, check_verl_version
-    from .features import switch_on
+    from slimckpt.verl_files.version import UnsupportedVerlVersion, check_verl_version
+    from slimckpt.verl_seam.features import switch_on
 
     try:
         check_verl_version()

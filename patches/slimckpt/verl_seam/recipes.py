@@ -94,7 +94,7 @@ def recipe_checkpoint_config(
     name: str, role: str = "actor", recipes_dir: str | Path | None = None, **overrides: Any
 ) -> Any:
     """The SlimCheckpointConfig a run with `+recipe=<name>` gets for `role`, plus `overrides`."""
-    from .checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
 
     block = recipe_checkpoint_block(name, role, recipes_dir)
     return SlimCheckpointConfig(**{k: v for k, v in {**block, **overrides}.items() if k != "_target_"})

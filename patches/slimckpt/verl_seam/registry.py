@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from .. import SUPPORTED_VERL
-from ..log import get_logger
-from ..verl_files.version import check_verl_version
-from .import_hooks import cancel, when_imported
+from slimckpt import SUPPORTED_VERL
+from slimckpt.log import get_logger
+from slimckpt.verl_files.version import check_verl_version
+from slimckpt.verl_seam.import_hooks import cancel, when_imported
 
 log = get_logger("slimckpt.registry")
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from verl.utils.fsdp_utils import fsdp_version
 
-from ..save.target import SaveTarget
-from ..storage import for_path, is_url
-from .manager_state import config_of, state_of
+from slimckpt.save.target import SaveTarget
+from slimckpt.storage import for_path, is_url
+from slimckpt.verl_seam.manager_state import config_of, state_of
 
 
 @contextlib.contextmanager

@@ -30,8 +30,8 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
-from ..log import get_logger
-from ..storage import for_path, is_url
+from slimckpt.log import get_logger
+from slimckpt.storage import for_path, is_url
 
 log = get_logger("slimckpt.storage")
 

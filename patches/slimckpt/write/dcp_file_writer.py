@@ -29,9 +29,9 @@ from torch.distributed.checkpoint.filesystem import SerializationFormat
 from torch.distributed.checkpoint.planner import WriteItemType
 from torch.futures import Future
 
-from .. import internals
-from ..log import get_logger
-from ..storage import for_path
+import slimckpt.internals as internals
+from slimckpt.log import get_logger
+from slimckpt.storage import for_path
 
 log = get_logger("slimckpt.resume")
 

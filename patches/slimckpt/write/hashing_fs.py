@@ -25,8 +25,8 @@ from contextlib import contextmanager
 
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from ..format.merge_manifest import DEFAULT_ALGO, new_hasher
-from ..storage import absolute, for_path, is_url
+from slimckpt.format.merge_manifest import DEFAULT_ALGO, new_hasher
+from slimckpt.storage import absolute, for_path, is_url
 
 
 class _HashingStream(io.RawIOBase):

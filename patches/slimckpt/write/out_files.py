@@ -19,12 +19,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import SlimckptError
-from ..format import layout
-from ..format.merge_manifest import DEFAULT_ALGO, new_hasher
-from ..format.os_errors import os_failure
-from ..storage import RangeWriter, for_path
-from .race_points import pause
+import slimckpt.format.layout as layout
+from slimckpt import SlimckptError
+from slimckpt.format.merge_manifest import DEFAULT_ALGO, new_hasher
+from slimckpt.format.os_errors import os_failure
+from slimckpt.storage import RangeWriter, for_path
+from slimckpt.write.race_points import pause
 
 PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
 

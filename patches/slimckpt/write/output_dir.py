@@ -16,9 +16,9 @@ from __future__ import annotations
 import errno
 import os
 
-from ..format.merge_manifest import MANIFEST_NAME, CommitError, Manifest, dir_is_empty, partial_path
-from ..format.os_errors import os_failure
-from ..storage import for_path
+from slimckpt.format.merge_manifest import MANIFEST_NAME, CommitError, Manifest, dir_is_empty, partial_path
+from slimckpt.format.os_errors import os_failure
+from slimckpt.storage import for_path
 
 
 def check_room(target: str, need_bytes: int) -> None:

@@ -33,7 +33,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import SlimckptError, internals
+import slimckpt.internals as internals
+from slimckpt import SlimckptError
 
 BEAT_S = 1.0
 CALL_TIMEOUT_S = 5.0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import time
 
-from .. import env_vars
+import slimckpt.env_vars as env_vars
 
 DELAY_ENV = "SLIMCKPT_TEST_MERGE_DELAY"
 POINTS = ("laid_out", "write", "close", "written", "read_back", "commit")

@@ -14,8 +14,15 @@ import errno
 import json
 import os
 
-from ..format.resume_manifest import FAILED_PREFIX, MANIFEST_NAME, TRACKER_NAME, Manifest, has_manifest, read_tracker
-from ..storage import for_path
+from slimckpt.format.resume_manifest import (
+    FAILED_PREFIX,
+    MANIFEST_NAME,
+    TRACKER_NAME,
+    Manifest,
+    has_manifest,
+    read_tracker,
+)
+from slimckpt.storage import for_path
 
 
 def atomic_write_text(path: str, text: str) -> None:

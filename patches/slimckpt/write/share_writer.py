@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..format import layout
-from ..format.merge_manifest import DEFAULT_ALGO, file_checksum
-from ..format.names import DEFAULT_CHUNK_BYTES, torch_dtypes_of_choices
-from ..read.sources import CheckpointError, SourceTensor
-from .out_files import OutputFiles, Progress
-from .writer_stats import WriterStats
+import slimckpt.format.layout as layout
+from slimckpt.format.merge_manifest import DEFAULT_ALGO, file_checksum
+from slimckpt.format.names import DEFAULT_CHUNK_BYTES, torch_dtypes_of_choices
+from slimckpt.read.sources import CheckpointError, SourceTensor
+from slimckpt.write.out_files import OutputFiles, Progress
+from slimckpt.write.writer_stats import WriterStats
 
 OUT_DTYPES: dict[str, torch.dtype] = torch_dtypes_of_choices(torch)
 

@@ -17,8 +17,8 @@ import errno
 import os
 from collections.abc import Callable
 
-from ..format.merge_manifest import MANIFEST_NAME, CommitError
-from ..storage import for_path
+from slimckpt.format.merge_manifest import MANIFEST_NAME, CommitError
+from slimckpt.storage import for_path
 
 READ_BLOCK = 8 << 20
 

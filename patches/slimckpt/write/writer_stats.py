@@ -15,8 +15,8 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .. import env_vars
-from ..storage import for_path
+import slimckpt.env_vars as env_vars
+from slimckpt.storage import for_path
 
 STATS_ENV = "SLIMCKPT_MERGE_STATS"
 

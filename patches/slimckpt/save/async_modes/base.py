@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..resume_async import AsyncResumeWriter
-from ..save_context import SaveContext
+from slimckpt.save.resume_async import AsyncResumeWriter
+from slimckpt.save.save_context import SaveContext
 
 
 def _nothing() -> None:

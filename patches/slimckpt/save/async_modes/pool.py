@@ -9,11 +9,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .. import step_write
-from ..resume_async import AsyncResumeWriter
-from ..save_context import SaveContext
-from .base import AsyncMode, Staged
-from .sync import SyncMode
+import slimckpt.save.step_write as step_write
+from slimckpt.save.async_modes.base import AsyncMode, Staged
+from slimckpt.save.async_modes.sync import SyncMode
+from slimckpt.save.resume_async import AsyncResumeWriter
+from slimckpt.save.save_context import SaveContext
 
 
 class PoolMode(AsyncMode):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from ...options.checkpoint_options import AsyncSave
-from .base import AsyncMode
-from .pool import PoolMode
-from .stream import StreamMode
-from .sync import SyncMode
+from slimckpt.options.checkpoint_options import AsyncSave
+from slimckpt.save.async_modes.base import AsyncMode
+from slimckpt.save.async_modes.pool import PoolMode
+from slimckpt.save.async_modes.stream import StreamMode
+from slimckpt.save.async_modes.sync import SyncMode
 
 MODES: dict[str, type[AsyncMode]] = {
     SyncMode.name: SyncMode,

@@ -9,11 +9,13 @@ import dataclasses
 import functools
 from typing import Any
 
-from .. import host_budget, step_write, stream_guards
-from ..resume_async import AsyncResumeWriter
-from ..save_context import SaveContext
-from ..stream_capture import StreamCapture, live_tensors
-from .base import AsyncMode, Guard, Staged
+import slimckpt.save.host_budget as host_budget
+import slimckpt.save.step_write as step_write
+import slimckpt.save.stream_guards as stream_guards
+from slimckpt.save.async_modes.base import AsyncMode, Guard, Staged
+from slimckpt.save.resume_async import AsyncResumeWriter
+from slimckpt.save.save_context import SaveContext
+from slimckpt.save.stream_capture import StreamCapture, live_tensors
 
 
 class StreamMode(AsyncMode):

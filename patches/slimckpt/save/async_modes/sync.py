@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import step_write
-from ..resume_async import AsyncResumeWriter
-from ..save_context import SaveContext
-from .base import AsyncMode, Staged
+import slimckpt.save.step_write as step_write
+from slimckpt.save.async_modes.base import AsyncMode, Staged
+from slimckpt.save.resume_async import AsyncResumeWriter
+from slimckpt.save.save_context import SaveContext
 
 
 class SyncMode(AsyncMode):

@@ -35,9 +35,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-from ... import internals
-from ...internals import dtensor_box
-from .fsdp_checkpoint import DENSE_MODELS, PRESETS, auto_class, build_config, build_tokenizer, wrap_fsdp2
+import slimckpt.internals as internals
+from slimckpt.internals import dtensor_box
+from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import (
+    DENSE_MODELS,
+    PRESETS,
+    auto_class,
+    build_config,
+    build_tokenizer,
+    wrap_fsdp2,
+)
 
 # Values repeat with this period (a prime, so no row length of a real model divides it): a
 # tensor's element at flat index i holds TABLE[(i + shift(name)) % PERIOD], and filling a block

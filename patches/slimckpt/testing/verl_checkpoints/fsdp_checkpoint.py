@@ -43,7 +43,7 @@ import tempfile
 import traceback
 from typing import TYPE_CHECKING
 
-from ...storage import for_path
+from slimckpt.storage import for_path
 
 if TYPE_CHECKING:
     import torch

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ...storage import for_path
+from slimckpt.storage import for_path
 
 # lazy imports: verl, transformers and slimckpt's save path load inside a scenario, after it set the switches
 # and module settings they read
@@ -157,7 +157,7 @@ def scenario_resume(args) -> None:
     if args.async_save:
         # hold the background write back until training has changed every parameter in place:
         # only a real staged copy still holds the step-3 values then
-        from slimckpt.save import step_write
+        import slimckpt.save.step_write as step_write
 
         real_writer = step_write.storage_writer
 
@@ -267,8 +267,8 @@ def scenario_tracker(args) -> None:
     a watcher thread checks all along that the tracker never names a step without its manifest."""
     from omegaconf import OmegaConf
 
+    import slimckpt.save.step_write as step_write
     from slimckpt.format.resume_manifest import MANIFEST_NAME, read_tracker
-    from slimckpt.save import step_write
     from slimckpt.save.resume_state import finish_pending
     from slimckpt.save.tracker import wrap_trainer_save_checkpoint
 
@@ -365,8 +365,8 @@ def scenario_tracker(args) -> None:
 
 def scenario_refuse(args) -> None:
     """A save that dies before its commit leaves a directory that every load refuses."""
+    import slimckpt.save.step_commit as step_commit
     from slimckpt.format.resume_manifest import UncommittedCheckpoint
-    from slimckpt.save import step_commit
 
     outcomes: dict[str, str] = {}
     run = Run(seed=0, ckpt_config=slim_config())

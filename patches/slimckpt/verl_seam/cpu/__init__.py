@@ -15,8 +15,8 @@ plugin switches on at `import verl` with SLIMCKPT_CPU=1. `check_host` refuses a 
 # lazy imports: torch only to look for a GPU: the plugin imports this package at `import verl`
 from __future__ import annotations
 
-from ... import env_vars
-from ...log import get_logger
+import slimckpt.env_vars as env_vars
+from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.cpu")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from . import check_host
+from slimckpt.verl_seam.cpu import check_host
 
 GLOO = "gloo"
 
@@ -23,7 +23,7 @@ def detect_platform_patch(original: Callable[[], str]) -> Callable[[], str]:
 
     Building the replacement is also where CPU mode refuses a machine with a GPU, because this
     patch is applied at `import verl`, before anything asks verl for its platform."""
-    from .platform import NAME
+    from slimckpt.verl_seam.cpu.platform import NAME
 
     check_host()
 

@@ -16,9 +16,9 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from verl.workers.rollout.replica import TokenOutput
 
-from ... import env_vars
-from ...log import get_logger
-from .sampling import SampleKey, generate, sample_seed
+import slimckpt.env_vars as env_vars
+from slimckpt.log import get_logger
+from slimckpt.verl_seam.cpu.sampling import SampleKey, generate, sample_seed
 
 log = get_logger("slimckpt.verl_seam.cpu.hf_server")
 

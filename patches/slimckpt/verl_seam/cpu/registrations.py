@@ -10,13 +10,13 @@ from typing import Any
 
 
 def platform_class(_platforms: dict) -> type:
-    from .platform import PlatformCPU
+    from slimckpt.verl_seam.cpu.platform import PlatformCPU
 
     return PlatformCPU
 
 
 def _load_replica() -> type:
-    from .rollout import HFReplica
+    from slimckpt.verl_seam.cpu.rollout import HFReplica
 
     return HFReplica
 

@@ -37,7 +37,7 @@ def _replica_world_size(config: Any) -> int:
 
 class HFReplica(RolloutReplica):
     async def launch_servers(self) -> None:
-        from .hf_server import HFRolloutServer
+        from slimckpt.verl_seam.cpu.hf_server import HFRolloutServer
 
         override = dict(self.model_config.get("override_config", {}) or {})
         name = server_name(self.replica_rank)

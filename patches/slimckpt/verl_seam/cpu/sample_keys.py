@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from .sampling import SampleKey
+from slimckpt.verl_seam.cpu.sampling import SampleKey
 
 _current: contextvars.ContextVar[SampleKey | None] = contextvars.ContextVar("slimckpt_sample_key", default=None)
 

@@ -14,6 +14,6 @@ Pieces:
   patches.py   what the "flowrl" patches do inside verl's FSDP engine and actor loss
 """
 
-from ...format.flowrl_names import LOG_Z_ATTR, is_flowrl_param
+from slimckpt.format.flowrl_names import LOG_Z_ATTR, is_flowrl_param
 
 __all__ = ["LOG_Z_ATTR", "is_flowrl_param"]

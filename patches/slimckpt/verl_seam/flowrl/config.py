@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from verl.workers.config import PolicyLossConfig
 
-from ...verl_files.version import check_verl_version
-from ..features import switch_on
-from .loss import DEFAULT_BETA, DEFAULT_MAX_WEIGHT, LOSS_MODE
+from slimckpt.verl_files.version import check_verl_version
+from slimckpt.verl_seam.features import switch_on
+from slimckpt.verl_seam.flowrl.loss import DEFAULT_BETA, DEFAULT_MAX_WEIGHT, LOSS_MODE
 
 
 @dataclass(frozen=True)

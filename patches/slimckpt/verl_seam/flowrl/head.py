@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...format.flowrl_names import LOG_Z_ATTR
+from slimckpt.format.flowrl_names import LOG_Z_ATTR
 
 
 class LogZHead(nn.Module):

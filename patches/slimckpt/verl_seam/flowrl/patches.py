@@ -22,16 +22,16 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ...format.flowrl_names import is_flowrl_param
-from ...log import get_logger
+from slimckpt.format.flowrl_names import is_flowrl_param
+from slimckpt.log import get_logger
 
 
 def wrap_build_module(original: Callable) -> Callable:
     @functools.wraps(original)
     def _build_module(self):
         module = original(self)
-        from .config import active_head_settings
-        from .head import attach_log_z_head
+        from slimckpt.verl_seam.flowrl.config import active_head_settings
+        from slimckpt.verl_seam.flowrl.head import attach_log_z_head
 
         settings = active_head_settings()
         trains_language_model = (
@@ -50,7 +50,7 @@ def wrap_prepare_model_inputs(original: Callable) -> Callable:
         import torch
         from verl.utils import tensordict_utils as tu
 
-        from .head import get_head, prompt_lengths, prompt_pooling
+        from slimckpt.verl_seam.flowrl.head import get_head, prompt_lengths, prompt_pooling
 
         model_inputs, output_args = original(self, micro_batch=micro_batch)
         head = get_head(self.module)
@@ -73,7 +73,7 @@ def wrap_prepare_model_inputs(original: Callable) -> Callable:
 def wrap_prepare_model_outputs(original: Callable) -> Callable:
     @functools.wraps(original)
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
-        from .head import get_head
+        from slimckpt.verl_seam.flowrl.head import get_head
 
         model_output = original(self, output, output_args, micro_batch, logits_processor_func)
         head = get_head(self.module)
@@ -88,7 +88,7 @@ def wrap_prepare_model_outputs(original: Callable) -> Callable:
 def wrap_ppo_loss(original: Callable) -> Callable:
     @functools.wraps(original)
     def ppo_loss(config, model_output, data, dp_group=None):
-        from .loss import LOSS_MODE, flowrl_inputs
+        from slimckpt.verl_seam.flowrl.loss import LOSS_MODE, flowrl_inputs
 
         if config.policy_loss.get("loss_mode", "vanilla") != LOSS_MODE:
             return original(config, model_output, data, dp_group=dp_group)
@@ -124,7 +124,7 @@ def wrap_per_tensor_param(original: Callable) -> Callable:
     @functools.wraps(original)
     def get_per_tensor_param(self, *args, **kwargs):
         params, extra = original(self, *args, **kwargs)
-        from .head import get_head
+        from slimckpt.verl_seam.flowrl.head import get_head
 
         if get_head(self.module) is None:
             return params, extra
