@@ -55,7 +55,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 s3-server: $(STAMP)
-	$(PY) -m slimckpt.testing.s3_server
+	$(PY) -m slimckpt_testing.s3_server
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .

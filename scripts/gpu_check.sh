@@ -22,4 +22,4 @@ args=("$@")
 if [[ " ${args[*]-} " != *" --json "* ]]; then
   args+=(--json "${OUT:-.}/gpu_check.json")
 fi
-exec timeout 540 "$py" -m slimckpt.testing.gpu_check "${args[@]}"
+exec timeout 540 "$py" -m slimckpt_testing.gpu_check "${args[@]}"

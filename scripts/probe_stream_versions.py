@@ -9,7 +9,7 @@ writes (slimckpt.save.state_dicts.build_state_dict), then one change at a time i
 code makes it, and rank 0 prints, over the state dict's tensors: how many changed value, how many
 of those moved the entry's own counter (the DTensor's, or its local tensor's), how many moved a
 counter of the live parameter or optimizer state viewing the same memory (async_save=stream's
-guard watches both, slimckpt.save.stream_capture), and how many changed with no counter moving.
+guard watches both, slimckpt.save.modes.stream_capture), and how many changed with no counter moving.
 Also which entries view live memory at all (FSDP1's are copies).
 """
 
@@ -31,13 +31,12 @@ VOCAB = 64
 
 
 def build(layout: str):
+    from slimckpt_testing.verl_checkpoints import resume_scenarios
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
     from transformers import AutoModelForCausalLM
-
-    import slimckpt.testing.verl_checkpoints.resume_scenarios as resume_scenarios
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, wrap_fsdp2
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(build_config(resume_scenarios.tiny_args()))

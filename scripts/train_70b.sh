@@ -34,7 +34,7 @@
 #   ALGO=ppo            ppo (GAE critic), grpo (no critic, KL loss, 5 samples per prompt) or flowrl (FlowRL:
 #                       GRPO's rewards, a log Z head, slimckpt/flowrl); an `algo=...` argument wins over it
 #   SLIMCKPT_MEASURE=1  measure every save (peak host RSS, bytes, seconds) on every node; the driver logs them
-#                       as ckpt/* to verl's trackers (slimckpt.verl_seam.ckpt_metrics); 0 turns measuring off
+#                       as ckpt/* to verl's trackers (slimckpt.verl.ckpt_metrics); 0 turns measuring off
 #   WANDB_MODE=offline  verl logs to console and wandb; offline unless set (online needs WANDB_API_KEY)
 #   PYTHON=python3      the interpreter that has verl and slimckpt installed
 # Knobs of --dry-run's plan (what the config cannot say; printed with the plan):
@@ -107,7 +107,7 @@ overrides+=(
   "data.val_files=$DATA_DIR/test.parquet"
   "trainer.project_name=slimckpt_70b"
   "trainer.experiment_name=70b_${ALGO}"
-  "trainer.checkpoint_callback_class=slimckpt.verl_seam.ckpt_metrics.CheckpointMetricsCallback"
+  "trainer.checkpoint_callback_class=slimckpt.verl.ckpt_metrics.CheckpointMetricsCallback"
   # Ray passes these to every worker on every node (the shell's environment reaches only this node)
   "++ray_kwargs.ray_init.runtime_env.env_vars.SLIMCKPT_MEASURE=\"${SLIMCKPT_MEASURE:-1}\""
   "++ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE=\"${WANDB_MODE:-offline}\""

@@ -8,7 +8,7 @@
 #   bash scripts/train_small.sh --dry-run +recipe=quickstart     # compose + validate (slimckpt dryrun), then
 #                                                                # `slimckpt plan` for this configuration
 #
-# Default: on this machine's CPU (no GPU needed), a tiny model built locally by `python -m slimckpt.testing.tiny`
+# Default: on this machine's CPU (no GPU needed), a tiny model built locally by `python -m slimckpt_testing.tiny`
 # into $TINY_ASSETS (built on first use), FSDP2 over gloo with $NPROC ranks, slimckpt's `hf` rollout;
 # groups +size=tiny +cluster=cpu +algo=$ALGO (overrides/), SLIMCKPT_CPU=1.
 # Where a GPU is visible, the CPU default refuses to start unless SLIMCKPT_CPU_FORCE=1.
@@ -26,11 +26,11 @@
 # Environment:
 #   ALGO         grpo (default) | ppo | flowrl; an algo=... argument wins
 #   LOGGER       verl trackers (default [console,wandb]; wandb offline unless WANDB_MODE is set, runs under
-#                $WANDB_DIR, default runs/small/<algo>); every save logs ckpt/* metrics (slimckpt.verl_seam.ckpt_metrics)
+#                $WANDB_DIR, default runs/small/<algo>); every save logs ckpt/* metrics (slimckpt.verl.ckpt_metrics)
 #   NPROC        ranks (CPU) or GPUs per node (GPU); default 2 on CPU, all visible GPUs otherwise
 #   TINY_MODEL   llama (default) | qwen2-tied     TINY_ASSETS  cache dir (default runs/tiny_assets/<model>[-op<N>-warm<S>])
 #   TINY_WARMUP_STEPS  supervised warm-up steps of the tiny model before RL, from an unreliable teacher
-#                (slimckpt/testing/tiny_warmup.py; default 0: random weights; 150: `make compare`'s start, right
+#                (slimckpt_testing/tiny_warmup.py; default 0: random weights; 150: `make compare`'s start, right
 #                about a third of the time)
 #   TINY_MAX_OPERAND   the task's questions a+b= have 0 <= a, b <= this (default 4)
 #   MODEL_PATH   a Hugging Face model dir or id instead of the tiny model
@@ -79,7 +79,7 @@ need_tiny_data=1
 [[ -n "${TRAIN_FILES:-}" && -n "${VAL_FILES:-}" ]] && need_tiny_data=0
 if [[ -z "${MODEL_PATH:-}" || $need_tiny_data == 1 ]]; then
   # --reuse: kept as it is when its tiny.json names these same inputs, rebuilt (seconds) otherwise
-  "$PYTHON" -m slimckpt.testing.tiny --out "$TINY_ASSETS" --model "$TINY_MODEL" --reuse \
+  "$PYTHON" -m slimckpt_testing.tiny --out "$TINY_ASSETS" --model "$TINY_MODEL" --reuse \
     --warmup-steps "$TINY_WARMUP_STEPS" --max-operand "$TINY_MAX_OPERAND" >/dev/null
 fi
 MODEL="${MODEL_PATH:-$TINY_ASSETS/model}"
@@ -93,7 +93,7 @@ COMMON=(
   "data.val_files=$VAL"
   "trainer.experiment_name=small_$ALGO"
   "trainer.logger=${LOGGER:-[console,wandb]}"
-  "trainer.checkpoint_callback_class=slimckpt.verl_seam.ckpt_metrics.CheckpointMetricsCallback"
+  "trainer.checkpoint_callback_class=slimckpt.verl.ckpt_metrics.CheckpointMetricsCallback"
 )
 CKPT_DIR="${CKPT_DIR-$REPO/runs/small/$ALGO/checkpoints}"
 if [[ -n "$CKPT_DIR" ]]; then COMMON+=("trainer.default_local_dir=$CKPT_DIR"); fi
@@ -122,7 +122,7 @@ if [[ -n "${MODEL_PATH:-}" ]] && has_gpu; then
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4"
     "critic.ppo_micro_batch_size_per_gpu=4"
     "critic.model.path=$MODEL"
-    "reward.custom_reward_function.path=pkg://slimckpt.testing.tiny"
+    "reward.custom_reward_function.path=pkg://slimckpt_testing.tiny"
     "reward.custom_reward_function.name=compute_score"
   )
 else

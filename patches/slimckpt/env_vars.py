@@ -242,7 +242,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         None,
         "test",
         "the merge sleeps a random 0 to this many seconds at each point where its writers, workers or ranks "
-        "could race (`slimckpt.write.race_points`); `make stress-merge` sets it",
+        "could race (`slimckpt.engine.race_points`); `make stress-merge` sets it",
     ),
     EnvVar(
         "SLIMCKPT_WRITE_SUPPORT_TABLE",

@@ -16,7 +16,7 @@ reaches one:
     yet checked here), and warns that it does.
 
 Pickle globals a checkpoint names (`torch._utils._rebuild_tensor_v2`, DTensor's classes) are not
-calls into torch and are not listed here: they are the allow-list of read/pickle_policy.py, and a
+calls into torch and are not listed here: they are the allow-list of engine/pickle_policy.py, and a
 global a release renames is refused by name (tests/multiprocess/test_safe_pickle.py runs on both stacks).
 """
 
@@ -27,8 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import slimckpt.env_vars as env_vars
-from slimckpt import SlimckptError
+from slimckpt import SlimckptError, env_vars
 from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.internals")
@@ -57,14 +56,14 @@ INTERNALS: dict[str, Internal] = {
             "torch.distributed.checkpoint.filesystem:_write_item",
             "torch",
             CHECKED_TORCH,
-            "write/dcp_file_writer.py: DCP's per-item serializer, so the bounded writer's files are torch's own",
+            "engine/dcp_file_writer.py: DCP's per-item serializer, so the bounded writer's files are torch's own",
             "FileSystemWriter's own loop: each rank file keeps its tensors in host memory until it is written",
         ),
         Internal(
             "torch.distributed.checkpoint.filesystem:FileSystemWriter._write_data",
             "torch",
             CHECKED_TORCH,
-            "write/dcp_file_writer.py: the method the bounded writer replaces (its queue of (path, key, items))",
+            "engine/dcp_file_writer.py: the method the bounded writer replaces (its queue of (path, key, items))",
             "FileSystemWriter's own loop: each rank file keeps its tensors in host memory until it is written",
         ),
         Internal(
@@ -78,28 +77,28 @@ INTERNALS: dict[str, Internal] = {
             "torch.distributed.tensor._utils:compute_local_shape_and_global_offset",
             "torch",
             CHECKED_TORCH,
-            "save/hf_direct_export.py, testing/: the box of a DTensor this rank holds",
+            "save/export/direct.py, slimckpt_testing/: the box of a DTensor this rank holds",
             "DTensor.__create_chunk_list__ (the chunk DCP itself saves)",
         ),
         Internal(
             "torch.distributed.distributed_c10d:_get_default_group",
             "torch",
             CHECKED_TORCH,
-            "write/peers.py: the default group's timeout (its backend's options._timeout), for our own groups",
+            "dist/heartbeat.py: the default group's timeout (its backend's options._timeout), for our own groups",
             "our gloo groups get torch's default timeout (30 minutes)",
         ),
         Internal(
             "torch.distributed.distributed_c10d:_get_default_store",
             "torch",
             CHECKED_TORCH,
-            "write/peers.py: the job's store, where each rank's heartbeat lives",
+            "dist/heartbeat.py: the job's store, where each rank's heartbeat lives",
             "no heartbeat: a failed collective's error does not name the rank that was lost",
         ),
         Internal(
             "torch.testing._internal.distributed.fake_pg:FakeStore",
             "torch",
             CHECKED_TORCH,
-            "testing/verl_checkpoints/fake_pg_checkpoint.py, convert/command.py: the fake process group (its store; importing it "
+            "slimckpt_testing/verl_checkpoints/fake_pg_checkpoint.py, convert/command.py: the fake process group (its store; importing it "
             "registers the backend) a big checkpoint is made with, and convert writes another world size's "
             "DTensors with",
             "none in torch's public API: the test builder and convert stop, saying so",

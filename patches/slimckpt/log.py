@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-import slimckpt.env_vars as env_vars
+from slimckpt import env_vars
 
 _LOGGER_NAME = "slimckpt"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

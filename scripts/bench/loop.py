@@ -70,7 +70,7 @@ def build_model(size: str, work: Path) -> Path | None:
         return out
     tiny = work / "tiny_assets"
     if not (tiny / "model" / "config.json").exists():
-        subprocess.run([sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tiny)], check=True)
+        subprocess.run([sys.executable, "-m", "slimckpt_testing.tiny", "--out", str(tiny)], check=True)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

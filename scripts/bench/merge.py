@@ -10,7 +10,7 @@ of about 0.25B, 0.5B and 1B parameters, merged to HF safetensors by `python -m v
 merging process (sampled from outside every 10 ms), wall time (median of --repeats runs, page
 cache of the inputs dropped before every run), and the I/O floor: bytes read and written at the
 disk bandwidth measured in the same run. slimckpt's runs also record where its writer's time went
-(`SLIMCKPT_MERGE_STATS`, slimckpt.write.writer_stats): casting (the reads are its page faults), the
+(`SLIMCKPT_MERGE_STATS`, slimckpt.engine.writer_stats): casting (the reads are its page faults), the
 last writes and the fsyncs.
 
 verl's merger runs twice in every turn, back to back: "cold" (after the other tools' merges) and
@@ -37,14 +37,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from slimckpt.engine.writer_stats import STATS_ENV, WriterStats
 from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured
-from slimckpt.write.writer_stats import STATS_ENV, WriterStats
 
 REPO = Path(__file__).resolve().parents[2]
 
 # Presets of the checkpoint builder (Llama, untied embeddings, vocab 32000): about 0.25B, 0.5B, 1B parameters.
-from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS  # noqa: E402
+from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS  # noqa: E402
 
 # lazy imports: torch and matplotlib load where a run measures or plots; --render and the report logic stay light
 
@@ -85,7 +85,7 @@ def make_checkpoint(size: str, work: Path, world_size: int) -> tuple[Path, int]:
         "--standalone",
         f"--nproc_per_node={world_size}",
         "-m",
-        "slimckpt.testing.verl_checkpoints.fsdp_checkpoint",
+        "slimckpt_testing.verl_checkpoints.fsdp_checkpoint",
         "--out",
         str(out / "actor"),
         "--model",

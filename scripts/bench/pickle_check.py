@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What slimckpt's pickle check (slimckpt.read.pickle_policy) costs a merge and a resume, same run.
+"""What slimckpt's pickle check (slimckpt.engine.pickle_policy) costs a merge and a resume, same run.
 
   torchrun --nproc_per_node 2 -m scripts.bench.pickle_check --out /tmp/pc --size-preset 0.25b --repeats 3
 
@@ -28,17 +28,16 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from slimckpt.read.pickle_policy import TRUST_ENV
+from slimckpt.engine.pickle_policy import TRUST_ENV
 
 # lazy imports: verl, transformers and slimckpt's save path load on each rank, inside the measured run
 
 
 def _run(args):
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, build_tokenizer, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, build_tokenizer, wrap_fsdp2
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[args.size_preset]
     cfg = build_config(
@@ -92,7 +91,7 @@ def main() -> int:
     rank = dist.get_rank()
     out = Path(args.out)
     from slimckpt.save.resume_state import finish_pending
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     run = _run(args)
     configs = {

@@ -6,7 +6,7 @@
                                                              # and README's plan-headline rows
   python -m scripts.bench.plan_check --json docs/bench_save.json --world-size 2
 
-Every committed save of scripts/bench/save.py (a Llama preset of slimckpt.testing.verl_checkpoints.fsdp_checkpoint,
+Every committed save of scripts/bench/save.py (a Llama preset of slimckpt_testing.verl_checkpoints.fsdp_checkpoint,
 FSDP2, world size 2, on CPU: model, optimizer and extra state, with verl's hf_model or the
 incremental recipe's export) is planned from the preset's config.json with `--device cpu --fsdp 2`:
 the plan is what `slimckpt plan` prints for it. A point agrees when the bytes written are within
@@ -77,7 +77,7 @@ class Point:
 
 def preset_config(size: str, root: str) -> str:
     """The preset's config.json, as the bench's model is built from it."""
-    import slimckpt.testing.verl_checkpoints.fsdp_checkpoint as fsdp_checkpoint
+    from slimckpt_testing.verl_checkpoints import fsdp_checkpoint
 
     path = os.path.join(root, size)
     fsdp_checkpoint.build_config(fsdp_checkpoint.parse_args(["--out", path, "--size-preset", size])).save_pretrained(
@@ -97,8 +97,7 @@ def strategy_for(
     """The plan's strategy of a measured save; `contents`: the incremental tier's save_contents when the
     bench set them (scripts/bench/train_scale.py saves [model, extra]); `export_dtype`: the incremental
     export's dtype the bench ran with."""
-    import slimckpt.plan.build as build
-    import slimckpt.plan.cost as cost
+    from slimckpt.plan import build, cost
 
     if mode == "verl":
         return cost.Strategy("verl + hf_model", contents=(*cost.VERL_CONTENTS, "hf_model"))
@@ -134,7 +133,7 @@ def planned(
     """`slimckpt plan --device cpu --fsdp 2`'s estimate of one measured save (`row`) of the model of
     `facts`, next to what was measured: the bytes on disk and each rank's peak extra RssAnon in one
     save (`peaks`); `largest`: rank 0's over all the run's saves."""
-    import slimckpt.plan.cost as cost
+    from slimckpt.plan import cost
 
     e = cost.estimate(
         facts.params, world, strategy, extra, facts.hf_bytes, None, fsdp=2, hf_dtype=facts.hf_dtype, device="cpu"
@@ -155,7 +154,7 @@ def planned(
 
 
 def points(bench: dict, world: int) -> list[Point]:
-    import slimckpt.plan.meta_model as meta_model
+    from slimckpt.plan import meta_model
 
     extra = meta_model.extra_state_bytes()
     out = []
@@ -180,7 +179,7 @@ def points(bench: dict, world: int) -> list[Point]:
 def train_points(train: dict, world: int) -> list[Point]:
     """The saves scripts/bench/train_scale.py measured at its largest size ([model, extra]; intermediate
     [model]) that finished: verl's hf_model save was killed there, so it has no measured point."""
-    import slimckpt.plan.meta_model as meta_model
+    from slimckpt.plan import meta_model
 
     extra = meta_model.extra_state_bytes()
     preset, out = train["meta"]["preset"], []

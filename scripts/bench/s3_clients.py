@@ -12,7 +12,7 @@ never the whole file in memory) as one object, in order, the way DCP writes a ra
   obstore  obstore.open_writer on an S3Store (buffer_size = that part size, max_concurrency = that concurrency)
   disk     open(), write, fsync, close, in `--dir`
 
-Every S3 repetition starts a fresh SeaweedFS (`weed mini`, slimckpt.testing.s3_server) with its data in
+Every S3 repetition starts a fresh SeaweedFS (`weed mini`, slimckpt_testing.s3_server) with its data in
 `--dir` and removes it after; each client is made, and warmed by one small write, before the clock starts (SeaweedFS frees deleted space only on vacuum). The time is from the first
 write until the object is complete (the server answered CompleteMultipartUpload); SeaweedFS does not
 fsync what it stores, so the disk row is the stricter one. The peak rise of this process's RssAnon
@@ -52,8 +52,7 @@ def chunks(total: int) -> Callable[[], object]:
 
 
 def boto3_writer(server, total: int, gen) -> Callable[[], None]:
-    import slimckpt.storage.s3 as s3
-    from slimckpt.storage import for_path
+    from slimckpt.storage import for_path, s3
 
     os.environ.update(server.env)
     s3.after_fork()  # a client made from this server's environment
@@ -75,7 +74,7 @@ def obstore_writer(server, total: int, gen) -> Callable[[], None]:
     import obstore
     from obstore.store import S3Store
 
-    import slimckpt.storage.s3 as s3
+    from slimckpt.storage import s3
 
     store = S3Store(
         server.bucket,
@@ -102,7 +101,7 @@ def object_size(server) -> int:
 
 
 def timed_s3(make_writer, total: int, gen, where: str) -> tuple[float, int]:
-    import slimckpt.testing.s3_server as s3_server
+    from slimckpt_testing import s3_server
 
     server = s3_server.start(root=where)
     try:
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "obstore": lambda: timed_s3(obstore_writer, total, gen, args.dir),
         "disk": lambda: timed_disk(total, gen, args.dir),
     }
-    import slimckpt.storage.s3 as s3
+    from slimckpt.storage import s3
 
     print(
         f"{total / GB:.2f} GB per row in {CHUNK >> 20} MiB writes, part {s3.part_bytes() >> 20} MiB x "

@@ -13,7 +13,7 @@ optimizer without state) and then times one `save_resume_state` of `[model, extr
 SaveTarget built by hand as tests/scenarios/s3_engine_step.py does. Targets:
 
   disk  a fresh local dir under --work, deleted after the row
-  s3    `s3://` on a fresh SeaweedFS (`weed mini`, slimckpt.testing.s3_server) whose data lives under
+  s3    `s3://` on a fresh SeaweedFS (`weed mini`, slimckpt_testing.s3_server) whose data lives under
         --work on the same disk, stopped and its dir deleted after the row (SeaweedFS frees deleted
         space only on vacuum)
 
@@ -99,7 +99,7 @@ def warm_up(path: str, rank: int) -> dict:
     store.check_access(path)
     part = MiB
     if path.startswith("s3://"):
-        import slimckpt.storage.s3 as s3
+        from slimckpt.storage import s3
 
         part = s3.part_bytes()
     probe = f"{path.rstrip('/').rsplit('/', 2)[0]}/warmup/rank{rank}.bin"
@@ -116,10 +116,10 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    import slimckpt.save.resume_async as resume_async
+    import slimckpt.save.modes.writer as resume_async
     from scripts.bench.save import WindowSampler, build_model, measured
     from slimckpt.options.checkpoint_options import CheckpointOptions
-    from slimckpt.save.resume_save import save_resume_state
+    from slimckpt.save.step_save import save_resume_state
     from slimckpt.save.target import SaveTarget, TargetState, fsdp_version_of
 
     dist.init_process_group("gloo")
@@ -170,7 +170,7 @@ def worker(args: argparse.Namespace) -> None:
         "connect_rise": first["peak"] - first["level_before"],
     }
     if args.path.startswith("s3://"):
-        import slimckpt.storage.s3 as s3
+        from slimckpt.storage import s3
 
         row.update(part_bytes=s3.part_bytes(), concurrency=s3.concurrency())
     if rank == 0:
@@ -229,7 +229,7 @@ def tree_bytes(root: Path) -> int:
 
 def s3_settings(args: argparse.Namespace) -> dict[str, int]:
     """The part size (MiB) and concurrency the S3 rows use: given, else the backend's defaults."""
-    import slimckpt.env_vars as env_vars
+    from slimckpt import env_vars
 
     return {
         "part_mb": args.part_mb or env_vars.integer("SLIMCKPT_S3_PART_MB"),
@@ -239,7 +239,7 @@ def s3_settings(args: argparse.Namespace) -> dict[str, int]:
 
 def run_row(preset: str, target: str, rep: int, args: argparse.Namespace, cap: int) -> dict:
     """One torchrun saving `preset` to `target` (a fresh dir, or a fresh server); the row's numbers."""
-    import slimckpt.testing.s3_server as s3_server
+    from slimckpt_testing import s3_server
 
     work = Path(args.work)
     scratch = Path(tempfile.mkdtemp(prefix=f"s3save-{preset}-{target}-", dir=work))
@@ -553,7 +553,7 @@ filled per open stream (at most write_threads), and the engine's streaming needs
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--preset", default=BIG, help="the model (slimckpt.testing.verl_checkpoints.fsdp_checkpoint.PRESETS)"
+        "--preset", default=BIG, help="the model (slimckpt_testing.verl_checkpoints.fsdp_checkpoint.PRESETS)"
     )
     p.add_argument(
         "--repeat",

@@ -8,7 +8,7 @@
   python -m scripts.bench.save --fsdp 1 --sizes 0.5b,1b --modes verl,incremental --tag fsdp1   # FSDP1 rows
 
 For every size and mode one fresh `torchrun` (world size 2, FSDP2, gloo, CPU) builds a Llama of
-slimckpt.testing.verl_checkpoints.fsdp_checkpoint's preset with random weights and a filled AdamW state, wraps it
+slimckpt_testing.verl_checkpoints.fsdp_checkpoint's preset with random weights and a filled AdamW state, wraps it
 like verl does (`fully_shard` per decoder layer, then the root; `--fsdp 1`: verl's strategy=fsdp,
 FullyShardedDataParallel with a per-layer wrap policy) and saves it --repeats times
 through verl 0.9.1's real `FSDPCheckpointManager.save_checkpoint`:
@@ -145,10 +145,9 @@ def build_model(preset: str, world: int, fsdp: int = 2, adamw_state: bool = True
     an SGD optimizer without momentum (it has no state) for the lr scheduler, and no optimizer step,
     for sizes whose AdamW moments would not fit the host."""
     import torch
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
-
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, wrap_fsdp2
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
     cfg = argparse.Namespace(
@@ -185,15 +184,14 @@ def build_model(preset: str, world: int, fsdp: int = 2, adamw_state: bool = True
 
 
 def wrap_fsdp1_from_meta(model, mesh):
-    """FSDP1 as slimckpt.testing.verl_checkpoints.fsdp_checkpoint.wrap_fsdp1 wraps it (use_orig_params, per-layer
+    """FSDP1 as slimckpt_testing.verl_checkpoints.fsdp_checkpoint.wrap_fsdp1 wraps it (use_orig_params, per-layer
     units, the mesh), materialising one unit at a time from the meta model: a rank never holds the
     whole unsharded model, as verl's rank 0 does not either."""
     import torch
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import decoder_layer_classes
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import decoder_layer_classes
 
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
     return FSDP(
@@ -209,7 +207,7 @@ def wrap_fsdp1_from_meta(model, mesh):
 
 def preset_params(preset: str) -> int:
     """Parameters of the preset's Llama (embeddings untied), from its shape."""
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
     return (
@@ -260,7 +258,7 @@ def checkpoint_config(mode: str, budget_gb: float, fsdp: int = 2):
         return OmegaConf.create({"save_contents": verl_contents(fsdp)}), None
     from omegaconf import OmegaConf
 
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     recipe = OmegaConf.load(REPO / "recipes" / "incremental.yaml").actor_rollout_ref.actor.checkpoint
     fields = {k: v for k, v in OmegaConf.to_container(recipe, resolve=True).items() if not k.startswith("_")}
@@ -328,9 +326,8 @@ def name_pretrained(model, out: str) -> None:
 
 def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -650,7 +647,7 @@ def render_section(result: dict) -> str:
     )
     if fsdp == 1:
         target_lines = [
-            "FSDP1's sharded state dict is a copy of the rank's shards (slimckpt.testing.gpu_check_fsdp): on "
+            "FSDP1's sharded state dict is a copy of the rank's shards (slimckpt_testing.gpu_check_fsdp): on "
             "this CPU it lands in host memory, which is what the incremental rows' peak shows; on a GPU "
             'it lands on the device instead (`slimckpt plan`\'s "device added"). The FSDP2 rows of the '
             "same sizes are in the `save-bench` section (FSDP2). Wall per save (spread):"

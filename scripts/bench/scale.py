@@ -5,14 +5,14 @@
   python -m scripts.bench.scale --preset 1b --world-size 4 --repeats 1 --out /tmp/s.md --readme ''   # a quick look
   python -m scripts.bench.scale --render docs/bench_scale.json      # re-render the section, no runs
 
-The checkpoint (fp32, model only) is written by slimckpt.testing.verl_checkpoints.fake_pg_checkpoint: one rank at
+The checkpoint (fp32, model only) is written by slimckpt_testing.verl_checkpoints.fake_pg_checkpoint: one rank at
 a time over torch's fake process group, each rank's FSDP2 shards saved by verl's own
 FSDPCheckpointManager, so no process ever holds the model. Then, in the same run:
 
   slimckpt merge, and torchrun --nproc_per_node 2 ... --distributed_merge: peak anonymous RSS
     (sampled from outside), wall, and wall over the I/O floor (bytes read / read bandwidth + bytes
     written / write bandwidth, the bandwidths measured in this run), --repeats runs each, turn by
-    turn; each output checked tensor for tensor against the shards (slimckpt.testing.merge_check);
+    turn; each output checked tensor for tensor against the shards (slimckpt_testing.merge_check);
     the single merge's writer also reports where its time went (SLIMCKPT_MERGE_STATS).
   verl's merger (SLIMCKPT_DISABLE=1) under a memory cap: its process tree is killed when its
     anonymous RSS passes --verl-cap-gib, as the OOM killer would; the report says how far it got
@@ -42,10 +42,10 @@ from pathlib import Path
 
 from scripts.bench.merge import floor_ratio, slimckpt_command, source_commit, verl_command
 from scripts.bench.save import machine_line, mem_available, write_section
+from slimckpt.engine.writer_stats import STATS_ENV, WriterStats  # noqa: E402
 from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed  # noqa: E402
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured  # noqa: E402
 from slimckpt.observe.memory import rss_anon_bytes  # noqa: E402
-from slimckpt.write.writer_stats import STATS_ENV, WriterStats  # noqa: E402
 
 # lazy imports: psutil loads where a capped merge is watched
 
@@ -62,7 +62,7 @@ ENV = {"OMP_NUM_THREADS": "2", "SLIMCKPT_LOG_LEVEL": "WARNING"}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--preset", default="llama3-8b", help="slimckpt.testing.verl_checkpoints.fsdp_checkpoint size preset"
+        "--preset", default="llama3-8b", help="slimckpt_testing.verl_checkpoints.fsdp_checkpoint size preset"
     )
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3, help="merges per slimckpt tool")
@@ -104,7 +104,7 @@ def build(preset: str, world: int, out: Path, jobs: int = 1) -> dict:
     cmd = [
         sys.executable,
         "-m",
-        "slimckpt.testing.verl_checkpoints.fake_pg_checkpoint",
+        "slimckpt_testing.verl_checkpoints.fake_pg_checkpoint",
         "--out",
         str(out),
         "--world-size",
@@ -161,9 +161,9 @@ def clean(target: Path) -> None:
 
 
 def check_output(ckpt: Path, target: Path) -> dict:
-    """slimckpt.testing.merge_check in its own process: every output tensor against the shards."""
+    """slimckpt_testing.merge_check in its own process: every output tensor against the shards."""
     res = run_measured(
-        [sys.executable, "-m", "slimckpt.testing.merge_check", "--shards", str(ckpt), "--merged", str(target)], env=ENV
+        [sys.executable, "-m", "slimckpt_testing.merge_check", "--shards", str(ckpt), "--merged", str(target)], env=ENV
     )
     line = next((ln for ln in res.output.splitlines() if ln.startswith("{")), "{}")
     found = json.loads(line)
@@ -191,7 +191,7 @@ def _new_row(tool: str) -> dict:
 
 def merge_runs(ckpt: Path, work: Path, repeats: int, workers: int) -> dict[str, dict]:
     """The single and the distributed merge, taking turns run after run (a slow minute falls on both).
-    The single merge also records where its writer's time went (slimckpt.write.writer_stats)."""
+    The single merge also records where its writer's time went (slimckpt.engine.writer_stats)."""
     inputs = [str(p) for p in shard_files(ckpt)]
     rows = {t: _new_row(t) for t in (SINGLE, DISTRIBUTED)}
     rows[SINGLE]["writer_stats"] = []
@@ -701,8 +701,8 @@ memory available as it started; the 1-minute load average was {result["load_star
 {_span(loads, ".1f")} as the merges started (the host is shared) and {result["load_end"]:.1f} at the end.
 
 The checkpoint: {built["params"] / 1e9:.2f}B parameters (preset `{result["preset"]}` of
-`slimckpt.testing.verl_checkpoints.fsdp_checkpoint`, a Llama with untied embeddings), {built["files"]} rank files of {built["shard_bytes"] / GB:.1f} GB, model only, written in
-{built["wall_s"]:.0f} s by `slimckpt.testing.verl_checkpoints.fake_pg_checkpoint` (one rank at a time over torch's fake process
+`slimckpt_testing.verl_checkpoints.fsdp_checkpoint`, a Llama with untied embeddings), {built["files"]} rank files of {built["shard_bytes"] / GB:.1f} GB, model only, written in
+{built["wall_s"]:.0f} s by `slimckpt_testing.verl_checkpoints.fake_pg_checkpoint` (one rank at a time over torch's fake process
 group from a meta model, each rank's shards saved by verl's own `FSDPCheckpointManager`; the builder's peak
 was {built["peak_rss_anon"] / GiB:.1f} GiB, one rank's shards). Peak RssAnon is sampled from outside every
 10 ms (the merge's process, shared pages counted once; for the distributed merge the largest
@@ -710,7 +710,7 @@ rank, its launcher left out, and {max(dist["tree_peaks"]) / MiB:,.0f} MiB for th
 The I/O floor is {built["shard_bytes"] / GB:.1f} GB read at {read_speed / GB:.2f} GB/s plus the
 output written at {write_speed / GB:.2f} GB/s: {result["floor"]}, at its best over the
 run's {len(disks)} disk measurements (`slimckpt.observe.diskspeed`: {"; ".join(d.describe() for d in disks)}).{_mixed_words(result)}{_writer_words(result)} Each output was checked tensor for
-tensor against the shards, one tensor at a time (`python -m slimckpt.testing.merge_check`, with the last
+tensor against the shards, one tensor at a time (`python -m slimckpt_testing.merge_check`, with the last
 run's output).
 
 {table(result)}

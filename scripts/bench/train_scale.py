@@ -84,7 +84,7 @@ def checkpoint_config(mode: str):
         return OmegaConf.create({"save_contents": ["model", "extra", "hf_model"], "load_contents": ["model", "extra"]})
     if mode == "verl-resume":
         return OmegaConf.create({"save_contents": ["model", "extra"], "load_contents": ["model", "extra"]})
-    from slimckpt.verl_seam.recipes import recipe_checkpoint_config
+    from slimckpt.verl.recipes import recipe_checkpoint_config
 
     if mode == "intermediate":
         return recipe_checkpoint_config("intermediate")
@@ -117,11 +117,11 @@ def event(rank: int, name: str) -> None:
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     from scripts.bench.save import WindowSampler, build_model, measured, name_pretrained, timed_save
     from slimckpt.observe.measure import evict_from_page_cache
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -282,7 +282,7 @@ def summarise(preset: str, mode: str, got: dict, events: dict[str, float], ranks
 
 
 def shape(preset: str) -> str:
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import PRESETS
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
     return f"{layers} layers, hidden {hidden}, intermediate {inter}, vocabulary {vocab:,}, {heads} heads, {kv} KV heads"
@@ -580,7 +580,7 @@ def write_readme(result: dict, path: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--preset", default="llama3.2-3b", help="the model (slimckpt.testing.verl_checkpoints.fsdp_checkpoint.PRESETS)"
+        "--preset", default="llama3.2-3b", help="the model (slimckpt_testing.verl_checkpoints.fsdp_checkpoint.PRESETS)"
     )
     p.add_argument(
         "--modes", default=",".join(SAVE_MODES), help="saves to run, comma-separated, from: " + ", ".join(SAVE_MODES)

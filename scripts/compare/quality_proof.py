@@ -16,7 +16,7 @@ offline (runs/compare/<algo>/<variant>/wandb) and gets the ckpt/* save metrics. 
 scripts/compare/runs.py draws docs/compare_<algo>.png and writes docs/compare_<algo>.md (the
 table, "identical" where a curve equals verl's defaults bit for bit).
 
-The policy starts warm: `python -m slimckpt.testing.tiny --warmup-steps S` (a few seconds of supervised
+The policy starts warm: `python -m slimckpt_testing.tiny --warmup-steps S` (a few seconds of supervised
 steps on the addition task, built once into runs/tiny_assets and reused) leaves the tiny model
 right about a third of the time (greedy validation ~0.3), so the RL curves rise visibly within
 the run. Every run validates before its first step (trainer.val_before_train=true), a resumed one
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from scripts.provenance import source_commit
 from slimckpt.observe.wandb_history import HistoryError, RunHistory, read_offline_run, run_dirs
-from slimckpt.verl_seam.recipes import list_recipes
+from slimckpt.verl.recipes import list_recipes
 
 # lazy imports: psutil and tqdm load where runs are watched or killed; the plan and the report need neither
 
@@ -75,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--warmup-steps",
         type=int,
         default=150,
-        help="supervised warm-up steps of the tiny model before RL (python -m slimckpt.testing.tiny; "
+        help="supervised warm-up steps of the tiny model before RL (python -m slimckpt_testing.tiny; "
         "default: %(default)s; 0: random weights)",
     )
     p.add_argument("--max-operand", type=int, default=4, help="the task's a+b= use 0..this (default: %(default)s)")
@@ -205,7 +205,7 @@ def build_assets(args: argparse.Namespace, env: dict) -> Path:
         [
             sys.executable,
             "-m",
-            "slimckpt.testing.tiny",
+            "slimckpt_testing.tiny",
             "--out",
             str(out),
             "--reuse",

@@ -3,7 +3,7 @@
     python -m scripts.faults.corruption [--trials 120] [--native_trials 60] [--seed 0] [--json OUT]
 
 Builds three small real checkpoints once (CPU, gloo, the tiny Llama of
-slimckpt.testing.verl_checkpoints.fsdp_checkpoint, 2 ranks, one torchrun of this script with --_save):
+slimckpt_testing.verl_checkpoints.fsdp_checkpoint, 2 ranks, one torchrun of this script with --_save):
   - incremental: a save through verl's FSDPCheckpointManager with recipes/incremental.yaml's actor
     block as shipped (DCP shards, per-rank extra state, huggingface/ with its HF export,
     slimckpt_resume.json), tracker and data.pt;
@@ -24,7 +24,7 @@ file names, loads and shapes reveal.
 
     python -m scripts.faults.corruption --damaged_restarts 30 [--seed 0] [--json OUT]
 
-instead runs N restarts whose newest committed step is damaged (patches/slimckpt/testing/verl_checkpoints/resume_scenarios.py
+instead runs N restarts whose newest committed step is damaged (patches/slimckpt_testing/verl_checkpoints/resume_scenarios.py
 damaged_newest, one torchrun of 2 ranks: steps 2 and 4 saved async with the export through verl's
 manager, then per restart a copy with step 4 damaged one way - a flipped .distcp byte, a truncated
 or deleted file, a damaged or unsealed manifest - and a fresh model resumed through verl's
@@ -95,13 +95,12 @@ def build_sources(work: str) -> dict[str, str]:
 
 def _tiny_run(ckpt_config):
     """Model, optimizer, scheduler and verl's manager of the tiny fixture model on this group."""
+    import slimckpt_testing.verl_checkpoints.fsdp_checkpoint as fx
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-
-    import slimckpt.testing.verl_checkpoints.fsdp_checkpoint as fx
 
     args = fx.parse_args(["--out", "unused"])
     torch.manual_seed(0)
@@ -118,7 +117,7 @@ def _tiny_run(ckpt_config):
 
 def _slim_config():
     """+recipe=incremental's actor block as shipped (its HF export on: the export's files are damaged too)."""
-    from slimckpt.verl_seam.recipes import recipe_checkpoint_config
+    from slimckpt.verl.recipes import recipe_checkpoint_config
 
     return recipe_checkpoint_config("incremental")
 
@@ -130,8 +129,8 @@ def worker_save(work: str) -> None:
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
+    from slimckpt.engine.resume_records import write_tracker
     from slimckpt.save.resume_state import finish_pending
-    from slimckpt.write.resume_records import write_tracker
 
     dist.init_process_group("gloo")
     manager = _tiny_run(_slim_config())
@@ -153,16 +152,16 @@ def worker_save(work: str) -> None:
 def worker_cost(preset: str, root: str) -> None:
     """(under torchrun) what checksums cost: one incremental save of `preset` through verl's
     manager (the manifest's timings: write vs checksum), then one load (its check vs the whole load)."""
+    import slimckpt_testing.verl_checkpoints.fsdp_checkpoint as fx
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    import slimckpt.save.resume_state as resume_state
-    import slimckpt.save.step_check as step_check
-    import slimckpt.testing.verl_checkpoints.fsdp_checkpoint as fx
-    from slimckpt.format.resume_manifest import read_manifest
+    from slimckpt.layout.resume_manifest import read_manifest
+    from slimckpt.resume import step_check
+    from slimckpt.save import resume_state
 
     dist.init_process_group("gloo")
     args = fx.parse_args(["--out", "unused", "--size-preset", preset])
@@ -194,7 +193,7 @@ def worker_cost(preset: str, root: str) -> None:
     step_check.check_committed = timed_check
     step = {}
     if dist.get_rank() == 0:  # resume_mode=auto's check of the step, in one process as verl's driver runs it
-        from slimckpt.save.intact_resume import check_step
+        from slimckpt.resume.intact_resume import check_step
 
         torch.save({"step": 1}, os.path.join(root, "global_step_1", "data.pt"))
         for checksums in (False, True):
@@ -238,7 +237,7 @@ def worker_load(listing: str) -> None:
     {dir: what the load raised} next to it."""
     import torch.distributed as dist
 
-    from slimckpt.format.resume_manifest import UncommittedCheckpoint
+    from slimckpt.layout.resume_manifest import UncommittedCheckpoint
 
     dist.init_process_group("gloo")
     manager = _tiny_run(_slim_config())
@@ -277,8 +276,8 @@ def _files(root: str) -> list[str]:
 
 
 def _manifest_name(fmt: str) -> str:
-    import slimckpt.format.merge_manifest as mm
-    import slimckpt.format.resume_manifest as rm
+    import slimckpt.layout.merge_manifest as mm
+    import slimckpt.layout.resume_manifest as rm
 
     return {"merge": mm.MANIFEST_NAME, "incremental": rm.MANIFEST_NAME, "native": "fsdp_config.json"}[fmt]
 
@@ -382,7 +381,7 @@ def damage(root: str, fmt: str, kind: str, rng: random.Random) -> Trial:
 
 
 def run_trial(source: str, work: str, fmt: str, kind: str, rng: random.Random, i: int, keep: bool) -> dict:
-    import slimckpt.format.resume_manifest as rm
+    import slimckpt.layout.resume_manifest as rm
     from slimckpt.verify.command import NotACheckpoint, verify_path
 
     copy = os.path.join(work, "trials", f"{i:04d}_{fmt}_{kind}", ROLE if fmt != "merge" else "merged")
@@ -532,8 +531,8 @@ def damaged_restarts(trials: int, seed: int, workdir: str | None) -> dict:
         _torchrun(
             2,
             "-m",
-            "slimckpt.testing.launch",
-            "slimckpt.testing.verl_checkpoints.resume_scenarios",
+            "slimckpt_testing.launch",
+            "slimckpt_testing.verl_checkpoints.resume_scenarios",
             "damaged_newest",
             "--dir",
             work,

@@ -14,7 +14,7 @@ Faults (how each is made; the report says which mechanism ran):
   read_only    a read-only tmpfs (EROFS); without mount permission a chmod 555 directory (EACCES)
   permission   the checkpoint root / --target_dir's parent chmod 000; as root, the writer runs with
                CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER dropped (setpriv), so it bites
-  lock         another process holds slimckpt's writer lock on the target (slimckpt.read.locks): a second
+  lock         another process holds slimckpt's writer lock on the target (slimckpt.storage.locks): a second
                `slimckpt merge` into one --target_dir, a second trainer saving the same step
   export_full  (save paths with an in-training HF export) a tmpfs sized from a calibration save of the same
                path: the shards, extra state and configs fit, half the export's weights do not, so the
@@ -188,8 +188,8 @@ def make_source(work: str) -> str:
     """A small verl FSDP checkpoint (one rank), big enough to fill the tmpfs when merged."""
     from pathlib import Path
 
-    from slimckpt.testing.synthetic import synthetic_checkpoint, tiny_llama_config
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
+    from slimckpt_testing.synthetic import synthetic_checkpoint, tiny_llama_config
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
     cfg = tiny_llama_config(vocab_size=512, hidden_size=128, intermediate_size=256)
     actor = synthetic_checkpoint(Path(work) / "source" / "global_step_1" / "actor", 1, cfg)
@@ -239,7 +239,7 @@ def run_merge(env: Env, path: str, fault: str, source: str, base: str) -> dict:
         cmd = DROP_CAPS + cmd
     holder = None
     if fault == "lock":
-        import slimckpt.read.locks as locks
+        from slimckpt.storage import locks
 
         holder = locks.acquire(target, exclusive=True, what="merging (env_faults' stand-in for a first merge)", fix="")
     t0 = time.perf_counter()
@@ -276,7 +276,7 @@ def _config(path: str):
     """The actor's checkpoint config of `path`: verl's default, or its recipe's block as shipped."""
     from verl.trainer.config.config import CheckpointConfig
 
-    from slimckpt.verl_seam.recipes import recipe_checkpoint_config
+    from slimckpt.verl.recipes import recipe_checkpoint_config
 
     if path == "verl_save":
         return CheckpointConfig(save_contents=["model", "optimizer", "extra"])
@@ -313,11 +313,11 @@ def calibrate(args: argparse.Namespace) -> int:
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     )
     import torch.distributed as dist
+    from slimckpt_testing.verl_checkpoints.resume_scenarios import Run
 
-    import slimckpt.save.resume_async as resume_async
-    from slimckpt.testing.verl_checkpoints.resume_scenarios import Run
-    from slimckpt.verl_seam.features import switch_on
-    from slimckpt.verl_seam.manager_state import state_of
+    import slimckpt.save.modes.writer as resume_async
+    from slimckpt.verl.features import switch_on
+    from slimckpt.verl.manager_state import state_of
 
     switch_on("checkpoint")
     dist.init_process_group("gloo")
@@ -334,7 +334,7 @@ def calibrate(args: argparse.Namespace) -> int:
 def write_tracker_as_trainer(root: str, path: str) -> None:
     """What verl's trainer does once the workers' saves return (and slimckpt's patch of it, which
     puts the tracker back when a save left a failure marker)."""
-    from slimckpt.format.resume_manifest import read_tracker
+    from slimckpt.layout.resume_manifest import read_tracker
     from slimckpt.save.errors import restore_tracker
 
     previous = read_tracker(root)
@@ -350,11 +350,11 @@ def child(args: argparse.Namespace) -> int:
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     )
     import torch.distributed as dist
+    from slimckpt_testing.verl_checkpoints.resume_scenarios import Run
 
-    import slimckpt.save.resume_async as resume_async
-    from slimckpt.testing.verl_checkpoints.resume_scenarios import Run
-    from slimckpt.verl_seam.features import switch_on
-    from slimckpt.verl_seam.manager_state import state_of
+    import slimckpt.save.modes.writer as resume_async
+    from slimckpt.verl.features import switch_on
+    from slimckpt.verl.manager_state import state_of
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     switch_on("checkpoint")  # as a recipe's config does; verl_save's plain config bypasses it
@@ -391,7 +391,7 @@ def child(args: argparse.Namespace) -> int:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             error = exc
-        from slimckpt.verl_seam.manager_state import state_of
+        from slimckpt.verl.manager_state import state_of
 
         continued = error is None and bool(state_of(run.manager).save_failed)
         message = (
@@ -454,7 +454,7 @@ def calibration_size(env: Env, path: str, port: int) -> int:
 
 def run_saves(env: Env, path: str, faults: list[str], bases: list[str], port: int) -> list[dict]:
     holders = []
-    import slimckpt.read.locks as locks
+    from slimckpt.storage import locks
 
     for fault, base in zip(faults, bases):
         if fault == "lock":

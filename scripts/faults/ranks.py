@@ -227,8 +227,8 @@ def stop_at_commit_outcome(rank: int, step: int) -> None:
     import threading
     import types
 
-    import slimckpt.save.step_commit as step_commit
-    from slimckpt.format.resume_manifest import MANIFEST_NAME, step_of
+    from slimckpt.layout.resume_manifest import MANIFEST_NAME, step_of
+    from slimckpt.save import step_commit
 
     armed = threading.Event()
     armed.set()
@@ -584,7 +584,7 @@ def workers_of(agent: int) -> dict[int, int]:
 
 
 def merge_calibration(world: int, work: str, fixture: str) -> dict:
-    from slimckpt.format.merge_manifest import partial_path
+    from slimckpt.layout.merge_manifest import partial_path
 
     trial_dir = rel.fresh_dir(os.path.join(work, f"merge@ws{world}", "calibration"))
     target = os.path.join(trial_dir, "out")
@@ -621,7 +621,7 @@ def merge_trial(
     window: float,
     reference: dict[str, str],
 ) -> dict:
-    from slimckpt.format.merge_manifest import partial_path
+    from slimckpt.layout.merge_manifest import partial_path
 
     timeout = TIMEOUT_S[0]
     trial_dir = rel.fresh_dir(os.path.join(work, f"merge@ws{world}", f"{fault}_{index:03d}"))

@@ -200,7 +200,7 @@ def resume(mode: str, trial_dir: str, keep: int | None) -> oracle.Resume:
 def leftovers(root: str) -> dict:
     """What the kill left: tracker, step dirs and, per step, whether its actor and critic dirs hold a
     commit record."""
-    from slimckpt.format.resume_manifest import MANIFEST_NAME, read_tracker
+    from slimckpt.layout.resume_manifest import MANIFEST_NAME, read_tracker
 
     steps = {}
     if os.path.isdir(root):
@@ -377,7 +377,7 @@ def looks_complete(kind: str, target: str) -> bool:
     if files is None or not all(os.path.exists(os.path.join(target, f)) for f in files):
         return False
     if kind == "merge":
-        from slimckpt.format.merge_manifest import MANIFEST_NAME
+        from slimckpt.layout.merge_manifest import MANIFEST_NAME
 
         return os.path.exists(os.path.join(target, MANIFEST_NAME))
     return True
@@ -388,7 +388,7 @@ def target_correct(kind: str, target: str, reference: dict[str, str]) -> bool:
     same = {k: v for k, v in got.items() if k in reference}
     ok = same == reference
     if kind == "merge":
-        from slimckpt.format.merge_manifest import verify
+        from slimckpt.layout.merge_manifest import verify
 
         ok = ok and not verify(target)
     return ok
@@ -422,7 +422,7 @@ def merge_fixture(work: str) -> str:
 
 def output_exists(kind: str, target: str) -> bool:
     """The merge has begun writing: slimckpt's `<target>.partial` (or the target), verl's target dir."""
-    from slimckpt.format.merge_manifest import partial_path
+    from slimckpt.layout.merge_manifest import partial_path
 
     return os.path.exists(target) or (kind == "merge" and os.path.exists(partial_path(target)))
 
@@ -480,7 +480,7 @@ def merge_calibration(kind: str, work: str, fixture: str) -> dict:
 
 def merge_state(kind: str, target: str) -> str:
     """Where the kill left the output."""
-    from slimckpt.format.merge_manifest import MANIFEST_NAME, partial_path
+    from slimckpt.layout.merge_manifest import MANIFEST_NAME, partial_path
 
     partial = partial_path(target)
     if os.path.isdir(target) and os.listdir(target):

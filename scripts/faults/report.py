@@ -31,7 +31,7 @@ PLAN_CODE = "patches/slimckpt/plan"
 OUR_CODE = ("patches", "recipes", f":(exclude){PLAN_CODE}")
 SIDE_CODE = {
     "corruption_campaign.py": OUR_CODE + ("scripts/faults/corruption.py",),
-    # the environment campaign takes its checkpoint builder and its resume scenario from slimckpt.testing (in patches)
+    # the environment campaign takes its checkpoint builder and its resume scenario from slimckpt_testing (in patches)
     "env_faults.py": OUR_CODE + ("scripts/faults/env.py",),
     "rank_faults.py": OUR_CODE + ("scripts/faults/ranks.py",),
 }
@@ -188,7 +188,7 @@ CAUSES = (
         "`latest_checkpointed_iteration.txt` with `open(..., 'w')` then `write` (no temp file and rename); a kill "
         "between the two leaves an empty file and "
         "`find_latest_ckpt_path` raises. With a recipe on, that write goes to a temporary file renamed into place "
-        "(`slimckpt.save.tracker_write`)",
+        "(`slimckpt.save.driver.tracker_write`)",
     ),
     (
         "FileNotFoundError",
@@ -240,7 +240,7 @@ FIXED_SINCE = (
     "Found by the first full run (commit 07fe381) and fixed before slimckpt's rows above were run again: an "
     "**empty tracker** (verl's `_save_checkpoint` writes `latest_checkpointed_iteration.txt` with `open(..., 'w')` "
     "then `write`; a kill between the two crashed the resume on `int('')`: quickstart@keep=2 1 of 50, and verl's "
-    "default path in a calibration run) - `slimckpt.save.tracker_recovery` now resumes from the newest complete step; and, "
+    "default path in a calibration run) - `slimckpt.resume.tracker_recovery` now resumes from the newest complete step; and, "
     "with async saves at keep=1, a committed step deleted by the next commit before the tracker watcher saw it "
     "(training stopped after 120 s; seen once outside the trials) - the watcher now gives such a step up. "
     "Found later, when the uncut run of incremental-async@keep=1 hung twice in two: retention removes "
@@ -249,7 +249,7 @@ FIXED_SINCE = (
     "manifest once a newer step of that role is committed (tests/e2e/test_faults.py reproduces it). "
     "Found by the rank-loss campaign (commit 247fd10): the same cut tracker when rank 0's trainer was killed inside "
     "that write in the sync incremental tier (the resume repaired it and was exact, but plain verl would crash on it) "
-    "- the trainers' tracker write is now atomic with a recipe on (`slimckpt.save.tracker_write`)."
+    "- the trainers' tracker write is now atomic with a recipe on (`slimckpt.save.driver.tracker_write`)."
 )
 
 

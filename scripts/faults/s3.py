@@ -7,7 +7,7 @@ stopped mid-save, throttling and 5xx answers, and credentials revoked mid-save.
 
 Each trial runs two gloo ranks (world size 2, forked from this process) of an FSDP2 model of four 768x768
 layers with AdamW (each rank's DCP file is three 5 MiB parts), saving through the engine
-(`save.resume_save.save_resume_state`, incremental tier, sync) to `s3://<bucket>/<trial>/global_step_N/actor`:
+(`save.step_save.save_resume_state`, incremental tier, sync) to `s3://<bucket>/<trial>/global_step_N/actor`:
 
   1. the ranks train and save step 1 (the previous committed step), then train step 2 and save it with the
      trial's fault; every rank records a hash of its shards and optimizer state before each save;
@@ -28,7 +28,7 @@ Faults (deterministic moments: hooks in the ranks, no random timing):
                   by itself (the group's timeout), with a one-line error
   restart         the server stopped when a rank has sent its k-th part, started again 1-6 s later (the ranks'
                   requests meanwhile are refused and retried)
-  throttle        the ranks talk through a fault proxy (slimckpt.testing.s3_proxy): 503 SlowDown, 500, 502, 504,
+  throttle        the ranks talk through a fault proxy (slimckpt_testing.s3_proxy): 503 SlowDown, 500, 502, 504,
                   connections reset before or after a request reached the server, on parts, completions,
                   manifest PUTs, listings and reads; the last variant answers 503 to every PUT until the retries
                   give up (SLIMCKPT_S3_RETRIES=3)
@@ -76,7 +76,7 @@ BAD = ("half-committed", "lost committed", "wrong state", "re-save failed", "hun
 WHOLE_JOB_KILLS = ("kill-mid-part", "kill-between", "kill-manifest")
 SEND_FRAMES = ("chunk_readable", "send")  # urllib3 2's body reader, http.client's send: the body going out
 
-# throttle variants: proxy rules (slimckpt.testing.s3_proxy.Rule fields) and the env they run with
+# throttle variants: proxy rules (slimckpt_testing.s3_proxy.Rule fields) and the env they run with
 THROTTLES: list[tuple[str, list[dict[str, Any]], dict[str, str]]] = [
     ("503 SlowDown on the first 4 parts", [{"answer": "503", "method": "PUT", "query": "partNumber", "count": 4}], {}),
     (
@@ -205,8 +205,8 @@ def wait_for(path: str, timeout: float = 60.0) -> None:
 
 def install_fault(fault: dict, rank: int, trial_dir: str) -> None:
     """The trial's moment, as a hook on this rank's S3 writes (installed before the faulted save)."""
-    import slimckpt.storage.s3 as s3
-    from slimckpt.format.resume_manifest import MANIFEST_NAME
+    from slimckpt.layout.resume_manifest import MANIFEST_NAME
+    from slimckpt.storage import s3
 
     kind, k = fault["kind"], fault.get("part", 1)
     if kind == "kill-manifest" and rank == 0:
@@ -270,10 +270,10 @@ def rank_body(spec: dict, rank: int) -> None:
     """One rank of a group: (load a committed step,) train and save steps, record hashes and errors."""
     import torch.distributed as dist
 
-    import slimckpt.save.resume_async as resume_async
+    import slimckpt.save.modes.writer as resume_async
+    from slimckpt.resume.load import load_resume_state
     from slimckpt.save.errors import guarded_save
-    from slimckpt.save.resume_load import load_resume_state
-    from slimckpt.save.resume_save import save_resume_state
+    from slimckpt.save.step_save import save_resume_state
     from slimckpt.save.target import TargetState
 
     result: dict[str, Any] = {"rank": rank, "saved": [], "loaded": None, "equal": {}, "error": None}
@@ -377,7 +377,7 @@ def run_group(spec: dict, server, on_file=None) -> dict:
 def committed_steps(root: str) -> tuple[list[int], list[str]]:
     """The steps under `root` whose manifest is there, found through the storage; and the line of each
     step with a manifest that does not pass its checks (half-committed)."""
-    from slimckpt.format.resume_manifest import STEP_DIR, UncommittedCheckpoint, check_committed, has_manifest
+    from slimckpt.layout.resume_manifest import STEP_DIR, UncommittedCheckpoint, check_committed, has_manifest
     from slimckpt.storage import for_path
 
     store = for_path(root)
@@ -485,7 +485,7 @@ def describe(fault: dict) -> str:
 
 
 def run_trial(spec: dict, server, work: str, base_env: dict) -> dict:
-    from slimckpt.testing.s3_proxy import FaultProxy, rules_from
+    from slimckpt_testing.s3_proxy import FaultProxy, rules_from
 
     fault = spec["fault"]
     trial_dir = tempfile.mkdtemp(prefix=f"{spec['cell']}-{spec['index']}-", dir=work)
@@ -661,10 +661,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # loaded here once: the forked ranks start with them
     import torch  # noqa: F401
+    from slimckpt_testing import s3_server
 
-    import slimckpt.save.resume_save as resume_save  # noqa: F401
+    import slimckpt.save.step_save as resume_save  # noqa: F401
     import slimckpt.storage.s3 as s3  # noqa: F401
-    import slimckpt.testing.s3_server as s3_server
 
     commit = provenance.source_commit()
     os.makedirs(args.work, exist_ok=True)

@@ -70,7 +70,7 @@ def checkpoint_block(mode: str, role: str = "actor") -> dict[str, Any]:
         node = cfg.actor_rollout_ref.actor.checkpoint if role == "actor" else cfg.critic.checkpoint
         block = OmegaConf.to_container(node, resolve=True)
     else:
-        from slimckpt.verl_seam.recipes import recipe_checkpoint_block
+        from slimckpt.verl.recipes import recipe_checkpoint_block
 
         block = recipe_checkpoint_block(recipe, role, RECIPES_DIR)
     block.update(overrides)
@@ -164,8 +164,8 @@ def install_phase_markers() -> None:
 
 def install_slim_markers() -> None:
     """After slimckpt's patches are on: its commit and its async tracker write."""
-    import slimckpt.save.step_commit as step_commit
-    import slimckpt.save.tracker as resume_tracker
+    import slimckpt.save.driver.tracker as resume_tracker
+    from slimckpt.save import step_commit
 
     _wrap(step_commit, "write_manifest", "manifest")
     # on every rank, once the step's commit outcome is known to it (after the save call, for an
@@ -189,15 +189,14 @@ class Model:
 
     def __init__(self, role: str, ckpt_config) -> None:
         import torch
-        from torch.distributed.device_mesh import init_device_mesh
-        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-
-        from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import (
+        from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import (
             auto_class,
             build_config,
             build_tokenizer,
             wrap_fsdp2,
         )
+        from torch.distributed.device_mesh import init_device_mesh
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
         self.role = role
         args = SimpleNamespace(model="llama", vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
@@ -527,12 +526,11 @@ def build_merge_fixture(out_dir: str, rank: int, hidden: int, layers: int, vocab
     """A verl FSDP checkpoint (world size 2, verl's own save) for the merge trials."""
     import torch
     import torch.distributed as dist
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp2
 
     _init(os.path.dirname(out_dir), rank, "fixture")
     torch.manual_seed(0)

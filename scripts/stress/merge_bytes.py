@@ -3,13 +3,13 @@ single-process merge of the same checkpoint.
 
     python -m scripts.stress.merge_bytes --work /tmp/stress_merge --runs 100     # make stress-merge
 
-The checkpoints are real verl saves (slimckpt.testing.verl_checkpoints.fsdp_checkpoint under torchrun, FSDP2, 2 ranks):
+The checkpoints are real verl saves (slimckpt_testing.verl_checkpoints.fsdp_checkpoint under torchrun, FSDP2, 2 ranks):
 a dense Llama and two MoE families (DeepSeek-V3: shared experts and a dense first layer; Qwen3-MoE),
 with 3 experts over 2 ranks so shards are uneven and outputs cut fused expert tensors. Each is merged
 once by one process with no delays: the reference. Then `--runs` distributed merges
 (`torchrun --nproc_per_node 2|3 slimckpt merge --distributed_merge --workers 1|2`: `configurations`, files split small
 so shares cross files and experts) run with SLIMCKPT_TEST_MERGE_DELAY set: every point of
-`slimckpt.write.race_points` (lay-out, each pwrite, fsync, the outcome collective, read-back, commit)
+`slimckpt.engine.race_points` (lay-out, each pwrite, fsync, the outcome collective, read-back, commit)
 sleeps a random part of it, so ranks and workers reach them in a different order each run. While they
 run, a second process keeps one core busy (`--no-load` turns it off).
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from scripts.provenance import source_commit
 from scripts.stress import cpu_load
-from slimckpt.format.merge_manifest import MANIFEST_NAME
+from slimckpt.layout.merge_manifest import MANIFEST_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 # the builder's arguments of tests/multiprocess/test_merge_verl.py's fsdp2_w2 and test_merge_moe.py's families
@@ -112,7 +112,7 @@ def build_checkpoints(work: Path) -> None:
             continue
         shutil.rmtree(work / name, ignore_errors=True)
         proc = _torchrun(
-            2, ["-m", "slimckpt.testing.verl_checkpoints.fsdp_checkpoint", "--out", str(work / name / "actor"), *args]
+            2, ["-m", "slimckpt_testing.verl_checkpoints.fsdp_checkpoint", "--out", str(work / name / "actor"), *args]
         )
         if proc.returncode != 0:
             raise SystemExit(f"building the {name} checkpoint failed:\n{proc.stderr[-3000:]}")

@@ -10,7 +10,7 @@ import pytest
 
 from slimckpt.observe.save_reports import read_reports, write_report
 from slimckpt.observe.wandb_history import iter_records, load
-from slimckpt.verl_seam.ckpt_metrics import summarize
+from slimckpt.verl.ckpt_metrics import summarize
 
 from ..conftest import REPO, run_python
 
@@ -183,7 +183,7 @@ def test_ckpt_summary_of_rank_reports(tmp_path):
 def test_ckpt_callback_logs_at_the_save_step_through_the_trainers_logger(tmp_path):
     from types import SimpleNamespace
 
-    from slimckpt.verl_seam.ckpt_metrics import CheckpointMetricsCallback
+    from slimckpt.verl.ckpt_metrics import CheckpointMetricsCallback
 
     logged = []
     trainer = SimpleNamespace(logger=SimpleNamespace(log=lambda data, step: logged.append((step, data))))

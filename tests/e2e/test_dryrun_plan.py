@@ -187,8 +187,8 @@ def test_a_model_without_a_config_here_is_skipped_in_one_line(capsys):
 
 
 def test_fsdp1_start_up_line_sizes_the_device_copy(tmp_path):
-    from slimckpt.verl_seam.dryrun import compose_config
-    from slimckpt.verl_seam.fsdp1_note import fsdp1_cost_line
+    from slimckpt.verl.dryrun import compose_config
+    from slimckpt.verl.fsdp1_note import fsdp1_cost_line
 
     model = tmp_path / "llama3-70b"
     model.mkdir()

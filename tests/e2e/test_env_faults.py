@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import slimckpt.read.locks as locks
 import slimckpt.save.errors as save_errors
-from slimckpt.format.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
+from slimckpt.layout.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure_markers
 from slimckpt.save.target import SaveTarget, TargetState
-from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+from slimckpt.storage import locks
+from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
 from ..helpers.slim_logs import lines_of
 
@@ -55,7 +55,7 @@ def test_readers_share_and_exclude_writers(tmp_path):
 def test_a_killed_holder_never_blocks(tmp_path):
     target = str(tmp_path / "out")
     code = (
-        "import sys, time; from slimckpt.read import locks\n"
+        "import sys, time; from slimckpt.storage import locks\n"
         "l = locks.acquire(sys.argv[1], exclusive=True, what='writing', fix='')\n"
         # far longer than the checks below (milliseconds): the holder still holds its lock when killed
         "print('held', flush=True); time.sleep(60)\n"
@@ -93,9 +93,9 @@ def test_describe_disk_full_and_read_only():
 def test_an_export_that_fails_in_training_gives_the_trainers_fix(code, fix):
     """The export's writers describe an OS error for `slimckpt merge` (--target_dir); inside a save
     (here as the background write's failure reaches the next save) the line is the trainer's."""
-    from slimckpt.format.os_errors import MERGE_FIXES
+    from slimckpt.engine.out_files import os_error
     from slimckpt.merge.pipeline import _message
-    from slimckpt.write.out_files import os_error
+    from slimckpt.storage.os_errors import MERGE_FIXES
 
     step_dir = "/ckpt/global_step_3/critic"
     export = os_error(
@@ -134,7 +134,7 @@ def test_describe_digs_through_dcp_and_torch_wrappers():
 
 
 def test_on_save_error_is_checked():
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     assert SlimCheckpointConfig().on_save_error == "stop"
     with pytest.raises(ValueError, match="did you mean 'continue'"):
@@ -183,8 +183,8 @@ def test_a_failure_after_the_manifest_leaves_the_step_committed(tmp_path):
     """A peer lost while the ranks learn the commit's outcome (rank 0 already wrote the manifest,
     and the tracker's watcher may already name the step): the save still fails, on every policy,
     but neither the failure note nor the discard touches the committed dir."""
-    import slimckpt.format.resume_manifest as rm
-    import slimckpt.write.resume_records as rr
+    import slimckpt.engine.resume_records as rr
+    import slimckpt.layout.resume_manifest as rm
 
     role = tmp_path / "global_step_5" / "critic"
     shard = role / "extra_state_world_size_2_rank_0.pt"
@@ -211,7 +211,7 @@ def test_a_save_after_a_lost_rank_fails_at_once(tmp_path, monkeypatch):
     """The actor's background write lost a rank; the critic's first save of the same step would
     make its group with the lost rank (a rendezvous that waits for the store's timeout). It fails
     at once instead, on every policy, naming the rank, before any collective."""
-    import slimckpt.save.lost_rank as lost_rank
+    from slimckpt.dist import lost_rank
 
     monkeypatch.setattr(lost_rank, "_LOST", [])
     monkeypatch.setattr(lost_rank, "in_a_job", lambda: True)
@@ -251,9 +251,10 @@ def test_restore_tracker_after_a_failed_step(tmp_path):
 
 
 def test_two_merges_into_one_target(tmp_path):
+    from slimckpt_testing.synthetic import synthetic_checkpoint
+
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
-    from slimckpt.testing.synthetic import synthetic_checkpoint
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     target = str(tmp_path / "out")
@@ -265,9 +266,10 @@ def test_two_merges_into_one_target(tmp_path):
 
 
 def test_merge_refuses_a_step_being_written(tmp_path):
+    from slimckpt_testing.synthetic import synthetic_checkpoint
+
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
-    from slimckpt.testing.synthetic import synthetic_checkpoint
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     with locks.writing(str(src), "saving step 1", fix=""):
@@ -323,7 +325,7 @@ def test_env_faults_script_through_verls_manager(tmp_path):
 def test_async_commit_watcher_follows_on_save_error(tmp_path, keep_going):
     """Async saves: the driver's watcher sees the failed step's marker; continue logs it, stop raises;
     the tracker never moves to it either way."""
-    from slimckpt.save.tracker import CommitWatcher
+    from slimckpt.save.driver.tracker import CommitWatcher
 
     role = tmp_path / "global_step_5" / "actor"
     role.mkdir(parents=True)

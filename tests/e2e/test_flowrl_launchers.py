@@ -34,11 +34,11 @@ def _dry_run(script: str, *args: str, env: dict | None = None) -> dict:
 
 def _assert_flowrl(cfg: dict, beta: float = 15.0) -> None:
     actor = cfg["actor_rollout_ref"]["actor"]
-    assert actor["policy_loss"]["_target_"] == "slimckpt.verl_seam.flowrl.config.FlowRLLossConfig"
+    assert actor["policy_loss"]["_target_"] == "slimckpt_flowrl.config.FlowRLLossConfig"
     assert actor["policy_loss"]["loss_mode"] == "flowrl" and actor["policy_loss"]["beta"] == beta
     assert actor["use_kl_loss"] is True and actor["kl_loss_coef"] == 0.0  # ref model on, verl's KL term off
     assert cfg["algorithm"]["adv_estimator"] == "grpo" and cfg["critic"]["enable"] is False
-    assert cfg["trainer"]["checkpoint_callback_class"] == "slimckpt.verl_seam.ckpt_metrics.CheckpointMetricsCallback"
+    assert cfg["trainer"]["checkpoint_callback_class"] == "slimckpt.verl.ckpt_metrics.CheckpointMetricsCallback"
 
 
 def test_train_70b_flowrl_with_a_recipe():

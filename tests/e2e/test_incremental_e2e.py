@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from slimckpt.format.resume_manifest import MANIFEST_NAME
+from slimckpt.layout.resume_manifest import MANIFEST_NAME
 from slimckpt.observe.save_reports import read_reports
 
 from ..helpers.verl_runs import step_metrics

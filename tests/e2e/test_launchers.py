@@ -52,7 +52,7 @@ def test_train_70b_dry_run_ppo():
     assert cfg["critic"]["fsdp"]["param_offload"] is True
     assert cfg["data"]["train_files"] == os.path.expanduser("~/data/gsm8k/train.parquet")
     # the recipe passed through "$@"
-    assert arr["actor"]["checkpoint"]["_target_"] == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
+    assert arr["actor"]["checkpoint"]["_target_"] == "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
     assert arr["actor"]["checkpoint"]["save_contents"] == ["model"]
     assert cfg["trainer"]["save_freq"] == 10
 
@@ -122,6 +122,6 @@ def test_train_small_dry_run():
     cfg = _composed(proc)
     assert (
         cfg["actor_rollout_ref"]["actor"]["checkpoint"]["_target_"]
-        == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
+        == "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
     )
     assert cfg["trainer"]["device"] == "cpu"

@@ -25,7 +25,7 @@ GLOO_TIMEOUT = (
 
 
 def test_peer_loss_is_told_from_other_failures():
-    import slimckpt.write.peers as peers
+    import slimckpt.dist.heartbeat as peers
 
     wrapped = RuntimeError("slimckpt: the background write of step 3 failed")
     wrapped.__cause__ = RuntimeError(GLOO_TIMEOUT)
@@ -39,7 +39,7 @@ def test_peer_loss_is_told_from_other_failures():
 
 
 def _beats(store, world, interval):
-    from slimckpt.write.peers import Heartbeat
+    from slimckpt.dist.heartbeat import Heartbeat
 
     return [Heartbeat(store, r, world, prefix="t", interval=interval) for r in range(world)]
 
@@ -85,7 +85,7 @@ def test_watch_ends_on_a_stopped_peer_only_after_its_timeout():
 
 
 def test_the_store_going_silent_names_its_host():
-    import slimckpt.write.peers as peers
+    import slimckpt.dist.heartbeat as peers
 
     class Gone:
         def add(self, key, n):

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from slimckpt_testing.launch import launch
 
-import slimckpt.format.retention_plan as rp
-import slimckpt.plan.cost as cost
-import slimckpt.save.best_metric as best_metric
-from slimckpt.testing.launch import launch
+import slimckpt.layout.retention_plan as rp
+from slimckpt.plan import cost
+from slimckpt.save.retention import best_metric
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def _simulate(policy: rp.RetentionPolicy, saves: int = 12) -> dict[str, int]:
 @pytest.mark.parametrize("keep_best", [0, 1, 2])
 def test_steps_held_is_what_retention_leaves_on_disk(max_keep, optimizer_last, keep_best):
     """plan's arithmetic (steps_held over retention.peak_steps) against the policy carried out."""
-    from slimckpt.save.retention import peak_steps
+    from slimckpt.save.retention.prune import peak_steps
 
     policy = rp.RetentionPolicy(
         max_keep=max_keep, optimizer_last=optimizer_last, keep_best=keep_best, best_metric="m" if keep_best else None
@@ -160,7 +160,7 @@ def test_plan_prints_the_retention_table(tmp_path):
 
 
 def test_the_config_refuses_settings_retention_cannot_carry_out():
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     for kwargs, key in (
         ({"keep_optimizer_last": 0}, "keep_optimizer_last"),
@@ -179,11 +179,11 @@ def test_the_trainers_tracking_records_metrics_at_save_steps_only(tmp_path):
     each log call at a step whose dir exists adds its numbers to that step's metrics file."""
     from verl.utils.tracking import Tracking
 
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     SlimCheckpointConfig()  # a recipe's config switches the checkpoint patches on, as in verl's trainer
     (tmp_path / "global_step_2").mkdir()
-    target = "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
+    target = "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
     config = {
         "trainer": {"default_local_dir": str(tmp_path)},
         "actor_rollout_ref": {
@@ -266,8 +266,8 @@ def test_retention_keeps_what_it_says_across_saves(tmp_path, fmt):
 def _interrupted_drops(whole: Path, tmp_path: Path) -> None:
     """A kill at each point of an incremental step's drop: before its new manifest (rolled back),
     after it (rolled forward); the step is intact at both points and after the next pass."""
-    import slimckpt.save.optimizer_drop as optimizer_drop
-    from slimckpt.format.resume_manifest import role_damage
+    from slimckpt.layout.resume_manifest import role_damage
+    from slimckpt.save.retention import optimizer_drop
 
     for stop_after_manifest in (False, True):
         role = tmp_path / f"kill_{stop_after_manifest}" / "global_step_4" / "actor"
@@ -330,7 +330,7 @@ def test_the_trainer_keeps_what_the_policy_says_and_resumes_a_dropped_step(reten
     recorded by verl's own Tracking, the steps on disk (and which hold the optimizer) are the policy's
     over those metrics, each is intact (`slimckpt verify`); a relaunch from step 1 (its optimizer dropped)
     resumes its model in one line and trains on."""
-    from slimckpt.save.optimizer_drop import holds_optimizer
+    from slimckpt.save.retention.optimizer_drop import holds_optimizer
 
     run, resumed = retention_runs
     recorded = {
@@ -347,7 +347,7 @@ def test_the_trainer_keeps_what_the_policy_says_and_resumes_a_dropped_step(reten
     }
     assert on_disk == expected, (on_disk, expected, recorded)
     assert expected["global_step_1"] is False and expected["global_step_4"] is True
-    from slimckpt.format.resume_manifest import role_damage
+    from slimckpt.layout.resume_manifest import role_damage
 
     for name in on_disk:  # the one definition of intact a load, `slimckpt verify` and the walk back ask
         assert role_damage(str(run.ckpt / name / "actor"))[1] == [], name

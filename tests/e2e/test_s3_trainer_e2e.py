@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from slimckpt.format.resume_manifest import MANIFEST_NAME, TRACKER_NAME
+from slimckpt.layout.resume_manifest import MANIFEST_NAME, TRACKER_NAME
 
 from ..helpers.verl_runs import step_metrics
 from .test_incremental_e2e import AFTER_UPDATE

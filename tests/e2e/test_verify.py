@@ -14,11 +14,11 @@ import sys
 import pytest
 import torch
 
-import slimckpt.cli as cli
-import slimckpt.format.merge_manifest as mm
-import slimckpt.format.resume_manifest as rm
-import slimckpt.write.output_dir as od
-import slimckpt.write.resume_records as rr
+import slimckpt.engine.output_dir as od
+import slimckpt.engine.resume_records as rr
+import slimckpt.layout.merge_manifest as mm
+import slimckpt.layout.resume_manifest as rm
+from slimckpt import cli
 from slimckpt.verify.command import KIND_INCREMENTAL, KIND_MERGE, KIND_NATIVE, detect, verify_path
 from slimckpt.verify.native import check_safetensors_header
 

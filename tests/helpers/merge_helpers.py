@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-
-from slimckpt.testing.launch import STACKS_ON_ABORT, end_hung_tree
-from slimckpt.testing.synthetic import synthetic_checkpoint, tiny_llama_config  # noqa: F401  (the tests' names)
+from slimckpt_testing.launch import STACKS_ON_ABORT, end_hung_tree
+from slimckpt_testing.synthetic import synthetic_checkpoint, tiny_llama_config  # noqa: F401  (the tests' names)
 
 # lazy imports: transformers, verl and DCP load in the tests that use them, so importing the helpers stays quick
 
@@ -43,9 +42,9 @@ def synthetic_dcp_step(root: Path, config=None, more: dict | None = None) -> Pat
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
-    from slimckpt.format.resume_manifest import Manifest, describe_files
-    from slimckpt.read.checkpoint_dir import DCP_DIR
-    from slimckpt.write.resume_records import write_manifest
+    from slimckpt.engine.checkpoint_dir import DCP_DIR
+    from slimckpt.engine.resume_records import write_manifest
+    from slimckpt.layout.resume_manifest import Manifest, describe_files
 
     config = config or tiny_llama_config()
     torch.manual_seed(0)
@@ -72,7 +71,7 @@ def synthetic_dcp_step(root: Path, config=None, more: dict | None = None) -> Pat
 
 
 def fsdp_checkpoint(tmp_path_factory, name: str, nproc: int, *args: str) -> Path:
-    """A real verl checkpoint from slimckpt.testing.verl_checkpoints.fsdp_checkpoint under torchrun, built once per session."""
+    """A real verl checkpoint from slimckpt_testing.verl_checkpoints.fsdp_checkpoint under torchrun, built once per session."""
     base = tmp_path_factory.getbasetemp() / "fsdp_fixtures" / name
     actor = base / "actor"
     done = base / "DONE"
@@ -80,7 +79,7 @@ def fsdp_checkpoint(tmp_path_factory, name: str, nproc: int, *args: str) -> Path
         return actor
     base.mkdir(parents=True, exist_ok=True)
     proc = torchrun(
-        nproc, ["-m", "slimckpt.testing.verl_checkpoints.fsdp_checkpoint", "--out", str(actor), *args], FIXTURE_TIMEOUT
+        nproc, ["-m", "slimckpt_testing.verl_checkpoints.fsdp_checkpoint", "--out", str(actor), *args], FIXTURE_TIMEOUT
     )
     assert proc.returncode == 0, f"fixture {name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     done.write_text("ok")
@@ -180,7 +179,7 @@ def torchrun(nproc: int, args: list[str], timeout: int = 300, env: dict | None =
     )
 
 
-# the distributed merges of the byte tests sleep up to this at each race point (slimckpt.write.race_points),
+# the distributed merges of the byte tests sleep up to this at each race point (slimckpt.engine.race_points),
 # so the ranks' order differs from run to run; `make stress-merge` does the same a hundred times
 SHAKE = {"SLIMCKPT_TEST_MERGE_DELAY": "0.005"}
 
@@ -214,7 +213,7 @@ def full_disk_after_headers(monkeypatch) -> None:
 
 def tree_bytes(path: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
     """Every file under `path` but slimckpt's merge manifest (and the names in `skip`), by relative path."""
-    from slimckpt.format.merge_manifest import MANIFEST_NAME
+    from slimckpt.layout.merge_manifest import MANIFEST_NAME
 
     return {
         str(p.relative_to(path)): p.read_bytes()

@@ -85,8 +85,8 @@ def trap_extra(role_dir: Path, marker: Path, rank: int = 0) -> None:
 
 def reseal(role_dir: Path) -> None:
     """The manifest rewritten over the files as they are now (sizes and checksums)."""
-    from slimckpt.format.resume_manifest import describe_files, read_manifest
-    from slimckpt.write.resume_records import write_manifest
+    from slimckpt.engine.resume_records import write_manifest
+    from slimckpt.layout.resume_manifest import describe_files, read_manifest
 
     m = read_manifest(str(role_dir))
     m.files = describe_files(str(role_dir), [e.path for e in m.files])

@@ -370,7 +370,7 @@ class RunPool:
         """The model and data every run shares, built once before two runs could build them at once
         (train_small.sh's own build then finds them and keeps them)."""
         out = self.root / "tiny_assets"
-        cmd = [sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(out), "--model", "llama", "--reuse"]
+        cmd = [sys.executable, "-m", "slimckpt_testing.tiny", "--out", str(out), "--model", "llama", "--reuse"]
         cmd += ["--warmup-steps", "0", "--max-operand", "4"]
         with open(self.root / "tiny_assets.log", "w") as log:
             # builds a 78k-parameter model and a few hundred rows in seconds; a run that needs them reports a failure
@@ -563,7 +563,7 @@ class S3Runs:
     killed: str  # the output of the run SIGKILLed after its step-3 commit
     resumed: str  # the output of its resume
     cwd: Path  # where both ran (no local copy of the URL may appear there)
-    server: object  # the session's S3 server (slimckpt.testing.s3_server.S3Server)
+    server: object  # the session's S3 server (slimckpt_testing.s3_server.S3Server)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""slimckpt.collective.outcome on a real 2-rank gloo group: every rank ends the same way."""
+"""slimckpt.dist.outcome on a real 2-rank gloo group: every rank ends the same way."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from slimckpt.collective.outcome import Failure, agree, first, from_rank0, on_every_rank
+from slimckpt.dist.outcome import Failure, agree, first, from_rank0, on_every_rank
 
 
 class Boom(RuntimeError):

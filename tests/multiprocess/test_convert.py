@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from slimckpt_testing.launch import launch
 
-import slimckpt.convert.plan as plan
-from slimckpt.testing.launch import launch
+from slimckpt.convert import plan
 
 REPO = Path(__file__).resolve().parents[2]
 STEP = 3
@@ -153,8 +153,8 @@ def test_a_run_without_the_recipe_names_the_convert_command(saved, tmp_path):
     newest step is in slimckpt's format, with one line naming the command."""
     import torch
 
-    from slimckpt.save.adopt import RoleLoad, plan_resume
-    from slimckpt.write.resume_records import write_tracker
+    from slimckpt.engine.resume_records import write_tracker
+    from slimckpt.resume.adopt import RoleLoad, plan_resume
 
     step = _copy_step(saved[2], tmp_path)
     torch.save({}, step / "data.pt")  # the trainer's dataloader state: a trainer's step is intact only with it
@@ -209,8 +209,8 @@ def test_other_model_is_refused_naming_the_file(saved, tmp_path, capsys, fmt):
     data["intermediate_size"] *= 2  # the config of another model beside these shards
     config.write_text(json.dumps(data))
     if fmt == "ours":  # committed as it is now: the manifest lists the new config's checksum
-        import slimckpt.format.resume_manifest as rm
-        import slimckpt.write.resume_records as rr
+        import slimckpt.engine.resume_records as rr
+        import slimckpt.layout.resume_manifest as rm
 
         manifest = rm.read_manifest(str(step / "actor"))
         manifest.files = rm.describe_files(str(step / "actor"), [f.path for f in manifest.files])
@@ -249,7 +249,7 @@ def test_existing_target_is_kept_without_overwrite(saved, tmp_path, capsys):
 
 KILLED = """
 import os, signal, sys
-import slimckpt.convert.rank_file as rank_file
+from slimckpt.convert import rank_file
 real = rank_file.write
 def write(path, *a, **k):
     real(path, *a, **k)

@@ -1,5 +1,5 @@
 """The coverage matrix: tiny models of every family verl users train, saved through
-verl 0.9.1's own FSDPCheckpointManager (slimckpt.testing.verl_checkpoints.fsdp_checkpoint, gloo on CPU), and for each:
+verl 0.9.1's own FSDPCheckpointManager (slimckpt_testing.verl_checkpoints.fsdp_checkpoint, gloo on CPU), and for each:
 
 - `slimckpt merge` (in this process, streamed) writes every file verl's merger writes, byte for byte
   (verl's merger, unpatched, is the reference), without falling back to verl's merger;
@@ -114,7 +114,7 @@ def save_cell(root: Path, cell: tuple[int, int]) -> tuple[Path, float, str]:
             "--nproc_per_node",
             str(world),
             "-m",
-            "slimckpt.testing.verl_checkpoints.fsdp_checkpoint",
+            "slimckpt_testing.verl_checkpoints.fsdp_checkpoint",
             "--out",
             str(out),
             "--fsdp-version",
@@ -230,8 +230,7 @@ def check_adapter_loads(ref: Path, model: str) -> str:
     """Whether peft loads the lora_adapter/ verl's merger wrote (ours is byte-equal to it)."""
     import torch
     from peft import PeftModel
-
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import auto_class
 
     try:
         PeftModel.from_pretrained(auto_class(model).from_pretrained(ref, dtype=torch.bfloat16), ref / "lora_adapter")
@@ -260,10 +259,10 @@ def check_merge_lora(ckpt: Path, work: Path, ref: Path, model: str) -> str:
     """`--merge_lora` (bf16) against peft's merge_and_unload() of verl's merger output, as loaded."""
     import torch
     from peft import PeftModel
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import auto_class
 
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class
 
     try:
         merge(

@@ -10,8 +10,7 @@ import subprocess
 import sys
 
 import pytest
-
-from slimckpt.testing.launch import launch
+from slimckpt_testing.launch import launch
 
 from ..conftest import REPO
 from ..helpers.without_verl import BLOCKED, env_without_verl
@@ -41,7 +40,7 @@ def test_engine_saves_and_resumes_fsdp2_without_verl(tmp_path):
 def test_gpu_checks_fsdp_save_checks_run_without_verl(tmp_path):
     code = (
         "import json, sys\n"
-        "from slimckpt.testing.gpu_check_fsdp import check_fsdp_save\n"
+        "from slimckpt_testing.gpu_check_fsdp import check_fsdp_save\n"
         "checks, figures = check_fsdp_save('cpu', hidden=64)\n"
         "stack = sorted(m for m in sys.modules if m.split('.')[0] in ('verl', 'ray', 'omegaconf', 'hydra'))\n"
         "print(json.dumps({'checks': checks, 'stack': stack}))\n"

@@ -1,7 +1,7 @@
-"""slimckpt.testing.verl_checkpoints.fake_pg_checkpoint: a checkpoint written one rank at a time over torch's fake
+"""slimckpt_testing.verl_checkpoints.fake_pg_checkpoint: a checkpoint written one rank at a time over torch's fake
 process group, from a meta model, is the one verl's manager writes over a real gloo group from a
 materialised model (same files, same tensor records byte for byte, same DTensor metadata), and its
-merge holds the builder's values, checked by slimckpt.testing.merge_check."""
+merge holds the builder's values, checked by slimckpt_testing.merge_check."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..conftest import REPO
 
 WORLD = 3  # the tiny preset's 256-row embedding splits 86/86/84: uneven shards on purpose
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
-BUILDER = ["-m", "slimckpt.testing.verl_checkpoints.fake_pg_checkpoint", "--save-contents", "model,extra"]
+BUILDER = ["-m", "slimckpt_testing.verl_checkpoints.fake_pg_checkpoint", "--save-contents", "model,extra"]
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +121,8 @@ def test_fake_group_writes_what_a_real_group_writes(pair):
 @pytest.mark.slow
 def test_merge_of_fake_group_checkpoint_holds_the_builder_values(pair, tmp_path):
     from safetensors import safe_open
-
-    from slimckpt.testing.merge_check import check_merged
-    from slimckpt.testing.verl_checkpoints.fake_pg_checkpoint import expected_values
+    from slimckpt_testing.merge_check import check_merged
+    from slimckpt_testing.verl_checkpoints.fake_pg_checkpoint import expected_values
 
     fake, _ = pair
     target = tmp_path / "merged"

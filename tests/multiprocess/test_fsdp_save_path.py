@@ -1,5 +1,5 @@
 """The incremental tier's save path on FSDP1 and FSDP2, as scripts/gpu_check.sh checks it on a GPU
-(slimckpt.testing.gpu_check_fsdp), run here on the CPU: two ranks over gloo take the save's state dict exactly
+(slimckpt_testing.gpu_check_fsdp), run here on the CPU: two ranks over gloo take the save's state dict exactly
 as resume_state does. FSDP1's is a copy of the rank's shards (the copy `slimckpt plan` shows as the
 device memory an FSDP1 save adds, on the accelerator when training runs there), FSDP2's is views of
 the live shards; both round-trip bit-equal through the tier's DCP writer."""
@@ -7,9 +7,9 @@ the live shards; both round-trip bit-equal through the tier's DCP writer."""
 from __future__ import annotations
 
 import pytest
+from slimckpt_testing.gpu_check_fsdp import check_fsdp_save
 
-import slimckpt.plan.cost as cost
-from slimckpt.testing.gpu_check_fsdp import check_fsdp_save
+from slimckpt.plan import cost
 
 
 @pytest.mark.slow

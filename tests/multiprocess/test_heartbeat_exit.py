@@ -19,7 +19,7 @@ CHILD = textwrap.dedent(
     import sys, time
     from datetime import timedelta
     import torch.distributed as dist
-    import slimckpt.write.peers as peers
+    import slimckpt.dist.heartbeat as peers
 
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
     wait = timedelta(milliseconds=float(sys.argv[1]))

@@ -1,4 +1,4 @@
-"""The incremental tier's gather-free HF export (slimckpt.save.hf_direct_export, export_assign).
+"""The incremental tier's gather-free HF export (slimckpt.save.export.direct, export_assign).
 
 Fast: which rank writes which rows (pure planning). Slow: a torchrun scenario (2 ranks, gloo, FSDP2)
 that saves a tiny Llama and a tiny tied Qwen2 with verl's own hf_model and with export_hf (sync and
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from slimckpt.format.export_assign import (
+from slimckpt.layout.export_assign import (
     AssignError,
     Box,
     Piece,
@@ -56,8 +56,8 @@ def test_merged_lora_writers_hold_b_rows_of_their_w_rows():
     """export_merge_lora: W [out, in] and B [out, r] have the same dim 0, so FSDP's chunks put B's rows
     of a rank's W rows on that rank for every size and world size (B is sliced, not gathered); where
     a writer lacks them (B cut elsewhere, or only some of its r columns) B is all-gathered like A."""
-    from slimckpt.format.layout import LoraDelta, Take
-    from slimckpt.save.hf_direct_export import b_rows_elsewhere
+    from slimckpt.layout.safetensors_layout import LoraDelta, Take
+    from slimckpt.save.export.direct import b_rows_elsewhere
 
     takes: dict = {}
     for n in range(1, 12):
@@ -213,7 +213,7 @@ def test_take_pieces_joins_runs_and_skips_what_it_does_not_need():
 
 
 def test_config_accepts_auto_only_for_the_incremental_tier():
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     ok = SlimCheckpointConfig(
         recipe="incremental",
@@ -232,7 +232,7 @@ def test_config_accepts_auto_only_for_the_incremental_tier():
 def test_verl_save_skips_its_hf_model_gather_only_when_the_export_replaces_it():
     from types import SimpleNamespace
 
-    from slimckpt.save.hf_direct_export import side_contents
+    from slimckpt.save.export.direct import side_contents
     from slimckpt.save.target import SaveTarget, TargetState
 
     def target(export_hf: bool):

@@ -1,5 +1,5 @@
 """resume_mode=auto goes on from the newest intact step when the tracker's step is damaged
-(slimckpt.save.intact_resume around verl's trainer `_load_checkpoint`), resume_from_path to a
+(slimckpt.resume.intact_resume around verl's trainer `_load_checkpoint`), resume_from_path to a
 damaged step refuses in one line, and a manifest without its seal or of another format is damaged
 for the load and for `slimckpt verify` alike. The multi-process version (verl's real manager and
 PPOTrainer._load_checkpoint under torchrun) is test_damaged_newest_step_resumes_the_previous_one."""
@@ -14,13 +14,13 @@ import random
 import pytest
 import torch
 from omegaconf import OmegaConf
+from slimckpt_testing.damage import KINDS, damage_step
 
-import slimckpt.format.merge_manifest as mm
-import slimckpt.format.resume_manifest as rm
-import slimckpt.save.intact_resume as intact_resume
-import slimckpt.write.output_dir as od
-import slimckpt.write.resume_records as rr
-from slimckpt.testing.damage import KINDS, damage_step
+import slimckpt.engine.output_dir as od
+import slimckpt.engine.resume_records as rr
+import slimckpt.layout.merge_manifest as mm
+import slimckpt.layout.resume_manifest as rm
+from slimckpt.resume import intact_resume
 from slimckpt.verify.command import verify_path
 
 from ..conftest import scenario_result
@@ -46,7 +46,7 @@ class Trainer:
 
     def __init__(self, root, mode="auto", path=None, verify=True, target=None):
         checkpoint = {
-            "_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig",
+            "_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig",
             "incremental_save": True,
             "verify": verify,
         }

@@ -1,6 +1,6 @@
 """A load, verify or merge right after a save sees the committed step, in every async_save mode:
 verl's checkpoint round trip (tests/scenarios/roundtrip.py) under torchrun, FSDP1 and FSDP2, plus
-the in-process registry of commits in flight (slimckpt.read.in_flight)."""
+the in-process registry of commits in flight (slimckpt.storage.in_flight)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 import time
 
 import pytest
+from slimckpt_testing.launch import launch
 
-import slimckpt.read.in_flight as in_flight
-from slimckpt.testing.launch import launch
+from slimckpt.storage import in_flight
 
 from ..conftest import REPO
 

@@ -12,8 +12,8 @@ import shutil
 import pytest
 import torch
 
-import slimckpt.cli as cli
-from slimckpt.format.merge_manifest import MANIFEST_NAME
+from slimckpt import cli
+from slimckpt.layout.merge_manifest import MANIFEST_NAME
 
 from ..helpers.merge_helpers import assert_same_tensors, dir_tensors, run
 

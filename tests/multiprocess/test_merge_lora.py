@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
+from slimckpt.layout.merge_manifest import MANIFEST_NAME, verify
 from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeError, MergeOptions
 

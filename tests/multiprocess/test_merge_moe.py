@@ -18,13 +18,13 @@ import sys
 
 import pytest
 import torch
+from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import MOE_MODELS, build_config, parse_args
 
-import slimckpt.format.layout as layout
-from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
+import slimckpt.layout.safetensors_layout as layout
 from slimckpt.hf.naming import HfSide, NeedsVerlMerger
+from slimckpt.layout.merge_manifest import MANIFEST_NAME, verify
 from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeOptions
-from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import MOE_MODELS, build_config, parse_args
 
 from ..helpers.merge_helpers import (
     SHAKE,
@@ -99,7 +99,7 @@ def test_a_strided_or_composite_conversion_is_refused_in_one_line(tmp_path, monk
 
 
 def _source(name, full: torch.Tensor, shard_dim, pieces):
-    from slimckpt.read.sources import SourceTensor
+    from slimckpt.engine.verl_sources import SourceTensor
 
     return SourceTensor(name, tuple(full.shape), full.dtype, shard_dim, pieces, list(range(len(pieces))))
 
@@ -111,8 +111,8 @@ def test_the_torch_writer_cuts_spans_from_every_kind_of_source(tmp_path, kind):
     7-byte chunks: the bytes of the spans cut from the whole tensor."""
     from safetensors.torch import load_file
 
-    from slimckpt.write.out_files import create_files
-    from slimckpt.write.share_writer import ShareWriter
+    from slimckpt.engine.out_files import create_files
+    from slimckpt.engine.share_writer import ShareWriter
 
     full = torch.randn(3, 6, 5, generator=torch.Generator().manual_seed(0))
     pieces = {
@@ -143,9 +143,9 @@ def test_the_torch_writer_cuts_spans_from_every_kind_of_source(tmp_path, kind):
 
 
 def test_the_torch_writer_compares_unsharded_copies_of_a_split_tensor(tmp_path):
-    from slimckpt.read.sources import CheckpointError
-    from slimckpt.write.out_files import create_files
-    from slimckpt.write.share_writer import ShareWriter
+    from slimckpt.engine.out_files import create_files
+    from slimckpt.engine.share_writer import ShareWriter
+    from slimckpt.engine.verl_sources import CheckpointError
 
     full = torch.randn(2, 4, 3)
     other = full.clone()

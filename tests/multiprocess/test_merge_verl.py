@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
+from slimckpt.layout.merge_manifest import MANIFEST_NAME, verify
 from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeOptions
 
@@ -124,7 +124,7 @@ def test_same_as_verl_merger(tmp_path_factory, tmp_path, name):
 
 def test_checkpoint_formats_are_what_we_claim(tmp_path_factory):
     """The fixtures really hold what sources.py documents: DTensor Shard(0) (FSDP1 too), 2-D meshes, Shard(1)."""
-    from slimckpt.read.sources import open_checkpoint
+    from slimckpt.engine.verl_sources import open_checkpoint
 
     c = open_checkpoint(str(checkpoint(tmp_path_factory, "fsdp1_qwen2_tied")))
     assert c.fsdp_version == 1 and c.mesh.dim_names == ("fsdp",)
@@ -285,9 +285,8 @@ def test_slimckpt_cli_end_to_end(tmp_path_factory, tmp_path):
 
 
 def test_fsdp1_sharded_tensor_format(tmp_path_factory, tmp_path):
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, parse_args
     from transformers import AutoModelForCausalLM
-
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, parse_args
 
     name, nproc, args = SHARDED_TENSOR
     ckpt = fsdp_checkpoint(tmp_path_factory, name, nproc, *args)

@@ -84,7 +84,7 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
         fake = pool.submit(
             # 68 ranks forked one after another, each a few tenths of a second; 300 s is a hang
             run,
-            [sys.executable, "-c", f"from slimckpt.testing.verl_checkpoints.fake_pg_checkpoint import main; {calls}"],
+            [sys.executable, "-c", f"from slimckpt_testing.verl_checkpoints.fake_pg_checkpoint import main; {calls}"],
             {"SLIMCKPT_LOG_LEVEL": "WARNING"},
             300,
         )
@@ -109,14 +109,14 @@ def unsharded(case: str, tmp_path: Path) -> dict[str, torch.Tensor]:
     under the names of verl's `lora_adapter/` (prefixed so here)."""
     name = CASES[case][0]
     if name in FAKE_PG:
-        import slimckpt.testing.verl_checkpoints.fake_pg_checkpoint as fake
-        from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config
+        import slimckpt_testing.verl_checkpoints.fake_pg_checkpoint as fake
+        from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config
 
         args = fake.parse_args(["--out", "-", *FAKE_PG[name]])
         model = auto_class(args.model).from_config(build_config(args, args.model), dtype=torch.float32)
         fake.fill_model(model)  # the values the builder gave every rank's rows
         return saved_tensors(model, tmp_path / "unsharded")
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_model, parse_args
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_model, parse_args
 
     args = parse_args(["--out", "-", *TORCHRUN_ARGS])
     model = build_model(args, name)
@@ -258,8 +258,8 @@ def test_the_checkpoints_hold_what_each_case_names(ckpts):
 def test_no_fallback_to_verls_merger_where_it_would_read_rank0_alone(ckpts, tmp_path, monkeypatch):
     """A checkpoint slimckpt cannot stream goes to verl's merger, but not one whose first key is
     unsharded (verl would write rank 0's rows of every tensor): that is refused in one line."""
-    import slimckpt.merge.pipeline as pipeline
     from slimckpt.hf.naming import NeedsVerlMerger
+    from slimckpt.merge import pipeline
     from slimckpt.merge.plan import MergeError
 
     def cannot_stream(*args, **kwargs):

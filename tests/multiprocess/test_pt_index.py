@@ -1,4 +1,4 @@
-"""slimckpt.read.pt_index, the one reader of `.pt` files: byte locations of every tensor read without
+"""slimckpt.engine.pt_index, the one reader of `.pt` files: byte locations of every tensor read without
 torch, equal to what torch.load (mmap) makes of the same files; a damaged file refused, never misread."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import zipfile
 import pytest
 import torch
 
-import slimckpt.read.pt_index as pt_index
-import slimckpt.read.pt_tensors as pt_tensors
+from slimckpt.engine import pt_index, pt_tensors
+from slimckpt.engine.verl_sources import open_checkpoint
 from slimckpt.observe.memory import rss_anon_bytes
-from slimckpt.read.sources import open_checkpoint
 
 from ..conftest import run_python
 from ..helpers.merge_helpers import fsdp_checkpoint, synthetic_checkpoint
@@ -244,7 +243,7 @@ def test_no_torch_imported(plain):
     want = {repr(k): r.offset for k, r in pt_index.tensor_records(pt_index.PtFile(path).state)}
     code = (
         "import json, sys\n"
-        "from slimckpt.read import pt_index\n"
+        "from slimckpt.engine import pt_index\n"
         f"records = pt_index.tensor_records(pt_index.PtFile({path!r}).state)\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))\n"
         "print(json.dumps({'offsets': {repr(k): r.offset for k, r in records}, 'heavy': heavy}))\n"

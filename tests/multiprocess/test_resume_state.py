@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from slimckpt_testing.launch import launch
 
-import slimckpt.format.resume_manifest as rm
-import slimckpt.write.resume_records as rr
-from slimckpt.testing.launch import launch
+import slimckpt.engine.resume_records as rr
+import slimckpt.layout.resume_manifest as rm
 
 from ..conftest import REPO, scenario_result
 
@@ -111,7 +111,7 @@ def test_retention_keeps_the_newest_and_the_tracker_step(tmp_path):
 
 
 def test_commit_watcher_moves_tracker_only_after_every_manifest(tmp_path):
-    from slimckpt.save.tracker import CommitWatcher
+    from slimckpt.save.driver.tracker import CommitWatcher
 
     root = str(tmp_path)
     actor = _role_dir(tmp_path, 4, "actor")
@@ -131,7 +131,7 @@ def test_commit_watcher_moves_tracker_only_after_every_manifest(tmp_path):
 
 
 def test_commit_watcher_stops_on_a_failed_write(tmp_path):
-    from slimckpt.save.tracker import CommitWatcher
+    from slimckpt.save.driver.tracker import CommitWatcher
 
     actor = _role_dir(tmp_path, 2, "actor")
     watcher = CommitWatcher(str(tmp_path))
@@ -148,7 +148,7 @@ def test_commit_watcher_gives_up_a_step_retention_deleted(tmp_path):
     its manifest. The watcher neither hangs nor names it; the tracker stays where it was."""
     import shutil
 
-    from slimckpt.save.tracker import CommitWatcher
+    from slimckpt.save.driver.tracker import CommitWatcher
 
     _role_dir(tmp_path, 5, "actor")
     rr.write_tracker(str(tmp_path), 4)
@@ -167,7 +167,7 @@ def test_commit_watcher_gives_up_a_step_whose_role_dir_retention_removed(tmp_pat
     is committed, the watcher gives the old step up without naming it, for any watched role."""
     import shutil
 
-    from slimckpt.save.tracker import CommitWatcher
+    from slimckpt.save.driver.tracker import CommitWatcher
 
     watcher = CommitWatcher(str(tmp_path))  # this run's saves: step 1, then 2
     for role in ("actor", "critic"):
@@ -189,7 +189,7 @@ def test_commit_watcher_gives_up_a_step_whose_role_dir_retention_removed(tmp_pat
 def test_commit_watcher_still_waits_for_an_unfinished_step_without_a_newer_commit(tmp_path):
     """A role dir without its manifest is given up only when a newer step of that role has
     committed: before that, it is a write still in flight (or a half-written step) and is never named."""
-    from slimckpt.save.tracker import CommitWatcher
+    from slimckpt.save.driver.tracker import CommitWatcher
 
     _role_dir(tmp_path, 3, "actor")
     (tmp_path / "global_step_3" / "data.pt").write_bytes(b"d")
@@ -209,7 +209,7 @@ def test_commit_watcher_still_waits_for_an_unfinished_step_without_a_newer_commi
 def test_commit_watcher_names_a_step_below_a_newer_commit_left_from_before_the_run(tmp_path):
     """A resume that walked back from a damaged step 4 to step 2 saves step 3: step 4's old
     manifest is no commit of this run, so step 3 is named once it commits (not given up)."""
-    from slimckpt.save.tracker import CommitWatcher
+    from slimckpt.save.driver.tracker import CommitWatcher
 
     _commit(_role_dir(tmp_path, 4, "actor"), 4)
     rr.atomic_write_text(str(tmp_path / rm.TRACKER_NAME), "2")
@@ -229,7 +229,7 @@ def test_commit_watcher_names_a_step_below_a_newer_commit_left_from_before_the_r
 def test_watched_roles_follow_the_configs():
     from omegaconf import OmegaConf
 
-    from slimckpt.save.tracker import watched_roles
+    from slimckpt.save.driver.tracker import watched_roles
 
     def trainer(actor: dict, critic: dict, use_critic: bool = True):
         config = OmegaConf.create(
@@ -237,7 +237,7 @@ def test_watched_roles_follow_the_configs():
         )
         return type("T", (), {"config": config, "use_critic": use_critic})()
 
-    slim = {"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
+    slim = {"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
     verl = {"_target_": "verl.trainer.config.CheckpointConfig"}
     assert watched_roles(trainer({**slim, "async_save": False}, slim)) is None
     assert watched_roles(trainer({**slim, "async_save": True}, {**slim, "async_save": True})) == ["actor", "critic"]
@@ -256,7 +256,7 @@ def test_misspelled_field_names_the_field_and_the_valid_ones():
 
     cfg = OmegaConf.create(
         {
-            "_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig",
+            "_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig",
             "recipe": "incremental",
             "bukcet_mb": 3,
         }
@@ -268,7 +268,7 @@ def test_misspelled_field_names_the_field_and_the_valid_ones():
 
 
 def test_async_without_incremental_is_rejected():
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     with pytest.raises(ValueError, match="incremental_save=true"):
         SlimCheckpointConfig(recipe="incremental", async_save=True)
@@ -382,7 +382,7 @@ def test_reshard_message_names_derived_and_dropped_ranks():
 def _torchrun(nproc: int, *args: str, timeout: int = 240, log_level: str = "WARNING") -> subprocess.CompletedProcess:
     run = launch(
         nproc,
-        "slimckpt.testing.verl_checkpoints.resume_scenarios",
+        "slimckpt_testing.verl_checkpoints.resume_scenarios",
         *args,
         timeout=timeout,
         cwd=REPO,
@@ -458,7 +458,7 @@ def test_reshard_to_more_then_fewer_ranks_keeps_or_derives_rng(ws2_scenarios, tm
     # the world-size-3 step (uneven shards) merges to the state it saved
     import torch
 
-    import slimckpt.cli as cli
+    from slimckpt import cli
 
     from ..helpers.merge_helpers import assert_same_tensors, dir_tensors
 

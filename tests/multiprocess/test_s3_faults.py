@@ -11,8 +11,7 @@ import subprocess
 import sys
 
 import pytest
-
-import slimckpt.testing.s3_server as s3_server
+from slimckpt_testing import s3_server
 
 from ..conftest import REPO
 

@@ -16,9 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import slimckpt.storage.s3 as s3
 from slimckpt.observe.memory import RssSampler
-from slimckpt.storage import for_path
+from slimckpt.storage import for_path, s3
 from slimckpt.storage.s3_errors import S3BadCredentials, S3NotFound
 
 pytestmark = pytest.mark.slow
@@ -273,7 +272,7 @@ def test_a_process_using_the_backend_prints_and_logs_no_secret(s3_server, tmp_pa
 import logging, os
 logging.basicConfig(level=logging.DEBUG)
 os.environ["SLIMCKPT_LOG_LEVEL"] = "DEBUG"
-import slimckpt.storage.s3 as s3
+from slimckpt.storage import s3
 from slimckpt.storage import for_path
 store = for_path({url!r})
 store.check_access({url!r})

@@ -13,8 +13,7 @@ import subprocess
 import sys
 
 import pytest
-
-from slimckpt.testing.launch import launch
+from slimckpt_testing.launch import launch
 
 from ..conftest import REPO
 
@@ -196,7 +195,7 @@ def test_a_merge_from_s3_holds_the_bound_of_a_merge_from_disk(s3_server, s3_url,
     the merge from S3 adds at most the fetch's blocks (FILES_AT_ONCE x READ_BLOCK) and the client."""
     import math
 
-    from slimckpt.read.remote_step import FILES_AT_ONCE, READ_BLOCK
+    from slimckpt.engine.remote_step import FILES_AT_ONCE, READ_BLOCK
 
     from ..helpers.merge_helpers import big_dcp_config, synthetic_dcp_step
     from ..unit.test_merge_memory import peak_rss_anon

@@ -12,13 +12,13 @@ import random
 import numpy as np
 import pytest
 import torch
+from slimckpt_testing.launch import launch
 
-import slimckpt.cli as cli
-import slimckpt.read.pickle_policy as pickle_policy
-from slimckpt.read.pickle_policy import PickleRefused, RestrictedUnpickler, check_bytes, check_file
-from slimckpt.read.safe_load import load_torch_file
-from slimckpt.read.step_pickles import dcp_refusals
-from slimckpt.testing.launch import launch
+from slimckpt import cli
+from slimckpt.engine import pickle_policy
+from slimckpt.engine.pickle_policy import PickleRefused, RestrictedUnpickler, check_bytes, check_file
+from slimckpt.engine.safe_load import load_torch_file
+from slimckpt.engine.step_pickles import dcp_refusals
 from slimckpt.verify.command import verify_path
 
 from ..conftest import REPO, pickle_refusals

@@ -1,5 +1,5 @@
 """async_save=stream under verl's param/optimizer offload: the write follows an offload to the host
-copies verl makes and keeps what a reload drops until it has read it (slimckpt.save.stream_guards,
+copies verl makes and keeps what a reload drops until it has read it (slimckpt.save.modes.stream_guards,
 StreamCapture.before_move/after_move). In process on a module with a device move that really
 moves storage on a CPU, then through verl's FSDPCheckpointManager and FSDPEngine.save_checkpoint
 at 2 ranks (tests/scenarios/stream_offload.py)."""
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from slimckpt_testing.launch import launch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-import slimckpt.save.stream_guards as stream_guards
-from slimckpt.save.stream_capture import StreamCapture, live_tensors
-from slimckpt.testing.launch import launch
+from slimckpt.save.modes import stream_guards
+from slimckpt.save.modes.stream_capture import StreamCapture, live_tensors
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,10 +139,7 @@ def test_a_move_with_no_capture_in_flight_is_verls_own(saved):
 
 
 def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
-    import slimckpt.plan.build as build
-    import slimckpt.plan.command as command
-    import slimckpt.plan.cost as cost
-    import slimckpt.plan.printers as printers
+    from slimckpt.plan import build, command, cost, printers
     from slimckpt.plan.stream import stream_block
 
     gib = 2**30

@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
-import slimckpt.save.stream_capture as stream_capture
-from slimckpt.save.stream_capture import StreamCapture
+from slimckpt.save.modes import stream_capture
+from slimckpt.save.modes.stream_capture import StreamCapture
 
 from ..conftest import scenario_result
 

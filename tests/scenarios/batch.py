@@ -2,10 +2,10 @@
 tests/conftest.py's `ws2_scenarios`: each torchrun pays ~10 s of start-up (torch, transformers and
 verl imported on every rank) before seconds of work, so the tests share one.
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.batch --dir D [NAME ...]
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.batch --dir D [NAME ...]
 
 NAME (default all of SCENARIOS) runs in its own directory D/NAME with the settings its test had
-as a torchrun of its own (slimckpt.testing.verl_checkpoints.resume_scenarios, tests/scenarios/hf_direct_export.py,
+as a torchrun of its own (slimckpt_testing.verl_checkpoints.resume_scenarios, tests/scenarios/hf_direct_export.py,
 tests/scenarios/critic_save.py, presave.py, stream.py); every
 module-level switch a scenario sets or patches is put back before the next one starts. A scenario
 that raises on every rank leaves D/NAME/error.txt (rank 0's traceback) and the next one runs;
@@ -21,8 +21,7 @@ import traceback
 from types import SimpleNamespace
 
 import torch.distributed as dist
-
-import slimckpt.testing.verl_checkpoints.resume_scenarios as resume_scenarios
+from slimckpt_testing.verl_checkpoints import resume_scenarios
 
 from . import critic_save as critic_save_scenario
 from . import hf_direct_export as hf_direct_export_scenario
@@ -63,11 +62,10 @@ def _module_state() -> dict:
     """Every module attribute a scenario sets or monkeypatches, to put back after it."""
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-    import slimckpt.save.hf_direct_export as hf_direct_export
-    import slimckpt.save.step_commit as step_commit
-    import slimckpt.save.step_write as step_write
-    import slimckpt.save.stream_capture as stream_capture
+    import slimckpt.save.export.direct as hf_direct_export
     from slimckpt.hf.naming import HfSide
+    from slimckpt.save import step_commit, step_write
+    from slimckpt.save.modes import stream_capture
 
     return {
         (resume_scenarios, "MODEL"): resume_scenarios.MODEL,

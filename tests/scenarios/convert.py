@@ -1,10 +1,10 @@
 """Multi-process scenarios for `slimckpt convert`, run by tests/multiprocess/test_convert.py under torchrun (gloo,
 CPU, a tiny Llama) through verl's real FSDPCheckpointManager:
 
-    torchrun --nproc_per_node N -m slimckpt.testing.launch tests.scenarios.convert save --dir D [--fsdp 1|2]
+    torchrun --nproc_per_node N -m slimckpt_testing.launch tests.scenarios.convert save --dir D [--fsdp 1|2]
         train 3 steps; save step 3 as +recipe=incremental does (D/ours) and as verl does (D/verl),
         with the tracker; dump the full state (D/full_state.pt); train 3 more steps (the reference)
-    SLIMCKPT_DISABLE=1 torchrun --nproc_per_node M -m slimckpt.testing.launch tests.scenarios.convert resume --dir D \
+    SLIMCKPT_DISABLE=1 torchrun --nproc_per_node M -m slimckpt_testing.launch tests.scenarios.convert resume --dir D \
             --name X --case NAME:SAVED:ROOT [--case ...]
         unpatched verl, for each case: find the step the tracker of ROOT names (verl's own
         find_latest_ckpt_path), load it, compare the full state with SAVED/full_state.pt, train 3 steps
@@ -19,10 +19,9 @@ import functools
 import json
 import os
 
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs  # the same model, optimizer and training step
 import torch
 import torch.distributed as dist
-
-import slimckpt.testing.verl_checkpoints.resume_scenarios as rs  # the same model, optimizer and training step
 
 # lazy imports: verl and slimckpt's modules load inside a scenario (resume runs verl unpatched)
 SAVE_STEP, STEPS_AFTER = 3, 3
@@ -48,8 +47,8 @@ def scenario_save(args) -> None:
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
+    from slimckpt.engine.resume_records import write_tracker
     from slimckpt.save.resume_state import finish_pending
-    from slimckpt.write.resume_records import write_tracker
 
     run = rs.Run(seed=0, ckpt_config=rs.slim_config())
     for _ in range(3):
@@ -157,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> None:
     rs.FSDP_VERSION = args.fsdp
     if args.fsdp == 1:  # verl's default FSDP1 wrapping: flat parameters (fsdp_config.use_orig_params=false)
-        import slimckpt.testing.verl_checkpoints.fsdp_checkpoint as fsdp_checkpoint
+        from slimckpt_testing.verl_checkpoints import fsdp_checkpoint
 
         fsdp_checkpoint.wrap_fsdp1 = functools.partial(fsdp_checkpoint.wrap_fsdp1, use_orig_params=False)
     globals()[f"scenario_{args.scenario}"](args)

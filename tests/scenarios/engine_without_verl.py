@@ -1,10 +1,10 @@
 """The checkpoint engine saves and resumes an FSDP2 model for a caller that is not verl, in a process
 where verl, Ray, omegaconf and hydra cannot be imported; run by tests/multiprocess/test_engine_without_verl.py:
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.engine_without_verl --dir D
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.engine_without_verl --dir D
 
 Per async mode (off, pool, stream), with a fresh model: one optimizer step, a save of step 1 through
-`save.resume_save.save_resume_state` with a SaveTarget built here, a second step (the live shards move on),
+`save.step_save.save_resume_state` with a SaveTarget built here, a second step (the live shards move on),
 then `save.resume_load.load_resume_state` into the same model: the model's shards, the optimizer's state
 and the lr scheduler must equal what was saved, bit for bit. Rank 0 writes D/engine_result.json.
 """
@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-import slimckpt.save.resume_async as resume_async
-from slimckpt.format.resume_manifest import MANIFEST_NAME
+import slimckpt.save.modes.writer as resume_async
+from slimckpt.layout.resume_manifest import MANIFEST_NAME
 from slimckpt.options.checkpoint_options import CheckpointOptions
-from slimckpt.save.resume_load import load_resume_state
-from slimckpt.save.resume_save import save_resume_state
+from slimckpt.resume.load import load_resume_state
+from slimckpt.save.step_save import save_resume_state
 from slimckpt.save.target import SaveTarget, TargetState, fsdp_version_of
 
 STACK = ("verl", "ray", "omegaconf", "hydra")

@@ -1,7 +1,7 @@
 """torchrun scenario for the gather-free HF export (tests/multiprocess/test_hf_direct_export.py):
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.hf_direct_export --dir D [--models llama,qwen2-tied] [--fsdp 2]
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.hf_direct_export --dir D --measure 0.25b
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.hf_direct_export --dir D [--models llama,qwen2-tied] [--fsdp 2]
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.hf_direct_export --dir D --measure 0.25b
 
 For each model (tiny Llama, tiny Qwen2 with tied embeddings), on one process group: one AdamW step,
 then verl's own FSDPCheckpointManager saves with save_contents=[model,optimizer,extra,hf_model]
@@ -28,9 +28,8 @@ import time
 
 import torch
 import torch.distributed as dist
-
-import slimckpt.testing.verl_checkpoints.resume_scenarios as resume_scenarios
-from slimckpt.testing.verl_checkpoints.resume_scenarios import Run, slim_config  # the same tiny model and manager
+from slimckpt_testing.verl_checkpoints import resume_scenarios
+from slimckpt_testing.verl_checkpoints.resume_scenarios import Run, slim_config  # the same tiny model and manager
 
 from ..helpers.merge_helpers import adapter_config_fields
 
@@ -94,7 +93,7 @@ def manifest_lists(role_dir: str) -> list[str]:
 def run_model(args, model: str) -> dict:
     from verl.trainer.config import CheckpointConfig
 
-    import slimckpt.save.hf_direct_export as hf_direct_export
+    import slimckpt.save.export.direct as hf_direct_export
     from slimckpt.save.resume_state import finish_pending
 
     resume_scenarios.MODEL = model
@@ -225,7 +224,7 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     from verl.trainer.config import CheckpointConfig
 
     import slimckpt.hf.naming as hf_side
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     resume_scenarios.MODEL = model
     root = os.path.join(args.dir, name or model)
@@ -390,7 +389,7 @@ def scenario_lora(args) -> None:
     peft's merge_and_unload() of the reference."""
     from verl.trainer.config import CheckpointConfig
 
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     resume_scenarios.LORA_RANK = 4
     root = args.dir
@@ -431,7 +430,7 @@ def scenario_lora(args) -> None:
         dirs[kind] = os.path.join(root, kind, "global_step_1", "actor")
         run.manager.checkpoint_config = slim_config(export_hf=True, **kw)
         if kw.get("async_save"):  # hold the background write back until the step below changed B in place
-            import slimckpt.save.step_write as step_write
+            from slimckpt.save import step_write
 
             real_writer = getattr(step_write.storage_writer, "real", step_write.storage_writer)
             # the tiny model's next step takes far less than 1 s: the write starts after it has moved B
@@ -496,14 +495,14 @@ def scenario_lora(args) -> None:
 
 def measure(args) -> dict:
     """Per-rank extra peak RssAnon: the gather-free export step vs verl's hf_model save."""
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    import slimckpt.save.hf_direct_export as hf_direct_export
+    import slimckpt.save.export.direct as hf_direct_export
     from slimckpt.observe.memory import RssSampler
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
 
     world = dist.get_world_size()
     fx = parse_args(["--out", args.dir, "--size-preset", args.measure])

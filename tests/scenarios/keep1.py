@@ -21,7 +21,7 @@ LATE_LOOK_LIMIT_S = 60.0
 
 
 def install_late_look(record: str, last_step: int) -> None:
-    from slimckpt.save.tracker import CommitWatcher
+    from slimckpt.save.driver.tracker import CommitWatcher
 
     original = CommitWatcher._committed
     looked: set[int] = set()

@@ -1,7 +1,7 @@
 """A trainer's resume from booby-trapped checkpoints, through verl's real FSDPCheckpointManager
 (gloo, CPU, FSDP2, a tiny Llama), run by tests/multiprocess/test_safe_pickle.py:
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.pickle_trap --dir D
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.pickle_trap --dir D
 
 Saves one step in each format a recipe resumes from (the incremental tier's dcp/ and verl's own rank
 files, the latter under the quickstart recipe), with AdamW and with SGD (momentum) state, loads
@@ -18,8 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-import slimckpt.testing.verl_checkpoints.resume_scenarios as resume_scenarios
+from slimckpt_testing.verl_checkpoints import resume_scenarios
 
 from ..helpers import pickle_traps
 
@@ -32,7 +31,7 @@ TRAPS = {
 
 
 def _config(fmt: str, **kw):
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     if fmt == "incremental":
         return resume_scenarios.slim_config(**kw)

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import os
 
+import slimckpt_testing.verl_checkpoints.resume_scenarios as resume_scenarios  # the tiny model's Run and the slimckpt config
 import torch
 import torch.distributed as dist
-
-import slimckpt.testing.verl_checkpoints.resume_scenarios as resume_scenarios  # the tiny model's Run and the slimckpt config
 
 # lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
 
@@ -80,7 +79,7 @@ def _save_train_resume(config, root: str, fresh_config) -> dict:
 def scenario(args) -> None:
     from verl.trainer.config import CheckpointConfig
 
-    from slimckpt.verl_seam.recipes import recipe_checkpoint_config
+    from slimckpt.verl.recipes import recipe_checkpoint_config
 
     result = {"verl": _save_train_resume(CheckpointConfig(), os.path.join(args.dir, "verl"), CheckpointConfig())}
     for name, mode in MODES.items():

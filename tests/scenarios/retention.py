@@ -1,7 +1,7 @@
 """Retention of optimizer state and best steps through verl's real FSDPCheckpointManager (gloo, CPU,
 FSDP2, a tiny Llama), run by tests/e2e/test_retention_disk.py under torchrun:
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.retention --dir D --format incremental|verl
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.retention --dir D --format incremental|verl
 
 Five saves, one per trained step, with trainer.max_actor_ckpt_to_keep=2, keep_optimizer_last=1,
 keep_best=1 by a metric recorded after each save the way the trainer's Tracking.log does, the
@@ -17,10 +17,9 @@ import json
 import logging
 import os
 
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 import torch
 import torch.distributed as dist
-
-import slimckpt.testing.verl_checkpoints.resume_scenarios as rs
 
 # lazy imports: slimckpt's retention, locks and tracker load inside the scenario, after verl's manager
 
@@ -28,7 +27,7 @@ SCORES = {1: 0.9, 2: 0.1, 3: 0.2, 4: 0.3, 5: 0.4}  # step 1 is the best, and the
 
 
 def config(fmt: str):
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     keys = dict(keep_optimizer_last=1, keep_best=1, best_metric="val/score", best_mode="max", measure=False)
     if fmt == "incremental":
@@ -43,7 +42,7 @@ def config(fmt: str):
 
 def on_disk(root: str) -> dict[str, bool]:
     """{global_step_N: whether its actor dir holds optimizer state} for every step on disk."""
-    from slimckpt.save.optimizer_drop import holds_optimizer
+    from slimckpt.save.retention.optimizer_drop import holds_optimizer
 
     return {
         name: holds_optimizer(os.path.join(root, name, "actor"))
@@ -84,9 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
-    import slimckpt.read.locks as locks
-    import slimckpt.save.best_metric as best_metric
-    from slimckpt.write.resume_records import write_tracker
+    from slimckpt.engine.resume_records import write_tracker
+    from slimckpt.save.retention import best_metric
+    from slimckpt.storage import locks
 
     lines = Lines()
     logging.getLogger("slimckpt").addHandler(lines)

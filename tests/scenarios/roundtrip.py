@@ -2,7 +2,7 @@
 ranks, a tiny Llama, verl's real FSDPCheckpointManager with the incremental tier, for every
 async_save mode in one launch per strategy; run by tests/multiprocess/test_load_waits.py:
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.roundtrip --dir D --fsdp {1,2} [--repeat N]
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.roundtrip --dir D --fsdp {1,2} [--repeat N]
 
 Per mode (sync, pool, stream), each with a fresh model:
 1. round trip, as verl's test: update, save, update, logits; load, the shards equal the saved
@@ -26,11 +26,10 @@ import os
 import time
 import traceback
 
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-
-import slimckpt.testing.verl_checkpoints.resume_scenarios as rs
 
 # lazy imports: slimckpt's save path and verl's manager load inside a mode, after it set the switches they read
 
@@ -65,7 +64,7 @@ class _Commit:
     """step_commit.write_manifest on rank 0, held back `delay` s, or failing with ENOSPC."""
 
     def __init__(self) -> None:
-        import slimckpt.save.step_commit as step_commit
+        from slimckpt.save import step_commit
 
         self.module, self.real = step_commit, step_commit.write_manifest
         self.delay, self.fail = 0.0, False

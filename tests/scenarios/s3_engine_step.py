@@ -1,11 +1,11 @@
 """The checkpoint engine writes one incremental step of a tiny FSDP2 Llama to a local dir and to an
 `s3://` prefix (the same shards, the same step); run by tests/multiprocess/test_s3_tools.py:
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.s3_engine_step \
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.s3_engine_step \
         --local-dir D/global_step_1/actor --url s3://bucket/prefix/global_step_1/actor [--async-save stream]
 
 Each rank builds the model (seeded), takes one AdamW step, and saves [model, optimizer, extra] through
-`save.resume_save.save_resume_state` with a SaveTarget built here; the caller's own files (verl writes
+`save.step_save.save_resume_state` with a SaveTarget built here; the caller's own files (verl writes
 them: fsdp_config.json, huggingface/config.json) go through the storage of the path. With `--kill-at
 upload` the process group is SIGKILLed while rank 0 has a rank file half uploaded.
 """
@@ -19,14 +19,14 @@ import signal
 
 import torch
 import torch.distributed as dist
+from slimckpt_testing.synthetic import tiny_llama_config
 from torch.distributed.fsdp import fully_shard
 
-import slimckpt.save.resume_async as resume_async
+import slimckpt.save.modes.writer as resume_async
 from slimckpt.options.checkpoint_options import CheckpointOptions
-from slimckpt.save.resume_save import save_resume_state
+from slimckpt.save.step_save import save_resume_state
 from slimckpt.save.target import SaveTarget, TargetState, fsdp_version_of
 from slimckpt.storage import for_path
-from slimckpt.testing.synthetic import tiny_llama_config
 
 
 def _model(vocab: int):
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _kill_mid_upload() -> None:
     """SIGKILL this rank's process group once its first multipart part is sent (rank 0)."""
-    import slimckpt.storage.s3 as s3
+    from slimckpt.storage import s3
 
     sent = s3.Upload.put_part
 

@@ -2,7 +2,7 @@
 tied-embedding Qwen2 with the gather-free HF export), run by tests/scenarios/batch.py as "stream";
 tests/multiprocess/test_stream_save.py asserts on D/stream/stream_result.json.
 
-The writer is paused at a known read by slimckpt.save.stream_capture.READ_HOOK (no sleeps):
+The writer is paused at a known read by slimckpt.save.modes.stream_capture.READ_HOOK (no sleeps):
 
 1. budget 1 GiB: save step 3 (a sync save of the same step first, as the reference), pause the
    writer at its second read, train STEPS_AFTER steps (the first optimizer step's guard copies
@@ -31,10 +31,9 @@ import os
 import threading
 import time
 
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 import torch
 import torch.distributed as dist
-
-import slimckpt.testing.verl_checkpoints.resume_scenarios as rs
 
 # lazy imports: slimckpt's stream capture and torch's internals load inside the scenario, after the batch set the module settings they read
 
@@ -108,9 +107,9 @@ def _save(run, root: str, step: int, **kw) -> tuple[str, float]:
 def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str, str | None, str | None]:
     """A stream save whose writer is paused at its `nth` read while `change(pause)` runs; then
     the write ends. (path, the source it paused before, the write's failure or None)."""
-    import slimckpt.save.stream_capture as stream_capture
-    from slimckpt.save.resume_async import writer_for
-    from slimckpt.verl_seam.manager_state import state_of
+    from slimckpt.save.modes import stream_capture
+    from slimckpt.save.modes.writer import writer_for
+    from slimckpt.verl.manager_state import state_of
 
     pause = PauseAt(nth)
     stream_capture.READ_HOOK = pause
@@ -132,9 +131,9 @@ def _raced_save(run, root: str, step: int, nth: int, change, **kw) -> tuple[str,
 
 
 def scenario(args) -> None:
-    import slimckpt.save.stream_capture as stream_capture
-    from slimckpt.save.resume_async import writer_for
-    from slimckpt.verl_seam.manager_state import state_of
+    from slimckpt.save.modes import stream_capture
+    from slimckpt.save.modes.writer import writer_for
+    from slimckpt.verl.manager_state import state_of
 
     rank = dist.get_rank()
     sync_root, stream_root = os.path.join(args.dir, "sync"), os.path.join(args.dir, "stream")
@@ -247,8 +246,8 @@ def _add_then_step(run, rank: int) -> None:
 
 
 def _step_without_hook(run, rank: int) -> None:
-    from slimckpt.save.resume_async import writer_for
-    from slimckpt.verl_seam.manager_state import state_of
+    from slimckpt.save.modes.writer import writer_for
+    from slimckpt.verl.manager_state import state_of
 
     writer_for(state_of(run.manager))._remove_hook()  # an optimizer step that runs no slimckpt guard
     run.step()
@@ -308,8 +307,8 @@ def _commit_tracker(watcher, root: str, step: int) -> str | None:
 
 
 def scenario_raced(args) -> None:
-    from slimckpt.format.resume_manifest import read_tracker
-    from slimckpt.save.tracker import CommitWatcher
+    from slimckpt.layout.resume_manifest import read_tracker
+    from slimckpt.save.driver.tracker import CommitWatcher
 
     rank = dist.get_rank()
     root, sync_root = os.path.join(args.dir, "ckpt"), os.path.join(args.dir, "sync")

@@ -1,7 +1,7 @@
 """async_save=stream under verl's param_offload + optimizer_offload, through verl's real
 FSDPCheckpointManager and FSDPEngine.save_checkpoint (FSDP2, gloo, CPU, 2 ranks):
 
-    torchrun --nproc_per_node 2 -m slimckpt.testing.launch tests.scenarios.stream_offload --dir D
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.stream_offload --dir D
 
 tests/multiprocess/test_stream_offload.py asserts on D/offload_result.json.
 
@@ -38,10 +38,9 @@ import gc
 import os
 import time
 
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 import torch
 import torch.distributed as dist
-
-import slimckpt.testing.verl_checkpoints.resume_scenarios as rs
 
 from .stream import PauseAt, _same_step
 
@@ -137,7 +136,7 @@ def _gather(value) -> list:
 
 
 def _paused_stream_save(run, root: str, step: int, nth: int = 2, **kw):
-    import slimckpt.save.stream_capture as stream_capture
+    from slimckpt.save.modes import stream_capture
 
     pause = PauseAt(nth)
     stream_capture.READ_HOOK = pause
@@ -148,9 +147,9 @@ def _paused_stream_save(run, root: str, step: int, nth: int = 2, **kw):
 
 
 def _finish(run, pause) -> str | None:
-    import slimckpt.save.stream_capture as stream_capture
-    from slimckpt.save.resume_async import writer_for
-    from slimckpt.verl_seam.manager_state import state_of
+    from slimckpt.save.modes import stream_capture
+    from slimckpt.save.modes.writer import writer_for
+    from slimckpt.verl.manager_state import state_of
 
     pause.release()
     try:
@@ -164,8 +163,8 @@ def _finish(run, pause) -> str | None:
 
 
 def phase_equal(run, d: str, result: dict) -> list[float]:
-    from slimckpt.save.resume_async import state_bytes, writer_for
-    from slimckpt.verl_seam.manager_state import state_of
+    from slimckpt.save.modes.writer import state_bytes, writer_for
+    from slimckpt.verl.manager_state import state_of
 
     sync = save(run, os.path.join(d, "sync"), rs.SAVE_STEP)
     stream, pause = _paused_stream_save(run, os.path.join(d, "stream"), rs.SAVE_STEP)
@@ -242,8 +241,8 @@ def _measured_save(run, root: str, step: int, baseline: int, window: bool, **kw)
     `window`: the update comes once the write has ended (a rollout window longer than the write),
     else right after the save returns."""
     from slimckpt.observe.memory import RssSampler
-    from slimckpt.save.resume_async import writer_for
-    from slimckpt.verl_seam.manager_state import state_of
+    from slimckpt.save.modes.writer import writer_for
+    from slimckpt.verl.manager_state import state_of
 
     with RssSampler(interval_s=0.002) as sampler:
         if root:  # else the update alone: what every row pays besides the save
@@ -260,7 +259,7 @@ def phase_memory(run, d: str, result: dict, repeats: int) -> None:
     """Sync first, pool last (its pool is held for the run): each mode's peaks over what the rank
     held before that mode's first save."""
     from slimckpt.observe.memory import rss_anon_bytes
-    from slimckpt.save.resume_async import state_bytes
+    from slimckpt.save.modes.writer import state_bytes
     from slimckpt.save.state_dicts import build_state_dict
 
     save(run, os.path.join(d, "warm"), 30)  # the first save's one-time allocations out of the way

@@ -1,4 +1,4 @@
-"""slimckpt.save.adopt(_startup): the resume a run gets at start-up, on configs composed as
+"""slimckpt.resume.adopt(_startup): the resume a run gets at start-up, on configs composed as
 `python -m verl.trainer.main_ppo` composes them, over step dirs laid out as verl and slimckpt write
 them (file names, fsdp_config.json, data.pt and sealed manifests: what is decided here is read from
 those, and the walk back over damaged steps is intact_resume's). The runs of verl's real trainer that
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-import slimckpt.format.resume_manifest as rm
-import slimckpt.write.resume_records as rr
-from slimckpt.save.adopt import RoleLoad, RoleState, plan_resume, role_state
-from slimckpt.verl_seam.adopt_startup import adopt, recipe_settings_line
-from slimckpt.verl_seam.dryrun import compose_config
+import slimckpt.engine.resume_records as rr
+import slimckpt.layout.resume_manifest as rm
+from slimckpt.resume.adopt import RoleLoad, RoleState, plan_resume, role_state
+from slimckpt.verl.adopt_startup import adopt, recipe_settings_line
+from slimckpt.verl.dryrun import compose_config
 
 FULL = ("model", "optimizer", "extra")
 
@@ -176,7 +176,7 @@ def test_recipe_settings_line_names_what_the_run_keeps(composed, tmp_path):
 def test_the_newest_step_is_the_newest_intact_one_as_intact_resume_walks_back(tmp_path):
     """adopt's latest step is intact_resume's: a damaged step the tracker names (verl's save of it
     did not finish) is passed over for the newest intact one below it, in either directory."""
-    from slimckpt.save.intact_resume import latest_intact_step
+    from slimckpt.resume.intact_resume import latest_intact_step
 
     verl_step(tmp_path / "ckpt", 2)
     verl_step(tmp_path / "ckpt", 4)
@@ -190,7 +190,7 @@ def test_the_newest_step_is_the_newest_intact_one_as_intact_resume_walks_back(tm
 def test_a_step_whose_optimizer_retention_dropped_is_resumed_not_refused(tmp_path):
     """A run that loads the optimizer, whose newest step lost it to keep_optimizer_last (the record
     next to verl's rank files, or the manifest of a dcp/ step): resumed, saying what it drops."""
-    from slimckpt.format.dropped_optimizer import DROPPED_KEY, NATIVE_MARKER
+    from slimckpt.layout.dropped_optimizer import DROPPED_KEY, NATIVE_MARKER
 
     step = verl_step(tmp_path / "ckpt", 2, contents=("model", "extra"))
     decision = plan_resume(str(tmp_path / "ckpt"), "auto", [RoleLoad("actor", FULL, True)], "quickstart")
@@ -209,7 +209,7 @@ def test_a_step_whose_optimizer_retention_dropped_is_resumed_not_refused(tmp_pat
 
 
 def test_a_model_only_recipe_in_the_users_own_dir_says_what_protects_the_run(composed, tmp_path):
-    from slimckpt.verl_seam.adopt_startup import model_only_line
+    from slimckpt.verl.adopt_startup import model_only_line
 
     assert model_only_line(composed["quickstart"]) is None  # the recipe's own <dir>/model_only
     assert model_only_line(composed["incremental"]) is None

@@ -1,4 +1,4 @@
-"""async_save's modes (slimckpt.save.async_modes): one registry whose names are the config's, each
+"""async_save's modes (slimckpt.save.modes): one registry whose names are the config's, each
 mode's stage / wait_until_safe_to_step / finish as the save calls them, and a fourth mode added by
 registering a class."""
 
@@ -12,17 +12,16 @@ from typing import get_args
 import pytest
 import torch
 
-import slimckpt.plan.cost as cost
-import slimckpt.save.async_modes.base as base
-import slimckpt.save.async_modes.registry as registry
-import slimckpt.save.step_write as step_write
 from slimckpt.options.checkpoint_options import ASYNC_WORDS, AsyncSave
-from slimckpt.save.async_modes.pool import PoolMode
-from slimckpt.save.async_modes.stream import StreamMode
-from slimckpt.save.async_modes.sync import SyncMode
-from slimckpt.save.resume_async import AsyncResumeWriter
+from slimckpt.plan import cost
+from slimckpt.save import step_write
+from slimckpt.save.modes import base, registry
+from slimckpt.save.modes.pool import PoolMode
+from slimckpt.save.modes.stream import StreamMode
+from slimckpt.save.modes.sync import SyncMode
+from slimckpt.save.modes.writer import AsyncResumeWriter
 from slimckpt.save.save_context import SaveContext
-from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
 
 def test_the_registry_names_exactly_the_configs_modes_and_the_plan_costs_each():

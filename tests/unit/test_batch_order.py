@@ -1,10 +1,10 @@
-"""slimckpt.verl_seam.cpu.batch_order: a step's trajectories come out in dataloader order, whatever order the
+"""slimckpt_cpu.batch_order: a step's trajectories come out in dataloader order, whatever order the
 rollouts finished in (feature "cpu"), so two runs of one config repeat bit for bit."""
 
 import random
 from types import SimpleNamespace
 
-from slimckpt.verl_seam.cpu.batch_order import trajectory_order, wrap_materialize_batch
+from slimckpt_cpu.batch_order import trajectory_order, wrap_materialize_batch
 
 
 def test_order_by_prompt_rank_then_session_then_index():

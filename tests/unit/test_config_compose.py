@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from slimckpt.verl_seam.config_keys import unknown_keys_in_file
-from slimckpt.verl_seam.dryrun import DryRunError, compose_config, main
-from slimckpt.verl_seam.recipes import GROUPS, PACKAGE_LINE, header_comment, list_group
+from slimckpt.verl.config_keys import unknown_keys_in_file
+from slimckpt.verl.dryrun import DryRunError, compose_config, main
+from slimckpt.verl.recipes import GROUPS, PACKAGE_LINE, header_comment, list_group
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP_DIRS = {"recipe": REPO / "recipes", **{g: REPO / "overrides" / g for g in ("size", "cluster", "algo")}}
@@ -113,9 +113,7 @@ def test_each_file_alone_composes_with_only_verl_keys(path: Path, base_cfg):
 def test_each_recipe_composes_with_each_override(recipe, other):
     cfg = compose_config([recipe.override, other.override])
     # the recipe's checkpoint target survives whatever the override sets
-    assert (
-        cfg.actor_rollout_ref.actor.checkpoint._target_ == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
-    )
+    assert cfg.actor_rollout_ref.actor.checkpoint._target_ == "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
 
 
 def test_unknown_key_in_a_group_file_is_caught(tmp_path, base_cfg):
@@ -131,7 +129,7 @@ def test_quickstart_effective_keys():
     default = compose_config([])
     for role in ("actor_rollout_ref.actor", "critic"):
         ckpt = OmegaConf.select(cfg, f"{role}.checkpoint")
-        assert ckpt._target_ == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
+        assert ckpt._target_ == "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
         assert ckpt.recipe == "quickstart"
         assert list(ckpt.save_contents) == ["model"]
         assert list(ckpt.load_contents) == ["model"]
@@ -190,7 +188,7 @@ def test_misspelt_key_names_the_likely_one():
 _MATRIX_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from slimckpt.verl_seam.dryrun import DryRunError, check_added_keys, compose_config, validate
+    from slimckpt.verl.dryrun import DryRunError, check_added_keys, compose_config, validate
     results = {}
     for case in json.loads(sys.argv[1]):
         try:
@@ -233,7 +231,7 @@ def test_every_combination_validates(combo, matrix):
         assert not result["ok"] and "actor_rollout_ref.rollout.name" in result["reason"], result
         return
     assert result["ok"], result.get("reason")
-    assert result["target"] == "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig"
+    assert result["target"] == "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
     assert any(c.startswith("verl validate_config") for c in result["checks"])
 
 

@@ -1,4 +1,4 @@
-"""slimckpt.verl_seam.cpu without Ray: seeded sampling, the hf rollout server, the CPU platform registration,
+"""slimckpt_cpu without Ray: seeded sampling, the hf rollout server, the CPU platform registration,
 the guard against running on CPU where a GPU is visible, and the small fixes."""
 
 import asyncio
@@ -7,9 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-import slimckpt.testing.tiny as tiny
-from slimckpt.verl_seam.cpu.sampling import SampleKey, generate, sample_seed
+from slimckpt_cpu.sampling import SampleKey, generate, sample_seed
+from slimckpt_testing import tiny
 
 from ..conftest import run_python
 
@@ -75,9 +74,8 @@ def test_top_k_one_is_greedy(model):
 
 
 def test_hf_server_generates_and_takes_weights(model_dir):
+    from slimckpt_cpu.hf_server import HFRolloutServer
     from transformers import AutoModelForCausalLM
-
-    from slimckpt.verl_seam.cpu.hf_server import HFRolloutServer
 
     config = SimpleNamespace(max_model_len=None, prompt_length=16, response_length=8, seed=42, ignore_eos=False)
     server = HFRolloutServer(config, str(model_dir), replica_rank=0)
@@ -98,7 +96,7 @@ def test_hf_server_generates_and_takes_weights(model_dir):
 
 
 def test_plain_gloo():
-    from slimckpt.verl_seam.cpu.fixes import _plain_gloo
+    from slimckpt_cpu.fixes import _plain_gloo
 
     assert _plain_gloo(None) == "gloo"
     assert _plain_gloo("cpu:gloo,cpu:gloo") == "gloo"
@@ -107,7 +105,7 @@ def test_plain_gloo():
 
 
 def test_sample_key_from_both_agent_loops():
-    from slimckpt.verl_seam.cpu.sample_keys import key_from_trajectory
+    from slimckpt_cpu.sample_keys import key_from_trajectory
 
     legacy = {"step": 4, "sample_index": 11, "rollout_n": 2, "validate": False}
     assert key_from_trajectory(legacy, {}) == SampleKey(4, 11, 2, False)
@@ -116,7 +114,7 @@ def test_sample_key_from_both_agent_loops():
 
 
 def test_guard_refuses_cpu_mode_next_to_a_gpu(monkeypatch):
-    import slimckpt.verl_seam.cpu as cpu
+    import slimckpt_cpu as cpu
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv(cpu.FORCE_ENV, raising=False)

@@ -86,7 +86,7 @@ def test_a_failing_writer_thread_fails_the_save(tmp_path, monkeypatch):
 
     import torch.distributed.checkpoint as dcp
 
-    import slimckpt.write.dcp_file_writer as dcp_file_writer
+    from slimckpt.engine import dcp_file_writer
 
     real, failed = dcp_file_writer.host_tensor, threading.Event()
 

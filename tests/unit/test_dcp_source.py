@@ -1,4 +1,4 @@
-"""slimckpt.read.dcp_source in-process: how DCP chunks become merge sources (pure helpers), the
+"""slimckpt.engine.dcp_source in-process: how DCP chunks become merge sources (pure helpers), the
 tensors it maps equal what DCP's own reader loads, and a record that does not hold what .metadata
 says ends in one line naming the file and the tensor."""
 
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from slimckpt.format.resume_manifest import Manifest, describe_files, read_manifest
-from slimckpt.read.checkpoint_dir import CheckpointError
-from slimckpt.read.dcp_source import _contiguous, _shard_dim, open_dcp
-from slimckpt.write.resume_records import write_manifest
+from slimckpt.engine.checkpoint_dir import CheckpointError
+from slimckpt.engine.dcp_source import _contiguous, _shard_dim, open_dcp
+from slimckpt.engine.resume_records import write_manifest
+from slimckpt.layout.resume_manifest import Manifest, describe_files, read_manifest
 
 from ..helpers.merge_helpers import synthetic_dcp_step
 
@@ -92,8 +92,8 @@ def test_checked_reader_and_planner_load_what_dcps_own_load(tmp_path, monkeypatc
 
     import torch.distributed.checkpoint as dcp
 
-    import slimckpt.read.pt_tensors as pt_tensors
-    from slimckpt.read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner, read_metadata
+    from slimckpt.engine import pt_tensors
+    from slimckpt.engine.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner, read_metadata
 
     records = []  # the byte records our reader unpickled (watched, still read by it)
     real_load_bytes = pt_tensors.load_bytes
@@ -142,7 +142,7 @@ def test_a_step_of_tensors_only_loads_through_the_checked_reader(tmp_path):
 
     import torch.distributed.checkpoint as dcp
 
-    from slimckpt.read.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
+    from slimckpt.engine.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
 
     step = synthetic_dcp_step(tmp_path / "actor")
     dcp_dir = str(step / "dcp")

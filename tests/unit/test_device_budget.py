@@ -1,5 +1,5 @@
 """The GPU's peak at an incremental save on FSDP1 (slimckpt.save.device_budget) and the start-up
-check built on it (slimckpt.verl_seam.fsdp1_note)."""
+check built on it (slimckpt.verl.fsdp1_note)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_roles_add_their_state_and_the_largest_save_counts():
 
 
 def _config(*overrides: str):
-    from slimckpt.verl_seam.dryrun import compose_config
+    from slimckpt.verl.dryrun import compose_config
 
     return compose_config(
         [
@@ -72,7 +72,7 @@ def no_offload():
 
 
 def test_start_up_stops_a_run_whose_save_does_not_fit(no_offload, monkeypatch):
-    import slimckpt.verl_seam.fsdp1_note as fsdp1_note
+    from slimckpt.verl import fsdp1_note
 
     line, stop = fsdp1_note.fsdp1_check(no_offload, True, True, gpu=(80 * GIB, "given"), shape=lambda *a: QWEN72)
     assert stop and "\n" not in line
@@ -90,7 +90,7 @@ def test_start_up_stops_a_run_whose_save_does_not_fit(no_offload, monkeypatch):
 def test_the_override_starts_it_anyway_and_a_big_gpu_fits(no_offload):
     from omegaconf import OmegaConf, open_dict
 
-    import slimckpt.verl_seam.fsdp1_note as fsdp1_note
+    from slimckpt.verl import fsdp1_note
 
     cfg = no_offload.copy()
     with open_dict(cfg):
@@ -103,7 +103,7 @@ def test_the_override_starts_it_anyway_and_a_big_gpu_fits(no_offload):
 
 
 def test_without_a_known_gpu_the_line_says_how_to_check(no_offload):
-    import slimckpt.verl_seam.fsdp1_note as fsdp1_note
+    from slimckpt.verl import fsdp1_note
 
     line, stop = fsdp1_note.fsdp1_check(
         no_offload, True, True, gpu=(None, "no GPU visible to the driver"), shape=lambda *a: QWEN72

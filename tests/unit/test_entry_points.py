@@ -24,13 +24,13 @@ except ImportError:
 DOC_GLOBS = ("*.md", "docs/**/*.md")
 SHELL_GLOBS = ("scripts/**/*.sh", "Makefile")
 YAML_GLOBS = ("recipes/**/*.yaml", "overrides/**/*.yaml")
-OURS = ("slimckpt", "scripts")  # the packages whose modules a `-m` here may name
+OURS = ("slimckpt_testing", "slimckpt_cpu", "slimckpt_flowrl", "slimckpt", "scripts")  # what a `-m` here may name
 
 TARGET = re.compile(r"\b_target_:[ \t]*['\"]?([\w.]+)")
-RUN_MODULE = re.compile(r"(?<![\w-])-m[ \t]+((?:" + "|".join(OURS) + r")(?:\.\w+)*)")
+RUN_MODULE = re.compile(r"(?<![\w-])-m[ \t]+((?:" + "|".join(OURS) + r")\b(?:\.\w+)*)")
 CLI_MODULE = re.compile(r"(?<![\w-])-m[ \t]+slimckpt\.cli[ \t]+([a-z][\w-]*)")
 PKG_URL = re.compile(r"\bpkg://([\w.]+)")
-DOTTED = re.compile(r"(?<![\w./-])slimckpt(?:\.[A-Za-z_]\w*)+")
+DOTTED = re.compile(r"(?<![\w./-])slimckpt(?:_(?:testing|cpu|flowrl))?(?:\.[A-Za-z_]\w*)+")
 # `slimckpt <word>` is a command only where a command starts: a line or code span, or after `&&`,
 # `|`, `;`, `(`, `$(`, a quote, `exec`, `time`, `# `, `torchrun ... `, or a label's `:  `. In prose
 # ("merged by slimckpt and by verl") or output ("slimckpt formats: 120/120") it is not one.
@@ -185,7 +185,7 @@ def test_every_named_path_resolves():
     kinds = {r.kind for r in refs}
     # the collection sees each kind (a regex that stopped matching would pass silently)
     assert kinds == {"_target_", "entry point", "python -m", "subcommand", "pkg://", "dotted"}, kinds
-    assert any(r.name == "slimckpt.verl_seam.plugin" and r.kind == "entry point" for r in refs)
+    assert any(r.name == "slimckpt.verl.plugin" and r.kind == "entry point" for r in refs)
     assert len([r for r in refs if r.kind == "_target_"]) >= 7
     failures = _failures(refs)
     assert not failures, "rename the path where it is named, or keep an alias at the old one:\n" + "\n".join(failures)
@@ -214,23 +214,23 @@ def test_a_moved_module_fails_with_its_file_line_and_path(tmp_path):
         "# Check it:  slimckpt dryrun +recipe=r\n"
         "actor:\n"
         "  checkpoint:\n"
-        "    _target_: slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig\n"
+        "    _target_: slimckpt.verl.checkpoint_config.SlimCheckpointConfig\n"
         "  loss:\n"
         "    _target_: slimckpt.flowrl.gone.FlowRLLossConfig\n"
     )
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text(
-        "Run `python -m slimckpt.testing.tiny` then `slimckpt frobnicate DIR`; merged by slimckpt and by verl.\n"
+        "Run `python -m slimckpt_testing.tiny` then `slimckpt frobnicate DIR`; merged by slimckpt and by verl.\n"
         "```\n"
         "torchrun --nproc_per_node 2 -m slimckpt.cli merge --local_dir x\n"
-        "python -m slimckpt.format\n"
+        "python -m slimckpt.layout\n"
         "```\n"
         "Set `trainer.checkpoint_callback_class=slimckpt.observe.nowhere.Callback`.\n"
     )
     (tmp_path / "Makefile").write_text("x:\n\t$(PY) -m scripts.nowhere --json y\n\tslimckpt verify out\n")
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "x"\n\n[project.scripts]\nslimckpt = "slimckpt.cli:entry"\n\n'
-        '[project.entry-points."verl.plugins"]\nslimckpt = "slimckpt.verl_seam.moved"\n'
+        '[project.entry-points."verl.plugins"]\nslimckpt = "slimckpt.verl.moved"\n'
     )
     refs = collect(tmp_path)
     assert [str(r) for r in refs if r.kind == "subcommand"] == [
@@ -240,22 +240,22 @@ def test_a_moved_module_fails_with_its_file_line_and_path(tmp_path):
         "recipes/r.yaml:1: subcommand dryrun",
     ]
     assert _failures(refs) == [
-        "pyproject.toml:8: entry point slimckpt.verl_seam.moved: no module slimckpt.verl_seam.moved, "
-        "and package slimckpt.verl_seam has no attribute 'moved'",
+        "pyproject.toml:8: entry point slimckpt.verl.moved: no module slimckpt.verl.moved, "
+        "and package slimckpt.verl has no attribute 'moved'",
         "Makefile:2: python -m scripts.nowhere: no module scripts.nowhere",
         "docs/a.md:1: subcommand frobnicate: not a subcommand of slimckpt (" + ", ".join(SUBCOMMANDS) + ")",
-        "docs/a.md:4: python -m slimckpt.format: slimckpt.format is a package without __main__.py",
+        "docs/a.md:4: python -m slimckpt.layout: slimckpt.layout is a package without __main__.py",
         "docs/a.md:6: dotted slimckpt.observe.nowhere.Callback: no module slimckpt.observe.nowhere",
         "recipes/r.yaml:6: _target_ slimckpt.flowrl.gone.FlowRLLossConfig: no module slimckpt.flowrl.gone",
     ]
 
 
 def test_the_resolver_tells_modules_attributes_and_missing_names_apart():
-    assert resolve("slimckpt.testing.launch.launch")[1] is None
-    assert resolve("slimckpt.testing.launch")[1] is None
+    assert resolve("slimckpt_testing.launch.launch")[1] is None
+    assert resolve("slimckpt_testing.launch")[1] is None
     assert resolve("nowhere_at_all.x") == (None, "no module nowhere_at_all")
-    assert resolve("slimckpt.testing.launch.nope") == (None, "module slimckpt.testing.launch has no attribute 'nope'")
+    assert resolve("slimckpt_testing.launch.nope") == (None, "module slimckpt_testing.launch has no attribute 'nope'")
     # a.b.c.d needs the module a.b.c, as verl's import_module of it does: an attribute there is not one
-    assert resolve("slimckpt.testing.launch.launch.x") == (None, "no module slimckpt.testing.launch.launch")
+    assert resolve("slimckpt_testing.launch.launch.x") == (None, "no module slimckpt_testing.launch.launch")
     assert runnable("slimckpt.env_vars") is None
     assert runnable("slimckpt.log") == 'slimckpt.log has no `if __name__ == "__main__":`, so python -m runs nothing'

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import slimckpt.env_vars as env_vars
+from slimckpt import env_vars
 
 from ..conftest import REPO
 

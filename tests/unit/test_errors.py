@@ -151,11 +151,11 @@ def test_the_walk_finds_exception_classes_by_their_bases(tmp_path):
 
 
 def test_messages_are_unchanged(monkeypatch):
-    import slimckpt.env_vars as env_vars
-    from slimckpt.format.layout import LayoutError, parse_size
+    from slimckpt import env_vars
+    from slimckpt.engine.out_files import os_error
+    from slimckpt.engine.pickle_policy import PickleRefused
     from slimckpt.hf.naming import ConfigMismatch
-    from slimckpt.read.pickle_policy import PickleRefused
-    from slimckpt.write.out_files import os_error
+    from slimckpt.layout.safetensors_layout import LayoutError, parse_size
 
     with pytest.raises(LayoutError) as raised:
         parse_size("5XB")

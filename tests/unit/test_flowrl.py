@@ -8,10 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from slimckpt.verl_seam.flowrl import is_flowrl_param
-from slimckpt.verl_seam.flowrl.head import LogZHead, attach_log_z_head, pool_hidden, prompt_pooling
-from slimckpt.verl_seam.flowrl.loss import compute_policy_loss_flowrl, flowrl_inputs, flowrl_objective
+from slimckpt_flowrl import is_flowrl_param
+from slimckpt_flowrl.head import LogZHead, attach_log_z_head, pool_hidden, prompt_pooling
+from slimckpt_flowrl.loss import compute_policy_loss_flowrl, flowrl_inputs, flowrl_objective
 
 from ..conftest import run_python
 
@@ -185,9 +184,9 @@ def test_flowrl_config_registers_the_loss_and_applies_the_patches():
         """
         from verl.trainer.ppo import core_algos
         from verl.workers.utils import losses
-        from slimckpt.verl_seam.registry import REGISTRY
+        from slimckpt.verl.registry import REGISTRY
         assert "flowrl" not in core_algos.POLICY_LOSS_REGISTRY
-        from slimckpt.verl_seam.flowrl.config import FlowRLLossConfig, active_head_settings
+        from slimckpt_flowrl.config import FlowRLLossConfig, active_head_settings
         cfg = FlowRLLossConfig(beta=15.0, log_z_hidden_size=32)
         assert "flowrl" in core_algos.POLICY_LOSS_REGISTRY
         import verl.workers.engine_workers as ew

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slimckpt.save.resume_async import StagingPool, cuda_device_of
+from slimckpt.save.modes.writer import StagingPool, cuda_device_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_gpu_check_without_cuda_says_so_and_imports_no_verl(tmp_path):
     assert "no CUDA device visible" in proc.stderr and "Nothing was run" in proc.stderr
     assert not (tmp_path / "gpu_check.json").exists()
     code = (
-        "import sys, slimckpt.testing.gpu_check, slimckpt.save.resume_async; "
+        "import sys, slimckpt_testing.gpu_check, slimckpt.save.modes.writer; "
         "sys.exit(any(m == 'verl' or m.startswith('verl.') for m in sys.modules))"
     )
     assert (
@@ -66,7 +66,7 @@ def test_gpu_check_of_stream_under_offload_passes_with_a_real_move_and_fails_wit
     """gpu_check's offload + stream checks on a CPU: with a move that copies (what `.to` does
     between devices) they pass; with `.to("cpu")`, which moves nothing on a CPU, the offload
     releases nothing and its check fails."""
-    from slimckpt.testing.gpu_check_stream import check_stream_offload
+    from slimckpt_testing.gpu_check_stream import check_stream_offload
 
     checks, times = check_stream_offload(torch.device("cpu"), 3 * 2**20, move=lambda t, to: t.clone())
     assert checks == {"offload_releases_device": True, "offload_read_equal": True, "reload_held_equal": True}

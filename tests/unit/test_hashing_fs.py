@@ -1,4 +1,4 @@
-"""Checksums computed while DCP writes its files (slimckpt.write.hashing_fs) equal the checksums of
+"""Checksums computed while DCP writes its files (slimckpt.engine.hashing_fs) equal the checksums of
 the files read back, for every file DCP wrote, with one and with two writer threads."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from slimckpt.format.merge_manifest import DEFAULT_ALGO, file_checksum
+from slimckpt.layout.merge_manifest import DEFAULT_ALGO, file_checksum
 from slimckpt.save.step_write import storage_writer, written_checksums
 
 
@@ -36,7 +36,7 @@ def test_checksums_while_writing_equal_read_back(tmp_path, threads):
 
 
 def test_a_seeked_stream_is_left_to_the_read_back(tmp_path):
-    from slimckpt.write.hashing_fs import HashingFileSystem
+    from slimckpt.engine.hashing_fs import HashingFileSystem
 
     fs = HashingFileSystem()
     with fs.create_stream(tmp_path / "a", "wb") as s:

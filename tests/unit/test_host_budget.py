@@ -9,8 +9,8 @@ import logging
 import pytest
 import torch
 
-import slimckpt.save.host_budget as host_budget
-from slimckpt.save.resume_async import AsyncResumeWriter
+from slimckpt.save import host_budget
+from slimckpt.save.modes.writer import AsyncResumeWriter
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,7 @@ def test_auto_is_half_the_available_memory_over_the_local_ranks():
 
 
 def test_auto_resolves_from_this_node_once_and_logs_it(monkeypatch, caplog):
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -62,7 +62,7 @@ def test_auto_is_logged_by_the_first_rank_of_a_node_only(monkeypatch, caplog):
 
 
 def test_a_number_wins_and_is_used_as_given(monkeypatch):
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     config = SlimCheckpointConfig(
         recipe="incremental", incremental_save=True, async_save=True, host_memory_budget_gb="1.5"
@@ -74,7 +74,7 @@ def test_a_number_wins_and_is_used_as_given(monkeypatch):
 def test_the_incremental_recipe_defaults_to_auto_for_both_roles():
     from omegaconf import OmegaConf
 
-    from slimckpt.verl_seam.dryrun import compose_config
+    from slimckpt.verl.dryrun import compose_config
 
     cfg = compose_config(["+recipe=incremental"])
     assert OmegaConf.select(cfg, "actor_rollout_ref.actor.checkpoint.host_memory_budget_gb") == "auto"

@@ -15,49 +15,65 @@ from ..conftest import REPO
 
 PKG = REPO / "patches" / "slimckpt"
 
-# Wings from the top down: a module may import its own wing and the wings below it, never one above.
-# `log`, `env_vars`, `internals` and the package's own __init__ are the ground every wing stands on.
-LAYERS = [
-    ("tools", {"slimckpt.cli", "slimckpt.testing"}),
-    ("plan", {"slimckpt.plan"}),
-    ("verl_seam", {"slimckpt.verl_seam"}),
-    ("convert", {"slimckpt.convert"}),
-    ("save", {"slimckpt.save"}),
-    ("merge", {"slimckpt.merge"}),
-    ("hf", {"slimckpt.hf"}),
-    ("verify", {"slimckpt.verify"}),
-    ("write", {"slimckpt.write"}),
-    ("observe", {"slimckpt.observe"}),
-    ("read", {"slimckpt.read"}),
-    ("format", {"slimckpt.format"}),
-    ("verl_files", {"slimckpt.verl_files"}),
-    ("options", {"slimckpt.options"}),
-    ("collective", {"slimckpt.collective"}),
-    ("storage", {"slimckpt.storage"}),
-    ("ground", {"slimckpt.log", "slimckpt.env_vars", "slimckpt.internals", "slimckpt"}),
-]
+# The wings as a DAG: each names the wings it may import directly (and, through them, everything below).
+# `ground` (log, env_vars, internals, the package's __init__) is what every wing stands on. The packages
+# outside the checkpoint stack (the CPU shims, FlowRL, the test tools) sit on top: the stack never imports them.
+WINGS: dict[str, set[str]] = {
+    "ground": set(),
+    "storage": {"ground"},
+    "dist": {"ground"},
+    "options": {"ground"},
+    "verl_files": {"ground"},
+    "layout": {"storage"},
+    "engine": {"layout", "dist"},
+    "observe": {"engine", "options"},
+    "verify": {"engine"},
+    "hf": {"engine", "verl_files"},
+    "merge": {"hf", "dist"},
+    "save": {"merge", "options", "observe"},
+    "resume": {"save", "verify"},
+    "convert": {"save"},
+    "verl": {"resume", "convert"},
+    "plan": {"verl"},
+    "cli": {"plan"},
+    "slimckpt_cpu": {"verl"},
+    "slimckpt_flowrl": {"verl"},
+    "slimckpt_testing": {"cli", "slimckpt_cpu", "slimckpt_flowrl"},
+}
+OUTSIDE = ("slimckpt_cpu", "slimckpt_flowrl", "slimckpt_testing")
+
+
+def _below(wing: str) -> set[str]:
+    """Every wing `wing` may import: its own and those its arrows reach."""
+    seen, todo = {wing}, [wing]
+    while todo:
+        for nxt in WINGS[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for path in PKG.rglob("*.py"):
-        name = ".".join(("slimckpt",) + path.relative_to(PKG).with_suffix("").parts)
-        mods[name.removesuffix(".__init__")] = path
+    for top in ("slimckpt", *OUTSIDE):
+        for path in (PKG.parent / top).rglob("*.py"):
+            name = ".".join((top,) + path.relative_to(PKG.parent / top).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = path
     return mods
 
 
 MODULES = _modules()
 
 
-def _layer(module: str) -> int:
-    best = None
-    for i, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
-                if best is None or len(prefix) > best[1]:
-                    best = (i, len(prefix))
-    assert best is not None, f"{module} belongs to no wing: add it to LAYERS and docs/ARCHITECTURE.md"
-    return best[0]
+def _wing(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] != "slimckpt":
+        return parts[0]
+    if len(parts) == 1 or parts[1] in ("log", "env_vars", "internals"):
+        return "ground"
+    assert parts[1] in WINGS, f"{module} belongs to no wing: add it to WINGS and docs/ARCHITECTURE.md"
+    return parts[1]
 
 
 def _edges() -> tuple[dict[str, set[str]], list[str]]:
@@ -83,7 +99,7 @@ def _edges() -> tuple[dict[str, set[str]], list[str]]:
             for target, name in targets:
                 while target not in MODULES and "." in target:
                     target = target.rsplit(".", 1)[0]
-                if target in MODULES and target != mod and target.split(".")[0] == "slimckpt":
+                if target in MODULES and target != mod and target.split(".")[0].startswith("slimckpt"):
                     edges[mod].add(target)
                     if name and name.startswith("_") and not name.startswith("__"):
                         private.append(f"{mod} imports {target}.{name}")
@@ -128,13 +144,15 @@ def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_module_imports_in_a_fresh_interpreter():
     code = (
-        "import importlib, json, pkgutil, slimckpt\n"
+        "import importlib, json, pkgutil\n"
         "bad = {}\n"
-        "for m in pkgutil.walk_packages(slimckpt.__path__, 'slimckpt.'):\n"
+        f"for top in {('slimckpt', *OUTSIDE)!r}:\n"
+        "  pkg = importlib.import_module(top)\n"
+        "  for m in pkgutil.walk_packages(pkg.__path__, top + '.'):\n"
         "    try:\n"
-        "        importlib.import_module(m.name)\n"
+        "      importlib.import_module(m.name)\n"
         "    except Exception as exc:\n"
-        "        bad[m.name] = repr(exc)\n"
+        "      bad[m.name] = repr(exc)\n"
         "print(json.dumps(bad))\n"
     )
     # one interpreter imports every slimckpt module, torch and verl with them: under a minute; 300 s is a hang
@@ -150,15 +168,18 @@ def test_no_import_circles_and_no_private_names_across_modules():
     assert private == []
 
 
-def test_arrows_between_wings_point_down():
+def test_the_wings_form_a_dag_and_every_arrow_follows_it():
+    assert set(_wing(m) for m in MODULES) <= set(WINGS)
+    assert _circles({w: set(targets) for w, targets in WINGS.items()}) == []
     edges, _ = _edges()
-    upward = [
-        f"{a} ({LAYERS[_layer(a)][0]}) -> {b} ({LAYERS[_layer(b)][0]})"
+    against = [
+        f"{a} ({_wing(a)}) -> {b} ({_wing(b)})"
         for a, targets in sorted(edges.items())
         for b in sorted(targets)
-        if _layer(b) < _layer(a)
+        if _wing(b) not in _below(_wing(a))
     ]
-    assert upward == []
+    assert against == []
+    assert not any(_wing(b) in OUTSIDE for a in edges if _wing(a) not in OUTSIDE for b in edges[a])
 
 
 def test_save_and_merge_meet_only_in_the_hf_wing():
@@ -170,8 +191,8 @@ def test_save_and_merge_meet_only_in_the_hf_wing():
         f"{a} -> {b}" for a, targets in edges.items() for b in targets if {wing(a), wing(b)} == {"save", "merge"}
     )
     assert across == [
-        "slimckpt.save.hf_export -> slimckpt.merge.pipeline",
-        "slimckpt.save.hf_export -> slimckpt.merge.plan",
+        "slimckpt.save.export.intermediate -> slimckpt.merge.pipeline",
+        "slimckpt.save.export.intermediate -> slimckpt.merge.plan",
     ]
 
 
@@ -215,27 +236,25 @@ def test_patches_are_applied_only_by_switching_a_feature_on():
                 and node.func.value.id == "REGISTRY"
             ):
                 callers.add(mod)
-    assert callers == {"slimckpt.verl_seam.features"}
+    assert callers == {"slimckpt.verl.features"}
 
 
 def test_paths_that_configs_and_commands_name_work():
     from omegaconf import OmegaConf
 
-    from slimckpt.save.tracker import is_incremental
+    from slimckpt.save.driver.tracker import is_incremental
 
     assert is_incremental(
-        OmegaConf.create(
-            {"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
-        )
+        OmegaConf.create({"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "incremental_save": True})
     )
     code = (
-        "import importlib.metadata as md, slimckpt.verl_seam.plugin as p; "
+        "import importlib.metadata as md, slimckpt.verl.plugin as p; "
         "print([e.value for e in md.entry_points(group='verl.plugins') if e.name == 'slimckpt'])"
     )
     # one interpreter imports slimckpt's verl plugin module: seconds; 300 s is a hang
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "['slimckpt.verl_seam.plugin']"
+    assert proc.stdout.strip().splitlines()[-1] == "['slimckpt.verl.plugin']"
     for command in (
         ["slimckpt.cli", "recipes"],
         ["slimckpt.cli", "diskspeed", "--help"],
@@ -364,11 +383,11 @@ def _stack_imports(path: Path) -> list[str]:
 
 def test_only_the_verl_wings_import_verls_stack():
     """The engine runs where verl cannot be installed (a GPU image with torch alone): verl, omegaconf,
-    hydra and Ray are imported only in the verl wings (verl_seam/, verl_files/ and testing/verl_checkpoints/)."""
+    hydra and Ray are imported only in the verl wings (verl/, verl_files/) and the packages outside the stack."""
     outside = {
         mod: names
         for mod, path in MODULES.items()
-        if not any(part.startswith("verl_") for part in mod.split(".")) and (names := _stack_imports(path))
+        if _wing(mod) not in ("verl", "verl_files", *OUTSIDE) and (names := _stack_imports(path))
     }
     assert outside == {}
-    assert _stack_imports(PKG / "verl_seam" / "checkpoint_config.py")  # the walk sees a verl import
+    assert _stack_imports(PKG / "verl" / "checkpoint_config.py")  # the walk sees a verl import

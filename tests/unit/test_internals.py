@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-import slimckpt.internals as internals
+from slimckpt import internals
 
 from ..conftest import REPO, run_python
 
@@ -133,9 +133,9 @@ def test_a_checked_release_without_the_internal_fails_loudly(monkeypatch):
 
 
 def test_dcp_records_are_read_where_torchs_own_reader_reads_them(tmp_path):
-    """read/pt_index.py reads a torch.save zip (a DCP record) with Python's zipfile, not torch's private
+    """engine/pt_index.py reads a torch.save zip (a DCP record) with Python's zipfile, not torch's private
     reader (torch 2.11's has no get_record_size): same entries, bytes and offsets."""
-    from slimckpt.read.pt_index import ZipRecords
+    from slimckpt.engine.pt_index import ZipRecords
 
     buf = io.BytesIO()
     torch.save(torch.arange(1000, dtype=torch.float32)[100:400], buf)
@@ -158,7 +158,7 @@ def test_the_bounded_writers_fallback_is_torchs_writer(tmp_path, monkeypatch):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from slimckpt.write.dcp_file_writer import BoundedFileSystemWriter
+    from slimckpt.engine.dcp_file_writer import BoundedFileSystemWriter
 
     def files(path):
         return {n: (path / n).read_bytes() for n in sorted(os.listdir(path)) if n.endswith(".distcp")}
@@ -187,7 +187,7 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # registers the "fake" backend
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
-import slimckpt.internals as internals
+from slimckpt import internals
 
 checked_release, world = internals.release, 4
 for rank in range(world):

@@ -1,4 +1,4 @@
-"""slimckpt.format.layout: pure planning checked against the libraries whose output it must reproduce."""
+"""slimckpt.layout.safetensors_layout: pure planning checked against the libraries whose output it must reproduce."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors.torch import load_file, save_file
 
-import slimckpt.format.layout as layout
-from slimckpt.format.layout import LayoutError, TensorSpec
+import slimckpt.layout.safetensors_layout as layout
+from slimckpt.layout.safetensors_layout import LayoutError, TensorSpec
 
 TORCH_TO_ST = {
     torch.float32: "F32",

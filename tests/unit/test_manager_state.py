@@ -17,14 +17,14 @@ from verl.trainer.config.config import CheckpointConfig
 import slimckpt.options.checkpoint_options as cc
 from slimckpt.options.checkpoint_options import CheckpointOptions
 from slimckpt.save.target import TargetState as ManagerState
-from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
-from slimckpt.verl_seam.manager_state import config_of, default_config, state_of
+from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+from slimckpt.verl.manager_state import config_of, default_config, state_of
 
 
 @pytest.fixture
 def no_switch_on(monkeypatch):
     """Build SlimCheckpointConfig in this process without applying the checkpoint patches."""
-    import slimckpt.verl_seam.features as features
+    from slimckpt.verl import features
 
     calls: list[str] = []
     monkeypatch.setattr(features, "switch_on", lambda feature: calls.append(feature))
@@ -117,12 +117,12 @@ def test_every_field_has_its_type_and_docstring_once():
 
 
 def test_the_tracker_watches_the_role_dirs_verl_names():
-    """save/tracker names verl's role dirs without importing verl: the names must stay verl's."""
+    """save/driver/tracker names verl's role dirs without importing verl: the names must stay verl's."""
     from verl.trainer.ppo.utils import Role
 
-    from slimckpt.save.tracker import watched_roles
+    from slimckpt.save.driver.tracker import watched_roles
 
-    config = {"_target_": "slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
+    config = {"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
     async_config = {**config, "async_save": True}
     trainer = SimpleNamespace(
         config=SimpleNamespace(

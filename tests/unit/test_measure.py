@@ -83,7 +83,7 @@ def test_fastest_of_takes_each_bandwidth_at_its_best():
 def test_direct_io_is_measured_at_each_request_size_and_the_faster_kept(tmp_path, monkeypatch):
     """A disk that serves small O_DIRECT requests faster than large ones gets the small ones' speed as
     its floor, not the large ones' (measured: BENCHMARKS.md, Figures quoted in the code)."""
-    import slimckpt.observe.diskspeed as diskspeed
+    from slimckpt.observe import diskspeed
 
     seen = []
 

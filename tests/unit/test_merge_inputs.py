@@ -14,10 +14,10 @@ import sys
 
 import pytest
 import torch
+from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
-import slimckpt.cli as cli
-from slimckpt.format.merge_manifest import MANIFEST_NAME, verify
-from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
+from slimckpt import cli
+from slimckpt.layout.merge_manifest import MANIFEST_NAME, verify
 
 from ..helpers.merge_helpers import (
     adapter_config_fields,
@@ -308,9 +308,9 @@ def _left(proc: subprocess.CompletedProcess) -> list[str]:
 
 def _output_bytes(ckpt) -> int:
     """The weight files' planned size: what the refusal must name."""
+    from slimckpt.engine.merge_input import open_source
     from slimckpt.hf.naming import HfSide, default_max_shard_size
     from slimckpt.hf.plan import make_plan
-    from slimckpt.read.merge_input import open_source
 
     source = open_source(str(ckpt))
     try:
@@ -451,7 +451,7 @@ def test_verl_fallback_says_its_memory_or_is_refused(tmp_path, capsys, monkeypat
     from verl.model_merger.base_model_merger import ModelMergerConfig
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-    import slimckpt.merge.verl_merger as verl_merger
+    from slimckpt.merge import verl_merger
 
     ran = []
     patched = verl_merger.wrap_merge_and_save(lambda self: ran.append(self))
@@ -619,7 +619,7 @@ def test_redirect_goes_distributed_only_when_asked(ckpt, tmp_path, monkeypatch):
     from verl.model_merger.base_model_merger import ModelMergerConfig
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-    import slimckpt.merge.verl_merger as verl_merger
+    from slimckpt.merge import verl_merger
     from slimckpt.merge.plan import MergeResult
 
     seen = []

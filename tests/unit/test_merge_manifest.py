@@ -1,4 +1,4 @@
-"""slimckpt.format.merge_manifest (commit, verify) and slimckpt.write.share_writer (chunked positional writes), without torchrun."""
+"""slimckpt.layout.merge_manifest (commit, verify) and slimckpt.engine.share_writer (chunked positional writes), without torchrun."""
 
 from __future__ import annotations
 
@@ -8,20 +8,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import slimckpt.format.layout as layout
-import slimckpt.format.merge_manifest as manifest
-import slimckpt.write.output_dir as output_dir
-from slimckpt.format.merge_manifest import (
+import slimckpt.layout.merge_manifest as manifest
+import slimckpt.layout.safetensors_layout as layout
+from slimckpt.engine import output_dir
+from slimckpt.engine.out_files import create_files
+from slimckpt.engine.output_dir import commit, write_manifest
+from slimckpt.engine.share_writer import ShareWriter
+from slimckpt.engine.verl_sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
+from slimckpt.layout.merge_manifest import (
     CommitError,
     Manifest,
     build_entries,
     check_target,
     verify,
 )
-from slimckpt.read.sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
-from slimckpt.write.out_files import create_files
-from slimckpt.write.output_dir import commit, write_manifest
-from slimckpt.write.share_writer import ShareWriter
 
 
 def committed_dir(tmp_path):

@@ -1,4 +1,4 @@
-"""The merge's write pipeline (slimckpt.write.share_writer): casts overlapped with writes, a failed
+"""The merge's write pipeline (slimckpt.engine.share_writer): casts overlapped with writes, a failed
 write surfaced and the output discarded."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 
-import slimckpt.format.layout as layout
+import slimckpt.layout.safetensors_layout as layout
 import slimckpt.merge.pipeline as merge
-from slimckpt.read.sources import SourceTensor
-from slimckpt.write.out_files import OutputError, create_files
-from slimckpt.write.share_writer import ShareWriter
+from slimckpt.engine.out_files import OutputError, create_files
+from slimckpt.engine.share_writer import ShareWriter
+from slimckpt.engine.verl_sources import SourceTensor
 
 from ..helpers.merge_helpers import full_disk_after_headers, synthetic_checkpoint
 
@@ -31,7 +31,7 @@ def test_a_failed_write_is_the_users_error_and_leaves_nothing(tmp_path, monkeypa
 
 
 def test_the_writer_records_where_its_time_went(tmp_path, monkeypatch):
-    from slimckpt.write.writer_stats import STATS_ENV, WriterStats
+    from slimckpt.engine.writer_stats import STATS_ENV, WriterStats
 
     ckpt = synthetic_checkpoint(tmp_path / "actor", world_size=2)
     monkeypatch.setenv(STATS_ENV, str(tmp_path / "stats.json"))
@@ -80,8 +80,8 @@ def test_a_distributed_error_line_is_written_before_the_ranks_meet(capsys):
 
     import torch.distributed as dist
 
-    import slimckpt.merge.pipeline as pipeline
     from slimckpt.hf.plan import MergeError
+    from slimckpt.merge import pipeline
 
     store = dist.HashStore()
     exc = MergeError("bad config")

@@ -1,4 +1,4 @@
-"""The distributed merge's race points (slimckpt.write.race_points), the test hook that shakes them, and the
+"""The distributed merge's race points (slimckpt.engine.race_points), the test hook that shakes them, and the
 stress run's byte comparison (scripts/stress/merge_bytes.py), which must name the first differing file
 and offset when a merge writes other bytes."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import slimckpt.write.race_points as race_points
 from scripts.stress.merge_bytes import CASES, configurations, first_difference
+from slimckpt.engine import race_points
 
 from ..conftest import REPO
 

@@ -1,4 +1,4 @@
-"""format/names: the on-disk names and dtype tables every wing takes, checked against what torch,
+"""layout/names: the on-disk names and dtype tables every wing takes, checked against what torch,
 safetensors and verl 0.9.1 themselves say."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save as st_save
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 
-import slimckpt.format.names as names
+from slimckpt.layout import names
 
 KEYS = [
     "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight",
@@ -52,20 +52,20 @@ def test_the_dtype_choices_name_one_dtype_in_every_table():
     assert set(as_torch) == set(names.DTYPE_CHOICES) == {"bf16", "fp16", "fp32"}
     for choice, dtype in as_torch.items():
         assert names.by_torch_dtype(torch)[dtype] == names.DTYPE_CHOICES[choice]
-    import slimckpt.write.share_writer as share_writer
+    from slimckpt.engine import share_writer
 
     assert share_writer.OUT_DTYPES == as_torch
 
 
 def test_the_tables_load_without_torch():
-    code = "import sys; import slimckpt.format.names, slimckpt.read.pt_index; print('torch' in sys.modules)"
+    code = "import sys; import slimckpt.layout.names, slimckpt.engine.pt_index; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_one_chunk_default_for_the_merge_and_its_writer():
-    import slimckpt.merge.cli as cli
-    import slimckpt.write.share_writer as share_writer
+    from slimckpt.engine import share_writer
+    from slimckpt.merge import cli
     from slimckpt.merge.plan import MergeOptions
 
     assert MergeOptions("a", "b").chunk_bytes == share_writer.DEFAULT_CHUNK_BYTES == names.DEFAULT_CHUNK_BYTES

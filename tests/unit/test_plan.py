@@ -9,11 +9,7 @@ import json
 
 import pytest
 
-import slimckpt.plan.build as build
-import slimckpt.plan.command as command
-import slimckpt.plan.cost as cost
-import slimckpt.plan.meta_model as meta_model
-import slimckpt.plan.printers as printers
+from slimckpt.plan import build, command, cost, meta_model, printers
 
 # a 2-layer Llama: vocab 1000, hidden 64, intermediate 128, 4 heads, 2 kv heads (head_dim 16)
 TINY = {
@@ -188,8 +184,8 @@ def _simulate_peak(root, keep, order, saves=6, tracker_stuck_at=()):
     """Role dirs on disk at the peak over `saves` saves, in the trainer's order: the actor's save
     (retention inside it), then the tracker. `tracker_stuck_at`: steps whose tracker write is skipped
     (a failed critic with on_save_error=continue)."""
-    import slimckpt.verl_seam.checkpoint_patches as verl_retention
-    from slimckpt.format.resume_manifest import TRACKER_NAME
+    import slimckpt.verl.checkpoint_patches as verl_retention
+    from slimckpt.layout.resume_manifest import TRACKER_NAME
 
     m, peak = _Manager(), 0
     for step in range(1, saves + 1):
@@ -212,7 +208,7 @@ def _simulate_peak(root, keep, order, saves=6, tracker_stuck_at=()):
 
 @pytest.mark.parametrize("keep", [1, 2, 3])
 def test_peak_steps_match_what_retention_leaves_on_disk(tmp_path, keep):
-    import slimckpt.save.retention as retention
+    import slimckpt.save.retention.prune as retention
 
     (tmp_path / "v").mkdir(), (tmp_path / "s").mkdir()
     verl_peak = _simulate_peak(tmp_path / "v", keep, "verl")
@@ -222,7 +218,7 @@ def test_peak_steps_match_what_retention_leaves_on_disk(tmp_path, keep):
 
 
 def test_peak_steps_with_the_tracker_behind(tmp_path):
-    import slimckpt.save.retention as retention
+    import slimckpt.save.retention.prune as retention
 
     assert _simulate_peak(tmp_path, 2, "slimckpt", tracker_stuck_at={3}) == retention.peak_steps(2)[1] == 4
     assert retention.peak_steps(1) == (3, 3)
@@ -391,7 +387,7 @@ def test_a_conversion_that_is_not_a_slice_ends_in_one_line(tmp_path, capsys, mon
 # LoRA and vision-language configs
 # ------------------------------------------------------------------------------------------------
 def _save_config(tmp_path, model: str):
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import build_config, parse_args
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, parse_args
 
     build_config(
         parse_args(["--out", "x", "--model", model, "--experts", "3", "--hidden", "64", "--vocab", "256"])
@@ -414,8 +410,7 @@ def test_a_lora_config_is_planned_as_peft_builds_the_actor(tmp_path, model, targ
     state is the adapter's alone; the export adds lora_adapter/ in the export dtype."""
     import torch
     from peft import LoraConfig, get_peft_model
-
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config, parse_args
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config, parse_args
 
     cfg = _save_config(tmp_path, model)
     r = build.build_report(
@@ -454,8 +449,7 @@ def test_a_vision_language_config_is_planned(tmp_path):
     exactly as save_pretrained writes it (names, sizes: the file's bytes)."""
     import torch
     from safetensors import safe_open
-
-    from slimckpt.testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config, parse_args
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config, parse_args
 
     cfg = _save_config(tmp_path / "cfg", "qwen2.5-vl")
     r = build.build_report(_args(cfg, world_size=3))

@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-import slimckpt.plan.command as command
-import slimckpt.plan.cost as cost
 from scripts.bench import plan_check
+from slimckpt.plan import command, cost
 
 from ..conftest import REPO
 
@@ -134,7 +133,7 @@ def test_hf_listing_follows_the_exporting_recipe(tmp_path, capsys):
     export_dtype=auto lists fp32; an explicit --export-dtype still wins."""
     import yaml
 
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     recipe = yaml.safe_load((REPO / "recipes" / "incremental.yaml").read_text())["actor_rollout_ref"]["actor"][
         "checkpoint"

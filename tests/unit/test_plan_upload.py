@@ -14,10 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import slimckpt.plan.build as build
-import slimckpt.plan.command as command
-import slimckpt.plan.printers as printers
-import slimckpt.plan.upload as upload
+from slimckpt.plan import build, command, printers, upload
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -63,7 +60,7 @@ def test_bad_settings_are_one_line_naming_the_option(args, says):
 
 
 def test_the_defaults_are_the_backends_own():
-    import slimckpt.storage.s3 as s3
+    from slimckpt.storage import s3
 
     assert upload.DEFAULT_PART_MB * MiB == 32 * MiB and upload.DEFAULT_CONCURRENCY == 4
     assert (upload.MIN_PART_MB, upload.MAX_PART_MB, upload.MAX_PARTS) == (5, 5120, 10_000)
@@ -72,7 +69,7 @@ def test_the_defaults_are_the_backends_own():
 
 
 def test_backend_defaults_when_its_variables_are_unset(monkeypatch):
-    import slimckpt.storage.s3 as s3
+    from slimckpt.storage import s3
 
     monkeypatch.delenv("SLIMCKPT_S3_PART_MB", raising=False)
     monkeypatch.delenv("SLIMCKPT_S3_CONCURRENCY", raising=False)

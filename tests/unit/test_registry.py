@@ -9,14 +9,14 @@ import types
 import pytest
 
 from slimckpt import SUPPORTED_VERL
-from slimckpt.verl_files.version import UnsupportedVerlVersion, check_verl_version
-from slimckpt.verl_seam.patch_list import PATCHES
-from slimckpt.verl_seam.registry import (
+from slimckpt.verl.patch_list import PATCHES
+from slimckpt.verl.registry import (
     Patch,
     Registry,
     resolve,
     resolve_table,
 )
+from slimckpt.verl_files.version import UnsupportedVerlVersion, check_verl_version
 
 from ..conftest import REPO, run_python
 
@@ -24,7 +24,7 @@ from ..conftest import REPO, run_python
 # purpose; a verl upgrade that moves one of these fails test_every_target_exists_in_installed_verl.
 EXPECTED_TARGETS = {
     "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager.save_checkpoint",
-    # feature "cpu" (slimckpt.verl_seam.cpu, SLIMCKPT_CPU=1)
+    # feature "cpu" (slimckpt_cpu, SLIMCKPT_CPU=1)
     "verl.plugin.platform.platform_manager:_detect_platform_name",
     "verl.utils.distributed:initialize_global_process_group_ray",
     "verl.workers.engine_workers:initialize_global_process_group_ray",
@@ -61,12 +61,12 @@ EXPECTED_TARGETS = {
     # keep_best: the trainer's logged metrics recorded next to each save step
     "verl.utils.tracking:Tracking.__init__",
     "verl.utils.tracking:Tracking.log",
-    # feature "adopt" (slimckpt.verl_seam.adopt_startup, always on)
+    # feature "adopt" (slimckpt.verl.adopt_startup, always on)
     "verl.utils.config:validate_config",
     # feature "merge" (slimckpt.merge.pipeline)
     "verl.model_merger.fsdp_model_merger:FSDPModelMerger.merge_and_save",
     "verl.model_merger.base_model_merger:BaseModelMerger.save_hf_model_and_tokenizer",
-    # feature "flowrl" (slimckpt.verl_seam.flowrl, +algo=flowrl)
+    # feature "flowrl" (slimckpt_flowrl, +algo=flowrl)
     "verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_module",
     "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_inputs",
     "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead.prepare_model_outputs",
@@ -99,7 +99,9 @@ def test_patch_targets_are_frozen():
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
 def test_every_implementation_is_named_and_importable(patch):
     """The list names its implementations as `module:function` (it imports none of them)."""
-    assert isinstance(patch.make, str) and patch.make.startswith("slimckpt."), patch.make
+    assert isinstance(patch.make, str) and patch.make.startswith(("slimckpt.", "slimckpt_cpu.", "slimckpt_flowrl.")), (
+        patch.make
+    )
     assert callable(patch.builder())
 
 
@@ -267,7 +269,7 @@ def test_plain_verl_is_untouched_without_a_recipe():
         textwrap.dedent("""
         import verl
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
-        from slimckpt.verl_seam.registry import REGISTRY
+        from slimckpt.verl.registry import REGISTRY
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
         print("APPLIED", REGISTRY.applied())
     """),
@@ -287,8 +289,8 @@ def test_without_a_recipe_exactly_this_changes():
             del os.environ[k]
         before = list(sys.meta_path)
         import verl
-        import slimckpt.verl_seam.import_hooks as import_hooks
-        from slimckpt.verl_seam.registry import REGISTRY
+        from slimckpt.verl import import_hooks
+        from slimckpt.verl.registry import REGISTRY
         print("APPLIED", REGISTRY.applied())
         print("PENDING", sorted(REGISTRY._pending))
         print("FINDERS", [type(f).__name__ for f in sys.meta_path if f not in before])
@@ -309,15 +311,15 @@ def test_without_a_recipe_exactly_this_changes():
             "slimckpt",
             "slimckpt.env_vars",
             "slimckpt.log",
+            "slimckpt.verl",
+            "slimckpt.verl.adopt_startup",
+            "slimckpt.verl.features",
+            "slimckpt.verl.import_hooks",
+            "slimckpt.verl.patch_list",
+            "slimckpt.verl.plugin",
+            "slimckpt.verl.registry",
             "slimckpt.verl_files",
             "slimckpt.verl_files.version",
-            "slimckpt.verl_seam",
-            "slimckpt.verl_seam.adopt_startup",
-            "slimckpt.verl_seam.features",
-            "slimckpt.verl_seam.import_hooks",
-            "slimckpt.verl_seam.patch_list",
-            "slimckpt.verl_seam.plugin",
-            "slimckpt.verl_seam.registry",
         ]
     )
     assert out["LOGGER"] == "['NullHandler'] True INFO"
@@ -329,7 +331,7 @@ def test_disable_switch_applies_nothing():
     res = run_python(
         textwrap.dedent("""
         import verl
-        from slimckpt.verl_seam.registry import REGISTRY
+        from slimckpt.verl.registry import REGISTRY
         print("PATCHES", len(REGISTRY.patches()), "APPLIED", REGISTRY.applied())
     """),
         env={"SLIMCKPT_DISABLE": "1", "SLIMCKPT_MEASURE": "1"},
@@ -342,7 +344,7 @@ def test_recipe_config_switches_on_checkpoint_patches_with_a_log_line():
     res = run_python(
         textwrap.dedent("""
         import verl
-        from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+        from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
         cfg = SlimCheckpointConfig(recipe="quickstart", save_contents=["model"], load_contents=["model"])
         print("MODULE", M.save_checkpoint.__code__.co_filename.rsplit("/", 1)[-1])
@@ -358,7 +360,7 @@ def test_recipe_config_fails_loudly_on_unsupported_verl():
         textwrap.dedent("""
         import slimckpt.verl_files.version as r
         r.installed_verl_version = lambda: "0.12.0"
-        from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+        from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
         SlimCheckpointConfig(recipe="quickstart")
     """)
     )
@@ -367,7 +369,7 @@ def test_recipe_config_fails_loudly_on_unsupported_verl():
 
 
 def test_recipe_config_rejects_unknown_recipe_and_conflicting_export():
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     with pytest.raises(ValueError, match="not a slimckpt recipe"):
         SlimCheckpointConfig(recipe="turbo")
@@ -378,7 +380,7 @@ def test_recipe_config_rejects_unknown_recipe_and_conflicting_export():
 @pytest.fixture
 def no_switch_on(monkeypatch):
     """Build SlimCheckpointConfig in this process without applying the checkpoint patches."""
-    import slimckpt.verl_seam.features as features
+    from slimckpt.verl import features
 
     monkeypatch.setattr(features, "switch_on", lambda feature: None)
 
@@ -407,7 +409,7 @@ def no_switch_on(monkeypatch):
 )
 def test_recipe_config_type_checks_every_field_in_one_line(no_switch_on, key, value, allowed):
     """A non-empty string is true: without the check `async_save=stream` ran as true."""
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     kwargs = {"recipe": "incremental", "incremental_save": True, key: value}
     with pytest.raises(ValueError) as err:
@@ -418,7 +420,7 @@ def test_recipe_config_type_checks_every_field_in_one_line(no_switch_on, key, va
 
 
 def test_recipe_config_takes_yaml_booleans_and_numbers(no_switch_on):
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     cfg = SlimCheckpointConfig(
         recipe="incremental",
@@ -440,7 +442,7 @@ def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on
     async_save takes it (and pool), any other string fails in one line."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from slimckpt.verl_seam.dryrun import compose_config
+    from slimckpt.verl.dryrun import compose_config
 
     node = "actor_rollout_ref.actor.checkpoint"
     good = compose_config(["+recipe=incremental", f"{node}.async_save=true"])

@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
-from slimckpt.format.merge_manifest import MANIFEST_NAME, CommitError
-from slimckpt.format.resume_manifest import UncommittedCheckpoint
-from slimckpt.read.remote_step import fetch_step, records_of
-from slimckpt.write.upload import upload_dir
+from slimckpt.engine.remote_step import fetch_step, records_of
+from slimckpt.engine.upload import upload_dir
+from slimckpt.layout.merge_manifest import MANIFEST_NAME, CommitError
+from slimckpt.layout.resume_manifest import UncommittedCheckpoint
 
 from ..helpers.merge_helpers import REPO, synthetic_dcp_step
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import slimckpt.read.locks as locks
-import slimckpt.save.retention as retention
-import slimckpt.verl_seam.checkpoint_patches as verl_retention
-from slimckpt.format.resume_manifest import MANIFEST_NAME, TRACKER_NAME
+import slimckpt.save.retention.prune as retention
+import slimckpt.verl.checkpoint_patches as verl_retention
+from slimckpt.layout.resume_manifest import MANIFEST_NAME, TRACKER_NAME
+from slimckpt.storage import locks
 
 from ..helpers.slim_logs import lines_of
 
@@ -149,7 +149,7 @@ def test_a_step_locked_by_another_process_is_kept(tmp_path):
     s1 = _step(tmp_path, 1)
     verl_retention.after_save(m, s1, 1)
     code = (
-        "import sys, time; from slimckpt.read import locks\n"
+        "import sys, time; from slimckpt.storage import locks\n"
         # far longer than the checks below (milliseconds): the reader still holds its lock when killed
         "with locks.reading(sys.argv[1], 'reading it'):\n print('held', flush=True); time.sleep(30)\n"
     )
@@ -177,7 +177,7 @@ def test_an_incremental_step_loses_its_manifest_first(tmp_path, monkeypatch):
 def test_the_verl_patch_routes_through_the_policy(tmp_path):
     from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 
-    from slimckpt.verl_seam.features import switch_on
+    from slimckpt.verl.features import switch_on
 
     switch_on("checkpoint")
     m = FakeManager()
@@ -233,7 +233,7 @@ def test_random_sequences_never_lose_the_trackers_step(tmp_path, keep):
 
 def test_a_load_holds_a_read_lock(tmp_path):
     """verl's (wrapped) load_checkpoint reads under a shared lock: retention skips the dir meanwhile."""
-    from slimckpt.verl_seam.checkpoint_patches import wrap_load_checkpoint
+    from slimckpt.verl.checkpoint_patches import wrap_load_checkpoint
 
     s1 = _step(tmp_path, 1)
     seen = []

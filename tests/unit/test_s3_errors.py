@@ -10,9 +10,8 @@ import socket
 
 import pytest
 
-import slimckpt.storage.s3 as s3
 from slimckpt import SlimckptError
-from slimckpt.storage import for_path
+from slimckpt.storage import for_path, s3
 from slimckpt.storage.s3_errors import (
     S3AccessDenied,
     S3BadCredentials,

@@ -9,7 +9,7 @@ import hashlib
 
 import pytest
 
-import slimckpt.storage.s3 as s3
+from slimckpt.storage import s3
 from slimckpt.storage.s3_errors import S3AccessDenied, S3BadCredentials, S3Failed, retryable
 
 botocore = pytest.importorskip("botocore", reason="boto3 is in the test extra: pip install -e '.[test]'")

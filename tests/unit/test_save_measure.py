@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-import slimckpt.observe.save_reports as save_reports
-from slimckpt.verl_seam.ckpt_metrics import CheckpointMetricsCallback
+from slimckpt.observe import save_reports
+from slimckpt.verl.ckpt_metrics import CheckpointMetricsCallback
 
 from ..conftest import REPO, run_python
 
@@ -30,7 +30,7 @@ def test_measured_plain_verl_runs_verls_own_checkpoint_code():
         import verl.trainer.ppo.v1.trainer_base as v1, verl.trainer.ppo.ray_trainer as legacy
         from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
         from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager as B
-        from slimckpt.verl_seam.registry import REGISTRY
+        from slimckpt.verl.registry import REGISTRY
         def where(f):
             return inspect.unwrap(f).__code__.co_filename.split("site-packages/")[-1], f.__code__.co_filename.rsplit("/", 1)[-1]
         for name, f in [("load", M.load_checkpoint), ("ensure_capacity", B.ensure_checkpoint_capacity),
@@ -79,7 +79,7 @@ def _save(out: str, measure: bool) -> subprocess.CompletedProcess:
         "OMP_NUM_THREADS": "1",
     }
     return subprocess.run(
-        [sys.executable, "-m", "slimckpt.testing.verl_checkpoints.fsdp_checkpoint", "--out", out, "--steps", "1"],
+        [sys.executable, "-m", "slimckpt_testing.verl_checkpoints.fsdp_checkpoint", "--out", out, "--steps", "1"],
         env=env,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""The merge's writer (slimckpt.write.share_writer.ShareWriter) over real rank files: the bytes are the
+"""The merge's writer (slimckpt.engine.share_writer.ShareWriter) over real rank files: the bytes are the
 tensors in the output dtype whatever the chunk size or the number of workers, and a chunk already in
 the output dtype is written straight from the mapped rank file."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import slimckpt.format.layout as layout
-import slimckpt.write.out_files as out_files
-from slimckpt.read.sources import SourceTensor
-from slimckpt.write.out_files import create_files
-from slimckpt.write.share_writer import ShareWriter
+import slimckpt.layout.safetensors_layout as layout
+from slimckpt.engine import out_files
+from slimckpt.engine.out_files import create_files
+from slimckpt.engine.share_writer import ShareWriter
+from slimckpt.engine.verl_sources import SourceTensor
 
 
 def _rank_files(tmp_path, full: torch.Tensor, world: int) -> SourceTensor:

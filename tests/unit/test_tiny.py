@@ -1,4 +1,4 @@
-"""slimckpt.testing.tiny: deterministic local assets, a ChatML tokenizer, verl-format RL data, the reward."""
+"""slimckpt_testing.tiny: deterministic local assets, a ChatML tokenizer, verl-format RL data, the reward."""
 
 import hashlib
 import json
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
-import slimckpt.testing.tiny as tiny
+from slimckpt_testing import tiny
 
 
 def _digests(root: Path) -> dict[str, str]:
@@ -134,7 +133,7 @@ def test_verl_dataset_reads_it(assets, tmp_path):
 
 def test_cli(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--model", "qwen2-tied"],
+        [sys.executable, "-m", "slimckpt_testing.tiny", "--out", str(tmp_path), "--model", "qwen2-tied"],
         capture_output=True,
         text=True,
         # building the tiny model and data takes seconds; 120 s is a hang
@@ -143,15 +142,14 @@ def test_cli(tmp_path):
     assert out.returncode == 0, out.stderr
     assert f"model_path={tmp_path / 'model'}" in out.stdout
     assert (tmp_path / "model" / "config.json").exists() and (tmp_path / "data" / "val.parquet").exists()
-    help_ = subprocess.run([sys.executable, "-m", "slimckpt.testing.tiny", "--help"], capture_output=True, text=True)
+    help_ = subprocess.run([sys.executable, "-m", "slimckpt_testing.tiny", "--help"], capture_output=True, text=True)
     assert help_.returncode == 0 and "--model" in help_.stdout
 
 
 def _greedy_score(model_dir: Path, rows: list[dict]) -> float:
     """Mean reward of greedy answers, as verl's validation samples them (temperature 0)."""
+    from slimckpt_cpu.sampling import generate
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from slimckpt.verl_seam.cpu.sampling import generate
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     net = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -191,7 +189,7 @@ def test_warm_up_is_deterministic_cached_by_its_inputs_and_learns(tmp_path, asse
 def test_teacher_errs_at_each_questions_own_rate_within_the_bounds():
     import random
 
-    from slimckpt.testing.tiny_warmup import teacher_label
+    from slimckpt_testing.tiny_warmup import teacher_label
 
     rng = random.Random(0)
     rates = []
@@ -206,7 +204,7 @@ def test_teacher_errs_at_each_questions_own_rate_within_the_bounds():
 def test_cli_reuse_keeps_matching_assets_and_rebuilds_others(tmp_path):
     def cli(*extra):
         out = subprocess.run(
-            [sys.executable, "-m", "slimckpt.testing.tiny", "--out", str(tmp_path), "--reuse", *extra],
+            [sys.executable, "-m", "slimckpt_testing.tiny", "--out", str(tmp_path), "--reuse", *extra],
             capture_output=True,
             text=True,
             # building (or reusing) the tiny model and data takes seconds; 120 s is a hang

@@ -1,6 +1,6 @@
 """An empty latest_checkpointed_iteration.txt (verl's non-atomic write cut by a kill) resumes from
 the newest complete step instead of crashing on int('') — through verl's own find_latest_ckpt_path
-as the trainers call it, patched by slimckpt.save.tracker_recovery."""
+as the trainers call it, patched by slimckpt.resume.tracker_recovery."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-import slimckpt.save.tracker_recovery as tracker_recovery
-from slimckpt.format.resume_manifest import FAILED_PREFIX, MANIFEST_NAME
+from slimckpt.layout.resume_manifest import FAILED_PREFIX, MANIFEST_NAME
+from slimckpt.resume import tracker_recovery
 
 
 def _verl_step(root, step, data=True, roles=("actor",)):

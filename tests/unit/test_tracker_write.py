@@ -1,6 +1,6 @@
 """verl's trainers write latest_checkpointed_iteration.txt with open(path, "w") then write; with
 slimckpt's "checkpoint" feature on, that write reaches the disk whole or not at all
-(slimckpt.save.tracker_write, patched as the trainer modules' `open`)."""
+(slimckpt.save.driver.tracker_write, patched as the trainer modules' `open`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import signal
 
 import pytest
 
-from slimckpt.format.resume_manifest import TRACKER_NAME
-from slimckpt.save.tracker_write import TrackerWrite, wrap_open
-from slimckpt.verl_seam.features import register_all
-from slimckpt.verl_seam.registry import REGISTRY
+from slimckpt.layout.resume_manifest import TRACKER_NAME
+from slimckpt.save.driver.tracker_write import TrackerWrite, wrap_open
+from slimckpt.verl.features import register_all
+from slimckpt.verl.registry import REGISTRY
 
 from ..conftest import run_python
 
@@ -97,8 +97,8 @@ import os, sys, types
 from omegaconf import OmegaConf
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 if {patched}:
-    from slimckpt.verl_seam.features import register_all
-    from slimckpt.verl_seam.registry import REGISTRY
+    from slimckpt.verl.features import register_all
+    from slimckpt.verl.registry import REGISTRY
     register_all()
     REGISTRY.apply("checkpoint.tracker_write.legacy")
 root = {root!r}

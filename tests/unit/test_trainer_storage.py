@@ -1,6 +1,6 @@
 """verl's trainer with trainer.default_local_dir=s3://...: the names its driver code calls hand a URL to the
-storage (slimckpt.save.trainer_storage), the step a resume loads is the newest committed one there
-whatever the tracker says, and the start-up refuses what cannot save there (slimckpt.verl_seam.storage_startup).
+storage (slimckpt.save.driver.trainer_storage), the step a resume loads is the newest committed one there
+whatever the tracker says, and the start-up refuses what cannot save there (slimckpt.verl.storage_startup).
 moto stands in for S3; the trainer end to end is tests/e2e/test_s3_trainer_e2e.py."""
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import slimckpt.save.tracker_recovery as tracker_recovery
-import slimckpt.save.trainer_storage as trainer_storage
-import slimckpt.storage.s3 as s3
-import slimckpt.verl_seam.storage_startup as storage_startup
-from slimckpt.format.resume_manifest import FAILED_PREFIX, MANIFEST_NAME, TRACKER_NAME, saved_steps
-from slimckpt.read.pickle_policy import PickleRefused
-from slimckpt.storage import for_path
-from slimckpt.verl_seam.recipes import CONF_DIR
+from slimckpt.engine.pickle_policy import PickleRefused
+from slimckpt.layout.resume_manifest import FAILED_PREFIX, MANIFEST_NAME, TRACKER_NAME, saved_steps
+from slimckpt.resume import tracker_recovery
+from slimckpt.save.driver import trainer_storage
+from slimckpt.storage import for_path, s3
+from slimckpt.verl import storage_startup
+from slimckpt.verl.recipes import CONF_DIR
 
 from ..helpers.aws_env import isolate_aws
 
@@ -225,9 +224,9 @@ def test_aws_variables_reach_every_worker_but_never_a_secret(monkeypatch):
 def test_retention_and_keep_best_prune_on_the_bucket(bucket):
     """max_keep=1 with keep_best=1 by a metric the driver recorded next to each step: the best old step
     and the newest stay, the tracker's step too, the rest is deleted from the bucket, manifest first."""
-    import slimckpt.save.best_metric as best_metric
-    import slimckpt.save.retention as retention
-    from slimckpt.format.retention_plan import RetentionPolicy
+    import slimckpt.save.retention.prune as retention
+    from slimckpt.layout.retention_plan import RetentionPolicy
+    from slimckpt.save.retention import best_metric
 
     roles = [f"{_step(s)}/actor" for s in (1, 2, 3, 4)]
     for step, score in ((1, 0.9), (2, 0.1), (3, 0.2), (4, 0.3)):

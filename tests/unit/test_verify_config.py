@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-import slimckpt.format.resume_manifest as rm
-import slimckpt.save.resume_load as resume_load
-import slimckpt.save.step_check as step_check
-import slimckpt.write.resume_records as rr
+import slimckpt.engine.resume_records as rr
+import slimckpt.layout.resume_manifest as rm
+import slimckpt.resume.load as resume_load
+from slimckpt.resume import step_check
 from slimckpt.save.target import SaveTarget, TargetState
-from slimckpt.verl_seam.manager_state import config_of
+from slimckpt.verl.manager_state import config_of
 
 
 @pytest.fixture
@@ -43,8 +43,8 @@ class _Stop(Exception):
 def test_load_passes_the_configs_verify_to_the_check(tmp_path, monkeypatch, verify):
     from verl.trainer.config.config import CheckpointConfig
 
-    import slimckpt.verl_seam.features as features
-    from slimckpt.verl_seam.checkpoint_config import SlimCheckpointConfig
+    from slimckpt.verl import features
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     seen = []
 

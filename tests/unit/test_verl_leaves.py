@@ -116,7 +116,7 @@ def test_unknown_verl_version_fails_loudly(monkeypatch):
 def test_hf_side_does_not_import_verl(tmp_path):
     """The whole HF side of a merge (config, names, config files, tokenizer, output check) in a
     fresh process: verl's package is never imported (it costs 0.6-1.0 s on the commit's path)."""
-    from slimckpt.testing.tiny import build_model
+    from slimckpt_testing.tiny import build_model
 
     hf_dir = tmp_path / "actor" / "huggingface"
     build_model(hf_dir, "qwen2-tied")

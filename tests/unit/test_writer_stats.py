@@ -1,6 +1,6 @@
-"""slimckpt.write.writer_stats: where the writer's time went, and the JSON file."""
+"""slimckpt.engine.writer_stats: where the writer's time went, and the JSON file."""
 
-from slimckpt.write.writer_stats import STATS_ENV, WriterStats, requested_path
+from slimckpt.engine.writer_stats import STATS_ENV, WriterStats, requested_path
 
 
 def test_round_trip_leaves_no_temporary(tmp_path):

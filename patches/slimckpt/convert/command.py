@@ -20,7 +20,7 @@ import time
 
 from tqdm import tqdm
 
-import slimckpt.internals as internals
+from slimckpt import internals
 from slimckpt.convert.layout import meta_layout
 from slimckpt.convert.plan import (
     ConvertError,
@@ -33,12 +33,12 @@ from slimckpt.convert.plan import (
     row_range,
 )
 from slimckpt.convert.remote import mirror_step
-from slimckpt.format.resume_manifest import read_tracker
+from slimckpt.engine.checkpoint_dir import CheckpointError
+from slimckpt.engine.pickle_policy import set_trusted
+from slimckpt.engine.resume_records import write_tracker
+from slimckpt.layout.resume_manifest import read_tracker
 from slimckpt.log import get_logger
-from slimckpt.read.checkpoint_dir import CheckpointError
-from slimckpt.read.pickle_policy import set_trusted
 from slimckpt.storage import for_path, is_url
-from slimckpt.write.resume_records import write_tracker
 
 log = get_logger("slimckpt.convert")
 
@@ -233,7 +233,7 @@ def _tensor_bytes(src) -> int:
 
 
 def _write_role(src, out_dir: str, world: int, fsdp: int, mesh, on_bytes=None) -> int:
-    import slimckpt.convert.rank_file as rank_file
+    from slimckpt.convert import rank_file
 
     os.makedirs(out_dir)
     total = 0
@@ -354,7 +354,7 @@ def _write_extra(src, out_dir: str, world: int, rank: int) -> None:
     slimckpt's own resharded load does."""
     import torch
 
-    import slimckpt.save.rng_reshard as rng_reshard
+    from slimckpt.save import rng_reshard
 
     saved = src.extra(rank % src.world)
     rng = saved.get("rng")

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from slimckpt import SlimckptError
-from slimckpt.format.resume_manifest import TRACKER_NAME
+from slimckpt.layout.resume_manifest import TRACKER_NAME
 from slimckpt.storage import absolute, for_path
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")

@@ -18,10 +18,9 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, Shard
 
-import slimckpt.internals as internals
-import slimckpt.read.pt_index as pt_index
-import slimckpt.read.pt_tensors as pt_tensors
-from slimckpt.read.sources import SourceTensor
+from slimckpt import internals
+from slimckpt.engine import pt_index, pt_tensors
+from slimckpt.engine.verl_sources import SourceTensor
 from slimckpt.storage import for_path
 
 

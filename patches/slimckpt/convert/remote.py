@@ -18,8 +18,8 @@ import tempfile
 from tqdm import tqdm
 
 from slimckpt.convert.plan import ConvertError, parse_step_dir
-from slimckpt.format.resume_manifest import UncommittedCheckpoint, read_manifest
-from slimckpt.read.remote_step import READ_BLOCK, fetch_step
+from slimckpt.engine.remote_step import READ_BLOCK, fetch_step
+from slimckpt.layout.resume_manifest import UncommittedCheckpoint, read_manifest
 from slimckpt.storage import UnknownStorage, for_path
 
 DATA_FILE = "data.pt"

@@ -19,17 +19,17 @@ import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.tensor import DTensor
 
-import slimckpt.read.pt_tensors as pt_tensors
 from slimckpt.convert.layout import ModelLayout, meta_layout
 from slimckpt.convert.plan import ConvertError, flat_runs
 from slimckpt.convert.rank_file import FlatSource
-from slimckpt.format.resume_manifest import MANIFEST_NAME, UncommittedCheckpoint, check_committed
-from slimckpt.read.checkpoint_dir import DCP_DIR, HF_SUBDIR, CheckpointError, read_fsdp_config
-from slimckpt.read.dcp_pickle import read_metadata
-from slimckpt.read.dcp_source import open_dcp
-from slimckpt.read.dcp_step import is_dcp_role_dir
-from slimckpt.read.safe_load import load_torch_file
-from slimckpt.read.sources import load_mmap, open_checkpoint
+from slimckpt.engine import pt_tensors
+from slimckpt.engine.checkpoint_dir import DCP_DIR, HF_SUBDIR, CheckpointError, read_fsdp_config
+from slimckpt.engine.dcp_pickle import read_metadata
+from slimckpt.engine.dcp_source import open_dcp
+from slimckpt.engine.dcp_step import is_dcp_role_dir
+from slimckpt.engine.safe_load import load_torch_file
+from slimckpt.engine.verl_sources import load_mmap, open_checkpoint
+from slimckpt.layout.resume_manifest import MANIFEST_NAME, UncommittedCheckpoint, check_committed
 
 EXTRA_OURS = "slimckpt_extra_world_size_{world}_rank_{rank}.pt"  # save.extra_state.EXTRA_NAME
 EXTRA_VERL = "extra_state_world_size_{world}_rank_{rank}.pt"

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 
-import slimckpt.format.layout as layout
+import slimckpt.layout.safetensors_layout as layout
+from slimckpt.engine.out_files import create_files
 from slimckpt.hf.lora import write_adapter_config
 from slimckpt.hf.naming import HfSide
 from slimckpt.hf.plan import ExportPlan
 from slimckpt.storage import for_path
-from slimckpt.write.out_files import create_files
 
 
 def lay_out(out_dir: str, plan: ExportPlan, side: HfSide, tokenizer: bool = True) -> bool:

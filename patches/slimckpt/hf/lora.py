@@ -25,8 +25,11 @@ import json
 import os
 from dataclasses import dataclass
 
-import slimckpt.format.layout as layout
-from slimckpt.format.names import (
+import slimckpt.layout.safetensors_layout as layout
+from slimckpt.engine.checkpoint_dir import CheckpointError
+from slimckpt.hf.naming import ConfigMismatch
+from slimckpt.hf.plan import EMPTY, ExportPlan, MergeError, plan_takes
+from slimckpt.layout.names import (
     DTYPE_CHOICES,
     LORA_ADAPTER_CONFIG,
     LORA_ADAPTER_DIR,
@@ -34,10 +37,7 @@ from slimckpt.format.names import (
     LORA_TRAIN_META,
     is_lora_key,
 )
-from slimckpt.hf.naming import ConfigMismatch
-from slimckpt.hf.plan import EMPTY, ExportPlan, MergeError, plan_takes
 from slimckpt.log import get_logger
-from slimckpt.read.checkpoint_dir import CheckpointError
 
 # lazy imports: peft loads only when an adapter_config.json is written
 

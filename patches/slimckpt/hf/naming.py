@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 
 from slimckpt import SlimckptError
-from slimckpt.format.layout import Take
-from slimckpt.format.names import HF_SUBDIR, torch_dtypes_of_choices
+from slimckpt.engine.checkpoint_dir import CheckpointError
+from slimckpt.layout.names import HF_SUBDIR, torch_dtypes_of_choices
+from slimckpt.layout.safetensors_layout import Take
 from slimckpt.log import get_logger
-from slimckpt.read.checkpoint_dir import CheckpointError
 
 # lazy imports: torch and transformers load only once a model is named (a wrong --local_dir fails before them)
 
@@ -144,7 +144,7 @@ class HfSide:
         ConfigMismatch when a tensor transformers splits does not have the shape config.json gives it."""
         import torch
 
-        import slimckpt.internals as internals
+        from slimckpt import internals
 
         revert_weight_conversion = internals.lookup("transformers.core_model_loading:revert_weight_conversion")
         if revert_weight_conversion is None:
@@ -202,7 +202,7 @@ class HfSide:
     def _kept(self, names: list[str]) -> list[str]:
         """The names save_pretrained writes of `names`: FlowRL's head, tied targets (verl's
         drop_tied_target_keys) and `_keys_to_ignore_on_save` left out."""
-        from slimckpt.format.flowrl_names import is_flowrl_param
+        from slimckpt.layout.flowrl_names import is_flowrl_param
         from slimckpt.verl_files.leaves import leaf
 
         # FlowRL's log Z head is trained with the actor but is no part of the language model

@@ -10,13 +10,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import slimckpt.format.layout as layout
+import slimckpt.layout.safetensors_layout as layout
 from slimckpt import SlimckptError
-from slimckpt.format.export_assign import Box
-from slimckpt.format.names import DTYPE_CHOICES, HF_SUBDIR
+from slimckpt.engine.checkpoint_dir import CheckpointError
+from slimckpt.engine.output_dir import check_room
 from slimckpt.hf.naming import ConfigMismatch, HfSide
-from slimckpt.read.checkpoint_dir import CheckpointError
-from slimckpt.write.output_dir import check_room
+from slimckpt.layout.export_assign import Box
+from slimckpt.layout.names import DTYPE_CHOICES, HF_SUBDIR
 
 
 class MergeError(SlimckptError, RuntimeError):

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from slimckpt.format.names import DEFAULT_CHUNK_BYTES, DTYPE_CHOICES
+from slimckpt.layout.names import DEFAULT_CHUNK_BYTES, DTYPE_CHOICES
 from slimckpt.merge.plan import MergeError, MergeOptions
 
 DEFAULT_CHUNK_MB = DEFAULT_CHUNK_BYTES >> 20
@@ -97,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slimckpt.read.pickle_policy import set_trusted
+    from slimckpt.engine.pickle_policy import set_trusted
 
     set_trusted(args.trust_pickle)  # an environment variable: the writer processes it starts trust too
     opts = MergeOptions(

@@ -39,12 +39,20 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
-import slimckpt.env_vars as env_vars
-import slimckpt.format.layout as layout
-import slimckpt.read.in_flight as in_flight
-from slimckpt import __version__
-from slimckpt.collective.outcome import from_rank0, on_every_rank
-from slimckpt.format.merge_manifest import (
+import slimckpt.layout.safetensors_layout as layout
+from slimckpt import __version__, env_vars
+from slimckpt.dist.heartbeat import Heartbeat, describe_ranks, lost_ranks_line
+from slimckpt.dist.outcome import from_rank0, on_every_rank
+from slimckpt.engine.checkpoint_dir import CheckpointError
+from slimckpt.engine.merge_input import check_source, open_source
+from slimckpt.engine.out_files import OutputError
+from slimckpt.engine.output_dir import commit, discard_partial, prepare_partial, write_manifest
+from slimckpt.engine.race_points import pause
+from slimckpt.hf.lay_out import lay_out
+from slimckpt.hf.lora import plan_lora
+from slimckpt.hf.naming import HfSide, NeedsVerlMerger, default_max_shard_size
+from slimckpt.hf.plan import ExportPlan, check_output_room, make_plan
+from slimckpt.layout.merge_manifest import (
     DEFAULT_ALGO,
     MANIFEST_NAME,
     CommitError,
@@ -52,24 +60,15 @@ from slimckpt.format.merge_manifest import (
     build_entries,
     check_target,
 )
-from slimckpt.format.names import DTYPE_CHOICES, HF_SUBDIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_DIR
-from slimckpt.format.os_errors import MERGE_FIXES, OsErrorFixes, redescribe
-from slimckpt.hf.lay_out import lay_out
-from slimckpt.hf.lora import plan_lora
-from slimckpt.hf.naming import HfSide, NeedsVerlMerger, default_max_shard_size
-from slimckpt.hf.plan import ExportPlan, check_output_room, make_plan
+from slimckpt.layout.names import DTYPE_CHOICES, HF_SUBDIR, LORA_ADAPTER_CONFIG, LORA_ADAPTER_DIR
 from slimckpt.log import get_logger
 from slimckpt.merge.plan import MergeError, MergeOptions, MergeResult
 from slimckpt.merge.workers import ProgressBar, is_user_error, run_workers, write_weights
-from slimckpt.read.checkpoint_dir import CheckpointError
-from slimckpt.read.locks import LockBusy, acquire, reading
-from slimckpt.read.merge_input import check_source, open_source
+from slimckpt.storage import in_flight
+from slimckpt.storage.locks import LockBusy, acquire, reading
+from slimckpt.storage.os_errors import MERGE_FIXES, OsErrorFixes, redescribe
 from slimckpt.verl_files.in_process_merger import verl_merger_call
 from slimckpt.verl_files.leaves import leaf
-from slimckpt.write.out_files import OutputError
-from slimckpt.write.output_dir import commit, discard_partial, prepare_partial, write_manifest
-from slimckpt.write.peers import Heartbeat, describe_ranks, lost_ranks_line
-from slimckpt.write.race_points import pause
 
 # lazy imports: torch, transformers and torch.distributed load only where a merge needs them (a bad input fails first)
 
@@ -174,7 +173,7 @@ def _resolve_max_shard_size(opts: MergeOptions) -> None:
 
 
 def _target_lock(opts: MergeOptions):
-    """The exclusive lock on the target (slimckpt.read.locks), held from before `<target>.partial` is
+    """The exclusive lock on the target (slimckpt.storage.locks), held from before `<target>.partial` is
     made until the commit: a second merge into it fails at once instead of deleting our partial."""
     target = os.path.abspath(opts.target_dir)
     try:
@@ -271,7 +270,7 @@ def _log_fallback(opts: MergeOptions, why: str, ckpt) -> None:
             f"FSDPModelMerger reads verl's rank files, not dcp/: resume from this step with "
             f"+recipe=intermediate, whose saves verl's merger reads, and merge that save"
         )
-    from slimckpt.read.sources import verl_reads_rank0_alone
+    from slimckpt.engine.verl_sources import verl_reads_rank0_alone
 
     first = verl_reads_rank0_alone(ckpt)
     if first is not None:
@@ -637,7 +636,7 @@ def _written(checksums: dict[str, str]) -> dict[str, str]:
 
 
 def _read_back(partial: str, names: list[str]) -> dict[str, str]:
-    from slimckpt.write.share_writer import checksum_files
+    from slimckpt.engine.share_writer import checksum_files
 
     pause("read_back")
     return checksum_files(partial, names)

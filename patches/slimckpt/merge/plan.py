@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slimckpt.format.names import DEFAULT_CHUNK_BYTES
-from slimckpt.format.os_errors import MERGE_FIXES, OsErrorFixes
 from slimckpt.hf.plan import MergeError
+from slimckpt.layout.names import DEFAULT_CHUNK_BYTES
+from slimckpt.storage.os_errors import MERGE_FIXES, OsErrorFixes
 
 __all__ = ["MergeError", "MergeOptions", "MergeResult"]
 

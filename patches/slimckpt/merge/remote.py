@@ -20,14 +20,14 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-from slimckpt.format.merge_manifest import CommitError
-from slimckpt.format.names import MODEL_PREFIX
-from slimckpt.format.resume_manifest import UncommittedCheckpoint, read_manifest
+from slimckpt.engine.remote_step import fetch_step, records_of
+from slimckpt.engine.upload import upload_dir
+from slimckpt.layout.merge_manifest import CommitError
+from slimckpt.layout.names import MODEL_PREFIX
+from slimckpt.layout.resume_manifest import UncommittedCheckpoint, read_manifest
 from slimckpt.log import get_logger
 from slimckpt.merge.plan import MergeError, MergeOptions
-from slimckpt.read.remote_step import fetch_step, records_of
 from slimckpt.storage import UnknownStorage, for_path, is_url
-from slimckpt.write.upload import upload_dir
 
 log = get_logger("slimckpt.merge")
 

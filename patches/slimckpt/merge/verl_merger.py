@@ -1,5 +1,5 @@
 """verl's `python -m verl.model_merger merge --backend fsdp`, redirected to the streaming merge
-(patch "merge.fsdp" in slimckpt.verl_seam.patch_list)."""
+(patch "merge.fsdp" in slimckpt.verl.patch_list)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
-import slimckpt.env_vars as env_vars
+from slimckpt import env_vars
 from slimckpt.log import get_logger
 from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeError, MergeOptions

@@ -14,14 +14,14 @@ import signal
 import sys
 from collections.abc import Callable
 
-import slimckpt.format.layout as layout
-import slimckpt.write.writer_stats as writer_stats
-from slimckpt.format.merge_manifest import CommitError
+import slimckpt.layout.safetensors_layout as layout
+from slimckpt.engine import writer_stats
+from slimckpt.engine.checkpoint_dir import CheckpointError
+from slimckpt.engine.out_files import OutputError
 from slimckpt.hf.plan import ExportPlan
+from slimckpt.layout.merge_manifest import CommitError
 from slimckpt.log import get_logger
 from slimckpt.merge.plan import MergeError, MergeOptions
-from slimckpt.read.checkpoint_dir import CheckpointError
-from slimckpt.write.out_files import OutputError
 
 # lazy imports: torch (the cast), the torch readers and tqdm load only when weights are written
 
@@ -57,8 +57,8 @@ def write_shares(
     where the time went."""
     import torch
 
-    from slimckpt.read.merge_input import open_source
-    from slimckpt.write.share_writer import OUT_DTYPES, ShareWriter
+    from slimckpt.engine.merge_input import open_source
+    from slimckpt.engine.share_writer import OUT_DTYPES, ShareWriter
 
     owned = ckpt is None
     ckpt = open_source(local_dir) if owned else ckpt

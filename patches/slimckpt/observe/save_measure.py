@@ -5,7 +5,7 @@ was blocked, the peak anonymous RSS above the level before the save, and the byt
 wrote. Reports go outside the checkpoint (slimckpt.observe.save_reports), into
 $SLIMCKPT_METRICS_FILE (one JSON line each) and the log.
 
-Who calls it (both through slimckpt.verl_seam.checkpoint_patches): the "measure" feature
+Who calls it (both through slimckpt.verl.checkpoint_patches): the "measure" feature
 (SLIMCKPT_MEASURE=1), whose patch wraps verl's own save and nothing else, so verl's retention,
 tracker and load stay verl's; and a recipe's save (CheckpointOptions.measure). One save is measured once, whoever wraps it first.
 
@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import slimckpt.env_vars as env_vars
-import slimckpt.observe.save_reports as save_reports
+from slimckpt import env_vars
+from slimckpt.engine.checkpoint_dir import rank_files
 from slimckpt.log import get_logger
+from slimckpt.observe import save_reports
 from slimckpt.observe.memory import RssSampler
 from slimckpt.options.checkpoint_options import CheckpointOptions
-from slimckpt.read.checkpoint_dir import rank_files
 from slimckpt.storage import for_path
 
 log = get_logger("slimckpt.save")

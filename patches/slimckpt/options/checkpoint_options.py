@@ -1,7 +1,7 @@
 """CheckpointOptions: the settings of slimckpt's checkpoint engine, each typed and documented once.
 
 The engine (save/, plan/, observe/) reads these and nothing of verl's. A recipe's verl config class,
-`slimckpt.verl_seam.checkpoint_config.SlimCheckpointConfig`, is verl's CheckpointConfig with these
+`slimckpt.verl.checkpoint_config.SlimCheckpointConfig`, is verl's CheckpointConfig with these
 fields added, so YAML spells them under `checkpoint:`; a caller without verl (the GPU check, a
 test, another trainer) builds CheckpointOptions directly. Values arrive as YAML parsed them and are
 normalised here ("true" -> True, "64" -> 64, async_save true -> "pool").
@@ -148,7 +148,7 @@ class CheckpointOptions:
     writes it in the background. stream: no copy at the save; the background writer reads the live
     shards while the rollout runs, and the next change to them (optimizer step, offload, LoRA merge
     for weight sync, a load) first copies what is still unread into host memory within
-    host_memory_budget_gb, or waits for the writer (slimckpt.save.stream_capture)."""
+    host_memory_budget_gb, or waits for the writer (slimckpt.save.modes.stream_capture)."""
     host_memory_budget_gb: float | Literal["auto"] = 16.0
     """With async_save, the most host memory (GiB) a rank may hold staged state in; pool: a rank
     whose state is larger saves synchronously (streaming) and logs it; stream: the most a mutation
@@ -180,7 +180,7 @@ class CheckpointOptions:
     trust_pickle: bool = False
     """A resume unpickles only the globals verl and torch write (tensors, DTensor and ShardedTensor
     metadata, containers, dtypes, RNG and lr-scheduler state, DCP's metadata:
-    slimckpt.read.pickle_policy); a checkpoint naming any other is refused before it runs, in one
+    slimckpt.engine.pickle_policy); a checkpoint naming any other is refused before it runs, in one
     line naming the file and the global. true unpickles anything, as verl's own load
     (torch.load(weights_only=False)): only for checkpoints from someone you trust."""
     allow_fsdp1_device_copy: bool = False

@@ -39,7 +39,7 @@ from slimckpt.plan.node import Offload, node_rows, resident_bytes
 from slimckpt.plan.resume_time import resume_times
 from slimckpt.plan.upload import UploadSettings, merge_upload, rank_share, refused, save_upload, upload_settings
 from slimckpt.storage.s3 import S3Storage
-from slimckpt.verl_seam.recipes import list_group
+from slimckpt.verl.recipes import list_group
 
 
 def recipe_strategies(names: Sequence[str] | None, overrides: Sequence[str] = ()) -> list[Strategy]:
@@ -229,7 +229,7 @@ def s3_report(
             -(-e["rank0_write_bytes"] // max(1, s.write_threads)),  # DCP: a file per rank and write thread
             e["host_peak_bytes"],
             upload,
-            S3Storage.supports_inplace_writes,  # the in-training export writes in place (save.resume_save)
+            S3Storage.supports_inplace_writes,  # the in-training export writes in place (save.step_save)
             max(1, s.write_threads),
         )
     nodes = -(-world // max(1, local_ranks))

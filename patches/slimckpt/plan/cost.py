@@ -13,11 +13,11 @@ with FSDP1 its reshardable state dict costs a transient copy of the rank's shard
 accelerator. File-format overhead (headers, pickles) is not counted.
 
 The peak disk of the run: a role's bytes per step times the steps it holds while a new one is
-written, under verl's retention order and slimckpt's (slimckpt.save.retention.peak_steps: one step
+written, under verl's retention order and slimckpt's (slimckpt.save.retention.prune.peak_steps: one step
 more, since it deletes only once the new step is complete), at trainer.max_actor_ckpt_to_keep /
 max_critic_ckpt_to_keep (as given; else each row's own: a recipe's value, verl's null = keep all).
 With a recipe's keep_optimizer_last / keep_best the steps held split into whole ones and ones
-without their optimizer state (slimckpt.format.retention_plan.steps_held). The critic (PPO with
+without their optimizer state (slimckpt.layout.retention_plan.steps_held). The critic (PPO with
 GAE) is the actor's shapes with a one-output value head instead of lm_head, saving the same
 contents and no Hugging Face export.
 """
@@ -28,13 +28,13 @@ from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
-from slimckpt.format.layout import dim0_row_bytes, dim0_rows
-from slimckpt.format.retention_plan import RetentionPolicy, disk_bytes, steps_held
+from slimckpt.layout.retention_plan import RetentionPolicy, disk_bytes, steps_held
+from slimckpt.layout.safetensors_layout import dim0_row_bytes, dim0_rows
 from slimckpt.options.checkpoint_options import CheckpointOptions, async_mode
 from slimckpt.plan.node import auto_budget
 from slimckpt.plan.stream import stream_block, windows_for
 from slimckpt.save.host_budget import AUTO, is_auto
-from slimckpt.save.retention import peak_steps, verl_peak_steps
+from slimckpt.save.retention.prune import peak_steps, verl_peak_steps
 
 FP32 = 4
 ADAM_STATES = 2  # exp_avg, exp_avg_sq
@@ -107,7 +107,7 @@ class Strategy:
     # trainer.max_actor_ckpt_to_keep / max_critic_ckpt_to_keep of the run (None: keep every step)
     actor_keep: int | None = None
     critic_keep: int | None = None
-    # retention's keep_optimizer_last and keep_best (slimckpt.format.retention_plan)
+    # retention's keep_optimizer_last and keep_best (slimckpt.layout.retention_plan)
     keep_optimizer_last: int | None = None
     keep_best: int = 0
 

@@ -1,5 +1,5 @@
 """`slimckpt dryrun [--plan] <hydra overrides...>`: the dry run's command (its checks are in
-`slimckpt.verl_seam.dryrun`, next to the rest of what slimckpt knows of verl's config), and with --plan,
+`slimckpt.verl.dryrun`, next to the rest of what slimckpt knows of verl's config), and with --plan,
 `slimckpt plan` for the configuration a launcher composed, before any GPU.
 
 `slimckpt dryrun --plan <hydra overrides...>` (what `bash scripts/train_70b.sh --dry-run` and
@@ -34,9 +34,9 @@ from typing import Any
 
 from slimckpt.plan.build import build_report, plan_facts
 from slimckpt.plan.printers import print_report
-from slimckpt.verl_seam.dryrun import compose_config, plain, roles_needed, select
-from slimckpt.verl_seam.dryrun import main as verl_main
-from slimckpt.verl_seam.fsdp1_note import fsdp1_check
+from slimckpt.verl.dryrun import compose_config, plain, roles_needed, select
+from slimckpt.verl.dryrun import main as verl_main
+from slimckpt.verl.fsdp1_note import fsdp1_check
 
 # lazy imports: huggingface_hub loads only once a config is composed and planned
 

@@ -1,7 +1,7 @@
 """The model a plan is made for, read from its config alone: a meta-device model (shapes, no
 weights) built by slimckpt.hf.naming as the merge builds it, its parameters as FSDP shards them,
 the names the export drops (tied) or splits (fused MoE experts) and the Hugging Face export's file
-layout (planned by slimckpt.format.layout, as the merger writes it).
+layout (planned by slimckpt.layout.safetensors_layout, as the merger writes it).
 
 A LoRA actor is wrapped as verl wraps it, by peft on the meta model: the base model is frozen (in
 the model shards, no AdamW state), the adapter trained in fp32; the HF export is the base model plus
@@ -22,9 +22,9 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import slimckpt.format.layout as layout
-from slimckpt.format.names import DTYPE_CHOICES as DTYPE_NAMES
+import slimckpt.layout.safetensors_layout as layout
 from slimckpt.hf.naming import HfSide, default_max_shard_size
+from slimckpt.layout.names import DTYPE_CHOICES as DTYPE_NAMES
 from slimckpt.log import quieted
 from slimckpt.plan.cost import ParamSpec
 

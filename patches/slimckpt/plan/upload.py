@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import slimckpt.env_vars as env_vars
+from slimckpt import env_vars
 from slimckpt.plan.cost import human
 from slimckpt.storage.s3 import MAX_PART, MAX_PARTS, MIN_PART
 

@@ -2,7 +2,7 @@
 or lets it go on, as `checkpoint.on_save_error` says, and never leaves a step that looks committed.
 
 Every recipe's save runs inside `guarded_save`:
-  - rank 0 takes the exclusive writer lock of the role dir (slimckpt.read.locks) and tells the other
+  - rank 0 takes the exclusive writer lock of the role dir (slimckpt.storage.locks) and tells the other
     ranks, so a second trainer saving the same step into the same `default_local_dir` fails
     before writing a byte, on every rank, naming the holder;
   - a failure becomes one line naming the path and the fix (the errno is dug out of torch's and
@@ -15,7 +15,7 @@ Every recipe's save runs inside `guarded_save`:
     conflict always stops: two runs writing one directory is a misconfiguration, and going on
     would silently save nothing for the rest of the run. So does a lost rank (a collective failed
     because a peer was killed or stalled past the group's timeout): the group is broken, and the
-    line names the rank (slimckpt.write.peers); every later save of the process (another role's,
+    line names the rank (slimckpt.dist.heartbeat); every later save of the process (another role's,
     whose group would be made or used with the lost rank) fails at once with it (lost_rank).
 
 Caveat of continue: it needs every rank to fail the same way (a full or read-only filesystem,
@@ -29,23 +29,23 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import slimckpt.collective.outcome as outcome
 from slimckpt import SlimckptError
-from slimckpt.format.os_errors import describe_os_error, redescribe
-from slimckpt.format.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker
+from slimckpt.dist import outcome
+from slimckpt.dist.heartbeat import causes, in_a_job
+from slimckpt.dist.lost_rank import RankLost, already_lost, peer_loss_line
+from slimckpt.engine.checkpoint_dir import rank_files
+from slimckpt.engine.resume_records import atomic_write_text, write_failure
+from slimckpt.layout.resume_manifest import TRACKER_NAME, failure_markers, has_manifest, read_tracker
 from slimckpt.log import get_logger
-from slimckpt.read.checkpoint_dir import rank_files
-from slimckpt.read.locks import LockBusy, acquire
-from slimckpt.save.async_modes.registry import mode_for
-from slimckpt.save.lost_rank import RankLost, already_lost, peer_loss_line
+from slimckpt.save.modes.registry import mode_for
+from slimckpt.save.modes.writer import writer_for
 from slimckpt.save.os_fixes import trainer_fixes
 from slimckpt.save.process_group import checkpoint_group
-from slimckpt.save.resume_async import writer_for
 from slimckpt.save.target import SaveTarget
 from slimckpt.storage import absolute, for_path, is_url
+from slimckpt.storage.locks import LockBusy, acquire
+from slimckpt.storage.os_errors import describe_os_error, redescribe
 from slimckpt.storage.s3_errors import S3Error
-from slimckpt.write.peers import causes, in_a_job
-from slimckpt.write.resume_records import atomic_write_text, write_failure
 
 log = get_logger("slimckpt.save")
 

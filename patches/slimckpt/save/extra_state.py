@@ -10,9 +10,9 @@ import os
 
 import torch
 
-import slimckpt.save.rng_reshard as rng_reshard
+from slimckpt.engine.safe_load import load_torch_file
 from slimckpt.log import get_logger
-from slimckpt.read.safe_load import load_torch_file
+from slimckpt.save import rng_reshard
 from slimckpt.save.target import SaveTarget
 from slimckpt.storage import for_path
 

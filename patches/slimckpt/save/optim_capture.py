@@ -25,8 +25,8 @@ from typing import Any
 from torch.distributed.checkpoint import state_dict as torch_state_dict
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-import slimckpt.internals as internals
-from slimckpt.read.dcp_pickle import CheckedFileSystemReader
+from slimckpt import internals
+from slimckpt.engine.dcp_pickle import CheckedFileSystemReader
 from slimckpt.storage import absolute
 
 STATE_PREFIX = "optim.state."  # DCP's flattened keys of the optimizer's per-parameter state

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from slimckpt.format.os_errors import OsErrorFixes
+from slimckpt.storage.os_errors import OsErrorFixes
 
 CONTINUE_HINT = "or set checkpoint.on_save_error=continue to train on without this save"
 

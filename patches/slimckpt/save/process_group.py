@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-import slimckpt.write.peers as peers
+import slimckpt.dist.heartbeat as peers
 from slimckpt.save.target import TargetState
 
 

@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import os
 
-import slimckpt.save.resume_async as resume_async
-from slimckpt.format.resume_manifest import has_manifest
-from slimckpt.read.checkpoint_dir import DCP_DIR
+import slimckpt.save.modes.writer as resume_async
+from slimckpt.engine.checkpoint_dir import DCP_DIR
+from slimckpt.layout.resume_manifest import has_manifest
 
 
 def is_resume_state(local_path: str | None) -> bool:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slimckpt.engine.checkpoint_dir import DCP_DIR
 from slimckpt.options.checkpoint_options import CheckpointOptions
-from slimckpt.read.checkpoint_dir import DCP_DIR
 from slimckpt.save.target import SaveTarget
 
 

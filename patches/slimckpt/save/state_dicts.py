@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-import slimckpt.save.optim_capture as optim_capture
-from slimckpt.format.names import is_lora_key
+from slimckpt.layout.names import is_lora_key
 from slimckpt.log import get_logger
-from slimckpt.save.resume_async import state_bytes
+from slimckpt.save import optim_capture
+from slimckpt.save.modes.writer import state_bytes
 from slimckpt.save.target import SaveTarget
 
 log = get_logger("slimckpt.resume")

@@ -18,12 +18,15 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-import slimckpt.collective.outcome as outcome
-import slimckpt.read.checkpoint_dir as checkpoint_dir
-import slimckpt.save.hf_direct_export as hf_direct_export
-import slimckpt.save.retention as retention
+import slimckpt.save.export.direct as hf_direct_export
+import slimckpt.save.retention.prune as retention
 from slimckpt import SlimckptError
-from slimckpt.format.resume_manifest import (
+from slimckpt.dist import outcome
+from slimckpt.engine import checkpoint_dir
+from slimckpt.engine.checkpoint_dir import DCP_DIR
+from slimckpt.engine.resume_records import commit_manifest as write_manifest  # never over a committed one
+from slimckpt.engine.resume_records import remove_manifest
+from slimckpt.layout.resume_manifest import (
     FAILED_PREFIX,
     FileEntry,
     Manifest,
@@ -31,14 +34,11 @@ from slimckpt.format.resume_manifest import (
     unlisted_files,
 )
 from slimckpt.log import get_logger
-from slimckpt.read.checkpoint_dir import DCP_DIR
 from slimckpt.save.extra_state import EXTRA_NAME, EXTRA_PREFIX
 from slimckpt.save.save_context import SaveContext
 from slimckpt.save.state_dicts import LORA_ONLY_KEY
 from slimckpt.save.target import SaveTarget
 from slimckpt.storage import for_path
-from slimckpt.write.resume_records import commit_manifest as write_manifest  # never over a committed one
-from slimckpt.write.resume_records import remove_manifest
 
 log = get_logger("slimckpt.resume")
 
@@ -83,7 +83,7 @@ def clear_stale(local_path: str) -> None:
 
 def make_room(target: SaveTarget, max_keep: int | None) -> list[str]:
     """Where verl's ensure_checkpoint_capacity deletes before a save: nothing is deleted until the
-    new step is committed (slimckpt.save.retention); returns the steps whose optimizer state goes
+    new step is committed (slimckpt.save.retention.prune); returns the steps whose optimizer state goes
     before the new step is written (keep_optimizer_last)."""
     return retention.optimizer_drops(target.options, target.saved_paths, max_keep)
 
@@ -98,7 +98,7 @@ def drop_first(target: SaveTarget, drops: list[str]) -> Callable[[], None] | Non
 
 def register_committed(target: SaveTarget, local_path: str, max_keep: int | None) -> None:
     """verl's register_checkpoint, run only after the commit: never deletes the tracker's step or a
-    locked one (slimckpt.save.retention)."""
+    locked one (slimckpt.save.retention.prune)."""
     retention.after_save(target.state, target.options, target.saved_paths, local_path, max_keep)
 
 

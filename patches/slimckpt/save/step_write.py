@@ -16,18 +16,18 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 
-import slimckpt.save.hf_direct_export as hf_direct_export
-import slimckpt.save.step_commit as step_commit
+import slimckpt.save.export.direct as hf_direct_export
+from slimckpt.dist.lost_rank import RankLost, peer_loss_line
+from slimckpt.engine.dcp_file_writer import BoundedFileSystemWriter
+from slimckpt.engine.hashing_fs import HashingFileSystem
+from slimckpt.engine.resume_records import write_failure
 from slimckpt.log import get_logger
 from slimckpt.options.checkpoint_options import CheckpointOptions
-from slimckpt.save.lost_rank import RankLost, peer_loss_line
+from slimckpt.save import step_commit
+from slimckpt.save.modes.stream_capture import StreamReads
+from slimckpt.save.modes.stream_planner import StreamSavePlanner
 from slimckpt.save.save_context import SaveContext
-from slimckpt.save.stream_capture import StreamReads
-from slimckpt.save.stream_planner import StreamSavePlanner
 from slimckpt.storage import absolute, for_path
-from slimckpt.write.dcp_file_writer import BoundedFileSystemWriter
-from slimckpt.write.hashing_fs import HashingFileSystem
-from slimckpt.write.resume_records import write_failure
 
 log = get_logger("slimckpt.resume")
 

@@ -1,7 +1,7 @@
 """What a save or a load needs from its caller, as one object: the SaveTarget.
 
 The engine (this wing) never reads a trainer's checkpoint manager. verl's `FSDPCheckpointManager`
-is turned into a SaveTarget in the verl wing (`slimckpt.verl_seam.save_target.target_of`) at each
+is turned into a SaveTarget in the verl wing (`slimckpt.verl.save_target.target_of`) at each
 save and load; a caller without verl (the GPU check, a test, another trainer) builds one directly
 from its model and optimizer. What the engine keeps between saves of one target (its checkpoint
 group, background writer, once-only notes) is its `TargetState`, which the caller keeps alive for
@@ -17,7 +17,7 @@ from typing import Any
 
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-from slimckpt.format.names import SHARD_CONTENTS
+from slimckpt.layout.names import SHARD_CONTENTS
 from slimckpt.options.checkpoint_options import CheckpointOptions
 
 
@@ -28,7 +28,7 @@ class TargetState:
     group: Any = None
     """The gloo group of the target's ranks for DCP's coordination and the commit (save.process_group)."""
     writer: Any = None
-    """Its background writer (save.resume_async.AsyncResumeWriter), made at its first incremental save."""
+    """Its background writer (save.modes.writer.AsyncResumeWriter), made at its first incremental save."""
     save_failed: str | None = None
     """The one-line error of its last save when it failed (save.errors), else None."""
     retention_deferred: bool = False

@@ -1,9 +1,12 @@
 """Where checkpoint files live: `Storage` (base), one backend per medium, and `for_path`.
 
-Every wing gets the backend of a path from `for_path(path)` and calls it for what it does to
-checkpoint files (ranged writes, atomic puts, the commit, leases, deletes, free space). A plain
-path is the POSIX backend's; a URL (`<scheme>://...`) is the backend registered for its scheme.
-A new medium is one module here with a `Storage` subclass and one line in BACKENDS.
+1. `for_path(path)` gives every wing the backend of a path: a plain path is the POSIX backend's
+   (`posix`), a URL (`<scheme>://...`) the backend registered for its scheme (`s3`, its errors in
+   `s3_errors`). A new medium is one module here with a `Storage` subclass and one line in BACKENDS.
+2. `base.Storage`: what slimckpt does to checkpoint files, one named method per step (ranged writes,
+   atomic puts, the commit, leases, deletes, free space); `os_errors` words an OSError for the user.
+3. `locks` (one writer or many readers, never retention under either) and `in_flight` (commits still
+   running in this process, which a reader in the same job waits for).
 
 Imports nothing of slimckpt's but the ground, so that every wing can stand on it.
 """

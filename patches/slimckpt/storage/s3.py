@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
-import slimckpt.env_vars as env_vars
+from slimckpt import env_vars
 from slimckpt.storage.base import Lease, RangeWriter, Storage
 from slimckpt.storage.s3_errors import S3Error, S3Failed, S3NotFound, gave_up, mapped, no_conditional_writes, retryable
 

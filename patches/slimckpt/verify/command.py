@@ -6,9 +6,9 @@
     slimckpt verify merged_model/ [--quick] [--json]    # a `slimckpt merge` output
 
 What it accepts (found by what the dir holds):
-- a merge output (`manifest.json`, slimckpt.format.merge_manifest): size and checksum of every file, files not
+- a merge output (`manifest.json`, slimckpt.layout.merge_manifest): size and checksum of every file, files not
   in the manifest, the manifest's own checksum;
-- an incremental role dir (`slimckpt_resume.json`, slimckpt.format.resume_manifest): the same checks,
+- an incremental role dir (`slimckpt_resume.json`, slimckpt.layout.resume_manifest): the same checks,
   and each bad file's line is exactly the message a load of this step refuses with;
 - a verl-native role dir (no manifest): what can be checked without one (verify_native), and
   what could not, printed as `not checked:` lines;
@@ -30,15 +30,14 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-import slimckpt.format.merge_manifest as merge_manifest
-import slimckpt.format.resume_manifest as rm
-import slimckpt.read.in_flight as in_flight
+import slimckpt.layout.resume_manifest as rm
 import slimckpt.verify.native as verify_native
 from slimckpt import SlimckptError
-from slimckpt.format.dropped_optimizer import DROPPED_KEY
-from slimckpt.read.pickle_policy import REFUSED_PREFIX, set_trusted
-from slimckpt.read.step_pickles import dcp_refusals
-from slimckpt.storage import UnknownStorage, absolute, for_path, is_file, is_url
+from slimckpt.engine.pickle_policy import REFUSED_PREFIX, set_trusted
+from slimckpt.engine.step_pickles import dcp_refusals
+from slimckpt.layout import merge_manifest
+from slimckpt.layout.dropped_optimizer import DROPPED_KEY
+from slimckpt.storage import UnknownStorage, absolute, for_path, in_flight, is_file, is_url
 
 HELP = "check a checkpoint dir: manifest, size and checksum of every file; exit 1 naming each bad file"
 

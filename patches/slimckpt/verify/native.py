@@ -32,10 +32,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slimckpt.format.dropped_optimizer import NATIVE_MARKER
-from slimckpt.format.merge_manifest import BadFile
-from slimckpt.format.names import DEFAULT_CHUNK_BYTES, DTYPE_BYTES, FSDP_CONFIG, HF_SUBDIR
-from slimckpt.read.pickle_policy import PickleRefused
+from slimckpt.engine.pickle_policy import PickleRefused
+from slimckpt.layout.dropped_optimizer import NATIVE_MARKER
+from slimckpt.layout.merge_manifest import BadFile
+from slimckpt.layout.names import DEFAULT_CHUNK_BYTES, DTYPE_BYTES, FSDP_CONFIG, HF_SUBDIR
 
 RANK_FILE_RE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
 NATIVE_FIX = "re-copy it from the training run, or resume from an earlier step"
@@ -107,7 +107,7 @@ def check_zip_records(path: str, on_bytes: Callable[[int], object] | None = None
 
 def _load_reason(path: str) -> tuple[object, str | None]:
     try:
-        from slimckpt.read.sources import load_mmap
+        from slimckpt.engine.verl_sources import load_mmap
 
         return load_mmap(path), None
     except PickleRefused as exc:
@@ -124,7 +124,7 @@ def _shape_info(value) -> tuple | None:
     """(global shape, placements, local shape, mesh) of a tensor entry; None for non-tensors."""
     import torch
 
-    from slimckpt.read.sources import sharded_tensor_metadata
+    from slimckpt.engine.verl_sources import sharded_tensor_metadata
 
     metadata = sharded_tensor_metadata(value)
     if metadata is not None:

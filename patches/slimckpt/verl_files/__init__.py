@@ -1,2 +1,6 @@
-"""What slimckpt reads of verl without importing it: the installed version, and verl's helper files
-loaded by path (`leaves`). The wings below the verl wing use verl through here only."""
+"""What slimckpt reads of verl without importing it.
+
+1. `version`: which verl is installed, and whether slimckpt was checked against it (the one guard).
+2. `leaves`: verl's helper files loaded by path; `in_process_merger`: verl's own merger, the fallback.
+The wings below the verl wing use verl through here only.
+"""

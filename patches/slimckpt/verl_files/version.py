@@ -13,8 +13,7 @@ from importlib.metadata import PackageNotFoundError, distribution, version
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-import slimckpt.env_vars as env_vars
-from slimckpt import SUPPORTED_VERL, SlimckptError, __version__
+from slimckpt import SUPPORTED_VERL, SlimckptError, __version__, env_vars
 from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.registry")

@@ -1,1 +1,0 @@
-"""Agreeing across ranks: every rank of a group ends a collective step the same way."""

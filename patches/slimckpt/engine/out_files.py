@@ -1,0 +1,254 @@
+"""The output half of a merge's writer: planned files created at their final size, then bytes
+written at their offsets (the storage's ranged writes), behind the caster, with running
+checksums and fsync at the end.
+
+Used by the writer (`share_writer.ShareWriter`), which reads and casts the chunks. Staging buffers
+are handed out by `StagingRing`, which the caster fills and the write-behind thread gives back once
+the bytes are on their way to the disk.
+
+Plain `pwrite`s through the page cache: O_DIRECT was removed (`share_writer` says why).
+
+No torch here, by design.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import slimckpt.layout.safetensors_layout as layout
+from slimckpt import SlimckptError
+from slimckpt.engine.race_points import pause
+from slimckpt.layout.merge_manifest import DEFAULT_ALGO, new_hasher
+from slimckpt.storage import RangeWriter, for_path
+from slimckpt.storage.os_errors import os_failure
+
+PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
+
+Progress = Callable[[int], None]
+
+
+class OutputError(SlimckptError, RuntimeError):
+    """Writing the output failed (disk full, read-only...); the message names the file and the fix."""
+
+
+def os_error(exc: OSError, path: str, need: int | None = None) -> OutputError:
+    return os_failure(OutputError, exc, path, need)
+
+
+def create_files(root: str, plan: layout.Plan) -> None:
+    """Create every planned file at its final size with its header written (coordinator only)."""
+    need = sum(f.size for f in plan.files)
+    for f in plan.files:
+        path = os.path.join(root, f.name)
+        try:
+            out = for_path(path).create_ranges(path, f.size)
+            try:
+                out.write(memoryview(f.header), 0)
+            finally:
+                out.close()
+        except OSError as exc:
+            raise os_error(exc, path, need) from None
+
+
+class _WriteBehind:
+    """One thread that runs submitted writes in order; a failed write is re-raised to the caller at
+    its next submit/flush, and later writes are dropped (the output is being discarded anyway)."""
+
+    def __init__(self, write: Callable[[str, memoryview, int], None]) -> None:
+        self._write = write
+        self._todo: queue.Queue = queue.Queue(maxsize=PIPELINE_DEPTH)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="slimckpt-write", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._todo.get()
+            try:
+                if item is None:
+                    return
+                file, data, offset, done = item
+                try:
+                    if self.error is None:
+                        self._write(file, data, offset)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    self.error = exc
+                finally:
+                    if done is not None:
+                        done()
+            finally:
+                self._todo.task_done()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def submit(self, file: str, data: memoryview, offset: int, done: Callable[[], None] | None) -> None:
+        self._raise()
+        self._todo.put((file, data, offset, done))
+
+    def flush(self) -> None:
+        self._todo.join()
+        self._raise()
+
+    def stop(self) -> None:
+        self._todo.put(None)
+        self._thread.join()
+
+
+class StagingRing:
+    """PIPELINE_DEPTH reusable cast buffers: a chunk is cast into a free one, which comes back once
+    written. Reused buffers keep their pages faulted in; the ring bounds memory to a few chunks.
+    `alloc(n)` makes a 1-D byte buffer whose `len()` is n."""
+
+    def __init__(self, min_bytes: int, alloc: Callable[[int], object]) -> None:
+        self.min_bytes = min_bytes
+        self._alloc = alloc
+        self._free: queue.Queue = queue.Queue()
+        self._made = 0
+
+    def take(self, nbytes: int) -> object:
+        if self._free.empty() and self._made < PIPELINE_DEPTH:
+            self._made += 1
+            buf = None
+        else:
+            buf = self._free.get()
+        if buf is None or len(buf) < nbytes:
+            buf = self._alloc(max(nbytes, self.min_bytes))
+        return buf
+
+    def give_back(self, buf: object) -> None:
+        self._free.put(buf)
+
+
+@dataclass
+class _FileState:
+    path: str
+    out: RangeWriter
+    next_offset: int  # for the running checksum: where the next in-order write must start
+    hasher: object | None
+
+
+def _close(st: _FileState) -> None:
+    try:
+        st.out.close()
+    except OSError:
+        pass
+
+
+class OutputFiles:
+    """One writer's open output files: positional writes queued behind the caster, checksummed in
+    order, fsync'ed at close."""
+
+    def __init__(
+        self,
+        root: str,
+        plan: layout.Plan,
+        alloc: Callable[[int], object],
+        chunk_bytes: int,
+        progress: Progress | None = None,
+        algo: str = DEFAULT_ALGO,
+        fsync: bool = True,
+    ) -> None:
+        self.root, self.plan = root, plan
+        self.progress = progress or (lambda n: None)
+        self.algo = algo
+        self.fsync = fsync  # False only for `slimckpt merge --no_fsync`: not durable across a power loss
+        self.ring = StagingRing(min(max(1, chunk_bytes), 1 << 30), alloc)
+        self._files: dict[str, _FileState] = {}
+        self._behind: _WriteBehind | None = None
+        self._pending_buf = None  # staging buffer of the last `stage`, until submitted
+        self._layouts = {f.name: f for f in plan.files}
+        self.checksums: dict[str, str] = {}  # files written whole, in order, by this writer
+
+    def _file(self, name: str) -> _FileState:
+        st = self._files.get(name)
+        if st is None:
+            path = os.path.join(self.root, name)
+            try:
+                out = for_path(path).open_ranges(path)
+            except OSError as exc:
+                raise os_error(exc, path) from None
+            f = self._layouts[name]
+            hasher = new_hasher(self.algo)
+            hasher.update(f.header)
+            st = self._files[name] = _FileState(path, out, f.data_start, hasher)
+        return st
+
+    def write(self, file: str, data: memoryview, offset: int) -> None:
+        """Write now, on this thread."""
+        st = self._file(file)
+        pause("write")
+        try:
+            st.out.write(data, offset)
+        except OSError as exc:
+            raise os_error(exc, st.path, sum(f.size for f in self.plan.files)) from None
+        if st.hasher is not None:
+            if offset == st.next_offset:
+                st.hasher.update(data)
+                st.next_offset += len(data)
+            else:
+                st.hasher = None  # not written in order by us alone: checksum by reading back
+        self.progress(len(data))
+
+    def stage(self, nbytes: int) -> object:
+        """A staging buffer for the next chunk (at least nbytes); `submit` hands it back."""
+        if self._pending_buf is not None:  # staged but never submitted (a check failed): reuse it
+            self.ring.give_back(self._pending_buf)
+        self._pending_buf = buf = self.ring.take(nbytes)
+        return buf
+
+    def submit(self, file: str, data: memoryview, offset: int) -> None:
+        """Queue a write; the staging buffer `data` may live in goes back to the ring once written."""
+        buf, self._pending_buf = self._pending_buf, None
+        if self._behind is None:
+            self._behind = _WriteBehind(self.write)
+        done = None if buf is None else (lambda: self.ring.give_back(buf))
+        # the queued item keeps `data` (and the buffer under it) alive until it is written
+        self._behind.submit(file, data, offset, done)
+
+    def _stop_behind(self) -> BaseException | None:
+        behind, self._behind = self._behind, None
+        if behind is None:
+            return None
+        try:
+            behind.flush()
+        except BaseException as exc:  # noqa: BLE001 - returned for the caller to raise or drop
+            return exc
+        finally:
+            behind.stop()
+        return None
+
+    def close(self) -> None:
+        """fsync and close every file; keep the running checksum of files written whole."""
+        failed = self._stop_behind()
+        if failed is not None:
+            self.abort()
+            raise failed
+        errors = []
+        if self._files:
+            pause("close")
+        for name, st in self._files.items():
+            try:
+                if self.fsync:
+                    st.out.sync()
+            except OSError as exc:
+                errors.append(os_error(exc, st.path))
+            finally:
+                _close(st)
+            if st.hasher is not None and st.next_offset == self._layouts[name].size:
+                self.checksums[name] = st.hasher.hexdigest()
+        self._files.clear()
+        if errors:
+            raise errors[0]
+
+    def abort(self) -> None:
+        """Close every file without fsync or checksums (the output is being discarded)."""
+        self._stop_behind()
+        for st in self._files.values():
+            _close(st)
+        self._files.clear()
