@@ -31,12 +31,13 @@ VOCAB = 64
 
 
 def build(layout: str):
-    from slimckpt_testing.verl_checkpoints import resume_scenarios
-    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
     from transformers import AutoModelForCausalLM
+
+    from slimckpt_testing.verl_checkpoints import resume_scenarios
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, wrap_fsdp2
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(build_config(resume_scenarios.tiny_args()))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.launch import REPO
 
 # Every refusal of slimckpt.engine.pickle_policy, in this process or any it starts (torchrun ranks,
 # merge workers, verl's trainer), lands in this file: a test whose checkpoints were refused fails,
@@ -53,8 +53,8 @@ def repo() -> Path:
 
 @pytest.fixture(scope="session")
 def ws2_scenarios(tmp_path_factory) -> Path:
-    """tests/scenarios/batch.py: the 2-rank torchrun scenarios of tests/multiprocess/test_resume_state.py and
-    tests/multiprocess/test_hf_direct_export.py in one torchrun (one start-up instead of six); the result of
+    """tests/scenarios/batch.py: the 2-rank torchrun scenarios of tests/save/test_resume_state.py and
+    tests/save/test_export_direct.py in one torchrun (one start-up instead of six); the result of
     scenario NAME is under <dir>/NAME (read it with scenario_result)."""
     root = tmp_path_factory.mktemp("ws2_scenarios")
     run = launch(
@@ -106,14 +106,14 @@ def _verl_runs_in_background(request) -> None:
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """tests/unit first, then the other tests, then the tests that read a verl run (stable: each keeps
-    its place among its kind). Most unit tests use one core: run last, they left the other idle for the
+    """The fast tests (no `slow` marker) first, then the slow ones, then the tests that read a verl run
+    (stable: each keeps its place among its kind). Most unit tests use one core: run last, they left the other idle for the
     session's last minutes; run first, the background verl runs fill it."""
 
     def kind(item) -> int:
         if any(f in READS for f in getattr(item, "fixturenames", ())):
             return 2
-        return 0 if item.nodeid.startswith("tests/unit/") else 1
+        return 0 if item.get_closest_marker("slow") is None else 1
 
     items[:] = sorted(items, key=kind)
 

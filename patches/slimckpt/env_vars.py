@@ -2,7 +2,7 @@
 and read here only: the package's modules ask `flag`, `integer`, `seconds`, `path` or `text` for a
 declared name, never `os.environ` (`tests/test_house.py` holds them to it).
 
-`tests/unit/test_env_vars.py` holds the rest of the code to this table: a `SLIMCKPT_` name used anywhere
+`tests/house/test_env_vars.py` holds the rest of the code to this table: a `SLIMCKPT_` name used anywhere
 in patches/, scripts/ or tests/ must be declared here, and docs/configuration.md's table must be
 this module's `--markdown` output.
 
@@ -249,7 +249,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "flag",
         None,
         "test",
-        "`1`: `tests/multiprocess/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run",
+        "`1`: `tests/merge/test_coverage_matrix.py` rewrites docs/support_matrix.md from its run",
     ),
 )
 
@@ -354,7 +354,7 @@ def _commit(repo: Path) -> str:
 def provenance(commit: str) -> str:
     return (
         f"Generated from `patches/slimckpt/env_vars.py` by `{COMMAND}` at commit {commit}; "
-        f"`tests/unit/test_env_vars.py` fails when it is out of date."
+        f"`tests/house/test_env_vars.py` fails when it is out of date."
     )
 
 

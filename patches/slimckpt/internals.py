@@ -17,7 +17,7 @@ reaches one:
 
 Pickle globals a checkpoint names (`torch._utils._rebuild_tensor_v2`, DTensor's classes) are not
 calls into torch and are not listed here: they are the allow-list of engine/pickle_policy.py, and a
-global a release renames is refused by name (tests/multiprocess/test_safe_pickle.py runs on both stacks).
+global a release renames is refused by name (tests/engine/test_pickle_policy.py runs on both stacks).
 """
 
 from __future__ import annotations

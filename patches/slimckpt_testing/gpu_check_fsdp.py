@@ -13,7 +13,7 @@ on the tensors' own device). Then:
   roundtrip      the state dict written by the incremental tier's DCP writer (save.step_write.storage_writer)
                  and read back into a fresh state dict is bit-equal to it
 
-Needs only torch and this package (no verl, no transformers): tests/multiprocess/test_engine_without_verl.py
+Needs only torch and this package (no verl, no transformers): tests/save/test_engine_without_verl.py
 runs it where verl, Ray, omegaconf and hydra cannot be imported.
 """
 

@@ -34,10 +34,11 @@ from slimckpt.engine.pickle_policy import TRUST_ENV
 
 
 def _run(args):
-    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, build_tokenizer, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, build_tokenizer, wrap_fsdp2
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[args.size_preset]
     cfg = build_config(

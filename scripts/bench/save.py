@@ -145,9 +145,10 @@ def build_model(preset: str, world: int, fsdp: int = 2, adamw_state: bool = True
     an SGD optimizer without momentum (it has no state) for the lr scheduler, and no optimizer step,
     for sizes whose AdamW moments would not fit the host."""
     import torch
-    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
+
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS, build_config, wrap_fsdp2
 
     layers, hidden, inter, vocab, heads, kv = PRESETS[preset]
     cfg = argparse.Namespace(
@@ -188,10 +189,11 @@ def wrap_fsdp1_from_meta(model, mesh):
     units, the mesh), materialising one unit at a time from the meta model: a rank never holds the
     whole unsharded model, as verl's rank 0 does not either."""
     import torch
-    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import decoder_layer_classes
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import decoder_layer_classes
 
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
     return FSDP(
@@ -326,8 +328,9 @@ def name_pretrained(model, out: str) -> None:
 
 def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
-    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

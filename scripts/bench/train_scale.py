@@ -117,11 +117,11 @@ def event(rank: int, name: str) -> None:
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     from scripts.bench.save import WindowSampler, build_model, measured, name_pretrained, timed_save
     from slimckpt.observe.measure import evict_from_page_cache
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -95,12 +95,13 @@ def build_sources(work: str) -> dict[str, str]:
 
 def _tiny_run(ckpt_config):
     """Model, optimizer, scheduler and verl's manager of the tiny fixture model on this group."""
-    import slimckpt_testing.verl_checkpoints.fsdp_checkpoint as fx
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    import slimckpt_testing.verl_checkpoints.fsdp_checkpoint as fx
 
     args = fx.parse_args(["--out", "unused"])
     torch.manual_seed(0)
@@ -152,13 +153,13 @@ def worker_save(work: str) -> None:
 def worker_cost(preset: str, root: str) -> None:
     """(under torchrun) what checksums cost: one incremental save of `preset` through verl's
     manager (the manifest's timings: write vs checksum), then one load (its check vs the whole load)."""
-    import slimckpt_testing.verl_checkpoints.fsdp_checkpoint as fx
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
+    import slimckpt_testing.verl_checkpoints.fsdp_checkpoint as fx
     from slimckpt.layout.resume_manifest import read_manifest
     from slimckpt.resume import step_check
     from slimckpt.save import resume_state

@@ -313,11 +313,11 @@ def calibrate(args: argparse.Namespace) -> int:
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     )
     import torch.distributed as dist
-    from slimckpt_testing.verl_checkpoints.resume_scenarios import Run
 
     import slimckpt.save.modes.writer as resume_async
     from slimckpt.verl.features import switch_on
     from slimckpt.verl.manager_state import state_of
+    from slimckpt_testing.verl_checkpoints.resume_scenarios import Run
 
     switch_on("checkpoint")
     dist.init_process_group("gloo")
@@ -350,11 +350,11 @@ def child(args: argparse.Namespace) -> int:
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     )
     import torch.distributed as dist
-    from slimckpt_testing.verl_checkpoints.resume_scenarios import Run
 
     import slimckpt.save.modes.writer as resume_async
     from slimckpt.verl.features import switch_on
     from slimckpt.verl.manager_state import state_of
+    from slimckpt_testing.verl_checkpoints.resume_scenarios import Run
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     switch_on("checkpoint")  # as a recipe's config does; verl_save's plain config bypasses it

@@ -661,10 +661,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # loaded here once: the forked ranks start with them
     import torch  # noqa: F401
-    from slimckpt_testing import s3_server
 
     import slimckpt.save.step_save as resume_save  # noqa: F401
     import slimckpt.storage.s3 as s3  # noqa: F401
+    from slimckpt_testing import s3_server
 
     commit = provenance.source_commit()
     os.makedirs(args.work, exist_ok=True)

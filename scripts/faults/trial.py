@@ -189,14 +189,15 @@ class Model:
 
     def __init__(self, role: str, ckpt_config) -> None:
         import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
         from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import (
             auto_class,
             build_config,
             build_tokenizer,
             wrap_fsdp2,
         )
-        from torch.distributed.device_mesh import init_device_mesh
-        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
         self.role = role
         args = SimpleNamespace(model="llama", vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
@@ -526,11 +527,12 @@ def build_merge_fixture(out_dir: str, rank: int, hidden: int, layers: int, vocab
     """A verl FSDP checkpoint (world size 2, verl's own save) for the merge trials."""
     import torch
     import torch.distributed as dist
-    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, wrap_fsdp2
 
     _init(os.path.dirname(out_dir), rank, "fixture")
     torch.manual_seed(0)

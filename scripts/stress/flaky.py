@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 # name -> (pytest node ids, what once failed and the commit that fixed it)
 GUARDS: dict[str, tuple[list[str], str]] = {
     "lora": (
-        ["tests/multiprocess/test_merge_lora.py"],
+        ["tests/merge/test_merge_lora.py"],
         "adapter_config.json's target_modules order followed PYTHONHASHSEED (be0785c)",
     ),
     "rank_faults": (
@@ -38,19 +38,19 @@ GUARDS: dict[str, tuple[list[str], str]] = {
     ),
     "stream_offload": (
         [
-            "tests/multiprocess/test_stream_offload.py::"
+            "tests/save/test_stream_offload.py::"
             "test_stream_under_offload_through_verl_equals_sync_resumes_and_holds_sync_level_memory"
         ],
         "the paused read's tensor stayed alive when the writer paused before the offload (2b4f57c)",
     ),
     "exit_abort": (
-        ["tests/multiprocess/test_heartbeat_exit.py"],
+        ["tests/dist/test_heartbeat.py"],
         "the heartbeat thread inside a store call at interpreter exit aborted the process (ef8c93f)",
     ),
     "merge_bytes": (
         [
-            "tests/multiprocess/test_merge_verl.py::test_workers_and_ranks_give_identical_bytes",
-            "tests/multiprocess/test_merge_moe.py::test_distributed_merge_and_verl_redirect",
+            "tests/merge/test_verl_merger.py::test_workers_and_ranks_give_identical_bytes",
+            "tests/merge/test_merge_moe.py::test_distributed_merge_and_verl_redirect",
         ],
         "a distributed merge's directory once differed from the single merge's (make stress-merge shakes it)",
     ),

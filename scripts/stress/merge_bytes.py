@@ -36,7 +36,7 @@ from scripts.stress import cpu_load
 from slimckpt.layout.merge_manifest import MANIFEST_NAME
 
 REPO = Path(__file__).resolve().parents[2]
-# the builder's arguments of tests/multiprocess/test_merge_verl.py's fsdp2_w2 and test_merge_moe.py's families
+# the builder's arguments of tests/merge/test_verl_merger.py's fsdp2_w2 and test_merge_moe.py's families
 CHECKPOINTS = {
     "dense": "--model llama --layers 2 --hidden 64 --vocab 256".split(),
     "moe": "--models deepseek-v3,qwen3-moe --experts 3 --steps 0 --layers 2 --hidden 64 --vocab 256".split(),

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from slimckpt.plan.node import auto_budget
+from tests.helpers.launch import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 TRAIN_70B = REPO / "scripts" / "train_70b.sh"
 TRAIN_SMALL = REPO / "scripts" / "train_small.sh"
 NODE_GIB = 2048

@@ -18,11 +18,9 @@ from slimckpt.layout.resume_manifest import FAILED_PREFIX, TRACKER_NAME, failure
 from slimckpt.save.target import SaveTarget, TargetState
 from slimckpt.storage import locks
 from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+from tests.helpers.launch import REPO
 
 from ..helpers.slim_logs import lines_of
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 # --------------------------------------------------------------------------- locks
 
@@ -251,10 +249,9 @@ def test_restore_tracker_after_a_failed_step(tmp_path):
 
 
 def test_two_merges_into_one_target(tmp_path):
-    from slimckpt_testing.synthetic import synthetic_checkpoint
-
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
+    from slimckpt_testing.synthetic import synthetic_checkpoint
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     target = str(tmp_path / "out")
@@ -266,10 +263,9 @@ def test_two_merges_into_one_target(tmp_path):
 
 
 def test_merge_refuses_a_step_being_written(tmp_path):
-    from slimckpt_testing.synthetic import synthetic_checkpoint
-
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeError, MergeOptions
+    from slimckpt_testing.synthetic import synthetic_checkpoint
 
     src = synthetic_checkpoint(tmp_path / "global_step_1" / "actor")
     with locks.writing(str(src), "saving step 1", fix=""):

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from slimckpt_flowrl import is_flowrl_param
 
 from slimckpt.observe.save_reports import REPORTS_DIR
 from slimckpt.observe.wandb_history import load
+from slimckpt_flowrl import is_flowrl_param
 
 from ..conftest import REPO
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.launch import REPO
+
 TRAIN_70B = REPO / "scripts" / "train_70b.sh"
 TRAIN_SMALL = REPO / "scripts" / "train_small.sh"
 

@@ -14,13 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from slimckpt_testing.launch import launch
 
 import slimckpt.layout.retention_plan as rp
 from slimckpt.plan import cost
 from slimckpt.save.retention import best_metric
-
-REPO = Path(__file__).resolve().parents[2]
+from slimckpt_testing.launch import launch
+from tests.helpers.launch import REPO
 
 
 def _paths(steps) -> list[str]:

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
 from slimckpt_testing.launch import STACKS_ON_ABORT, end_hung_tree
 from slimckpt_testing.synthetic import synthetic_checkpoint, tiny_llama_config  # noqa: F401  (the tests' names)
+from tests.helpers.launch import REPO, torchrun
 
 # lazy imports: transformers, verl and DCP load in the tests that use them, so importing the helpers stays quick
 
-REPO = Path(__file__).resolve().parents[2]
 # a torchrun of up to 4 ranks saving a tiny model is mostly torch's start-up; 240 s is a hang
 FIXTURE_TIMEOUT = 240
 
@@ -168,15 +169,6 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 300, preexec_fn=
             out, err = end_hung_tree(p)  # every process's stacks, then the tree killed
             raise AssertionError(f"timed out after {timeout}s: {cmd}\nits stderr's end:\n{err[-12000:]}") from None
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
-
-
-# a few ranks, each starting torch (and verl) on 2 cores, then a tiny job; 300 s is a hang
-def torchrun(nproc: int, args: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
-        env=env,
-        timeout=timeout,
-    )
 
 
 # the distributed merges of the byte tests sleep up to this at each race point (slimckpt.engine.race_points),

@@ -50,7 +50,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.launch import REPO
+
 SCRIPT = REPO / "scripts" / "train_small.sh"
 # one run takes ~1 minute alone, up to ~2 beside the other tests; a host shared with other jobs may need more
 RUN_TIMEOUT_S = int(os.environ.get("VERL_RUN_TIMEOUT_S", "400"))

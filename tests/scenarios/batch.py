@@ -21,6 +21,7 @@ import traceback
 from types import SimpleNamespace
 
 import torch.distributed as dist
+
 from slimckpt_testing.verl_checkpoints import resume_scenarios
 
 from . import critic_save as critic_save_scenario

@@ -1,4 +1,4 @@
-"""Multi-process scenarios for `slimckpt convert`, run by tests/multiprocess/test_convert.py under torchrun (gloo,
+"""Multi-process scenarios for `slimckpt convert`, run by tests/convert/test_convert.py under torchrun (gloo,
 CPU, a tiny Llama) through verl's real FSDPCheckpointManager:
 
     torchrun --nproc_per_node N -m slimckpt_testing.launch tests.scenarios.convert save --dir D [--fsdp 1|2]
@@ -19,9 +19,10 @@ import functools
 import json
 import os
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs  # the same model, optimizer and training step
 import torch
 import torch.distributed as dist
+
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs  # the same model, optimizer and training step
 
 # lazy imports: verl and slimckpt's modules load inside a scenario (resume runs verl unpatched)
 SAVE_STEP, STEPS_AFTER = 3, 3

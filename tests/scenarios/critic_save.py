@@ -1,4 +1,4 @@
-"""torchrun scenario (run by tests/scenarios/batch.py as `critic_save`) for tests/multiprocess/test_merge_dcp.py: verl's
+"""torchrun scenario (run by tests/scenarios/batch.py as `critic_save`) for tests/merge/test_merge_dcp.py: verl's
 critic (a Qwen2 token classifier with one label, the value head `score`), FSDP2 on 2 ranks, one AdamW
 step, then saved by verl's own FSDPCheckpointManager (verl/: its rank files) and by the incremental
 tier without an export (incremental/: dcp/ only, as a critic always is). Rank 0 writes the model's own
@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import os
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as resume_scenarios  # the tiny model's sizes and the slimckpt config
 import torch
 import torch.distributed as dist
+
+import slimckpt_testing.verl_checkpoints.resume_scenarios as resume_scenarios  # the tiny model's sizes and the slimckpt config
 
 # lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
 
 
 def scenario(args) -> None:
-    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config, build_tokenizer, wrap_fsdp2
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import auto_class, build_config, build_tokenizer, wrap_fsdp2
 
     torch.manual_seed(0)
     world = dist.get_world_size()

@@ -1,5 +1,5 @@
 """The checkpoint engine saves and resumes an FSDP2 model for a caller that is not verl, in a process
-where verl, Ray, omegaconf and hydra cannot be imported; run by tests/multiprocess/test_engine_without_verl.py:
+where verl, Ray, omegaconf and hydra cannot be imported; run by tests/save/test_engine_without_verl.py:
 
     torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.engine_without_verl --dir D
 

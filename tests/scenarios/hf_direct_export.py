@@ -1,4 +1,4 @@
-"""torchrun scenario for the gather-free HF export (tests/multiprocess/test_hf_direct_export.py):
+"""torchrun scenario for the gather-free HF export (tests/save/test_export_direct.py):
 
     torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.hf_direct_export --dir D [--models llama,qwen2-tied] [--fsdp 2]
     torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.hf_direct_export --dir D --measure 0.25b
@@ -28,6 +28,7 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from slimckpt_testing.verl_checkpoints import resume_scenarios
 from slimckpt_testing.verl_checkpoints.resume_scenarios import Run, slim_config  # the same tiny model and manager
 
@@ -495,7 +496,6 @@ def scenario_lora(args) -> None:
 
 def measure(args) -> dict:
     """Per-rank extra peak RssAnon: the gather-free export step vs verl's hf_model save."""
-    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
     from verl.trainer.config import CheckpointConfig
@@ -503,6 +503,7 @@ def measure(args) -> dict:
 
     import slimckpt.save.export.direct as hf_direct_export
     from slimckpt.observe.memory import RssSampler
+    from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
 
     world = dist.get_world_size()
     fx = parse_args(["--out", args.dir, "--size-preset", args.measure])

@@ -1,5 +1,5 @@
 """A trainer's resume from booby-trapped checkpoints, through verl's real FSDPCheckpointManager
-(gloo, CPU, FSDP2, a tiny Llama), run by tests/multiprocess/test_safe_pickle.py:
+(gloo, CPU, FSDP2, a tiny Llama), run by tests/engine/test_pickle_policy.py:
 
     torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.pickle_trap --dir D
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
 from slimckpt_testing.verl_checkpoints import resume_scenarios
 
 from ..helpers import pickle_traps

@@ -1,5 +1,5 @@
 """torchrun scenario (run by tests/scenarios/batch.py as `presave` on FSDP2 and `presave_fsdp1`) for
-tests/multiprocess/test_resume_state.py: a save before the optimizer's first step, through verl's real
+tests/save/test_resume_state.py: a save before the optimizer's first step, through verl's real
 FSDPCheckpointManager, as an actor saves during PPO's `trainer.critic_warmup`.
 
 verl's own save is the reference: it saves step 0 before any update, trains STEPS steps, and a
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as resume_scenarios  # the tiny model's Run and the slimckpt config
 import torch
 import torch.distributed as dist
+
+import slimckpt_testing.verl_checkpoints.resume_scenarios as resume_scenarios  # the tiny model's Run and the slimckpt config
 
 # lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
 

@@ -17,9 +17,10 @@ import json
 import logging
 import os
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 import torch
 import torch.distributed as dist
+
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 
 # lazy imports: slimckpt's retention, locks and tracker load inside the scenario, after verl's manager
 

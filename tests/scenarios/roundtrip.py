@@ -1,6 +1,6 @@
 """verl's checkpoint round trip (its tests/special_distributed/test_fsdp_ckpt.py) on CPU: gloo, 2
 ranks, a tiny Llama, verl's real FSDPCheckpointManager with the incremental tier, for every
-async_save mode in one launch per strategy; run by tests/multiprocess/test_load_waits.py:
+async_save mode in one launch per strategy; run by tests/storage/test_in_flight.py:
 
     torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.roundtrip --dir D --fsdp {1,2} [--repeat N]
 
@@ -26,10 +26,11 @@ import os
 import time
 import traceback
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 
 # lazy imports: slimckpt's save path and verl's manager load inside a mode, after it set the switches they read
 

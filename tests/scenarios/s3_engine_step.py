@@ -1,5 +1,5 @@
 """The checkpoint engine writes one incremental step of a tiny FSDP2 Llama to a local dir and to an
-`s3://` prefix (the same shards, the same step); run by tests/multiprocess/test_s3_tools.py:
+`s3://` prefix (the same shards, the same step); run by tests/merge/test_remote.py:
 
     torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.s3_engine_step \
         --local-dir D/global_step_1/actor --url s3://bucket/prefix/global_step_1/actor [--async-save stream]
@@ -19,7 +19,6 @@ import signal
 
 import torch
 import torch.distributed as dist
-from slimckpt_testing.synthetic import tiny_llama_config
 from torch.distributed.fsdp import fully_shard
 
 import slimckpt.save.modes.writer as resume_async
@@ -27,6 +26,7 @@ from slimckpt.options.checkpoint_options import CheckpointOptions
 from slimckpt.save.step_save import save_resume_state
 from slimckpt.save.target import SaveTarget, TargetState, fsdp_version_of
 from slimckpt.storage import for_path
+from slimckpt_testing.synthetic import tiny_llama_config
 
 
 def _model(vocab: int):

@@ -1,6 +1,6 @@
 """async_save=stream through verl's real FSDPCheckpointManager (FSDP2, gloo, CPU, 2 ranks, a tiny
 tied-embedding Qwen2 with the gather-free HF export), run by tests/scenarios/batch.py as "stream";
-tests/multiprocess/test_stream_save.py asserts on D/stream/stream_result.json.
+tests/save/test_stream_capture.py asserts on D/stream/stream_result.json.
 
 The writer is paused at a known read by slimckpt.save.modes.stream_capture.READ_HOOK (no sleeps):
 
@@ -31,9 +31,10 @@ import os
 import threading
 import time
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 import torch
 import torch.distributed as dist
+
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 
 # lazy imports: slimckpt's stream capture and torch's internals load inside the scenario, after the batch set the module settings they read
 

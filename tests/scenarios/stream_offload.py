@@ -3,7 +3,7 @@ FSDPCheckpointManager and FSDPEngine.save_checkpoint (FSDP2, gloo, CPU, 2 ranks)
 
     torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.stream_offload --dir D
 
-tests/multiprocess/test_stream_offload.py asserts on D/offload_result.json.
+tests/save/test_stream_offload.py asserts on D/offload_result.json.
 
 The device move on a CPU: verl's offload and reload copy each tensor to the other device and drop
 the old one, and CPU-to-CPU `.to("cpu")` is a no-op, so the double below moves storage for real
@@ -38,9 +38,10 @@ import gc
 import os
 import time
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 import torch
 import torch.distributed as dist
+
+import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
 
 from .stream import PauseAt, _same_step
 

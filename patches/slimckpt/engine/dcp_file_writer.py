@@ -10,7 +10,7 @@ is larger than its data, e.g. a padded FSDP shard) pile up the same way.
 
 `BoundedFileSystemWriter` writes the same items, in the same order, with torch's own per-item
 serializer (`_write_item`), into the same files, and drops each tensor once it is written. The
-files are byte for byte what FileSystemWriter writes (tests/unit/test_dcp_file_writer.py).
+files are byte for byte what FileSystemWriter writes (tests/engine/test_dcp_file_writer.py).
 What it gives up: torch's copy-ahead of device tensors (`per_thread_copy_ahead`, used with one
 thread on CUDA): each device-to-host copy here finishes before its write starts.
 """

@@ -290,7 +290,7 @@ class ShareWriter:
         a = self._source_rows(a_src, 0, a_src.shape[0])
         # an eighth of a chunk of rows: W in the output dtype, B @ A in fp32 and the result are held at
         # once, and freed blocks stay in the allocator's heap; an eighth adds nothing to a plain merge's
-        # peak, a quarter does (tests/unit/test_merge_memory.py; measured: BENCHMARKS.md, Figures quoted in the code)
+        # peak, a quarter does (tests/merge/test_memory.py; measured: BENCHMARKS.md, Figures quoted in the code)
         step = max(1, self._rows_per_chunk(w_src.pieces[0]) // 8)
         offset = placement.rows_to_bytes(item.start, item.end)[0]
         for start in range(item.start, item.end, step):

@@ -105,7 +105,7 @@ class HfSide:
             )
         self.trust_remote_code = trust_remote_code
         # verl's merger loads this config, picks the auto class and patches the generation config as
-        # below (BaseModelMerger, verl 0.9.1); tests/unit/test_verl_leaves.py holds both to the same answers
+        # below (BaseModelMerger, verl 0.9.1); tests/verl_files/test_leaves.py holds both to the same answers
         self.model_config = AutoConfig.from_pretrained(self.hf_dir, trust_remote_code=trust_remote_code)
         if not getattr(self.model_config, "architectures", None):
             raise CheckpointError(

@@ -41,7 +41,7 @@ ADAM_STATES = 2  # exp_avg, exp_avg_sq
 STEP_BYTES = 4  # AdamW's per-parameter step (a 0-dim fp32 tensor)
 VERL_CONTENTS = ("model", "optimizer", "extra")
 # how the arithmetic below models each async_save mode (save.async_modes.registry.MODES names them;
-# tests/unit/test_async_modes.py holds the two sets of names equal): a background write, and one
+# tests/save/test_modes.py holds the two sets of names equal): a background write, and one
 # that reads the live shards instead of a staged copy
 ASYNC_STRATEGY: dict[str, dict[str, bool]] = {
     "off": {"async_save": False, "async_stream": False},

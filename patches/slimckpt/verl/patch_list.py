@@ -3,7 +3,7 @@
 Each entry names the verl attribute it replaces (or the verl table it adds an entry to), the
 feature that switches it on (see `slimckpt.verl.features`) and why. Implementations are named by
 `module:function` and imported only when a patch is applied, so this list imports none of them.
-tests/unit/test_registry.py freezes the set of targets, so an upstream rename fails in CI instead of
+tests/verl/test_registry.py freezes the set of targets, so an upstream rename fails in CI instead of
 silently turning a patch off.
 """
 

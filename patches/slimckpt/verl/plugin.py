@@ -18,7 +18,7 @@ What it switches on, and when:
 Nothing is applied with SLIMCKPT_DISABLE=1. Without a recipe and SLIMCKPT_* variables, only `adopt`
 (a check of verl's config validation) applies, and the merger's two patches wait (an import hook)
 for verl's merger modules: README's "What changes
-without +recipe=" is the whole list, and tests/unit/test_registry.py asserts it.
+without +recipe=" is the whole list, and tests/verl/test_registry.py asserts it.
 """
 
 # lazy imports: verl imports this module in every process: with SLIMCKPT_DISABLE=1 nothing more loads

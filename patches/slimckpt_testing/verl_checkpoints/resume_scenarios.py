@@ -1,4 +1,4 @@
-"""Multi-process scenarios for the incremental tier, run by tests/multiprocess/test_resume_state.py and
+"""Multi-process scenarios for the incremental tier, run by tests/save/test_resume_state.py and
 `make faults` (scripts/faults/corruption.py) under torchrun
 (gloo, CPU, FSDP2, a tiny Llama) through verl's real FSDPCheckpointManager:
 

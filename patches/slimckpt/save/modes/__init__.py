@@ -21,6 +21,6 @@ config's word for it; `stage` returns a `base.Staged`, `finish` runs or submits 
 `wait_until_safe_to_step` arms its guard if the write reads what training may change), and add its
 line to `registry.MODES`. The config must spell it too: the name in AsyncSave and its YAML words in
 ASYNC_WORDS (options.checkpoint_options), which the registry checks at import, and `slimckpt plan`
-its cost (plan.cost.ASYNC_STRATEGY, keyed by the same names; tests/unit/test_async_modes.py holds
+its cost (plan.cost.ASYNC_STRATEGY, keyed by the same names; tests/save/test_modes.py holds
 the three sets equal).
 """

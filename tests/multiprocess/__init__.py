@@ -1,1 +1,0 @@
-"""Tests whose ranks are processes: torchrun, mp.spawn or forked ranks over gloo on the CPU."""
