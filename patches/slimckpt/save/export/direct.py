@@ -410,8 +410,9 @@ def _lay_out(job: ExportPlan, local_path: str, target: SaveTarget) -> None:
 
 class _BoxWriter:
     """This rank's boxes into the planned files, through the range writer (`engine.out_files`): each
-    piece cast in chunks into its one staging buffer (no write-behind: one chunk of host memory) and
-    written at its offset."""
+    piece cast in chunks into its one staging buffer and written at its offset. No write-behind: the
+    export's host memory stays one chunk, and a box's bytes are written when `write_box` returns
+    (stream mode hands the live shard back to training then)."""
 
     def __init__(self, hf_dir: str, plan: layout.Plan, chunk_bytes: int) -> None:
         self.plan = plan
