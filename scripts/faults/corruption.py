@@ -210,7 +210,7 @@ def worker_cost(preset: str, root: str) -> None:
         out = {
             "preset": preset,
             "world_size": world,
-            "bytes": sum(f.bytes for f in m.files),
+            "bytes": sum(f.size for f in m.files),
             "save_s": round(save_s, 2),
             "timings_s": m.extra.get("timings_s"),
             "load_s": round(load_s, 2),

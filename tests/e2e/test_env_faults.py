@@ -209,9 +209,9 @@ def test_a_save_after_a_lost_rank_fails_at_once(tmp_path, monkeypatch):
     """The actor's background write lost a rank; the critic's first save of the same step would
     make its group with the lost rank (a rendezvous that waits for the store's timeout). It fails
     at once instead, on every policy, naming the rank, before any collective."""
-    from slimckpt.dist import lost_rank
+    from slimckpt.dist import heartbeat, lost_rank
 
-    monkeypatch.setattr(lost_rank, "_LOST", [])
+    monkeypatch.setattr(heartbeat, "LOST", heartbeat.LostRanks())
     monkeypatch.setattr(lost_rank, "in_a_job", lambda: True)
     actor, critic = tmp_path / "global_step_1" / "actor", tmp_path / "global_step_1" / "critic"
     first = lost_rank.peer_loss_line(RuntimeError(GLOO_TIMEOUT), str(actor), 1)

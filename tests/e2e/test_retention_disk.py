@@ -272,22 +272,22 @@ def _interrupted_drops(whole: Path, tmp_path: Path) -> None:
         role = tmp_path / f"kill_{stop_after_manifest}" / "global_step_4" / "actor"
         shutil.copytree(whole, role)
         real = optimizer_drop.finish_interrupted
-        real_write = optimizer_drop.atomic_write_text
+        real_write = optimizer_drop.write_manifest
 
         class Killed(Exception):
             pass
 
-        def killed_write(path, text):
+        def killed_write(*args):
             if stop_after_manifest:
-                real_write(path, text)
+                real_write(*args)
             raise Killed
 
-        optimizer_drop.atomic_write_text = killed_write
+        optimizer_drop.write_manifest = killed_write
         try:
             with pytest.raises(Killed):
                 optimizer_drop.drop_optimizer(str(role), 1)
         finally:
-            optimizer_drop.atomic_write_text = real_write
+            optimizer_drop.write_manifest = real_write
         assert (role / optimizer_drop.NEW_DIR).is_dir()
         assert role_damage(str(role))[1] == []  # the old step, still committed (what verify and a load check)
         real(str(role))

@@ -113,10 +113,11 @@ def test_manifest_seal_catches_a_change_that_still_parses(tmp_path):
     out = merge_dir(tmp_path)
     path = out / mm.MANIFEST_NAME
     data = json.loads(path.read_text())
-    data["files"]["config.json"]["size"] += 0  # unchanged record: still whole
+    config = next(f for f in data["files"] if f["path"] == "config.json")
+    config["size"] += 0  # unchanged record: still whole
     path.write_text(json.dumps(data))
     assert verify_path(str(out)).ok
-    data["files"]["config.json"]["checksum"] = "0" * 32  # valid JSON, wrong record
+    config["checksum"] = "0" * 32  # valid JSON, wrong record
     path.write_text(json.dumps(data))
     report = verify_path(str(out))
     assert [os.path.basename(p.file) for p in report.bad] == [mm.MANIFEST_NAME]

@@ -35,7 +35,7 @@ def test_a_mirror_keeps_the_model_records_and_zeros_the_rest(step, tmp_path):
     manifest = fetch_step(str(step), str(tmp_path / "m"), records=_records)
     mirror = tmp_path / "m"
     for entry in manifest.files:
-        assert os.path.getsize(mirror / entry.path) == entry.bytes
+        assert os.path.getsize(mirror / entry.path) == entry.size
         if not entry.path.endswith(".distcp"):
             assert (mirror / entry.path).read_bytes() == (step / entry.path).read_bytes()
     keep = _records(str(mirror / "dcp"))

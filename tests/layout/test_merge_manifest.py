@@ -41,7 +41,7 @@ def test_commit_and_verify(tmp_path):
     assert verify(str(out)) == []
     m = manifest.read_manifest(str(out))
     assert set(m.files) == {"a.bin", "sub/b.json"} and m.files["a.bin"].size == 1000
-    assert Manifest.from_json(m.to_json()) == m
+    assert Manifest.from_json(m.to_bytes().decode()) == m
 
 
 @pytest.mark.parametrize(

@@ -91,7 +91,7 @@ def test_same_as_verl_merger(lora_ckpts, tmp_path, model, slim_log):
     assert verify(str(tmp_path / "ours")) == []
     manifest = json.loads((tmp_path / "ours" / MANIFEST_NAME).read_text())
     assert manifest["info"]["lora_adapter"] == ["lora_adapter/adapter_model.safetensors"]
-    assert "lora_adapter/adapter_config.json" in manifest["files"]
+    assert "lora_adapter/adapter_config.json" in [f["path"] for f in manifest["files"]]
     assert "rank 4" not in slim_log.getvalue()  # lora_train_meta.json was there: no inference line
 
 

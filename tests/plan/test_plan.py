@@ -515,9 +515,30 @@ def test_plan_stream_rows_follow_the_rollout_window():
     assert first["pending_bytes"] == shard and first["copied_bytes"] == 2**29
     assert first["wait_s"] == pytest.approx(est.write_seconds * (1 - 2**29 / shard))
     assert last["pending_bytes"] == 0 and last["wait_s"] == 0.0
-    assert cost.Strategy.from_checkpoint_config("x", {"async_save": "stream"}).async_stream
-    pool = cost.Strategy.from_checkpoint_config("x", {"async_save": "pool"})
+    assert cost.Strategy.from_checkpoint_config("x", {"incremental_save": True, "async_save": "stream"}).async_stream
+    pool = cost.Strategy.from_checkpoint_config("x", {"incremental_save": True, "async_save": "pool"})
     assert pool.async_save and not pool.async_stream
+
+
+def test_plan_reads_a_checkpoint_config_as_training_does():
+    """The plan's row of a config is built from CheckpointOptions, so what training refuses the plan
+    refuses in the same words (keep_optimizer_last=0 was once planned as "keep every step's")."""
+    from slimckpt.options.checkpoint_options import CheckpointOptions
+
+    with pytest.raises(ValueError) as training:
+        CheckpointOptions(incremental_save=True, keep_optimizer_last=0)
+    with pytest.raises(ValueError) as planned:
+        cost.Strategy.from_checkpoint_config("x", {"incremental_save": True, "keep_optimizer_last": 0})
+    assert str(planned.value) == f"slimckpt plan: x: {training.value}"
+    with pytest.raises(
+        ValueError,
+        match=r"^slimckpt plan: \+recipe=incremental keep_optimizer_last=0: checkpoint\.keep_optimizer_last=0",
+    ):
+        build.recipe_strategies(["incremental"], ["keep_optimizer_last=0"])
+    kept = cost.Strategy.from_checkpoint_config(
+        "x", {"incremental_save": True, "keep_optimizer_last": "2", "bucket_mb": "32"}
+    )
+    assert kept.keep_optimizer_last == 2 and kept.bucket_mb == 32  # YAML's spellings, taken as training takes them
 
 
 # --------------------------------------------------------------------------- the node: offload, auto budget, verdicts

@@ -194,17 +194,17 @@ CHANGES = {  # what was done to the manifest -> the reason verify and the load g
     "seal stripped": (lambda d: _unsealed(d), "has no manifest_checksum"),
     "format changed, seal kept": (lambda d: {**d, "format": "slimckpt-resume/0"}, "unknown format"),
     "a size changed, seal kept": (
-        lambda d: {**d, "files": [{**f, "bytes": f["bytes"] + 1} for f in d["files"]]},
+        lambda d: {**d, "files": [{**f, "size": f["size"] + 1} for f in d["files"]]},
         "manifest itself is damaged",
     ),
-    "another format, resealed": (lambda d: mm.seal({**_unsealed(d), "format": "slimckpt-resume/2"}), "unknown format"),
+    "another format, resealed": (lambda d: mm.seal({**_unsealed(d), "format": "slimckpt-resume/9"}), "unknown format"),
     "no checksum_algo, resealed": (
         lambda d: mm.seal({k: v for k, v in _unsealed(d).items() if k != "checksum_algo"}),
         "KeyError",
     ),
     "CRC32 entries, resealed": (
         lambda d: mm.seal(
-            {**_unsealed(d), "files": [{"path": f["path"], "bytes": f["bytes"], "crc32": 1} for f in d["files"]]}
+            {**_unsealed(d), "files": [{"path": f["path"], "size": f["size"], "crc32": 1} for f in d["files"]]}
         ),
         "KeyError",
     ),

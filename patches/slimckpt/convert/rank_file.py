@@ -3,15 +3,17 @@
 verl's own save pickles a dict whose tensors are all in memory. Here the dict is first built of
 fake tensors (no storage) and saved with torch's `skip_data`, which lays out every storage at its
 final size and offset without writing its bytes; the one `.pt` reader (`read.pt_index`) then finds
-each tensor's bytes in the file, which is mapped shared (MAP_SHARED), and each tensor's bytes are
-copied in from the memory-mapped source, one tensor at a time. Neither side's bytes pass through anonymous memory: both are page cache, and
-the file is fsynced before the step is committed. The result loads with plain `torch.load`
-exactly as verl's own file does (same structure, DTensors on the same mesh).
+each tensor's bytes in the file, and the range writer (`engine.out_files`, the merge's) writes them
+there from the memory-mapped source, one tensor at a time, in chunks: straight from the source's
+pages when the dtype is the same (a convert does not cast), through a staging buffer otherwise, and
+fsyncs the file before the step is committed. The result loads with plain `torch.load` exactly as
+verl's own file does (same structure, DTensors on the same mesh).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,10 @@ from torch.distributed.tensor import DTensor, Shard
 
 from slimckpt import internals
 from slimckpt.engine import pt_index, pt_tensors
+from slimckpt.engine.out_files import OutputFiles
+from slimckpt.engine.share_writer import as_bytes, byte_buffer, staged
 from slimckpt.engine.verl_sources import SourceTensor
+from slimckpt.layout.names import DEFAULT_CHUNK_BYTES
 from slimckpt.storage import for_path
 
 
@@ -54,14 +59,15 @@ class FlatSource:
             n *= d
         return n
 
-    def copy_into(self, dest: torch.Tensor, start: int, stop: int) -> None:
-        """dest (1-D) := elements [start, stop) of the flattened tensor."""
+    def spans(self, start: int, stop: int) -> Iterator[tuple[torch.Tensor, int, int]]:
+        """(piece, a, b): elements [a, b) of each piece that together are elements [start, stop) of
+        the flattened tensor, in order."""
         offset = 0
         for piece in self.pieces:
             n = piece.numel()
             a, b = max(start, offset), min(stop, offset + n)
             if a < b:
-                dest[a - start : b - start].copy_(piece[a - offset : b - offset])
+                yield piece, a - offset, b - offset
             offset += n
 
 
@@ -128,31 +134,66 @@ def _at(obj: Any, path: tuple) -> Any:
     return obj
 
 
-def write(path: str, obj: Any, skeleton: Skeleton, on_bytes: Callable[[int], object] | None = None) -> None:
+def _gaps(covered: list[tuple[int, int]], numel: int) -> list[tuple[int, int]]:
+    """The element ranges of [0, numel) no (start, stop) of `covered` holds."""
+    gaps, at = [], 0
+    for a, b in sorted(covered):
+        if a > at:
+            gaps.append((at, a))
+        at = max(at, b)
+    if at < numel:
+        gaps.append((at, numel))
+    return gaps
+
+
+def _fill(out: OutputFiles, name: str, record: pt_index.TensorRecord, slot: Slot, chunk_bytes: int) -> None:
+    """The bytes of one laid-out tensor of file `name`: each run of its sources at its offset, zeros
+    in what no run covers (an FSDP1 flat shard's padding)."""
+    dtype = pt_tensors.torch_dtype(record.dtype)
+    width = dtype.itemsize
+    for run in slot.runs:
+        at = record.offset + run.at * width
+        for piece, a, b in run.source.spans(run.start, run.stop):
+            step = max(1, chunk_bytes // max(width, piece.element_size()))
+            for s in range(a, b, step):
+                data = as_bytes(staged(out, piece[s : min(b, s + step)], dtype))
+                out.submit(name, data, at)
+                at += len(data)
+    if slot.zero:
+        step = max(1, chunk_bytes // width)
+        for a, b in _gaps([(r.at, r.at + r.stop - r.start) for r in slot.runs], record.numel):
+            for s in range(a, b, step):
+                nbytes = (min(b, s + step) - s) * width
+                zeros = out.stage(nbytes)[:nbytes]
+                zeros.zero_()
+                out.submit(name, as_bytes(zeros), record.offset + s * width)
+
+
+def write(
+    path: str,
+    obj: Any,
+    skeleton: Skeleton,
+    on_bytes: Callable[[int], object] | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> None:
     """Save `obj` (built with `skeleton`) to `path`, then fill and fsync it."""
     with torch.serialization.skip_data(materialize_fake_tensors=True):
         torch.save(obj, path)
     laid_out = pt_index.PtFile(path).state  # our own file, just written: where each tensor's bytes go
-    buffer = pt_tensors.mapping(path, pt_tensors.WRITE)
+    name = os.path.basename(path)
+    out = OutputFiles(os.path.dirname(path), None, byte_buffer, chunk_bytes)
     try:
         with torch.no_grad():
             for where, slot in skeleton.slots.items():
                 record = _at(laid_out, where)
                 if isinstance(record, pt_index.DTensorStub):
                     record = record.state["_local_tensor"]
-                dest = pt_tensors.record_tensor(buffer, record)
-                flat = dest.view(-1)
-                if slot.zero:
-                    flat.zero_()
-                for run in slot.runs:
-                    run.source.copy_into(flat[run.at : run.at + run.stop - run.start], run.start, run.stop)
+                _fill(out, name, record, slot, chunk_bytes)
                 if on_bytes is not None:
-                    on_bytes(dest.numel() * dest.element_size())
-                del dest, flat  # the map is closed below: no view of it may outlive the loop
-    finally:
-        if buffer is not None:
-            try:
-                buffer.close()
-            except BufferError:  # a view still held (an error mid-copy): the map closes when it goes
-                pass
-    for_path(path).sync(path)
+                    on_bytes(record.numel * record.dtype.itemsize)
+    except BaseException:
+        out.abort()
+        raise
+    out.close()  # fsyncs the file, if a tensor was written to it
+    if not skeleton.slots:
+        for_path(path).sync(path)

@@ -39,7 +39,7 @@ def mirror_step(url: str, target_root: str, progress: bool = False) -> tuple[str
     scratch = tempfile.mkdtemp(prefix=".slimckpt-convert-", dir=target_root)
     local_step = os.path.join(scratch, name)
     try:
-        total = sum(e.bytes for role in roles for e in read_manifest(f"{url}/{role}").files)
+        total = sum(e.size for role in roles for e in read_manifest(f"{url}/{role}").files)
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="fetch", disable=not progress)
         with bar:
             for role in roles:

@@ -15,6 +15,10 @@ it) is gone.
 Cost: one small store write per process per second; a failure that loses a peer waits three beats
 before it is reported.
 
+This module is **the** memory of which rank a process found lost (`LOST`): the silent ranks,
+named once (the job's groups are broken for good, so every later failure is the same loss), and
+the line a save reported for it (`dist.lost_rank` asks it before a later save makes a group).
+
 `watch()` adds a watchdog for commands that own their process group (the distributed merge):
 a collective there may legitimately wait hours for the other ranks' writes, so the group's timeout
 cannot tell a slow rank from a dead one, but a beat that stops for `timeout` seconds can.
@@ -294,8 +298,30 @@ def end_store_calls(wait_s: float = EXIT_WAIT_S) -> None:
 atexit.register(end_store_calls)
 
 _PROCESS: list[Heartbeat] = []
-_LOST: list[tuple[list[int], str]] = []
 _LOCK = threading.Lock()
+
+
+class LostRanks:
+    """What this process found lost, each part kept from its first finding: the ranks whose beat
+    stopped (and the note that came with them), and the line a save of this process reported."""
+
+    def __init__(self) -> None:
+        self.silent: tuple[list[int], str] | None = None
+        self.line: str | None = None
+
+    def name(self, ranks: list[int], note: str) -> tuple[list[int], str]:
+        """The silent ranks: the first named, whatever a later look finds."""
+        if self.silent is None and ranks:
+            self.silent = (ranks, note)
+        return self.silent or (ranks, note)
+
+    def remember(self, line: str) -> None:
+        """The loss a save reported (lost_ranks_line's words), for the saves after it."""
+        if self.line is None:
+            self.line = line
+
+
+LOST = LostRanks()
 
 
 def in_a_job() -> bool:
@@ -343,12 +369,8 @@ def lost_ranks_line(exc: BaseException, beat: Heartbeat | None = None) -> str | 
     cause = _short(str(error)) or type(error).__name__
     if beat is None:
         return f"a peer rank stopped answering ({cause})"
-    if _LOST:  # the ranks named once: the group is broken, every later failure is the same loss
-        ranks, note = _LOST[0]
-    else:
-        ranks, note = beat.silent()
-        if ranks:
-            _LOST.append((ranks, note))
+    # the ranks named once: the group is broken, every later failure is the same loss
+    ranks, note = LOST.silent if LOST.silent is not None else LOST.name(*beat.silent())
     return (
         f"{describe_ranks(ranks, beat.world)} stopped answering: killed, or stalled past the process group's "
         f"timeout ({note or cause}; this is rank {beat.rank})"
@@ -356,13 +378,16 @@ def lost_ranks_line(exc: BaseException, beat: Heartbeat | None = None) -> str | 
 
 
 __all__ = [
+    "LOST",
     "Heartbeat",
+    "LostRanks",
     "StoreSilent",
     "bounded",
     "causes",
     "default_group_timeout",
     "describe_ranks",
     "end_store_calls",
+    "in_a_job",
     "is_peer_loss",
     "lost_ranks_line",
     "peer_error",

@@ -1,10 +1,13 @@
-"""The output half of a merge's writer: planned files created at their final size, then bytes
-written at their offsets (the storage's ranged writes), behind the caster, with running
-checksums and fsync at the end.
+"""**The** range writer: bytes written at their offsets of files created at their final size (the
+storage's ranged writes), behind the caster, with running checksums and fsync at the end.
 
-Used by the writer (`share_writer.ShareWriter`), which reads and casts the chunks. Staging buffers
-are handed out by `StagingRing`, which the caster fills and the write-behind thread gives back once
-the bytes are on their way to the disk.
+Every tool that writes a checkpoint's bytes in place writes them here: the merge
+(`share_writer.ShareWriter` reads and casts the chunks of its shares), the in-training gather-free
+export (each rank's boxes, `save.export.direct`) and `slimckpt convert` (a rank file laid out by
+`torch.save`, filled tensor by tensor: `convert.rank_file`). Staging buffers are handed out by
+`StagingRing`, which the caster fills and the writer gives back once the bytes are on their way to
+the disk; with `write_behind` a thread writes chunk k while the caster fills chunk k+1 (two
+buffers), without it each write happens on the caller's thread (one buffer: the export's budget).
 
 Plain `pwrite`s through the page cache: O_DIRECT was removed (`share_writer` says why).
 
@@ -124,6 +127,12 @@ class StagingRing:
     def give_back(self, buf: object) -> None:
         self._free.put(buf)
 
+    def clear(self) -> None:
+        """Drop the buffers (the writer is done); a later `take` makes new ones."""
+        while not self._free.empty():
+            self._free.get()
+        self._made = 0
+
 
 @dataclass
 class _FileState:
@@ -141,28 +150,33 @@ def _close(st: _FileState) -> None:
 
 
 class OutputFiles:
-    """One writer's open output files: positional writes queued behind the caster, checksummed in
-    order, fsync'ed at close."""
+    """One writer's open output files under `root`: positional writes (queued behind the caster with
+    `write_behind`), checksummed in order, fsync'ed at close. `plan` names the files' layouts (their
+    headers start the running checksums, their sizes the room a full disk needs); without one, or
+    with `algo=None`, nothing is checksummed (the caller checks its files another way)."""
 
     def __init__(
         self,
         root: str,
-        plan: layout.Plan,
+        plan: layout.Plan | None,
         alloc: Callable[[int], object],
         chunk_bytes: int,
         progress: Progress | None = None,
-        algo: str = DEFAULT_ALGO,
+        algo: str | None = DEFAULT_ALGO,
         fsync: bool = True,
+        write_behind: bool = True,
     ) -> None:
         self.root, self.plan = root, plan
         self.progress = progress or (lambda n: None)
-        self.algo = algo
+        self.algo = algo if plan is not None else None
         self.fsync = fsync  # False only for `slimckpt merge --no_fsync`: not durable across a power loss
+        self.write_behind = write_behind
         self.ring = StagingRing(min(max(1, chunk_bytes), 1 << 30), alloc)
         self._files: dict[str, _FileState] = {}
         self._behind: _WriteBehind | None = None
         self._pending_buf = None  # staging buffer of the last `stage`, until submitted
-        self._layouts = {f.name: f for f in plan.files}
+        self._layouts = {f.name: f for f in plan.files} if plan is not None else {}
+        self._need = sum(f.size for f in plan.files) if plan is not None else None
         self.checksums: dict[str, str] = {}  # files written whole, in order, by this writer
 
     def _file(self, name: str) -> _FileState:
@@ -173,10 +187,13 @@ class OutputFiles:
                 out = for_path(path).open_ranges(path)
             except OSError as exc:
                 raise os_error(exc, path) from None
-            f = self._layouts[name]
-            hasher = new_hasher(self.algo)
-            hasher.update(f.header)
-            st = self._files[name] = _FileState(path, out, f.data_start, hasher)
+            if self.algo is None:
+                st = self._files[name] = _FileState(path, out, 0, None)
+            else:
+                f = self._layouts[name]
+                hasher = new_hasher(self.algo)
+                hasher.update(f.header)
+                st = self._files[name] = _FileState(path, out, f.data_start, hasher)
         return st
 
     def write(self, file: str, data: memoryview, offset: int) -> None:
@@ -186,7 +203,7 @@ class OutputFiles:
         try:
             st.out.write(data, offset)
         except OSError as exc:
-            raise os_error(exc, st.path, sum(f.size for f in self.plan.files)) from None
+            raise os_error(exc, st.path, self._need) from None
         if st.hasher is not None:
             if offset == st.next_offset:
                 st.hasher.update(data)
@@ -205,6 +222,13 @@ class OutputFiles:
     def submit(self, file: str, data: memoryview, offset: int) -> None:
         """Queue a write; the staging buffer `data` may live in goes back to the ring once written."""
         buf, self._pending_buf = self._pending_buf, None
+        if not self.write_behind:
+            try:
+                self.write(file, data, offset)
+            finally:
+                if buf is not None:
+                    self.ring.give_back(buf)
+            return
         if self._behind is None:
             self._behind = _WriteBehind(self.write)
         done = None if buf is None else (lambda: self.ring.give_back(buf))
@@ -243,6 +267,7 @@ class OutputFiles:
             if st.hasher is not None and st.next_offset == self._layouts[name].size:
                 self.checksums[name] = st.hasher.hexdigest()
         self._files.clear()
+        self.ring.clear()
         if errors:
             raise errors[0]
 
@@ -252,3 +277,4 @@ class OutputFiles:
         for st in self._files.values():
             _close(st)
         self._files.clear()
+        self.ring.clear()

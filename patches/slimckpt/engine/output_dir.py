@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 
+from slimckpt.engine.manifest_put import put_manifest
 from slimckpt.layout.merge_manifest import MANIFEST_NAME, CommitError, Manifest, dir_is_empty, partial_path
 from slimckpt.storage import for_path
 from slimckpt.storage.os_errors import os_failure
@@ -55,10 +56,7 @@ def prepare_partial(target: str) -> str:
 
 def write_manifest(root: str, manifest: Manifest) -> str:
     """manifest.json into `root`, durable with its entry; FileExistsError when one is there."""
-    path = os.path.join(root, MANIFEST_NAME)
-    if not for_path(path).put_if_absent(path, manifest.to_json().encode("utf-8"), tmp=path + ".tmp"):
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
-    return path
+    return put_manifest(os.path.join(root, MANIFEST_NAME), manifest.to_bytes())
 
 
 def commit(partial: str, target: str, overwrite: bool = False) -> None:

@@ -12,7 +12,6 @@ memory map per file (`access`):
   anonymous memory, until someone writes to them (nobody does): verl's rank files, whose bytes the
   merge's bounded-RSS figures leave in the page cache;
 - `READ`: a read-only map (DCP's `.distcp` files: a stray write faults instead of copying);
-- `WRITE` (MAP_SHARED): convert fills the rank file it has just laid out in place;
 - `None`: the storages are read into memory (small files: extra state, DCP's byte records).
 """
 
@@ -29,14 +28,14 @@ import torch
 from slimckpt.engine import pt_index
 from slimckpt.engine.pickle_policy import RestrictedUnpickler
 
-COPY, READ, WRITE = mmap.ACCESS_COPY, mmap.ACCESS_READ, mmap.ACCESS_WRITE
+COPY, READ = mmap.ACCESS_COPY, mmap.ACCESS_READ
 _REBUILD_TENSOR = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor_v3")}
 _CPU = torch.device("cpu")
 
 
 def mapping(path: str, access: int = COPY) -> mmap.mmap | None:
     """One memory map of the whole file (None for an empty file: it holds no bytes to map)."""
-    with open(path, "r+b" if access == WRITE else "rb") as f:
+    with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return None
         return mmap.mmap(f.fileno(), 0, access=access)

@@ -125,7 +125,7 @@ def fetch_step(
         local = os.path.join(local_dir, rel)
         os.makedirs(os.path.dirname(local), exist_ok=True)
         hasher = new_hasher(manifest.checksum_algo) if checksums else None
-        got = _copy(os.path.join(url, rel), local, entry.bytes, keep, hasher, on_bytes)
+        got = _copy(os.path.join(url, rel), local, entry.size, keep, hasher, on_bytes)
         if got is not None and got != entry.checksum:
             reason = f"{manifest.checksum_algo} {got}, manifest says {entry.checksum}"
             raise UncommittedCheckpoint(damage_message(url, BadFile(rel, reason)))

@@ -10,10 +10,9 @@ new one (format.resume_manifest holds what they say and how they are read):
 
 from __future__ import annotations
 
-import errno
-import json
 import os
 
+from slimckpt.engine.manifest_put import put_manifest
 from slimckpt.layout.resume_manifest import (
     FAILED_PREFIX,
     MANIFEST_NAME,
@@ -30,20 +29,15 @@ def atomic_write_text(path: str, text: str) -> None:
     for_path(path).put_atomic(path, text.encode())
 
 
-def write_manifest(role_dir: str, manifest: Manifest) -> str:
-    path = os.path.join(role_dir, MANIFEST_NAME)
-    atomic_write_text(path, json.dumps(manifest.to_json(), indent=1))
-    return path
+def write_manifest(role_dir: str, manifest: Manifest, name: str = MANIFEST_NAME) -> str:
+    """A manifest rewritten on purpose (over the one there, if any), as `name` in `role_dir`."""
+    return put_manifest(os.path.join(role_dir, name), manifest.to_bytes(), replace=True)
 
 
 def commit_manifest(role_dir: str, manifest: Manifest) -> str:
     """The manifest that commits a step: FileExistsError when the dir already holds one (its
     writer removed it before the step was written again: one there now is another's commit)."""
-    path = os.path.join(role_dir, MANIFEST_NAME)
-    data = json.dumps(manifest.to_json(), indent=1).encode()
-    if not for_path(path).put_if_absent(path, data):
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
-    return path
+    return put_manifest(os.path.join(role_dir, MANIFEST_NAME), manifest.to_bytes())
 
 
 def remove_manifest(role_dir: str) -> None:

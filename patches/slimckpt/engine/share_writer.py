@@ -101,7 +101,7 @@ class ShareWriter:
         self.lora_sources = lora_sources or {}
         self.out_width = torch.empty((), dtype=out_dtype).element_size()
         self.chunk_bytes = max(1, chunk_bytes)
-        self.out = OutputFiles(root, plan, _byte_buffer, self.chunk_bytes, progress, algo, fsync)
+        self.out = OutputFiles(root, plan, byte_buffer, self.chunk_bytes, progress, algo, fsync)
 
     @property
     def checksums(self) -> dict[str, str]:
@@ -206,15 +206,10 @@ class ShareWriter:
         self.out.submit(item.file, data, item.offset)
 
     def _cast(self, src: torch.Tensor) -> torch.Tensor:
-        """`src` in the output dtype, contiguous: as is when it already is (the write reads it
-        straight from the mmap, no copy), else cast into a reused staging buffer (no allocation per chunk)."""
-        if src.dtype == self.out_dtype and src.is_contiguous():
-            return src
-        nbytes = src.numel() * self.out_width
-        out = self.out.stage(nbytes)[:nbytes].view(self.out_dtype).view(src.shape)
         t0 = time.perf_counter()
-        out.copy_(src)  # from the mmap: its page faults (the reads) are timed as the cast's
-        self.stats.cast_s += time.perf_counter() - t0
+        out = staged(self.out, src, self.out_dtype)
+        if out is not src:  # from the mmap: its page faults (the reads) are timed as the cast's
+            self.stats.cast_s += time.perf_counter() - t0
         return out
 
     def _rows_per_chunk(self, t: torch.Tensor) -> int:
@@ -326,8 +321,21 @@ class ShareWriter:
         return torch.cat([p[r0:r1].to(self.out_dtype) for p in src.pieces], dim=src.shard_dim).contiguous()
 
 
-def _byte_buffer(nbytes: int) -> torch.Tensor:
+def byte_buffer(nbytes: int) -> torch.Tensor:
+    """A staging buffer of `OutputFiles` (its `alloc`) for a writer of torch tensors."""
     return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def staged(out: OutputFiles, src: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`src` in `dtype`, contiguous, on the host: as is when it already is (the write reads it
+    straight from the mmap or the live shard, no copy), else cast into `out`'s next staging buffer
+    (reused, no allocation per chunk), which the `out.submit` of its bytes hands back."""
+    if src.dtype == dtype and src.is_contiguous() and src.device.type == "cpu":
+        return src
+    nbytes = src.numel() * dtype.itemsize
+    buf = out.stage(nbytes)[:nbytes].view(dtype).view(src.shape)
+    buf.copy_(src)
+    return buf
 
 
 def lora_merged(

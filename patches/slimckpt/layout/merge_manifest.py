@@ -8,6 +8,13 @@ named `*.partial` is not.
 
 Records, and reads through the storage of the path (a local dir or an object store's prefix); no
 torch. Used by the merger, the incremental tier's commit and `slimckpt verify`.
+
+What every manifest of slimckpt shares is here: **the** file entry (`FileEntry`: path, size,
+checksum; a merge output's manifest.json and an incremental step's slimckpt_resume.json list their
+files as the same records), the seal, the check of a file against its entry (`check_file`) and the
+bytes a manifest is written as (`manifest_bytes`; `engine.manifest_put.put_manifest` puts them). Older
+manifests are still read: format_version 1 kept a merge's files as a dict `{path: {size,
+checksum}}`, slimckpt-resume/1 spelled the size `bytes` (`files_from_json` reads all three).
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any
 
 from slimckpt import SlimckptError
 from slimckpt.storage import absolute, for_path
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_FORMAT_VERSIONS = (1, FORMAT_VERSION)  # 1: files as a dict of {size, checksum} by path
 MANIFEST_NAME = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
 # 2 MiB: a read that stays in the CPU's cache while it is hashed; 16 MiB checksummed a page-cached
@@ -141,26 +150,60 @@ def check_file(
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class FileEntry:
+    """One file of a committed dir: its path relative to the dir, size and checksum (in the
+    manifest's checksum_algo)."""
+
+    path: str
     size: int
     checksum: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "checksum": self.checksum}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FileEntry:
+        size = data["size"] if "size" in data else data["bytes"]  # `bytes`: slimckpt-resume/1
+        return cls(str(data["path"]), int(size), str(data["checksum"]))
+
+
+def files_from_json(files: Any) -> list[FileEntry]:
+    """The file entries of a manifest as any version wrote them: a list of records (this one's, or
+    slimckpt-resume/1's with `bytes`), or format_version 1's dict of {size, checksum} by path."""
+    if isinstance(files, dict):
+        return [FileEntry(str(k), int(v["size"]), str(v["checksum"])) for k, v in files.items()]
+    if not isinstance(files, list):
+        raise TypeError(f"'files' is a {type(files).__name__}, not a list")
+    return [FileEntry.from_json(f) for f in files]
+
+
+def manifest_bytes(record: dict[str, Any], algo: str = DEFAULT_ALGO) -> bytes:
+    """**The** bytes of a manifest: `record` sealed, as indented JSON with sorted keys."""
+    return (json.dumps(seal(record, algo), indent=1, sort_keys=True) + "\n").encode("utf-8")
 
 
 @dataclass
 class Manifest:
     kind: str  # e.g. "hf_export"
-    files: dict[str, FileEntry]
+    files: dict[str, FileEntry]  # by path
     checksum_algo: str = DEFAULT_ALGO
     tool: str = "slimckpt"
     tool_version: str = ""
     format_version: int = FORMAT_VERSION
     info: dict = field(default_factory=dict)  # source checkpoint, dtype, ... (free-form, JSON)
 
-    def to_json(self) -> str:
-        d = asdict(self)
-        d["files"] = {k: asdict(v) for k, v in sorted(self.files.items())}
-        return json.dumps(seal(d, self.checksum_algo), indent=2, sort_keys=True) + "\n"
+    def to_bytes(self) -> bytes:
+        record = {
+            "kind": self.kind,
+            "files": [e.to_json() for _, e in sorted(self.files.items())],
+            "checksum_algo": self.checksum_algo,
+            "tool": self.tool,
+            "tool_version": self.tool_version,
+            "format_version": FORMAT_VERSION,
+            "info": self.info,
+        }
+        return manifest_bytes(record, self.checksum_algo)
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
@@ -168,18 +211,18 @@ class Manifest:
         if not isinstance(d, dict) or "files" not in d:
             raise CommitError("not a slimckpt manifest (no 'files')")
         check_seal(d)
-        if d.get("format_version") != FORMAT_VERSION:
+        if d.get("format_version") not in READ_FORMAT_VERSIONS:
             raise CommitError(
-                f"unknown format_version {d.get('format_version')!r} (this slimckpt reads {FORMAT_VERSION})"
+                f"unknown format_version {d.get('format_version')!r} (this slimckpt reads "
+                f"{', '.join(map(str, READ_FORMAT_VERSIONS))})"
             )
-        files = {k: FileEntry(int(v["size"]), str(v["checksum"])) for k, v in d["files"].items()}
         return cls(
             kind=d.get("kind", ""),
-            files=files,
+            files={e.path: e for e in files_from_json(d["files"])},
             checksum_algo=str(d["checksum_algo"]),
             tool=d.get("tool", ""),
             tool_version=d.get("tool_version", ""),
-            format_version=FORMAT_VERSION,
+            format_version=int(d["format_version"]),
             info=d.get("info", {}),
         )
 
@@ -196,7 +239,7 @@ def build_entries(root: str, known: dict[str, str] | None = None, algo: str = DE
     for rel in list_files(root):
         path = os.path.join(root, rel)
         checksum = known.get(rel) or file_checksum(path, algo)
-        entries[rel] = FileEntry(for_path(path).size(path), checksum)
+        entries[rel] = FileEntry(rel, for_path(path).size(path), checksum)
     return entries
 
 

@@ -9,8 +9,9 @@ manifest.check_file), and carries a checksum of itself (its seal), so a truncate
 altered or unlisted file, or a damaged manifest, is caught before any tensor is read.
 `role_damage` is the one definition of an intact role dir: the load, `slimckpt verify` and
 resume_mode=auto's choice of step all ask it, and print its one line (`damage_message`) for the
-first bad file. A manifest without its seal, of another format, or missing a field is damaged:
-there is no other version of this format to accept.
+first bad file. A manifest without its seal, of a format this slimckpt does not read, or missing
+a field is damaged. Its files are the same records as a merge output's (`merge_manifest.FileEntry`);
+slimckpt-resume/1, which spelled a file's size `bytes`, is still read.
 
 `latest_checkpointed_iteration.txt` (verl's tracker) is written the same way: a temporary file,
 fsync, rename. A reader sees the old step or the new one, never a torn write.
@@ -31,16 +32,19 @@ from slimckpt.layout.merge_manifest import (
     DEFAULT_ALGO,
     BadFile,
     CommitError,
+    FileEntry,
     check_file,
     check_seal,
     file_checksum,
+    files_from_json,
     list_files,
-    seal,
+    manifest_bytes,
 )
 from slimckpt.storage import absolute, for_path, is_file
 
 MANIFEST_NAME = "slimckpt_resume.json"
-FORMAT = "slimckpt-resume/1"
+FORMAT = "slimckpt-resume/2"
+READ_FORMATS = ("slimckpt-resume/1", FORMAT)  # 1: a file's size spelled `bytes`
 FAILED_PREFIX = "slimckpt_save_failed_rank_"
 TRACKER_NAME = "latest_checkpointed_iteration.txt"
 DAMAGED_FIX = "the checkpoint is damaged, resume from an earlier step"
@@ -51,20 +55,6 @@ DROP_DIRS = ("dcp.slimckpt-drop/", "dcp.slimckpt-old/")
 
 class UncommittedCheckpoint(SlimckptError, RuntimeError):
     """A step directory whose save did not finish (no manifest), or whose files do not match it."""
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    path: str  # relative to the role directory
-    bytes: int
-    checksum: str  # in the manifest's checksum_algo
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "bytes": self.bytes, "checksum": self.checksum}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FileEntry:
-        return cls(str(data["path"]), int(data["bytes"]), str(data["checksum"]))
 
 
 @dataclass
@@ -78,20 +68,19 @@ class Manifest:
     format: str = FORMAT
     checksum_algo: str = DEFAULT_ALGO
 
-    def to_json(self) -> dict[str, Any]:
-        return seal(
-            {
-                "format": self.format,
-                "checksum_algo": self.checksum_algo,
-                "global_step": self.global_step,
-                "world_size": self.world_size,
-                "fsdp_version": self.fsdp_version,
-                "contents": list(self.contents),
-                "files": [f.to_json() for f in self.files],
-                "extra": self.extra,
-                "committed_at": time.time(),
-            }
-        )
+    def to_bytes(self) -> bytes:
+        record = {
+            "format": FORMAT,
+            "checksum_algo": self.checksum_algo,
+            "global_step": self.global_step,
+            "world_size": self.world_size,
+            "fsdp_version": self.fsdp_version,
+            "contents": list(self.contents),
+            "files": [f.to_json() for f in self.files],
+            "extra": self.extra,
+            "committed_at": time.time(),
+        }
+        return manifest_bytes(record, self.checksum_algo)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
@@ -99,7 +88,7 @@ class Manifest:
             global_step=int(data["global_step"]),
             world_size=int(data["world_size"]),
             contents=list(data["contents"]),
-            files=[FileEntry.from_json(f) for f in data["files"]],
+            files=files_from_json(data["files"]),
             fsdp_version=data.get("fsdp_version"),
             extra=dict(data.get("extra") or {}),
             format=data["format"],
@@ -180,9 +169,10 @@ def _parse_manifest(role_dir: str) -> tuple[Manifest | None, Damage | None]:
         return None, _manifest_damage(role_dir, f"unreadable ({_one_line(exc)})")
     if not isinstance(data, dict):
         return None, _manifest_damage(role_dir, "unreadable (not a JSON object)")
-    if data.get("format") != FORMAT:
+    if data.get("format") not in READ_FORMATS:
         return None, _manifest_damage(
-            role_dir, f"unknown format {data.get('format')!r} (this slimckpt reads {FORMAT!r})"
+            role_dir,
+            f"unknown format {data.get('format')!r} (this slimckpt reads {', '.join(map(repr, READ_FORMATS))})",
         )
     try:
         check_seal(data)
@@ -212,7 +202,7 @@ def damage_message(role_dir: str, bad: BadFile) -> str:
 def _check_entry(
     role_dir: str, entry: FileEntry, algo: str, checksums: bool, on_bytes: Callable[[int], object] | None
 ) -> str | None:
-    reason = check_file(role_dir, entry.path, entry.bytes, entry.checksum, algo, checksums, on_bytes)
+    reason = check_file(role_dir, entry.path, entry.size, entry.checksum, algo, checksums, on_bytes)
     return f"missing but listed in {MANIFEST_NAME}" if reason == "missing" else reason
 
 
@@ -241,7 +231,7 @@ def find_damage(
     not in the manifest (index len(files) + k), and failure markers. Ordered by index, so every
     rank agrees which is first."""
     rank, world = share
-    owner = share_by_bytes([e.bytes for e in manifest.files], world)
+    owner = share_by_bytes([e.size for e in manifest.files], world)
     bad: list[tuple[int, BadFile]] = []
     for i, entry in enumerate(manifest.files):
         if owner[i] == rank:

@@ -80,7 +80,7 @@ def merge_remote(opts: MergeOptions, merge: Callable[[MergeOptions], object], sc
             mirror = os.path.join(work, "source")
             names[mirror] = source
             try:
-                total = sum(e.bytes for e in read_manifest(source).files)
+                total = sum(e.size for e in read_manifest(source).files)
                 with _bar("fetch", total, opts.progress) as bar:
                     fetch_step(source, mirror, records=lambda d: records_of(d, [MODEL_PREFIX]), on_bytes=bar.update)
                 log.info("fetched %s (%.1f MiB checked) into %s", source, total / 2**20, mirror)

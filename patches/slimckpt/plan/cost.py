@@ -25,12 +25,12 @@ contents and no Hugging Face export.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from slimckpt.layout.retention_plan import RetentionPolicy, disk_bytes, steps_held
 from slimckpt.layout.safetensors_layout import dim0_row_bytes, dim0_rows
-from slimckpt.options.checkpoint_options import CheckpointOptions, async_mode
+from slimckpt.options.checkpoint_options import OPTION_NAMES, CheckpointOptions
 from slimckpt.plan.node import auto_budget
 from slimckpt.plan.stream import stream_block, windows_for
 from slimckpt.save.host_budget import AUTO, is_auto
@@ -117,23 +117,42 @@ class Strategy:
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict[str, Any]) -> Strategy:
-        defaults = {f.name: f.default for f in fields(CheckpointOptions) if f.default is not MISSING}
+        """The row of a recipe's `checkpoint:` config, its settings read as training reads them
+        (`checkpoint_options`)."""
+        opts = checkpoint_options(name, cfg)
         return cls(
             name=name,
             contents=tuple(cfg.get("save_contents") or VERL_CONTENTS),
-            incremental=bool(cfg.get("incremental_save", False)),
-            **ASYNC_STRATEGY[async_mode(cfg.get("async_save", False))],
-            export_hf=bool(cfg.get("export_hf", False)),
-            export_dtype=str(cfg.get("export_dtype", defaults["export_dtype"])),
-            bucket_mb=int(cfg.get("bucket_mb", defaults["bucket_mb"])),
-            write_threads=int(cfg.get("write_threads", defaults["write_threads"])),
-            host_memory_budget_gb=_budget_value(cfg.get("host_memory_budget_gb", defaults["host_memory_budget_gb"])),
-            keep_optimizer_last=parse_keep("keep_optimizer_last", cfg.get("keep_optimizer_last")),
-            keep_best=parse_keep("keep_best", cfg.get("keep_best")) or 0,
-            max_shard_size=str(cfg.get("max_shard_size", defaults.get("max_shard_size")))
-            if bool(cfg.get("export_hf", False))
-            else None,
+            incremental=opts.incremental_save,
+            **ASYNC_STRATEGY[opts.async_save],
+            export_hf=opts.export_hf,
+            export_dtype=opts.export_dtype,
+            bucket_mb=opts.bucket_mb,
+            write_threads=opts.write_threads,
+            host_memory_budget_gb=_budget_value(opts.host_memory_budget_gb),
+            keep_optimizer_last=opts.keep_optimizer_last,
+            keep_best=opts.keep_best,
+            max_shard_size=str(opts.max_shard_size) if opts.export_hf else None,
         )
+
+
+# what keep_best ranks by, for a plan given no best_metric: the plan counts the steps kept, which
+# needs no metric's name (`--set keep_best=2` alone plans, docs/plan.md); training asks for one
+PLANNED_METRIC = "(any metric)"
+
+
+def checkpoint_options(name: str, cfg: dict[str, Any]) -> CheckpointOptions:
+    """A recipe's `checkpoint:` settings as training takes them: `CheckpointOptions` built from its
+    keys, so the same spellings are taken and the same values refused, in training's words
+    (keep_optimizer_last=0 is refused, not planned as "keep every step's"). The one difference:
+    keep_best without best_metric is planned (PLANNED_METRIC)."""
+    given = {k: v for k, v in cfg.items() if k in OPTION_NAMES}
+    if given.get("keep_best") and not given.get("best_metric"):
+        given["best_metric"] = PLANNED_METRIC
+    try:
+        return CheckpointOptions(**given)
+    except ValueError as exc:
+        raise ValueError(f"slimckpt plan: {name}: {exc}") from None
 
 
 def _budget_value(value: Any) -> float | str:

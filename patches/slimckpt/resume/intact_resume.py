@@ -77,7 +77,7 @@ def _role(role_dir: str, checksums: bool) -> tuple[Damage | None, int]:
         return _damage(role_dir, "missing, but the trainer loads it"), 0
     if has_manifest(role_dir) or os.path.isdir(os.path.join(role_dir, DCP_DIR)):
         manifest, damage = role_damage(role_dir, checksums=checksums)
-        return (damage[0] if damage else None), sum(e.bytes for e in manifest.files) if manifest else 0
+        return (damage[0] if damage else None), sum(e.size for e in manifest.files) if manifest else 0
     # verl's own format records no checksums: all there is to check is that its save finished
     if not role_complete(role_dir):
         return _damage(

@@ -162,7 +162,7 @@ def _commit_on_rank0(ctx: SaveContext, reported: list[dict], world: int, t0: flo
             fsdp_version=version,
             extra={
                 "timings_s": timings,
-                "bytes": sum(f.bytes for f in files),
+                "bytes": sum(f.size for f in files),
                 "aliases": dict(ctx.aliases or {}),
                 **({LORA_ONLY_KEY: True} if ctx.lora_only else {}),
             },
@@ -174,7 +174,7 @@ def _commit_on_rank0(ctx: SaveContext, reported: list[dict], world: int, t0: flo
         ctx.step,
         ctx.local_path,
         len(files),
-        sum(f.bytes for f in files) / 2**20,
+        sum(f.size for f in files) / 2**20,
         ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()),
     )
 

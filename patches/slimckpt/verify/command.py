@@ -172,7 +172,7 @@ def check_incremental(report: Report, path: str, quick: bool, on_bytes: Callable
         for refused in dcp_refusals(path):
             report.add(refused.path, refused.reason, REFUSED_FIX)
     report.files += len(m.files) + 1
-    report.bytes += sum(e.bytes for e in m.files)
+    report.bytes += sum(e.size for e in m.files)
     if DROPPED_KEY in m.extra:  # retention's keep_optimizer_last: a committed step that holds less
         report.note(
             f"{path}: optimizer state dropped by retention (keep_optimizer_last): holds "

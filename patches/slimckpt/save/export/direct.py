@@ -45,8 +45,8 @@ import torch.distributed as dist
 import slimckpt.layout.safetensors_layout as layout
 from slimckpt import SlimckptError
 from slimckpt.dist.outcome import Failure, agree, failure_of, from_rank0
-from slimckpt.engine.out_files import os_error
-from slimckpt.engine.share_writer import as_bytes, lora_merged
+from slimckpt.engine.out_files import OutputFiles
+from slimckpt.engine.share_writer import as_bytes, byte_buffer, lora_merged, staged
 from slimckpt.hf import lora
 from slimckpt.hf.lay_out import lay_out
 from slimckpt.hf.naming import ConfigMismatch, HfSide, NeedsVerlMerger
@@ -64,7 +64,7 @@ from slimckpt.layout.names import (
 from slimckpt.log import get_logger
 from slimckpt.save.os_fixes import trainer_fixes
 from slimckpt.save.target import SaveTarget
-from slimckpt.storage import RangeWriter, for_path
+from slimckpt.storage import for_path
 from slimckpt.storage.os_errors import redescribe
 
 log = get_logger("slimckpt.hf_direct_export")
@@ -409,35 +409,16 @@ def _lay_out(job: ExportPlan, local_path: str, target: SaveTarget) -> None:
 
 
 class _BoxWriter:
-    """This rank's boxes into the planned files: chunked cast into one reused host buffer."""
+    """This rank's boxes into the planned files, through the range writer (`engine.out_files`): each
+    piece cast in chunks into its one staging buffer and written at its offset. No write-behind: the
+    export's host memory stays one chunk, and a box's bytes are written when `write_box` returns
+    (stream mode hands the live shard back to training then)."""
 
     def __init__(self, hf_dir: str, plan: layout.Plan, chunk_bytes: int) -> None:
-        self.hf_dir, self.plan = hf_dir, plan
+        self.plan = plan
         self.chunk_bytes = max(1 << 16, chunk_bytes)
-        self._files: dict[str, RangeWriter] = {}
-        self._buffer: torch.Tensor | None = None
+        self.out = OutputFiles(hf_dir, plan, byte_buffer, self.chunk_bytes, algo=None, write_behind=False)
         self._starts: dict[tuple[str, Box], list[int]] = {}
-
-    def _file(self, name: str) -> RangeWriter:
-        out = self._files.get(name)
-        if out is None:
-            path = os.path.join(self.hf_dir, name)
-            try:
-                out = self._files[name] = for_path(path).open_ranges(path)
-            except OSError as exc:
-                raise os_error(exc, path) from None
-        return out
-
-    def _staged(self, src: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """`src` (1-d) in `dtype` on the host: itself when it already is, else a view of the buffer."""
-        if src.device.type == "cpu" and src.dtype == dtype and src.is_contiguous():
-            return src
-        nbytes = src.numel() * dtype.itemsize
-        if self._buffer is None or self._buffer.numel() < nbytes:
-            self._buffer = torch.empty(max(nbytes, self.chunk_bytes), dtype=torch.uint8)
-        out = self._buffer[:nbytes].view(dtype)
-        out.copy_(src)
-        return out
 
     def write_box(self, out_name: str, value: Any, box: Box, take: layout.Take, source_shape: tuple[int, ...]) -> int:
         """This rank's part of output `out_name`: the elements of its box of the source (`value`,
@@ -454,17 +435,12 @@ class _BoxWriter:
         # contiguous shards (FSDP's, staged copies) are viewed, not copied
         flat = local.reshape(-1)
         per_chunk = max(1, self.chunk_bytes // max(spec.itemsize, local.element_size()))
-        out = self._file(placement.file)
         written = 0
         for piece in take_pieces(source_shape, box, take.span, starts):
             offset = placement.begin + piece.out_start * spec.itemsize
             for a in range(piece.local_start, piece.local_end, per_chunk):
-                chunk = self._staged(flat[a : min(piece.local_end, a + per_chunk)], dtype)
-                data = as_bytes(chunk)
-                try:
-                    out.write(data, offset)
-                except OSError as exc:
-                    raise os_error(exc, os.path.join(self.hf_dir, placement.file), self.plan.total_size) from None
+                data = as_bytes(staged(self.out, flat[a : min(piece.local_end, a + per_chunk)], dtype))
+                self.out.submit(placement.file, data, offset)
                 offset += len(data)
                 written += len(data)
         return written
@@ -490,7 +466,6 @@ class _BoxWriter:
         a = a.to(dtype)
         # the fp32 product of whole rows is the largest piece: a quarter chunk of it at a time
         step = max(1, self.chunk_bytes // (4 * width * 4))
-        out = self._file(placement.file)
         written = 0
         for s in range(0, rows, step):
             e = min(rows, s + step)
@@ -502,28 +477,17 @@ class _BoxWriter:
             )
             for offset, piece in runs:
                 data = as_bytes(piece.contiguous())
-                try:
-                    out.write(data, offset)
-                except OSError as exc:
-                    raise os_error(exc, os.path.join(self.hf_dir, placement.file), self.plan.total_size) from None
+                self.out.submit(placement.file, data, offset)
                 written += len(data)
         return written
 
     def close(self, sync: bool) -> None:
-        first: BaseException | None = None
-        for out in self._files.values():
-            try:
-                if sync:
-                    out.sync()
-            except OSError as exc:
-                first = first or exc
-            finally:
-                out.close()
-        self._files.clear()
-        self._buffer = None
+        """fsync (`sync`) and close the files; without `sync` the output is being discarded."""
         self._starts.clear()
-        if first is not None:
-            raise first
+        if sync:
+            self.out.close()
+        else:
+            self.out.abort()
 
 
 def _gathered(value: Any, shape: tuple[int, ...], group, local: torch.Tensor | None = None) -> torch.Tensor:

@@ -35,7 +35,7 @@ from typing import Any
 
 from slimckpt import SlimckptError
 from slimckpt.engine.checkpoint_dir import DCP_DIR
-from slimckpt.engine.resume_records import atomic_write_text
+from slimckpt.engine.resume_records import atomic_write_text, write_manifest
 from slimckpt.layout.dropped_optimizer import DROPPED_KEY, NATIVE_MARKER
 from slimckpt.layout.merge_manifest import READ_CHUNK, new_hasher
 from slimckpt.layout.resume_manifest import (
@@ -209,11 +209,11 @@ def _drop_dcp(role_dir: str, keep_last: int | None) -> int:
         store.sync_open(f)
     entries.append(FileEntry(f"{DCP_DIR}/.metadata", len(data), hasher.hexdigest()))
     store.sync(new_dir)
-    old_bytes = sum(e.bytes for e in manifest.files if e.path.startswith(f"{DCP_DIR}/"))
+    old_bytes = sum(e.size for e in manifest.files if e.path.startswith(f"{DCP_DIR}/"))
     files = [e for e in manifest.files if not e.path.startswith(f"{DCP_DIR}/")] + entries
-    freed = old_bytes - sum(e.bytes for e in entries)
+    freed = old_bytes - sum(e.size for e in entries)
     extra = dict(manifest.extra)
-    extra["bytes"] = sum(e.bytes for e in files)
+    extra["bytes"] = sum(e.size for e in files)
     extra[DROPPED_KEY] = {"bytes": freed, "keep_optimizer_last": keep_last, "at": time.time()}
     new = Manifest(
         global_step=manifest.global_step,
@@ -224,7 +224,7 @@ def _drop_dcp(role_dir: str, keep_last: int | None) -> int:
         extra=extra,
         checksum_algo=manifest.checksum_algo,
     )
-    atomic_write_text(os.path.join(role_dir, NEW_MANIFEST), json.dumps(new.to_json(), indent=1))
+    write_manifest(role_dir, new, NEW_MANIFEST)
     finish_interrupted(role_dir, said=False)  # the switch: the renames a pass after a kill would make
     return freed
 
