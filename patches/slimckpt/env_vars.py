@@ -255,6 +255,22 @@ VARIABLES: tuple[EnvVar, ...] = (
 
 BY_NAME = {v.name: v for v in VARIABLES}
 
+# Variables others own that slimckpt reads: torchrun's (a rank's place in its job), torch elastic's and
+# the AWS SDK's endpoint. They are read here too, so that this module is the one place the package
+# looks at the environment; their values are taken as set (an empty value is not unset).
+FOREIGN = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+
 
 class BadValue(SlimckptError, ValueError):
     """A variable set to something its type does not take; the message is one line naming it."""
@@ -273,6 +289,18 @@ def _raw(name: str, want: str) -> str | None:
     if var.type != want and not (want == "text" and var.type in ("level", "version")):
         raise TypeError(f"{name} is a {var.type} in slimckpt/env_vars.py, not read as {want}")
     return os.environ.get(name) or None
+
+
+def foreign(name: str, default: str | None = None) -> str | None:
+    """A variable torchrun, torch elastic or the AWS SDK sets (one of FOREIGN), or `default` when unset."""
+    if name not in FOREIGN:
+        raise KeyError(f"{name} is not in slimckpt/env_vars.py's FOREIGN: add it there")
+    return os.environ.get(name, default)
+
+
+def environment() -> dict[str, str]:
+    """A copy of the whole environment: what a child process inherits, or the values a message must not show."""
+    return dict(os.environ)
 
 
 def flag(name: str) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 from collections.abc import Iterator
 
@@ -43,7 +42,7 @@ def get_logger(name: str = _LOGGER_NAME) -> logging.Logger:
 
 
 def cli_format() -> logging.Formatter:
-    rank = os.environ.get("RANK")
+    rank = env_vars.foreign("RANK")
     where = f" rank {rank}" if rank is not None else ""
     return logging.Formatter(f"[slimckpt{where}] %(levelname)s %(message)s")
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import re
 import threading
 import time
@@ -37,6 +36,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from slimckpt import env_vars
 from slimckpt import internals
 from slimckpt import SlimckptError
 
@@ -198,7 +198,7 @@ class Heartbeat:
             time.sleep(beats * self.interval)
             after = self.counts()
         except Exception as exc:  # noqa: BLE001 - StoreSilent, or the store's host is gone
-            host = "rank 0" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" else "torchrun's agent"
+            host = "rank 0" if env_vars.foreign("TORCHELASTIC_USE_AGENT_STORE") != "True" else "torchrun's agent"
             return (
                 [0] if host == "rank 0" and self.rank != 0 else []
             ), f"the job's store ({host}) stopped answering: {type(exc).__name__}"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
+from slimckpt import env_vars
 from slimckpt.layout.names import DEFAULT_CHUNK_BYTES, DTYPE_CHOICES
 from slimckpt.merge.plan import MergeError, MergeOptions
 
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"slimckpt merge: error: {exc}\n")
             sys.stderr.flush()
         return 1
-    if not opts.distributed or os.environ.get("RANK", "0") == "0":
+    if not opts.distributed or env_vars.foreign("RANK", "0") == "0":
         print(
             f"merged into {result.target_dir} ({result.weight_bytes / 1e9:.2f} GB weights, "
             f"{result.seconds:.1f} s)" + (" by verl's merger" if result.used_verl_merger else "")

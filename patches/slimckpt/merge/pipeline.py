@@ -371,7 +371,7 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
     _resolve_max_shard_size(opts)
     own_group, beat, store = False, None, None
     if not dist.is_initialized():
-        unset = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        unset = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if env_vars.foreign(k) is None]
         if unset:
             raise MergeError(
                 f"{opts.distributed_hint}: start it with torchrun ({'/'.join(unset)} unset), "
@@ -383,8 +383,8 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
         dist.init_process_group(
             "gloo",
             store=store,
-            rank=int(os.environ["RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
+            rank=int(env_vars.foreign("RANK")),
+            world_size=int(env_vars.foreign("WORLD_SIZE")),
             timeout=timedelta(hours=4),
         )
         own_group = True
@@ -404,7 +404,7 @@ def merge_distributed(opts: MergeOptions, verl_fallback: Callable[[], None] | No
             ) from None
     except MergeError as exc:
         if store is not None:
-            report_together(exc, store, int(os.environ["WORLD_SIZE"]))
+            report_together(exc, store, int(env_vars.foreign("WORLD_SIZE")))
         raise
     finally:
         if beat is not None:
@@ -447,7 +447,7 @@ def _watch_peers(opts: MergeOptions, store):
     that timeout would end; `<target>.partial` stays uncommitted and the next run replaces it, and
     the flocks go with the process."""
     seconds = _env_seconds(PEER_TIMEOUT_ENV)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = int(env_vars.foreign("RANK")), int(env_vars.foreign("WORLD_SIZE"))
     beat = Heartbeat(store, rank, world, prefix="alive").start()
 
     def give_up(ranks: list[int], note: str) -> None:
@@ -486,10 +486,10 @@ def _join_ranks(opts: MergeOptions, dist):
     that never comes (a shell that only looks like torchrun's, a node that did not start) ends
     every other rank with a line naming the missing ranks, instead of init_process_group's wait.
     Under torchrun the agent's store is used, as torch's env:// rendezvous does."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    rank, world = int(env_vars.foreign("RANK")), int(env_vars.foreign("WORLD_SIZE"))
+    addr, port = env_vars.foreign("MASTER_ADDR"), int(env_vars.foreign("MASTER_PORT"))
     seconds = join_timeout_s()
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    agent = env_vars.foreign("TORCHELASTIC_USE_AGENT_STORE") == "True"
     fix = (
         f"start all {world} ranks with the same MASTER_ADDR:MASTER_PORT ({addr}:{port}) and reachable from "
         f"each other, or set {JOIN_TIMEOUT_ENV}=<seconds> to wait longer"
@@ -510,7 +510,7 @@ def _join_ranks(opts: MergeOptions, dist):
             f"{opts.distributed_hint}: rank {rank} of {world} could not reach rank 0's store at "
             f"{addr}:{port} within {seconds:.0f} s ({first}); {fix}"
         ) from None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = env_vars.foreign("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"slimckpt_merge/attempt_{attempt}", store)
     store.set(f"joined/{rank}", "1")
     deadline = time.monotonic() + seconds

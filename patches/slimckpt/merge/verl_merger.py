@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable
 
@@ -56,11 +55,15 @@ def wrap_merge_and_save(original: Callable) -> Callable:
                 "materialised on any device)"
             )
         distributed = env_vars.flag(DISTRIBUTED_ENV)
-        if not distributed and os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1") and "RANK" in os.environ:
+        if (
+            not distributed
+            and env_vars.foreign("WORLD_SIZE", "1") not in ("", "0", "1")
+            and env_vars.foreign("RANK") is not None
+        ):
             log.warning(
                 "slimckpt: WORLD_SIZE=%s but %s is not 1: this process merges alone (as verl's merger "
                 "would); set %s=1 to share the merge across the torchrun ranks",
-                os.environ["WORLD_SIZE"],
+                env_vars.foreign("WORLD_SIZE"),
                 DISTRIBUTED_ENV,
                 DISTRIBUTED_ENV,
             )
@@ -85,7 +88,7 @@ def wrap_merge_and_save(original: Callable) -> Callable:
             result = merge(opts, verl_fallback=lambda: original(self))
         except MergeError as exc:  # a distributed rank wrote its line already (pipeline.report_together)
             raise SystemExit(1 if getattr(exc, "reported", False) else f"slimckpt merge: error: {exc}") from None
-        if cfg.hf_upload and not result.used_verl_merger and os.environ.get("RANK", "0") == "0":
+        if cfg.hf_upload and not result.used_verl_merger and env_vars.foreign("RANK", "0") == "0":
             log.info(
                 "slimckpt: uploading %s to the Hugging Face Hub as %s (verl's uploader)",
                 result.target_dir,

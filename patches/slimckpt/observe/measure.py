@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from slimckpt import env_vars
 from slimckpt.observe.memory import TreePeaks, sample_tree_peaks
 from slimckpt.storage import for_path
 
@@ -47,7 +48,7 @@ def run_measured(
     interval_s: float = 0.01,
     timeout_s: float | None = None,
 ) -> RunResult:
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**env_vars.environment(), **(env or {})}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     found = TreePeaks({})

@@ -286,3 +286,24 @@ __all__ = [
     "async_mode",
     "check_retention",
 ]
+
+
+# The `_target_` a recipe's checkpoint section names (the verl wing's SlimCheckpointConfig, by path:
+# this wing does not import verl's).
+SLIM_TARGETS = ("slimckpt.verl.checkpoint_config.SlimCheckpointConfig",)
+
+
+def options_of(section: typing.Any) -> CheckpointOptions | None:
+    """The settings a checkpoint section holds, read as SlimCheckpointConfig reads them (the same
+    defaults, spellings and refusals), or None where the section is verl's own (no recipe).
+
+    `section` is what verl's driver holds (a DictConfig, or a plain mapping) or the built config
+    itself; the driver-side patches read a role's settings through here only."""
+    if section is None:
+        return None
+    if isinstance(section, CheckpointOptions):
+        return section
+    if section.get("_target_") not in SLIM_TARGETS:
+        return None
+    names = {f.name for f in fields(CheckpointOptions)}
+    return CheckpointOptions(**{key: section[key] for key in section.keys() if key in names})

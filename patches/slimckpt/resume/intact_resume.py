@@ -49,8 +49,8 @@ from slimckpt.layout.resume_manifest import (
     saved_steps,
 )
 from slimckpt.log import get_logger
+from slimckpt.options.checkpoint_options import options_of
 from slimckpt.resume.tracker_recovery import role_complete
-from slimckpt.save.driver.tracker import SLIM_TARGETS, config_value
 from slimckpt.storage import is_url
 from slimckpt.verify.native import check_zip_records
 
@@ -151,13 +151,13 @@ def latest_intact_step(root: str, roles: dict[str, bool]) -> int | None:
 def loaded_roles(trainer) -> dict[str, bool] | None:
     """{role dir: checksums} that verl's _load_checkpoint loads, or None when the actor's
     checkpoint config is not a slimckpt recipe's (plain verl: left as verl does it)."""
-    actor = config_value(config_value(trainer.config.actor_rollout_ref, "actor"), "checkpoint")
-    if config_value(actor, "_target_") not in SLIM_TARGETS:
+    actor = options_of(trainer.config.actor_rollout_ref.actor.checkpoint)
+    if actor is None:
         return None
-    roles = {"actor": bool(config_value(actor, "verify", True))}
+    roles = {"actor": actor.verify}
     if getattr(trainer, "use_critic", False):
-        critic = config_value(config_value(trainer.config, "critic"), "checkpoint")
-        roles["critic"] = bool(config_value(critic, "verify", True))
+        critic = options_of(trainer.config.critic.checkpoint)
+        roles["critic"] = critic.verify if critic is not None else True
     return roles
 
 
@@ -337,18 +337,18 @@ def wrap_trainer_load_checkpoint(original):
     def _load_checkpoint(self, *args, **kwargs):
         roles = loaded_roles(self)
         trainer = self.config.trainer
-        mode = config_value(trainer, "resume_mode")
-        on_storage = is_url(str(config_value(trainer, "default_local_dir") or "")) or (
-            mode == "resume_path" and is_url(str(config_value(trainer, "resume_from_path") or ""))
+        mode = trainer.resume_mode
+        on_storage = is_url(str(trainer.default_local_dir or "")) or (
+            mode == "resume_path" and is_url(str(trainer.resume_from_path or ""))
         )
         if on_storage:
             # object storage: the lookup takes committed steps only (trainer_storage), each rank checks its load
             return original(self, *args, **kwargs)
-        if roles is not None and mode == "auto" and config_value(trainer, "default_local_dir"):
+        if roles is not None and mode == "auto" and trainer.default_local_dir:
             root = _absolute(str(trainer.default_local_dir))
             _auto(root, _sizes(roles))  # no file read here: the ranks' load checksums what it reads
             return _load_walking_back(original, self, args, kwargs, root, roles)
-        if roles is not None and mode == "resume_path" and isinstance(config_value(trainer, "resume_from_path"), str):
+        if roles is not None and mode == "resume_path" and isinstance(trainer.resume_from_path, str):
             _resume_path(trainer.resume_from_path, roles)
             return _load_resume_path(original, self, args, kwargs, trainer.resume_from_path, roles)
         return original(self, *args, **kwargs)

@@ -18,9 +18,9 @@ also used by `slimckpt plan`); reading the node is `node_available_bytes` / `loc
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from slimckpt import env_vars
 from slimckpt.log import get_logger
 
 log = get_logger("slimckpt.resume")
@@ -86,7 +86,7 @@ def node_available_bytes() -> int:
 def local_ranks() -> int:
     """Ranks on this node (LOCAL_WORLD_SIZE; 1 where nothing set it)."""
     try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        return max(1, int(env_vars.foreign("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         return 1
 
@@ -100,7 +100,7 @@ def budget_bytes(config: Any) -> int:
     if AUTO not in _resolved:
         available, ranks = node_available_bytes(), local_ranks()
         _resolved[AUTO] = auto_budget_bytes(available, ranks)
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if env_vars.foreign("LOCAL_RANK", "0") == "0":
             log.info(
                 "host_memory_budget_gb=auto: %.2f GiB per rank (%g of the %.1f GiB available on this node, "
                 "over %d local ranks); set a number of GiB to override",

@@ -117,7 +117,7 @@ def make_client() -> Any:
         "connect_timeout": 10,
         "read_timeout": 120,
     }
-    if os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
+    if env_vars.foreign("AWS_ENDPOINT_URL_S3") or env_vars.foreign("AWS_ENDPOINT_URL"):
         # a compatible server on its own host name: bucket.host would not resolve
         options["s3"] = {"addressing_style": "path"}
     return boto3.session.Session().client("s3", config=Config(**options))

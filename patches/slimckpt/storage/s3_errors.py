@@ -16,10 +16,9 @@ botocore is imported only when a failure is mapped (importing slimckpt stays fre
 from __future__ import annotations
 
 import errno
-import os
 import re
 
-from slimckpt import SlimckptError
+from slimckpt import SlimckptError, env_vars
 
 ENDPOINT_FIX = "set AWS_ENDPOINT_URL to the server's URL (http://host:port) and check that it is running"
 CREDENTIALS_FIX = "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
@@ -73,7 +72,7 @@ class S3Failed(S3Error):
 
 def one_line(text: str, limit: int = 200) -> str:
     """`text` on one line, at most `limit` characters, with any credential of the environment blanked."""
-    for name, value in os.environ.items():
+    for name, value in env_vars.environment().items():
         if name in SECRET_VARS and len(value) >= 4:
             text = text.replace(value, "***")
     text = " ".join(str(text).split())

@@ -25,11 +25,11 @@ one line (a SystemExit, no traceback):
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
+from slimckpt import env_vars
 from slimckpt.log import get_logger
 from slimckpt.storage import for_path, is_url
 
@@ -72,7 +72,7 @@ def refusal(config: Any, use_critic: bool) -> str | None:
 
 def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The driver's AWS_* variables that go to every Ray worker (the secrets never: see the module doc)."""
-    environ = os.environ if environ is None else environ
+    environ = env_vars.environment() if environ is None else environ
     return {k: v for k, v in sorted(environ.items()) if k.startswith("AWS_") and k not in SECRET_VARS}
 
 

@@ -30,7 +30,6 @@ import hashlib
 import os
 import threading
 import time
-from typing import Any
 
 from slimckpt.engine.resume_records import write_tracker
 from slimckpt.layout.resume_manifest import (
@@ -41,41 +40,30 @@ from slimckpt.layout.resume_manifest import (
     saved_steps,
 )
 from slimckpt.log import get_logger
+from slimckpt.options.checkpoint_options import CheckpointOptions, options_of
 from slimckpt.save.driver.driver_state import driver_state_of
 from slimckpt.storage import for_path, is_file, is_url
 
 log = get_logger("slimckpt.tracker")
 
 # the recipes' _target_, and the path configs written before the package was split still name
-SLIM_TARGETS = ("slimckpt.verl.checkpoint_config.SlimCheckpointConfig",)
 POLL_S = 0.2
 
 
-def config_value(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    try:
-        return cfg.get(key, default)
-    except AttributeError:
-        return getattr(cfg, key, default)
+def is_incremental(options: CheckpointOptions | None) -> bool:
+    return options is not None and options.incremental_save
 
 
-def is_incremental(cfg: Any) -> bool:
-    return config_value(cfg, "_target_") in SLIM_TARGETS and bool(config_value(cfg, "incremental_save", False))
-
-
-def is_async_incremental(cfg: Any) -> bool:
-    return is_incremental(cfg) and bool(config_value(cfg, "async_save", False))
+def is_async_incremental(options: CheckpointOptions | None) -> bool:
+    return is_incremental(options) and options.async_save != "off"
 
 
 def watched_roles(trainer) -> list[str] | None:
     """Role dirs whose manifest must exist before the tracker moves, or None when verl writes the
     tracker itself (the actor is not async)."""
     config = trainer.config
-    actor = config_value(config_value(config.actor_rollout_ref, "actor"), "checkpoint")
-    critic = (
-        config_value(config_value(config, "critic"), "checkpoint") if getattr(trainer, "use_critic", False) else None
-    )
+    actor = options_of(config.actor_rollout_ref.actor.checkpoint)
+    critic = options_of(config.critic.checkpoint) if getattr(trainer, "use_critic", False) else None
     if not is_async_incremental(actor):
         if is_async_incremental(critic):
             raise ValueError(
@@ -227,8 +215,8 @@ def wrap_trainer_save_checkpoint(original):
         watcher = state.watcher
         if watcher is None:
             watcher = state.watcher = CommitWatcher(self.config.trainer.default_local_dir)
-            actor = config_value(config_value(self.config.actor_rollout_ref, "actor"), "checkpoint")
-            watcher.keep_going = config_value(actor, "on_save_error", "stop") == "continue"
+            actor = options_of(self.config.actor_rollout_ref.actor.checkpoint)
+            watcher.keep_going = actor is not None and actor.on_save_error == "continue"
         watcher.after_save(int(self.global_steps), roles)
         if int(self.global_steps) >= int(getattr(self, "total_training_steps", 0) or 0):
             watcher.wait()  # last step: the run ends after this, so finish the commit now

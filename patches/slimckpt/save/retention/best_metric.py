@@ -24,13 +24,13 @@ from typing import Any
 
 from slimckpt.engine.resume_records import atomic_write_text
 from slimckpt.log import get_logger
+from slimckpt.options.checkpoint_options import options_of
 from slimckpt.save.driver.driver_state import driver_state_of
 from slimckpt.storage import absolute, for_path
 
 log = get_logger("slimckpt.retention")
 
 METRICS_NAME = "slimckpt_metrics.json"
-SLIM_TARGETS = ("slimckpt.verl.checkpoint_config.SlimCheckpointConfig",)
 
 
 def _number(value: Any) -> float | None:
@@ -87,7 +87,8 @@ def _wants_metrics(config: Mapping[str, Any]) -> bool:
         return node if isinstance(node, Mapping) else {}
 
     for ckpt in (checkpoint("actor_rollout_ref", "actor", "checkpoint"), checkpoint("critic", "checkpoint")):
-        if ckpt.get("_target_") in SLIM_TARGETS and _number(ckpt.get("keep_best") or 0):
+        options = options_of(ckpt)
+        if options is not None and options.keep_best:
             return True
     return False
 
