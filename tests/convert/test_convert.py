@@ -27,7 +27,7 @@ def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True
 
 def convert(step_dir: Path, world: int, target: Path, fsdp: int | None = None, overwrite: bool = False) -> str:
     """The command's own entry point, in this process (torch imported once for the whole module)."""
-    from slimckpt.convert.command import convert as run_convert
+    from slimckpt.convert.write import convert as run_convert
 
     _, summary = run_convert(str(step_dir), world, fsdp, str(target), overwrite)
     return summary

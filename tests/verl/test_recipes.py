@@ -188,7 +188,8 @@ def test_misspelt_key_names_the_likely_one():
 _MATRIX_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from slimckpt.verl.dryrun import DryRunError, check_added_keys, compose_config, validate
+    from slimckpt.verl.dryrun import DryRunError, check_added_keys, compose_config
+    from slimckpt.verl.dryrun_checks import validate
     results = {}
     for case in json.loads(sys.argv[1]):
         try:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 
@@ -175,3 +175,8 @@ def read_metadata(dcp_dir: str):
     if getattr(metadata, "storage_meta", None) is None:
         metadata.storage_meta = StorageMeta()
     return metadata
+
+
+def byte_record_keys(metadata) -> set[str]:
+    """The keys of a step DCP saved as pickled bytes (not tensors): what a load unpickles."""
+    return {k for k, m in metadata.state_dict_metadata.items() if isinstance(m, BytesStorageMetadata)}

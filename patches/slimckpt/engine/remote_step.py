@@ -52,16 +52,14 @@ def _is_rank_file(rel: str) -> bool:
 def records_of(local_dcp_dir: str, prefixes: Iterable[str]) -> dict[str, list[tuple[int, int]]]:
     """{rank file name: [offset, end) of each record whose key starts with one of `prefixes`, and of
     every bytes record (its pickle is checked before a load)}, from the mirrored `.metadata`."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
-    from slimckpt.engine.dcp_pickle import read_metadata
+    from slimckpt.engine.dcp_pickle import byte_record_keys, read_metadata
 
     metadata = read_metadata(local_dcp_dir)
+    pickled = byte_record_keys(metadata)
     prefixes = tuple(prefixes)
     out: dict[str, list[tuple[int, int]]] = {}
     for index, info in (metadata.storage_data or {}).items():
-        meta = metadata.state_dict_metadata.get(index.fqn)
-        if index.fqn.startswith(prefixes) or isinstance(meta, BytesStorageMetadata):
+        if index.fqn.startswith(prefixes) or index.fqn in pickled:
             out.setdefault(info.relative_path, []).append((info.offset, info.offset + info.length))
     return out
 

@@ -70,15 +70,13 @@ def _collect(out: list[PickleRefused], check, *args) -> bool:
 
 
 def _bytes_records(dcp_dir: str) -> list[PickleRefused]:
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
-    from slimckpt.engine.dcp_pickle import read_metadata
+    from slimckpt.engine.dcp_pickle import byte_record_keys, read_metadata
 
     try:
         metadata = read_metadata(dcp_dir)
     except Exception:  # noqa: BLE001 - damage the manifest's checksums (or the load) report
         return []
-    bytes_keys = {k for k, m in metadata.state_dict_metadata.items() if isinstance(m, BytesStorageMetadata)}
+    bytes_keys = byte_record_keys(metadata)
     out: list[PickleRefused] = []
     handles: dict[str, object] = {}
     try:

@@ -6,15 +6,20 @@ exports and `slimckpt plan`.
 
 from __future__ import annotations
 
+import inspect
 import os
+import warnings
 
-from slimckpt import SlimckptError
+from slimckpt import SlimckptError, internals
 from slimckpt.engine.checkpoint_dir import CheckpointError
+from slimckpt.layout.flowrl_names import is_flowrl_param
 from slimckpt.layout.names import HF_SUBDIR, torch_dtypes_of_choices
 from slimckpt.layout.safetensors_layout import Take
 from slimckpt.log import get_logger
+from slimckpt.verl_files.leaves import leaf
 
-# lazy imports: torch and transformers load only once a model is named (a wrong --local_dir fails before them)
+# lazy imports: torch and transformers load only once a model is named (a wrong --local_dir fails before them);
+# transformers through `transformers()`, its one import here
 
 log = get_logger("slimckpt.merge")
 
@@ -36,36 +41,37 @@ class ConfigMismatch(SlimckptError, ValueError):
         )
 
 
+def transformers():
+    """The transformers module, imported the first time a model is named."""
+    import transformers as lib
+
+    return lib
+
+
 def default_max_shard_size() -> int | str:
     """What `save_pretrained` uses when verl calls it without max_shard_size ("50GB" in transformers 5)."""
-    import inspect
 
-    from transformers import PreTrainedModel
-
-    return inspect.signature(PreTrainedModel.save_pretrained).parameters["max_shard_size"].default
+    return inspect.signature(transformers().PreTrainedModel.save_pretrained).parameters["max_shard_size"].default
 
 
 def auto_model_class(config):
     """The transformers auto class verl 0.9.1's merger builds the model with
     (`BaseModelMerger.get_transformers_auto_model_class`): the auto_map entry naming the
     architecture when the model has remote code, else by the architecture's suffix."""
-    import transformers
-
-    from slimckpt.verl_files.leaves import leaf
-
+    lib = transformers()
     arch = config.architectures[0]
     vision = leaf("transformers_compat").get_auto_model_for_vision2seq
     if hasattr(config, "auto_map") and any(arch in v for v in config.auto_map.values()):
         auto_class = next(k for k, v in config.auto_map.items() if arch in v)
         if auto_class in ("AutoModelForCausalLM", "AutoModelForTokenClassification"):
-            return getattr(transformers, auto_class)
+            return getattr(lib, auto_class)
         if auto_class in ("AutoModelForVision2Seq", "AutoModelForImageTextToText"):
             return vision()
         raise NotImplementedError(f"Unknown auto class {auto_class}")
     if "ForTokenClassification" in arch:
-        return transformers.AutoModelForTokenClassification
+        return lib.AutoModelForTokenClassification
     if "ForCausalLM" in arch:
-        return transformers.AutoModelForCausalLM
+        return lib.AutoModelForCausalLM
     if "ForConditionalGeneration" in arch:
         return vision()
     raise NotImplementedError(f"Unknown architecture {config.architectures}")
@@ -81,9 +87,7 @@ def load_generation_config(hf_dir: str):
             hf_dir,
         )
         return None
-    from transformers import GenerationConfig
-
-    return GenerationConfig.from_pretrained(hf_dir)
+    return transformers().GenerationConfig.from_pretrained(hf_dir)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,8 +98,8 @@ class HfSide:
 
     def __init__(self, local_dir: str, dtype: str, trust_remote_code: bool) -> None:
         import torch
-        from transformers import AutoConfig
 
+        AutoConfig = transformers().AutoConfig
         self.hf_dir = os.path.join(local_dir, HF_SUBDIR)
         config_path = os.path.join(self.hf_dir, "config.json")
         if not os.path.isfile(config_path):
@@ -143,8 +147,6 @@ class HfSide:
         is neither (made of several tensors, or a strided part: transposed or interleaved), and
         ConfigMismatch when a tensor transformers splits does not have the shape config.json gives it."""
         import torch
-
-        from slimckpt import internals
 
         revert_weight_conversion = internals.lookup("transformers.core_model_loading:revert_weight_conversion")
         if revert_weight_conversion is None:
@@ -202,8 +204,6 @@ class HfSide:
     def _kept(self, names: list[str]) -> list[str]:
         """The names save_pretrained writes of `names`: FlowRL's head, tied targets (verl's
         drop_tied_target_keys) and `_keys_to_ignore_on_save` left out."""
-        from slimckpt.layout.flowrl_names import is_flowrl_param
-        from slimckpt.verl_files.leaves import leaf
 
         # FlowRL's log Z head is trained with the actor but is no part of the language model
         keep: dict[str, object] = {n: None for n in names if not is_flowrl_param(n)}
@@ -232,18 +232,13 @@ class HfSide:
         model.config.dtype = str(model.dtype).split(".")[1]
         model.config.architectures = [model.__class__.__name__.removeprefix("FSDP")]
         if model._auto_class is not None:
-            from transformers.dynamic_module_utils import custom_object_save
-
-            custom_object_save(model, out_dir, config=model.config)
+            transformers().dynamic_module_utils.custom_object_save(model, out_dir, config=model.config)
         model.config.save_pretrained(out_dir)
         if model.can_generate():
             model.generation_config.save_pretrained(out_dir)
 
     def save_tokenizer(self, out_dir: str) -> bool:
         """Processor and tokenizer through verl's loaders; False (with a warning) when there is none."""
-        import warnings
-
-        from slimckpt.verl_files.leaves import leaf
 
         verl_tokenizer = leaf("tokenizer")
         with warnings.catch_warnings():

@@ -6,8 +6,11 @@ import argparse
 import sys
 
 from slimckpt import env_vars
+from slimckpt.engine.pickle_policy import set_trusted
 from slimckpt.layout.names import DEFAULT_CHUNK_BYTES, DTYPE_CHOICES
+from slimckpt.merge.pipeline import merge
 from slimckpt.merge.plan import MergeError, MergeOptions
+from slimckpt.merge.remote import is_remote, merge_remote
 
 DEFAULT_CHUNK_MB = DEFAULT_CHUNK_BYTES >> 20
 
@@ -97,7 +100,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slimckpt.engine.pickle_policy import set_trusted
 
     set_trusted(args.trust_pickle)  # an environment variable: the writer processes it starts trust too
     opts = MergeOptions(
@@ -115,8 +117,6 @@ def run(args: argparse.Namespace) -> int:
         verl_fallback=not args.no_verl_fallback,
         merge_lora=args.merge_lora,
     )
-    from slimckpt.merge.pipeline import merge
-    from slimckpt.merge.remote import is_remote, merge_remote
 
     try:
         result = merge_remote(opts, merge, args.scratch_dir) if is_remote(opts) else merge(opts)

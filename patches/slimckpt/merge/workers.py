@@ -14,16 +14,19 @@ import signal
 import sys
 from collections.abc import Callable
 
+from tqdm import tqdm
+
 import slimckpt.layout.safetensors_layout as layout
 from slimckpt.engine import writer_stats
 from slimckpt.engine.checkpoint_dir import CheckpointError
+from slimckpt.engine.merge_input import open_source
 from slimckpt.engine.out_files import OutputError
 from slimckpt.hf.plan import ExportPlan
 from slimckpt.layout.merge_manifest import CommitError
 from slimckpt.log import get_logger
 from slimckpt.merge.plan import MergeError, MergeOptions
 
-# lazy imports: torch (the cast), the torch readers and tqdm load only when weights are written
+# lazy imports: torch (the cast) and the torch readers load only when weights are written
 
 log = get_logger("slimckpt.merge")
 PR_SET_PDEATHSIG = 1
@@ -57,7 +60,6 @@ def write_shares(
     where the time went."""
     import torch
 
-    from slimckpt.engine.merge_input import open_source
     from slimckpt.engine.share_writer import OUT_DTYPES, ShareWriter
 
     owned = ckpt is None
@@ -187,8 +189,6 @@ class ProgressBar:
     def __init__(self, total: int, enabled: bool, desc: str) -> None:
         self.bar = None
         if enabled:
-            from tqdm import tqdm
-
             self.bar = tqdm(
                 total=total,
                 unit="B",

@@ -34,8 +34,10 @@ from typing import Any
 
 from slimckpt.plan.build import build_report, plan_facts
 from slimckpt.plan.printers import print_report
-from slimckpt.verl.dryrun import compose_config, plain, roles_needed, select
+from slimckpt.verl.dryrun import compose_config
 from slimckpt.verl.dryrun import main as verl_main
+from slimckpt.verl.dryrun_checks import roles_needed
+from slimckpt.verl.dryrun_report import plain, select
 from slimckpt.verl.fsdp1_note import fsdp1_check
 
 # lazy imports: huggingface_hub loads only once a config is composed and planned

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import slimckpt.save.modes.writer as resume_async
 from slimckpt.engine.checkpoint_dir import DCP_DIR
+from slimckpt.engine.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
 from slimckpt.engine.step_pickles import dcp_refusals
 from slimckpt.layout.dropped_optimizer import optimizer_dropped, resume_line
 from slimckpt.layout.names import SHARD_CONTENTS, is_lora_key
@@ -25,8 +26,10 @@ from slimckpt.layout.resume_manifest import Manifest
 from slimckpt.log import get_logger
 from slimckpt.resume import step_check
 from slimckpt.resume.pickle_gate import refuse_together
+from slimckpt.save import optim_capture
 from slimckpt.save.extra_state import extra_path, load_extra
 from slimckpt.save.process_group import checkpoint_group, made_group
+from slimckpt.save.state_dicts import LORA_ONLY_KEY, build_state_dict, load_options, options
 from slimckpt.save.target import SaveTarget, TargetState
 from slimckpt.storage import check_access_once, in_flight
 
@@ -60,10 +63,6 @@ def load_resume_state(target: SaveTarget, local_path: str) -> None:
 def _load_committed(target: SaveTarget, local_path: str, manifest: Manifest, group: dist.ProcessGroup) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    from slimckpt.engine.dcp_pickle import CheckedFileSystemReader, CheckedLoadPlanner
-    from slimckpt.save import optim_capture
-    from slimckpt.save.state_dicts import LORA_ONLY_KEY, build_state_dict, load_options, options
 
     missing = [c for c in SHARD_CONTENTS if c in target.load_contents and c not in manifest.contents]
     if missing:

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from slimckpt import SlimckptError
 from slimckpt.storage.base import Lease, RangeWriter, Storage
 from slimckpt.storage.posix import PosixStorage
+from slimckpt.storage.s3 import S3Storage
 
 LOCAL = ""  # the scheme of a plain path
 
 
 def _s3() -> Storage:
-    from slimckpt.storage.s3 import S3Storage  # its client library loads only when an s3:// path is used
 
     return S3Storage()
 

@@ -13,12 +13,16 @@ prepared by storage_startup instead (there is no second directory to adopt from)
 from __future__ import annotations
 
 # lazy imports: `import verl` loads this module (the plugin applies its patch), and nothing else of
-# slimckpt may load with it (docs/configuration.md, "What changes without a recipe")
+# slimckpt may load with it (omegaconf and Ray are verl's own imports) (docs/configuration.md, "What changes without a recipe")
 import functools
+import importlib.util
 import os
 from typing import Any
 
+from omegaconf import OmegaConf, open_dict
+
 from slimckpt.log import get_logger
+from slimckpt.verl_files.version import build_note
 
 log = get_logger("slimckpt.adopt")
 
@@ -35,8 +39,6 @@ def _in_ray_worker() -> bool:
 
 
 def _select(config: Any, key: str, default: Any = None) -> Any:
-    from omegaconf import OmegaConf
-
     value = OmegaConf.select(config, key, default=default)
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
@@ -75,8 +77,6 @@ def _world_size(config: Any) -> int | None:
 
 def adopt(config: Any, use_critic: bool) -> None:
     """Decide the resume of this run; stop it (SystemExit with the one line) where it cannot."""
-    from omegaconf import OmegaConf, open_dict
-
     from slimckpt.resume.adopt import plan_resume
 
     if _select(config, "trainer.default_hdfs_dir") is not None:
@@ -105,10 +105,6 @@ def adopt(config: Any, use_critic: bool) -> None:
 
 def _verl_defaults() -> dict:
     """verl's PPO trainer config as its yaml has it (interpolations unresolved)."""
-    import importlib.util
-
-    from omegaconf import OmegaConf
-
     spec = importlib.util.find_spec("verl")
     root = os.path.dirname(spec.origin) if spec and spec.origin else ""
     loaded = OmegaConf.load(os.path.join(root, "trainer", "config", "_generated_ppo_trainer.yaml"))
@@ -145,8 +141,6 @@ def _stated(key: str) -> bool:
 
 def _resolved_as(config: Any, raw: Any) -> Any:
     """`raw` (absolute interpolations included) resolved against this config."""
-    from omegaconf import OmegaConf
-
     if not (isinstance(raw, str) and "${" in raw):
         return raw
     # a node whose parent is the config resolves ${a.b} from the config's root, without a copy of it
@@ -157,8 +151,6 @@ def recipe_settings_line(config: Any, recipe: str) -> str:
     """One line naming what the recipe sets outside the checkpoint sections, where this run keeps
     the recipe's value and it is not verl's default, and the checkpoint sections' bounding defaults
     (BOUNDING_KEYS) the run keeps ("" when nothing is left)."""
-    from omegaconf import OmegaConf
-
     from slimckpt.verl.recipes import CONF_DIR
 
     path = CONF_DIR / "recipe" / f"{recipe}.yaml"
@@ -225,7 +217,6 @@ def model_only_line(config: Any) -> str | None:
 
 
 def _say_build() -> None:
-    from slimckpt.verl_files.version import build_note
 
     try:
         line = build_note()

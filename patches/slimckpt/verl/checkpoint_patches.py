@@ -23,8 +23,11 @@ from slimckpt.log import get_logger
 from slimckpt.observe.save_measure import measured_save
 from slimckpt.resume.load import after_saves_here, load_resume_state, without_optimizer
 from slimckpt.resume.pickle_gate import refuse_together
+from slimckpt.save.errors import guarded_save
+from slimckpt.save.export.intermediate import export_hf_from_shards
 from slimckpt.save.process_group import checkpoint_group
 from slimckpt.save.resume_state import is_resume_state
+from slimckpt.save.step_save import save_resume_state
 from slimckpt.storage.locks import reading_if_dir
 from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 from slimckpt.verl.manager_state import config_of, state_of
@@ -57,7 +60,6 @@ def _guarded_dispatch(original, manager, local_path, hdfs_path, global_step, max
     on_save_error); any other config runs verl's save as it is."""
     if not isinstance(manager.checkpoint_config, SlimCheckpointConfig):
         return original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
-    from slimckpt.save.errors import guarded_save
 
     target = target_of(manager, original, hdfs_path, global_step)
     return guarded_save(
@@ -71,14 +73,10 @@ def _guarded_dispatch(original, manager, local_path, hdfs_path, global_step, max
 def _tier_save(original, manager, target, local_path, hdfs_path, global_step, max_ckpt_to_keep):
     config = target.options
     if config.incremental_save:
-        from slimckpt.save.step_save import save_resume_state
-
         manager.previous_global_step = global_step
         return save_resume_state(target, local_path, global_step, max_ckpt_to_keep)
     result = original(manager, local_path, hdfs_path, global_step, max_ckpt_to_keep)
     if config.export_hf:
-        from slimckpt.save.export.intermediate import export_hf_from_shards
-
         export_hf_from_shards(
             local_path, config.export_dtype, config.max_shard_size, config.allow_verl_fallback, config.export_merge_lora
         )

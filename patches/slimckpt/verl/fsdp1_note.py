@@ -20,11 +20,13 @@ logs the exact figure (state_dicts.note_fsdp1_copy).
 
 from __future__ import annotations
 
-# lazy imports: torch and transformers load only to count a model's parameters, once per run
+# lazy imports: transformers loads only to count a model's parameters, once per run (torch is verl's)
 import contextlib
+import json
 import warnings
 from typing import Any
 
+import torch
 from omegaconf import OmegaConf
 
 from slimckpt.env_vars import integer
@@ -95,9 +97,7 @@ def model_shape(model_path: str, trust_remote_code: bool = False) -> tuple[int, 
     the model at `model_path` (a dir, or a config.json), from a meta model; None when unreadable."""
     with contextlib.suppress(Exception), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import json
 
-        import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if model_path.endswith(".json"):
@@ -120,8 +120,6 @@ def gpu_memory_bytes() -> tuple[int | None, str]:
     if gib > 0:
         return gib * 2**30, f"SLIMCKPT_GPU_MEMORY_GB={gib}"
     with contextlib.suppress(Exception):
-        import torch
-
         if torch.cuda.is_available():
             free, _ = torch.cuda.mem_get_info()
             return int(free), "free on this node's GPU at start-up"

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from slimckpt import env_vars
 from slimckpt.log import get_logger
+from slimckpt.verl.features import switch_on
+from slimckpt.verl_files.version import UnsupportedVerlVersion, check_verl_version
 
 log = get_logger("slimckpt.plugin")
 
@@ -46,8 +48,6 @@ def load() -> list[str]:
     if env_vars.flag("SLIMCKPT_DISABLE"):
         log.debug("SLIMCKPT_DISABLE=1: verl runs unpatched")
         return []
-    from slimckpt.verl.features import switch_on
-    from slimckpt.verl_files.version import UnsupportedVerlVersion, check_verl_version
 
     try:
         check_verl_version()

@@ -11,13 +11,15 @@ The groups live in recipes/ and overrides/<group>/ and reach Hydra through the s
 slimckpt/conf/ (see hydra_plugins/slimckpt_searchpath).
 """
 
-# lazy imports: omegaconf and the config class only when a recipe is loaded (listing them reads file names)
+# lazy imports: the config class (verl's) only when a recipe is loaded (listing them reads file names)
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("recipe", "size", "cluster", "algo")
@@ -81,8 +83,6 @@ ROLE_KEYS = {"actor": "actor_rollout_ref.actor.checkpoint", "critic": "critic.ch
 def recipe_checkpoint_block(name: str, role: str = "actor", recipes_dir: str | Path | None = None) -> dict[str, Any]:
     """The `checkpoint:` block recipe `name` sets for `role` (actor or critic), `_target_`
     included, read from the file as shipped (`recipes_dir`: another tree's recipes/)."""
-    from omegaconf import OmegaConf
-
     folder = Path(recipes_dir) if recipes_dir is not None else CONF_DIR / "recipe"
     block = OmegaConf.select(OmegaConf.load(folder / f"{name}.yaml"), ROLE_KEYS[role])
     if block is None:

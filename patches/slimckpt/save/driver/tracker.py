@@ -42,6 +42,7 @@ from slimckpt.layout.resume_manifest import (
 from slimckpt.log import get_logger
 from slimckpt.options.checkpoint_options import CheckpointOptions, options_of
 from slimckpt.save.driver.driver_state import driver_state_of
+from slimckpt.save.errors import save_then_restore_tracker
 from slimckpt.storage import for_path, is_file, is_url
 
 log = get_logger("slimckpt.tracker")
@@ -207,8 +208,6 @@ def wrap_trainer_save_checkpoint(original):
     def _save_checkpoint(self, *args, **kwargs):
         roles = watched_roles(self)
         if roles is None:  # verl writes the tracker; put it back if a save failed (on_save_error=continue)
-            from slimckpt.save.errors import save_then_restore_tracker
-
             return save_then_restore_tracker(self, original, *args, **kwargs)
         result = original(self, *args, **kwargs)  # verl skips its tracker write: actor async_save=true
         state = driver_state_of(self)

@@ -14,6 +14,8 @@ import os
 
 from slimckpt.layout.names import HF_SUBDIR
 from slimckpt.log import get_logger
+from slimckpt.merge.pipeline import merge
+from slimckpt.merge.plan import MergeError, MergeOptions
 from slimckpt.save.os_fixes import trainer_fixes
 
 # lazy imports: the merge pipeline and torch.distributed load only when a step is exported
@@ -30,8 +32,6 @@ def export_hf_from_shards(
     the streaming merge does not handle (a save-time conversion that is not a slice of one tensor)
     goes to verl's merger on rank 0, logged with the host memory it takes, or, with
     `allow_verl_fallback` off, is refused; either way every rank ends the same way."""
-    from slimckpt.merge.pipeline import merge
-    from slimckpt.merge.plan import MergeError, MergeOptions
 
     target = os.path.join(local_path, HF_SUBDIR)
     opts = MergeOptions(
