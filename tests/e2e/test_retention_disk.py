@@ -145,6 +145,8 @@ def test_plan_prints_the_retention_table(tmp_path):
             "keep_optimizer_last=1",
             "--set",
             "keep_best=1",
+            "--set",
+            "best_metric=critic/score/mean",
         ],
         capture_output=True,
         text=True,

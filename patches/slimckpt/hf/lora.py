@@ -10,7 +10,7 @@ names the adapter tensors sit on), and saves the rest as the base model, its nam
 same output: the base model through `HfSide.output_sources` like any checkpoint, and the adapter
 as one more planned file, both streamed by the same writers within the same memory bound.
 
-With `merge_lora` (`slimckpt merge --merge_lora`; verl has no such option, its issue #4553) each
+With `merge_lora` (`slimckpt merge --merge_lora`; verl's merger has no such option) each
 targeted weight is written as peft's `merge_and_unload()` makes it: W + (B @ A) * lora_alpha / r,
 from W, A and B in the output dtype as `PeftModel.from_pretrained` loads them (bf16/fp16: the sum
 in fp32, rounded once; `share_writer.lora_merged`), a chunk of W's rows at a time (`layout.LoraDelta`, `share_writer`); there is

@@ -136,19 +136,12 @@ class Strategy:
         )
 
 
-# what keep_best ranks by, for a plan given no best_metric: the plan counts the steps kept, which
-# needs no metric's name (`--set keep_best=2` alone plans, docs/plan.md); training asks for one
-PLANNED_METRIC = "(any metric)"
-
-
 def checkpoint_options(name: str, cfg: dict[str, Any]) -> CheckpointOptions:
     """A recipe's `checkpoint:` settings as training takes them: `CheckpointOptions` built from its
     keys, so the same spellings are taken and the same values refused, in training's words
-    (keep_optimizer_last=0 is refused, not planned as "keep every step's"). The one difference:
-    keep_best without best_metric is planned (PLANNED_METRIC)."""
+    (keep_optimizer_last=0 is refused, not planned as "keep every step's"; keep_best needs its
+    best_metric here as in training)."""
     given = {k: v for k, v in cfg.items() if k in OPTION_NAMES}
-    if given.get("keep_best") and not given.get("best_metric"):
-        given["best_metric"] = PLANNED_METRIC
     try:
         return CheckpointOptions(**given)
     except ValueError as exc:
