@@ -539,7 +539,9 @@ def test_plan_reads_a_checkpoint_config_as_training_does():
         "x", {"incremental_save": True, "keep_optimizer_last": "2", "bucket_mb": "32"}
     )
     assert kept.keep_optimizer_last == 2 and kept.bucket_mb == 32  # YAML's spellings, taken as training takes them
-    with pytest.raises(ValueError, match=r"^slimckpt plan: \+recipe=incremental keep_best=2: checkpoint\.keep_best needs"):
+    with pytest.raises(
+        ValueError, match=r"^slimckpt plan: \+recipe=incremental keep_best=2: checkpoint\.keep_best needs"
+    ):
         build.recipe_strategies(["incremental"], ["keep_best=2"])  # training refuses it too
     ranked = build.recipe_strategies(["incremental"], ["keep_best=2", "best_metric=critic/score/mean"])
     assert [s.keep_best for s in ranked] == [2]

@@ -384,7 +384,7 @@ def print_retention_disk(r: dict[str, Any], out=sys.stdout) -> None:
         return
     print(
         "retention with keep_optimizer_last / keep_best (slimckpt's order; --set keep_optimizer_last=N "
-        "--set keep_best=K):",
+        "--set keep_best=K --set best_metric=M):",
         file=out,
     )
     head = [
