@@ -1,5 +1,5 @@
-"""scripts/bench/merge_report.py (no runs), and merge.py's --render and turn order: targets are judged from the rows as measured, and the
-words under the targets table state what the rows and disk measurements say."""
+"""scripts/bench/merge_report.py (no runs), and merge.py's --render and turn order: targets are judged
+from the rows as measured, and the words under the targets table state what the rows and disk measurements say."""
 
 import json
 from pathlib import Path
