@@ -21,16 +21,11 @@ from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
 
-
 DENSE_SIZES = ("0.25b", "0.5b", "1b")
-
-
 # mixture-of-experts rows: {size: (family, dims preset, routed experts)}. transformers 5 stores the
 # experts fused ([E, 2I, H] and [E, H, I] per layer) and save_pretrained, which verl's merger calls,
 # splits them into per-expert tensors; slimckpt streams each as a slice of its fused source.
 MOE_SIZES = {"moe-0.7b": ("qwen3-moe", "0.25b", 16)}
-
-
 SIZES = (*DENSE_SIZES, *MOE_SIZES)
 
 
@@ -51,11 +46,7 @@ class MergeRow:
 # verl's merger, measured in both orders of the same run: cold is the first verl merge of a turn (after the
 # previous turn's slimckpt merges, or the disk and import measurements), warm directly follows it
 VERL_COLD = "verl 0.9.1, cold"
-
-
 VERL_WARM = "verl 0.9.1, warm"
-
-
 NO_FSYNC = "slimckpt --no_fsync"
 
 

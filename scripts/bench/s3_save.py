@@ -42,7 +42,8 @@ import threading
 import time
 from pathlib import Path
 
-from scripts.bench.save import machine_line, mem_available, preset_params, write_section
+from scripts.bench.save import machine_line, mem_available, preset_params
+from scripts.bench.save_report import write_section
 from scripts.bench.scale import choose_cap, enough_disk, run_capped
 from scripts.provenance import source_commit
 

@@ -5,7 +5,7 @@ markers only."""
 from __future__ import annotations
 
 from scripts.bench import s3_save
-from scripts.bench.save import write_section
+from scripts.bench.save_report import write_section
 
 MiB, GiB, GB = 2**20, 2**30, 10**9
 
