@@ -53,11 +53,11 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from scripts.faults.env_report import MERGE_PATHS, SAVE_PATHS, render, verdict
+
 # lazy imports: a child sets its rank environment and resource limits before torch and slimckpt load
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = ["disk_full", "fsize_limit", "read_only", "permission", "lock", "export_full"]
-MERGE_PATHS = ["merge", "verl_merge"]
-SAVE_PATHS = ["verl_save", "quickstart", "intermediate", "incremental_sync", "incremental_async", "quickstart_continue"]
 PATHS = MERGE_PATHS + SAVE_PATHS
 EXPORT_PATHS = ("intermediate", "incremental_sync", "incremental_async")  # the recipes that export while training
 PAGE = 4096
@@ -510,47 +510,6 @@ def run_saves(env: Env, path: str, faults: list[str], bases: list[str], port: in
         ]
     with open(out) as f:
         return json.load(f)
-
-
-# --------------------------------------------------------------------------- report
-
-
-def verdict(row: dict) -> str:
-    if row.get("skipped"):
-        return "skipped"
-    if not row["failed"]:
-        return "NO ERROR"
-    bad = []
-    if row["looks_committed"]:
-        bad.append("partial looks committed")
-    if row.get("tracker_moved"):
-        bad.append("tracker moved")
-    if not row.get("names_path"):
-        bad.append("message names no path")
-    message = row.get("message") or ""
-    if row.get("path") in SAVE_PATHS and "--target_dir" in message:
-        bad.append("a merge's fix for a trainer")  # the trainer's is trainer.default_local_dir / on_save_error
-    if row.get("fault") == "export_full" and "huggingface" not in message:
-        bad.append("did not fail in the export")
-    return "ok" if not bad else "; ".join(bad)
-
-
-def render(rows: list[dict]) -> str:
-    out = [
-        "| path | fault | mechanism | exit | one line | names path | looks committed | tracker moved | verdict "
-        "| message |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        msg = (r.get("message") or "").replace("|", "\\|")
-        tm = "" if r.get("tracker_moved") is None else ("yes" if r["tracker_moved"] else "no")
-        lc = "" if r.get("looks_committed") is None else ("YES" if r["looks_committed"] else "no")
-        out.append(
-            f"| {r['path']} | {r['fault']} | {r.get('mechanism') or 'n/a'} | {r.get('exit', '')} | "
-            f"{'yes' if r.get('one_line') else 'no'} | {'yes' if r.get('names_path') else 'no'} | {lc} | {tm} | "
-            f"{verdict(r)} | {msg[:400]} |"
-        )
-    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

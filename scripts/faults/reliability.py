@@ -38,13 +38,11 @@ import warnings
 # set the environment they read at import
 from scripts.faults import oracle
 from scripts.faults import trial as fault_trial
-from scripts.faults.corruption import render_damaged
-from scripts.faults.ranks_report import render as render_rank_faults
-from scripts.faults.report import FAULT_SCRIPTS, OURS, SIDE_CODE, SIDE_MODULES, provenance, render_report
+from scripts.faults.reliability_report import OUT_DIR, load_json, reliability_md, summarize
+from scripts.faults.report import FAULT_SCRIPTS, OURS, SIDE_CODE, SIDE_MODULES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-OUT_DIR = os.path.join(REPO, "docs", "reliability")
 REPORT = os.path.join(REPO, "RELIABILITY.md")
 SAVE_MODES = ("verl-default", "quickstart", "incremental-sync", "incremental-async", "incremental-stream")
 ALL_MODES = SAVE_MODES + ("merge", "verl-merge")
@@ -601,31 +599,6 @@ def run_key(mode: str, keep: int | None) -> str:
     return mode if mode not in SAVE_MODES else f"{mode}@keep={keep}"
 
 
-def summarize(entry: dict) -> dict:
-    trials = entry["trials"]
-    if entry["kind"] == "merge":
-        outcomes = [t["outcome"] for t in trials]
-        return {
-            "outcomes": oracle.tally(outcomes),
-            "states": oracle.tally([t["state"] for t in trials]),
-            "bad": sum(o in oracle.MERGE_BAD for o in outcomes),
-            "kill_s": oracle.quantiles([t["kill_after_output_s"] for t in trials]),
-        }
-    outcomes = [t["outcome"] for t in trials]
-    return {
-        "outcomes": oracle.tally(outcomes),
-        "bad": sum(o in oracle.BAD for o in outcomes),
-        "phases": oracle.tally([t["phase_rank0"] for t in trials]),
-        "loaded_in_flight_step": sum(
-            1 for t in trials if t["outcome"] == "exact" and t["loaded"] not in (t["last_committed"], None)
-        ),
-        "tracker_names_uncommitted": sum(1 for t in trials if t["tracker_names_uncommitted"]),
-        "kill_s": oracle.quantiles([t["kill_after_save_begin_s"] for t in trials]),
-        "steps_at_kill": oracle.tally([str(t["step_at_kill"]) for t in trials]),
-        "errors": oracle.tally([t["why"] for t in trials if t["outcome"] == "crash-on-load"]),
-    }
-
-
 # the campaigns beside the SIGKILL one: (script, result file, arguments)
 SIDES = {
     "corruption": ("corruption_campaign.py", "corruption.json", ()),
@@ -661,9 +634,6 @@ def side_campaign(script: str, out: str, source: str | None = None, args: tuple[
     with open(out) as f:
         json.load(f)  # its report must at least parse: a torn file fails here, not in the rendering
     return {"seconds": seconds, "returncode": proc.returncode}
-
-
-# --------------------------------------------------------------------------- report
 
 
 SOURCE_COMMIT = [None]
@@ -733,46 +703,6 @@ def source_commit() -> dict:
     if head.returncode or status.returncode:
         return {"commit": commit, "dirty": None}
     return {"commit": commit or head.stdout.strip()[:12], "dirty": bool(status.stdout.strip())}
-
-
-def load_sigkill() -> dict | None:
-    """sigkill.json, plus the modes of any sigkill_*.json (extra runs, e.g. `--keep 1 --json
-    docs/reliability/sigkill_keep1.json`, read in name order; a mode run again replaces the earlier
-    row), each row keeping its own trial count."""
-    main = load_json("sigkill.json")
-    if main is None:
-        return None
-    main.setdefault("extra_commands", [])
-    sources = {key: main.get("source", "") for key in main["modes"]}
-    # each row's commit, for report.staleness (older JSONs name it in "source" only)
-    main["provenance"] = {key: provenance(main) for key in main["modes"]}
-    for name in sorted(os.listdir(OUT_DIR)):
-        if name.startswith("sigkill_") and name.endswith(".json"):
-            extra = load_json(name)
-            for key, entry in extra["modes"].items():  # a later run of a mode replaces the earlier one
-                main["modes"][key] = entry
-                sources[key] = extra.get("source", "")
-                main["provenance"][key] = provenance(extra)
-            main["extra_commands"].append(extra.get("command", ""))
-    # the rows shown may come from runs of different commits: say which
-    by_source: dict[str, list[str]] = {}
-    for key in main["modes"]:
-        by_source.setdefault(sources.get(key, ""), []).append(key)
-    if len(by_source) > 1:
-        main["source"] = "; ".join(
-            f"{src or 'the working tree'} for {', '.join(keys)}" for src, keys in by_source.items()
-        )
-    # time of the rows shown (each mode's calibration and trials), as one `make faults` would spend it
-    main["seconds"] = sum(entry.get("seconds", 0) for entry in main["modes"].values())
-    return main
-
-
-def load_json(name: str) -> dict | None:
-    path = os.path.join(OUT_DIR, name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def run_sigkill(args: argparse.Namespace, argv: list[str] | None) -> dict:
@@ -902,17 +832,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(os.path.join(OUT_DIR, "side_runs.json"), "w") as f:
                 json.dump(runs, f, indent=1)
     if not args.no_report:
-        text = render_report(
-            load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"), load_json("side_runs.json")
-        )
-        lost = load_json("rank_faults.json")
-        if lost is not None and "modes" in lost:  # one rank lost mid-save or mid-merge
-            text = text.rstrip("\n") + "\n\n" + render_rank_faults(lost)
-        damaged = load_json("damaged_restarts.json")
-        if damaged is not None and "outcomes" in damaged:  # the newest step damaged, then a restart
-            text = text.rstrip("\n") + "\n\n" + render_damaged(damaged)
         with open(REPORT, "w") as f:
-            f.write(text)
+            f.write(reliability_md())
         print(f"wrote {REPORT}")
     return 0
 
