@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 from scripts.faults import oracle
 from scripts.faults.corruption_report import render_damaged
 from scripts.faults.ranks_report import render as render_rank_faults
-from scripts.faults.report import REPO, provenance, render_report
+from scripts.faults.report import REPO, Checker, provenance, render_report
 
 OUT_DIR = os.path.join(REPO, "docs", "reliability")
 
@@ -81,14 +82,16 @@ def load_json(name: str) -> dict | None:
         return json.load(f)
 
 
-def reliability_md() -> str:
-    """RELIABILITY.md's text from the results under OUT_DIR."""
+def reliability_md(check: Callable | None = None) -> str:
+    """RELIABILITY.md's text from the results under OUT_DIR; `check` flags the rows run on older code
+    (report.render_report's, default: git in this repository)."""
+    check = check or Checker()
     text = render_report(
-        load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"), load_json("side_runs.json")
+        load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"), load_json("side_runs.json"), check
     )
     lost = load_json("rank_faults.json")
     if lost is not None and "modes" in lost:  # one rank lost mid-save or mid-merge
-        text = text.rstrip("\n") + "\n\n" + render_rank_faults(lost)
+        text = text.rstrip("\n") + "\n\n" + render_rank_faults(lost, check)
     damaged = load_json("damaged_restarts.json")
     if damaged is not None and "outcomes" in damaged:  # the newest step damaged, then a restart
         text = text.rstrip("\n") + "\n\n" + render_damaged(damaged)
