@@ -111,7 +111,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import slimckpt.save.modes.writer as resume_async
-    from scripts.bench.save import WindowSampler, build_model, measured
+    from scripts.bench.rss_window import WindowSampler
+    from scripts.bench.save import build_model, measured
     from slimckpt.options.checkpoint_options import CheckpointOptions
     from slimckpt.save.step_save import save_resume_state
     from slimckpt.save.target import SaveTarget, TargetState, fsdp_version_of

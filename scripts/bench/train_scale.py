@@ -113,7 +113,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from scripts.bench.save import WindowSampler, build_model, measured, name_pretrained, timed_save
+    from scripts.bench.rss_window import WindowSampler
+    from scripts.bench.save import build_model, measured, name_pretrained, timed_save
     from slimckpt.observe.measure import evict_from_page_cache
     from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
