@@ -46,8 +46,9 @@ import time
 import traceback
 from datetime import timedelta
 
-from scripts.faults import oracle
+from scripts.faults import forks, oracle
 from scripts.faults import reliability as rel
+from scripts.faults import reliability_merge as rel_merge
 from scripts.faults import trial as fault_trial
 from scripts.faults.ranks_report import AT_COMMIT, BAD, render, summarize
 
@@ -347,7 +348,7 @@ def setup_children(world: int) -> None:
 def fork_ranks(body, world: int, trial_dir: str, prefix: str, *args) -> list[int]:
 
     return [
-        rel.fork(body, *args[:1], trial_dir, r, *args[1:], log=os.path.join(trial_dir, f"{prefix}_rank_{r}.log"))
+        forks.fork(body, *args[:1], trial_dir, r, *args[1:], log=os.path.join(trial_dir, f"{prefix}_rank_{r}.log"))
         for r in range(world)
     ]
 
@@ -390,7 +391,7 @@ def calibrate(mode: str, world: int, work: str, keep: int | None) -> dict:
     """An uncut run of KILL_STEPS saves: the time from a save's start to its commit, and a resume
     that must be exact."""
 
-    trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", "calibration"))
+    trial_dir = forks.fresh_dir(os.path.join(work, f"{mode}@ws{world}", "calibration"))
     pids = fork_ranks(rank_saver, world, trial_dir, "save", mode, keep, KILL_STEPS)
     ended = wait_until(pids, time.monotonic() + 120.0)
     if any(t is None for t in ended.values()):
@@ -421,7 +422,7 @@ def save_trial(
 
     timeout = TIMEOUT_S[0]
     where = "_at_commit" if at == AT_COMMIT else ""
-    trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", f"{fault}{where}_{index:03d}"))
+    trial_dir = forks.fresh_dir(os.path.join(work, f"{mode}@ws{world}", f"{fault}{where}_{index:03d}"))
     victim = rng.randrange(world)
     step = rng.randint(1, KILL_STEPS)
     delay = rng.uniform(0.0, window)
@@ -434,7 +435,7 @@ def save_trial(
         pids = fork_ranks(rank_saver, world, trial_dir, "save", mode, keep, STEPS)
     finally:
         ARMED[0] = None
-    t_ready = rel.wait_save_begin(trial_dir, pids, step)
+    t_ready = forks.wait_save_begin(trial_dir, pids, step)
     if targeted:
         stopped = wait_stopped(pids[victim])
         if stopped is None:
@@ -586,7 +587,7 @@ def workers_of(agent: int) -> dict[int, int]:
 def merge_calibration(world: int, work: str, fixture: str) -> dict:
     from slimckpt.layout.merge_manifest import partial_path
 
-    trial_dir = rel.fresh_dir(os.path.join(work, f"merge@ws{world}", "calibration"))
+    trial_dir = forks.fresh_dir(os.path.join(work, f"merge@ws{world}", "calibration"))
     target = os.path.join(trial_dir, "out")
     t0 = time.monotonic()
     proc = torchrun(world, fixture, target, os.path.join(trial_dir, "merge.log"))
@@ -597,11 +598,11 @@ def merge_calibration(world: int, work: str, fixture: str) -> dict:
         if committed is None and os.path.exists(target):
             committed = time.monotonic()
         time.sleep(0.002)
-    if proc.returncode != 0 or appeared is None or not rel.looks_complete("merge", target):
+    if proc.returncode != 0 or appeared is None or not rel_merge.looks_complete("merge", target):
         raise RuntimeError(
             f"merge ws{world}: an uncut distributed merge failed (exit {proc.returncode}); see {trial_dir}"
         )
-    reference = rel.file_hashes(target, skip=("manifest.json",))
+    reference = rel_merge.file_hashes(target, skip=("manifest.json",))
     seconds = time.monotonic() - t0
     shutil.rmtree(trial_dir, ignore_errors=True)
     return {
@@ -624,7 +625,7 @@ def merge_trial(
     from slimckpt.layout.merge_manifest import partial_path
 
     timeout = TIMEOUT_S[0]
-    trial_dir = rel.fresh_dir(os.path.join(work, f"merge@ws{world}", f"{fault}_{index:03d}"))
+    trial_dir = forks.fresh_dir(os.path.join(work, f"merge@ws{world}", f"{fault}_{index:03d}"))
     target = os.path.join(trial_dir, "out")
     log = os.path.join(trial_dir, "merge.log")
     victim = rng.randrange(world)
@@ -661,12 +662,14 @@ def merge_trial(
         proc.wait()
     orphans = reap_orphans(set())
     locks = held_locks(os.path.dirname(fixture)) + held_locks(trial_dir)
-    complete = rel.looks_complete("merge", target)
-    correct = complete and rel.target_correct("merge", target, reference)
+    complete = rel_merge.looks_complete("merge", target)
+    correct = complete and rel_merge.target_correct("merge", target, reference)
     rerun = torchrun(world, fixture, target, os.path.join(trial_dir, "rerun.log"), overwrite=True)
     rerun.wait()
     rerun_ok = (
-        rerun.returncode == 0 and rel.looks_complete("merge", target) and rel.target_correct("merge", target, reference)
+        rerun.returncode == 0
+        and rel_merge.looks_complete("merge", target)
+        and rel_merge.target_correct("merge", target, reference)
     )
     orphans += reap_orphans(set())
     merged = oracle.classify_merge(complete, correct, correct, rerun_ok)
@@ -744,8 +747,8 @@ def campaign(
         entry: dict = {"mode": mode, "trials": [], "calibration": {}}
         fixture = None
         if mode == "merge":
-            setup_children(2)  # the fixture is a world-size-2 verl checkpoint (reliability.merge_fixture)
-            fixture = rel.merge_fixture(work)
+            setup_children(2)  # the fixture is a world-size-2 verl checkpoint (reliability_merge.merge_fixture)
+            fixture = rel_merge.merge_fixture(work)
         for wi, world in enumerate(worlds):
             # kills and stalls shared out over the world sizes (the first gets the remainder)
             n_kill = kills // len(worlds) + (kills % len(worlds) if wi == 0 else 0)

@@ -24,7 +24,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # The code each row exercises (this module only renders, so it is not in any list; verl is pinned):
 # the SIGKILL campaign's drivers, slimckpt's code, and what each side campaign runs.
-FAULT_SCRIPTS = ("scripts/faults/reliability.py", "scripts/faults/trial.py", "scripts/faults/oracle.py")
+FAULT_SCRIPTS = (
+    "scripts/faults/reliability.py",
+    "scripts/faults/reliability_merge.py",
+    "scripts/faults/forks.py",
+    "scripts/faults/trial.py",
+    "scripts/faults/oracle.py",
+)
 # `slimckpt plan` and `slimckpt dryrun` (patches/slimckpt/plan) are arithmetic no campaign runs: a
 # change there leaves every row as measured
 PLAN_CODE = "patches/slimckpt/plan"
