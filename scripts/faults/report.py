@@ -42,9 +42,9 @@ RANK_SCRIPTS = (
     "scripts/faults/forks.py",
 )
 SIDE_CODE = {
-    "corruption_campaign.py": OUR_CODE + ("scripts/faults/corruption.py",),
+    "corruption_campaign.py": OUR_CODE + ("scripts/faults/corruption.py", "scripts/faults/corruption_damage.py"),
     # the environment campaign takes its checkpoint builder and its resume scenario from slimckpt_testing (in patches)
-    "env_faults.py": OUR_CODE + ("scripts/faults/env.py",),
+    "env_faults.py": OUR_CODE + ("scripts/faults/env.py", "scripts/faults/env_places.py"),
     "rank_faults.py": OUR_CODE + RANK_SCRIPTS,
 }
 # the campaigns `make faults` runs besides the SIGKILL one, by the name side_runs.json records them under
