@@ -29,6 +29,7 @@ FAULT_SCRIPTS = (
     "scripts/faults/reliability_merge.py",
     "scripts/faults/forks.py",
     "scripts/faults/trial.py",
+    "scripts/faults/trial_model.py",
     "scripts/faults/oracle.py",
 )
 # `slimckpt plan` and `slimckpt dryrun` (patches/slimckpt/plan) are arithmetic no campaign runs: a
