@@ -428,9 +428,6 @@ def _load_words(meta: dict) -> str:
     return text + "."
 
 
-SAVE_BEGIN, SAVE_END = "<!-- save-bench:begin -->", "<!-- save-bench:end -->"
-
-
 def _disks(meta: dict) -> tuple[DiskSpeed, list[DiskSpeed]]:
     disk = DiskSpeed(**meta["disk"])
     return disk, [DiskSpeed(**d) for d in meta.get("disk_measurements", [])] or [disk]
