@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.bench.save import write_section  # one way to replace a marked section of BENCHMARKS.md
+from scripts.bench.save_report import write_section  # one way to replace a marked section of BENCHMARKS.md
 from scripts.provenance import source_commit
 
 # lazy imports: torch and transformers load only where a size's model is built; --render needs neither

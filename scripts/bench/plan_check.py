@@ -33,7 +33,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scripts.bench.save import write_section  # one way to replace a marked section of a report
+from scripts.bench.save_report import write_section  # one way to replace a marked section of a report
 
 # lazy imports: slimckpt's planner and the model builder (torch) load when the table is computed, not for --help
 

@@ -40,13 +40,13 @@ import json
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 
+from scripts.faults.corruption_damage import damage
+from scripts.faults.corruption_report import render
 from scripts.provenance import source_commit
 
 # lazy imports: torch, verl and slimckpt load in the torchrun children and in the phase that needs them
@@ -258,126 +258,6 @@ def worker_load(listing: str) -> None:
     dist.destroy_process_group()
 
 
-# --------------------------------------------------------------------------- damage
-
-
-@dataclass
-class Trial:
-    fmt: str
-    kind: str
-    targets: list[str]  # files the damage touched (verify must name one)
-    what: str
-
-
-def _files(root: str) -> list[str]:
-    out = []
-    for d, _, names in os.walk(root):
-        out += [os.path.relpath(os.path.join(d, n), root) for n in names]
-    return sorted(out)
-
-
-def _manifest_name(fmt: str) -> str:
-    import slimckpt.layout.merge_manifest as mm
-    import slimckpt.layout.resume_manifest as rm
-
-    return {"merge": mm.MANIFEST_NAME, "incremental": rm.MANIFEST_NAME, "native": "fsdp_config.json"}[fmt]
-
-
-def _flip(path: str, offset: int, bit: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([b ^ (1 << bit)]))
-
-
-def _safetensors_header_end(path: str) -> int:
-    with open(path, "rb") as f:
-        return 8 + struct.unpack("<Q", f.read(8))[0]
-
-
-def _swappable(fmt: str, files: list[str]) -> list[tuple[str, str]]:
-    """Pairs of files of the same role, different rank/shard."""
-    if fmt == "merge":
-        group = [f for f in files if f.endswith(".safetensors")]
-    elif fmt == "incremental":
-        group = [f for f in files if f.endswith(".distcp")]
-        extra = [f for f in files if f.startswith("slimckpt_extra_")]
-        return [(group[0], group[1]), (extra[0], extra[1])]
-    else:
-        pairs = []
-        for kind in ("model", "optim", "extra_state"):
-            ranks = [f for f in files if f.startswith(f"{kind}_world_size_")]
-            pairs.append((ranks[0], ranks[1]))
-        return pairs
-    return [(group[i], group[i + 1]) for i in range(len(group) - 1)]
-
-
-def damage(root: str, fmt: str, kind: str, rng: random.Random) -> Trial:
-    """Apply one damage of `kind` to the copy at `root`."""
-    manifest = _manifest_name(fmt)
-    files = [f for f in _files(root) if f != manifest]
-    if kind == "bitflip_header":  # the format's own headers: safetensors headers, .distcp bodies, zip headers
-        if fmt == "merge":
-            rel = rng.choice([f for f in files if f.endswith(".safetensors")])
-            offset = rng.randrange(_safetensors_header_end(os.path.join(root, rel)))
-        elif fmt == "incremental":
-            rel = rng.choice([f for f in files if f.endswith(".distcp")])
-            offset = rng.randrange(os.path.getsize(os.path.join(root, rel)))
-        else:
-            rel = rng.choice([f for f in files if f.endswith(".pt")])
-            offset = rng.randrange(min(512, os.path.getsize(os.path.join(root, rel))))
-        bit = rng.randrange(8)
-        _flip(os.path.join(root, rel), offset, bit)
-        return Trial(fmt, kind, [rel], f"flip bit {bit} of byte {offset} of {rel}")
-    if kind == "manifest":
-        how = rng.choice(("truncate", "bitflip", "delete"))
-        path = os.path.join(root, manifest)
-        size = os.path.getsize(path)
-        if how == "truncate":
-            os.truncate(path, rng.randrange(size))
-        elif how == "bitflip":
-            _flip(path, rng.randrange(size), rng.randrange(8))
-        else:
-            os.remove(path)
-        return Trial(fmt, kind, [manifest], f"{how} {manifest}")
-    if kind == "swap":
-        a, b = rng.choice(_swappable(fmt, files))
-        pa, pb = os.path.join(root, a), os.path.join(root, b)
-        tmp = pa + ".swap"
-        os.rename(pa, tmp)
-        os.rename(pb, pa)
-        os.rename(tmp, pb)
-        return Trial(fmt, kind, [a, b], f"swap {a} and {b}")
-    if kind == "extra":
-        choices = {
-            "merge": ["notes.txt", "model-99999-of-99999.safetensors"],
-            "incremental": ["dcp/__2_0.distcp", "slimckpt_extra_world_size_4_rank_3.pt", "notes.txt"],
-            "native": ["model_world_size_4_rank_3.pt", "notes.txt"],
-        }[fmt]
-        rel = rng.choice(choices)
-        src = os.path.join(root, rng.choice([f for f in files if f.endswith((".pt", ".distcp", ".safetensors"))]))
-        shutil.copyfile(src, os.path.join(root, rel)) if not rel.endswith(".txt") else open(
-            os.path.join(root, rel), "w"
-        ).write("stray\n")
-        return Trial(fmt, kind, [rel], f"add stray {rel}")
-    rel = rng.choice(files)
-    path = os.path.join(root, rel)
-    size = os.path.getsize(path)
-    if kind == "truncate":
-        new = rng.randrange(size) if size else 0
-        os.truncate(path, new)
-        return Trial(fmt, kind, [rel], f"truncate {rel} from {size} to {new} bytes")
-    if kind == "bitflip":
-        offset, bit = rng.randrange(size), rng.randrange(8)
-        _flip(path, offset, bit)
-        return Trial(fmt, kind, [rel], f"flip bit {bit} of byte {offset} of {rel}")
-    if kind == "delete":
-        os.remove(path)
-        return Trial(fmt, kind, [rel], f"delete {rel}")
-    raise ValueError(kind)
-
-
 # --------------------------------------------------------------------------- one trial
 
 
@@ -566,33 +446,6 @@ def damaged_restarts(trials: int, seed: int, workdir: str | None) -> dict:
     }
 
 
-def render(result: dict) -> str:
-    s = result["slimckpt"]
-    lines = [
-        f"slimckpt formats: {s['detected']}/{s['trials']} detected, {s['named_right_file']} naming the damaged "
-        f"file; load refused with verify's line: {s['load_refused_same_message']}/{s['load_trials']} "
-        f"(check), "
-        + (
-            f"{s['real_load_refused_same_message']}/{s['load_trials']} (verl's manager under torchrun)"
-            if s["real_load_run"]
-            else "real load not run (--no_real_load)"
-        )
-    ]
-    for fmt, kinds in s["by_format_kind"].items():
-        for kind, k in kinds.items():
-            lines.append(
-                f"  {fmt:12s} {kind:15s} {k['detected']}/{k['trials']} detected, {k['named_right_file']} named"
-            )
-    n = result["native"]
-    lines.append(f"verl-native (no manifest): {n['detected']}/{n['trials']} detected")
-    for kind, k in n["by_kind"].items():
-        lines.append(f"  native       {kind:15s} {k['detected']}/{k['trials']} detected, {k['named_right_file']} named")
-    for t in result["missed"]:
-        lines.append(f"  missed: {t['format']} {t['damage']}")
-    lines.append(f"{result['seconds']} s (building the checkpoints: {result['build_seconds']} s)")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description="Inject corruptions into small real checkpoints and check that "
@@ -661,33 +514,6 @@ def main(argv: list[str] | None = None) -> int:
     s = result["slimckpt"]
     ok = s["detected"] == s["trials"] and s["load_refused_same_message"] == s["load_trials"]
     return 0 if ok else 1
-
-
-def render_damaged(r: dict) -> str:
-    """RELIABILITY.md's section for a --damaged_restarts run."""
-    kinds = ", ".join(f"{kind} {sum(v.values())}" for kind, v in r["by_kind"].items())
-    outcomes = ", ".join(f"{n} {name}" for name, n in sorted(r["outcomes"].items()))
-    line = r.get("example_line", "").replace(r.get("example_line", "").split("/trial_")[0], "$WORK")
-    return "\n".join(
-        [
-            "## The newest step damaged, then `resume_mode=auto`",
-            "",
-            f"`python -m scripts.faults.corruption --damaged_restarts {r['restarts']} --seed {r['seed']} --json OUT` "
-            f"on {r.get('commit', 'an unrecorded commit')}, {r['seconds']:.0f} s. `+recipe=incremental` (async, export on), "
-            "verl's real `FSDPCheckpointManager` and `PPOTrainer._load_checkpoint` under torchrun (gloo, 2 ranks): "
-            "steps 2 and 4 committed, step 4 then damaged on disk, and the run restarted.",
-            "",
-            f"**{outcomes} of {r['restarts']} restarts** ({kinds}). *Exact*: the run continued from step 2 with model, "
-            "optimizer and scheduler state equal to a direct load of step 2 and the same next loss, in one line naming "
-            "the damaged file; the tracker names step 2, step 4 stays on disk untouched, `resume_from_path` to step 4 "
-            "refuses in one line, and a save of step 3 afterwards moves the tracker to 3 "
-            f"(here: {r.get('tracker_after_saving_3')}). verl 0.9.1 loads the step its tracker names without a check "
-            "of its own; this campaign runs only slimckpt's side.",
-            "",
-            f"The line a user sees: `{line}`",
-            "",
-        ]
-    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ says whether latest_checkpointed_iteration.txt then names the failed step.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
@@ -53,92 +52,17 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from scripts.faults.env_places import FSIZE_LIMIT, FULL_SIZE, Env
+from scripts.faults.env_report import MERGE_PATHS, SAVE_PATHS, render, verdict
+
 # lazy imports: a child sets its rank environment and resource limits before torch and slimckpt load
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = ["disk_full", "fsize_limit", "read_only", "permission", "lock", "export_full"]
-MERGE_PATHS = ["merge", "verl_merge"]
-SAVE_PATHS = ["verl_save", "quickstart", "intermediate", "incremental_sync", "incremental_async", "quickstart_continue"]
 PATHS = MERGE_PATHS + SAVE_PATHS
 EXPORT_PATHS = ("intermediate", "incremental_sync", "incremental_async")  # the recipes that export while training
 PAGE = 4096
-FSIZE_LIMIT = 64 * 1024
-FULL_SIZE = {"merge": "256k", "save": "64k"}  # below what each writes (merge ~0.9 MB, a save >= 100 KiB)
 STEP = 7
 DROP_CAPS = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--"]
-
-
-# --------------------------------------------------------------------------- environment
-
-
-def _run(cmd: list[str]) -> bool:
-    return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
-
-
-class Env:
-    """Mount points and directories for every (path, fault); undone by close()."""
-
-    def __init__(self, work: str) -> None:
-        self.work = work
-        self.mounts: list[str] = []
-        self.root = os.geteuid() == 0
-        self.drop_caps = self.root and shutil.which("setpriv") is not None
-        probe = os.path.join(work, "probe")
-        os.makedirs(probe)
-        self.can_mount = _run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", probe])
-        if self.can_mount:
-            _run(["umount", probe])
-
-    def mount(self, where: str, size: str, read_only: bool = False) -> None:
-        os.makedirs(where, exist_ok=True)
-        opts = f"size={size}" + (",ro" if read_only else "")
-        if not _run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", where]):
-            raise RuntimeError(f"mount tmpfs at {where} failed")
-        self.mounts.append(where)
-
-    def mechanism(self, fault: str) -> str | None:
-        """How `fault` is made here, or None when it cannot be (the row says skipped)."""
-        if fault == "export_full":
-            return "tmpfs: the save without half its HF export's weights" if self.can_mount else None
-        if fault == "disk_full":
-            return f"tmpfs ({FULL_SIZE['merge']} merge, {FULL_SIZE['save']} save)" if self.can_mount else None
-        if fault == "fsize_limit":
-            return f"RLIMIT_FSIZE {FSIZE_LIMIT // 1024} KiB"
-        if fault == "read_only":
-            if self.can_mount:
-                return "read-only tmpfs (EROFS)"
-            return "chmod 555" if (not self.root or self.drop_caps) else None
-        if fault == "permission":
-            if not self.root:
-                return "chmod 000"
-            return "chmod 000, writer without CAP_DAC_OVERRIDE (setpriv)" if self.drop_caps else None
-        return "slimckpt writer lock held by another process"
-
-    def base(self, path: str, fault: str, size: int | None = None) -> str:
-        """The directory a (path, fault) writes under: the checkpoint root or the target's parent."""
-        where = os.path.join(self.work, path, fault)
-        if fault == "export_full":
-            self.mount(where, str(size))
-        elif fault == "disk_full":
-            self.mount(where, FULL_SIZE["merge" if path in MERGE_PATHS else "save"])
-        elif fault == "read_only" and self.can_mount:
-            self.mount(where, "64k", read_only=True)
-        else:
-            os.makedirs(where, exist_ok=True)
-            if fault == "read_only":
-                os.chmod(where, 0o555)
-            elif fault == "permission":
-                os.chmod(where, 0o000)
-        return where
-
-    def close(self) -> None:
-        for where in reversed(self.mounts):
-            _run(["umount", where])
-        for dirpath, dirs, _files in os.walk(self.work):
-            for d in dirs:
-                with contextlib.suppress(OSError):
-                    os.chmod(os.path.join(dirpath, d), 0o755)
-        with contextlib.suppress(OSError):
-            os.chmod(self.work, 0o755)
 
 
 def target_of(path: str, base: str) -> str:
@@ -510,47 +434,6 @@ def run_saves(env: Env, path: str, faults: list[str], bases: list[str], port: in
         ]
     with open(out) as f:
         return json.load(f)
-
-
-# --------------------------------------------------------------------------- report
-
-
-def verdict(row: dict) -> str:
-    if row.get("skipped"):
-        return "skipped"
-    if not row["failed"]:
-        return "NO ERROR"
-    bad = []
-    if row["looks_committed"]:
-        bad.append("partial looks committed")
-    if row.get("tracker_moved"):
-        bad.append("tracker moved")
-    if not row.get("names_path"):
-        bad.append("message names no path")
-    message = row.get("message") or ""
-    if row.get("path") in SAVE_PATHS and "--target_dir" in message:
-        bad.append("a merge's fix for a trainer")  # the trainer's is trainer.default_local_dir / on_save_error
-    if row.get("fault") == "export_full" and "huggingface" not in message:
-        bad.append("did not fail in the export")
-    return "ok" if not bad else "; ".join(bad)
-
-
-def render(rows: list[dict]) -> str:
-    out = [
-        "| path | fault | mechanism | exit | one line | names path | looks committed | tracker moved | verdict "
-        "| message |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        msg = (r.get("message") or "").replace("|", "\\|")
-        tm = "" if r.get("tracker_moved") is None else ("yes" if r["tracker_moved"] else "no")
-        lc = "" if r.get("looks_committed") is None else ("YES" if r["looks_committed"] else "no")
-        out.append(
-            f"| {r['path']} | {r['fault']} | {r.get('mechanism') or 'n/a'} | {r.get('exit', '')} | "
-            f"{'yes' if r.get('one_line') else 'no'} | {'yes' if r.get('names_path') else 'no'} | {lc} | {tm} | "
-            f"{verdict(r)} | {msg[:400]} |"
-        )
-    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,24 +32,33 @@ how long the survivors took to end after the fault.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import fcntl
 import json
 import os
 import random
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import traceback
 from datetime import timedelta
 
-from scripts.faults import oracle
+from scripts.faults import forks, oracle
 from scripts.faults import reliability as rel
+from scripts.faults import reliability_merge as rel_merge
 from scripts.faults import trial as fault_trial
-from scripts.faults.ranks_report import AT_COMMIT, BAD, render, summarize
+from scripts.faults.forks import (
+    become_subreaper,
+    end,
+    held_locks,
+    named_ranks,
+    proc_state,
+    reap_orphans,
+    wait_until,
+    with_signal,
+)
+from scripts.faults.ranks_merge import merge_calibration, merge_trial
+from scripts.faults.ranks_report import AT_COMMIT, render, summarize
+from scripts.faults.ranks_settings import KEEP_ALL, SLACK_S, TIMEOUT_S, keep_or_remove
 
 # lazy imports: torch, verl and slimckpt load after reliability.quiet_imports() set the environment they read, before the forks
 
@@ -69,11 +78,8 @@ SAVE_MODES = {
 MODES = tuple(SAVE_MODES) + ("merge",)
 KILL_STEPS = 3  # the fault lands in the save of a random step 1..KILL_STEPS
 STEPS = 40  # savers run this many steps unless a fault ends them
-SLACK_S = 15.0  # beyond the group's timeout: naming the lost rank (a few heartbeats) and exiting
 WINDOW_FACTOR = 1.3
-TIMEOUT_S = [20.0]
 COMMIT_WAIT_FACTOR = 2  # group timeouts a commit-outcome victim waits for its step's manifests
-KEEP_ALL = [False]  # --keep-dirs  # the process group's timeout of the ranks (set by --timeout before any fork)
 # where a save trial's fault lands: "random", a uniform moment of a save; "commit-outcome" (--at-commit),
 # the victim stops itself in the commit of the chosen step's last role (the critic) once every role's
 # manifest of that step is on disk (the step complete, and the tracker's watcher may name it at once),
@@ -81,130 +87,6 @@ KEEP_ALL = [False]  # --keep-dirs  # the process group's timeout of the ranks (s
 # outcome's broadcast begins). The async modes write each role in its own background thread, so the
 # actor's commit may still be going on when the critic's manifest is written
 ARMED: list[tuple[int, int] | None] = [None]  # (victim rank, step), set in the parent before the fork
-NAMED = re.compile(r"rank (\d+) of (\d+) stopped answering|rank\s*: (\d+) \(local_rank")
-
-
-# --------------------------------------------------------------------------- processes
-
-
-def become_subreaper() -> None:
-    """Orphans of the trials' processes are re-parented here, so none can hide."""
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-
-
-def proc_children(parent: int):
-    """(pid, state) of each process whose parent is `parent`, from /proc."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == parent:
-            yield int(name), fields[0]
-
-
-def children() -> dict[int, str]:
-    """pid -> command of every live child of this process (zombies reaped)."""
-    out = {}
-    for pid, state in proc_children(os.getpid()):
-        try:
-            if state == "Z":
-                os.waitpid(pid, os.WNOHANG)
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                out[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
-        except (OSError, ChildProcessError):
-            continue
-    return out
-
-
-def reap_orphans(known: set[int]) -> list[str]:
-    """Kill and reap children that are not the trial's own processes; their commands."""
-    found = []
-    for pid, cmd in children().items():
-        if pid in known:
-            continue
-        found.append(cmd or str(pid))
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (OSError, ChildProcessError):
-            pass
-    return found
-
-
-def held_locks(root: str) -> list[str]:
-    """slimckpt lock files under `root` that someone still holds."""
-    held = []
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            if name.endswith(".slimckpt-lock"):
-                path = os.path.join(dirpath, name)
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError:
-                    continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    held.append(os.path.relpath(path, root))
-                finally:
-                    os.close(fd)
-    return held
-
-
-def wait_until(pids: list[int], deadline: float) -> dict[int, float | None]:
-    """pid -> when it ended (None: still running at `deadline`)."""
-    ended: dict[int, float | None] = {}
-    while len(ended) < len(pids) and time.monotonic() < deadline:
-        for pid in pids:
-            if pid in ended:
-                continue
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                ended[pid] = time.monotonic()
-        time.sleep(0.01)
-    return {pid: ended.get(pid) for pid in pids}
-
-
-def end(pids: list[int]) -> None:
-    """Stack dumps (faulthandler, SIGUSR1) into the logs of forked ranks, then SIGKILL and reap."""
-    for pid in pids:
-        with_signal(pid, signal.SIGUSR1)
-    time.sleep(1.0)
-    for pid in pids:
-        with_signal(pid, signal.SIGCONT)
-        with_signal(pid, signal.SIGKILL)
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-
-
-def with_signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def named_ranks(paths: list[str]) -> set[int]:
-    """Ranks that a line of these logs names as lost (ours, or torchrun's failure summary)."""
-    found: set[int] = set()
-    for path in paths:
-        if not os.path.exists(path):
-            continue
-        with open(path, errors="replace") as f:
-            for m in NAMED.finditer(f.read()):
-                found.add(int(m.group(1) if m.group(1) is not None else m.group(3)))
-    return found
 
 
 # --------------------------------------------------------------------------- ranks
@@ -297,7 +179,7 @@ def wait_stopped(pid: int, timeout: float = 120.0) -> float | None:
     """The moment `pid` was seen stopped (SIGSTOP), or None if it ended or the timeout passed first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = _state(pid)
+        state = proc_state(pid)
         if state == "T":
             return time.monotonic()
         if state in (None, "Z", "X"):
@@ -347,7 +229,7 @@ def setup_children(world: int) -> None:
 def fork_ranks(body, world: int, trial_dir: str, prefix: str, *args) -> list[int]:
 
     return [
-        rel.fork(body, *args[:1], trial_dir, r, *args[1:], log=os.path.join(trial_dir, f"{prefix}_rank_{r}.log"))
+        forks.fork(body, *args[:1], trial_dir, r, *args[1:], log=os.path.join(trial_dir, f"{prefix}_rank_{r}.log"))
         for r in range(world)
     ]
 
@@ -390,7 +272,7 @@ def calibrate(mode: str, world: int, work: str, keep: int | None) -> dict:
     """An uncut run of KILL_STEPS saves: the time from a save's start to its commit, and a resume
     that must be exact."""
 
-    trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", "calibration"))
+    trial_dir = forks.fresh_dir(os.path.join(work, f"{mode}@ws{world}", "calibration"))
     pids = fork_ranks(rank_saver, world, trial_dir, "save", mode, keep, KILL_STEPS)
     ended = wait_until(pids, time.monotonic() + 120.0)
     if any(t is None for t in ended.values()):
@@ -421,7 +303,7 @@ def save_trial(
 
     timeout = TIMEOUT_S[0]
     where = "_at_commit" if at == AT_COMMIT else ""
-    trial_dir = rel.fresh_dir(os.path.join(work, f"{mode}@ws{world}", f"{fault}{where}_{index:03d}"))
+    trial_dir = forks.fresh_dir(os.path.join(work, f"{mode}@ws{world}", f"{fault}{where}_{index:03d}"))
     victim = rng.randrange(world)
     step = rng.randint(1, KILL_STEPS)
     delay = rng.uniform(0.0, window)
@@ -434,7 +316,7 @@ def save_trial(
         pids = fork_ranks(rank_saver, world, trial_dir, "save", mode, keep, STEPS)
     finally:
         ARMED[0] = None
-    t_ready = rel.wait_save_begin(trial_dir, pids, step)
+    t_ready = forks.wait_save_begin(trial_dir, pids, step)
     if targeted:
         stopped = wait_stopped(pids[victim])
         if stopped is None:
@@ -502,7 +384,7 @@ def save_trial(
         "tracker": found["tracker"],
         "outcome": outcome,
     }
-    return _keep_or_remove(trial, trial_dir)
+    return keep_or_remove(trial, trial_dir)
 
 
 def in_save(events: list[list[oracle.Event]], survivors: list[int], t: float, mode: str) -> bool:
@@ -520,194 +402,7 @@ def in_save(events: list[list[oracle.Event]], survivors: list[int], t: float, mo
     return False
 
 
-def _unnamed(trial: dict) -> bool:
-    """A fault inside a save that did not commit whose survivors' output named no lost rank."""
-    return bool(trial.get("in_save")) and trial.get("last_committed") != trial.get("step") and not trial.get("named")
-
-
-def _keep_or_remove(trial: dict, trial_dir: str) -> dict:
-    if trial["outcome"] in BAD or _unnamed(trial) or KEEP_ALL[0]:
-        trial["kept_dir"] = trial_dir
-    else:
-        shutil.rmtree(trial_dir, ignore_errors=True)
-    return trial
-
-
 # --------------------------------------------------------------------------- merge trials
-
-
-def torchrun(world: int, fixture: str, target: str, log: str, overwrite: bool = False) -> subprocess.Popen:
-    import slimckpt
-
-    source = os.path.dirname(os.path.dirname(os.path.abspath(slimckpt.__file__)))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "OMP_NUM_THREADS": "1",
-        "SLIMCKPT_MERGE_PEER_TIMEOUT": str(TIMEOUT_S[0]),
-    }
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={world}",
-        "-m",
-        "slimckpt.cli",
-        "merge",
-        "--local_dir",
-        fixture,
-        "--target_dir",
-        target,
-        "--distributed_merge",
-        "--no_progress",
-    ] + (["--overwrite"] if overwrite else [])
-    out = open(log, "ab")
-    try:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    finally:
-        out.close()
-
-
-def workers_of(agent: int) -> dict[int, int]:
-    """RANK -> pid of torchrun's workers (children of its agent)."""
-    out = {}
-    for pid, _ in proc_children(agent):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if b"RANK" in env:
-            out[int(env[b"RANK"])] = pid
-    return out
-
-
-def merge_calibration(world: int, work: str, fixture: str) -> dict:
-    from slimckpt.layout.merge_manifest import partial_path
-
-    trial_dir = rel.fresh_dir(os.path.join(work, f"merge@ws{world}", "calibration"))
-    target = os.path.join(trial_dir, "out")
-    t0 = time.monotonic()
-    proc = torchrun(world, fixture, target, os.path.join(trial_dir, "merge.log"))
-    appeared = committed = None
-    while proc.poll() is None:
-        if appeared is None and (os.path.exists(partial_path(target)) or os.path.exists(target)):
-            appeared = time.monotonic()
-        if committed is None and os.path.exists(target):
-            committed = time.monotonic()
-        time.sleep(0.002)
-    if proc.returncode != 0 or appeared is None or not rel.looks_complete("merge", target):
-        raise RuntimeError(
-            f"merge ws{world}: an uncut distributed merge failed (exit {proc.returncode}); see {trial_dir}"
-        )
-    reference = rel.file_hashes(target, skip=("manifest.json",))
-    seconds = time.monotonic() - t0
-    shutil.rmtree(trial_dir, ignore_errors=True)
-    return {
-        "merge_s": seconds,
-        "output_to_commit_s": (committed or time.monotonic()) - appeared,
-        "reference": reference,
-    }
-
-
-def merge_trial(
-    world: int,
-    fault: str,
-    work: str,
-    fixture: str,
-    index: int,
-    rng: random.Random,
-    window: float,
-    reference: dict[str, str],
-) -> dict:
-    from slimckpt.layout.merge_manifest import partial_path
-
-    timeout = TIMEOUT_S[0]
-    trial_dir = rel.fresh_dir(os.path.join(work, f"merge@ws{world}", f"{fault}_{index:03d}"))
-    target = os.path.join(trial_dir, "out")
-    log = os.path.join(trial_dir, "merge.log")
-    victim = rng.randrange(world)
-    delay = rng.uniform(0.0, window)
-    then = "kill" if index % 2 else "cont"
-    proc = torchrun(world, fixture, target, log)
-    while proc.poll() is None and not (os.path.exists(partial_path(target)) or os.path.exists(target)):
-        time.sleep(0.002)
-    t_out = time.monotonic()
-    time.sleep(max(0.0, t_out + delay - time.monotonic()))
-    workers = workers_of(proc.pid)
-    t_fault = time.monotonic()
-    hit = victim in workers and proc.poll() is None
-    if hit:
-        os.kill(workers[victim], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
-    deadline = t_fault + timeout + SLACK_S
-    survivors = [p for r, p in workers.items() if r != victim]
-    while (
-        time.monotonic() < deadline
-        and proc.poll() is None
-        and any(_state(p) not in ("Z", "X", None) for p in survivors)
-    ):
-        time.sleep(0.01)
-    alive = [p for p in survivors if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X", None)]
-    t_end = time.monotonic()
-    hung = bool(alive)
-    if fault == "stall" and victim in workers:
-        with_signal(workers[victim], signal.SIGCONT if then == "cont" else signal.SIGKILL)
-    try:
-        proc.wait(timeout=timeout + SLACK_S + 30.0)  # torchrun's agent gives its workers 30 s after a SIGTERM
-    except subprocess.TimeoutExpired:
-        hung = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    orphans = reap_orphans(set())
-    locks = held_locks(os.path.dirname(fixture)) + held_locks(trial_dir)
-    complete = rel.looks_complete("merge", target)
-    correct = complete and rel.target_correct("merge", target, reference)
-    rerun = torchrun(world, fixture, target, os.path.join(trial_dir, "rerun.log"), overwrite=True)
-    rerun.wait()
-    rerun_ok = (
-        rerun.returncode == 0 and rel.looks_complete("merge", target) and rel.target_correct("merge", target, reference)
-    )
-    orphans += reap_orphans(set())
-    merged = oracle.classify_merge(complete, correct, correct, rerun_ok)
-    named = named_ranks([log])
-    if hung:
-        outcome = "hung"
-    elif orphans or locks:
-        outcome = "orphan"
-    elif merged == "looks-complete-but-broken":
-        outcome = "committed-partial"
-    elif merged == "rerun-failed":
-        outcome = "wrong-resume"
-    else:
-        outcome = "exact" if merged == "complete-verified" else "clean"
-    trial = {
-        "trial": index,
-        "fault": fault,
-        "then": then if fault == "stall" else None,
-        "victim": victim,
-        "hit": hit,
-        "fault_after_output_s": round(t_fault - t_out, 4),
-        "survivors_end_s": round(t_end - t_fault, 2),
-        "named": victim in named,
-        "named_ranks": sorted(named),
-        "orphans": orphans,
-        "locks_held": locks,
-        "target": "complete" if complete else ("absent" if not os.path.exists(target) else "incomplete"),
-        "rerun_ok": rerun_ok,
-        "resume": merged,
-        "outcome": outcome,
-    }
-    return _keep_or_remove(trial, trial_dir)
-
-
-def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return stat[stat.rindex(")") + 2 :].split()[0]
-    except OSError:
-        return None
 
 
 # --------------------------------------------------------------------------- campaign
@@ -744,8 +439,8 @@ def campaign(
         entry: dict = {"mode": mode, "trials": [], "calibration": {}}
         fixture = None
         if mode == "merge":
-            setup_children(2)  # the fixture is a world-size-2 verl checkpoint (reliability.merge_fixture)
-            fixture = rel.merge_fixture(work)
+            setup_children(2)  # the fixture is a world-size-2 verl checkpoint (reliability_merge.merge_fixture)
+            fixture = rel_merge.merge_fixture(work)
         for wi, world in enumerate(worlds):
             # kills and stalls shared out over the world sizes (the first gets the remainder)
             n_kill = kills // len(worlds) + (kills % len(worlds) if wi == 0 else 0)

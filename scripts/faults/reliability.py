@@ -20,8 +20,6 @@ then writes docs/reliability/*.json and RELIABILITY.md.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import hashlib
 import json
 import logging
 import os
@@ -38,13 +36,13 @@ import warnings
 # set the environment they read at import
 from scripts.faults import oracle
 from scripts.faults import trial as fault_trial
-from scripts.faults.corruption import render_damaged
-from scripts.faults.ranks_report import render as render_rank_faults
-from scripts.faults.report import FAULT_SCRIPTS, OURS, SIDE_CODE, SIDE_MODULES, provenance, render_report
+from scripts.faults.forks import child_error, fork, fresh_dir, read_events, wait_all, wait_save_begin
+from scripts.faults.reliability_merge import MERGE_FIXTURE, merge_calibration, merge_fixture, merge_trial
+from scripts.faults.reliability_report import OUT_DIR, load_json, reliability_md, summarize
+from scripts.faults.report import FAULT_SCRIPTS, OURS, SIDE_CODE, SIDE_MODULES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-OUT_DIR = os.path.join(REPO, "docs", "reliability")
 REPORT = os.path.join(REPO, "RELIABILITY.md")
 SAVE_MODES = ("verl-default", "quickstart", "incremental-sync", "incremental-async", "incremental-stream")
 ALL_MODES = SAVE_MODES + ("merge", "verl-merge")
@@ -53,122 +51,10 @@ KILL_STEPS = 4  # a trial's kill lands in the save of a random step 1..KILL_STEP
 WINDOW_FACTOR = 1.3  # ... within 1.3x the time from a save's start to its commit
 CALIBRATION_TIMEOUT_S = 180.0  # 4 saves of an actor and its critic take minutes when the CPUs are shared
 CHECK_TIMEOUT_S = 120.0
-MERGE_FIXTURE = dict(hidden=256, layers=4, vocab=32000)
 KEEP_BAD = 5  # trial dirs kept per mode for diagnosis
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def _die_with_parent() -> None:
-    """A child SIGKILLed when the campaign dies (else a rank waits in a collective forever)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def fork(body, *args, log: str | None = None) -> int:
-    """A child running `body(*args)`; its stdout/stderr go to `log` (verl prints a lot)."""
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _die_with_parent()
-        if log is not None:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-        fault_trial.run_child(body, *args)
-    return pid
-
-
-def wait_all(pids: list[int], timeout: float) -> tuple[list[int | None], bool]:
-    """Exit codes (None: killed by a signal); kills everything left after `timeout`."""
-    deadline = time.monotonic() + timeout
-    codes: dict[int, int | None] = {}
-    hung = False
-    while len(codes) < len(pids):
-        for pid in pids:
-            if pid in codes:
-                continue
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                codes[pid] = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None
-        if len(codes) < len(pids):
-            if time.monotonic() > deadline:
-                hung = True
-                for pid in pids:  # every thread's stack into the child's log first (faulthandler)
-                    if pid not in codes:
-                        os.kill(pid, signal.SIGUSR1)
-                time.sleep(1.0)
-                for pid in pids:
-                    if pid not in codes:
-                        os.kill(pid, signal.SIGKILL)
-                        os.waitpid(pid, 0)
-                        codes[pid] = None
-            time.sleep(0.005)
-    return [codes[p] for p in pids], hung
-
-
-def read_events(trial_dir: str) -> dict[int, list[oracle.Event]]:
-    out = {}
-    for rank in range(2):
-        path = os.path.join(trial_dir, f"events_rank_{rank}.log")
-        with open(path) if os.path.exists(path) else open(os.devnull) as f:
-            out[rank] = oracle.parse_events(f.read())
-    return out
-
-
-def child_error(trial_dir: str) -> str | None:
-    """The last exception line a child logged."""
-    for name in sorted(os.listdir(trial_dir)):
-        if name.endswith(".log") and not name.startswith("events"):
-            with open(os.path.join(trial_dir, name), errors="replace") as f:
-                lines = [
-                    ln.strip() for ln in f if ln.strip() and not ln.startswith(" ") and ("Error" in ln or "error" in ln)
-                ]
-            if lines:
-                return lines[-1][:300]
-    return None
-
-
-class Tail:
-    """Rank 0's event log read incrementally (the parent polls it every millisecond)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.offset = 0
-        self.buf = b""
-
-    def events(self) -> list[oracle.Event]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        self.buf += data
-        complete, _, self.buf = self.buf.rpartition(b"\n")
-        return oracle.parse_events(complete.decode(errors="replace")) if complete else []
-
-
-def wait_save_begin(trial_dir: str, pids: list[int], step: int, timeout: float = 120.0) -> float:
-    """Wait until rank 0 begins the save of `step`; returns that moment (its event's time)."""
-    tail = Tail(os.path.join(trial_dir, "events_rank_0.log"))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for ev in tail.events():
-            if ev.kind == "save-begin" and ev.step == step:
-                return ev.t
-        for pid in pids:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                raise RuntimeError(f"a saver exited before the save of step {step}; see {trial_dir}")
-        time.sleep(0.001)
-    raise RuntimeError(f"no save of step {step} after {timeout:.0f} s ({trial_dir})")
 
 
 # --------------------------------------------------------------------------- save modes
@@ -330,206 +216,7 @@ def save_trial(mode: str, work: str, index: int, rng: random.Random, window: flo
     return trial
 
 
-def fresh_dir(path: str) -> str:
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
-    return path
-
-
 # --------------------------------------------------------------------------- merge modes
-
-
-def file_hashes(root: str, skip: tuple[str, ...] = ()) -> dict[str, str]:
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            rel = os.path.relpath(os.path.join(dirpath, name), root)
-            if rel in skip:
-                continue
-            h = hashlib.sha256()
-            with open(os.path.join(dirpath, name), "rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-            out[rel] = h.hexdigest()
-    return out
-
-
-def weight_files(target: str) -> list[str] | None:
-    """The weight files a loader would open, or None when the dir does not look like a model."""
-    if not os.path.exists(os.path.join(target, "config.json")):
-        return None
-    index = os.path.join(target, "model.safetensors.index.json")
-    if os.path.exists(index):
-        try:
-            with open(index) as f:
-                return sorted(set(json.load(f)["weight_map"].values()))
-        except (ValueError, KeyError):
-            return None
-    if os.path.exists(os.path.join(target, "model.safetensors")):
-        return ["model.safetensors"]
-    return None
-
-
-def looks_complete(kind: str, target: str) -> bool:
-    """What a user (or a loader) would take for a finished model: config.json plus every weight file
-    (and, for slimckpt, its manifest written last)."""
-    files = weight_files(target)
-    if files is None or not all(os.path.exists(os.path.join(target, f)) for f in files):
-        return False
-    if kind == "merge":
-        from slimckpt.layout.merge_manifest import MANIFEST_NAME
-
-        return os.path.exists(os.path.join(target, MANIFEST_NAME))
-    return True
-
-
-def target_correct(kind: str, target: str, reference: dict[str, str]) -> bool:
-    got = file_hashes(target, skip=("manifest.json",))
-    same = {k: v for k, v in got.items() if k in reference}
-    ok = same == reference
-    if kind == "merge":
-        from slimckpt.layout.merge_manifest import verify
-
-        ok = ok and not verify(target)
-    return ok
-
-
-def merge_fixture(work: str) -> str:
-
-    out = os.path.join(work, "merge_fixture", "global_step_1", "actor")
-    if os.path.exists(os.path.join(out, "fsdp_config.json")):
-        return out
-    fresh_dir(os.path.dirname(os.path.dirname(out)))
-    os.makedirs(os.path.dirname(out))
-    f = MERGE_FIXTURE
-    pids = [
-        fork(
-            fault_trial.build_merge_fixture,
-            out,
-            r,
-            f["hidden"],
-            f["layers"],
-            f["vocab"],
-            log=os.path.join(os.path.dirname(os.path.dirname(out)), f"fixture_rank_{r}.log"),
-        )
-        for r in range(2)
-    ]
-    codes, hung = wait_all(pids, 300.0)
-    if hung or any(codes):
-        raise RuntimeError(f"building the merge fixture failed (exit codes {codes})")
-    return out
-
-
-def output_exists(kind: str, target: str) -> bool:
-    """The merge has begun writing: slimckpt's `<target>.partial` (or the target), verl's target dir."""
-    from slimckpt.layout.merge_manifest import partial_path
-
-    return os.path.exists(target) or (kind == "merge" and os.path.exists(partial_path(target)))
-
-
-def start_merge(
-    kind: str, fixture: str, target: str, overwrite: bool, log: str
-) -> tuple[int, float, float | None, int | None]:
-    """Fork a merge and poll (1 ms) until its output appears or it exits:
-    (pid, start, when the output appeared, wait status if it already exited)."""
-
-    t0 = time.monotonic()
-    pid = fork(fault_trial.merge_child, kind, fixture, target, overwrite, log=log)
-    while True:
-        if output_exists(kind, target):
-            return pid, t0, time.monotonic(), None
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return pid, t0, None, status
-        time.sleep(0.001)
-
-
-def run_merge(
-    kind: str, fixture: str, target: str, overwrite: bool, timeout: float = 300.0
-) -> tuple[int | None, float, float | None]:
-    """(exit code, seconds, seconds until the output appeared)."""
-    pid, t0, appeared, status = start_merge(kind, fixture, target, overwrite, log=target + ".log")
-    if status is None:
-        codes, _ = wait_all([pid], timeout)
-        code = codes[0]
-    else:
-        code = os.waitstatus_to_exitcode(status)
-    return code, time.monotonic() - t0, None if appeared is None else appeared - t0
-
-
-def merge_calibration(kind: str, work: str, fixture: str) -> dict:
-    trial_dir = fresh_dir(os.path.join(work, kind, "calibration"))
-    durations, writes = [], []
-    for i in range(3):
-        target = os.path.join(trial_dir, f"out_{i}")
-        code, seconds, appeared = run_merge(kind, fixture, target, overwrite=False)
-        if code != 0 or appeared is None:
-            raise RuntimeError(f"{kind}: an uncut merge failed (exit {code}); see {trial_dir}")
-        durations.append(seconds)
-        writes.append(seconds - appeared)
-    if not looks_complete(kind, target):
-        raise RuntimeError(f"{kind}: an uncut merge's output does not look complete; see {trial_dir}")
-    reference = file_hashes(target, skip=("manifest.json",))
-    shutil.rmtree(trial_dir, ignore_errors=True)
-    return {
-        "merge_s": oracle.quantiles(durations)[2],
-        "output_to_exit_s": oracle.quantiles(writes)[2],
-        "reference": reference,
-    }
-
-
-def merge_state(kind: str, target: str) -> str:
-    """Where the kill left the output."""
-    from slimckpt.layout.merge_manifest import MANIFEST_NAME, partial_path
-
-    partial = partial_path(target)
-    if os.path.isdir(target) and os.listdir(target):
-        return "target present"
-    if kind == "merge" and os.path.isdir(partial):
-        return (
-            "partial with manifest" if os.path.exists(os.path.join(partial, MANIFEST_NAME)) else "partial, no manifest"
-        )
-    return "nothing yet"
-
-
-def merge_trial(
-    kind: str, work: str, fixture: str, index: int, rng: random.Random, window: float, reference: dict[str, str]
-) -> dict:
-    trial_dir = fresh_dir(os.path.join(work, kind, f"trial_{index:03d}"))
-    target = os.path.join(trial_dir, "out")
-    delay = rng.uniform(0.0, window)
-    pid, t0, appeared, status = start_merge(kind, fixture, target, False, log=os.path.join(trial_dir, "killed.log"))
-    t_ref = appeared if appeared is not None else time.monotonic()
-    time.sleep(max(0.0, t_ref + delay - time.monotonic()))
-    t_kill = time.monotonic()
-    if status is None:
-        os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-    finished = os.WIFEXITED(status)
-    state = merge_state(kind, target)
-    complete = looks_complete(kind, target)
-    correct = complete and target_correct(kind, target, reference)
-    code, _, _ = run_merge(kind, fixture, target, overwrite=True)
-    rerun_ok = code == 0 and looks_complete(kind, target) and target_correct(kind, target, reference)
-    outcome = oracle.classify_merge(complete, correct, correct, rerun_ok)
-    if kind == "verl-merge" and not complete and state == "target present":
-        state = "target present, incomplete"
-    trial = {
-        "trial": index,
-        "kill_after_start_s": round(t_kill - t0, 4),
-        "kill_after_output_s": round(t_kill - t_ref, 4),
-        "finished_before_kill": finished,
-        "state": state,
-        "looks_complete": complete,
-        "correct": correct,
-        "rerun_ok": rerun_ok,
-        "outcome": outcome,
-    }
-    if outcome in oracle.MERGE_BAD:
-        trial["kept_dir"] = trial_dir
-    else:
-        shutil.rmtree(trial_dir, ignore_errors=True)
-    return trial
 
 
 # --------------------------------------------------------------------------- campaign
@@ -601,31 +288,6 @@ def run_key(mode: str, keep: int | None) -> str:
     return mode if mode not in SAVE_MODES else f"{mode}@keep={keep}"
 
 
-def summarize(entry: dict) -> dict:
-    trials = entry["trials"]
-    if entry["kind"] == "merge":
-        outcomes = [t["outcome"] for t in trials]
-        return {
-            "outcomes": oracle.tally(outcomes),
-            "states": oracle.tally([t["state"] for t in trials]),
-            "bad": sum(o in oracle.MERGE_BAD for o in outcomes),
-            "kill_s": oracle.quantiles([t["kill_after_output_s"] for t in trials]),
-        }
-    outcomes = [t["outcome"] for t in trials]
-    return {
-        "outcomes": oracle.tally(outcomes),
-        "bad": sum(o in oracle.BAD for o in outcomes),
-        "phases": oracle.tally([t["phase_rank0"] for t in trials]),
-        "loaded_in_flight_step": sum(
-            1 for t in trials if t["outcome"] == "exact" and t["loaded"] not in (t["last_committed"], None)
-        ),
-        "tracker_names_uncommitted": sum(1 for t in trials if t["tracker_names_uncommitted"]),
-        "kill_s": oracle.quantiles([t["kill_after_save_begin_s"] for t in trials]),
-        "steps_at_kill": oracle.tally([str(t["step_at_kill"]) for t in trials]),
-        "errors": oracle.tally([t["why"] for t in trials if t["outcome"] == "crash-on-load"]),
-    }
-
-
 # the campaigns beside the SIGKILL one: (script, result file, arguments)
 SIDES = {
     "corruption": ("corruption_campaign.py", "corruption.json", ()),
@@ -661,9 +323,6 @@ def side_campaign(script: str, out: str, source: str | None = None, args: tuple[
     with open(out) as f:
         json.load(f)  # its report must at least parse: a torn file fails here, not in the rendering
     return {"seconds": seconds, "returncode": proc.returncode}
-
-
-# --------------------------------------------------------------------------- report
 
 
 SOURCE_COMMIT = [None]
@@ -733,46 +392,6 @@ def source_commit() -> dict:
     if head.returncode or status.returncode:
         return {"commit": commit, "dirty": None}
     return {"commit": commit or head.stdout.strip()[:12], "dirty": bool(status.stdout.strip())}
-
-
-def load_sigkill() -> dict | None:
-    """sigkill.json, plus the modes of any sigkill_*.json (extra runs, e.g. `--keep 1 --json
-    docs/reliability/sigkill_keep1.json`, read in name order; a mode run again replaces the earlier
-    row), each row keeping its own trial count."""
-    main = load_json("sigkill.json")
-    if main is None:
-        return None
-    main.setdefault("extra_commands", [])
-    sources = {key: main.get("source", "") for key in main["modes"]}
-    # each row's commit, for report.staleness (older JSONs name it in "source" only)
-    main["provenance"] = {key: provenance(main) for key in main["modes"]}
-    for name in sorted(os.listdir(OUT_DIR)):
-        if name.startswith("sigkill_") and name.endswith(".json"):
-            extra = load_json(name)
-            for key, entry in extra["modes"].items():  # a later run of a mode replaces the earlier one
-                main["modes"][key] = entry
-                sources[key] = extra.get("source", "")
-                main["provenance"][key] = provenance(extra)
-            main["extra_commands"].append(extra.get("command", ""))
-    # the rows shown may come from runs of different commits: say which
-    by_source: dict[str, list[str]] = {}
-    for key in main["modes"]:
-        by_source.setdefault(sources.get(key, ""), []).append(key)
-    if len(by_source) > 1:
-        main["source"] = "; ".join(
-            f"{src or 'the working tree'} for {', '.join(keys)}" for src, keys in by_source.items()
-        )
-    # time of the rows shown (each mode's calibration and trials), as one `make faults` would spend it
-    main["seconds"] = sum(entry.get("seconds", 0) for entry in main["modes"].values())
-    return main
-
-
-def load_json(name: str) -> dict | None:
-    path = os.path.join(OUT_DIR, name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def run_sigkill(args: argparse.Namespace, argv: list[str] | None) -> dict:
@@ -902,17 +521,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(os.path.join(OUT_DIR, "side_runs.json"), "w") as f:
                 json.dump(runs, f, indent=1)
     if not args.no_report:
-        text = render_report(
-            load_sigkill(), load_json("corruption.json"), load_json("env_faults.json"), load_json("side_runs.json")
-        )
-        lost = load_json("rank_faults.json")
-        if lost is not None and "modes" in lost:  # one rank lost mid-save or mid-merge
-            text = text.rstrip("\n") + "\n\n" + render_rank_faults(lost)
-        damaged = load_json("damaged_restarts.json")
-        if damaged is not None and "outcomes" in damaged:  # the newest step damaged, then a restart
-            text = text.rstrip("\n") + "\n\n" + render_damaged(damaged)
         with open(REPORT, "w") as f:
-            f.write(text)
+            f.write(reliability_md())
         print(f"wrote {REPORT}")
     return 0
 

@@ -24,16 +24,29 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # The code each row exercises (this module only renders, so it is not in any list; verl is pinned):
 # the SIGKILL campaign's drivers, slimckpt's code, and what each side campaign runs.
-FAULT_SCRIPTS = ("scripts/faults/reliability.py", "scripts/faults/trial.py", "scripts/faults/oracle.py")
+FAULT_SCRIPTS = (
+    "scripts/faults/reliability.py",
+    "scripts/faults/reliability_merge.py",
+    "scripts/faults/forks.py",
+    "scripts/faults/trial.py",
+    "scripts/faults/trial_model.py",
+    "scripts/faults/oracle.py",
+)
 # `slimckpt plan` and `slimckpt dryrun` (patches/slimckpt/plan) are arithmetic no campaign runs: a
 # change there leaves every row as measured
 PLAN_CODE = "patches/slimckpt/plan"
 OUR_CODE = ("patches", "recipes", f":(exclude){PLAN_CODE}")
+RANK_SCRIPTS = (
+    "scripts/faults/ranks.py",
+    "scripts/faults/ranks_merge.py",
+    "scripts/faults/ranks_settings.py",
+    "scripts/faults/forks.py",
+)
 SIDE_CODE = {
-    "corruption_campaign.py": OUR_CODE + ("scripts/faults/corruption.py",),
+    "corruption_campaign.py": OUR_CODE + ("scripts/faults/corruption.py", "scripts/faults/corruption_damage.py"),
     # the environment campaign takes its checkpoint builder and its resume scenario from slimckpt_testing (in patches)
-    "env_faults.py": OUR_CODE + ("scripts/faults/env.py",),
-    "rank_faults.py": OUR_CODE + ("scripts/faults/ranks.py",),
+    "env_faults.py": OUR_CODE + ("scripts/faults/env.py", "scripts/faults/env_places.py"),
+    "rank_faults.py": OUR_CODE + RANK_SCRIPTS,
 }
 # the campaigns `make faults` runs besides the SIGKILL one, by the name side_runs.json records them under
 SIDE_MODULES = {
@@ -46,7 +59,7 @@ STALE, UNKNOWN = "stale", "commit unknown"
 
 def rank_code(mode: str) -> tuple[str, ...]:
     """What a rank-loss row exercises: verl's own row the campaign's script only, slimckpt's also its code."""
-    return ("scripts/faults/ranks.py",) if mode == "verl-default" else SIDE_CODE["rank_faults.py"]
+    return RANK_SCRIPTS if mode == "verl-default" else SIDE_CODE["rank_faults.py"]
 
 
 def sigkill_code(mode: str) -> tuple[str, ...]:

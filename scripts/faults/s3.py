@@ -47,7 +47,6 @@ missed* (a kill's hook did not fire: the trial tested nothing).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -55,26 +54,18 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
-from datetime import timedelta
 from typing import Any
 
 from scripts import provenance
+from scripts.faults.s3_ranks import WORLD, rank_body, step_url
+from scripts.faults.s3_report import BAD, CELLS, GOOD, render
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(REPO, "docs", "reliability", "s3.json")
-WORLD = 2
-WIDTH = 768
-LAYERS = 4
 PARTS = 3  # 5 MiB parts of a rank's DCP file (about 14 MB)
-GROUP_TIMEOUT_S = 20.0
 TRIAL_TIMEOUT_S = 300.0
 RESTART_PAUSES_S = (1.0, 3.0, 6.0)
-CELLS = ("kill-mid-part", "kill-between", "kill-manifest", "kill-rank", "restart", "throttle", "revoke")
-GOOD = ("exact", "resumed")
-BAD = ("half-committed", "lost committed", "wrong state", "re-save failed", "hung", "bad message", "fault missed")
 WHOLE_JOB_KILLS = ("kill-mid-part", "kill-between", "kill-manifest")
-SEND_FRAMES = ("chunk_readable", "send")  # urllib3 2's body reader, http.client's send: the body going out
 
 # throttle variants: proxy rules (slimckpt_testing.s3_proxy.Rule fields) and the env they run with
 THROTTLES: list[tuple[str, list[dict[str, Any]], dict[str, str]]] = [
@@ -123,208 +114,6 @@ THROTTLES: list[tuple[str, list[dict[str, Any]], dict[str, str]]] = [
         {"SLIMCKPT_S3_RETRIES": "3"},
     ),
 ]
-
-
-# --------------------------------------------------------------------------- the ranks
-
-
-def step_url(root: str, step: int) -> str:
-    return f"{root}/global_step_{step}/actor"
-
-
-def build():
-    import torch
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-
-def train(model, optimizer, step: int, rank: int) -> None:
-    import torch
-
-    torch.manual_seed(1000 * step + rank)
-    model(torch.randn(8, WIDTH)).square().mean().backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def state_hash(model, optimizer) -> str:
-    """SHA-256 of this rank's parameter shards and optimizer state, in a fixed order."""
-    import torch
-
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.to_local().detach().contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes())
-    for i, state in enumerate(optimizer.state.values()):
-        for key in sorted(state):
-            value = state[key]
-            local = value.to_local() if hasattr(value, "to_local") else value
-            h.update(f"{i}/{key}".encode())
-            h.update(local.detach().contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def make_target(model, optimizer, state, rank: int):
-    import torch
-
-    from slimckpt.options.checkpoint_options import CheckpointOptions
-    from slimckpt.save.target import SaveTarget, fsdp_version_of
-
-    options = CheckpointOptions(
-        recipe="incremental", incremental_save=True, async_save="off", measure=False, export_hf=False
-    )
-    return SaveTarget(
-        model=model,
-        optimizer=optimizer,
-        options=options,
-        state=state,
-        rank=rank,
-        world_size=WORLD,
-        save_contents=["model", "optimizer", "extra"],
-        fsdp_version=fsdp_version_of(model),
-        get_rng_state=torch.get_rng_state,
-        load_rng_state=torch.set_rng_state,
-    )
-
-
-def kill_group() -> None:
-    os.killpg(os.getpgid(0), signal.SIGKILL)
-
-
-def wait_for(path: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def install_fault(fault: dict, rank: int, trial_dir: str) -> None:
-    """The trial's moment, as a hook on this rank's S3 writes (installed before the faulted save)."""
-    from slimckpt.layout.resume_manifest import MANIFEST_NAME
-    from slimckpt.storage import s3
-
-    kind, k = fault["kind"], fault.get("part", 1)
-    if kind == "kill-manifest" and rank == 0:
-        put = s3.S3Storage.put_if_absent
-
-        def at_manifest(self, path, data, **kw):
-            if not path.endswith(MANIFEST_NAME):
-                return put(self, path, data, **kw)
-            if fault["variant"] == "before":
-                kill_group()
-            out = put(self, path, data, **kw)
-            kill_group()
-            return out
-
-        s3.S3Storage.put_if_absent = at_manifest
-        return
-    if fault.get("rank") != rank:
-        return
-    if kind == "kill-mid-part":
-        made = s3.PartBody.__init__
-        read = s3.PartBody.read
-        count = [0]
-
-        def numbered(self, buf, n):
-            made(self, buf, n)
-            count[0] += 1
-            self.number = count[0]
-
-        def reading(self, size=-1):
-            out = read(self, size)
-            # the k-th part's body half sent: a read by the HTTP layer's send (the client reads the body
-            # first for its checksums, then seeks back and sends it), past the middle
-            sender = sys._getframe(1).f_code.co_name in SEND_FRAMES
-            if getattr(self, "number", 0) == k and sender and self.pos >= self.length // 2:
-                kill_group()
-            return out
-
-        s3.PartBody.__init__, s3.PartBody.read = numbered, reading
-        return
-    sent = s3.Upload.put_part
-    count = [0]
-
-    def after_part(self, number, buf, n):
-        out = sent(self, number, buf, n)
-        count[0] += 1
-        if count[0] != k:
-            return out
-        if kind == "kill-between":
-            kill_group()
-        elif kind == "kill-rank":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif kind in ("restart", "revoke"):
-            open(os.path.join(trial_dir, kind), "w").close()  # the campaign stops (or revokes) the server
-            wait_for(os.path.join(trial_dir, kind + ".done"))
-        return out
-
-    s3.Upload.put_part = after_part
-
-
-def rank_body(spec: dict, rank: int) -> None:
-    """One rank of a group: (load a committed step,) train and save steps, record hashes and errors."""
-    import torch.distributed as dist
-
-    import slimckpt.save.modes.writer as resume_async
-    from slimckpt.resume.load import load_resume_state
-    from slimckpt.save.errors import guarded_save
-    from slimckpt.save.step_save import save_resume_state
-    from slimckpt.save.target import TargetState
-
-    result: dict[str, Any] = {"rank": rank, "saved": [], "loaded": None, "equal": {}, "error": None}
-    out = os.path.join(spec["dir"], f"{spec['tag']}.rank{rank}.json")
-    try:
-        store = dist.FileStore(os.path.join(spec["dir"], spec["tag"] + ".store"), WORLD)
-        dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=GROUP_TIMEOUT_S)
-        )
-        model, optimizer = build()
-        state = TargetState()
-        root = spec["root"]
-
-        def record(step: int) -> None:
-            path = os.path.join(spec["dir"], f"expected.{step}.rank{rank}")
-            mine = state_hash(model, optimizer)
-            if os.path.exists(path):
-                result["equal"][f"trained {step}"] = open(path).read() == mine
-            else:
-                with open(path, "w") as f:
-                    f.write(mine)
-
-        def load(step: int, what: str) -> None:
-            # straight from the bucket, as a resume does: the ranks check sizes and checksums first
-            load_resume_state(make_target(model, optimizer, state, rank), step_url(root, step))
-            expected = open(os.path.join(spec["dir"], f"expected.{step}.rank{rank}")).read()
-            result["equal"][f"{what} {step}"] = state_hash(model, optimizer) == expected
-
-        start = 1
-        if spec.get("load"):
-            load(spec["load"], "loaded")
-            result["loaded"] = spec["load"]
-            start = spec["load"] + 1
-        for step in range(start, spec["last"] + 1):
-            train(model, optimizer, step, rank)
-            record(step)
-            if spec.get("fault") and step == spec["last"]:
-                install_fault(spec["fault"], rank, spec["dir"])
-            target, url = make_target(model, optimizer, state, rank), step_url(root, step)
-            guarded_save(target, url, step, lambda: save_resume_state(target, url, step))  # as verl's save patch
-            resume_async.writer_for(state).wait()
-            result["saved"].append(step)
-        if spec.get("load") and result["saved"]:
-            load(result["saved"][-1], "reloaded")
-    except BaseException as exc:  # noqa: BLE001 - the rank's one line is the record
-        result["error"] = str(exc)
-        result["error_type"] = type(exc).__name__
-        result["trace"] = traceback.format_exc()[-3000:]
-    with open(out + ".tmp", "w") as f:
-        json.dump(result, f)
-    os.replace(out + ".tmp", out)
 
 
 def run_group(spec: dict, server, on_file=None) -> dict:
@@ -557,72 +346,6 @@ def run_trial(spec: dict, server, work: str, base_env: dict) -> dict:
         verdict["dir"] = trial_dir
         verdict["traces"] = [r.get("trace") for r in (resumed or faulted)["ranks"] if r and r.get("trace")]
     return verdict
-
-
-# --------------------------------------------------------------------------- report
-
-
-def summary(trials: list[dict]) -> list[dict]:
-    rows = []
-    for cell in CELLS:
-        mine = [t for t in trials if t["cell"] == cell]
-        if not mine:
-            continue
-        row = {"cell": cell, "trials": len(mine)}
-        for outcome in GOOD + BAD:
-            row[outcome] = sum(t["outcome"] == outcome for t in mine)
-        row["failed in one line"] = sum(any(t.get("errors") or []) and t["outcome"] in GOOD for t in mine)
-        rows.append(row)
-    return rows
-
-
-WHAT = {
-    "kill-mid-part": "SIGKILL of both ranks mid-part (a part of a multipart upload half sent)",
-    "kill-between": "SIGKILL of both ranks between parts (part k acknowledged, the next not begun)",
-    "kill-manifest": "SIGKILL of both ranks at the manifest PUT (just before it / just after it landed)",
-    "kill-rank": "SIGKILL of one rank after part k of its upload",
-    "restart": "server stopped mid-save, started again 1-6 s later",
-    "throttle": "throttling and 5xx answers, connections reset (10 kinds, through a fault proxy)",
-    "revoke": "credentials revoked mid-save (server restarted with `-s3.config` without the key)",
-}
-
-
-def render(data: dict) -> str:
-    rows = summary(data["trials"])
-    bad = sum(r[b] for r in rows for b in BAD)
-    total = sum(r["trials"] for r in rows)
-    lines = [
-        f"World size 2, sync incremental saves through the engine to a local SeaweedFS, 5 MiB parts, one in flight "
-        f"per rank; {data['host']}; slimckpt at commit {data['commit']}; the campaign took "
-        f"{data['minutes']:.1f} min. Command:",
-        "",
-        f"- `{data['command']}` (the issue's counts, its defaults; not part of `make faults`; `--render` prints this "
-        f"section from `docs/reliability/s3.json`)",
-        "",
-        f"**{bad} bad outcomes in {total} trials.**",
-        "",
-        "| fault | trials | exact | resumed | failed in one line | " + " | ".join(BAD) + " |",
-        "|---|---|---|---|---|" + "---|" * len(BAD),
-    ]
-    for r in rows:
-        cells = [WHAT[r["cell"]], r["trials"], r["exact"], r["resumed"], r["failed in one line"]]
-        cells += [r[b] for b in BAD]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    lines += [
-        "",
-        "*exact*: step 2 committed and loads to the state recorded before its save, bit for bit. *resumed*: step 2 "
-        "not committed, step 1 (found from the committed manifests under the prefix) loads exactly, and the next "
-        "save of step 2 (after the same training step) commits and loads exactly. *failed in one line*: of the good "
-        "trials, those whose faulted save failed in one line on every rank still running, naming `s3://bucket/key` "
-        "and the fix (for one rank lost: the survivor's line names the step and the lost rank). "
-        "Bad: *half-committed* (a manifest with a missing or changed object), *lost committed*, *wrong state*, "
-        "*re-save failed*, *hung*, *bad message*; *fault missed* (the hook did not fire: the trial tested nothing). The moments are hooks in the ranks (`scripts/faults/s3.py`), "
-        "not random timing.",
-    ]
-    bad_trials = [t for t in data["trials"] if t["outcome"] in BAD]
-    for t in bad_trials[:10]:
-        lines.append(f"- {t['cell']} #{t['index']} ({t['fault']}): {t['outcome']}: {t.get('why', '')}")
-    return "\n".join(lines) + "\n"
 
 
 def host_note() -> str:

@@ -1,20 +1,21 @@
-"""scripts/bench/merge.py's report logic (no runs): targets are judged from the rows as measured, and the
-words under the targets table state what the rows and disk measurements say."""
+"""scripts/bench/merge_report.py (no runs), and merge.py's --render and turn order: targets are judged
+from the rows as measured, and the words under the targets table state what the rows and disk measurements say."""
 
 import json
 from pathlib import Path
 
 from scripts.bench import merge as bench
+from scripts.bench import merge_report as report
 from slimckpt.observe.measure import RunResult
 
 GB, MiB = 10**9, 2**20
 
 
 def _disk(read, write, mixed):
-    return bench.DiskSpeed(write * GB, read * GB, 2**30, mixed_bytes_per_s=mixed * GB)
+    return report.DiskSpeed(write * GB, read * GB, 2**30, mixed_bytes_per_s=mixed * GB)
 
 
-def _rows(walls_1b, verl_orders=(bench.VERL_COLD, bench.VERL_WARM)):
+def _rows(walls_1b, verl_orders=(report.VERL_COLD, report.VERL_WARM)):
     """verl cold (after slimckpt's runs) slower than warm (directly after its own merge), as BENCHMARKS.md's
     merge section measured."""
     rows = []
@@ -23,9 +24,9 @@ def _rows(walls_1b, verl_orders=(bench.VERL_COLD, bench.VERL_WARM)):
         ("1b", 1.03e9, 4 * GB, 6200, 21.0),
     ):
         walls = walls_1b if size == "1b" else [2.7, 2.8, 2.9]
-        verl = [(tool, peak_verl, [verl_wall if tool != bench.VERL_WARM else verl_wall * 0.7]) for tool in verl_orders]
+        verl = [(tool, peak_verl, [verl_wall if tool != report.VERL_WARM else verl_wall * 0.7]) for tool in verl_orders]
         for tool, peak, w in verl + [("slimckpt", 270, walls)]:
-            rows.append(bench.MergeRow(size, int(params), tool, peak * MiB, bench.median(w), w, read, read // 2))
+            rows.append(report.MergeRow(size, int(params), tool, peak * MiB, report.median(w), w, read, read // 2))
     return rows
 
 
@@ -34,7 +35,7 @@ def _report(walls_1b, disks):
     best = bench.fastest_of(disks)
     for r in rows:
         r.io_floor_s = best.io_floor_s(r.read_bytes, r.written_bytes)
-    return bench.targets(rows, best, imports_s=2.9, disks=disks)
+    return report.targets(rows, best, imports_s=2.9, disks=disks)
 
 
 def test_floor_target_follows_the_median_wall():
@@ -63,7 +64,7 @@ def test_one_disk_measurement_and_one_size_leave_out_what_they_cannot_say():
     disk = _disk(2.0, 2.0, 0.0)
     for r in rows:
         r.io_floor_s = disk.io_floor_s(r.read_bytes, r.written_bytes)
-    text = bench.targets(rows, disk, imports_s=2.9, disks=[disk])
+    text = report.targets(rows, disk, imports_s=2.9, disks=[disk])
     assert "runs at 1b took 4.0-4.0 s" in text
     assert "combined" not in text and "median of the run's disk measurements" not in text
     assert "smallest model" not in text
@@ -82,16 +83,16 @@ def test_the_writers_timings_say_what_bound_it():
     best = bench.fastest_of(disks)
     for r in rows:
         r.io_floor_s = best.io_floor_s(r.read_bytes, r.written_bytes)
-    text = bench.targets(rows, best, imports_s=2.9, disks=disks)
+    text = report.targets(rows, best, imports_s=2.9, disks=disks)
     assert "in 2 of these runs: it took 4.0-5.0 s, casting for 96-98% of that" in text
     assert "0.05-0.10 s on the last writes and the fsyncs." in text
     assert "The reads and casts, not the writes, bound the merge." in text
     ours.writer_stats = [_writer(5.0, 3.0)]
-    text = bench.targets(rows, best, imports_s=2.9, disks=disks)
+    text = report.targets(rows, best, imports_s=2.9, disks=disks)
     assert "casting for 60% of that" in text and "the cast waited for the writes" in text
     # an older run's JSON also holds the O_DIRECT read thread's timings: they are left out
     ours.writer_stats = [{**_writer(5.0, 3.0), "read_s": 4.0, "read_threads": 1, "read_bytes": 4 * GB}]
-    assert "casting for 60% of that" in bench.targets(rows, best, imports_s=2.9, disks=disks)
+    assert "casting for 60% of that" in report.targets(rows, best, imports_s=2.9, disks=disks)
 
 
 # --------------------------------------------------------------------------- verl warm and cold, from a JSON
@@ -107,20 +108,20 @@ def _run_json(tmp_path, verl_walls_1b=(14.0, 21.0), warm_walls_small=(5.0, 5.2))
             "0.25b",
             0.25e9,
             0.45,
-            {bench.VERL_COLD: [7.0, 7.4, 7.2], bench.VERL_WARM: list(warm_walls_small), "slimckpt": [2.0, 2.1, 2.2]},
+            {report.VERL_COLD: [7.0, 7.4, 7.2], report.VERL_WARM: list(warm_walls_small), "slimckpt": [2.0, 2.1, 2.2]},
         ),
         (
             "1b",
             1.03e9,
             1.677,
-            {bench.VERL_COLD: [cold_1b] * 3, bench.VERL_WARM: [warm_1b] * 3, "slimckpt": [4.0, 4.2, 4.4]},
+            {report.VERL_COLD: [cold_1b] * 3, report.VERL_WARM: [warm_1b] * 3, "slimckpt": [4.0, 4.2, 4.4]},
         ),
     ):
         for tool, w in walls.items():
             peak = 270 if tool == "slimckpt" else (1700 if size == "0.25b" else 6200)
             rows.append(
-                bench.MergeRow(
-                    size, int(params), tool, peak * MiB, bench.median(w), w, 4 * GB, 2 * GB, io_floor_s=floor
+                report.MergeRow(
+                    size, int(params), tool, peak * MiB, report.median(w), w, 4 * GB, 2 * GB, io_floor_s=floor
                 )
             )
     disk = _disk(3.0, 3.0, 1.8)
@@ -237,9 +238,9 @@ def test_an_older_json_with_one_verl_row_still_renders(tmp_path, monkeypatch):
     disk = _disk(2.0, 2.0, 1.8)
     for r in rows:
         r.io_floor_s = disk.io_floor_s(r.read_bytes, r.written_bytes)
-    assert "| speed-up vs verl |" in bench.merge_table(rows)
-    assert "| wall at least 3x faster than verl (1b) | yes | 5.00x |" in bench.targets(rows, disk, 2.9, [disk])
-    assert "measured verl's merger in one order only" in bench._order_words(rows)
+    assert "| speed-up vs verl |" in report.merge_table(rows)
+    assert "| wall at least 3x faster than verl (1b) | yes | 5.00x |" in report.targets(rows, disk, 2.9, [disk])
+    assert "measured verl's merger in one order only" in report._order_words(rows)
 
 
 def test_each_turn_runs_verl_cold_then_warm_then_slimckpt(tmp_path, monkeypatch):
@@ -262,25 +263,25 @@ def test_each_turn_runs_verl_cold_then_warm_then_slimckpt(tmp_path, monkeypatch)
     rows = bench.bench_merge("0.25b", tmp_path, repeats=2, warm_repeats=1)
     assert order == ["verl", "verl"] + ["slimckpt"] * 2 + ["verl"] + ["slimckpt"] * 2  # turn 2: no warm run
     by_tool = {r.tool: r for r in rows}
-    assert list(by_tool)[:2] == [bench.VERL_COLD, bench.VERL_WARM]
-    assert len(by_tool[bench.VERL_COLD].walls) == 2 and len(by_tool[bench.VERL_WARM].walls) == 1
+    assert list(by_tool)[:2] == [report.VERL_COLD, report.VERL_WARM]
+    assert len(by_tool[report.VERL_COLD].walls) == 2 and len(by_tool[report.VERL_WARM].walls) == 1
 
 
 def test_moe_row_has_its_own_targets_and_stays_out_of_the_dense_ones():
     rows = _rows([4.0, 4.2, 4.4])
     moe = "moe-0.7b"
-    for tool, peak, w in ((bench.VERL_COLD, 4000, [9.0]), (bench.VERL_WARM, 4000, [6.0]), ("slimckpt", 300, [6.5])):
-        rows.append(bench.MergeRow(moe, int(0.67e9), tool, peak * MiB, bench.median(w), w, 2 * GB, GB))
+    for tool, peak, w in ((report.VERL_COLD, 4000, [9.0]), (report.VERL_WARM, 4000, [6.0]), ("slimckpt", 300, [6.5])):
+        rows.append(report.MergeRow(moe, int(0.67e9), tool, peak * MiB, report.median(w), w, 2 * GB, GB))
     for r in rows:
         r.io_floor_s = 1.0
-    table = bench.moe_targets(rows)
-    budget = bench.largest_output_tensor_bytes(moe) + 256 * MiB
+    table = report.moe_targets(rows)
+    budget = report.largest_output_tensor_bytes(moe) + 256 * MiB
     assert budget == 2 * 32000 * 1024 + 256 * MiB  # the embedding: each expert is smaller
     assert (
         f"peak RssAnon at most the largest output tensor + 256 MiB ({budget / MiB:.0f} MiB) | yes | 300 MiB |" in table
     )
     lines = [line for line in table.splitlines() if "as fast as" in line]
     assert len(lines) == 2 and sum("| **no** |" in line for line in lines) == 1  # slower than the warm verl
-    dense = bench.targets(rows, None, imports_s=None, disks=[])
+    dense = report.targets(rows, None, imports_s=None, disks=[])
     assert moe not in dense and "(1b)" in dense  # judged on the largest dense model
-    assert bench.moe_targets(_rows([4.0])) == ""
+    assert report.moe_targets(_rows([4.0])) == ""

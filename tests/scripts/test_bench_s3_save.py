@@ -1,11 +1,12 @@
-"""scripts/bench/s3_save.py's report (no runs): medians, spread, GB/s and the s3/disk ratio from the rows; each
+"""scripts/bench/s3_save_report.py (no runs): medians, spread, GB/s and the s3/disk ratio from the rows; each
 rank's rise checked against part x concurrency x write_threads + 64 MiB; BENCHMARKS' section replaced between its
 markers only."""
 
 from __future__ import annotations
 
 from scripts.bench import s3_save
-from scripts.bench.save import write_section
+from scripts.bench import s3_save_report as s3_report
+from scripts.bench.save_report import write_section
 
 MiB, GiB, GB = 2**20, 2**30, 10**9
 
@@ -62,7 +63,7 @@ def _three_pairs(s3_walls=(40.0, 44.0, 42.0), s3_rise=(150, 140)):
 
 
 def test_summary_medians_spread_rate_ratio_and_worst_rise():
-    summary = s3_save.summarise(_three_pairs())
+    summary = s3_report.summarise(_three_pairs())
     disk, s3 = summary["targets"]["disk"], summary["targets"]["s3"]
     assert (disk["median_s"], disk["min_s"], disk["max_s"], disk["runs"]) == (35.0, 34.0, 36.0, 3)
     assert s3["median_s"] == 42.0
@@ -75,12 +76,12 @@ def test_summary_medians_spread_rate_ratio_and_worst_rise():
 
 
 def test_bound_counts_write_threads():
-    assert s3_save.bound(32 * MiB, 4, 2) == 256 * MiB + 64 * MiB
+    assert s3_report.bound(32 * MiB, 4, 2) == 256 * MiB + 64 * MiB
 
 
 def test_section_has_provenance_table_and_targets_met():
-    text = s3_save.render_section(_three_pairs())
-    assert text.startswith(s3_save.BEGIN) and text.rstrip().endswith(s3_save.END)
+    text = s3_report.render_section(_three_pairs())
+    assert text.startswith(s3_report.BEGIN) and text.rstrip().endswith(s3_report.END)
     assert "python -m scripts.bench.s3_save --preset llama3.2-3b --repeat 3" in text and "abc1234" in text
     assert (
         "| S3, local SeaweedFS | 42.0 s (40.0–44.0, 3 runs) | 0.34 | 1.20x | 210 (ranks 84, server 126) | 150 MiB / 140 MiB | 192 MiB | yes |"
@@ -88,17 +89,17 @@ def test_section_has_provenance_table_and_targets_met():
     )
     assert "| local disk (fsync) | 35.0 s (34.0–36.0, 3 runs) | 0.41 | - | 70 (ranks) |" in text
     assert "part 32 MiB, concurrency 4, write_threads 1" in text
-    checks = s3_save.targets(_three_pairs())
+    checks = s3_report.targets(_three_pairs())
     assert [ok for _n, ok, _v in checks] == [True, True]
     assert "the target is stated at" not in checks[0][0]
 
 
 def test_slow_upload_and_rise_past_the_bound_are_failed_targets():
     result = _three_pairs(s3_walls=(60.0, 61.0, 59.0), s3_rise=(300, 100))
-    (ratio_name, ratio_ok, ratio_value), (mem_name, mem_ok, mem_value) = s3_save.targets(result)
+    (ratio_name, ratio_ok, ratio_value), (mem_name, mem_ok, mem_value) = s3_report.targets(result)
     assert not ratio_ok and ratio_value == "1.71x"
     assert not mem_ok and mem_value == "300 MiB > 192 MiB"
-    assert "| 300 MiB / 100 MiB | 192 MiB | NO |" in s3_save.render_section(result)
+    assert "| 300 MiB / 100 MiB | 192 MiB | NO |" in s3_report.render_section(result)
 
 
 def test_one_run_per_target_and_a_small_preset_are_said():
@@ -107,18 +108,20 @@ def test_one_run_per_target_and_a_small_preset_are_said():
         r["preset"] = "0.25b"
     result = _result(rows, preset="0.25b", repeat=1)
     result["meta"]["repeat_note"] = "Once per target: the time left allowed no more."
-    text = s3_save.render_section(result)
+    text = s3_report.render_section(result)
     assert "2.0 s (1 run)" in text and "one row per target" in text and "the time left allowed no more" in text
     assert "the target is stated at llama3.2-3b" in text
 
 
 def test_section_replaced_between_markers_only(tmp_path):
     report = tmp_path / "BENCHMARKS.md"
-    report.write_text(f"# Benchmarks\n\nTEXT BEFORE\n\n{s3_save.BEGIN}\nOLD SECTION\n{s3_save.END}\n\nTEXT AFTER\n")
-    write_section(s3_save.render_section(_three_pairs()), report)
+    report.write_text(f"# Benchmarks\n\nTEXT BEFORE\n\n{s3_report.BEGIN}\nOLD SECTION\n{s3_report.END}\n\nTEXT AFTER\n")
+    write_section(s3_report.render_section(_three_pairs()), report)
     text = report.read_text()
-    assert "OLD SECTION" not in text and text.count(s3_save.BEGIN) == 1
-    assert text.index("TEXT BEFORE") < text.index(s3_save.BEGIN) < text.index(s3_save.END) < text.index("TEXT AFTER")
+    assert "OLD SECTION" not in text and text.count(s3_report.BEGIN) == 1
+    assert (
+        text.index("TEXT BEFORE") < text.index(s3_report.BEGIN) < text.index(s3_report.END) < text.index("TEXT AFTER")
+    )
 
 
 def test_command_names_the_switches_that_change_a_run():
@@ -132,7 +135,7 @@ def test_a_run_cut_short_says_how_far_it_got():
     result = _three_pairs()
     result["rows"] = result["rows"][:3]
     result["meta"]["done"] = False
-    text = s3_save.render_section(result)
+    text = s3_report.render_section(result)
     assert "2 pairs of rows" in text and "cut short: 3 of the 6 rows planned ran" in text
 
 
@@ -141,14 +144,14 @@ def test_rows_without_cpu_seconds_render_a_dash():
     for r in result["rows"]:
         r.pop("ranks_cpu_s")
         r.pop("server_cpu_s", None)
-    assert "| 1.20x | - | 150 MiB / 140 MiB |" in s3_save.render_section(result)
+    assert "| 1.20x | - | 150 MiB / 140 MiB |" in s3_report.render_section(result)
 
 
 def test_where_the_s3_rows_time_went_from_their_cpu_seconds():
     result = _three_pairs()  # s3: ranks 2 x wall, server 3 x wall CPU seconds, 2 cores
-    words = s3_save.where_time_went(result)
+    words = s3_report.where_time_went(result)
     assert "kept the host's 2 cores 250% busy" in words
     assert "the server alone spent 8.8 CPU seconds per GB stored (the ranks 5.8)" in words
     assert "at least 63 s with every core on it" in words
     result["meta"]["machine"] = "somewhere"
-    assert s3_save.where_time_went(result) == ""
+    assert s3_report.where_time_went(result) == ""

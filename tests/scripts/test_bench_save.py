@@ -1,8 +1,8 @@
-"""scripts/bench/save.py's report logic (no runs): its section of BENCHMARKS.md is replaced between
+"""scripts/bench/save_report.py (no runs): its section of BENCHMARKS.md is replaced between
 its markers and nothing else is touched; the targets are judged from the rows as measured."""
 
 from scripts.bench import merge as bench
-from scripts.bench import save as bench_save
+from scripts.bench import save_report as bench_save
 
 MiB = 2**20
 

@@ -1,11 +1,12 @@
-"""scripts/bench/train_scale.py's report (no runs): a killed run is reported as killed, in what and how far
+"""scripts/bench/train_scale_report.py (no runs): a killed run is reported as killed, in what and how far
 in, with what verl's path needs; the targets follow the numbers; README's rows and BENCHMARKS' section
 are replaced between their markers only; the timeline picture is cut to the first save."""
 
 from __future__ import annotations
 
 from scripts.bench import plots
-from scripts.bench import train_scale as ts
+from scripts.bench import train_scale_report as ts
+from scripts.bench.save_report import write_section
 
 MiB, GiB = 2**20, 2**30
 
@@ -117,8 +118,8 @@ def test_readme_and_report_are_replaced_between_markers_only(tmp_path):
     assert "| killed 50 s into the load at 18 GiB for the job | 40 MiB, 20.0 s |" in text
     report = tmp_path / "BENCHMARKS.md"
     report.write_text("# Benchmarks\n\nmerge\n")
-    ts.write_section(ts.render_section(_result(_rows())), report)
-    ts.write_section(ts.render_section(_result(_rows(ours_save=11))), report)
+    write_section(ts.render_section(_result(_rows())), report)
+    write_section(ts.render_section(_result(_rows(ours_save=11))), report)
     text = report.read_text()
     assert text.startswith("# Benchmarks\n\nmerge\n") and text.count(ts.BEGIN) == 1
     assert "| `+recipe=incremental` | 11 MiB / 6 MiB |" in text  # 5.5 MiB rounds to 6

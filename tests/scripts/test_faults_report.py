@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from scripts.faults import reliability, report
+from scripts.faults import reliability, reliability_report, report
 
 from ..conftest import REPO
 
@@ -163,8 +163,8 @@ def test_each_row_keeps_the_commit_of_the_file_it_came_from(tmp_path, monkeypatc
     extra.update(command="python -m scripts.faults.reliability --modes merge", commit="2222222bbbbb", dirty=False)
     (tmp_path / "sigkill.json").write_text(json.dumps(main))
     (tmp_path / "sigkill_merge.json").write_text(json.dumps(extra))
-    monkeypatch.setattr(reliability, "OUT_DIR", str(tmp_path))
-    loaded = reliability.load_sigkill()
+    monkeypatch.setattr(reliability_report, "OUT_DIR", str(tmp_path))
+    loaded = reliability_report.load_sigkill()
     assert loaded["provenance"] == {
         "verl-default@keep=2": {"commit": "1111111aaaaa", "dirty": False},
         "merge": {"commit": "2222222bbbbb", "dirty": False},
