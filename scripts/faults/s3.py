@@ -1,7 +1,7 @@
 """The S3 cell of the fault campaigns: saves to `s3://` on a local SeaweedFS, cut by SIGKILLs, a server
 stopped mid-save, throttling and 5xx answers, and credentials revoked mid-save.
 
-    python -m scripts.faults.s3                                # the issue's counts (about 30-40 min on 2 cores)
+    python -m scripts.faults.s3                                # the default counts (about 30-40 min on 2 cores)
     python -m scripts.faults.s3 --kills 2 --rank-kills 2 --restarts 1 --throttles 2 --revokes 1 --json /tmp/s3.json
     python -m scripts.faults.s3 --render                       # the report section of --json
 

@@ -42,7 +42,7 @@ def render(data: dict) -> str:
         f"per rank; {data['host']}; slimckpt at commit {data['commit']}; the campaign took "
         f"{data['minutes']:.1f} min. Command:",
         "",
-        f"- `{data['command']}` (the issue's counts, its defaults; not part of `make faults`; `--render` prints this "
+        f"- `{data['command']}` (its default counts; not part of `make faults`; `--render` prints this "
         f"section from `docs/reliability/s3.json`)",
         "",
         f"**{bad} bad outcomes in {total} trials.**",
