@@ -87,6 +87,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "optimizer files are full size",
     )
     p.add_argument("--no-tokenizer", action="store_true", help="save no tokenizer in huggingface/")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the parameters' dtype, so the files' (a bf16 model is saved as bf16 by verl's manager)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="ranks written at once (each holds its own shards)")
     p.add_argument(
         "--materialize",
@@ -193,11 +199,12 @@ def build_sharded(args: argparse.Namespace, world_size: int, materialize: bool =
 
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("fsdp",))
     config = build_config(args, args.model)
+    dtype = getattr(torch, getattr(args, "dtype", "float32"))
     if materialize:
-        model = auto_class(args.model).from_config(config, dtype=torch.float32)
+        model = auto_class(args.model).from_config(config, dtype=dtype)
     else:
         with torch.device("meta"):
-            model = auto_class(args.model).from_config(config, dtype=torch.float32)
+            model = auto_class(args.model).from_config(config, dtype=dtype)
     wrap_fsdp2(model, mesh, "dim0", world_size, replicated_params(model, args.replicate))
     if not materialize:
         model.to_empty(device="cpu")  # non-persistent buffers (rotary) stay unset: nothing saves them
