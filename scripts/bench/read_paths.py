@@ -15,6 +15,7 @@ turns repeat after repeat, so a slow minute of the shared host falls on all of t
   mmap                 the merge today: the cast reads a memory map, its page faults are the reads
   mmap+sequential      the same map with madvise(MADV_SEQUENTIAL) (the kernel reads ahead further)
   mmap+willneed        the same map, posix_fadvise(WILLNEED) issued AHEAD chunks before the cast reaches them
+  mmap+madvise         the same, asked through the map (madvise WILLNEED: slimckpt.read.readahead, no file offsets)
   readinto             pread into a reused buffer, then the cast from it (one thread: read, cast, read)
   readinto+thread      a reader thread preads AHEAD chunks ahead into a ring of buffers while the cast runs
   odirect+thread       the same with O_DIRECT (page-aligned buffers; past the page cache)
@@ -40,7 +41,16 @@ from pathlib import Path
 GB = 1e9
 CHUNK = 2 << 20  # slimckpt.format.names.DEFAULT_CHUNK_BYTES: the merge's chunk of source
 AHEAD = 8  # chunks read ahead of the cast
-PATHS = ("mmap", "mmap+sequential", "mmap+willneed", "readinto", "readinto+thread", "odirect+thread", "cold read")
+PATHS = (
+    "mmap",
+    "mmap+sequential",
+    "mmap+willneed",
+    "mmap+madvise",
+    "readinto",
+    "readinto+thread",
+    "odirect+thread",
+    "cold read",
+)
 BEGIN, END = "<!-- read-paths:begin -->", "<!-- read-paths:end -->"
 
 
@@ -142,6 +152,9 @@ def _read_mmap(files: list[str], plan, caster: _Caster, advice: str) -> None:
             if advice == "willneed" and i + AHEAD < len(plan):
                 af, aoff, an, _ = plan[i + AHEAD]
                 os.posix_fadvise(fds[af], aoff, an, os.POSIX_FADV_WILLNEED)
+            elif advice == "madvise" and i + AHEAD < len(plan):
+                af, aoff, an, _ = plan[i + AHEAD]
+                maps[af].madvise(mmap.MADV_WILLNEED, aoff - aoff % mmap.PAGESIZE, an + aoff % mmap.PAGESIZE)
             caster.cast(views[f][off : off + n], n, dtype)
         for v in views:
             v.release()
@@ -226,6 +239,8 @@ def run_path(name: str, files: list[str], plan, caster: _Caster) -> float:
         _read_mmap(files, plan, caster, "sequential")
     elif name == "mmap+willneed":
         _read_mmap(files, plan, caster, "willneed")
+    elif name == "mmap+madvise":
+        _read_mmap(files, plan, caster, "madvise")
     elif name == "readinto":
         _read_into(files, plan, caster, threaded=False)
     elif name == "readinto+thread":
