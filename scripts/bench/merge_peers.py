@@ -138,8 +138,9 @@ def merge_commands(tool: str, src: Path, target: Path, index_file: Path | None =
         ]
     if tool == DCP:
         code = (
-            "import json,sys; from torch.distributed.checkpoint._consolidate_hf_safetensors import "
-            "consolidate_safetensors_files as c; c(sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])))"
+            "import json,os,sys; from torch.distributed.checkpoint._consolidate_hf_safetensors import "
+            "consolidate_safetensors_files as c; os.makedirs(sys.argv[2], exist_ok=True); "
+            "c(sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])))"
         )
         return [PY, "-c", code, str(src), str(target), str(index_file)]
     raise ValueError(tool)
@@ -280,7 +281,8 @@ def measure(args: argparse.Namespace) -> dict:
         "repeats": args.repeats,
         "load_start": os.getloadavg()[0],
     }
-    disks = [measure_disk_speed(str(work))]
+    disk_bytes = int(args.disk_gib * GiB)
+    disks = [measure_disk_speed(str(work), size_bytes=disk_bytes)]
     rows, inputs = [], {}
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     try:
@@ -288,10 +290,10 @@ def measure(args: argparse.Namespace) -> dict:
             ckpt = work / "verl" / "actor"
             inputs["verl"] = built = build_verl(args.preset, args.world_size, ckpt)
             print(f"[merge-peers] verl rank files: {built['bytes'] / GB:.1f} GB in {built['save_s']:.0f} s", flush=True)
-            tools = [(SINGLE, {}), (DISTRIBUTED, {})]
+            runs = [(SINGLE, {}), (DISTRIBUTED, {})]
             if args.baseline_patches:  # the same merge on another checkout's code, taking turns with this one
-                tools.insert(1, (f"{SINGLE} [{args.baseline_name}]", {"PYTHONPATH": args.baseline_patches}))
-            rows += merge_rows(tools, ckpt, work, args.repeats, built["bytes"])
+                runs.insert(1, (f"{SINGLE} [{args.baseline_name}]", {"PYTHONPATH": args.baseline_patches}))
+            rows += merge_rows(runs, ckpt, work, args.repeats, built["bytes"])
             _clean(work / "verl")
         if "dcp" in tools:
             shards = work / "dcp"
@@ -309,7 +311,7 @@ def measure(args: argparse.Namespace) -> dict:
             saved.pop("index", None)
             rows.append({"tool": TC, "error": saved.get("error", "")})
             _clean(shards)
-        disks.append(measure_disk_speed(str(work)))
+        disks.append(measure_disk_speed(str(work), size_bytes=disk_bytes))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -416,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true")
     p.add_argument("--baseline-patches", default="", help="also run slimckpt merge with PYTHONPATH=this (A/B)")
     p.add_argument("--baseline-name", default="baseline", help="how the table names the --baseline-patches row")
+    p.add_argument("--disk-gib", type=float, default=1.0, help="scratch file size of each disk measurement")
     p.add_argument("--json", default=None)
     p.add_argument("--out", default=None, help="report whose merge-peers section to write")
     p.add_argument("--render", default=None, metavar="JSON")
