@@ -56,6 +56,9 @@ README_BEGIN, README_END = "<!-- scale-headline:begin -->", "<!-- scale-headline
 PICTURE = "![merge peak memory and wall against model size, with the I/O floor](docs/merge_scale.png)"
 SINGLE, DISTRIBUTED = "slimckpt merge", "slimckpt merge --distributed_merge"
 GiB, MiB, GB = 2**30, 2**20, 1e9
+# wall over the I/O floor each merge is held to: two ranks on one host share its disk, and each starts
+# its own Python and torch, so the distributed merge's target is looser than the single one's
+WALL_TARGETS = {SINGLE: 1.3, DISTRIBUTED: 1.5}
 ENV = {"OMP_NUM_THREADS": "2", "SLIMCKPT_LOG_LEVEL": "WARNING"}
 
 
@@ -643,12 +646,13 @@ def targets(result: dict) -> str:
     checks = []
     for r in result["rows"]:
         peak, ratio = max(r["peaks"]), median(r["walls"]) / r["io_floor_s"]
+        limit = WALL_TARGETS.get(r["tool"], 1.3)
         checks.append((f"{r['tool']}: peak RssAnon at most 300 MiB", peak <= 300 * MiB, f"{peak / MiB:.0f} MiB"))
         spread = f"{floor_ratio(min(r['walls']), r['io_floor_s'])}-{floor_ratio(max(r['walls']), r['io_floor_s'])}"
         checks.append(
             (
-                f"{r['tool']}: wall at most 1.3x the I/O floor",
-                ratio <= 1.3,
+                f"{r['tool']}: wall at most {limit}x the I/O floor",
+                ratio <= limit,
                 f"{floor_ratio(median(r['walls']), r['io_floor_s'])} (runs {spread})",
             )
         )

@@ -60,3 +60,15 @@ def test_the_section_says_where_the_single_merges_wall_went():
     # a run that did not record them (an older JSON), or recorded fewer than it ran, says nothing
     assert scale._writer_words({**result, "rows": [{**row, "writer_stats": []}]}) == ""
     assert scale._writer_words({**result, "rows": [{**row, "writer_stats": stats[:1]}]}) == ""
+
+
+def test_the_distributed_merge_is_held_to_one_and_a_half_times_its_floor():
+    """The single merge's target stays 1.3x; the distributed merge's is 1.5x."""
+    gb = scale.GB
+
+    def row(tool: str) -> dict:
+        return {"tool": tool, "walls": [14.0], "peaks": [100 * scale.MiB], "io_floor_s": 10.0, "read_bytes": gb}
+
+    text = scale.targets({"rows": [row(scale.SINGLE), row(scale.DISTRIBUTED)]})
+    assert f"| {scale.SINGLE}: wall at most 1.3x the I/O floor | **no** |" in text
+    assert f"| {scale.DISTRIBUTED}: wall at most 1.5x the I/O floor | yes |" in text
