@@ -283,16 +283,12 @@ def summary(result: Result) -> list[dict]:
     return rows
 
 
-def render(result: Result) -> str:
+def run_table(result: Result) -> str:
+    """One run: its command and what it read, then a row per path."""
     lines = [
-        BEGIN,
-        "### The merge's read paths, measured",
-        "",
         f"`{result.command}`, commit {result.commit}, {result.date}: "
-        f"{result.files} rank files, {result.nbytes / GB:.1f} GB of them, read in the merge's order in {result.chunk >> 20} MiB "
-        f"chunks, each cast to bf16 into one reused buffer; the files dropped from the page cache before every "
-        f"path, the paths taking turns. The host is shared (2 cores, 3 people): the 1-minute load average is "
-        f"given per path.",
+        f"{result.files} rank files, {result.nbytes / GB:.1f} GB of them, read in the merge's order in "
+        f"{result.chunk >> 20} MiB chunks.",
         "",
         "| path | runs | GB/s (median) | GB/s (spread) | against mmap | load |",
         "|---|---|---|---|---|---|",
@@ -303,6 +299,24 @@ def render(result: Result) -> str:
             f"| {row['path']} | {row['runs']} | {row['median_gbps']:.2f} | {row['min_gbps']:.2f}-{row['max_gbps']:.2f} "
             f"| {row['vs_mmap']:.2f}x | {loads} |"
         )
+    return "\n".join(lines)
+
+
+def render(results: Result | list[Result], note: str = "") -> str:
+    """The section: what every path does to the bytes, then each run's table, then `note`."""
+    results = results if isinstance(results, list) else [results]
+    lines = [
+        BEGIN,
+        "### The merge's read paths, measured",
+        "",
+        "Each chunk is cast to bf16 into one reused buffer as the merge's writer casts it; the files are dropped "
+        "from the page cache before every path and the paths take turns, repeat after repeat. The host is shared "
+        "(2 cores, 3 people): the 1-minute load average is given per run.",
+    ]
+    for result in results:
+        lines += ["", run_table(result)]
+    if note:
+        lines += ["", note]
     lines.append(END)
     return "\n".join(lines)
 
@@ -358,10 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma separated, of: {', '.join(PATHS)}")
     p.add_argument("--gb", type=float, default=0.0, help="read only the first GB of the merge's order (0: all)")
     p.add_argument("--json", default=None, help="write the run here")
-    p.add_argument("--render", default=None, metavar="JSON", help="print the table of an earlier run")
+    p.add_argument("--render", default=None, metavar="JSON[,JSON]", help="print the tables of earlier runs")
+    p.add_argument("--note", default="", help="a paragraph under the tables (with --render)")
     args = p.parse_args(argv)
     if args.render:
-        print(render(from_json(json.loads(Path(args.render).read_text()))))
+        runs = [from_json(json.loads(Path(f).read_text())) for f in args.render.split(",")]
+        print(render(runs, args.note))
         return 0
     if not args.ckpt:
         p.error("--ckpt or --render is needed")

@@ -41,5 +41,5 @@ def test_the_table_round_trips_through_its_json():
     assert again == result
     text = rp.render(again)
     assert text.startswith(rp.BEGIN) and text.endswith(rp.END)
-    assert "`python -m x`, commit abc1234" in text
+    assert "`python -m x`, commit abc1234" in text and rp.render([again, again]).count("| mmap | 3 |") == 2
     assert "| mmap | 3 | 1.00 | 0.80-2.00 | 1.00x | 1.5, 1.5, 1.5 |" in text
