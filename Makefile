@@ -102,11 +102,14 @@ bench: $(STAMP)
 	$(PY) -m scripts.bench.loop --json docs/bench_loop.json
 	$(PY) -m scripts.bench.plots
 
-# not part of `make bench`: needs ~50 GB of free disk (says so and stops without it), about 30 minutes;
+# not part of `make bench`: needs ~50 GB of free disk (says so and stops without it), about 30 minutes, then
+# the same-box peers section (scripts/bench/merge_peers.py: ~32 GB of disk at once, about 40 minutes);
 # BENCH_SCALE_ARGS="--verl-cap-gib 14" on a host with less memory to spare
 BENCH_SCALE_ARGS ?=
 bench-scale: $(STAMP)
 	$(PY) -m scripts.bench.scale $(BENCH_SCALE_ARGS)
+	$(PY) -m pip install -q -r scripts/bench/requirements-peers.txt
+	$(PY) -m scripts.bench.merge_peers --json docs/bench_peers.json --out BENCHMARKS.md
 	$(PY) -m scripts.bench.plots
 
 # not part of `make bench`: needs ~40 GB of free disk (says so and stops without it), about 20 minutes;

@@ -269,6 +269,14 @@ def merge_rows(
 def measure(args: argparse.Namespace) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(work).free
+    if free < args.min_free_gib * GiB:
+        print(
+            f"[merge-peers] {work}: {free / GiB:.0f} GiB free, the run needs {args.min_free_gib:.0f} (the 8B rank "
+            f"files in bf16 and their merge); skipped: pass --work on a bigger disk",
+            flush=True,
+        )
+        return {}
     started = time.time()
     meta = {
         "command": " ".join(["python -m scripts.bench.merge_peers", *sys.argv[1:]]),
@@ -416,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools", default="verl,dcp,torch-checkpointing")
     p.add_argument("--work", default=str(REPO / "bench_work" / "peers"))
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--min-free-gib", type=float, default=36.0, help="free disk the run needs under --work")
     p.add_argument("--baseline-patches", default="", help="also run slimckpt merge with PYTHONPATH=this (A/B)")
     p.add_argument("--baseline-name", default="baseline", help="how the table names the --baseline-patches row")
     p.add_argument("--disk-gib", type=float, default=1.0, help="scratch file size of each disk measurement")
@@ -427,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(Path(args.render).read_text())
     else:
         result = measure(args)
+        if not result:
+            return 0
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     section = render(result)
