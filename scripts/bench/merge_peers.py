@@ -411,6 +411,8 @@ def render(result: dict) -> str:
             ]
     if tc.get("error"):
         lines += ["", f"torch-checkpointing 0.1.1 could not save on this host: `{tc['error']}`."]
+    if result.get("note"):
+        lines += ["", result["note"]]
     lines.append(END)
     return "\n".join(lines)
 
@@ -431,9 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--out", default=None, help="report whose merge-peers section to write")
     p.add_argument("--render", default=None, metavar="JSON")
+    p.add_argument("--note", default=None, help="a paragraph under the table, kept in the JSON (with --render)")
     args = p.parse_args(argv)
     if args.render:
         result = json.loads(Path(args.render).read_text())
+        if args.note is not None:
+            result["note"] = args.note
     else:
         result = measure(args)
         if not result:

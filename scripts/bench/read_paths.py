@@ -26,6 +26,7 @@ No output is written: the merge's writes are a separate question (`slimckpt disk
 
 from __future__ import annotations
 
+# lazy imports: torch and slimckpt's readers only when files are read (--render and the report need neither)
 import argparse
 import json
 import mmap
