@@ -9,7 +9,7 @@ each tool keeps dtypes), one tool at a time: written, merged `--repeats` times (
 dropped from the page cache before each merge), checked, killed halfway once, deleted.
 
   slimckpt merge            verl's rank files of --preset at --world-size, written rank by rank over torch's
-                            fake process group (slimckpt.testing.verl_checkpoints.fake_pg_checkpoint --dtype bfloat16)
+                            fake process group (slimckpt_testing.verl_checkpoints.fake_pg_checkpoint --dtype bfloat16)
   slimckpt merge --distributed_merge   the same files, torchrun --nproc_per_node 2
   DCP consolidate           torch.distributed.checkpoint's HuggingFaceStorageWriter(save_distributed=True) shards
                             of --dcp-preset, saved on 2 real ranks (torchrun, gloo: DCP's save gathers every rank's
@@ -74,7 +74,7 @@ def _clean(*paths: Path) -> None:
 
 
 def build_verl(preset: str, world: int, out: Path) -> dict:
-    cmd = [PY, "-m", "slimckpt.testing.verl_checkpoints.fake_pg_checkpoint", "--out", str(out), "--world-size"]
+    cmd = [PY, "-m", "slimckpt_testing.verl_checkpoints.fake_pg_checkpoint", "--out", str(out), "--world-size"]
     cmd += [str(world), "--size-preset", preset, "--save-contents", "model", "--dtype", "bfloat16"]
     res = run_measured(cmd, env=ENV)
     if res.returncode:
@@ -150,7 +150,7 @@ def check_output(target: Path) -> dict:
     """Every tensor of the output's safetensors against the builder's values, one at a time."""
     code = (
         "import json,sys,glob,torch; from safetensors import safe_open; "
-        "from slimckpt.testing.verl_checkpoints.fake_pg_checkpoint import expected_values as e\n"
+        "from slimckpt_testing.verl_checkpoints.fake_pg_checkpoint import expected_values as e\n"
         "n=bad=el=0\n"
         "for f in sorted(glob.glob(sys.argv[1]+'/*.safetensors')):\n"
         "  with safe_open(f,'pt') as s:\n"

@@ -5,7 +5,7 @@
       --size-preset llama3.2-3b --dtype bfloat16
   torchrun ... -m scripts.bench.peers_save --tool torch-checkpointing --out DIR ...
 
-The model is the fake-process-group builder's (slimckpt.testing.verl_checkpoints.fake_pg_checkpoint):
+The model is the fake-process-group builder's (slimckpt_testing.verl_checkpoints.fake_pg_checkpoint):
 built on the meta device, wrapped with FSDP2 as verl wraps it, and only this rank's rows allocated and
 filled (values that depend on the tensor's name and the element's position alone), so a merged
 tensor can be checked against `expected_values` without the shards. Each rank holds its shards only.
@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch.distributed as dist
-
-    from slimckpt.testing.verl_checkpoints import fake_pg_checkpoint as fake
+    from slimckpt_testing.verl_checkpoints import fake_pg_checkpoint as fake
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

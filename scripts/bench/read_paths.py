@@ -5,7 +5,7 @@
   python -m scripts.bench.read_paths --render docs/bench_read_paths.json        # the table again, no runs
 
 DIR is a verl checkpoint dir (`model_world_size_W_rank_r.pt` files), e.g. one built by
-`python -m slimckpt.testing.verl_checkpoints.fake_pg_checkpoint --out DIR --world-size 8 --size-preset llama3-8b`.
+`python -m slimckpt_testing.verl_checkpoints.fake_pg_checkpoint --out DIR --world-size 8 --size-preset llama3-8b`.
 Every path reads the same bytes in the merge's order: tensor by tensor, each tensor's shard from
 every rank file in turn (so W files are read at once, each front to back), in chunks of the merge's
 chunk size, each chunk cast to bf16 into one reused buffer as the merge's writer casts it. The files'
@@ -15,7 +15,7 @@ turns repeat after repeat, so a slow minute of the shared host falls on all of t
   mmap                 the merge today: the cast reads a memory map, its page faults are the reads
   mmap+sequential      the same map with madvise(MADV_SEQUENTIAL) (the kernel reads ahead further)
   mmap+willneed        the same map, posix_fadvise(WILLNEED) issued AHEAD chunks before the cast reaches them
-  mmap+madvise         the same, asked through the map (madvise WILLNEED: slimckpt.read.readahead, no file offsets)
+  mmap+madvise         the same, asked through the map (madvise WILLNEED: no file offsets needed)
   readinto             pread into a reused buffer, then the cast from it (one thread: read, cast, read)
   readinto+thread      a reader thread preads AHEAD chunks ahead into a ring of buffers while the cast runs
   odirect+thread       the same with O_DIRECT (page-aligned buffers; past the page cache)
@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 GB = 1e9
-CHUNK = 2 << 20  # slimckpt.format.names.DEFAULT_CHUNK_BYTES: the merge's chunk of source
+CHUNK = 2 << 20  # slimckpt.layout.names.DEFAULT_CHUNK_BYTES: the merge's chunk of source
 AHEAD = 8  # chunks read ahead of the cast
 PATHS = (
     "mmap",
@@ -93,7 +93,7 @@ class Result:
 # -- the merge's read order ---------------------------------------------------------------------
 def pieces_in_merge_order(files: list[str]) -> list[Piece]:
     """Every tensor's shards in the merge's order: tensor by tensor (rank 0's order), rank by rank."""
-    from slimckpt.read import pt_index
+    from slimckpt.engine import pt_index
 
     per_file = []
     for path in files:
