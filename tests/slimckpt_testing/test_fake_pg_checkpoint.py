@@ -161,3 +161,22 @@ def test_merge_of_fake_group_checkpoint_holds_the_builder_values(pair, tmp_path)
     torch.save(state, path)
     bad = check_merged(str(rank1), str(target))
     assert not bad.ok and any(p.startswith("model.norm.weight: rank 1") for p in bad.problems), bad.problems
+
+
+def test_a_bf16_build_is_saved_in_bf16_with_the_builder_values(tmp_path):
+    """--dtype bfloat16: verl's manager saves the bf16 shards as they are (the benchmarks' peers keep
+    dtypes), each holding the values expected_values gives in bf16."""
+    from slimckpt_testing.verl_checkpoints.fake_pg_checkpoint import expected_values
+
+    from slimckpt.engine.verl_sources import open_checkpoint
+
+    out = tmp_path / "actor"
+    cmd = [*BUILDER[:2], "--save-contents", "model", "--out", str(out), "--world-size", "2", "--dtype", "bfloat16"]
+    # two ranks of the tiny model, one after the other: seconds after the imports; 300 s is a hang
+    proc = subprocess.run([sys.executable, *cmd], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ckpt = open_checkpoint(str(out))
+    assert ckpt.tensors and {t.dtype for t in ckpt.tensors.values()} == {torch.bfloat16}
+    for name, src in ckpt.tensors.items():
+        whole = torch.cat(src.pieces, dim=src.shard_dim) if src.sharded else src.pieces[0]
+        assert torch.equal(whole, expected_values(name, src.shape, torch.bfloat16)), name
