@@ -367,7 +367,8 @@ def table(result: dict) -> str:
             continue
         walls = row["walls"]
         written = row.get("written_bytes", 0)
-        floor = floor_s(result["disk"], row["read_bytes"], written)
+        # a row merged into this run from another (its own input and disk) carries its floor and input
+        floor = row.get("floor_s") or floor_s(result["disk"], row["read_bytes"], written)
         check = row.get("check") or {}
         equal = f"{check.get('tensors', 0)} tensors equal" if check.get("ok") else f"**no** ({check})" if check else "-"
         lines.append(
@@ -379,6 +380,8 @@ def table(result: dict) -> str:
 
 
 def _input_words(result: dict, row: dict) -> str:
+    if row.get("input"):
+        return row["input"]
     key = "dcp" if row["tool"] == DCP else "verl"
     found = result["inputs"].get(key, {})
     size = f"{found.get('bytes', 0) / GB:.1f} GB"
@@ -417,6 +420,18 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def add_run(result: dict, other: dict, tag: str) -> dict:
+    """`other`'s rows added to `result`'s, each named with `tag` and carrying its own input and floor
+    (from `other`'s disk measurements), so two runs' rows sit in one table."""
+    for row in other["rows"]:
+        if row.get("walls"):
+            row["floor_s"] = floor_s(other["disk"], row["read_bytes"], row.get("written_bytes", 0))
+            row["input"] = f"{_input_words(other, row)}; {tag}"
+        row["tool"] = f"{row['tool']} ({tag})"
+        result["rows"].append(row)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.bench.merge_peers", description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="llama3-8b", help="verl rank files' size preset")
@@ -434,9 +449,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="report whose merge-peers section to write")
     p.add_argument("--render", default=None, metavar="JSON")
     p.add_argument("--note", default=None, help="a paragraph under the table, kept in the JSON (with --render)")
+    p.add_argument(
+        "--add", action="append", metavar="JSON:TAG", help="with --render: another run's rows in the same table"
+    )
     args = p.parse_args(argv)
     if args.render:
         result = json.loads(Path(args.render).read_text())
+        for extra in args.add or []:
+            path, tag = extra.split(":", 1)
+            add_run(result, json.loads(Path(path).read_text()), tag)
         if args.note is not None:
             result["note"] = args.note
     else:

@@ -94,3 +94,15 @@ def test_every_tool_splits_the_model_into_the_same_files():
     names = [f"w{k}" for k in range(10)]
     index = peers_save.hf_file_index(names, files=4)
     assert [index[n] for n in names] == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4]
+
+
+def test_another_runs_rows_join_the_table_with_their_own_floor_and_input():
+    other = _result()
+    other["rows"] = [dict(other["rows"][0], tool=mp.SINGLE)]
+    other["inputs"] = {"verl": {"bytes": 8 * GB}}
+    other["preset"], other["world_size"] = "llama3.2-3b", 2
+    other["disk"] = {**_disk(), "read_bytes_per_s": 2.0 * GB}
+    result = mp.add_run(_result(), other, "same size")
+    text = mp.table(result)
+    assert f"| {mp.SINGLE} (same size) | verl's rank files, llama3.2-3b at world size 2" in text
+    assert "| 8.0 s | 3.12x |" in text
