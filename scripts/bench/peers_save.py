@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch.distributed as dist
+
     from slimckpt_testing.verl_checkpoints import fake_pg_checkpoint as fake
 
     dist.init_process_group("gloo")

@@ -166,9 +166,8 @@ def test_merge_of_fake_group_checkpoint_holds_the_builder_values(pair, tmp_path)
 def test_a_bf16_build_is_saved_in_bf16_with_the_builder_values(tmp_path):
     """--dtype bfloat16: verl's manager saves the bf16 shards as they are (the benchmarks' peers keep
     dtypes), each holding the values expected_values gives in bf16."""
-    from slimckpt_testing.verl_checkpoints.fake_pg_checkpoint import expected_values
-
     from slimckpt.engine.verl_sources import open_checkpoint
+    from slimckpt_testing.verl_checkpoints.fake_pg_checkpoint import expected_values
 
     out = tmp_path / "actor"
     cmd = [*BUILDER[:2], "--save-contents", "model", "--out", str(out), "--world-size", "2", "--dtype", "bfloat16"]
