@@ -36,11 +36,11 @@ from slimckpt.plan.build import build_report, plan_facts
 from slimckpt.plan.printers import print_report
 from slimckpt.verl.dryrun import compose_config
 from slimckpt.verl.dryrun import main as verl_main
-from slimckpt.verl.dryrun_checks import roles_needed
 from slimckpt.verl.dryrun_report import plain, select
 from slimckpt.verl.fsdp1_note import fsdp1_check
 
-# lazy imports: huggingface_hub loads only once a config is composed and planned
+# lazy imports: huggingface_hub and verl's trainer modules (the roles) load only once a config is composed and
+# planned: `slimckpt --help` imports this module for its HELP
 
 HELP = (
     "compose verl's PPO config as main_ppo would, print and validate it (no Ray, no GPU); --plan: what its saves cost"
@@ -68,6 +68,13 @@ class Assumptions:
     rollout_s: float = DEFAULT_ROLLOUT_S
     copy_gbps: float = DEFAULT_COPY_GBPS
     node_memory_gb: float | None = None
+
+
+def roles(cfg) -> tuple[bool, bool]:
+    """(critic, reference policy) of a composed config, as verl's trainer decides them."""
+    from slimckpt.verl.dryrun_checks import roles_needed
+
+    return roles_needed(cfg)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -129,7 +136,7 @@ def plan_namespace(
 ) -> tuple[argparse.Namespace, dict[str, Any]]:
     """`slimckpt plan`'s arguments for this composed config, and what the run is (for the verdict)."""
     ckpt = plain(select(cfg, "actor_rollout_ref.actor.checkpoint")) or {}
-    needs_critic, needs_ref = roles_needed(cfg)
+    needs_critic, needs_ref = roles(cfg)
     recipe = ckpt.get("recipe") if "SlimCheckpointConfig" in str(ckpt.get("_target_", "")) else None
     nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
     critic = needs_critic
@@ -266,7 +273,7 @@ def run(overrides: list[str], assumed: Assumptions, out=None) -> int:
     for line in lines:
         print(line, file=out)
     # what the driver checks at start-up: an incremental save on FSDP1 against the GPU's memory
-    use_critic, use_ref = roles_needed(cfg)
+    use_critic, use_ref = roles(cfg)
     line, stop = fsdp1_check(cfg, use_critic, use_ref, model_json=config_json)
     if stop:
         print(f"{line} (a launch stops here, before Ray starts)", file=out)

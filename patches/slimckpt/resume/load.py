@@ -9,12 +9,12 @@ whose optimizer state retention dropped loads the rest, saying so in one line.
 
 from __future__ import annotations
 
-# lazy imports: torch.distributed.checkpoint loads when a step is loaded, not when the patch that
-# imports this module is applied in every worker
 import os
 import warnings
 
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
 import slimckpt.save.modes.writer as resume_async
 from slimckpt.engine.checkpoint_dir import DCP_DIR
@@ -61,9 +61,6 @@ def load_resume_state(target: SaveTarget, local_path: str) -> None:
 
 
 def _load_committed(target: SaveTarget, local_path: str, manifest: Manifest, group: dist.ProcessGroup) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
     missing = [c for c in SHARD_CONTENTS if c in target.load_contents and c not in manifest.contents]
     if missing:
         raise ValueError(
