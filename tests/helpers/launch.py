@@ -4,6 +4,7 @@ CLI) and `scenario` (a scenario module on N ranks through slimckpt_testing.launc
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,9 +17,7 @@ def torchrun(
     nproc: int, args: list[str], timeout: int = TIMEOUT_S, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node nproc <args>` from the repository root, killed whole on a hang."""
-    import sys
-
-    from .merge_helpers import run
+    from .merge_helpers import run  # merge_helpers imports REPO from here
 
     return run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],

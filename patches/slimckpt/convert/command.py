@@ -21,13 +21,9 @@ from slimckpt.convert.plan import (
 from slimckpt.convert.remote import mirror_step
 from slimckpt.engine.checkpoint_dir import CheckpointError
 from slimckpt.engine.pickle_policy import set_trusted
-from slimckpt.log import get_logger
 from slimckpt.storage import for_path, is_url
 
-log = get_logger("slimckpt.convert")
-
 HELP = "write a step (slimckpt's dcp/ or verl's rank files, at any world size) as verl's rank files at M ranks"
-SHARD_FILES = ("model", "optim", "extra_state")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
