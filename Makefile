@@ -101,6 +101,7 @@ bench: $(STAMP)
 	  --json docs/bench_save_fsdp1.json
 	$(PY) -m scripts.bench.loop --json docs/bench_loop.json
 	$(PY) -m scripts.bench.plots
+	$(PY) -m scripts.bench.headline
 
 # not part of `make bench`: needs ~50 GB of free disk (says so and stops without it), about 30 minutes, then
 # the same-box peers section (scripts/bench/merge_peers.py: ~32 GB of disk at once, about 40 minutes);
@@ -111,6 +112,7 @@ bench-scale: $(STAMP)
 	$(PY) -m pip install -q -r scripts/bench/requirements-peers.txt
 	$(PY) -m scripts.bench.merge_peers --json docs/bench_peers.json --out BENCHMARKS.md
 	$(PY) -m scripts.bench.plots
+	$(PY) -m scripts.bench.headline
 
 # not part of `make bench`: needs ~40 GB of free disk (says so and stops without it), about 20 minutes;
 # writes its section of BENCHMARKS.md, its README rows and docs/bench_train_scale.json

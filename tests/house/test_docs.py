@@ -64,7 +64,7 @@ def links(path: Path) -> list[str]:
 
 def test_readme_is_short():
     lines = README.read_text().splitlines()
-    assert len(lines) <= 220, f"README.md has {len(lines)} lines: move detail into docs/"
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines: move detail into docs/"
 
 
 def test_every_relative_link_resolves():
