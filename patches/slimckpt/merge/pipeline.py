@@ -1,7 +1,8 @@
 """Streaming merge of a verl FSDP checkpoint into a Hugging Face model dir: plan -> write -> commit.
 
 verl's `python -m verl.model_merger merge --backend fsdp` loads every rank's .pt, casts to bf16,
-`torch.cat`s each tensor and `save_pretrained`s: about 1.5x the fp32 shards in RAM. Here the rank
+`torch.cat`s each tensor and `save_pretrained`s: every shard and the whole model in RAM at once
+(measured: BENCHMARKS.md's merge table). Here the rank
 files are memory-mapped, the safetensors layout is planned up front (`layout`), and each shard's
 rows are cast in bounded chunks and written straight to their final offset (`write.share_writer`), by one or
 more processes (`--workers`, or ranks of `torchrun ... --distributed_merge`). The directory is
