@@ -70,7 +70,7 @@ def _wing(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "slimckpt":
         return parts[0]
-    if len(parts) == 1 or parts[1] in ("log", "env_vars", "internals"):
+    if len(parts) == 1 or parts[1] in ("log", "env_vars", "internals", "cli_flags"):
         return "ground"
     assert parts[1] in WINGS, f"{module} belongs to no wing: add it to WINGS and docs/ARCHITECTURE.md"
     return parts[1]
