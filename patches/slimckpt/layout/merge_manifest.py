@@ -214,7 +214,7 @@ class Manifest:
         if d.get("format_version") not in READ_FORMAT_VERSIONS:
             raise CommitError(
                 f"unknown format_version {d.get('format_version')!r} (this slimckpt reads "
-                f"{', '.join(map(str, READ_FORMAT_VERSIONS))})"
+                f"{', '.join(map(str, READ_FORMAT_VERSIONS))}); upgrade slimckpt to read it"
             )
         return cls(
             kind=d.get("kind", ""),
