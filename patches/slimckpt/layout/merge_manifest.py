@@ -57,7 +57,7 @@ def new_hasher(algo: str = DEFAULT_ALGO):
         return xxhash.xxh3_128()
     if algo in ("blake2b", "sha256"):
         return hashlib.new(algo)
-    raise CommitError(f"unknown checksum algorithm {algo!r} (known: xxh3_128, blake2b, sha256)")
+    raise CommitError(f"unknown checksum algorithm {algo!r} (known: xxh3_128, blake2b, sha256); upgrade slimckpt")
 
 
 def file_checksum(

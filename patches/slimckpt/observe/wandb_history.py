@@ -179,7 +179,8 @@ def load(spec: str) -> RunHistory:
             dirs = run_dirs(part)
             if not dirs:
                 raise HistoryError(
-                    f"{part}: no wandb run below this directory (looked for run-*.wandb); pass the run's wandb/ directory"
+                    f"{part}: no wandb run below this directory (looked for run-*.wandb); "
+                    f"pass the run's wandb/ directory"
                 )
             for d in dirs:
                 read_offline_run(d, history)

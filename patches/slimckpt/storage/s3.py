@@ -1062,7 +1062,8 @@ class S3Storage(Storage):
         if errors and not ignore_errors:
             raise S3Failed(
                 errno.EIO,
-                f"{len(errors)} objects not deleted, the first: {errors[0]}; retry, or delete them with the store's own tools",
+                f"{len(errors)} objects not deleted, the first: {errors[0]}; "
+                f"retry, or delete them with the store's own tools",
                 path,
             )
         return errors
