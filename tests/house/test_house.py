@@ -16,7 +16,7 @@ from ..conftest import REPO
 PKG = REPO / "patches" / "slimckpt"
 
 # The wings as a DAG: each names the wings it may import directly (and, through them, everything below).
-# `ground` (log, env_vars, internals, the package's __init__) is what every wing stands on. The packages
+# `ground` (log, env_vars, internals, cli_flags, the package's __init__) is what every wing stands on. The packages
 # outside the checkpoint stack (the CPU shims, FlowRL, the test tools) sit on top: the stack never imports them.
 WINGS: dict[str, set[str]] = {
     "ground": set(),
