@@ -1,10 +1,13 @@
 """The `slimckpt` command: one subcommand per module.
 
-A subcommand module exposes `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`.
-To add one, add its module to SUBCOMMANDS; it is imported only when chosen (so `slimckpt --help`
-stays fast and one broken subcommand does not take the others down). A command that parses its own
-arguments (the dry run's Hydra overrides mix with its options) is listed in OWN_PARSER instead: its
-module exposes `HELP` and `main(argv) -> int`, and gets every argument after its name.
+A subcommand module is its parser: `HELP` (one line), `add_arguments(parser)` (each option through
+`slimckpt.cli_flags.flag`: both spellings, a help text) and `run(args) -> int`, which imports the
+module that does the work. It imports nothing heavier than argparse at its top, so `slimckpt --help`
+and `slimckpt <command> --help` answer without torch, transformers or verl (`tests/house/test_cli.py`).
+To add one, add its module to SUBCOMMANDS; only the chosen one's parser is built (and one broken
+subcommand does not take the others down). A command that parses its own arguments (the dry run's
+Hydra overrides mix with its options) is listed in OWN_PARSER instead: its module exposes `HELP`,
+`build_parser()` and `main(argv) -> int`, and gets every argument after its name.
 """
 
 from __future__ import annotations
@@ -17,18 +20,19 @@ import os
 import sys
 
 from slimckpt import __version__
+from slimckpt.cli_flags import Formatter
 from slimckpt.log import cli_logging
 
 SUBCOMMANDS: dict[str, str] = {
-    "convert": "slimckpt.convert.command",
-    "diskspeed": "slimckpt.observe.diskspeed",
-    "dryrun": "slimckpt.plan.dryrun",
+    "convert": "slimckpt.convert.cli",
+    "diskspeed": "slimckpt.observe.diskspeed_cli",
+    "dryrun": "slimckpt.plan.dryrun_cli",
     "merge": "slimckpt.merge.cli",
-    "plan": "slimckpt.plan.command",
+    "plan": "slimckpt.plan.cli",
     "recipes": "slimckpt.verl.recipes",
-    "verify": "slimckpt.verify.command",
+    "verify": "slimckpt.verify.cli",
 }
-OWN_PARSER = frozenset({"diskspeed", "dryrun", "recipes"})
+OWN_PARSER = frozenset({"dryrun"})
 
 
 def _help_line(module_name: str) -> str:
@@ -39,7 +43,9 @@ def _help_line(module_name: str) -> str:
 
 
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
-    parser = argparse.ArgumentParser(prog="slimckpt", description="Bounded-memory FSDP checkpoint tools for verl.")
+    parser = argparse.ArgumentParser(
+        prog="slimckpt", description="Bounded-memory FSDP checkpoint tools for verl.", formatter_class=Formatter
+    )
     parser.add_argument("--version", action="version", version=f"slimckpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
@@ -49,7 +55,7 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
             sub.add_parser(name, add_help=False)
         elif name == chosen:
             module = importlib.import_module(module_name)
-            p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+            p = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=Formatter)
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
         else:

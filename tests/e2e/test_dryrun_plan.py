@@ -49,7 +49,7 @@ def launcher_argv(script: Path, *args: str, env: dict | None = None) -> list[str
 
 
 def dry_run(argv: list[str], capsys) -> tuple[int, str, str]:
-    from slimckpt.plan.dryrun import main
+    from slimckpt.plan.dryrun_cli import main
 
     code = main(argv)
     captured = capsys.readouterr()

@@ -159,7 +159,7 @@ def test_messages_are_unchanged(monkeypatch):
 
     with pytest.raises(LayoutError) as raised:
         parse_size("5XB")
-    assert str(raised.value) == "size '5XB': unit must be one of TB, GB, MB, KB (e.g. '5GB')"
+    assert str(raised.value) == "size '5XB': use one of the units TB, GB, MB, KB (e.g. '5GB')"
 
     monkeypatch.setenv("SLIMCKPT_ROLLOUT_THREADS", "two")
     with pytest.raises(env_vars.BadValue) as raised:

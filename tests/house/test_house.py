@@ -16,7 +16,7 @@ from ..conftest import REPO
 PKG = REPO / "patches" / "slimckpt"
 
 # The wings as a DAG: each names the wings it may import directly (and, through them, everything below).
-# `ground` (log, env_vars, internals, the package's __init__) is what every wing stands on. The packages
+# `ground` (log, env_vars, internals, cli_flags, the package's __init__) is what every wing stands on. The packages
 # outside the checkpoint stack (the CPU shims, FlowRL, the test tools) sit on top: the stack never imports them.
 WINGS: dict[str, set[str]] = {
     "ground": set(),
@@ -70,7 +70,7 @@ def _wing(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "slimckpt":
         return parts[0]
-    if len(parts) == 1 or parts[1] in ("log", "env_vars", "internals"):
+    if len(parts) == 1 or parts[1] in ("log", "env_vars", "internals", "cli_flags"):
         return "ground"
     assert parts[1] in WINGS, f"{module} belongs to no wing: add it to WINGS and docs/ARCHITECTURE.md"
     return parts[1]

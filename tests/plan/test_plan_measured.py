@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from scripts.bench import plan_check
-from slimckpt.plan import command, cost
+from slimckpt.plan import cli, cost
 
 from ..conftest import REPO
 
@@ -156,7 +156,7 @@ def test_hf_listing_follows_the_exporting_recipe(tmp_path, capsys):
     base = ["--config", str(tmp_path / "config.json"), "--world-size", "2", "--json"]
 
     def report(*more: str) -> dict:
-        assert command.main([*base, *more]) == 0
+        assert cli.main([*base, *more]) == 0
         return json.loads(capsys.readouterr().out)
 
     ours = report("--recipe", "incremental")

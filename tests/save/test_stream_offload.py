@@ -137,7 +137,7 @@ def test_a_move_with_no_capture_in_flight_is_verls_own(saved):
 
 
 def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
-    from slimckpt.plan import build, command, cost, printers
+    from slimckpt.plan import build, cli, cost, printers
     from slimckpt.plan.stream import stream_block
 
     gib = 2**30
@@ -162,7 +162,7 @@ def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
     import io
 
     parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
+    cli.add_arguments(parser)
     config = REPO / "docs" / "configs" / "llama3-70b.json"
     report = build.build_report(
         parser.parse_args(

@@ -1,6 +1,6 @@
-"""`slimckpt convert <step dir> --to verl --world-size M`: a committed step written as verl 0.9.1's
-own rank files at M ranks (model, optimizer, extra state), plus verl's tracker, so that verl
-without slimckpt resumes it (`trainer.default_local_dir=<target>`, resume_mode=auto).
+"""`slimckpt convert <step dir> --to verl --world-size M`'s run (its arguments are slimckpt.convert.cli):
+a committed step written as verl 0.9.1's own rank files at M ranks (model, optimizer, extra state),
+plus verl's tracker, so that verl without slimckpt resumes it (`trainer.default_local_dir=<target>`, resume_mode=auto).
 
 Reads slimckpt's incremental dcp/ steps and verl's own FSDP2 rank files at any N. Each rank's
 files are written one tensor at a time from the memory-mapped source (rank_file), into
@@ -8,61 +8,18 @@ files are written one tensor at a time from the memory-mapped source (rank_file)
 does the tracker move. A convert that is killed leaves a `.partial` dir that verl never looks at.
 """
 
-# lazy imports: torch-free until a conversion runs (`--help`, the plan); torch and the rank files then
+# lazy imports: torch-free until a conversion runs (the plan, a remote step's mirror); torch and the rank files then
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from slimckpt.convert.plan import (
-    ConvertError,
-)
+from slimckpt.convert.plan import ConvertError
 from slimckpt.convert.remote import mirror_step
 from slimckpt.engine.checkpoint_dir import CheckpointError
 from slimckpt.engine.pickle_policy import set_trusted
 from slimckpt.storage import for_path, is_url
-
-HELP = "write a step (slimckpt's dcp/ or verl's rank files, at any world size) as verl's rank files at M ranks"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("step_dir", help="<trainer.default_local_dir>/global_step_N (its actor/ and critic/ are converted)")
-    p.add_argument("--to", choices=["verl"], required=True, help="the format written: verl 0.9.1's rank files")
-    p.add_argument(
-        "--world-size",
-        "--world_size",
-        dest="world_size",
-        type=int,
-        required=True,
-        help="ranks (GPUs) of the job that resumes it",
-    )
-    p.add_argument(
-        "--fsdp",
-        type=int,
-        choices=[1, 2],
-        default=None,
-        help="verl's actor.strategy: 2 for fsdp2 (default: the step's own)",
-    )
-    p.add_argument(
-        "--target_dir",
-        "--target-dir",
-        dest="target_dir",
-        default=None,
-        help="checkpoint root written (the resuming job's trainer.default_local_dir); "
-        "default: <source root>_verl_ws<M>",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace the target's global_step_N if it exists")
-    p.add_argument("--no_progress", "--no-progress", dest="no_progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--trust-pickle",
-        "--trust_pickle",
-        dest="trust_pickle",
-        action="store_true",
-        help="unpickle any global the step's files name, as torch.load(weights_only=False) does (default: "
-        "only what verl and torch write; any other is refused before it runs); only for files from "
-        "someone you trust",
-    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.target_dir or is_url(args.target_dir):
                 raise ConvertError(
                     f"{args.step_dir}: a step on object storage is converted into a local checkpoint root; "
-                    f"pass --target_dir <local dir> (the resuming job's trainer.default_local_dir)"
+                    f"pass --target-dir <local dir> (the resuming job's trainer.default_local_dir)"
                 )
             scratch, step_dir = mirror_step(
                 args.step_dir, args.target_dir, not args.no_progress and sys.stderr.isatty()

@@ -72,7 +72,7 @@ def default_target_root(source_root: str, world: int) -> str:
 
 def plan_target(source_root: str, step: int, world: int, target_dir: str | None, overwrite: bool) -> Target:
     if world < 1:
-        raise ConvertError(f"--world-size {world}: a checkpoint needs at least one rank")
+        raise ConvertError(f"--world-size {world}: a checkpoint needs at least one rank; pass 1 or more")
     root = os.path.abspath(target_dir) if target_dir else default_target_root(source_root, world)
     target = Target(root, step)
     if os.path.normpath(target.step_dir) == os.path.normpath(os.path.join(source_root, f"global_step_{step}")):

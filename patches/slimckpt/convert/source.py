@@ -281,7 +281,8 @@ def _split_flat(src: RoleSource, per_rank: list[dict], paths: list[str]) -> None
     if layout is None:
         raise ConvertError(
             f"{paths[0]}: FSDP1 flat optimizer shards, and no model could be built from "
-            f"{os.path.join(src.hf_dir, 'config.json')} to tell which parameters they hold"
+            f"{os.path.join(src.hf_dir, 'config.json')} to tell which parameters they hold; copy the training "
+            f"run's huggingface/ dir into the step's role dir"
         )
     groups = src.param_groups
     if len(groups) != 1 or len(groups[0]["params"]) != len(layout.units):

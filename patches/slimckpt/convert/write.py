@@ -123,7 +123,9 @@ class FakeWorld:
 
     def __enter__(self):
         if dist.is_initialized():
-            raise ConvertError("slimckpt convert runs as one plain process, not under torchrun")
+            raise ConvertError(
+                "slimckpt convert runs as one plain process, not under torchrun; run it without torchrun"
+            )
         fake_store = internals.lookup("torch.testing._internal.distributed.fake_pg:FakeStore")
         if fake_store is None:  # torch has no public fake process group to fall back on
             raise ConvertError(

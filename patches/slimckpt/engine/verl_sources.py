@@ -312,7 +312,10 @@ def _from_sharded_tensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
     for r in range(ckpt.world_size):
         st = ckpt.state_dicts[r][key]
         if not isinstance(st, ShardedTensorState):
-            raise CheckpointError(f"{ckpt.model_file(r)}: entry {key!r} is not a ShardedTensor like rank 0's")
+            raise CheckpointError(
+                f"{ckpt.model_file(r)}: entry {key!r} is not a ShardedTensor like rank 0's; the files come from "
+                f"different runs: re-copy the checkpoint"
+            )
         for shard in st._slim_local_shards:
             md = shard.metadata
             if any(o for o in md.shard_offsets[1:]) or tuple(md.shard_sizes[1:]) != shape[1:]:
@@ -332,5 +335,8 @@ def _from_sharded_tensor(ckpt: VerlFsdpCheckpoint, key: str) -> SourceTensor:
         ranks.append(r)
         expect += t.shape[0]
     if expect != (shape[0] if shape else 1):
-        raise CheckpointError(f"{ckpt.local_dir}: shards of {key!r} cover {expect} of {shape[0]} rows")
+        raise CheckpointError(
+            f"{ckpt.local_dir}: shards of {key!r} cover {expect} of {shape[0]} rows; a rank file is missing or "
+            f"stale: re-copy the checkpoint"
+        )
     return SourceTensor(key, shape, pieces[0].dtype, 0, pieces, ranks)

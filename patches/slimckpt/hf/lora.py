@@ -290,7 +290,7 @@ def merged_takes(
     for name in lora_names:
         if name.endswith(B_SUFFIX):
             if name[: -len(B_SUFFIX)] + A_SUFFIX not in shapes:
-                raise MergeError(f"{hint}: {name!r} has no A weight in the checkpoint")
+                raise MergeError(f"{hint}: {name!r} has no A weight in the checkpoint; merge without {hint}")
             continue
         if not name.endswith(A_SUFFIX):
             raise MergeError(
@@ -309,13 +309,13 @@ def merged_takes(
         if b not in shapes or w not in shapes:
             raise MergeError(
                 f"{hint}: {name!r} has no {'B weight' if b not in shapes else 'base weight'} "
-                f"({b if b not in shapes else w!r}) in the checkpoint"
+                f"({b if b not in shapes else w!r}) in the checkpoint; merge without {hint}"
             )
         a_shape, b_shape, w_shape = shapes[name], shapes[b], shapes[w]
         if len(w_shape) != 2 or a_shape != (s.r, w_shape[1]) or b_shape != (w_shape[0], s.r):
             raise MergeError(
                 f"{hint}: {w!r} {list(w_shape)} with A {list(a_shape)} and B {list(b_shape)} is not "
-                f"W [out, in] + B [out, {s.r}] @ A [{s.r}, in] (r={s.r})"
+                f"W [out, in] + B [out, {s.r}] @ A [{s.r}, in] (r={s.r}); merge without {hint}"
             )
         out = by_source.get(w)
         if out is None:
@@ -326,5 +326,5 @@ def merged_takes(
         takes[out] = layout.Take(w, takes[out].shape, None, layout.LoraDelta(name, b, scaling))
         pairs += 1
     if not pairs:
-        raise MergeError(f"{hint}: the checkpoint's LoRA tensors hold no A/B pair to merge")
+        raise MergeError(f"{hint}: the checkpoint's LoRA tensors hold no A/B pair to merge; merge without {hint}")
     return takes

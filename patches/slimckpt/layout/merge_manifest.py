@@ -57,7 +57,7 @@ def new_hasher(algo: str = DEFAULT_ALGO):
         return xxhash.xxh3_128()
     if algo in ("blake2b", "sha256"):
         return hashlib.new(algo)
-    raise CommitError(f"unknown checksum algorithm {algo!r} (known: xxh3_128, blake2b, sha256)")
+    raise CommitError(f"unknown checksum algorithm {algo!r} (known: xxh3_128, blake2b, sha256); upgrade slimckpt")
 
 
 def file_checksum(
@@ -214,7 +214,7 @@ class Manifest:
         if d.get("format_version") not in READ_FORMAT_VERSIONS:
             raise CommitError(
                 f"unknown format_version {d.get('format_version')!r} (this slimckpt reads "
-                f"{', '.join(map(str, READ_FORMAT_VERSIONS))})"
+                f"{', '.join(map(str, READ_FORMAT_VERSIONS))}); upgrade slimckpt to read it"
             )
         return cls(
             kind=d.get("kind", ""),

@@ -48,6 +48,7 @@ READ_FORMATS = ("slimckpt-resume/1", FORMAT)  # 1: a file's size spelled `bytes`
 FAILED_PREFIX = "slimckpt_save_failed_rank_"
 TRACKER_NAME = "latest_checkpointed_iteration.txt"
 DAMAGED_FIX = "the checkpoint is damaged, resume from an earlier step"
+NO_MANIFEST_FIX = "its save never finished: resume from an earlier step"
 LOCK_SUFFIX = ".slimckpt-lock"  # slimckpt.storage.locks.LOCK_SUFFIX
 # an optimizer drop's new files and the old ones it replaces (slimckpt.save.retention.optimizer_drop)
 DROP_DIRS = ("dcp.slimckpt-drop/", "dcp.slimckpt-old/")
@@ -185,7 +186,7 @@ def read_manifest(role_dir: str) -> Manifest:
     """The role dir's sealed manifest; UncommittedCheckpoint with one line if it has none or it is damaged."""
     manifest, bad = _parse_manifest(role_dir)
     if manifest is None:
-        raise UncommittedCheckpoint(bad.message if bad else f"slimckpt: {role_dir}: no manifest")
+        raise UncommittedCheckpoint(bad.message if bad else f"slimckpt: {role_dir}: no manifest; {NO_MANIFEST_FIX}")
     return manifest
 
 
@@ -276,7 +277,9 @@ def check_committed(role_dir: str, checksums: bool = True) -> Manifest:
     (what `slimckpt verify` prints for it), else the manifest."""
     manifest, damage = role_damage(role_dir, checksums)
     if damage or manifest is None:
-        raise UncommittedCheckpoint(damage[0].message if damage else f"slimckpt: {role_dir}: no manifest")
+        raise UncommittedCheckpoint(
+            damage[0].message if damage else f"slimckpt: {role_dir}: no manifest; {NO_MANIFEST_FIX}"
+        )
     return manifest
 
 

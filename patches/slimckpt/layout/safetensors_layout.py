@@ -48,11 +48,11 @@ def parse_size(size: int | str) -> int:
     text = size.strip()
     unit = text[-2:].upper()
     if unit not in SIZE_UNITS:
-        raise LayoutError(f"size {size!r}: unit must be one of TB, GB, MB, KB (e.g. '5GB')")
+        raise LayoutError(f"size {size!r}: use one of the units TB, GB, MB, KB (e.g. '5GB')")
     try:
         value = float(text[:-2].strip())
     except ValueError:
-        raise LayoutError(f"size {size!r}: expected a number followed by a unit, e.g. '5GB'") from None
+        raise LayoutError(f"size {size!r}: give a number followed by a unit, e.g. '5GB'") from None
     return int(value * SIZE_UNITS[unit])
 
 

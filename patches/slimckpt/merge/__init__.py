@@ -1,6 +1,6 @@
 """The offline merge (`slimckpt merge`, and verl's `python -m verl.model_merger merge` redirected here).
 
-1. `cli` reads the arguments (and `remote` an `s3://` input or output); `plan` holds the options,
+1. `cli` reads the arguments, `command` runs them (and `remote` an `s3://` input or output); `plan` holds the options,
    the result and the error a user can act on.
 2. `pipeline` plans the output from the checkpoint (through `slimckpt.hf`: names, config, tokenizer,
    LoRA), then writes it with bounded memory through `workers` (here, in worker processes, or on

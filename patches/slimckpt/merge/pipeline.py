@@ -144,7 +144,7 @@ def merge(opts: MergeOptions, verl_fallback: Callable[[], None] | None = None) -
     if opts.dtype not in DTYPE_CHOICES:
         raise MergeError(f"--dtype {opts.dtype!r}: choose one of {', '.join(DTYPE_CHOICES)}")
     if opts.workers < 1:
-        raise MergeError(f"--workers {opts.workers}: need at least 1")
+        raise MergeError(f"--workers {opts.workers}: use 1 or more")
     if opts.max_shard_size is not None:
         try:
             layout.parse_size(opts.max_shard_size)

@@ -9,12 +9,11 @@ O_DIRECT is measured with two request sizes, for the same reason: a disk can mov
 faster than 16 MiB ones, and a floor from 16 MiB alone would then be too easy to come close to
 (measured: BENCHMARKS.md, Figures quoted in the code).
 
-`slimckpt diskspeed DIR` prints them.
+`slimckpt diskspeed DIR` prints them (its arguments: slimckpt.observe.diskspeed_cli).
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
 import mmap
 import os
@@ -25,7 +24,6 @@ from dataclasses import dataclass, fields
 
 from slimckpt.observe.measure import evict_from_page_cache
 
-HELP = "a directory's sequential disk bandwidth: through the page cache, with O_DIRECT, and both at once"
 CHUNK = 16 * 2**20  # through the page cache (the kernel splits and reads ahead on its own)
 DIRECT_CHUNKS = (2**20, 16 * 2**20)  # O_DIRECT: each measured, the faster kept
 _REFUSALS = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)  # what a filesystem says to O_DIRECT it will not do
@@ -174,25 +172,3 @@ def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int
     bw, br = (statistics.median(v) for v in results[False])
     dw, dr = (statistics.median(v) for v in results[True])
     return DiskSpeed(max(bw, dw), max(br, dr), size_bytes, bw, br, dw, dr, statistics.median(mixed) if mixed else 0.0)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="slimckpt diskspeed",
-        description="Sequential bandwidth of a directory's filesystem, through the page "
-        "cache, with O_DIRECT, and with O_DIRECT reads and writes at once (as a merge does).",
-    )
-    p.add_argument("directory", help="a directory on the filesystem to measure (a scratch file is written there)")
-    p.add_argument("--size_gb", type=float, default=1.0, help="bytes per round, in GiB (default 1)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds per path; medians are shown (default 3)")
-    args = p.parse_args(argv)
-    speed = measure_disk_speed(args.directory, int(args.size_gb * 2**30), args.repeats)
-    print(speed.describe())
-    return 0
-
-
-if __name__ == "__main__":
-    from slimckpt.log import cli_logging
-
-    with cli_logging():
-        raise SystemExit(main())

@@ -40,7 +40,9 @@ def iter_records(path: str | os.PathLike) -> Iterator[bytes]:
     """Serialized records of a `.wandb` file, in write order."""
     data = Path(path).read_bytes()
     if len(data) < FILE_HEADER or data[:4] != FILE_IDENT:
-        raise HistoryError(f"{path}: not a wandb run file (no ':W&B' header)")
+        raise HistoryError(
+            f"{path}: not a wandb run file (no ':W&B' header); pass a run-*.wandb file or its run directory"
+        )
     pos = FILE_HEADER
     pending: list[bytes] = []
     while pos + CHUNK_HEADER <= len(data):
@@ -108,7 +110,7 @@ def read_offline_run(run_dir: str | os.PathLike, into: RunHistory) -> None:
 
     files = sorted(Path(run_dir).glob("run-*.wandb"))
     if not files:
-        raise HistoryError(f"{run_dir}: no run-*.wandb file (is this a wandb offline run directory?)")
+        raise HistoryError(f"{run_dir}: no run-*.wandb file; pass a wandb offline run directory (wandb/offline-run-*)")
     record = pb.Record()
     for raw in iter_records(files[0]):
         try:
@@ -170,21 +172,26 @@ def load(spec: str) -> RunHistory:
         label, paths = "", spec
     parts = [p for p in paths.split(",") if p]
     if not parts:
-        raise HistoryError(f"{spec!r}: no run path given")
+        raise HistoryError(f"{spec!r}: no run path given; give a run directory or entity/project/run_id")
     history = RunHistory(name=label or Path(parts[0].rstrip("/")).name)
     for part in parts:
         if os.path.exists(part):
             dirs = run_dirs(part)
             if not dirs:
-                raise HistoryError(f"{part}: no wandb run below this directory (looked for run-*.wandb)")
+                raise HistoryError(
+                    f"{part}: no wandb run below this directory (looked for run-*.wandb); "
+                    f"pass the run's wandb/ directory"
+                )
             for d in dirs:
                 read_offline_run(d, history)
         elif part.count("/") == 2:
             read_online_run(part, history)
         else:
-            raise HistoryError(f"{part}: neither a directory nor an online run path entity/project/run_id")
+            raise HistoryError(
+                f"{part}: neither a directory nor an online run path; give a run directory or entity/project/run_id"
+            )
     if not history.rows:
-        raise HistoryError(f"{spec}: the run(s) logged no numeric history")
+        raise HistoryError(f"{spec}: the run(s) logged no numeric history; pass a run that logged its metrics")
     return history
 
 

@@ -3,7 +3,7 @@
 import sys
 
 from slimckpt.log import cli_logging
-from slimckpt.plan.command import main
+from slimckpt.plan.cli import main
 
 if __name__ == "__main__":
     with cli_logging():

@@ -32,24 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slimckpt.plan.assumed import DEFAULT_COPY_GBPS, DEFAULT_DISK_GBPS, DEFAULT_ROLLOUT_S
 from slimckpt.plan.build import build_report, plan_facts
 from slimckpt.plan.printers import print_report
 from slimckpt.verl.dryrun import compose_config
-from slimckpt.verl.dryrun import main as verl_main
+from slimckpt.verl.dryrun import run_parsed as verl_run
 from slimckpt.verl.dryrun_report import plain, select
 from slimckpt.verl.fsdp1_note import fsdp1_check
 
 # lazy imports: huggingface_hub and verl's trainer modules (the roles) load only once a config is composed and
-# planned: `slimckpt --help` imports this module for its HELP
+# planned
 
-HELP = (
-    "compose verl's PPO config as main_ppo would, print and validate it (no Ray, no GPU); --plan: what its saves cost"
-)
 SHIPPED = Path(__file__).resolve().parent.parent / "model_configs"
-# assumed where the config cannot say (printed with the plan, each with the option that changes it)
-DEFAULT_DISK_GBPS = 10.0
-DEFAULT_ROLLOUT_S = 60.0
-DEFAULT_COPY_GBPS = 10.0
 PLAN_KEYS = (
     "async_save",
     "bucket_mb",
@@ -75,39 +69,6 @@ def roles(cfg) -> tuple[bool, bool]:
     from slimckpt.verl.dryrun_checks import roles_needed
 
     return roles_needed(cfg)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("plan (with --plan: what a save will cost, from the composed config)")
-    g.add_argument(
-        "--plan",
-        action="store_true",
-        help="after validation, print slimckpt plan for this configuration's checkpoint saves",
-    )
-    g.add_argument(
-        "--disk-gbps",
-        type=float,
-        default=DEFAULT_DISK_GBPS,
-        help="aggregate write bandwidth of the checkpoint storage, GB/s (assumed: %(default)s)",
-    )
-    g.add_argument(
-        "--rollout-s",
-        type=float,
-        default=DEFAULT_ROLLOUT_S,
-        help="seconds from a save to the next optimizer step (rollout, reward, ref passes; assumed: %(default)s)",
-    )
-    g.add_argument(
-        "--copy-gbps",
-        type=float,
-        default=DEFAULT_COPY_GBPS,
-        help="device-to-host copy bandwidth per rank, GB/s (assumed: %(default)s)",
-    )
-    g.add_argument(
-        "--node-memory-gb",
-        type=float,
-        default=None,
-        help="host memory of one training node, GiB (default: this machine's)",
-    )
 
 
 def model_config_path(model_path: str) -> tuple[str | None, str]:
@@ -292,6 +253,6 @@ def _after(args: argparse.Namespace, overrides: list[str]) -> int:
     return run(overrides, assumed)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command: verl's dry run with the plan's options, then the plan once the config passed."""
-    return verl_main(argv, extend=add_arguments, after=_after)
+def run_parsed(args: argparse.Namespace, overrides: list[str]) -> int:
+    """The command (its options: slimckpt.plan.dryrun_cli): verl's dry run, then the plan once the config passed."""
+    return verl_run(args, overrides, after=_after)

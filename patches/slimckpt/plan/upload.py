@@ -24,18 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from slimckpt import env_vars
+from slimckpt.plan.assumed import DEFAULT_CONCURRENCY, DEFAULT_PART_MB, DEFAULT_UPLOAD_GBPS, SLACK_BYTES
 from slimckpt.plan.cost import human
 from slimckpt.storage.s3 import MAX_PART, MAX_PARTS, MIN_PART
 
-# the job's whole bandwidth to the store, GB/s: one 10 Gb/s link. Conservative on purpose: what one
-# gateway or NAT path to an on-premise store (MinIO, Ceph, SeaweedFS) often gives; a bucket in the
-# job's own cloud region, reached from every node, usually takes far more
-DEFAULT_UPLOAD_GBPS = 1.25
-# the backend's own defaults, from their declarations (a plan reads no environment)
-DEFAULT_PART_MB = int(env_vars.declared("SLIMCKPT_S3_PART_MB").default or 0)
-DEFAULT_CONCURRENCY = int(env_vars.declared("SLIMCKPT_S3_CONCURRENCY").default or 0)
-SLACK_BYTES = 64 * 2**20  # beyond part x concurrency: the client's buffers, the request being signed
 COMMIT_SECONDS = 0.1  # one conditional PUT of a small manifest: a request's round trip, assumed
 MIN_PART_MB, MAX_PART_MB = MIN_PART >> 20, MAX_PART >> 20
 REFUSED = "incremental only: verl's own rank files (torch.save to a local path) refuse s3://"

@@ -25,7 +25,10 @@ def check_committed(local_path: str, group: Any, checksums: bool = True) -> Mani
     mine = outcome.Failure(rank, damage[0].message, order=damage[0].index) if damage else None
     outcome.agree(group, mine, lambda failure: UncommittedCheckpoint(failure.line))
     if manifest is None:
-        raise UncommittedCheckpoint(f"slimckpt: {local_path}/{MANIFEST_NAME} is unreadable on rank {rank}")
+        raise UncommittedCheckpoint(
+            f"slimckpt: {local_path}/{MANIFEST_NAME} is unreadable on rank {rank}; "
+            f"make the checkpoint dir readable from every node (one shared filesystem)"
+        )
     return manifest
 
 

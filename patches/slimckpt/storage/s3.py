@@ -1048,7 +1048,9 @@ class S3Storage(Storage):
             keys.append(key)  # an object named exactly like the prefix
         if not keys:
             if not ignore_errors:
-                raise S3NotFound(errno.ENOENT, "no object under this prefix", path)
+                raise S3NotFound(
+                    errno.ENOENT, "no object under this prefix; check the URL (is the step committed?)", path
+                )
             return [f"{path}: no object under this prefix"]
         errors: list[str] = []
         client = CLIENT.get()
@@ -1058,7 +1060,12 @@ class S3Storage(Storage):
             for e in out.get("Errors", []):
                 errors.append(f"s3://{bucket}/{e.get('Key')}: {e.get('Code')} {e.get('Message', '')}".strip())
         if errors and not ignore_errors:
-            raise S3Failed(errno.EIO, f"{len(errors)} objects not deleted, the first: {errors[0]}", path)
+            raise S3Failed(
+                errno.EIO,
+                f"{len(errors)} objects not deleted, the first: {errors[0]}; "
+                f"retry, or delete them with the store's own tools",
+                path,
+            )
         return errors
 
     # ------------------------------------------------------------------ reads
@@ -1112,7 +1119,7 @@ class S3Storage(Storage):
                 if name:
                     names.add(name)
         if not names:
-            raise S3NotFound(errno.ENOENT, "no object under this prefix", path)
+            raise S3NotFound(errno.ENOENT, "no object under this prefix; check the URL (is the step committed?)", path)
         return sorted(names)
 
     def open_read(self, path: str) -> contextlib.AbstractContextManager[IO[bytes]]:

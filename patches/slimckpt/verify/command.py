@@ -39,8 +39,6 @@ from slimckpt.layout import merge_manifest
 from slimckpt.layout.dropped_optimizer import DROPPED_KEY
 from slimckpt.storage import UnknownStorage, absolute, for_path, in_flight, is_file, is_url
 
-HELP = "check a checkpoint dir: manifest, size and checksum of every file; exit 1 naming each bad file"
-
 MERGE_FIX = "re-create this output (slimckpt merge into a new --target_dir)"
 REFUSED_FIX = "verl and torch never write that global: do not load this checkpoint unless you trust who made it"
 STEP_RE = re.compile(r"^global_step_(\d+)$")
@@ -300,32 +298,7 @@ def tree_bytes(path: str) -> int:
     return sum(store.size(os.path.join(path, rel)) for rel in store.list_files(path))
 
 
-# --------------------------------------------------------------------------- CLI
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "dir",
-        help="trainer.default_local_dir, a global_step_N dir, a role dir (global_step_N/actor) "
-        "or a slimckpt merge output",
-    )
-    p.add_argument("--quick", action="store_true", help="sizes and names only: read no file's contents")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
-    p.add_argument("--no_progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--clean",
-        action="store_true",
-        help="an s3:// dir: first abort the unfinished multipart uploads a killed save or merge left under it "
-        "(they hold space and are invisible to every reader); nothing committed is touched",
-    )
-    p.add_argument(
-        "--trust-pickle",
-        "--trust_pickle",
-        dest="trust_pickle",
-        action="store_true",
-        help="load pickles naming any global (default: a global verl and torch never write is reported "
-        "as damage, and not run)",
-    )
+# --------------------------------------------------------------------------- the command (its arguments: verify.cli)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -378,4 +351,4 @@ def run(args: argparse.Namespace) -> int:
     return 1
 
 
-__all__ = ["HELP", "NotACheckpoint", "Problem", "Report", "add_arguments", "detect", "run", "verify_path"]
+__all__ = ["NotACheckpoint", "Problem", "Report", "detect", "run", "verify_path"]

@@ -37,19 +37,16 @@ import difflib
 import logging
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from slimckpt.log import get_logger
 from slimckpt.verl.config_keys import unknown_keys, unknown_keys_in_file
+from slimckpt.verl.dryrun_args import CONFIG_MODULE, DEFAULT_CONFIG_NAME, build_parser, parse
 from slimckpt.verl.dryrun_report import DryRunError, one_line
 from slimckpt.verl.recipes import GROUPS, format_options, list_group
-
-# verl's trainer module and config name, as in verl/trainer/main_ppo.py's @hydra.main
-CONFIG_MODULE = "verl.trainer.config"
-DEFAULT_CONFIG_NAME = "ppo_trainer"
-
 
 # --------------------------------------------------------------------------- compose
 
@@ -172,52 +169,20 @@ def _select(cfg, keys: list[str]) -> str:
     return "\n".join(chunks)
 
 
-# --------------------------------------------------------------------------- reading a composed config
+# --------------------------------------------------------------------------- the command (its options: dryrun_args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="slimckpt dryrun",
-        description=(
-            "Compose verl's PPO config as `python -m verl.trainer.main_ppo` would, print it and validate it "
-            "against verl's config dataclasses. No Ray, no GPU, no model weights. Every argument that is not an "
-            "option below is a Hydra override, exactly as you would pass it to main_ppo."
-        ),
-        epilog=(
-            "examples:\n"
-            "  slimckpt dryrun +recipe=quickstart +size=70b +cluster=4x8 +algo=ppo\n"
-            "  slimckpt dryrun --show actor_rollout_ref.actor.checkpoint,trainer.save_freq "
-            "+recipe=quickstart +size=7b\n"
-            "  bash scripts/train_70b.sh --dry-run +recipe=quickstart   (the launcher calls this)\n"
-            "exit status: 0 config OK, 1 verl would reject the config, 2 Hydra could not compose it"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--config-name", "-cn", default=DEFAULT_CONFIG_NAME, help="verl config name (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--show",
-        metavar="KEYS",
-        help="print only these dotted keys (comma-separated), e.g. actor_rollout_ref.actor.checkpoint,trainer",
-    )
-    parser.add_argument("--no-print", action="store_true", help="validate only; print no config")
-    parser.add_argument("--unresolved", action="store_true", help="print ${...} interpolations as written")
-    parser.add_argument("--no-validate", action="store_true", help="compose and print only")
-    parser.add_argument("-v", "--verbose", action="store_true", help="list every check and verl's own messages")
-    return parser
+def main(argv: list[str] | None = None) -> int:
+    """`slimckpt dryrun` without the plan's options (slimckpt.plan.dryrun_cli has them)."""
+    args, overrides = parse(build_parser(), argv)
+    return run_parsed(args, overrides)
 
 
-def main(argv: list[str] | None = None, extend=None, after=None) -> int:
-    """`extend(parser)` adds options (the top-level command's plan); `after(args, overrides)` runs
-    once the config passed and returns the exit status."""
-    parser = build_parser()
-    if extend is not None:
-        extend(parser)
-    args, overrides = parser.parse_known_args(argv)
-    stray = [a for a in overrides if a.startswith("-")]
-    if stray:
-        parser.error(f"unknown option {stray[0]} (Hydra overrides look like key=value, +key=value or ~key)")
+def run_parsed(
+    args: argparse.Namespace, overrides: list[str], after: Callable[[argparse.Namespace, list[str]], int] | None = None
+) -> int:
+    """The dry run of parsed options; `after(args, overrides)` runs once the config passed and
+    returns the exit status."""
     # building a recipe's SlimCheckpointConfig applies slimckpt's patches in this process and logs
     # each one: true, but noise in a dry run. Only this call is quietened (not the environment,
     # which child processes and later callers in the same process would inherit).

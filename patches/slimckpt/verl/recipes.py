@@ -11,15 +11,13 @@ The groups live in recipes/ and overrides/<group>/ and reach Hydra through the s
 slimckpt/conf/ (see hydra_plugins/slimckpt_searchpath).
 """
 
-# lazy imports: the config class (verl's) only when a recipe is loaded (listing them reads file names)
+# lazy imports: OmegaConf and the config class (verl's) only when a recipe is loaded (listing them reads file names)
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from omegaconf import OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("recipe", "size", "cluster", "algo")
@@ -83,6 +81,8 @@ ROLE_KEYS = {"actor": "actor_rollout_ref.actor.checkpoint", "critic": "critic.ch
 def recipe_checkpoint_block(name: str, role: str = "actor", recipes_dir: str | Path | None = None) -> dict[str, Any]:
     """The `checkpoint:` block recipe `name` sets for `role` (actor or critic), `_target_`
     included, read from the file as shipped (`recipes_dir`: another tree's recipes/)."""
+    from omegaconf import OmegaConf
+
     folder = Path(recipes_dir) if recipes_dir is not None else CONF_DIR / "recipe"
     block = OmegaConf.select(OmegaConf.load(folder / f"{name}.yaml"), ROLE_KEYS[role])
     if block is None:
@@ -109,11 +109,12 @@ def format_options(group: str) -> str:
     return "\n".join(f"  {o.override:<{width}}  {o.description}" for o in options)
 
 
-def main(argv: list[str] | None = None) -> int:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     """`slimckpt recipes [GROUP]`."""
-    parser = argparse.ArgumentParser(prog="slimckpt recipes", description=HELP)
-    parser.add_argument("group", nargs="?", choices=GROUPS, help="list only this group (default: all)")
-    args = parser.parse_args(argv)
+    p.add_argument("group", nargs="?", choices=GROUPS, help="list only this group (default: all)")
+
+
+def run(args: argparse.Namespace) -> int:
     for group in [args.group] if args.group else GROUPS:
         print(f"{group}:")
         print(format_options(group))
