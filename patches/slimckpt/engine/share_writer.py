@@ -206,11 +206,7 @@ class ShareWriter:
         self.out.submit(item.file, data, item.offset)
 
     def _cast(self, src: torch.Tensor) -> torch.Tensor:
-        t0 = time.perf_counter()
-        out = staged(self.out, src, self.out_dtype)
-        if out is not src:  # from the mmap: its page faults (the reads) are timed as the cast's
-            self.stats.cast_s += time.perf_counter() - t0
-        return out
+        return staged(self.out, src, self.out_dtype, self.stats)
 
     def _rows_per_chunk(self, t: torch.Tensor) -> int:
         per_row = max(1, t[0].numel() if t.dim() and t.shape[0] else 1)
@@ -326,15 +322,20 @@ def byte_buffer(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
-def staged(out: OutputFiles, src: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def staged(out: OutputFiles, src: torch.Tensor, dtype: torch.dtype, stats: WriterStats | None = None) -> torch.Tensor:
     """`src` in `dtype`, contiguous, on the host: as is when it already is (the write reads it
     straight from the mmap or the live shard, no copy), else cast into `out`'s next staging buffer
-    (reused, no allocation per chunk), which the `out.submit` of its bytes hands back."""
+    (reused, no allocation per chunk), which the `out.submit` of its bytes hands back. With `stats`,
+    the copy is added to its `cast_s`; the wait for a free staging buffer is not (that is the writes'
+    time, and counting it as the cast's would hide where a merge waits)."""
     if src.dtype == dtype and src.is_contiguous() and src.device.type == "cpu":
         return src
     nbytes = src.numel() * dtype.itemsize
     buf = out.stage(nbytes)[:nbytes].view(dtype).view(src.shape)
-    buf.copy_(src)
+    t0 = time.perf_counter()
+    buf.copy_(src)  # from the mmap: its page faults (the reads) are timed as the cast's
+    if stats is not None:
+        stats.cast_s += time.perf_counter() - t0
     return buf
 
 
