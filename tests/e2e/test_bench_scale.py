@@ -1,11 +1,10 @@
 """scripts/bench/scale.py's pieces that a run depends on and that `make test` can afford: the memory
-cap that stops verl's merger, the free-disk refusal, the report kept by `make bench`, and the
-committed section rendered from the committed JSON."""
+cap that stops verl's merger, the free-disk refusal, the report kept by `make bench`, and a merge
+killed midway. What the report renders from a run's JSON is in tests/scripts/test_bench_scale_report.py."""
 
 from __future__ import annotations
 
 import importlib
-import json
 import subprocess
 import sys
 import time
@@ -82,58 +81,15 @@ def test_merge_bench_keeps_the_scale_section(tmp_path):
     assert out.read_text() == "new\n\n<!-- scale-bench:begin -->\nS\n<!-- scale-bench:end -->\n"
 
 
-def test_committed_section_and_headline_are_the_committed_json_rendered(tmp_path):
-    scale = _load("scale")
-    result = json.loads((REPO / "docs" / "bench_scale.json").read_text())
-    section = scale.render_section(result)
-    assert section.strip() in (REPO / "BENCHMARKS.md").read_text()
-    block, readme = scale.readme_block(result), (REPO / "README.md").read_text()
-    if block is None:  # a run below the headline's size leaves README's block as it is
-        assert result["build"]["params"] < scale.HEADLINE_PARAMS
-    else:
-        assert block.strip() in readme
-    # what the section claims follows from the JSON: the floor ratio of each tool's median wall
-    for row in result["rows"]:
-        ratio = scale.floor_ratio(scale.median(row["walls"]), row["io_floor_s"])
-        assert f"| {ratio} |" in section
-
-
 def test_a_merge_killed_midway_leaves_nothing_complete_and_the_same_command_recovers(tmp_path):
-    scale = _load("scale")
+    scale, report = _load("scale"), _load("scale_report")
     ckpt = tmp_path / "ckpt" / "actor"
     scale.build("tiny", 2, ckpt)
     # killed while it imports: the earliest a user's kill can land; the SIGKILL campaign kills merges
     # at random moments of their writes (RELIABILITY.md), the scale bench halfway through an 8B one
     found = scale.killed_midway(ckpt, tmp_path, 0.5)
     assert found["killed"] and found["returncode"] == -9, found
-    assert scale.left_looks_incomplete(found), found
+    assert report.left_looks_incomplete(found), found
     assert found["verify_after_kill"]["said"], found
-    assert scale.rerun_recovers(found), found
+    assert report.rerun_recovers(found), found
     assert not (tmp_path / "merged").exists()  # cleaned up after itself
-
-
-def test_the_killed_merge_is_reported_and_a_complete_looking_leftover_fails_its_target():
-    scale = _load("scale")
-    result = json.loads((REPO / "docs" / "bench_scale.json").read_text())
-    found = {
-        "kill_after_s": 23.0,
-        "killed": True,
-        "killed_at_s": 23.0,
-        "returncode": -9,
-        "target_exists": False,
-        "partial_files": 3,
-        "partial_bytes": 7 * 10**9,
-        "partial_manifest": False,
-        "verify_after_kill": {"returncode": 1, "said": "no checkpoint at merged"},
-        "rerun_returncode": 0,
-        "rerun_wall_s": 48.0,
-        "rerun_tail": "",
-        "partial_after_rerun": False,
-        "verify_after_rerun": {"returncode": 0, "said": "ok"},
-    }
-    section = scale.render_section({**result, "killed_midway": found})
-    assert "SIGKILLed 23 s into its run" in section and "7.0 GB" in section
-    assert "| slimckpt merge killed midway: leaves nothing that looks complete | yes |" in section
-    assert "| slimckpt merge killed midway: the same command again finishes and verifies | yes |" in section
-    bad = scale.render_section({**result, "killed_midway": {**found, "target_exists": True}})
-    assert "| slimckpt merge killed midway: leaves nothing that looks complete | **no** |" in bad

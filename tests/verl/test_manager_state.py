@@ -125,10 +125,7 @@ def test_the_tracker_watches_the_role_dirs_verl_names():
     config = {"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig", "incremental_save": True}
     async_config = {**config, "async_save": True}
     trainer = SimpleNamespace(
-        config=SimpleNamespace(
-            actor_rollout_ref=SimpleNamespace(actor=SimpleNamespace(checkpoint=async_config)),
-            critic=SimpleNamespace(checkpoint=config),
-        ),
+        config={"actor_rollout_ref": {"actor": {"checkpoint": async_config}}, "critic": {"checkpoint": config}},
         use_critic=True,
     )
     assert watched_roles(trainer) == ["actor", str(Role.Critic)]

@@ -13,6 +13,7 @@ import difflib
 import functools
 import math
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Literal, get_args, get_origin
 
@@ -276,6 +277,7 @@ def async_mode(value) -> str:
 __all__ = [
     "ASYNC_WORDS",
     "RECIPES",
+    "ROLE_SECTIONS",
     "AsyncSave",
     "BestMode",
     "CheckpointOptions",
@@ -285,6 +287,8 @@ __all__ = [
     "Recipe",
     "async_mode",
     "check_retention",
+    "options_of",
+    "role_options",
 ]
 
 
@@ -307,3 +311,19 @@ def options_of(section: typing.Any) -> CheckpointOptions | None:
         return None
     names = {f.name for f in fields(CheckpointOptions)}
     return CheckpointOptions(**{key: section[key] for key in section.keys() if key in names})
+
+
+# where verl's trainer config holds each role's checkpoint section
+ROLE_SECTIONS = {"actor": ("actor_rollout_ref", "actor", "checkpoint"), "critic": ("critic", "checkpoint")}
+
+
+def role_options(config: Mapping, role: str) -> CheckpointOptions | None:
+    """The settings of `role`'s ("actor" or "critic") checkpoint section in verl's trainer config, as
+    `options_of` reads them; None where the config has no such section or it is verl's own.
+
+    `config` is the trainer's (a DictConfig) or the plain dict verl's `Tracking` is built with: one
+    walk for both, so every driver-side patch finds a role's section the same way."""
+    node: typing.Any = config
+    for key in ROLE_SECTIONS[role]:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return options_of(node) if isinstance(node, Mapping) else None

@@ -49,7 +49,7 @@ from slimckpt.layout.resume_manifest import (
     saved_steps,
 )
 from slimckpt.log import get_logger
-from slimckpt.options.checkpoint_options import options_of
+from slimckpt.options.checkpoint_options import role_options
 from slimckpt.resume.tracker_recovery import role_complete
 from slimckpt.storage import is_url
 from slimckpt.verify.native import check_zip_records
@@ -151,12 +151,12 @@ def latest_intact_step(root: str, roles: dict[str, bool]) -> int | None:
 def loaded_roles(trainer) -> dict[str, bool] | None:
     """{role dir: checksums} that verl's _load_checkpoint loads, or None when the actor's
     checkpoint config is not a slimckpt recipe's (plain verl: left as verl does it)."""
-    actor = options_of(trainer.config.actor_rollout_ref.actor.checkpoint)
+    actor = role_options(trainer.config, "actor")
     if actor is None:
         return None
     roles = {"actor": actor.verify}
     if getattr(trainer, "use_critic", False):
-        critic = options_of(trainer.config.critic.checkpoint)
+        critic = role_options(trainer.config, "critic")
         roles["critic"] = critic.verify if critic is not None else True
     return roles
 

@@ -40,7 +40,7 @@ from slimckpt.layout.resume_manifest import (
     saved_steps,
 )
 from slimckpt.log import get_logger
-from slimckpt.options.checkpoint_options import CheckpointOptions, options_of
+from slimckpt.options.checkpoint_options import CheckpointOptions, role_options
 from slimckpt.save.driver.driver_state import driver_state_of
 from slimckpt.save.errors import save_then_restore_tracker
 from slimckpt.storage import for_path, is_file, is_url
@@ -62,9 +62,8 @@ def is_async_incremental(options: CheckpointOptions | None) -> bool:
 def watched_roles(trainer) -> list[str] | None:
     """Role dirs whose manifest must exist before the tracker moves, or None when verl writes the
     tracker itself (the actor is not async)."""
-    config = trainer.config
-    actor = options_of(config.actor_rollout_ref.actor.checkpoint)
-    critic = options_of(config.critic.checkpoint) if getattr(trainer, "use_critic", False) else None
+    actor = role_options(trainer.config, "actor")
+    critic = role_options(trainer.config, "critic") if getattr(trainer, "use_critic", False) else None
     if not is_async_incremental(actor):
         if is_async_incremental(critic):
             raise ValueError(
@@ -214,7 +213,7 @@ def wrap_trainer_save_checkpoint(original):
         watcher = state.watcher
         if watcher is None:
             watcher = state.watcher = CommitWatcher(self.config.trainer.default_local_dir)
-            actor = options_of(self.config.actor_rollout_ref.actor.checkpoint)
+            actor = role_options(self.config, "actor")
             watcher.keep_going = actor is not None and actor.on_save_error == "continue"
         watcher.after_save(int(self.global_steps), roles)
         if int(self.global_steps) >= int(getattr(self, "total_training_steps", 0) or 0):

@@ -24,7 +24,7 @@ from typing import Any
 
 from slimckpt.engine.resume_records import atomic_write_text
 from slimckpt.log import get_logger
-from slimckpt.options.checkpoint_options import options_of
+from slimckpt.options.checkpoint_options import ROLE_SECTIONS, role_options
 from slimckpt.save.driver.driver_state import driver_state_of
 from slimckpt.storage import absolute, for_path
 
@@ -80,17 +80,7 @@ def metrics_of(paths: Sequence[str], name: str | None) -> dict[str, float | None
 
 
 def _wants_metrics(config: Mapping[str, Any]) -> bool:
-    def checkpoint(*keys: str) -> Mapping[str, Any]:
-        node: Any = config
-        for key in keys:
-            node = node.get(key) if isinstance(node, Mapping) else None
-        return node if isinstance(node, Mapping) else {}
-
-    for ckpt in (checkpoint("actor_rollout_ref", "actor", "checkpoint"), checkpoint("critic", "checkpoint")):
-        options = options_of(ckpt)
-        if options is not None and options.keep_best:
-            return True
-    return False
+    return any((options := role_options(config, role)) is not None and options.keep_best for role in ROLE_SECTIONS)
 
 
 def wrap_tracking_init(original):

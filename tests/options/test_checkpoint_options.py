@@ -1,0 +1,45 @@
+"""slimckpt.options.checkpoint_options.role_options: a role's checkpoint section found the same way in the trainer's
+DictConfig and in the plain dict verl's Tracking is given, read as options_of reads it."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from slimckpt.options.checkpoint_options import ROLE_SECTIONS, role_options
+
+SLIM = {"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"}
+VERL = {"_target_": "verl.trainer.config.CheckpointConfig"}
+
+
+def _config(actor: dict, critic: dict | None) -> dict:
+    config = {"actor_rollout_ref": {"actor": {"checkpoint": actor}}, "trainer": {"default_local_dir": "ckpts"}}
+    if critic is not None:
+        config["critic"] = {"checkpoint": critic}
+    return config
+
+
+@pytest.mark.parametrize("as_dictconfig", [False, True], ids=["dict", "DictConfig"])
+def test_each_roles_section_is_read_with_the_configs_defaults_and_spellings(as_dictconfig):
+    raw = _config(
+        {**SLIM, "keep_best": "2", "best_metric": "val/score"},
+        {**SLIM, "incremental_save": "true", "async_save": "true"},
+    )
+    config = OmegaConf.create(raw) if as_dictconfig else raw
+    actor, critic = role_options(config, "actor"), role_options(config, "critic")
+    assert actor.keep_best == 2 and actor.best_metric == "val/score" and actor.async_save == "off"
+    assert critic.async_save == "pool" and critic.keep_best == 0
+
+
+def test_verls_own_section_a_missing_role_and_a_non_mapping_read_as_none():
+    config = _config(VERL, None)
+    assert role_options(config, "actor") is None
+    assert role_options(config, "critic") is None
+    assert role_options({"actor_rollout_ref": {"actor": None}}, "actor") is None
+    assert role_options({"critic": {"checkpoint": "not a section"}}, "critic") is None
+    assert set(ROLE_SECTIONS) == {"actor", "critic"}
+
+
+def test_a_bad_value_is_refused_as_the_config_class_refuses_it():
+    with pytest.raises(ValueError, match="async_save"):
+        role_options(_config({**SLIM, "async_save": "sometimes"}, None), "actor")
