@@ -22,7 +22,7 @@ STEP = 3
 
 
 def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    return scenario(nproc, "tests.scenarios.convert", *args, env=env, check=check)
+    return scenario(nproc, "slimckpt_testing.scenarios.convert", *args, env=env, check=check)
 
 
 def convert(step_dir: Path, world: int, target: Path, fsdp: int | None = None, overwrite: bool = False) -> str:

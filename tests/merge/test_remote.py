@@ -42,7 +42,7 @@ def _save(env: dict, local: str, url: str, *more: str) -> subprocess.CompletedPr
     # two gloo ranks, a tiny Llama, one step to each place: ~20 s; 300 s is a hang
     run = launch(
         2,
-        "tests.scenarios.s3_engine_step",
+        "slimckpt_testing.scenarios.s3_engine_step",
         "--local-dir",
         local,
         "--url",

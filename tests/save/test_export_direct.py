@@ -2,7 +2,7 @@
 
 Fast: which rank writes which rows (pure planning). Slow: a torchrun scenario (2 ranks, gloo, FSDP2)
 that saves a tiny Llama and a tiny tied Qwen2 with verl's own hf_model and with export_hf (sync and
-async), and compares the exports tensor for tensor (tests/scenarios/hf_direct_export.py, run in the
+async), and compares the exports tensor for tensor (slimckpt_testing/scenarios/hf_direct_export.py, run in the
 torchrun it shares with tests/save/test_resume_state.py: conftest's ws2_scenarios).
 """
 

@@ -374,15 +374,13 @@ def test_reshard_message_names_derived_and_dropped_ranks():
 
 # --------------------------------------------------------------------------- torchrun (slow)
 # The 2-rank scenarios run in one torchrun shared with tests/save/test_export_direct.py (conftest's
-# ws2_scenarios, tests/scenarios/batch.py), each in its own directory with the settings it had as a
+# ws2_scenarios, slimckpt_testing/scenarios/batch.py), each in its own directory with the settings it had as a
 # torchrun of its own; the 1-rank reshard needs a torchrun of its own.
 
 
 # a 1-rank torchrun: ~10 s of torch and verl start-up, then seconds of work; 240 s is a hang
 def _torchrun(nproc: int, *args: str, timeout: int = 240, log_level: str = "WARNING") -> subprocess.CompletedProcess:
-    return scenario(
-        nproc, "slimckpt_testing.verl_checkpoints.resume_scenarios", *args, timeout=timeout, log_level=log_level
-    )
+    return scenario(nproc, "slimckpt_testing.scenarios.resume", *args, timeout=timeout, log_level=log_level)
 
 
 @pytest.mark.slow
