@@ -261,31 +261,3 @@ def test_killed_convert_leaves_nothing_verl_would_load(saved, tmp_path):
     assert find_latest_ckpt_path(str(target)) is None  # no tracker, no step dir: verl starts nothing from it
     convert(step, 2, target)  # a rerun replaces what the killed one left
     assert sorted(p.name for p in target.iterdir()) == [f"global_step_{STEP}", "latest_checkpointed_iteration.txt"]
-
-
-# --------------------------------------------------------------------------- plan (pure)
-
-
-def test_rows_follow_torch_chunk():
-    import torch
-
-    for rows in (0, 1, 5, 16, 17):
-        for world in (1, 2, 3, 4, 7):
-            chunks = [c.shape[0] for c in torch.arange(rows).chunk(world)] if rows else []
-            got = [plan.row_range(rows, world, r) for r in range(world)]
-            sizes = [b - a for a, b in got]
-            assert sizes[: len(chunks)] == chunks and not any(sizes[len(chunks) :]), (rows, world, got)
-            assert got[0][0] == 0 and all(got[i][1] == got[i + 1][0] for i in range(world - 1))
-
-
-def test_flat_runs_cover_every_element_once():
-    numels = [7, 1, 12, 5]
-    for world in (1, 2, 3, 5):
-        seen = [[] for _ in numels]
-        size = plan.flat_shard(sum(numels), world)
-        for rank in range(world):
-            for i, a, b, at in plan.flat_runs(numels, world, rank):
-                assert 0 <= at and at + b - a <= size
-                seen[i].append((a, b))
-        for i, n in enumerate(numels):
-            assert sorted(seen[i])[0][0] == 0 and sum(b - a for a, b in seen[i]) == n
