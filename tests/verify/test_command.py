@@ -1,13 +1,12 @@
-"""slimckpt verify: each detection on small synthetic dirs (fast, no torchrun), the CLI's lines and
-exit codes, the load check's message equal to verify's line, and a small corruption campaign on
-real checkpoints (slow)."""
+"""verify/command: each detection on small synthetic dirs of slimckpt's formats (fast, no torchrun), the CLI's
+lines and exit codes, the load check's message equal to verify's line. verl's own dirs: test_native.py; a
+corruption campaign on real checkpoints: tests/e2e/test_verify.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 
@@ -19,25 +18,17 @@ import slimckpt.engine.resume_records as rr
 import slimckpt.layout.merge_manifest as mm
 import slimckpt.layout.resume_manifest as rm
 from slimckpt import cli
-from slimckpt.verify.command import KIND_INCREMENTAL, KIND_MERGE, KIND_NATIVE, detect, verify_path
-from slimckpt.verify.native import check_safetensors_header
+from slimckpt.verify.command import KIND_INCREMENTAL, KIND_MERGE, detect, verify_path
 
 from ..conftest import REPO
-from ..helpers.merge_helpers import synthetic_checkpoint
+from .conftest import flip as _flip
+from .conftest import lines
 
 
 def _write(path, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
-
-
-def _flip(path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([b ^ 1]))
 
 
 def merge_dir(tmp_path, name="out"):
@@ -66,10 +57,6 @@ def role_dir(tmp_path, step=3, role="actor", world=2):
     files = rm.describe_files(str(d), rels)
     rr.write_manifest(str(d), rm.Manifest(global_step=step, world_size=world, contents=["model"], files=files))
     return d
-
-
-def lines(report) -> list[str]:
-    return [p.message for p in report.bad]
 
 
 # --------------------------------------------------------------------------- merge outputs
@@ -230,92 +217,6 @@ def test_interrupted_step_is_named(tmp_path):
     assert not report.ok and "interrupted save" in report.bad[0].message
 
 
-# --------------------------------------------------------------------------- verl-native (synthetic)
-
-
-def _record_offset(path, suffix: str) -> int:
-    import zipfile
-
-    with zipfile.ZipFile(path) as zf:
-        info = next(i for i in zf.infolist() if i.filename.endswith(suffix))
-    with open(path, "rb") as f:
-        f.seek(info.header_offset + 26)
-        name_len, extra_len = struct.unpack("<HH", f.read(4))
-    return info.header_offset + 30 + name_len + extra_len
-
-
-@pytest.fixture
-def native(tmp_path):
-    return synthetic_checkpoint(tmp_path / "global_step_1" / "actor", world_size=2)
-
-
-def test_native_clean_says_what_it_could_not_check(native):
-    report = verify_path(str(native))
-    assert report.ok, lines(report)
-    assert detect(str(native)) == KIND_NATIVE
-    assert any("no checksums" in n for n in report.notes)
-
-
-@pytest.mark.parametrize(
-    "damage,named,reason",
-    [
-        ("swap", "model_world_size_2_rank_0.pt", "renamed or swapped"),
-        ("delete", "model_world_size_2_rank_1.pt", "missing"),
-        ("stale", "model_world_size_4_rank_3.pt", "stale file"),
-        ("truncate", "model_world_size_2_rank_1.pt", "zip"),
-        ("data_flip", "model_world_size_2_rank_1.pt", "CRC"),
-        ("world", "fsdp_config.json", "says world size 3, the rank files are of world size 2"),
-        ("config", "config.json", "not valid JSON"),
-        ("tokenizer", "tokenizer_config.json", "missing"),
-        ("shape", "model_world_size_2_rank_1.pt", "shape"),
-    ],
-)
-def test_native_damage_is_named(native, tmp_path, damage, named, reason):
-    r0, r1 = native / "model_world_size_2_rank_0.pt", native / "model_world_size_2_rank_1.pt"
-    if damage == "swap":
-        r0.rename(native / "t")
-        r1.rename(r0)
-        (native / "t").rename(r1)
-    elif damage == "delete":
-        r1.unlink()
-    elif damage == "stale":
-        shutil.copyfile(r0, native / "model_world_size_4_rank_3.pt")
-    elif damage == "truncate":
-        os.truncate(r1, os.path.getsize(r1) - 100)
-    elif damage == "data_flip":  # a byte of a tensor's record (not zip padding between records)
-        _flip(r1, _record_offset(r1, "/data/0") + 5)
-    elif damage == "world":
-        (native / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 3}))
-    elif damage == "tokenizer":
-        (native / "huggingface" / "tokenizer.json").write_text("{}")  # a tokenizer file without its config
-    elif damage == "config":
-        cfg = native / "huggingface" / "config.json"
-        cfg.write_text(cfg.read_text()[:-5])
-    else:
-        sd = torch.load(r1, weights_only=True)
-        key = next(iter(sd))
-        sd[key] = torch.zeros(3, 3)
-        torch.save(sd, r1)
-    report = verify_path(str(native))
-    msgs = lines(report)
-    assert not report.ok
-    hit = [m for m in msgs if named in m]
-    assert hit and any(reason in m for m in hit), msgs
-
-
-def test_safetensors_header_checks(tmp_path):
-    from safetensors.torch import save_file
-
-    path = tmp_path / "m.safetensors"
-    save_file({"a": torch.zeros(4, 4), "b": torch.ones(3)}, str(path))
-    assert check_safetensors_header(str(path)) is None
-    os.truncate(path, os.path.getsize(path) - 4)
-    assert "ends at" in check_safetensors_header(str(path))
-    save_file({"a": torch.zeros(4, 4)}, str(path))
-    _flip(path, 0)  # header length
-    assert check_safetensors_header(str(path)) is not None
-
-
 # --------------------------------------------------------------------------- CLI
 
 
@@ -340,68 +241,6 @@ def test_cli_help_lists_verify():
         [sys.executable, "-m", "slimckpt.cli", "verify", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
     )
     assert proc.returncode == 0 and "--quick" in proc.stdout and "--json" in proc.stdout
-
-
-def test_header_length_helper_matches_safetensors(tmp_path):
-    from safetensors.torch import save_file
-
-    save_file({"x": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
-    with open(tmp_path / "x.safetensors", "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-    assert n + 8 + 8 == os.path.getsize(tmp_path / "x.safetensors")
-
-
-# --------------------------------------------------------------------------- campaign (slow)
-
-
-@pytest.mark.slow
-def test_small_campaign_detects_every_corruption(tmp_path):
-    """20 corruptions of a real merge output and a real incremental save (plus 7 of a verl-native
-    one, reported apart): verify flags and names every one on slimckpt's formats, and the load
-    check refuses each incremental one with verify's own line. The undamaged sources verify clean."""
-    out = tmp_path / "c.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scripts.faults.corruption",
-            "--trials",
-            "20",
-            "--native_trials",
-            "7",
-            "--no_real_load",
-            "--seed",
-            "3",
-            "--json",
-            str(out),
-            "--workdir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        # the campaign makes real checkpoints and damages them 27 times (~50 s loaded); 400 s is a hang
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    r = json.loads(out.read_text())
-    s = r["slimckpt"]
-    assert s["trials"] == 20 and s["detected"] == 20 and s["named_right_file"] == 20, r["missed"]
-    assert s["load_refused_same_message"] == s["load_trials"] == 10
-    assert r["clean_sources_ok"] == ["incremental", "merge", "native"]
-    assert r["native"]["trials"] == 7
-
-
-def test_load_check_shares_bytes_evenly_across_ranks():
-    # two big rank shards must go to different ranks, whatever their order in the manifest
-    assert rm.share_by_bytes([100, 5, 3, 1, 100, 3], 2) == [0, 0, 1, 0, 1, 1]
-    sizes = [100, 5, 3, 1, 100, 3]
-    owner = rm.share_by_bytes(sizes, 2)
-    per_rank = [sum(s for s, o in zip(sizes, owner) if o == r) for r in range(2)]
-    assert max(per_rank) - min(per_rank) <= 5
-    assert rm.share_by_bytes([7], 4) == [0]
 
 
 def test_lock_files_next_to_a_subdir_are_not_extras(tmp_path):
