@@ -1,5 +1,6 @@
 """verl/checkpoint_config: SlimCheckpointConfig, the recipe block verl builds in the driver and every worker:
-it switches the checkpoint patches on, refuses an unsupported verl, and type-checks every field in one line."""
+it switches the checkpoint patches on, refuses an unsupported verl, type-checks every field and names a
+misspelt one in one line."""
 
 import textwrap
 
@@ -123,3 +124,31 @@ def test_recipe_config_rejects_a_string_bool_the_way_verl_builds_it(no_switch_on
     bad = compose_config(["+recipe=incremental", f"{node}.async_save=streem"])
     with pytest.raises(Exception, match=r"checkpoint.async_save='streem' \(str\) is not allowed; use false, true"):
         omega_conf_to_dataclass(bad.actor_rollout_ref.actor.checkpoint)
+
+
+def test_misspelled_field_names_the_field_and_the_valid_ones():
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = OmegaConf.create(
+        {
+            "_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig",
+            "recipe": "incremental",
+            "bukcet_mb": 3,
+        }
+    )
+    with pytest.raises(Exception) as info:
+        omega_conf_to_dataclass(cfg)
+    msg = str(info.value)
+    assert "'bukcet_mb'" in msg and "did you mean 'bucket_mb'" in msg and "host_memory_budget_gb" in msg
+
+
+def test_async_without_incremental_is_rejected():
+    from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
+
+    with pytest.raises(ValueError, match="incremental_save=true"):
+        SlimCheckpointConfig(recipe="incremental", async_save=True)
+    with pytest.raises(ValueError, match="bucket_mb"):
+        SlimCheckpointConfig(recipe="incremental", incremental_save=True, bucket_mb=0)
+    ok = SlimCheckpointConfig(recipe="incremental", incremental_save=True, async_save=True)
+    assert ok.host_memory_budget_gb > 0
