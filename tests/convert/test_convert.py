@@ -3,7 +3,8 @@ FSDP2, a tiny Llama) as +recipe=incremental saves them and as verl saves them, c
 rank files at other world sizes and resumed by unpatched verl (SLIMCKPT_DISABLE=1): at the same
 world size the losses that follow are bitwise those of the run that never stopped, at another the
 model, Adam state and scheduler equal the saved ones tensor for tensor. Then the refusals.
-FSDP1 (verl's strategy=fsdp): tests/convert/test_convert_fsdp1.py."""
+FSDP1 (verl's strategy=fsdp): tests/convert/test_convert_fsdp1.py. The modules this runs: convert/command,
+convert/source, convert/layout, convert/rank_file, convert/write (convert/plan's pure tests: test_plan.py)."""
 
 from __future__ import annotations
 

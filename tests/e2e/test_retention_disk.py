@@ -1,7 +1,7 @@
 """Retention that fits a large model's disk: keep_optimizer_last (only the newest steps keep their
-optimizer state) and keep_best (the best steps by a logged metric), never the tracker's step or a
-step a reader holds; `slimckpt plan`'s numbers for it; a dropped step resumes model-only and passes
-`slimckpt verify`. The slow tests run verl's real FSDPCheckpointManager under torchrun
+optimizer state) and keep_best (the best steps by a logged metric, recorded under the root
+save/driver/driver_state keeps on verl's logger), never the tracker's step or a step a reader holds;
+`slimckpt plan`'s numbers for it; a dropped step resumes model-only and passes `slimckpt verify`. The slow tests run verl's real FSDPCheckpointManager under torchrun
 (slimckpt_testing/scenarios/retention.py), in both formats our recipes write."""
 
 from __future__ import annotations

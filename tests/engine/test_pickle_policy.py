@@ -2,7 +2,7 @@
 runs, by merge (one process and distributed), verify and a trainer's resume, naming the file and
 the global; `--trust-pickle` / `checkpoint.trust_pickle` let it run. And nothing legitimate is
 refused: every checkpoint kind loads through the restricted loader (conftest also fails any test of
-the suite whose checkpoints got a refusal)."""
+the suite whose checkpoints got a refusal). A resume's refusal on every rank together: resume/pickle_gate."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """The incremental tier's resume state saved and loaded through verl's real FSDPCheckpointManager under torchrun
 (slow). Its parts alone: tests/layout/test_resume_manifest.py (the commit record, the retention guard, the
 tracker file), tests/save/test_tracker.py (the commit watcher), tests/save/test_rng_reshard.py,
-tests/verl/test_checkpoint_config.py (the config's checks)."""
+tests/verl/test_checkpoint_config.py (the config's checks). The modules the saves and loads here run:
+verl/save_target, save/state_dicts, save/optim_capture, save/extra_state, save/export/intermediate (the
+intermediate tier's export of a lora-only save)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""async_save=stream: the capture's read/guard protocol on plain tensors (in process), and the real
-thing through verl's FSDPCheckpointManager at 2 ranks (slimckpt_testing/scenarios/stream.py in the ws2 batch)."""
+"""async_save=stream: the capture's read/guard protocol on plain tensors (in process), and the real thing through
+verl's FSDPCheckpointManager at 2 ranks (slimckpt_testing/scenarios/stream.py in the ws2 batch), planned by
+save/modes/stream_planner."""
 
 from __future__ import annotations
 
