@@ -7,6 +7,7 @@ import pytest
 
 import slimckpt.engine.resume_records as rr
 import slimckpt.layout.resume_manifest as rm
+from slimckpt.layout.resume_manifest import FAILED_PREFIX, TRACKER_NAME
 
 from ..helpers.resume_dirs import commit_manifest as _commit
 from ..helpers.resume_dirs import role_dir as _role_dir
@@ -147,3 +148,25 @@ def test_watched_roles_follow_the_configs():
     assert watched_roles(trainer({**slim, "async_save": True}, slim, use_critic=False)) == ["actor"]
     with pytest.raises(ValueError, match="actor_rollout_ref.actor.checkpoint.async_save=true"):
         watched_roles(trainer(verl, {**slim, "async_save": True}))
+
+
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_async_commit_watcher_follows_on_save_error(tmp_path, keep_going):
+    """Async saves: the driver's watcher sees the failed step's marker; continue logs it, stop raises;
+    the tracker never moves to it either way."""
+    from slimckpt.save.driver.tracker import CommitWatcher
+
+    role = tmp_path / "global_step_5" / "actor"
+    role.mkdir(parents=True)
+    (tmp_path / TRACKER_NAME).write_text("4")
+    (role / f"{FAILED_PREFIX}0.txt").write_text("disk full")
+    watcher = CommitWatcher(str(tmp_path))
+    watcher.keep_going = keep_going
+    watcher.after_save(5, ["actor"])
+    if keep_going:
+        # the failure marker is on disk: the watcher's next 0.2 s poll sees it; 30 s is a hang
+        watcher.wait(timeout=30)
+    else:
+        with pytest.raises(RuntimeError, match="step 5 failed"):
+            watcher.wait(timeout=30)
+    assert (tmp_path / TRACKER_NAME).read_text() == "4"
