@@ -36,7 +36,7 @@ def build(layout: str):
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
     from transformers import AutoModelForCausalLM
 
-    from slimckpt_testing.verl_checkpoints import resume_scenarios
+    from slimckpt_testing.scenarios import resume as resume_scenarios
     from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, wrap_fsdp2
 
     torch.manual_seed(0)

@@ -53,13 +53,13 @@ def repo() -> Path:
 
 @pytest.fixture(scope="session")
 def ws2_scenarios(tmp_path_factory) -> Path:
-    """tests/scenarios/batch.py: the 2-rank torchrun scenarios of tests/save/test_resume_state.py and
+    """slimckpt_testing/scenarios/batch.py: the 2-rank torchrun scenarios of tests/save/test_resume_state.py and
     tests/save/test_export_direct.py in one torchrun (one start-up instead of six); the result of
     scenario NAME is under <dir>/NAME (read it with scenario_result)."""
     root = tmp_path_factory.mktemp("ws2_scenarios")
     run = launch(
         2,
-        "tests.scenarios.batch",
+        "slimckpt_testing.scenarios.batch",
         "--dir",
         str(root),
         # ~70 s for every scenario on a loaded host; above the batch's own 540 s, so a hang dumps stacks first

@@ -4,7 +4,7 @@ the group; the caller reads the JSON the scenario wrote on rank 0.
 
     python -m torch.distributed.run --standalone --nproc_per_node N -m slimckpt_testing.launch MODULE [ARGS ...]
 
-MODULE is a dotted module name (run from the repository root for `tests.scenarios.*`). It defines
+MODULE is a dotted module name (run from the repository root for `slimckpt_testing.scenarios.*`). It defines
     parse_args(argv) -> argparse.Namespace     its flags
     run(args) -> None                           the scenario, on the open gloo group
 and may define

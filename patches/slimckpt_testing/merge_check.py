@@ -33,6 +33,17 @@ class CheckResult:
         return not self.problems and self.tensors > 0
 
 
+def adapter_config_fields(raw: bytes) -> dict:
+    """An adapter_config.json's fields, target_modules sorted. verl's merger and peft both pass that
+    field through Python sets, whose order follows the string hashes (PYTHONHASHSEED, and on a
+    collision the order the names went in), so one merge may list the same modules in another order
+    than the next; peft reads the field back as a set."""
+    d = json.loads(raw)
+    if isinstance(d.get("target_modules"), list):
+        d["target_modules"] = sorted(d["target_modules"])
+    return d
+
+
 def _rank_files(shards: str) -> list[str]:
     files = glob.glob(os.path.join(shards, "model_world_size_*_rank_*.pt"))
     return sorted(files, key=lambda p: int(re.search(r"_rank_(\d+)\.pt$", p).group(1)))

@@ -10,7 +10,7 @@ Each row is one fresh `torchrun --nproc_per_node 2` (FSDP2, gloo, CPU) that buil
 (scripts.bench.save.build_model, random fp32 weights, each rank materialising only its shard, an SGD
 optimizer without state) and then times one `save_resume_state` of `[model, extra]` with
 `CheckpointOptions(recipe="incremental", incremental_save=True, async_save=False)` (no HF export), the
-SaveTarget built by hand as tests/scenarios/s3_engine_step.py does. Targets:
+SaveTarget built by hand as slimckpt_testing/scenarios/s3_engine_step.py does. Targets:
 
   disk  a fresh local dir under --work, deleted after the row
   s3    `s3://` on a fresh SeaweedFS (`weed mini`, slimckpt_testing.s3_server) whose data lives under

@@ -44,7 +44,7 @@ MODES: dict[str, tuple[str | None, dict[str, Any]]] = {
     "quickstart": ("quickstart", {}),
     "incremental-sync": ("incremental", {"async_save": False}),
     "incremental-async": ("incremental", {"async_save": True}),
-    # not in reliability.py's SAVE_MODES (make faults): tests/scenarios/keep1.py runs it
+    # not in reliability.py's SAVE_MODES (make faults): scripts/faults/keep1.py runs it
     "incremental-stream": ("incremental", {"async_save": "stream"}),
 }
 MERGE_MODES = ("merge", "verl-merge")

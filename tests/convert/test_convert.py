@@ -3,7 +3,8 @@ FSDP2, a tiny Llama) as +recipe=incremental saves them and as verl saves them, c
 rank files at other world sizes and resumed by unpatched verl (SLIMCKPT_DISABLE=1): at the same
 world size the losses that follow are bitwise those of the run that never stopped, at another the
 model, Adam state and scheduler equal the saved ones tensor for tensor. Then the refusals.
-FSDP1 (verl's strategy=fsdp): tests/convert/test_convert_fsdp1.py."""
+FSDP1 (verl's strategy=fsdp): tests/convert/test_convert_fsdp1.py. The modules this runs: convert/command,
+convert/source, convert/layout, convert/rank_file, convert/write (convert/plan's pure tests: test_plan.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ STEP = 3
 
 
 def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    return scenario(nproc, "tests.scenarios.convert", *args, env=env, check=check)
+    return scenario(nproc, "slimckpt_testing.scenarios.convert", *args, env=env, check=check)
 
 
 def convert(step_dir: Path, world: int, target: Path, fsdp: int | None = None, overwrite: bool = False) -> str:
@@ -261,31 +262,3 @@ def test_killed_convert_leaves_nothing_verl_would_load(saved, tmp_path):
     assert find_latest_ckpt_path(str(target)) is None  # no tracker, no step dir: verl starts nothing from it
     convert(step, 2, target)  # a rerun replaces what the killed one left
     assert sorted(p.name for p in target.iterdir()) == [f"global_step_{STEP}", "latest_checkpointed_iteration.txt"]
-
-
-# --------------------------------------------------------------------------- plan (pure)
-
-
-def test_rows_follow_torch_chunk():
-    import torch
-
-    for rows in (0, 1, 5, 16, 17):
-        for world in (1, 2, 3, 4, 7):
-            chunks = [c.shape[0] for c in torch.arange(rows).chunk(world)] if rows else []
-            got = [plan.row_range(rows, world, r) for r in range(world)]
-            sizes = [b - a for a, b in got]
-            assert sizes[: len(chunks)] == chunks and not any(sizes[len(chunks) :]), (rows, world, got)
-            assert got[0][0] == 0 and all(got[i][1] == got[i + 1][0] for i in range(world - 1))
-
-
-def test_flat_runs_cover_every_element_once():
-    numels = [7, 1, 12, 5]
-    for world in (1, 2, 3, 5):
-        seen = [[] for _ in numels]
-        size = plan.flat_shard(sum(numels), world)
-        for rank in range(world):
-            for i, a, b, at in plan.flat_runs(numels, world, rank):
-                assert 0 <= at and at + b - a <= size
-                seen[i].append((a, b))
-        for i, n in enumerate(numels):
-            assert sorted(seen[i])[0][0] == 0 and sum(b - a for a, b in seen[i]) == n

@@ -135,7 +135,7 @@ def test_async_keep1_saves_go_on_when_retention_beats_the_tracker_watcher(tmp_pa
     the four saves go through and the resume is exact at the last step. async_save=stream keeps
     the same retention and tracker behaviour."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.scenarios.keep1", str(tmp_path / "work"), mode],
+        [sys.executable, "-m", "scripts.faults.keep1", str(tmp_path / "work"), mode],
         capture_output=True,
         text=True,
         # 4 saves of 2 ranks and a resume: ~40 s on a loaded host; the old watcher's hang ends here

@@ -1,8 +1,8 @@
 """Retention that fits a large model's disk: keep_optimizer_last (only the newest steps keep their
-optimizer state) and keep_best (the best steps by a logged metric), never the tracker's step or a
-step a reader holds; `slimckpt plan`'s numbers for it; a dropped step resumes model-only and passes
-`slimckpt verify`. The slow tests run verl's real FSDPCheckpointManager under torchrun
-(tests/scenarios/retention.py), in both formats our recipes write."""
+optimizer state) and keep_best (the best steps by a logged metric, recorded under the root
+save/driver/driver_state keeps on verl's logger), never the tracker's step or a step a reader holds;
+`slimckpt plan`'s numbers for it; a dropped step resumes model-only and passes `slimckpt verify`. The slow tests run verl's real FSDPCheckpointManager under torchrun
+(slimckpt_testing/scenarios/retention.py), in both formats our recipes write."""
 
 from __future__ import annotations
 
@@ -210,7 +210,7 @@ def test_the_trainers_tracking_records_metrics_at_save_steps_only(tmp_path):
 def _scenario(tmp_path: Path, fmt: str) -> dict:
     run = launch(
         2,
-        "tests.scenarios.retention",
+        "slimckpt_testing.scenarios.retention",
         "--dir",
         str(tmp_path),
         "--format",

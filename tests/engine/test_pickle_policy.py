@@ -2,7 +2,7 @@
 runs, by merge (one process and distributed), verify and a trainer's resume, naming the file and
 the global; `--trust-pickle` / `checkpoint.trust_pickle` let it run. And nothing legitimate is
 refused: every checkpoint kind loads through the restricted loader (conftest also fails any test of
-the suite whose checkpoints got a refusal)."""
+the suite whose checkpoints got a refusal). A resume's refusal on every rank together: resume/pickle_gate."""
 
 from __future__ import annotations
 
@@ -20,11 +20,18 @@ from slimckpt.engine.safe_load import load_torch_file
 from slimckpt.engine.step_pickles import dcp_refusals
 from slimckpt.verify.command import verify_path
 from slimckpt_testing.launch import launch
+from slimckpt_testing.pickle_traps import (
+    TRAPPED_GLOBAL,
+    Trap,
+    trap_bytes_record,
+    trap_extra,
+    trap_metadata,
+    trap_torch_file,
+)
 
 from ..conftest import REPO, pickle_refusals
 from ..helpers.launch import torchrun
 from ..helpers.merge_helpers import fsdp_checkpoint, run_cli, synthetic_checkpoint, synthetic_dcp_step
-from ..helpers.pickle_traps import TRAPPED_GLOBAL, Trap, trap_bytes_record, trap_extra, trap_metadata, trap_torch_file
 from ..merge.test_merge_lora import FIXTURE_ARGS as LORA_ARGS
 from ..merge.test_verl_merger import CHECKPOINTS, SHARDED_TENSOR
 
@@ -289,13 +296,13 @@ def test_distributed_merge_refuses_on_every_rank(trapped_native, trapped_dcp, tm
 @pytest.mark.slow
 @pytest.mark.pickle_refusals
 def test_trainer_resume_refuses_trapped_steps_on_every_rank(tmp_path):
-    """verl's FSDPCheckpointManager under a recipe (tests/scenarios/pickle_trap.py): the incremental
+    """verl's FSDPCheckpointManager under a recipe (slimckpt_testing/scenarios/pickle_trap.py): the incremental
     tier's .metadata, extra state and optimizer record, and verl's own model, optim and extra_state
     files, each trapped: every rank raises the same line before loading anything; the steps as saved
     (AdamW and SGD state) load; with checkpoint.trust_pickle the trap runs."""
     launched = launch(
         2,
-        "tests.scenarios.pickle_trap",
+        "slimckpt_testing.scenarios.pickle_trap",
         "--dir",
         str(tmp_path),
         env={"OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"},

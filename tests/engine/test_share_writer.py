@@ -1,17 +1,22 @@
 """The merge's writer (slimckpt.engine.share_writer.ShareWriter) over real rank files: the bytes are the
 tensors in the output dtype whatever the chunk size or the number of workers, and a chunk already in
-the output dtype is written straight from the mapped rank file."""
+the output dtype is written straight from the mapped rank file; chunked positional writes shared by
+workers, diverging copies refused, chunks bounded."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
+import slimckpt.layout.merge_manifest as manifest
 import slimckpt.layout.safetensors_layout as layout
 from slimckpt.engine import out_files
 from slimckpt.engine.out_files import create_files
 from slimckpt.engine.share_writer import ShareWriter
-from slimckpt.engine.verl_sources import SourceTensor
+from slimckpt.engine.verl_sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
 
 
 def _rank_files(tmp_path, full: torch.Tensor, world: int) -> SourceTensor:
@@ -79,3 +84,76 @@ def test_a_chunk_already_in_the_output_dtype_is_written_from_the_mapped_file(tmp
     fp32 = _sources(tmp_path / "fp32", torch.float32)
     assert _write(tmp_path, "cast", fp32, 4096).endswith(_want(fp32))
     assert staged, "an fp32 source is cast into the staging buffers"
+
+
+def _plan_and_sources(tensors: dict[str, SourceTensor], out_dtype: torch.dtype):
+    st = TORCH_TO_SAFETENSORS[out_dtype]
+    specs = [layout.TensorSpec(n, st, s.shape) for n, s in tensors.items()]
+    return layout.plan_files(specs, "5GB")
+
+
+def _sharded(name, full: torch.Tensor, dim: int, n: int) -> SourceTensor:
+    pieces = list(torch.chunk(full, n, dim=dim))
+    return SourceTensor(name, tuple(full.shape), full.dtype, dim, pieces, list(range(len(pieces))))
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 100, 64 << 20])
+@pytest.mark.parametrize("n_workers", [1, 3])
+def test_writer_chunks_and_shares(tmp_path, chunk_bytes, n_workers):
+    g = torch.Generator().manual_seed(0)
+    full = {
+        "w": torch.randn(37, 11, generator=g),
+        "v": torch.randn(10, 4, 3, generator=g),
+        "c": torch.randn(6, 9, generator=g),
+        "s": torch.tensor(3.5),
+        "i": torch.arange(7),
+        "e": torch.zeros(0, 5),
+    }
+    sources = {
+        "w": _sharded("w", full["w"], 0, 3),  # uneven: 13, 13, 11
+        "v": _sharded("v", full["v"], 1, 2),  # Shard(1)
+        "c": _sharded("c", full["c"], 1, 3),
+        "s": SourceTensor("s", (), torch.float32, None, [full["s"], full["s"].clone()], [0, 1]),
+        "i": SourceTensor("i", (7,), torch.int64, None, [full["i"]], [0]),
+        "e": _sharded("e", full["e"], 0, 2),
+    }
+    plan = _plan_and_sources(sources, torch.bfloat16)
+    root = str(tmp_path)
+    create_files(root, plan)
+    checksums = {}
+    for share in layout.partition(plan, n_workers):
+        w = ShareWriter(root, plan, sources, torch.bfloat16, chunk_bytes=chunk_bytes)
+        w.write_share(share)
+        checksums.update(w.checksums)
+    out = load_file(str(tmp_path / "model.safetensors"))
+    for name, t in full.items():
+        assert torch.equal(out[name], t.to(torch.bfloat16)), name
+    expected = manifest.file_checksum(str(tmp_path / "model.safetensors"))
+    if n_workers == 1:
+        assert checksums == {"model.safetensors": expected}  # computed while writing, no read-back
+    else:
+        assert checksums.get("model.safetensors", expected) == expected
+
+
+def test_writer_detects_diverging_copies(tmp_path):
+    a = torch.ones(4)
+    sources = {"n": SourceTensor("n", (4,), torch.float32, None, [a, a + 1], [0, 3])}
+    plan = _plan_and_sources(sources, torch.bfloat16)
+    create_files(str(tmp_path), plan)
+    with pytest.raises(CheckpointError, match="rank_3.pt: unsharded entry 'n' differs"):
+        ShareWriter(str(tmp_path), plan, sources, torch.bfloat16).write_share(layout.partition(plan, 1)[0])
+
+
+def test_writer_bounded_chunks(tmp_path, monkeypatch):
+    """No single cast/write is larger than the chunk (here 4 KiB of a 400 KiB tensor)."""
+    full = torch.randn(400, 256)
+    sources = {"w": _sharded("w", full, 0, 2)}
+    plan = _plan_and_sources(sources, torch.bfloat16)
+    create_files(str(tmp_path), plan)
+    sizes = []
+    real = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, off: sizes.append(len(data)) or real(fd, data, off))
+    ShareWriter(str(tmp_path), plan, sources, torch.bfloat16, chunk_bytes=4096).write_share(
+        layout.partition(plan, 1)[0]
+    )
+    assert max(sizes) <= 4096 and sum(sizes) == 400 * 256 * 2

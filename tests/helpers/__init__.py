@@ -1,1 +1,1 @@
-"""Helpers the tests share: checkpoints to merge and verl's merger (merge_helpers), slimckpt's log lines (slim_logs), the background verl trainer runs (verl_runs), booby-trapped pickles (pickle_traps)."""
+"""Helpers the tests share: checkpoints to merge and verl's merger (merge_helpers), slimckpt's log lines (slim_logs), the background verl trainer runs (verl_runs), role dirs of the incremental tier (resume_dirs)."""

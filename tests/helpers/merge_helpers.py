@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from slimckpt_testing.launch import STACKS_ON_ABORT, end_hung_tree
+from slimckpt_testing.merge_check import adapter_config_fields
 from slimckpt_testing.synthetic import synthetic_checkpoint, tiny_llama_config  # noqa: F401  (the tests' names)
 from tests.helpers.launch import REPO, torchrun
 
@@ -212,17 +213,6 @@ def tree_bytes(path: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
         for p in sorted(Path(path).rglob("*"))
         if p.is_file() and p.name != MANIFEST_NAME and p.name not in skip
     }
-
-
-def adapter_config_fields(raw: bytes) -> dict:
-    """An adapter_config.json's fields, target_modules sorted. verl's merger and peft both pass that
-    field through Python sets, whose order follows the string hashes (PYTHONHASHSEED, and on a
-    collision the order the names went in), so one merge may list the same modules in another order
-    than the next; peft reads the field back as a set."""
-    d = json.loads(raw)
-    if isinstance(d.get("target_modules"), list):
-        d["target_modules"] = sorted(d["target_modules"])
-    return d
 
 
 def same_adapter_config(a: bytes, b: bytes) -> bool:

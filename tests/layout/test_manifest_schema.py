@@ -1,7 +1,7 @@
 """One manifest schema: a merge output's manifest.json and an incremental step's slimckpt_resume.json
-list their files as the same records ({path, size, checksum}), written by one put; manifests written
-before (a merge's files as a dict by path, format_version 1; a step's sizes spelled `bytes`,
-slimckpt-resume/1) are still read, checked and verified. The fixtures under fixtures/old_manifests
+list their files as the same records ({path, size, checksum}), written by one put (engine/manifest_put);
+manifests written before (a merge's files as a dict by path, format_version 1; a step's sizes spelled
+`bytes`, slimckpt-resume/1) are still read, checked and verified. The fixtures under fixtures/old_manifests
 were written by the code of that time."""
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """slimckpt merge of incremental-tier steps (dcp/), from the real 2-rank FSDP2 saves of
-tests/scenarios/batch.py (no torchrun of its own): the output equals the save's own huggingface/
+slimckpt_testing/scenarios/batch.py (no torchrun of its own): the output equals the save's own huggingface/
 export (fp32) and our merge of verl's rank files of the same step (which tests/merge/test_verl_merger.py
 holds equal to verl's merger), tensor for tensor, and loads with from_pretrained; a critic step
-(never exported) equals the model's own state dict; bad steps end in one line, nothing committed."""
+(never exported) equals the model's own state dict; bad steps end in one line, nothing committed. A step's
+dcp/ is read by engine/dcp_step."""
 
 from __future__ import annotations
 

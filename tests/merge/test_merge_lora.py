@@ -3,7 +3,7 @@ with peft's names undone, and `lora_adapter/` with the adapter and its `adapter_
 `--merge_lora` writes W + (B @ A) * alpha / r into the base weights exactly as peft's
 `merge_and_unload()` makes them. The checkpoints: one torchrun saves a Llama and a Qwen3-MoE (peft on
 q_proj/v_proj, r=4, alpha=8, one AdamW step so B is not zero) through verl's FSDPCheckpointManager,
-FSDP2 at world size 2."""
+FSDP2 at world size 2. The adapter's side of the export: hf/lora."""
 
 from __future__ import annotations
 

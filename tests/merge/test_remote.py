@@ -2,7 +2,7 @@
 incremental step written by the engine to the server merges and converts equal to the same step written
 to disk; `slimckpt verify` names a flipped byte's object; a kill mid-upload leaves nothing any reader
 takes; a wrong endpoint, secret or bucket fails in one line before anything is written; the secret
-appears in no output."""
+appears in no output. The mirrors of a remote step: engine/remote_step, convert/remote."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _save(env: dict, local: str, url: str, *more: str) -> subprocess.CompletedPr
     # two gloo ranks, a tiny Llama, one step to each place: ~20 s; 300 s is a hang
     run = launch(
         2,
-        "tests.scenarios.s3_engine_step",
+        "slimckpt_testing.scenarios.s3_engine_step",
         "--local-dir",
         local,
         "--url",

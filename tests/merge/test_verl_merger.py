@@ -1,6 +1,7 @@
 """slimckpt merge on real verl checkpoints (verl's FSDPCheckpointManager under torchrun, CPU/gloo):
 the same tensors as verl's own merger, the same logits as the source weights, the same bytes whatever
-the number of workers or ranks, and `python -m verl.model_merger merge` redirected to it."""
+the number of workers or ranks, and `python -m verl.model_merger merge` redirected to it. The modules this
+runs: merge/command, merge/workers, hf/lay_out."""
 
 from __future__ import annotations
 

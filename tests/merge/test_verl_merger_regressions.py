@@ -4,9 +4,9 @@ slimckpt's merge, each output compared exactly with the unsharded model the chec
 (its `save_pretrained`: the names, the dropped tied key and the per-expert split a Hugging Face save
 makes; bf16 as verl writes, and slimckpt's fp32 too, where no rounding hides a wrong value).
 
-slimckpt must be right on every case, by its streaming merge (a fallback to verl's merger would
-inherit verl's bugs). Where verl is wrong the test holds verl's output exactly as it is, so it fails
-once verl changes; docs/merge.md has the table.
+slimckpt must be right on every case, by its streaming merge (a fallback to verl's merger would inherit verl's
+bugs; verl_files/in_process_merger runs it). Where verl is wrong the test holds verl's output exactly as it
+is, so it fails once verl changes; docs/merge.md has the table.
 
 The checkpoints: one fake-process-group interpreter writes Gemma4 (persistent `layer_scalar` buffers,
 tied embeddings) with its norms left unsharded at world size 64, rank by rank, and again with the

@@ -2,9 +2,7 @@
 
 import sys
 
-from slimckpt.observe.diskspeed import DiskSpeed, measure_disk_speed
 from slimckpt.observe.measure import median, run_measured
-from slimckpt.observe.memory import RssSampler, rss_anon_bytes
 
 
 def test_run_measured_sees_a_child_allocation():
@@ -24,27 +22,6 @@ def test_run_measured_sees_each_process_of_a_tree():
     res = run_measured([sys.executable, "-c", outer])
     assert len(res.peaks) >= 2
     assert res.max_peak >= 200 * 2**20
-
-
-def test_in_process_sampler_sees_a_plateau():
-    with RssSampler(interval_s=0.002) as sampler:
-        block = bytearray(128 * 2**20)
-        block[::4096] = b"y" * len(block[::4096])
-        import time
-
-        # 25 of the sampler's 2 ms intervals: the plateau is sampled however the threads are scheduled
-        time.sleep(0.05)
-    assert sampler.result.extra >= 120 * 2**20
-    del block
-    assert rss_anon_bytes() > 0
-
-
-def test_disk_speed_and_io_floor(tmp_path):
-    speed = measure_disk_speed(str(tmp_path), size_bytes=64 * 2**20)
-    assert speed.write_bytes_per_s > 0 and speed.read_bytes_per_s > 0
-    assert not list(tmp_path.iterdir())
-    floor = DiskSpeed(write_bytes_per_s=1e9, read_bytes_per_s=2e9, size_bytes=0).io_floor_s(4e9, 1e9)
-    assert floor == 3.0
 
 
 def test_median():
@@ -68,37 +45,3 @@ def test_forked_child_shared_pages_count_once():
     # other; measured: BENCHMARKS.md, Figures quoted in the code); still far below the double count
     assert 290 * 2**20 <= res.shared_peak <= 420 * 2**20
     assert res.physical_peak == max(res.max_peak, res.shared_peak)
-
-
-def test_fastest_of_takes_each_bandwidth_at_its_best():
-    from slimckpt.observe.diskspeed import fastest_of
-
-    a = DiskSpeed(write_bytes_per_s=1e9, read_bytes_per_s=3e9, size_bytes=7, mixed_bytes_per_s=1e9)
-    b = DiskSpeed(write_bytes_per_s=2e9, read_bytes_per_s=1e9, size_bytes=7, mixed_bytes_per_s=0.5e9)
-    best = fastest_of([a, b])
-    assert (best.write_bytes_per_s, best.read_bytes_per_s, best.mixed_bytes_per_s) == (2e9, 3e9, 1e9)
-    assert best.io_floor_s(3e9, 2e9) == 2.0 < min(a.io_floor_s(3e9, 2e9), b.io_floor_s(3e9, 2e9))
-
-
-def test_direct_io_is_measured_at_each_request_size_and_the_faster_kept(tmp_path, monkeypatch):
-    """A disk that serves small O_DIRECT requests faster than large ones gets the small ones' speed as
-    its floor, not the large ones' (measured: BENCHMARKS.md, Figures quoted in the code)."""
-    from slimckpt.observe import diskspeed
-
-    seen = []
-
-    def write(path, size, direct, chunk=diskspeed.CHUNK):
-        seen.append((direct, chunk))
-        open(path, "wb").close()
-        return {False: 1e9, True: 3e9 if chunk == diskspeed.DIRECT_CHUNKS[0] else 2e9}[direct]
-
-    def read(path, direct, chunk=diskspeed.CHUNK):
-        return {False: 1e9, True: 5e9 if chunk == diskspeed.DIRECT_CHUNKS[0] else 4e9}[direct]
-
-    monkeypatch.setattr(diskspeed, "_write", write)
-    monkeypatch.setattr(diskspeed, "_read", read)
-    monkeypatch.setattr(diskspeed, "_mixed", lambda *a: 1e9)
-    speed = diskspeed.measure_disk_speed(str(tmp_path), size_bytes=4096, repeats=1)
-    assert sorted(set(seen)) == [(False, diskspeed.CHUNK)] + [(True, c) for c in sorted(diskspeed.DIRECT_CHUNKS)]
-    assert (speed.direct_write_bytes_per_s, speed.direct_read_bytes_per_s) == (3e9, 5e9)
-    assert (speed.write_bytes_per_s, speed.read_bytes_per_s) == (3e9, 5e9)

@@ -1,4 +1,4 @@
-"""slimckpt.options.checkpoint_options.role_options: a role's checkpoint section found the same way in the trainer's
+"""slimckpt.options.checkpoint_options.role_options and async_mode: a role's checkpoint section found the same way in the trainer's
 DictConfig and in the plain dict verl's Tracking is given, read as options_of reads it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from slimckpt.options.checkpoint_options import ROLE_SECTIONS, role_options
+from slimckpt.options.checkpoint_options import ROLE_SECTIONS, async_mode, role_options
 
 SLIM = {"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"}
 VERL = {"_target_": "verl.trainer.config.CheckpointConfig"}
@@ -43,3 +43,16 @@ def test_verls_own_section_a_missing_role_and_a_non_mapping_read_as_none():
 def test_a_bad_value_is_refused_as_the_config_class_refuses_it():
     with pytest.raises(ValueError, match="async_save"):
         role_options(_config({**SLIM, "async_save": "sometimes"}, None), "actor")
+
+
+def test_async_mode_reads_every_spelling():
+    assert [async_mode(v) for v in (None, False, "false", True, "true", "pool", "stream", "Stream")] == [
+        "off",
+        "off",
+        "off",
+        "pool",
+        "pool",
+        "pool",
+        "stream",
+        "stream",
+    ]

@@ -216,18 +216,3 @@ def test_a_model_only_recipe_in_the_users_own_dir_says_what_protects_the_run(com
     line = model_only_line(config(composed, "quickstart", tmp_path))
     assert line.count("\n") == 0 and f"saves model-only steps in {tmp_path}/ckpt" in line
     assert "stops at start-up in one line" in line
-
-
-def test_a_local_verl_build_is_named_in_one_line():
-    import json
-
-    from slimckpt.verl_files.version import build_note
-
-    assert build_note("0.9.1", "") == ""  # the release from the index
-    assert build_note("0.9.1", json.dumps({"url": "https://files.pythonhosted.org/x.whl", "archive_info": {}})) == ""
-    local = build_note("0.9.1+corp.3", "")
-    assert local.count("\n") == 0 and "a local build (+corp.3)" in local and "verl==0.9.1" in local
-    editable = build_note("0.9.1", json.dumps({"url": "file:///src/verl", "dir_info": {"editable": True}}))
-    assert "an editable install of file:///src/verl" in editable
-    vcs = build_note("0.9.1", json.dumps({"url": "https://github.com/x/verl", "vcs_info": {"commit_id": "a" * 40}}))
-    assert "a build of https://github.com/x/verl at aaaaaaaaaaaa" in vcs

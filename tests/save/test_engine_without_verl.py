@@ -22,7 +22,7 @@ def test_engine_saves_and_resumes_fsdp2_without_verl(tmp_path):
     env = {**env_without_verl(tmp_path / "hook"), "OMP_NUM_THREADS": "1", "SLIMCKPT_LOG_LEVEL": "WARNING"}
     run = launch(  # two gloo ranks, three saves and loads of a tiny model: ~20 s; 300 s is a hang
         2,
-        "tests.scenarios.engine_without_verl",
+        "slimckpt_testing.scenarios.engine_without_verl",
         "--dir",
         str(tmp_path),
         timeout=300,

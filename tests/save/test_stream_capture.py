@@ -1,5 +1,6 @@
-"""async_save=stream: the capture's read/guard protocol on plain tensors (in process), and the real
-thing through verl's FSDPCheckpointManager at 2 ranks (tests/scenarios/stream.py in the ws2 batch)."""
+"""async_save=stream: the capture's read/guard protocol on plain tensors (in process), and the real thing through
+verl's FSDPCheckpointManager at 2 ranks (slimckpt_testing/scenarios/stream.py in the ws2 batch), planned by
+save/modes/stream_planner."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def test_read_hook_pauses_the_writer_before_a_live_read_only():
 
 @pytest.mark.slow
 def test_stream_save_equals_sync_bit_for_bit_guards_mutations_and_resumes(ws2_scenarios):
-    """FSDP2 at 2 ranks, tied embeddings, HF export (tests/scenarios/stream.py)."""
+    """FSDP2 at 2 ranks, tied embeddings, HF export (slimckpt_testing/scenarios/stream.py)."""
     r = scenario_result(ws2_scenarios, "stream", "stream_result.json")
     # 1: the writer was paused while training stepped; the guard copied the unread rest
     assert not r["committed_while_paused"] and r["guards"] == 1
@@ -161,7 +162,7 @@ RACES = [
 @pytest.mark.parametrize("fsdp", [2, 1])
 def test_stream_save_raced_by_user_code_is_never_committed_with_the_changed_weights(ws2_scenarios, fsdp):
     """Right after save_checkpoint returns, the weights are changed as user code changes them
-    (RACES, run by tests/scenarios/stream.py: `p.add_` then the optimizer step, with and without the HF
+    (RACES, run by slimckpt_testing/scenarios/stream.py: `p.add_` then the optimizer step, with and without the HF
     export; an optimizer step that runs no guard; `load_state_dict`; `to_local()` changed on one
     rank). FSDP2 reads the live shards: each such step fails on every rank in one line naming the
     tensor, is never committed, and the tracker stays on the last committed step. FSDP1 writes

@@ -2,7 +2,7 @@
 copies verl makes and keeps what a reload drops until it has read it (slimckpt.save.modes.stream_guards,
 StreamCapture.before_move/after_move). In process on a module with a device move that really
 moves storage on a CPU, then through verl's FSDPCheckpointManager and FSDPEngine.save_checkpoint
-at 2 ranks (tests/scenarios/stream_offload.py)."""
+at 2 ranks (slimckpt_testing/scenarios/stream_offload.py)."""
 
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def test_plan_under_offload_keeps_the_offloaded_part_and_guards_only_the_rest():
 @pytest.mark.slow
 def test_stream_under_offload_through_verl_equals_sync_resumes_and_holds_sync_level_memory(tmp_path):
     """FSDP2 at 2 ranks through verl's FSDPCheckpointManager and FSDPEngine.save_checkpoint, both
-    offloads on, the device move doubled on the CPU (tests/scenarios/stream_offload.py)."""
+    offloads on, the device move doubled on the CPU (slimckpt_testing/scenarios/stream_offload.py)."""
     env = {
         "OMP_NUM_THREADS": "1",
         "SLIMCKPT_LOG_LEVEL": "WARNING",
@@ -203,7 +203,7 @@ def test_stream_under_offload_through_verl_equals_sync_resumes_and_holds_sync_le
     }
     run = launch(
         2,
-        "tests.scenarios.stream_offload",
+        "slimckpt_testing.scenarios.stream_offload",
         "--dir",
         str(tmp_path),
         # ~40 s on a loaded host; above the scenario's 240 s group timeout, so a hung collective says so first

@@ -1,5 +1,5 @@
 """A load, verify or merge right after a save sees the committed step, in every async_save mode:
-verl's checkpoint round trip (tests/scenarios/roundtrip.py) under torchrun, FSDP1 and FSDP2, plus
+verl's checkpoint round trip (slimckpt_testing/scenarios/roundtrip.py) under torchrun, FSDP1 and FSDP2, plus
 the in-process registry of commits in flight (slimckpt.storage.in_flight)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def round_trips(request, tmp_path_factory) -> tuple[int, dict]:
     root = tmp_path_factory.mktemp(f"roundtrip_fsdp{fsdp}")
     run = launch(
         2,
-        "tests.scenarios.roundtrip",
+        "slimckpt_testing.scenarios.roundtrip",
         "--dir",
         str(root),
         "--fsdp",

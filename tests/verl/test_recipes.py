@@ -7,7 +7,8 @@ Files are discovered by globbing, so a new recipe or override is covered without
 Composition runs in-process (Hydra's compose API, ~0.2 s a case). Validation builds verl's
 dataclasses, which applies slimckpt's checkpoint patches in that process, and the `cpu` cluster
 needs SLIMCKPT_CPU=1 before verl is imported: so the validation matrix runs in one fresh
-interpreter and reports JSON.
+interpreter and reports JSON. `slimckpt dryrun`'s options are read by verl/dryrun_args, its refusals
+worded by verl/dryrun_report.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The checkpoint engine writes one incremental step of a tiny FSDP2 Llama to a local dir and to an
 `s3://` prefix (the same shards, the same step); run by tests/merge/test_remote.py:
 
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.s3_engine_step \
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.s3_engine_step \
         --local-dir D/global_step_1/actor --url s3://bucket/prefix/global_step_1/actor [--async-save stream]
 
 Each rank builds the model (seeded), takes one AdamW step, and saves [model, optimizer, extra] through

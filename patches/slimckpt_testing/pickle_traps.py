@@ -1,4 +1,4 @@
-"""Booby-trapped checkpoints for tests/engine/test_pickle_policy.py and tests/scenarios/pickle_trap.py: a pickle
+"""Booby-trapped checkpoints for tests/engine/test_pickle_policy.py and slimckpt_testing/scenarios/pickle_trap.py: a pickle
 entry whose `__reduce__` calls `os.system("touch MARKER")`, planted the way someone handing over a
 checkpoint could: in a verl rank file (model, optim, extra_state), in the incremental tier's extra
 state, in a non-tensor record of its .distcp files, or in its dcp/.metadata, the step's manifest

@@ -5,7 +5,7 @@ step N's actor dir, which happens once step N+1 committed. That is the race `mak
 random, made certain. Prints one JSON line: the calibration's result and, per step, whether
 the watcher's first look found the actor dir gone.
 
-Usage: python -m tests.scenarios.keep1 WORK_DIR [MODE]   (MODE: incremental-async, the default, or
+Usage: python -m scripts.faults.keep1 WORK_DIR [MODE]   (MODE: incremental-async, the default, or
 incremental-stream: the same with async_save=stream)"""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""torchrun scenario (run by tests/scenarios/batch.py as `critic_save`) for tests/merge/test_merge_dcp.py: verl's
+"""torchrun scenario (run by slimckpt_testing/scenarios/batch.py as `critic_save`) for tests/merge/test_merge_dcp.py: verl's
 critic (a Qwen2 token classifier with one label, the value head `score`), FSDP2 on 2 ranks, one AdamW
 step, then saved by verl's own FSDPCheckpointManager (verl/: its rank files) and by the incremental
 tier without an export (incremental/: dcp/ only, as a critic always is). Rank 0 writes the model's own
@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as resume_scenarios  # the tiny model's sizes and the slimckpt config
+import slimckpt_testing.scenarios.resume as resume_scenarios  # the tiny model's sizes and the slimckpt config
 
 # lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
 

@@ -1,7 +1,7 @@
 """async_save=stream under verl's param_offload + optimizer_offload, through verl's real
 FSDPCheckpointManager and FSDPEngine.save_checkpoint (FSDP2, gloo, CPU, 2 ranks):
 
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.stream_offload --dir D
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.stream_offload --dir D
 
 tests/save/test_stream_offload.py asserts on D/offload_result.json.
 
@@ -41,9 +41,9 @@ import time
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
+import slimckpt_testing.scenarios.resume as rs
 
-from .stream import PauseAt, _same_step
+from .stream import PauseAt, same_step
 
 # lazy imports: verl's engine and slimckpt's stream capture load inside a phase, after the device double is installed
 
@@ -198,7 +198,7 @@ def phase_equal(run, d: str, result: dict) -> list[float]:
     reference += [update(run) for _ in range(rs.STEPS_AFTER - 1)]
     result["equal_ranks"] = _gather(rank)
     if dist.get_rank() == 0:
-        result["equal"] = _same_step(sync, stream)
+        result["equal"] = same_step(sync, stream)
     result["stream_dir"] = stream
     return reference
 
@@ -216,7 +216,7 @@ def phase_held(run, d: str, result: dict) -> None:
     failure = _finish(run, pause)
     result["held_ranks"] = _gather({"failure": failure, "committed": os.path.exists(os.path.join(stream, MANIFEST))})
     if dist.get_rank() == 0:
-        result["held"] = _same_step(sync, stream)
+        result["held"] = same_step(sync, stream)
 
 
 def phase_raced(run, d: str, result: dict) -> None:

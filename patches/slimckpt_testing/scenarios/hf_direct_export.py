@@ -1,7 +1,7 @@
 """torchrun scenario for the gather-free HF export (tests/save/test_export_direct.py):
 
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.hf_direct_export --dir D [--models llama,qwen2-tied] [--fsdp 2]
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.hf_direct_export --dir D --measure 0.25b
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.hf_direct_export --dir D [--models llama,qwen2-tied] [--fsdp 2]
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.hf_direct_export --dir D --measure 0.25b
 
 For each model (tiny Llama, tiny Qwen2 with tied embeddings), on one process group: one AdamW step,
 then verl's own FSDPCheckpointManager saves with save_contents=[model,optimizer,extra,hf_model]
@@ -29,10 +29,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from slimckpt_testing.verl_checkpoints import resume_scenarios
-from slimckpt_testing.verl_checkpoints.resume_scenarios import Run, slim_config  # the same tiny model and manager
-
-from ..helpers.merge_helpers import adapter_config_fields
+from slimckpt_testing.merge_check import adapter_config_fields
+from slimckpt_testing.scenarios import resume as resume_scenarios
+from slimckpt_testing.scenarios.resume import Run, slim_config  # the same tiny model and manager
 
 # lazy imports: verl and slimckpt's save path load inside a scenario, after it set the module settings they read
 
@@ -332,7 +331,7 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
 def scenario_moe(args) -> None:
     """Every MoE family of args.models (`qwen3-moe:divisible`: its fused experts sharded on dim 1, as
     verl's get_shard_placement_fn shards 3 experts over 2 ranks): D/moe_export_result.json (run by
-    tests/scenarios/batch.py)."""
+    slimckpt_testing/scenarios/batch.py)."""
     out = {}
     for i, spec in enumerate(args.models.split(",")):  # MODEL[:PLACEMENT]
         model, _, placement = spec.partition(":")
@@ -568,7 +567,7 @@ def _write(args, result: dict, name: str) -> None:
 
 def scenario(args) -> None:
     """Every model of args.models (comma-separated): D/hf_direct_export_result.json (also run by
-    tests/scenarios/batch.py)."""
+    slimckpt_testing/scenarios/batch.py)."""
     _write(args, {m: run_model(args, m) for m in args.models.split(",")}, "hf_direct_export_result.json")
 
 

@@ -1,7 +1,7 @@
 """The checkpoint engine saves and resumes an FSDP2 model for a caller that is not verl, in a process
 where verl, Ray, omegaconf and hydra cannot be imported; run by tests/save/test_engine_without_verl.py:
 
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.engine_without_verl --dir D
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.engine_without_verl --dir D
 
 Per async mode (off, pool, stream), with a fresh model: one optimizer step, a save of step 1 through
 `save.step_save.save_resume_state` with a SaveTarget built here, a second step (the live shards move on),

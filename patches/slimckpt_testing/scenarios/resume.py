@@ -2,12 +2,12 @@
 `make faults` (scripts/faults/corruption.py) under torchrun
 (gloo, CPU, FSDP2, a tiny Llama) through verl's real FSDPCheckpointManager:
 
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.verl_checkpoints.resume_scenarios resume --dir D [--async]
-    torchrun --nproc_per_node 1 -m slimckpt_testing.launch slimckpt_testing.verl_checkpoints.resume_scenarios reshard --dir D     (after `resume` at 2)
-    torchrun --nproc_per_node 3 -m slimckpt_testing.launch slimckpt_testing.verl_checkpoints.resume_scenarios reshard --dir D --save-to D3  (D3: a step-3 save at 3)
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.verl_checkpoints.resume_scenarios tracker --dir D
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.verl_checkpoints.resume_scenarios refuse --dir D
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.verl_checkpoints.resume_scenarios damaged_newest --dir D [--trials N --seed S]
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.resume resume --dir D [--async]
+    torchrun --nproc_per_node 1 -m slimckpt_testing.launch slimckpt_testing.scenarios.resume reshard --dir D     (after `resume` at 2)
+    torchrun --nproc_per_node 3 -m slimckpt_testing.launch slimckpt_testing.scenarios.resume reshard --dir D --save-to D3  (D3: a step-3 save at 3)
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.resume tracker --dir D
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.resume refuse --dir D
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.resume damaged_newest --dir D [--trials N --seed S]
 
 Each writes D/<scenario>[_async]_result.json on rank 0; the test asserts on it.
 """

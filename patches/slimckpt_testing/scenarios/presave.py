@@ -1,4 +1,4 @@
-"""torchrun scenario (run by tests/scenarios/batch.py as `presave` on FSDP2 and `presave_fsdp1`) for
+"""torchrun scenario (run by slimckpt_testing/scenarios/batch.py as `presave` on FSDP2 and `presave_fsdp1`) for
 tests/save/test_resume_state.py: a save before the optimizer's first step, through verl's real
 FSDPCheckpointManager, as an actor saves during PPO's `trainer.critic_warmup`.
 
@@ -16,7 +16,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as resume_scenarios  # the tiny model's Run and the slimckpt config
+import slimckpt_testing.scenarios.resume as resume_scenarios  # the tiny model's Run and the slimckpt config
 
 # lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
 

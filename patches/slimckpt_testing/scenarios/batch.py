@@ -2,11 +2,11 @@
 tests/conftest.py's `ws2_scenarios`: each torchrun pays ~10 s of start-up (torch, transformers and
 verl imported on every rank) before seconds of work, so the tests share one.
 
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.batch --dir D [NAME ...]
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.batch --dir D [NAME ...]
 
 NAME (default all of SCENARIOS) runs in its own directory D/NAME with the settings its test had
-as a torchrun of its own (slimckpt_testing.verl_checkpoints.resume_scenarios, tests/scenarios/hf_direct_export.py,
-tests/scenarios/critic_save.py, presave.py, stream.py); every
+as a torchrun of its own (slimckpt_testing.scenarios.resume, slimckpt_testing/scenarios/hf_direct_export.py,
+slimckpt_testing/scenarios/critic_save.py, presave.py, stream.py); every
 module-level switch a scenario sets or patches is put back before the next one starts. A scenario
 that raises on every rank leaves D/NAME/error.txt (rank 0's traceback) and the next one runs;
 one that hangs a collective ends the batch at the process group's timeout.
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from slimckpt_testing.verl_checkpoints import resume_scenarios
+from slimckpt_testing.scenarios import resume as resume_scenarios
 
 from . import critic_save as critic_save_scenario
 from . import hf_direct_export as hf_direct_export_scenario

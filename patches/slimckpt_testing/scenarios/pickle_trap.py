@@ -1,11 +1,11 @@
 """A trainer's resume from booby-trapped checkpoints, through verl's real FSDPCheckpointManager
 (gloo, CPU, FSDP2, a tiny Llama), run by tests/engine/test_pickle_policy.py:
 
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.pickle_trap --dir D
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.pickle_trap --dir D
 
 Saves one step in each format a recipe resumes from (the incremental tier's dcp/ and verl's own rank
 files, the latter under the quickstart recipe), with AdamW and with SGD (momentum) state, loads
-each as saved (nothing may be refused), then loads copies trapped by tests/helpers/pickle_traps.py.
+each as saved (nothing may be refused), then loads copies trapped by slimckpt_testing/pickle_traps.py.
 Rank 0 writes D/result.json: per case, what each rank's load raised and whether the marker exists.
 """
 
@@ -19,9 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from slimckpt_testing.verl_checkpoints import resume_scenarios
-
-from ..helpers import pickle_traps
+from slimckpt_testing import pickle_traps
+from slimckpt_testing.scenarios import resume as resume_scenarios
 
 # lazy imports: slimckpt's config and save path load inside the scenario, as verl's trainer loads them
 

@@ -2,7 +2,7 @@
 ranks, a tiny Llama, verl's real FSDPCheckpointManager with the incremental tier, for every
 async_save mode in one launch per strategy; run by tests/storage/test_in_flight.py:
 
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.roundtrip --dir D --fsdp {1,2} [--repeat N]
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.roundtrip --dir D --fsdp {1,2} [--repeat N]
 
 Per mode (sync, pool, stream), each with a fresh model:
 1. round trip, as verl's test: update, save, update, logits; load, the shards equal the saved
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
+import slimckpt_testing.scenarios.resume as rs
 
 # lazy imports: slimckpt's save path and verl's manager load inside a mode, after it set the switches they read
 

@@ -1,10 +1,10 @@
 """Multi-process scenarios for `slimckpt convert`, run by tests/convert/test_convert.py under torchrun (gloo,
 CPU, a tiny Llama) through verl's real FSDPCheckpointManager:
 
-    torchrun --nproc_per_node N -m slimckpt_testing.launch tests.scenarios.convert save --dir D [--fsdp 1|2]
+    torchrun --nproc_per_node N -m slimckpt_testing.launch slimckpt_testing.scenarios.convert save --dir D [--fsdp 1|2]
         train 3 steps; save step 3 as +recipe=incremental does (D/ours) and as verl does (D/verl),
         with the tracker; dump the full state (D/full_state.pt); train 3 more steps (the reference)
-    SLIMCKPT_DISABLE=1 torchrun --nproc_per_node M -m slimckpt_testing.launch tests.scenarios.convert resume --dir D \
+    SLIMCKPT_DISABLE=1 torchrun --nproc_per_node M -m slimckpt_testing.launch slimckpt_testing.scenarios.convert resume --dir D \
             --name X --case NAME:SAVED:ROOT [--case ...]
         unpatched verl, for each case: find the step the tracker of ROOT names (verl's own
         find_latest_ckpt_path), load it, compare the full state with SAVED/full_state.pt, train 3 steps
@@ -22,7 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs  # the same model, optimizer and training step
+import slimckpt_testing.scenarios.resume as rs  # the same model, optimizer and training step
 
 # lazy imports: verl and slimckpt's modules load inside a scenario (resume runs verl unpatched)
 SAVE_STEP, STEPS_AFTER = 3, 3

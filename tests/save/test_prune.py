@@ -255,7 +255,7 @@ def test_a_load_holds_a_read_lock(tmp_path):
     assert locks.try_exclusive(s1, "deleting it") is not None  # released after the load
 
 
-# --------------------------------------------------------------------------- an earlier launch's steps
+# --------------------------------------------------------------------------- an earlier launch's steps (retention/earlier_steps)
 
 
 def _incremental_after_save(saved: list[str], new_path: str, keep: int, state=None):
@@ -335,3 +335,72 @@ def test_a_roles_commit_leaves_the_step_before_its_optimizer_whatever_the_tracke
     assert s2 not in dropped and s1 not in dropped  # step 1: the tracker's; step 2: the step before
     _tracker(tmp_path, 3)
     assert set(retention.optimizer_drops(options, saved, 3)) == {s1, s2}  # the next save's start
+
+
+# --------------------------------------------------------------------------- the peak `slimckpt plan` states
+
+
+class _Manager:
+    """verl's BaseCheckpointManager retention state: its list of saved role dirs."""
+
+    def __init__(self) -> None:
+        self.previous_saved_paths: list[str] = []
+
+    def remove_previous_save_local_path(self, path):
+        from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+        BaseCheckpointManager.remove_previous_save_local_path(self, path)
+
+
+def _verl_method(name: str):
+    """verl's own method, unpatched (the registry may have patched the class in this process)."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    fn = getattr(BaseCheckpointManager, name)
+    return getattr(fn, "__wrapped__", fn)
+
+
+def _simulate_peak(root, keep, order, saves=6, tracker_stuck_at=()):
+    """Role dirs on disk at the peak over `saves` saves, in the trainer's order: the actor's save
+    (retention inside it), then the tracker. `tracker_stuck_at`: steps whose tracker write is skipped
+    (a failed critic with on_save_error=continue)."""
+    import slimckpt.verl.checkpoint_patches as verl_retention
+    from slimckpt.layout.resume_manifest import TRACKER_NAME
+
+    m, peak = _Manager(), 0
+    for step in range(1, saves + 1):
+        if order == "verl":
+            _verl_method("ensure_checkpoint_capacity")(m, keep)
+        else:
+            verl_retention.before_save(m, keep)
+        role = root / f"global_step_{step}" / "actor"
+        role.mkdir(parents=True)
+        (role / "model_world_size_1_rank_0.pt").write_bytes(b"x")
+        peak = max(peak, len(list(root.glob("global_step_*/actor"))))
+        if order == "verl":
+            _verl_method("register_checkpoint")(m, str(role), keep)
+        else:
+            verl_retention.after_save(m, str(role), keep)
+        if step not in tracker_stuck_at:
+            (root / TRACKER_NAME).write_text(str(step))
+    return peak
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_peak_steps_match_what_retention_leaves_on_disk(tmp_path, keep):
+    import slimckpt.save.retention.prune as retention
+
+    (tmp_path / "v").mkdir(), (tmp_path / "s").mkdir()
+    verl_peak = _simulate_peak(tmp_path / "v", keep, "verl")
+    slim_peak = _simulate_peak(tmp_path / "s", keep, "slimckpt")
+    assert verl_peak == retention.verl_peak_steps(keep) == max(keep, 2)
+    assert slim_peak == retention.peak_steps(keep)[0] == verl_peak + 1  # the safe order costs one step
+
+
+def test_peak_steps_with_the_tracker_behind(tmp_path):
+    import slimckpt.save.retention.prune as retention
+
+    assert _simulate_peak(tmp_path, 2, "slimckpt", tracker_stuck_at={3}) == retention.peak_steps(2)[1] == 4
+    assert retention.peak_steps(1) == (3, 3)
+    assert retention.peak_steps(None) is None and retention.verl_peak_steps(None) is None
+    assert retention.peak_steps(0) is None  # verl: 0 and below keep everything

@@ -1,7 +1,7 @@
 """Retention of optimizer state and best steps through verl's real FSDPCheckpointManager (gloo, CPU,
 FSDP2, a tiny Llama), run by tests/e2e/test_retention_disk.py under torchrun:
 
-    torchrun --nproc_per_node 2 -m slimckpt_testing.launch tests.scenarios.retention --dir D --format incremental|verl
+    torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.retention --dir D --format incremental|verl
 
 Five saves, one per trained step, with trainer.max_actor_ckpt_to_keep=2, keep_optimizer_last=1,
 keep_best=1 by a metric recorded after each save the way the trainer's Tracking.log does, the
@@ -20,7 +20,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
+import slimckpt_testing.scenarios.resume as rs
 
 # lazy imports: slimckpt's retention, locks and tracker load inside the scenario, after verl's manager
 

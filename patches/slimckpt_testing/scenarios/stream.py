@@ -1,5 +1,5 @@
 """async_save=stream through verl's real FSDPCheckpointManager (FSDP2, gloo, CPU, 2 ranks, a tiny
-tied-embedding Qwen2 with the gather-free HF export), run by tests/scenarios/batch.py as "stream";
+tied-embedding Qwen2 with the gather-free HF export), run by slimckpt_testing/scenarios/batch.py as "stream";
 tests/save/test_stream_capture.py asserts on D/stream/stream_result.json.
 
 The writer is paused at a known read by slimckpt.save.modes.stream_capture.READ_HOOK (no sleeps):
@@ -34,7 +34,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.verl_checkpoints.resume_scenarios as rs
+import slimckpt_testing.scenarios.resume as rs
 
 # lazy imports: slimckpt's stream capture and torch's internals load inside the scenario, after the batch set the module settings they read
 
@@ -83,7 +83,7 @@ def _dcp_state(root: str) -> dict:
     return torch.load(out, weights_only=False)
 
 
-def _same_step(sync_dir: str, stream_dir: str) -> dict:
+def same_step(sync_dir: str, stream_dir: str) -> dict:
     """Rank 0: the two committed steps compared file by file and tensor by tensor."""
     a, b = _digests(sync_dir), _digests(stream_dir)
     return {
@@ -168,7 +168,7 @@ def scenario(args) -> None:
         stream_capture.READ_HOOK = None
     dist.barrier()
     if rank == 0:
-        result["step3"] = _same_step(sync3, stream3)
+        result["step3"] = same_step(sync3, stream3)
 
     # 2. budget 0: the guard copies nothing and waits for the paused writer
     sync6, _ = _save(run, sync_root, 6)
@@ -199,7 +199,7 @@ def scenario(args) -> None:
         stream_capture.READ_HOOK = None
     dist.barrier()
     if rank == 0:
-        result["step6"] = _same_step(sync6, stream6)
+        result["step6"] = same_step(sync6, stream6)
 
     # 3. an unguarded in-place change of the tensor the paused writer is about to read
     def change_paused_source(pause: PauseAt) -> None:
@@ -337,7 +337,7 @@ def scenario_raced(args) -> None:
             case["tracker_error"] = _commit_tracker(watcher, root, step)
             case["tracker"] = read_tracker(root)
             if sync_path is not None and all(r["committed"] for r in gathered):
-                case["same_as_sync"] = _same_step(sync_path, path)
+                case["same_as_sync"] = same_step(sync_path, path)
         result["cases"][name] = case
         dist.barrier()
         run.manager.checkpoint_config = _config()

@@ -1,1 +1,0 @@
-"""Scenarios that run on N ranks under torchrun, each started by slimckpt_testing.launch (`python -m torch.distributed.run ... -m slimckpt_testing.launch tests.scenarios.NAME ...`): the tests assert on the JSON they write on rank 0."""
