@@ -68,6 +68,13 @@ class StoreSilent(SlimckptError, RuntimeError):
     """The store did not answer within CALL_TIMEOUT_S."""
 
 
+def _torch():
+    """torch with torch.distributed loaded, imported on first use: describing ranks stays torch-free."""
+    import torch.distributed
+
+    return torch
+
+
 def bounded(call: Callable[[], Any], timeout: float = CALL_TIMEOUT_S) -> Any:
     """`call()` in a daemon thread; its result, its exception, or StoreSilent after `timeout`."""
     box: list = []
@@ -128,12 +135,9 @@ def peer_error(exc: BaseException) -> BaseException | None:
     """The error in `exc`'s chain (itself, its causes, DCP's per-rank failures) that says a collective
     lost a peer: torch's DistError family, or a backend error in the words gloo and NCCL use for a
     dead or silent peer. None when there is none."""
-    try:
-        from torch.distributed import DistError
-    except ImportError:  # older torch
-        DistError = None  # noqa: N806
+    dist_error = _torch().distributed.DistError
     for e in causes(exc):
-        if (DistError is not None and isinstance(e, DistError)) or _is_backend_words(e):
+        if isinstance(e, dist_error) or _is_backend_words(e):
             return e
     return None
 
@@ -250,8 +254,7 @@ def default_group_timeout():
     the groups we create: `new_group` would otherwise give a gloo group torch's 30 minutes, so a stalled
     rank would hold every other rank in our collectives far past the job's own timeout. None when
     torch does not say."""
-    import torch
-
+    torch = _torch()
     get_default_group = internals.lookup("torch.distributed.distributed_c10d:_get_default_group")
     if get_default_group is None:
         return None
@@ -327,16 +330,14 @@ LOST = LostRanks()
 def in_a_job() -> bool:
     """Whether this process is one rank of a default process group of several: the only case where
     a peer can be lost."""
-    import torch.distributed as dist
-
+    dist = _torch().distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def process_heartbeat() -> Heartbeat | None:
     """This process's heartbeat in the default process group's store (started on first use), or
     None without a multi-rank group or a store to beat into."""
-    import torch.distributed as dist
-
+    dist = _torch().distributed
     if not in_a_job():
         return None
     with _LOCK:

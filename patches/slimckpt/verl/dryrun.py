@@ -29,7 +29,8 @@ the model path is not a local directory, its keys are checked against HFModelCon
 only, and the report says so.
 """
 
-# lazy imports: Hydra and the checks (verl's trainer modules) only once a config is composed (`--help` is instant)
+# lazy imports: the checks (verl's trainer modules, seconds to import) only once a config composed; `slimckpt dryrun
+# --help` never loads this module (its parser is verl/dryrun_args)
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 
 from slimckpt.log import get_logger
@@ -53,10 +57,6 @@ from slimckpt.verl.recipes import GROUPS, format_options, list_group
 
 def compose_config(overrides: list[str], config_name: str = DEFAULT_CONFIG_NAME):
     """The DictConfig main_ppo would receive for these command-line overrides."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException, MissingConfigException
-
     # a test or caller may have left an initialised Hydra behind; compose needs a fresh one
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
@@ -97,8 +97,6 @@ def _hydra_error(e: Exception, config_name: str) -> DryRunError:
     hint = ""
     parent_key, _, leaf = key.rpartition(".")
     try:
-        from omegaconf import OmegaConf
-
         base = _base_config(config_name)
         parent = OmegaConf.select(base, parent_key) if parent_key else base
         if OmegaConf.is_dict(parent):
