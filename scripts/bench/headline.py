@@ -78,8 +78,9 @@ def rows(save: dict, merge: dict, peers: dict, peers_same_size: dict) -> list[st
 
 
 def block(save: dict, merge: dict, peers: dict, peers_same_size: dict) -> str:
+    dates = " and ".join(dict.fromkeys((merge["date"], save["meta"]["date"])))  # one date when both ran that day
     head = (
-        f"Measured on one {save['meta']['machine']} host (`make bench`, {merge['date']} and {save['meta']['date']}; "
+        f"Measured on one {save['meta']['machine']} host (`make bench`, {dates}; "
         f"the peers' rows `make bench-scale`, {peers['date'][:10]}):"
     )
     table = [
