@@ -16,21 +16,9 @@ import pytest
 from slimckpt.plan import build, command, printers, upload
 from tests.helpers.launch import REPO
 
-MiB = 2**20
+from .conftest import TINY  # every dim 0 is even, so two ranks hold equal halves
 
-# a 2-layer Llama (test_plan's): every dim 0 is even, so two ranks hold equal halves
-TINY = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 1000,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-}
+MiB = 2**20
 
 
 def test_defaults_are_the_backends_and_the_buffers_are_part_times_concurrency_plus_slack():
