@@ -100,6 +100,7 @@ bench: $(STAMP)
 	$(PY) -m scripts.bench.save --fsdp 1 --sizes $(BENCH_FSDP1_SIZES) --modes verl,incremental --tag fsdp1 \
 	  --json docs/bench_save_fsdp1.json
 	$(PY) -m scripts.bench.loop --json docs/bench_loop.json
+	$(PY) -m scripts.bench.plan_check --out docs/plan_check.md
 	$(PY) -m scripts.bench.plots
 	$(PY) -m scripts.bench.headline
 
