@@ -3,7 +3,6 @@ command run as a user runs it, reading no credentials and importing no client li
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -16,7 +15,7 @@ import pytest
 from slimckpt.plan import build, command, printers, upload
 from tests.helpers.launch import REPO
 
-from .conftest import TINY  # every dim 0 is even, so two ranks hold equal halves
+from .conftest import TINY, plan_args  # every dim 0 is even, so two ranks hold equal halves
 
 MiB = 2**20
 
@@ -127,23 +126,8 @@ def test_a_merge_uploads_the_hf_model_at_the_bandwidth_it_is_given():
 
 
 def _args(cfg, **kw):
-    base = dict(
-        config=str(cfg),
-        world_size=2,
-        recipe=["incremental", "quickstart"],
-        disk_gbps=2.0,
-        export_dtype="bf16",
-        max_shard_size=None,
-        trust_remote_code=False,
-        json=True,
-        overrides=[],
-        max_actor_ckpt_to_keep=None,
-        max_critic_ckpt_to_keep=None,
-        critic=False,
-        gpus_per_node=2,
-        node_memory_gb=64,
-    )
-    return argparse.Namespace(**{**base, **kw})
+    """The wing's plan options with a 2 GB/s disk and a node of 2 GPUs and 64 GB."""
+    return plan_args(cfg, **{"disk_gbps": 2.0, "gpus_per_node": 2, "node_memory_gb": 64, **kw})
 
 
 def test_the_report_uploads_only_the_incremental_rows(tmp_path, capsys, monkeypatch):
