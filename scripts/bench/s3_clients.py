@@ -52,14 +52,14 @@ def chunks(total: int) -> Callable[[], object]:
 
 
 def boto3_writer(server, total: int, gen) -> Callable[[], None]:
-    from slimckpt.storage import for_path, s3
+    from slimckpt.storage import for_path, s3, s3_client
 
     os.environ.update(server.env)
     s3.after_fork()  # a client made from this server's environment
     url = f"s3://{server.bucket}/bench/rank_0.distcp"
     store = for_path(url)
     with store.open_stream(f"{url}.warm") as f:  # the client, its models and upload threads made untimed
-        f.write(b"w" * (s3.part_bytes() + 1))
+        f.write(b"w" * (s3_client.part_bytes() + 1))
     store.remove(f"{url}.warm")
 
     def write() -> None:
@@ -74,7 +74,7 @@ def obstore_writer(server, total: int, gen) -> Callable[[], None]:
     import obstore
     from obstore.store import S3Store
 
-    from slimckpt.storage import s3
+    from slimckpt.storage import s3_client
 
     store = S3Store(
         server.bucket,
@@ -88,7 +88,7 @@ def obstore_writer(server, total: int, gen) -> Callable[[], None]:
 
     def write() -> None:
         with obstore.open_writer(
-            store, "bench/rank_0.distcp", buffer_size=s3.part_bytes(), max_concurrency=s3.concurrency()
+            store, "bench/rank_0.distcp", buffer_size=s3_client.part_bytes(), max_concurrency=s3_client.concurrency()
         ) as f:
             for piece in gen():
                 f.write(piece)
@@ -153,11 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         "obstore": lambda: timed_s3(obstore_writer, total, gen, args.dir),
         "disk": lambda: timed_disk(total, gen, args.dir),
     }
-    from slimckpt.storage import s3
+    from slimckpt.storage import s3_client
 
     print(
-        f"{total / GB:.2f} GB per row in {CHUNK >> 20} MiB writes, part {s3.part_bytes() >> 20} MiB x "
-        f"{s3.concurrency()}; median of {args.reps}"
+        f"{total / GB:.2f} GB per row in {CHUNK >> 20} MiB writes, part {s3_client.part_bytes() >> 20} MiB x "
+        f"{s3_client.concurrency()}; median of {args.reps}"
     )
     print(f"{'row':8} {'GB/s':>6} {'s':>7} {'runs (s)':>26} {'RssAnon rise':>13}")
     for name in [r.strip() for r in args.rows.split(",") if r.strip()]:

@@ -93,9 +93,9 @@ def warm_up(path: str, rank: int) -> dict:
     store.check_access(path)
     part = MiB
     if path.startswith("s3://"):
-        from slimckpt.storage import s3
+        from slimckpt.storage import s3_client
 
-        part = s3.part_bytes()
+        part = s3_client.part_bytes()
     probe = f"{path.rstrip('/').rsplit('/', 2)[0]}/warmup/rank{rank}.bin"
     store.make_dirs(probe.rsplit("/", 1)[0], exist_ok=True)
     block = bytes(MiB)
@@ -165,9 +165,9 @@ def worker(args: argparse.Namespace) -> None:
         "connect_rise": first["peak"] - first["level_before"],
     }
     if args.path.startswith("s3://"):
-        from slimckpt.storage import s3
+        from slimckpt.storage import s3_client
 
-        row.update(part_bytes=s3.part_bytes(), concurrency=s3.concurrency())
+        row.update(part_bytes=s3_client.part_bytes(), concurrency=s3_client.concurrency())
     if rank == 0:
         row["files"], row["bytes"] = stored_bytes(args.path)
     rows = [None] * world

@@ -102,7 +102,7 @@ def wait_for(path: str, timeout: float = 60.0) -> None:
 def install_fault(fault: dict, rank: int, trial_dir: str) -> None:
     """The trial's moment, as a hook on this rank's S3 writes (installed before the faulted save)."""
     from slimckpt.layout.resume_manifest import MANIFEST_NAME
-    from slimckpt.storage import s3
+    from slimckpt.storage import s3, s3_upload
 
     kind, k = fault["kind"], fault.get("part", 1)
     if kind == "kill-manifest" and rank == 0:
@@ -122,8 +122,8 @@ def install_fault(fault: dict, rank: int, trial_dir: str) -> None:
     if fault.get("rank") != rank:
         return
     if kind == "kill-mid-part":
-        made = s3.PartBody.__init__
-        read = s3.PartBody.read
+        made = s3_upload.PartBody.__init__
+        read = s3_upload.PartBody.read
         count = [0]
 
         def numbered(self, buf, n):
@@ -140,9 +140,9 @@ def install_fault(fault: dict, rank: int, trial_dir: str) -> None:
                 kill_group()
             return out
 
-        s3.PartBody.__init__, s3.PartBody.read = numbered, reading
+        s3_upload.PartBody.__init__, s3_upload.PartBody.read = numbered, reading
         return
-    sent = s3.Upload.put_part
+    sent = s3_upload.Upload.put_part
     count = [0]
 
     def after_part(self, number, buf, n):
@@ -159,7 +159,7 @@ def install_fault(fault: dict, rank: int, trial_dir: str) -> None:
             wait_for(os.path.join(trial_dir, kind + ".done"))
         return out
 
-    s3.Upload.put_part = after_part
+    s3_upload.Upload.put_part = after_part
 
 
 def rank_body(spec: dict, rank: int) -> None:

@@ -55,11 +55,14 @@ def test_the_defaults_are_the_backends_own():
 
 
 def test_backend_defaults_when_its_variables_are_unset(monkeypatch):
-    from slimckpt.storage import s3
+    from slimckpt.storage import s3_client
 
     monkeypatch.delenv("SLIMCKPT_S3_PART_MB", raising=False)
     monkeypatch.delenv("SLIMCKPT_S3_CONCURRENCY", raising=False)
-    assert (s3.part_bytes(), s3.concurrency()) == (upload.DEFAULT_PART_MB * MiB, upload.DEFAULT_CONCURRENCY)
+    assert (s3_client.part_bytes(), s3_client.concurrency()) == (
+        upload.DEFAULT_PART_MB * MiB,
+        upload.DEFAULT_CONCURRENCY,
+    )
 
 
 def _save(s, **kw):

@@ -1,6 +1,9 @@
 """slimckpt.storage.s3 against a real S3 server (SeaweedFS's `weed mini` on loopback, the `s3_server`
 fixture): every Storage method, what a failed write leaves (nothing), the upload's host memory bound,
-and no credential in anything the tests print, log or raise."""
+and no credential in anything the tests print, log or raise. So the backend's parts too: streams
+(storage/s3_upload), ranged writes (storage/s3_ranges), reads (storage/s3_read) and leases
+(storage/s3_leases); their retries and conditional writes against a scripted client are
+tests/storage/test_s3_retries.py's."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from slimckpt.observe.memory import RssSampler
-from slimckpt.storage import for_path, s3
+from slimckpt.storage import for_path, s3, s3_client
 from slimckpt.storage.s3_errors import S3BadCredentials, S3NotFound
 
 pytestmark = pytest.mark.slow
@@ -44,7 +47,7 @@ def pattern(n: int, seed: int) -> bytes:
 
 
 def uploads_under(s3_server, url: str) -> list[str]:
-    bucket, key = s3.split(url)
+    bucket, key = s3_client.split(url)
     out = s3_server.client().list_multipart_uploads(Bucket=bucket, Prefix=key)
     return [u["Key"] for u in out.get("Uploads", [])]
 
@@ -211,7 +214,7 @@ def test_listing_sizes_copies_and_deletes(s3_url, s3_server):
 
 def test_abort_uploads_drops_what_a_killed_writer_left(s3_url, s3_server):
     store = for_path(s3_url)
-    bucket, key = s3.split(s3_url)
+    bucket, key = s3_client.split(s3_url)
     client = s3_server.client()
     for name in ("step/dcp/__0_0.distcp", "step/dcp/__1_0.distcp"):
         up = client.create_multipart_upload(Bucket=bucket, Key=f"{key}/{name}")
@@ -239,7 +242,7 @@ def test_an_upload_holds_at_most_part_size_times_concurrency(s3_url, s3_server, 
         monkeypatch.setenv("SLIMCKPT_S3_PART_MB", str(part))
         monkeypatch.setenv("SLIMCKPT_S3_CONCURRENCY", str(parts))
     store = for_path(s3_url)
-    part, parts = s3.part_bytes() // MIB, s3.concurrency()
+    part, parts = s3_client.part_bytes() // MIB, s3_client.concurrency()
     with store.open_stream(f"{s3_url}/warm") as f:  # the client, its models and threads made before measuring
         f.write(b"w" * (part * MIB + 1))  # two parts: a multipart upload's calls too
     store.remove(f"{s3_url}/warm")

@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from slimckpt import SlimckptError
-from slimckpt.storage import for_path, s3
+from slimckpt.storage import for_path, s3, s3_client, s3_upload
 from slimckpt.storage.s3_errors import (
     S3AccessDenied,
     S3BadCredentials,
@@ -77,22 +77,22 @@ def test_the_backend_says_what_s3_can_do():
     assert store.free_bytes("s3://bucket/x") > 1 << 50
     with pytest.raises(NotImplementedError, match="supports_dir_rename"):
         store.atomic_publish("s3://bucket/a.partial", "s3://bucket/a")
-    assert s3.split("s3://bucket/a/b/") == ("bucket", "a/b/") and s3.dir_prefix("a/b/") == "a/b/"
-    assert s3.dir_prefix("") == ""
+    assert s3_client.split("s3://bucket/a/b/") == ("bucket", "a/b/") and s3_client.dir_prefix("a/b/") == "a/b/"
+    assert s3_client.dir_prefix("") == ""
     with pytest.raises(ValueError, match="no bucket"):
-        s3.split("s3:///key")
+        s3_client.split("s3:///key")
 
 
 def test_part_size_and_concurrency_are_checked(aws):
     aws.setenv("SLIMCKPT_S3_PART_MB", "4")
     with pytest.raises(ValueError, match="SLIMCKPT_S3_PART_MB=4: S3 takes parts of 5 to 5120 MiB"):
-        s3.part_bytes()
+        s3_client.part_bytes()
     aws.setenv("SLIMCKPT_S3_PART_MB", "8")
     aws.setenv("SLIMCKPT_S3_CONCURRENCY", "0")
     with pytest.raises(ValueError, match="SLIMCKPT_S3_CONCURRENCY=0"):
-        s3.concurrency()
+        s3_client.concurrency()
     aws.delenv("SLIMCKPT_S3_CONCURRENCY")
-    assert s3.part_bytes() == 8 << 20 and s3.concurrency() == 4
+    assert s3_client.part_bytes() == 8 << 20 and s3_client.concurrency() == 4
 
 
 def test_a_missing_bucket_or_key_names_the_url_and_the_fix(aws):
@@ -172,7 +172,7 @@ def test_a_wrong_region_names_the_region_to_set(aws):
     from botocore.stub import Stubber
 
     store = s3.S3Storage()
-    client = s3.CLIENT.get()
+    client = s3_client.CLIENT.get()
     with Stubber(client) as stub:
         stub.add_client_error("head_bucket", service_error_code="400", http_status_code=400)  # a HEAD: no body
         stub.add_client_error(
@@ -264,7 +264,7 @@ def test_a_bucket_without_conditional_writes_is_refused_at_the_first_write(aws):
     store = s3.S3Storage()
     with moto.mock_aws():
         boto3.client("s3").create_bucket(Bucket="lax")
-        client = s3.CLIENT.get()
+        client = s3_client.CLIENT.get()
         plain_put = client.put_object
 
         def ignores_if_none_match(**kwargs):
@@ -292,7 +292,7 @@ def test_a_failed_stream_leaves_no_object_and_no_upload(aws):
         with pytest.raises(RuntimeError, match="serializer failed"), store.open_stream("s3://ckpts/r/a") as f:
             f.write(b"x" * (11 << 20))  # two parts uploaded, a third being filled
             raise RuntimeError("serializer failed")
-        aws.setattr(s3, "MAX_PARTS", 2)
+        aws.setattr(s3_upload, "MAX_PARTS", 2)
         with pytest.raises(ValueError, match="more than 2 parts of 5 MiB.*raise SLIMCKPT_S3_PART_MB"):
             with store.open_stream("s3://ckpts/r/b") as f:
                 f.write(b"y" * (16 << 20))

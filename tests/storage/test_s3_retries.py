@@ -1,7 +1,8 @@
 """slimckpt.storage.s3's retries, against a scripted client: throttling, 5xx and lost connections are
 sent again with backoff, within SLIMCKPT_S3_RETRIES attempts and SLIMCKPT_S3_RETRY_S seconds; a refusal is
 never sent twice; a conditional PUT or a completion whose first attempt landed unseen is told apart from
-another writer's object. The same against a real server through a fault proxy: tests/storage/test_s3_faults.py."""
+another writer's object (storage/s3_client's requests, storage/s3_conditional's commit). The same against a real
+server through a fault proxy: tests/storage/test_s3_faults.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import hashlib
 
 import pytest
 
-from slimckpt.storage import s3
+from slimckpt.storage import s3, s3_client, s3_conditional, s3_upload
 from slimckpt.storage.s3_errors import S3AccessDenied, S3BadCredentials, S3Failed, retryable
 
 botocore = pytest.importorskip("botocore", reason="boto3 is in the test extra: pip install -e '.[test]'")
@@ -50,11 +51,11 @@ class Script:
 
 @pytest.fixture
 def client(monkeypatch):
-    monkeypatch.setattr(s3, "BACKOFF_BASE_S", 0.001)
+    monkeypatch.setattr(s3_client, "BACKOFF_BASE_S", 0.001)
     monkeypatch.setenv("SLIMCKPT_S3_RETRIES", "5")
 
     def use(script: Script) -> Script:
-        monkeypatch.setattr(s3.CLIENT, "get", lambda: script)
+        monkeypatch.setattr(s3_client.CLIENT, "get", lambda: script)
         return script
 
     return use
@@ -95,7 +96,7 @@ def test_retries_are_bounded_in_attempts_and_time(client, monkeypatch):
     assert "\n" not in line and line.startswith(URL) and "gave up after 5 attempts" in line
     monkeypatch.setenv("SLIMCKPT_S3_RETRIES", "1000")
     monkeypatch.setenv("SLIMCKPT_S3_RETRY_S", "0.05")
-    monkeypatch.setattr(s3, "BACKOFF_BASE_S", 0.02)
+    monkeypatch.setattr(s3_client, "BACKOFF_BASE_S", 0.02)
     script = client(Script(put_object=[answer("SlowDown", 503)]))
     with pytest.raises(S3Failed):
         s3.S3Storage().put_atomic(URL, b"x")
@@ -103,7 +104,7 @@ def test_retries_are_bounded_in_attempts_and_time(client, monkeypatch):
 
 
 def test_a_conditional_put_that_landed_unseen_is_ours_only_when_it_holds_our_bytes(client):
-    s3.CONDITIONAL_OK.add("ckpts")
+    s3_conditional.CONDITIONAL_OK.add("ckpts")
     try:
         # the first attempt landed, its answer was lost; the retry finds the key taken (412)
         ours = client(Script(put_object=[lost(), answer("PreconditionFailed", 412)], get_object=[_body(b"mine")]))
@@ -115,19 +116,19 @@ def test_a_conditional_put_that_landed_unseen_is_ours_only_when_it_holds_our_byt
         first = client(Script(put_object=[answer("PreconditionFailed", 412)]))
         assert not s3.S3Storage().put_if_absent(URL, b"mine") and "get_object" not in first.calls
     finally:
-        s3.CONDITIONAL_OK.discard("ckpts")
+        s3_conditional.CONDITIONAL_OK.discard("ckpts")
 
 
 def test_a_completion_that_landed_unseen_is_recognised_by_its_etag(client):
     etags = ['"' + hashlib.md5(b"p1").hexdigest() + '"', '"' + hashlib.md5(b"p2").hexdigest() + '"']
-    done = s3.multipart_etag(etags)
+    done = s3_upload.multipart_etag(etags)
     script = client(
         Script(
             complete_multipart_upload=[lost(), answer("NoSuchUpload", 404)],
             head_object=[{"ETag": f'"{done}"', "ContentLength": 4}],
         )
     )
-    upload = object.__new__(s3.Upload)
+    upload = object.__new__(s3_upload.Upload)
     upload.url, upload.bucket, upload.key, upload.upload_id = URL, "ckpts", "k", "u1"
     upload.complete([(1, etags[0]), (2, etags[1])])
     assert script.calls["complete_multipart_upload"] == 2

@@ -26,7 +26,8 @@ from typing import Any
 
 from slimckpt.plan.assumed import DEFAULT_CONCURRENCY, DEFAULT_PART_MB, DEFAULT_UPLOAD_GBPS, SLACK_BYTES
 from slimckpt.plan.cost import human
-from slimckpt.storage.s3 import MAX_PART, MAX_PARTS, MIN_PART
+from slimckpt.storage.s3_client import MAX_PART, MIN_PART
+from slimckpt.storage.s3_upload import MAX_PARTS
 
 COMMIT_SECONDS = 0.1  # one conditional PUT of a small manifest: a request's round trip, assumed
 MIN_PART_MB, MAX_PART_MB = MIN_PART >> 20, MAX_PART >> 20

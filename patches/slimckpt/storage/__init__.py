@@ -1,7 +1,8 @@
 """Where checkpoint files live: `Storage` (base), one backend per medium, and `for_path`.
 
 1. `for_path(path)` gives every wing the backend of a path: a plain path is the POSIX backend's
-   (`posix`), a URL (`<scheme>://...`) the backend registered for its scheme (`s3`, its errors in
+   (`posix`), a URL (`<scheme>://...`) the backend registered for its scheme (`s3`, over its parts:
+   `s3_client`, `s3_upload`, `s3_ranges`, `s3_read`, `s3_conditional`, `s3_leases`, its errors in
    `s3_errors`). A new medium is one module here with a `Storage` subclass and one line in BACKENDS.
 2. `base.Storage`: what slimckpt does to checkpoint files, one named method per step (ranged writes,
    atomic puts, the commit, leases, deletes, free space); `os_errors` words an OSError for the user.

@@ -65,16 +65,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _kill_mid_upload() -> None:
     """SIGKILL this rank's process group once its first multipart part is sent (rank 0)."""
-    from slimckpt.storage import s3
+    from slimckpt.storage import s3_upload
 
-    sent = s3.Upload.put_part
+    sent = s3_upload.Upload.put_part
 
     def killing(self, *a, **kw):
         out = sent(self, *a, **kw)
         os.killpg(os.getpgid(0), signal.SIGKILL)
         return out
 
-    s3.Upload.put_part = killing
+    s3_upload.Upload.put_part = killing
 
 
 def run(args: argparse.Namespace) -> None:
