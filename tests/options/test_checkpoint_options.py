@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from slimckpt.options.checkpoint_options import ROLE_SECTIONS, async_mode, role_options
+from slimckpt.options.checkpoint_options import ROLE_KEYS, ROLE_SECTIONS, async_mode, role_options, roles_in_use
 
 SLIM = {"_target_": "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"}
 VERL = {"_target_": "verl.trainer.config.CheckpointConfig"}
@@ -38,6 +38,14 @@ def test_verls_own_section_a_missing_role_and_a_non_mapping_read_as_none():
     assert role_options({"actor_rollout_ref": {"actor": None}}, "actor") is None
     assert role_options({"critic": {"checkpoint": "not a section"}}, "critic") is None
     assert set(ROLE_SECTIONS) == {"actor", "critic"}
+
+
+def test_the_dotted_keys_select_the_same_sections_and_a_critic_is_read_only_with_one():
+    config = OmegaConf.create(_config({**SLIM, "keep_best": "2", "best_metric": "m"}, VERL))
+    assert ROLE_KEYS == {"actor": "actor_rollout_ref.actor.checkpoint", "critic": "critic.checkpoint"}
+    assert OmegaConf.select(config, ROLE_KEYS["actor"]).keep_best == "2"
+    assert OmegaConf.select(config, ROLE_KEYS["critic"])._target_ == VERL["_target_"]
+    assert roles_in_use(False) == ("actor",) and roles_in_use(True) == ("actor", "critic")
 
 
 def test_a_bad_value_is_refused_as_the_config_class_refuses_it():

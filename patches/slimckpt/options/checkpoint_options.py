@@ -277,6 +277,7 @@ def async_mode(value) -> str:
 __all__ = [
     "ASYNC_WORDS",
     "RECIPES",
+    "ROLE_KEYS",
     "ROLE_SECTIONS",
     "AsyncSave",
     "BestMode",
@@ -289,6 +290,7 @@ __all__ = [
     "check_retention",
     "options_of",
     "role_options",
+    "roles_in_use",
 ]
 
 
@@ -313,8 +315,15 @@ def options_of(section: typing.Any) -> CheckpointOptions | None:
     return CheckpointOptions(**{key: section[key] for key in section.keys() if key in names})
 
 
-# where verl's trainer config holds each role's checkpoint section
+# where verl's trainer config holds each role's checkpoint section: the path of keys, and the dotted key
+# OmegaConf.select and a command-line override take
 ROLE_SECTIONS = {"actor": ("actor_rollout_ref", "actor", "checkpoint"), "critic": ("critic", "checkpoint")}
+ROLE_KEYS = {role: ".".join(path) for role, path in ROLE_SECTIONS.items()}
+
+
+def roles_in_use(use_critic: bool) -> tuple[str, ...]:
+    """The roles whose checkpoint sections a run reads: the actor's, and the critic's when it has one."""
+    return tuple(role for role in ROLE_SECTIONS if use_critic or role == "actor")
 
 
 def role_options(config: Mapping, role: str) -> CheckpointOptions | None:

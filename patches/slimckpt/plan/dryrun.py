@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slimckpt.options.checkpoint_options import ROLE_KEYS
 from slimckpt.plan.assumed import DEFAULT_COPY_GBPS, DEFAULT_DISK_GBPS, DEFAULT_ROLLOUT_S
 from slimckpt.plan.build import build_report, plan_facts
 from slimckpt.plan.printers import print_report
@@ -96,7 +97,7 @@ def plan_namespace(
     cfg, assumed: Assumptions, config_json: str, overrides: list[str] | None = None
 ) -> tuple[argparse.Namespace, dict[str, Any]]:
     """`slimckpt plan`'s arguments for this composed config, and what the run is (for the verdict)."""
-    ckpt = plain(select(cfg, "actor_rollout_ref.actor.checkpoint")) or {}
+    ckpt = plain(select(cfg, ROLE_KEYS["actor"])) or {}
     needs_critic, needs_ref = roles(cfg)
     recipe = ckpt.get("recipe") if "SlimCheckpointConfig" in str(ckpt.get("_target_", "")) else None
     nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)

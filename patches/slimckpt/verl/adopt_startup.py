@@ -27,7 +27,6 @@ from slimckpt.verl_files.version import build_note
 log = get_logger("slimckpt.adopt")
 
 SLIM_TARGET = "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
-ROLE_KEYS = (("actor", "actor_rollout_ref.actor"), ("critic", "critic"))
 
 
 def _in_ray_worker() -> bool:
@@ -43,22 +42,27 @@ def _select(config: Any, key: str, default: Any = None) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
+def _sections(config: Any, use_critic: bool) -> list[tuple[str, dict]]:
+    """(role, its checkpoint section as a plain dict, {} where absent) of each role the run reads."""
+    from slimckpt.options.checkpoint_options import ROLE_KEYS, roles_in_use
+
+    return [(role, _select(config, ROLE_KEYS[role], {}) or {}) for role in roles_in_use(use_critic)]
+
+
 def recipe_of(config: Any) -> str | None:
     """The recipe a run's config names (None: no slimckpt checkpoint config)."""
-    checkpoint = _select(config, "actor_rollout_ref.actor.checkpoint", {}) or {}
+    [(_actor, checkpoint)] = _sections(config, use_critic=False)
     if checkpoint.get("_target_") != SLIM_TARGET:
         return None
     return str(checkpoint.get("recipe") or "slimckpt")
 
 
-def _roles(config: Any, use_critic: bool):
-    from slimckpt.resume.adopt import RoleLoad
-
+def _roles(config: Any, use_critic: bool) -> list[tuple[str, tuple[str, ...], bool]]:
+    """(role, what its load reads, whether slimckpt saves it) of each role the run reads: a RoleLoad's fields."""
     roles = []
-    for name, key in ROLE_KEYS[: 2 if use_critic else 1]:
-        checkpoint = _select(config, f"{key}.checkpoint", {}) or {}
+    for name, checkpoint in _sections(config, use_critic):
         contents = checkpoint.get("load_contents") or ["model", "optimizer", "extra"]
-        roles.append(RoleLoad(name, tuple(contents), checkpoint.get("_target_") == SLIM_TARGET))
+        roles.append((name, tuple(contents), checkpoint.get("_target_") == SLIM_TARGET))
     return roles
 
 
@@ -77,7 +81,7 @@ def _world_size(config: Any) -> int | None:
 
 def adopt(config: Any, use_critic: bool) -> None:
     """Decide the resume of this run; stop it (SystemExit with the one line) where it cannot."""
-    from slimckpt.resume.adopt import plan_resume
+    from slimckpt.resume.adopt import RoleLoad, plan_resume
 
     if _select(config, "trainer.default_hdfs_dir") is not None:
         return  # verl refuses it itself
@@ -88,7 +92,7 @@ def adopt(config: Any, use_critic: bool) -> None:
     decision = plan_resume(
         _absolute(_select(config, "trainer.default_local_dir")),
         _select(config, "trainer.resume_mode"),
-        _roles(config, use_critic),
+        [RoleLoad(*role) for role in _roles(config, use_critic)],
         recipe_of(config),
         _absolute(_select(config, "trainer.resume_from_path")),
         _world_size(config),

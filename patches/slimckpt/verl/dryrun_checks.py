@@ -24,6 +24,7 @@ from verl.workers.config import HFModelConfig
 from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+from slimckpt.options.checkpoint_options import ROLE_KEYS
 from slimckpt.verl.dryrun_report import DryRunError, Report, one_line
 
 
@@ -239,12 +240,12 @@ def _check_trainer(report: Report, cfg) -> None:
 
 
 def _check_checkpoint_sections(report: Report, cfg, use_critic: bool) -> None:
-    sections = ["actor_rollout_ref.actor.checkpoint"]
+    sections = [ROLE_KEYS["actor"]]
     if use_critic:
-        sections.append("critic.checkpoint")
+        sections.append(ROLE_KEYS["critic"])
     elif "checkpoint" in cfg.critic:
         # verl never builds it without a critic, but a recipe's typo there would bite the next PPO run
-        sections.append("critic.checkpoint")
+        sections.append(ROLE_KEYS["critic"])
 
     for key in sections:
         ckpt = _build(report, OmegaConf.select(cfg, key), key, record=False)

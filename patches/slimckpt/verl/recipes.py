@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slimckpt.options.checkpoint_options import ROLE_KEYS
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("recipe", "size", "cluster", "algo")
 HELP = "list slimckpt's Hydra config groups (recipes and overrides) with their descriptions"
@@ -73,9 +75,6 @@ def list_group(group: str) -> list[GroupOption]:
 
 def list_recipes() -> list[GroupOption]:
     return list_group("recipe")
-
-
-ROLE_KEYS = {"actor": "actor_rollout_ref.actor.checkpoint", "critic": "critic.checkpoint"}
 
 
 def recipe_checkpoint_block(name: str, role: str = "actor", recipes_dir: str | Path | None = None) -> dict[str, Any]:

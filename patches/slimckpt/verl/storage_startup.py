@@ -31,12 +31,12 @@ from omegaconf import OmegaConf, open_dict
 
 from slimckpt import env_vars
 from slimckpt.log import get_logger
+from slimckpt.options.checkpoint_options import ROLE_KEYS, roles_in_use
 from slimckpt.storage import for_path, is_url
 
 log = get_logger("slimckpt.storage")
 
 SLIM_TARGET = "slimckpt.verl.checkpoint_config.SlimCheckpointConfig"
-ROLE_KEYS = (("actor", "actor_rollout_ref.actor.checkpoint"), ("critic", "critic.checkpoint"))
 SECRET_VARS = frozenset({"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"})
 ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 
@@ -49,8 +49,8 @@ def _select(config: Any, key: str, default: Any = None) -> Any:
 def refusal(config: Any, use_critic: bool) -> str | None:
     """The one line a run with its checkpoints on object storage stops with, or None when it can run."""
     root = str(_select(config, "trainer.default_local_dir") or "")
-    for role, key in ROLE_KEYS[: 2 if use_critic else 1]:
-        checkpoint = _select(config, key, {}) or {}
+    for role in roles_in_use(use_critic):
+        checkpoint = _select(config, ROLE_KEYS[role], {}) or {}
         incremental = checkpoint.get("_target_") == SLIM_TARGET and bool(checkpoint.get("incremental_save"))
         if not incremental:
             recipe = checkpoint.get("recipe") if checkpoint.get("_target_") == SLIM_TARGET else None
@@ -78,7 +78,7 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def turn_export_off(config: Any) -> str | None:
     """Switch the actor's in-training HF export off (a medium without in-place writes); the line said."""
-    key = "actor_rollout_ref.actor.checkpoint.export_hf"
+    key = f"{ROLE_KEYS['actor']}.export_hf"
     if not _select(config, key, False):
         return None
     with open_dict(config):
@@ -94,9 +94,9 @@ def turn_export_off(config: Any) -> str | None:
 def turn_optimizer_drop_off(config: Any, use_critic: bool) -> str | None:
     """Switch keep_optimizer_last off (it rewrites a committed step in place); the line said."""
     keys = [
-        f"{key}.keep_optimizer_last"
-        for _role, key in ROLE_KEYS[: 2 if use_critic else 1]
-        if _select(config, f"{key}.keep_optimizer_last") is not None
+        f"{ROLE_KEYS[role]}.keep_optimizer_last"
+        for role in roles_in_use(use_critic)
+        if _select(config, f"{ROLE_KEYS[role]}.keep_optimizer_last") is not None
     ]
     if not keys:
         return None
@@ -106,7 +106,7 @@ def turn_optimizer_drop_off(config: Any, use_critic: bool) -> str | None:
     root = str(_select(config, "trainer.default_local_dir")).rstrip("/")
     kept = ", ".join(
         f"trainer.max_{role}_ckpt_to_keep={_select(config, f'trainer.max_{role}_ckpt_to_keep')}"
-        for role, _key in ROLE_KEYS[: 2 if use_critic else 1]
+        for role in roles_in_use(use_critic)
     )
     return (
         f"slimckpt: {'/'.join(keys)}=null on {root} (dropping a committed step's optimizer state rewrites its "
