@@ -105,7 +105,8 @@ bench: $(STAMP)
 	$(PY) -m scripts.bench.headline
 
 # not part of `make bench`: needs ~50 GB of free disk (says so and stops without it), about 30 minutes, then
-# the same-box peers section (scripts/bench/merge_peers.py: ~32 GB of disk at once, about 40 minutes);
+# the same-box peers section (scripts/bench/merge_peers.py: ~32 GB of disk at once, about 55 minutes with
+# its incremental-step row);
 # BENCH_SCALE_ARGS="--verl-cap-gib 14" on a host with less memory to spare
 BENCH_SCALE_ARGS ?=
 bench-scale: $(STAMP)

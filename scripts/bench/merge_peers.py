@@ -15,6 +15,9 @@ dropped from the page cache before each merge), checked, killed halfway once, de
                             of --dcp-preset, saved on 2 real ranks (torchrun, gloo: DCP's save gathers every rank's
                             plan, so the fake group cannot write it rank by rank), merged by
                             torch.distributed.checkpoint._consolidate_hf_safetensors.consolidate_safetensors_files
+  slimckpt merge (incremental step)   one step of slimckpt's incremental tier (`dcp/`) of --dcp-preset, saved on 2
+                            real ranks through slimckpt's engine (scripts.bench.peers_save --tool slimckpt-incremental),
+                            merged by `slimckpt merge --local_dir <step>/actor` (single)
   torch-checkpointing       0.1.1 (scripts/bench/requirements-peers.txt): its save of the same shards, 2 ranks; on a
                             CPU-only host its save stops in its metadata all-gather (a tensor on device "cuda"), and
                             the row says so
@@ -41,6 +44,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from scripts.bench.merge import source_commit
+from scripts.bench.peers_save import incremental_role_dir
 from scripts.bench.save import machine_line, write_section
 from slimckpt.observe.diskspeed import DiskSpeed, fastest_of, measure_disk_speed
 from slimckpt.observe.measure import evict_from_page_cache, median, run_measured
@@ -49,12 +53,15 @@ REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- merge-peers:begin -->", "<!-- merge-peers:end -->"
 GB, GiB, MiB = 1e9, 2**30, 2**20
 ENV = {"OMP_NUM_THREADS": "2", "SLIMCKPT_LOG_LEVEL": "WARNING", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-SINGLE, DISTRIBUTED, DCP, TC = (
+SINGLE, DISTRIBUTED, DCP, TC, INCR = (
     "slimckpt merge",
     "slimckpt merge --distributed_merge (2 ranks)",
     "torch DCP consolidate_safetensors_files",
     "torch-checkpointing 0.1.1",
+    "slimckpt merge (incremental step)",
 )
+# --tools' names: the input each saves (and the key of its entry in the JSON's "inputs")
+TOOLS = ("verl", "dcp", "slimckpt-incremental", "torch-checkpointing")
 PY = sys.executable
 
 
@@ -105,8 +112,17 @@ def _first_error(output: str) -> str:
     return output.strip().splitlines()[-1][:300] if output.strip() else ""
 
 
+def parse_tools(text: str) -> list[str]:
+    """--tools' comma separated names, each one of TOOLS (a misspelt one would silently run nothing)."""
+    tools = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown:
+        raise SystemExit(f"[merge-peers] --tools: unknown {', '.join(unknown)}; pick from {','.join(TOOLS)}")
+    return tools
+
+
 def merge_commands(tool: str, src: Path, target: Path, index_file: Path | None = None) -> list[str]:
-    if tool == SINGLE:
+    if tool in (SINGLE, INCR):  # the same command: slimckpt merge reads a step's dcp/ as it reads rank files
         return [
             PY,
             "-m",
@@ -267,6 +283,7 @@ def merge_rows(
 
 
 def measure(args: argparse.Namespace) -> dict:
+    tools = parse_tools(args.tools)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(work).free
@@ -292,7 +309,6 @@ def measure(args: argparse.Namespace) -> dict:
     disk_bytes = int(args.disk_gib * GiB)
     disks = [measure_disk_speed(str(work), size_bytes=disk_bytes)]
     rows, inputs = [], {}
-    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     try:
         if "verl" in tools:
             ckpt = work / "verl" / "actor"
@@ -313,6 +329,16 @@ def measure(args: argparse.Namespace) -> dict:
                 index_file.write_text(json.dumps(saved.pop("index")))
                 rows += merge_rows([(DCP, {})], shards, work, args.repeats, saved["bytes"], index_file)
             _clean(shards)
+        if "slimckpt-incremental" in tools:
+            step = work / "incremental"
+            inputs["slimckpt-incremental"] = saved = save_peer("slimckpt-incremental", args.dcp_preset, step)
+            saved.pop("index", None)  # the merge splits its output as save_pretrained would, as for verl's files
+            if "error" in saved:
+                rows.append({"tool": INCR, "error": saved["error"]})
+            else:
+                role_dir = Path(incremental_role_dir(step))
+                rows += merge_rows([(INCR, {})], role_dir, work, args.repeats, saved["bytes"])
+            _clean(step)
         if "torch-checkpointing" in tools:
             shards = work / "tc"
             inputs["torch-checkpointing"] = saved = save_peer("torch-checkpointing", args.dcp_preset, shards)
@@ -382,11 +408,13 @@ def table(result: dict) -> str:
 def _input_words(result: dict, row: dict) -> str:
     if row.get("input"):
         return row["input"]
-    key = "dcp" if row["tool"] == DCP else "verl"
+    key = {DCP: "dcp", INCR: "slimckpt-incremental"}.get(row["tool"], "verl")
     found = result["inputs"].get(key, {})
     size = f"{found.get('bytes', 0) / GB:.1f} GB"
     if key == "verl":
         return f"verl's rank files, {result['preset']} at world size {result['world_size']}, fake group, {size}"
+    if key == "slimckpt-incremental":
+        return f"slimckpt incremental step (DCP files), {result['dcp_preset']} at world size 2, real save, {size}"
     return f"DCP HF shards, {result['dcp_preset']} at world size 2, real save, {size}"
 
 
@@ -438,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--dcp-preset", default="llama3.2-3b", help="the peers' size preset (saved on 2 real ranks)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--tools", default="verl,dcp,torch-checkpointing")
+    p.add_argument("--tools", default=",".join(TOOLS), help=f"comma separated, of {','.join(TOOLS)}")
     p.add_argument("--work", default=str(REPO / "bench_work" / "peers"))
     p.add_argument("--keep", action="store_true")
     p.add_argument("--min-free-gib", type=float, default=36.0, help="free disk the run needs under --work")

@@ -4,6 +4,7 @@
   torchrun --standalone --nproc_per_node 2 -m scripts.bench.peers_save --tool dcp-hf --out DIR \
       --size-preset llama3.2-3b --dtype bfloat16
   torchrun ... -m scripts.bench.peers_save --tool torch-checkpointing --out DIR ...
+  torchrun ... -m scripts.bench.peers_save --tool slimckpt-incremental --out DIR ...   # DIR/global_step_1/actor
 
 The model is the fake-process-group builder's (slimckpt_testing.verl_checkpoints.fake_pg_checkpoint):
 built on the meta device, wrapped with FSDP2 as verl wraps it, and only this rank's rows allocated and
@@ -15,6 +16,10 @@ tensor can be checked against `expected_values` without the shards. Each rank ho
   torch-checkpointing  torch_checkpointing.CheckpointManager, a sync save of item "model" as per-rank
                        safetensors with a resharder declared (so its metadata.pkl is written), for
                        torch_checkpointing.hf.consolidate_hf_safetensors_checkpoint
+  slimckpt-incremental one step of slimckpt's incremental tier (save.step_save.save_resume_state, sync, no HF
+                       export, [model, extra], no optimizer) with the files verl writes beside it
+                       (fsdp_config.json, huggingface/config.json), in `incremental_role_dir(DIR)`, for
+                       `slimckpt merge --local_dir` (its dcp/ files, committed by slimckpt_resume.json)
 
 Rank 0 prints one JSON line: the tool, the parameters, the save's wall, the files' bytes.
 """
@@ -28,7 +33,13 @@ import os
 import sys
 import time
 
-TOOLS = ("dcp-hf", "torch-checkpointing")
+TOOLS = ("dcp-hf", "torch-checkpointing", "slimckpt-incremental")
+
+
+def incremental_role_dir(out: str | os.PathLike) -> str:
+    """Where --tool slimckpt-incremental puts its step under --out: a role dir as verl lays it out,
+    what `slimckpt merge --local_dir` takes."""
+    return os.path.join(out, "global_step_1", "actor")
 
 
 def hf_file_index(names: list[str], files: int = 4) -> dict[str, int]:
@@ -65,6 +76,37 @@ def _save_torch_checkpointing(state: dict, out: str) -> None:
         manager.close()
 
 
+def _save_slimckpt_incremental(model, role_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import slimckpt.save.modes.writer as resume_async
+    from scripts.bench.s3_save import side_files
+    from slimckpt.options.checkpoint_options import CheckpointOptions
+    from slimckpt.save.step_save import save_resume_state
+    from slimckpt.save.target import SaveTarget, TargetState, fsdp_version_of
+
+    options = CheckpointOptions(
+        recipe="incremental", incremental_save=True, async_save=False, measure=False, export_hf=False
+    )
+    state = TargetState()
+    target = SaveTarget(
+        model=model,
+        optimizer=None,  # [model, extra] saves no optimizer: what the other tools save is the model alone
+        options=options,
+        state=state,
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        save_contents=("model", "extra"),
+        fsdp_version=fsdp_version_of(model),
+        get_rng_state=torch.get_rng_state,
+        load_rng_state=torch.set_rng_state,
+        side_files=side_files(model.config),
+    )
+    save_resume_state(target, role_dir, 1)
+    resume_async.writer_for(state).wait()  # sync returns committed already; a no-op kept for any other mode
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.bench.peers_save", description=__doc__.splitlines()[1])
     p.add_argument("--tool", choices=TOOLS, required=True)
@@ -88,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if args.tool == "dcp-hf":
         _save_dcp_hf(state, args.out, index)
+    elif args.tool == "slimckpt-incremental":
+        _save_slimckpt_incremental(model, incremental_role_dir(args.out))
     else:
         _save_torch_checkpointing(state, args.out)
     dist.barrier()

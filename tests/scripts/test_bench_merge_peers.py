@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from scripts.bench import merge_peers as mp
 from scripts.bench import peers_save
 
@@ -106,3 +108,36 @@ def test_another_runs_rows_join_the_table_with_their_own_floor_and_input():
     text = mp.table(result)
     assert f"| {mp.SINGLE} (same size) | verl's rank files, llama3.2-3b at world size 2" in text
     assert "| 8.0 s | 3.12x |" in text
+
+
+def test_an_incremental_steps_row_names_its_input_and_merges_with_slimckpt_merge(tmp_path):
+    result = _result()
+    result["rows"].insert(1, dict(result["rows"][0], tool=mp.INCR))
+    result["inputs"]["slimckpt-incremental"] = {"command": "torchrun y", "bytes": 7.2 * GB, "save_s": 30.0}
+    text = mp.render(json.loads(json.dumps(result)))
+    assert (
+        f"| {mp.INCR} | slimckpt incremental step (DCP files), llama3.2-3b at world size 2, real save, 7.2 GB | 3 |"
+        in text
+    )
+    assert f"| {mp.DCP} | DCP HF shards, llama3.2-3b at world size 2, real save, 8.0 GB |" in text
+    assert "- slimckpt-incremental input written by `torchrun y` in 30 s" in text
+    step = tmp_path / "global_step_1" / "actor"
+    assert mp.merge_commands(mp.INCR, step, tmp_path / "out") == mp.merge_commands(mp.SINGLE, step, tmp_path / "out")
+    assert peers_save.incremental_role_dir(tmp_path) == str(step)
+
+
+def test_the_tools_are_parsed_and_a_misspelt_one_is_refused():
+    assert mp.parse_tools(" verl,slimckpt-incremental ,") == ["verl", "slimckpt-incremental"]
+    assert "slimckpt-incremental" in mp.parse_tools(",".join(mp.TOOLS))
+    assert "slimckpt-incremental" in peers_save.TOOLS
+    with pytest.raises(SystemExit, match="unknown slimckpt-incr; pick from verl,dcp"):
+        mp.parse_tools("verl,slimckpt-incr")
+
+
+@pytest.mark.parametrize("name", ["bench_peers.json", "bench_peers_quiet.json", "bench_peers_3.6b.json"])
+def test_the_committed_runs_still_render(name):
+    path = mp.REPO / "docs" / name
+    if not path.exists():
+        pytest.skip(f"no {path}")
+    text = mp.render(json.loads(path.read_text()))
+    assert text.startswith(mp.BEGIN) and text.endswith(mp.END) and "| slimckpt merge |" in text
