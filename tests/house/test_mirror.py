@@ -59,6 +59,7 @@ COVERED_BY: dict[str, str] = {
     "resume/load": "tests/resume/test_step_check.py",
     "resume/pickle_gate": "tests/engine/test_pickle_policy.py",
     "save/driver/driver_state": "tests/e2e/test_retention_disk.py",
+    "save/export/direct_write": "tests/save/test_export_direct.py",
     "save/export/intermediate": "tests/save/test_resume_state.py",
     "save/extra_state": "tests/save/test_resume_state.py",
     "save/modes/base": "tests/save/test_modes.py",

@@ -63,7 +63,7 @@ def _module_state() -> dict:
     """Every module attribute a scenario sets or monkeypatches, to put back after it."""
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-    import slimckpt.save.export.direct as hf_direct_export
+    import slimckpt.save.export.direct_write as hf_direct_write
     from slimckpt.hf.naming import HfSide
     from slimckpt.save import step_commit, step_write
     from slimckpt.save.modes import stream_capture
@@ -77,8 +77,8 @@ def _module_state() -> dict:
         (stream_capture, "READ_HOOK"): stream_capture.READ_HOOK,
         (step_write, "_after_shards"): step_write._after_shards,
         (step_commit, "commit"): step_commit.commit,
-        (hf_direct_export, "write_export"): hf_direct_export.write_export,
-        (hf_direct_export._BoxWriter, "write_box"): hf_direct_export._BoxWriter.write_box,
+        (hf_direct_write, "write_export"): hf_direct_write.write_export,
+        (hf_direct_write._BoxWriter, "write_box"): hf_direct_write._BoxWriter.write_box,
         (HfSide, "output_sources"): HfSide.output_sources,
         (FSDPModelMerger, "_load_and_merge_state_dicts"): FSDPModelMerger._load_and_merge_state_dicts,
     }

@@ -93,7 +93,7 @@ def manifest_lists(role_dir: str) -> list[str]:
 def run_model(args, model: str) -> dict:
     from verl.trainer.config import CheckpointConfig
 
-    import slimckpt.save.export.direct as hf_direct_export
+    import slimckpt.save.export.direct_write as hf_direct_write
     from slimckpt.save.resume_state import finish_pending
 
     resume_scenarios.MODEL = model
@@ -119,32 +119,32 @@ def run_model(args, model: str) -> dict:
     run.manager.save_checkpoint(bf16_dir, global_step=1)
 
     # a rank that fails mid-export: every rank raises, the step is not committed
-    real_box = hf_direct_export._BoxWriter.write_box
+    real_box = hf_direct_write._BoxWriter.write_box
 
     def failing_box(self, *a, **k):
         if dist.get_rank() == 1:
             raise OSError(28, "No space left on device (simulated)")
         return real_box(self, *a, **k)
 
-    hf_direct_export._BoxWriter.write_box = failing_box
+    hf_direct_write._BoxWriter.write_box = failing_box
     broken_dir = os.path.join(root, "broken", "global_step_1", "actor")
     try:
         run.manager.save_checkpoint(broken_dir, global_step=1)
         broken_error = None
     except Exception as exc:  # noqa: BLE001 - the outcome is the result
         broken_error = f"{type(exc).__name__}: {exc}"
-    hf_direct_export._BoxWriter.write_box = real_box
+    hf_direct_write._BoxWriter.write_box = real_box
     dist.barrier()
 
     # async, several files: the write starts only after training has moved every parameter
-    real_write = hf_direct_export.write_export
+    real_write = hf_direct_write.write_export
 
     def late_write(*a, **k):
         # the tiny model's next step takes far less than 1 s: the write starts after it moved everything
         time.sleep(1.0)
         return real_write(*a, **k)
 
-    hf_direct_export.write_export = late_write
+    hf_direct_write.write_export = late_write
     run.manager.checkpoint_config = slim_config(
         export_hf=True, export_dtype="auto", async_save=True, host_memory_budget_gb=1.0, max_shard_size="20KB"
     )
@@ -153,7 +153,7 @@ def run_model(args, model: str) -> dict:
     run.step()
     committed_early = os.path.exists(os.path.join(async_dir, "slimckpt_resume.json"))
     finish_pending()
-    hf_direct_export.write_export = real_write
+    hf_direct_write.write_export = real_write
 
     dist.barrier()
     if dist.get_rank() != 0:
@@ -501,6 +501,7 @@ def measure(args) -> dict:
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     import slimckpt.save.export.direct as hf_direct_export
+    import slimckpt.save.export.direct_write as hf_direct_write
     from slimckpt.observe.memory import RssSampler
     from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
 
@@ -530,14 +531,14 @@ def measure(args) -> dict:
         return run
 
     # ours first: leftovers of verl's 1 GB gather in the allocator would flatter our numbers
-    real = hf_direct_export.plan_export, hf_direct_export.write_export
+    real = hf_direct_export.plan_export, hf_direct_write.write_export
     hf_direct_export.plan_export = sampled(real[0], "plan_export")
-    hf_direct_export.write_export = sampled(real[1], "write_export")
+    hf_direct_write.write_export = sampled(real[1], "write_export")
     manager.checkpoint_config = slim_config(save_contents=["model"], export_hf=True, export_dtype=args.export_dtype)
     manager.checkpoint_save_contents = ["model"]
     with RssSampler() as whole:
         manager.save_checkpoint(os.path.join(args.dir, "slim", "actor"), global_step=0)
-    hf_direct_export.plan_export, hf_direct_export.write_export = real
+    hf_direct_export.plan_export, hf_direct_write.write_export = real
     gc.collect()
     manager.checkpoint_config = CheckpointConfig(save_contents=["hf_model"])
     manager.checkpoint_save_contents = ["hf_model"]
