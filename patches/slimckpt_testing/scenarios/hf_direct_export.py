@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 
 from slimckpt_testing.merge_check import adapter_config_fields
-from slimckpt_testing.scenarios import resume as resume_scenarios
-from slimckpt_testing.scenarios.resume import Run, slim_config  # the same tiny model and manager
+from slimckpt_testing.scenarios import tiny_run
+from slimckpt_testing.scenarios.tiny_run import Run, slim_config  # the same tiny model and manager
 
 # lazy imports: verl and slimckpt's save path load inside a scenario, after it set the module settings they read
 
@@ -96,7 +96,7 @@ def run_model(args, model: str) -> dict:
     import slimckpt.save.export.direct_write as hf_direct_write
     from slimckpt.save.resume_state import finish_pending
 
-    resume_scenarios.MODEL = model
+    tiny_run.MODEL = model
     root = os.path.join(args.dir, model)
     verl_cfg = CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"])
     run = Run(seed=0, ckpt_config=verl_cfg)
@@ -226,7 +226,7 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     import slimckpt.hf.naming as hf_side
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
-    resume_scenarios.MODEL = model
+    tiny_run.MODEL = model
     root = os.path.join(args.dir, name or model)
     run = Run(seed=0, ckpt_config=CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"]))
     placements = sorted({str(p.placements) for n, p in run.model.named_parameters() if ".experts." in n})
@@ -335,11 +335,11 @@ def scenario_moe(args) -> None:
     out = {}
     for i, spec in enumerate(args.models.split(",")):  # MODEL[:PLACEMENT]
         model, _, placement = spec.partition(":")
-        resume_scenarios.PLACEMENT = placement or "dim0"
+        tiny_run.PLACEMENT = placement or "dim0"
         try:
             out[spec] = run_moe(args, model, fallbacks=i == 0, name=spec.replace(":", "-"))
         finally:
-            resume_scenarios.PLACEMENT = "dim0"
+            tiny_run.PLACEMENT = "dim0"
     _write(args, out, "moe_export_result.json")
 
 
@@ -391,7 +391,7 @@ def scenario_lora(args) -> None:
 
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
-    resume_scenarios.LORA_RANK = 4
+    tiny_run.LORA_RANK = 4
     root = args.dir
     run = Run(seed=0, ckpt_config=CheckpointConfig(save_contents=["model", "optimizer", "extra"]))
     run.step()
@@ -583,7 +583,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
-    resume_scenarios.FSDP_VERSION = args.fsdp
+    tiny_run.FSDP_VERSION = args.fsdp
     if args.measure:
         _write(args, measure(args), "hf_direct_export_memory.json")
     else:
