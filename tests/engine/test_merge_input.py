@@ -434,7 +434,7 @@ def test_verl_fallback_says_its_memory_or_is_refused(tmp_path, capsys, monkeypat
     force_verl_fallback(monkeypatch)
     shards = os.path.getsize(root / "model_world_size_1_rank_0.pt")
     params = sum(t.numel() for t in sd.values())
-    from slimckpt.merge.pipeline import human_bytes
+    from slimckpt.merge.verl_fallback import human_bytes
 
     want = (
         f"about {human_bytes(shards + 2 * params)} of host memory (the {human_bytes(shards)} of rank model "

@@ -46,6 +46,8 @@ COVERED_BY: dict[str, str] = {
     "merge/cli": "tests/house/test_cli.py",
     "merge/command": "tests/merge/test_verl_merger.py",
     "merge/plan": "tests/merge/test_coverage_matrix.py",
+    "merge/steps": "tests/merge/test_pipeline.py",
+    "merge/verl_fallback": "tests/engine/test_merge_input.py",
     "merge/workers": "tests/merge/test_verl_merger.py",
     "observe/diskspeed_cli": "tests/house/test_cli.py",
     "observe/save_reports": "tests/observe/test_save_measure.py",
