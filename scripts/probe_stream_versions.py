@@ -36,11 +36,11 @@ def build(layout: str):
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
     from transformers import AutoModelForCausalLM
 
-    from slimckpt_testing.scenarios import resume as resume_scenarios
+    from slimckpt_testing.scenarios import tiny_run
     from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, wrap_fsdp2
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(build_config(resume_scenarios.tiny_args()))
+    model = AutoModelForCausalLM.from_config(build_config(tiny_run.tiny_args()))
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("fsdp",))
     if layout == "fsdp2":
         model = wrap_fsdp2(model, mesh, "dim0", dist.get_world_size())

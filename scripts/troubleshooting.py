@@ -48,7 +48,7 @@ FIX_AFTER_COLON = re.compile(rf": (?=(?:{FIX_VERBS})\b)")
 # classes whose message is only ever a part of another's line (the reason in its parentheses), listed there
 QUOTED = {
     "NotATorchFile": "engine/verl_sources.py, convert/source.py: '... not a readable torch checkpoint (<reason>)'",
-    "NeedsVerlMerger": "merge/pipeline.py: 'slimckpt's streaming merge does not handle this checkpoint (<why>) ...'",
+    "NeedsVerlMerger": "merge/verl_fallback.py: 'slimckpt's streaming merge does not handle this checkpoint (<why>) ...'",
     "NothingToDrop": "save/retention/prune.py logs it: 'retention left <path> as it is: <why>'",
     "AssignError": "save/export/direct.py: 'HF export of <local_path>: <line>'",
     "StoreSilent": "dist/heartbeat.py: a rank that stopped answering is named by RankLost's line",

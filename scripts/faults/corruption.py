@@ -24,7 +24,7 @@ file names, loads and shapes reveal.
 
     python -m scripts.faults.corruption --damaged_restarts 30 [--seed 0] [--json OUT]
 
-instead runs N restarts whose newest committed step is damaged (patches/slimckpt_testing/scenarios/resume.py
+instead runs N restarts whose newest committed step is damaged (patches/slimckpt_testing/scenarios/driver.py
 damaged_newest, one torchrun of 2 ranks: steps 2 and 4 saved async with the export through verl's
 manager, then per restart a copy with step 4 damaged one way - a flipped .distcp byte, a truncated
 or deleted file, a damaged or unsealed manifest - and a fresh model resumed through verl's
@@ -413,7 +413,7 @@ def damaged_restarts(trials: int, seed: int, workdir: str | None) -> dict:
             2,
             "-m",
             "slimckpt_testing.launch",
-            "slimckpt_testing.scenarios.resume",
+            "slimckpt_testing.scenarios.driver",
             "damaged_newest",
             "--dir",
             work,

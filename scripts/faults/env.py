@@ -241,7 +241,7 @@ def calibrate(args: argparse.Namespace) -> int:
     import slimckpt.save.modes.writer as resume_async
     from slimckpt.verl.features import switch_on
     from slimckpt.verl.manager_state import state_of
-    from slimckpt_testing.scenarios.resume import Run
+    from slimckpt_testing.scenarios.tiny_run import Run
 
     switch_on("checkpoint")
     dist.init_process_group("gloo")
@@ -278,7 +278,7 @@ def child(args: argparse.Namespace) -> int:
     import slimckpt.save.modes.writer as resume_async
     from slimckpt.verl.features import switch_on
     from slimckpt.verl.manager_state import state_of
-    from slimckpt_testing.scenarios.resume import Run
+    from slimckpt_testing.scenarios.tiny_run import Run
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     switch_on("checkpoint")  # as a recipe's config does; verl_save's plain config bypasses it

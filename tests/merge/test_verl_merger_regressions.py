@@ -259,13 +259,13 @@ def test_no_fallback_to_verls_merger_where_it_would_read_rank0_alone(ckpts, tmp_
     """A checkpoint slimckpt cannot stream goes to verl's merger, but not one whose first key is
     unsharded (verl would write rank 0's rows of every tensor): that is refused in one line."""
     from slimckpt.hf.naming import NeedsVerlMerger
-    from slimckpt.merge import pipeline
+    from slimckpt.merge import steps
     from slimckpt.merge.plan import MergeError
 
     def cannot_stream(*args, **kwargs):
         raise NeedsVerlMerger("a save the streaming merge does not reproduce")
 
-    monkeypatch.setattr(pipeline, "make_plan", cannot_stream)
+    monkeypatch.setattr(steps, "make_plan", cannot_stream)
     with pytest.raises(MergeError, match="first key, 'lm_head.weight', which is not sharded") as refused:
         merge(
             MergeOptions(local_dir=str(ckpts["replicated_first_key"]), target_dir=str(tmp_path / "o"), progress=False)

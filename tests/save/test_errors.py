@@ -32,7 +32,7 @@ def test_an_export_that_fails_in_training_gives_the_trainers_fix(code, fix):
     """The export's writers describe an OS error for `slimckpt merge` (--target_dir); inside a save
     (here as the background write's failure reaches the next save) the line is the trainer's."""
     from slimckpt.engine.out_files import os_error
-    from slimckpt.merge.pipeline import _message
+    from slimckpt.merge.steps import message as _message
     from slimckpt.storage.os_errors import MERGE_FIXES
 
     step_dir = "/ckpt/global_step_3/critic"

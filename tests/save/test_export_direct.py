@@ -1,5 +1,5 @@
-"""The incremental tier's gather-free HF export (slimckpt.save.export.direct; which rank writes which rows:
-tests/layout/test_export_assign.py).
+"""The incremental tier's gather-free HF export (slimckpt.save.export.direct plans it,
+slimckpt.save.export.direct_write writes it; which rank writes which rows: tests/layout/test_export_assign.py).
 
 Fast: the LoRA rows a writer holds, the config and verl's own hf_model. Slow: a torchrun scenario (2 ranks, gloo, FSDP2)
 that saves a tiny Llama and a tiny tied Qwen2 with verl's own hf_model and with export_hf (sync and

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     except MergeError as exc:
         # one write: print() writes the line and its newline apart, and the ranks of a distributed
         # merge, sharing one stderr, then interleave their lines (a distributed rank wrote it already,
-        # before it met the others: pipeline.report_together)
+        # before it met the others: distributed.report_together)
         if not getattr(exc, "reported", False):
             sys.stderr.write(f"slimckpt merge: error: {exc}\n")
             sys.stderr.flush()

@@ -86,7 +86,7 @@ def wrap_merge_and_save(original: Callable) -> Callable:
         )
         try:
             result = merge(opts, verl_fallback=lambda: original(self))
-        except MergeError as exc:  # a distributed rank wrote its line already (pipeline.report_together)
+        except MergeError as exc:  # a distributed rank wrote its line already (distributed.report_together)
             raise SystemExit(1 if getattr(exc, "reported", False) else f"slimckpt merge: error: {exc}") from None
         if cfg.hf_upload and not result.used_verl_merger and env_vars.foreign("RANK", "0") == "0":
             log.info(

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 
-import slimckpt.save.export.direct as hf_direct_export
+import slimckpt.save.export.direct_write as hf_direct_write
 from slimckpt.dist.lost_rank import RankLost, peer_loss_line
 from slimckpt.engine.dcp_file_writer import BoundedFileSystemWriter
 from slimckpt.engine.hashing_fs import HashingFileSystem
@@ -58,14 +58,14 @@ def written_checksums(writer: Any, local_path: str) -> dict[str, str]:
 
 
 def _after_shards(ctx: SaveContext, model_state: dict[str, Any] | None = None, reads: Any = None) -> None:
-    """The gather-free HF export (hf_direct_export: every rank writes its own rows of the final
+    """The gather-free HF export (hf_direct_write: every rank writes its own rows of the final
     safetensors files at their planned offsets). It runs after the shards are on disk and before
     the manifest, whose file list then includes huggingface/: a committed step always has its
     whole export, a half-written one is never committed."""
     if ctx.export is None or not ctx.config.export_hf:
         return
     start = time.perf_counter()
-    hf_direct_export.write_export(
+    hf_direct_write.write_export(
         ctx.target, ctx.export, ctx.local_path, model_state or {}, ctx.config, ctx.group, stream_reads=reads
     )
     ctx.timings["export_hf"] = time.perf_counter() - start
@@ -88,7 +88,7 @@ def write_and_commit(ctx: SaveContext, state: dict[str, Any]) -> None:
             if ctx.export is not None and ctx.config.export_hf:
                 model_state = state.get("model", {})
                 reads = StreamReads(capture, model_state)
-                capture.plan_reads("export", reads.keys_for(hf_direct_export.sources_read(ctx.export, model_state)))
+                capture.plan_reads("export", reads.keys_for(hf_direct_write.sources_read(ctx.export, model_state)))
             if not state:
                 capture.start()
         if state:

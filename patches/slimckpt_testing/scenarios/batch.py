@@ -5,7 +5,7 @@ verl imported on every rank) before seconds of work, so the tests share one.
     torchrun --nproc_per_node 2 -m slimckpt_testing.launch slimckpt_testing.scenarios.batch --dir D [NAME ...]
 
 NAME (default all of SCENARIOS) runs in its own directory D/NAME with the settings its test had
-as a torchrun of its own (slimckpt_testing.scenarios.resume, slimckpt_testing/scenarios/hf_direct_export.py,
+as a torchrun of its own (slimckpt_testing.scenarios.resume and .driver, slimckpt_testing/scenarios/hf_direct_export.py,
 slimckpt_testing/scenarios/critic_save.py, presave.py, stream.py); every
 module-level switch a scenario sets or patches is put back before the next one starts. A scenario
 that raises on every rank leaves D/NAME/error.txt (rank 0's traceback) and the next one runs;
@@ -22,7 +22,9 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
+from slimckpt_testing.scenarios import driver as driver_scenarios
 from slimckpt_testing.scenarios import resume as resume_scenarios
+from slimckpt_testing.scenarios import tiny_run
 
 from . import critic_save as critic_save_scenario
 from . import hf_direct_export as hf_direct_export_scenario
@@ -33,7 +35,7 @@ from . import stream as stream_scenario
 # far above any healthy wait (a rank failing alone ends in < 30 s); under the batch's 540 s
 COLLECTIVE_TIMEOUT_S = 240
 
-# name -> (function, its args besides dir, resume_scenarios.MODEL, resume_scenarios.FSDP_VERSION)
+# name -> (function, its args besides dir, tiny_run.MODEL, tiny_run.FSDP_VERSION)
 SCENARIOS = {
     "resume": (resume_scenarios.scenario_resume, {"async_save": False}, "llama", 2),
     "resume_fsdp1": (resume_scenarios.scenario_resume, {"async_save": False}, "llama", 1),
@@ -41,9 +43,9 @@ SCENARIOS = {
     "stream": (stream_scenario.scenario, {}, "qwen2-tied", 2),
     "stream_raced": (stream_scenario.scenario_raced, {}, "llama", 2),
     "stream_raced_fsdp1": (stream_scenario.scenario_raced, {}, "llama", 1),
-    "tracker": (resume_scenarios.scenario_tracker, {}, "llama", 2),
+    "tracker": (driver_scenarios.scenario_tracker, {}, "llama", 2),
     "refuse": (resume_scenarios.scenario_refuse, {}, "llama", 2),
-    "damaged_newest": (resume_scenarios.scenario_damaged_newest, {}, "llama", 2),
+    "damaged_newest": (driver_scenarios.scenario_damaged_newest, {}, "llama", 2),
     "hf_export": (hf_direct_export_scenario.scenario, {"models": "llama,qwen2-tied"}, "llama", 2),
     "moe_export": (
         hf_direct_export_scenario.scenario_moe,
@@ -63,22 +65,22 @@ def _module_state() -> dict:
     """Every module attribute a scenario sets or monkeypatches, to put back after it."""
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
-    import slimckpt.save.export.direct as hf_direct_export
+    import slimckpt.save.export.direct_write as hf_direct_write
     from slimckpt.hf.naming import HfSide
     from slimckpt.save import step_commit, step_write
     from slimckpt.save.modes import stream_capture
 
     return {
-        (resume_scenarios, "MODEL"): resume_scenarios.MODEL,
-        (resume_scenarios, "FSDP_VERSION"): resume_scenarios.FSDP_VERSION,
-        (resume_scenarios, "PLACEMENT"): resume_scenarios.PLACEMENT,
-        (resume_scenarios, "LORA_RANK"): resume_scenarios.LORA_RANK,
+        (tiny_run, "MODEL"): tiny_run.MODEL,
+        (tiny_run, "FSDP_VERSION"): tiny_run.FSDP_VERSION,
+        (tiny_run, "PLACEMENT"): tiny_run.PLACEMENT,
+        (tiny_run, "LORA_RANK"): tiny_run.LORA_RANK,
         (step_write, "storage_writer"): step_write.storage_writer,
         (stream_capture, "READ_HOOK"): stream_capture.READ_HOOK,
         (step_write, "_after_shards"): step_write._after_shards,
         (step_commit, "commit"): step_commit.commit,
-        (hf_direct_export, "write_export"): hf_direct_export.write_export,
-        (hf_direct_export._BoxWriter, "write_box"): hf_direct_export._BoxWriter.write_box,
+        (hf_direct_write, "write_export"): hf_direct_write.write_export,
+        (hf_direct_write._BoxWriter, "write_box"): hf_direct_write._BoxWriter.write_box,
         (HfSide, "output_sources"): HfSide.output_sources,
         (FSDPModelMerger, "_load_and_merge_state_dicts"): FSDPModelMerger._load_and_merge_state_dicts,
     }
@@ -93,7 +95,7 @@ def run_one(name: str, root: str) -> None:
         os.makedirs(out, exist_ok=True)
     dist.barrier()
     saved = _module_state()
-    resume_scenarios.MODEL, resume_scenarios.FSDP_VERSION = model, fsdp
+    tiny_run.MODEL, tiny_run.FSDP_VERSION = model, fsdp
     try:
         fn(SimpleNamespace(dir=out, **extra))
         finish_pending()

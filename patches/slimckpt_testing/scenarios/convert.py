@@ -22,7 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.scenarios.resume as rs  # the same model, optimizer and training step
+import slimckpt_testing.scenarios.tiny_run as tiny_run  # the same model, optimizer and training step
 
 # lazy imports: verl and slimckpt's modules load inside a scenario (resume runs verl unpatched)
 SAVE_STEP, STEPS_AFTER = 3, 3
@@ -32,7 +32,7 @@ def _full_state(run) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     # FSDP1's full state dict with cpu_offload fails on gloo: gathered without offload, copied here
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=rs.FSDP_VERSION == 2)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=tiny_run.FSDP_VERSION == 2)
     model = get_model_state_dict(run.model, options=opts)
     optim = get_optimizer_state_dict(run.model, run.optimizer, options=opts)
     return {"model": model, "optim": optim, "scheduler": run.scheduler.state_dict()}
@@ -51,7 +51,7 @@ def scenario_save(args) -> None:
     from slimckpt.engine.resume_records import write_tracker
     from slimckpt.save.resume_state import finish_pending
 
-    run = rs.Run(seed=0, ckpt_config=rs.slim_config())
+    run = tiny_run.Run(seed=0, ckpt_config=tiny_run.slim_config())
     for _ in range(3):
         run.step()
     rng = torch.get_rng_state()
@@ -85,7 +85,7 @@ def _resume_case(saved_dir: str, root: str, ignore_group_order: bool) -> dict:
     from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
     step_dir = find_latest_ckpt_path(root)
-    run = rs.Run(seed=1, ckpt_config=CheckpointConfig())
+    run = tiny_run.Run(seed=1, ckpt_config=CheckpointConfig())
     torch.manual_seed(1234 + dist.get_rank())  # a state the load must replace
     try:
         run.manager.load_checkpoint(os.path.join(step_dir, "actor"))
@@ -99,9 +99,9 @@ def _resume_case(saved_dir: str, root: str, ignore_group_order: bool) -> dict:
             groups = state["optim"].get("param_groups", [])
             state["optim"] = {**state["optim"], "param_groups": [{**g, "params": sorted(g["params"])} for g in groups]}
     diffs = (
-        rs._tensors_equal(saved["model"], loaded["model"], "model")
-        + rs._tensors_equal(saved["optim"], loaded["optim"], "optim")
-        + rs._tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")
+        tiny_run.tensors_equal(saved["model"], loaded["model"], "model")
+        + tiny_run.tensors_equal(saved["optim"], loaded["optim"], "optim")
+        + tiny_run.tensors_equal(saved["scheduler"], loaded["scheduler"], "scheduler")
     )
     losses = [run.step() for _ in range(STEPS_AFTER)]
     return {
@@ -155,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
-    rs.FSDP_VERSION = args.fsdp
+    tiny_run.FSDP_VERSION = args.fsdp
     if args.fsdp == 1:  # verl's default FSDP1 wrapping: flat parameters (fsdp_config.use_orig_params=false)
         from slimckpt_testing.verl_checkpoints import fsdp_checkpoint
 

@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.scenarios.resume as resume_scenarios  # the tiny model's sizes and the slimckpt config
+import slimckpt_testing.scenarios.tiny_run as tiny_run  # the tiny model's sizes and the slimckpt config
 
 # lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
 
@@ -27,11 +27,11 @@ def scenario(args) -> None:
 
     torch.manual_seed(0)
     world = dist.get_world_size()
-    model = auto_class("critic").from_config(build_config(resume_scenarios.tiny_args(), "critic"))
+    model = auto_class("critic").from_config(build_config(tiny_run.tiny_args(), "critic"))
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
     model = wrap_fsdp2(model, mesh, "dim0", world)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    ids = torch.randint(0, resume_scenarios.VOCAB, (2, 12))
+    ids = torch.randint(0, tiny_run.VOCAB, (2, 12))
     model(input_ids=ids).logits.pow(2).mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -39,11 +39,11 @@ def scenario(args) -> None:
         model,
         optimizer,
         None,
-        processing_class=build_tokenizer(resume_scenarios.VOCAB),
+        processing_class=build_tokenizer(tiny_run.VOCAB),
         checkpoint_config=CheckpointConfig(save_contents=["model", "optimizer", "extra"]),
     )
     manager.save_checkpoint(os.path.join(args.dir, "verl", "global_step_1", "critic"), global_step=1)
-    manager.checkpoint_config = resume_scenarios.slim_config(export_hf=False)
+    manager.checkpoint_config = tiny_run.slim_config(export_hf=False)
     manager.save_checkpoint(os.path.join(args.dir, "incremental", "global_step_1", "critic"), global_step=1)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:

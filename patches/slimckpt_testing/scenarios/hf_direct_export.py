@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 
 from slimckpt_testing.merge_check import adapter_config_fields
-from slimckpt_testing.scenarios import resume as resume_scenarios
-from slimckpt_testing.scenarios.resume import Run, slim_config  # the same tiny model and manager
+from slimckpt_testing.scenarios import tiny_run
+from slimckpt_testing.scenarios.tiny_run import Run, slim_config  # the same tiny model and manager
 
 # lazy imports: verl and slimckpt's save path load inside a scenario, after it set the module settings they read
 
@@ -93,10 +93,10 @@ def manifest_lists(role_dir: str) -> list[str]:
 def run_model(args, model: str) -> dict:
     from verl.trainer.config import CheckpointConfig
 
-    import slimckpt.save.export.direct as hf_direct_export
+    import slimckpt.save.export.direct_write as hf_direct_write
     from slimckpt.save.resume_state import finish_pending
 
-    resume_scenarios.MODEL = model
+    tiny_run.MODEL = model
     root = os.path.join(args.dir, model)
     verl_cfg = CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"])
     run = Run(seed=0, ckpt_config=verl_cfg)
@@ -119,32 +119,32 @@ def run_model(args, model: str) -> dict:
     run.manager.save_checkpoint(bf16_dir, global_step=1)
 
     # a rank that fails mid-export: every rank raises, the step is not committed
-    real_box = hf_direct_export._BoxWriter.write_box
+    real_box = hf_direct_write._BoxWriter.write_box
 
     def failing_box(self, *a, **k):
         if dist.get_rank() == 1:
             raise OSError(28, "No space left on device (simulated)")
         return real_box(self, *a, **k)
 
-    hf_direct_export._BoxWriter.write_box = failing_box
+    hf_direct_write._BoxWriter.write_box = failing_box
     broken_dir = os.path.join(root, "broken", "global_step_1", "actor")
     try:
         run.manager.save_checkpoint(broken_dir, global_step=1)
         broken_error = None
     except Exception as exc:  # noqa: BLE001 - the outcome is the result
         broken_error = f"{type(exc).__name__}: {exc}"
-    hf_direct_export._BoxWriter.write_box = real_box
+    hf_direct_write._BoxWriter.write_box = real_box
     dist.barrier()
 
     # async, several files: the write starts only after training has moved every parameter
-    real_write = hf_direct_export.write_export
+    real_write = hf_direct_write.write_export
 
     def late_write(*a, **k):
         # the tiny model's next step takes far less than 1 s: the write starts after it moved everything
         time.sleep(1.0)
         return real_write(*a, **k)
 
-    hf_direct_export.write_export = late_write
+    hf_direct_write.write_export = late_write
     run.manager.checkpoint_config = slim_config(
         export_hf=True, export_dtype="auto", async_save=True, host_memory_budget_gb=1.0, max_shard_size="20KB"
     )
@@ -153,7 +153,7 @@ def run_model(args, model: str) -> dict:
     run.step()
     committed_early = os.path.exists(os.path.join(async_dir, "slimckpt_resume.json"))
     finish_pending()
-    hf_direct_export.write_export = real_write
+    hf_direct_write.write_export = real_write
 
     dist.barrier()
     if dist.get_rank() != 0:
@@ -226,7 +226,7 @@ def run_moe(args, model: str, fallbacks: bool, name: str | None = None) -> dict:
     import slimckpt.hf.naming as hf_side
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
-    resume_scenarios.MODEL = model
+    tiny_run.MODEL = model
     root = os.path.join(args.dir, name or model)
     run = Run(seed=0, ckpt_config=CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"]))
     placements = sorted({str(p.placements) for n, p in run.model.named_parameters() if ".experts." in n})
@@ -335,11 +335,11 @@ def scenario_moe(args) -> None:
     out = {}
     for i, spec in enumerate(args.models.split(",")):  # MODEL[:PLACEMENT]
         model, _, placement = spec.partition(":")
-        resume_scenarios.PLACEMENT = placement or "dim0"
+        tiny_run.PLACEMENT = placement or "dim0"
         try:
             out[spec] = run_moe(args, model, fallbacks=i == 0, name=spec.replace(":", "-"))
         finally:
-            resume_scenarios.PLACEMENT = "dim0"
+            tiny_run.PLACEMENT = "dim0"
     _write(args, out, "moe_export_result.json")
 
 
@@ -391,7 +391,7 @@ def scenario_lora(args) -> None:
 
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
-    resume_scenarios.LORA_RANK = 4
+    tiny_run.LORA_RANK = 4
     root = args.dir
     run = Run(seed=0, ckpt_config=CheckpointConfig(save_contents=["model", "optimizer", "extra"]))
     run.step()
@@ -501,6 +501,7 @@ def measure(args) -> dict:
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     import slimckpt.save.export.direct as hf_direct_export
+    import slimckpt.save.export.direct_write as hf_direct_write
     from slimckpt.observe.memory import RssSampler
     from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_config, build_tokenizer, parse_args, wrap_fsdp2
 
@@ -530,14 +531,14 @@ def measure(args) -> dict:
         return run
 
     # ours first: leftovers of verl's 1 GB gather in the allocator would flatter our numbers
-    real = hf_direct_export.plan_export, hf_direct_export.write_export
+    real = hf_direct_export.plan_export, hf_direct_write.write_export
     hf_direct_export.plan_export = sampled(real[0], "plan_export")
-    hf_direct_export.write_export = sampled(real[1], "write_export")
+    hf_direct_write.write_export = sampled(real[1], "write_export")
     manager.checkpoint_config = slim_config(save_contents=["model"], export_hf=True, export_dtype=args.export_dtype)
     manager.checkpoint_save_contents = ["model"]
     with RssSampler() as whole:
         manager.save_checkpoint(os.path.join(args.dir, "slim", "actor"), global_step=0)
-    hf_direct_export.plan_export, hf_direct_export.write_export = real
+    hf_direct_export.plan_export, hf_direct_write.write_export = real
     gc.collect()
     manager.checkpoint_config = CheckpointConfig(save_contents=["hf_model"])
     manager.checkpoint_save_contents = ["hf_model"]
@@ -582,7 +583,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
-    resume_scenarios.FSDP_VERSION = args.fsdp
+    tiny_run.FSDP_VERSION = args.fsdp
     if args.measure:
         _write(args, measure(args), "hf_direct_export_memory.json")
     else:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from slimckpt_testing import pickle_traps
-from slimckpt_testing.scenarios import resume as resume_scenarios
+from slimckpt_testing.scenarios import tiny_run
 
 # lazy imports: slimckpt's config and save path load inside the scenario, as verl's trainer loads them
 
@@ -34,7 +34,7 @@ def _config(fmt: str, **kw):
     from slimckpt.verl.checkpoint_config import SlimCheckpointConfig
 
     if fmt == "incremental":
-        return resume_scenarios.slim_config(**kw)
+        return tiny_run.slim_config(**kw)
     return SlimCheckpointConfig(recipe="quickstart", measure=False, **kw)
 
 
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> None:
     from slimckpt.save.resume_state import finish_pending
 
     for fmt in TRAPS:
-        run = resume_scenarios.Run(0, _config(fmt))
+        run = tiny_run.Run(0, _config(fmt))
         for optim in ("adamw", "sgd"):
             if optim == "sgd":
                 _sgd(run)

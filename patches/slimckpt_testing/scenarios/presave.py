@@ -16,7 +16,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.scenarios.resume as resume_scenarios  # the tiny model's Run and the slimckpt config
+import slimckpt_testing.scenarios.tiny_run as tiny_run  # the tiny model's Run and the slimckpt config
 
 # lazy imports: verl and slimckpt's save path load inside the scenario, after the batch set the module settings they read
 
@@ -24,7 +24,7 @@ STEPS = 3
 MODES = {"sync": False, "pool": True, "stream": "stream"}
 
 
-def optimizer_view(run: resume_scenarios.Run) -> dict:
+def optimizer_view(run: tiny_run.Run) -> dict:
     """What a save must not change: the optimizer's state, its step counts, every grad, the lr and
     the parameters."""
     steps = sorted({int(s["step"]) for s in run.optimizer.state.values() if "step" in s})
@@ -57,13 +57,13 @@ def _save_train_resume(config, root: str, fresh_config) -> dict:
     from slimckpt.save.resume_state import finish_pending
 
     path = os.path.join(root, "global_step_0", "actor")
-    run = resume_scenarios.Run(seed=0, ckpt_config=config)
+    run = tiny_run.Run(seed=0, ckpt_config=config)
     before = optimizer_view(run)
     run.manager.save_checkpoint(path, global_step=0)
     after = optimizer_view(run)
     losses = [run.step() for _ in range(STEPS)]
     finish_pending()
-    resumed = resume_scenarios.Run(seed=1, ckpt_config=fresh_config)
+    resumed = tiny_run.Run(seed=1, ckpt_config=fresh_config)
     resumed.manager.load_checkpoint(path)
     loaded = optimizer_view(resumed)
     resumed_losses = [resumed.step() for _ in range(STEPS)]
@@ -96,4 +96,4 @@ def scenario(args) -> None:
             r.update(_verify_and_merge(r["path"], os.path.join(args.dir, f"{name}_merged")))
         dist.barrier()
         result[name] = r
-    resume_scenarios.write_result(args, "presave", result)
+    tiny_run.write_result(args, "presave", result)

@@ -20,7 +20,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.scenarios.resume as rs
+import slimckpt_testing.scenarios.tiny_run as tiny_run
 
 # lazy imports: slimckpt's retention, locks and tracker load inside the scenario, after verl's manager
 
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> None:
     logging.getLogger("slimckpt").addHandler(lines)
     root = os.path.join(args.dir, args.format)
     rank = dist.get_rank()
-    run = rs.Run(seed=0, ckpt_config=config(args.format))
+    run = tiny_run.Run(seed=0, ckpt_config=config(args.format))
     after_save: dict[int, dict[str, list[str]]] = {}
     full_at: dict[int, dict] = {}
     reader_held = None
@@ -121,18 +121,18 @@ def run(args: argparse.Namespace) -> None:
     saving_lines = [x for x in lines.lines if "retention" in x]
     lines.lines.clear()
     torch.manual_seed(99)
-    fresh = rs.Run(seed=7, ckpt_config=config(args.format))
+    fresh = tiny_run.Run(seed=7, ckpt_config=config(args.format))
     fresh.manager.load_checkpoint(os.path.join(root, "global_step_1", "actor"))
     state = fresh.full_state()
-    model_equal = rs._tensors_equal(state["model"], full_at[1]) if rank == 0 else []
+    model_equal = tiny_run.tensors_equal(state["model"], full_at[1]) if rank == 0 else []
     moments = moment_size(state["optim"])
     dropped_lines = [line for line in lines.lines if "has no optimizer state" in line]
     fresh.step()  # trains on from there (a fresh AdamW)
 
-    whole = rs.Run(seed=8, ckpt_config=config(args.format))
+    whole = tiny_run.Run(seed=8, ckpt_config=config(args.format))
     whole.manager.load_checkpoint(os.path.join(root, "global_step_5", "actor"))
     state5 = whole.full_state()
-    model5_equal = rs._tensors_equal(state5["model"], full_at[5]) if rank == 0 else []
+    model5_equal = tiny_run.tensors_equal(state5["model"], full_at[5]) if rank == 0 else []
     if rank == 0:
         with open(os.path.join(args.dir, f"retention_{args.format}_result.json"), "w") as f:
             json.dump(

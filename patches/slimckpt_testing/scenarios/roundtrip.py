@@ -30,14 +30,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-import slimckpt_testing.scenarios.resume as rs
+import slimckpt_testing.scenarios.tiny_run as tiny_run
 
 # lazy imports: slimckpt's save path and verl's manager load inside a mode, after it set the switches they read
 
 MODES = {"sync": False, "pool": True, "stream": "stream"}
 
 
-def _update(run: rs.Run, ids: torch.Tensor) -> None:
+def _update(run: tiny_run.Run, ids: torch.Tensor) -> None:
     """One update as verl's test makes it: logits.mean() as the loss."""
     run.model(input_ids=ids).logits.mean().backward()
     run.optimizer.step()
@@ -45,12 +45,12 @@ def _update(run: rs.Run, ids: torch.Tensor) -> None:
     run.optimizer.zero_grad()
 
 
-def _logits(run: rs.Run, ids: torch.Tensor) -> torch.Tensor:
+def _logits(run: tiny_run.Run, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return run.model(input_ids=ids).logits.clone()
 
 
-def _shards(run: rs.Run) -> dict[str, torch.Tensor]:
+def _shards(run: tiny_run.Run) -> dict[str, torch.Tensor]:
     """This rank's part of every parameter, copied."""
     return {
         n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone() for n, p in run.model.named_parameters()
@@ -94,9 +94,9 @@ def _raised(call) -> str | None:
 
 
 def round_trip(root: str, mode: str, seed: int) -> dict:
-    run = rs.Run(seed=seed, ckpt_config=rs.slim_config(async_save=MODES[mode], host_memory_budget_gb=1.0))
+    run = tiny_run.Run(seed=seed, ckpt_config=tiny_run.slim_config(async_save=MODES[mode], host_memory_budget_gb=1.0))
     gen = torch.Generator().manual_seed(seed)
-    ids1, ids2 = (torch.randint(0, rs.VOCAB, (2, 16), generator=gen) for _ in range(2))
+    ids1, ids2 = (torch.randint(0, tiny_run.VOCAB, (2, 16), generator=gen) for _ in range(2))
     path = os.path.join(root, "checkpoint")
     _update(run, ids1)
     run.manager.save_checkpoint(path, global_step=1)
@@ -110,7 +110,7 @@ def round_trip(root: str, mode: str, seed: int) -> dict:
     return {"shards_differ": loaded, "logits_equal": bool(torch.equal(before, after)), "run": run}
 
 
-def in_flight(root: str, run: rs.Run, delay: float) -> dict:
+def in_flight(root: str, run: tiny_run.Run, delay: float) -> dict:
     """verify, merge and load right after saves whose commit on rank 0 is held back."""
     from slimckpt.merge.pipeline import merge
     from slimckpt.merge.plan import MergeOptions
@@ -132,7 +132,7 @@ def in_flight(root: str, run: rs.Run, delay: float) -> dict:
             out["merge"] = _raised(
                 lambda: merge(MergeOptions(local_dir=step3, target_dir=target, dtype="fp32", progress=False))
             ) or sorted(os.listdir(target))
-        _update(run, torch.randint(0, rs.VOCAB, (2, 16)))
+        _update(run, torch.randint(0, tiny_run.VOCAB, (2, 16)))
         out["load"] = _raised(lambda: run.manager.load_checkpoint(step3))
         out["load_shards_differ"] = _differ(_shards(run), saved) if out["load"] is None else None
 
@@ -185,7 +185,7 @@ def pg_timeout_s(args: argparse.Namespace) -> float:
 
 
 def run(args: argparse.Namespace) -> None:
-    rs.FSDP_VERSION = args.fsdp
+    tiny_run.FSDP_VERSION = args.fsdp
     faulthandler.dump_traceback_later(args.deadline, exit=True)  # a hang shows its stacks before the test gives up
     # the groups made later (the checkpoint's own gloo group) give up sooner than the launcher's: a
     # load that raised on one rank only ends that mode, and the ranks meet again in one()
@@ -195,4 +195,4 @@ def run(args: argparse.Namespace) -> None:
         for mode in args.modes.split(","):
             root = os.path.join(args.dir, f"fsdp{args.fsdp}_{mode}_{i}")
             out.setdefault(mode, []).append(one(root, mode, seed=i, delay=None if args.round_trip_only else args.delay))
-    rs.write_result(args, f"roundtrip_fsdp{args.fsdp}", out)
+    tiny_run.write_result(args, f"roundtrip_fsdp{args.fsdp}", out)

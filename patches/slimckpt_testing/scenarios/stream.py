@@ -34,7 +34,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.scenarios.resume as rs
+import slimckpt_testing.scenarios.tiny_run as tiny_run
 
 # lazy imports: slimckpt's stream capture and torch's internals load inside the scenario, after the batch set the module settings they read
 
@@ -89,12 +89,12 @@ def same_step(sync_dir: str, stream_dir: str) -> dict:
     return {
         "files": sorted(a),
         "differing_files": sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)),
-        "tensor_diffs": rs._tensors_equal(_dcp_state(sync_dir), _dcp_state(stream_dir))[:10],
+        "tensor_diffs": tiny_run.tensors_equal(_dcp_state(sync_dir), _dcp_state(stream_dir))[:10],
     }
 
 
 def _config(**kw):
-    return rs.slim_config(**{"export_hf": True, "export_dtype": "auto", "max_shard_size": "20KB", **kw})
+    return tiny_run.slim_config(**{"export_hf": True, "export_dtype": "auto", "max_shard_size": "20KB", **kw})
 
 
 def _save(run, root: str, step: int, **kw) -> tuple[str, float]:
@@ -138,22 +138,22 @@ def scenario(args) -> None:
 
     rank = dist.get_rank()
     sync_root, stream_root = os.path.join(args.dir, "sync"), os.path.join(args.dir, "stream")
-    run = rs.Run(seed=0, ckpt_config=_config())
+    run = tiny_run.Run(seed=0, ckpt_config=_config())
     writer = writer_for(state_of(run.manager))
-    for _ in range(rs.STEPS_BEFORE):
+    for _ in range(tiny_run.STEPS_BEFORE):
         run.step()
     result: dict = {}
 
     # 1. budget ample: the optimizer step's guard copies what the paused writer has not read
-    sync3, _ = _save(run, sync_root, rs.SAVE_STEP)
+    sync3, _ = _save(run, sync_root, tiny_run.SAVE_STEP)
     pause = PauseAt(2)
     stream_capture.READ_HOOK = pause
     try:
-        stream3, blocking = _save(run, stream_root, rs.SAVE_STEP, async_save="stream", host_memory_budget_gb=1.0)
+        stream3, blocking = _save(run, stream_root, tiny_run.SAVE_STEP, async_save="stream", host_memory_budget_gb=1.0)
         # the writer reads within milliseconds of the save; 120 s is a hang, under the 240 s group timeout
         assert pause.reached.wait(timeout=120), "the stream writer never started reading"
         capture = writer.capture
-        reference = [run.step() for _ in range(rs.STEPS_AFTER)]
+        reference = [run.step() for _ in range(tiny_run.STEPS_AFTER)]
         result.update(
             blocking_s=blocking,
             committed_while_paused=os.path.exists(os.path.join(stream3, MANIFEST)),
@@ -217,9 +217,9 @@ def scenario(args) -> None:
     # with a resume: a fresh run loads the stream step 3 and trains the steps the first run did
     dist.barrier()
     torch.manual_seed(1234)
-    resumed = rs.Run(seed=1, ckpt_config=rs.slim_config())
+    resumed = tiny_run.Run(seed=1, ckpt_config=tiny_run.slim_config())
     resumed.manager.load_checkpoint(stream3)
-    result.update(reference=reference, resumed=[resumed.step() for _ in range(rs.STEPS_AFTER)])
+    result.update(reference=reference, resumed=[resumed.step() for _ in range(tiny_run.STEPS_AFTER)])
     all_results: list = [None] * dist.get_world_size()
     dist.all_gather_object(
         all_results,
@@ -235,7 +235,7 @@ def scenario(args) -> None:
         },
     )
     result["ranks"] = all_results
-    rs.write_result(args, "stream", result)
+    tiny_run.write_result(args, "stream", result)
 
 
 def _add_then_step(run, rank: int) -> None:
@@ -256,7 +256,7 @@ def _step_without_hook(run, rank: int) -> None:
 
 def _load_state_dict(run, rank: int) -> None:
     state = {k: v.detach() + 0.5 for k, v in run.model.state_dict().items()}
-    if rs.FSDP_VERSION == 2:
+    if tiny_run.FSDP_VERSION == 2:
         run.model.load_state_dict(state)
     else:  # FSDP1's own state_dict()/load_state_dict() are full (unsharded) dicts
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
@@ -313,19 +313,21 @@ def scenario_raced(args) -> None:
 
     rank = dist.get_rank()
     root, sync_root = os.path.join(args.dir, "ckpt"), os.path.join(args.dir, "sync")
-    run = rs.Run(seed=0, ckpt_config=_config())
+    run = tiny_run.Run(seed=0, ckpt_config=_config())
     watcher = CommitWatcher(root) if rank == 0 else None
-    for _ in range(rs.STEPS_BEFORE):
+    for _ in range(tiny_run.STEPS_BEFORE):
         run.step()
     _save(run, root, 1)
     if rank == 0:
         assert _commit_tracker(watcher, root, 1) is None and read_tracker(root) == 1
     dist.barrier()
-    result: dict = {"fsdp": rs.FSDP_VERSION, "cases": {}}
+    result: dict = {"fsdp": tiny_run.FSDP_VERSION, "cases": {}}
     for i, (name, (export, change, must_fail)) in enumerate(RACES.items()):
         step = 10 + i
         # the reference of a step that must commit: a sync save of the same state
-        sync_path = None if must_fail and rs.FSDP_VERSION == 2 else _save(run, sync_root, step, export_hf=export)[0]
+        sync_path = (
+            None if must_fail and tiny_run.FSDP_VERSION == 2 else _save(run, sync_root, step, export_hf=export)[0]
+        )
         path, _, failure = _raced_save(
             run, root, step, 1, lambda _pause: change(run, rank), host_memory_budget_gb=1.0, export_hf=export
         )
@@ -341,4 +343,4 @@ def scenario_raced(args) -> None:
         result["cases"][name] = case
         dist.barrier()
         run.manager.checkpoint_config = _config()
-    rs.write_result(args, f"raced_fsdp{rs.FSDP_VERSION}", result)
+    tiny_run.write_result(args, f"raced_fsdp{tiny_run.FSDP_VERSION}", result)

@@ -41,7 +41,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import slimckpt_testing.scenarios.resume as rs
+import slimckpt_testing.scenarios.tiny_run as tiny_run
 
 from .stream import PauseAt, same_step
 
@@ -120,7 +120,7 @@ def update(run, change=None) -> float:
 
 
 def _config(**kw):
-    return rs.slim_config(**{"export_hf": True, "export_dtype": "auto", "max_shard_size": "200KB", **kw})
+    return tiny_run.slim_config(**{"export_hf": True, "export_dtype": "auto", "max_shard_size": "200KB", **kw})
 
 
 def save(run, root: str, step: int, **kw) -> str:
@@ -167,8 +167,8 @@ def phase_equal(run, d: str, result: dict) -> list[float]:
     from slimckpt.save.modes.writer import state_bytes, writer_for
     from slimckpt.verl.manager_state import state_of
 
-    sync = save(run, os.path.join(d, "sync"), rs.SAVE_STEP)
-    stream, pause = _paused_stream_save(run, os.path.join(d, "stream"), rs.SAVE_STEP)
+    sync = save(run, os.path.join(d, "sync"), tiny_run.SAVE_STEP)
+    stream, pause = _paused_stream_save(run, os.path.join(d, "stream"), tiny_run.SAVE_STEP)
     capture = writer_for(state_of(run.manager)).capture
     # the reads in flight besides the paused one (the export reads on its own thread), taken before the
     # device tensors are looked at: a read that ends in between only releases its tensor
@@ -195,7 +195,7 @@ def phase_equal(run, d: str, result: dict) -> list[float]:
     rank["failure"] = _finish(run, pause)
     gc.collect()
     rank["device_alive_after_write"] = sorted(name for name, w in saved_on_device.items() if not w.expired())
-    reference += [update(run) for _ in range(rs.STEPS_AFTER - 1)]
+    reference += [update(run) for _ in range(tiny_run.STEPS_AFTER - 1)]
     result["equal_ranks"] = _gather(rank)
     if dist.get_rank() == 0:
         result["equal"] = same_step(sync, stream)
@@ -300,18 +300,18 @@ BARRIER_AT_EXIT = False  # each rank closes the group as soon as it is done (ran
 
 def run(args: argparse.Namespace) -> None:
     install_device_double()
-    base = rs.tiny_args
+    base = tiny_run.tiny_args
 
     def sized():
         a = base()
         a.hidden, a.intermediate, a.vocab = args.hidden, 4 * args.hidden, 1024
         return a
 
-    rs.tiny_args, rs.VOCAB = sized, 1024
+    tiny_run.tiny_args, tiny_run.VOCAB = sized, 1024
     result: dict = {"world_size": dist.get_world_size()}
     torch.manual_seed(0)
-    run = rs.Run(seed=0, ckpt_config=_config())
-    for _ in range(rs.STEPS_BEFORE):
+    run = tiny_run.Run(seed=0, ckpt_config=_config())
+    for _ in range(tiny_run.STEPS_BEFORE):
         update(run)
     seconds, t0 = {}, time.perf_counter()
     reference = phase_equal(run, args.dir, result)
@@ -325,8 +325,8 @@ def run(args: argparse.Namespace) -> None:
     result["seconds"] = seconds
     dist.barrier()
     torch.manual_seed(1234)
-    resumed = rs.Run(seed=1, ckpt_config=rs.slim_config())
+    resumed = tiny_run.Run(seed=1, ckpt_config=tiny_run.slim_config())
     resumed.manager.load_checkpoint(result.pop("stream_dir"))
-    update_resumed = [update(resumed) for _ in range(rs.STEPS_AFTER)]
+    update_resumed = [update(resumed) for _ in range(tiny_run.STEPS_AFTER)]
     result.update(reference=reference, resumed=update_resumed)
-    rs.write_result(argparse.Namespace(dir=args.dir), "offload", result)
+    tiny_run.write_result(argparse.Namespace(dir=args.dir), "offload", result)

@@ -542,7 +542,7 @@ class StreamCapture:
 
 
 class StreamReads:
-    """The HF export's reads of a capture's model tensors (hf_direct_export.write_export)."""
+    """The HF export's reads of a capture's model tensors (hf_direct_write.write_export)."""
 
     def __init__(self, capture: StreamCapture, model_state: dict[str, Any]) -> None:
         self.capture, self.model_state = capture, model_state
