@@ -10,12 +10,14 @@ STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help install lint format test test-fast test-verl-stack s3-server quickstart bench bench-scale bench-train-scale bench-s3 compare faults stress-merge stress-flaky clean
+.PHONY: help install lint format test test-trainer test-all test-fast test-verl-stack s3-server quickstart bench bench-scale bench-train-scale bench-s3 compare faults stress-merge stress-flaky clean
 
 help:
 	@echo "make quickstart   verl's PPO on a tiny model on CPU: verl defaults vs +recipe=quickstart"
 	@echo "make compare      GRPO, FlowRL and PPO on CPU, verl defaults vs each recipe (and killed + resumed): docs/compare_*"
-	@echo "make test         the whole test suite (installs .venv first)"
+	@echo "make test         the test suite but the tests marked trainer: one verl trainer run and its resume (installs .venv first)"
+	@echo "make test-trainer the tests marked trainer: 16 more runs of verl's real trainer (Ray, CPU); CI runs both"
+	@echo "make test-all     both, in one session (the trainer runs overlap the other tests)"
 	@echo "make test-fast    the fast tests of every folder (not marked slow: no torchrun, no Ray)"
 	@echo "make lint         ruff: the formatting and the lint rules of pyproject.toml (make format rewrites)"
 	@echo "make test-verl-stack  the distributed/DCP/transformers tests on verl's GPU stack (torch 2.11.0, transformers 5.9.0) in .venv-verl-stack"
@@ -65,8 +67,17 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# the slowest 10 tests are printed at the end, so a test that slows the suite is seen the day it lands
+# the slowest 10 tests are printed at the end, so a test that slows the suite is seen the day it lands.
+# Each run of verl's trainer costs ~75 CPU-seconds: `make test` keeps one saved and resumed through the
+# incremental tier, the tests marked trainer read the others (docs/development.md: what each proves)
 test: $(STAMP)
+	$(PY) -m pytest -q --durations=10 -m "not trainer" $(PYTEST_ARGS)
+
+test-trainer: $(STAMP)
+	$(PY) -m pytest -q --durations=10 -m trainer $(PYTEST_ARGS)
+
+# one session, not the two targets in turn: its trainer runs go in the background beside the other tests
+test-all: $(STAMP)
 	$(PY) -m pytest -q --durations=10 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

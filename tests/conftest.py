@@ -84,6 +84,7 @@ def scenario_result(root: Path, name: str, result_file: str) -> dict:
 # verl trainer runs (tests/helpers/verl_runs.py): started in the background at the session's first test, read
 # by the end-to-end modules, which run last so that the other tests overlap the runs
 from .helpers.verl_runs import (  # noqa: E402,F401  (fixtures)
+    MAKE_TEST_RUNS,
     READS,
     adopt_runs,
     convert_back_run,
@@ -91,6 +92,7 @@ from .helpers.verl_runs import (  # noqa: E402,F401  (fixtures)
     grpo_runs,
     incremental_resumed,
     incremental_run,
+    needed_runs,
     ppo_run,
     ppo_warmup,
     retention_runs,
@@ -108,7 +110,8 @@ def _verl_runs_in_background(request) -> None:
 def pytest_collection_modifyitems(session, config, items) -> None:
     """The fast tests (no `slow` marker) first, then the slow ones, then the tests that read a verl run
     (stable: each keeps its place among its kind). Most unit tests use one core: run last, they left the other idle for the
-    session's last minutes; run first, the background verl runs fill it."""
+    session's last minutes; run first, the background verl runs fill it. A test that reads a verl run outside
+    MAKE_TEST_RUNS without the `trainer` marker stops the session: it would put that run back in `make test`."""
 
     def kind(item) -> int:
         if any(f in READS for f in getattr(item, "fixturenames", ())):
@@ -116,6 +119,13 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         return 0 if item.get_closest_marker("slow") is None else 1
 
     items[:] = sorted(items, key=kind)
+    for item in items:
+        extra = needed_runs([item]) - MAKE_TEST_RUNS
+        if extra and item.get_closest_marker("trainer") is None:
+            raise pytest.UsageError(
+                f"{item.nodeid} reads verl runs that `make test` does not start ({', '.join(sorted(extra))}): "
+                "mark it @pytest.mark.trainer (tests/helpers/verl_runs.py, MAKE_TEST_RUNS)"
+            )
 
 
 def pytest_configure(config) -> None:

@@ -19,6 +19,9 @@ import pytest
 from slimckpt.convert import plan
 from tests.helpers.launch import scenario
 
+# every test reads the steps `saved` makes in two torchruns
+pytestmark = pytest.mark.slow
+
 STEP = 3
 
 
@@ -90,7 +93,6 @@ def _reference(d: Path, world: int) -> list[float]:
     return json.loads((d / f"save_ws{world}_result.json").read_text())["reference"]
 
 
-@pytest.mark.slow
 def test_incremental_step_resumes_under_unpatched_verl_at_the_same_world_size(saved, resumed):
     d = saved[2]
     root = resumed["dir"] / "same"
@@ -108,14 +110,12 @@ def test_incremental_step_resumes_under_unpatched_verl_at_the_same_world_size(sa
     assert r["losses"] == _reference(d, 2)  # bitwise: the run continues as if never stopped
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", ["ours_2to1", "ours_1to2"])
 def test_incremental_step_resharded_loads_exactly(resumed, case):
     r = resumed["results"][case]
     assert r["diffs"] == [] and r["n_model"] > 0, r
 
 
-@pytest.mark.slow
 def test_verl_step_resharded_two_to_three_resumes(resumed):
     assert "verl at 2 ranks" in resumed["summaries"]["verl_2to3"]
     actor = resumed["dir"] / "verl_2to3" / f"global_step_{STEP}" / "actor"
@@ -125,7 +125,6 @@ def test_verl_step_resharded_two_to_three_resumes(resumed):
     assert len(r["losses"]) == 3
 
 
-@pytest.mark.slow
 def test_unpatched_verl_fails_loudly_on_an_incremental_step(resumed):
     """Without slimckpt's patches nothing of ours runs: verl's own loader stops on the step the
     tracker names (never a silent restart from step 0)."""

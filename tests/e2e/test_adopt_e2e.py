@@ -17,7 +17,7 @@ import pytest
 from ..helpers.verl_runs import ADOPT_RECIPES, step_metrics
 from .test_cpu_e2e import rollouts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]
 
 BEFORE_UPDATE = ("critic/score/mean", "response_length/mean", "rollout_corr/rollout_log_ppl", "actor/entropy")
 

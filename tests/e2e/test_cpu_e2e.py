@@ -30,7 +30,7 @@ from slimckpt.observe.save_reports import REPORTS_DIR
 
 from ..helpers.verl_runs import step_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]
 
 
 def model_shards(step_dir: Path, role: str) -> list[str]:

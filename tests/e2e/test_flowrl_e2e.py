@@ -21,7 +21,7 @@ from slimckpt_flowrl import is_flowrl_param
 
 from ..conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]
 
 
 def _safetensors_keys(folder: Path) -> list[str]:

@@ -5,7 +5,8 @@ depends on the AdamW state restored at step 2 (step 3's update uses it; measured
 relative with it, 1e-3..1e-1 apart when the optimizer is not restored).
 
 Both runs are tests/helpers/verl_runs.py's (`incremental`, shared with tests/e2e/test_cpu_e2e.py, and
-`incremental_resumed`), started in the background when the session starts.
+`incremental_resumed`), started in the background when the session starts; they are the only two that
+`make test` starts.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ AFTER_UPDATE = (
 )
 
 
+# the one trainer test `make test` keeps (no `trainer` marker): +recipe=incremental saved by verl's trainer and
+# resumed by it, optimizer included, in two runs
 def test_incremental_async_commits_and_resumes_exactly(incremental_run, incremental_resumed):
     first_dir, first = incremental_run.ckpt, incremental_run.text
     for step in (1, 2, 3, 4):
@@ -52,6 +55,7 @@ def test_incremental_async_commits_and_resumes_exactly(incremental_run, incremen
         assert math.isclose(float(a[4][key]), float(b[4][key]), rel_tol=1e-5), (key, a[4][key], b[4][key])
 
 
+@pytest.mark.trainer
 def test_async_save_metrics_come_with_the_commit(incremental_run):
     """An async save once reported its blocking seconds as `seconds`, bytes before its files
     existed and an RSS window that missed the background write."""
@@ -78,6 +82,7 @@ def test_async_save_metrics_come_with_the_commit(incremental_run):
         assert not list((step_dir / "actor").glob("slimckpt_save_rank_*"))
 
 
+@pytest.mark.trainer
 def test_a_save_before_the_actors_first_update_changes_no_metric(ppo_warmup):
     """PPO (critic, KL in the reward) with trainer.critic_warmup=2 saving every step: the actor's step-1
     save comes before its first optimizer step. With +recipe=incremental (export on) every training
@@ -101,6 +106,7 @@ def test_a_save_before_the_actors_first_update_changes_no_metric(ppo_warmup):
         )
 
 
+@pytest.mark.trainer
 def test_a_step_converted_back_to_verl_resumes_without_the_recipe(incremental_run, convert_back_run):
     """Leaving the incremental tier: `slimckpt convert` writes step 2 as verl's rank files for 2 ranks,
     and a run without the recipe (verl's own FSDPCheckpointManager.load_checkpoint) continues it:

@@ -325,6 +325,7 @@ def _replay(root: Path, steps: int, policy: rp.RetentionPolicy) -> dict[str, boo
 
 
 @pytest.mark.slow
+@pytest.mark.trainer
 def test_the_trainer_keeps_what_the_policy_says_and_resumes_a_dropped_step(retention_runs):
     """GRPO, 2 ranks, +recipe=incremental, 4 saves at max_actor_ckpt_to_keep=2 with
     keep_optimizer_last=1 and keep_best=3 by critic/score/mean: every save step's metrics are

@@ -21,7 +21,7 @@ from slimckpt.layout.resume_manifest import MANIFEST_NAME, TRACKER_NAME
 from ..helpers.verl_runs import step_metrics
 from .test_incremental_e2e import AFTER_UPDATE
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]
 
 
 def _keys(server, url: str) -> set[str]:

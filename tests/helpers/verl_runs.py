@@ -8,7 +8,8 @@ background from its first test on, while the other tests run, and the modules th
 (tests/e2e/test_cpu_e2e.py, tests/e2e/test_flowrl_e2e.py, tests/e2e/test_incremental_e2e.py, ...) are moved
 to the end of the session (conftest's pytest_collection_modifyitems); their fixtures wait for the runs they
 read, and from the first such wait two runs go at once (RunPool). Only the runs that the selected tests
-read are started (none under `-m "not slow"`).
+read are started: none under `-m "not slow"` (`make test-fast`), MAKE_TEST_RUNS under `-m "not trainer"`
+(`make test`), the rest under `-m trainer` (`make test-trainer`).
 
 The runs (RUNS, in the order they start; a resumed run starts after the run it resumes):
   grpo_first    GRPO, 2 ranks, +recipe=intermediate, steps 1-3 saving every step
@@ -277,6 +278,11 @@ READS = {
     "convert_back_run": ("incremental", "convert_back"),
     "s3_runs": ("incremental", "s3_killed", "s3_resumed"),
 }
+
+# the runs `make test` starts, for the one trainer test it keeps (tests/e2e/test_incremental_e2e.py): ~75 CPU-seconds
+# each; a test that reads any other run belongs to `make test-trainer` and carries the `trainer` marker (conftest
+# refuses the session otherwise)
+MAKE_TEST_RUNS = frozenset(READS["incremental_resumed"])
 
 
 class RunPool:

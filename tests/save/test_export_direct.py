@@ -168,6 +168,7 @@ def test_moe_exports_of_both_tiers_equal_verl(ws2_scenarios):
     assert "of host memory (the " in r["refused"]["ranks"][0]["line"]
 
 
+@pytest.mark.slow
 def test_lora_exports_of_both_tiers_equal_verl_merger(ws2_scenarios):
     """A LoRA actor (peft, q_proj/v_proj), FSDP2 on 2 ranks, through verl's manager: the intermediate
     tier's export is every file verl's merger writes of the same step, byte for byte (the base model
