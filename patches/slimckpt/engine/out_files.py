@@ -192,8 +192,8 @@ class OutputFiles:
         self.fsync = fsync  # False only for `slimckpt merge --no_fsync`: not durable across a power loss
         self.write_behind = write_behind
         self.address = address if write_behind else None
-        # around the page cache: a buffer being cast, one per write thread, one queued
-        ring = DIRECT_WRITERS + 2 if self.address is not None else PIPELINE_DEPTH
+        # around the page cache: a buffer being cast and one per write thread
+        ring = DIRECT_WRITERS + 1 if self.address is not None else PIPELINE_DEPTH
         self.ring = StagingRing(min(max(1, chunk_bytes), 1 << 30), alloc, ring)
         self._files: dict[str, _FileState] = {}
         self._behind: _WriteBehind | None = None
