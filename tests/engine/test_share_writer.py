@@ -1,7 +1,8 @@
 """The merge's writer (slimckpt.engine.share_writer.ShareWriter) over real rank files: the bytes are the
-tensors in the output dtype whatever the chunk size or the number of workers, and a chunk already in
-the output dtype is written straight from the mapped rank file; chunked positional writes shared by
-workers, diverging copies refused, chunks bounded."""
+tensors in the output dtype whatever the chunk size, the number of workers and the path to the disk
+(whole blocks around the page cache, the ends through it); a chunk already in the output dtype is
+written straight from the mapped rank file through the page cache; chunked positional writes shared
+by workers, diverging copies refused, chunks bounded."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from slimckpt.engine import out_files
 from slimckpt.engine.out_files import create_files
 from slimckpt.engine.share_writer import ShareWriter
 from slimckpt.engine.verl_sources import TORCH_TO_SAFETENSORS, CheckpointError, SourceTensor
+from slimckpt.storage import posix
+from slimckpt.storage.base import DIRECT_ALIGN
 
 
 def _rank_files(tmp_path, full: torch.Tensor, world: int) -> SourceTensor:
@@ -33,14 +36,16 @@ def _rank_files(tmp_path, full: torch.Tensor, world: int) -> SourceTensor:
     )
 
 
-def _write(tmp_path, name: str, sources: dict[str, SourceTensor], chunk_bytes: int, workers: int = 1) -> bytes:
+def _write(
+    tmp_path, name: str, sources: dict[str, SourceTensor], chunk_bytes: int, workers: int = 1, direct: bool = True
+) -> bytes:
     root = tmp_path / name
     root.mkdir()
     specs = [layout.TensorSpec(n, "BF16", s.shape) for n, s in sources.items()]
     plan = layout.plan_files(specs, "5GB")
     create_files(str(root), plan)
     for share in layout.partition(plan, workers):
-        ShareWriter(str(root), plan, sources, torch.bfloat16, chunk_bytes=chunk_bytes).write_share(share)
+        ShareWriter(str(root), plan, sources, torch.bfloat16, chunk_bytes=chunk_bytes, direct=direct).write_share(share)
     (f,) = plan.files
     return (root / f.name).read_bytes()
 
@@ -69,20 +74,65 @@ def test_the_bytes_are_the_tensors_whatever_the_chunks_and_workers(tmp_path, chu
     sources = _sources(tmp_path, torch.float32)
     one = _write(tmp_path, "one", sources, chunk_bytes)
     assert one == _write(tmp_path, "two", sources, chunk_bytes, workers=2)
+    assert one == _write(tmp_path, "three", sources, chunk_bytes, workers=3)
+    assert one == _write(tmp_path, "cached", sources, chunk_bytes, direct=False)
     assert one.endswith(_want(sources))
 
 
-def test_a_chunk_already_in_the_output_dtype_is_written_from_the_mapped_file(tmp_path, monkeypatch):
-    """No staging copy for a bf16 checkpoint merged to bf16: the write reads the page cache's pages."""
+def test_whole_blocks_go_around_the_page_cache_and_the_ends_through_it(tmp_path, monkeypatch):
+    """Writes at unaligned offsets: the aligned middle of each chunk through the O_DIRECT descriptor,
+    the bytes before and after it through the page cache, and the file equal to the tensors."""
+    if not _probe_direct(tmp_path):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    sent = {"direct": 0, "cached": 0}
+    real = posix.pwrite_all
+
+    def counting(fd, data, offset):
+        kind = "direct" if fd in direct_fds else "cached"
+        sent[kind] += len(memoryview(data))
+        if kind == "direct":
+            assert offset % DIRECT_ALIGN == 0 and len(memoryview(data)) % DIRECT_ALIGN == 0
+        real(fd, data, offset)
+
+    direct_fds: set[int] = set()
+    real_open = posix.open_direct
+    monkeypatch.setattr(posix, "open_direct", lambda path: _remember(real_open(path), direct_fds))
+    monkeypatch.setattr(posix, "pwrite_all", counting)
+    sources = _sources(tmp_path, torch.float32)
+    data = _write(tmp_path, "out", sources, 1 << 20, workers=2)
+    assert data.endswith(_want(sources))
+    assert direct_fds and sent["direct"] > 0.9 * len(_want(sources)), sent
+
+
+def _probe_direct(tmp_path) -> bool:
+    (tmp_path / "probe").write_bytes(b"")
+    fd = posix.open_direct(str(tmp_path / "probe"))
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def _remember(fd, fds: set[int]):
+    if fd is not None:
+        fds.add(fd)
+    return fd
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_chunk_already_in_the_output_dtype_is_staged_only_to_go_around_the_page_cache(tmp_path, monkeypatch, direct):
+    """A bf16 checkpoint merged to bf16: through the page cache, no staging copy (the write reads
+    the page cache's pages); around it, each chunk is copied to an aligned staging buffer first
+    (a buffered write copies it too, into the page cache)."""
     staged = []
     real_take = out_files.StagingRing.take
     monkeypatch.setattr(out_files.StagingRing, "take", lambda self, n: staged.append(n) or real_take(self, n))
     sources = _sources(tmp_path, torch.bfloat16)
-    assert _write(tmp_path, "bf16", sources, 4096).endswith(_want(sources))
-    assert staged == []
+    assert _write(tmp_path, "bf16", sources, 4096, direct=direct).endswith(_want(sources))
+    assert bool(staged) == direct
     (tmp_path / "fp32").mkdir()
     fp32 = _sources(tmp_path / "fp32", torch.float32)
-    assert _write(tmp_path, "cast", fp32, 4096).endswith(_want(fp32))
+    assert _write(tmp_path, "cast", fp32, 4096, direct=direct).endswith(_want(fp32))
     assert staged, "an fp32 source is cast into the staging buffers"
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 
 import pytest
 
-from slimckpt.storage import BACKENDS, LOCAL, Storage, for_path, scheme_of
+from slimckpt.storage import BACKENDS, LOCAL, Storage, for_path, posix, scheme_of
+from slimckpt.storage.base import DIRECT_ALIGN
 from slimckpt.storage.posix import PosixStorage
 
 
@@ -56,6 +59,78 @@ def test_ranges_are_written_into_a_file_made_at_its_final_size(store, tmp_path):
     assert store.read_range(path, 698, 4) == b"\0\0bb"
     assert store.read_range(path, 990, 100) == b"b" * 10  # fewer at the end of the file
     assert store.list_files(str(tmp_path)) == ["w.bin"]
+
+
+def _aligned(n: int, at: int) -> memoryview:
+    """n bytes of a buffer whose address is congruent to file offset `at` modulo DIRECT_ALIGN."""
+    raw = mmap.mmap(-1, n + 2 * DIRECT_ALIGN)  # page-aligned
+    shift = at % DIRECT_ALIGN
+    view = memoryview(raw)[shift : shift + n]
+    view[:] = bytes((at + k) % 251 for k in range(n))
+    return view
+
+
+def test_direct_ranges_send_whole_blocks_around_the_page_cache_and_the_ends_through_it(store, tmp_path, monkeypatch):
+    path = str(tmp_path / "d.bin")
+    size = 5 * DIRECT_ALIGN + 123
+    store.create_ranges(path, size).close()
+    sent = []
+    real = posix.pwrite_all
+    monkeypatch.setattr(posix, "pwrite_all", lambda fd, d, o: sent.append((fd, o, len(d))) or real(fd, d, o))
+    writers = [store.open_ranges_direct(path) for _ in range(2)]
+    if writers[0].direct_fd is None:
+        pytest.skip("this filesystem refuses O_DIRECT")
+    direct_fds = {w.direct_fd for w in writers}
+    cut = 2 * DIRECT_ALIGN + 100  # two writers meet inside a block: its bytes go through the page cache
+    writers[0].write_direct(_aligned(cut - 7, 7), 7)
+    writers[1].write_direct(_aligned(size - cut, cut), cut)
+    for w in writers:
+        w.sync()
+        w.close()
+    data = (tmp_path / "d.bin").read_bytes()
+    assert data[:7] == b"\0" * 7 and data[7:] == bytes((k % 251) for k in range(7, size))
+    direct = [(o, n) for fd, o, n in sent if fd in direct_fds]
+    assert direct == [(DIRECT_ALIGN, DIRECT_ALIGN), (3 * DIRECT_ALIGN, 2 * DIRECT_ALIGN)]  # the whole blocks
+    assert sum(n for _, _, n in sent) == size - 7  # every byte once
+
+
+def test_direct_ranges_fall_back_to_the_page_cache_where_o_direct_is_refused(store, tmp_path, monkeypatch):
+    path = str(tmp_path / "f.bin")
+    store.create_ranges(path, 3 * DIRECT_ALIGN).close()
+    monkeypatch.setattr(posix, "open_direct", lambda p: None)  # tmpfs, some network mounts
+    out = store.open_ranges_direct(path)
+    out.write_direct(_aligned(3 * DIRECT_ALIGN, 0), 0)
+    out.close()
+    assert (tmp_path / "f.bin").read_bytes() == bytes(k % 251 for k in range(3 * DIRECT_ALIGN))
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        shm = f"/dev/shm/slimckpt-direct-{os.getpid()}"
+        open(shm, "wb").close()
+        try:
+            fd = posix.open_direct(shm)
+            assert fd is None or os.close(fd) is None  # tmpfs refuses it on the kernels in use; either way no error
+        finally:
+            os.unlink(shm)
+
+
+def test_a_direct_write_the_filesystem_refuses_is_redone_through_the_page_cache(store, tmp_path, monkeypatch):
+    path = str(tmp_path / "e.bin")
+    store.create_ranges(path, 2 * DIRECT_ALIGN).close()
+    out = store.open_ranges_direct(path)
+    if out.direct_fd is None:
+        pytest.skip("this filesystem refuses O_DIRECT")
+    real, direct_fd = posix.pwrite_all, out.direct_fd
+
+    def refusing(fd, d, o):
+        if fd == direct_fd:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(fd, d, o)
+
+    monkeypatch.setattr(posix, "pwrite_all", refusing)
+    out.write_direct(_aligned(2 * DIRECT_ALIGN, 0), 0)
+    assert out.direct_fd is None  # not tried again
+    out.write_direct(_aligned(DIRECT_ALIGN, DIRECT_ALIGN), DIRECT_ALIGN)
+    out.close()
+    assert (tmp_path / "e.bin").read_bytes() == bytes(k % 251 for k in range(2 * DIRECT_ALIGN))
 
 
 def test_create_ranges_truncates_an_old_file_and_used_bytes_counts_written_blocks(store, tmp_path):

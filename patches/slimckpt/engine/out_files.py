@@ -6,10 +6,16 @@ Every tool that writes a checkpoint's bytes in place writes them here: the merge
 export (each rank's boxes, `save.export.direct`) and `slimckpt convert` (a rank file laid out by
 `torch.save`, filled tensor by tensor: `convert.rank_file`). Staging buffers are handed out by
 `StagingRing`, which the caster fills and the writer gives back once the bytes are on their way to
-the disk; with `write_behind` a thread writes chunk k while the caster fills chunk k+1 (two
-buffers), without it each write happens on the caller's thread (one buffer: the export's budget).
+the disk; with `write_behind` threads write chunks k and k-1 while the caster fills chunk k+1,
+without it each write happens on the caller's thread (one buffer: the export's budget).
 
-Plain `pwrite`s through the page cache: O_DIRECT was removed (`share_writer` says why).
+A writer that says where its staging buffers lie in memory (`address`: the merge) has each chunk
+cast at an address congruent to its file offset modulo `DIRECT_ALIGN`, and its whole aligned blocks
+written around the page cache (O_DIRECT, where the filesystem takes it), two writes in flight: on
+the disks measured, buffered writes of a merge's output ran behind the page cache's writeback and
+slowed the reads of its input beside them (BENCHMARKS.md, Figures quoted in the code). Everything
+else goes through the page cache with `pwrite`. Running checksums and progress are taken in the
+caller's order, before a write is queued.
 
 No torch here, by design.
 """
@@ -27,9 +33,11 @@ from slimckpt import SlimckptError
 from slimckpt.engine.race_points import pause
 from slimckpt.layout.merge_manifest import DEFAULT_ALGO, new_hasher
 from slimckpt.storage import RangeWriter, for_path
+from slimckpt.storage.base import DIRECT_ALIGN
 from slimckpt.storage.os_errors import os_failure
 
-PIPELINE_DEPTH = 2  # chunks in flight: one being cast, one being written
+PIPELINE_DEPTH = 2  # chunks in flight through the page cache: one being cast, one being written
+DIRECT_WRITERS = 2  # write threads of a writer around the page cache: two requests in flight
 
 Progress = Callable[[int], None]
 
@@ -58,15 +66,19 @@ def create_files(root: str, plan: layout.Plan) -> None:
 
 
 class _WriteBehind:
-    """One thread that runs submitted writes in order; a failed write is re-raised to the caller at
-    its next submit/flush, and later writes are dropped (the output is being discarded anyway)."""
+    """`threads` threads that run submitted writes (in order with one thread); a failed write is
+    re-raised to the caller at its next submit/flush, and later writes are dropped (the output is
+    being discarded anyway)."""
 
-    def __init__(self, write: Callable[[str, memoryview, int], None]) -> None:
+    def __init__(self, write: Callable[[_FileState, memoryview, int, bool], None], threads: int = 1) -> None:
         self._write = write
         self._todo: queue.Queue = queue.Queue(maxsize=PIPELINE_DEPTH)
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="slimckpt-write", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"slimckpt-write-{k}", daemon=True) for k in range(threads)
+        ]
+        for t in self._threads:
+            t.start()
 
     def _run(self) -> None:
         while True:
@@ -74,10 +86,10 @@ class _WriteBehind:
             try:
                 if item is None:
                     return
-                file, data, offset, done = item
+                file, data, offset, direct, done = item
                 try:
                     if self.error is None:
-                        self._write(file, data, offset)
+                        self._write(file, data, offset, direct)
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller
                     self.error = exc
                 finally:
@@ -90,32 +102,37 @@ class _WriteBehind:
         if self.error is not None:
             raise self.error
 
-    def submit(self, file: str, data: memoryview, offset: int, done: Callable[[], None] | None) -> None:
+    def submit(
+        self, file: _FileState, data: memoryview, offset: int, direct: bool, done: Callable[[], None] | None
+    ) -> None:
         self._raise()
-        self._todo.put((file, data, offset, done))
+        self._todo.put((file, data, offset, direct, done))
 
     def flush(self) -> None:
         self._todo.join()
         self._raise()
 
     def stop(self) -> None:
-        self._todo.put(None)
-        self._thread.join()
+        for _ in self._threads:
+            self._todo.put(None)
+        for t in self._threads:
+            t.join()
 
 
 class StagingRing:
-    """PIPELINE_DEPTH reusable cast buffers: a chunk is cast into a free one, which comes back once
+    """`size` reusable cast buffers: a chunk is cast into a free one, which comes back once
     written. Reused buffers keep their pages faulted in; the ring bounds memory to a few chunks.
     `alloc(n)` makes a 1-D byte buffer whose `len()` is n."""
 
-    def __init__(self, min_bytes: int, alloc: Callable[[int], object]) -> None:
+    def __init__(self, min_bytes: int, alloc: Callable[[int], object], size: int = PIPELINE_DEPTH) -> None:
         self.min_bytes = min_bytes
         self._alloc = alloc
+        self.size = size
         self._free: queue.Queue = queue.Queue()
         self._made = 0
 
     def take(self, nbytes: int) -> object:
-        if self._free.empty() and self._made < PIPELINE_DEPTH:
+        if self._free.empty() and self._made < self.size:
             self._made += 1
             buf = None
         else:
@@ -153,7 +170,9 @@ class OutputFiles:
     """One writer's open output files under `root`: positional writes (queued behind the caster with
     `write_behind`), checksummed in order, fsync'ed at close. `plan` names the files' layouts (their
     headers start the running checksums, their sizes the room a full disk needs); without one, or
-    with `algo=None`, nothing is checksummed (the caller checks its files another way)."""
+    with `algo=None`, nothing is checksummed (the caller checks its files another way).
+    `address(buf)`: where a staging buffer of `alloc` starts in memory; given (with `write_behind`),
+    staged chunks are written around the page cache where the storage allows it."""
 
     def __init__(
         self,
@@ -165,16 +184,21 @@ class OutputFiles:
         algo: str | None = DEFAULT_ALGO,
         fsync: bool = True,
         write_behind: bool = True,
+        address: Callable[[object], int] | None = None,
     ) -> None:
         self.root, self.plan = root, plan
         self.progress = progress or (lambda n: None)
         self.algo = algo if plan is not None else None
         self.fsync = fsync  # False only for `slimckpt merge --no_fsync`: not durable across a power loss
         self.write_behind = write_behind
-        self.ring = StagingRing(min(max(1, chunk_bytes), 1 << 30), alloc)
+        self.address = address if write_behind else None
+        # around the page cache: a buffer being cast and one per write thread
+        ring = DIRECT_WRITERS + 1 if self.address is not None else PIPELINE_DEPTH
+        self.ring = StagingRing(min(max(1, chunk_bytes), 1 << 30), alloc, ring)
         self._files: dict[str, _FileState] = {}
         self._behind: _WriteBehind | None = None
         self._pending_buf = None  # staging buffer of the last `stage`, until submitted
+        self._pending_at: int | None = None  # the file offset the pending buffer was placed for
         self._layouts = {f.name: f for f in plan.files} if plan is not None else {}
         self._need = sum(f.size for f in plan.files) if plan is not None else None
         self.checksums: dict[str, str] = {}  # files written whole, in order, by this writer
@@ -183,8 +207,9 @@ class OutputFiles:
         st = self._files.get(name)
         if st is None:
             path = os.path.join(self.root, name)
+            storage = for_path(path)
             try:
-                out = for_path(path).open_ranges(path)
+                out = storage.open_ranges_direct(path) if self.address is not None else storage.open_ranges(path)
             except OSError as exc:
                 raise os_error(exc, path) from None
             if self.algo is None:
@@ -196,14 +221,8 @@ class OutputFiles:
                 st = self._files[name] = _FileState(path, out, f.data_start, hasher)
         return st
 
-    def write(self, file: str, data: memoryview, offset: int) -> None:
-        """Write now, on this thread."""
-        st = self._file(file)
-        pause("write")
-        try:
-            st.out.write(data, offset)
-        except OSError as exc:
-            raise os_error(exc, st.path, self._need) from None
+    def _account(self, st: _FileState, data: memoryview, offset: int) -> None:
+        """The running checksum and the progress, in the caller's order of writes."""
         if st.hasher is not None:
             if offset == st.next_offset:
                 st.hasher.update(data)
@@ -212,16 +231,39 @@ class OutputFiles:
                 st.hasher = None  # not written in order by us alone: checksum by reading back
         self.progress(len(data))
 
-    def stage(self, nbytes: int) -> object:
-        """A staging buffer for the next chunk (at least nbytes); `submit` hands it back."""
+    def _write_file(self, st: _FileState, data: memoryview, offset: int, direct: bool = False) -> None:
+        pause("write")
+        try:
+            if direct:
+                st.out.write_direct(data, offset)
+            else:
+                st.out.write(data, offset)
+        except OSError as exc:
+            raise os_error(exc, st.path, self._need) from None
+
+    def write(self, file: str, data: memoryview, offset: int) -> None:
+        """Write now, on this thread."""
+        st = self._file(file)
+        self._write_file(st, data, offset)
+        self._account(st, data, offset)
+
+    def stage(self, nbytes: int, at: int | None = None) -> object:
+        """A staging buffer for the next chunk (at least nbytes); `submit` hands it back. `at`: the
+        file offset the chunk goes to, where a writer around the page cache places it."""
         if self._pending_buf is not None:  # staged but never submitted (a check failed): reuse it
             self.ring.give_back(self._pending_buf)
-        self._pending_buf = buf = self.ring.take(nbytes)
-        return buf
+        if self.address is None or at is None:
+            self._pending_buf, self._pending_at = self.ring.take(nbytes), None
+            return self._pending_buf
+        buf = self.ring.take(max(nbytes, self.ring.min_bytes) + DIRECT_ALIGN)  # every buffer one size, reused
+        shift = (at - self.address(buf)) % DIRECT_ALIGN
+        self._pending_buf, self._pending_at = buf, at
+        return buf[shift : shift + nbytes]
 
     def submit(self, file: str, data: memoryview, offset: int) -> None:
         """Queue a write; the staging buffer `data` may live in goes back to the ring once written."""
         buf, self._pending_buf = self._pending_buf, None
+        direct, self._pending_at = buf is not None and self._pending_at == offset, None
         if not self.write_behind:
             try:
                 self.write(file, data, offset)
@@ -229,11 +271,14 @@ class OutputFiles:
                 if buf is not None:
                     self.ring.give_back(buf)
             return
+        st = self._file(file)
+        self._account(st, data, offset)
         if self._behind is None:
-            self._behind = _WriteBehind(self.write)
+            threads = DIRECT_WRITERS if self.address is not None else 1
+            self._behind = _WriteBehind(self._write_file, threads)
         done = None if buf is None else (lambda: self.ring.give_back(buf))
         # the queued item keeps `data` (and the buffer under it) alive until it is written
-        self._behind.submit(file, data, offset, done)
+        self._behind.submit(st, data, offset, direct, done)
 
     def _stop_behind(self) -> BaseException | None:
         behind, self._behind = self._behind, None

@@ -5,13 +5,15 @@ allows, so a full disk fails before the long part), then any number of workers `
 own disjoint ranges into it. A chunk is at most `chunk_bytes` of source, cast into a reused
 staging buffer; a chunk already in the output dtype is written straight from the mmap.
 
-Casting and writing overlap: the caller casts chunk k+1 into one of two staging buffers while a
-write-behind thread pwrites chunk k from the other. Both release the GIL, so one worker keeps the
-disk busy; host memory is a few chunks. The rank files are read through the page cache (the
-cast's page faults on the mmap, the kernel reading ahead) and the output is written through it,
-fsync'ed before the commit. O_DIRECT reads and writes were slower at every size measured, the
-reads above all (one request in flight against the kernel's readahead), and were removed
-(measured: BENCHMARKS.md, Figures quoted in the code).
+Casting and writing overlap: the caller casts chunk k+1 into a staging buffer while write-behind
+threads pwrite the chunks before it. Both release the GIL, so one worker keeps the disk busy; host
+memory is a few chunks. The rank files are read through the page cache (the cast's page faults on
+the mmap, the kernel reading ahead). Each chunk is cast at an address that matches its file offset,
+so its whole 4 KiB blocks are written around the page cache (O_DIRECT, two writes in flight) and
+only the bytes at its two ends through it; every file is fsync'ed before the commit. Buffered writes
+of the output fell behind the kernel's writeback and slowed the input's reads; O_DIRECT reads were
+slower than the page cache's readahead (one request in flight) and stay out (measured:
+BENCHMARKS.md, Figures quoted in the code).
 
 An output that is a part of a checkpoint tensor (a `layout.Take` with a span: one expert split off
 a fused MoE tensor) is written the same way from a flat view of each dim-0 shard, in chunks of
@@ -92,6 +94,7 @@ class ShareWriter:
         takes: dict[str, layout.Take] | None = None,
         lora_sources: dict[str, SourceTensor] | None = None,
         stats: WriterStats | None = None,
+        direct: bool = True,
     ) -> None:
         self.plan, self.sources, self.out_dtype = plan, sources, out_dtype
         self.stats = stats if stats is not None else WriterStats()  # where the time went, added up over shares
@@ -101,7 +104,8 @@ class ShareWriter:
         self.lora_sources = lora_sources or {}
         self.out_width = torch.empty((), dtype=out_dtype).element_size()
         self.chunk_bytes = max(1, chunk_bytes)
-        self.out = OutputFiles(root, plan, byte_buffer, self.chunk_bytes, progress, algo, fsync)
+        address = buffer_address if direct else None  # `direct`: whole blocks around the page cache
+        self.out = OutputFiles(root, plan, byte_buffer, self.chunk_bytes, progress, algo, fsync, address=address)
 
     @property
     def checksums(self) -> dict[str, str]:
@@ -202,11 +206,11 @@ class ShareWriter:
             else:
                 self._write_plain(placement, src, item.row_start, item.row_end)
             return
-        data = as_bytes(self._cast(item.piece[item.start : item.end]))
+        data = as_bytes(self._cast(item.piece[item.start : item.end], item.offset))
         self.out.submit(item.file, data, item.offset)
 
-    def _cast(self, src: torch.Tensor) -> torch.Tensor:
-        return staged(self.out, src, self.out_dtype, self.stats)
+    def _cast(self, src: torch.Tensor, at: int) -> torch.Tensor:
+        return staged(self.out, src, self.out_dtype, self.stats, at)
 
     def _rows_per_chunk(self, t: torch.Tensor) -> int:
         per_row = max(1, t[0].numel() if t.dim() and t.shape[0] else 1)
@@ -232,7 +236,7 @@ class ShareWriter:
         offset = placement.rows_to_bytes(a, b)[0]
         for start in range(a, b, step):
             end = min(b, start + step)
-            chunk = self._cast(first[start:end])
+            chunk = self._cast(first[start:end], offset)
             for k, other in enumerate(others, start=1):
                 # verl compares the copies after its bf16 cast; compare after ours
                 if not torch.equal(other[start:end].to(self.out_dtype), chunk):
@@ -266,7 +270,7 @@ class ShareWriter:
                 h0, h1 = r0, min(rows_total, max(r1, r0 + step // row_elems))
                 held = self._source_rows(src, h0, h1).reshape(-1)
             chunk = held[g0 - h0 * row_elems : g1 - h0 * row_elems]
-            data = as_bytes(self._cast(chunk))
+            data = as_bytes(self._cast(chunk, offset))
             self.out.submit(placement.file, data, offset)
             offset += len(data)
 
@@ -289,7 +293,7 @@ class ShareWriter:
             merged = lora_merged(
                 self._source_rows(w_src, start, end), self._source_rows(b_src, start, end), a, delta.scaling
             )
-            data = as_bytes(self._cast(merged))
+            data = as_bytes(self._cast(merged, offset))
             self.out.submit(placement.file, data, offset)
             offset += len(data)
 
@@ -322,16 +326,25 @@ def byte_buffer(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
-def staged(out: OutputFiles, src: torch.Tensor, dtype: torch.dtype, stats: WriterStats | None = None) -> torch.Tensor:
-    """`src` in `dtype`, contiguous, on the host: as is when it already is (the write reads it
-    straight from the mmap or the live shard, no copy), else cast into `out`'s next staging buffer
-    (reused, no allocation per chunk), which the `out.submit` of its bytes hands back. With `stats`,
-    the copy is added to its `cast_s`; the wait for a free staging buffer is not (that is the writes'
-    time, and counting it as the cast's would hide where a merge waits)."""
-    if src.dtype == dtype and src.is_contiguous() and src.device.type == "cpu":
+def buffer_address(buf: torch.Tensor) -> int:
+    """Where a `byte_buffer` starts in memory (`OutputFiles`' `address`)."""
+    return buf.data_ptr()
+
+
+def staged(
+    out: OutputFiles, src: torch.Tensor, dtype: torch.dtype, stats: WriterStats | None = None, at: int | None = None
+) -> torch.Tensor:
+    """`src` in `dtype`, contiguous, on the host: as is when it already is and `out` writes through
+    the page cache (the write reads it straight from the mmap or the live shard, no copy), else cast
+    into `out`'s next staging buffer (reused, no allocation per chunk; placed for file offset `at`,
+    so that a writer around the page cache can send it as is), which the `out.submit` of its bytes
+    hands back. With `stats`, the copy is added to its `cast_s`; the wait for a free staging buffer
+    is not (that is the writes' time, and counting it as the cast's would hide where a merge waits)."""
+    around = out.address is not None and at is not None
+    if src.dtype == dtype and src.is_contiguous() and src.device.type == "cpu" and not around:
         return src
     nbytes = src.numel() * dtype.itemsize
-    buf = out.stage(nbytes)[:nbytes].view(dtype).view(src.shape)
+    buf = out.stage(nbytes, at)[:nbytes].view(dtype).view(src.shape)
     t0 = time.perf_counter()
     buf.copy_(src)  # from the mmap: its page faults (the reads) are timed as the cast's
     if stats is not None:

@@ -1,8 +1,8 @@
 """Where a merge's writer spent its time: whether the casts (the CPU, and the reads, which happen
 as page faults inside them) or the writes and fsyncs bound a merge.
 
-The writer casts each chunk from the memory-mapped rank files on its own thread while a write-behind
-thread writes the one before. `slimckpt merge` (one writer: `--workers 1`, the default) records
+The writer casts each chunk from the memory-mapped rank files on its own thread while write-behind
+threads write the ones before. `slimckpt merge` (one writer: `--workers 1`, the default) records
 this when `SLIMCKPT_MERGE_STATS=FILE` is set (the benchmark sets it) and writes it to FILE as JSON.
 
 No torch here.

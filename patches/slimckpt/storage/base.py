@@ -45,6 +45,10 @@ import contextlib
 from abc import ABC, abstractmethod
 from typing import IO
 
+# Memory address and file offset alignment of a write around the page cache (O_DIRECT): 4 KiB
+# covers both the 512-byte and the 4 KiB logical blocks of the disks and filesystems in use.
+DIRECT_ALIGN = 4096
+
 
 class RangeWriter(ABC):
     """One open file of known size, written at offsets (possibly by several writers at once)."""
@@ -54,6 +58,11 @@ class RangeWriter(ABC):
     @abstractmethod
     def write(self, data: memoryview | bytes, offset: int) -> None:
         """All of `data` at `offset` (a short write is retried, an empty one raises OSError)."""
+
+    def write_direct(self, data: memoryview | bytes, offset: int) -> None:
+        """As `write`, around the page cache where the medium allows it: `data`'s address must be
+        congruent to `offset` modulo `DIRECT_ALIGN` (`OutputFiles.stage` places its buffers so)."""
+        self.write(data, offset)
 
     @abstractmethod
     def sync(self) -> None:
@@ -152,6 +161,11 @@ class Storage(ABC):
     @abstractmethod
     def open_ranges(self, path: str) -> RangeWriter:
         """An existing file (made by `create_ranges`), open for ranged writes."""
+
+    def open_ranges_direct(self, path: str) -> RangeWriter:
+        """As `open_ranges`, for a writer of large aligned ranges (the merge) whose `write_direct`
+        bypasses the page cache where the medium allows it; elsewhere the same writer."""
+        return self.open_ranges(path)
 
     @abstractmethod
     def open_atomic(

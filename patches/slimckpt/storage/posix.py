@@ -1,7 +1,8 @@
 """`Storage` on a POSIX filesystem (local disk, NFS, Lustre...): what slimckpt always did.
 
 ranges    a file made at its final size (`posix_fallocate`, or a sparse `ftruncate` where the
-          filesystem has no fallocate), then `pwrite`s at their offsets, fsync at the end.
+          filesystem has no fallocate), then `pwrite`s at their offsets, fsync at the end; a
+          merge's large ranges go around the page cache (O_DIRECT) where the filesystem takes it.
 atomic    a temporary file, fsync, `rename(2)` over the old one, fsync of the directory.
 publish   `rename(2)` of the partial directory (an old one renamed aside first, back on failure).
 leases    `flock(2)` on the key, a sibling file of the directory it is about. The kernel drops a
@@ -23,7 +24,7 @@ import stat
 from collections.abc import Iterator
 from typing import IO
 
-from slimckpt.storage.base import Lease, RangeWriter, Storage
+from slimckpt.storage.base import DIRECT_ALIGN, Lease, RangeWriter, Storage
 
 NO_FALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 # link(2) refused by the filesystem itself (FAT, some FUSE and SMB mounts): put_if_absent checks, then renames
@@ -51,17 +52,60 @@ def pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
 
 
 class PosixRangeWriter(RangeWriter):
-    def __init__(self, path: str, fd: int) -> None:
-        self.path, self.fd = path, fd
+    """`direct_fd`: the same file opened with O_DIRECT. `write_direct` sends the whole aligned blocks
+    of a range through it and the few bytes before the first and after the last block boundary
+    through `fd` (the page cache): no page is written both ways, so the two never disagree, also
+    when several processes write neighbouring ranges of one file."""
+
+    def __init__(self, path: str, fd: int, direct_fd: int | None = None) -> None:
+        self.path, self.fd, self.direct_fd = path, fd, direct_fd
 
     def write(self, data: memoryview | bytes, offset: int) -> None:
         pwrite_all(self.fd, data, offset)
+
+    def write_direct(self, data: memoryview | bytes, offset: int) -> None:
+        data = memoryview(data)
+        a = -(-offset // DIRECT_ALIGN) * DIRECT_ALIGN - offset  # bytes before the first block boundary
+        b = (offset + len(data)) // DIRECT_ALIGN * DIRECT_ALIGN - offset  # ... up to the last one
+        if self.direct_fd is None or b - a <= 0:
+            pwrite_all(self.fd, data, offset)
+            return
+        if a:
+            pwrite_all(self.fd, data[:a], offset)
+        try:
+            pwrite_all(self.direct_fd, data[a:b], offset + a)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            # the filesystem wants another alignment than it said it takes: the page cache from now on
+            os.close(self.direct_fd)
+            self.direct_fd = None
+            pwrite_all(self.fd, data[a:b], offset + a)
+        if b < len(data):
+            pwrite_all(self.fd, data[b:], offset + b)
 
     def sync(self) -> None:
         os.fsync(self.fd)
 
     def close(self) -> None:
+        fd, self.direct_fd = self.direct_fd, None
+        if fd is not None:
+            os.close(fd)
         os.close(self.fd)
+
+
+def open_direct(path: str) -> int | None:
+    """`path` opened for writing with O_DIRECT, or None where the filesystem refuses it (tmpfs, some
+    network and FUSE mounts) or the platform has no O_DIRECT."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag)
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return None
+        raise
 
 
 class PosixLease(Lease):
@@ -168,6 +212,14 @@ class PosixStorage(Storage):
 
     def open_ranges(self, path: str) -> PosixRangeWriter:
         return PosixRangeWriter(path, os.open(path, os.O_WRONLY))
+
+    def open_ranges_direct(self, path: str) -> PosixRangeWriter:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            return PosixRangeWriter(path, fd, open_direct(path))
+        except BaseException:
+            os.close(fd)
+            raise
 
     @contextlib.contextmanager
     def open_atomic(
