@@ -3,7 +3,7 @@ storage's ranged writes), behind the caster, with running checksums and fsync at
 
 Every tool that writes a checkpoint's bytes in place writes them here: the merge
 (`share_writer.ShareWriter` reads and casts the chunks of its shares), the in-training gather-free
-export (each rank's boxes, `save.export.direct`) and `slimckpt convert` (a rank file laid out by
+export (each rank's boxes, `save.export.direct_write`) and `slimckpt convert` (a rank file laid out by
 `torch.save`, filled tensor by tensor: `convert.rank_file`). Staging buffers are handed out by
 `StagingRing`, which the caster fills and the writer gives back once the bytes are on their way to
 the disk; with `write_behind` threads write chunks k and k-1 while the caster fills chunk k+1,
