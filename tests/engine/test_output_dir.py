@@ -22,24 +22,16 @@ from slimckpt.layout.merge_manifest import CommitError, verify
 from ..helpers.merge_cli import (
     assert_nothing_committed,
     error_line,
+    log_lines,
     merge_cli,
-    slim_log_buffer,
+    ws2_checkpoint,
 )
 from ..helpers.merge_helpers import (
     run_cli,
-    synthetic_checkpoint,
 )
 
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return synthetic_checkpoint(tmp_path_factory.mktemp("syn") / "actor", world_size=2)
-
-
-@pytest.fixture(autouse=True)
-def slim_log(capsys):
-    """slimckpt's log lines, whichever stderr its handler was bound to when first configured."""
-    yield from slim_log_buffer()
+slim_log = pytest.fixture(autouse=True, name="slim_log")(log_lines)
+ckpt = pytest.fixture(scope="module", name="ckpt")(ws2_checkpoint)
 
 
 def test_commit_refuses_a_target_filled_meanwhile(tmp_path):

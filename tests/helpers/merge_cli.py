@@ -9,10 +9,12 @@ import shutil
 from slimckpt import cli
 from slimckpt.layout.merge_manifest import MANIFEST_NAME
 
+from .merge_helpers import synthetic_checkpoint
+
 
 def slim_log_buffer():
     """slimckpt's log lines, whichever stderr its handler was bound to when first configured: a test file's
-    autouse `slim_log` fixture yields from it, and merge_cli reads the lines back."""
+    autouse `slim_log` fixture (below) yields from it, and merge_cli reads the lines back."""
     import io
     import logging
 
@@ -22,6 +24,18 @@ def slim_log_buffer():
     logger.addHandler(handler)
     yield buf
     logger.removeHandler(handler)
+
+
+# The bodies of two fixtures the files that run `slimckpt merge` in-process share; each file declares
+# them, e.g. `slim_log = pytest.fixture(autouse=True, name="slim_log")(log_lines)`.
+def log_lines(capsys):
+    """slimckpt's log lines, whichever stderr its handler was bound to when first configured."""
+    yield from slim_log_buffer()
+
+
+def ws2_checkpoint(tmp_path_factory):
+    """A 2-rank synthetic checkpoint (declared module-scoped: made once per test module)."""
+    return synthetic_checkpoint(tmp_path_factory.mktemp("syn") / "actor", world_size=2)
 
 
 def merge_cli(capsys, *args: str) -> tuple[int, str]:

@@ -13,8 +13,8 @@ from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 from ..helpers.merge_cli import (
     assert_nothing_committed,
     error_line,
+    log_lines,
     merge_cli,
-    slim_log_buffer,
     tiny_mixtral_config,
 )
 from ..helpers.merge_helpers import (
@@ -24,11 +24,7 @@ from ..helpers.merge_helpers import (
     verl_merge,
 )
 
-
-@pytest.fixture(autouse=True)
-def slim_log(capsys):
-    """slimckpt's log lines, whichever stderr its handler was bound to when first configured."""
-    yield from slim_log_buffer()
+slim_log = pytest.fixture(autouse=True, name="slim_log")(log_lines)
 
 
 def test_moe_experts_are_streamed_and_match_verl(tmp_path, capsys, slim_log):

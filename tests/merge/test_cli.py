@@ -9,15 +9,11 @@ from slimckpt import cli
 
 from ..helpers.merge_cli import (
     error_line,
+    log_lines,
     merge_cli,
-    slim_log_buffer,
 )
 
-
-@pytest.fixture(autouse=True)
-def slim_log(capsys):
-    """slimckpt's log lines, whichever stderr its handler was bound to when first configured."""
-    yield from slim_log_buffer()
+slim_log = pytest.fixture(autouse=True, name="slim_log")(log_lines)
 
 
 def test_cli_help_and_bad_options(capsys):

@@ -13,18 +13,14 @@ from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import build_tokenizer
 
 from ..helpers.merge_cli import (
     error_line,
+    log_lines,
     merge_cli,
-    slim_log_buffer,
 )
 from ..helpers.merge_helpers import (
     synthetic_checkpoint,
 )
 
-
-@pytest.fixture(autouse=True)
-def slim_log(capsys):
-    """slimckpt's log lines, whichever stderr its handler was bound to when first configured."""
-    yield from slim_log_buffer()
+slim_log = pytest.fixture(autouse=True, name="slim_log")(log_lines)
 
 
 def force_verl_fallback(monkeypatch) -> None:

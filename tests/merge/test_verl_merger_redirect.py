@@ -9,22 +9,12 @@ import pytest
 from slimckpt.layout.merge_manifest import verify
 
 from ..helpers.merge_cli import (
-    slim_log_buffer,
-)
-from ..helpers.merge_helpers import (
-    synthetic_checkpoint,
+    log_lines,
+    ws2_checkpoint,
 )
 
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return synthetic_checkpoint(tmp_path_factory.mktemp("syn") / "actor", world_size=2)
-
-
-@pytest.fixture(autouse=True)
-def slim_log(capsys):
-    """slimckpt's log lines, whichever stderr its handler was bound to when first configured."""
-    yield from slim_log_buffer()
+slim_log = pytest.fixture(autouse=True, name="slim_log")(log_lines)
+ckpt = pytest.fixture(scope="module", name="ckpt")(ws2_checkpoint)
 
 
 def test_redirect_uploads_after_commit_and_delegates_test(ckpt, tmp_path, monkeypatch, capsys):
