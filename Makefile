@@ -9,6 +9,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.slimckpt-installed
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
+# `make test` runs TEST_WORKERS pytest processes (pytest-xdist), one per core up to 4: most tests keep one
+# core busy (tests/helpers/parallel.py says which tests must share a worker). TEST_WORKERS=0: one process
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 .PHONY: help install lint format test test-trainer test-all test-fast test-verl-stack s3-server quickstart bench bench-scale bench-train-scale bench-s3 compare faults stress-merge stress-flaky clean
 
@@ -71,7 +75,7 @@ format: $(STAMP)
 # Each run of verl's trainer costs ~75 CPU-seconds: `make test` keeps one saved and resumed through the
 # incremental tier, the tests marked trainer read the others (docs/development.md: what each proves)
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=10 -m "not trainer" $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=10 -m "not trainer" $(PARALLEL) $(PYTEST_ARGS)
 
 test-trainer: $(STAMP)
 	$(PY) -m pytest -q --durations=10 -m trainer $(PYTEST_ARGS)

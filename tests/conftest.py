@@ -8,13 +8,17 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.launch import REPO
+from tests.helpers.parallel import order_for_workers, worker_id
 
 # Every refusal of slimckpt.engine.pickle_policy, in this process or any it starts (torchrun ranks,
 # merge workers, verl's trainer), lands in this file: a test whose checkpoints were refused fails,
 # so every checkpoint the suite makes is proof that the restricted loader accepts it. Tests that
 # plant refused globals on purpose carry @pytest.mark.pickle_refusals.
 PICKLE_REFUSALS_ENV = "SLIMCKPT_PICKLE_REFUSALS_LOG"
-os.environ.setdefault(PICKLE_REFUSALS_ENV, tempfile.mkstemp(prefix="slimckpt-pickle-refusals-", suffix=".log")[1])
+if worker_id() is None:
+    os.environ.setdefault(PICKLE_REFUSALS_ENV, tempfile.mkstemp(prefix="slimckpt-pickle-refusals-", suffix=".log")[1])
+else:  # each xdist worker its own log: a refusal planted on purpose by one worker's test must not fail the other's
+    os.environ[PICKLE_REFUSALS_ENV] = tempfile.mkstemp(prefix=f"slimckpt-pickle-refusals-{worker_id()}-", suffix=".log")[1]
 
 from slimckpt_testing.launch import launch  # noqa: E402  (slimckpt imported once the log above is set)
 
@@ -103,22 +107,28 @@ from .helpers.verl_runs import (  # noqa: E402,F401  (fixtures)
 
 @pytest.fixture(scope="session", autouse=True)
 def _verl_runs_in_background(request) -> None:
-    """Starts the session's verl runs (only those its selected tests read) before its first test."""
-    request.getfixturevalue("verl_pool")
+    """Starts the session's verl runs (only those its selected tests read) before its first test. An xdist
+    worker leaves them to the worker that runs their readers (tests/helpers/parallel.py)."""
+    if worker_id() is None:
+        request.getfixturevalue("verl_pool")
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     """The fast tests (no `slow` marker) first, then the slow ones, then the tests that read a verl run
     (stable: each keeps its place among its kind). Most unit tests use one core: run last, they left the other idle for the
     session's last minutes; run first, the background verl runs fill it. A test that reads a verl run outside
-    MAKE_TEST_RUNS without the `trainer` marker stops the session: it would put that run back in `make test`."""
+    MAKE_TEST_RUNS without the `trainer` marker stops the session: it would put that run back in `make test`.
+    Under xdist (`make test`) the order and the groups of tests/helpers/parallel.py instead."""
 
     def kind(item) -> int:
         if any(f in READS for f in getattr(item, "fixturenames", ())):
             return 2
         return 0 if item.get_closest_marker("slow") is None else 1
 
-    items[:] = sorted(items, key=kind)
+    if worker_id() is None:
+        items[:] = sorted(items, key=kind)
+    else:
+        items[:] = order_for_workers(items, lambda item: kind(item) == 2)
     for item in items:
         extra = needed_runs([item]) - MAKE_TEST_RUNS
         if extra and item.get_closest_marker("trainer") is None:
