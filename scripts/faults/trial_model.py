@@ -21,14 +21,12 @@ class Model:
     head), AdamW, a scheduler and verl's FSDPCheckpointManager."""
 
     def __init__(self, role: str, ckpt_config) -> None:
-        import torch
         from torch.distributed.device_mesh import init_device_mesh
-        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
         from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import (
             auto_class,
             build_config,
-            build_tokenizer,
+            training_state,
             wrap_fsdp2,
         )
 
@@ -38,15 +36,7 @@ class Model:
         model = auto_class(kind).from_config(build_config(args, kind))
         mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
         self.model = wrap_fsdp2(model, mesh, "dim0", WORLD)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, weight_decay=0.01)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 4))
-        self.manager = FSDPCheckpointManager(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            processing_class=build_tokenizer(VOCAB),
-            checkpoint_config=ckpt_config,
-        )
+        self.optimizer, self.scheduler, self.manager = training_state(self.model, ckpt_config, VOCAB)
 
     def step(self, ids) -> None:
         out = self.model(input_ids=ids, labels=ids) if self.role == "actor" else self.model(input_ids=ids)

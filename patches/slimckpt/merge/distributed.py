@@ -21,10 +21,19 @@ from slimckpt.engine.output_dir import discard_partial, prepare_partial
 from slimckpt.engine.race_points import pause
 from slimckpt.hf.lay_out import lay_out
 from slimckpt.hf.plan import check_output_room
-from slimckpt.layout.merge_manifest import MANIFEST_NAME, check_target
+from slimckpt.layout.merge_manifest import check_target
 from slimckpt.log import get_logger
 from slimckpt.merge.plan import MergeError, MergeOptions, MergeResult
-from slimckpt.merge.steps import finish, message, open_and_plan, resolve_max_shard_size, source_lock, target_lock
+from slimckpt.merge.steps import (
+    finish,
+    log_committed,
+    log_start,
+    message,
+    open_and_plan,
+    resolve_max_shard_size,
+    source_lock,
+    target_lock,
+)
 from slimckpt.merge.verl_fallback import run_verl_merger
 from slimckpt.merge.workers import ProgressBar, run_workers
 from slimckpt.storage.locks import LockBusy
@@ -218,17 +227,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
         if planned is None:
             return None
         mp, hf = planned
-        log.info(
-            "slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d rank(s) x %d worker(s))",
-            opts.local_dir,
-            target,
-            len(mp.name_map),
-            mp.weight_bytes / 1e9,
-            opts.dtype,
-            len(mp.plan.files),
-            world,
-            opts.workers,
-        )
+        log_start(opts, target, mp, ranks=world)
         check_output_room(opts.local_dir, target, mp)
         partial = prepare_partial(target)
         try:
@@ -303,7 +302,7 @@ def _merge_ranks(opts: MergeOptions, verl_fallback, dist) -> MergeResult:
     files = _plain(lambda: from_rank0(None, commit_on_rank0, as_is, said))
     seconds = time.perf_counter() - t0
     if rank == 0:
-        log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
+        log_committed(target, seconds)
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)
 
 

@@ -45,12 +45,21 @@ from slimckpt.engine.output_dir import discard_partial, prepare_partial
 from slimckpt.hf.lay_out import lay_out
 from slimckpt.hf.naming import HfSide
 from slimckpt.hf.plan import ExportPlan, check_output_room
-from slimckpt.layout.merge_manifest import MANIFEST_NAME, CommitError, check_target
+from slimckpt.layout.merge_manifest import CommitError, check_target
 from slimckpt.layout.names import DTYPE_CHOICES
 from slimckpt.log import get_logger
 from slimckpt.merge.distributed import merge_distributed
 from slimckpt.merge.plan import MergeError, MergeOptions, MergeResult
-from slimckpt.merge.steps import finish, message, open_and_plan, resolve_max_shard_size, source_lock, target_lock
+from slimckpt.merge.steps import (
+    finish,
+    log_committed,
+    log_start,
+    message,
+    open_and_plan,
+    resolve_max_shard_size,
+    source_lock,
+    target_lock,
+)
 from slimckpt.merge.verl_fallback import run_verl_merger
 from slimckpt.merge.workers import write_weights
 from slimckpt.storage import in_flight
@@ -119,16 +128,7 @@ def _merge_local(opts: MergeOptions, verl_fallback: Callable[[], None] | None) -
 
 def _write_and_commit(opts: MergeOptions, mp: ExportPlan, hf: HfSide, t0: float) -> MergeResult:
     target = os.path.abspath(opts.target_dir)
-    log.info(
-        "slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %d worker(s))",
-        opts.local_dir,
-        target,
-        len(mp.name_map),
-        mp.weight_bytes / 1e9,
-        opts.dtype,
-        len(mp.plan.files),
-        opts.workers,
-    )
+    log_start(opts, target, mp)
     check_output_room(opts.local_dir, target, mp)
     partial = prepare_partial(target)
     ok = False
@@ -141,5 +141,5 @@ def _write_and_commit(opts: MergeOptions, mp: ExportPlan, hf: HfSide, t0: float)
         if not ok:
             discard_partial(partial)
     seconds = time.perf_counter() - t0
-    log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
+    log_committed(target, seconds)
     return MergeResult(target, files, mp.weight_bytes, seconds, False, tokenizer_saved)

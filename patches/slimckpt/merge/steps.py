@@ -89,6 +89,25 @@ def plan_or_fallback(ckpt, opts: MergeOptions) -> tuple[ExportPlan, HfSide] | No
     return mp, hf
 
 
+def log_start(opts: MergeOptions, target: str, mp: ExportPlan, ranks: int | None = None) -> None:
+    """The merge's first line: what goes where, and how many processes write it."""
+    writers = f"{opts.workers} worker(s)" if ranks is None else f"{ranks} rank(s) x {opts.workers} worker(s)"
+    log.info(
+        "slimckpt streaming merge: %s -> %s (%d tensors, %.2f GB %s in %d file(s), %s)",
+        opts.local_dir,
+        target,
+        len(mp.name_map),
+        mp.weight_bytes / 1e9,
+        opts.dtype,
+        len(mp.plan.files),
+        writers,
+    )
+
+
+def log_committed(target: str, seconds: float) -> None:
+    log.info("slimckpt merge committed %s in %.1f s (%s written last)", target, seconds, MANIFEST_NAME)
+
+
 def finish(
     partial: str, target: str, mp: ExportPlan, checksums: dict[str, str], opts: MergeOptions, tokenizer_saved: bool
 ) -> list[str]:

@@ -9,13 +9,12 @@ O_DIRECT is measured with two request sizes, for the same reason: a disk can mov
 faster than 16 MiB ones, and a floor from 16 MiB alone would then be too easy to come close to
 (measured: BENCHMARKS.md, Figures quoted in the code).
 
-`slimckpt diskspeed DIR` prints them (its arguments: slimckpt.observe.diskspeed_cli).
+`slimckpt diskspeed DIR` prints them (its arguments: slimckpt.observe.diskspeed_cli); the timed I/O
+on the scratch file is slimckpt.storage.disk_probe's.
 """
 
 from __future__ import annotations
 
-import errno
-import mmap
 import os
 import statistics
 import threading
@@ -23,10 +22,10 @@ import time
 from dataclasses import dataclass, fields
 
 from slimckpt.observe.measure import evict_from_page_cache
+from slimckpt.storage import disk_probe
 
 CHUNK = 16 * 2**20  # through the page cache (the kernel splits and reads ahead on its own)
 DIRECT_CHUNKS = (2**20, 16 * 2**20)  # O_DIRECT: each measured, the faster kept
-_REFUSALS = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)  # what a filesystem says to O_DIRECT it will not do
 
 
 @dataclass
@@ -70,61 +69,13 @@ def fastest_of(speeds: list[DiskSpeed]) -> DiskSpeed:
     return DiskSpeed(size_bytes=speeds[0].size_bytes, **best)
 
 
-def _open(path: str, flags: int, direct: bool) -> int | None:
-    """A descriptor of `path`; with `direct`, an O_DIRECT one, or None where the filesystem refuses
-    O_DIRECT (tmpfs on older kernels, some network filesystems): that path is then not measured."""
-    if not direct:
-        return os.open(path, flags, 0o644)
-    if not hasattr(os, "O_DIRECT"):
-        return None
-    try:
-        return os.open(path, flags | os.O_DIRECT, 0o644)
-    except OSError as exc:
-        if exc.errno in _REFUSALS:
-            return None
-        raise
-
-
-def _buffer(nbytes: int) -> mmap.mmap:
-    # anonymous memory is page-aligned, as O_DIRECT wants its buffers
-    return mmap.mmap(-1, max(1, nbytes))
-
-
 def _write(path: str, size: int, direct: bool, chunk: int = CHUNK) -> float:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    block = _buffer(chunk)
-    block[:] = os.urandom(chunk)
-    start = time.perf_counter()
-    fd = _open(path, flags, direct)
-    if fd is None:
-        return 0.0
-    try:
-        written = 0
-        while written < size:
-            written += os.pwrite(fd, block, written)  # the disk itself, O_DIRECT included: not the storage's writes
-        os.fsync(fd)  # its own scratch file: part of the timed write
-    finally:
-        os.close(fd)
-    return written / (time.perf_counter() - start)
+    return disk_probe.timed_write(path, size, direct, chunk)
 
 
 def _read(path: str, direct: bool, chunk: int = CHUNK) -> float:
-    evict_from_page_cache([path])
-    block = _buffer(chunk)
-    start = time.perf_counter()
-    fd = _open(path, os.O_RDONLY, direct)
-    if fd is None:
-        return 0.0
-    total = 0
-    try:
-        while True:
-            n = os.preadv(fd, [block], total)
-            if n <= 0:
-                break
-            total += n
-    finally:
-        os.close(fd)
-    return total / (time.perf_counter() - start)
+    evict_from_page_cache([path])  # a cold read, as a resume or a merge reads a checkpoint
+    return disk_probe.timed_read(path, direct, chunk)
 
 
 def _mixed(read_path: str, write_path: str, size: int) -> float:
@@ -139,12 +90,6 @@ def _mixed(read_path: str, write_path: str, size: int) -> float:
     writer.join()
     elapsed = time.perf_counter() - start
     return (size + size // 2) / elapsed if results and results[0] else 0.0
-
-
-def _remove_scratch(*paths: str) -> None:
-    for p in paths:
-        if os.path.exists(p):
-            os.remove(p)  # its own scratch files, never a checkpoint's
 
 
 def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int = 3) -> DiskSpeed:
@@ -166,9 +111,9 @@ def measure_disk_speed(directory: str, size_bytes: int = 1 * 2**30, repeats: int
                 results[direct][1].append(r)
                 if direct and w:
                     mixed.append(_mixed(path, other, size_bytes))
-                _remove_scratch(path, other)
+                disk_probe.remove_scratch(path, other)
     finally:
-        _remove_scratch(path, other)
+        disk_probe.remove_scratch(path, other)
     bw, br = (statistics.median(v) for v in results[False])
     dw, dr = (statistics.median(v) for v in results[True])
     return DiskSpeed(max(bw, dw), max(br, dr), size_bytes, bw, br, dw, dr, statistics.median(mixed) if mixed else 0.0)

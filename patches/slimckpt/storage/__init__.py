@@ -8,6 +8,7 @@
    atomic puts, the commit, leases, deletes, free space); `os_errors` words an OSError for the user.
 3. `locks` (one writer or many readers, never retention under either) and `in_flight` (commits still
    running in this process, which a reader in the same job waits for).
+4. `disk_probe`: timed writes and reads of a scratch file, for `slimckpt diskspeed` (never a checkpoint's).
 
 Imports nothing of slimckpt's but the ground, so that every wing can stand on it.
 """

@@ -38,11 +38,10 @@ class Run:
     def __init__(self, seed: int, ckpt_config) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from transformers import AutoModelForCausalLM
-        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
         from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import (
             build_config,
-            build_tokenizer,
+            training_state,
             wrap_fsdp1,
             wrap_fsdp2,
         )
@@ -61,17 +60,7 @@ class Run:
             )
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
         self.model = wrap_fsdp2(model, mesh, PLACEMENT, world) if FSDP_VERSION == 2 else wrap_fsdp1(model, mesh)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 4))
-        self.manager = FSDPCheckpointManager(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            processing_class=build_tokenizer(VOCAB),
-            checkpoint_config=ckpt_config,
-        )
+        self.optimizer, self.scheduler, self.manager = training_state(self.model, ckpt_config, VOCAB)
 
     def step(self) -> float:
         # data from the global RNG, so the RNG state in extra matters for an exact resume

@@ -369,6 +369,21 @@ def placement_of(spec: str, name: str) -> str:
     return kind if not only or name in only.split("/") else "dim0"
 
 
+def training_state(model, ckpt_config, vocab: int):
+    """What a tiny run trains and saves beside its wrapped model: AdamW (lr 1e-2, weight decay 0.01) on
+    the trainable parameters, a 4-step linear warm-up (so the scheduler's saved state matters) and
+    verl's FSDPCheckpointManager over them. Returns (optimizer, scheduler, manager)."""
+    import torch
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
+    manager = FSDPCheckpointManager(
+        model, optimizer, scheduler, processing_class=build_tokenizer(vocab), checkpoint_config=ckpt_config
+    )
+    return optimizer, scheduler, manager
+
+
 def train_steps(model, optimizer, vocab: int, steps: int, seed: int) -> None:
     import torch
 
