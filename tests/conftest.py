@@ -18,7 +18,9 @@ PICKLE_REFUSALS_ENV = "SLIMCKPT_PICKLE_REFUSALS_LOG"
 if worker_id() is None:
     os.environ.setdefault(PICKLE_REFUSALS_ENV, tempfile.mkstemp(prefix="slimckpt-pickle-refusals-", suffix=".log")[1])
 else:  # each xdist worker its own log: a refusal planted on purpose by one worker's test must not fail the other's
-    os.environ[PICKLE_REFUSALS_ENV] = tempfile.mkstemp(prefix=f"slimckpt-pickle-refusals-{worker_id()}-", suffix=".log")[1]
+    os.environ[PICKLE_REFUSALS_ENV] = tempfile.mkstemp(
+        prefix=f"slimckpt-pickle-refusals-{worker_id()}-", suffix=".log"
+    )[1]
 
 from slimckpt_testing.launch import launch  # noqa: E402  (slimckpt imported once the log above is set)
 

@@ -25,6 +25,11 @@ import pytest
 VERL_RUNS_GROUP = "verl_runs"
 SCENARIO_BATCH_GROUP = "ws2_scenarios"
 _SHARED_SCOPES = ("module", "class", "package")
+# session-scoped fixtures each worker may build for itself, and why that is cheap; any other must be grouped
+PER_WORKER_SESSION_FIXTURES = {
+    "s3_server": "a SeaweedFS server on free ports starts in about a second",
+    "_verl_runs_in_background": "starts nothing under xdist",
+}
 
 
 def worker_id() -> str | None:
@@ -38,7 +43,9 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
     if info is None:
         return False
     return any(
-        definition.scope in _SHARED_SCOPES for definitions in info.name2fixturedefs.values() for definition in definitions
+        definition.scope in _SHARED_SCOPES
+        for definitions in info.name2fixturedefs.values()
+        for definition in definitions
     )
 
 
