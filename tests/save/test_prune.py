@@ -404,3 +404,24 @@ def test_peak_steps_with_the_tracker_behind(tmp_path):
     assert retention.peak_steps(1) == (3, 3)
     assert retention.peak_steps(None) is None and retention.verl_peak_steps(None) is None
     assert retention.peak_steps(0) is None  # verl: 0 and below keep everything
+
+
+def test_a_step_the_tracker_names_after_the_decision_is_kept(tmp_path, monkeypatch):
+    """Async at max_ckpt_to_keep=1: the next step's commit decides with the tracker still on the step before,
+    while the watcher is naming the step in between. Under its exclusive lock retention reads the tracker
+    again, and keeps that step."""
+    s1, s2, s3 = (_step(tmp_path, n, manifest=True) for n in (1, 2, 3))
+    _tracker(tmp_path, 1)
+    decide = retention.retention_plan.plan
+
+    def decide_then_the_watcher_names_step_2(*args, **kwargs):
+        decision = decide(*args, **kwargs)
+        assert [os.path.basename(os.path.dirname(p)) for p in decision.delete] == ["global_step_2"]
+        _tracker(tmp_path, 2)
+        return decision
+
+    monkeypatch.setattr(retention.retention_plan, "plan", decide_then_the_watcher_names_step_2)
+    kept, deleted = retention.apply([s1, s2, s3], 1)
+    assert deleted == [] and os.path.isfile(os.path.join(s2, MANIFEST_NAME))
+    monkeypatch.setattr(retention.retention_plan, "plan", decide)
+    assert retention.apply([s1, s2, s3], 1)[1] == [s1]  # the next save: the tracker's step 2 stays

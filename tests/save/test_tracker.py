@@ -170,3 +170,37 @@ def test_async_commit_watcher_follows_on_save_error(tmp_path, keep_going):
         with pytest.raises(RuntimeError, match="step 5 failed"):
             watcher.wait(timeout=30)
     assert (tmp_path / TRACKER_NAME).read_text() == "4"
+
+
+@pytest.mark.parametrize("retention_deletes", [False, True])
+def test_commit_watcher_names_no_step_while_retention_holds_its_lock(tmp_path, retention_deletes):
+    """Retention deletes under the exclusive lock of a role dir; the watcher checks and names a step under
+    the shared one. While retention holds it the tracker does not move; after, the step is named, or given
+    up when retention deleted it (a newer step of the role committed)."""
+    import shutil
+
+    from slimckpt.save.driver.tracker import CommitWatcher
+    from slimckpt.storage import locks
+
+    watcher = CommitWatcher(str(tmp_path))  # this run's saves: step 1, then 2
+    actor = _role_dir(tmp_path, 1, "actor")
+    _commit(actor, 1)
+    (tmp_path / "global_step_1" / "data.pt").write_bytes(b"d")
+    _commit(_role_dir(tmp_path, 2, "actor"), 2)
+    held = locks.try_exclusive(str(actor), "deleting it (retention)")
+    assert held is not None
+    watcher.after_save(1, ["actor"])
+    with pytest.raises(RuntimeError, match="not committed within"):
+        # three of the watcher's 0.2 s polls: long enough to show it waits, short enough to stay fast
+        watcher.wait(timeout=0.6)
+    assert rm.read_tracker(str(tmp_path)) is None
+    if retention_deletes:
+        rr.remove_manifest(str(actor))
+        shutil.rmtree(actor)
+    held.release()
+    # the lock is free: the watcher's next 0.2 s poll names or gives up the step; 10 s is a hang
+    watcher.wait(timeout=10)
+    if retention_deletes:
+        assert rm.read_tracker(str(tmp_path)) is None and "deleted by retention" in watcher.superseded
+    else:
+        assert rm.read_tracker(str(tmp_path)) == 1 and watcher.superseded is None

@@ -17,13 +17,16 @@ Ray actor that is torn down right after fit(), so an atexit hook there is not re
 background write that fails leaves a marker file; the watcher stops and the failure is raised.
 
 Retention cannot delete the step the tracker names (resume_manifest.protected_dirs), so during
-the window between a commit and the tracker write both steps exist.
+the window between a commit and the tracker write both steps exist. The watcher checks a step and
+writes the tracker under a shared lock on the step's role dirs, and retention deletes under the
+exclusive one after reading the tracker again, so neither acts on what the other is changing.
 """
 
 from __future__ import annotations
 
 # lazy imports: torch-free for the driver's resume check (intact_resume, adopt); the save's error
 # handling (torch.distributed) loads only in the trainer's save
+import contextlib
 import functools
 import glob
 import hashlib
@@ -44,6 +47,7 @@ from slimckpt.options.checkpoint_options import CheckpointOptions, role_options
 from slimckpt.save.driver.driver_state import driver_state_of
 from slimckpt.save.errors import save_then_restore_tracker
 from slimckpt.storage import for_path, is_file, is_url
+from slimckpt.storage.locks import LockBusy, reading
 
 log = get_logger("slimckpt.tracker")
 
@@ -166,15 +170,42 @@ class CommitWatcher:
             return False
         return for_path(step_dir).exists(os.path.join(step_dir, "data.pt"))
 
+    def _name(self, step: int, roles: list[str]) -> bool | None:
+        """Write the tracker for `step` holding a shared lock on each of its role dirs; None when
+        retention holds one of them now (the caller polls again).
+
+        Retention deletes a role dir under its exclusive lock and reads the tracker again under it.
+        Without these locks, a step found whole here could lose a role dir to the next step's
+        commit (async, max_ckpt_to_keep=1, which read the tracker while it still named the step
+        before) between that check and the write: the tracker would then name a deleted step."""
+        step_dir = os.path.join(self.root, f"global_step_{step}")
+        with contextlib.ExitStack() as held:
+            try:
+                for role in roles:
+                    held.enter_context(reading(os.path.join(step_dir, role), "naming it in the tracker"))
+            except LockBusy:
+                return None
+            # True also for a failed or a superseded step: both are set on self, and neither is named
+            if not self._committed(step, roles) or self.error or self.superseded is not None:
+                return False
+            return write_tracker(self.root, step)
+
     def _watch(self, step: int, roles: list[str]) -> None:
         self.superseded = None
-        while not self._committed(step, roles):
-            time.sleep(POLL_S)
+        written: bool | None = None
+        while written is None:
+            while not self._committed(step, roles):
+                time.sleep(POLL_S)
+            if self.error or self.superseded is not None:
+                break
+            written = self._name(step, roles)
+            if written is None:
+                time.sleep(POLL_S)
         if self.error:
             log.error("%s", self.error)
         elif self.superseded is not None:
             log.info("step %s is not named: %s; the tracker moves with a newer step", step, self.superseded)
-        elif write_tracker(self.root, step):
+        elif written:
             log.info("tracker -> step %s (committed)", step)
 
     def after_save(self, step: int, roles: list[str]) -> None:

@@ -101,6 +101,8 @@ def delete_step_dir(path: str) -> str | None:
     if lock is None:
         return why
     with lock:
+        if protected_dirs([abs_path]):  # named since the decision: an async commit's watcher (save/driver/tracker)
+            return "latest_checkpointed_iteration.txt names it now"
         try:
             remove_manifest(abs_path)  # uncommit first: a delete cut short leaves no committed-looking dir
         except OSError as exc:
@@ -131,6 +133,8 @@ def drop_step_optimizer(path: str, keep_last: int | None) -> str | None:
     if lock is None:
         return why
     with lock:
+        if protected_dirs([abs_path]):  # the tracker's step keeps its optimizer state (named since the decision)
+            return "latest_checkpointed_iteration.txt names it now"
         try:
             freed = optimizer_drop.drop_optimizer(abs_path, keep_last)
         except optimizer_drop.NothingToDrop as why:
