@@ -561,7 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.json, "w") as f:
         json.dump(data, f, indent=1)
     print(render(data))
-    return 0 if all(e["summary"]["bad"] == 0 for m, e in data["modes"].items() if m != "verl-default") else 1
+    # a world size whose calibration failed ran none of its trials: the campaign did not run what it says
+    ran_all = not any(e.get("errors") for e in data["modes"].values())
+    return (
+        0 if ran_all and all(e["summary"]["bad"] == 0 for m, e in data["modes"].items() if m != "verl-default") else 1
+    )
 
 
 if __name__ == "__main__":

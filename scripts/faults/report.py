@@ -262,7 +262,14 @@ FIXED_SINCE = (
     "manifest once a newer step of that role is committed (tests/e2e/test_faults.py reproduces it). "
     "Found by the rank-loss campaign (commit 247fd10): the same cut tracker when rank 0's trainer was killed inside "
     "that write in the sync incremental tier (the resume repaired it and was exact, but plain verl would crash on it) "
-    "- the trainers' tracker write is now atomic with a recipe on (`slimckpt.save.driver.tracker_write`)."
+    "- the trainers' tracker write is now atomic with a recipe on (`slimckpt.save.driver.tracker_write`). "
+    "Found by the full run of commit 6d85f23 (incremental-async@keep=1: 2 crashes on load in 50): a **tracker "
+    "naming a step whose actor dir retention had deleted**. The next step's actor commit read the tracker while it "
+    "still named the step before, and deleted the step in between just as the watcher, which had found it whole, "
+    "named it; a kill before the next step's tracker write left no step to resume at or below the tracker's. Since "
+    "commit 9cd4abc the watcher checks and names a step under shared locks on its role dirs and retention reads the "
+    "tracker again under its exclusive lock (tests/save/test_tracker.py and tests/save/test_prune.py hold the two "
+    "orders of that interleaving); the run of commit 6d85f23 is kept in docs/reliability/history/."
 )
 
 

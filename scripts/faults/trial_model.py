@@ -11,7 +11,7 @@ from typing import Any
 
 # lazy imports: torch, verl and slimckpt load in the forked children, after the campaign's quiet_imports()
 
-WORLD = 2
+WORLD = 2  # the SIGKILL campaign's; the rank campaign sets its own on scripts.faults.trial
 VOCAB = 64
 ROLES = ("actor", "critic")
 
@@ -21,6 +21,7 @@ class Model:
     head), AdamW, a scheduler and verl's FSDPCheckpointManager."""
 
     def __init__(self, role: str, ckpt_config) -> None:
+        import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
         from slimckpt_testing.verl_checkpoints.fsdp_checkpoint import (
@@ -34,8 +35,9 @@ class Model:
         args = SimpleNamespace(model="llama", vocab=VOCAB, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2)
         kind = "llama" if role == "actor" else "critic"  # verl's value model (a token classifier, one label)
         model = auto_class(kind).from_config(build_config(args, kind))
-        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
-        self.model = wrap_fsdp2(model, mesh, "dim0", WORLD)
+        world = dist.get_world_size()  # the group's: the rank campaign runs world sizes 2 and 3
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+        self.model = wrap_fsdp2(model, mesh, "dim0", world)
         self.optimizer, self.scheduler, self.manager = training_state(self.model, ckpt_config, VOCAB)
 
     def step(self, ids) -> None:
