@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Callable
 
-from scripts.faults import oracle
+from scripts.faults import oracle, s3_report
 from scripts.faults.corruption_report import render_damaged
 from scripts.faults.ranks_report import render as render_rank_faults
 from scripts.faults.report import REPO, Checker, provenance, render_report
@@ -95,4 +95,7 @@ def reliability_md(check: Callable | None = None) -> str:
     damaged = load_json("damaged_restarts.json")
     if damaged is not None and "outcomes" in damaged:  # the newest step damaged, then a restart
         text = text.rstrip("\n") + "\n\n" + render_damaged(damaged)
+    s3 = load_json("s3.json")
+    if s3 is not None and "trials" in s3:  # `python -m scripts.faults.s3`, run on its own (not by make faults)
+        text = text.rstrip("\n") + "\n\n" + s3_report.render_section(s3)
     return text

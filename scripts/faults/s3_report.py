@@ -33,6 +33,23 @@ WHAT = {
 }
 
 
+SECTION_INTRO = (
+    "Saves to `s3://` (docs/storage.md) cut by SIGKILLs at deterministic moments, a server stopped and\n"
+    "restarted mid-save, throttling and 5xx answers through a fault proxy (`slimckpt_testing.s3_proxy`), and\n"
+    "credentials revoked mid-save; each trial ends with a resume from the newest step whose manifest is under\n"
+    "the prefix (found through the storage, no tracker) and, after a resume from step 1, a second save of the\n"
+    "step that was cut. Below verl's driver: the ranks run the engine (`save_resume_state` inside the save\n"
+    "patch's `guarded_save`) and load each step straight from the bucket, as a resume does (sizes and\n"
+    "checksums checked by the ranks first). The whole-job kill through verl's trainer on `s3://` is\n"
+    "`tests/e2e/test_s3_trainer_e2e.py` (one kill after step 3's commit, resumed exactly)."
+)
+
+
+def render_section(data: dict) -> str:
+    """RELIABILITY.md's S3 section: its heading, what the campaign does, and `render`'s table."""
+    return f"## S3\n\n{SECTION_INTRO}\n\n{render(data)}"
+
+
 def render(data: dict) -> str:
     rows = summary(data["trials"])
     bad = sum(r[b] for r in rows for b in BAD)
