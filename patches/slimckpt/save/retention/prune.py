@@ -82,13 +82,19 @@ def verl_peak_steps(max_keep) -> int | None:
 
 
 def _exclusive(abs_path: str, what: str):
-    """(the exclusive lock on a role dir, None) or (None, why retention leaves the dir as it is)."""
+    """(the exclusive lock on a role dir, None) or (None, why retention leaves the dir as it is).
+
+    The tracker is read again under the lock: an async commit's watcher (save/driver/tracker) may have
+    named the step since retention decided, and it names a step only under the shared lock."""
     try:
         lock = try_exclusive(abs_path, what)
     except OSError as exc:
         return None, f"cannot lock it ({exc.strerror or exc})"
     if lock is None:
         return None, "a reader or writer holds its lock"
+    if protected_dirs([abs_path]):
+        lock.release()
+        return None, "latest_checkpointed_iteration.txt names it now"
     return lock, None
 
 
@@ -101,8 +107,6 @@ def delete_step_dir(path: str) -> str | None:
     if lock is None:
         return why
     with lock:
-        if protected_dirs([abs_path]):  # named since the decision: an async commit's watcher (save/driver/tracker)
-            return "latest_checkpointed_iteration.txt names it now"
         try:
             remove_manifest(abs_path)  # uncommit first: a delete cut short leaves no committed-looking dir
         except OSError as exc:
@@ -133,8 +137,6 @@ def drop_step_optimizer(path: str, keep_last: int | None) -> str | None:
     if lock is None:
         return why
     with lock:
-        if protected_dirs([abs_path]):  # the tracker's step keeps its optimizer state (named since the decision)
-            return "latest_checkpointed_iteration.txt names it now"
         try:
             freed = optimizer_drop.drop_optimizer(abs_path, keep_last)
         except optimizer_drop.NothingToDrop as why:
